@@ -1,0 +1,1 @@
+"""Backends implement base.Backend: numpy_ref (the specification) and cuda (libcmpkern.so)."""

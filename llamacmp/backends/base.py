@@ -1,0 +1,164 @@
+"""The backend op interface: every op the model calls, with shapes and dtypes.
+
+Letters (defined once, DESIGN.md §4): T tokens in the batch, D hidden, Hq/Hk attention heads, Dh attention head
+dim, F ffn, K/V GDN key/value heads, Dk/Dv their dims, C = 2*K*Dk + V*Dv conv channels, N vocabulary.
+Activations are float32 unless stated. `Tensor` is whatever the backend uses (numpy array, device buffer);
+the model never looks inside one. `Weight` is what `upload_matrix` returned.
+
+A batch holds several sequences: row-wise ops (norms, projections, FFN) run on all T rows at once, and the
+sequence mixers (conv, GDN recurrence, attention) read each sequence's slice and state from `StepBatch`.
+numpy_ref.py implements every op plainly and is the specification; cuda.py must match it.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..config import ModelConfig
+
+Tensor = Any
+Weight = Any
+
+KV_TYPES = ("f32", "f16")
+
+
+@dataclass(slots=True)
+class SeqState:
+    """One sequence's memory: KV cache per attention layer, conv + SSM state per GDN layer.
+
+    k[i], v[i]: [n_ctx, Hk, Dh] (cache dtype)   for the i-th attention layer
+    conv[j]:    [kernel-1, C] f32                for the j-th GDN layer (the last pre-conv inputs)
+    ssm[j]:     [V, Dk, Dv] f32                  (S[h][i][j]: i key dim, j value dim)
+    n_past:     tokens already in the state
+    """
+    n_ctx: int
+    k: list
+    v: list
+    conv: list
+    ssm: list
+    n_past: int = 0
+
+
+@dataclass(slots=True)
+class Segment:
+    """Rows [start, start+length) of the batch belong to `state`, at positions n_past .. n_past+length-1."""
+    start: int
+    length: int
+    state: SeqState
+
+
+@dataclass(slots=True)
+class StepBatch:
+    tokens: np.ndarray                 # [T] int32
+    positions: np.ndarray              # [T] int32
+    segments: list[Segment]
+    output_rows: np.ndarray            # [R] int32: rows whose logits are wanted
+    device: dict = field(default_factory=dict)  # backend-private copies (e.g. device-side positions)
+
+    @classmethod
+    def build(cls, items: Sequence[tuple[SeqState, Sequence[int]]], all_logits: bool = False) -> "StepBatch":
+        """items: (state, new tokens) per sequence; logits for the last token of each (or every token)."""
+        tokens, positions, segments, out = [], [], [], []
+        for state, toks in items:
+            start = len(tokens)
+            if state.n_past + len(toks) > state.n_ctx:
+                raise ValueError(f"sequence needs {state.n_past + len(toks)} positions, its context is {state.n_ctx}")
+            tokens.extend(toks)
+            positions.extend(range(state.n_past, state.n_past + len(toks)))
+            segments.append(Segment(start, len(toks), state))
+            out.extend(range(start, start + len(toks)) if all_logits else [start + len(toks) - 1])
+        return cls(np.asarray(tokens, np.int32), np.asarray(positions, np.int32), segments,
+                   np.asarray(out, np.int32))
+
+
+class Backend(ABC):
+    name: str = "abstract"
+
+    # -- memory -------------------------------------------------------------------------------------------
+    @abstractmethod
+    def upload_matrix(self, w) -> Weight:
+        """w: [out, in] np.float32 or Q8Tensor, as loaded from the GGUF."""
+
+    @abstractmethod
+    def upload_vector(self, w: np.ndarray) -> Tensor:
+        """w: any-shape float32 (norm weights, conv kernels, per-head params)."""
+
+    @abstractmethod
+    def new_state(self, cfg: ModelConfig, n_ctx: int, kv_type: str = "f16") -> SeqState:
+        """Zeroed memory for one sequence."""
+
+    @abstractmethod
+    def state_to_host(self, state: SeqState) -> dict[str, list[np.ndarray]]:
+        """Copies of k, v (f32, first n_past rows), conv and ssm, for tests and checkpoints."""
+
+    @abstractmethod
+    def to_host(self, x: Tensor) -> np.ndarray:
+        """Any tensor -> float32 numpy copy."""
+
+    # -- row-wise ops ---------------------------------------------------------------------------------------
+    @abstractmethod
+    def embed(self, table: Weight, ids: np.ndarray) -> Tensor:
+        """table [N, D], ids [T] int32 -> [T, D]."""
+
+    @abstractmethod
+    def rmsnorm(self, x: Tensor, w: Tensor, eps: float) -> Tensor:
+        """x [T, D], w [D] -> x / rms(x) * w."""
+
+    @abstractmethod
+    def matmuls(self, x: Tensor, ws: Sequence[Weight]) -> list[Tensor]:
+        """x [T, Din], each w [Dout_i, Din] -> [T, Dout_i]. Q8_0 weights see x quantized to 32-blocks of int8
+        (d = max|x|/127, q = round-half-away(x/d)) once for all ws, then integer dots scaled by d_w * d_x."""
+
+    @abstractmethod
+    def add(self, x: Tensor, y: Tensor) -> Tensor:
+        """x, y [T, D] -> x + y."""
+
+    @abstractmethod
+    def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
+        """gate, up [T, F] -> silu(gate) * up."""
+
+    @abstractmethod
+    def gather_rows(self, x: Tensor, rows: np.ndarray) -> Tensor:
+        """x [T, D], rows [R] -> [R, D]."""
+
+    # -- attention -------------------------------------------------------------------------------------------
+    @abstractmethod
+    def attention_prep(self, qg: Tensor, k: Tensor, q_norm: Tensor, k_norm: Tensor, batch: StepBatch,
+                       cfg: ModelConfig) -> tuple[Tensor, Tensor, Tensor]:
+        """qg [T, Hq*2*Dh] (per head [q | gate]), k [T, Hk*Dh] ->
+        q [T, Hq, Dh] and k [T, Hk, Dh] RMS-normed per head then rotated (NeoX pairs on the first n_rot dims,
+        base rope_base, at batch.positions), gate [T, Hq*Dh]."""
+
+    @abstractmethod
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, batch: StepBatch, layer: int, cfg: ModelConfig) -> Tensor:
+        """q [T, Hq, Dh], k [T, Hk, Dh], v [T, Hk*Dh] -> [T, Hq*Dh].
+        Writes k, v into each segment's cache at its positions, then causal softmax(q k^T / sqrt(Dh)) v over the
+        cache (GQA: q head h reads kv head h // (Hq/Hk)). `layer` indexes state.k / state.v."""
+
+    @abstractmethod
+    def sigmoid_mul(self, x: Tensor, gate: Tensor) -> Tensor:
+        """x, gate [T, n] -> x * sigmoid(gate)."""
+
+    # -- gated delta net -------------------------------------------------------------------------------------
+    @abstractmethod
+    def gdn_gates(self, alpha: Tensor, beta: Tensor, dt_bias: Tensor, ssm_a: Tensor) -> tuple[Tensor, Tensor]:
+        """alpha, beta [T, V] raw projections -> g = softplus(alpha + dt_bias) * ssm_a (log-decay, <= 0),
+        b = sigmoid(beta), both [T, V]."""
+
+    @abstractmethod
+    def conv1d_silu(self, x: Tensor, w: Tensor, batch: StepBatch, layer: int) -> Tensor:
+        """x [T, C], w [C, kernel] -> silu(causal depthwise conv over [state; x]) [T, C]; updates state.conv[layer]
+        to the last kernel-1 inputs of each segment."""
+
+    @abstractmethod
+    def gdn(self, qkv: Tensor, g: Tensor, b: Tensor, batch: StepBatch, layer: int, cfg: ModelConfig) -> Tensor:
+        """qkv [T, C] (after conv), g, b [T, V] -> o [T, V*Dv].
+        q, k = L2-normalised per head (eps = rms eps), q scaled by 1/sqrt(Dk); V head h uses K head h % K;
+        per token: S = exp(g) S; S += k (b (v - S^T k))^T; o = S^T q. Updates state.ssm[layer]."""
+
+    @abstractmethod
+    def gated_rmsnorm(self, o: Tensor, z: Tensor, w: Tensor, eps: float, head_dim: int) -> Tensor:
+        """o, z [T, V*Dv], w [Dv] -> rmsnorm per head of o, times w, times silu(z)."""

@@ -1,0 +1,258 @@
+"""The numpy reference backend: every op of base.Backend written plainly. This is the executable specification
+that the CUDA kernels are tested against, and the fallback when no GPU is present.
+
+Reductions run in float64 and results are stored float32, so that this reference sits closer to the exact
+function than any fast path does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..gguf_file import Q8_0_BLOCK, Q8Tensor
+from .base import Backend, SeqState, StepBatch
+
+GDN_CHUNK = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RefQ8:
+    """A Q8_0 matrix prepared for the reference: q [out, in/32, 32] float32 (exact small ints), d [out, in/32]."""
+    q: np.ndarray
+    d: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q.shape[0], self.q.shape[1] * Q8_0_BLOCK
+
+
+def quantize_q8_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x [T, n] -> q [T, n/32, 32] (float32 holding int8 values), d [T, n/32]: llama.cpp's Q8_0/Q8_1 rounding."""
+    T, n = x.shape
+    xb = x.reshape(T, n // Q8_0_BLOCK, Q8_0_BLOCK).astype(np.float32)
+    d = np.abs(xb).max(axis=-1) / np.float32(127.0)
+    inv = np.divide(np.float32(1.0), d, out=np.zeros_like(d), where=d > 0)
+    v = xb * inv[..., None]
+    return np.sign(v) * np.floor(np.abs(v) + 0.5), d
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x * sigmoid(x)
+
+
+def rms_normalize(x: np.ndarray, eps: float) -> np.ndarray:
+    """Over the last axis."""
+    x64 = x.astype(np.float64)
+    return x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
+
+
+def l2_normalize(x: np.ndarray, eps: float) -> np.ndarray:
+    """ggml_l2_norm: x / max(||x||, eps) over the last axis."""
+    x64 = x.astype(np.float64)
+    return x64 / np.maximum(np.sqrt(np.sum(x64 * x64, axis=-1, keepdims=True)), eps)
+
+
+def rope_neox(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float) -> np.ndarray:
+    """x [T, H, Dh], pos [T]: rotate pairs (i, i + n_rot/2) for i < n_rot/2 by pos * base^(-2i/n_rot).
+    Qwen3.5's IMROPE reduces to this for text, where all four position ids are equal."""
+    half = n_rot // 2
+    theta = pos.astype(np.float64)[:, None] * base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    out = x.astype(np.float64).copy()
+    x0, x1 = out[..., :half].copy(), out[..., half:n_rot].copy()
+    out[..., :half] = x0 * cos - x1 * sin
+    out[..., half:n_rot] = x0 * sin + x1 * cos
+    return out
+
+
+# -- the gated delta rule: the recurrence and its chunked (WY) form, which must agree ---------------------------
+
+def gdn_recurrent(q, k, v, g, b, S):
+    """One head. q, k [L, Dk], v [L, Dv], g, b [L], S [Dk, Dv] (float64) -> o [L, Dv], S."""
+    o = np.empty((len(q), v.shape[1]))
+    for t in range(len(q)):
+        S = np.exp(g[t]) * S
+        delta = b[t] * (v[t] - S.T @ k[t])
+        S = S + np.outer(k[t], delta)
+        o[t] = S.T @ q[t]
+    return o, S
+
+
+def gdn_chunked(q, k, v, g, b, S, chunk: int = GDN_CHUNK):
+    """Same contract as gdn_recurrent, computed chunk by chunk in closed form.
+
+    Within a chunk with cumulative log-decay G (gamma = exp(G)), the deltas solve the unit lower-triangular
+    system (I + A) D = diag(b) (V - diag(gamma) K S0) with A[t,s] = b_t exp(G_t - G_s) k_t.k_s for s < t; then
+    O = diag(gamma) Q S0 + (tril(Q K^T) * exp(G_t - G_s)) D and S = gamma_L S0 + K^T diag(exp(G_L - G)) D."""
+    outs = []
+    for c0 in range(0, len(q), chunk):
+        qc, kc, vc, gc, bc = (a[c0:c0 + chunk] for a in (q, k, v, g, b))
+        G = np.cumsum(gc)
+        decay = np.exp(np.tril(G[:, None] - G[None, :]))          # [L, L], only the lower part is used
+        lower = np.tril(np.ones_like(decay), -1)
+        A = bc[:, None] * decay * (kc @ kc.T) * lower
+        rhs = bc[:, None] * (vc - np.exp(G)[:, None] * (kc @ S))
+        D = np.linalg.solve(np.eye(len(qc)) + A, rhs)
+        outs.append(np.exp(G)[:, None] * (qc @ S) + (np.tril(qc @ kc.T) * decay) @ D)
+        S = np.exp(G[-1]) * S + kc.T @ (np.exp(G[-1] - G)[:, None] * D)
+    return np.concatenate(outs), S
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+
+    # -- memory -------------------------------------------------------------------------------------------
+    def upload_matrix(self, w):
+        if isinstance(w, Q8Tensor):
+            rows, cols = w.shape
+            return RefQ8(w.qs.reshape(rows, cols // Q8_0_BLOCK, Q8_0_BLOCK).astype(np.float32), w.d)
+        return np.ascontiguousarray(w, dtype=np.float32)
+
+    def upload_vector(self, w):
+        return np.ascontiguousarray(w, dtype=np.float32)
+
+    def new_state(self, cfg: ModelConfig, n_ctx: int, kv_type: str = "f16") -> SeqState:
+        kv_dtype = {"f32": np.float32, "f16": np.float16}[kv_type]
+        kv_shape = (n_ctx, cfg.n_head_kv, cfg.head_dim)
+        n_attn, n_gdn = len(cfg.attn_layers), len(cfg.gdn_layers)
+        return SeqState(
+            n_ctx=n_ctx,
+            k=[np.zeros(kv_shape, kv_dtype) for _ in range(n_attn)],
+            v=[np.zeros(kv_shape, kv_dtype) for _ in range(n_attn)],
+            conv=[np.zeros((cfg.conv_kernel - 1, cfg.conv_channels), np.float32) for _ in range(n_gdn)],
+            ssm=[np.zeros((cfg.ssm_v_heads, cfg.ssm_head_dim, cfg.ssm_head_dim), np.float32) for _ in range(n_gdn)],
+        )
+
+    def state_to_host(self, state: SeqState) -> dict[str, list[np.ndarray]]:
+        n = state.n_past
+        return {"k": [a[:n].astype(np.float32) for a in state.k], "v": [a[:n].astype(np.float32) for a in state.v],
+                "conv": [a.copy() for a in state.conv], "ssm": [a.copy() for a in state.ssm]}
+
+    def to_host(self, x) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32)
+
+    # -- row-wise ops ---------------------------------------------------------------------------------------
+    def embed(self, table, ids):
+        if isinstance(table, RefQ8):
+            return (table.q[ids] * table.d[ids][..., None]).reshape(len(ids), -1).astype(np.float32)
+        return table[ids].astype(np.float32)
+
+    def rmsnorm(self, x, w, eps):
+        return (rms_normalize(x, eps) * w).astype(np.float32)
+
+    def matmuls(self, x, ws: Sequence):
+        xq = None
+        outs = []
+        for w in ws:
+            if isinstance(w, RefQ8):
+                if xq is None:
+                    xq = quantize_q8_blocks(x)
+                outs.append(_q8_matmul(xq, w))
+            else:
+                outs.append((x.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32))
+        return outs
+
+    def add(self, x, y):
+        return (x + y).astype(np.float32)
+
+    def swiglu(self, gate, up):
+        return (silu(gate.astype(np.float64)) * up).astype(np.float32)
+
+    def gather_rows(self, x, rows):
+        return x[rows]
+
+    # -- attention -------------------------------------------------------------------------------------------
+    def attention_prep(self, qg, k, q_norm, k_norm, batch, cfg):
+        T, Hq, Dh = len(qg), cfg.n_head, cfg.head_dim
+        qg = qg.reshape(T, Hq, 2, Dh)
+        q = rms_normalize(qg[:, :, 0], cfg.rms_eps) * q_norm
+        kk = rms_normalize(k.reshape(T, cfg.n_head_kv, Dh), cfg.rms_eps) * k_norm
+        q = rope_neox(q, batch.positions, cfg.n_rot, cfg.rope_base)
+        kk = rope_neox(kk, batch.positions, cfg.n_rot, cfg.rope_base)
+        gate = qg[:, :, 1].reshape(T, Hq * Dh)
+        return q.astype(np.float32), kk.astype(np.float32), np.ascontiguousarray(gate)
+
+    def attention(self, q, k, v, batch, layer, cfg):
+        T, Hq, Dh = q.shape
+        group = Hq // cfg.n_head_kv
+        out = np.empty((T, Hq, Dh), np.float32)
+        v = v.reshape(T, cfg.n_head_kv, Dh)
+        for seg in batch.segments:
+            rows = slice(seg.start, seg.start + seg.length)
+            p0, st = seg.state.n_past, seg.state
+            st.k[layer][p0:p0 + seg.length] = k[rows]
+            st.v[layer][p0:p0 + seg.length] = v[rows]
+            kc = st.k[layer][:p0 + seg.length].astype(np.float64)       # [S, Hk, Dh]
+            vc = st.v[layer][:p0 + seg.length].astype(np.float64)
+            kc, vc = np.repeat(kc, group, axis=1), np.repeat(vc, group, axis=1)   # -> [S, Hq, Dh]
+            scores = np.einsum("thd,shd->hts", q[rows].astype(np.float64), kc) / np.sqrt(Dh)
+            causal = np.arange(p0 + seg.length)[None, :] > (p0 + np.arange(seg.length))[:, None]
+            scores[:, causal] = -np.inf
+            p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            p /= p.sum(axis=-1, keepdims=True)
+            out[rows] = np.einsum("hts,shd->thd", p, vc)
+        return out.reshape(T, Hq * Dh)
+
+    def sigmoid_mul(self, x, gate):
+        return (x * sigmoid(gate.astype(np.float64))).astype(np.float32)
+
+    # -- gated delta net -------------------------------------------------------------------------------------
+    def gdn_gates(self, alpha, beta, dt_bias, ssm_a):
+        g = softplus(alpha.astype(np.float64) + dt_bias) * ssm_a
+        return g.astype(np.float32), sigmoid(beta.astype(np.float64)).astype(np.float32)
+
+    def conv1d_silu(self, x, w, batch, layer):
+        kernel = w.shape[1]
+        out = np.empty_like(x)
+        for seg in batch.segments:
+            rows = slice(seg.start, seg.start + seg.length)
+            xin = np.concatenate([seg.state.conv[layer], x[rows]]).astype(np.float64)   # [kernel-1+L, C]
+            y = sum(xin[j:j + seg.length] * w[:, j] for j in range(kernel))
+            out[rows] = silu(y)
+            seg.state.conv[layer][...] = xin[seg.length:]
+        return out
+
+    def gdn(self, qkv, g, b, batch, layer, cfg, chunked: bool | None = None):
+        K, V, Dk = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_head_dim
+        T = len(qkv)
+        q = l2_normalize(qkv[:, :K * Dk].reshape(T, K, Dk), cfg.rms_eps) / np.sqrt(Dk)
+        k = l2_normalize(qkv[:, K * Dk:2 * K * Dk].reshape(T, K, Dk), cfg.rms_eps)
+        v = qkv[:, 2 * K * Dk:].reshape(T, V, Dk).astype(np.float64)
+        out = np.empty((T, V, Dk), np.float32)
+        for seg in batch.segments:
+            r = slice(seg.start, seg.start + seg.length)
+            use_chunks = seg.length > 1 if chunked is None else chunked
+            run = gdn_chunked if use_chunks else gdn_recurrent
+            S_all = seg.state.ssm[layer]
+            for h in range(V):
+                o, S = run(q[r, h % K], k[r, h % K], v[r, h], g[r, h].astype(np.float64),
+                           b[r, h].astype(np.float64), S_all[h].astype(np.float64))
+                out[r, h] = o
+                S_all[h] = S
+        return out.reshape(T, V * Dk)
+
+    def gated_rmsnorm(self, o, z, w, eps, head_dim):
+        T = len(o)
+        n = rms_normalize(o.reshape(T, -1, head_dim), eps) * w
+        return (n.reshape(T, -1) * silu(z.astype(np.float64))).astype(np.float32)
+
+
+def _q8_matmul(xq: tuple[np.ndarray, np.ndarray], w: RefQ8) -> np.ndarray:
+    """Integer block dots (exact in float64) scaled by both block scales, summed over blocks."""
+    qx, dx = xq                                  # [T, B, 32], [T, B]
+    acc = np.zeros((qx.shape[0], w.q.shape[0]))
+    for blk in range(qx.shape[1]):
+        dots = qx[:, blk].astype(np.float64) @ w.q[:, blk].T.astype(np.float64)
+        acc += dots * dx[:, blk, None] * w.d[None, :, blk]
+    return acc.astype(np.float32)

@@ -1,0 +1,57 @@
+"""Open a GGUF and turn it into a ready model: validated config, weights on the backend, tokenizer."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .backends.base import Backend
+from .config import ConfigError, ModelConfig
+from .gguf_file import GGUFError, GGUFFile
+from .models import model_class
+from .weights import load_weights
+
+
+@dataclass
+class LoadedModel:
+    path: str
+    gguf: GGUFFile
+    cfg: ModelConfig
+    model: object          # models.<arch>.Model
+    tokenizer: object      # tokenizer.Tokenizer
+    backend: Backend
+
+    @property
+    def metadata(self) -> dict:
+        return self.gguf.metadata
+
+
+def load_tokenizer(f: GGUFFile):
+    from .tokenizer import Tokenizer
+    md = f.metadata
+    if "tokenizer.ggml.tokens" not in md:
+        raise GGUFError(f"{f.path}: no tokenizer in the file (missing 'tokenizer.ggml.tokens')")
+    if md.get("tokenizer.ggml.model") != "gpt2":
+        raise GGUFError(f"{f.path}: tokenizer.ggml.model '{md.get('tokenizer.ggml.model')}' is not supported "
+                        "(llamacmp reads byte-level BPE, 'gpt2')")
+    return Tokenizer.from_metadata(
+        tokens=md["tokenizer.ggml.tokens"],
+        merges=md.get("tokenizer.ggml.merges", []),
+        token_types=md.get("tokenizer.ggml.token_type", [1] * len(md["tokenizer.ggml.tokens"])),
+        pre=md.get("tokenizer.ggml.pre", "qwen35"),
+        eos_id=md.get("tokenizer.ggml.eos_token_id"),
+        bos_id=md.get("tokenizer.ggml.bos_token_id"),
+        add_bos=bool(md.get("tokenizer.ggml.add_bos_token", False)),
+    )
+
+
+def load_model(path: str | os.PathLike, backend: Backend) -> LoadedModel:
+    f = GGUFFile(path)
+    arch = f.architecture
+    cls = model_class(arch)
+    n_vocab = len(f.metadata.get("tokenizer.ggml.tokens", [])) or f.info("token_embd.weight").shape[0]
+    try:
+        cfg = ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight"))
+    except ConfigError as e:
+        raise GGUFError(f"{f.path}: {e}") from None
+    weights = load_weights(f, cfg)
+    return LoadedModel(str(path), f, cfg, cls(cfg, weights, backend), load_tokenizer(f), backend)

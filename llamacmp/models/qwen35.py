@@ -1,0 +1,94 @@
+"""Qwen3.5 / 3.6 dense hybrid model (GGUF architecture `qwen35`): 3 Gated DeltaNet layers per gated-attention
+layer, each followed by a SwiGLU MLP. Written once against the backend op interface; no kernels here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backends.base import Backend, StepBatch
+from ..config import ModelConfig
+from ..weights import ModelWeights
+
+
+@dataclass(slots=True)
+class _Attn:
+    wq: object; wk: object; wv: object; wo: object; q_norm: object; k_norm: object
+
+
+@dataclass(slots=True)
+class _GDN:
+    w_in: list; conv: object; dt_bias: object; ssm_a: object; norm: object; w_out: object
+
+
+@dataclass(slots=True)
+class _Layer:
+    attn_norm: object; ffn_norm: object; w_gate_up: list; w_down: object
+    attn: _Attn | None; gdn: _GDN | None; slot: int   # slot: index into the state's KV or GDN lists
+
+
+class Qwen35Model:
+    architecture = "qwen35"
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend: Backend):
+        self.cfg, self.be = cfg, backend
+        m, v = backend.upload_matrix, backend.upload_vector
+        self.token_embd = m(weights.token_embd)
+        self.output = self.token_embd if weights.output is weights.token_embd else m(weights.output)
+        self.output_norm = v(weights.output_norm)
+        self.layers = []
+        for il, lw in enumerate(weights.layers):
+            attn = gdn = None
+            if lw.attn is not None:
+                a = lw.attn
+                attn = _Attn(m(a.attn_q), m(a.attn_k), m(a.attn_v), m(a.attn_output), v(a.attn_q_norm), v(a.attn_k_norm))
+                slot = cfg.attn_layers.index(il)
+            else:
+                g = lw.gdn
+                gdn = _GDN([m(g.attn_qkv), m(g.attn_gate), m(g.ssm_beta), m(g.ssm_alpha)], v(g.ssm_conv1d),
+                           v(g.ssm_dt_bias), v(g.ssm_a), v(g.ssm_norm), m(g.ssm_out))
+                slot = cfg.gdn_layers.index(il)
+            self.layers.append(_Layer(v(lw.attn_norm), v(lw.post_attention_norm),
+                                      [m(lw.ffn_gate), m(lw.ffn_up)], m(lw.ffn_down), attn, gdn, slot))
+
+    def forward(self, batch: StepBatch):
+        """Runs the batch, advances every segment's state, returns logits [len(batch.output_rows), N]."""
+        be, eps = self.be, self.cfg.rms_eps
+        x = be.embed(self.token_embd, batch.tokens)
+        for layer in self.layers:
+            h = be.rmsnorm(x, layer.attn_norm, eps)
+            mixed = self._attention(h, layer, batch) if layer.attn else self._gated_delta_net(h, layer, batch)
+            x = be.add(x, mixed)
+            x = be.add(x, self._mlp(be.rmsnorm(x, layer.ffn_norm, eps), layer))
+        for seg in batch.segments:
+            seg.state.n_past += seg.length
+        h = be.rmsnorm(be.gather_rows(x, batch.output_rows), self.output_norm, eps)
+        return be.matmuls(h, [self.output])[0]
+
+    def _mlp(self, h, layer: _Layer):
+        gate, up = self.be.matmuls(h, layer.w_gate_up)
+        return self.be.matmuls(self.be.swiglu(gate, up), [layer.w_down])[0]
+
+    def _attention(self, h, layer: _Layer, batch: StepBatch):
+        be, a = self.be, layer.attn
+        # Projections: q and its output gate come interleaved per head from one matrix.
+        qg, k, v = be.matmuls(h, [a.wq, a.wk, a.wv])
+        # Per-head q/k RMSNorm, then partial rotary on the first n_rot dims.
+        q, k, gate = be.attention_prep(qg, k, a.q_norm, a.k_norm, batch, self.cfg)
+        # Causal GQA attention over the cache, then the sigmoid output gate.
+        o = be.attention(q, k, v, batch, layer.slot, self.cfg)
+        return be.matmuls(be.sigmoid_mul(o, gate), [a.wo])[0]
+
+    def _gated_delta_net(self, h, layer: _Layer, batch: StepBatch):
+        be, g, cfg = self.be, layer.gdn, self.cfg
+        # Projections: mixed qkv, output gate z, and the per-head beta and decay inputs.
+        qkv, z, beta, alpha = be.matmuls(h, g.w_in)
+        decay, beta = be.gdn_gates(alpha, beta, g.dt_bias, g.ssm_a)
+        # Causal depthwise conv over q, k and v channels (state carries the last kernel-1 inputs), then SiLU.
+        qkv = be.conv1d_silu(qkv, g.conv, batch, layer.slot)
+        # Delta rule over the recurrent state.
+        o = be.gdn(qkv, decay, beta, batch, layer.slot, cfg)
+        # Gated RMSNorm per value head, then the output projection.
+        o = be.gated_rmsnorm(o, z, g.norm, cfg.rms_eps, cfg.ssm_head_dim)
+        return be.matmuls(o, [g.w_out])[0]
+Model = Qwen35Model

@@ -1,0 +1,27 @@
+"""Shared fixtures: tiny qwen35 GGUFs written by the project's own fixture writer (cached per session)."""
+from __future__ import annotations
+
+import pytest
+
+from llamacmp.fixtures.writer import SHAPES, write_model
+
+
+@pytest.fixture(scope="session")
+def tiny_vocab():
+    from llamacmp.fixtures.qwen_vocab import tiny_vocab as build
+    return build()
+
+
+@pytest.fixture(scope="session")
+def fixture_gguf(tmp_path_factory, tiny_vocab):
+    """fixture_gguf(shape, dtype) -> path of a random-weight qwen35 GGUF with the tiny vocabulary."""
+    made = {}
+
+    def make(shape: str = "tiny", dtype: str = "f32", seed: int = 0):
+        key = (shape, dtype, seed)
+        if key not in made:
+            path = tmp_path_factory.mktemp("gguf") / f"{shape}-{dtype}-{seed}.gguf"
+            made[key] = write_model(path, SHAPES[shape], dtype, tiny_vocab, seed=seed)
+        return made[key]
+
+    return make

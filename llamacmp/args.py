@@ -1,0 +1,576 @@
+"""The one option table for every tool, with llama.cpp's spelling, env vars, defaults and scope (common/arg.cpp).
+
+Parsing follows llama.cpp: LLAMA_ARG_* variables first, then argv (a CLI flag over a set variable warns);
+`_` reads as `-` in long options; errors print llama.cpp's messages and the tool exits with status 1.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import BUILD_NUMBER, __version__
+from .params import Params, tool_defaults
+from .sampling import parse_sampler_letters, parse_sampler_names
+
+ALL = frozenset({"cli", "completion", "server", "perplexity", "bench"})
+KC = frozenset({"cli", "completion"})
+KCS = frozenset({"cli", "completion", "server"})
+NOT_S = ALL - {"server"}
+TOK = frozenset({"tokenize"})
+
+
+class ArgError(Exception):
+    """A message already in llama.cpp's wording; the tool prints it to stderr and exits 1."""
+
+
+class Unsupported(ArgError):
+    """A known llama.cpp flag that llamacmp cannot honour yet."""
+
+
+# -- value parsers (their exception text is what llama.cpp's std::sto* would say) ------------------------------
+
+def to_int(s: str) -> int:
+    try:
+        return int(s.strip())
+    except ValueError:
+        raise ValueError("stoi") from None
+
+
+def to_float(s: str) -> float:
+    try:
+        return float(s.strip())
+    except ValueError:
+        raise ValueError("stof") from None
+
+
+TRUTHY, FALSEY = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")
+
+
+def to_bool(s: str) -> bool:
+    if s in TRUTHY:
+        return True
+    if s in FALSEY:
+        return False
+    raise ValueError("invalid boolean value")
+
+
+def choice(flag: str, *allowed: str, aliases: dict | None = None) -> Callable[[str], str]:
+    def parse(s: str) -> str:
+        s = (aliases or {}).get(s, s)
+        if s not in allowed:
+            raise ValueError(f"error: unknown value for {flag}: '{s}'\n")
+        return s
+    return parse
+
+
+def on_off_auto(flag: str) -> Callable[[str], str]:
+    return choice(flag, "on", "off", "auto", aliases={**{t: "on" for t in TRUTHY}, **{f: "off" for f in FALSEY}})
+
+
+def gpu_layers(s: str) -> str:
+    if s in ("auto", "all"):
+        return s
+    return str(to_int(s))
+
+
+def tensor_split(s: str) -> tuple[float, ...]:
+    parts = [p for p in s.replace("/", ",").split(",")]
+    return tuple(to_float(p) for p in parts)
+
+
+def logit_bias(s: str) -> tuple[int, float]:
+    """TOKEN_ID(+/-)BIAS, e.g. `15043+1` or `15043-inf`."""
+    for i in range(1, len(s)):
+        if s[i] in "+-":
+            return to_int(s[:i]), float(s[i:])
+    raise ValueError("invalid input format")
+
+
+def json_object(s: str) -> dict:
+    value = json.loads(s)
+    if not isinstance(value, dict):
+        raise ValueError("chat template kwargs must be a JSON object")
+    return value
+
+
+def read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        raise ValueError(f"error: failed to open file '{path}'\n") from None
+
+
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+# -- the table ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Option:
+    names: tuple[str, ...]
+    help: str
+    dest: str = ""                       # Params field; "sampling.x" for SamplingParams.x
+    value: str = ""                      # value hint ("N", "FNAME"); empty for flags
+    parse: Callable[[str], Any] | None = None
+    neg: tuple[str, ...] = ()            # names that set the negated value
+    env: str = ""
+    tools: frozenset = ALL
+    const: Any = True                    # what a positive flag stores
+    append: bool = False                 # repeatable value collected into a list
+    apply: Callable[[Params, Any], None] | None = None  # custom store
+    unsupported: str = ""                # why llamacmp refuses it (said when used)
+    gguf_key: str = ""                   # general.sampling.<key> that may replace the default
+
+    def usage(self) -> str:
+        """One entry of --help, laid out as llama.cpp's common_arg::to_string."""
+        names = list(self.names) + list(self.neg)
+        head = names[0] if len(names) == 1 else (names[0] + ", ").ljust(7) + ", ".join(names[1:])
+        if self.value:
+            head += " " + self.value
+        head = head + "\n" + " " * 40 if len(head) > 37 else head.ljust(40)
+        text = self.help + (f"\n(env: {self.env})" if self.env else "")
+        return head + ("\n" + " " * 40).join(text.split("\n")) + "\n"
+
+
+def _set_file_prompt(p: Params, path: str) -> None:
+    p.prompt, p.prompt_file = read_text(path), path
+
+
+def _set_system_file(p: Params, path: str) -> None:
+    p.system_prompt = read_text(path).rstrip("\n")
+
+
+def _set_seq(p: Params, v: tuple) -> None:
+    p.sampling.samplers = v
+
+
+def _add_bias(p: Params, v: tuple[int, float]) -> None:
+    p.sampling.logit_bias[v[0]] = v[1]
+
+
+def _set_template_file(p: Params, path: str) -> None:
+    p.chat_template, p.chat_template_file = read_text(path), path
+
+
+def _set_kwargs(p: Params, v: dict) -> None:
+    p.chat_template_kwargs.update(v)
+
+
+def _set_interactive_first(p: Params, v: bool) -> None:
+    p.interactive_first = v
+
+
+def _set_verbose(p: Params, v: bool) -> None:
+    p.verbosity = 99
+
+
+def _refuse_nonzero(flag: str) -> Callable[[str], float]:
+    def parse(s: str) -> float:
+        x = to_float(s)
+        if x != 0:
+            raise Unsupported(f"error: {flag} is not supported by llamacmp yet (only 0, the default)")
+        return x
+    return parse
+
+
+def _cache_type(flag: str) -> Callable[[str], str]:
+    check = choice(flag, *CACHE_TYPES)
+
+    def parse(s: str) -> str:
+        s = check(s)
+        if s not in ("f16", "f32"):
+            raise Unsupported(f"error: {flag} {s}: llamacmp supports only f16 and f32 KV caches for now")
+        return s
+    return parse
+
+
+def O(*names: str, **kw) -> Option:  # noqa: E743 - short constructor keeps the table readable
+    return Option(names=names, **kw)
+
+
+def _unsup(*names: str, why: str, value: str = "", tools=ALL, env: str = "") -> Option:
+    return Option(names=names, help=why, value=value, tools=tools, env=env, unsupported=why)
+
+
+OPTIONS: tuple[Option, ...] = (
+    O("-h", "--help", "--usage", help="print usage and exit", dest="_help"),
+    O("--version", help="show version and build info", dest="_version"),
+    O("-m", "--model", value="FNAME", dest="model", parse=str, env="LLAMA_ARG_MODEL",
+      tools=ALL | TOK, help="model path to load"),
+    O("-p", "--prompt", value="PROMPT", dest="prompt", parse=str, tools=NOT_S | TOK,
+      help="prompt to start generation with; for system message, use -sys"),
+    O("-f", "--file", value="FNAME", parse=str, apply=_set_file_prompt, tools=NOT_S | TOK,
+      help="a file containing the prompt (default: none)"),
+    O("-sys", "--system-prompt", value="PROMPT", dest="system_prompt", parse=str, tools=KC,
+      help="system prompt to use with model (if applicable, depending on chat template)"),
+    O("-sysf", "--system-prompt-file", value="FNAME", parse=str, apply=_set_system_file, tools=KC,
+      help="a file containing the system prompt (default: none)"),
+    O("-n", "--predict", "--n-predict", value="N", dest="n_predict", parse=to_int, env="LLAMA_ARG_N_PREDICT",
+      help="number of tokens to predict (default: -1, -1 = infinity)"),
+    O("-c", "--ctx-size", value="N", dest="n_ctx", parse=to_int, env="LLAMA_ARG_CTX_SIZE",
+      help="size of the prompt context (default: 0, 0 = loaded from model)"),
+    O("-b", "--batch-size", value="N", dest="n_batch", parse=to_int, env="LLAMA_ARG_BATCH",
+      help="logical maximum batch size (default: 2048)"),
+    O("-ub", "--ubatch-size", value="N", dest="n_ubatch", parse=to_int, env="LLAMA_ARG_UBATCH",
+      help="physical maximum batch size (default: 512)"),
+    O("--keep", value="N", dest="n_keep", parse=to_int,
+      help="number of tokens to keep from the initial prompt (default: 0, -1 = all)"),
+    O("-t", "--threads", value="N", dest="threads", parse=to_int, env="LLAMA_ARG_THREADS",
+      help="number of CPU threads to use during generation (default: -1)"),
+    O("-ngl", "--gpu-layers", "--n-gpu-layers", value="N", dest="n_gpu_layers", parse=gpu_layers,
+      env="LLAMA_ARG_N_GPU_LAYERS", help="max. number of layers to store in VRAM, either an exact number, "
+      "'auto', or 'all' (default: auto)"),
+    O("-fa", "--flash-attn", value="[on|off|auto]", dest="flash_attn", parse=on_off_auto("--flash-attn"),
+      env="LLAMA_ARG_FLASH_ATTN", help="set Flash Attention use ('on', 'off', or 'auto', default: 'auto')"),
+    O("-ctk", "--cache-type-k", value="TYPE", dest="cache_type_k", parse=_cache_type("--cache-type-k"),
+      env="LLAMA_ARG_CACHE_TYPE_K", help="KV cache data type for K\nallowed values: " + ", ".join(CACHE_TYPES)
+      + "\n(default: f16)"),
+    O("-ctv", "--cache-type-v", value="TYPE", dest="cache_type_v", parse=_cache_type("--cache-type-v"),
+      env="LLAMA_ARG_CACHE_TYPE_V", help="KV cache data type for V\nallowed values: " + ", ".join(CACHE_TYPES)
+      + "\n(default: f16)"),
+    O("-ts", "--tensor-split", value="N0,N1,N2,...", dest="tensor_split", parse=tensor_split,
+      env="LLAMA_ARG_TENSOR_SPLIT", help="fraction of the model to offload to each GPU, comma-separated list of "
+      "proportions, e.g. 3,1"),
+    O("-sm", "--split-mode", value="{none,layer,row}", dest="split_mode",
+      parse=choice("--split-mode", "none", "layer", "row"), env="LLAMA_ARG_SPLIT_MODE",
+      help="how to split the model across multiple GPUs (default: layer)"),
+    O("-mg", "--main-gpu", value="INDEX", dest="main_gpu", parse=to_int, env="LLAMA_ARG_MAIN_GPU",
+      help="the GPU to use for the model (with split-mode = none) (default: 0)"),
+    O("-np", "--parallel", value="N", dest="n_parallel", parse=to_int, env="LLAMA_ARG_N_PARALLEL",
+      help="number of parallel sequences to decode (default: 1)"),
+    O("--mmap", dest="mmap", neg=("--no-mmap",), env="LLAMA_ARG_MMAP",
+      help="whether to memory-map model (default: enabled)"),
+    O("--mlock", dest="mlock", env="LLAMA_ARG_MLOCK", help="force system to keep model in RAM"),
+    O("-kvo", "--kv-offload", dest="kv_offload", neg=("-nkvo", "--no-kv-offload"), env="LLAMA_ARG_KV_OFFLOAD",
+      help="whether to enable KV cache offloading (default: enabled)"),
+    O("--warmup", dest="warmup", neg=("--no-warmup",), help="whether to perform warmup with an empty run"),
+    # sampling (seed..penalties carry the GGUF general.sampling.* key that may replace their default)
+    O("-s", "--seed", value="SEED", dest="sampling.seed", parse=to_int,
+      help="RNG seed (default: -1, use random seed for -1)"),
+    O("--samplers", value="SAMPLERS", parse=parse_sampler_names, apply=_set_seq, gguf_key="sequence",
+      help="samplers that will be used for generation in the order, separated by ';'\n(default: "
+      "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)"),
+    O("--sampling-seq", "--sampler-seq", value="SEQUENCE", parse=parse_sampler_letters, apply=_set_seq,
+      gguf_key="sequence", help="simplified sequence for samplers that will be used (default: edskypmxt)"),
+    O("--ignore-eos", dest="sampling.ignore_eos",
+      help="ignore end of stream token and continue generating (implies --logit-bias EOS-inf)"),
+    O("--temp", "--temperature", value="N", dest="sampling.temp", parse=to_float, gguf_key="temp",
+      help="temperature (default: 0.80)"),
+    O("--top-k", value="N", dest="sampling.top_k", parse=to_int, env="LLAMA_ARG_TOP_K", gguf_key="top_k",
+      help="top-k sampling (default: 40, 0 = disabled)"),
+    O("--top-p", value="N", dest="sampling.top_p", parse=to_float, gguf_key="top_p",
+      help="top-p sampling (default: 0.95, 1.0 = disabled)"),
+    O("--min-p", value="N", dest="sampling.min_p", parse=to_float, gguf_key="min_p",
+      help="min-p sampling (default: 0.05, 0.0 = disabled)"),
+    O("--typical", "--typical-p", value="N", dest="sampling.typ_p", parse=to_float,
+      help="locally typical sampling, parameter p (default: 1.00, 1.0 = disabled)"),
+    O("--min-keep", value="N", dest="sampling.min_keep", parse=to_int,
+      help="minimum number of tokens each sampler must keep (default: 0)"),
+    O("--repeat-last-n", value="N", dest="sampling.penalty_last_n", parse=to_int, gguf_key="penalty_last_n",
+      help="last n tokens to consider for penalize (default: 64, 0 = disabled, -1 = ctx_size)"),
+    O("--repeat-penalty", value="N", dest="sampling.penalty_repeat", parse=to_float, gguf_key="penalty_repeat",
+      help="penalize repeat sequence of tokens (default: 1.00, 1.0 = disabled)"),
+    O("--presence-penalty", value="N", dest="sampling.penalty_present", parse=to_float,
+      help="repeat alpha presence penalty (default: 0.00, 0.0 = disabled)"),
+    O("--frequency-penalty", value="N", dest="sampling.penalty_freq", parse=to_float,
+      help="repeat alpha frequency penalty (default: 0.00, 0.0 = disabled)"),
+    O("-l", "--logit-bias", value="TOKEN_ID(+/-)BIAS", parse=logit_bias, apply=_add_bias,
+      help="modifies the likelihood of token appearing in the completion,\ni.e. `--logit-bias 15043+1` to "
+      "increase likelihood of token ' Hello',\nor `--logit-bias 15043-1` to decrease likelihood of token ' Hello'"),
+    O("--dry-multiplier", value="N", parse=_refuse_nonzero("--dry-multiplier"), apply=lambda p, v: None,
+      help="set DRY sampling multiplier (default: 0.00, 0.0 = disabled)"),
+    O("--xtc-probability", value="N", parse=_refuse_nonzero("--xtc-probability"), apply=lambda p, v: None,
+      gguf_key="xtc_probability", help="xtc probability (default: 0.00, 0.0 = disabled)"),
+    O("--top-nsigma", "--top-n-sigma", value="N", apply=lambda p, v: None,
+      parse=lambda s: to_float(s) if to_float(s) <= 0 else _refuse_nonzero("--top-nsigma")(s),
+      help="top-n-sigma sampling (default: -1.00, -1.0 = disabled)"),
+    O("--dynatemp-range", value="N", parse=_refuse_nonzero("--dynatemp-range"), apply=lambda p, v: None,
+      help="dynamic temperature range (default: 0.00, 0.0 = disabled)"),
+    O("--mirostat", value="N", parse=lambda s: _refuse_nonzero("--mirostat")(s), apply=lambda p, v: None,
+      gguf_key="mirostat", help="use Mirostat sampling (default: 0, 0 = disabled, 1 = Mirostat, 2 = Mirostat 2.0)"),
+    _unsup("--grammar", value="GRAMMAR", why="GBNF grammars are not supported by llamacmp yet"),
+    _unsup("--grammar-file", value="FNAME", why="GBNF grammars are not supported by llamacmp yet"),
+    _unsup("-j", "--json-schema", value="SCHEMA", why="JSON-schema constrained sampling is not supported yet"),
+    _unsup("-jf", "--json-schema-file", value="FILE", why="JSON-schema constrained sampling is not supported yet"),
+    # conversation and display
+    O("-cnv", "--conversation", dest="conversation", neg=("-no-cnv", "--no-conversation"), tools=KC,
+      help="whether to run in conversation mode:\n- does not print special tokens and suffix/prefix\n"
+      "- interactive mode is also enabled\n(default: auto enabled if chat template is available)"),
+    O("-i", "--interactive", dest="interactive", tools=frozenset({"completion"}),
+      help="run in interactive mode"),
+    O("-if", "--interactive-first", dest="interactive_first", tools=frozenset({"completion"}),
+      apply=_set_interactive_first, help="run in interactive mode and wait for input right away"),
+    O("-r", "--reverse-prompt", value="PROMPT", dest="antiprompt", parse=str, append=True, tools=KCS,
+      help="halt generation at PROMPT, return control in interactive mode"),
+    O("-st", "--single-turn", dest="single_turn", tools=KC,
+      help="run conversation for a single turn only, then exit when done"),
+    O("-mli", "--multiline-input", dest="multiline_input", tools=KC,
+      help="allows you to write or paste multiple lines without ending each in '\\'"),
+    O("--in-prefix-bos", dest="input_prefix_bos", tools=frozenset({"completion"}),
+      help="prefix BOS to user inputs, preceding the `--in-prefix` string"),
+    O("--in-prefix", value="STRING", dest="input_prefix", parse=str, tools=frozenset({"completion"}),
+      help="string to prefix user inputs with (default: empty)"),
+    O("--in-suffix", value="STRING", dest="input_suffix", parse=str, tools=frozenset({"completion"}),
+      help="string to suffix after user inputs with (default: empty)"),
+    O("-sp", "--special", dest="special", tools=KCS, help="special tokens output enabled (default: false)"),
+    O("-e", "--escape", dest="escape", neg=("--no-escape",), tools=ALL | TOK,
+      help="process escapes sequences (\\n, \\r, \\t, \\', \\\", \\\\) (default: true)"),
+    O("--display-prompt", dest="display_prompt", neg=("--no-display-prompt",), tools=KC,
+      help="whether to print prompt at generation (default: true)"),
+    O("--verbose-prompt", dest="verbose_prompt", help="print a verbose prompt before generation (default: false)"),
+    O("--simple-io", dest="simple_io", tools=KC,
+      help="use basic IO for better compatibility in subprocesses and limited consoles"),
+    O("--show-timings", dest="show_timings", neg=("--no-show-timings",), env="LLAMA_ARG_SHOW_TIMINGS",
+      tools=frozenset({"cli"}), help="whether to show timing information after each response (default: true)"),
+    O("-co", "--color", value="[on|off|auto]", dest="color", parse=on_off_auto("--color"), tools=KC,
+      help="Colorize output to distinguish prompt and user input from generations"),
+    # chat template and reasoning
+    O("--jinja", dest="use_jinja", neg=("--no-jinja",), env="LLAMA_ARG_JINJA", tools=KCS,
+      help="whether to use jinja template engine for chat (default: enabled for cli and server)"),
+    O("--chat-template", value="JINJA_TEMPLATE", dest="chat_template", parse=str, env="LLAMA_ARG_CHAT_TEMPLATE",
+      tools=KCS, help="set custom jinja chat template (default: template taken from model's metadata)"),
+    O("--chat-template-file", value="JINJA_TEMPLATE_FILE", parse=str, apply=_set_template_file,
+      env="LLAMA_ARG_CHAT_TEMPLATE_FILE", tools=KCS, help="set custom jinja chat template file"),
+    O("--chat-template-kwargs", value="STRING", parse=json_object, apply=_set_kwargs,
+      env="LLAMA_CHAT_TEMPLATE_KWARGS", tools=frozenset({"cli", "server"}),
+      help="sets additional params for the json template parser, must be a valid json object string, "
+      "e.g. '{\"key1\":\"value1\",\"key2\":\"value2\"}'"),
+    O("--reasoning-format", value="FORMAT", dest="reasoning_format", env="LLAMA_ARG_THINK", tools=KCS,
+      parse=choice("--reasoning-format", "none", "deepseek", "deepseek-legacy", "auto"),
+      help="controls whether thought tags are allowed and/or extracted from the response (default: auto)"),
+    O("-rea", "--reasoning", value="[on|off|auto]", dest="reasoning", parse=on_off_auto("--reasoning"),
+      env="LLAMA_ARG_REASONING", tools=KCS, help="use reasoning/thinking in the chat ('on', 'off', or 'auto', "
+      "default: 'auto' (detect from template))"),
+    O("--reasoning-budget", value="N", dest="reasoning_budget", parse=to_int, env="LLAMA_ARG_THINK_BUDGET",
+      tools=KCS, help="token budget for thinking: -1 for unrestricted, 0 for immediate end, N>0 for token budget"),
+    O("--reasoning-budget-message", value="MESSAGE", dest="reasoning_budget_message", parse=str,
+      env="LLAMA_ARG_THINK_BUDGET_MESSAGE", tools=KCS,
+      help="message injected before the end-of-thinking tag when reasoning budget is exhausted"),
+    # logging
+    O("--log-disable", dest="log_disable", tools=ALL | TOK, help="Log disable"),
+    O("--log-file", value="FNAME", dest="log_file", parse=str, env="LLAMA_LOG_FILE", help="Log to file"),
+    O("-v", "--verbose", "--log-verbose", apply=_set_verbose, dest="_verbose",
+      help="Set verbosity level to infinity (i.e. log all messages, useful for debugging)"),
+    O("-lv", "--verbosity", "--log-verbosity", value="N", dest="verbosity", parse=to_int,
+      env="LLAMA_LOG_VERBOSITY", help="Set the verbosity threshold. Messages with a higher verbosity will be "
+      "ignored."),
+    # perplexity
+    O("--chunks", value="N", dest="n_chunks", parse=to_int, tools=frozenset({"perplexity"}),
+      help="max number of chunks to process (default: -1, -1 = all)"),
+    O("--ppl-stride", value="N", dest="ppl_stride", parse=to_int, tools=frozenset({"perplexity"}),
+      help="stride for perplexity calculation (default: 0)"),
+    O("--ppl-output-type", value="<0|1>", dest="ppl_output_type", parse=to_int, tools=frozenset({"perplexity"}),
+      help="output type for perplexity calculation (default: 0)"),
+    # llama-tokenize's own options
+    O("--ids", dest="ids_only", tools=TOK, help="if given, only print numerical token IDs, and not token strings."),
+    O("--stdin", dest="read_stdin", tools=TOK, help="read prompt from standard input."),
+    O("--no-bos", dest="no_bos", tools=TOK, help="do not ever add a BOS token to the prompt."),
+    O("--no-parse-special", dest="no_parse_special", tools=TOK, help="do not parse control tokens."),
+    O("--show-count", dest="show_count", tools=TOK, help="print the total number of tokens."),
+    # known llama.cpp flags we refuse, so that nobody's script silently does something else
+    _unsup("-hf", "-hfr", "--hf-repo", value="<user>/<model>[:quant]", env="LLAMA_ARG_HF_REPO", tools=ALL,
+           why="downloading from Hugging Face is not supported by llamacmp: download the GGUF and pass -m"),
+    _unsup("-hff", "--hf-file", value="FILE", env="LLAMA_ARG_HF_FILE",
+           why="downloading from Hugging Face is not supported by llamacmp: download the GGUF and pass -m"),
+    _unsup("-mu", "--model-url", value="MODEL_URL", env="LLAMA_ARG_MODEL_URL",
+           why="downloading models is not supported by llamacmp: download the GGUF and pass -m"),
+    _unsup("--lora", value="FNAME", why="LoRA adapters are not supported by llamacmp yet"),
+    _unsup("--lora-scaled", value="FNAME SCALE", why="LoRA adapters are not supported by llamacmp yet"),
+    _unsup("-md", "--model-draft", value="FNAME", env="LLAMA_ARG_MODEL_DRAFT",
+           why="speculative decoding is not supported for hybrid models (llama.cpp disables it as well)"),
+    _unsup("-mm", "--mmproj", value="FILE", env="LLAMA_ARG_MMPROJ", tools=frozenset({"cli", "server"}),
+           why="vision (mmproj) is not supported by llamacmp yet"),
+    _unsup("--image", "--audio", value="FILE", tools=frozenset({"cli"}),
+           why="image and audio input are not supported by llamacmp yet"),
+    _unsup("--prompt-cache", value="FNAME", tools=frozenset({"completion"}),
+           why="session files (--prompt-cache) are not supported by llamacmp yet"),
+    _unsup("--context-shift", env="LLAMA_ARG_CONTEXT_SHIFT", tools=KCS,
+           why="context shift is not possible with recurrent (hybrid) models"),
+)
+
+
+def options_for(tool: str) -> list[Option]:
+    return [o for o in OPTIONS if tool in o.tools]
+
+
+# -- parsing -----------------------------------------------------------------------------------------------------
+
+def _store(p: Params, opt: Option, value: Any) -> None:
+    if opt.apply is not None:
+        opt.apply(p, value)
+    elif opt.append:
+        getattr(p, opt.dest).append(value)
+    elif opt.dest.startswith("sampling."):
+        setattr(p.sampling, opt.dest.split(".", 1)[1], value)
+    elif not opt.dest.startswith("_"):
+        setattr(p, opt.dest, value)
+    p.user_set.add(opt.dest or opt.names[-1])
+
+
+def _apply(p: Params, opt: Option, raw: str | None, positive: bool) -> None:
+    """raw is None for flags; positive is False for the negated spelling."""
+    if opt.unsupported:
+        raise Unsupported(f"error: {opt.names[-1]} is not supported: {opt.unsupported}")
+    if opt.value:
+        _store(p, opt, opt.parse(raw))
+    elif opt.apply is not None:
+        opt.apply(p, positive)
+        p.user_set.add(opt.dest)
+    else:
+        _store(p, opt, opt.const if positive else False)
+
+
+def _apply_env(p: Params, opts: list[Option], environ: dict) -> None:
+    for opt in opts:
+        names = [opt.env] if opt.env else []
+        if opt.env and opt.neg:
+            names.append(opt.env.replace("LLAMA_ARG_", "LLAMA_ARG_NO_"))
+        for name in names:
+            if name not in environ:
+                continue
+            raw = environ[name]
+            try:
+                if opt.value:
+                    _apply(p, opt, raw, True)
+                else:
+                    value = to_bool(raw)
+                    _apply(p, opt, None, value if name == opt.env else not value)
+            except Unsupported:
+                raise
+            except (ValueError, json.JSONDecodeError) as e:
+                raise ArgError(f"error while handling environment variable \"{name}\": {e}\n\n") from None
+
+
+@dataclass
+class Parsed:
+    params: Params
+    show_help: bool = False
+    show_version: bool = False
+    warnings: tuple[str, ...] = ()
+
+
+def parse_args(tool: str, argv: list[str], environ: dict | None = None) -> Parsed:
+    """argv without the program name. Raises ArgError with llama.cpp's text on bad input."""
+    environ = dict(os.environ if environ is None else environ)
+    opts = options_for(tool)
+    table = {n: (o, True) for o in opts for n in o.names} | {n: (o, False) for o in opts for n in o.neg}
+    p = tool_defaults(tool)
+    _apply_env(p, opts, environ)
+    env_set = set(p.user_set)
+    warnings: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--"):
+            arg = arg.replace("_", "-")
+        if arg not in table:
+            raise ArgError(f"error: invalid argument: {arg}")
+        opt, positive = table[arg]
+        if opt.env and (opt.dest or opt.names[-1]) in env_set:
+            warnings.append(f"warn: {opt.env} environment variable is set, but will be overwritten by command "
+                            f"line argument {arg}")
+        raw = None
+        if opt.value:
+            if i + 1 >= len(argv):
+                raise ArgError("expected value for argument")
+            i += 1
+            raw = argv[i]
+        try:
+            _apply(p, opt, raw, positive)
+        except Unsupported:
+            raise
+        except (ValueError, json.JSONDecodeError) as e:
+            raise ArgError(f"error while handling argument \"{arg}\": {e}\n\nusage:\n{opt.usage()}\n"
+                           "to show complete usage, run with -h") from None
+        i += 1
+    if p.escape:
+        p.prompt = process_escapes(p.prompt)
+        p.antiprompt = [process_escapes(a) for a in p.antiprompt]
+        p.input_prefix, p.input_suffix = process_escapes(p.input_prefix), process_escapes(p.input_suffix)
+    if p.interactive_first:
+        p.interactive = True
+    return Parsed(p, "_help" in p.user_set, "_version" in p.user_set, tuple(warnings))
+
+
+ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\", "a": "\a", "b": "\b",
+           "f": "\f", "v": "\v", "?": "?"}
+
+
+def process_escapes(s: str) -> str:
+    """llama.cpp's string_process_escapes: \\n \\r \\t \\' \\" \\\\ and \\xHH; unknown escapes stay as typed."""
+    out, i = [], 0
+    while i < len(s):
+        c = s[i]
+        if c == "\\" and i + 1 < len(s):
+            n = s[i + 1]
+            if n in ESCAPES:
+                out.append(ESCAPES[n])
+                i += 2
+                continue
+            hexdigits = s[i + 2:i + 4]
+            if n == "x" and len(hexdigits) == 2 and all(ch in "0123456789abcdefABCDEF" for ch in hexdigits):
+                out.append(chr(int(s[i + 2:i + 4], 16)))
+                i += 4
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+# -- GGUF sampling defaults ----------------------------------------------------------------------------------------
+
+GGUF_SAMPLING = {"top_k": ("top_k", int), "top_p": ("top_p", float), "min_p": ("min_p", float),
+                 "temp": ("temp", float), "penalty_last_n": ("penalty_last_n", int),
+                 "penalty_repeat": ("penalty_repeat", float)}
+
+
+def apply_gguf_sampling(p: Params, metadata: dict) -> list[str]:
+    """general.sampling.* replace llama.cpp's defaults unless the user set that sampler; returns what changed."""
+    user_keys = {o.gguf_key for o in OPTIONS if o.gguf_key and (o.dest or o.names[-1]) in p.user_set}
+    changed = []
+    for key, (field_name, cast) in GGUF_SAMPLING.items():
+        value = metadata.get(f"general.sampling.{key}")
+        if value is None or key in user_keys:
+            continue
+        setattr(p.sampling, field_name, cast(value))
+        changed.append(key)
+    seq = metadata.get("general.sampling.sequence")
+    if seq is not None and "sequence" not in user_keys:
+        p.sampling.samplers = parse_sampler_letters(str(seq))
+        changed.append("sequence")
+    return changed
+
+
+# -- help and version ----------------------------------------------------------------------------------------------
+
+def version_text() -> str:
+    return f"version: {BUILD_NUMBER} (llamacmp {__version__})\nbuilt with Python {sys.version.split()[0]} " \
+           f"for {sys.platform}\n"
+
+
+def usage_text(tool: str) -> str:
+    body = "".join(o.usage() for o in options_for(tool))
+    return f"----- llamacmp-{tool} params -----\n\n{body}"
+
+
+def parse_or_exit(tool: str, argv: list[str] | None = None) -> Params:
+    """Entry-point helper: prints help/version/errors as llama.cpp does and exits where it would."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        parsed = parse_args(tool, argv)
+    except ArgError as e:
+        sys.stderr.write(f"{e}\n")
+        raise SystemExit(1) from None
+    for w in parsed.warnings:
+        sys.stderr.write(w + "\n")
+    if parsed.show_version:
+        sys.stderr.write(version_text())
+        raise SystemExit(0)
+    if parsed.show_help:
+        sys.stdout.write(usage_text(tool))
+        raise SystemExit(0)
+    return parsed.params

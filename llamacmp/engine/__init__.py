@@ -1,0 +1,1 @@
+"""Sequence state, generation and (later) scheduling."""

@@ -1,0 +1,179 @@
+"""A single-sequence generator: prefill in micro-batches, then decode token by token, streaming text.
+
+The CLIs (completion, chat, perplexity) drive one `Session`; the server's scheduler is a separate engine.
+Timing counters follow llama.cpp's perf data: batches of more than one token count as prompt eval, single-token
+decodes as eval, so the llama_perf_context_print lines mean the same thing.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..backends.base import StepBatch
+from ..sampling import Sampler
+
+
+def now_ms() -> float:
+    return time.perf_counter() * 1e3
+
+
+@dataclass(slots=True)
+class Timings:
+    t_start_ms: float = field(default_factory=now_ms)
+    t_load_ms: float = 0.0
+    t_p_eval_ms: float = 0.0
+    n_p_eval: int = 0
+    t_eval_ms: float = 0.0
+    n_eval: int = 0
+    t_sample_ms: float = 0.0
+    n_sample: int = 0
+
+    @property
+    def prompt_per_second(self) -> float:
+        return 1e3 * self.n_p_eval / self.t_p_eval_ms if self.t_p_eval_ms > 0 else 0.0
+
+    @property
+    def predicted_per_second(self) -> float:
+        return 1e3 * self.n_eval / self.t_eval_ms if self.t_eval_ms > 0 else 0.0
+
+    def since(self, earlier: "Timings") -> "Timings":
+        """Counters accumulated after `earlier` (a copy taken with snapshot()): one turn's figures."""
+        return Timings(earlier.t_start_ms, self.t_load_ms, self.t_p_eval_ms - earlier.t_p_eval_ms,
+                       self.n_p_eval - earlier.n_p_eval, self.t_eval_ms - earlier.t_eval_ms,
+                       self.n_eval - earlier.n_eval, self.t_sample_ms - earlier.t_sample_ms,
+                       self.n_sample - earlier.n_sample)
+
+    def snapshot(self) -> "Timings":
+        return Timings(self.t_start_ms, self.t_load_ms, self.t_p_eval_ms, self.n_p_eval, self.t_eval_ms,
+                       self.n_eval, self.t_sample_ms, self.n_sample)
+
+
+class ContextFull(Exception):
+    """The sequence would pass n_ctx (llama.cpp has no context shift for recurrent memory either)."""
+
+
+@dataclass(slots=True)
+class Generation:
+    text: str
+    tokens: list[int]
+    stop: str                    # "eog" | "limit" | "stop" | "interrupted" | "context"
+    stop_string: str = ""
+
+
+class Session:
+    """One sequence: its model state, the tokens logically in it, and which of those are decoded yet.
+
+    A sampled token joins `history` at once but is decoded lazily with the next feed, exactly when its logits
+    are needed; so a generation that ends on the token limit leaves a consistent, resumable session.
+    """
+
+    def __init__(self, lm, n_ctx: int, n_batch: int = 2048, n_ubatch: int = 512, kv_type: str = "f16"):
+        self.lm = lm
+        self.n_ctx = n_ctx
+        self.chunk = max(1, min(n_batch, n_ubatch))
+        self.kv_type = kv_type
+        self.timings = Timings()
+        self.history: list[int] = []
+        self.state = lm.backend.new_state(lm.cfg, n_ctx, kv_type)
+        self.logits: np.ndarray | None = None
+
+    @property
+    def n_decoded(self) -> int:
+        return self.state.n_past
+
+    def reset(self) -> None:
+        self.history = []
+        self.state = self.lm.backend.new_state(self.lm.cfg, self.n_ctx, self.kv_type)
+        self.logits = None
+
+    def feed(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
+        """Append tokens and decode everything pending; returns the last row of logits ([n_vocab]),
+        or all rows of the pending span when all_logits (perplexity)."""
+        self.history.extend(int(t) for t in tokens)
+        pending = self.history[self.n_decoded:]
+        if not pending:
+            raise ValueError("feed() needs at least one token to decode")
+        if len(self.history) > self.n_ctx:
+            raise ContextFull(f"context full ({len(self.history)} tokens > n_ctx {self.n_ctx})")
+        rows = []
+        for start in range(0, len(pending), self.chunk):
+            rows.append(self._decode(pending[start:start + self.chunk], all_logits))
+        out = np.concatenate(rows) if all_logits else rows[-1][-1]
+        self.logits = out if not all_logits else out[-1]
+        return out
+
+    def _decode(self, tokens: list[int], all_logits: bool) -> np.ndarray:
+        t0 = now_ms()
+        batch = StepBatch.build([(self.state, tokens)], all_logits=all_logits)
+        logits = self.lm.backend.to_host(self.lm.model.forward(batch))   # forward advances state.n_past
+        dt = now_ms() - t0
+        if len(tokens) > 1:
+            self.timings.t_p_eval_ms += dt
+            self.timings.n_p_eval += len(tokens)
+        else:
+            self.timings.t_eval_ms += dt
+            self.timings.n_eval += 1
+        return logits
+
+    def sync_prompt(self, tokens: list[int]) -> np.ndarray:
+        """Make the session hold exactly `tokens`, reusing the decoded prefix when possible. Recurrent state
+        cannot be rolled back, so any divergence inside the decoded part means starting over."""
+        decoded = self.history[:self.n_decoded]
+        if len(tokens) > len(decoded) and tokens[:len(decoded)] == decoded and decoded:
+            self.history = list(decoded)
+            return self.feed(tokens[len(decoded):])
+        self.reset()
+        return self.feed(tokens)
+
+    def sample(self, sampler: Sampler) -> int:
+        t0 = now_ms()
+        token = sampler.sample(self.logits)
+        self.timings.t_sample_ms += now_ms() - t0
+        self.timings.n_sample += 1
+        sampler.accept(token)
+        return token
+
+    def generate(self, sampler: Sampler, n_predict: int, stop_strings: tuple[str, ...] = (),
+                 on_text: Callable[[str], None] | None = None, special: bool = False,
+                 should_stop: Callable[[], bool] = lambda: False, stop_window: int = 2) -> Generation:
+        """Sample up to n_predict tokens (-1: until EOG or the context is full) from the current logits.
+        Text streams to on_text as soon as it is whole UTF-8; stop strings are looked for at the end of the
+        generated text (widened by stop_window chars, as llama-completion does for reverse prompts)."""
+        decoder = self.lm.tokenizer.stream_decoder(special)
+        text, out = "", []
+        n = 0
+        while n_predict < 0 or n < n_predict:
+            if should_stop():
+                return Generation(text + decoder.flush(), out, "interrupted")
+            if out:
+                try:
+                    self.feed([])
+                except ContextFull:
+                    self.history.pop()
+                    return Generation(text, out[:-1], "context")
+            token = self.sample(sampler)
+            out.append(token)
+            self.history.append(token)
+            n += 1
+            piece = decoder.push(token)
+            if piece:
+                text += piece
+                if on_text:
+                    on_text(piece)
+            if token in self.lm.tokenizer.eog_ids and not sampler.params.ignore_eos:
+                self.history.pop()                 # llama.cpp never decodes the EOG token either
+                return Generation(text, out, "eog")
+            hit = _find_stop(text, stop_strings, stop_window)
+            if hit:
+                return Generation(text, out, "stop", hit)
+        return Generation(text + decoder.flush(), out, "limit")
+
+
+def _find_stop(text: str, stops: tuple[str, ...], window: int) -> str:
+    for s in stops:
+        if s and text.find(s, max(0, len(text) - len(s) - window)) >= 0:
+            return s
+    return ""

@@ -1,0 +1,104 @@
+"""The typed result of parsing a command line: what every tool reads, with llama.cpp's defaults.
+
+args.py fills these from LLAMA_ARG_* variables and argv; nothing downstream looks at strings again.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .sampling import SamplingParams
+
+TOOLS = ("cli", "completion", "server", "perplexity", "tokenize", "bench")
+
+
+@dataclass(slots=True)
+class Params:
+    tool: str
+    # model and input
+    model: str = ""
+    prompt: str = ""
+    prompt_file: str = ""
+    system_prompt: str = ""
+    n_predict: int = -1
+    n_ctx: int = 0                      # 0: the model's n_ctx_train
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_keep: int = 0
+    # devices and memory (parsed and checked; the numpy backend ignores placement)
+    n_gpu_layers: str = "auto"
+    threads: int = -1
+    flash_attn: str = "auto"
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    tensor_split: tuple[float, ...] = ()
+    split_mode: str = "layer"
+    main_gpu: int = 0
+    n_parallel: int = 1
+    mmap: bool = True
+    mlock: bool = False
+    kv_offload: bool = True
+    warmup: bool = True
+    # sampling
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # conversation / display
+    conversation: bool | None = None    # None: auto (on when the model has a template)
+    interactive: bool = False
+    interactive_first: bool = False
+    single_turn: bool = False
+    multiline_input: bool = False
+    antiprompt: list[str] = field(default_factory=list)
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_prefix_bos: bool = False
+    special: bool = False
+    escape: bool = True
+    display_prompt: bool = True
+    verbose_prompt: bool = False
+    simple_io: bool = False
+    show_timings: bool = True
+    color: str = "auto"
+    # chat templates and reasoning
+    use_jinja: bool = False
+    chat_template: str = ""
+    chat_template_file: str = ""
+    chat_template_kwargs: dict = field(default_factory=dict)
+    reasoning_format: str = "auto"
+    reasoning: str = "auto"
+    reasoning_budget: int = -1
+    reasoning_budget_message: str = ""
+    # logging
+    log_disable: bool = False
+    log_file: str = ""
+    verbosity: int = 3
+    # perplexity
+    n_chunks: int = -1
+    ppl_stride: int = 0
+    ppl_output_type: int = 0
+    # tokenize
+    ids_only: bool = False
+    read_stdin: bool = False
+    no_bos: bool = False
+    no_parse_special: bool = False
+    show_count: bool = False
+    # bookkeeping: which dests the user set (CLI or env), for the GGUF general.sampling.* rule
+    user_set: set[str] = field(default_factory=set)
+
+    @property
+    def enable_thinking(self) -> bool:
+        """--reasoning on/off sets the template kwarg; an explicit kwarg wins over auto."""
+        if self.reasoning in ("on", "off"):
+            return self.reasoning == "on"
+        return bool(self.chat_template_kwargs.get("enable_thinking", True))
+
+
+def tool_defaults(tool: str) -> Params:
+    """Per-tool defaults where llama.cpp's examples change them."""
+    p = Params(tool=tool)
+    if tool in ("cli", "server"):
+        p.use_jinja = True
+    if tool == "cli":
+        p.verbosity = 1                  # llama-cli: LOG_LEVEL_ERROR by default
+    if tool == "perplexity":
+        p.n_ctx = 512                    # perplexity.cpp: params.n_ctx = 512 before parsing
+        p.escape = False
+    return p

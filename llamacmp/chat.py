@@ -1,0 +1,294 @@
+"""Chat templates (jinja2 sandbox, as llama.cpp renders the GGUF's template) and the Qwen3.5 output parser.
+
+Independent of any CLI or server: both take `ChatTemplate.render(...)` and `parse_output(...)` /
+`ReasoningSplitter` from here.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Iterator
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+THINK_START, THINK_END = "<think>", "</think>"
+TOOL_START, TOOL_END = "<tool_call>", "</tool_call>"
+
+# The template llama.cpp falls back to when a model has none (chatml).
+CHATML_TEMPLATE = ("{%- for message in messages -%}{{- '<|im_start|>' + message.role + '\n' + message.content + "
+                   "'<|im_end|>\n' -}}{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}"
+                   "{%- endif -%}")
+
+
+class TemplateError(Exception):
+    """The template raised (raise_exception) or failed to render; the message says which."""
+
+
+# -- helpers real templates call ------------------------------------------------------------------------------------
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
+            sort_keys: bool = False) -> str:
+    """HF transformers' tojson: no HTML escaping (jinja's own would turn < into \\u003c), keys kept in order."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=tuple(separators) if separators else None, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def make_environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+# -- messages and rendering ------------------------------------------------------------------------------------------
+
+def normalize_messages(messages: list[dict]) -> list[dict]:
+    """llama.cpp's rewrites before rendering: developer -> system, null content -> "", tool-call arguments given
+    as JSON strings -> objects (the Qwen3.5 template iterates them with |items)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("role") == "developer":
+            m["role"] = "system"
+        if m.get("content") is None:
+            m["content"] = ""
+        if m.get("tool_calls"):
+            m["tool_calls"] = [_with_object_arguments(tc) for tc in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def _with_object_arguments(tc: dict) -> dict:
+    tc = json.loads(json.dumps(tc))
+    fn = tc.get("function", tc)
+    if isinstance(fn.get("arguments"), str):
+        try:
+            fn["arguments"] = json.loads(fn["arguments"])
+        except json.JSONDecodeError:
+            pass
+    return tc
+
+
+@dataclass
+class ChatTemplate:
+    source: str
+    bos_token: str = ""
+    eos_token: str = ""
+
+    def __post_init__(self) -> None:
+        try:
+            self._template = make_environment().from_string(self.source)
+        except jinja2.TemplateSyntaxError as e:
+            raise TemplateError(f"chat template syntax error (line {e.lineno}): {e.message}") from None
+
+    @classmethod
+    def from_metadata(cls, metadata: dict, tokens: list[str] | None = None, override: str = "") -> "ChatTemplate":
+        source = override or metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE
+
+        def tok(key: str) -> str:
+            i = metadata.get(key)
+            return tokens[i] if tokens is not None and i is not None and 0 <= i < len(tokens) else ""
+        return cls(source, tok("tokenizer.ggml.bos_token_id"), tok("tokenizer.ggml.eos_token_id"))
+
+    @property
+    def supports_thinking(self) -> bool:
+        """Detected the way llama.cpp does it in spirit: does enable_thinking change the rendering?"""
+        probe = [{"role": "user", "content": "x"}]
+        try:
+            return self.render(probe, enable_thinking=True) != self.render(probe, enable_thinking=False)
+        except TemplateError:
+            return False
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+               enable_thinking: bool = True, extra: dict | None = None) -> str:
+        ctx = {"messages": normalize_messages(messages), "add_generation_prompt": add_generation_prompt,
+               "bos_token": self.bos_token, "eos_token": self.eos_token, **(extra or {}),
+               "enable_thinking": enable_thinking}
+        if tools:
+            ctx["tools"] = tools
+        try:
+            return self._template.render(**ctx)
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as e:
+            raise TemplateError(f"chat template failed to render: {e}") from None
+
+
+def thinking_switch(text: str) -> bool | None:
+    """Qwen3's soft switches: the last of /think or /no_think in a user message decides that turn (None: neither).
+    llama.cpp ignores them; we honour them for users of Qwen3-era prompts (issue 4)."""
+    found = re.findall(r"/(no_think|think)\b", text)
+    return None if not found else found[-1] == "think"
+
+
+# -- output parsing -------------------------------------------------------------------------------------------------
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str               # a JSON object as a string, as OpenAI returns it
+    id: str = ""
+
+
+@dataclass
+class ParsedMessage:
+    content: str = ""
+    reasoning_content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+def split_reasoning(text: str, reasoning_format: str = "auto", thinking_open: bool = True) -> tuple[str, str]:
+    """(reasoning, content). `thinking_open`: the prompt ended inside <think> (Qwen3.5's generation prompt), so
+    the output starts as reasoning. `none` keeps everything in content; deepseek-legacy keeps the tags in content
+    as well as filling reasoning."""
+    if reasoning_format == "none":
+        return "", text
+    body = text
+    if not thinking_open:
+        stripped = body.lstrip()
+        if not stripped.startswith(THINK_START):
+            return "", text
+        body = stripped[len(THINK_START):]
+    elif body.lstrip().startswith(THINK_START):
+        body = body.lstrip()[len(THINK_START):]
+    if THINK_END not in body:
+        reasoning, content = body, ""         # still thinking when generation stopped
+    else:
+        reasoning, content = body.split(THINK_END, 1)
+    reasoning, content = reasoning.strip(), content.lstrip("\n")
+    if reasoning_format == "deepseek-legacy":
+        return reasoning, text
+    return reasoning, content
+
+
+_FUNC_RE = re.compile(r"<function=([^>\n]+)>\n?(.*?)</function>", re.S)
+_PARAM_RE = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+
+def _param_types(tools: list[dict] | None) -> dict[str, dict[str, Any]]:
+    """tool name -> {argument name -> JSON-schema type}."""
+    out: dict[str, dict[str, Any]] = {}
+    for tool in tools or []:
+        fn = tool.get("function", tool)
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        out[fn.get("name", "")] = {k: (v or {}).get("type", "string") for k, v in props.items()}
+    return out
+
+
+def _typed_value(raw: str, schema_type: Any) -> Any:
+    """A `string` parameter is taken raw; any other type is parsed as JSON (falling back to the raw text)."""
+    if schema_type == "string" or (isinstance(schema_type, list) and "string" in schema_type and
+                                   not raw.lstrip().startswith(("{", "["))):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def parse_tool_calls(text: str, tools: list[dict] | None = None) -> tuple[str, list[ToolCall]]:
+    """Cut `<tool_call><function=NAME><parameter=ARG>VALUE</parameter></function></tool_call>` blocks out of the
+    content; returns (content before the first call, calls)."""
+    first = text.find(TOOL_START)
+    if first < 0:
+        return text, []
+    types = _param_types(tools)
+    calls = []
+    for block in re.findall(re.escape(TOOL_START) + r"(.*?)(?:" + re.escape(TOOL_END) + r"|$)", text[first:], re.S):
+        for name, body in _FUNC_RE.findall(block):
+            name = name.strip()
+            schema = types.get(name, {})
+            args = {k.strip(): _typed_value(v, schema.get(k.strip(), "string")) for k, v in _PARAM_RE.findall(body)}
+            # compact, as llama.cpp's nlohmann::json::dump() writes it
+            calls.append(ToolCall(name, json.dumps(args, ensure_ascii=False, separators=(",", ":"))))
+    return text[:first].rstrip("\n"), calls
+
+
+def parse_output(text: str, reasoning_format: str = "auto", thinking_open: bool = True,
+                 tools: list[dict] | None = None) -> ParsedMessage:
+    """Model output (after the generation prompt) -> reasoning_content, content and typed tool calls."""
+    reasoning, content = split_reasoning(text, reasoning_format, thinking_open)
+    calls: list[ToolCall] = []
+    if tools:
+        content, calls = parse_tool_calls(content, tools)
+    return ParsedMessage(content, reasoning, calls)
+
+
+class ReasoningSplitter:
+    """Streaming form of split_reasoning: push text deltas, get ("reasoning"|"content", text) pieces. A partial
+    `</think>` at the end of a delta is held back until the next one decides it."""
+
+    def __init__(self, thinking_open: bool, reasoning_format: str = "auto"):
+        self.in_reasoning = thinking_open and reasoning_format != "none"
+        self.watch_start = not thinking_open and reasoning_format != "none"
+        self.buf = ""
+        self.at_start = True
+        self.content_start = False       # right after </think>: drop the blank lines the template puts there
+
+    def push(self, delta: str) -> Iterator[tuple[str, str]]:
+        self.buf += delta
+        while self.buf:
+            if self.watch_start:
+                if THINK_START.startswith(self.buf.lstrip()) and self.buf.strip():
+                    return                      # might still become <think>
+                self.watch_start = False
+                if self.buf.lstrip().startswith(THINK_START):
+                    self.buf = self.buf.lstrip()[len(THINK_START):]
+                    self.in_reasoning = True
+                continue
+            if not self.in_reasoning:
+                if self.content_start:
+                    self.buf = self.buf.lstrip("\n")
+                    if not self.buf:
+                        return
+                    self.content_start = False
+                out, self.buf = self.buf, ""
+                yield "content", out
+                return
+            if self.at_start:
+                stripped = self.buf.lstrip("\n")
+                if not stripped:
+                    self.buf = ""
+                    return
+                self.buf, self.at_start = stripped, False
+            idx = self.buf.find(THINK_END)
+            if idx >= 0:
+                if idx:
+                    yield "reasoning", self.buf[:idx].rstrip("\n")
+                self.buf = self.buf[idx + len(THINK_END):]
+                self.in_reasoning, self.content_start = False, True
+                continue
+            # hold back a possible partial </think> and the newlines before it (they belong to neither part)
+            keep = _partial_suffix(self.buf, THINK_END)
+            rest = self.buf[:len(self.buf) - keep]
+            keep += len(rest) - len(rest.rstrip("\n"))
+            out, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
+            if out:
+                yield "reasoning", out
+            return
+
+    def flush(self) -> Iterator[tuple[str, str]]:
+        if self.buf:
+            yield ("reasoning" if self.in_reasoning else "content"), self.buf
+        self.buf = ""
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of tag."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0

@@ -33,15 +33,18 @@ def load_tokenizer(f: GGUFFile):
     if md.get("tokenizer.ggml.model") != "gpt2":
         raise GGUFError(f"{f.path}: tokenizer.ggml.model '{md.get('tokenizer.ggml.model')}' is not supported "
                         "(llamacmp reads byte-level BPE, 'gpt2')")
-    return Tokenizer.from_metadata(
-        tokens=md["tokenizer.ggml.tokens"],
-        merges=md.get("tokenizer.ggml.merges", []),
-        token_types=md.get("tokenizer.ggml.token_type", [1] * len(md["tokenizer.ggml.tokens"])),
-        pre=md.get("tokenizer.ggml.pre", "qwen35"),
-        eos_id=md.get("tokenizer.ggml.eos_token_id"),
-        bos_id=md.get("tokenizer.ggml.bos_token_id"),
-        add_bos=bool(md.get("tokenizer.ggml.add_bos_token", False)),
-    )
+    try:
+        return Tokenizer.from_metadata(
+            tokens=md["tokenizer.ggml.tokens"],
+            merges=md.get("tokenizer.ggml.merges", []),
+            token_types=md.get("tokenizer.ggml.token_type", [1] * len(md["tokenizer.ggml.tokens"])),
+            pre=md.get("tokenizer.ggml.pre", "qwen35"),
+            eos_id=md.get("tokenizer.ggml.eos_token_id"),
+            bos_id=md.get("tokenizer.ggml.bos_token_id"),
+            add_bos=bool(md.get("tokenizer.ggml.add_bos_token", False)),
+        )
+    except Exception as e:  # tokens/merges that contradict each other; the tokenizer library says which
+        raise GGUFError(f"{f.path}: the tokenizer in the file is inconsistent ({e})") from None
 
 
 def load_model(path: str | os.PathLike, backend: Backend) -> LoadedModel:
@@ -51,7 +54,7 @@ def load_model(path: str | os.PathLike, backend: Backend) -> LoadedModel:
     n_vocab = len(f.metadata.get("tokenizer.ggml.tokens", [])) or f.info("token_embd.weight").shape[0]
     try:
         cfg = ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight"))
-    except ConfigError as e:
+    except (ConfigError, TypeError, ValueError) as e:   # wrong-typed values land here too
         raise GGUFError(f"{f.path}: {e}") from None
     weights = load_weights(f, cfg)
     return LoadedModel(str(path), f, cfg, cls(cfg, weights, backend), load_tokenizer(f), backend)

@@ -59,7 +59,7 @@ def test_unsupported_tensor_type_is_named(fixture_gguf, tmp_path):
     import gguf
     path = tmp_path / "q4.gguf"
     w = gguf.GGUFWriter(str(path), "qwen35")
-    w.add_tensor("blk.0.ffn_up.weight", np.zeros((4, 18), np.uint8), raw_shape=(4, 32),
+    w.add_tensor("blk.0.ffn_up.weight", np.zeros((4, 18), np.uint8),
                  raw_dtype=gguf.GGMLQuantizationType.Q4_0)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     with pytest.raises(GGUFError, match="blk.0.ffn_up.weight.*Q4_0"):

@@ -42,12 +42,13 @@ def test_prefill_equals_stepwise_decode(fixture_gguf, dtype, kv_type):
     s_dec = be.new_state(cfg, 64, kv_type)
     logits_dec = np.concatenate([lm.model.forward(StepBatch.build([(s_dec, [t])])) for t in ids])
     assert logits_pre.shape == (37, cfg.n_vocab)
-    # f16 KV rounds the same values either way; only summation order differs.
-    assert _rel(logits_pre, logits_dec) < 1e-5
+    # Only summation order differs; with an f16 cache a value on a rounding boundary may land one f16 ulp away.
+    tol = 1e-5 if kv_type == "f32" else 1e-3
+    assert _rel(logits_pre, logits_dec) < tol
     a, b = be.state_to_host(s_pre), be.state_to_host(s_dec)
     for key in ("k", "v", "conv", "ssm"):
         for x, y in zip(a[key], b[key]):
-            assert _rel(x, y) < 1e-5, key
+            assert _rel(x, y) < tol, key
 
 
 def test_batch_of_sequences_equals_each_alone(fixture_gguf):

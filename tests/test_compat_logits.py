@@ -1,0 +1,53 @@
+"""The numpy forward against llama.cpp's logits and greedy continuations (goldens in compat/goldens/logits)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llamacmp.backends.base import StepBatch
+from llamacmp.backends.numpy_ref import NumpyBackend
+from llamacmp.loader import load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDENS = sorted((ROOT / "compat" / "goldens" / "logits").glob("*.json"))
+sys.path.insert(0, str(ROOT / "compat"))
+
+# F32 weights: everything but summation order is the same function -> 1e-4. Q8_0: both sides quantize the
+# activations to int8 blocks, but rounding ties and accumulation differ, and random models amplify it.
+TOLERANCE = {"f32": 1e-4, "q8_0": 2e-2}
+
+pytestmark = pytest.mark.compat
+
+
+@pytest.fixture(scope="module")
+def real_vocab():
+    from llamacmp.fixtures.qwen_vocab import load_qwen35_vocab
+    return load_qwen35_vocab()
+
+
+def test_goldens_are_present():
+    assert len(GOLDENS) >= 4, "compat/goldens/logits is missing; run compat/gen_logits_goldens.py"
+
+
+@pytest.mark.parametrize("golden_path", GOLDENS, ids=[p.stem for p in GOLDENS])
+def test_logits_and_greedy_match_llama_cpp(golden_path, real_vocab, tmp_path):
+    from gen_logits_goldens import fixture_path
+    golden = json.loads(golden_path.read_text())
+    lm = load_model(fixture_path(golden, tmp_path, real_vocab), NumpyBackend())
+    state = lm.backend.new_state(lm.cfg, len(golden["prompt"]) + len(golden["greedy"]) + 1, golden["kv"])
+    logits = lm.model.forward(StepBatch.build([(state, golden["prompt"])], all_logits=True))
+    top_ids, top_vals = np.array(golden["top_ids"]), np.array(golden["top_logits"])
+    ours = np.take_along_axis(logits, top_ids, 1)
+    rel = np.linalg.norm(ours - top_vals) / np.linalg.norm(top_vals)
+    assert rel < TOLERANCE[golden["dtype"]], f"top-20 logits differ from llama.cpp by {rel:.2e} relative"
+    assert np.mean(logits.argmax(1) == top_ids[:, 0]) >= 0.95
+    # Greedy: one decode step per token, as llama.cpp generated them.
+    tokens, tok = [], int(np.argmax(logits[-1]))
+    for _ in golden["greedy"]:
+        tokens.append(tok)
+        tok = int(np.argmax(lm.model.forward(StepBatch.build([(state, [tok])]))[0]))
+    assert tokens == golden["greedy"]

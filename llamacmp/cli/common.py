@@ -1,0 +1,137 @@
+"""What every CLI tool does the same way: find and load the model, build the sampler, print llama.cpp's perf lines."""
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from ..args import apply_gguf_sampling
+from ..engine.generate import Session, Timings
+from ..params import Params
+from ..sampling import Sampler
+
+BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "data" / "default.gguf"
+
+
+class CliError(Exception):
+    """Printed as is to stderr; the tool exits with status 1."""
+
+
+@dataclass
+class Loaded:
+    lm: object                 # loader.LoadedModel
+    n_ctx: int
+    t_load_ms: float
+
+
+def resolve_model(p: Params, err: TextIO) -> str:
+    """-m, else the bundled demo model (said on stderr), else llama.cpp's error."""
+    if p.model:
+        return p.model
+    if BUNDLED_MODEL.exists():
+        err.write(f"no -m given: using the bundled demo model {BUNDLED_MODEL}\n")
+        return str(BUNDLED_MODEL)
+    raise CliError("error: --model is required\n(no bundled demo model at llamacmp/data/default.gguf either)")
+
+
+def check_engine_flags(p: Params) -> None:
+    """Flags the engine cannot honour yet are refused here, never ignored silently."""
+    if p.cache_type_k != p.cache_type_v:
+        raise CliError(f"error: -ctk {p.cache_type_k} with -ctv {p.cache_type_v}: llamacmp needs the same type for "
+                       "K and V for now")
+    if p.n_batch <= 0 or p.n_ubatch <= 0:
+        raise CliError("error: --batch-size and --ubatch-size must be positive")
+    if p.n_ctx < 0:
+        raise CliError(f"error: invalid context size {p.n_ctx}")
+
+
+@contextmanager
+def loading_indicator(err: TextIO, quiet: bool):
+    """A spinner on a terminal, one log line otherwise (and nothing with --log-disable)."""
+    if quiet:
+        yield
+        return
+    if err.isatty():
+        from rich.console import Console
+        with Console(file=err).status("Loading model..."):
+            yield
+        return
+    err.write("loading model...\n")
+    yield
+
+
+def load(p: Params, err: TextIO = sys.stderr) -> Loaded:
+    from ..backends.select import select_backend
+    from ..gguf_file import GGUFError
+    from ..loader import load_model
+    check_engine_flags(p)
+    path = resolve_model(p, err)
+    quiet = p.log_disable or p.verbosity < 2
+    backend = select_backend(log=err)
+    t0 = time.perf_counter()
+    try:
+        with loading_indicator(err, quiet):
+            lm = load_model(path, backend)
+    except (GGUFError, OSError) as e:
+        raise CliError(f"error: failed to load model '{path}': {e}") from None
+    t_load = (time.perf_counter() - t0) * 1e3
+    changed = apply_gguf_sampling(p, lm.metadata)
+    if changed and not quiet:
+        err.write(f"using the model's sampling defaults for: {', '.join(changed)}\n")
+    n_ctx = p.n_ctx or lm.cfg.n_ctx_train
+    return Loaded(lm, n_ctx, t_load)
+
+
+def new_session(p: Params, loaded: Loaded) -> Session:
+    s = Session(loaded.lm, loaded.n_ctx, p.n_batch, p.n_ubatch, p.cache_type_k)
+    s.timings.t_load_ms = loaded.t_load_ms
+    return s
+
+
+def make_sampler(p: Params, lm) -> Sampler:
+    return Sampler(p.sampling, frozenset(lm.tokenizer.eog_ids))
+
+
+def perf_lines(t: Timings, sampler: Sampler | None, now_ms: float) -> str:
+    """llama.cpp's common_perf_print block (sampling, then context figures), same labels and widths."""
+    name = "common_perf_print"
+    out = []
+    if sampler is not None:
+        out.append(f"{name}:    sampling time = {t.t_sample_ms:10.2f} ms")
+        out.append(f"{name}:    samplers time = {t.t_sample_ms:10.2f} ms / {t.n_sample:5d} tokens")
+    total = now_ms - t.t_start_ms
+    unacc = total - (t.t_sample_ms + t.t_p_eval_ms + t.t_eval_ms)
+    out.append(f"{name}:        load time = {t.t_load_ms:10.2f} ms")
+    out.append(f"{name}: prompt eval time = {t.t_p_eval_ms:10.2f} ms / {t.n_p_eval:5d} tokens "
+               f"({_per(t.t_p_eval_ms, t.n_p_eval)} ms per token, {_rate(t.t_p_eval_ms, t.n_p_eval)} tokens per second)")
+    out.append(f"{name}:        eval time = {t.t_eval_ms:10.2f} ms / {t.n_eval:5d} runs   "
+               f"({_per(t.t_eval_ms, t.n_eval)} ms per token, {_rate(t.t_eval_ms, t.n_eval)} tokens per second)")
+    out.append(f"{name}:       total time = {total:10.2f} ms / {t.n_p_eval + t.n_eval:5d} tokens")
+    out.append(f"{name}: unaccounted time = {unacc:10.2f} ms / {100.0 * unacc / total if total else 0.0:5.1f} %      "
+               "(total - sampling - prompt eval - eval) / (total)")
+    out.append(f"{name}:    graphs reused = {0:10d}")
+    return "\n".join(out) + "\n"
+
+
+def _per(ms: float, n: int) -> str:
+    # C's printf of x/0 prints inf or nan; keep that look rather than raising
+    return f"{ms / n:8.2f}" if n else f"{'nan' if ms == 0 else 'inf':>8}"
+
+
+def _rate(ms: float, n: int) -> str:
+    return f"{1e3 / ms * n:8.2f}" if ms else f"{'nan' if n == 0 else 'inf':>8}"
+
+
+def run_tool(main_body) -> int:
+    """Turn CliError into llama.cpp's 'print and exit 1'; Ctrl-C outside generation exits 130."""
+    try:
+        return main_body() or 0
+    except CliError as e:
+        sys.stderr.write(f"{e}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        return 130

@@ -1,0 +1,238 @@
+"""llamacmp-completion: llama.cpp's `llama-completion` (the old `main`): raw completion, -i/-if interactive and
+-cnv conversation modes, reverse prompts, in-prefix/suffix, and the perf block on stderr at the end.
+
+Output layout follows tools/completion/completion.cpp: prompt and generated text on stdout (pieces printed
+without special tokens unless -sp), " [end of text]" on EOG, "\\n\\n" at the end, logs and timings on stderr.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import dataclass, field
+
+from ..args import parse_or_exit
+from ..chat import CHATML_TEMPLATE, ChatTemplate, TemplateError
+from ..engine.generate import ContextFull, now_ms
+from ..params import Params
+from .common import CliError, load, make_sampler, new_session, perf_lines, run_tool
+from .lineinput import read_message_simple
+
+
+@dataclass
+class Interrupt:
+    """Ctrl-C while generating in interactive mode hands control back; a second one (or outside) exits."""
+    pending: bool = False
+
+    def handler(self, signum, frame) -> None:
+        if self.pending:
+            raise KeyboardInterrupt
+        self.pending = True
+
+    def take(self) -> bool:
+        was, self.pending = self.pending, False
+        return was
+
+
+@dataclass
+class Conversation:
+    """Messages so far and the template; formats each new message as the text it adds to the prompt."""
+    template: ChatTemplate
+    enable_thinking: bool
+    messages: list[dict] = field(default_factory=list)
+
+    def add(self, role: str, content: str, add_generation_prompt: bool) -> str:
+        msg = {"role": role, "content": content}
+        before = self._render(self.messages, False) if self.messages else ""
+        after = self._render(self.messages + [msg], add_generation_prompt)
+        self.messages.append(msg)
+        return after[len(before):] if after.startswith(before) else after
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        try:
+            return self.template.render(messages, add_generation_prompt, enable_thinking=self.enable_thinking)
+        except TemplateError:
+            # templates such as Qwen3.5's refuse a history with no user turn yet; the diff then starts empty
+            if add_generation_prompt or any(m["role"] == "user" for m in messages):
+                raise
+            return ""
+
+
+def pick_template(p: Params, lm) -> ChatTemplate:
+    """--jinja renders the GGUF's template; without it llama.cpp uses its built-in format, which for a
+    `<|im_start|>` template is plain chatml (no <think> generation prompt)."""
+    source = p.chat_template or lm.metadata.get("tokenizer.chat_template", "")
+    if p.use_jinja:
+        return ChatTemplate.from_metadata(lm.metadata, lm.tokenizer.tokens, override=p.chat_template)
+    if not source or "<|im_start|>" in source:
+        return ChatTemplate(CHATML_TEMPLATE)
+    raise CliError("error: this chat template is only supported with --jinja")
+
+
+class Completion:
+    def __init__(self, p: Params):
+        self.p = p
+        self.loaded = load(p)
+        self.lm = self.loaded.lm
+        self.tok = self.lm.tokenizer
+        self.session = new_session(p, self.loaded)
+        self.sampler = make_sampler(p, self.lm)
+        self.out = sys.stdout
+        self.interrupt = Interrupt()
+        self.conv: Conversation | None = None
+
+    # -- set-up ------------------------------------------------------------------------------------------------
+
+    def decide_mode(self) -> None:
+        p = self.p
+        has_template = bool(p.chat_template or self.lm.metadata.get("tokenizer.chat_template"))
+        if p.conversation is None:
+            p.conversation = has_template
+            if has_template:
+                self.log("main: chat template is available, enabling conversation mode (disable it with -no-cnv)")
+        if p.conversation:
+            if not (p.input_prefix or p.input_suffix):
+                self.conv = Conversation(pick_template(p, self.lm), p.enable_thinking)
+            if p.single_turn and p.prompt:
+                p.interactive = p.interactive_first = False
+            else:
+                p.interactive_first = True
+        if p.interactive_first:
+            p.interactive = True
+
+    def first_prompt(self) -> str:
+        p = self.p
+        if self.conv is None:
+            return p.prompt
+        text = ""
+        if p.system_prompt:
+            text += self.conv.add("system", p.system_prompt, False)
+        if p.prompt:
+            text += self.conv.add("user", p.prompt, True)
+        return text
+
+    def log(self, line: str) -> None:
+        if not self.p.log_disable and self.p.verbosity >= 3:
+            sys.stderr.write(line + "\n")
+
+    def show(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.decide_mode()
+        prompt = self.first_prompt()
+        ids = self.tok.encode(prompt, parse_special=True, add_special=True)
+        waiting = not ids and self.p.interactive_first
+        if not ids and not waiting:
+            raise CliError("input is empty")
+        if len(ids) > self.session.n_ctx - 4:
+            raise CliError(f"main: prompt is too long ({len(ids)} tokens, max {self.session.n_ctx - 4})")
+        self.log(f"sampler seed: {self.sampler.seed}")
+        self.log(f"generate: n_ctx = {self.session.n_ctx}, n_batch = {self.p.n_batch}, "
+                 f"n_predict = {self.p.n_predict}, n_keep = {self.p.n_keep}")
+        if self.p.interactive:
+            self.log("== Running in interactive mode. ==\n - Press Ctrl+C to interject at any time.\n"
+                     " - Press Return to return control to the AI.\n - To return control without starting a new line,"
+                     " end your input with '/'.\n - If you want to submit another line, end your input with '\\'.")
+        previous = signal.signal(signal.SIGINT, self.interrupt.handler)
+        try:
+            self.loop(ids, waiting)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        self.show("\n\n")
+        sys.stderr.write(perf_lines(self.session.timings, self.sampler, now_ms()))
+        return 0
+
+    def loop(self, ids: list[int], waiting: bool) -> None:
+        p = self.p
+        if not waiting:
+            if p.display_prompt:
+                self.show(self.tok.decode(ids, special=p.special))
+            self.feed(ids)
+        first_turn = True
+        while True:
+            if not (waiting and first_turn):
+                stop = self.generate()
+                if not p.interactive:
+                    if stop == "eog":
+                        self.show(" [end of text]\n")
+                    return
+                if stop == "context":
+                    return
+            first_turn = False
+            if not self.interact(stop if not waiting else ""):
+                return
+            waiting = False
+
+    def feed(self, ids: list[int]) -> None:
+        for t in ids:
+            self.sampler.accept(t)           # llama.cpp's penalty window sees the prompt too
+        self.session.feed(ids)
+
+    def generate(self) -> str:
+        p = self.p
+        gen = self.session.generate(self.sampler, p.n_predict, tuple(p.antiprompt), self.show, p.special,
+                                    should_stop=lambda: p.interactive and self.interrupt.take(),
+                                    stop_window=0 if p.interactive else 2)
+        if self.conv is not None:
+            self.conv.messages.append({"role": "assistant", "content": self.tok.decode(
+                [t for t in gen.tokens if t not in self.tok.eog_ids], special=False)})
+        if gen.stop == "eog" and p.interactive:
+            self.session.history.append(gen.tokens[-1])   # llama.cpp decodes the EOG before the next input
+        if gen.stop == "context":
+            sys.stderr.write("\n\nmain: context full and context shift is disabled => stopping\n")
+        return gen.stop
+
+    def interact(self, stop: str) -> bool:
+        """Read the user's next input and feed it; False when the session ends (EOF)."""
+        p = self.p
+        if stop == "eog" and p.antiprompt and self.conv is None:
+            first = self.tok.encode(p.antiprompt[0], parse_special=True)
+            self.show(p.antiprompt[0])
+            self.session.history.extend(first)
+        if stop == "eog":
+            self.show("\n")
+        if self.conv is not None:
+            self.show("\n> ")
+        elif p.input_prefix:
+            self.show(p.input_prefix)
+        text = read_message_simple(sys.stdin, p.multiline_input)
+        if text is None:
+            self.show("EOF by user\n")
+            return False
+        if not text:
+            return True                      # an empty line hands control back to the model
+        if p.input_suffix and self.conv is None:
+            self.show(p.input_suffix)
+        if p.escape:
+            from ..args import process_escapes
+            text = process_escapes(text)
+        self.feed_user(text)
+        self.sampler.reset()
+        if p.single_turn:
+            p.interactive = False            # -st without -p: answer this first input, then finish
+        return True
+
+    def feed_user(self, text: str) -> None:
+        p = self.p
+        ids: list[int] = []
+        if self.conv is not None:
+            ids = self.tok.encode(self.conv.add("user", text, True), parse_special=True)
+        else:
+            ids = (self.tok.encode(p.input_prefix, parse_special=True) + self.tok.encode(text)
+                   + self.tok.encode(p.input_suffix, parse_special=True))
+        try:
+            self.feed(ids)
+        except ContextFull as e:
+            raise CliError(f"main: {e}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parse_or_exit("completion", argv)
+    return run_tool(lambda: Completion(p).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

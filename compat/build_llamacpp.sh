@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Build the llama.cpp reference tools (≈ b8462, commit 49bfddeca) from the llama-cpp-python 0.3.17 sdist.
+#
+# Usage: compat/build_llamacpp.sh [--cuda] [--jobs N]
+#   CPU build (default): $CACHE/llama.cpp-49bfddeca/build-cpu/bin/llama-*
+#   --cuda:              $CACHE/llama.cpp-49bfddeca/build-cuda/bin/llama-*  (sm_90, for the device machine)
+# CACHE = ${LLAMACMP_CACHE:-$HOME/.cache/llamacmp}. The tree lives outside the repo on purpose: it is ~300 MB
+# unpacked and only the goldens it produces are committed. Re-running reuses the download, the tree and the build.
+set -euo pipefail
+
+SDIST_VERSION=0.3.17
+EXPECTED_COMMIT=49bfddeca18e62fa3d39114a23e9fcbdf8a22388
+BUILD_COMMIT=49bfddeca
+BUILD_NUMBER=8462
+TARGETS="llama-cli llama-completion llama-server llama-tokenize llama-perplexity llama-bench"
+
+MODE=cpu
+JOBS=2
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --cuda) MODE=cuda ;;
+        --jobs|-j) JOBS="$2"; shift ;;
+        *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+CACHE="${LLAMACMP_CACHE:-$HOME/.cache/llamacmp}"
+SRC="$CACHE/llama.cpp-$BUILD_COMMIT"
+BUILD="$SRC/build-$MODE"
+mkdir -p "$CACHE"
+
+log() { echo "[build_llamacpp $(date +%H:%M:%S)] $*"; }
+
+fetch_sdist() {
+    local dl="$CACHE/sdist"
+    local tarball="$dl/llama_cpp_python-$SDIST_VERSION.tar.gz"
+    if [[ ! -f "$tarball" ]]; then
+        mkdir -p "$dl"
+        log "downloading llama-cpp-python==$SDIST_VERSION sdist"
+        # pip prepares metadata in an isolated env (scikit-build-core); it does not compile anything.
+        python3 -m pip download --no-deps --no-binary :all: "llama-cpp-python==$SDIST_VERSION" -d "$dl" >&2
+    fi
+    echo "$tarball"
+}
+
+# The sdist keeps the submodule's shallow git metadata; its HEAD names the vendored commit.
+record_commit() {
+    local top="$1"
+    local head_file="$top/.git/modules/vendor/llama.cpp/HEAD"
+    local commit="unknown"
+    [[ -f "$head_file" ]] && commit="$(tr -d '[:space:]' < "$head_file")"
+    echo "$commit" > "$SRC/COMMIT"
+    log "vendored llama.cpp commit: $commit"
+    if [[ "$commit" != "$EXPECTED_COMMIT" ]]; then
+        log "WARNING: expected $EXPECTED_COMMIT"
+    fi
+}
+
+unpack_tree() {
+    [[ -f "$SRC/CMakeLists.txt" && -f "$SRC/COMMIT" ]] && return 0
+    local tarball tmp top
+    tarball="$(fetch_sdist)"
+    tmp="$(mktemp -d "$CACHE/unpack.XXXXXX")"
+    log "unpacking $tarball"
+    tar xzf "$tarball" -C "$tmp"
+    top="$tmp/llama_cpp_python-$SDIST_VERSION"
+    rm -rf "$SRC"
+    mv "$top/vendor/llama.cpp" "$SRC"
+    # its .git is a gitfile pointing into the sdist's .git/modules; drop it so cmake does not query git
+    rm -f "$SRC/.git"
+    record_commit "$top"
+    rm -rf "$tmp"
+}
+
+ensure_cmake() {
+    command -v cmake >/dev/null && return 0
+    log "cmake not found; installing it with pip"
+    python3 -m pip install --quiet cmake
+}
+
+configure() {
+    local extra=()
+    if [[ "$MODE" == cuda ]]; then
+        extra+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
+        command -v ninja >/dev/null && extra+=(-G Ninja)
+    fi
+    [[ -f "$BUILD/CMakeCache.txt" ]] && return 0
+    log "configuring $MODE build in $BUILD"
+    cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_COMMIT="$BUILD_COMMIT" -DLLAMA_BUILD_NUMBER="$BUILD_NUMBER" \
+        "${extra[@]}"
+}
+
+build() {
+    log "building $TARGETS with -j$JOBS"
+    # shellcheck disable=SC2086  # TARGETS is a word list on purpose
+    cmake --build "$BUILD" --config Release -j "$JOBS" --target $TARGETS
+    log "done: $BUILD/bin"
+    "$BUILD/bin/llama-tokenize" --version 2>&1 | head -2 || true
+}
+
+main() {
+    ensure_cmake
+    unpack_tree
+    configure
+    build
+}
+
+main

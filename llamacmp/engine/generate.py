@@ -148,12 +148,12 @@ class Session:
         while n_predict < 0 or n < n_predict:
             if should_stop():
                 return Generation(text + decoder.flush(), out, "interrupted")
-            if out:
+            if self.n_decoded < len(self.history):     # the last sampled (or injected) tokens
                 try:
                     self.feed([])
                 except ContextFull:
-                    self.history.pop()
-                    return Generation(text, out[:-1], "context")
+                    del self.history[self.n_decoded:]
+                    return Generation(text, out, "context")
             token = self.sample(sampler)
             out.append(token)
             self.history.append(token)

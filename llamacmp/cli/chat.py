@@ -1,0 +1,260 @@
+"""llamacmp-cli: llama.cpp b8462's `llama-cli` (tools/cli/cli.cpp): a chat REPL over the GGUF's jinja template.
+
+-p is the first user turn, -sys a system message, -st ends after one reply. Slash commands: /exit /regen /clear
+/read FILE /image FILE. Reasoning streams apart ("[Start thinking]" ... "[End thinking]", dim on a terminal),
+and each reply ends with the `[ Prompt: x t/s | Generation: y t/s ]` line.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import BUILD_NUMBER, __version__
+from ..args import parse_or_exit
+from ..chat import THINK_END, ChatTemplate, ReasoningSplitter, thinking_switch
+from ..engine.generate import ContextFull
+from ..params import Params
+from .chat_io import make_io
+from .common import CliError, load, make_sampler, new_session, run_tool
+
+COMMANDS_HELP = ("available commands:\n"
+                 "  /exit or Ctrl+C     stop or exit\n"
+                 "  /regen              regenerate the last response\n"
+                 "  /clear              clear the chat history\n"
+                 "  /read               add a text file\n")
+
+
+@dataclass
+class Interrupt:
+    """First Ctrl-C stops the reply in progress; a second one before it is handled exits (as llama-cli)."""
+    flag: bool = False
+
+    def handler(self, signum, frame) -> None:
+        if self.flag:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            raise SystemExit(130)
+        self.flag = True
+
+    def take(self) -> bool:
+        was, self.flag = self.flag, False
+        return was
+
+
+@dataclass
+class Reply:
+    content: str = ""
+    reasoning: str = ""
+    in_thinking: bool = False
+    reasoning_tokens: int = 0
+    budget_hit: bool = False
+
+
+@dataclass
+class Chat:
+    p: Params
+    messages: list[dict] = field(default_factory=list)
+    pending_text: str = ""               # /read files waiting for the next user message
+
+    def __post_init__(self) -> None:
+        self.loaded = load(self.p)
+        self.lm = self.loaded.lm
+        self.tok = self.lm.tokenizer
+        self.session = new_session(self.p, self.loaded)
+        self.template = ChatTemplate.from_metadata(self.lm.metadata, self.tok.tokens, override=self.p.chat_template)
+        self.thinking_supported = self.template.supports_thinking
+        self.io = make_io(self.p.simple_io, self.p.multiline_input)
+        self.interrupt = Interrupt()
+        self.add_system_prompt()
+
+    def add_system_prompt(self) -> None:
+        if self.p.system_prompt:
+            self.messages.append({"role": "system", "content": self.p.system_prompt})
+
+    # -- the REPL ----------------------------------------------------------------------------------------------
+
+    def banner(self) -> None:
+        name = self.lm.metadata.get("general.name", Path(self.lm.path).name)
+        self.io.write(f"\nbuild      : b{BUILD_NUMBER}-llamacmp-{__version__}\nmodel      : {name}\n"
+                      "modalities : text\n", "info")
+        if self.p.system_prompt:
+            self.io.write("using custom system prompt\n", "info")
+        self.io.write("\n" + COMMANDS_HELP + "\n", "info")
+
+    def run(self) -> int:
+        self.banner()
+        previous = signal.signal(signal.SIGINT, self.interrupt.handler)
+        try:
+            self.loop()
+        except KeyboardInterrupt:
+            pass                               # Ctrl-C at the prompt: leave, as llama-cli does
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        self.io.write("\nExiting...\n")
+        return 0
+
+    def next_input(self) -> str | None:
+        if self.p.prompt:
+            text, self.p.prompt = self.p.prompt, ""
+            shown = text[:500] + " ... (truncated)" if len(text) > 500 else text
+            self.io.write(f"\n> {shown}\n", "prompt")
+            return text
+        # prompt_toolkit reads keys itself; our SIGINT handler must not eat its Ctrl-C
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            return self.io.read_message()
+        finally:
+            signal.signal(signal.SIGINT, self.interrupt.handler)
+
+    def loop(self) -> None:
+        while True:
+            text = self.next_input()
+            self.io.write("\n")
+            if text is None:
+                return
+            text = text.rstrip("\n")
+            if not text:
+                continue
+            action = self.command(text)
+            if action == "exit":
+                return
+            if action == "skip":
+                continue
+            if action == "message":
+                self.messages.append({"role": "user", "content": self.pending_text + text})
+                self.pending_text = ""
+            self.respond()
+            if self.p.single_turn:
+                return
+
+    def command(self, text: str) -> str:
+        """'exit', 'skip' (handled, nothing to generate), 'regen', or 'message'."""
+        if text.startswith("/exit"):
+            return "exit"
+        if text.startswith("/regen"):
+            if len(self.messages) >= 2 and self.messages[-1]["role"] == "assistant":
+                self.messages.pop()
+                return "regen"
+            self.io.error("No message to regenerate.\n")
+            return "skip"
+        if text.startswith("/clear"):
+            self.messages.clear()
+            self.add_system_prompt()
+            self.pending_text = ""
+            self.io.write("Chat history cleared.\n")
+            return "skip"
+        if text.startswith(("/image ", "/audio ")):
+            self.io.error("error: image and audio input are not supported by llamacmp yet (no vision support)\n")
+            return "skip"
+        if text.startswith("/read "):
+            return self.read_file(text[6:].strip())
+        return "message"
+
+    def read_file(self, fname: str) -> str:
+        try:
+            content = Path(fname).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            self.io.error(f"file does not exist or cannot be opened: '{fname}'\n")
+            return "skip"
+        # llama-cli marks a file with the FIM separator token when the vocabulary has one (Qwen does)
+        if "<|file_sep|>" in self.tok.tokens:
+            self.pending_text += f"<|file_sep|>{fname}\n{content}"
+        else:
+            self.pending_text += f"--- File: {fname} ---\n{content}"
+        self.io.write(f"Loaded text from '{fname}'\n")
+        return "skip"
+
+    # -- one reply ---------------------------------------------------------------------------------------------
+
+    def enable_thinking(self) -> bool:
+        last_user = next((m["content"] for m in reversed(self.messages) if m["role"] == "user"), "")
+        switch = thinking_switch(last_user)
+        wanted = self.p.enable_thinking if switch is None else switch
+        return wanted and self.thinking_supported
+
+    def respond(self) -> None:
+        thinking = self.enable_thinking()
+        extra = {k: v for k, v in self.p.chat_template_kwargs.items() if k != "enable_thinking"}
+        prompt = self.template.render(self.messages, True, enable_thinking=thinking, extra=extra)
+        ids = self.tok.encode(prompt, parse_special=True)
+        if self.p.verbose_prompt:
+            self.io.write(prompt + "\n\n", "info")
+        before = self.session.timings.snapshot()
+        try:
+            self.session.sync_prompt(ids)
+        except ContextFull as e:
+            self.io.error(f"Error: {e}\n")
+            return
+        reply = self.stream_reply(prompt.rstrip().endswith("<think>"))
+        self.messages.append({"role": "assistant", "content": reply.content})
+        self.io.write("\n")
+        if self.p.show_timings:
+            t = self.session.timings.since(before)
+            self.io.write(f"\n[ Prompt: {t.prompt_per_second:.1f} t/s | Generation: "
+                          f"{t.predicted_per_second:.1f} t/s ]\n", "info")
+
+    def stream_reply(self, thinking_open: bool) -> Reply:
+        p, reply = self.p, Reply()
+        splitter = ReasoningSplitter(thinking_open, p.reasoning_format)
+        sampler = make_sampler(p, self.lm)
+        for t in self.session.history:
+            sampler.accept(t)
+        n_left = p.n_predict
+        while True:
+            gen = self.session.generate(sampler, n_left, tuple(p.antiprompt),
+                                        lambda piece: self.show(reply, splitter.push(piece)), p.special,
+                                        should_stop=lambda: self.should_stop(reply, splitter), stop_window=0)
+            if not reply.budget_hit or gen.stop != "interrupted" or self.interrupt.flag:
+                break
+            n_left = -1 if p.n_predict < 0 else max(0, n_left - len(gen.tokens))
+            self.force_end_of_thinking(reply, splitter)
+            reply.budget_hit = False
+            reply.reasoning_tokens = -(1 << 30)     # the budget applies once
+        self.interrupt.take()
+        self.show(reply, splitter.flush())
+        return reply
+
+    def should_stop(self, reply: Reply, splitter: ReasoningSplitter) -> bool:
+        if self.interrupt.flag:
+            return True
+        if splitter.in_reasoning:
+            if 0 <= self.p.reasoning_budget <= reply.reasoning_tokens:
+                reply.budget_hit = True
+                return True
+            reply.reasoning_tokens += 1
+        return False
+
+    def force_end_of_thinking(self, reply: Reply, splitter: ReasoningSplitter) -> None:
+        """--reasoning-budget: inject `message + </think>` as if sampled, then let the model answer."""
+        forced = self.p.reasoning_budget_message + THINK_END
+        self.session.history.extend(self.tok.encode(forced, parse_special=True))
+        self.show(reply, splitter.push(forced))
+
+    def show(self, reply: Reply, pieces) -> None:
+        for kind, text in pieces:
+            if kind == "content":
+                if reply.in_thinking:
+                    self.io.write("\n[End thinking]\n\n", "reasoning")
+                    reply.in_thinking = False
+                reply.content += text
+                self.io.write(text)
+            else:
+                if not reply.in_thinking and not reply.reasoning:
+                    self.io.write("[Start thinking]\n", "reasoning")
+                reply.in_thinking = True
+                reply.reasoning += text
+                self.io.write(text, "reasoning")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parse_or_exit("cli", argv)
+    if p.conversation is False:
+        # llama-cli prints this and carries on in chat mode
+        sys.stderr.write("--no-conversation is not supported by llama-cli\nplease use llama-completion instead\n")
+    return run_tool(lambda: Chat(p).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -183,9 +183,21 @@ def _cache_type(flag: str) -> Callable[[str], str]:
     def parse(s: str) -> str:
         s = check(s)
         if s not in ("f16", "f32"):
-            raise Unsupported(f"error: {flag} {s}: llamacmp supports only f16 and f32 KV caches for now")
+            raise Unsupported(f"error: {flag} {s} is not supported: llamacmp has only f16 and f32 KV caches for now")
         return s
     return parse
+
+
+def _comma_list(s: str) -> list[str]:
+    return [x for x in s.split(",") if x]
+
+
+def _add_api_key_file(p: Params, path: str) -> None:
+    keys = [line.strip() for line in read_text(path).splitlines() if line.strip()]
+    p.server.api_keys.extend(keys)
+
+
+S = frozenset({"server"})
 
 
 def O(*names: str, **kw) -> Option:  # noqa: E743 - short constructor keeps the table readable
@@ -358,6 +370,52 @@ OPTIONS: tuple[Option, ...] = (
     O("-lv", "--verbosity", "--log-verbosity", value="N", dest="verbosity", parse=to_int,
       env="LLAMA_LOG_VERBOSITY", help="Set the verbosity threshold. Messages with a higher verbosity will be "
       "ignored."),
+    # llama-server
+    O("--host", value="HOST", dest="server.host", parse=str, env="LLAMA_ARG_HOST", tools=S,
+      help="ip address to listen, or bind to an UNIX socket if the address ends with .sock (default: 127.0.0.1)"),
+    O("--port", value="PORT", dest="server.port", parse=to_int, env="LLAMA_ARG_PORT", tools=S,
+      help="port to listen (default: 8080)"),
+    O("--api-key", value="KEY", dest="server.api_keys", parse=_comma_list, env="LLAMA_API_KEY", tools=S,
+      help="API key to use for authentication, multiple keys can be provided as a comma-separated list "
+      "(default: none)"),
+    O("--api-key-file", value="FNAME", parse=str, apply=_add_api_key_file, tools=S,
+      help="path to file containing API keys (default: none)"),
+    O("-a", "--alias", value="STRING", dest="server.aliases", parse=_comma_list, env="LLAMA_ARG_ALIAS", tools=S,
+      help="set model name aliases, comma-separated (to be used by API)"),
+    O("-to", "--timeout", value="N", dest="server.timeout", parse=to_int, env="LLAMA_ARG_TIMEOUT", tools=S,
+      help="server read/write timeout in seconds (default: 600)"),
+    O("--threads-http", value="N", dest="server.threads_http", parse=to_int, env="LLAMA_ARG_THREADS_HTTP",
+      tools=S, help="number of threads used to process HTTP requests (default: -1)"),
+    O("--metrics", dest="server.endpoint_metrics", env="LLAMA_ARG_ENDPOINT_METRICS", tools=S,
+      help="enable prometheus compatible metrics endpoint (default: disabled)"),
+    O("--slots", dest="server.endpoint_slots", neg=("--no-slots",), env="LLAMA_ARG_ENDPOINT_SLOTS", tools=S,
+      help="expose slots monitoring endpoint (default: enabled)"),
+    O("--props", dest="server.endpoint_props", env="LLAMA_ARG_ENDPOINT_PROPS", tools=S,
+      help="enable changing global properties via POST /props (default: disabled)"),
+    O("-cb", "--cont-batching", dest="server.cont_batching", neg=("-nocb", "--no-cont-batching"),
+      env="LLAMA_ARG_CONT_BATCHING", tools=S, help="enable continuous batching (default: enabled)"),
+    O("-kvu", "--kv-unified", dest="server.kv_unified", neg=("-no-kvu", "--no-kv-unified"),
+      env="LLAMA_ARG_KV_UNIFIED", tools=S, help="use single unified KV buffer shared across all sequences "
+      "(default: enabled if number of slots is auto)"),
+    O("--cache-prompt", dest="server.cache_prompt", neg=("--no-cache-prompt",), env="LLAMA_ARG_CACHE_PROMPT",
+      tools=S, help="whether to enable prompt caching (default: enabled)"),
+    O("-cram", "--cache-ram", value="N", dest="server.cache_ram_mib", parse=to_int, env="LLAMA_ARG_CACHE_RAM",
+      tools=S, help="set the maximum cache size in MiB (default: 8192, -1 - no limit, 0 - disable)"),
+    O("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", value="N", dest="server.ctx_checkpoints",
+      parse=to_int, env="LLAMA_ARG_CTX_CHECKPOINTS", tools=S,
+      help="max number of context checkpoints to create per slot (default: 32)"),
+    O("-cpent", "--checkpoint-every-n-tokens", value="N", dest="server.checkpoint_every", parse=to_int,
+      env="LLAMA_ARG_CHECKPOINT_EVERY_NT", tools=S,
+      help="create a checkpoint every n tokens during prefill (processing), -1 to disable (default: 8192)"),
+    O("-sps", "--slot-prompt-similarity", value="SIMILARITY", dest="server.slot_prompt_similarity",
+      parse=to_float, tools=S, help="how much the prompt of a request must match the prompt of a slot in order "
+      "to use that slot (default: 0.10, 0.0 = disabled)"),
+    O("--prefill-assistant", dest="server.prefill_assistant", neg=("--no-prefill-assistant",),
+      env="LLAMA_ARG_PREFILL_ASSISTANT", tools=S,
+      help="whether to prefill the assistant's response if the last message is an assistant message "
+      "(default: enabled)"),
+    O("--webui", dest="server.webui", neg=("--no-webui",), env="LLAMA_ARG_WEBUI", tools=S,
+      help="whether to enable the Web UI (default: enabled)"),
     # perplexity
     O("--chunks", value="N", dest="n_chunks", parse=to_int, tools=frozenset({"perplexity"}),
       help="max number of chunks to process (default: -1, -1 = all)"),
@@ -404,8 +462,9 @@ def _store(p: Params, opt: Option, value: Any) -> None:
         opt.apply(p, value)
     elif opt.append:
         getattr(p, opt.dest).append(value)
-    elif opt.dest.startswith("sampling."):
-        setattr(p.sampling, opt.dest.split(".", 1)[1], value)
+    elif "." in opt.dest:               # "sampling.temp", "server.port": a field of a nested dataclass
+        group, name = opt.dest.split(".", 1)
+        setattr(getattr(p, group), name, value)
     elif not opt.dest.startswith("_"):
         setattr(p, opt.dest, value)
     p.user_set.add(opt.dest or opt.names[-1])

@@ -12,6 +12,29 @@ TOOLS = ("cli", "completion", "server", "perplexity", "tokenize", "bench")
 
 
 @dataclass(slots=True)
+class ServerParams:
+    """llama-server's own settings (scope S in common/arg.cpp); args.py fills them as `server.<field>`."""
+    host: str = "127.0.0.1"             # a path ending in .sock: a UNIX socket
+    port: int = 8080
+    api_keys: list[str] = field(default_factory=list)
+    aliases: list[str] = field(default_factory=list)
+    endpoint_metrics: bool = False
+    endpoint_slots: bool = True
+    endpoint_props: bool = False
+    timeout: int = 600
+    threads_http: int = -1
+    cache_prompt: bool = True
+    cache_ram_mib: int = 8192           # -1: no limit, 0: off
+    ctx_checkpoints: int = 32
+    checkpoint_every: int = 8192        # -1: off
+    slot_prompt_similarity: float = 0.10
+    cont_batching: bool = True
+    kv_unified: bool | None = None      # None: on when -np is auto
+    prefill_assistant: bool = True
+    webui: bool = True
+
+
+@dataclass(slots=True)
 class Params:
     tool: str
     # model and input
@@ -80,6 +103,8 @@ class Params:
     no_bos: bool = False
     no_parse_special: bool = False
     show_count: bool = False
+    # llama-server
+    server: ServerParams = field(default_factory=ServerParams)
     # bookkeeping: which dests the user set (CLI or env), for the GGUF general.sampling.* rule
     user_set: set[str] = field(default_factory=set)
 
@@ -96,6 +121,8 @@ def tool_defaults(tool: str) -> Params:
     p = Params(tool=tool)
     if tool in ("cli", "server"):
         p.use_jinja = True
+    if tool == "server":
+        p.n_parallel = -1                # auto: 4 slots with a unified KV cache
     if tool == "cli":
         p.verbosity = 1                  # llama-cli: LOG_LEVEL_ERROR by default
     if tool == "perplexity":

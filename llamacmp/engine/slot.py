@@ -1,0 +1,181 @@
+"""One slot: a sequence state, its prompt cache, and the request it is serving (llama.cpp's server_slot).
+
+The scheduler decides *when* a slot runs; this file decides what a slot does with its share of a batch:
+which prompt tokens go next, and what a sampled token means (text, stop strings, limits, probabilities).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ..backends.base import SeqState
+from ..sampling import Sampler
+from .prompt_cache import SlotCache
+from .tasks import CompletionTask, FinalResult, PartialResult, Timings, TokenProb
+
+IDLE, PREFILL, GENERATE = "idle", "prefill", "generate"
+
+
+def find_stop(text: str, stops: list[str], start: int) -> tuple[int, str]:
+    """Earliest full stop string in text[start:] (absolute index), else (-1, "")."""
+    best, word = -1, ""
+    for s in stops:
+        if not s:
+            continue
+        i = text.find(s, start)
+        if i >= 0 and (best < 0 or i < best):
+            best, word = i, s
+    return best, word
+
+
+def partial_stop_len(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of a stop string (held back while streaming)."""
+    longest = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), longest, -1):
+            if text.endswith(s[:n]):
+                longest = n
+                break
+    return longest
+
+
+def token_probs(logits: np.ndarray, chosen: int, n: int) -> TokenProb:
+    """log-softmax over the raw logits (llama.cpp reports pre-sampling probabilities by default)."""
+    x = logits.astype(np.float64)
+    logp = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+    n = min(n, len(x))
+    top = np.argpartition(-logp, n - 1)[:n] if n > 0 else np.array([], np.int64)
+    top = top[np.lexsort((top, -logp[top]))]
+    return TokenProb(chosen, float(logp[chosen]), [(int(t), float(logp[t])) for t in top])
+
+
+@dataclass(slots=True)
+class Slot:
+    id: int
+    state: SeqState
+    cache: SlotCache
+    phase: str = IDLE
+    task: Optional[CompletionTask] = None
+    last_used: float = 0.0
+    # prompt
+    prompt: list[int] = field(default_factory=list)
+    n_cached: int = 0                    # prompt tokens reused from the cache
+    checkpoint_at: list[int] = field(default_factory=list)
+    # generation
+    sampler: Optional[Sampler] = None
+    decoder: object = None
+    generated: list[int] = field(default_factory=list)
+    probs: list[TokenProb] = field(default_factory=list)
+    text: str = ""
+    n_sent: int = 0                      # characters of `text` already sent
+    next_token: int = -1
+    stop_type: str = "none"
+    stopping_word: str = ""
+    truncated: bool = False
+    t_prompt: float = 0.0
+    t_gen: float = 0.0
+    timings: Timings = field(default_factory=Timings)
+
+    @property
+    def busy(self) -> bool:
+        return self.phase != IDLE
+
+    # -- prompt ---------------------------------------------------------------------------------------------
+    def begin(self, task: CompletionTask, sampler: Sampler, decoder, checkpoint_at: list[int]) -> None:
+        """Start serving `task`; the cache has already been moved to the resume point (state.n_past)."""
+        self.task, self.sampler, self.decoder = task, sampler, decoder
+        self.prompt = task.prompt
+        self.n_cached = self.state.n_past
+        self.checkpoint_at = sorted(p for p in checkpoint_at if self.n_cached < p <= len(self.prompt))
+        self.generated, self.probs, self.text, self.n_sent = [], [], "", 0
+        self.next_token, self.stop_type, self.stopping_word, self.truncated = -1, "none", "", False
+        self.timings = Timings(cache_n=self.n_cached)
+        self.t_prompt = time.perf_counter()
+        for t in self.prompt:           # the penalty window sees the prompt too, as in llama.cpp
+            sampler.accept(t)
+        self.phase = PREFILL
+
+    def next_chunk(self, n_ubatch: int) -> list[int]:
+        """Prompt tokens for this step: up to n_ubatch, cut at the next planned checkpoint."""
+        start = self.state.n_past
+        end = min(start + n_ubatch, len(self.prompt))
+        for p in self.checkpoint_at:
+            if start < p < end:
+                end = p
+                break
+        return self.prompt[start:end]
+
+    def prompt_done(self) -> bool:
+        return self.state.n_past >= len(self.prompt)
+
+    def finish_prompt_timing(self) -> None:
+        self.timings.prompt_n = len(self.prompt) - self.n_cached
+        self.timings.prompt_ms = (time.perf_counter() - self.t_prompt) * 1e3
+        self.t_gen = time.perf_counter()
+        self.phase = GENERATE
+
+    # -- tokens ---------------------------------------------------------------------------------------------
+    def accept(self, tok: int, logits: np.ndarray, is_eog: bool, n_ctx: int) -> str:
+        """Record a sampled token; returns the text that may be sent now (stop strings held back/cut)."""
+        p = self.task.params
+        self.sampler.accept(tok)
+        self.generated.append(tok)
+        if p.n_probs > 0:
+            self.probs.append(token_probs(logits, tok, p.n_probs))
+        self.text += self.decoder.push(tok)
+        send = self._text_to_send(is_eog)
+        self._check_limits(is_eog, n_ctx, send)
+        self.timings.predicted_n = len(self.generated)
+        self.timings.predicted_ms = (time.perf_counter() - self.t_gen) * 1e3
+        return send
+
+    def _text_to_send(self, is_eog: bool) -> str:
+        stops = self.task.params.stop
+        i, word = find_stop(self.text, stops, max(0, self.n_sent - max((len(s) for s in stops), default=0)))
+        if i >= 0:
+            self.text = self.text[:i]
+            self.stop_type, self.stopping_word = "word", word
+        elif not is_eog and partial_stop_len(self.text, stops) > 0:
+            return ""
+        send = self.text[self.n_sent:]
+        self.n_sent = len(self.text)
+        return send
+
+    def _check_limits(self, is_eog: bool, n_ctx: int, send: str) -> None:
+        p = self.task.params
+        if self.stop_type != "none":
+            return
+        if self.state.n_past + 1 >= n_ctx:
+            self.stop_type, self.truncated = "limit", True
+        elif p.n_predict >= 0 and len(self.generated) >= p.n_predict:
+            self.stop_type = "limit"
+        elif p.t_max_predict_ms > 0 and "\n" in send and \
+                (time.perf_counter() - self.t_gen) * 1e3 > p.t_max_predict_ms:
+            self.stop_type = "limit"
+        if is_eog:
+            self.stop_type = "eos"
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_type != "none"
+
+    # -- results --------------------------------------------------------------------------------------------
+    def partial(self, text: str, tok: int) -> PartialResult:
+        t = self.task
+        probs = self.probs[-1:] if t.params.n_probs > 0 else []
+        timings = self.timings if t.params.timings_per_token else None
+        return PartialResult(t.id, t.index, self.id, text, [tok], probs, len(self.generated), len(self.prompt),
+                             timings)
+
+    def final(self) -> FinalResult:
+        t = self.task
+        return FinalResult(t.id, t.index, self.id, self.text, list(self.generated), list(self.probs),
+                           self.stop_type, self.stopping_word, len(self.prompt), self.n_cached,
+                           len(self.generated), self.truncated, self.timings, list(self.prompt))
+
+    def release(self) -> None:
+        self.phase, self.task, self.sampler, self.decoder = IDLE, None, None, None
+        self.last_used = time.monotonic()

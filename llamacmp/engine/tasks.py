@@ -1,0 +1,130 @@
+"""Typed messages between the HTTP side and the engine thread.
+
+Handlers build a task (prompt already tokenized, parameters already parsed) and hand it to the engine with a
+`sink`: a callable the engine thread calls with each result. The engine never sees JSON; handlers never touch
+slots or backend state (llama.cpp's server_task / server_task_result split, README-dev).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from ..sampling import SamplingParams
+
+@dataclass(slots=True)
+class GenParams:
+    """Per-request generation settings (llama.cpp's slot_params)."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1                 # -1: until EOG or the context is full
+    n_keep: int = 0
+    stop: list[str] = field(default_factory=list)
+    n_probs: int = 0
+    post_sampling_probs: bool = False
+    cache_prompt: bool = True
+    id_slot: int = -1
+    return_tokens: bool = False
+    timings_per_token: bool = False
+    special: bool = False               # render control tokens in the output text (--special)
+    t_max_predict_ms: int = 0
+    stream: bool = False
+
+
+@dataclass(slots=True)
+class CompletionTask:
+    prompt: list[int]
+    params: GenParams
+    sink: Callable[[object], None]
+    index: int = 0                      # position in a multi-prompt / n_cmpl request
+    checkpoint_hints: tuple[int, ...] = ()   # prompt positions worth a checkpoint (e.g. where the reply starts)
+    id: int = 0                         # set by Engine.submit
+
+
+@dataclass(slots=True)
+class CancelTask:
+    task_id: int
+
+
+@dataclass(slots=True)
+class QueryTask:
+    """Ask the engine for a snapshot ("slots" or "metrics"); the answer goes to `sink` as a dict/list."""
+    kind: str
+    sink: Callable[[object], None]
+
+
+@dataclass(slots=True)
+class SlotActionTask:
+    """/slots/:id?action=save|restore|erase."""
+    action: str
+    id_slot: int
+    filename: str
+    sink: Callable[[object], None]
+
+
+# -- results ------------------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Timings:
+    cache_n: int = 0
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+
+    def to_json(self) -> dict:
+        def per(ms: float, n: int) -> tuple[float, float]:
+            return (ms / n if n else 0.0), (1e3 * n / ms if ms > 0 else 0.0)
+        p_tok, p_sec = per(self.prompt_ms, self.prompt_n)
+        g_tok, g_sec = per(self.predicted_ms, self.predicted_n)
+        return {"cache_n": self.cache_n, "prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms,
+                "prompt_per_token_ms": p_tok, "prompt_per_second": p_sec,
+                "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
+                "predicted_per_token_ms": g_tok, "predicted_per_second": g_sec}
+
+
+@dataclass(slots=True)
+class TokenProb:
+    """One generated token's probabilities: the chosen token and the top-n alternatives (id, logprob)."""
+    id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(slots=True)
+class PartialResult:
+    task_id: int
+    index: int
+    id_slot: int
+    text: str
+    tokens: list[int]
+    probs: list[TokenProb]
+    n_predicted: int
+    n_prompt: int
+    timings: Optional[Timings] = None
+
+
+@dataclass(slots=True)
+class FinalResult:
+    task_id: int
+    index: int
+    id_slot: int
+    text: str                           # the whole generated text (after stop-string truncation)
+    tokens: list[int]
+    probs: list[TokenProb]
+    stop_type: str                      # "eos" | "limit" | "word" | "none"
+    stopping_word: str
+    n_prompt: int
+    n_cached: int
+    n_predicted: int
+    truncated: bool
+    timings: Timings
+    prompt_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ErrorResult:
+    task_id: int
+    index: int
+    message: str
+    type: str = "server_error"
+    code: int = 500
+    extra: dict = field(default_factory=dict)

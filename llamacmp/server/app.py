@@ -1,0 +1,214 @@
+"""llamacmp-server: routes, the request gate (CORS, loading, API keys, body limit) and main().
+
+Handlers parse, template and tokenize on the event loop; the engine thread does the model work (worker.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from . import chat_api, completions, misc
+from .context import ServerContext
+from .errors import ApiError, error_response, not_supported
+from .openapi_bodies import body_doc
+from .schemas import parse_json_body
+
+log = logging.getLogger("llamacmp.server")
+
+PUBLIC_PATHS = {"/health", "/v1/health", "/models", "/v1/models", "/api/tags", "/"}
+LOADING = ApiError("Loading model", "unavailable_error")
+INVALID_KEY = ApiError("Invalid API Key", "authentication_error")
+MAX_BODY = 32 * 1024 * 1024              # bytes; a larger request gets 413 before it is read
+
+
+class Gate:
+    """Pure ASGI middleware, in llama.cpp's order: CORS header, OPTIONS answered blank, 503 while loading,
+    API key check, then the body size limit. (Pure ASGI so that streaming and disconnects pass through.)"""
+
+    def __init__(self, app, ctx: ServerContext):
+        self.app, self.ctx = app, ctx
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        cors = {"Access-Control-Allow-Origin": headers.get("origin", "")}
+
+        async def send_cors(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": list(message.get("headers", [])) +
+                           [(b"access-control-allow-origin", cors["Access-Control-Allow-Origin"].encode("latin-1"))]}
+            await send(message)
+        early = self._early_response(scope, headers)
+        if early is not None:
+            return await early(scope, receive, send_cors)
+        await self.app(scope, receive, send_cors)
+
+    def _early_response(self, scope, headers: dict) -> Response | None:
+        if scope["method"] == "OPTIONS":
+            return Response("", media_type="text/html", headers={
+                "Access-Control-Allow-Credentials": "true", "Access-Control-Allow-Methods": "GET, POST",
+                "Access-Control-Allow-Headers": "*"})
+        if not self.ctx.ready:
+            return error_response(LOADING)
+        path = scope["path"]
+        keys = self.ctx.opts.api_keys
+        if keys and path not in PUBLIC_PATHS:
+            given = headers.get("authorization") or headers.get("x-api-key", "")
+            if given.startswith("Bearer "):
+                given = given[len("Bearer "):]
+            if given not in keys:
+                return error_response(INVALID_KEY)
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_BODY:
+            return JSONResponse({"error": {"code": 413, "message": "request body too large",
+                                           "type": "invalid_request_error"}}, status_code=413)
+        return None
+
+
+async def read_body(request: Request) -> dict:
+    raw = await request.body()
+    if len(raw) > MAX_BODY:
+        raise ApiError("request body too large", "invalid_request_error")
+    return parse_json_body(raw)
+
+
+def create_app(ctx: ServerContext) -> FastAPI:
+    app = FastAPI(title="llamacmp-server", version=ctx.build_info, docs_url=None, redoc_url=None)
+    _install_error_handlers(app)
+    _add_routes(app, ctx)
+    app.add_middleware(Gate, ctx=ctx)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError):
+        return error_response(err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException):
+        if err.status_code in (404, 405):
+            return error_response(ApiError("File Not Found", "not_found_error"))
+        return error_response(ApiError(str(err.detail), "invalid_request_error"))
+
+    @app.exception_handler(Exception)
+    async def any_error(request: Request, err: Exception):
+        log.exception("request failed")
+        return error_response(ApiError(str(err) or type(err).__name__, "server_error"))
+
+
+def _post(app: FastAPI, paths: list[str], handler, doc: str) -> None:
+    for p in paths:
+        app.add_api_route(p, handler, methods=["POST"], openapi_extra=body_doc(doc))
+
+
+def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
+    async def health():
+        return {"status": "ok"}
+
+    async def models():
+        return misc.models_json(ctx)
+
+    async def completion(request: Request):
+        return await completions.handle_native(ctx, request, await read_body(request))
+
+    async def oai_completion(request: Request):
+        return await completions.handle_oai_completion(ctx, request, await read_body(request))
+
+    async def chat(request: Request):
+        return await chat_api.handle_chat(ctx, request, await read_body(request))
+
+    async def apply_template(request: Request):
+        return await chat_api.handle_apply_template(ctx, await read_body(request))
+
+    async def tokenize(request: Request):
+        return misc.tokenize(ctx, await read_body(request))
+
+    async def detokenize(request: Request):
+        return misc.detokenize(ctx, await read_body(request))
+
+    async def props():
+        return misc.props_json(ctx)
+
+    async def set_props(request: Request):
+        if not ctx.opts.endpoint_props:
+            raise not_supported("This server does not support changing global properties. Start it with `--props`")
+        await read_body(request)
+        return {"success": True}
+
+    async def slots(request: Request):
+        return await misc.slots(ctx, request.query_params.get("fail_on_no_slot", "") in ("1", "true"))
+
+    async def slot_action(id_slot: str, request: Request):
+        return await misc.slot_action(ctx, id_slot, request.query_params.get("action", ""), await read_body(request))
+
+    async def metrics():
+        return await misc.metrics(ctx)
+
+    async def embeddings(request: Request):
+        raise not_supported("This server does not support embeddings. Start it with `--embeddings`")
+
+    async def rerank(request: Request):
+        raise not_supported("This server does not support reranking. Start it with `--reranking`")
+
+    for p in ("/health", "/v1/health"):
+        app.add_api_route(p, health, methods=["GET"])
+    for p in ("/models", "/v1/models"):
+        app.add_api_route(p, models, methods=["GET"])
+    _post(app, ["/completion", "/completions"], completion, "completion")
+    _post(app, ["/v1/completions"], oai_completion, "completion")
+    _post(app, ["/chat/completions", "/v1/chat/completions"], chat, "chat")
+    _post(app, ["/apply-template"], apply_template, "chat")
+    _post(app, ["/tokenize"], tokenize, "tokenize")
+    _post(app, ["/detokenize"], detokenize, "detokenize")
+    app.add_api_route("/props", props, methods=["GET"])
+    _post(app, ["/props"], set_props, "object")
+    app.add_api_route("/slots", slots, methods=["GET"])
+    _post(app, ["/slots/{id_slot}"], slot_action, "object")
+    app.add_api_route("/metrics", metrics, methods=["GET"])
+    _post(app, ["/embedding", "/embeddings", "/v1/embeddings"], embeddings, "object")
+    _post(app, ["/rerank", "/reranking", "/v1/rerank", "/v1/reranking"], rerank, "object")
+
+
+# -- main ------------------------------------------------------------------------------------------------------------
+
+def _load_in_background(ctx: ServerContext) -> None:
+    def run() -> None:
+        try:
+            from ..backends.select import select_backend
+            ctx.load(select_backend(sys.stderr))
+        except Exception as e:           # keep answering 503 and say why; a bad model file is not a crash
+            ctx.load_error = str(e)
+            log.error("failed to load model: %s", e)
+            os._exit(1)
+    threading.Thread(target=run, name="llamacmp-loader", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+    from ..args import parse_or_exit
+    params = parse_or_exit("server", argv)
+    logging.basicConfig(level=logging.INFO if params.verbosity >= 3 else logging.WARNING,
+                        format="%(levelname).1s %(name)s: %(message)s")
+    if not params.model:
+        sys.stderr.write("error: no model given (-m FNAME)\n")
+        raise SystemExit(1)
+    ctx = ServerContext(params)
+    app = create_app(ctx)
+    _load_in_background(ctx)
+    host = params.server.host
+    kw = {"uds": host} if host.endswith(".sock") else {"host": host, "port": params.server.port}
+    log.info("server is listening on %s", host if host.endswith(".sock") else f"http://{host}:{params.server.port}")
+    uvicorn.run(app, log_level="warning", timeout_keep_alive=params.server.timeout, **kw)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""/v1/chat/completions: messages -> template -> tokens -> engine -> reasoning_content / content / tool_calls.
+
+Templating and output parsing are chat.py's; this file checks the request as llama.cpp does, decides the
+template inputs (tools, enable_thinking, kwargs, assistant prefill) and turns the model's text into OpenAI JSON,
+whole or as streamed deltas.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..chat import THINK_END, TOOL_START, ParsedMessage, TemplateError, parse_output, thinking_switch
+from ..engine.tasks import FinalResult, GenParams, PartialResult
+from .completions import (finish_reason, make_tasks, probs_json, raise_first_error, start_stream, usage_json)
+from .context import ServerContext, random_id
+from .errors import ApiError, bad_request
+from .schemas import Fields, gen_params, oai_stop
+
+REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
+
+
+@dataclass
+class ChatPrompt:
+    """The rendered prompt and how to read the model's reply."""
+    text: str
+    tokens: list[int]
+    reply_start: int                     # token position where the reply begins (a checkpoint hint)
+    tools: list[dict]
+    parse_tools: bool
+    reasoning_format: str
+    thinking_open: bool                  # the prompt ends inside <think>: the reply starts as reasoning
+
+
+# -- request -> prompt ---------------------------------------------------------------------------------------------
+
+def check_messages(body: dict) -> list[dict]:
+    if "messages" not in body:
+        raise bad_request("'messages' is required")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise bad_request("Expected 'messages' to be an array")
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            raise bad_request("Expected each message to be an object")
+        role = m.get("role") if isinstance(m.get("role"), str) else ""
+        if role != "assistant" and "content" not in m:
+            raise bad_request("All non-assistant messages must contain 'content'")
+        if role == "assistant" and "content" not in m and "tool_calls" not in m:
+            raise bad_request("Assistant message must contain either 'content' or 'tool_calls'!")
+        out.append({**m, "content": _text_content(m.get("content"))})
+    return out
+
+
+def _text_content(content):
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request("Expected 'content' to be a string or an array")
+    parts = []
+    for p in content:
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind in ("image_url", "input_audio"):
+            raise ApiError(f"{'image' if kind == 'image_url' else 'audio'} input is not supported - hint: if this "
+                           "is unexpected, you may need to provide the mmproj", "server_error")
+        if kind != "text":
+            raise bad_request("unsupported content[].type")
+        parts.append(p.get("text") if isinstance(p.get("text"), str) else "")
+    return "".join(parts)
+
+
+def _tool_choice(body: dict) -> str:
+    v = body.get("tool_choice", "auto")
+    if not isinstance(v, str):
+        return "auto"                   # the object form falls back to auto, as in llama.cpp
+    if v not in ("auto", "none", "required"):
+        raise bad_request(f"Invalid tool_choice: {v}")
+    return v
+
+
+def _enable_thinking(ctx: ServerContext, kwargs: dict, messages: list[dict]) -> bool:
+    if "enable_thinking" in kwargs:
+        v = kwargs["enable_thinking"]
+        if isinstance(v, str):
+            raise bad_request('invalid type for "enable_thinking" (expected boolean, got string)')
+        return bool(v)
+    users = [m for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
+    switch = thinking_switch(users[-1]["content"]) if users else None
+    if switch is not None and ctx.params.reasoning == "auto":
+        return switch
+    return ctx.params.enable_thinking and ctx.template.supports_thinking
+
+
+def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
+    f = Fields(body)
+    messages = check_messages(body)
+    tools = [t for t in f.list("tools") if isinstance(t, dict)]
+    choice = _tool_choice(body)
+    if tools and choice != "none" and "grammar" in body:
+        raise bad_request("Cannot use custom grammar constraints with tools.")
+    kwargs = {**ctx.params.chat_template_kwargs, **f.dict("chat_template_kwargs")}
+    thinking = _enable_thinking(ctx, kwargs, messages)
+    fmt = f.str("reasoning_format", ctx.params.reasoning_format)
+    if fmt not in REASONING_FORMATS:
+        raise bad_request(f"Unknown reasoning format: {fmt}")
+    prefill = ""
+    if messages and messages[-1].get("role") == "assistant" and getattr(ctx.params, "prefill_assistant", True):
+        last = messages.pop()
+        if messages and messages[-1].get("role") == "assistant":
+            raise bad_request("Cannot have 2 or more assistant messages at the end of the list.")
+        if thinking:
+            raise bad_request("Assistant response prefill is incompatible with enable_thinking.")
+        prefill, fmt = last.get("content") or "", "none"
+    add_gen = f.bool("add_generation_prompt", True) or bool(prefill)
+    text = _render(ctx, messages, add_gen, tools if choice != "none" else None, thinking, kwargs) + prefill
+    tokens = ctx.tokenizer.encode(text, parse_special=True, add_special=True)
+    return ChatPrompt(text, tokens, _reply_start(ctx, messages, tools, thinking, kwargs, tokens), tools,
+                      bool(tools) and choice != "none", fmt, text.rstrip().endswith("<think>"))
+
+
+def _render(ctx, messages, add_gen, tools, thinking, kwargs) -> str:
+    try:
+        return ctx.template.render(messages, add_generation_prompt=add_gen, tools=tools or None,
+                                   enable_thinking=thinking, extra=kwargs)
+    except TemplateError as e:
+        raise bad_request(str(e)) from None
+
+
+def _reply_start(ctx, messages, tools, thinking, kwargs, tokens: list[int]) -> int:
+    """Where the history ends and the generation prompt starts: a checkpoint there is what the next turn
+    (which re-renders this reply differently, e.g. without its reasoning) can resume from."""
+    try:
+        head = ctx.template.render(messages, add_generation_prompt=False, tools=tools or None,
+                                   enable_thinking=thinking, extra=kwargs)
+    except TemplateError:
+        return 0
+    n = len(ctx.tokenizer.encode(head, parse_special=True, add_special=True))
+    return n if 0 < n < len(tokens) else 0
+
+
+def chat_gen_params(ctx: ServerContext, body: dict, stream: bool, has_tools: bool) -> GenParams:
+    body = oai_stop(body)
+    f = Fields(body)
+    if f.bool("logprobs", False):
+        if has_tools and stream:
+            raise bad_request("logprobs is not supported with tools + stream")
+        body = {**body, "n_probs": f.int("top_logprobs", 20)}
+    elif f.has("top_logprobs"):
+        raise bad_request("top_logprobs requires logprobs to be set to true")
+    return gen_params(body, ctx.defaults, ctx.tokenizer, ctx.n_vocab)
+
+
+# -- reply -> message ------------------------------------------------------------------------------------------------
+
+def parse_reply(cp: ChatPrompt, text: str) -> ParsedMessage:
+    return parse_output(text, cp.reasoning_format, cp.thinking_open, cp.tools if cp.parse_tools else None)
+
+
+def message_json(msg: ParsedMessage, ids: list[str]) -> dict:
+    out: dict = {"role": "assistant", "content": msg.content if (msg.content or not msg.tool_calls) else None}
+    if msg.reasoning_content:
+        out["reasoning_content"] = msg.reasoning_content
+    if msg.tool_calls:
+        out["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments},
+                              "id": ids[i]} for i, c in enumerate(msg.tool_calls)]
+    return out
+
+
+def chat_finish_reason(r: FinalResult, msg: ParsedMessage) -> str:
+    reason = finish_reason(r)
+    return "tool_calls" if reason == "stop" and msg.tool_calls else reason
+
+
+@dataclass
+class DeltaTracker:
+    """Turns the growing reply text into OpenAI deltas: parse everything so far, send what is new. Text that may
+    still turn into a tag (`</think>`, `<tool_call>`) is held back; tool calls go out whole once closed."""
+    cp: ChatPrompt
+    text: str = ""
+    sent: ParsedMessage = field(default_factory=ParsedMessage)
+    ids: list[str] = field(default_factory=list)
+
+    def push(self, delta: str, final: bool = False) -> list[dict]:
+        self.text += delta
+        msg = parse_reply(self.cp, self.text)
+        if not final:
+            msg = self._hold_back(msg)
+        out = []
+        for key in ("reasoning_content", "content"):
+            new, old = getattr(msg, key), getattr(self.sent, key)
+            if len(new) > len(old) and new.startswith(old):
+                out.append({key: new[len(old):]})
+                setattr(self.sent, key, new)
+        for i in range(len(self.sent.tool_calls), len(msg.tool_calls)):
+            c = msg.tool_calls[i]
+            self.ids.append(random_id())
+            out.append({"tool_calls": [{"index": i, "id": self.ids[i], "type": "function",
+                                        "function": {"name": c.name, "arguments": c.arguments}}]})
+            self.sent.tool_calls.append(c)
+        return out
+
+    def _hold_back(self, msg: ParsedMessage) -> ParsedMessage:
+        if THINK_END not in self.text:
+            msg.reasoning_content = _cut_partial(msg.reasoning_content, THINK_END)
+        if self.cp.parse_tools:
+            msg.content = _cut_partial(msg.content, TOOL_START).rstrip("\n")
+        return msg
+
+
+def _cut_partial(text: str, tag: str) -> str:
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return text[:-n]
+    return text
+
+
+# -- handler -------------------------------------------------------------------------------------------------------------
+
+async def handle_chat(ctx: ServerContext, request: Request, body: dict) -> Response:
+    cp = build_prompt(ctx, body)
+    params = chat_gen_params(ctx, body, Fields(body).bool("stream", False), bool(cp.tools))
+    hints = (cp.reply_start,) if cp.reply_start else ()
+    tasks = make_tasks(ctx, [cp.tokens], params, body, hints)
+    cid, created = "chatcmpl-" + random_id(), int(time.time())
+    if params.stream:
+        include_usage = Fields(Fields(body).dict("stream_options")).bool("include_usage", False)
+        return await _stream_chat(ctx, tasks, cp, params, cid, created, include_usage)
+    results = await ctx.bridge.collect(tasks, request)
+    raise_first_error(results)
+    choices = []
+    for r in results:
+        msg = parse_reply(cp, r.text)
+        choice = {"finish_reason": chat_finish_reason(r, msg), "index": r.index,
+                  "message": message_json(msg, [random_id() for _ in msg.tool_calls])}
+        if r.probs:
+            choice["logprobs"] = {"content": probs_json(ctx, r.probs, params.post_sampling_probs)}
+        choices.append(choice)
+    usage = usage_json(results[0]) if len(results) == 1 else _merged_usage(results)
+    return JSONResponse({"choices": choices, "created": created, "model": ctx.model_name,
+                         "system_fingerprint": ctx.build_info, "object": "chat.completion", "usage": usage,
+                         "id": cid, "timings": results[-1].timings.to_json()})
+
+
+def _merged_usage(results: list[FinalResult]) -> dict:
+    u = usage_json(results[0])
+    u["completion_tokens"] = sum(r.n_predicted for r in results)
+    u["total_tokens"] = u["completion_tokens"] + u["prompt_tokens"]
+    return u
+
+
+async def _stream_chat(ctx, tasks, cp: ChatPrompt, params: GenParams, cid: str, created: int,
+                       include_usage: bool) -> Response:
+    trackers = {t.index: DeltaTracker(cp) for t in tasks}
+    finals: list[FinalResult] = []
+
+    def chunk(index: int, delta: dict, reason=None) -> dict:
+        return {"choices": [{"finish_reason": reason, "index": index, "delta": delta}], "created": created,
+                "id": cid, "model": ctx.model_name, "system_fingerprint": ctx.build_info,
+                "object": "chat.completion.chunk"}
+
+    def to_chunks(r) -> list[dict]:
+        tr = trackers[r.index]
+        if isinstance(r, PartialResult):
+            out = [chunk(r.index, {"role": "assistant", "content": None})] if r.n_predicted == 1 else []
+            out += [chunk(r.index, d) for d in tr.push(r.text)]
+            if out and r.probs:
+                out[-1]["choices"][0]["logprobs"] = {"content": probs_json(ctx, r.probs, params.post_sampling_probs)}
+            if out and r.timings is not None:
+                out[-1]["timings"] = r.timings.to_json()
+            return out
+        finals.append(r)
+        msg = parse_reply(cp, tr.text)
+        out = [chunk(r.index, d) for d in tr.push("", final=True)]
+        out.append(chunk(r.index, {}, chat_finish_reason(r, msg)))
+        if include_usage and len(finals) == len(tasks):
+            out.append({**chunk(r.index, {}), "choices": [], "usage": usage_json(r)})
+        out[-1]["timings"] = r.timings.to_json()
+        return out
+    return await start_stream(ctx, tasks, to_chunks, done=True)
+
+
+async def handle_apply_template(ctx: ServerContext, body: dict) -> Response:
+    return JSONResponse({"prompt": build_prompt(ctx, body).text})

@@ -1,0 +1,90 @@
+"""What every handler needs: the loaded model, the engine bridge, the chat template and the server's defaults.
+
+Built in two phases: `ServerContext` exists from the start (so /health can say 503 while loading); `load()`
+fills in the model and starts the engine thread.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import string
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .. import BUILD_NUMBER
+from ..chat import ChatTemplate
+from ..engine.scheduler import Engine, EngineConfig
+from ..params import Params, ServerParams
+from .schemas import ServerDefaults
+from .worker import EngineBridge
+
+log = logging.getLogger("llamacmp.server")
+
+
+def random_id(n: int = 32) -> str:
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(n))
+
+
+@dataclass
+class ServerContext:
+    params: Params
+    lm: object = None
+    engine: Optional[Engine] = None
+    bridge: Optional[EngineBridge] = None
+    template: Optional[ChatTemplate] = None
+    defaults: Optional[ServerDefaults] = None
+    n_slots: int = 1
+    n_ctx_slot: int = 0
+    created: int = field(default_factory=lambda: int(time.time()))
+    load_error: str = ""
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None
+
+    @property
+    def opts(self) -> ServerParams:
+        return self.params.server
+
+    @property
+    def model_name(self) -> str:
+        return self.opts.aliases[0] if self.opts.aliases else os.path.basename(self.params.model)
+
+    @property
+    def build_info(self) -> str:
+        return f"b{BUILD_NUMBER}-llamacmp"
+
+    @property
+    def tokenizer(self):
+        return self.lm.tokenizer
+
+    @property
+    def n_vocab(self) -> int:
+        return self.lm.cfg.n_vocab
+
+    def load(self, backend) -> None:
+        """Load the model, build the template and start the engine (runs off the event loop)."""
+        from ..loader import load_model
+        p = self.params
+        lm = load_model(p.model, backend)
+        n_ctx = p.n_ctx if p.n_ctx > 0 else lm.cfg.n_ctx_train
+        n_slots = 4 if p.n_parallel < 0 else max(1, p.n_parallel)
+        unified = self.opts.kv_unified if self.opts.kv_unified is not None else p.n_parallel < 0
+        self.n_slots, self.n_ctx_slot = n_slots, (n_ctx if unified else max(1, n_ctx // n_slots))
+        # args.py already read --chat-template-file into chat_template
+        self.template = ChatTemplate.from_metadata(lm.metadata, lm.tokenizer.tokens, p.chat_template)
+        self.defaults = ServerDefaults(p.sampling, p.n_predict, p.n_keep, tuple(p.antiprompt),
+                                       self.opts.cache_prompt, p.special, self.n_ctx_slot)
+        cfg = EngineConfig(n_slots=n_slots, n_ctx_slot=self.n_ctx_slot, n_batch=p.n_batch, n_ubatch=p.n_ubatch,
+                           kv_type=p.cache_type_k if p.cache_type_k in ("f32", "f16") else "f16",
+                           cache_ram_mib=self.opts.cache_ram_mib, ctx_checkpoints=self.opts.ctx_checkpoints,
+                           checkpoint_every=self.opts.checkpoint_every,
+                           slot_prompt_similarity=self.opts.slot_prompt_similarity)
+        engine = Engine(lm, cfg)
+        engine.start()
+        self.lm, self.bridge = lm, EngineBridge(engine)
+        self.engine = engine            # last: from here on the server answers
+        log.info("model loaded: %s, %d slots, n_ctx_slot %d", p.model, n_slots, self.n_ctx_slot)

@@ -1,0 +1,149 @@
+"""The small endpoints: models, props, tokenize/detokenize, slots, metrics."""
+from __future__ import annotations
+
+import time
+
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from ..engine.tasks import ErrorResult
+from .completions import generation_settings
+from .context import ServerContext
+from .errors import ApiError, bad_request, not_supported
+from .schemas import Fields
+
+
+def models_json(ctx: ServerContext) -> dict:
+    name = ctx.model_name
+    cfg, gguf = ctx.lm.cfg, ctx.lm.gguf
+    meta = {"vocab_type": 2, "n_vocab": cfg.n_vocab, "n_ctx_train": cfg.n_ctx_train, "n_embd": cfg.n_embd,
+            "n_params": _n_params(ctx), "size": _file_size(gguf)}
+    return {"models": [{"name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
+                        "description": "", "tags": [""], "capabilities": ["completion"], "parameters": "",
+                        "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
+                                    "parameter_size": "", "quantization_level": ""}}],
+            "object": "list",
+            "data": [{"id": name, "aliases": list(ctx.opts.aliases), "tags": [], "object": "model",
+                      "created": int(time.time()), "owned_by": "llamacpp", "meta": meta}]}
+
+
+def _n_params(ctx: ServerContext) -> int:
+    g = ctx.lm.gguf
+    return sum(_prod(g.info(n).shape) for n in g.names())
+
+
+def _prod(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _file_size(gguf) -> int:
+    import os
+    try:
+        return os.path.getsize(gguf.path)
+    except OSError:
+        return 0
+
+
+def props_json(ctx: ServerContext) -> dict:
+    from .completions import GenParams
+    d = ctx.defaults
+    params = generation_settings(ctx, GenParams(sampling=d.sampling, n_predict=d.n_predict, stop=list(d.stop)))
+    tok = ctx.tokenizer
+    eos = tok.tokens[tok.eos_id] if tok.eos_id is not None else ""
+    bos = tok.tokens[tok.bos_id] if tok.bos_id is not None else ""
+    return {"default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": ctx.n_ctx_slot, "speculative": False,
+                                            "is_processing": False, "params": params},
+            "total_slots": ctx.n_slots, "model_alias": ctx.model_name, "model_path": ctx.params.model,
+            "modalities": {"vision": False, "audio": False}, "endpoint_slots": ctx.opts.endpoint_slots,
+            "endpoint_props": ctx.opts.endpoint_props, "endpoint_metrics": ctx.opts.endpoint_metrics,
+            "webui": False, "webui_settings": {}, "chat_template": ctx.template.source,
+            "chat_template_caps": {"supports_tools": "tools" in ctx.template.source,
+                                   "supports_thinking": ctx.template.supports_thinking},
+            "bos_token": bos, "eos_token": eos, "build_info": ctx.build_info, "is_sleeping": False}
+
+
+def tokenize(ctx: ServerContext, body: dict) -> Response:
+    f = Fields(body)
+    tok = ctx.tokenizer
+    content = f.raw("content")
+    if content is None:
+        return JSONResponse({"tokens": []})
+    if not isinstance(content, str):
+        raise bad_request('"content" must be a string')
+    ids = tok.encode(content, parse_special=f.bool("parse_special", True), add_special=f.bool("add_special", False))
+    if not f.bool("with_pieces", False):
+        return JSONResponse({"tokens": ids})
+    out = []
+    for i in ids:
+        piece = tok.token_to_piece(i, True)
+        try:
+            out.append({"id": i, "piece": piece.decode("utf-8")})
+        except UnicodeDecodeError:
+            out.append({"id": i, "piece": list(piece)})
+    return JSONResponse({"tokens": out})
+
+
+def detokenize(ctx: ServerContext, body: dict) -> Response:
+    toks = Fields(body).list("tokens")
+    ids = [t for t in toks if isinstance(t, int) and not isinstance(t, bool)]
+    bad = [t for t in ids if not 0 <= t < ctx.n_vocab]
+    if bad:
+        raise bad_request(f"invalid token id {bad[0]} (vocabulary has {ctx.n_vocab} tokens)")
+    return JSONResponse({"content": ctx.tokenizer.decode(ids)})
+
+
+async def slots(ctx: ServerContext, fail_on_no_slot: bool) -> Response:
+    if not ctx.opts.endpoint_slots:
+        raise not_supported("This server does not support slots endpoint. Start it with `--slots`")
+    data = await ctx.bridge.query("slots")
+    if fail_on_no_slot and all(s["is_processing"] for s in data):
+        raise ApiError("no slot available", "unavailable_error")
+    return JSONResponse(data)
+
+
+async def slot_action(ctx: ServerContext, id_slot: str, action: str, body: dict) -> Response:
+    if action not in ("save", "restore", "erase"):
+        raise bad_request("Invalid action")
+    if not id_slot.isdigit():
+        raise bad_request("Invalid slot ID")
+    r = await ctx.bridge.slot_action(action, int(id_slot), Fields(body).str("filename"))
+    if isinstance(r, ErrorResult):
+        raise ApiError(r.message, r.type, r.extra)
+    return JSONResponse(r)
+
+
+METRICS = (  # (type, name, help, how to compute from the engine's snapshot)
+    ("counter", "prompt_tokens_total", "Number of prompt tokens processed.",
+     lambda m: m["n_prompt_tokens_processed_total"]),
+    ("counter", "prompt_seconds_total", "Prompt process time", lambda m: m["t_prompt_processing_total"] / 1e3),
+    ("counter", "tokens_predicted_total", "Number of generation tokens processed.",
+     lambda m: m["n_tokens_predicted_total"]),
+    ("counter", "tokens_predicted_seconds_total", "Predict process time",
+     lambda m: m["t_tokens_generation_total"] / 1e3),
+    ("counter", "n_decode_total", "Total number of llama_decode() calls", lambda m: m["n_decode_total"]),
+    ("counter", "n_tokens_max", "Largest observed n_tokens.", lambda m: m["n_tokens_max"]),
+    ("counter", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+     lambda m: m["n_busy_slots_total"] / max(1, m["n_decode_total"])),
+    ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
+     lambda m: 1e3 * m["n_prompt_tokens_processed_total"] / m["t_prompt_processing_total"]
+     if m["t_prompt_processing_total"] else 0.0),
+    ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s.",
+     lambda m: 1e3 * m["n_tokens_predicted_total"] / m["t_tokens_generation_total"]
+     if m["t_tokens_generation_total"] else 0.0),
+    ("gauge", "requests_processing", "Number of requests processing.", lambda m: m["requests_processing"]),
+    ("gauge", "requests_deferred", "Number of requests deferred.", lambda m: m["requests_deferred"]),
+)
+
+
+async def metrics(ctx: ServerContext) -> Response:
+    if not ctx.opts.endpoint_metrics:
+        raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
+    m = await ctx.bridge.query("metrics")
+    lines = []
+    for kind, name, help_text, value in METRICS:
+        lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
+                  f"llamacpp:{name} {value(m)}"]
+    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4",
+                             headers={"Process-Start-Time-Unix": str(ctx.created)})

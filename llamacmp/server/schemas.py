@@ -1,0 +1,192 @@
+"""Request bodies -> typed objects, once, at the edge.
+
+llama.cpp's rule (json_value): a field given with the wrong JSON type is not an error, it falls back to its
+default. Numbers convert between int and float; a bool is not a number; null means "absent".
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..engine.tasks import GenParams
+from ..sampling import SamplingParams, parse_sampler_letters, parse_sampler_names
+from .errors import ApiError, bad_request
+
+
+class Fields:
+    """Lenient typed reads of a JSON object."""
+
+    def __init__(self, body: Any):
+        self.body = body if isinstance(body, dict) else {}
+
+    def has(self, key: str) -> bool:
+        return self.body.get(key) is not None
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        v = self.body.get(key)
+        return default if v is None else v
+
+    def int(self, key: str, default: int) -> int:
+        v = self.body.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+            return default
+        return int(v)
+
+    def float(self, key: str, default: float) -> float:
+        v = self.body.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return default
+        return float(v)
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self.body.get(key)
+        return v if isinstance(v, bool) else default
+
+    def str(self, key: str, default: str = "") -> str:
+        v = self.body.get(key)
+        return v if isinstance(v, str) else default
+
+    def list(self, key: str, default: list | None = None) -> list:
+        v = self.body.get(key)
+        return v if isinstance(v, list) else list(default or [])
+
+    def dict(self, key: str, default: dict | None = None) -> dict:
+        v = self.body.get(key)
+        return v if isinstance(v, dict) else dict(default or {})
+
+
+@dataclass(frozen=True, slots=True)
+class ServerDefaults:
+    """What the command line set; a request starts from these (llama.cpp's params_base)."""
+    sampling: SamplingParams
+    n_predict: int = -1
+    n_keep: int = 0
+    stop: tuple[str, ...] = ()
+    cache_prompt: bool = True
+    special: bool = False
+    n_ctx: int = 4096
+
+
+# -- /completion parameters (llama.cpp's params_from_json_cmpl) ---------------------------------------------------
+
+_REFUSED = (("mirostat", 0), ("dry_multiplier", 0.0), ("xtc_probability", 0.0), ("dynatemp_range", 0.0))
+
+
+def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenParams:
+    f = Fields(body)
+    s = d.sampling
+    for key, default in _REFUSED:
+        if f.float(key, default) != default:
+            raise bad_request(f"'{key}' is not supported by llamacmp yet (only its default, {default})")
+    penalty_last_n = f.int("repeat_last_n", s.penalty_last_n)
+    sampling = replace(
+        s, seed=f.int("seed", s.seed), temp=f.float("temperature", s.temp), top_k=f.int("top_k", s.top_k),
+        top_p=f.float("top_p", s.top_p), min_p=f.float("min_p", s.min_p), typ_p=f.float("typical_p", s.typ_p),
+        min_keep=f.int("min_keep", s.min_keep),
+        penalty_last_n=d.n_ctx if penalty_last_n == -1 else penalty_last_n,
+        penalty_repeat=f.float("repeat_penalty", s.penalty_repeat),
+        penalty_freq=f.float("frequency_penalty", s.penalty_freq),
+        penalty_present=f.float("presence_penalty", s.penalty_present),
+        samplers=_samplers(f, s.samplers), ignore_eos=f.bool("ignore_eos", s.ignore_eos),
+        logit_bias={**s.logit_bias, **parse_logit_bias(f.raw("logit_bias"), tokenizer, n_vocab)})
+    n_predict = f.int("n_predict", f.int("max_tokens", d.n_predict))
+    stop = [x for x in f.list("stop", list(d.stop)) if isinstance(x, str)] if f.has("stop") else list(d.stop)
+    return GenParams(
+        sampling=sampling, n_predict=n_predict, n_keep=f.int("n_keep", d.n_keep), stop=stop,
+        n_probs=max(0, f.int("n_probs", 0)), post_sampling_probs=f.bool("post_sampling_probs", False),
+        cache_prompt=f.bool("cache_prompt", d.cache_prompt), id_slot=f.int("id_slot", -1),
+        return_tokens=f.bool("return_tokens", False), timings_per_token=f.bool("timings_per_token", False),
+        special=d.special, t_max_predict_ms=f.int("t_max_predict_ms", 0), stream=f.bool("stream", False))
+
+
+def _samplers(f: Fields, default: tuple[str, ...]) -> tuple[str, ...]:
+    v = f.raw("samplers")
+    try:
+        if isinstance(v, list):
+            return parse_sampler_names(";".join(x for x in v if isinstance(x, str)))
+        if isinstance(v, str):
+            return parse_sampler_letters(v)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+    return default
+
+
+def parse_logit_bias(v: Any, tokenizer, n_vocab: int) -> dict[int, float]:
+    """[[tok|"text", bias|false], ...] or {"tok"|"text": bias|false}; false bans the token; a string applies
+    the bias to each of its tokens."""
+    pairs: list[tuple[Any, Any]] = []
+    if isinstance(v, list):
+        pairs = [(e[0], e[1]) for e in v if isinstance(e, list) and len(e) == 2]
+    elif isinstance(v, dict):
+        pairs = [(int(k) if k.lstrip("-").isdigit() else k, b) for k, b in v.items()]
+    out: dict[int, float] = {}
+    for tok, bias in pairs:
+        if bias is False:
+            value = -math.inf
+        elif isinstance(bias, (int, float)) and not isinstance(bias, bool):
+            value = float(bias)
+        else:
+            continue
+        ids = [tok] if isinstance(tok, int) else tokenizer.encode(tok, parse_special=False) \
+            if isinstance(tok, str) else []
+        for t in ids:
+            if 0 <= t < n_vocab:
+                out[t] = value
+    return out
+
+
+# -- prompts -----------------------------------------------------------------------------------------------------
+
+def _is_token(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def tokenize_prompts(prompt: Any, tokenizer, n_vocab: int) -> list[list[int]]:
+    """A string, a token list, a mixed list, {"prompt_string": ...}, or a list of those (one result each)."""
+    if isinstance(prompt, list) and prompt and not any(_is_token(x) for x in prompt):
+        out = [_subprompt(p, tokenizer, n_vocab) for p in prompt]
+    else:
+        out = [_subprompt(prompt, tokenizer, n_vocab)]
+    if not out:
+        raise bad_request('"prompt" must not be empty')
+    return out
+
+
+def _subprompt(p: Any, tokenizer, n_vocab: int) -> list[int]:
+    if isinstance(p, str):
+        return tokenizer.encode(p, parse_special=True, add_special=True)
+    if isinstance(p, list) and all(_is_token(x) or isinstance(x, str) for x in p):
+        toks: list[int] = []
+        for i, x in enumerate(p):
+            toks.extend([x] if _is_token(x) else tokenizer.encode(x, parse_special=True, add_special=i == 0))
+        bad = [t for t in toks if not 0 <= t < n_vocab]
+        if bad:
+            raise bad_request(f"invalid token id {bad[0]} in \"prompt\" (vocabulary has {n_vocab} tokens)")
+        return toks
+    if isinstance(p, dict) and isinstance(p.get("prompt_string"), str):
+        if p.get("multimodal_data"):
+            raise ApiError("Multimodal data provided, but model does not support multimodal requests.",
+                           "server_error")
+        return tokenizer.encode(p["prompt_string"], parse_special=True, add_special=True)
+    raise bad_request('"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt '
+                      'string, or a list of mixed strings & tokens.')
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """The body as a JSON object; llama.cpp answers a parse error with 500 and the parser's message."""
+    try:
+        body = json.loads(raw or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(f"[json.exception.parse_error] {e}", "invalid_request_error") from None
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object")
+    return body
+
+
+def oai_stop(body: dict) -> dict:
+    """OpenAI routes accept `stop` as one string."""
+    if isinstance(body.get("stop"), str):
+        body = {**body, "stop": [body["stop"]]}
+    return body

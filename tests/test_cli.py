@@ -1,0 +1,260 @@
+"""The console entry points end to end, as subprocesses, on a tiny random-weight GGUF with the numpy backend.
+
+Expected outputs come from driving the same engine in-process (Session + Sampler), so these tests check the
+tools' plumbing and formats against the engine, and the formats against llama.cpp's.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from llamacmp.backends.numpy_ref import NumpyBackend
+from llamacmp.engine.generate import Session
+from llamacmp.loader import load_model
+from llamacmp.sampling import Sampler, SamplingParams
+
+TIMEOUT = 180
+
+
+def tool_cmd(name: str) -> list[str]:
+    """The installed console script when present, else the same main() through -m."""
+    exe = shutil.which(f"llamacmp-{name}")
+    if exe:
+        return [exe]
+    module = {"completion": "completion", "cli": "chat", "tokenize": "tokenize", "perplexity": "perplexity"}[name]
+    return [sys.executable, "-m", f"llamacmp.cli.{module}"]
+
+
+def run(name: str, *args: str, stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(tool_cmd(name) + list(args), input=stdin.encode(), capture_output=True,
+                          timeout=TIMEOUT, env=full_env)
+
+
+@pytest.fixture(scope="module")
+def model(fixture_gguf):
+    return str(fixture_gguf("tiny", "f32"))
+
+
+@pytest.fixture(scope="module")
+def lm(model):
+    return load_model(model, NumpyBackend())
+
+
+def greedy_text(lm, prompt: str, n: int, ignore_eos: bool = True) -> tuple[str, list[int]]:
+    s = Session(lm, 4096)
+    ids = lm.tokenizer.encode(prompt, parse_special=True)
+    s.feed(ids)
+    sampler = Sampler(SamplingParams(temp=0, ignore_eos=ignore_eos), lm.tokenizer.eog_ids)
+    for t in ids:
+        sampler.accept(t)
+    g = s.generate(sampler, n, special=False)
+    return g.text, g.tokens
+
+
+# -- llamacmp-completion ---------------------------------------------------------------------------------------
+
+def test_completion_greedy_prints_prompt_then_16_tokens(model, lm):
+    r = run("completion", "-m", model, "-p", "Hello", "-n", "16", "--temp", "0", "-no-cnv", "--ignore-eos")
+    assert r.returncode == 0, r.stderr.decode()
+    expected, tokens = greedy_text(lm, "Hello", 16)
+    assert len(tokens) == 16
+    assert r.stdout.decode("utf-8", "replace") == "Hello" + expected + "\n\n"
+    err = r.stderr.decode()
+    assert re.search(r"common_perf_print:    samplers time = +[\d.]+ ms / +16 tokens", err)
+    assert re.search(r"common_perf_print:        eval time = +[\d.]+ ms / +15 runs   \( +[\d.]+ ms per token, "
+                     r"+[\d.]+ tokens per second\)", err)
+    assert re.search(r"common_perf_print: prompt eval time = +[\d.]+ ms / +\d+ tokens", err)
+
+
+def test_completion_brief_command_line_prints_16_tokens(model, lm):
+    """The literal `-p Hello -n 16 --temp 0`: the model has a template, so (as llama-completion) conversation
+    mode turns on, 16 tokens are generated (fewer only on EOG) and EOF on stdin ends it."""
+    r = run("completion", "-m", model, "-p", "Hello", "-n", "16", "--temp", "0")
+    assert r.returncode == 0, r.stderr.decode()
+    assert "chat template is available, enabling conversation mode" in r.stderr.decode()
+    out = r.stdout.decode("utf-8", "replace")
+    assert out.startswith("user\nHello\nassistant\n") and out.endswith("> EOF by user\n\n\n")
+    n = int(re.search(r"samplers time = +[\d.]+ ms / +(\d+) tokens", r.stderr.decode()).group(1))
+    assert n == 16 or "\n> " in out
+
+
+def test_completion_no_display_prompt_and_reverse_prompt(model, lm):
+    full, tokens = greedy_text(lm, "Hello", 12)
+    # a reverse prompt is only looked for at the end of the output (llama.cpp's window), so end it on a token
+    stop = lm.tokenizer.decode(tokens[:5])[-3:]
+    r = run("completion", "-m", model, "-p", "Hello", "-n", "12", "--temp", "0", "-no-cnv", "--ignore-eos",
+            "--no-display-prompt", "-r", stop)
+    out = r.stdout.decode("utf-8", "replace")[:-2]
+    assert stop in out and len(out) < len(full) and full.startswith(out)
+
+
+def test_completion_escapes_and_prompt_file(model, lm, tmp_path):
+    f = tmp_path / "prompt.txt"
+    f.write_text("Hello\\nworld")
+    r = run("completion", "-m", model, "-f", str(f), "-n", "2", "--temp", "0", "-no-cnv", "--ignore-eos")
+    assert r.stdout.decode("utf-8", "replace").startswith("Hello\nworld")
+    r = run("completion", "-m", model, "-f", str(f), "-n", "2", "--temp", "0", "-no-cnv", "-e", "--no-escape")
+    assert r.stdout.decode("utf-8", "replace").startswith("Hello\\nworld")
+
+
+def test_completion_interactive_with_prefix_suffix(model):
+    r = run("completion", "-m", model, "-p", "Hello", "-n", "4", "--temp", "0", "-no-cnv", "-i",
+            "--in-prefix", "USER: ", "--in-suffix", "BOT:", "--ignore-eos", stdin="hi\n")
+    out = r.stdout.decode("utf-8", "replace")
+    assert r.returncode == 0
+    assert "USER: BOT:" in out and out.count("USER: ") == 2 and out.endswith("EOF by user\n\n\n")
+
+
+def test_completion_logit_bias_bans_the_greedy_token(model, lm):
+    _, tokens = greedy_text(lm, "Hello", 1)
+    r = run("completion", "-m", model, "-p", "Hello", "-n", "1", "--temp", "0", "-no-cnv", "--ignore-eos",
+            "-l", f"{tokens[0]}-inf", "--no-display-prompt")
+    assert r.returncode == 0
+    assert r.stdout.decode("utf-8", "replace")[:-2] != lm.tokenizer.decode(tokens)
+
+
+def test_version_and_errors(model):
+    r = run("completion", "--version")
+    lines = r.stderr.decode().splitlines()
+    assert r.returncode == 0 and lines[0].startswith("version: 8462 (llamacmp ") and lines[1].startswith("built with")
+    r = run("completion", "-m", model, "--frobnicate")
+    assert r.returncode == 1 and r.stderr.decode().strip() == "error: invalid argument: --frobnicate"
+    r = run("completion", "-m", model, "-hf", "Qwen/Qwen3.5-0.8B-GGUF")
+    assert r.returncode == 1 and "not supported" in r.stderr.decode()
+    r = run("cli", "-m", model, "-i")
+    assert r.returncode == 1 and "error: invalid argument: -i" in r.stderr.decode()
+
+
+def test_help_lists_options():
+    r = run("completion", "--help")
+    assert r.returncode == 0 and "--repeat-last-n N" in r.stdout.decode()
+
+
+def test_missing_model_file_is_a_clear_error(tmp_path):
+    r = run("completion", "-m", str(tmp_path / "nope.gguf"), "-p", "x")
+    assert r.returncode == 1 and "nope.gguf" in r.stderr.decode()
+
+
+# -- llamacmp-tokenize -----------------------------------------------------------------------------------------
+
+def test_tokenize_formats(model, lm):
+    ids = lm.tokenizer.encode("Hello world\n<|im_start|>", parse_special=True)
+    r = run("tokenize", "-m", model, "-p", "Hello world\\n<|im_start|>", "--ids", "--log-disable")
+    assert r.stdout.decode() == "[" + ", ".join(map(str, ids)) + "]\n"
+    r = run("tokenize", "-m", model, "-p", "Hello world", "--show-count")
+    lines = r.stdout.decode().splitlines()
+    ids = lm.tokenizer.encode("Hello world")
+    assert lines[0] == f"{ids[0]:6d} -> '{lm.tokenizer.decode([ids[0]])}'"
+    assert lines[-1] == f"Total number of tokens: {len(ids)}"
+    r = run("tokenize", "-m", model, "-p", "<|im_start|>", "--no-parse-special", "--ids")
+    assert r.stdout.decode() == str(lm.tokenizer.encode("<|im_start|>", parse_special=False)) + "\n"
+    r = run("tokenize", "-m", model, "--stdin", "--ids", stdin="a\\tb")
+    assert r.stdout.decode() == str(lm.tokenizer.encode("a\tb")) + "\n"
+    r = run("tokenize", "-m", model, "--stdin", "--ids", "--no-escape", stdin="a\\tb")
+    assert r.stdout.decode() == str(lm.tokenizer.encode("a\\tb")) + "\n"
+
+
+def test_tokenize_errors(model):
+    assert run("tokenize", "-m", model, "--bogus").stderr.decode() == "Error: unknown option '--bogus'\n"
+    assert run("tokenize", "-m", model).stderr.decode() == \
+        "Error: must specify one of: --stdin, --file or --prompt.\n"
+    r = run("tokenize", "-m", model, "-p", "x", "--stdin")
+    assert r.returncode == 1 and "mutually exclusive" in r.stderr.decode()
+
+
+# -- llamacmp-perplexity ---------------------------------------------------------------------------------------
+
+def test_perplexity_output_and_value(model, lm, tmp_path):
+    text = "The quick brown fox jumps over the lazy dog. " * 30
+    f = tmp_path / "wiki.txt"
+    f.write_text(text)
+    n_ctx = 32
+    r = run("perplexity", "-m", model, "-f", str(f), "-c", str(n_ctx), "--chunks", "3")
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode()
+    assert re.fullmatch(r"\[1\]\d+\.\d{4},\[2\]\d+\.\d{4},\[3\]\d+\.\d{4},\n", out), out
+    m = re.search(r"Final estimate: PPL = (\d+\.\d{4}) \+/- (\d+\.\d{5})", r.stderr.decode())
+    assert m
+    # independent computation: second half of each chunk, each chunk from an empty state
+    toks = lm.tokenizer.encode(text)
+    nll, count = 0.0, 0
+    for i in range(3):
+        chunk = toks[i * n_ctx:(i + 1) * n_ctx]
+        s = Session(lm, n_ctx)
+        logits = s.feed(chunk, all_logits=True).astype(np.float64)
+        for j in range(n_ctx // 2, n_ctx - 1):
+            row = logits[j]
+            logz = row.max() + math.log(np.exp(row - row.max()).sum())
+            nll += logz - row[chunk[j + 1]]
+            count += 1
+    assert float(m.group(1)) == pytest.approx(math.exp(nll / count), rel=1e-3)
+    assert float(out.split(",")[-2].split("]")[1]) == pytest.approx(math.exp(nll / count), rel=1e-3)
+
+
+def test_perplexity_needs_enough_tokens(model, tmp_path):
+    f = tmp_path / "short.txt"
+    f.write_text("too short")
+    r = run("perplexity", "-m", model, "-f", str(f), "-c", "64")
+    assert r.returncode == 1 and "you need at least 128 tokens" in r.stderr.decode()
+
+
+# -- llamacmp-cli ---------------------------------------------------------------------------------------------
+
+def test_chat_single_turn_with_prompt(model):
+    r = run("cli", "-m", model, "-p", "Hello", "-st", "-n", "8", "--temp", "0", "--simple-io")
+    out = r.stdout.decode("utf-8", "replace")
+    assert r.returncode == 0, r.stderr.decode()
+    assert "\n> Hello\n" in out and "[Start thinking]" in out
+    assert re.search(r"\n\[ Prompt: [\d.]+ t/s \| Generation: [\d.]+ t/s \]\n", out)
+    assert out.endswith("\nExiting...\n") and "\x1b" not in out
+
+
+def test_chat_reads_stdin_line_by_line_with_commands(model, tmp_path):
+    note = tmp_path / "note.txt"
+    note.write_text("file body")
+    script = f"Hi\n/regen\n/clear\n/regen\n/read {note}\n/read {tmp_path}/missing\nsummarize /no_think\n/exit\n"
+    r = run("cli", "-m", model, "-n", "4", "--temp", "0", "--verbose-prompt", stdin=script)
+    out, err = r.stdout.decode("utf-8", "replace"), r.stderr.decode()
+    assert r.returncode == 0, err
+    assert out.count("[ Prompt:") == 3                 # Hi, its /regen, and the final message
+    assert "Chat history cleared." in out and "No message to regenerate." in err
+    assert f"Loaded text from '{note}'" in out and "file does not exist or cannot be opened" in err
+    assert f"<|file_sep|>{note}\nfile body" in out      # the /read file joins the next message
+    assert "summarize /no_think<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" in out
+    assert out.endswith("\nExiting...\n")
+
+
+def test_chat_reasoning_off_and_system_prompt(model):
+    r = run("cli", "-m", model, "-p", "Hi", "-st", "-n", "4", "--reasoning", "off", "-sys", "Be brief",
+            "--verbose-prompt", "--no-show-timings")
+    out = r.stdout.decode("utf-8", "replace")
+    assert "<|im_start|>system\nBe brief<|im_end|>" in out and "using custom system prompt" in out
+    assert "<think>\n\n</think>\n\n" in out and "[ Prompt:" not in out and "[Start thinking]" not in out
+
+
+def test_chat_no_cnv_prints_llamacpp_message(model):
+    r = run("cli", "-m", model, "-no-cnv", "-p", "Hi", "-st", "-n", "2")
+    assert r.stderr.decode().startswith("--no-conversation is not supported by llama-cli\n"
+                                        "please use llama-completion instead\n")
+
+
+def test_chat_image_command_is_refused_clearly(model):
+    r = run("cli", "-m", model, "-n", "2", stdin="/image cat.png\n")
+    assert "not supported" in r.stderr.decode() and r.returncode == 0
+
+
+def test_no_model_and_no_bundled_model(tmp_path):
+    from llamacmp.cli.common import BUNDLED_MODEL
+    r = run("completion", "-p", "x")
+    if BUNDLED_MODEL.exists():
+        assert "no -m given: using the bundled demo model" in r.stderr.decode()
+    else:
+        assert r.returncode == 1 and "error: --model is required" in r.stderr.decode()

@@ -65,6 +65,9 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
             m["role"] = "system"
         if m.get("content") is None:
             m["content"] = ""
+        elif isinstance(m["content"], list) and all(p.get("type") == "text" for p in m["content"]):
+            # llama.cpp joins text parts with newlines before the template sees them
+            m["content"] = "\n".join(p.get("text", "") for p in m["content"])
         if m.get("tool_calls"):
             m["tool_calls"] = [_with_object_arguments(tc) for tc in m["tool_calls"]]
         out.append(m)
@@ -151,27 +154,24 @@ class ParsedMessage:
 
 
 def split_reasoning(text: str, reasoning_format: str = "auto", thinking_open: bool = True) -> tuple[str, str]:
-    """(reasoning, content). `thinking_open`: the prompt ended inside <think> (Qwen3.5's generation prompt), so
-    the output starts as reasoning. `none` keeps everything in content; deepseek-legacy keeps the tags in content
-    as well as filling reasoning."""
+    """(reasoning, content) exactly as llama.cpp's parser returns them (compat/goldens/chat_parse.jsonl).
+
+    llama.cpp parses the generation prompt + the output, so with `thinking_open` (the prompt ended with
+    "<think>\n") the reasoning keeps that newline and everything up to </think> verbatim; the content after
+    </think> loses its leading whitespace. Whitespace-only reasoning counts as none. `none` keeps everything in
+    content; deepseek-legacy keeps the tags in content as well as filling reasoning."""
     if reasoning_format == "none":
         return "", text
-    body = text
-    if not thinking_open:
-        stripped = body.lstrip()
-        if not stripped.startswith(THINK_START):
-            return "", text
-        body = stripped[len(THINK_START):]
-    elif body.lstrip().startswith(THINK_START):
-        body = body.lstrip()[len(THINK_START):]
-    if THINK_END not in body:
-        reasoning, content = body, ""         # still thinking when generation stopped
-    else:
-        reasoning, content = body.split(THINK_END, 1)
-    reasoning, content = reasoning.strip(), content.lstrip("\n")
+    body = THINK_START + "\n" + text if thinking_open else text
+    if not body.lstrip().startswith(THINK_START):
+        return "", text
+    body = body.lstrip()[len(THINK_START):]
+    reasoning, _, content = body.partition(THINK_END)       # no </think> yet: still thinking
+    if not reasoning.strip():
+        reasoning = ""
     if reasoning_format == "deepseek-legacy":
         return reasoning, text
-    return reasoning, content
+    return reasoning, content.lstrip()
 
 
 _FUNC_RE = re.compile(r"<function=([^>\n]+)>\n?(.*?)</function>", re.S)
@@ -188,15 +188,17 @@ def _param_types(tools: list[dict] | None) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _typed_value(raw: str, schema_type: Any) -> Any:
-    """A `string` parameter is taken raw; any other type is parsed as JSON (falling back to the raw text)."""
+def _json_value(raw: str, schema_type: Any) -> str:
+    """The argument's JSON text as llama.cpp writes it: a `string` parameter is JSON-encoded; any other value that
+    is valid JSON is kept verbatim (its own spacing included), else it is encoded as a string."""
     if schema_type == "string" or (isinstance(schema_type, list) and "string" in schema_type and
                                    not raw.lstrip().startswith(("{", "["))):
-        return raw
+        return json.dumps(raw, ensure_ascii=False)
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
+        json.loads(raw)
         return raw
+    except json.JSONDecodeError:
+        return json.dumps(raw, ensure_ascii=False)
 
 
 def parse_tool_calls(text: str, tools: list[dict] | None = None) -> tuple[str, list[ToolCall]]:
@@ -211,10 +213,10 @@ def parse_tool_calls(text: str, tools: list[dict] | None = None) -> tuple[str, l
         for name, body in _FUNC_RE.findall(block):
             name = name.strip()
             schema = types.get(name, {})
-            args = {k.strip(): _typed_value(v, schema.get(k.strip(), "string")) for k, v in _PARAM_RE.findall(body)}
-            # compact, as llama.cpp's nlohmann::json::dump() writes it
-            calls.append(ToolCall(name, json.dumps(args, ensure_ascii=False, separators=(",", ":"))))
-    return text[:first].rstrip("\n"), calls
+            args = [json.dumps(k.strip(), ensure_ascii=False) + ":" + _json_value(v, schema.get(k.strip(), "string"))
+                    for k, v in _PARAM_RE.findall(body)]
+            calls.append(ToolCall(name, "{" + ",".join(args) + "}"))
+    return text[:first], calls
 
 
 def parse_output(text: str, reasoning_format: str = "auto", thinking_open: bool = True,

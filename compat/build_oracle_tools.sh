@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Build compat/llama_logits.cpp and compat/llama_chat.cpp against the llama.cpp tree that
+# compat/build_llamacpp.sh built (run that first). They land beside llama.cpp's own tools in build-cpu/bin.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+CACHE="${LLAMACMP_CACHE:-$HOME/.cache/llamacmp}"
+SRC="$CACHE/llama.cpp-49bfddeca"
+B="$SRC/build-cpu"
+[[ -f "$B/src/libllama.a" && -f "$B/common/libcommon.a" ]] || { echo "run compat/build_llamacpp.sh first" >&2; exit 1; }
+INC=(-I"$SRC/include" -I"$SRC/ggml/include" -I"$SRC/common" -I"$SRC/vendor")
+LIBS=("$B/common/libcommon.a" "$B/src/libllama.a" "$B/ggml/src/libggml.a" "$B/ggml/src/libggml-cpu.a"
+      "$B/ggml/src/libggml-base.a")
+for tool in llama_logits llama_chat; do
+    if [[ ! -x "$B/bin/$tool" || "$HERE/$tool.cpp" -nt "$B/bin/$tool" ]]; then
+        echo "building $tool"
+        g++ -O2 -std=c++17 "${INC[@]}" "$HERE/$tool.cpp" "${LIBS[@]}" -fopenmp -lpthread -o "$B/bin/$tool"
+    fi
+done

@@ -1,0 +1,58 @@
+"""llamacmp.chat against llama.cpp's own template rendering and output parsing (goldens from
+compat/gen_chat_goldens.py, real Qwen3.5 template)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llamacmp.chat import ChatTemplate, parse_output
+
+GOLDENS = Path(__file__).resolve().parents[1] / "compat" / "goldens"
+TEMPLATE = (Path(__file__).resolve().parents[1] / "llamacmp" / "fixtures" / "qwen35_chat_template.jinja").read_text()
+
+pytestmark = pytest.mark.compat
+
+
+def _load(name: str) -> list[dict]:
+    return [json.loads(line) for line in (GOLDENS / f"{name}.jsonl").read_text().splitlines()]
+
+
+RENDER = _load("chat_render")
+PARSE = _load("chat_parse")
+
+
+def test_enough_goldens():
+    assert len(RENDER) >= 50 and len(PARSE) >= 30
+
+
+@pytest.mark.parametrize("golden", RENDER, ids=[g["case"]["id"] for g in RENDER])
+def test_render_matches_llama_cpp(golden):
+    case = golden["case"]
+    ours = ChatTemplate(TEMPLATE).render(case["messages"], add_generation_prompt=case["add_generation_prompt"],
+                                         tools=case.get("tools"), enable_thinking=case["enable_thinking"])
+    assert ours == golden["llama.cpp"]["prompt"]
+
+
+def _as_message(parsed) -> dict:
+    msg = {"role": "assistant", "content": parsed.content}
+    if parsed.reasoning_content:
+        msg["reasoning_content"] = parsed.reasoning_content
+    if parsed.tool_calls:
+        msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in parsed.tool_calls]
+    return msg
+
+
+@pytest.mark.parametrize("golden", PARSE, ids=[g["case"]["id"] for g in PARSE])
+def test_final_parse_matches_llama_cpp(golden):
+    case = golden["case"]
+    for out, expected in zip(case["outputs"], golden["llama.cpp"]["parsed"]):
+        if out["is_partial"]:
+            continue
+        parsed = parse_output(out["text"], "auto", thinking_open=case["enable_thinking"], tools=case.get("tools"))
+        expected = {k: v for k, v in expected.items() if k != "tool_calls" or v}
+        for call in expected.get("tool_calls", []):
+            call.pop("id", None)
+        assert _as_message(parsed) == expected

@@ -1,0 +1,226 @@
+"""The engine under the server: checkpoints, prompt-cache reuse, continuous batching, cancellation.
+
+Checkpoint arithmetic is tested directly on the numpy backend; the rest over real HTTP, counting evaluated
+tokens with `timings.prompt_n` / `cache_n`.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from llamacmp.backends.base import StepBatch
+from llamacmp.backends.numpy_ref import NumpyBackend
+from llamacmp.engine.checkpoints import NumpyStateOps
+from llamacmp.engine.prompt_cache import HostCache, SlotCache, best_resume, common_prefix
+from llamacmp.loader import load_model
+from server_harness import LiveServer, write_tiny_model
+
+CPENT = 32
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("m") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def lm(model):
+    return load_model(model, NumpyBackend())
+
+
+@pytest.fixture(scope="module")
+def srv(model):
+    with LiveServer(model, "-c", "8192", "-np", "4", "-n", "12", "-cpent", str(CPENT), "--metrics") as s:
+        yield s
+
+
+# -- checkpoints -----------------------------------------------------------------------------------------------------
+
+def _feed(lm, state, toks):
+    return lm.backend.to_host(lm.model.forward(StepBatch.build([(state, toks)])))[-1]
+
+
+def test_restore_checkpoint_equals_fresh_prefill(lm):
+    ops = NumpyStateOps()
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(0, 256, 40)]
+    fresh = lm.backend.new_state(lm.cfg, 128)
+    _feed(lm, fresh, prompt[:25])                     # the same chunking, so the arithmetic is identical
+    want = _feed(lm, fresh, prompt[25:])
+
+    state = lm.backend.new_state(lm.cfg, 128)
+    _feed(lm, state, prompt[:25])
+    ckpt = ops.snapshot(state, None)
+    _feed(lm, state, [7, 8, 9, 10, 11])               # a different continuation moves the state on
+    ops.restore(state, ckpt)
+    assert state.n_past == 25
+    got = _feed(lm, state, prompt[25:])
+    np.testing.assert_array_equal(got, want)
+    whole = _feed(lm, lm.backend.new_state(lm.cfg, 128), prompt)
+    np.testing.assert_allclose(got, whole, rtol=0, atol=1e-5)   # one 40-token chunk: same up to rounding
+
+
+def test_host_state_moves_between_states(lm):
+    ops = NumpyStateOps()
+    prompt = list(range(30, 60))
+    a = lm.backend.new_state(lm.cfg, 128)
+    _feed(lm, a, prompt[:20])
+    host = ops.save_host(a, prompt[:20], None, [])
+    b = lm.backend.new_state(lm.cfg, 128)
+    ops.load_host(b, host, None)
+    np.testing.assert_array_equal(_feed(lm, b, prompt[20:]), _feed(lm, a, prompt[20:]))
+
+
+def test_best_resume_rules():
+    class C:  # a checkpoint stand-in: only pos and logits matter to the planner
+        def __init__(self, pos, logits=None):
+            self.pos, self.logits = pos, logits
+    held = list(range(100))
+    cks = [C(10), C(40), C(70)]
+    assert common_prefix(held, held[:50] + [999]) == 50
+    assert best_resume(held, cks, None, held[:50] + [999]).pos == 40       # newest checkpoint <= common prefix
+    assert best_resume(held, cks, None, held + [5]).pos == 100             # the live state itself
+    assert best_resume(held, cks, None, held).pos == 70                    # one token must be re-evaluated ...
+    assert best_resume(held, cks, np.zeros(3), held).pos == 100            # ... unless its logits are kept
+    assert best_resume(held, cks, None, [999] + held).pos == 0
+
+
+def test_slot_cache_limit_and_host_cache_lru():
+    cache = SlotCache(max_checkpoints=2)
+    for pos in (10, 20, 30):
+        cache.add_checkpoint(type("C", (), {"pos": pos, "logits": None, "nbytes": 0})())
+    assert [c.pos for c in cache.checkpoints] == [20, 30]
+    assert HostCache(0).enabled is False and HostCache(-1).enabled is True
+
+
+# -- continuous batching ---------------------------------------------------------------------------------------------------
+
+PROMPTS = ["The quick brown fox", "def main():\n    print", "recurrent state updates with", "Numbers 0123",
+           "the server streams every answer", "weights are quantized into blocks"]
+
+
+def _stream(url: str, prompt: str, n: int = 24) -> list[int]:
+    body = {"prompt": prompt, "n_predict": n, "temperature": 0, "stream": True, "cache_prompt": False}
+    toks = []
+    with httpx.stream("POST", url + "/completion", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                toks += json.loads(line[6:])["tokens"]
+    return toks
+
+
+def test_concurrent_greedy_streams_equal_alone(srv):
+    alone = [_stream(srv.url, p) for p in PROMPTS]
+    results: dict[int, list[int]] = {}
+    threads = [threading.Thread(target=lambda i=i, p=p: results.__setitem__(i, _stream(srv.url, p)))
+               for i, p in enumerate(PROMPTS)]               # 6 requests on 4 slots: two wait for a free slot
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(len(PROMPTS))] == alone
+    metrics = httpx.get(srv.url + "/metrics").text
+    per_decode = float(next(line.split()[1] for line in metrics.splitlines()
+                            if line.startswith("llamacpp:n_busy_slots_per_decode")))
+    assert per_decode > 1.0                                 # the streams really shared forward passes
+
+
+# -- prompt cache across turns ------------------------------------------------------------------------------------------------
+
+def _chat(url: str, messages: list[dict], slot: int) -> dict:
+    return httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 12, "temperature": 0,
+                                                          "id_slot": slot}, timeout=120).json()
+
+
+def _n_tokens(url: str, messages: list[dict], gen: bool = True) -> int:
+    prompt = httpx.post(url + "/apply-template", json={"messages": messages, "add_generation_prompt": gen}).json()
+    return len(httpx.post(url + "/tokenize", json={"content": prompt["prompt"]}).json()["tokens"])
+
+
+def _reply(r: dict) -> dict:
+    m = r["choices"][0]["message"]
+    return {"role": "assistant", "content": m["content"] or "", "reasoning_content": m.get("reasoning_content", "")}
+
+
+def test_three_turn_chat_and_history_edit_reprefill_only_the_suffix(srv):
+    """Turn k+1 re-evaluates only what follows turn k's reply start (the checkpoint taken where the history
+    ended); an agent that edits its last message resumes from the newest checkpoint before the edit."""
+    url, slot = srv.url, 3
+    httpx.post(url + "/slots/3?action=erase", json={})
+    sys_msg = {"role": "system", "content": "You are a helpful assistant. " * 8}
+    msgs = [sys_msg, {"role": "user", "content": "Tell me about the quick brown fox."}]
+    figures = []
+    for turn, question in enumerate(["And the lazy dog?", "What about the forest?", None]):
+        r = _chat(url, msgs, slot)
+        t, usage = r["timings"], r["usage"]
+        assert t["prompt_n"] + t["cache_n"] == usage["prompt_tokens"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == t["cache_n"]
+        if turn > 0:
+            history = _n_tokens(url, prev, gen=False)      # the previous turn's prompt up to its reply
+            # the whole history up to the previous reply is reused ...
+            assert t["cache_n"] >= history - CPENT and t["cache_n"] > 0
+            # ... so only the re-rendered previous reply + the new user message + generation prompt are evaluated
+            assert t["prompt_n"] < usage["prompt_tokens"] - history + CPENT
+        figures.append((usage["prompt_tokens"], t["cache_n"], t["prompt_n"]))
+        if question is not None:
+            prev, msgs = msgs, msgs + [_reply(r), {"role": "user", "content": question}]
+    # agent-style edit: rewrite the last user message; the shared prefix ends inside it
+    edited = msgs[:-1] + [{"role": "user", "content": "What about the forest? Answer briefly, please."}]
+    r = _chat(url, edited, slot)
+    t = r["timings"]
+    figures.append(("edit", r["usage"]["prompt_tokens"], t["cache_n"], t["prompt_n"]))
+    shared = _n_tokens(url, prev, gen=False)
+    assert t["cache_n"] >= shared - CPENT and t["prompt_n"] <= r["usage"]["prompt_tokens"] - shared + CPENT
+    # an agent that truncates history back to turn 1 resumes from a checkpoint inside that history
+    truncated = msgs[:2]
+    r = _chat(url, truncated, slot)
+    assert r["timings"]["cache_n"] >= _n_tokens(url, msgs[:2], gen=False) - CPENT
+    figures.append(("truncate", r["usage"]["prompt_tokens"], r["timings"]["cache_n"], r["timings"]["prompt_n"]))
+    print("prompt-cache figures (prompt_tokens, cache_n, prompt_n):", figures)
+
+
+def test_host_ram_cache_restores_an_evicted_conversation(model):
+    with LiveServer(model, "-c", "2048", "-np", "1", "-n", "4") as s:
+        a = {"prompt": "The quick brown fox jumps over the lazy dog. " * 4, "temperature": 0}
+        b = {"prompt": "def main():\n    print('hello, world')\n    return 0\n" * 3, "temperature": 0}
+        httpx.post(s.url + "/completion", json=a, timeout=60)
+        httpx.post(s.url + "/completion", json=b, timeout=60)      # evicts a's state from the only slot
+        again = httpx.post(s.url + "/completion", json={**a, "prompt": a["prompt"] + "Again"}, timeout=60).json()
+        assert again["timings"]["cache_n"] >= again["tokens_evaluated"] - 8
+
+
+# -- cancellation ---------------------------------------------------------------------------------------------------------------
+
+def _busy(url: str) -> list[bool]:
+    return [s["is_processing"] for s in httpx.get(url + "/slots").json()]
+
+
+def _wait_idle(url: str, timeout: float = 5.0) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not any(_busy(url)):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_disconnect_frees_the_slot(srv):
+    assert _wait_idle(srv.url)
+    body = {"prompt": "The quick brown fox", "n_predict": 100000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", srv.url + "/completion", json=body, timeout=60) as r:
+        n = 0
+        for line in r.iter_lines():
+            n += line.startswith("data: ")
+            if n == 3:
+                assert any(_busy(srv.url))
+                break                                    # leaving the block closes the connection
+    assert _wait_idle(srv.url), "a disconnected stream kept its slot"
+    # same for a non-streamed request whose client gives up
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(srv.url + "/completion", json={**body, "stream": False}, timeout=0.5)
+    assert _wait_idle(srv.url), "an abandoned request kept its slot"

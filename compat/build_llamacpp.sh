@@ -98,7 +98,7 @@ build() {
     # shellcheck disable=SC2086  # TARGETS is a word list on purpose
     cmake --build "$BUILD" --config Release -j "$JOBS" --target $TARGETS
     log "done: $BUILD/bin"
-    "$BUILD/bin/llama-tokenize" --version 2>&1 | head -2 || true
+    "$BUILD/bin/llama-cli" --version 2>&1 | head -2 || true
 }
 
 main() {

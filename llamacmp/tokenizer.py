@@ -33,8 +33,9 @@ QWEN2_PATTERN = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\
 PATTERNS = {"qwen35": QWEN35_PATTERN, "qwen2": QWEN2_PATTERN}
 
 # llama.cpp runs these patterns through std::regex, where `\s` is only the C-locale ASCII set; every non-ASCII
-# codepoint in its whitespace table is first collapsed to \v. The net effect is this explicit set
-# (notably: no \x1c-\x1f, which Python's \s would take).
+# codepoint in its whitespace table is first collapsed to \v. The net effect is this explicit set. It happens to
+# equal the `regex` module's \s (Unicode White_Space) today, but not stdlib re's (which adds \x1c-\x1f), so we
+# spell it out rather than depend on a library's Unicode tables.
 _WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 
 # Codepoints that llama.cpp's Unicode 15.1 tables call unassigned (so neither letter, number nor mark) but that

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from . import chat_api, completions, misc
+from . import anthropic, chat_api, completions, infill, misc, responses
 from .context import ServerContext
 from .errors import ApiError, error_response, not_supported
 from .openapi_bodies import body_doc
@@ -126,6 +126,18 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def chat(request: Request):
         return await chat_api.handle_chat(ctx, request, await read_body(request))
 
+    async def messages(request: Request):
+        return await anthropic.handle_messages(ctx, request, await read_body(request))
+
+    async def count_tokens(request: Request):
+        return await anthropic.handle_count_tokens(ctx, await read_body(request))
+
+    async def oai_responses(request: Request):
+        return await responses.handle_responses(ctx, request, await read_body(request))
+
+    async def fim(request: Request):
+        return await infill.handle_infill(ctx, request, await read_body(request))
+
     async def apply_template(request: Request):
         return await chat_api.handle_apply_template(ctx, await read_body(request))
 
@@ -166,6 +178,10 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     _post(app, ["/completion", "/completions"], completion, "completion")
     _post(app, ["/v1/completions"], oai_completion, "completion")
     _post(app, ["/chat/completions", "/v1/chat/completions"], chat, "chat")
+    _post(app, ["/v1/messages"], messages, "object")
+    _post(app, ["/v1/messages/count_tokens"], count_tokens, "object")
+    _post(app, ["/v1/responses", "/responses"], oai_responses, "object")
+    _post(app, ["/infill"], fim, "object")
     _post(app, ["/apply-template"], apply_template, "chat")
     _post(app, ["/tokenize"], tokenize, "tokenize")
     _post(app, ["/detokenize"], detokenize, "detokenize")

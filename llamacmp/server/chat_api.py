@@ -219,11 +219,16 @@ def _cut_partial(text: str, tag: str) -> str:
 
 # -- handler -------------------------------------------------------------------------------------------------------------
 
-async def handle_chat(ctx: ServerContext, request: Request, body: dict) -> Response:
+def prepare_chat(ctx: ServerContext, body: dict) -> tuple[ChatPrompt, GenParams, list]:
+    """Shared by every chat-shaped route (chat completions, Anthropic messages, Responses)."""
     cp = build_prompt(ctx, body)
     params = chat_gen_params(ctx, body, Fields(body).bool("stream", False), bool(cp.tools))
     hints = (cp.reply_start,) if cp.reply_start else ()
-    tasks = make_tasks(ctx, [cp.tokens], params, body, hints)
+    return cp, params, make_tasks(ctx, [cp.tokens], params, body, hints)
+
+
+async def handle_chat(ctx: ServerContext, request: Request, body: dict) -> Response:
+    cp, params, tasks = prepare_chat(ctx, body)
     cid, created = "chatcmpl-" + random_id(), int(time.time())
     if params.stream:
         include_usage = Fields(Fields(body).dict("stream_options")).bool("include_usage", False)

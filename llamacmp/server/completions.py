@@ -215,9 +215,9 @@ def _sum_usage(results: list[FinalResult]) -> dict:
 # -- streaming ------------------------------------------------------------------------------------------------------
 
 async def start_stream(ctx: ServerContext, tasks: list[CompletionTask], to_chunks, done: bool,
-                       on_end=None) -> Response:
+                       error_event: str = "") -> Response:
     """Start the tasks; an error before the first result is an ordinary error response (llama.cpp does the same),
-    later errors go into the stream as a data line."""
+    later errors go into the stream as a data line (Anthropic: an `event: error`)."""
     results = ctx.bridge.results(tasks)
     try:
         first = await results.__anext__()
@@ -232,13 +232,11 @@ async def start_stream(ctx: ServerContext, tasks: list[CompletionTask], to_chunk
             r = first
             while r is not None:
                 if isinstance(r, ErrorResult):
-                    yield sse.error_data(error_json(r))
+                    yield sse.event(error_event, error_json(r)) if error_event else sse.error_data(error_json(r))
                     return
                 for chunk in to_chunks(r):
                     yield sse.data(chunk) if not isinstance(chunk, str) else chunk
                 r = await _next(results)
-            for chunk in (on_end() if on_end else []):
-                yield sse.data(chunk) if not isinstance(chunk, str) else chunk
             if done:
                 yield sse.DONE
         finally:

@@ -6,6 +6,8 @@
 #   --cuda:              $CACHE/llama.cpp-49bfddeca/build-cuda/bin/llama-*  (sm_90, for the device machine)
 # CACHE = ${LLAMACMP_CACHE:-$HOME/.cache/llamacmp}. The tree lives outside the repo on purpose: it is ~300 MB
 # unpacked and only the goldens it produces are committed. Re-running reuses the download, the tree and the build.
+# Offline (e.g. the device machine): point LLAMACPP_SDIST at a copy of llama_cpp_python-0.3.17.tar.gz, or set
+# LLAMACMP_CACHE to a folder that already holds llama.cpp-49bfddeca/ (the tree alone is enough).
 set -euo pipefail
 
 SDIST_VERSION=0.3.17
@@ -34,7 +36,7 @@ log() { echo "[build_llamacpp $(date +%H:%M:%S)] $*"; }
 
 fetch_sdist() {
     local dl="$CACHE/sdist"
-    local tarball="$dl/llama_cpp_python-$SDIST_VERSION.tar.gz"
+    local tarball="${LLAMACPP_SDIST:-$dl/llama_cpp_python-$SDIST_VERSION.tar.gz}"
     if [[ ! -f "$tarball" ]]; then
         mkdir -p "$dl"
         log "downloading llama-cpp-python==$SDIST_VERSION sdist"
@@ -58,7 +60,10 @@ record_commit() {
 }
 
 unpack_tree() {
-    [[ -f "$SRC/CMakeLists.txt" && -f "$SRC/COMMIT" ]] && return 0
+    if [[ -f "$SRC/CMakeLists.txt" ]]; then
+        [[ -f "$SRC/COMMIT" ]] || log "WARNING: reusing $SRC without a recorded COMMIT"
+        return 0
+    fi
     local tarball tmp top
     tarball="$(fetch_sdist)"
     tmp="$(mktemp -d "$CACHE/unpack.XXXXXX")"

@@ -178,7 +178,8 @@ class Tokenizer:
         self._bpe = _WordBPE(_bpe_vocab(tokens, self._types), _parse_merges(merges))
         self._specials = _special_tokens(tokens, self._types)
         self._special_probe = {ps: _probe(self._specials, ps) for ps in (False, True)}
-        self._pieces: dict[tuple[int, bool], bytes] = {}
+        # filled lazily, one table per `special` setting; list indexing keeps decode at C speed
+        self._pieces: dict[bool, list[bytes | None]] = {True: [None] * self.n_vocab, False: [None] * self.n_vocab}
         self.eog_ids = _eog_ids(tokens, eos_id)
 
     @classmethod
@@ -219,15 +220,15 @@ class Tokenizer:
 
     def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
         """The bytes llama_token_to_piece writes (lstrip 0). `special=False` hides CONTROL/UNKNOWN tokens."""
-        key = (token_id, special)
-        piece = self._pieces.get(key)
+        if not 0 <= token_id < self.n_vocab:
+            raise ValueError(f"token id {token_id} is out of range [0, {self.n_vocab})")
+        table = self._pieces[bool(special)]
+        piece = table[token_id]
         if piece is None:
-            piece = self._pieces[key] = self._piece(token_id, special)
+            piece = table[token_id] = self._piece(token_id, special)
         return piece
 
     def _piece(self, token_id: int, special: bool) -> bytes:
-        if not 0 <= token_id < self.n_vocab:
-            raise ValueError(f"token id {token_id} is out of range [0, {self.n_vocab})")
         kind = self._types[token_id]
         text = self.tokens[token_id]
         if kind in (CONTROL, UNKNOWN):
@@ -240,7 +241,13 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int], special: bool = True) -> str:
         """Concatenated pieces, invalid UTF-8 replaced by U+FFFD."""
-        return b"".join(self.token_to_piece(i, special) for i in ids).decode("utf-8", errors="replace")
+        ids = ids if isinstance(ids, list) else list(ids)
+        table, piece = self._pieces[bool(special)], self.token_to_piece
+        try:
+            parts = [table[i] if i >= 0 and table[i] is not None else piece(i, special) for i in ids]
+        except IndexError:
+            parts = [piece(i, special) for i in ids]  # raises the out-of-range error with the id in it
+        return b"".join(parts).decode("utf-8", errors="replace")
 
     def stream_decoder(self, special: bool = True) -> "StreamDecoder":
         return StreamDecoder(self, special)
@@ -289,20 +296,18 @@ def _effective_types(tokens: Sequence[str], types: Sequence[int]) -> list[int]:
 
 def _bpe_vocab(tokens: Sequence[str], types: Sequence[int]) -> dict[str, int]:
     vocab: dict[str, int] = {}
-    for i, (text, kind) in enumerate(zip(tokens, types)):
-        if kind == NORMAL and text not in vocab:
-            vocab[text] = i
+    for i, kind in enumerate(types):
+        if kind == NORMAL:
+            vocab[tokens[i]] = i  # the last id wins for duplicate texts, as in llama.cpp's token_to_id
     return vocab
 
 
 def _parse_merges(merges: Sequence[str]) -> list[tuple[str, str]]:
-    out = []
-    for m in merges:
-        left, sep, right = m.partition(" ")
-        if not sep:
-            raise ValueError(f"tokenizer.ggml.merges entry {m!r} is not 'left right'")
-        out.append((left, right))
-    return out
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    bad = next((m for m, p in zip(merges, pairs) if len(p) != 2), None)
+    if bad is not None:
+        raise ValueError(f"tokenizer.ggml.merges entry {bad!r} is not 'left right'")
+    return pairs  # type: ignore[return-value]
 
 
 def _special_tokens(tokens: Sequence[str], types: Sequence[int]) -> list[_Special]:
@@ -347,11 +352,17 @@ def _byte_level_decode(text: str) -> bytes:
 
 
 def _eog_ids(tokens: Sequence[str], eos_id: int | None) -> frozenset[int]:
-    eog = {i for i, t in enumerate(tokens) if t in _EOG_TEXTS}
+    wanted = _EOG_TEXTS.union(_FIM_PAD_TEXTS, _FIM_REP_TEXTS, _FIM_SEP_TEXTS)
+    by_text: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        if t in wanted:
+            by_text[t] = i  # the last id wins for duplicate texts, as in llama.cpp's token_to_id
+    eog = {i for t, i in by_text.items() if t in _EOG_TEXTS}
     for texts in (_FIM_PAD_TEXTS, _FIM_REP_TEXTS, _FIM_SEP_TEXTS):
-        first = next((i for i, t in enumerate(tokens) if t in texts), None)
-        if first is not None:
-            eog.add(first)
+        ids = [by_text[t] for t in texts if t in by_text]
+        if ids:
+            # llama.cpp keeps the first match in hash-map order (unspecified); real vocabularies have one of each
+            eog.add(min(ids))
     if eos_id is not None and 0 <= eos_id < len(tokens):
         eog.add(eos_id)
     return frozenset(eog)

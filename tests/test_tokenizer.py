@@ -205,3 +205,11 @@ def test_decode_invalid_utf8_is_replaced(qwen):
     dec = qwen.stream_decoder()
     assert dec.push(byte_c3) == "" and dec.flush() == "\ufffd"
     assert qwen.decode(lone) == "é"
+
+
+def test_out_of_range_ids_are_named(tiny):
+    for bad in (-1, tiny.n_vocab):
+        with pytest.raises(ValueError, match=str(bad)):
+            tiny.decode([0, bad])
+        with pytest.raises(ValueError, match="out of range"):
+            tiny.token_to_piece(bad)

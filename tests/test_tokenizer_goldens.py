@@ -47,3 +47,21 @@ def test_goldens_roundtrip_through_decode(qwen):
     for c in _goldens():
         if c["parse_special"]:
             assert qwen.decode(c["ids"]) == c["text"]
+
+
+def _llamacpp_tree() -> Path:
+    import os
+    cache = Path(os.environ.get("LLAMACMP_CACHE", Path.home() / ".cache" / "llamacmp"))
+    return cache / "llama.cpp-49bfddeca"
+
+
+@pytest.mark.skipif(not (_llamacpp_tree() / "src" / "unicode-data.cpp").exists(),
+                    reason="llama.cpp tree absent (run compat/build_llamacpp.sh)")
+def test_unassigned_remap_matches_llamacpp_tables():
+    """The remap table must equal the difference between llama.cpp's Unicode tables and the installed `regex`
+    (a new `regex` release with a newer Unicode would add letters llama.cpp does not know)."""
+    import sys
+    sys.path.insert(0, str(GOLDENS.parent.parent))
+    from gen_tokenize_goldens import unicode_diff
+    from llamacmp.tokenizer import _UNASSIGNED_IN_LLAMACPP
+    assert tuple(unicode_diff(_llamacpp_tree())) == _UNASSIGNED_IN_LLAMACPP

@@ -9,12 +9,14 @@ with vocab_only), generate a fixed corpus of strings, and tokenize them all with
 parse_special mode. Strings are joined by a separator that is itself a special token (`</tool_response>`,
 USER_DEFINED, so it is cut in both modes): llama.cpp tokenizes each raw fragment on its own, so splitting the
 output ids at the separator's id gives exactly the per-string results. The separator text is kept out of the
-corpus. Build llama.cpp first with compat/build_llamacpp.sh.
+corpus. Lines without a "pre" field are for `qwen35`; the first strings are repeated with "pre": "qwen2".
+Build llama.cpp first with compat/build_llamacpp.sh.
 """
 from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
 import json
 import os
 import random
@@ -210,24 +212,35 @@ def _split_ids(ids: list[int], sep_id: int, n: int) -> list[list[int]]:
     return groups
 
 
+N_QWEN2 = 400  # the older `qwen2` pre-tokenizer (no \p{M}) is checked on the first strings of the corpus
+
+
 def generate(bin_dir: Path, out: Path) -> None:
     vocab = qv.load_qwen35_vocab()
     sep_id = vocab.tokens.index(SEPARATOR)
     texts = corpus()
+    tool = bin_dir / "llama-tokenize"
     with tempfile.TemporaryDirectory() as tmp:
         gguf_path = write_vocab_gguf(Path(tmp) / "qwen35-vocab.gguf", vocab)
-        on = tokenize_all(bin_dir / "llama-tokenize", gguf_path, texts, True, sep_id)
-        off = tokenize_all(bin_dir / "llama-tokenize", gguf_path, texts, False, sep_id)
+        on = tokenize_all(tool, gguf_path, texts, True, sep_id)
+        off = tokenize_all(tool, gguf_path, texts, False, sep_id)
+        qwen2_path = write_vocab_gguf(Path(tmp) / "qwen2-vocab.gguf", dataclasses.replace(vocab, pre="qwen2"))
+        qwen2 = tokenize_all(tool, qwen2_path, texts[:N_QWEN2], True, sep_id)
     out.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     with out.open("w", encoding="utf-8") as f:
         for text, a, b in zip(texts, on, off):
-            f.write(json.dumps({"text": text, "parse_special": True, "ids": a}, ensure_ascii=False) + "\n")
-            n += 1
+            n += _write(f, {"text": text, "parse_special": True, "ids": a})
             if "<" in text or a != b:  # without special-looking text the two modes cannot differ; save space
-                f.write(json.dumps({"text": text, "parse_special": False, "ids": b}, ensure_ascii=False) + "\n")
-                n += 1
+                n += _write(f, {"text": text, "parse_special": False, "ids": b})
+        for text, ids in zip(texts, qwen2):
+            n += _write(f, {"text": text, "parse_special": True, "ids": ids, "pre": "qwen2"})
     print(f"wrote {n} goldens ({len(texts)} strings) to {out} ({out.stat().st_size / 1e6:.2f} MB)")
+
+
+def _write(f, case: dict) -> int:
+    f.write(json.dumps(case, ensure_ascii=False) + "\n")
+    return 1
 
 
 # ---------------------------------------------------------------------------------------------------------------

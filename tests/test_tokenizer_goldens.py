@@ -21,32 +21,37 @@ def _goldens() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def qwen() -> Tokenizer:
+def tokenizers() -> dict[str, Tokenizer]:
+    """One tokenizer per pre-tokenizer in the goldens (lines without "pre" are qwen35)."""
     v = qv.load_qwen35_vocab()
-    return Tokenizer.from_metadata(v.tokens, v.merges, v.token_types, v.pre, v.eos_id, v.bos_id, v.add_bos)
+    return {pre: Tokenizer.from_metadata(v.tokens, v.merges, v.token_types, pre, v.eos_id, v.bos_id, v.add_bos)
+            for pre in ("qwen35", "qwen2")}
 
 
 def test_goldens_are_substantial():
     cases = _goldens()
     assert len(cases) >= 2000
     assert {c["parse_special"] for c in cases} == {True, False}
+    assert {c.get("pre", "qwen35") for c in cases} == {"qwen35", "qwen2"}
 
 
-def test_every_golden_is_identical(qwen):
+def test_every_golden_is_identical(tokenizers):
     mismatches = []
     cases = _goldens()
     for c in cases:
-        ours = qwen.encode(c["text"], parse_special=c["parse_special"])
+        pre = c.get("pre", "qwen35")
+        ours = tokenizers[pre].encode(c["text"], parse_special=c["parse_special"])
         if ours != c["ids"]:
-            mismatches.append((c["text"], c["parse_special"], ours, c["ids"]))
-    detail = "\n".join(f"{t!r} parse_special={p}\n  ours  {o}\n  llama {g}" for t, p, o, g in mismatches[:10])
+            mismatches.append((c["text"], pre, c["parse_special"], ours, c["ids"]))
+    detail = "\n".join(f"{t!r} pre={pre} parse_special={p}\n  ours  {o}\n  llama {g}"
+                       for t, pre, p, o, g in mismatches[:10])
     assert not mismatches, f"{len(mismatches)}/{len(cases)} goldens differ:\n{detail}"
 
 
-def test_goldens_roundtrip_through_decode(qwen):
+def test_goldens_roundtrip_through_decode(tokenizers):
     for c in _goldens():
         if c["parse_special"]:
-            assert qwen.decode(c["ids"]) == c["text"]
+            assert tokenizers["qwen35"].decode(c["ids"]) == c["text"]
 
 
 def _llamacpp_tree() -> Path:

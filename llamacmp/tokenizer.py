@@ -149,7 +149,8 @@ class _WordBPE:
         return list(chain.from_iterable(map(cache.__getitem__, words)))
 
     def _word_ids(self, word: str) -> list[int]:
-        encoded = word.encode("utf-8").decode("latin-1").translate(_BYTE_TO_CHAR)
+        # surrogatepass: a lone surrogate (possible in JSON input) becomes the 3 bytes llama.cpp would also see
+        encoded = word.encode("utf-8", "surrogatepass").decode("latin-1").translate(_BYTE_TO_CHAR)
         return [t.id for t in self._model.tokenize(encoded)]
 
 

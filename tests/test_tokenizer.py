@@ -213,3 +213,8 @@ def test_out_of_range_ids_are_named(tiny):
             tiny.decode([0, bad])
         with pytest.raises(ValueError, match="out of range"):
             tiny.token_to_piece(bad)
+
+
+def test_lone_surrogate_does_not_raise(tiny):
+    ids = tiny.encode("a\ud800b")
+    assert tiny.decode(ids) == "a\ufffd\ufffd\ufffdb"

@@ -138,15 +138,16 @@ class _WordBPE:
 
     def encode_words(self, words: list[str]) -> list[int]:
         # Deduplicate first, then flatten with C-level iteration: per-word Python calls would dominate.
+        # The per-call dict keeps this safe when several threads share the tokenizer (one may clear the cache).
         cache = self._cache
-        missing = {w for w in words if w not in cache}
+        local = {w: cache.get(w) for w in set(words)}
+        missing = [w for w, ids in local.items() if ids is None]
         if missing:
             if len(cache) + len(missing) > self._CACHE_LIMIT:
                 cache.clear()
-                missing = set(words)
             for w in missing:
-                cache[w] = self._word_ids(w)
-        return list(chain.from_iterable(map(cache.__getitem__, words)))
+                local[w] = cache[w] = self._word_ids(w)
+        return list(chain.from_iterable(map(local.__getitem__, words)))
 
     def _word_ids(self, word: str) -> list[int]:
         # surrogatepass: a lone surrogate (possible in JSON input) becomes the 3 bytes llama.cpp would also see

@@ -218,3 +218,14 @@ def test_out_of_range_ids_are_named(tiny):
 def test_lone_surrogate_does_not_raise(tiny):
     ids = tiny.encode("a\ud800b")
     assert tiny.decode(ids) == "a\ufffd\ufffd\ufffdb"
+
+
+def test_concurrent_encodes_agree_while_the_word_cache_churns():
+    from concurrent.futures import ThreadPoolExecutor
+    tok = _make(qv.tiny_vocab())
+    tok._bpe._CACHE_LIMIT = 8  # force frequent clears from other threads
+    texts = [CASES[k] * 20 for k in sorted(CASES)]
+    expected = [_make(qv.tiny_vocab()).encode(t) for t in texts]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            assert list(pool.map(tok.encode, texts)) == expected

@@ -25,3 +25,15 @@ def fixture_gguf(tmp_path_factory, tiny_vocab):
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def cuda_backend():
+    """One CudaBackend for the session, or a skip that says why there is none."""
+    from llamacmp.lib._native import library_path
+    from llamacmp.backends.cuda import CudaBackend, cuda_available
+    if not library_path().exists():
+        pytest.skip(f"{library_path()} is not built (run `make`; needs nvcc)")
+    if not cuda_available():
+        pytest.skip("libcmpkern.so loads but sees no CUDA GPU (or the driver is too old for its runtime)")
+    return CudaBackend()

@@ -1,0 +1,111 @@
+// The only exported C ABI of libcmpkern.so. llamacmp/lib/_native.py mirrors this file in one ctypes table.
+//
+// Rules: every function returns 0 on success or a CmpError code; cmp_last_error() then gives the text (per
+// thread). The library never prints and never exits. All device pointers are plain cudaMalloc'd memory; shapes use
+// the letters of llamacmp/backends/base.py (T tokens, L tokens of one segment, D hidden, Hq/Hk heads, Dh head dim,
+// K/V GDN heads, Dk/Dv their dims, C conv channels). Matrices are row-major. Everything runs on the library's one
+// stream (cmp_init); only cmp_memcpy_d2h and cmp_synchronize wait for it.
+//
+// Kernels that need a sequence position read it from device memory (`pos`), so a decode step can be captured as a
+// CUDA graph and replayed with new positions.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum CmpError { CMP_OK = 0, CMP_ERR_CUDA = 1, CMP_ERR_ARG = 2, CMP_ERR_UNSUPPORTED = 3, CMP_ERR_NOMEM = 4 };
+enum CmpDtype { CMP_F32 = 0, CMP_F16 = 1 };
+
+const char* cmp_last_error(void);
+
+// ---- memory.cu: device, allocation, copies, stream -------------------------------------------------------------
+int cmp_init(int device);                                   // select the device, create the library's stream
+int cmp_device_count(int* n);
+int cmp_device_name(char* buf, int len);
+int cmp_mem_info(size_t* free_bytes, size_t* total_bytes);
+int cmp_malloc(void** ptr, size_t bytes);                   // returns CMP_ERR_NOMEM when it does not fit
+int cmp_free(void* ptr);
+int cmp_memcpy_h2d(void* dst, const void* src, size_t bytes);
+int cmp_memcpy_d2h(void* dst, const void* src, size_t bytes);   // waits for the stream
+int cmp_memcpy_d2d(void* dst, const void* src, size_t bytes);
+int cmp_memset(void* ptr, int value, size_t bytes);
+int cmp_synchronize(void);
+// CUDA graphs of the library stream: begin capturing (relaxed mode: nothing runs until launched), end and
+// instantiate into *exec (an opaque cudaGraphExec_t), replay, destroy. Captured kernels read positions and token
+// ids from device buffers, so one capture serves every decode step of a fixed batch shape.
+int cmp_graph_begin(void);
+int cmp_graph_end(void** exec);
+int cmp_graph_launch(void* exec);
+int cmp_graph_destroy(void* exec);
+// Timing helpers for benchmarks: event pairs on the library stream. ms = elapsed between the two records.
+int cmp_timer_start(void);
+int cmp_timer_stop(float* ms);
+
+// ---- quantize.cu ----------------------------------------------------------------------------------------------
+// x [T, n] f32 -> q [T, n] int8, d [T, n/32] f32: per 32-block d = max|x|/127, q = roundf(x/d). n % 32 == 0.
+int cmp_quantize_q8(const float* x, int8_t* q, float* d, int T, int n);
+// GGUF Q8_0 bytes blocks [rows, n/32, 34] (f16 scale then 32 int8) -> qs [rows, n] int8, d [rows, n/32] f16.
+int cmp_q8_repack(const uint8_t* blocks, int8_t* qs, void* d, int rows, int n);
+
+// ---- matmul_q8.cu ---------------------------------------------------------------------------------------------
+// y [T, rows] = x [T, n] . W [rows, n]^T with x given as cmp_quantize_q8 output (xq [T, n], xd [T, n/32]) and
+// W as qs [rows, n] int8 + wd [rows, n/32] f16. DP4A integer block dots, fp32 accumulation.
+int cmp_matmul_q8(const int8_t* xq, const float* xd, const int8_t* wq, const void* wd, float* y,
+                  int T, int rows, int n);
+// The same for `count` (1..4) matrices that share x, in one launch when T <= 8: wq[i] [rows[i], n],
+// wd[i] [rows[i], n/32], y[i] [T, rows[i]]; the pointer arrays and rows[] are host memory.
+int cmp_matmul_q8_multi(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
+                        float* const* y, const int* rows, int T, int n);
+// y [T, rows] = x [T, n] f32 . W [rows, n]^T, W f32 or f16 (w_dtype: CmpDtype), fp32 accumulation.
+int cmp_matmul_f(const float* x, const void* w, int w_dtype, float* y, int T, int rows, int n);
+
+// ---- elementwise.cu -------------------------------------------------------------------------------------------
+// out [T, D] = table[ids[t]]; Q8 table qs [N, D] int8 + d [N, D/32] f16; ids [T] int32 on the device.
+int cmp_embed_q8(const int32_t* ids, const int8_t* qs, const void* d, float* out, int T, int D);
+// out [T, D] = table[ids[t]]; table [N, D] f32 or f16.
+int cmp_embed_f(const int32_t* ids, const void* table, int dtype, float* out, int T, int D);
+// y [T, D] = x / rms(x) * w, w [D].
+int cmp_rmsnorm(const float* x, const float* w, float* y, int T, int D, float eps);
+int cmp_add(const float* x, const float* y, float* out, size_t n);           // out [n] = x + y
+int cmp_swiglu(const float* gate, const float* up, float* out, size_t n);    // out [n] = silu(gate) * up
+int cmp_sigmoid_mul(const float* x, const float* gate, float* out, size_t n);  // out [n] = x * sigmoid(gate)
+// out [R, D] = x [T, D] rows `rows` [R] int32 (device).
+int cmp_gather_rows(const float* x, const int32_t* rows, float* out, int R, int D);
+// qg [T, Hq, 2, Dh] (per head q then gate), k [T, Hk, Dh], q_norm/k_norm [Dh], pos [T] int32 (device) ->
+// q_out [T, Hq, Dh], k_out [T, Hk, Dh]: per-head RMSNorm * norm weight, then NeoX rotation of the first n_rot dims;
+// gate_out [T, Hq*Dh].
+int cmp_attention_prep(const float* qg, const float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
+                       float* q_out, float* k_out, float* gate_out, int T, int Hq, int Hk, int Dh, int n_rot,
+                       float rope_base, float eps);
+// alpha, beta [T, V], dt_bias, ssm_a [V] -> g [T, V] = softplus(alpha + dt_bias) * ssm_a, b [T, V] = sigmoid(beta).
+int cmp_gdn_gates(const float* alpha, const float* beta, const float* dt_bias, const float* ssm_a, float* g, float* b,
+                  int T, int V);
+// o, z [T, V*Dv], w [Dv] -> out [T, V*Dv] = rmsnorm_per_head(o) * w * silu(z).
+int cmp_gated_rmsnorm(const float* o, const float* z, const float* w, float* out, int T, int V, int Dv, float eps);
+
+// ---- attention.cu ---------------------------------------------------------------------------------------------
+// One segment of L tokens at positions pos [L] (device). k, v [L, Hk, Dh] f32 -> cache rows kc/vc [n_ctx, Hk, Dh]
+// (kv_dtype CmpDtype) at pos[t].
+int cmp_kv_write(const float* k, const float* v, const int32_t* pos, void* kc, void* vc, int kv_dtype, int L, int Hk,
+                 int Dh);
+// q [L, Hq, Dh] f32, caches kc/vc [n_ctx, Hk, Dh] (rows 0 .. pos[L-1] valid), pos [L] (device) -> out [L, Hq*Dh]:
+// causal softmax(q k^T * scale) v, GQA (q head h reads kv head h / (Hq/Hk)). The keys are split into n_split
+// ranges whose partial results are merged by log-sum-exp; work [n_split, L*Hq, Dh+2] f32 is needed when n_split > 1.
+int cmp_attention(const float* q, const void* kc, const void* vc, int kv_dtype, const int32_t* pos, float* out,
+                  float* work, int L, int Hq, int Hk, int Dh, float scale, int n_split);
+
+// ---- gdn.cu ---------------------------------------------------------------------------------------------------
+// One segment. x [L, C], w [C, kernel], state [kernel-1, C] -> out [L, C] = silu(causal depthwise conv over
+// [state; x]); state <- the last kernel-1 rows of [state; x]. kernel <= 8.
+int cmp_conv1d_silu(const float* x, const float* w, float* state, float* out, int L, int C, int kernel);
+// One segment. qkv [L, C] (C = 2*K*Dk + V*Dv, Dv == Dk), g, b [L, V], state [V, Dk, Dv] f32 -> o [L, V*Dv]:
+// the gated delta rule (base.Backend.gdn), q/k L2-normalised with eps, q scaled by 1/sqrt(Dk). Updates state.
+int cmp_gdn(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V, int Dk,
+            float eps);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,86 @@
+// Shared by every .cu: the error slot behind cmp_last_error, argument and launch checks, warp/block reductions,
+// the library stream. No kernel lives here.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "api.h"
+
+namespace cmp {
+
+constexpr int QK = 32;  // values per Q8 block (weights Q8_0 and activations alike)
+
+// ---- errors -----------------------------------------------------------------------------------------------------
+// Set the per-thread message and return the code, so that a launcher can `return fail(...)`.
+int fail(int code, const char* fmt, ...);
+// The stream every kernel and copy runs on (created by cmp_init; the legacy default stream before that).
+cudaStream_t stream();
+
+inline int check_cuda(cudaError_t e, const char* what) {
+    return e == cudaSuccess ? CMP_OK : fail(CMP_ERR_CUDA, "%s: %s", what, cudaGetErrorString(e));
+}
+
+// The one launch check: a bad configuration surfaces in cudaGetLastError right after the launch.
+inline int check_launch(const char* kernel) { return check_cuda(cudaGetLastError(), kernel); }
+
+#define CMP_REQUIRE(cond, ...)                                  \
+    do {                                                        \
+        if (!(cond)) return ::cmp::fail(CMP_ERR_ARG, __VA_ARGS__); \
+    } while (0)
+
+#define CMP_TRY(expr)                         \
+    do {                                      \
+        int cmp_rc_ = (expr);                 \
+        if (cmp_rc_ != CMP_OK) return cmp_rc_; \
+    } while (0)
+
+inline unsigned ceil_div(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+
+// ---- reductions ---------------------------------------------------------------------------------------------------
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` holds 32 floats of shared memory; the function syncs before reusing it.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarp ? scratch[lane] : 0.f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x / (1.f + __expf(-x)); }
+
+// Loads of either cache/weight element type as float.
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ void from_f32(float& dst, float x) { dst = x; }
+__device__ __forceinline__ void from_f32(__half& dst, float x) { dst = __float2half_rn(x); }
+
+// One templated dispatch over the two float storage types (CmpDtype), instead of if-ladders in every launcher.
+template <typename F>
+int dispatch_dtype(int dtype, F&& f) {
+    switch (dtype) {
+        case CMP_F32: return f(float{});
+        case CMP_F16: return f(__half{});
+        default: return fail(CMP_ERR_ARG, "unknown dtype code %d (0 = f32, 1 = f16)", dtype);
+    }
+}
+
+}  // namespace cmp

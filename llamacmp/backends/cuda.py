@@ -1,0 +1,446 @@
+"""The CUDA backend: every op of base.Backend on libcmpkern.so kernels (DP4A / FP32 / HFMA2, no tensor cores).
+
+Tensors live in one arena per device (`DeviceArena`): device memory taken in large chunks up to a cap fixed when
+the backend is made, and handed out through per-size free lists, so the repeated shapes of a forward pass reuse
+the same blocks without a cudaMalloc per op. A `DeviceTensor` gives its block back when Python drops it.
+Numerics follow numpy_ref.py (the specification): fp32 activations and residual, fp32 GDN state, KV f16 or f32,
+Q8_0 weights against Q8 activations with integer dots.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..gguf_file import Q8_0_BLOCK, Q8Tensor
+from ..lib._native import CMP_F16, CMP_F32, CMP_ERR_NOMEM, Native, NativeError, cuda_available
+from .base import Backend, Segment, SeqState, StepBatch
+
+__all__ = ["CudaBackend", "CapturedStep", "DeviceTensor", "DeviceArena", "DeviceMemoryError", "cuda_available"]
+
+_DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "i8": np.int8, "u8": np.uint8}
+_KV_CODES = {"f32": CMP_F32, "f16": CMP_F16}
+_ALIGN = 256
+_CHUNK = 512 << 20
+_MIB = 1 << 20
+
+
+class DeviceMemoryError(MemoryError):
+    """The arena cannot hold a tensor; the message says what and which command-line flag helps."""
+
+
+def _size_class(nbytes: int) -> int:
+    """Round up to 256 B, then to one of 8 steps per power of two, so that varying batch sizes reuse blocks."""
+    n = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
+    if n <= 64 * _ALIGN:
+        return n
+    step = 1 << (n.bit_length() - 4)
+    return -(-n // step) * step
+
+
+class DeviceArena:
+    """Device memory of one GPU: chunks cudaMalloc'd on demand up to `cap` bytes, split by bump allocation, with
+    freed blocks kept on free lists by size class."""
+
+    def __init__(self, native: Native, cap: int):
+        self.native, self.cap = native, cap
+        self.chunks: list[int] = []
+        self.reserved = 0           # bytes cudaMalloc'd
+        self.in_use = 0             # bytes handed out
+        self._cur, self._cur_left = 0, 0
+        self._free: dict[int, list[int]] = {}
+
+    def alloc(self, nbytes: int, what: str) -> tuple[int, int]:
+        """-> (device pointer, size class). Raises DeviceMemoryError naming `what`."""
+        cls = _size_class(nbytes)
+        free = self._free.get(cls)
+        if free:
+            self.in_use += cls
+            return free.pop(), cls
+        if cls > self._cur_left:
+            self._new_chunk(max(_CHUNK, cls), what, cls)
+        ptr = self._cur
+        self._cur += cls
+        self._cur_left -= cls
+        self.in_use += cls
+        return ptr, cls
+
+    def _new_chunk(self, size: int, what: str, need: int) -> None:
+        size = min(size, max(self.cap - self.reserved, need))
+        if self.reserved + size > self.cap:
+            raise self._full(what, need)
+        try:
+            ptr = self.native.malloc(size)
+        except NativeError as e:
+            if e.code != CMP_ERR_NOMEM:
+                raise
+            raise self._full(what, need) from None
+        self.chunks.append(ptr)
+        self.reserved += size
+        self._cur, self._cur_left = ptr, size
+
+    def _full(self, what: str, need: int) -> DeviceMemoryError:
+        return DeviceMemoryError(
+            f"out of device memory: {what} needs {need / _MIB:.1f} MiB with {self.in_use / _MIB:.0f} MiB in use "
+            f"of the {self.cap / _MIB:.0f} MiB arena; use a smaller context (-c), an f16 KV cache (-ctk/-ctv f16), "
+            f"fewer parallel slots (-np), or keep fewer layers on the GPU (-ngl)")
+
+    def release(self, ptr: int, cls: int) -> None:
+        self._free.setdefault(cls, []).append(ptr)
+        self.in_use -= cls
+
+    def close(self) -> None:
+        for p in self.chunks:
+            self.native.cmp_free(p)
+        self.chunks.clear()
+        self._free.clear()
+        self.reserved = self.in_use = self._cur_left = 0
+
+
+class DeviceTensor:
+    """A block of the arena seen as a row-major array; gives the block back when dropped."""
+    __slots__ = ("ptr", "shape", "dtype", "_arena", "_cls")
+
+    def __init__(self, arena: DeviceArena, shape: tuple[int, ...], dtype: str, what: str):
+        self.shape, self.dtype = tuple(int(s) for s in shape), dtype
+        self._arena = None
+        self.ptr, self._cls = arena.alloc(max(self.nbytes, 1), what)
+        self._arena = arena
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(_DTYPES[self.dtype]).itemsize
+
+    def row_ptr(self, row: int) -> int:
+        """Address of row `row` along the first axis."""
+        return self.ptr + row * (self.nbytes // self.shape[0])
+
+    def __del__(self):
+        if self._arena is not None:
+            self._arena.release(self.ptr, self._cls)
+
+    def __repr__(self) -> str:
+        return f"DeviceTensor({self.shape}, {self.dtype}, 0x{self.ptr:x})"
+
+
+@dataclass(slots=True)
+class Q8Matrix:
+    """Q8_0 weights repacked at load: qs [rows, cols] int8 (16-byte aligned rows) and d [rows, cols/32] f16."""
+    qs: DeviceTensor
+    d: DeviceTensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.qs.shape
+
+
+@dataclass(slots=True)
+class DenseMatrix:
+    """f32 or f16 weights [rows, cols]."""
+    w: DeviceTensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.w.shape
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    MAX_FUSED = 4   # matrices per cmp_matmul_q8_multi launch
+
+    def __init__(self, device: int = 0, arena_bytes: int | None = None, native: Native | None = None,
+                 fuse_projections: bool = True):
+        """arena_bytes: the most device memory this backend may take (default: what is free now, less 512 MiB).
+        fuse_projections: Q8 projections of one input share one launch (off only to measure what it saves)."""
+        self.fuse_projections = fuse_projections
+        self.native = native or Native()
+        self.native.cmp_init(device)
+        self.device = device
+        free, _total = self.native.mem_info()
+        self.arena = DeviceArena(self.native, arena_bytes if arena_bytes is not None else max(free - 512 * _MIB, 0))
+        self.capturing = False     # set by CapturedStep: size attention splits for the whole context
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+    def empty(self, shape, dtype: str = "f32", what: str = "an activation") -> DeviceTensor:
+        return DeviceTensor(self.arena, shape, dtype, what)
+
+    def from_host(self, a: np.ndarray, dtype: str | None = None, what: str = "an input") -> DeviceTensor:
+        dtype = dtype or {np.dtype(v): k for k, v in _DTYPES.items()}[a.dtype]
+        a = np.ascontiguousarray(a, dtype=_DTYPES[dtype])
+        t = self.empty(a.shape, dtype, what)
+        if a.nbytes:
+            self.native.cmp_memcpy_h2d(t.ptr, a.ctypes.data, a.nbytes)
+        return t
+
+    def copy_from_host(self, t: DeviceTensor, a: np.ndarray) -> None:
+        """Overwrite all of `t` with `a` (converted to t's dtype; same number of elements)."""
+        a = np.ascontiguousarray(a, dtype=_DTYPES[t.dtype])
+        if a.size != t.size:
+            raise ValueError(f"copy_from_host: {a.size} elements into a tensor of {t.size}")
+        self.native.cmp_memcpy_h2d(t.ptr, a.ctypes.data, a.nbytes)
+
+    def zeros(self, shape, dtype: str, what: str) -> DeviceTensor:
+        t = self.empty(shape, dtype, what)
+        self.native.cmp_memset(t.ptr, 0, t.nbytes)
+        return t
+
+    def synchronize(self) -> None:
+        self.native.cmp_synchronize()
+
+    def _positions(self, batch: StepBatch) -> DeviceTensor:
+        """batch.positions on the device, uploaded once per batch (kernels read positions there, for graphs)."""
+        pos = batch.device.get("cuda_pos")
+        if pos is None:
+            pos = batch.device["cuda_pos"] = self.from_host(batch.positions.astype(np.int32), "i32", "positions")
+        return pos
+
+    # -- memory -------------------------------------------------------------------------------------------
+    def upload_matrix(self, w):
+        if isinstance(w, Q8Tensor):
+            rows, cols = w.shape
+            staging = self.from_host(np.ascontiguousarray(w.blocks), "u8", f"Q8_0 weights [{rows}, {cols}] (staging)")
+            m = Q8Matrix(self.empty((rows, cols), "i8", f"Q8_0 weights [{rows}, {cols}]"),
+                         self.empty((rows, cols // Q8_0_BLOCK), "f16", f"Q8_0 scales [{rows}, {cols // 32}]"))
+            self.native.cmp_q8_repack(staging.ptr, m.qs.ptr, m.d.ptr, rows, cols)
+            return m
+        w = np.asarray(w)
+        dtype = "f16" if w.dtype == np.float16 else "f32"
+        return DenseMatrix(self.from_host(w, dtype, f"weights {tuple(w.shape)}"))
+
+    def upload_vector(self, w):
+        return self.from_host(np.asarray(w, np.float32), "f32", f"weights {tuple(np.shape(w))}")
+
+    def new_state(self, cfg: ModelConfig, n_ctx: int, kv_type: str = "f16") -> SeqState:
+        if kv_type not in _KV_CODES:
+            raise ValueError(f"KV cache type '{kv_type}' is not supported by the CUDA backend (f16, f32)")
+        kv_shape = (n_ctx, cfg.n_head_kv, cfg.head_dim)
+        kv_what = f"the {kv_type} KV cache for n_ctx={n_ctx}"
+        n_attn, n_gdn = len(cfg.attn_layers), len(cfg.gdn_layers)
+        return SeqState(
+            n_ctx=n_ctx,
+            k=[self.zeros(kv_shape, kv_type, kv_what) for _ in range(n_attn)],
+            v=[self.zeros(kv_shape, kv_type, kv_what) for _ in range(n_attn)],
+            conv=[self.zeros((cfg.conv_kernel - 1, cfg.conv_channels), "f32", "the GDN conv state")
+                  for _ in range(n_gdn)],
+            ssm=[self.zeros((cfg.ssm_v_heads, cfg.ssm_head_dim, cfg.ssm_head_dim), "f32", "the GDN recurrent state")
+                 for _ in range(n_gdn)],
+        )
+
+    def state_to_host(self, state: SeqState) -> dict[str, list[np.ndarray]]:
+        n = state.n_past
+        return {"k": [self._rows_to_host(a, n) for a in state.k], "v": [self._rows_to_host(a, n) for a in state.v],
+                "conv": [self.to_host(a) for a in state.conv], "ssm": [self.to_host(a) for a in state.ssm]}
+
+    def _rows_to_host(self, t: DeviceTensor, n: int) -> np.ndarray:
+        out = np.empty((n,) + t.shape[1:], _DTYPES[t.dtype])
+        if out.nbytes:
+            self.native.cmp_memcpy_d2h(out.ctypes.data, t.ptr, out.nbytes)
+        return out.astype(np.float32)
+
+    def to_host(self, x) -> np.ndarray:
+        if isinstance(x, DenseMatrix):
+            x = x.w
+        return self._rows_to_host(x, x.shape[0]) if x.shape else np.zeros((), np.float32)
+
+    # -- row-wise ops ---------------------------------------------------------------------------------------
+    def _index_tensor(self, idx, what: str) -> DeviceTensor:
+        """Host indices are uploaded; a DeviceTensor of int32 (a captured graph's input buffer) is used as is."""
+        return idx if isinstance(idx, DeviceTensor) else self.from_host(np.asarray(idx, np.int32), "i32", what)
+
+    def embed(self, table, ids):
+        ids_d = self._index_tensor(ids, "token ids")
+        T, D = ids_d.shape[0], table.shape[1]
+        out = self.empty((T, D))
+        if isinstance(table, Q8Matrix):
+            self.native.cmp_embed_q8(ids_d.ptr, table.qs.ptr, table.d.ptr, out.ptr, T, D)
+        else:
+            self.native.cmp_embed_f(ids_d.ptr, table.w.ptr, _KV_CODES[table.w.dtype], out.ptr, T, D)
+        return out
+
+    def rmsnorm(self, x, w, eps):
+        T, D = x.shape
+        y = self.empty((T, D))
+        self.native.cmp_rmsnorm(x.ptr, w.ptr, y.ptr, T, D, eps)
+        return y
+
+    def quantize(self, x: DeviceTensor) -> tuple[DeviceTensor, DeviceTensor]:
+        """x [T, n] -> (q [T, n] int8, d [T, n/32] f32), shared by every Q8 projection of x."""
+        T, n = x.shape
+        q, d = self.empty((T, n), "i8"), self.empty((T, n // Q8_0_BLOCK), "f32")
+        self.native.cmp_quantize_q8(x.ptr, q.ptr, d.ptr, T, n)
+        return q, d
+
+    def matmuls(self, x, ws: Sequence):
+        T, n = x.shape
+        outs = []
+        for w in ws:
+            if w.shape[1] != n:
+                raise ValueError(f"matmul: input has {n} columns, weight {w.shape} expects {w.shape[1]}")
+            outs.append(self.empty((T, w.shape[0])))
+        q8 = [i for i, w in enumerate(ws) if isinstance(w, Q8Matrix)]
+        if q8:
+            xq, xd = self.quantize(x)
+            group = self.MAX_FUSED if self.fuse_projections else 1
+            for g0 in range(0, len(q8), group):
+                idx = q8[g0:g0 + group]
+                k = len(idx)
+                self.native.cmp_matmul_q8_multi(
+                    xq.ptr, xd.ptr, k, (ctypes.c_void_p * k)(*(ws[i].qs.ptr for i in idx)),
+                    (ctypes.c_void_p * k)(*(ws[i].d.ptr for i in idx)),
+                    (ctypes.c_void_p * k)(*(outs[i].ptr for i in idx)), (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)),
+                    T, n)
+        for i, w in enumerate(ws):
+            if not isinstance(w, Q8Matrix):
+                self.native.cmp_matmul_f(x.ptr, w.w.ptr, _KV_CODES[w.w.dtype], outs[i].ptr, T, w.shape[0], n)
+        return outs
+
+    def _binary(self, fn, x, y):
+        if x.shape != y.shape:
+            raise ValueError(f"shape mismatch {x.shape} vs {y.shape}")
+        out = self.empty(x.shape)
+        fn(x.ptr, y.ptr, out.ptr, x.size)
+        return out
+
+    def add(self, x, y):
+        return self._binary(self.native.cmp_add, x, y)
+
+    def swiglu(self, gate, up):
+        return self._binary(self.native.cmp_swiglu, gate, up)
+
+    def sigmoid_mul(self, x, gate):
+        return self._binary(self.native.cmp_sigmoid_mul, x, gate)
+
+    def gather_rows(self, x, rows):
+        rows_d = self._index_tensor(rows, "row indices")
+        R = rows_d.shape[0]
+        out = self.empty((R,) + x.shape[1:])
+        self.native.cmp_gather_rows(x.ptr, rows_d.ptr, out.ptr, R, x.size // x.shape[0])
+        return out
+
+    # -- attention -------------------------------------------------------------------------------------------
+    def attention_prep(self, qg, k, q_norm, k_norm, batch, cfg):
+        T, Hq, Hk, Dh = qg.shape[0], cfg.n_head, cfg.n_head_kv, cfg.head_dim
+        q_out, k_out, gate = self.empty((T, Hq, Dh)), self.empty((T, Hk, Dh)), self.empty((T, Hq * Dh))
+        self.native.cmp_attention_prep(qg.ptr, k.ptr, q_norm.ptr, k_norm.ptr, self._positions(batch).ptr, q_out.ptr,
+                                       k_out.ptr, gate.ptr, T, Hq, Hk, Dh, cfg.n_rot, cfg.rope_base, cfg.rms_eps)
+        return q_out, k_out, gate
+
+    def attention(self, q, k, v, batch, layer, cfg):
+        T, Hq, Dh = q.shape
+        Hk = cfg.n_head_kv
+        pos = self._positions(batch)
+        out = self.empty((T, Hq * Dh))
+        for seg in batch.segments:
+            st, L = seg.state, seg.length
+            kc, vc = st.k[layer], st.v[layer]
+            code = _KV_CODES[kc.dtype]
+            pos_ptr = pos.row_ptr(seg.start)
+            self.native.cmp_kv_write(k.row_ptr(seg.start), v.row_ptr(seg.start), pos_ptr, kc.ptr, vc.ptr, code,
+                                     L, Hk, Dh)
+            n_split = self._n_split(L, Hq, Hk, st.n_ctx if self.capturing else st.n_past + L)
+            work = self.empty((n_split, L * Hq, Dh + 2), what="attention split-K partials") if n_split > 1 else None
+            self.native.cmp_attention(q.row_ptr(seg.start), kc.ptr, vc.ptr, code, pos_ptr, out.row_ptr(seg.start),
+                                      work.ptr if work is not None else None, L, Hq, Hk, Dh, 1.0 / math.sqrt(Dh),
+                                      n_split)
+        return out
+
+    @staticmethod
+    def _n_split(L: int, Hq: int, Hk: int, n_kv: int) -> int:
+        """Split the keys across blocks when the rows alone give too few blocks to fill the GPU (decode)."""
+        blocks = -(-L * (Hq // Hk) // 16) * Hk
+        if blocks >= 256 or n_kv < 512:
+            return 1
+        return max(1, min(64, n_kv // 256, -(-256 // blocks)))
+
+    # -- gated delta net -------------------------------------------------------------------------------------
+    def gdn_gates(self, alpha, beta, dt_bias, ssm_a):
+        T, V = alpha.shape
+        g, b = self.empty((T, V)), self.empty((T, V))
+        self.native.cmp_gdn_gates(alpha.ptr, beta.ptr, dt_bias.ptr, ssm_a.ptr, g.ptr, b.ptr, T, V)
+        return g, b
+
+    def conv1d_silu(self, x, w, batch, layer):
+        C, kernel = w.shape
+        out = self.empty(x.shape)
+        for seg in batch.segments:
+            self.native.cmp_conv1d_silu(x.row_ptr(seg.start), w.ptr, seg.state.conv[layer].ptr,
+                                        out.row_ptr(seg.start), seg.length, C, kernel)
+        return out
+
+    def gdn(self, qkv, g, b, batch, layer, cfg):
+        K, V, Dk = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_head_dim
+        o = self.empty((qkv.shape[0], V * Dk))
+        for seg in batch.segments:
+            self.native.cmp_gdn(qkv.row_ptr(seg.start), g.row_ptr(seg.start), b.row_ptr(seg.start),
+                                seg.state.ssm[layer].ptr, o.row_ptr(seg.start), seg.length, K, V, Dk, cfg.rms_eps)
+        return o
+
+    def gated_rmsnorm(self, o, z, w, eps, head_dim):
+        T, n = o.shape
+        out = self.empty((T, n))
+        self.native.cmp_gated_rmsnorm(o.ptr, z.ptr, w.ptr, out.ptr, T, n // head_dim, head_dim, eps)
+        return out
+
+
+class CapturedStep:
+    """One decode step (one new token for each of the given states) captured once as a CUDA graph and replayed.
+
+    The graph reads the token ids, positions and output rows from device buffers owned here, and the kernels take
+    the key count from the positions, so a replay needs only two small uploads; attention splits are sized for
+    the states' whole context at capture time. Intermediate tensors of the captured forward go back to the arena
+    after capture: every replay writes them before reading them, on the same stream, so reusing their blocks for
+    other work between replays is safe.
+    """
+
+    def __init__(self, be: CudaBackend, model, states: Sequence[SeqState]):
+        self.be, self.model, self.states = be, model, list(states)
+        B = len(self.states)
+        self.tokens = be.from_host(np.zeros(B, np.int32), "i32", "graph token ids")
+        self.pos = be.from_host(np.asarray([s.n_past for s in self.states], np.int32), "i32", "graph positions")
+        self.rows = be.from_host(np.arange(B, dtype=np.int32), "i32", "graph output rows")
+        batch = StepBatch(self.tokens, np.asarray([s.n_past for s in self.states], np.int32),
+                          [Segment(i, 1, s) for i, s in enumerate(self.states)], self.rows)
+        batch.device["cuda_pos"] = self.pos
+        saved = [s.n_past for s in self.states]
+        be.capturing = True
+        be.native.cmp_graph_begin()
+        try:
+            self.logits = model.forward(batch)             # recorded, not run
+        except BaseException:
+            try:
+                be.native.graph_end()
+            except NativeError:
+                pass
+            raise
+        finally:
+            be.capturing = False
+            for s, n in zip(self.states, saved):
+                s.n_past = n
+        self.exec = be.native.graph_end()
+
+    def step(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feed one token per state at its n_past; -> logits [B, n_vocab] on the host. Advances every state."""
+        be = self.be
+        for s in self.states:
+            if s.n_past >= s.n_ctx:
+                raise ValueError(f"sequence needs {s.n_past + 1} positions, its context is {s.n_ctx}")
+        be.copy_from_host(self.tokens, np.asarray(tokens, np.int32))
+        be.copy_from_host(self.pos, np.asarray([s.n_past for s in self.states], np.int32))
+        be.native.cmp_graph_launch(self.exec)
+        out = be.to_host(self.logits)
+        for s in self.states:
+            s.n_past += 1
+        return out
+
+    def __del__(self):
+        if getattr(self, "exec", 0):
+            self.be.native.cmp_graph_destroy(self.exec)

@@ -1,0 +1,162 @@
+"""ctypes binding of libcmpkern.so: one signature table mirroring cuda_src/api.h.
+
+Every function of the table returns an int status; `Native` wraps each so that a non-zero status raises
+`NativeError` carrying cmp_last_error(). Pointers travel as plain ints (device addresses) or numpy buffers.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+_p, _i, _f, _sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_size_t
+
+# name -> (argument types, the C prototype it mirrors). All return int (0 = success).
+SIGNATURES: dict[str, tuple[tuple, str]] = {
+    "cmp_init": ((_i,), "int cmp_init(int device)"),
+    "cmp_device_count": ((_p,), "int cmp_device_count(int* n)"),
+    "cmp_device_name": ((_p, _i), "int cmp_device_name(char* buf, int len)"),
+    "cmp_mem_info": ((_p, _p), "int cmp_mem_info(size_t* free_bytes, size_t* total_bytes)"),
+    "cmp_malloc": ((_p, _sz), "int cmp_malloc(void** ptr, size_t bytes)"),
+    "cmp_free": ((_p,), "int cmp_free(void* ptr)"),
+    "cmp_memcpy_h2d": ((_p, _p, _sz), "int cmp_memcpy_h2d(void* dst, const void* src, size_t bytes)"),
+    "cmp_memcpy_d2h": ((_p, _p, _sz), "int cmp_memcpy_d2h(void* dst, const void* src, size_t bytes)"),
+    "cmp_memcpy_d2d": ((_p, _p, _sz), "int cmp_memcpy_d2d(void* dst, const void* src, size_t bytes)"),
+    "cmp_memset": ((_p, _i, _sz), "int cmp_memset(void* ptr, int value, size_t bytes)"),
+    "cmp_synchronize": ((), "int cmp_synchronize(void)"),
+    "cmp_graph_begin": ((), "int cmp_graph_begin(void)"),
+    "cmp_graph_end": ((_p,), "int cmp_graph_end(void** exec)"),
+    "cmp_graph_launch": ((_p,), "int cmp_graph_launch(void* exec)"),
+    "cmp_graph_destroy": ((_p,), "int cmp_graph_destroy(void* exec)"),
+    "cmp_timer_start": ((), "int cmp_timer_start(void)"),
+    "cmp_timer_stop": ((_p,), "int cmp_timer_stop(float* ms)"),
+    "cmp_quantize_q8": ((_p, _p, _p, _i, _i), "int cmp_quantize_q8(const float* x, int8_t* q, float* d, int T, int n)"),
+    "cmp_q8_repack": ((_p, _p, _p, _i, _i),
+                      "int cmp_q8_repack(const uint8_t* blocks, int8_t* qs, void* d, int rows, int n)"),
+    "cmp_matmul_q8": ((_p, _p, _p, _p, _p, _i, _i, _i),
+                      "int cmp_matmul_q8(const int8_t* xq, const float* xd, const int8_t* wq, const void* wd, "
+                      "float* y, int T, int rows, int n)"),
+    "cmp_matmul_q8_multi": ((_p, _p, _i, _p, _p, _p, _p, _i, _i),
+                            "int cmp_matmul_q8_multi(const int8_t* xq, const float* xd, int count, "
+                            "const int8_t* const* wq, const void* const* wd, float* const* y, const int* rows, int T, "
+                            "int n)"),
+    "cmp_matmul_f": ((_p, _p, _i, _p, _i, _i, _i),
+                     "int cmp_matmul_f(const float* x, const void* w, int w_dtype, float* y, int T, int rows, int n)"),
+    "cmp_embed_q8": ((_p, _p, _p, _p, _i, _i),
+                     "int cmp_embed_q8(const int32_t* ids, const int8_t* qs, const void* d, float* out, int T, int D)"),
+    "cmp_embed_f": ((_p, _p, _i, _p, _i, _i),
+                    "int cmp_embed_f(const int32_t* ids, const void* table, int dtype, float* out, int T, int D)"),
+    "cmp_rmsnorm": ((_p, _p, _p, _i, _i, _f),
+                    "int cmp_rmsnorm(const float* x, const float* w, float* y, int T, int D, float eps)"),
+    "cmp_add": ((_p, _p, _p, _sz), "int cmp_add(const float* x, const float* y, float* out, size_t n)"),
+    "cmp_swiglu": ((_p, _p, _p, _sz), "int cmp_swiglu(const float* gate, const float* up, float* out, size_t n)"),
+    "cmp_sigmoid_mul": ((_p, _p, _p, _sz),
+                        "int cmp_sigmoid_mul(const float* x, const float* gate, float* out, size_t n)"),
+    "cmp_gather_rows": ((_p, _p, _p, _i, _i),
+                        "int cmp_gather_rows(const float* x, const int32_t* rows, float* out, int R, int D)"),
+    "cmp_attention_prep": ((_p, _p, _p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _i, _f, _f),
+                           "int cmp_attention_prep(const float* qg, const float* k, const float* q_norm, "
+                           "const float* k_norm, const int32_t* pos, float* q_out, float* k_out, float* gate_out, "
+                           "int T, int Hq, int Hk, int Dh, int n_rot, float rope_base, float eps)"),
+    "cmp_gdn_gates": ((_p, _p, _p, _p, _p, _p, _i, _i),
+                      "int cmp_gdn_gates(const float* alpha, const float* beta, const float* dt_bias, "
+                      "const float* ssm_a, float* g, float* b, int T, int V)"),
+    "cmp_gated_rmsnorm": ((_p, _p, _p, _p, _i, _i, _i, _f),
+                          "int cmp_gated_rmsnorm(const float* o, const float* z, const float* w, float* out, int T, "
+                          "int V, int Dv, float eps)"),
+    "cmp_kv_write": ((_p, _p, _p, _p, _p, _i, _i, _i, _i),
+                     "int cmp_kv_write(const float* k, const float* v, const int32_t* pos, void* kc, void* vc, "
+                     "int kv_dtype, int L, int Hk, int Dh)"),
+    "cmp_attention": ((_p, _p, _p, _i, _p, _p, _p, _i, _i, _i, _i, _f, _i),
+                      "int cmp_attention(const float* q, const void* kc, const void* vc, int kv_dtype, "
+                      "const int32_t* pos, float* out, float* work, int L, int Hq, int Hk, int Dh, float scale, "
+                      "int n_split)"),
+    "cmp_conv1d_silu": ((_p, _p, _p, _p, _i, _i, _i),
+                        "int cmp_conv1d_silu(const float* x, const float* w, float* state, float* out, int L, int C, "
+                        "int kernel)"),
+    "cmp_gdn": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _f),
+                "int cmp_gdn(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, "
+                "int V, int Dk, float eps)"),
+}
+
+CMP_F32, CMP_F16 = 0, 1
+CMP_ERR_NOMEM = 4
+
+
+class NativeError(RuntimeError):
+    """A libcmpkern call failed; the message is the library's cmp_last_error() text."""
+
+    def __init__(self, func: str, code: int, message: str):
+        super().__init__(f"{func}: {message} (code {code})")
+        self.func, self.code, self.message = func, code, message
+
+
+def library_path() -> Path:
+    """$LLAMACMP_LIB, else libcmpkern.so beside this file."""
+    env = os.environ.get("LLAMACMP_LIB")
+    return Path(env) if env else Path(__file__).with_name("libcmpkern.so")
+
+
+class Native:
+    """The loaded library: attribute `cmp_xxx(...)` calls the C function and raises NativeError on failure."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path else library_path()
+        if not self.path.exists():
+            raise FileNotFoundError(f"{self.path} not found: build it with `make` (needs nvcc)")
+        self._lib = ctypes.CDLL(str(self.path))
+        self._lib.cmp_last_error.restype = ctypes.c_char_p
+        self._lib.cmp_last_error.argtypes = ()
+        for name, (argtypes, _proto) in SIGNATURES.items():
+            fn = getattr(self._lib, name)
+            fn.restype, fn.argtypes = ctypes.c_int, argtypes
+            setattr(self, name, self._checked(name, fn))
+
+    def _checked(self, name, fn):
+        last_error = self._lib.cmp_last_error
+
+        def call(*args):
+            rc = fn(*args)
+            if rc != 0:
+                raise NativeError(name, rc, last_error().decode(errors="replace"))
+        call.__name__ = name
+        call.__doc__ = SIGNATURES[name][1]
+        return call
+
+    def device_count(self) -> int:
+        n = ctypes.c_int(0)
+        self.cmp_device_count(ctypes.byref(n))
+        return n.value
+
+    def device_name(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        self.cmp_device_name(buf, len(buf))
+        return buf.value.decode()
+
+    def mem_info(self) -> tuple[int, int]:
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        self.cmp_mem_info(ctypes.byref(free), ctypes.byref(total))
+        return free.value, total.value
+
+    def malloc(self, nbytes: int) -> int:
+        p = ctypes.c_void_p(0)
+        self.cmp_malloc(ctypes.byref(p), nbytes)
+        return p.value or 0
+
+    def graph_end(self) -> int:
+        e = ctypes.c_void_p(0)
+        self.cmp_graph_end(ctypes.byref(e))
+        return e.value or 0
+
+    def timer_stop(self) -> float:
+        ms = ctypes.c_float(0)
+        self.cmp_timer_stop(ctypes.byref(ms))
+        return ms.value
+
+
+def cuda_available() -> bool:
+    """The library exists, loads, and sees at least one GPU."""
+    try:
+        return Native().device_count() > 0
+    except (OSError, NativeError):
+        return False

@@ -1,0 +1,292 @@
+"""Every CUDA backend op against numpy_ref (the specification), on fresh seeded random inputs with odd sizes
+(1, primes, 2^k +- 1). Outputs are poisoned with NaN before each run (the arena hands the poisoned blocks back
+to the op), so an element the kernel fails to write shows up as NaN.
+
+Tolerances (relative L2 error): fp32 paths 1e-4; Q8 paths 1e-3 (the kernels reproduce numpy_ref's quantization
+bit for bit, so only fp32 summation order differs; the issue allows 1e-2).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamacmp.backends.base import StepBatch
+from llamacmp.backends.numpy_ref import NumpyBackend, quantize_q8_blocks
+from llamacmp.config import ModelConfig
+from llamacmp.gguf_file import Q8Tensor
+
+pytestmark = pytest.mark.cuda
+
+FP32_TOL = 1e-4
+Q8_TOL = 1e-3
+REF = NumpyBackend()
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert np.isfinite(a).all(), "non-finite output (an element left unwritten?)"
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def poison(be, *shapes):
+    """Allocate f32 blocks of these shapes, fill them with NaN and free them: the next allocations of the same
+    sizes (the op's outputs) get these blocks back."""
+    ts = [be.empty(s) for s in shapes]
+    for t in ts:
+        be.native.cmp_memset(t.ptr, 0xFF, t.nbytes)
+    del ts
+
+
+def up(be, a):
+    return be.from_host(np.asarray(a, np.float32), "f32")
+
+
+def cfg_for(Hq=4, Hk=2, Dh=64, n_rot=16, K=2, V=4, Dk=32, kernel=4, eps=1e-6) -> ModelConfig:
+    return ModelConfig(n_layer=4, n_embd=64, n_ff=128, n_head=Hq, n_head_kv=Hk, head_dim=Dh, n_vocab=97,
+                       n_ctx_train=4096, rms_eps=eps, rope_base=1e7, n_rot=n_rot, rope_sections=(0, 0, 0, 0),
+                       conv_kernel=kernel, ssm_k_heads=K, ssm_v_heads=V, ssm_head_dim=Dk, full_attention_interval=4)
+
+
+def random_q8(rng, rows, cols) -> Q8Tensor:
+    return Q8Tensor.quantize(rng.standard_normal((rows, cols)).astype(np.float32))
+
+
+# -- projections -----------------------------------------------------------------------------------------------
+
+MATMUL_SHAPES = [  # (T, rows, n): T covers the GEMV (<= 8) and the tiled GEMM, odd row counts, n a multiple of 32
+    (1, 1, 32), (1, 127, 4096), (2, 257, 96), (3, 31, 160), (5, 33, 64), (7, 65, 2080), (8, 129, 256),
+    (9, 63, 288), (17, 97, 512), (31, 255, 1024), (33, 64, 96), (65, 200, 4096), (129, 33, 1056),
+]
+
+
+@pytest.mark.parametrize("T,rows,n", MATMUL_SHAPES)
+def test_matmul_q8(cuda_backend, T, rows, n):
+    rng = np.random.default_rng(T * 1000 + rows)
+    x = rng.standard_normal((T, n)).astype(np.float32) * rng.uniform(0.1, 10, (T, 1)).astype(np.float32)
+    ws = [random_q8(rng, rows, n), random_q8(rng, rows + 2, n)]
+    ref = REF.matmuls(x, [REF.upload_matrix(w) for w in ws])
+    poison(cuda_backend, (T, rows), (T, rows + 2))
+    got = cuda_backend.matmuls(up(cuda_backend, x), [cuda_backend.upload_matrix(w) for w in ws])
+    for g, r in zip(got, ref):
+        assert rel(cuda_backend.to_host(g), r) < Q8_TOL
+
+
+@pytest.mark.parametrize("T,n", [(1, 32), (3, 96), (17, 4096), (64, 1056)])
+def test_quantize_matches_reference(cuda_backend, T, n):
+    rng = np.random.default_rng(n + T)
+    x = (rng.standard_normal((T, n)) * 3).astype(np.float32)
+    x[0, :32] = 0.0                                   # an all-zero block: d = 0, q = 0
+    q_ref, d_ref = quantize_q8_blocks(x)
+    q, d = cuda_backend.quantize(up(cuda_backend, x))
+    qh = np.empty((T, n), np.int8)
+    cuda_backend.native.cmp_memcpy_d2h(qh.ctypes.data, q.ptr, qh.nbytes)
+    assert np.array_equal(qh.reshape(q_ref.shape), q_ref.astype(np.int8))
+    assert np.array_equal(cuda_backend.to_host(d), d_ref)
+
+
+@pytest.mark.parametrize("T,rows,n", [(1, 1, 1), (1, 127, 4096), (3, 31, 37), (9, 65, 257), (65, 33, 100)])
+def test_matmul_f32(cuda_backend, T, rows, n):
+    rng = np.random.default_rng(T + rows + n)
+    x = rng.standard_normal((T, n)).astype(np.float32)
+    w = rng.standard_normal((rows, n)).astype(np.float32)
+    ref = REF.matmuls(x, [REF.upload_matrix(w)])[0]
+    poison(cuda_backend, (T, rows))
+    got = cuda_backend.matmuls(up(cuda_backend, x), [cuda_backend.upload_matrix(w)])[0]
+    assert rel(cuda_backend.to_host(got), ref) < FP32_TOL
+
+
+def test_matmul_f16_weights(cuda_backend):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 96)).astype(np.float32)
+    w = rng.standard_normal((33, 96)).astype(np.float16)
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    got = cuda_backend.matmuls(up(cuda_backend, x), [cuda_backend.upload_matrix(w)])[0]
+    assert rel(cuda_backend.to_host(got), ref) < FP32_TOL
+
+
+# -- row-wise ops ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["f32", "q8"])
+@pytest.mark.parametrize("T", [1, 7, 33])
+def test_embed(cuda_backend, kind, T):
+    rng = np.random.default_rng(T)
+    table = rng.standard_normal((97, 96)).astype(np.float32)
+    if kind == "q8":
+        table = Q8Tensor.quantize(table)
+    ids = rng.integers(0, 97, T).astype(np.int32)
+    ref = REF.embed(REF.upload_matrix(table), ids)
+    poison(cuda_backend, (T, 96))
+    got = cuda_backend.embed(cuda_backend.upload_matrix(table), ids)
+    assert rel(cuda_backend.to_host(got), ref) < 1e-6
+
+
+@pytest.mark.parametrize("T,D", [(1, 1), (2, 31), (7, 4096), (17, 257), (65, 1000)])
+def test_rmsnorm(cuda_backend, T, D):
+    rng = np.random.default_rng(D)
+    x = (rng.standard_normal((T, D)) * 5).astype(np.float32)
+    w = rng.standard_normal(D).astype(np.float32)
+    poison(cuda_backend, (T, D))
+    got = cuda_backend.rmsnorm(up(cuda_backend, x), up(cuda_backend, w), 1e-6)
+    assert rel(cuda_backend.to_host(got), REF.rmsnorm(x, w, 1e-6)) < FP32_TOL
+
+
+@pytest.mark.parametrize("op", ["add", "swiglu", "sigmoid_mul"])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 127), (65, 513)])
+def test_binary_ops(cuda_backend, op, shape):
+    rng = np.random.default_rng(shape[1])
+    a = (rng.standard_normal(shape) * 4).astype(np.float32)
+    b = (rng.standard_normal(shape) * 4).astype(np.float32)
+    poison(cuda_backend, shape)
+    got = getattr(cuda_backend, op)(up(cuda_backend, a), up(cuda_backend, b))
+    assert rel(cuda_backend.to_host(got), getattr(REF, op)(a, b)) < FP32_TOL
+
+
+def test_gather_rows(cuda_backend):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((31, 65)).astype(np.float32)
+    rows = np.array([30, 0, 7, 7], np.int32)
+    got = cuda_backend.gather_rows(up(cuda_backend, x), rows)
+    assert np.array_equal(cuda_backend.to_host(got), x[rows])
+
+
+# -- attention -------------------------------------------------------------------------------------------------
+
+def _states(be, cfg, n_ctx, kv_type, n_past_list, rng):
+    """Matching numpy and CUDA states with random cache rows below n_past."""
+    pairs = []
+    for n_past in n_past_list:
+        s_ref = REF.new_state(cfg, n_ctx, kv_type)
+        s_dev = be.new_state(cfg, n_ctx, kv_type)
+        for lay in range(len(s_ref.k)):
+            for a_ref, a_dev in ((s_ref.k[lay], s_dev.k[lay]), (s_ref.v[lay], s_dev.v[lay])):
+                a_ref[:n_past] = rng.standard_normal(a_ref[:n_past].shape)
+                be.copy_from_host(a_dev, a_ref)
+        for lay in range(len(s_ref.conv)):
+            s_ref.conv[lay][...] = rng.standard_normal(s_ref.conv[lay].shape)
+            s_ref.ssm[lay][...] = rng.standard_normal(s_ref.ssm[lay].shape) * 0.3
+            be.copy_from_host(s_dev.conv[lay], s_ref.conv[lay])
+            be.copy_from_host(s_dev.ssm[lay], s_ref.ssm[lay])
+        s_ref.n_past = s_dev.n_past = n_past
+        pairs.append((s_ref, s_dev))
+    return pairs
+
+
+def _batches(pairs, lengths):
+    ref = StepBatch.build([(s, [0] * n) for (s, _), n in zip(pairs, lengths)])
+    dev = StepBatch.build([(s, [0] * n) for (_, s), n in zip(pairs, lengths)])
+    return ref, dev
+
+
+@pytest.mark.parametrize("Dh,n_rot,Hq,Hk", [(32, 8, 4, 2), (64, 16, 4, 4), (256, 64, 16, 4), (128, 128, 6, 2)])
+def test_attention_prep(cuda_backend, Dh, n_rot, Hq, Hk):
+    rng = np.random.default_rng(Dh + Hq)
+    cfg = cfg_for(Hq=Hq, Hk=Hk, Dh=Dh, n_rot=n_rot)
+    T = 13
+    qg = rng.standard_normal((T, Hq * 2 * Dh)).astype(np.float32)
+    k = rng.standard_normal((T, Hk * Dh)).astype(np.float32)
+    qn, kn = rng.standard_normal(Dh).astype(np.float32), rng.standard_normal(Dh).astype(np.float32)
+    batch = StepBatch(np.zeros(T, np.int32), rng.integers(0, 40000, T).astype(np.int32), [], np.zeros(1, np.int32))
+    ref = REF.attention_prep(qg, k, qn, kn, batch, cfg)
+    poison(cuda_backend, (T, Hq, Dh), (T, Hk, Dh), (T, Hq * Dh))
+    got = cuda_backend.attention_prep(up(cuda_backend, qg), up(cuda_backend, k), up(cuda_backend, qn),
+                                      up(cuda_backend, kn), batch, cfg)
+    for g, r in zip(got, ref):
+        assert rel(cuda_backend.to_host(g), r) < FP32_TOL
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+@pytest.mark.parametrize("Dh,Hq,Hk", [(32, 4, 2), (64, 3, 1), (256, 16, 4)])
+@pytest.mark.parametrize("lengths,n_past", [([1], [0]), ([1], [1023]), ([17], [0]), ([65, 1, 7], [3, 600, 31]),
+                                            ([2], [4097])])
+def test_attention(cuda_backend, kv_type, Dh, Hq, Hk, lengths, n_past):
+    rng = np.random.default_rng(sum(lengths) * 7 + Dh + sum(n_past))
+    cfg = cfg_for(Hq=Hq, Hk=Hk, Dh=Dh)
+    pairs = _states(cuda_backend, cfg, max(n_past) + max(lengths) + 3, kv_type, n_past, rng)
+    b_ref, b_dev = _batches(pairs, lengths)
+    T = sum(lengths)
+    q = rng.standard_normal((T, Hq, Dh)).astype(np.float32)
+    k = rng.standard_normal((T, Hk, Dh)).astype(np.float32)
+    v = rng.standard_normal((T, Hk * Dh)).astype(np.float32)
+    ref = REF.attention(q, k, v, b_ref, 0, cfg)
+    poison(cuda_backend, (T, Hq * Dh))
+    got = cuda_backend.attention(up(cuda_backend, q), up(cuda_backend, k), up(cuda_backend, v), b_dev, 0, cfg)
+    assert rel(cuda_backend.to_host(got), ref) < FP32_TOL
+    for (s_ref, s_dev), L in zip(pairs, lengths):
+        s_ref.n_past += L
+        s_dev.n_past += L
+        h_ref, h_dev = REF.state_to_host(s_ref), cuda_backend.state_to_host(s_dev)
+        assert rel(h_dev["k"][0], h_ref["k"][0]) < 1e-6
+        assert rel(h_dev["v"][0], h_ref["v"][0]) < 1e-6
+
+
+# -- gated delta net -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("T,V", [(1, 1), (7, 32), (65, 5)])
+def test_gdn_gates(cuda_backend, T, V):
+    rng = np.random.default_rng(T * V)
+    alpha = (rng.standard_normal((T, V)) * 8).astype(np.float32)   # crosses the softplus threshold of 20
+    beta = (rng.standard_normal((T, V)) * 4).astype(np.float32)
+    dt = rng.standard_normal(V).astype(np.float32)
+    a = -np.exp(rng.standard_normal(V)).astype(np.float32)
+    ref = REF.gdn_gates(alpha, beta, dt, a)
+    poison(cuda_backend, (T, V), (T, V))
+    got = cuda_backend.gdn_gates(*(up(cuda_backend, t) for t in (alpha, beta, dt, a)))
+    for g, r in zip(got, ref):
+        assert rel(cuda_backend.to_host(g), r) < FP32_TOL
+
+
+@pytest.mark.parametrize("lengths", [[1], [2, 1, 5], [64], [65, 3]])
+@pytest.mark.parametrize("kernel", [4, 2])
+def test_conv1d_silu(cuda_backend, lengths, kernel):
+    rng = np.random.default_rng(sum(lengths) + kernel)
+    cfg = cfg_for(K=2, V=4, Dk=32, kernel=kernel)
+    C = cfg.conv_channels
+    pairs = _states(cuda_backend, cfg, 5 + max(lengths), "f32", [5] * len(lengths), rng)
+    b_ref, b_dev = _batches(pairs, lengths)
+    x = rng.standard_normal((sum(lengths), C)).astype(np.float32)
+    w = rng.standard_normal((C, kernel)).astype(np.float32)
+    ref = REF.conv1d_silu(x, w, b_ref, 0)
+    poison(cuda_backend, x.shape)
+    got = cuda_backend.conv1d_silu(up(cuda_backend, x), up(cuda_backend, w), b_dev, 0)
+    assert rel(cuda_backend.to_host(got), ref) < FP32_TOL
+    for s_ref, s_dev in pairs:
+        assert rel(cuda_backend.to_host(s_dev.conv[0]), s_ref.conv[0]) < FP32_TOL
+
+
+@pytest.mark.parametrize("Dk,K,V", [(16, 2, 4), (32, 1, 3), (128, 2, 4)])
+@pytest.mark.parametrize("lengths", [[1], [7], [1, 65, 2], [130]])
+def test_gdn(cuda_backend, Dk, K, V, lengths):
+    rng = np.random.default_rng(Dk + sum(lengths))
+    cfg = cfg_for(K=K, V=V, Dk=Dk)
+    pairs = _states(cuda_backend, cfg, 2 + max(lengths), "f32", [2] * len(lengths), rng)
+    b_ref, b_dev = _batches(pairs, lengths)
+    T = sum(lengths)
+    qkv = rng.standard_normal((T, cfg.conv_channels)).astype(np.float32)
+    g = -rng.uniform(0.0, 1.5, (T, V)).astype(np.float32)
+    b = rng.uniform(0.0, 1.0, (T, V)).astype(np.float32)
+    ref = REF.gdn(qkv, g, b, b_ref, 0, cfg)
+    poison(cuda_backend, (T, V * Dk))
+    got = cuda_backend.gdn(up(cuda_backend, qkv), up(cuda_backend, g), up(cuda_backend, b), b_dev, 0, cfg)
+    assert rel(cuda_backend.to_host(got), ref) < FP32_TOL
+    for s_ref, s_dev in pairs:
+        assert rel(cuda_backend.to_host(s_dev.ssm[0]), s_ref.ssm[0]) < FP32_TOL
+
+
+@pytest.mark.parametrize("T,V,Dv", [(1, 1, 16), (7, 32, 128), (33, 3, 64)])
+def test_gated_rmsnorm(cuda_backend, T, V, Dv):
+    rng = np.random.default_rng(T + V + Dv)
+    o = rng.standard_normal((T, V * Dv)).astype(np.float32)
+    z = (rng.standard_normal((T, V * Dv)) * 3).astype(np.float32)
+    w = rng.standard_normal(Dv).astype(np.float32)
+    poison(cuda_backend, (T, V * Dv))
+    got = cuda_backend.gated_rmsnorm(up(cuda_backend, o), up(cuda_backend, z), up(cuda_backend, w), 1e-6, Dv)
+    assert rel(cuda_backend.to_host(got), REF.gated_rmsnorm(o, z, w, 1e-6, Dv)) < FP32_TOL
+
+
+def test_out_of_memory_names_the_flag(cuda_backend):
+    from llamacmp.backends.cuda import CudaBackend, DeviceMemoryError
+    be = CudaBackend(arena_bytes=64 << 20, native=cuda_backend.native)
+    with pytest.raises(DeviceMemoryError, match=r"KV cache.*-c"):
+        be.new_state(cfg_for(), 1 << 20, "f32")
+    be.arena.close()

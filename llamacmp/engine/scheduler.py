@@ -160,8 +160,8 @@ class Engine:
         """id_slot when given; else the idle slot sharing the longest prefix (similarity > -sps), else LRU."""
         idle = [s for s in self.slots if not s.busy]
         want = task.params.id_slot
-        if want >= 0:
-            return next((s for s in idle if s.id == want), None)
+        if want >= 0:                    # out-of-range ids wrap around, as llama.cpp's get_slot_by_id does
+            return next((s for s in idle if s.id == want % len(self.slots)), None)
         if not idle:
             return None
         if task.params.cache_prompt and task.prompt:
@@ -259,7 +259,12 @@ class Engine:
         self.metrics.n_decode_total += 1
         self.metrics.n_busy_slots_total += len(items)
         for (slot, toks), row in zip(items, logits):
-            self._after_forward(slot, toks, row, dt)
+            try:
+                self._after_forward(slot, toks, row, dt)
+            except Exception as e:       # one request's bad settings must not fail its neighbours
+                log.exception("slot %d failed", slot.id)
+                slot.task.sink(ErrorResult(slot.task.id, slot.task.index, f"sampling failed: {e}"))
+                self._release(slot)
 
     def _batch_items(self) -> list[tuple[Slot, list[int]]]:
         items = [(s, [s.next_token]) for s in self.slots if s.phase == GENERATE]

@@ -105,9 +105,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(ApiError(str(err) or type(err).__name__, "server_error"))
 
 
-def _post(app: FastAPI, paths: list[str], handler, doc: str) -> None:
+def _post(app: FastAPI, paths: list[str], handler, doc: str, listed: bool = True) -> None:
+    """listed=False: the route answers (llama.cpp's 501 for a feature that is off) but is not in the OpenAPI
+    document, which describes what this server actually serves."""
     for p in paths:
-        app.add_api_route(p, handler, methods=["POST"], openapi_extra=body_doc(doc))
+        app.add_api_route(p, handler, methods=["POST"], openapi_extra=body_doc(doc), include_in_schema=listed)
 
 
 def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
@@ -186,12 +188,12 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     _post(app, ["/tokenize"], tokenize, "tokenize")
     _post(app, ["/detokenize"], detokenize, "detokenize")
     app.add_api_route("/props", props, methods=["GET"])
-    _post(app, ["/props"], set_props, "object")
-    app.add_api_route("/slots", slots, methods=["GET"])
+    _post(app, ["/props"], set_props, "object", listed=ctx.opts.endpoint_props)
+    app.add_api_route("/slots", slots, methods=["GET"], include_in_schema=ctx.opts.endpoint_slots)
     _post(app, ["/slots/{id_slot}"], slot_action, "object")
-    app.add_api_route("/metrics", metrics, methods=["GET"])
-    _post(app, ["/embedding", "/embeddings", "/v1/embeddings"], embeddings, "object")
-    _post(app, ["/rerank", "/reranking", "/v1/rerank", "/v1/reranking"], rerank, "object")
+    app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=ctx.opts.endpoint_metrics)
+    _post(app, ["/embedding", "/embeddings", "/v1/embeddings"], embeddings, "object", listed=False)
+    _post(app, ["/rerank", "/reranking", "/v1/rerank", "/v1/reranking"], rerank, "object", listed=False)
 
 
 # -- main ------------------------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ def events(text: str) -> list[tuple[str, dict]]:
 
 
 def test_messages_shape(srv):
-    r = httpx.post(srv.url + "/v1/messages", json={"model": "x", "max_tokens": 5, "system": "Be brief.",
+    r = httpx.post(srv.url + "/v1/messages", json={"model": "x", "max_tokens": 5, "system": "Be brief.", "temperature": 0,
                                                    "messages": [{"role": "user", "content": "Hi"}]}).json()
     assert r["type"] == "message" and r["role"] == "assistant" and r["id"].startswith("msg_")
     assert r["stop_reason"] == "max_tokens" and r["usage"]["output_tokens"] == 5
@@ -42,7 +42,7 @@ def test_messages_shape(srv):
 
 
 def test_messages_stream_events(srv):
-    r = httpx.post(srv.url + "/v1/messages", json={"model": "x", "max_tokens": 4, "stream": True,
+    r = httpx.post(srv.url + "/v1/messages", json={"model": "x", "max_tokens": 4, "stream": True, "temperature": 0,
                                                    "messages": [{"role": "user", "content": "Hi"}]})
     ev = events(r.text)
     names = [e for e, _ in ev]
@@ -88,7 +88,7 @@ def test_messages_tool_use(tool_srv):
 
 def test_responses(srv, tool_srv):
     r = httpx.post(srv.url + "/v1/responses", json={"model": "x", "input": "Hi", "instructions": "Be brief.",
-                                                    "max_output_tokens": 4}).json()
+                                                    "max_output_tokens": 4, "temperature": 0}).json()
     assert r["object"] == "response" and r["status"] == "completed" and r["usage"]["output_tokens"] == 4
     ev = events(httpx.post(srv.url + "/v1/responses", json={"model": "x", "input": "Hi", "max_output_tokens": 3,
                                                             "stream": True}).text)

@@ -193,7 +193,7 @@ def test_n_probs(http):
 
 
 def test_response_fields(http):
-    b = http.post("/completion", json={"prompt": "Hi", "n_predict": 2, "response_fields":
+    b = http.post("/completion", json={"prompt": "Hi", "n_predict": 2, "temperature": 0, "response_fields":
                                        ["content", "generation_settings/n_predict", "missing"]}).json()
     assert set(b) == {"content", "generation_settings/n_predict"} and b["generation_settings/n_predict"] == 2
 
@@ -238,7 +238,7 @@ def test_v1_completions(http):
     assert http.post("/v1/completions", json={"prompt": "x", "echo": True}).status_code == 400
     assert http.post("/v1/completions", json={"prompt": "x", "best_of": 2}).status_code == 400
     assert http.post("/v1/completions", json={"max_tokens": 1}).status_code == 400
-    lp = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "logprobs": 2}).json()
+    lp = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "logprobs": 2, "temperature": 0}).json()
     assert len(lp["choices"][0]["logprobs"]["content"]) == 2
 
 
@@ -278,11 +278,11 @@ def test_chat_errors(http):
 
 def test_chat_logprobs_and_prefill(http):
     r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
-                                                "logprobs": True, "top_logprobs": 2}).json()
+                                                "logprobs": True, "top_logprobs": 2, "temperature": 0}).json()
     assert len(r["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2
     r = http.post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure,"}],
-        "chat_template_kwargs": {"enable_thinking": False}, "max_tokens": 2}).json()
+        "chat_template_kwargs": {"enable_thinking": False}, "max_tokens": 2, "temperature": 0}).json()
     assert r["choices"][0]["finish_reason"] == "length"
 
 
@@ -376,7 +376,7 @@ def test_main_on_unix_socket(model, tmp_path):
                     pass
                 assert time.time() < deadline, "server on the unix socket did not come up"
                 time.sleep(0.2)
-            r = c.post("/completion", json={"prompt": "Hi", "n_predict": 2})
+            r = c.post("/completion", json={"prompt": "Hi", "n_predict": 2, "temperature": 0})
             assert r.status_code == 200 and r.json()["tokens_predicted"] == 2
     finally:
         proc.terminate()

@@ -108,7 +108,7 @@ def _usage(r, output_tokens: int) -> dict:
 
 async def handle_messages(ctx: ServerContext, request: Request, body: dict) -> Response:
     chat = to_chat_body(body)
-    cp, params, tasks = prepare_chat(ctx, chat)
+    cp, params, tasks = await ctx.prep(prepare_chat, ctx, chat)
     mid = "msg_" + random_id()
     if params.stream:
         return await start_stream(ctx, tasks, _Events(ctx, cp, mid), done=False, error_event="error")
@@ -189,4 +189,5 @@ class _Events:
 
 
 async def handle_count_tokens(ctx: ServerContext, body: dict) -> Response:
-    return JSONResponse({"input_tokens": len(build_prompt(ctx, to_chat_body(body)).tokens)})
+    cp = await ctx.prep(build_prompt, ctx, to_chat_body(body))
+    return JSONResponse({"input_tokens": len(cp.tokens)})

@@ -144,10 +144,10 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
         return await chat_api.handle_apply_template(ctx, await read_body(request))
 
     async def tokenize(request: Request):
-        return misc.tokenize(ctx, await read_body(request))
+        return await ctx.prep(misc.tokenize, ctx, await read_body(request))
 
     async def detokenize(request: Request):
-        return misc.detokenize(ctx, await read_body(request))
+        return await ctx.prep(misc.detokenize, ctx, await read_body(request))
 
     async def props():
         return misc.props_json(ctx)

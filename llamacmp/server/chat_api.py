@@ -228,7 +228,7 @@ def prepare_chat(ctx: ServerContext, body: dict) -> tuple[ChatPrompt, GenParams,
 
 
 async def handle_chat(ctx: ServerContext, request: Request, body: dict) -> Response:
-    cp, params, tasks = prepare_chat(ctx, body)
+    cp, params, tasks = await ctx.prep(prepare_chat, ctx, body)
     cid, created = "chatcmpl-" + random_id(), int(time.time())
     if params.stream:
         include_usage = Fields(Fields(body).dict("stream_options")).bool("include_usage", False)
@@ -288,4 +288,4 @@ async def _stream_chat(ctx, tasks, cp: ChatPrompt, params: GenParams, cid: str, 
 
 
 async def handle_apply_template(ctx: ServerContext, body: dict) -> Response:
-    return JSONResponse({"prompt": build_prompt(ctx, body).text})
+    return JSONResponse({"prompt": (await ctx.prep(build_prompt, ctx, body)).text})

@@ -139,13 +139,17 @@ def raise_first_error(results: list) -> None:
             raise ApiError(r.message, r.type, r.extra)
 
 
+def _prepare(ctx: ServerContext, body: dict) -> tuple[GenParams, list[CompletionTask]]:
+    params = gen_params(body, ctx.defaults, ctx.tokenizer, ctx.n_vocab)
+    return params, make_tasks(ctx, tokenize_prompts(body["prompt"], ctx.tokenizer, ctx.n_vocab), params, body)
+
+
 # -- handlers ------------------------------------------------------------------------------------------------------
 
 async def handle_native(ctx: ServerContext, request: Request, body: dict) -> Response:
     if "prompt" not in body:
         raise bad_request('"prompt" must be provided')
-    params = gen_params(body, ctx.defaults, ctx.tokenizer, ctx.n_vocab)
-    tasks = make_tasks(ctx, tokenize_prompts(body["prompt"], ctx.tokenizer, ctx.n_vocab), params, body)
+    params, tasks = await ctx.prep(_prepare, ctx, body)
     fields = [x for x in Fields(body).list("response_fields") if isinstance(x, str)]
     if params.stream:
         return await start_stream(ctx, tasks, lambda r: _native_chunks(ctx, r, params, fields), done=False)
@@ -173,8 +177,7 @@ async def handle_oai_completion(ctx: ServerContext, request: Request, body: dict
             raise bad_request(f"Unsupported param: {key}")
     if f.has("logprobs") and not f.has("n_probs"):
         body = {**body, "n_probs": f.int("logprobs", 0)}
-    params = gen_params(body, ctx.defaults, ctx.tokenizer, ctx.n_vocab)
-    tasks = make_tasks(ctx, tokenize_prompts(body["prompt"], ctx.tokenizer, ctx.n_vocab), params, body)
+    params, tasks = await ctx.prep(_prepare, ctx, body)
     cid, created = "cmpl-" + random_id(), int(time.time())
     if params.stream:
         return await start_stream(ctx, tasks, lambda r: [_oai_cmpl_chunk(ctx, r, params, cid, created)], done=True)

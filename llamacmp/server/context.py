@@ -5,11 +5,14 @@ fills in the model and starts the engine thread.
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import os
 import secrets
 import string
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -40,6 +43,12 @@ class ServerContext:
     n_ctx_slot: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
     load_error: str = ""
+    # templating and tokenizing run here, off the event loop (a long prompt must not stall other streams), on
+    # one thread so that the tokenizer's caches are never used concurrently
+    prep_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "llamacmp-prep"))
+
+    async def prep(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.prep_pool, functools.partial(fn, *args))
 
     @property
     def ready(self) -> bool:

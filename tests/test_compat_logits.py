@@ -17,8 +17,11 @@ GOLDENS = sorted((ROOT / "compat" / "goldens" / "logits").glob("*.json"))
 sys.path.insert(0, str(ROOT / "compat"))
 
 # F32 weights: everything but summation order is the same function -> 1e-4. Q8_0: both sides quantize the
-# activations to int8 blocks, but rounding ties and accumulation differ, and random models amplify it.
+# activations to int8 blocks the same way, but an activation sitting on a rounding boundary can land one
+# quantum apart after a tiny upstream difference, and random models amplify that (measured: ~5e-3).
 TOLERANCE = {"f32": 1e-4, "q8_0": 2e-2}
+# Where llama.cpp's own top two logits are closer than this, either choice is within the noise above.
+NEAR_TIE = {"f32": 0.0, "q8_0": 0.05}
 
 pytestmark = pytest.mark.compat
 
@@ -44,10 +47,13 @@ def test_logits_and_greedy_match_llama_cpp(golden_path, real_vocab, tmp_path):
     ours = np.take_along_axis(logits, top_ids, 1)
     rel = np.linalg.norm(ours - top_vals) / np.linalg.norm(top_vals)
     assert rel < TOLERANCE[golden["dtype"]], f"top-20 logits differ from llama.cpp by {rel:.2e} relative"
-    assert np.mean(logits.argmax(1) == top_ids[:, 0]) >= 0.95
-    # Greedy: one decode step per token, as llama.cpp generated them.
-    tokens, tok = [], int(np.argmax(logits[-1]))
-    for _ in golden["greedy"]:
-        tokens.append(tok)
-        tok = int(np.argmax(lm.model.forward(StepBatch.build([(state, [tok])]))[0]))
-    assert tokens == golden["greedy"]
+    decided = top_vals[:, 0] - top_vals[:, 1] > NEAR_TIE[golden["dtype"]]
+    assert np.array_equal(logits.argmax(1)[decided], top_ids[decided, 0])
+    # Greedy, teacher-forced on llama.cpp's tokens so that one near tie cannot derail the rest: at every step
+    # our argmax must be llama.cpp's token unless our own margin between the two is a near tie.
+    step_logits = logits[-1]
+    for i, want in enumerate(golden["greedy"]):
+        margin = step_logits.max() - step_logits[want]
+        assert margin <= NEAR_TIE[golden["dtype"]], f"greedy step {i}: we prefer {int(step_logits.argmax())}, " \
+                                                   f"llama.cpp chose {want} (margin {margin:.3g})"
+        step_logits = lm.model.forward(StepBatch.build([(state, [want])]))[0]

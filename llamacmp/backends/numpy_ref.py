@@ -30,13 +30,16 @@ class RefQ8:
 
 
 def quantize_q8_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x [T, n] -> q [T, n/32, 32] (float32 holding int8 values), d [T, n/32]: llama.cpp's Q8_0/Q8_1 rounding."""
+    """x [T, n] -> q [T, n/32, 32] (float32 holding int8 values), d [T, n/32].
+
+    As llama.cpp quantizes activations for Q8_0 weights: q = round-half-even(x * 127/amax), and the scale
+    d = amax/127 is stored as f16, so the dot products use the f16-rounded scale."""
     T, n = x.shape
     xb = x.reshape(T, n // Q8_0_BLOCK, Q8_0_BLOCK).astype(np.float32)
-    d = np.abs(xb).max(axis=-1) / np.float32(127.0)
-    inv = np.divide(np.float32(1.0), d, out=np.zeros_like(d), where=d > 0)
-    v = xb * inv[..., None]
-    return np.sign(v) * np.floor(np.abs(v) + 0.5), d
+    amax = np.abs(xb).max(axis=-1)
+    inv = np.divide(np.float32(127.0), amax, out=np.zeros_like(amax), where=amax > 0)
+    d = (amax / np.float32(127.0)).astype(np.float16).astype(np.float32)
+    return np.rint(xb * inv[..., None]), d
 
 
 def softplus(x: np.ndarray) -> np.ndarray:

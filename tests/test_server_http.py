@@ -381,3 +381,15 @@ def test_main_on_unix_socket(model, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_reasoning_budget(http):
+    """After N reasoning tokens the reply is forced to close </think> (greedy: the budgeted reasoning is a prefix
+    of the unlimited one); budget 0 closes it at once."""
+    def chat(**extra) -> dict:
+        body = {"messages": [{"role": "user", "content": "Think hard"}], "max_tokens": 24, "temperature": 0}
+        return http.post("/v1/chat/completions", json={**body, **extra}).json()["choices"][0]["message"]
+    free = chat()["reasoning_content"]
+    assert "content" in chat(thinking_budget_tokens=0) and not chat(thinking_budget_tokens=0).get("reasoning_content")
+    short = chat(thinking_budget_tokens=3)["reasoning_content"].rstrip("\n")
+    assert short and free.startswith(short) and len(short) < len(free.rstrip("\n"))

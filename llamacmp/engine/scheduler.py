@@ -300,7 +300,7 @@ class Engine:
             slot.stop_type = "limit"
             self._finish(slot)
             return
-        tok = slot.sampler.sample(row)
+        tok = slot.draw(row)
         text = slot.accept(tok, row, self.tokenizer.is_eog(tok), self.cfg.n_ctx_slot)
         self.metrics.n_tokens_predicted_total += 1
         if task.params.stream:

@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 
 from ..backends.base import SeqState
-from ..sampling import Sampler
+from ..sampling import Sampler, SamplingParams
 from .prompt_cache import SlotCache
 from .tasks import CompletionTask, FinalResult, PartialResult, Timings, TokenProb
 
@@ -40,6 +40,20 @@ def partial_stop_len(text: str, stops: list[str]) -> int:
                 longest = n
                 break
     return longest
+
+
+def fast_greedy(p: SamplingParams, logits: np.ndarray) -> Optional[int]:
+    """The sampler chain's answer at temp <= 0 without running it (no penalties: the chain only ever drops
+    tokens below the best one, so the draw is the argmax, lowest id among ties, of the biased logits)."""
+    if p.temp > 0 or p.penalty_repeat != 1.0 or p.penalty_freq != 0.0 or p.penalty_present != 0.0 or p.ignore_eos:
+        return None
+    if not p.logit_bias:
+        return int(np.argmax(logits))
+    x = np.asarray(logits, np.float64).copy()
+    for tok, bias in p.logit_bias.items():
+        if 0 <= tok < x.shape[0]:
+            x[tok] += bias
+    return int(np.argmax(x))
 
 
 def token_probs(logits: np.ndarray, chosen: int, n: int) -> TokenProb:
@@ -78,6 +92,10 @@ class Slot:
     t_prompt: float = 0.0
     t_gen: float = 0.0
     timings: Timings = field(default_factory=Timings)
+    # reasoning budget
+    in_reasoning: bool = False
+    reasoning_left: int = -1
+    forced: list[int] = field(default_factory=list)
 
     @property
     def busy(self) -> bool:
@@ -93,6 +111,9 @@ class Slot:
         self.generated, self.probs, self.text, self.n_sent = [], [], "", 0
         self.next_token, self.stop_type, self.stopping_word, self.truncated = -1, "none", "", False
         self.timings = Timings(cache_n=self.n_cached)
+        budget = task.params.reasoning_budget
+        self.in_reasoning, self.reasoning_left = budget >= 0, budget
+        self.forced = list(task.params.reasoning_end) if budget == 0 else []
         self.t_prompt = time.perf_counter()
         for t in self.prompt:           # the penalty window sees the prompt too, as in llama.cpp
             sampler.accept(t)
@@ -118,6 +139,24 @@ class Slot:
         self.phase = GENERATE
 
     # -- tokens ---------------------------------------------------------------------------------------------
+    def draw(self, logits: np.ndarray) -> int:
+        """The next token: a forced one (reasoning budget spent), else the sampler's choice."""
+        if self.forced:
+            return self.forced.pop(0)
+        tok = fast_greedy(self.sampler.params, logits)
+        return self.sampler.sample(logits) if tok is None else tok
+
+    def _track_reasoning(self) -> None:
+        if not self.in_reasoning:
+            return
+        if "</think>" in self.text:
+            self.in_reasoning = False
+            return
+        self.reasoning_left -= 1
+        if self.reasoning_left <= 0 and not self.forced:
+            self.forced = list(self.task.params.reasoning_end)
+            self.in_reasoning = False
+
     def accept(self, tok: int, logits: np.ndarray, is_eog: bool, n_ctx: int) -> str:
         """Record a sampled token; returns the text that may be sent now (stop strings held back/cut)."""
         p = self.task.params
@@ -126,6 +165,7 @@ class Slot:
         if p.n_probs > 0:
             self.probs.append(token_probs(logits, tok, p.n_probs))
         self.text += self.decoder.push(tok)
+        self._track_reasoning()
         send = self._text_to_send(is_eog)
         self._check_limits(is_eog, n_ctx, send)
         self.timings.predicted_n = len(self.generated)

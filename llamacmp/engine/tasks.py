@@ -27,6 +27,10 @@ class GenParams:
     special: bool = False               # render control tokens in the output text (--special)
     t_max_predict_ms: int = 0
     stream: bool = False
+    # reasoning budget (--reasoning-budget / thinking_budget_tokens): after this many tokens inside <think>,
+    # the reply is forced to `reasoning_end` (the budget message and the closing tag); -1 = unlimited
+    reasoning_budget: int = -1
+    reasoning_end: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)

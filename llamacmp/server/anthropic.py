@@ -47,9 +47,11 @@ def to_chat_body(body: dict) -> dict:
     for key in ("temperature", "top_p", "top_k", "stream"):
         if key in body:
             out[key] = body[key]
-    thinking = Fields(Fields(body).dict("thinking")).str("type")
-    if thinking in ("enabled", "disabled"):    # per-request thinking switch (llama.cpp PR #21470)
-        out["chat_template_kwargs"] = {"enable_thinking": thinking == "enabled"}
+    thinking = Fields(Fields(body).dict("thinking"))
+    if thinking.str("type") == "enabled":
+        out["thinking_budget_tokens"] = thinking.int("budget_tokens", 10000)
+    if thinking.str("type") in ("enabled", "disabled"):    # per-request switch (llama.cpp PR #21470)
+        out["chat_template_kwargs"] = {"enable_thinking": thinking.str("type") == "enabled"}
     return out
 
 

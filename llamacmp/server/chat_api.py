@@ -7,7 +7,7 @@ whole or as streamed deltas.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -219,10 +219,22 @@ def _cut_partial(text: str, tag: str) -> str:
 
 # -- handler -------------------------------------------------------------------------------------------------------------
 
+def with_reasoning_budget(ctx: ServerContext, body: dict, cp: ChatPrompt, params: GenParams) -> GenParams:
+    """--reasoning-budget, or the request's thinking_budget_tokens when the server's is -1 (unlimited)."""
+    budget = ctx.params.reasoning_budget
+    if budget == -1:
+        budget = Fields(body).int("thinking_budget_tokens", -1)
+    if budget < 0 or not cp.thinking_open:
+        return params
+    end = ctx.tokenizer.encode(ctx.params.reasoning_budget_message + "\n" + THINK_END + "\n\n", parse_special=True)
+    return replace(params, reasoning_budget=budget, reasoning_end=tuple(end))
+
+
 def prepare_chat(ctx: ServerContext, body: dict) -> tuple[ChatPrompt, GenParams, list]:
     """Shared by every chat-shaped route (chat completions, Anthropic messages, Responses)."""
     cp = build_prompt(ctx, body)
     params = chat_gen_params(ctx, body, Fields(body).bool("stream", False), bool(cp.tools))
+    params = with_reasoning_budget(ctx, body, cp, params)
     hints = (cp.reply_start,) if cp.reply_start else ()
     return cp, params, make_tasks(ctx, [cp.tokens], params, body, hints)
 

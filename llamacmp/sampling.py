@@ -177,10 +177,12 @@ class Sampler:
         self.seed = params.seed if params.seed >= 0 else int(np.random.SeedSequence().entropy % (1 << 32))
         self.rng = np.random.Generator(np.random.MT19937(self.seed))
         self.history: deque[int] = deque(maxlen=history_cap)
+        self.n_accepted = 0            # llama.cpp's chain counts accepts (prompt included) as its "runs"
 
     def accept(self, token: int) -> None:
         """Record a prompt or generated token (llama.cpp feeds the prompt into the penalty window too)."""
         self.history.append(int(token))
+        self.n_accepted += 1
 
     def reset(self) -> None:
         self.history.clear()

@@ -101,7 +101,7 @@ def perf_lines(t: Timings, sampler: Sampler | None, now_ms: float) -> str:
     out = []
     if sampler is not None:
         out.append(f"{name}:    sampling time = {t.t_sample_ms:10.2f} ms")
-        out.append(f"{name}:    samplers time = {t.t_sample_ms:10.2f} ms / {t.n_sample:5d} tokens")
+        out.append(f"{name}:    samplers time = {t.t_sample_ms:10.2f} ms / {sampler.n_accepted:5d} tokens")
     total = now_ms - t.t_start_ms
     unacc = total - (t.t_sample_ms + t.t_p_eval_ms + t.t_eval_ms)
     out.append(f"{name}:        load time = {t.t_load_ms:10.2f} ms")

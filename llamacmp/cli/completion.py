@@ -118,6 +118,13 @@ class Completion:
         self.out.write(text)
         self.out.flush()
 
+    def show_tokens(self, ids: list[int]) -> None:
+        """Raw piece bytes, as llama-completion prints them: a character split across tokens arrives in parts
+        and the terminal joins it; bytes that never form valid UTF-8 pass through unchanged."""
+        self.out.flush()
+        self.out.buffer.write(b"".join(self.tok.token_to_piece(t, self.p.special) for t in ids))
+        self.out.buffer.flush()
+
     # -- the loop ------------------------------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -149,7 +156,7 @@ class Completion:
         p = self.p
         if not waiting:
             if p.display_prompt:
-                self.show(self.tok.decode(ids, special=p.special))
+                self.show_tokens(ids)
             self.feed(ids)
         first_turn = True
         while True:
@@ -173,9 +180,10 @@ class Completion:
 
     def generate(self) -> str:
         p = self.p
-        gen = self.session.generate(self.sampler, p.n_predict, tuple(p.antiprompt), self.show, p.special,
+        gen = self.session.generate(self.sampler, p.n_predict, tuple(p.antiprompt), None, p.special,
                                     should_stop=lambda: p.interactive and self.interrupt.take(),
-                                    stop_window=0 if p.interactive else 2)
+                                    stop_window=0 if p.interactive else 2,
+                                    on_token=lambda t: self.show_tokens([t]))
         if self.conv is not None:
             self.conv.messages.append({"role": "assistant", "content": self.tok.decode(
                 [t for t in gen.tokens if t not in self.tok.eog_ids], special=False)})

@@ -138,9 +138,10 @@ class Session:
 
     def generate(self, sampler: Sampler, n_predict: int, stop_strings: tuple[str, ...] = (),
                  on_text: Callable[[str], None] | None = None, special: bool = False,
-                 should_stop: Callable[[], bool] = lambda: False, stop_window: int = 2) -> Generation:
+                 should_stop: Callable[[], bool] = lambda: False, stop_window: int = 2,
+                 on_token: Callable[[int], None] | None = None) -> Generation:
         """Sample up to n_predict tokens (-1: until EOG or the context is full) from the current logits.
-        Text streams to on_text as soon as it is whole UTF-8; stop strings are looked for at the end of the
+        Text streams to on_text as soon as it is whole UTF-8 (on_token sees each id first); stop strings are looked for at the end of the
         generated text (widened by stop_window chars, as llama-completion does for reverse prompts)."""
         decoder = self.lm.tokenizer.stream_decoder(special)
         text, out = "", []
@@ -158,6 +159,8 @@ class Session:
             out.append(token)
             self.history.append(token)
             n += 1
+            if on_token:
+                on_token(token)
             piece = decoder.push(token)
             if piece:
                 text += piece

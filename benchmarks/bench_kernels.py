@@ -105,6 +105,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--matmul-only", action="store_true")
     args = ap.parse_args(argv)
     be = CudaBackend()
     rows_out = []
@@ -122,6 +123,8 @@ def main(argv=None) -> None:
             print(f"{name:<10} {rows:>6} {n:>6} {T:>4} {ms:>8.4f} {gbs:>7.0f} {100 * gbs / bw:>5.0f}% {tops:>7.1f}")
             rows_out.append({"what": f"matmul_q8 {name}", "rows": rows, "n": n, "T": T, "ms": ms, "GB/s": gbs,
                              "TOPS": tops})
+    if args.matmul_only:
+        return
     print(f"{'attention (9B heads, f16 KV)':<34} {'ms':>8}")
     for n_kv, L in ((4096, 1), (32768, 1), (512, 512), (4096, 512)):
         ms = bench_attention(be, n_kv, L)

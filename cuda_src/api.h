@@ -45,7 +45,8 @@ int cmp_timer_start(void);
 int cmp_timer_stop(float* ms);
 
 // ---- quantize.cu ----------------------------------------------------------------------------------------------
-// x [T, n] f32 -> q [T, n] int8, d [T, n/32] f32: per 32-block d = max|x|/127, q = roundf(x/d). n % 32 == 0.
+// x [T, n] f32 -> q [T, n] int8, d [T, n/32] f32: per 32-block q = rint(x * 127/max|x|), d = f16(max|x|/127)
+// (numpy_ref.quantize_q8_blocks). n % 32 == 0.
 int cmp_quantize_q8(const float* x, int8_t* q, float* d, int T, int n);
 // GGUF Q8_0 bytes blocks [rows, n/32, 34] (f16 scale then 32 int8) -> qs [rows, n] int8, d [rows, n/32] f16.
 int cmp_q8_repack(const uint8_t* blocks, int8_t* qs, void* d, int rows, int n);

@@ -41,6 +41,7 @@ struct GemvSet {
     float* y[GEMV_MAX_MATS];          // [T, rows_i]
     int row_end[GEMV_MAX_MATS];       // cumulative rows
     int count;
+    int total;                        // row_end[count-1], so that no index into the struct is dynamic
 };
 
 // Warp per weight row. Lane l reads 16-byte chunks l, l+32, ... of the row (chunk c is half of Q8 block c/2), so a
@@ -54,7 +55,7 @@ gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     // Find this warp's matrix with compile-time indices only (a dynamic index into the kernel parameter struct
     // would copy it to local memory).
     int row = blockIdx.x * GEMV_WARPS + threadIdx.y;
-    if (row >= set.row_end[set.count - 1]) return;
+    if (row >= set.total) return;
     const int8_t* wq = set.wq[0];
     const __half* wd = set.wd[0];
     float* y = set.y[0];
@@ -244,6 +245,7 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
             set.row_end[i] = total += rows[i];
         }
         set.count = count;
+        set.total = total;
         static constexpr auto table = gemv_table(std::make_integer_sequence<int, GEMV_MAX_T>{});
         return table[T - 1](xq, xd, set, total, n);
     }

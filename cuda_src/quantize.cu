@@ -7,8 +7,9 @@ namespace {
 
 // ==== kernels =====================================================================================================
 
-// One warp per 32-value block. Rounding matches numpy_ref.quantize_q8_blocks bit for bit: d = max|x|/127 and
-// inv = 1/d in IEEE round-to-nearest (fast-math would make them approximate and move ties), q = roundf(x*inv).
+// One warp per 32-value block. Rounding matches numpy_ref.quantize_q8_blocks bit for bit: inv = 127/amax in IEEE
+// round-to-nearest (fast-math would make it approximate and move ties), q = round-half-even(x*inv), and the scale
+// d = amax/127 is rounded to f16 as llama.cpp stores it (kept in an f32 array here: same value, aligned loads).
 __global__ void quantize_q8_kernel(const float* __restrict__ x,  // [nblk * 32]
                                    int8_t* __restrict__ q,        // [nblk * 32]
                                    float* __restrict__ d,         // [nblk]
@@ -18,10 +19,9 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x,  // [nblk * 32]
     const int lane = threadIdx.x & 31;
     const float v = x[blk * QK + lane];
     const float amax = warp_max(fabsf(v));
-    const float dd = __fdiv_rn(amax, 127.f);
-    const float inv = dd > 0.f ? __frcp_rn(dd) : 0.f;
-    q[blk * QK + lane] = (int8_t)roundf(__fmul_rn(v, inv));
-    if (lane == 0) d[blk] = dd;
+    const float inv = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+    q[blk * QK + lane] = (int8_t)__float2int_rn(__fmul_rn(v, inv));
+    if (lane == 0) d[blk] = __half2float(__float2half_rn(__fdiv_rn(amax, 127.f)));
 }
 
 // One thread per block of 34 bytes: f16 scale, then 32 int8.

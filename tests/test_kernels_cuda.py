@@ -77,6 +77,7 @@ def test_quantize_matches_reference(cuda_backend, T, n):
     rng = np.random.default_rng(n + T)
     x = (rng.standard_normal((T, n)) * 3).astype(np.float32)
     x[0, :32] = 0.0                                   # an all-zero block: d = 0, q = 0
+    x[-1, -32:] = np.concatenate([[127.0], np.arange(-15, 16) + 0.5])  # amax 127: exact .5 ties, half-to-even
     q_ref, d_ref = quantize_q8_blocks(x)
     q, d = cuda_backend.quantize(up(cuda_backend, x))
     qh = np.empty((T, n), np.int8)

@@ -1,0 +1,148 @@
+"""Diff llamacmp against llama.cpp ≈ b8462: the committed goldens (no llama.cpp needed), or live.
+
+    python3 compat/diff.py [--live] [--skip-logits]
+
+Prints a table (area, cases, identical, within tolerance, different) and writes compat/REPORT.md. With --live the
+golden generators are re-run first against the llama.cpp build (compat/build_llamacpp.sh and
+compat/build_oracle_tools.sh), so the comparison is with llama.cpp itself; `git diff compat/goldens` then shows
+whether llama.cpp's answers changed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+GOLDENS = HERE / "goldens"
+sys.path.insert(0, str(HERE))
+
+
+@dataclass
+class Area:
+    name: str
+    cases: int = 0
+    identical: int = 0
+    within: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def different(self) -> int:
+        return self.cases - self.identical - self.within
+
+    def add(self, ok: bool, close: bool = False, example: str = "") -> None:
+        self.cases += 1
+        if ok:
+            self.identical += 1
+        elif close:
+            self.within += 1
+        elif len(self.examples) < 5:
+            self.examples.append(example)
+
+
+def _jsonl(name: str) -> list[dict]:
+    return [json.loads(line) for line in (GOLDENS / name).read_text(encoding="utf-8").split("\n") if line.strip()]
+
+
+def tokenization() -> Area:
+    from llamacmp.fixtures.qwen_vocab import load_qwen35_vocab
+    from llamacmp.tokenizer import Tokenizer
+    v, area = load_qwen35_vocab(), Area("tokenization")
+    toks = {pre: Tokenizer.from_metadata(v.tokens, v.merges, v.token_types, pre, v.eos_id, v.bos_id, v.add_bos)
+            for pre in ("qwen35", "qwen2")}
+    for g in _jsonl("tokenize.jsonl"):
+        ours = toks[g.get("pre", "qwen35")].encode(g["text"], g["parse_special"])
+        area.add(ours == g["ids"], example=repr(g["text"][:60]))
+    return area
+
+
+def templates() -> Area:
+    from llamacmp.chat import ChatTemplate
+    tmpl = ChatTemplate((HERE.parent / "llamacmp" / "fixtures" / "qwen35_chat_template.jinja").read_text())
+    area = Area("template renders")
+    for g in _jsonl("chat_render.jsonl"):
+        c = g["case"]
+        ours = tmpl.render(c["messages"], c["add_generation_prompt"], c.get("tools"), c["enable_thinking"])
+        area.add(ours == g["llama.cpp"]["prompt"], example=c["id"])
+    return area
+
+
+def parsing() -> Area:
+    from llamacmp.chat import parse_output
+    area = Area("parsed messages (final)")
+    for g in _jsonl("chat_parse.jsonl"):
+        c = g["case"]
+        for out, want in zip(c["outputs"], g["llama.cpp"]["parsed"]):
+            if out["is_partial"]:
+                continue
+            p = parse_output(out["text"], "auto", c["enable_thinking"], c.get("tools"))
+            calls = [(t["function"]["name"], t["function"]["arguments"]) for t in want.get("tool_calls", [])]
+            same = (p.content == want["content"] and p.reasoning_content == want.get("reasoning_content", "")
+                    and [(t.name, t.arguments) for t in p.tool_calls] == calls)
+            area.add(same, example=c["id"])
+    return area
+
+
+def logits() -> tuple[Area, Area]:
+    from gen_logits_goldens import fixture_path
+    from llamacmp.backends.base import StepBatch
+    from llamacmp.backends.numpy_ref import NumpyBackend
+    from llamacmp.fixtures.qwen_vocab import load_qwen35_vocab
+    from llamacmp.loader import load_model
+    tolerance, near_tie = {"f32": 1e-4, "q8_0": 2e-2}, {"f32": 0.0, "q8_0": 0.05}
+    vocab, lg, gr = load_qwen35_vocab(), Area("logits (top-20, per case)"), Area("greedy steps (teacher-forced)")
+    with tempfile.TemporaryDirectory() as d:
+        for path in sorted((GOLDENS / "logits").glob("*.json")):
+            g = json.loads(path.read_text())
+            lm = load_model(fixture_path(g, Path(d), vocab), NumpyBackend())
+            state = lm.backend.new_state(lm.cfg, len(g["prompt"]) + len(g["greedy"]) + 1, g["kv"])
+            out = lm.model.forward(StepBatch.build([(state, g["prompt"])], all_logits=True))
+            want = np.array(g["top_logits"])
+            rel = np.linalg.norm(np.take_along_axis(out, np.array(g["top_ids"]), 1) - want) / np.linalg.norm(want)
+            lg.add(rel < 1e-6, rel < tolerance[g["dtype"]], f"{path.stem}: rel {rel:.2e}")
+            step = out[-1]
+            for tok in g["greedy"]:
+                margin = step.max() - step[tok]
+                gr.add(int(step.argmax()) == tok, margin <= near_tie[g["dtype"]], f"{path.stem}: margin {margin:.3g}")
+                step = lm.model.forward(StepBatch.build([(state, [tok])]))[0]
+    return lg, gr
+
+
+def report(areas: list[Area]) -> str:
+    lines = ["| area | cases | identical | within tolerance | different |", "|---|---|---|---|---|"]
+    lines += [f"| {a.name} | {a.cases} | {a.identical} | {a.within} | {a.different} |" for a in areas]
+    for a in areas:
+        if a.examples:
+            lines.append(f"\nDifferent in {a.name}: " + "; ".join(a.examples))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--live", action="store_true", help="re-run the golden generators against llama.cpp first")
+    p.add_argument("--skip-logits", action="store_true", help="skip the (slow) logits area")
+    args = p.parse_args()
+    if args.live:
+        for gen in ("gen_tokenize_goldens.py", "gen_chat_goldens.py", "gen_logits_goldens.py"):
+            subprocess.run([sys.executable, str(HERE / gen)], check=True)
+    areas = [tokenization(), templates(), parsing()]
+    if not args.skip_logits:
+        areas += list(logits())
+    table = report(areas)
+    print(table)
+    differences = (HERE / "DIFFERENCES.md").read_text() if (HERE / "DIFFERENCES.md").exists() else ""
+    (HERE / "REPORT.md").write_text(
+        "# llamacmp vs llama.cpp ≈ b8462 (49bfddeca)\n\nWritten by `python3 compat/diff.py` from the committed goldens "
+        "(tolerances: logits 1e-4 relative for F32 weights, 2e-2 for Q8_0; greedy steps within tolerance are near "
+        "ties of < 0.05 in logit).\n\n" + table + "\n\n" + differences)
+    sys.exit(1 if any(a.different for a in areas) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -393,3 +393,27 @@ def test_reasoning_budget(http):
     assert "content" in chat(thinking_budget_tokens=0) and not chat(thinking_budget_tokens=0).get("reasoning_content")
     short = chat(thinking_budget_tokens=3)["reasoning_content"].rstrip("\n")
     assert short and free.startswith(short) and len(short) < len(free.rstrip("\n"))
+
+
+def test_grammar_and_json_schema(http):
+    import re
+    # bounded on purpose: a random model would happily write an endless integer
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
+              "additionalProperties": False}
+    r = http.post("/completion", json={"prompt": "Hi", "n_predict": 60, "temperature": 0, "json_schema": schema}).json()
+    assert r["stop_type"] == "eos" and isinstance(json.loads(r["content"])["a"], bool)
+    g = 'root ::= ("yes" | "no") " " [0-9]+'
+    r = http.post("/completion", json={"prompt": "Hi", "n_predict": 20, "temperature": 0, "grammar": g}).json()
+    assert re.fullmatch(r"(yes|no) [0-9]+", r["content"])
+    r = http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 60, "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False},
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}).json()
+    assert isinstance(json.loads(r["choices"][0]["message"]["content"])["a"], bool)
+    bad = http.post("/completion", json={"prompt": "Hi", "grammar": "root ::= (("})
+    assert bad.status_code == 400 and "failed to parse grammar" in err(bad)["message"]
+    both = http.post("/completion", json={"prompt": "Hi", "grammar": g, "json_schema": schema})
+    assert both.status_code == 400 and err(both)["message"] == "Cannot use both json_schema and grammar"
+    fmt = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                  "response_format": {"type": "yaml"}})
+    assert fmt.status_code == 400

@@ -20,6 +20,7 @@ from typing import Optional
 
 from ..sampling import Sampler
 from .checkpoints import state_ops_for
+from .grammar import GrammarCompiler
 from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host
 from .slot import GENERATE, PREFILL, Slot
 from .tasks import CancelTask, CompletionTask, ErrorResult, QueryTask, SlotActionTask
@@ -63,6 +64,7 @@ class Engine:
         self.slots = [Slot(i, self.backend.new_state(lm.cfg, cfg.n_ctx_slot, cfg.kv_type),
                            SlotCache(cfg.ctx_checkpoints)) for i in range(cfg.n_slots)]
         self.host_cache = HostCache(cfg.cache_ram_mib)
+        self.grammars = GrammarCompiler(self.tokenizer)   # used by handlers (compile) and here (matchers)
         self.metrics = EngineMetrics()
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: list[CompletionTask] = []
@@ -178,7 +180,8 @@ class Engine:
         point = self._resume(slot, task)
         sampler = Sampler(task.params.sampling, self.tokenizer.eog_ids)
         decoder = self.tokenizer.stream_decoder(special=task.params.special)
-        slot.begin(task, sampler, decoder, self._checkpoint_plan(task, slot.state.n_past))
+        grammar = self.grammars.matcher(task.params.grammar) if task.params.grammar is not None else None
+        slot.begin(task, sampler, decoder, self._checkpoint_plan(task, slot.state.n_past), grammar)
         slot.last_used = time.monotonic()
         log.info("slot %d: task %d, prompt %d tokens, %d from cache (lcp %d)", slot.id, task.id,
                  len(task.prompt), point.pos, point.lcp)

@@ -96,15 +96,17 @@ class Slot:
     in_reasoning: bool = False
     reasoning_left: int = -1
     forced: list[int] = field(default_factory=list)
+    grammar: object = None               # grammar.SlotGrammar while a constrained request runs
 
     @property
     def busy(self) -> bool:
         return self.phase != IDLE
 
     # -- prompt ---------------------------------------------------------------------------------------------
-    def begin(self, task: CompletionTask, sampler: Sampler, decoder, checkpoint_at: list[int]) -> None:
+    def begin(self, task: CompletionTask, sampler: Sampler, decoder, checkpoint_at: list[int],
+              grammar=None) -> None:
         """Start serving `task`; the cache has already been moved to the resume point (state.n_past)."""
-        self.task, self.sampler, self.decoder = task, sampler, decoder
+        self.task, self.sampler, self.decoder, self.grammar = task, sampler, decoder, grammar
         self.prompt = task.prompt
         self.n_cached = self.state.n_past
         self.checkpoint_at = sorted(p for p in checkpoint_at if self.n_cached < p <= len(self.prompt))
@@ -143,6 +145,8 @@ class Slot:
         """The next token: a forced one (reasoning budget spent), else the sampler's choice."""
         if self.forced:
             return self.forced.pop(0)
+        if self.grammar is not None:
+            logits = self.grammar.apply(logits)
         tok = fast_greedy(self.sampler.params, logits)
         return self.sampler.sample(logits) if tok is None else tok
 
@@ -166,6 +170,8 @@ class Slot:
             self.probs.append(token_probs(logits, tok, p.n_probs))
         self.text += self.decoder.push(tok)
         self._track_reasoning()
+        if self.grammar is not None and not self.grammar.accept(tok, self.text):
+            is_eog = True                # the grammar is complete: nothing more may follow
         send = self._text_to_send(is_eog)
         self._check_limits(is_eog, n_ctx, send)
         self.timings.predicted_n = len(self.generated)
@@ -217,5 +223,5 @@ class Slot:
                            len(self.generated), self.truncated, self.timings, list(self.prompt))
 
     def release(self) -> None:
-        self.phase, self.task, self.sampler, self.decoder = IDLE, None, None, None
+        self.phase, self.task, self.sampler, self.decoder, self.grammar = IDLE, None, None, None, None
         self.last_used = time.monotonic()

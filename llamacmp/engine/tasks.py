@@ -31,6 +31,7 @@ class GenParams:
     # the reply is forced to `reasoning_end` (the budget message and the closing tag); -1 = unlimited
     reasoning_budget: int = -1
     reasoning_end: tuple[int, ...] = ()
+    grammar: object = None              # engine.grammar.Grammar (compiled at the edge) or None
 
 
 @dataclass(slots=True)

@@ -14,7 +14,8 @@ from starlette.responses import JSONResponse, Response
 
 from ..chat import THINK_END, TOOL_START, ParsedMessage, TemplateError, parse_output, thinking_switch
 from ..engine.tasks import FinalResult, GenParams, PartialResult
-from .completions import (finish_reason, make_tasks, probs_json, raise_first_error, start_stream, usage_json)
+from .completions import (attach_grammar, finish_reason, make_tasks, probs_json, raise_first_error, start_stream,
+                          usage_json)
 from .context import ServerContext, random_id
 from .errors import ApiError, bad_request
 from .schemas import Fields, gen_params, oai_stop
@@ -219,6 +220,21 @@ def _cut_partial(text: str, tag: str) -> str:
 
 # -- handler -------------------------------------------------------------------------------------------------------------
 
+def with_response_format(body: dict) -> dict:
+    """response_format json_object / json_schema -> the native json_schema field (llama.cpp's mapping)."""
+    if "response_format" not in body:
+        return body
+    rf = Fields(Fields(body).dict("response_format"))
+    kind = rf.str("type")
+    if kind == "json_object":
+        return {**body, "json_schema": rf.dict("schema", {"type": "object"})}
+    if kind == "json_schema":
+        return {**body, "json_schema": Fields(rf.dict("json_schema")).dict("schema")}
+    if kind and kind != "text":
+        raise bad_request(f'response_format type must be one of "text" or "json_object", but got: {kind}')
+    return body
+
+
 def with_reasoning_budget(ctx: ServerContext, body: dict, cp: ChatPrompt, params: GenParams) -> GenParams:
     """--reasoning-budget, or the request's thinking_budget_tokens when the server's is -1 (unlimited)."""
     budget = ctx.params.reasoning_budget
@@ -235,6 +251,7 @@ def prepare_chat(ctx: ServerContext, body: dict) -> tuple[ChatPrompt, GenParams,
     cp = build_prompt(ctx, body)
     params = chat_gen_params(ctx, body, Fields(body).bool("stream", False), bool(cp.tools))
     params = with_reasoning_budget(ctx, body, cp, params)
+    params = attach_grammar(ctx, with_response_format(body), params, after_think=cp.thinking_open)
     hints = (cp.reply_start,) if cp.reply_start else ()
     return cp, params, make_tasks(ctx, [cp.tokens], params, body, hints)
 

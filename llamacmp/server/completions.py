@@ -139,8 +139,24 @@ def raise_first_error(results: list) -> None:
             raise ApiError(r.message, r.type, r.extra)
 
 
+def attach_grammar(ctx: ServerContext, body: dict, params: GenParams, after_think: bool = False) -> GenParams:
+    """`grammar` (GBNF) or `json_schema` -> a compiled llguidance grammar; a bad one is the client's 400."""
+    from ..engine.grammar import GrammarError
+    f = Fields(body)
+    grammar, schema = f.str("grammar"), f.raw("json_schema")
+    schema = schema if isinstance(schema, dict) else None
+    if grammar and schema is not None:
+        raise bad_request("Cannot use both json_schema and grammar")
+    if not grammar and schema is None:
+        return params
+    try:
+        return replace(params, grammar=ctx.engine.grammars.compile(grammar, schema, after_think))
+    except GrammarError as e:
+        raise bad_request(str(e)) from None
+
+
 def _prepare(ctx: ServerContext, body: dict) -> tuple[GenParams, list[CompletionTask]]:
-    params = gen_params(body, ctx.defaults, ctx.tokenizer, ctx.n_vocab)
+    params = attach_grammar(ctx, body, gen_params(body, ctx.defaults, ctx.tokenizer, ctx.n_vocab))
     return params, make_tasks(ctx, tokenize_prompts(body["prompt"], ctx.tokenizer, ctx.n_vocab), params, body)
 
 

@@ -113,7 +113,8 @@ def test_completion_interactive_with_prefix_suffix(model):
             "--in-prefix", "USER: ", "--in-suffix", "BOT:", "--ignore-eos", stdin="hi\n")
     out = r.stdout.decode("utf-8", "replace")
     assert r.returncode == 0
-    assert "USER: BOT:" in out and out.count("USER: ") == 2 and out.endswith("EOF by user\n\n\n")
+    # piped input is echoed (llama.cpp's console does); typed tokens spend the -n budget as in llama-completion
+    assert "USER: hi\nBOT:" in out and out.count("USER: ") == 2 and out.endswith("USER: EOF by user\n\n\n")
 
 
 def test_completion_logit_bias_bans_the_greedy_token(model, lm):
@@ -183,7 +184,7 @@ def test_perplexity_output_and_value(model, lm, tmp_path):
     r = run("perplexity", "-m", model, "-f", str(f), "-c", str(n_ctx), "--chunks", "3")
     assert r.returncode == 0, r.stderr.decode()
     out = r.stdout.decode()
-    assert re.fullmatch(r"\[1\]\d+\.\d{4},\[2\]\d+\.\d{4},\[3\]\d+\.\d{4},\n", out), out
+    assert re.fullmatch(r"\d+\.\d\d minutes\n\[1\]\d+\.\d{4},\[2\]\d+\.\d{4},\[3\]\d+\.\d{4},\n\n", out), out
     m = re.search(r"Final estimate: PPL = (\d+\.\d{4}) \+/- (\d+\.\d{5})", r.stderr.decode())
     assert m
     # independent computation: second half of each chunk, each chunk from an empty state
@@ -206,7 +207,7 @@ def test_perplexity_needs_enough_tokens(model, tmp_path):
     f = tmp_path / "short.txt"
     f.write_text("too short")
     r = run("perplexity", "-m", model, "-f", str(f), "-c", "64")
-    assert r.returncode == 1 and "you need at least 128 tokens" in r.stderr.decode()
+    assert r.returncode == 0 and "you need at least 128 tokens" in r.stderr.decode()   # llama.cpp's status
 
 
 # -- llamacmp-cli ---------------------------------------------------------------------------------------------

@@ -79,6 +79,9 @@ class Completion:
         self.out = sys.stdout
         self.interrupt = Interrupt()
         self.conv: Conversation | None = None
+        self.n_remain = p.n_predict
+        # llama.cpp's non-simple console echoes input itself; a terminal already shows what was typed
+        self.echo_input = not p.simple_io and not sys.stdin.isatty()
 
     # -- set-up ------------------------------------------------------------------------------------------------
 
@@ -131,8 +134,7 @@ class Completion:
         self.decide_mode()
         prompt = self.first_prompt()
         ids = self.tok.encode(prompt, parse_special=True, add_special=True)
-        waiting = not ids and self.p.interactive_first
-        if not ids and not waiting:
+        if not ids and not self.p.interactive_first:
             raise CliError("input is empty")
         if len(ids) > self.session.n_ctx - 4:
             raise CliError(f"main: prompt is too long ({len(ids)} tokens, max {self.session.n_ctx - 4})")
@@ -145,22 +147,24 @@ class Completion:
                      " end your input with '/'.\n - If you want to submit another line, end your input with '\\'.")
         previous = signal.signal(signal.SIGINT, self.interrupt.handler)
         try:
-            self.loop(ids, waiting)
+            self.loop(ids)
         finally:
             signal.signal(signal.SIGINT, previous)
         self.show("\n\n")
         sys.stderr.write(perf_lines(self.session.timings, self.sampler, now_ms()))
         return 0
 
-    def loop(self, ids: list[int], waiting: bool) -> None:
+    def loop(self, ids: list[int]) -> None:
         p = self.p
-        if not waiting:
+        if ids:
             if p.display_prompt:
                 self.show_tokens(ids)
             self.feed(ids)
-        first_turn = True
+        # -if (and conversation mode without -p) waits for the user before sampling anything
+        interact_first = p.interactive_first and not (self.conv is not None and p.prompt)
+        stop = ""
         while True:
-            if not (waiting and first_turn):
+            if not interact_first:
                 stop = self.generate()
                 if not p.interactive:
                     if stop == "eog":
@@ -168,10 +172,9 @@ class Completion:
                     return
                 if stop == "context":
                     return
-            first_turn = False
-            if not self.interact(stop if not waiting else ""):
+            interact_first = False
+            if not self.interact(stop):
                 return
-            waiting = False
 
     def feed(self, ids: list[int]) -> None:
         for t in ids:
@@ -180,13 +183,20 @@ class Completion:
 
     def generate(self) -> str:
         p = self.p
-        gen = self.session.generate(self.sampler, p.n_predict, tuple(p.antiprompt), None, p.special,
+        # n_remain as llama-completion keeps it: generated and typed tokens both spend it; in interactive mode
+        # it refills to -n when spent (and the user gets the turn)
+        budget = self.n_remain if p.n_predict >= 0 else -1
+        gen = self.session.generate(self.sampler, max(budget, 0) if budget >= 0 else -1, tuple(p.antiprompt),
+                                    None, p.special,
                                     should_stop=lambda: p.interactive and self.interrupt.take(),
                                     stop_window=0 if p.interactive else 2,
                                     on_token=lambda t: self.show_tokens([t]))
         if self.conv is not None:
             self.conv.messages.append({"role": "assistant", "content": self.tok.decode(
                 [t for t in gen.tokens if t not in self.tok.eog_ids], special=False)})
+        self.n_remain -= len(gen.tokens)
+        if p.interactive and self.n_remain <= 0 and p.n_predict >= 0:
+            self.n_remain = p.n_predict
         if gen.stop == "eog" and p.interactive:
             self.session.history.append(gen.tokens[-1])   # llama.cpp decodes the EOG before the next input
         if gen.stop == "context":
@@ -210,6 +220,8 @@ class Completion:
         if text is None:
             self.show("EOF by user\n")
             return False
+        if self.echo_input:
+            self.show(text + "\n")            # llama.cpp's console echoes what it reads, even from a pipe
         if not text:
             return True                      # an empty line hands control back to the model
         if p.input_suffix and self.conv is None:
@@ -225,12 +237,13 @@ class Completion:
 
     def feed_user(self, text: str) -> None:
         p = self.p
-        ids: list[int] = []
         if self.conv is not None:
-            ids = self.tok.encode(self.conv.add("user", text, True), parse_special=True)
+            ids = user_ids = self.tok.encode(self.conv.add("user", text, True), parse_special=True)
         else:
-            ids = (self.tok.encode(p.input_prefix, parse_special=True) + self.tok.encode(text)
+            user_ids = self.tok.encode(text)
+            ids = (self.tok.encode(p.input_prefix, parse_special=True) + user_ids
                    + self.tok.encode(p.input_suffix, parse_special=True))
+        self.n_remain -= len(user_ids)
         try:
             self.feed(ids)
         except ContextFull as e:

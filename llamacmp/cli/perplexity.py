@@ -66,15 +66,17 @@ def run(p: Params) -> int:
     tokens = np.asarray(tok.encode(p.prompt, parse_special=False, add_special=True), dtype=np.int64)
     log(p, f"perplexity: tokenization took {(time.perf_counter() - t0) * 1e3:g} ms\n")
     if len(tokens) < 2 * n_ctx:
-        raise CliError(f"perplexity: you need at least {2 * n_ctx} tokens to evaluate perplexity with a context of "
-                       f"{n_ctx}\nperplexity: the data file you provided tokenizes to only {len(tokens)} tokens")
+        # llama-perplexity reports this and still exits 0; scripts that check the status see the same
+        sys.stderr.write(f"perplexity: you need at least {2 * n_ctx} tokens to evaluate perplexity with a context "
+                         f"of {n_ctx}\nperplexity: the data file you provided tokenizes to only {len(tokens)} tokens\n")
+        return 0
     n_chunk = len(tokens) // n_ctx if p.n_chunks < 0 else min(p.n_chunks, len(tokens) // n_ctx)
     n_seq = max(1, p.n_batch // n_ctx)
     n_batch = min(p.n_batch, n_ctx * n_seq)
     log(p, f"perplexity: calculating perplexity over {n_chunk} chunks, n_ctx={n_ctx}, batch_size={n_batch}, "
            f"n_seq={n_seq}\n")
     sums = score_chunks(p, loaded, tokens, n_ctx, n_chunk)
-    sys.stdout.write("\n")
+    sys.stdout.write("\n\n")              # the end of the [i] line, then main()'s own blank line
     est = sums.estimate()
     if est is None:
         sys.stderr.write("Unexpected negative standard deviation of log(prob)\n")
@@ -96,7 +98,9 @@ def score_chunks(p: Params, loaded, tokens: np.ndarray, n_ctx: int, n_chunk: int
         sums.add(logits[first:n_ctx - 1], chunk[first + 1:])
         if i == 0:
             dt = time.perf_counter() - t0
-            log(p, f"perplexity: {dt:.2f} seconds per pass - ETA {_eta(dt * n_chunk)}\n")
+            # llama.cpp logs the first half on stderr and prints the ETA itself on stdout
+            log(p, f"perplexity: {dt:.2f} seconds per pass - ETA ")
+            sys.stdout.write(_eta(dt * n_chunk) + "\n")
         sys.stdout.write(f"[{i + 1}]{sums.ppl:.4f},")
         sys.stdout.flush()
     return sums

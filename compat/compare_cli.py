@@ -1,0 +1,157 @@
+"""Run the same command lines through llama.cpp's tools and ours on a fixture GGUF and compare them.
+
+Usage: python compat/compare_cli.py LLAMACPP_BIN_DIR MODEL.gguf [--markdown OUT.md]
+
+Each case names what must match: `stdout` (exact bytes and exit status), `error` (exit status and the first
+stderr line that says "error"/"Error"), `status` (exit status only), or `stdout-prefix` (the first N bytes:
+for interactive modes whose later turns depend on terminal input). Timing figures are never compared.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+OURS = {"llama-completion": "llamacmp-completion", "llama-cli": "llamacmp-cli",
+        "llama-tokenize": "llamacmp-tokenize", "llama-perplexity": "llamacmp-perplexity"}
+
+
+@dataclass
+class Case:
+    tool: str
+    args: str
+    check: str = "stdout"
+    stdin: str = ""
+    note: str = ""
+
+
+def cases(text_file: str, prompt_file: str) -> list[Case]:
+    C = "-c 512"
+    g = f"--temp 0 {C}"
+    return [
+        # llama-completion: README / docs lines, greedy so the output is comparable
+        Case("llama-completion", f'-p "I believe the meaning of life is" -n 16 -no-cnv {g}'),
+        Case("llama-completion", f'-p "Hello" -n 16 -no-cnv {g}'),
+        Case("llama-completion", f'-p "Hello" -n 16 {g}', note="auto conversation mode, EOF on stdin"),
+        Case("llama-completion", f'-p "Hello" -n 16 -cnv --jinja {g}'),
+        Case("llama-completion", f'-sys "You are a helpful assistant" -p "Hi" -n 8 {g}'),
+        Case("llama-completion", f'-sys "You are a helpful assistant" -p "Hi" -n 8 --jinja {g}'),
+        Case("llama-completion", f'-p "Hello" -n 16 -st -cnv {g}'),
+        Case("llama-completion", f'-p "Hello" -n 16 -no-cnv --no-display-prompt {g}'),
+        Case("llama-completion", f'-p "Hello" -n 16 -no-cnv -sp {g}'),
+        Case("llama-completion", f'-p "Hello" -n 32 -no-cnv --ignore-eos {g}'),
+        Case("llama-completion", f'-p "a\\nb\\tc" -n 8 -no-cnv {g}'),
+        Case("llama-completion", f'-p "a\\nb" -n 8 -no-cnv --no-escape {g}'),
+        Case("llama-completion", f'-f {prompt_file} -n 8 -no-cnv {g}'),
+        Case("llama-completion", f'-p "Hello" -n 8 -no-cnv -b 2 -ub 1 {g}', note="prefill in 1-token ubatches"),
+        Case("llama-completion", f'-p "Hello" -n 8 -no-cnv --repeat-penalty 1.5 --repeat-last-n 8 {g}'),
+        Case("llama-completion", f'-p "Hello" -n 8 -no-cnv --presence-penalty 1.0 --frequency-penalty 0.5 {g}'),
+        Case("llama-completion", f'-p "Hello" -n 8 -no-cnv -l 291-inf -l 85+2 {g}'),
+        Case("llama-completion", f'-p "Hello" -n 8 -no-cnv --top-k 1 --temp 0.7 -s 1 {C}',
+             note="top-k 1 makes any seed greedy"),
+        Case("llama-completion", f'-p "Hello" -n 8 -no-cnv --samplers "top_k;temperature" --top-k 1 -s 3 {C}'),
+        Case("llama-completion", f'-p "Hello" -n 8 -no-cnv --sampling-seq k --top-k 1 -s 3 {C}'),
+        Case("llama-completion", f'-p "Hello" -n 8 -no-cnv -ngl 99 -fa on -t 4 {g}'),
+        Case("llama-completion", f'-p "Hello" -n 8 -no-cnv -ctk f16 -ctv f16 -np 1 {g}'),
+        Case("llama-completion", f'-p "Hello" -n 8 -no-cnv -r "ing" {g}', note="reverse prompt ends it"),
+        Case("llama-completion", f'-p "Hello" -n 4 -no-cnv -i --in-prefix "U: " --in-suffix "A:" {g}',
+             stdin="hi\n"),
+        Case("llama-completion", f'-p "Hello" -n 4 -no-cnv -if {g}', stdin="hi\n", check="stdout"),
+        Case("llama-completion", f'-p "Hello" -n 4 -i -r "User:" -no-cnv {g}', stdin="more\n"),
+        Case("llama-completion", f'-p "Hello" -n 8 --n_predict 4 -no-cnv {g}', note="_ read as -"),
+        Case("llama-completion", f'-p "Hello" --frobnicate {g}', check="error"),
+        Case("llama-completion", f'-p "Hello" -n {g}', check="error", note="-n swallows --temp, then 0 is stray"),
+        Case("llama-completion", f'-p "Hello" -n lots {g}', check="error"),
+        Case("llama-completion", f'-p "Hello" -fa maybe {g}', check="error"),
+        Case("llama-completion", "--version", check="status"),
+        # llama-cli: its banner and logo differ on purpose; status and structure only
+        Case("llama-cli", f'-p "Hello" -st -n 8 {g}', check="status",
+             note="llama.cpp aborts (parse error on the random model's bytes); we finish"),
+        Case("llama-cli", f'-p "Hello" -st -n 8 --reasoning off {g}', check="status"),
+        Case("llama-cli", f'-i {g}', check="error"),
+        Case("llama-cli", "--version", check="status"),
+        # llama-tokenize
+        Case("llama-tokenize", '-p "Hello world"'),
+        Case("llama-tokenize", '-p "Hello world" --ids'),
+        Case("llama-tokenize", '-p "<|im_start|>user\\nHi<|im_end|>" --ids'),
+        Case("llama-tokenize", '-p "<|im_start|>x" --ids --no-parse-special'),
+        Case("llama-tokenize", '-p "a\\tb" --ids --no-escape'),
+        Case("llama-tokenize", '-p "Hello" --show-count --log-disable'),
+        Case("llama-tokenize", '--stdin --ids', stdin="from stdin\n"),
+        Case("llama-tokenize", f'-f {prompt_file} --ids'),
+        Case("llama-tokenize", '--bogus', check="error"),
+        # llama-perplexity
+        Case("llama-perplexity", f"-f {text_file} -c 64 --chunks 3", check="stdout-prefix",
+             note="[i] values within float tolerance, see report"),
+        Case("llama-perplexity", f"-f {prompt_file} -c 512", check="error"),
+    ]
+
+
+@dataclass
+class Result:
+    case: Case
+    ok: bool
+    detail: str
+
+
+def run_one(binary: str, model: str, case: Case) -> subprocess.CompletedProcess:
+    argv = [binary, "-m", model] + shlex.split(case.args) if case.args != "--version" else [binary, "--version"]
+    return subprocess.run(argv, input=case.stdin.encode(), capture_output=True, timeout=300,
+                          env={**os.environ, "LLAMA_LOG_COLORS": "off"})
+
+
+def first_error(stderr: bytes) -> str:
+    for line in stderr.decode("utf-8", "replace").splitlines():
+        if "error" in line.lower():
+            return line.strip()
+    return ""
+
+
+def compare(case: Case, theirs: subprocess.CompletedProcess, ours: subprocess.CompletedProcess) -> Result:
+    if case.check == "status":
+        return Result(case, theirs.returncode == ours.returncode, f"rc {theirs.returncode} / {ours.returncode}")
+    if case.check == "error":
+        a, b = first_error(theirs.stderr), first_error(ours.stderr)
+        ok = theirs.returncode == ours.returncode and a == b
+        return Result(case, ok, f"rc {theirs.returncode}/{ours.returncode}; `{a}` / `{b}`")
+    if case.check == "stdout-prefix":
+        n = min(len(theirs.stdout), len(ours.stdout), 4)
+        return Result(case, theirs.stdout[:n] == ours.stdout[:n], f"{theirs.stdout[:60]!r} / {ours.stdout[:60]!r}")
+    ok = theirs.returncode == ours.returncode and theirs.stdout == ours.stdout
+    return Result(case, ok, "identical" if ok else f"{theirs.stdout[:80]!r} / {ours.stdout[:80]!r}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bin_dir")
+    ap.add_argument("model")
+    ap.add_argument("--markdown")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    text = tmp / "wiki.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    prompt = tmp / "prompt.txt"
+    prompt.write_text("Once upon a time")
+    results = []
+    for case in cases(str(text), str(prompt)):
+        theirs = run_one(str(Path(args.bin_dir) / case.tool), args.model, case)
+        ours = run_one(OURS[case.tool], args.model, case)
+        r = compare(case, theirs, ours)
+        results.append(r)
+        print(f"{'OK  ' if r.ok else 'DIFF'} {case.tool} {case.args} :: {r.detail}", flush=True)
+    print(f"{sum(r.ok for r in results)}/{len(results)} match")
+    if args.markdown:
+        rows = ["| # | command line | check | result | note |", "|---|---|---|---|---|"]
+        for i, r in enumerate(results, 1):
+            cmd = f"{r.case.tool} -m MODEL {r.case.args}".replace("|", "\\|")
+            rows.append(f"| {i} | `{cmd}` | {r.case.check} | {'match' if r.ok else 'DIFF'} | {r.case.note} |")
+        Path(args.markdown).write_text("\n".join(rows) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import BUILD_NUMBER, __version__
+from .arg_values import (CACHE_TYPES, ArgError, Unsupported, choice, gpu_layers, json_object, logit_bias,
+                         on_off_auto, process_escapes, read_text, tensor_split, to_bool, to_float, to_int)
 from .params import Params, tool_defaults
 from .sampling import parse_sampler_letters, parse_sampler_names
 
@@ -20,91 +22,6 @@ KC = frozenset({"cli", "completion"})
 KCS = frozenset({"cli", "completion", "server"})
 NOT_S = ALL - {"server"}
 TOK = frozenset({"tokenize"})
-
-
-class ArgError(Exception):
-    """A message already in llama.cpp's wording; the tool prints it to stderr and exits 1."""
-
-
-class Unsupported(ArgError):
-    """A known llama.cpp flag that llamacmp cannot honour yet."""
-
-
-# -- value parsers (their exception text is what llama.cpp's std::sto* would say) ------------------------------
-
-def to_int(s: str) -> int:
-    try:
-        return int(s.strip())
-    except ValueError:
-        raise ValueError("stoi") from None
-
-
-def to_float(s: str) -> float:
-    try:
-        return float(s.strip())
-    except ValueError:
-        raise ValueError("stof") from None
-
-
-TRUTHY, FALSEY = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")
-
-
-def to_bool(s: str) -> bool:
-    if s in TRUTHY:
-        return True
-    if s in FALSEY:
-        return False
-    raise ValueError("invalid boolean value")
-
-
-def choice(flag: str, *allowed: str, aliases: dict | None = None) -> Callable[[str], str]:
-    def parse(s: str) -> str:
-        s = (aliases or {}).get(s, s)
-        if s not in allowed:
-            raise ValueError(f"error: unknown value for {flag}: '{s}'\n")
-        return s
-    return parse
-
-
-def on_off_auto(flag: str) -> Callable[[str], str]:
-    return choice(flag, "on", "off", "auto", aliases={**{t: "on" for t in TRUTHY}, **{f: "off" for f in FALSEY}})
-
-
-def gpu_layers(s: str) -> str:
-    if s in ("auto", "all"):
-        return s
-    return str(to_int(s))
-
-
-def tensor_split(s: str) -> tuple[float, ...]:
-    parts = [p for p in s.replace("/", ",").split(",")]
-    return tuple(to_float(p) for p in parts)
-
-
-def logit_bias(s: str) -> tuple[int, float]:
-    """TOKEN_ID(+/-)BIAS, e.g. `15043+1` or `15043-inf`."""
-    for i in range(1, len(s)):
-        if s[i] in "+-":
-            return to_int(s[:i]), float(s[i:])
-    raise ValueError("invalid input format")
-
-
-def json_object(s: str) -> dict:
-    value = json.loads(s)
-    if not isinstance(value, dict):
-        raise ValueError("chat template kwargs must be a JSON object")
-    return value
-
-
-def read_text(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        raise ValueError(f"error: failed to open file '{path}'\n") from None
-
-
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
 # -- the table ---------------------------------------------------------------------------------------------------
@@ -553,31 +470,6 @@ def parse_args(tool: str, argv: list[str], environ: dict | None = None) -> Parse
     if p.interactive_first:
         p.interactive = True
     return Parsed(p, "_help" in p.user_set, "_version" in p.user_set, tuple(warnings))
-
-
-ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\", "a": "\a", "b": "\b",
-           "f": "\f", "v": "\v", "?": "?"}
-
-
-def process_escapes(s: str) -> str:
-    """llama.cpp's string_process_escapes: \\n \\r \\t \\' \\" \\\\ and \\xHH; unknown escapes stay as typed."""
-    out, i = [], 0
-    while i < len(s):
-        c = s[i]
-        if c == "\\" and i + 1 < len(s):
-            n = s[i + 1]
-            if n in ESCAPES:
-                out.append(ESCAPES[n])
-                i += 2
-                continue
-            hexdigits = s[i + 2:i + 4]
-            if n == "x" and len(hexdigits) == 2 and all(ch in "0123456789abcdefABCDEF" for ch in hexdigits):
-                out.append(chr(int(s[i + 2:i + 4], 16)))
-                i += 4
-                continue
-        out.append(c)
-        i += 1
-    return "".join(out)
 
 
 # -- GGUF sampling defaults ----------------------------------------------------------------------------------------

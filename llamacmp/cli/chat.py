@@ -17,7 +17,7 @@ from ..chat import THINK_END, ChatTemplate, ReasoningSplitter, thinking_switch
 from ..engine.generate import ContextFull
 from ..params import Params
 from .chat_io import make_io
-from .common import CliError, load, make_sampler, new_session, run_tool
+from .common import load, make_sampler, new_session, run_tool
 
 COMMANDS_HELP = ("available commands:\n"
                  "  /exit or Ctrl+C     stop or exit\n"
@@ -76,7 +76,7 @@ class Chat:
     # -- the REPL ----------------------------------------------------------------------------------------------
 
     def banner(self) -> None:
-        name = self.lm.metadata.get("general.name", Path(self.lm.path).name)
+        name = Path(self.lm.path).name         # llama-cli shows the file name
         self.io.write(f"\nbuild      : b{BUILD_NUMBER}-llamacmp-{__version__}\nmodel      : {name}\n"
                       "modalities : text\n", "info")
         if self.p.system_prompt:

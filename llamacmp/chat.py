@@ -153,25 +153,44 @@ class ParsedMessage:
     tool_calls: list[ToolCall] = field(default_factory=list)
 
 
-def split_reasoning(text: str, reasoning_format: str = "auto", thinking_open: bool = True) -> tuple[str, str]:
-    """(reasoning, content) exactly as llama.cpp's parser returns them (compat/goldens/chat_parse.jsonl).
+GENERATION_PROMPT = "<|im_start|>assistant\n<think>\n"     # Qwen3.5's, thinking on
 
-    llama.cpp parses the generation prompt + the output, so with `thinking_open` (the prompt ended with
-    "<think>\n") the reasoning keeps that newline and everything up to </think> verbatim; the content after
-    </think> loses its leading whitespace. Whitespace-only reasoning counts as none. `none` keeps everything in
-    content; deepseek-legacy keeps the tags in content as well as filling reasoning."""
+
+def reasoning_prefix(generation_prompt: str) -> str | None:
+    """What the generation prompt already said inside an open <think> (Qwen3.5: "\n"), or None when it does not
+    end inside one. llama.cpp parses prompt tail + output, so that text starts reasoning_content."""
+    start = generation_prompt.rfind(THINK_START)
+    if start < 0 or generation_prompt.find(THINK_END, start) >= 0:
+        return None
+    return generation_prompt[start + len(THINK_START):]
+
+
+def split_reasoning(text: str, reasoning_format: str = "auto", thinking_open: bool = True,
+                    generation_prompt: str | None = None) -> tuple[str, str]:
+    """(reasoning, content) as llama.cpp's Qwen3.5 parser returns them: reasoning raw between the tags (so with
+    the template's newline after <think>), content with the blank lines after </think> dropped. `thinking_open`:
+    the prompt ended inside <think> (Qwen3.5's "<think>\n"); a given generation_prompt decides that instead.
+    `none` keeps everything in content; deepseek-legacy keeps the tags in content as well as filling reasoning."""
     if reasoning_format == "none":
         return "", text
-    body = THINK_START + "\n" + text if thinking_open else text
-    if not body.lstrip().startswith(THINK_START):
-        return "", text
-    body = body.lstrip()[len(THINK_START):]
-    reasoning, _, content = body.partition(THINK_END)       # no </think> yet: still thinking
+    if generation_prompt is None:
+        generation_prompt = GENERATION_PROMPT if thinking_open else "<|im_start|>assistant\n"
+    prefix = reasoning_prefix(generation_prompt)
+    body = text
+    if prefix is None:
+        if not body.startswith(THINK_START):
+            return "", text
+        prefix, body = "", body[len(THINK_START):]
+    if THINK_END not in body:
+        reasoning, content = prefix + body, ""        # still thinking when generation stopped
+    else:
+        head, content = body.split(THINK_END, 1)
+        reasoning, content = prefix + head, content.lstrip("\n")
     if not reasoning.strip():
-        reasoning = ""
+        reasoning = ""          # an empty think block (budget 0, thinking closed at once) is no reasoning at all
     if reasoning_format == "deepseek-legacy":
         return reasoning, text
-    return reasoning, content.lstrip()
+    return reasoning, content
 
 
 _FUNC_RE = re.compile(r"<function=([^>\n]+)>\n?(.*?)</function>", re.S)
@@ -188,22 +207,24 @@ def _param_types(tools: list[dict] | None) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _json_value(raw: str, schema_type: Any) -> str:
-    """The argument's JSON text as llama.cpp writes it: a `string` parameter is JSON-encoded; any other value that
-    is valid JSON is kept verbatim (its own spacing included), else it is encoded as a string."""
-    if schema_type == "string" or (isinstance(schema_type, list) and "string" in schema_type and
-                                   not raw.lstrip().startswith(("{", "["))):
-        return json.dumps(raw, ensure_ascii=False)
-    try:
-        json.loads(raw)
-        return raw
-    except json.JSONDecodeError:
-        return json.dumps(raw, ensure_ascii=False)
+def _json_value_text(raw: str, schema_type: Any) -> str:
+    """The argument as JSON text: a `string` parameter is the raw text JSON-quoted; any other type keeps the
+    model's own JSON text verbatim when it parses (llama.cpp splices it in unchanged, spaces included), and
+    falls back to a quoted string when it does not."""
+    is_string = schema_type == "string" or (isinstance(schema_type, list) and "string" in schema_type
+                                            and not raw.lstrip().startswith(("{", "[")))
+    if not is_string:
+        try:
+            json.loads(raw)
+            return raw.strip()
+        except json.JSONDecodeError:
+            pass
+    return json.dumps(raw, ensure_ascii=False)
 
 
 def parse_tool_calls(text: str, tools: list[dict] | None = None) -> tuple[str, list[ToolCall]]:
     """Cut `<tool_call><function=NAME><parameter=ARG>VALUE</parameter></function></tool_call>` blocks out of the
-    content; returns (content before the first call, calls)."""
+    content; returns (content before the first call, kept as written, and the calls)."""
     first = text.find(TOOL_START)
     if first < 0:
         return text, []
@@ -213,16 +234,16 @@ def parse_tool_calls(text: str, tools: list[dict] | None = None) -> tuple[str, l
         for name, body in _FUNC_RE.findall(block):
             name = name.strip()
             schema = types.get(name, {})
-            args = [json.dumps(k.strip(), ensure_ascii=False) + ":" + _json_value(v, schema.get(k.strip(), "string"))
-                    for k, v in _PARAM_RE.findall(body)]
-            calls.append(ToolCall(name, "{" + ",".join(args) + "}"))
+            fields = [json.dumps(k.strip(), ensure_ascii=False) + ":" + _json_value_text(v, schema.get(k.strip()))
+                      for k, v in _PARAM_RE.findall(body)]
+            calls.append(ToolCall(name, "{" + ",".join(fields) + "}"))
     return text[:first], calls
 
 
 def parse_output(text: str, reasoning_format: str = "auto", thinking_open: bool = True,
-                 tools: list[dict] | None = None) -> ParsedMessage:
+                 tools: list[dict] | None = None, generation_prompt: str | None = None) -> ParsedMessage:
     """Model output (after the generation prompt) -> reasoning_content, content and typed tool calls."""
-    reasoning, content = split_reasoning(text, reasoning_format, thinking_open)
+    reasoning, content = split_reasoning(text, reasoning_format, thinking_open, generation_prompt)
     calls: list[ToolCall] = []
     if tools:
         content, calls = parse_tool_calls(content, tools)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 
@@ -82,13 +83,16 @@ def test_from_metadata_uses_gguf_template_and_chatml_fallback():
 
 
 def test_split_reasoning_formats():
-    # llama.cpp keeps the reasoning verbatim, with the newline of the "<think>\n" generation prompt in front.
     out = "Let me think.\n</think>\n\nThe answer."
+    # llama.cpp parses generation prompt + output, so reasoning keeps the template's "\n" after <think>
     assert split_reasoning(out) == ("\nLet me think.\n", "The answer.")
     assert split_reasoning(out, "deepseek") == ("\nLet me think.\n", "The answer.")
     assert split_reasoning(out, "none") == ("", out)
     assert split_reasoning(out, "deepseek-legacy") == ("\nLet me think.\n", out)
-    assert split_reasoning("still thinking", "auto") == ("\nstill thinking", "")
+    assert split_reasoning("still thinking") == ("\nstill thinking", "")
+    assert split_reasoning("\n</think>\n\nNo thoughts.") == ("", "No thoughts.")
+    no_think = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert split_reasoning("plain", generation_prompt=no_think) == ("", "plain")
     assert split_reasoning("plain", thinking_open=False) == ("", "plain")
     assert split_reasoning("<think>r</think>c", thinking_open=False) == ("r", "c")
 
@@ -118,7 +122,7 @@ def test_parse_output_full_message_with_two_calls():
 
 @pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
 def test_streaming_splitter_matches_batch_split(step):
-    out = "\nStep one.\nStep two.\n</think>\n\nFinal answer.\nDone."
+    out = "Step one.\nStep two.\n</think>\n\nFinal answer.\nDone."
     s = ReasoningSplitter(thinking_open=True)
     pieces = []
     for i in range(0, len(out), step):
@@ -145,3 +149,36 @@ def test_thinking_switches():
     assert thinking_switch("/no_think first, then /think") is True
     assert thinking_switch("no switch here") is None
     assert thinking_switch("path/no_thinking") is None
+
+
+# -- llama.cpp goldens (compat/gen_chat_goldens.py: llama.cpp's own renderer and parser on this template) ----------
+
+GOLDENS = Path(__file__).resolve().parent.parent / "compat" / "goldens"
+
+
+def _golden_rows(name: str) -> list[dict]:
+    return [json.loads(line) for line in (GOLDENS / name).read_text().splitlines()]
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("row", _golden_rows("chat_render.jsonl"), ids=lambda r: r["case"]["id"])
+def test_render_matches_llamacpp(qwen, row):
+    c = row["case"]
+    out = qwen.render(c["messages"], c["add_generation_prompt"], tools=c.get("tools"),
+                      enable_thinking=c["enable_thinking"])
+    assert out == row["llama.cpp"]["prompt"]
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("row", _golden_rows("chat_parse.jsonl"), ids=lambda r: r["case"]["id"])
+def test_parse_matches_llamacpp(row):
+    c, expected = row["case"], row["llama.cpp"]["parsed"][-1]
+    msg = parse_output(c["outputs"][-1]["text"], generation_prompt=row["llama.cpp"]["generation_prompt"],
+                       tools=c.get("tools"))
+    got = {"role": "assistant", "content": msg.content}
+    if msg.reasoning_content:
+        got["reasoning_content"] = msg.reasoning_content
+    if msg.tool_calls:
+        got["tool_calls"] = [{"type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+                             for t in msg.tool_calls]
+    assert got == expected

@@ -22,7 +22,6 @@ from ..config import ModelConfig
 Tensor = Any
 Weight = Any
 
-KV_TYPES = ("f32", "f16")
 
 
 @dataclass(slots=True)
@@ -33,6 +32,7 @@ class SeqState:
     conv[j]:    [kernel-1, C] f32                for the j-th GDN layer (the last pre-conv inputs)
     ssm[j]:     [V, Dk, Dv] f32                  (S[h][i][j]: i key dim, j value dim)
     n_past:     tokens already in the state
+    k_type, v_type: the cache formats (kv_quant.KV_TYPES); quantized on write, dequantized on read
     """
     n_ctx: int
     k: list
@@ -40,6 +40,8 @@ class SeqState:
     conv: list
     ssm: list
     n_past: int = 0
+    k_type: str = "f16"
+    v_type: str = "f16"
 
 
 @dataclass(slots=True)
@@ -87,8 +89,8 @@ class Backend(ABC):
         """w: any-shape float32 (norm weights, conv kernels, per-head params)."""
 
     @abstractmethod
-    def new_state(self, cfg: ModelConfig, n_ctx: int, kv_type: str = "f16") -> SeqState:
-        """Zeroed memory for one sequence."""
+    def new_state(self, cfg: ModelConfig, n_ctx: int, kv_type: str = "f16", v_type: str | None = None) -> SeqState:
+        """Zeroed memory for one sequence; `kv_type` for keys, `v_type` (default: the same) for values."""
 
     @abstractmethod
     def state_to_host(self, state: SeqState) -> dict[str, list[np.ndarray]]:

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import kv_quant
 from ..config import ModelConfig
 from ..gguf_file import Q8_0_BLOCK, Q8Tensor
 from .base import Backend, SeqState, StepBatch
@@ -125,16 +126,22 @@ class NumpyBackend(Backend):
     def upload_vector(self, w):
         return np.ascontiguousarray(w, dtype=np.float32)
 
-    def new_state(self, cfg: ModelConfig, n_ctx: int, kv_type: str = "f16") -> SeqState:
-        kv_dtype = {"f32": np.float32, "f16": np.float16}[kv_type]
+    def new_state(self, cfg: ModelConfig, n_ctx: int, kv_type: str = "f16", v_type: str | None = None) -> SeqState:
+        v_type = v_type or kv_type
+        for t in (kv_type, v_type):
+            kv_quant.roundtrip(np.zeros((1, cfg.head_dim), np.float32), t)      # names a bad type or head dim
         kv_shape = (n_ctx, cfg.n_head_kv, cfg.head_dim)
         n_attn, n_gdn = len(cfg.attn_layers), len(cfg.gdn_layers)
+        # The reference keeps what a read of the cache returns (the dequantized values), in the narrowest
+        # numpy type that holds them exactly.
+        dtype = lambda t: np.float16 if t == "f16" else np.float32          # noqa: E731
         return SeqState(
             n_ctx=n_ctx,
-            k=[np.zeros(kv_shape, kv_dtype) for _ in range(n_attn)],
-            v=[np.zeros(kv_shape, kv_dtype) for _ in range(n_attn)],
+            k=[np.zeros(kv_shape, dtype(kv_type)) for _ in range(n_attn)],
+            v=[np.zeros(kv_shape, dtype(v_type)) for _ in range(n_attn)],
             conv=[np.zeros((cfg.conv_kernel - 1, cfg.conv_channels), np.float32) for _ in range(n_gdn)],
             ssm=[np.zeros((cfg.ssm_v_heads, cfg.ssm_head_dim, cfg.ssm_head_dim), np.float32) for _ in range(n_gdn)],
+            k_type=kv_type, v_type=v_type,
         )
 
     def state_to_host(self, state: SeqState) -> dict[str, list[np.ndarray]]:
@@ -194,8 +201,8 @@ class NumpyBackend(Backend):
         for seg in batch.segments:
             rows = slice(seg.start, seg.start + seg.length)
             p0, st = seg.state.n_past, seg.state
-            st.k[layer][p0:p0 + seg.length] = k[rows]
-            st.v[layer][p0:p0 + seg.length] = v[rows]
+            st.k[layer][p0:p0 + seg.length] = kv_quant.roundtrip(k[rows], st.k_type)
+            st.v[layer][p0:p0 + seg.length] = kv_quant.roundtrip(v[rows], st.v_type)
             kc = st.k[layer][:p0 + seg.length].astype(np.float64)       # [S, Hk, Dh]
             vc = st.v[layer][:p0 + seg.length].astype(np.float64)
             kc, vc = np.repeat(kc, group, axis=1), np.repeat(vc, group, axis=1)   # -> [S, Hq, Dh]

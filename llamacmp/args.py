@@ -331,6 +331,8 @@ OPTIONS: tuple[Option, ...] = (
       env="LLAMA_ARG_PREFILL_ASSISTANT", tools=S,
       help="whether to prefill the assistant's response if the last message is an assistant message "
       "(default: enabled)"),
+    O("--slot-save-path", value="PATH", dest="server.slot_save_path", parse=str, tools=S,
+      help="path to save slot kv cache (default: disabled)"),
     O("--webui", dest="server.webui", neg=("--no-webui",), env="LLAMA_ARG_WEBUI", tools=S,
       help="whether to enable the Web UI (default: enabled)"),
     # perplexity

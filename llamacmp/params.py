@@ -32,6 +32,7 @@ class ServerParams:
     kv_unified: bool | None = None      # None: on when -np is auto
     prefill_assistant: bool = True
     webui: bool = True
+    slot_save_path: str = ""            # /slots save|restore write and read files here
 
 
 @dataclass(slots=True)

@@ -417,3 +417,24 @@ def test_grammar_and_json_schema(http):
     fmt = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
                                                   "response_format": {"type": "yaml"}})
     assert fmt.status_code == 400
+
+
+def test_slot_save_restore(model, tmp_path):
+    with LiveServer(model, "-c", "1024", "-np", "2", "--slot-save-path", str(tmp_path)) as s:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            prompt = c.post("/tokenize", json={"content": "The quick brown fox jumps over the lazy dog"}).json()
+            body = {"prompt": prompt["tokens"], "n_predict": 4, "temperature": 0, "id_slot": 0,
+                    "return_tokens": True}
+            first = c.post("/completion", json=body).json()
+            saved = c.post("/slots/0?action=save", json={"filename": "fox.slot"}).json()
+            assert saved["n_saved"] == first["tokens_evaluated"] + 3 and saved["n_written"] > 0
+            assert c.post("/slots/0?action=erase", json={}).json()["n_erased"] == saved["n_saved"]
+            restored = c.post("/slots/1?action=restore", json={"filename": "fox.slot"}).json()
+            assert restored["n_restored"] == saved["n_saved"] and "restore_ms" in restored["timings"]
+            # a continuation of the saved conversation resumes from the restored state: one token evaluated
+            follow = prompt["tokens"] + first["tokens"][:3] + [42]
+            again = c.post("/completion", json={**body, "prompt": follow, "id_slot": 1}).json()
+            assert again["timings"]["cache_n"] == saved["n_saved"] and again["timings"]["prompt_n"] == 1
+            assert c.post("/slots/0?action=save", json={"filename": "../x"}).status_code == 400
+            r = c.post("/slots/0?action=restore", json={"filename": "missing.slot"})
+            assert r.status_code == 400 and err(r)["message"].startswith("Unable to restore slot")

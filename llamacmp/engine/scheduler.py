@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..sampling import Sampler
-from .checkpoints import state_ops_for
+from .checkpoints import read_host_state, state_ops_for, write_host_state
 from .grammar import GrammarCompiler
 from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host
 from .slot import GENERATE, PREFILL, Slot
@@ -359,14 +359,34 @@ class Engine:
                 "n_tokens_cached": len(s.cache.tokens), "n_checkpoints": len(s.cache.checkpoints)}
 
     def _slot_action(self, task: SlotActionTask):
-        """erase works; save/restore to files are not implemented yet (they would need a state file format)."""
+        """erase, save (to task.filepath), restore (from it); the handler has checked the file name."""
         if not 0 <= task.id_slot < len(self.slots):
             return ErrorResult(0, 0, "Invalid slot ID", "invalid_request_error", 400)
         slot = self.slots[task.id_slot]
         if slot.busy:
             return ErrorResult(0, 0, "Slot is busy", "unavailable_error", 503)
+        t0 = time.perf_counter()
         if task.action == "erase":
             n = len(slot.cache.tokens)
             self._reset(slot)
             return {"id_slot": slot.id, "n_erased": n}
-        return ErrorResult(0, 0, f"slot action '{task.action}' is not supported", "not_supported_error", 501)
+        if task.action == "save":
+            c = slot.cache
+            n_bytes = write_host_state(task.filepath, self.ops.save_host(slot.state, c.tokens, c.last_logits, []))
+            return {"id_slot": slot.id, "filename": task.filename, "n_saved": len(c.tokens), "n_written": n_bytes,
+                    "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
+        return self._restore_slot(slot, task, t0)
+
+    def _restore_slot(self, slot: Slot, task: SlotActionTask, t0: float):
+        try:
+            host, n_bytes = read_host_state(task.filepath, slot.state)
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("slot %d: cannot restore %s: %s", slot.id, task.filepath, e)
+            return ErrorResult(0, 0, "Unable to restore slot, no available space in KV cache or invalid slot save "
+                               "file", "invalid_request_error", 400)
+        self._save_to_host(slot)
+        self.ops.load_host(slot.state, host, None)
+        slot.cache.clear()
+        slot.cache.tokens, slot.cache.last_logits = list(host.tokens), host.logits
+        return {"id_slot": slot.id, "filename": task.filename, "n_restored": len(host.tokens), "n_read": n_bytes,
+                "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}

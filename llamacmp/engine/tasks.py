@@ -63,6 +63,7 @@ class SlotActionTask:
     id_slot: int
     filename: str
     sink: Callable[[object], None]
+    filepath: str = ""                  # filename inside --slot-save-path (checked by the handler)
 
 
 # -- results ------------------------------------------------------------------------------------------------

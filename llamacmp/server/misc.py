@@ -1,6 +1,7 @@
 """The small endpoints: models, props, tokenize/detokenize, slots, metrics."""
 from __future__ import annotations
 
+import os
 import time
 
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -103,12 +104,26 @@ async def slots(ctx: ServerContext, fail_on_no_slot: bool) -> Response:
     return JSONResponse(data)
 
 
+def _slot_file(ctx: ServerContext, filename: str) -> str:
+    """llama.cpp's fs_validate_filename in spirit: a plain file name inside --slot-save-path, nothing else."""
+    bad = (not filename or len(filename) > 255 or filename in (".", "..") or any(c in filename for c in "/\\\0")
+           or filename != filename.strip())
+    if bad:
+        raise bad_request("Invalid filename")
+    return os.path.join(ctx.opts.slot_save_path, filename)
+
+
 async def slot_action(ctx: ServerContext, id_slot: str, action: str, body: dict) -> Response:
     if action not in ("save", "restore", "erase"):
         raise bad_request("Invalid action")
     if not id_slot.isdigit():
         raise bad_request("Invalid slot ID")
-    r = await ctx.bridge.slot_action(action, int(id_slot), Fields(body).str("filename"))
+    filename, path = Fields(body).str("filename"), ""
+    if action in ("save", "restore"):
+        if not ctx.opts.slot_save_path:
+            raise not_supported("This server does not support slots action. Start it with `--slot-save-path`")
+        path = _slot_file(ctx, filename)
+    r = await ctx.bridge.slot_action(action, int(id_slot), filename, path)
     if isinstance(r, ErrorResult):
         raise ApiError(r.message, r.type, r.extra)
     return JSONResponse(r)

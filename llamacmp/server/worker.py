@@ -79,8 +79,8 @@ class EngineBridge:
     async def query(self, kind: str) -> object:
         return await self._ask(lambda sink: QueryTask(kind, sink))
 
-    async def slot_action(self, action: str, id_slot: int, filename: str) -> object:
-        return await self._ask(lambda sink: SlotActionTask(action, id_slot, filename, sink))
+    async def slot_action(self, action: str, id_slot: int, filename: str, filepath: str) -> object:
+        return await self._ask(lambda sink: SlotActionTask(action, id_slot, filename, sink, filepath))
 
 
 async def _disconnected(request: Request) -> bool:

@@ -224,3 +224,24 @@ def test_disconnect_frees_the_slot(srv):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(srv.url + "/completion", json={**body, "stream": False}, timeout=0.5)
     assert _wait_idle(srv.url), "an abandoned request kept its slot"
+
+
+def test_disconnect_while_queued_frees_the_queue(srv):
+    """A streaming request still waiting for a slot is dropped as soon as its client goes."""
+    assert _wait_idle(srv.url)
+    body = {"prompt": "The quick brown fox", "n_predict": 100000, "ignore_eos": True, "stream": True}
+    streams = [httpx.stream("POST", srv.url + "/completion", json=body, timeout=60) for _ in range(4)]
+    try:
+        for s in streams:
+            s.__enter__()                                  # headers arrive with the first token: slot taken
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/completion", json=body, timeout=1.0)   # queued, then abandoned
+        deadline = time.time() + 5
+        while "llamacpp:requests_deferred 0" not in httpx.get(srv.url + "/metrics").text:
+            assert time.time() < deadline, "the abandoned request stayed queued"
+            time.sleep(0.05)
+        assert all(_busy(srv.url))
+    finally:
+        for s in streams:
+            s.__exit__(None, None, None)
+    assert _wait_idle(srv.url)

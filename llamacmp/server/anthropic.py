@@ -113,7 +113,7 @@ async def handle_messages(ctx: ServerContext, request: Request, body: dict) -> R
     cp, params, tasks = await ctx.prep(prepare_chat, ctx, chat)
     mid = "msg_" + random_id()
     if params.stream:
-        return await start_stream(ctx, tasks, _Events(ctx, cp, mid), done=False, error_event="error")
+        return await start_stream(ctx, tasks, _Events(ctx, cp, mid), done=False, error_event="error", request=request)
     results = await ctx.bridge.collect(tasks, request)
     raise_first_error(results)
     r = results[0]

@@ -4,6 +4,7 @@ Handlers parse, template and tokenize on the event loop; the engine thread does 
 """
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import sys
@@ -64,7 +65,7 @@ class Gate:
             given = headers.get("authorization") or headers.get("x-api-key", "")
             if given.startswith("Bearer "):
                 given = given[len("Bearer "):]
-            if given not in keys:
+            if not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):   # constant time
                 return error_response(INVALID_KEY)
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > MAX_BODY:

@@ -261,7 +261,7 @@ async def handle_chat(ctx: ServerContext, request: Request, body: dict) -> Respo
     cid, created = "chatcmpl-" + random_id(), int(time.time())
     if params.stream:
         include_usage = Fields(Fields(body).dict("stream_options")).bool("include_usage", False)
-        return await _stream_chat(ctx, tasks, cp, params, cid, created, include_usage)
+        return await _stream_chat(ctx, request, tasks, cp, params, cid, created, include_usage)
     results = await ctx.bridge.collect(tasks, request)
     raise_first_error(results)
     choices = []
@@ -285,7 +285,7 @@ def _merged_usage(results: list[FinalResult]) -> dict:
     return u
 
 
-async def _stream_chat(ctx, tasks, cp: ChatPrompt, params: GenParams, cid: str, created: int,
+async def _stream_chat(ctx, request, tasks, cp: ChatPrompt, params: GenParams, cid: str, created: int,
                        include_usage: bool) -> Response:
     trackers = {t.index: DeltaTracker(cp) for t in tasks}
     finals: list[FinalResult] = []
@@ -313,7 +313,7 @@ async def _stream_chat(ctx, tasks, cp: ChatPrompt, params: GenParams, cid: str, 
             out.append({**chunk(r.index, {}), "choices": [], "usage": usage_json(r)})
         out[-1]["timings"] = r.timings.to_json()
         return out
-    return await start_stream(ctx, tasks, to_chunks, done=True)
+    return await start_stream(ctx, tasks, to_chunks, done=True, request=request)
 
 
 async def handle_apply_template(ctx: ServerContext, body: dict) -> Response:

@@ -168,7 +168,8 @@ async def handle_native(ctx: ServerContext, request: Request, body: dict) -> Res
     params, tasks = await ctx.prep(_prepare, ctx, body)
     fields = [x for x in Fields(body).list("response_fields") if isinstance(x, str)]
     if params.stream:
-        return await start_stream(ctx, tasks, lambda r: _native_chunks(ctx, r, params, fields), done=False)
+        return await start_stream(ctx, tasks, lambda r: _native_chunks(ctx, r, params, fields), done=False,
+                                  request=request)
     results = await ctx.bridge.collect(tasks, request)
     raise_first_error(results)
     out = [native_final(ctx, r, params, fields) for r in results]
@@ -196,7 +197,8 @@ async def handle_oai_completion(ctx: ServerContext, request: Request, body: dict
     params, tasks = await ctx.prep(_prepare, ctx, body)
     cid, created = "cmpl-" + random_id(), int(time.time())
     if params.stream:
-        return await start_stream(ctx, tasks, lambda r: [_oai_cmpl_chunk(ctx, r, params, cid, created)], done=True)
+        return await start_stream(ctx, tasks, lambda r: [_oai_cmpl_chunk(ctx, r, params, cid, created)], done=True,
+                                  request=request)
     results = await ctx.bridge.collect(tasks, request)
     raise_first_error(results)
     choices = [{"text": r.text, "index": r.index,
@@ -234,14 +236,11 @@ def _sum_usage(results: list[FinalResult]) -> dict:
 # -- streaming ------------------------------------------------------------------------------------------------------
 
 async def start_stream(ctx: ServerContext, tasks: list[CompletionTask], to_chunks, done: bool,
-                       error_event: str = "") -> Response:
+                       error_event: str = "", request: Request | None = None) -> Response:
     """Start the tasks; an error before the first result is an ordinary error response (llama.cpp does the same),
     later errors go into the stream as a data line (Anthropic: an `event: error`)."""
     results = ctx.bridge.results(tasks)
-    try:
-        first = await results.__anext__()
-    except StopAsyncIteration:
-        first = None
+    first = await ctx.bridge.first(results, request)     # a client gone while queued frees its slot now
     if isinstance(first, ErrorResult):
         await results.aclose()
         raise ApiError(first.message, first.type, first.extra)

@@ -105,7 +105,7 @@ async def handle_responses(ctx: ServerContext, request: Request, body: dict) -> 
     cp, params, tasks = await ctx.prep(prepare_chat, ctx, to_chat_body(body))
     ids = {"response": "resp_" + random_id(), "reasoning": "rs_" + random_id(), "message": "msg_" + random_id()}
     if params.stream:
-        return await start_stream(ctx, tasks, _Events(ctx, cp, ids), done=False)
+        return await start_stream(ctx, tasks, _Events(ctx, cp, ids), done=False, request=request)
     results = await ctx.bridge.collect(tasks, request)
     raise_first_error(results)
     r = results[0]

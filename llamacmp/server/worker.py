@@ -67,6 +67,20 @@ class EngineBridge:
             return []
         return sorted(finals, key=lambda r: r.index)
 
+    async def first(self, results: AsyncIterator[object], request: Request | None) -> object:
+        """The first result of a stream, or None if the client left first (then its tasks are cancelled)."""
+        job = asyncio.ensure_future(results.__anext__())
+        while not job.done():
+            await asyncio.wait([job], timeout=0.25)
+            if not job.done() and request is not None and await _disconnected(request):
+                job.cancel()                     # runs the generator's finally: its tasks are cancelled
+                await asyncio.wait([job])
+                return None
+        try:
+            return job.result()
+        except StopAsyncIteration:
+            return None
+
     async def _ask(self, make) -> object:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()

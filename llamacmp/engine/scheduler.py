@@ -18,6 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
+
+from ..backends.base import StepBatch
 from ..sampling import Sampler
 from .checkpoints import read_host_state, state_ops_for, write_host_state
 from .grammar import GrammarCompiler
@@ -251,7 +254,6 @@ class Engine:
 
     # -- one step -----------------------------------------------------------------------------------------------
     def _step(self) -> None:
-        from ..backends.base import StepBatch
         items = self._batch_items()
         if not items:
             return
@@ -283,7 +285,9 @@ class Engine:
 
     def _after_forward(self, slot: Slot, toks: list[int], row, dt_ms: float) -> None:
         slot.cache.tokens.extend(toks)
-        slot.cache.last_logits = row
+        # `row` is a view into this step's [R, n_vocab] logits: keep a copy only when a request ends (_finish),
+        # not every step (32 slots x 248k logits would pin and copy ~1 GB of batches)
+        slot.cache.last_logits = None
         if slot.phase == PREFILL:
             self.metrics.n_prompt_tokens_processed_total += len(toks)
             self.metrics.t_prompt_processing_total += dt_ms
@@ -301,7 +305,7 @@ class Engine:
         task = slot.task
         if task.params.n_predict == 0:
             slot.stop_type = "limit"
-            self._finish(slot)
+            self._finish(slot, row)
             return
         tok = slot.draw(row)
         text = slot.accept(tok, row, self.tokenizer.is_eog(tok), self.cfg.n_ctx_slot)
@@ -309,12 +313,13 @@ class Engine:
         if task.params.stream:
             task.sink(slot.partial(text, tok))
         if slot.stopped:
-            self._finish(slot)
+            self._finish(slot, row)
         else:
             slot.next_token = tok
 
-    def _finish(self, slot: Slot) -> None:
+    def _finish(self, slot: Slot, row) -> None:
         slot.task.sink(slot.final())
+        slot.cache.last_logits = np.array(row, np.float32)
         # keep the end of this exchange: a follow-up that appends to prompt + reply resumes here
         if not slot.cache.has_checkpoint(slot.state.n_past) and self.cfg.ctx_checkpoints > 0:
             slot.cache.add_checkpoint(self.ops.snapshot(slot.state, slot.cache.last_logits))

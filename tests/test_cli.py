@@ -5,12 +5,17 @@ tools' plumbing and formats against the engine, and the formats against llama.cp
 """
 from __future__ import annotations
 
+import base64
+import json
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -262,3 +267,20 @@ def test_no_model_and_no_bundled_model(tmp_path):
         assert "no -m given: using the bundled demo model" in r.stderr.decode()
     else:
         assert r.returncode == 1 and "error: --model is required" in r.stderr.decode()
+
+
+# -- llama.cpp goldens: compat/compare_cli.py recorded llama-completion / llama-tokenize stdout on this fixture ----
+
+GOLDENS = Path(__file__).resolve().parent.parent / "compat" / "goldens" / "cli.jsonl"
+GOLDEN_ROWS = [json.loads(line) for line in GOLDENS.read_text().splitlines()]
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("row", GOLDEN_ROWS, ids=[f"{r['tool']} {r['args']}" for r in GOLDEN_ROWS])
+def test_stdout_matches_llamacpp_golden(model, row, tmp_path):
+    for name, text in row["files"].items():
+        (tmp_path / name).write_text(text)
+    args = shlex.split(row["args"].replace("{TMP}", str(tmp_path)))
+    r = run(row["tool"].removeprefix("llama-"), "-m", model, *args, stdin=row["stdin"])
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout == base64.b64decode(row["stdout_b64"])

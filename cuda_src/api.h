@@ -107,6 +107,17 @@ int cmp_conv1d_silu(const float* x, const float* w, float* state, float* out, in
 int cmp_gdn(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V, int Dk,
             float eps);
 
+// The chunked WY/UT form of the same rule (numpy_ref.gdn_chunked, 64-token chunks, fp32), for prefill segments.
+// Same arguments and result as cmp_gdn; Dk in {16, 32, 64, 128}. Needs 96000 B of shared memory per block at
+// Dk 128: returns CMP_ERR_UNSUPPORTED where the device has less (then use cmp_gdn).
+int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V,
+                    int Dk, float eps);
+
+// ---- sampling.cu ----------------------------------------------------------------------------------------------
+// x [R, N] f32 -> out [R] int32 (device): index of the largest value per row, the lowest index among ties, NaN
+// never chosen.
+int cmp_argmax(const float* x, int32_t* out, int R, int N);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,7 @@
 // Gated DeltaNet: the causal depthwise conv1d (+SiLU) with its rolling state, and the gated delta rule.
-// The delta rule runs as a sequential scan over the segment's tokens (exact for decode and prefill alike); the
-// chunked WY/UT prefill form of numpy_ref.gdn_chunked is not written yet.
+// The delta rule runs either as a sequential scan over the segment's tokens (exact for decode and prefill alike)
+// or, for prefill, in the chunked WY/UT closed form of numpy_ref.gdn_chunked (64 tokens per chunk), which replaces
+// 64 dependent rank-1 updates by a few small matrix products and one 64-row triangular solve per chunk.
 #include "common.cuh"
 
 namespace cmp {
@@ -116,6 +117,217 @@ gdn_scan_kernel(const float* __restrict__ qkv,  // [L, C], C = 2*K*DK + V*DK
         if (col) S[(size_t)i * DK + j] = s[i];
 }
 
+// ---- chunked (WY/UT) form ----------------------------------------------------------------------------------------
+// Block (V head h, GDN_BV value columns j0..j0+BV-1) walks the segment chunk by chunk; its slice S[:, j0:j0+BV] of
+// the state stays in shared memory across chunks. The value columns of S evolve independently (A depends only on
+// k, b, g), so slicing Dv spreads one head over DK/BV blocks at the price of recomputing K K^T and Q K^T per slice.
+// Per chunk of n <= 64 tokens (rows t >= n are zero-padded: k = q = v = b = g = 0, so their D rows are 0 and G stays
+// flat, which makes G[63] the chunk's last cumulative decay):
+//   G = cumsum(g);  A[t,s] = b_t e^(G_t-G_s) k_t.k_s (s < t);  M[t,s] = e^(G_t-G_s) q_t.k_s (s <= t)
+//   D = (I + A)^-1 diag(b) (V - diag(e^G) K S0)     (forward substitution, 16 lanes per value column)
+//   O = diag(e^G) Q S0 + M D;   S = e^(G_63) S0 + K^T diag(e^(G_63 - G)) D
+constexpr int GDN_CH = 64;    // tokens per chunk (numpy_ref.GDN_CHUNK)
+constexpr int GDN_BV = 16;    // value columns per block
+constexpr int GDN_NT = 256;   // threads: a 16 x 16 grid (tx, ty) for the products
+
+template <int DK>
+struct GdnChunkLayout {
+    static constexpr int QK = DK + 1;          // row stride of Qs/Ks: rows t and t+1 start in different banks
+    static constexpr int DS = GDN_BV + 1;      // row stride of Ds
+    static constexpr int AS = GDN_CH + 1;      // row stride of As
+    static constexpr int floats = 2 * GDN_CH * QK + DK * GDN_BV + GDN_CH * DS + GDN_CH * AS + 3 * GDN_CH;
+    static constexpr size_t bytes = sizeof(float) * (size_t)floats;   // DK 128: 96000 B (fits sm_70's 96 KiB)
+};
+
+template <int DK>
+__global__ void __launch_bounds__(GDN_NT)
+gdn_chunked_kernel(const float* __restrict__ qkv,  // [L, C], C = 2*K*DK + V*DK
+                   const float* __restrict__ g,    // [L, V] log-decay
+                   const float* __restrict__ b,    // [L, V] beta
+                   float* __restrict__ state,      // [V, DK, DK]
+                   float* __restrict__ o,          // [L, V*DK]
+                   int L, int K, int V, float eps) {
+    static_assert(DK % 16 == 0 && DK >= GDN_BV, "DK must be a multiple of 16");
+    using Lay = GdnChunkLayout<DK>;
+    constexpr int PER = DK >= 32 ? DK / 32 : 1;    // q/k elements per lane when a warp normalises one row
+    constexpr int NI = DK / 16;                    // state rows per thread in the update
+    extern __shared__ float smem[];
+    float* Qs = smem;                              // [CH][QK] normalised, scaled q
+    float* Ks = Qs + GDN_CH * Lay::QK;             // [CH][QK] normalised k
+    float* Ss = Ks + GDN_CH * Lay::QK;             // [DK][BV] state slice
+    float* Ds = Ss + DK * GDN_BV;                  // [CH][DS] v, then rhs, then D
+    float* As = Ds + GDN_CH * Lay::DS;             // [CH][AS] A, then M
+    float* Gs = As + GDN_CH * Lay::AS;             // [CH] cumulative log-decay
+    float* Bs = Gs + GDN_CH;                       // [CH] beta
+    float* Ws = Bs + GDN_CH;                       // [CH] e^(G_63 - G_t)
+
+    const int h = blockIdx.x, kh = h % K, j0 = blockIdx.y * GDN_BV;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tx = tid & 15, ty = tid >> 4;        // products: rows ty + 16a, columns tx (+ 16c)
+    const size_t C = (size_t)(2 * K + V) * DK;
+    float* S = state + (size_t)h * DK * DK;
+    const float qscale = rsqrtf((float)DK);
+
+    for (int e = tid; e < DK * GDN_BV; e += GDN_NT) Ss[e] = S[(size_t)(e / GDN_BV) * DK + j0 + e % GDN_BV];
+
+    for (int c0 = 0; c0 < L; c0 += GDN_CH) {
+        const int n = min(GDN_CH, L - c0);
+        __syncthreads();  // the previous chunk's readers of every buffer are done (and the first Ss load is visible)
+
+        // -- 1. load: a warp per row normalises q and k; v slice into Ds; warp 0 scans g -------------------------
+        for (int t = warp; t < GDN_CH; t += GDN_NT / 32) {
+            const float* row = qkv + (size_t)(c0 + t) * C;
+            float qv[PER], kv[PER], qsum = 0.f, ksum = 0.f;
+#pragma unroll
+            for (int e = 0; e < PER; ++e) {
+                const int i = lane + 32 * e;
+                const bool ok = t < n && i < DK;
+                qv[e] = ok ? row[kh * DK + i] : 0.f;
+                kv[e] = ok ? row[(size_t)K * DK + kh * DK + i] : 0.f;
+                qsum += qv[e] * qv[e];
+                ksum += kv[e] * kv[e];
+            }
+            qsum = warp_sum(qsum);
+            ksum = warp_sum(ksum);
+            // padding rows stay exactly 0 (no 0 * (1/eps) when eps is 0)
+            const float qn = t < n ? qscale / fmaxf(sqrtf(qsum), eps) : 0.f;
+            const float kn = t < n ? 1.f / fmaxf(sqrtf(ksum), eps) : 0.f;
+#pragma unroll
+            for (int e = 0; e < PER; ++e) {
+                const int i = lane + 32 * e;
+                if (i < DK) {
+                    Qs[t * Lay::QK + i] = qv[e] * qn;
+                    Ks[t * Lay::QK + i] = kv[e] * kn;
+                }
+            }
+            if (lane < GDN_BV) Ds[t * Lay::DS + lane] = t < n ? row[(size_t)2 * K * DK + (size_t)h * DK + j0 + lane] : 0.f;
+        }
+        if (warp == 0) {
+            // rows lane and lane + 32: inclusive prefix sum of g (padding adds 0), beta, and the decay to row 63
+            float g0 = lane < n ? g[(size_t)(c0 + lane) * V + h] : 0.f;
+            float g1 = lane + 32 < n ? g[(size_t)(c0 + lane + 32) * V + h] : 0.f;
+            Bs[lane] = lane < n ? b[(size_t)(c0 + lane) * V + h] : 0.f;
+            Bs[lane + 32] = lane + 32 < n ? b[(size_t)(c0 + lane + 32) * V + h] : 0.f;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const float u0 = __shfl_up_sync(0xffffffffu, g0, off), u1 = __shfl_up_sync(0xffffffffu, g1, off);
+                if (lane >= off) {
+                    g0 += u0;
+                    g1 += u1;
+                }
+            }
+            g1 += __shfl_sync(0xffffffffu, g0, 31);
+            const float glast = __shfl_sync(0xffffffffu, g1, 31);
+            Gs[lane] = g0;
+            Gs[lane + 32] = g1;
+            Ws[lane] = __expf(glast - g0);
+            Ws[lane + 32] = __expf(glast - g1);
+        }
+        __syncthreads();
+
+        // -- 2. K K^T and Q K^T (4 x 4 tiles), K S0 and Q S0 (4 rows, column tx) in one pass over the key dim ------
+        float kk[4][4], qk[4][4], ks0[4], qs0[4];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            ks0[a] = qs0[a] = 0.f;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) kk[a][c] = qk[a][c] = 0.f;
+        }
+#pragma unroll 4
+        for (int i = 0; i < DK; ++i) {
+            float kt[4], qt[4], kc[4];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                kt[a] = Ks[(ty + 16 * a) * Lay::QK + i];
+                qt[a] = Qs[(ty + 16 * a) * Lay::QK + i];
+                kc[a] = Ks[(tx + 16 * a) * Lay::QK + i];
+            }
+            const float sv = Ss[i * GDN_BV + tx];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                ks0[a] = fmaf(kt[a], sv, ks0[a]);
+                qs0[a] = fmaf(qt[a], sv, qs0[a]);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    kk[a][c] = fmaf(kt[a], kc[c], kk[a][c]);
+                    qk[a][c] = fmaf(qt[a], kc[c], qk[a][c]);
+                }
+            }
+        }
+        // A (strictly lower), the right-hand side in place of v, and the inter-chunk part of the output
+        float out[4];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            const int t = ty + 16 * a;
+            const float Gt = Gs[t], gamma = __expf(Gt);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int s = tx + 16 * c;
+                As[t * Lay::AS + s] = s < t ? Bs[t] * __expf(Gt - Gs[s]) * kk[a][c] : 0.f;
+            }
+            float* d = &Ds[t * Lay::DS + tx];
+            *d = Bs[t] * (*d - gamma * ks0[a]);
+            out[a] = gamma * qs0[a];
+        }
+        __syncthreads();
+
+        // -- 3. (I + A) D = rhs by forward substitution: 16 lanes per value column share the dot over s < t -------
+        {
+            const int j = warp * 2 + (lane >> 4), p = lane & 15;
+            for (int t = 1; t < n; ++t) {
+                float part = 0.f;
+                for (int s = p; s < t; s += 16) part = fmaf(As[t * Lay::AS + s], Ds[s * Lay::DS + j], part);
+#pragma unroll
+                for (int off = 8; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+                if (p == 0) Ds[t * Lay::DS + j] -= part;
+                __syncwarp();  // D[t] is final before any lane of the column reads it at t+1
+            }
+        }
+        __syncthreads();  // D complete; A no longer read
+
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            const int t = ty + 16 * a;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int s = tx + 16 * c;
+                As[t * Lay::AS + s] = s <= t ? __expf(Gs[t] - Gs[s]) * qk[a][c] : 0.f;
+            }
+        }
+        __syncthreads();
+
+        // -- 4. O = diag(e^G) Q S0 + M D -------------------------------------------------------------------------
+        for (int s = 0; s < n; ++s) {
+            const float d = Ds[s * Lay::DS + tx];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) out[a] = fmaf(As[(ty + 16 * a) * Lay::AS + s], d, out[a]);
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            const int t = ty + 16 * a;
+            if (t < n) o[(size_t)(c0 + t) * V * DK + (size_t)h * DK + j0 + tx] = out[a];
+        }
+
+        // -- 5. S = e^(G_63) S0 + K^T diag(e^(G_63 - G)) D  (rows ty + 16a, column tx; each thread its own) -------
+        float upd[NI];
+#pragma unroll
+        for (int a = 0; a < NI; ++a) upd[a] = 0.f;
+        for (int t = 0; t < n; ++t) {
+            const float dw = Ws[t] * Ds[t * Lay::DS + tx];
+#pragma unroll
+            for (int a = 0; a < NI; ++a) upd[a] = fmaf(Ks[t * Lay::QK + ty + 16 * a], dw, upd[a]);
+        }
+        const float gl = __expf(Gs[GDN_CH - 1]);
+#pragma unroll
+        for (int a = 0; a < NI; ++a) {
+            float* sp = &Ss[(ty + 16 * a) * GDN_BV + tx];
+            *sp = fmaf(gl, *sp, upd[a]);
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < DK * GDN_BV; e += GDN_NT) S[(size_t)(e / GDN_BV) * DK + j0 + e % GDN_BV] = Ss[e];
+}
+
 // ==== launchers ===================================================================================================
 
 template <int DK>
@@ -123,6 +335,27 @@ int launch_gdn_scan(const float* qkv, const float* g, const float* b, float* sta
                     float eps) {
     gdn_scan_kernel<DK><<<dim3(V, ceil_div(DK, 32)), 32, 0, stream()>>>(qkv, g, b, state, o, L, K, V, eps);
     return check_launch("gdn_scan_kernel");
+}
+
+// The chunked kernel needs GdnChunkLayout<DK>::bytes of shared memory (96000 B at DK 128): more than the 48 KiB
+// default, so the launcher raises the kernel's limit, and reports CMP_ERR_UNSUPPORTED where the device cannot give
+// that much (sm_75: 64 KiB) so that the caller can take the scan instead.
+template <int DK>
+int launch_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V,
+                       float eps) {
+    constexpr size_t bytes = GdnChunkLayout<DK>::bytes;
+    int dev = 0, optin = 0;
+    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
+    CMP_TRY(check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                       "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)"));
+    if ((size_t)optin < bytes)
+        return fail(CMP_ERR_UNSUPPORTED, "cmp_gdn_chunked: needs %zu B of shared memory per block, the device gives %d",
+                    bytes, optin);
+    CMP_TRY(check_cuda(cudaFuncSetAttribute(gdn_chunked_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)bytes),
+                       "cudaFuncSetAttribute(gdn_chunked_kernel)"));
+    gdn_chunked_kernel<DK><<<dim3(V, DK / GDN_BV), GDN_NT, bytes, stream()>>>(qkv, g, b, state, o, L, K, V, eps);
+    return check_launch("gdn_chunked_kernel");
 }
 
 }  // namespace
@@ -148,5 +381,18 @@ extern "C" int cmp_gdn(const float* qkv, const float* g, const float* b, float* 
         case 64: return launch_gdn_scan<64>(qkv, g, b, state, o, L, K, V, eps);
         case 128: return launch_gdn_scan<128>(qkv, g, b, state, o, L, K, V, eps);
         default: return fail(CMP_ERR_UNSUPPORTED, "cmp_gdn: state size %d not supported (16/32/64/128)", Dk);
+    }
+}
+
+extern "C" int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K,
+                               int V, int Dk, float eps) {
+    CMP_REQUIRE(L >= 0 && K > 0 && V > 0 && V % K == 0, "cmp_gdn_chunked: bad shape L=%d K=%d V=%d", L, K, V);
+    if (L == 0) return CMP_OK;
+    switch (Dk) {
+        case 16: return launch_gdn_chunked<16>(qkv, g, b, state, o, L, K, V, eps);
+        case 32: return launch_gdn_chunked<32>(qkv, g, b, state, o, L, K, V, eps);
+        case 64: return launch_gdn_chunked<64>(qkv, g, b, state, o, L, K, V, eps);
+        case 128: return launch_gdn_chunked<128>(qkv, g, b, state, o, L, K, V, eps);
+        default: return fail(CMP_ERR_UNSUPPORTED, "cmp_gdn_chunked: state size %d not supported (16/32/64/128)", Dk);
     }
 }

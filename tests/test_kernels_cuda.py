@@ -291,3 +291,94 @@ def test_out_of_memory_names_the_flag(cuda_backend):
     with pytest.raises(DeviceMemoryError, match=r"KV cache.*-c"):
         be.new_state(cfg_for(), 1 << 20, "f32")
     be.arena.close()
+
+
+# -- chunked (WY/UT) gated delta rule --------------------------------------------------------------------------
+
+def _gdn_case(be, Dk, K, V, lengths, seed):
+    """Matching numpy/CUDA states (random S0) and inputs for one gdn call over segments of `lengths`."""
+    rng = np.random.default_rng(seed)
+    cfg = cfg_for(K=K, V=V, Dk=Dk)
+    pairs = _states(be, cfg, 2 + max(lengths), "f32", [2] * len(lengths), rng)
+    T = sum(lengths)
+    qkv = rng.standard_normal((T, cfg.conv_channels)).astype(np.float32)
+    g = -rng.uniform(0.0, 1.5, (T, V)).astype(np.float32)
+    b = rng.uniform(0.0, 1.0, (T, V)).astype(np.float32)
+    return cfg, pairs, qkv, g, b
+
+
+def _run_gdn_cuda(be, cfg, pairs, lengths, qkv, g, b, chunked):
+    """-> (o on the host, final states on the host); states are copied so both kernels start from the same S0."""
+    from llamacmp.lib._native import CMP_ERR_UNSUPPORTED, NativeError
+    states = []
+    for _, s_dev in pairs:
+        s = be.new_state(cfg, s_dev.n_ctx, "f32")
+        be.copy_from_host(s.ssm[0], be.to_host(s_dev.ssm[0]))
+        s.n_past = s_dev.n_past
+        states.append(s)
+    batch = StepBatch.build([(s, [0] * n) for s, n in zip(states, lengths)])
+    poison(be, (len(qkv), cfg.ssm_v_heads * cfg.ssm_head_dim))
+    try:
+        o = be.gdn(up(be, qkv), up(be, g), up(be, b), batch, 0, cfg, chunked=chunked)
+    except NativeError as e:
+        if e.code == CMP_ERR_UNSUPPORTED:
+            pytest.skip(f"chunked GDN kernel does not fit this device: {e.message}")
+        raise
+    return be.to_host(o), [be.to_host(s.ssm[0]) for s in states]
+
+
+@pytest.mark.parametrize("L", [1, 63, 64, 65, 127, 200, 1000])
+@pytest.mark.parametrize("Dk,K,V", [(16, 2, 4), (32, 1, 3), (64, 2, 2), (128, 2, 4)])
+def test_gdn_chunked_matches_numpy_and_scan(cuda_backend, L, Dk, K, V):
+    cfg, pairs, qkv, g, b = _gdn_case(cuda_backend, Dk, K, V, [L], seed=L * 131 + Dk)
+    b_ref = StepBatch.build([(pairs[0][0], [0] * L)])
+    ref = REF.gdn(qkv, g, b, b_ref, 0, cfg)
+    o_chunk, s_chunk = _run_gdn_cuda(cuda_backend, cfg, pairs, [L], qkv, g, b, chunked=True)
+    o_scan, s_scan = _run_gdn_cuda(cuda_backend, cfg, pairs, [L], qkv, g, b, chunked=False)
+    assert rel(o_chunk, ref) < FP32_TOL
+    assert rel(s_chunk[0], pairs[0][0].ssm[0]) < FP32_TOL
+    assert rel(o_chunk, o_scan) < FP32_TOL
+    assert rel(s_chunk[0], s_scan[0]) < FP32_TOL
+
+
+def test_gdn_chunked_several_segments(cuda_backend):
+    lengths = [65, 3, 130, 64]
+    cfg, pairs, qkv, g, b = _gdn_case(cuda_backend, 32, 2, 4, lengths, seed=7)
+    b_ref = StepBatch.build([(s, [0] * n) for (s, _), n in zip(pairs, lengths)])
+    ref = REF.gdn(qkv, g, b, b_ref, 0, cfg)
+    o, states = _run_gdn_cuda(cuda_backend, cfg, pairs, lengths, qkv, g, b, chunked=True)
+    assert rel(o, ref) < FP32_TOL
+    for (s_ref, _), s in zip(pairs, states):
+        assert rel(s, s_ref.ssm[0]) < FP32_TOL
+
+
+def test_gdn_default_switch(cuda_backend):
+    """gdn_chunked on (the default) and off give the same result through the default dispatch (L >= 64)."""
+    assert cuda_backend.gdn_chunked is True
+    lengths = [100, 1]
+    cfg, pairs, qkv, g, b = _gdn_case(cuda_backend, 16, 2, 4, lengths, seed=3)
+    o_on, s_on = _run_gdn_cuda(cuda_backend, cfg, pairs, lengths, qkv, g, b, chunked=None)
+    cuda_backend.gdn_chunked = False
+    try:
+        o_off, s_off = _run_gdn_cuda(cuda_backend, cfg, pairs, lengths, qkv, g, b, chunked=None)
+    finally:
+        cuda_backend.gdn_chunked = True
+    assert rel(o_on, o_off) < FP32_TOL
+    for a, c in zip(s_on, s_off):
+        assert rel(a, c) < FP32_TOL
+
+
+# -- sampling -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("R,N", [(1, 1), (1, 97), (3, 1025), (2, 248320), (5, 4099)])
+def test_argmax(cuda_backend, R, N):
+    rng = np.random.default_rng(R * N)
+    x = (rng.standard_normal((R, N)) * 5).astype(np.float32)
+    if N > 10:
+        x[0, [3, N - 2]] = x[0].max() + 1.0      # a tie: the lower index wins, as numpy.argmax
+    if R > 1:
+        x[1, :] = -np.inf                         # all -inf: index 0
+        x[1, N // 2] = np.nan                     # NaN is never chosen
+    got = cuda_backend.ids_to_host(cuda_backend.argmax(up(cuda_backend, x)))
+    want = np.argmax(np.where(np.isnan(x), -np.inf, x), axis=1).astype(np.int32)
+    assert np.array_equal(got, want)

@@ -138,3 +138,47 @@ def test_captured_graph_decode_equals_eager(models, shape, dtype):
         last_g = step.step(toks)
         assert rel(last_g, last_e) < 1e-4
     assert [s.n_past for s in graph] == [s.n_past for s in eager]
+
+
+@pytest.mark.parametrize("shape,dtype", [("tiny", "q8_0"), ("small", "f32")])
+def test_greedy_graph_on_device_equals_host_argmax(models, shape, dtype):
+    """CapturedStep(greedy=True): the argmax runs in the graph and feeds the next step on the device; the ids
+    equal eager decoding with a host argmax."""
+    from llamacmp.backends.cuda import CapturedStep
+    _, dev = models(shape, dtype)
+    be, cfg = dev.backend, dev.cfg
+    prompt = [int(i) for i in np.random.default_rng(8).integers(0, cfg.n_vocab, 7)]
+    eager, graph = be.new_state(cfg, 48), be.new_state(cfg, 48)
+    last = logits(dev, StepBatch.build([(eager, prompt)]))
+    first = int(np.argmax(last[-1]))
+    logits(dev, StepBatch.build([(graph, prompt)]))
+    want = []
+    tok = first
+    for _ in range(16):
+        last = logits(dev, StepBatch.build([(eager, [tok])]))
+        tok = int(np.argmax(last[-1]))
+        want.append(tok)
+    step = CapturedStep(be, dev.model, [graph], greedy=True)
+    step.set_tokens([first])
+    got = [int(step.step_greedy()[0]) for _ in range(16)]
+    assert got == want
+    assert graph.n_past == eager.n_past
+
+
+@pytest.mark.parametrize("shape,dtype", [("tiny", "f32"), ("small", "f32")])
+def test_long_prefill_chunked_gdn_equals_scan(models, shape, dtype):
+    """A 150-token prefill (chunked GDN kernel: 64 + 64 + 22 tokens) gives the scan's logits and states."""
+    _, dev = models(shape, dtype)
+    be, cfg = dev.backend, dev.cfg
+    ids = [int(i) for i in np.random.default_rng(12).integers(0, cfg.n_vocab, 150)]
+    out = {}
+    for chunked in (True, False):
+        be.gdn_chunked = chunked
+        try:
+            st = be.new_state(cfg, 160, "f32")
+            out[chunked] = (logits(dev, StepBatch.build([(st, ids)], all_logits=True)), be.state_to_host(st))
+        finally:
+            be.gdn_chunked = True
+    assert rel(out[True][0], out[False][0]) < 1e-4
+    for x, y in zip(out[True][1]["ssm"], out[False][1]["ssm"]):
+        assert rel(x, y) < 1e-4

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..gguf_file import Q8_0_BLOCK, Q8Tensor
-from ..lib._native import CMP_F16, CMP_F32, CMP_ERR_NOMEM, Native, NativeError, cuda_available
+from ..lib._native import CMP_ERR_NOMEM, CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, Native, NativeError, cuda_available
 from .base import Backend, Segment, SeqState, StepBatch
 
 __all__ = ["CudaBackend", "CapturedStep", "DeviceTensor", "DeviceArena", "DeviceMemoryError", "cuda_available"]
@@ -157,11 +157,16 @@ class CudaBackend(Backend):
 
     MAX_FUSED = 4   # matrices per cmp_matmul_q8_multi launch
 
+    GDN_CHUNK = 64  # segments at least this long take the chunked GDN kernel (when gdn_chunked is on)
+
     def __init__(self, device: int = 0, arena_bytes: int | None = None, native: Native | None = None,
-                 fuse_projections: bool = True):
+                 fuse_projections: bool = True, gdn_chunked: bool = True):
         """arena_bytes: the most device memory this backend may take (default: what is free now, less 512 MiB).
-        fuse_projections: Q8 projections of one input share one launch (off only to measure what it saves)."""
+        fuse_projections: Q8 projections of one input share one launch (off only to measure what it saves).
+        gdn_chunked: prefill segments of >= GDN_CHUNK tokens use the chunked WY/UT delta-rule kernel (off: the
+        sequential scan everywhere, the proven fallback)."""
         self.fuse_projections = fuse_projections
+        self.gdn_chunked = gdn_chunked
         self.native = native or Native()
         self.native.cmp_init(device)
         self.device = device
@@ -376,13 +381,42 @@ class CudaBackend(Backend):
                                         out.row_ptr(seg.start), seg.length, C, kernel)
         return out
 
-    def gdn(self, qkv, g, b, batch, layer, cfg):
+    def gdn(self, qkv, g, b, batch, layer, cfg, chunked: bool | None = None):
+        """chunked: None follows self.gdn_chunked for segments of >= GDN_CHUNK tokens; True/False forces the
+        chunked kernel / the scan for every segment (tests compare both against numpy_ref)."""
         K, V, Dk = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_head_dim
         o = self.empty((qkv.shape[0], V * Dk))
         for seg in batch.segments:
-            self.native.cmp_gdn(qkv.row_ptr(seg.start), g.row_ptr(seg.start), b.row_ptr(seg.start),
-                                seg.state.ssm[layer].ptr, o.row_ptr(seg.start), seg.length, K, V, Dk, cfg.rms_eps)
+            args = (qkv.row_ptr(seg.start), g.row_ptr(seg.start), b.row_ptr(seg.start), seg.state.ssm[layer].ptr,
+                    o.row_ptr(seg.start), seg.length, K, V, Dk, cfg.rms_eps)
+            use_chunks = self.gdn_chunked and seg.length >= self.GDN_CHUNK if chunked is None else chunked
+            if use_chunks:
+                try:
+                    self.native.cmp_gdn_chunked(*args)
+                    continue
+                except NativeError as e:   # the device lacks the shared memory (sm_75 at Dk 128): nothing ran
+                    if e.code != CMP_ERR_UNSUPPORTED or chunked:
+                        raise
+            self.native.cmp_gdn(*args)
         return o
+
+    # -- sampling ----------------------------------------------------------------------------------------------
+    def argmax(self, logits: DeviceTensor, out: DeviceTensor | None = None) -> DeviceTensor:
+        """logits [R, N] -> [R] int32 on the device: greedy token per row (lowest id among ties). `out`: an
+        existing int32 [R] buffer to write (a captured graph's token input)."""
+        R, N = logits.shape
+        out = out if out is not None else self.empty((R,), "i32", "argmax ids")
+        if out.shape != (R,) or out.dtype != "i32":
+            raise ValueError(f"argmax: output must be int32 [{R}], got {out.dtype} {out.shape}")
+        self.native.cmp_argmax(logits.ptr, out.ptr, R, N)
+        return out
+
+    def ids_to_host(self, ids: DeviceTensor) -> np.ndarray:
+        """int32 [R] device ids -> host (waits for the stream)."""
+        out = np.empty(ids.shape, np.int32)
+        if out.nbytes:
+            self.native.cmp_memcpy_d2h(out.ctypes.data, ids.ptr, out.nbytes)
+        return out
 
     def gated_rmsnorm(self, o, z, w, eps, head_dim):
         T, n = o.shape
@@ -401,8 +435,10 @@ class CapturedStep:
     other work between replays is safe.
     """
 
-    def __init__(self, be: CudaBackend, model, states: Sequence[SeqState]):
-        self.be, self.model, self.states = be, model, list(states)
+    def __init__(self, be: CudaBackend, model, states: Sequence[SeqState], greedy: bool = False):
+        """greedy: also capture the argmax of the logits into the graph's own token-id input, so that
+        `step_greedy` feeds each step's greedy token to the next with nothing but the position uploaded."""
+        self.be, self.model, self.states, self.greedy = be, model, list(states), greedy
         B = len(self.states)
         self.tokens = be.from_host(np.zeros(B, np.int32), "i32", "graph token ids")
         self.pos = be.from_host(np.asarray([s.n_past for s in self.states], np.int32), "i32", "graph positions")
@@ -415,6 +451,8 @@ class CapturedStep:
         be.native.cmp_graph_begin()
         try:
             self.logits = model.forward(batch)             # recorded, not run
+            if greedy:
+                be.argmax(self.logits, out=self.tokens)    # the next replay embeds these ids
         except BaseException:
             try:
                 be.native.graph_end()
@@ -429,17 +467,33 @@ class CapturedStep:
 
     def step(self, tokens: Sequence[int]) -> np.ndarray:
         """Feed one token per state at its n_past; -> logits [B, n_vocab] on the host. Advances every state."""
+        self.set_tokens(tokens)
+        self._launch()
+        return self.be.to_host(self.logits)
+
+    def _launch(self) -> None:
+        """Upload the positions, replay the graph, advance the states (the token ids are already in place)."""
         be = self.be
         for s in self.states:
             if s.n_past >= s.n_ctx:
                 raise ValueError(f"sequence needs {s.n_past + 1} positions, its context is {s.n_ctx}")
-        be.copy_from_host(self.tokens, np.asarray(tokens, np.int32))
         be.copy_from_host(self.pos, np.asarray([s.n_past for s in self.states], np.int32))
         be.native.cmp_graph_launch(self.exec)
-        out = be.to_host(self.logits)
         for s in self.states:
             s.n_past += 1
-        return out
+
+    def set_tokens(self, tokens: Sequence[int]) -> None:
+        """The ids the next `step_greedy` feeds (the first step after a prompt)."""
+        self.be.copy_from_host(self.tokens, np.asarray(tokens, np.int32))
+
+    def step_greedy(self, read: bool = True) -> np.ndarray | None:
+        """(greedy graphs) Feed the current token ids (set_tokens, or the previous step's argmax); the argmax of
+        this step's logits becomes the next input on the device. -> the new ids [B] (4 bytes each cross to the
+        host; none with read=False). Advances every state."""
+        if not self.greedy:
+            raise ValueError("step_greedy needs a CapturedStep made with greedy=True")
+        self._launch()
+        return self.be.ids_to_host(self.tokens) if read else None
 
     def __del__(self):
         if getattr(self, "exec", 0):

@@ -77,10 +77,14 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_gdn": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _f),
                 "int cmp_gdn(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, "
                 "int V, int Dk, float eps)"),
+    "cmp_gdn_chunked": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _f),
+                        "int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, "
+                        "float* o, int L, int K, int V, int Dk, float eps)"),
+    "cmp_argmax": ((_p, _p, _i, _i), "int cmp_argmax(const float* x, int32_t* out, int R, int N)"),
 }
 
 CMP_F32, CMP_F16 = 0, 1
-CMP_ERR_NOMEM = 4
+CMP_ERR_UNSUPPORTED, CMP_ERR_NOMEM = 3, 4
 
 
 class NativeError(RuntimeError):

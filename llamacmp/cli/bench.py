@@ -1,0 +1,603 @@
+"""llamacmp-bench: llama-bench's flags, tests and output formats (md, json, jsonl, csv) on the llamacmp engine.
+
+    llamacmp-bench -m MODEL.gguf [-p 512] [-n 128] [-pg 512,128] [-d 0] [-b 2048] [-ub 512] [-ctk f16] [-ctv f16]
+                   [-ngl 99] [-fa 0] [-r 5] [-o md|json|jsonl|csv]
+
+As in llama-bench, every test flag takes comma-separated lists (or repeats), ranges `first-last`, `first-last+step`
+and `first-last*mult`; the cartesian product of the values makes the test instances. Tests: ppN (a prompt of N
+random tokens processed in chunks of min(-b, -ub) rows), tgN (N single-token decode steps), ppN+tgM (-pg; both,
+timed together); with -d D each repetition first fills the context with D tokens (untimed) and the test name gains
+" @ dD". t/s is tokens / seconds per repetition, reported as mean ± standard deviation over -r repetitions after
+one untimed warm-up.
+
+On the CUDA backend tg replays the decode step captured once as a CUDA graph (CapturedStep) with the greedy argmax
+inside the graph: the logits never leave the device, and each step moves one token id to the host (which is also
+the per-token synchronisation llama-bench has). -ngl 0 runs the numpy reference backend (what CI can run); any
+other -ngl keeps every layer on the GPU (llamacmp has no partial offload). -fa is accepted and reported: llamacmp's
+attention is always the fused online-softmax kernel.
+
+Option parsing: llama-bench has its own parser (list values, ranges, its own usage text) unlike the common option
+table of llama-cli/-server, so this tool keeps its small table here and reuses args.py's value parsers
+(arg_values.to_int, choice) instead of adding rows to llamacmp.args.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, TextIO
+
+import numpy as np
+
+from .. import BUILD_NUMBER
+from ..arg_values import CACHE_TYPES, choice, to_int
+
+OUTPUT_FORMATS = ("md", "json", "jsonl", "csv")
+KV_SUPPORTED = ("f16", "f32")
+FILE_TYPES = {0: "all F32", 1: "F16", 7: "Q8_0"}
+TYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "Q8_0": 34 / 32}      # bytes per element as stored in the GGUF
+
+
+class BenchError(Exception):
+    """Printed to stderr; the tool exits with status 1."""
+
+
+# -- options -------------------------------------------------------------------------------------------------------
+
+def int_values(s: str) -> list[int]:
+    """'512', '128,256', '1-5', '64-512*2', '0-4096+1024' (llama-bench's list and range syntax)."""
+    out: list[int] = []
+    for part in (x for x in s.split(",") if x):
+        if "-" in part[1:]:
+            first, rest = part.split("-", 1) if not part.startswith("-") else ("-" + part[1:].split("-", 1)[0],
+                                                                               part[1:].split("-", 1)[1])
+            step, mult = 1, 0
+            if "+" in rest:
+                rest, step_s = rest.split("+", 1)
+                step = to_int(step_s)
+            elif "*" in rest:
+                rest, mult_s = rest.split("*", 1)
+                mult = to_int(mult_s)
+            a, b = to_int(first), to_int(rest)
+            if (mult and mult < 2) or (not mult and step < 1) or a > b:
+                raise ValueError(f"invalid range '{part}'")
+            x = a
+            while x <= b:
+                out.append(x)
+                x = x * mult if mult else x + step
+                if mult and x == 0:
+                    break
+        else:
+            out.append(to_int(part))
+    return out
+
+
+def pg_values(s: str) -> list[tuple[int, int]]:
+    """-pg 512,128 (one pair per flag, as llama-bench)."""
+    parts = s.split(",")
+    if len(parts) != 2:
+        raise ValueError("expected <pp>,<tg>")
+    return [(to_int(parts[0]), to_int(parts[1]))]
+
+
+def kv_values(flag: str) -> Callable[[str], list[str]]:
+    check = choice(flag, *CACHE_TYPES)
+
+    def parse(s: str) -> list[str]:
+        vals = [check(x) for x in s.split(",") if x]
+        bad = [v for v in vals if v not in KV_SUPPORTED]
+        if bad:
+            raise BenchError(f"error: {flag} {bad[0]} is not supported: llamacmp has only f16 and f32 KV caches")
+        return vals
+    return parse
+
+
+def fa_values(s: str) -> list[str]:
+    names = {"0": "0", "off": "0", "false": "0", "1": "1", "on": "1", "true": "1", "auto": "auto", "-1": "auto"}
+    out = []
+    for x in (x for x in s.split(",") if x):
+        if x not in names:
+            raise ValueError(f"invalid flash attention value '{x}'")
+        out.append(names[x])
+    return out
+
+
+def strings(s: str) -> list[str]:
+    return [x for x in s.split(",") if x]
+
+
+@dataclass(frozen=True)
+class Opt:
+    names: tuple[str, ...]
+    key: str
+    value: str
+    help: str
+    parse: Callable[[str], object] | None = None     # None: a flag without value
+
+
+OPTS: tuple[Opt, ...] = (
+    Opt(("-h", "--help"), "help", "", "print this help and exit"),
+    Opt(("-r", "--repetitions"), "reps", "<n>", "number of times to repeat each test", to_int),
+    Opt(("--delay",), "delay", "<0...N> (seconds)", "delay between each test", to_int),
+    Opt(("-o", "--output"), "output", "<csv|json|jsonl|md>", "output format printed to stdout",
+        choice("-o", *OUTPUT_FORMATS)),
+    Opt(("-oe", "--output-err"), "output_err", "<csv|json|jsonl|md>", "output format printed to stderr",
+        choice("-oe", *OUTPUT_FORMATS)),
+    Opt(("-v", "--verbose"), "verbose", "", "verbose output"),
+    Opt(("--progress",), "progress", "", "print test progress indicators (to stderr)"),
+    Opt(("--no-warmup",), "no_warmup", "", "skip the untimed warm-up run"),
+    Opt(("-m", "--model"), "model", "<filename>", "model file (GGUF)", strings),
+    Opt(("-p", "--n-prompt"), "n_prompt", "<n>", "prompt tokens (ppN test)", int_values),
+    Opt(("-n", "--n-gen"), "n_gen", "<n>", "generated tokens (tgN test)", int_values),
+    Opt(("-pg",), "pg", "<pp,tg>", "prompt then generation, timed together (ppN+tgM test)", pg_values),
+    Opt(("-d", "--n-depth"), "n_depth", "<n>", "tokens already in the context before each test", int_values),
+    Opt(("-b", "--batch-size"), "n_batch", "<n>", "logical batch size", int_values),
+    Opt(("-ub", "--ubatch-size"), "n_ubatch", "<n>", "physical batch size (prompt chunk rows)", int_values),
+    Opt(("-ctk", "--cache-type-k"), "type_k", "<t>", "KV cache type for K (f16, f32)", kv_values("-ctk")),
+    Opt(("-ctv", "--cache-type-v"), "type_v", "<t>", "KV cache type for V (f16, f32)", kv_values("-ctv")),
+    Opt(("-t", "--threads"), "n_threads", "<n>", "CPU threads (accepted; the engine's host side is one thread)",
+        int_values),
+    Opt(("-ngl", "--n-gpu-layers"), "n_gpu_layers", "<n>", "layers on the GPU (0: the numpy reference backend; "
+        "any other value: all layers)", int_values),
+    Opt(("-fa", "--flash-attn"), "flash_attn", "<0|1|auto>", "flash attention (accepted and reported: llamacmp's "
+        "attention is always fused)", fa_values),
+)
+DEFAULTS = {"reps": 5, "delay": 0, "output": "md", "output_err": None, "verbose": False, "progress": False,
+            "no_warmup": False, "model": [], "n_prompt": [512], "n_gen": [128], "pg": [], "n_depth": [0],
+            "n_batch": [2048], "n_ubatch": [512], "type_k": ["f16"], "type_v": ["f16"], "n_threads": [1],
+            "n_gpu_layers": [99], "flash_attn": ["0"]}
+LIST_KEYS = {"model", "n_prompt", "n_gen", "pg", "n_depth", "n_batch", "n_ubatch", "type_k", "type_v",
+             "n_threads", "n_gpu_layers", "flash_attn"}
+DEFAULT_MODEL = "models/7B/ggml-model-q4_0.gguf"
+
+
+def usage_text() -> str:
+    lines = ["usage: llamacmp-bench [options]", "", "options:"]
+    for o in OPTS:
+        head = ", ".join(o.names) + (f" {o.value}" if o.value else "")
+        default = DEFAULTS.get(o.key)
+        if isinstance(default, list):
+            default = ",".join(f"{a},{b}" if isinstance(a, tuple) else str(a) for a in default) or \
+                (DEFAULT_MODEL if o.key == "model" else "")
+        shown = f" (default: {default})" if o.value and default is not None else ""
+        lines.append(f"  {head:<40} {o.help}{shown}")
+    lines += ["", "Multiple values can be given for each parameter by separating them with ','",
+              "or by specifying the parameter multiple times. Ranges can be given as",
+              "'first-last' or 'first-last+step' or 'first-last*mult'."]
+    return "\n".join(lines) + "\n"
+
+
+def parse_bench_args(argv: list[str]) -> dict:
+    """argv -> settings (lists for the test parameters). Raises BenchError with llama-bench's wording."""
+    by_name = {n: o for o in OPTS for n in o.names}
+    given: dict[str, object] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        opt = by_name.get(arg)
+        if opt is None:
+            raise BenchError(f"error: invalid parameter for argument: {arg}")
+        if opt.parse is None:
+            given[opt.key] = True
+            i += 1
+            continue
+        if i + 1 >= len(argv):
+            raise BenchError(f"error: invalid parameter for argument: {arg}")
+        try:
+            value = opt.parse(argv[i + 1])
+        except BenchError:
+            raise
+        except ValueError as e:
+            raise BenchError(f"error: invalid parameter for argument: {arg} ({str(e).strip()})") from None
+        if opt.key in LIST_KEYS:
+            given.setdefault(opt.key, [])
+            given[opt.key] += value                   # type: ignore[operator]
+        else:
+            given[opt.key] = value
+        i += 2
+    s = {**DEFAULTS, **given}
+    if s["reps"] < 1:
+        raise BenchError("error: -r must be at least 1")
+    for key in ("n_prompt", "n_gen", "n_depth"):
+        if any(v < 0 for v in s[key]):
+            raise BenchError(f"error: negative value for {key}")
+    if any(v < 1 for v in s["n_batch"] + s["n_ubatch"]):
+        raise BenchError("error: -b and -ub must be at least 1")
+    return s
+
+
+# -- instances and results ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Instance:
+    model: str
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+    n_batch: int
+    n_ubatch: int
+    type_k: str
+    type_v: str
+    n_threads: int
+    n_gpu_layers: int
+    flash_attn: str
+
+    @property
+    def name(self) -> str:
+        if self.n_prompt and self.n_gen:
+            t = f"pp{self.n_prompt}+tg{self.n_gen}"
+        elif self.n_prompt:
+            t = f"pp{self.n_prompt}"
+        else:
+            t = f"tg{self.n_gen}"
+        return t + (f" @ d{self.n_depth}" if self.n_depth else "")
+
+
+def instances(s: dict) -> list[Instance]:
+    """The cartesian product of the parameter lists, with -p and -n as separate tests and each -pg pair as one,
+    in llama-bench's order (model outermost, tests innermost)."""
+    out = []
+    models = s["model"] or [DEFAULT_MODEL]
+    for m, d, b, ub, tk, tv, nt, ngl, fa in itertools.product(
+            models, s["n_depth"], s["n_batch"], s["n_ubatch"], s["type_k"], s["type_v"], s["n_threads"],
+            s["n_gpu_layers"], s["flash_attn"]):
+        base = dict(model=m, n_depth=d, n_batch=b, n_ubatch=ub, type_k=tk, type_v=tv, n_threads=nt,
+                    n_gpu_layers=ngl, flash_attn=fa)
+        tests = [(p, 0) for p in s["n_prompt"] if p > 0] + [(0, n) for n in s["n_gen"] if n > 0] + list(s["pg"])
+        out += [Instance(n_prompt=p, n_gen=n, **base) for p, n in tests]
+    return out
+
+
+@dataclass
+class Result:
+    inst: Instance
+    info: "ModelInfo"
+    backend: str
+    gpu_info: str
+    samples_ns: list[int] = field(default_factory=list)
+    test_time: str = ""
+
+    @property
+    def n_tokens(self) -> int:
+        return self.inst.n_prompt + self.inst.n_gen
+
+    @property
+    def samples_ts(self) -> list[float]:
+        return [1e9 * self.n_tokens / ns for ns in self.samples_ns]
+
+    @staticmethod
+    def _mean_sd(xs: list[float]) -> tuple[float, float]:
+        m = sum(xs) / len(xs)
+        sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+        return m, sd
+
+    def fields(self) -> dict:
+        """llama-bench's JSON/CSV fields (the ones llamacmp can fill)."""
+        avg_ns, sd_ns = self._mean_sd([float(x) for x in self.samples_ns])
+        avg_ts, sd_ts = self._mean_sd(self.samples_ts)
+        i = self.inst
+        return {
+            "build_commit": build_commit(), "build_number": BUILD_NUMBER, "cpu_info": cpu_info(),
+            "gpu_info": self.gpu_info, "backends": self.backend, "model_filename": i.model,
+            "model_type": self.info.desc, "model_size": self.info.size, "model_n_params": self.info.n_params,
+            "n_batch": i.n_batch, "n_ubatch": i.n_ubatch, "n_threads": i.n_threads, "type_k": i.type_k,
+            "type_v": i.type_v, "n_gpu_layers": i.n_gpu_layers, "flash_attn": i.flash_attn,
+            "n_prompt": i.n_prompt, "n_gen": i.n_gen, "n_depth": i.n_depth, "test_time": self.test_time,
+            "avg_ns": int(avg_ns), "stddev_ns": int(sd_ns), "avg_ts": avg_ts, "stddev_ts": sd_ts,
+            "samples_ns": list(self.samples_ns), "samples_ts": self.samples_ts,
+        }
+
+
+# -- printers --------------------------------------------------------------------------------------------------------
+
+def _size_text(n: int) -> str:
+    return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / 1024**2:.2f} MiB"
+
+
+def _params_text(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n / 1e3:.2f} K"
+
+
+# column -> (header, width; negative = left-aligned). Optional columns appear only when a value differs from
+# llama-bench's default, as llama-bench does.
+MD_COLUMNS = {"model": ("model", -30), "size": ("size", 10), "params": ("params", 10), "backend": ("backend", -10),
+              "n_gpu_layers": ("ngl", 3), "n_batch": ("n_batch", 7), "n_ubatch": ("n_ubatch", 8),
+              "type_k": ("type_k", 6), "type_v": ("type_v", 6), "flash_attn": ("fa", 4), "test": ("test", 15),
+              "t/s": ("t/s", 20)}
+OPTIONAL = ("n_batch", "n_ubatch", "type_k", "type_v", "flash_attn")
+
+
+class MarkdownPrinter:
+    def __init__(self, out: TextIO, s: dict):
+        self.out = out
+        self.cols = ["model", "size", "params", "backend", "n_gpu_layers"]
+        self.cols += [c for c in OPTIONAL if any(v != DEFAULTS[c][0] for v in s[c])]
+        self.cols += ["test", "t/s"]
+
+    def _row(self, cells: list[str]) -> str:
+        parts = []
+        for c, text in zip(self.cols, cells):
+            w = MD_COLUMNS[c][1]
+            parts.append(text.ljust(-w) if w < 0 else text.rjust(w))
+        return "| " + " | ".join(parts) + " |"
+
+    def header(self) -> None:
+        print(self._row([MD_COLUMNS[c][0] for c in self.cols]), file=self.out)
+        seps = []
+        for c in self.cols:
+            w = MD_COLUMNS[c][1]
+            seps.append("-" * abs(w) if w < 0 else "-" * (w - 1) + ":")
+        print("| " + " | ".join(seps) + " |", file=self.out)
+
+    def row(self, r: Result) -> None:
+        f = r.fields()
+        cell = {"model": r.info.desc, "size": _size_text(r.info.size), "params": _params_text(r.info.n_params),
+                "backend": r.backend, "n_gpu_layers": str(r.inst.n_gpu_layers), "n_batch": str(r.inst.n_batch),
+                "n_ubatch": str(r.inst.n_ubatch), "type_k": r.inst.type_k, "type_v": r.inst.type_v,
+                "flash_attn": r.inst.flash_attn, "test": r.inst.name,
+                "t/s": f"{f['avg_ts']:.2f} ± {f['stddev_ts']:.2f}"}
+        print(self._row([cell[c] for c in self.cols]), file=self.out)
+        self.out.flush()
+
+    def footer(self) -> None:
+        print(f"\nbuild: {build_commit()} ({BUILD_NUMBER})", file=self.out)
+
+
+class JsonPrinter:
+    def __init__(self, out: TextIO, s: dict, lines: bool = False):
+        self.out, self.lines, self.n = out, lines, 0
+
+    def header(self) -> None:
+        if not self.lines:
+            print("[", file=self.out)
+
+    def row(self, r: Result) -> None:
+        if self.lines:
+            print(json.dumps(r.fields()), file=self.out)
+        else:
+            text = json.dumps(r.fields(), indent=2, ensure_ascii=False)
+            # objects are separated as "},\n  {": the comma goes after the previous one, which ended unterminated
+            self.out.write((",\n" if self.n else "") + "\n".join("  " + ln for ln in text.split("\n")))
+        self.n += 1
+        self.out.flush()
+
+    def footer(self) -> None:
+        if not self.lines:
+            print(("\n" if self.n else "") + "]", file=self.out)
+
+
+class CsvPrinter:
+    SKIP = ("samples_ns", "samples_ts")
+
+    def __init__(self, out: TextIO, s: dict):
+        self.out, self.started = out, False
+
+    def header(self) -> None:
+        pass                     # the header needs the field names, printed with the first row
+
+    @staticmethod
+    def _quote(v) -> str:
+        text = f"{v:.6f}" if isinstance(v, float) else str(v)
+        return '"' + text.replace('"', '""') + '"'
+
+    def row(self, r: Result) -> None:
+        f = {k: v for k, v in r.fields().items() if k not in self.SKIP}
+        if not self.started:
+            print(",".join(f), file=self.out)
+            self.started = True
+        print(",".join(self._quote(v) for v in f.values()), file=self.out)
+        self.out.flush()
+
+    def footer(self) -> None:
+        pass
+
+
+def make_printer(fmt: str, out: TextIO, s: dict):
+    if fmt == "md":
+        return MarkdownPrinter(out, s)
+    if fmt in ("json", "jsonl"):
+        return JsonPrinter(out, s, lines=fmt == "jsonl")
+    return CsvPrinter(out, s)
+
+
+# -- environment facts ------------------------------------------------------------------------------------------
+
+def build_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def cpu_info() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# -- the model and the timed runs ----------------------------------------------------------------------------------
+
+@dataclass
+class ModelInfo:
+    desc: str          # "qwen35 9B Q8_0"
+    size: int          # bytes of all tensors
+    n_params: int
+
+
+def model_info(f, n_params: int, size: int) -> ModelInfo:
+    arch = f.architecture
+    label = f.metadata.get("general.size_label")
+    if not label:
+        label = f"{n_params / 1e9:.0f}B" if n_params >= 1e9 else f"{n_params / 1e6:.0f}M" if n_params >= 1e6 \
+            else f"{n_params / 1e3:.0f}K"
+    ftype = FILE_TYPES.get(f.metadata.get("general.file_type"), "?")
+    return ModelInfo(f"{arch} {label} {ftype}", size, n_params)
+
+
+@dataclass
+class Runner:
+    """One loaded model on one backend, and the timed tests on it."""
+    be: object
+    cfg: object
+    model: object
+    info: ModelInfo
+    is_cuda: bool
+    rng: np.random.Generator
+
+    def _ids(self, n: int) -> list[int]:
+        return [int(i) for i in self.rng.integers(0, self.cfg.n_vocab, n)]
+
+    def _sync(self) -> None:
+        if self.is_cuda:
+            self.be.synchronize()
+
+    def _prefill(self, st, n: int, chunk: int) -> None:
+        from ..backends.base import StepBatch
+        ids = self._ids(n)
+        for c0 in range(0, n, chunk):
+            self.model.forward(StepBatch.build([(st, ids[c0:c0 + chunk])]))
+        self._sync()
+
+    def _decoder(self, st):
+        """-> step(n): n greedy decode steps from a random first token. On CUDA the step graph is captured here
+        (untimed: the capture runs nothing, and replays read the state's n_past when they run, so a prompt may
+        still be processed between capture and the first step)."""
+        from ..backends.base import StepBatch
+        first = self._ids(1)[0]
+        if self.is_cuda:
+            from ..backends.cuda import CapturedStep
+            graph = CapturedStep(self.be, self.model, [st], greedy=True)
+
+            def step(n: int) -> None:
+                graph.set_tokens([first])
+                for _ in range(n):
+                    graph.step_greedy()        # one int32 to the host per token: the per-token sync
+            return step
+
+        def step(n: int) -> None:
+            tok = first
+            for _ in range(n):
+                logits = self.model.forward(StepBatch.build([(st, [tok])]))
+                tok = int(np.argmax(self.be.to_host(logits)[-1]))
+        return step
+
+    def run(self, inst: Instance, warmup: bool = False) -> int:
+        """One repetition on a fresh context -> nanoseconds of the timed part (the -d fill and the graph capture
+        are not timed). warmup: a short prompt or one decode step instead, untimed (llama-bench's warm-up)."""
+        chunk = max(1, min(inst.n_batch, inst.n_ubatch))
+        st = self.be.new_state(self.cfg, inst.n_depth + inst.n_prompt + inst.n_gen + 1, inst.type_k)
+        if inst.n_depth:
+            self._prefill(st, inst.n_depth, chunk)
+        decode = self._decoder(st) if inst.n_gen else None
+        if warmup:
+            if inst.n_prompt:
+                self._prefill(st, min(inst.n_prompt, chunk), chunk)
+            else:
+                decode(1)
+            return 0
+        self._sync()
+        t0 = time.perf_counter_ns()
+        if inst.n_prompt:
+            self._prefill(st, inst.n_prompt, chunk)
+        if decode is not None:
+            decode(inst.n_gen)
+        self._sync()
+        return time.perf_counter_ns() - t0
+
+
+def make_backend(ngl: int, err: TextIO):
+    """-> (backend, backend column text, gpu_info)."""
+    from ..backends.numpy_ref import NumpyBackend
+    if ngl != 0:
+        from ..backends.select import cuda_backend_or_none
+        be = cuda_backend_or_none()
+        if be is not None:
+            return be, "CUDA", be.native.device_name()
+        err.write("warning: no CUDA GPU or libcmpkern.so found: using the numpy reference backend (slow)\n")
+    return NumpyBackend(), "numpy", ""
+
+
+def load_runner(path: str, be, is_cuda: bool) -> Runner:
+    from ..config import ModelConfig
+    from ..gguf_file import GGUFError, GGUFFile
+    from ..models import model_class
+    from ..weights import load_weights
+    try:
+        f = GGUFFile(path)
+    except (OSError, GGUFError) as e:
+        raise BenchError(f"error: failed to load model '{path}': {e}") from None
+    n_vocab = f.info("token_embd.weight").shape[0]
+    cfg = ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight"))
+    n_params = sum(math.prod(f.info(n).shape) for n in f.names())
+    size = int(sum(math.prod(f.info(n).shape) * TYPE_BYTES.get(f.info(n).type_name, 4) for n in f.names()))
+    model = model_class(f.architecture)(cfg, load_weights(f, cfg), be)
+    return Runner(be, cfg, model, model_info(f, n_params, size), is_cuda, np.random.default_rng(0))
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        s = parse_bench_args(argv)
+    except BenchError as e:
+        err.write(f"{e}\n{usage_text()}")
+        return 1
+    if s.get("help"):
+        out.write(usage_text())
+        return 0
+    try:
+        return _run_all(s, out, err)
+    except BenchError as e:
+        err.write(f"{e}\n")
+        return 1
+
+
+def _run_all(s: dict, out: TextIO, err: TextIO) -> int:
+    for tk, tv in itertools.product(s["type_k"], s["type_v"]):
+        if tk != tv:
+            raise BenchError(f"error: -ctk {tk} with -ctv {tv}: llamacmp keeps K and V in one cache type")
+    insts = [i for i in instances(s) if i.type_k == i.type_v]
+    printers = [make_printer(s["output"], out, s)]
+    if s["output_err"]:
+        printers.append(make_printer(s["output_err"], err, s))
+    for p in printers:
+        p.header()
+    loaded: dict[tuple[str, bool], tuple[Runner, str, str]] = {}
+    for n, inst in enumerate(insts):
+        use_gpu = inst.n_gpu_layers != 0
+        key = (inst.model, use_gpu)
+        if key not in loaded:
+            loaded.clear()                 # one model in memory at a time, as llama-bench
+            be, backend, gpu = make_backend(inst.n_gpu_layers, err)
+            loaded[key] = (load_runner(inst.model, be, backend == "CUDA"), backend, gpu)
+        runner, backend, gpu = loaded[key]
+        if s["progress"]:
+            err.write(f"llamacmp-bench: test {n + 1}/{len(insts)}: {inst.name}\n")
+        res = Result(inst, runner.info, backend, gpu, test_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        if not s["no_warmup"]:
+            runner.run(inst, warmup=True)
+        for _ in range(s["reps"]):
+            res.samples_ns.append(max(1, runner.run(inst, warmup=False)))
+            if s["delay"]:
+                time.sleep(s["delay"])
+        for p in printers:
+            p.row(res)
+    for p in printers:
+        p.footer()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

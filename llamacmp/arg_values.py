@@ -76,7 +76,7 @@ def logit_bias(s: str) -> tuple[int, float]:
 def json_object(s: str) -> dict:
     value = json.loads(s)
     if not isinstance(value, dict):
-        raise ValueError("chat template kwargs must be a JSON object")
+        raise ValueError("expected a JSON object")
     return value
 
 

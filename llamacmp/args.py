@@ -221,10 +221,13 @@ OPTIONS: tuple[Option, ...] = (
       help="dynamic temperature range (default: 0.00, 0.0 = disabled)"),
     O("--mirostat", value="N", parse=lambda s: _refuse_nonzero("--mirostat")(s), apply=lambda p, v: None,
       gguf_key="mirostat", help="use Mirostat sampling (default: 0, 0 = disabled, 1 = Mirostat, 2 = Mirostat 2.0)"),
-    _unsup("--grammar", value="GRAMMAR", why="GBNF grammars are not supported by llamacmp yet"),
-    _unsup("--grammar-file", value="FNAME", why="GBNF grammars are not supported by llamacmp yet"),
-    _unsup("-j", "--json-schema", value="SCHEMA", why="JSON-schema constrained sampling is not supported yet"),
-    _unsup("-jf", "--json-schema-file", value="FILE", why="JSON-schema constrained sampling is not supported yet"),
+    O("--grammar", value="GRAMMAR", dest="grammar", parse=str,
+      help="BNF-like grammar to constrain generations (see samples in grammars/ dir) (default: '')"),
+    O("--grammar-file", value="FNAME", dest="grammar", parse=read_text, help="file to read grammar from"),
+    O("-j", "--json-schema", value="SCHEMA", dest="json_schema", parse=json_object,
+      help="JSON schema to constrain generations (https://json-schema.org/), e.g. `{}` for any JSON object"),
+    O("-jf", "--json-schema-file", value="FILE", dest="json_schema", parse=lambda path: json_object(read_text(path)),
+      help="File containing a JSON schema to constrain generations"),
     # conversation and display
     O("-cnv", "--conversation", dest="conversation", neg=("-no-cnv", "--no-conversation"), tools=KC,
       help="whether to run in conversation mode:\n- does not print special tokens and suffix/prefix\n"

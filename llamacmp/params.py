@@ -64,6 +64,8 @@ class Params:
     warmup: bool = True
     # sampling
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    grammar: str = ""                   # GBNF text (--grammar / --grammar-file)
+    json_schema: dict | None = None     # -j / -jf
     # conversation / display
     conversation: bool | None = None    # None: auto (on when the model has a template)
     interactive: bool = False

@@ -106,8 +106,8 @@ def test_scope_is_enforced():
 
 
 def test_known_but_unsupported_flags_are_refused_clearly():
-    for argv in (["-hf", "Qwen/Qwen3.5-9B-GGUF"], ["--lora", "a.gguf"], ["--grammar", "root ::= x"],
-                 ["-j", "{}"], ["-ctk", "q4_0"], ["--mirostat", "2"], ["--dry-multiplier", "0.8"]):
+    for argv in (["-hf", "Qwen/Qwen3.5-9B-GGUF"], ["--lora", "a.gguf"], ["-md", "draft.gguf"],
+                 ["-ctk", "q4_0"], ["--mirostat", "2"], ["--dry-multiplier", "0.8"]):
         with pytest.raises(Unsupported) as e:
             parse("completion", *argv)
         assert "not supported" in str(e.value)
@@ -189,3 +189,13 @@ def test_help_lists_the_tools_options_only():
 def test_version_text():
     first, second = version_text().splitlines()
     assert first.startswith("version: 8462 (llamacmp ") and second.startswith("built with ")
+
+
+def test_grammar_and_json_schema_flags(tmp_path):
+    assert parse("completion", "--grammar", 'root ::= "yes"').grammar == 'root ::= "yes"'
+    f = tmp_path / "g.gbnf"
+    f.write_text('root ::= "no"')
+    assert parse("completion", "--grammar-file", str(f)).grammar == 'root ::= "no"'
+    assert parse("completion", "-j", '{"type": "object"}').json_schema == {"type": "object"}
+    with pytest.raises(ArgError, match='"-j": expected a JSON object'):
+        parse("completion", "-j", "[1]")

@@ -130,6 +130,24 @@ def test_completion_logit_bias_bans_the_greedy_token(model, lm):
     assert r.stdout.decode("utf-8", "replace")[:-2] != lm.tokenizer.decode(tokens)
 
 
+def test_completion_grammar_constrains_output(model):
+    r = run("completion", "-m", model, "-p", "Answer:", "-n", "20", "--temp", "0", "-no-cnv",
+            "--no-display-prompt", "--grammar", 'root ::= ("yes" | "no") " sir"')
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode() in ("yes sir [end of text]\n\n\n", "no sir [end of text]\n\n\n")
+    r = run("completion", "-m", model, "-p", "x", "-n", "4", "-no-cnv", "--grammar", "root ::= (")
+    assert r.returncode == 1 and "failed to parse grammar" in r.stderr.decode()
+
+
+def test_completion_json_schema(model):
+    schema = '{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], ' \
+             '"additionalProperties": false}'
+    r = run("completion", "-m", model, "-p", "JSON:", "-n", "40", "--temp", "0", "-no-cnv", "--no-display-prompt",
+            "-j", schema)
+    text = r.stdout.decode().removesuffix(" [end of text]\n\n\n")
+    assert json.loads(text) in ({"ok": True}, {"ok": False})
+
+
 def test_version_and_errors(model):
     r = run("completion", "--version")
     lines = r.stderr.decode().splitlines()

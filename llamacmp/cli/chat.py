@@ -17,7 +17,7 @@ from ..chat import THINK_END, ChatTemplate, ReasoningSplitter, thinking_switch
 from ..engine.generate import ContextFull
 from ..params import Params
 from .chat_io import make_io
-from .common import load, make_sampler, new_session, run_tool
+from .common import load, make_grammar, make_sampler, new_session, run_tool
 
 COMMANDS_HELP = ("available commands:\n"
                  "  /exit or Ctrl+C     stop or exit\n"
@@ -199,13 +199,15 @@ class Chat:
         p, reply = self.p, Reply()
         splitter = ReasoningSplitter(thinking_open, p.reasoning_format)
         sampler = make_sampler(p, self.lm)
+        grammar = make_grammar(p, self.lm, after_think=thinking_open)   # constrain the answer, not the thoughts
         for t in self.session.history:
             sampler.accept(t)
         n_left = p.n_predict
         while True:
             gen = self.session.generate(sampler, n_left, tuple(p.antiprompt),
                                         lambda piece: self.show(reply, splitter.push(piece)), p.special,
-                                        should_stop=lambda: self.should_stop(reply, splitter), stop_window=0)
+                                        should_stop=lambda: self.should_stop(reply, splitter), stop_window=0,
+                                        grammar=grammar)
             if not reply.budget_hit or gen.stop != "interrupted" or self.interrupt.flag:
                 break
             n_left = -1 if p.n_predict < 0 else max(0, n_left - len(gen.tokens))

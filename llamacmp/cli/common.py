@@ -91,6 +91,18 @@ def new_session(p: Params, loaded: Loaded) -> Session:
     return s
 
 
+def make_grammar(p: Params, lm, after_think: bool = False):
+    """--grammar / -j compiled once (llguidance); None without them. Bad grammars are the user's error."""
+    if not p.grammar and p.json_schema is None:
+        return None
+    from ..engine.grammar import GrammarCompiler, GrammarError
+    try:
+        compiler = GrammarCompiler(lm.tokenizer)
+        return compiler.matcher(compiler.compile(p.grammar, p.json_schema, after_think))
+    except GrammarError as e:
+        raise CliError(f"error: {e}") from None
+
+
 def make_sampler(p: Params, lm) -> Sampler:
     return Sampler(p.sampling, frozenset(lm.tokenizer.eog_ids))
 

@@ -14,7 +14,7 @@ from ..args import parse_or_exit
 from ..chat import CHATML_TEMPLATE, ChatTemplate, TemplateError
 from ..engine.generate import ContextFull, now_ms
 from ..params import Params
-from .common import CliError, load, make_sampler, new_session, perf_lines, run_tool
+from .common import CliError, load, make_grammar, make_sampler, new_session, perf_lines, run_tool
 from .lineinput import read_message_simple
 
 
@@ -76,6 +76,7 @@ class Completion:
         self.tok = self.lm.tokenizer
         self.session = new_session(p, self.loaded)
         self.sampler = make_sampler(p, self.lm)
+        self.grammar = make_grammar(p, self.lm)
         self.out = sys.stdout
         self.interrupt = Interrupt()
         self.conv: Conversation | None = None
@@ -190,7 +191,7 @@ class Completion:
                                     None, p.special,
                                     should_stop=lambda: p.interactive and self.interrupt.take(),
                                     stop_window=0 if p.interactive else 2,
-                                    on_token=lambda t: self.show_tokens([t]))
+                                    on_token=lambda t: self.show_tokens([t]), grammar=self.grammar)
         if self.conv is not None:
             self.conv.messages.append({"role": "assistant", "content": self.tok.decode(
                 [t for t in gen.tokens if t not in self.tok.eog_ids], special=False)})

@@ -139,10 +139,11 @@ class Session:
     def generate(self, sampler: Sampler, n_predict: int, stop_strings: tuple[str, ...] = (),
                  on_text: Callable[[str], None] | None = None, special: bool = False,
                  should_stop: Callable[[], bool] = lambda: False, stop_window: int = 2,
-                 on_token: Callable[[int], None] | None = None) -> Generation:
+                 on_token: Callable[[int], None] | None = None, grammar=None) -> Generation:
         """Sample up to n_predict tokens (-1: until EOG or the context is full) from the current logits.
         Text streams to on_text as soon as it is whole UTF-8 (on_token sees each id first); stop strings are looked for at the end of the
-        generated text (widened by stop_window chars, as llama-completion does for reverse prompts)."""
+        generated text (widened by stop_window chars, as llama-completion does for reverse prompts).
+        `grammar`: an engine.grammar.SlotGrammar masking each draw; its completion ends the generation."""
         decoder = self.lm.tokenizer.stream_decoder(special)
         text, out = "", []
         n = 0
@@ -155,6 +156,8 @@ class Session:
                 except ContextFull:
                     del self.history[self.n_decoded:]
                     return Generation(text, out, "context")
+            if grammar is not None:
+                self.logits = grammar.apply(self.logits)   # disallowed tokens -> -inf before the chain
             token = self.sample(sampler)
             out.append(token)
             self.history.append(token)
@@ -169,6 +172,8 @@ class Session:
             if token in self.lm.tokenizer.eog_ids and not sampler.params.ignore_eos:
                 self.history.pop()                 # llama.cpp never decodes the EOG token either
                 return Generation(text, out, "eog")
+            if grammar is not None and not grammar.accept(token, text):
+                return Generation(text, out, "eog")      # the grammar is complete: llama.cpp would only allow EOG
             hit = _find_stop(text, stop_strings, stop_window)
             if hit:
                 return Generation(text, out, "stop", hit)

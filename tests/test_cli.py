@@ -267,6 +267,27 @@ def test_chat_reasoning_off_and_system_prompt(model):
     assert "<think>\n\n</think>\n\n" in out and "[ Prompt:" not in out and "[Start thinking]" not in out
 
 
+def test_chat_reasoning_budget(model):
+    # budget 0: </think> is forced before any thought, so no reasoning is shown; 2: two thoughts, then forced
+    r = run("cli", "-m", model, "-p", "Hi", "-st", "-n", "6", "--temp", "0", "--reasoning-budget", "0",
+            "--ignore-eos")
+    assert r.returncode == 0 and "[Start thinking]" not in r.stdout.decode("utf-8", "replace")
+    r = run("cli", "-m", model, "-p", "Hi", "-st", "-n", "8", "--temp", "0", "--reasoning-budget", "2",
+            "--reasoning-budget-message", "Enough.", "--ignore-eos")
+    out = r.stdout.decode("utf-8", "replace")
+    assert "[Start thinking]" in out and "Enough.\n[End thinking]" in out
+
+
+def test_env_vars_reach_the_tool(model):
+    r = run("completion", "-m", model, "-p", "Hello", "--temp", "0", "-no-cnv", "--ignore-eos",
+            env={"LLAMA_ARG_N_PREDICT": "3"})
+    assert re.search(r"eval time = +[\d.]+ ms / +2 runs", r.stderr.decode())
+    r = run("completion", "-m", model, "-p", "Hello", "--temp", "0", "-no-cnv", "--ignore-eos", "-n", "5",
+            env={"LLAMA_ARG_N_PREDICT": "3"})
+    assert "LLAMA_ARG_N_PREDICT environment variable is set, but will be overwritten" in r.stderr.decode()
+    assert re.search(r"eval time = +[\d.]+ ms / +4 runs", r.stderr.decode())
+
+
 def test_chat_no_cnv_prints_llamacpp_message(model):
     r = run("cli", "-m", model, "-no-cnv", "-p", "Hi", "-st", "-n", "2")
     assert r.stderr.decode().startswith("--no-conversation is not supported by llama-cli\n"

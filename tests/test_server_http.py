@@ -438,3 +438,16 @@ def test_slot_save_restore(model, tmp_path):
             assert c.post("/slots/0?action=save", json={"filename": "../x"}).status_code == 400
             r = c.post("/slots/0?action=restore", json={"filename": "missing.slot"})
             assert r.status_code == 400 and err(r)["message"].startswith("Unable to restore slot")
+
+
+def test_return_progress(http):
+    r = http.post("/completion", json={"prompt": "The quick brown fox " * 60, "n_predict": 2, "temperature": 0,
+                                       "stream": True, "return_progress": True, "cache_prompt": False})
+    chunks = [json.loads(x) for x in sse_lines(r.text)]
+    progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+    assert progress and progress[-1]["processed"] == progress[-1]["total"] == chunks[-1]["tokens_evaluated"]
+    assert all(set(p) == {"total", "cache", "processed", "time_ms"} for p in progress)
+    c = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                                                "stream": True, "return_progress": True})
+    first = json.loads(sse_lines(c.text)[0])
+    assert first["choices"][0]["delta"]["role"] == "assistant" and "prompt_progress" in first

@@ -293,6 +293,8 @@ class Engine:
             self.metrics.t_prompt_processing_total += dt_ms
             if slot.state.n_past in slot.checkpoint_at:
                 slot.cache.add_checkpoint(self.ops.snapshot(slot.state, row))
+            if slot.task.params.stream and slot.task.params.return_progress:
+                slot.task.sink(slot.progress())
             if not slot.prompt_done():
                 return
             slot.finish_prompt_timing()

@@ -216,6 +216,12 @@ class Slot:
         return PartialResult(t.id, t.index, self.id, text, [tok], probs, len(self.generated), len(self.prompt),
                              timings)
 
+    def progress(self) -> PartialResult:
+        t = self.task
+        info = {"total": len(self.prompt), "cache": self.n_cached, "processed": self.state.n_past,
+                "time_ms": (time.perf_counter() - self.t_prompt) * 1e3}
+        return PartialResult(t.id, t.index, self.id, "", [], [], 0, len(self.prompt), None, info)
+
     def final(self) -> FinalResult:
         t = self.task
         return FinalResult(t.id, t.index, self.id, self.text, list(self.generated), list(self.probs),

@@ -24,6 +24,7 @@ class GenParams:
     id_slot: int = -1
     return_tokens: bool = False
     timings_per_token: bool = False
+    return_progress: bool = False       # streamed prompt_progress chunks while the prompt is processed
     special: bool = False               # render control tokens in the output text (--special)
     t_max_predict_ms: int = 0
     stream: bool = False
@@ -106,6 +107,7 @@ class PartialResult:
     n_predicted: int
     n_prompt: int
     timings: Optional[Timings] = None
+    progress: Optional[dict] = None     # {total, cache, processed, time_ms}: a prompt-progress chunk, no token
 
 
 @dataclass(slots=True)

@@ -138,6 +138,8 @@ class _Events:
         self.open: dict[str, int] = {}      # block kind ("thinking", "text", "tool0", ...) -> index
 
     def __call__(self, r) -> list[str]:
+        if isinstance(r, PartialResult) and r.progress is not None:
+            return []                    # these APIs have no prompt-progress event
         out = []
         if isinstance(r, PartialResult) and r.n_predicted == 1:
             out.append(sse.event("message_start", {"type": "message_start", "message": {

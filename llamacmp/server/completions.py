@@ -100,6 +100,8 @@ def native_partial(ctx: ServerContext, r: PartialResult, p: GenParams) -> dict:
            "tokens_predicted": r.n_predicted, "tokens_evaluated": r.n_prompt}
     if r.timings is not None:
         res["timings"] = r.timings.to_json()
+    if r.progress is not None:
+        res["prompt_progress"] = r.progress
     if r.probs:
         res["completion_probabilities"] = probs_json(ctx, r.probs, p.post_sampling_probs)
     return res
@@ -220,6 +222,8 @@ def _oai_cmpl_chunk(ctx, r, params: GenParams, cid: str, created: int) -> dict:
              "object": "text_completion", "id": cid}
     if final:
         chunk["timings"] = r.timings.to_json()
+    elif r.progress is not None:
+        chunk["prompt_progress"] = r.progress
     return chunk
 
 

@@ -118,6 +118,8 @@ class _Events:
         self.started: set[str] = set()
 
     def __call__(self, r) -> list[str]:
+        if isinstance(r, PartialResult) and r.progress is not None:
+            return []                    # these APIs have no prompt-progress event
         out = []
         if isinstance(r, PartialResult) and r.n_predicted == 1:
             head = {"id": self.ids["response"], "object": "response", "created_at": int(time.time()),

@@ -98,6 +98,7 @@ def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenPar
         n_probs=max(0, f.int("n_probs", 0)), post_sampling_probs=f.bool("post_sampling_probs", False),
         cache_prompt=f.bool("cache_prompt", d.cache_prompt), id_slot=f.int("id_slot", -1),
         return_tokens=f.bool("return_tokens", False), timings_per_token=f.bool("timings_per_token", False),
+        return_progress=f.bool("return_progress", False),
         special=d.special, t_max_predict_ms=f.int("t_max_predict_ms", 0), stream=f.bool("stream", False))
 
 

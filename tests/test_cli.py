@@ -160,6 +160,15 @@ def test_version_and_errors(model):
     assert r.returncode == 1 and "error: invalid argument: -i" in r.stderr.decode()
 
 
+def test_device_flags_honoured_or_refused(model):
+    r = run("completion", "-m", model, "-p", "Hi", "-n", "2", "-no-cnv", "-ngl", "0")
+    assert r.returncode == 0 and "warning: -ngl 0: using the numpy reference backend" in r.stderr.decode()
+    for flags, word in ((["-sm", "row"], "--split-mode row"), (["-ts", "3,1"], "--tensor-split"),
+                        (["-ctk", "f16", "-ctv", "f32"], "same type")):
+        r = run("completion", "-m", model, "-p", "Hi", "-n", "2", "-no-cnv", *flags)
+        assert r.returncode == 1 and word in r.stderr.decode(), flags
+
+
 def test_help_lists_options():
     r = run("completion", "--help")
     assert r.returncode == 0 and "--repeat-last-n N" in r.stdout.decode()

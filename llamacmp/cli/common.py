@@ -46,6 +46,19 @@ def check_engine_flags(p: Params) -> None:
         raise CliError("error: --batch-size and --ubatch-size must be positive")
     if p.n_ctx < 0:
         raise CliError(f"error: invalid context size {p.n_ctx}")
+    if p.split_mode == "row":
+        raise CliError("error: --split-mode row is not supported by llamacmp yet (layer split only)")
+    if sum(1 for x in p.tensor_split if x > 0) > 1:
+        raise CliError("error: --tensor-split over several GPUs is not supported by the CLI tools yet")
+
+
+def check_offload(p: Params, n_layer: int, backend, err: TextIO) -> None:
+    """llama.cpp can keep some layers on the CPU; we run all of them on one backend, and say so."""
+    if p.n_gpu_layers in ("auto", "all") or backend.name == "numpy":
+        return
+    n = int(p.n_gpu_layers)
+    if 0 < n < n_layer:
+        err.write(f"warning: -ngl {n}: partial offload is not supported, all {n_layer} layers run on the GPU\n")
 
 
 @contextmanager
@@ -70,7 +83,7 @@ def load(p: Params, err: TextIO = sys.stderr) -> Loaded:
     check_engine_flags(p)
     path = resolve_model(p, err)
     quiet = p.log_disable or p.verbosity < 2
-    backend = select_backend(log=err)
+    backend = select_backend(log=err, device=p.main_gpu, cpu_only=p.n_gpu_layers == "0")
     t0 = time.perf_counter()
     try:
         with loading_indicator(err, quiet):
@@ -78,6 +91,7 @@ def load(p: Params, err: TextIO = sys.stderr) -> Loaded:
     except (GGUFError, OSError) as e:
         raise CliError(f"error: failed to load model '{path}': {e}") from None
     t_load = (time.perf_counter() - t0) * 1e3
+    check_offload(p, lm.cfg.n_layer, backend, err)
     changed = apply_gguf_sampling(p, lm.metadata)
     if changed and not quiet:
         err.write(f"using the model's sampling defaults for: {', '.join(changed)}\n")

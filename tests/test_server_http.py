@@ -448,6 +448,6 @@ def test_return_progress(http):
     assert progress and progress[-1]["processed"] == progress[-1]["total"] == chunks[-1]["tokens_evaluated"]
     assert all(set(p) == {"total", "cache", "processed", "time_ms"} for p in progress)
     c = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
-                                                "stream": True, "return_progress": True})
+                                                "stream": True, "return_progress": True, "cache_prompt": False})
     first = json.loads(sse_lines(c.text)[0])
     assert first["choices"][0]["delta"]["role"] == "assistant" and "prompt_progress" in first

@@ -49,7 +49,8 @@ class Reply:
     reasoning: str = ""
     in_thinking: bool = False
     reasoning_tokens: int = 0
-    budget_hit: bool = False
+    budget_hit: bool = False         # the budget stopped generation; the end of thinking is forced next
+    budget_spent: bool = False       # ... which happens once per reply
 
 
 @dataclass
@@ -212,8 +213,7 @@ class Chat:
                 break
             n_left = -1 if p.n_predict < 0 else max(0, n_left - len(gen.tokens))
             self.force_end_of_thinking(reply, splitter)
-            reply.budget_hit = False
-            reply.reasoning_tokens = -(1 << 30)     # the budget applies once
+            reply.budget_hit, reply.budget_spent = False, True
         self.interrupt.take()
         self.show(reply, splitter.flush())
         return reply
@@ -221,7 +221,7 @@ class Chat:
     def should_stop(self, reply: Reply, splitter: ReasoningSplitter) -> bool:
         if self.interrupt.flag:
             return True
-        if splitter.in_reasoning:
+        if splitter.in_reasoning and not reply.budget_spent:
             if 0 <= self.p.reasoning_budget <= reply.reasoning_tokens:
                 reply.budget_hit = True
                 return True

@@ -10,7 +10,7 @@ import signal
 import sys
 from dataclasses import dataclass, field
 
-from ..args import parse_or_exit
+from ..args import parse_or_exit, process_escapes
 from ..chat import CHATML_TEMPLATE, ChatTemplate, TemplateError
 from ..engine.generate import ContextFull, now_ms
 from ..params import Params
@@ -186,9 +186,8 @@ class Completion:
         p = self.p
         # n_remain as llama-completion keeps it: generated and typed tokens both spend it; in interactive mode
         # it refills to -n when spent (and the user gets the turn)
-        budget = self.n_remain if p.n_predict >= 0 else -1
-        gen = self.session.generate(self.sampler, max(budget, 0) if budget >= 0 else -1, tuple(p.antiprompt),
-                                    None, p.special,
+        budget = max(self.n_remain, 0) if p.n_predict >= 0 else -1
+        gen = self.session.generate(self.sampler, budget, tuple(p.antiprompt), None, p.special,
                                     should_stop=lambda: p.interactive and self.interrupt.take(),
                                     stop_window=0 if p.interactive else 2,
                                     on_token=lambda t: self.show_tokens([t]), grammar=self.grammar)
@@ -228,7 +227,6 @@ class Completion:
         if p.input_suffix and self.conv is None:
             self.show(p.input_suffix)
         if p.escape:
-            from ..args import process_escapes
             text = process_escapes(text)
         self.feed_user(text)
         self.sampler.reset()

@@ -104,6 +104,19 @@ def test_completion_no_display_prompt_and_reverse_prompt(model, lm):
     assert stop in out and len(out) < len(full) and full.startswith(out)
 
 
+def test_completion_ctrl_c_prints_perf_and_exits_130(model):
+    import signal
+    import time
+    proc = subprocess.Popen(tool_cmd("completion") + ["-m", model, "-p", "Hi", "-n", "-1", "--ignore-eos",
+                                                       "-no-cnv"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    while b"generate:" not in proc.stderr.readline():   # the last log line before generation starts
+        pass
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and out.endswith(b"\n") and b"common_perf_print:        eval time" in err
+
+
 def test_completion_escapes_and_prompt_file(model, lm, tmp_path):
     f = tmp_path / "prompt.txt"
     f.write_text("Hello\\nworld")

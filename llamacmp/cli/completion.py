@@ -20,11 +20,13 @@ from .lineinput import read_message_simple
 
 @dataclass
 class Interrupt:
-    """Ctrl-C while generating in interactive mode hands control back; a second one (or outside) exits."""
+    """Ctrl-C while generating in interactive mode hands control back; a second one, or any outside
+    interactive mode, ends the program (status 130) as llama-completion's handler does."""
+    interactive: bool = False
     pending: bool = False
 
     def handler(self, signum, frame) -> None:
-        if self.pending:
+        if self.pending or not self.interactive:
             raise KeyboardInterrupt
         self.pending = True
 
@@ -146,9 +148,15 @@ class Completion:
             self.log("== Running in interactive mode. ==\n - Press Ctrl+C to interject at any time.\n"
                      " - Press Return to return control to the AI.\n - To return control without starting a new line,"
                      " end your input with '/'.\n - If you want to submit another line, end your input with '\\'.")
+        self.interrupt.interactive = self.p.interactive
         previous = signal.signal(signal.SIGINT, self.interrupt.handler)
         try:
             self.loop(ids)
+        except KeyboardInterrupt:
+            # llama-completion's SIGINT exit: a newline, the perf block, status 130
+            self.show("\n")
+            sys.stderr.write(perf_lines(self.session.timings, self.sampler, now_ms()))
+            return 130
         finally:
             signal.signal(signal.SIGINT, previous)
         self.show("\n\n")

@@ -109,8 +109,10 @@ def test_completion_ctrl_c_prints_perf_and_exits_130(model):
     import time
     proc = subprocess.Popen(tool_cmd("completion") + ["-m", model, "-p", "Hi", "-n", "-1", "--ignore-eos",
                                                        "-no-cnv"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    while b"generate:" not in proc.stderr.readline():   # the last log line before generation starts
-        pass
+    line = b"-"
+    while line and b"generate:" not in line:    # the last log line before generation starts
+        line = proc.stderr.readline()
+    assert line, "llamacmp-completion ended before generating"
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)

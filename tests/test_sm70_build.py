@@ -1,0 +1,109 @@
+"""The sm_70 (Volta / CMP 100-210) build made by tools/build_sm70.sh (clang 19 over PyPI's CUDA 12.9 pieces): its
+SASS for sm_70 holds DP4A (IDP.4A) and no tensor-core instruction, its PTX no mma, and it carries every kernel
+family. Runs without a GPU. Skips, saying why, where clang 19, the PyPI pieces or an SM70-capable disassembler
+(CUDA <= 13.0's nvdisasm, e.g. the one bundled in triton==3.3.1) are missing.
+
+On a GPU, the whole suite runs on this build with
+    LLAMACMP_LIB=build/sm70/libcmpkern.so python3 -m pytest -q -m cuda
+(the driver JIT-compiles its compute_70 PTX on newer GPUs)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SM70 = ROOT / "build" / "sm70"
+LIB = SM70 / "libcmpkern.so"
+PIECES = SM70 / "pypi" / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
+TENSOR_CORE_SASS = re.compile(r"\b(HMMA|IMMA|HGMMA|QGMMA|OMMA|UTC\w*MMA)\b")
+TENSOR_CORE_PTX = re.compile(r"\b(mma\.sync|wmma\.|wgmma\.|tcgen05\.mma)")
+KERNELS = ("quantize_q8_kernel", "argmax_kernel", "gdn_scan_kernel", "gdn_chunked_kernel", "conv1d_silu_kernel")
+
+
+def _stale() -> bool:
+    built = LIB.stat().st_mtime
+    return any(p.stat().st_mtime > built for p in (ROOT / "cuda_src").iterdir())
+
+
+@pytest.fixture(scope="module")
+def sm70_lib() -> Path:
+    clang = os.environ.get("CLANG") or shutil.which("clang++-19")
+    if LIB.exists() and not _stale():
+        return LIB
+    if not clang:
+        pytest.skip("clang++-19 not installed (apt-get install clang-19): the sm_70 build needs it")
+    if not PIECES.exists():
+        pytest.skip(f"CUDA 12.9 PyPI pieces not in {SM70 / 'pypi'}: run `make ptx70` once (it installs them)")
+    r = subprocess.run(["bash", str(ROOT / "tools" / "build_sm70.sh")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, f"tools/build_sm70.sh failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    return LIB
+
+
+def _cuobjdumps():
+    """cuobjdump binaries whose nvdisasm may still know SM70 (CUDA <= 13.0)."""
+    yield SM70 / "disasm" / "cuobjdump"           # SM70_DISASM=1 tools/build_sm70.sh
+    try:
+        import triton
+        yield Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    except ImportError:
+        pass
+    for d in os.environ.get("SM70_DISASM_PATH", "").split(os.pathsep):
+        if d:
+            yield Path(d) / "cuobjdump"
+    if shutil.which("cuobjdump"):
+        yield Path(shutil.which("cuobjdump"))
+    try:
+        import nvidia
+        for root in nvidia.__path__:
+            for sub in ("cuda_cuobjdump/bin", "cu12/bin", "cu13/bin"):
+                yield Path(root) / sub / "cuobjdump"
+    except ImportError:
+        pass
+
+
+def _run(tool: Path, flag: str, lib: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{tool.parent}{os.pathsep}{os.environ.get('PATH', '')}")  # nvdisasm beside it
+    return subprocess.run([str(tool), flag, str(lib)], capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def sass(sm70_lib) -> str:
+    tried = []
+    for tool in _cuobjdumps():
+        if not (tool.is_file() and os.access(tool, os.X_OK)):
+            continue
+        r = _run(tool, "-sass", sm70_lib)
+        if r.returncode == 0 and "nvdisasm fatal" not in r.stdout + r.stderr and "Function" in r.stdout:
+            return r.stdout
+        tried.append(f"{tool}: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+    pytest.skip("no cuobjdump/nvdisasm that disassembles SM70 (CUDA 13.2+ refuses it): run `SM70_DISASM=1 make "
+                f"ptx70`, or set SM70_DISASM_PATH to a CUDA 12 bin folder. Tried: {tried}")
+
+
+def test_sm70_sass_is_dp4a_without_tensor_cores(sass):
+    assert "code for sm_70" in sass
+    assert "IDP.4A" in sass, "the DP4A matmul kernels lost their IDP.4A instructions"
+    found = sorted(set(TENSOR_CORE_SASS.findall(sass)))
+    assert not found, f"tensor-core instructions in the sm_70 build: {found}"
+
+
+def test_sm70_build_has_every_kernel_family(sass):
+    missing = [k for k in KERNELS if k not in sass]
+    assert not missing, f"kernels missing from the sm_70 build: {missing}"
+
+
+def test_sm70_ptx_targets_compute_70_without_mma(sm70_lib):
+    tool = next((t for t in _cuobjdumps() if t.is_file() and os.access(t, os.X_OK)), None)
+    if tool is None:
+        pytest.skip("no cuobjdump (pip install nvidia-cuda-cuobjdump)")
+    r = _run(tool, "-ptx", sm70_lib)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ".target sm_70" in r.stdout
+    assert not TENSOR_CORE_PTX.search(r.stdout)
+    assert "dp4a" in r.stdout

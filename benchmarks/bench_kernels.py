@@ -89,7 +89,9 @@ def bench_attention(be: CudaBackend, n_kv: int, L: int, kv_type: str = "f16") ->
     return timed(be, lambda i: be.attention(q, k, v, batch, 0, cfg), 5)
 
 
-def bench_gdn(be: CudaBackend, L: int) -> float:
+def bench_gdn(be: CudaBackend, L: int, chunked: bool = False) -> float:
+    """The delta rule over one L-token segment with the 9B heads (16 k / 32 v, 128 x 128 state): the sequential
+    scan (cmp_gdn) or the chunked WY/UT kernel (cmp_gdn_chunked)."""
     K, V, Dk = 16, 32, 128
     rng = np.random.default_rng(2)
     C = (2 * K + V) * Dk
@@ -98,7 +100,14 @@ def bench_gdn(be: CudaBackend, L: int) -> float:
     b = be.from_host(rng.uniform(0, 1, (L, V)).astype(np.float32), "f32")
     S = be.zeros((V, Dk, Dk), "f32", "state")
     o = be.empty((L, V * Dk))
-    return timed(be, lambda i: be.native.cmp_gdn(qkv.ptr, g.ptr, b.ptr, S.ptr, o.ptr, L, K, V, Dk, 1e-6), 3)
+    fn = be.native.cmp_gdn_chunked if chunked else be.native.cmp_gdn
+    return timed(be, lambda i: fn(qkv.ptr, g.ptr, b.ptr, S.ptr, o.ptr, L, K, V, Dk, 1e-6), 3)
+
+
+def bench_argmax(be: CudaBackend, R: int, N: int) -> float:
+    x = be.from_host(np.random.default_rng(3).standard_normal((R, N)).astype(np.float32), "f32")
+    out = be.empty((R,), "i32")
+    return timed(be, lambda i: be.native.cmp_argmax(x.ptr, out.ptr, R, N), 20)
 
 
 def main(argv=None) -> None:
@@ -106,9 +115,14 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--matmul-only", action="store_true")
+    ap.add_argument("--gdn-only", action="store_true", help="only the GDN scan vs chunked rows and the argmax")
     args = ap.parse_args(argv)
     be = CudaBackend()
     rows_out = []
+    if args.gdn_only:
+        bench_gdn_rows(be, rows_out)
+        _write_json(args.json, rows_out)
+        return
     bw = copy_bandwidth(be)
     print(f"device: {be.native.device_name()}   date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"device-to-device copy: {bw:.0f} GB/s (read + write)")
@@ -130,13 +144,26 @@ def main(argv=None) -> None:
         ms = bench_attention(be, n_kv, L)
         print(f"  n_kv={n_kv:<6} L={L:<5}{'':<18} {ms:>8.3f}")
         rows_out.append({"what": "attention", "n_kv": n_kv, "L": L, "ms": ms})
-    print(f"{'gdn scan (9B heads)':<34} {'ms':>8}")
-    for L in (1, 512, 4096):
-        ms = bench_gdn(be, L)
-        print(f"  L={L:<6}{'':<26} {ms:>8.3f}")
-        rows_out.append({"what": "gdn", "L": L, "ms": ms})
-    if args.json:
-        with open(args.json, "w") as f:
+    bench_gdn_rows(be, rows_out)
+    _write_json(args.json, rows_out)
+
+
+def bench_gdn_rows(be: CudaBackend, rows_out: list) -> None:
+    print(f"{'gdn (9B heads)':<20} {'scan ms':>10} {'chunked ms':>11} {'speed-up':>9}")
+    for L in (1, 512, 4096, 16384):
+        scan = bench_gdn(be, L)
+        chunk = bench_gdn(be, L, chunked=True)
+        print(f"  L={L:<16} {scan:>10.3f} {chunk:>11.3f} {scan / chunk:>8.2f}x")
+        rows_out.append({"what": "gdn", "L": L, "scan ms": scan, "chunked ms": chunk})
+    for R in (1, 4):
+        ms = bench_argmax(be, R, 248320)
+        print(f"argmax R={R} N=248320 {ms * 1e3:>10.1f} us")
+        rows_out.append({"what": "argmax", "R": R, "N": 248320, "ms": ms})
+
+
+def _write_json(path: str | None, rows_out: list) -> None:
+    if path:
+        with open(path, "w") as f:
             json.dump(rows_out, f, indent=1)
 
 

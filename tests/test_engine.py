@@ -245,3 +245,32 @@ def test_disconnect_while_queued_frees_the_queue(srv):
         for s in streams:
             s.__exit__(None, None, None)
     assert _wait_idle(srv.url)
+
+
+def test_host_cache_entry_survives_saving_the_slot_it_replaces(lm):
+    """Restoring from -cram saves the slot's current history first; that save may evict entries, so the entry
+    being restored is taken out before (found by benchmarks/server_stress.py with a small -cram)."""
+    import queue as q_
+    from llamacmp.engine.scheduler import Engine, EngineConfig
+    from llamacmp.engine.tasks import CompletionTask, FinalResult, GenParams
+    from llamacmp.sampling import SamplingParams
+    engine = Engine(lm, EngineConfig(n_slots=1, n_ctx_slot=512))
+    engine.start()
+
+    def run(prompt):
+        out: q_.Queue = q_.Queue()
+        engine.submit(CompletionTask(prompt, GenParams(SamplingParams(temp=0), n_predict=2), out.put))
+        while True:
+            r = out.get(timeout=60)
+            if not hasattr(r, "text") or isinstance(r, FinalResult):
+                return r
+    try:
+        a, b = list(range(10, 60)), list(range(100, 150))
+        run(a)
+        run(b)                                            # a's history goes to the host cache
+        (entry,) = engine.host_cache.entries.values()
+        engine.host_cache.limit = entry.nbytes + 16       # room for one entry only
+        r = run(a + [7])                                  # restores a, saving b first (which evicts a)
+        assert isinstance(r, FinalResult) and r.timings.cache_n >= len(a)
+    finally:
+        engine.stop()

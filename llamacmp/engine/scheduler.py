@@ -211,8 +211,9 @@ class Engine:
         point = slot.cache.plan(task.prompt)
         key, host_point = self.host_cache.best(task.prompt) if self.host_cache.enabled else (None, point)
         if key is not None and host_point.pos > point.pos:
+            host = self.host_cache.take(key)     # before saving this slot: that put() may evict entries
             self._save_to_host(slot)
-            restore_from_host(self.ops, slot.state, slot.cache, self.host_cache.take(key), host_point)
+            restore_from_host(self.ops, slot.state, slot.cache, host, host_point)
             return host_point
         if point.pos < len(slot.cache.tokens):
             if point.pos < point.lcp or point.lcp < len(slot.cache.tokens) // 2:

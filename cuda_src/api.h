@@ -117,6 +117,18 @@ int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* sta
 // x [R, N] f32 -> out [R] int32 (device): index of the largest value per row, the lowest index among ties, NaN
 // never chosen.
 int cmp_argmax(const float* x, int32_t* out, int R, int N);
+// llama.cpp's default sampler chain for one row (llamacmp/sampling.py with samplers in the default order and
+// typ_p = 1): logits [N] + logit bias (bias_ids/bias_vals [n_bias], distinct ids; -inf for ignored EOG ids) ->
+// repeat/frequency/presence penalties over the window hist [n_hist <= 4096] (the last penalty_last_n accepted
+// tokens; n_hist 0 disables them) -> top-k (top_k = min(max(top_k, min_keep), N), 1..1024) -> top-p -> min-p ->
+// temperature (<= 0: the best candidate) -> categorical draw by inverse CDF at u in [0, 1) (the host's seeded
+// generator). work [N] f32 scratch; out [1] int32 (device). All arrays device memory; params host memory.
+typedef struct CmpSamplerParams {
+    float temp, top_p, min_p, penalty_repeat, penalty_freq, penalty_present;
+    int top_k, min_keep;
+} CmpSamplerParams;
+int cmp_sample(const float* logits, float* work, const int32_t* hist, int n_hist, const int32_t* bias_ids,
+               const float* bias_vals, int n_bias, const CmpSamplerParams* params, float u, int32_t* out, int N);
 
 #ifdef __cplusplus
 }

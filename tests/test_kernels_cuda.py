@@ -382,3 +382,58 @@ def test_argmax(cuda_backend, R, N):
     got = cuda_backend.ids_to_host(cuda_backend.argmax(up(cuda_backend, x)))
     want = np.argmax(np.where(np.isnan(x), -np.inf, x), axis=1).astype(np.int32)
     assert np.array_equal(got, want)
+
+
+def _reference_pick(logits, params, history, u, eog_ids=frozenset()):
+    """llamacmp/sampling.py's chain with the draw made at `u` (what Sampler.sample's rng.choice does with the
+    uniform it draws): -> token id."""
+    from llamacmp.sampling import STEPS, Sampler
+    s = Sampler(params, eog_ids)
+    c = s.candidates(logits)
+    for name in params.samplers:
+        STEPS[name](c, params, list(history))
+    if len(c.ids) == 1:
+        return int(c.ids[0])
+    cdf = np.cumsum(c.probs())
+    return int(c.ids[min(int(np.searchsorted(cdf / cdf[-1], u, side="right")), len(c.ids) - 1)])
+
+
+SAMPLING_CASES = [  # (params, history length): defaults, then each stage pushed to matter
+    (dict(), 0),
+    (dict(temp=0.0), 0),
+    (dict(top_k=1), 0),
+    (dict(top_k=1024, top_p=0.5, min_p=0.0, temp=1.3), 0),
+    (dict(top_k=200, top_p=1.0, min_p=0.2, temp=0.7), 0),
+    (dict(top_k=40, min_keep=60, top_p=0.9), 0),
+    (dict(penalty_repeat=1.5, penalty_freq=0.3, penalty_present=0.2, penalty_last_n=64), 100),
+    (dict(penalty_repeat=1.2, penalty_last_n=-1, logit_bias={5: 20.0, 7: -100.0}), 50),
+    (dict(ignore_eos=True, temp=0.0), 0),
+]
+
+
+@pytest.mark.parametrize("case", range(len(SAMPLING_CASES)))
+@pytest.mark.parametrize("N", [97, 248320])
+def test_device_sampling_chain_matches_reference(cuda_backend, case, N):
+    from llamacmp.sampling import SamplingParams
+    kw, n_hist = SAMPLING_CASES[case]
+    params = SamplingParams(seed=1, **kw)
+    rng = np.random.default_rng(case * 7 + N)
+    eog = frozenset({int(np.argmax(np.zeros(N)))})       # token 0
+    for trial in range(8):
+        logits = (rng.standard_normal(N) * 3).astype(np.float32)
+        logits[0] = logits.max() + 5.0 if kw.get("ignore_eos") else logits[0]   # EOG would win unless ignored
+        logits[1:6] = logits[1]                          # a run of equal logits: ties go to the lower id
+        history = [int(t) for t in rng.integers(0, min(N, 50), n_hist)]
+        u = float(rng.random())
+        want = _reference_pick(logits, params, history, u, eog)
+        got = cuda_backend.ids_to_host(cuda_backend.sample(up(cuda_backend, logits[None]), 0, params, history, u,
+                                                           eog))
+        assert int(got[0]) == want, (kw, trial, u)
+
+
+def test_device_sampling_refuses_what_it_cannot_do(cuda_backend):
+    from llamacmp.sampling import SamplingParams
+    x = up(cuda_backend, np.zeros((1, 2000), np.float32))
+    for kw in (dict(top_k=0), dict(top_k=2000), dict(typ_p=0.5), dict(samplers=("temperature", "top_k"))):
+        with pytest.raises(ValueError):
+            cuda_backend.sample(x, 0, SamplingParams(**kw), [], 0.5)

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..gguf_file import Q8_0_BLOCK, Q8Tensor
-from ..lib._native import CMP_ERR_NOMEM, CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, Native, NativeError, cuda_available
+from ..lib._native import (CMP_ERR_NOMEM, CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, CmpSamplerParams, Native, NativeError,
+                           cuda_available)
 from .base import Backend, Segment, SeqState, StepBatch
 
 __all__ = ["CudaBackend", "CapturedStep", "DeviceTensor", "DeviceArena", "DeviceMemoryError", "cuda_available"]
@@ -409,6 +410,42 @@ class CudaBackend(Backend):
         if out.shape != (R,) or out.dtype != "i32":
             raise ValueError(f"argmax: output must be int32 [{R}], got {out.dtype} {out.shape}")
         self.native.cmp_argmax(logits.ptr, out.ptr, R, N)
+        return out
+
+    SAMPLE_MAX_K = 1024      # candidates the device chain keeps after top-k (cmp_sample)
+    SAMPLE_MAX_WINDOW = 4096  # penalty window
+
+    def sample(self, logits: DeviceTensor, row: int, params, history: Sequence[int], u: float,
+               eog_ids: frozenset[int] = frozenset(), out: DeviceTensor | None = None) -> DeviceTensor:
+        """The reference chain (llamacmp/sampling.py) on the device for logits row `row` [N]: logit bias (and
+        ignore_eos), penalties over the last penalty_last_n of `history`, top-k, top-p, min-p, temperature, then the
+        draw at `u` (what the host sampler's rng.random() gives). -> int32 [1] on the device.
+        Raises ValueError for what the kernel does not do (a non-default sampler order, typical-p, no top-k or
+        top_k > SAMPLE_MAX_K, a longer penalty window): those sample on the host."""
+        from ..sampling import DEFAULT_SAMPLERS
+        N = logits.shape[-1]
+        if tuple(params.samplers) != DEFAULT_SAMPLERS or params.typ_p < 1.0:
+            raise ValueError("device sampling runs the default sampler order without typical-p")
+        k = min(max(params.top_k, params.min_keep), N) if params.top_k > 0 else N
+        if not 1 <= k <= self.SAMPLE_MAX_K:
+            raise ValueError(f"device sampling keeps at most {self.SAMPLE_MAX_K} top-k candidates (got {k})")
+        neutral = params.penalty_repeat == 1.0 and params.penalty_freq == 0.0 and params.penalty_present == 0.0
+        hist = [] if neutral or params.penalty_last_n == 0 else \
+            list(history) if params.penalty_last_n < 0 else list(history)[-params.penalty_last_n:]
+        if len(hist) > self.SAMPLE_MAX_WINDOW:
+            raise ValueError(f"device sampling takes a penalty window of at most {self.SAMPLE_MAX_WINDOW} tokens")
+        bias = {int(t): float(v) for t, v in params.logit_bias.items()}
+        if params.ignore_eos:
+            bias.update({int(t): -np.inf for t in eog_ids})
+        hist_d = self.from_host(np.asarray(hist or [0], np.int32), "i32", "penalty window")
+        ids_d = self.from_host(np.asarray(list(bias) or [0], np.int32), "i32", "logit bias ids")
+        vals_d = self.from_host(np.asarray(list(bias.values()) or [0.0], np.float32), "f32", "logit bias values")
+        work = self.empty((N,), what="sampling scratch")
+        out = out if out is not None else self.empty((1,), "i32", "sampled id")
+        cp = CmpSamplerParams(params.temp, params.top_p, params.min_p, params.penalty_repeat, params.penalty_freq,
+                              params.penalty_present, k, params.min_keep)
+        self.native.cmp_sample(logits.ptr + row * N * 4, work.ptr, hist_d.ptr, len(hist), ids_d.ptr, vals_d.ptr,
+                               len(bias), ctypes.byref(cp), float(u), out.ptr, N)
         return out
 
     def ids_to_host(self, ids: DeviceTensor) -> np.ndarray:

@@ -81,7 +81,17 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                         "int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, "
                         "float* o, int L, int K, int V, int Dk, float eps)"),
     "cmp_argmax": ((_p, _p, _i, _i), "int cmp_argmax(const float* x, int32_t* out, int R, int N)"),
+    "cmp_sample": ((_p, _p, _p, _i, _p, _p, _i, _p, _f, _p, _i),
+                   "int cmp_sample(const float* logits, float* work, const int32_t* hist, int n_hist, "
+                   "const int32_t* bias_ids, const float* bias_vals, int n_bias, const CmpSamplerParams* params, "
+                   "float u, int32_t* out, int N)"),
 }
+
+
+class CmpSamplerParams(ctypes.Structure):
+    """api.h's CmpSamplerParams (passed by pointer, copied by the library)."""
+    _fields_ = [("temp", _f), ("top_p", _f), ("min_p", _f), ("penalty_repeat", _f), ("penalty_freq", _f),
+                ("penalty_present", _f), ("top_k", _i), ("min_keep", _i)]
 
 CMP_F32, CMP_F16 = 0, 1
 CMP_ERR_UNSUPPORTED, CMP_ERR_NOMEM = 3, 4

@@ -442,10 +442,12 @@ class CudaBackend(Backend):
         vals_d = self.from_host(np.asarray(list(bias.values()) or [0.0], np.float32), "f32", "logit bias values")
         work = self.empty((N,), what="sampling scratch")
         out = out if out is not None else self.empty((1,), "i32", "sampled id")
+        # a double just below 1 rounds to 1.0f; the kernel wants [0, 1)
+        u32 = min(float(np.float32(u)), float(np.nextafter(np.float32(1), np.float32(0))))
         cp = CmpSamplerParams(params.temp, params.top_p, params.min_p, params.penalty_repeat, params.penalty_freq,
                               params.penalty_present, k, params.min_keep)
         self.native.cmp_sample(logits.ptr + row * N * 4, work.ptr, hist_d.ptr, len(hist), ids_d.ptr, vals_d.ptr,
-                               len(bias), ctypes.byref(cp), float(u), out.ptr, N)
+                               len(bias), ctypes.byref(cp), u32, out.ptr, N)
         return out
 
     def ids_to_host(self, ids: DeviceTensor) -> np.ndarray:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from . import BUILD_NUMBER, __version__
 from .arg_values import (CACHE_TYPES, ArgError, Unsupported, choice, gpu_layers, json_object, logit_bias,
                          on_off_auto, process_escapes, read_text, tensor_split, to_bool, to_float, to_int)
+from .kv_quant import KV_TYPES
 from .params import Params, tool_defaults
 from .sampling import parse_sampler_letters, parse_sampler_names
 
@@ -95,12 +96,13 @@ def _refuse_nonzero(flag: str) -> Callable[[str], float]:
 
 
 def _cache_type(flag: str) -> Callable[[str], str]:
-    check = choice(flag, *CACHE_TYPES)
+    """llama.cpp's names plus our tq3; the ones kv_quant does not implement yet are refused by name."""
+    check = choice(flag, *CACHE_TYPES, "tq3")
 
     def parse(s: str) -> str:
         s = check(s)
-        if s not in ("f16", "f32"):
-            raise Unsupported(f"error: {flag} {s} is not supported: llamacmp has only f16 and f32 KV caches for now")
+        if s not in KV_TYPES:
+            raise Unsupported(f"error: {flag} {s} is not supported: llamacmp's KV caches are {', '.join(KV_TYPES)}")
         return s
     return parse
 
@@ -156,10 +158,10 @@ OPTIONS: tuple[Option, ...] = (
     O("-fa", "--flash-attn", value="[on|off|auto]", dest="flash_attn", parse=on_off_auto("--flash-attn"),
       env="LLAMA_ARG_FLASH_ATTN", help="set Flash Attention use ('on', 'off', or 'auto', default: 'auto')"),
     O("-ctk", "--cache-type-k", value="TYPE", dest="cache_type_k", parse=_cache_type("--cache-type-k"),
-      env="LLAMA_ARG_CACHE_TYPE_K", help="KV cache data type for K\nallowed values: " + ", ".join(CACHE_TYPES)
+      env="LLAMA_ARG_CACHE_TYPE_K", help="KV cache data type for K\nallowed values: " + ", ".join(KV_TYPES)
       + "\n(default: f16)"),
     O("-ctv", "--cache-type-v", value="TYPE", dest="cache_type_v", parse=_cache_type("--cache-type-v"),
-      env="LLAMA_ARG_CACHE_TYPE_V", help="KV cache data type for V\nallowed values: " + ", ".join(CACHE_TYPES)
+      env="LLAMA_ARG_CACHE_TYPE_V", help="KV cache data type for V\nallowed values: " + ", ".join(KV_TYPES)
       + "\n(default: f16)"),
     O("-ts", "--tensor-split", value="N0,N1,N2,...", dest="tensor_split", parse=tensor_split,
       env="LLAMA_ARG_TENSOR_SPLIT", help="fraction of the model to offload to each GPU, comma-separated list of "

@@ -179,9 +179,15 @@ def test_device_flags_honoured_or_refused(model):
     r = run("completion", "-m", model, "-p", "Hi", "-n", "2", "-no-cnv", "-ngl", "0")
     assert r.returncode == 0 and "warning: -ngl 0: using the numpy reference backend" in r.stderr.decode()
     for flags, word in ((["-sm", "row"], "--split-mode row"), (["-ts", "3,1"], "--tensor-split"),
-                        (["-ctk", "f16", "-ctv", "f32"], "same type")):
+                        (["-ctk", "iq4_nl"], "is not supported")):
         r = run("completion", "-m", model, "-p", "Hi", "-n", "2", "-no-cnv", *flags)
         assert r.returncode == 1 and word in r.stderr.decode(), flags
+
+
+def test_quantized_kv_cache_runs(model):
+    r = run("completion", "-m", model, "-p", "Hello", "-n", "4", "--temp", "0", "-no-cnv", "--ignore-eos",
+            "-ctk", "q8_0", "-ctv", "q4_0")
+    assert r.returncode == 0 and r.stdout.startswith(b"Hello") and b"eval time" in r.stderr
 
 
 def test_help_lists_options():

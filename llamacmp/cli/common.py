@@ -39,9 +39,6 @@ def resolve_model(p: Params, err: TextIO) -> str:
 
 def check_engine_flags(p: Params) -> None:
     """Flags the engine cannot honour yet are refused here, never ignored silently."""
-    if p.cache_type_k != p.cache_type_v:
-        raise CliError(f"error: -ctk {p.cache_type_k} with -ctv {p.cache_type_v}: llamacmp needs the same type for "
-                       "K and V for now")
     if p.n_batch <= 0 or p.n_ubatch <= 0:
         raise CliError("error: --batch-size and --ubatch-size must be positive")
     if p.n_ctx < 0:
@@ -100,7 +97,7 @@ def load(p: Params, err: TextIO = sys.stderr) -> Loaded:
 
 
 def new_session(p: Params, loaded: Loaded) -> Session:
-    s = Session(loaded.lm, loaded.n_ctx, p.n_batch, p.n_ubatch, p.cache_type_k)
+    s = Session(loaded.lm, loaded.n_ctx, p.n_batch, p.n_ubatch, p.cache_type_k, p.cache_type_v)
     s.timings.t_load_ms = loaded.t_load_ms
     return s
 

@@ -70,14 +70,15 @@ class Session:
     are needed; so a generation that ends on the token limit leaves a consistent, resumable session.
     """
 
-    def __init__(self, lm, n_ctx: int, n_batch: int = 2048, n_ubatch: int = 512, kv_type: str = "f16"):
+    def __init__(self, lm, n_ctx: int, n_batch: int = 2048, n_ubatch: int = 512, kv_type: str = "f16",
+                 v_type: str | None = None):
         self.lm = lm
         self.n_ctx = n_ctx
         self.chunk = max(1, min(n_batch, n_ubatch))
-        self.kv_type = kv_type
+        self.kv_type, self.v_type = kv_type, v_type or kv_type
         self.timings = Timings()
         self.history: list[int] = []
-        self.state = lm.backend.new_state(lm.cfg, n_ctx, kv_type)
+        self.state = lm.backend.new_state(lm.cfg, n_ctx, self.kv_type, self.v_type)
         self.logits: np.ndarray | None = None
 
     @property
@@ -86,7 +87,7 @@ class Session:
 
     def reset(self) -> None:
         self.history = []
-        self.state = self.lm.backend.new_state(self.lm.cfg, self.n_ctx, self.kv_type)
+        self.state = self.lm.backend.new_state(self.lm.cfg, self.n_ctx, self.kv_type, self.v_type)
         self.logits = None
 
     def feed(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:

@@ -90,11 +90,17 @@ def test_lists_and_ranges():
     (["-p"], "error: invalid parameter for argument: -p"),
     (["-p", "abc"], "error: invalid parameter for argument: -p"),
     (["-o", "xml"], "unknown value for -o"),
-    (["-ctk", "q8_0"], "not supported"),
+    (["-ctk", "bf16"], "not supported"),
 ])
 def test_bad_flags(argv, msg):
     rc, out, err = run(argv)
     assert rc == 1 and msg in err and out == ""
+
+
+def test_kv_types_k_and_v_independent_on_numpy(model):
+    rc, out, err = run(["-m", model, "-o", "json", "-ctk", "q8_0", "-ctv", "f16"] + ARGS)
+    assert rc == 0, err
+    assert {(d["type_k"], d["type_v"]) for d in json.loads(out)} == {("q8_0", "f16")}
 
 
 def test_missing_model_fails_cleanly(tmp_path):
@@ -109,3 +115,5 @@ def test_cuda_bench_runs(model, cuda_backend):
     assert rc == 0, err
     data = json.loads(out)
     assert all(d["backends"] == "CUDA" and d["avg_ts"] > 0 for d in data)
+    rc, out, err = run(["-m", model, "-p", "16", "-n", "0", "-r", "1", "-ctk", "q8_0"])
+    assert rc == 1 and "not supported by the CUDA backend" in err

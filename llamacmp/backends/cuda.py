@@ -225,9 +225,13 @@ class CudaBackend(Backend):
     def upload_vector(self, w):
         return self.from_host(np.asarray(w, np.float32), "f32", f"weights {tuple(np.shape(w))}")
 
-    def new_state(self, cfg: ModelConfig, n_ctx: int, kv_type: str = "f16") -> SeqState:
-        if kv_type not in _KV_CODES:
-            raise ValueError(f"KV cache type '{kv_type}' is not supported by the CUDA backend (f16, f32)")
+    def new_state(self, cfg: ModelConfig, n_ctx: int, kv_type: str = "f16", v_type: str | None = None) -> SeqState:
+        v_type = v_type or kv_type
+        for t in (kv_type, v_type):
+            if t not in _KV_CODES:
+                raise ValueError(f"KV cache type '{t}' is not supported by the CUDA backend (f16, f32)")
+        if v_type != kv_type:   # the attention kernels read both caches with one element type
+            raise ValueError(f"the CUDA backend needs one KV cache type for K and V (got -ctk {kv_type} -ctv {v_type})")
         kv_shape = (n_ctx, cfg.n_head_kv, cfg.head_dim)
         kv_what = f"the {kv_type} KV cache for n_ctx={n_ctx}"
         n_attn, n_gdn = len(cfg.attn_layers), len(cfg.gdn_layers)
@@ -239,6 +243,7 @@ class CudaBackend(Backend):
                   for _ in range(n_gdn)],
             ssm=[self.zeros((cfg.ssm_v_heads, cfg.ssm_head_dim, cfg.ssm_head_dim), "f32", "the GDN recurrent state")
                  for _ in range(n_gdn)],
+            k_type=kv_type, v_type=v_type,
         )
 
     def state_to_host(self, state: SeqState) -> dict[str, list[np.ndarray]]:

@@ -37,9 +37,9 @@ import numpy as np
 
 from .. import BUILD_NUMBER
 from ..arg_values import CACHE_TYPES, choice, to_int
+from ..kv_quant import KV_TYPES
 
 OUTPUT_FORMATS = ("md", "json", "jsonl", "csv")
-KV_SUPPORTED = ("f16", "f32")
 FILE_TYPES = {0: "all F32", 1: "F16", 7: "Q8_0"}
 TYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "Q8_0": 34 / 32}      # bytes per element as stored in the GGUF
 
@@ -87,13 +87,14 @@ def pg_values(s: str) -> list[tuple[int, int]]:
 
 
 def kv_values(flag: str) -> Callable[[str], list[str]]:
-    check = choice(flag, *CACHE_TYPES)
+    check = choice(flag, *CACHE_TYPES, *KV_TYPES)
 
     def parse(s: str) -> list[str]:
         vals = [check(x) for x in s.split(",") if x]
-        bad = [v for v in vals if v not in KV_SUPPORTED]
+        bad = [v for v in vals if v not in KV_TYPES]
         if bad:
-            raise BenchError(f"error: {flag} {bad[0]} is not supported: llamacmp has only f16 and f32 KV caches")
+            raise BenchError(f"error: {flag} {bad[0]} is not supported: llamacmp's KV cache types are "
+                             f"{', '.join(KV_TYPES)} (the CUDA backend: f16 or f32, the same for K and V)")
         return vals
     return parse
 
@@ -139,8 +140,10 @@ OPTS: tuple[Opt, ...] = (
     Opt(("-d", "--n-depth"), "n_depth", "<n>", "tokens already in the context before each test", int_values),
     Opt(("-b", "--batch-size"), "n_batch", "<n>", "logical batch size", int_values),
     Opt(("-ub", "--ubatch-size"), "n_ubatch", "<n>", "physical batch size (prompt chunk rows)", int_values),
-    Opt(("-ctk", "--cache-type-k"), "type_k", "<t>", "KV cache type for K (f16, f32)", kv_values("-ctk")),
-    Opt(("-ctv", "--cache-type-v"), "type_v", "<t>", "KV cache type for V (f16, f32)", kv_values("-ctv")),
+    Opt(("-ctk", "--cache-type-k"), "type_k", "<t>", "KV cache type for K (" + ", ".join(KV_TYPES) + ")",
+        kv_values("-ctk")),
+    Opt(("-ctv", "--cache-type-v"), "type_v", "<t>", "KV cache type for V (" + ", ".join(KV_TYPES) + ")",
+        kv_values("-ctv")),
     Opt(("-t", "--threads"), "n_threads", "<n>", "CPU threads (accepted; the engine's host side is one thread)",
         int_values),
     Opt(("-ngl", "--n-gpu-layers"), "n_gpu_layers", "<n>", "layers on the GPU (0: the numpy reference backend; "
@@ -497,7 +500,7 @@ class Runner:
         """One repetition on a fresh context -> nanoseconds of the timed part (the -d fill and the graph capture
         are not timed). warmup: a short prompt or one decode step instead, untimed (llama-bench's warm-up)."""
         chunk = max(1, min(inst.n_batch, inst.n_ubatch))
-        st = self.be.new_state(self.cfg, inst.n_depth + inst.n_prompt + inst.n_gen + 1, inst.type_k)
+        st = self.be.new_state(self.cfg, inst.n_depth + inst.n_prompt + inst.n_gen + 1, inst.type_k, inst.type_v)
         if inst.n_depth:
             self._prefill(st, inst.n_depth, chunk)
         decode = self._decoder(st) if inst.n_gen else None
@@ -565,10 +568,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
 
 
 def _run_all(s: dict, out: TextIO, err: TextIO) -> int:
-    for tk, tv in itertools.product(s["type_k"], s["type_v"]):
-        if tk != tv:
-            raise BenchError(f"error: -ctk {tk} with -ctv {tv}: llamacmp keeps K and V in one cache type")
-    insts = [i for i in instances(s) if i.type_k == i.type_v]
+    insts = instances(s)
     printers = [make_printer(s["output"], out, s)]
     if s["output_err"]:
         printers.append(make_printer(s["output_err"], err, s))
@@ -586,12 +586,15 @@ def _run_all(s: dict, out: TextIO, err: TextIO) -> int:
         if s["progress"]:
             err.write(f"llamacmp-bench: test {n + 1}/{len(insts)}: {inst.name}\n")
         res = Result(inst, runner.info, backend, gpu, test_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        if not s["no_warmup"]:
-            runner.run(inst, warmup=True)
-        for _ in range(s["reps"]):
-            res.samples_ns.append(max(1, runner.run(inst, warmup=False)))
-            if s["delay"]:
-                time.sleep(s["delay"])
+        try:
+            if not s["no_warmup"]:
+                runner.run(inst, warmup=True)
+            for _ in range(s["reps"]):
+                res.samples_ns.append(max(1, runner.run(inst, warmup=False)))
+                if s["delay"]:
+                    time.sleep(s["delay"])
+        except ValueError as e:         # what the backend refuses (a KV type, a context it cannot hold)
+            raise BenchError(f"error: {inst.name}: {e}") from None
         for p in printers:
             p.row(res)
     for p in printers:

@@ -79,7 +79,17 @@ def generation_settings(ctx: ServerContext, p: GenParams) -> dict:
             "stop": p.stop, "samplers": list(s.samplers), "post_sampling_probs": p.post_sampling_probs,
             "timings_per_token": p.timings_per_token, "n_ctx": ctx.n_ctx_slot, "model": ctx.model_name,
             "speculative.n_max": 0, "speculative.n_min": 0, "chat_format": "Content-only",
-            "reasoning_format": ctx.params.reasoning_format}
+            "reasoning_format": ctx.params.reasoning_format,
+            # llama.cpp reports these too (compat/goldens/server.jsonl); samplers we lack are refused unless at
+            # their defaults, so their defaults are the values in effect. dry_penalty_last_n -1 reads as n_ctx.
+            "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0,
+            "xtc_threshold": 0.1, "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
+            "dry_penalty_last_n": ctx.n_ctx_slot, "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0,
+            "mirostat_tau": 5.0, "mirostat_eta": 0.1, "max_tokens": p.n_predict, "n_discard": 0,
+            "grammar": "", "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
+            "reasoning_in_content": False, "generation_prompt": "", "speculative.p_min": 0.75,
+            "speculative.type": "none", "speculative.ngram_size_n": 1024, "speculative.ngram_size_m": 1024,
+            "speculative.ngram_m_hits": 1024, "backend_sampling": False, "lora": []}
 
 
 def native_final(ctx: ServerContext, r: FinalResult, p: GenParams, response_fields: list[str]) -> dict:
@@ -221,6 +231,7 @@ def _oai_cmpl_chunk(ctx, r, params: GenParams, cid: str, created: int) -> dict:
              "created": created, "model": ctx.model_name, "system_fingerprint": ctx.build_info,
              "object": "text_completion", "id": cid}
     if final:
+        chunk["usage"] = usage_json(r)      # llama.cpp's last /v1/completions chunk always carries usage
         chunk["timings"] = r.timings.to_json()
     elif r.progress is not None:
         chunk["prompt_progress"] = r.progress

@@ -153,6 +153,7 @@ class ParsedMessage:
     tool_calls: list[ToolCall] = field(default_factory=list)
 
 
+GENERATION_PROMPT_NO_THINK = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 GENERATION_PROMPT = "<|im_start|>assistant\n<think>\n"     # Qwen3.5's, thinking on
 
 
@@ -167,14 +168,18 @@ def reasoning_prefix(generation_prompt: str) -> str | None:
 
 def split_reasoning(text: str, reasoning_format: str = "auto", thinking_open: bool = True,
                     generation_prompt: str | None = None) -> tuple[str, str]:
-    """(reasoning, content) as llama.cpp's Qwen3.5 parser returns them: reasoning raw between the tags (so with
-    the template's newline after <think>), content with the blank lines after </think> dropped. `thinking_open`:
-    the prompt ended inside <think> (Qwen3.5's "<think>\n"); a given generation_prompt decides that instead.
+    """(reasoning, content) as llama.cpp's Qwen3.5 parser returns them. llama.cpp parses generation prompt + output:
+    reasoning is raw between the tags (so it starts with the template's newline after <think>) and content is what
+    follows </think> with its leading whitespace dropped. When the prompt already closed an empty think block
+    (thinking disabled), the whole output is content, leading whitespace dropped likewise. `thinking_open` picks
+    Qwen3.5's prompt ("<think>\n" open, or closed when False); a given generation_prompt decides instead.
     `none` keeps everything in content; deepseek-legacy keeps the tags in content as well as filling reasoning."""
     if reasoning_format == "none":
         return "", text
     if generation_prompt is None:
-        generation_prompt = GENERATION_PROMPT if thinking_open else "<|im_start|>assistant\n"
+        generation_prompt = GENERATION_PROMPT if thinking_open else GENERATION_PROMPT_NO_THINK
+    if generation_prompt.rstrip().endswith(THINK_END):
+        return "", text.lstrip()
     prefix = reasoning_prefix(generation_prompt)
     body = text
     if prefix is None:
@@ -185,7 +190,7 @@ def split_reasoning(text: str, reasoning_format: str = "auto", thinking_open: bo
         reasoning, content = prefix + body, ""        # still thinking when generation stopped
     else:
         head, content = body.split(THINK_END, 1)
-        reasoning, content = prefix + head, content.lstrip("\n")
+        reasoning, content = prefix + head, content.lstrip()
     if not reasoning.strip():
         reasoning = ""          # an empty think block (budget 0, thinking closed at once) is no reasoning at all
     if reasoning_format == "deepseek-legacy":

@@ -94,7 +94,10 @@ def test_split_reasoning_formats():
     no_think = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
     assert split_reasoning("plain", generation_prompt=no_think) == ("", "plain")
     assert split_reasoning("plain", thinking_open=False) == ("", "plain")
-    assert split_reasoning("<think>r</think>c", thinking_open=False) == ("r", "c")
+    # thinking off: the prompt closed an empty think block, so all output is content (leading space dropped)
+    assert split_reasoning(" plain", thinking_open=False) == ("", "plain")
+    # a template whose prompt opens no think block: a think block the model writes itself is still reasoning
+    assert split_reasoning("<think>r</think>c", generation_prompt="<|im_start|>assistant\n") == ("r", "c")
 
 
 def test_tool_calls_typed_by_schema():

@@ -26,20 +26,9 @@ GOLDEN = ROOT / "compat" / "goldens" / "server.jsonl"
 pytestmark = pytest.mark.compat
 
 # case id -> (reason, [regexes over compare()'s problem lines that the reason covers])
-_LEADING_SPACE = (
-    "BUG: with thinking disabled llama.cpp drops the whitespace the model writes first after the template's "
-    "'</think>\\n\\n' (content 'elastic...'); we keep it (' elastic...'). chat.split_reasoning and the streaming "
-    "splitter drop only newlines there; not fixed in this change because both parsers and the chat_parse goldens "
-    "must move together", [r"content: ' elastic"])
 ALLOWED: dict[str, tuple[str, list[str]]] = {
     "props": ("BUG: /props has no chat_template_caps object (llama.cpp: supports_tool_calls, supports_system_role, "
               "... booleans)", [r"^chat_template_caps\."]),
-    "chat_no_thinking": _LEADING_SPACE,
-    "chat_stream": _LEADING_SPACE,
-    "chat_stream_usage": _LEADING_SPACE,
-    "chat_logprobs": _LEADING_SPACE,
-    "chat_stop": _LEADING_SPACE,
-    "chat_n_predict_alias": _LEADING_SPACE,
     "err_bad_json": ("docs/SERVER.md: invalid JSON bodies answer 400 invalid_request_error (llama.cpp: 500 "
                      "server_error); the message is Python's parser text, not nlohmann::json's",
                      [r"^status 400 != 500", r"^error\.(code|type|message):"]),

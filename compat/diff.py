@@ -75,19 +75,23 @@ def templates() -> Area:
     return area
 
 
-def parsing() -> Area:
+def parsing(partial: bool) -> Area:
+    """Final outputs must be identical. Partial (streaming) ones differ by design where llama.cpp returns a tool
+    call whose arguments are still being written: we return a call once it is closed (compat/DIFFERENCES.md)."""
     from llamacmp.chat import parse_output
-    area = Area("parsed messages (final)")
+    area = Area("parsed messages (streaming, partial)" if partial else "parsed messages (final)")
     for g in _jsonl("chat_parse.jsonl"):
         c = g["case"]
         for out, want in zip(c["outputs"], g["llama.cpp"]["parsed"]):
-            if out["is_partial"]:
+            if out["is_partial"] != partial:
                 continue
-            p = parse_output(out["text"], "auto", c["enable_thinking"], c.get("tools"))
+            p = parse_output(out["text"], "auto", c["enable_thinking"], c.get("tools"), partial=partial)
             calls = [(t["function"]["name"], t["function"]["arguments"]) for t in want.get("tool_calls", [])]
-            same = (p.content == want["content"] and p.reasoning_content == want.get("reasoning_content", "")
-                    and [(t.name, t.arguments) for t in p.tool_calls] == calls)
-            area.add(same, example=c["id"])
+            text_same = p.content == want["content"] and p.reasoning_content == want.get("reasoning_content", "")
+            ours = [(t.name, t.arguments) for t in p.tool_calls]
+            area.add(text_same and ours == calls, example=c["id"])
+            # The one open call llama.cpp already shows (arguments still being written) is the designed difference.
+            area.allowed += partial and text_same and ours == calls[:len(ours)] and len(calls) == len(ours) + 1
     return area
 
 
@@ -164,7 +168,7 @@ def main() -> None:
         for gen in ("gen_tokenize_goldens.py", "gen_chat_goldens.py", "gen_logits_goldens.py",
                     "gen_server_goldens.py"):
             subprocess.run([sys.executable, str(HERE / gen)], check=True)
-    areas = [tokenization(), templates(), parsing(), server_responses()]
+    areas = [tokenization(), templates(), parsing(partial=False), parsing(partial=True), server_responses()]
     if not args.skip_logits:
         areas += list(logits())
     table = report(areas)

@@ -167,13 +167,13 @@ def reasoning_prefix(generation_prompt: str) -> str | None:
 
 
 def split_reasoning(text: str, reasoning_format: str = "auto", thinking_open: bool = True,
-                    generation_prompt: str | None = None) -> tuple[str, str]:
+                    generation_prompt: str | None = None, partial: bool = False) -> tuple[str, str]:
     """(reasoning, content) as llama.cpp's Qwen3.5 parser returns them. llama.cpp parses generation prompt + output:
     reasoning is raw between the tags (so it starts with the template's newline after <think>) and content is what
     follows </think> with its leading whitespace dropped. When the prompt already closed an empty think block
     (thinking disabled), the whole output is content, leading whitespace dropped likewise. `thinking_open` picks
     Qwen3.5's prompt ("<think>\n" open, or closed when False); a given generation_prompt decides instead.
-    `none` keeps everything in content; deepseek-legacy keeps the tags in content as well as filling reasoning."""
+    `partial` (output still streaming): a tail that may become </think> is held back, as llama.cpp does. `none` keeps everything in content; deepseek-legacy keeps the tags in content as well as filling reasoning."""
     if reasoning_format == "none":
         return "", text
     if generation_prompt is None:
@@ -187,6 +187,8 @@ def split_reasoning(text: str, reasoning_format: str = "auto", thinking_open: bo
             return "", text
         prefix, body = "", body[len(THINK_START):]
     if THINK_END not in body:
+        if partial:
+            body = body[:len(body) - _partial_suffix(body, THINK_END)]
         reasoning, content = prefix + body, ""        # still thinking when generation stopped
     else:
         head, content = body.split(THINK_END, 1)
@@ -246,12 +248,16 @@ def parse_tool_calls(text: str, tools: list[dict] | None = None) -> tuple[str, l
 
 
 def parse_output(text: str, reasoning_format: str = "auto", thinking_open: bool = True,
-                 tools: list[dict] | None = None, generation_prompt: str | None = None) -> ParsedMessage:
-    """Model output (after the generation prompt) -> reasoning_content, content and typed tool calls."""
-    reasoning, content = split_reasoning(text, reasoning_format, thinking_open, generation_prompt)
+                 tools: list[dict] | None = None, generation_prompt: str | None = None,
+                 partial: bool = False) -> ParsedMessage:
+    """Model output (after the generation prompt) -> reasoning_content, content and typed tool calls.
+    `partial`: the output is still streaming (a tool call is only returned once it is closed)."""
+    reasoning, content = split_reasoning(text, reasoning_format, thinking_open, generation_prompt, partial)
     calls: list[ToolCall] = []
     if tools:
         content, calls = parse_tool_calls(content, tools)
+        if partial and not calls:           # a tail that may become <tool_call> is held back, as llama.cpp does
+            content = content[:len(content) - _partial_suffix(content, TOOL_START)]
     return ParsedMessage(content, reasoning, calls)
 
 

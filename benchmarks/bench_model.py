@@ -90,8 +90,8 @@ def main(argv=None) -> None:
         be.to_host(model.forward(StepBatch.build([(st, [1])])))
     del st
 
-    print(f"| model | test | t/s | ms |")
-    print(f"| --- | --- | ---: | ---: |")
+    print("| model | test | t/s | ms |")
+    print("| --- | --- | ---: | ---: |")
     for p in args.p:
         times = []
         for _ in range(args.r):

@@ -235,7 +235,7 @@ def _same_type(want: str, got: str) -> bool:
 
 
 def _compare_tree(want: dict, got: dict, where: str) -> tuple[list[str], bool]:
-    problems, approx_only = [], True
+    problems = []
     for p, t in want.get("types", {}).items():
         if p not in got.get("types", {}):
             problems.append(f"{where}{p}: missing ({t})")

@@ -14,7 +14,7 @@ import numpy as np
 from .. import kv_quant
 from ..config import ModelConfig
 from ..gguf_file import Q8_0_BLOCK, Q8Tensor
-from .base import Backend, SeqState, StepBatch
+from .base import Backend, SeqState
 
 GDN_CHUNK = 64
 

@@ -166,7 +166,7 @@ def usage_text() -> str:
         head = ", ".join(o.names) + (f" {o.value}" if o.value else "")
         default = DEFAULTS.get(o.key)
         if isinstance(default, list):
-            default = ",".join(f"{a},{b}" if isinstance(a, tuple) else str(a) for a in default) or \
+            default = ",".join(f"{a[0]},{a[1]}" if isinstance(a, tuple) else str(a) for a in default) or \
                 (DEFAULT_MODEL if o.key == "model" else "")
         shown = f" (default: {default})" if o.value and default is not None else ""
         lines.append(f"  {head:<40} {o.help}{shown}")

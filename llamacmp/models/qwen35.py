@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..backends.base import Backend, StepBatch
 from ..config import ModelConfig
 from ..weights import ModelWeights

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..chat import THINK_END, TOOL_START, ParsedMessage, TemplateError, parse_output, thinking_switch
+from ..chat import THINK_END, ParsedMessage, TemplateError, parse_output, thinking_switch
 from ..engine.tasks import FinalResult, GenParams, PartialResult
 from .completions import (attach_grammar, finish_reason, make_tasks, probs_json, raise_first_error, start_stream,
                           usage_json)
@@ -156,8 +156,9 @@ def chat_gen_params(ctx: ServerContext, body: dict, stream: bool, has_tools: boo
 
 # -- reply -> message ------------------------------------------------------------------------------------------------
 
-def parse_reply(cp: ChatPrompt, text: str) -> ParsedMessage:
-    return parse_output(text, cp.reasoning_format, cp.thinking_open, cp.tools if cp.parse_tools else None)
+def parse_reply(cp: ChatPrompt, text: str, partial: bool = False) -> ParsedMessage:
+    return parse_output(text, cp.reasoning_format, cp.thinking_open, cp.tools if cp.parse_tools else None,
+                        partial=partial)
 
 
 def message_json(msg: ParsedMessage, ids: list[str]) -> dict:
@@ -186,9 +187,7 @@ class DeltaTracker:
 
     def push(self, delta: str, final: bool = False) -> list[dict]:
         self.text += delta
-        msg = parse_reply(self.cp, self.text)
-        if not final:
-            msg = self._hold_back(msg)
+        msg = parse_reply(self.cp, self.text, partial=not final)
         out = []
         for key in ("reasoning_content", "content"):
             new, old = getattr(msg, key), getattr(self.sent, key)
@@ -202,20 +201,6 @@ class DeltaTracker:
                                         "function": {"name": c.name, "arguments": c.arguments}}]})
             self.sent.tool_calls.append(c)
         return out
-
-    def _hold_back(self, msg: ParsedMessage) -> ParsedMessage:
-        if THINK_END not in self.text:
-            msg.reasoning_content = _cut_partial(msg.reasoning_content, THINK_END)
-        if self.cp.parse_tools:
-            msg.content = _cut_partial(msg.content, TOOL_START).rstrip("\n")
-        return msg
-
-
-def _cut_partial(text: str, tag: str) -> str:
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return text[:-n]
-    return text
 
 
 # -- handler -------------------------------------------------------------------------------------------------------------

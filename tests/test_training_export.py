@@ -1,0 +1,77 @@
+"""training/export.py: a random tiny Qwen3_5ForCausalLM exported to GGUF gives HF's logits in our numpy forward
+(proves the converter transforms), and the exported tokenizer round-trips text like HF `tokenizers` does."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers", minversion="5")
+
+from llamacmp.backends.base import StepBatch  # noqa: E402
+from llamacmp.backends.numpy_ref import NumpyBackend  # noqa: E402
+from llamacmp.loader import load_model  # noqa: E402
+from training import corpus, export, tokenizer  # noqa: E402
+from training.model import SIZES, build_model  # noqa: E402
+
+SAMPLE = ("def parse(line):\n    key, _, value = line.partition('=')\n    return key.strip(), value.strip()\n"
+          "class Point:\n    \"\"\"A point.\"\"\"\n    def __init__(self, x=0, y=0):\n        self.x, self.y = x, y\n")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tokenizer.train_tokenizer([SAMPLE * 3, corpus.retrieval_doc(__import__("random").Random(0), 200).text],
+                                     vocab_size=384)
+
+
+def randomize(model, seed: int) -> None:
+    """Perturb every parameter (norms, A_log, dt_bias included) so no transform can hide behind a default init."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+            if name.endswith("A_log"):
+                p.copy_(torch.rand(p.shape, generator=g) * 2)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_export_matches_hf_logits(tmp_path, tok, tied):
+    from dataclasses import replace
+    vocab = tokenizer.gguf_vocab(tok)
+    model = build_model(replace(SIZES["test"], tied=tied), len(vocab.tokens), vocab.eos_id, vocab.pad_id).eval()
+    randomize(model, seed=1)
+    path = export.write_gguf(tmp_path / "m.gguf", model, vocab, "f32")
+    ids = tok.encode(SAMPLE).ids[:40]
+    with torch.no_grad():
+        theirs = model(torch.tensor([ids])).logits[0].double().numpy()
+    lm = load_model(path, NumpyBackend())
+    state = lm.backend.new_state(lm.cfg, len(ids), "f32")
+    ours = lm.model.forward(StepBatch.build([(state, ids)], all_logits=True)).astype(np.float64)
+    rel = np.linalg.norm(ours - theirs) / np.linalg.norm(theirs)
+    assert rel <= 1e-4, rel
+    assert (ours.argmax(-1) == theirs.argmax(-1)).all()
+
+
+def test_q8_0_export_loads_and_is_close(tmp_path, tok):
+    vocab = tokenizer.gguf_vocab(tok)
+    model = build_model(SIZES["test"], len(vocab.tokens), vocab.eos_id, vocab.pad_id).eval()
+    path = export.write_gguf(tmp_path / "m.gguf", model, vocab, "q8_0")
+    lm = load_model(path, NumpyBackend())
+    ids = tok.encode(SAMPLE).ids[:16]
+    with torch.no_grad():
+        theirs = model(torch.tensor([ids])).logits[0].double().numpy()
+    state = lm.backend.new_state(lm.cfg, len(ids), "f32")
+    ours = lm.model.forward(StepBatch.build([(state, ids)], all_logits=True)).astype(np.float64)
+    assert np.linalg.norm(ours - theirs) / np.linalg.norm(theirs) < 0.05
+
+
+def test_exported_tokenizer_round_trips(tmp_path, tok):
+    vocab = tokenizer.gguf_vocab(tok)
+    model = build_model(SIZES["test"], len(vocab.tokens), vocab.eos_id, vocab.pad_id)
+    lm = load_model(export.write_gguf(tmp_path / "m.gguf", model, vocab, "f32"), NumpyBackend())
+    text = SAMPLE + "héllo wörld 12345 ✓ <think>x</think>\n\n\tend"
+    ids = lm.tokenizer.encode(text, parse_special=True)
+    assert ids == tok.encode(text).ids          # same ids as HF tokenizers (same regex, same merges)
+    assert lm.tokenizer.decode(ids) == text
+    assert lm.tokenizer.decode([vocab.eos_id]) == "<|im_end|>"
+    assert lm.metadata["tokenizer.ggml.pre"] == "qwen35"

@@ -1,0 +1,286 @@
+"""Train the small qwen35 model: tokenizer, then AdamW with a cosine schedule on the CPython stdlib sources mixed
+with the synthetic retrieval task; save the HF checkpoint and (with --export) the F32 / Q8_0 GGUFs.
+
+    python -m training.train --preset smoke            # <= 5 min on a 2-core CPU: proves the pipeline
+    python -m training.train --preset full --export    # the GPU recipe (one H200, < 20 min)
+
+The log goes to training/logs/<run>.log (kept in the repository); checkpoints and GGUFs to out/<run>/ (ignored).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import random
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from . import corpus
+from .model import SIZES, build_model, n_params
+
+HERE = Path(__file__).parent
+REPO = HERE.parent
+
+
+@dataclass(frozen=True)
+class Preset:
+    size: str
+    vocab: int
+    corpus_chars: int | None     # None: the whole train split (~29 MB of Python 3.11's Lib/)
+    seq_len: int
+    batch: int
+    steps: int
+    lr: float
+    warmup: int
+    retrieval_every: int         # every n-th step trains on retrieval documents instead of code
+    retrieval_words: tuple[int, int]   # document lengths (≈ tokens: filler words are single tokens)
+    eval_every: int
+    eval_retrieval_words: tuple[int, ...]
+    max_minutes: float           # training-loop budget: stops there, and the cosine schedule ends by then
+    seed: int = 0
+
+
+PRESETS = {
+    "smoke": Preset(size="smoke", vocab=2048, corpus_chars=2_000_000, seq_len=256, batch=8, steps=250, lr=3e-3,
+                    warmup=15, retrieval_every=4, retrieval_words=(128, 512), eval_every=50,
+                    eval_retrieval_words=(128, 512), max_minutes=3.5),
+    # ~80 M tokens (~10 passes over the ~8 M-token stdlib); the time guard bends the schedule if the GPU is slower.
+    "full": Preset(size="full", vocab=8192, corpus_chars=None, seq_len=2048, batch=16, steps=2500, lr=2e-3,
+                   warmup=150, retrieval_every=5, retrieval_words=(4096, 65536), eval_every=250,
+                   eval_retrieval_words=(4096, 16384, 65536), max_minutes=16.0),
+}
+
+
+class Log:
+    """Appends to training/logs/<run>.log and echoes to stdout (the file is the record kept in git)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = path.open("w")
+        self.t0 = time.time()
+
+    def __call__(self, msg: str) -> None:
+        line = f"[{time.time() - self.t0:7.1f}s] {msg}"
+        print(line, flush=True)
+        self.file.write(line + "\n")
+        self.file.flush()
+
+
+def lr_at(step: int, p: Preset, elapsed_s: float = 0.0) -> float:
+    """Linear warmup, then cosine down to 10%. Progress is by steps or by the time budget, whichever is further
+    along, so a run that hits --max-minutes still ends its schedule instead of stopping at a high rate."""
+    if step < p.warmup:
+        return p.lr * (step + 1) / p.warmup
+    frac = max((step - p.warmup) / max(1, p.steps - p.warmup), elapsed_s / (p.max_minutes * 60))
+    return p.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def token_stream(tok, texts, eot_id: int) -> np.ndarray:
+    """All documents as one id array, each followed by <|endoftext|> (the document separator)."""
+    parts = []
+    for enc in tok.encode_batch(list(texts)):
+        parts.append(np.asarray(enc.ids, np.int32))
+        parts.append(np.asarray([eot_id], np.int32))
+    return np.concatenate(parts)
+
+
+def code_batch(stream: np.ndarray, p: Preset, rng: np.random.Generator):
+    import torch
+    starts = rng.integers(0, len(stream) - p.seq_len - 1, p.batch)
+    return torch.from_numpy(np.stack([stream[s:s + p.seq_len] for s in starts]).astype(np.int64))
+
+
+def retrieval_batches(tok, p: Preset, rng: random.Random):
+    """Documents, one sequence each (they differ in length), until the step holds batch * seq_len tokens."""
+    import torch
+    budget, out = p.batch * p.seq_len, []
+    while budget > 0:
+        words = int(math.exp(rng.uniform(*map(math.log, p.retrieval_words))))
+        ids = tok.encode(corpus.retrieval_doc(rng, words).text).ids
+        out.append(torch.tensor([ids]))
+        budget -= len(ids)
+    return out
+
+
+@contextlib.contextmanager
+def triangular_solve_fix(device: str):
+    """Run transformers' reference Gated DeltaNet triangular solve in a wider dtype.
+
+    CPU: MKL's batched float32 solve of the 64x64 chunk systems is ~40x slower than float64 (it dominated the
+    step time). CUDA: under bf16 autocast the chunk matrices arrive as bf16, which the CUDA solver does not
+    take; float32 also keeps the UT transform accurate."""
+    import torch
+    wide = {"cpu": {torch.float32: torch.float64}}.get(device, {torch.bfloat16: torch.float32,
+                                                                 torch.float16: torch.float32})
+    original = torch.linalg.solve_triangular
+
+    def solve(a, b, **kw):
+        dtype = wide.get(a.dtype) or wide.get(b.dtype)
+        if dtype is None:
+            return original(a, b, **kw)
+        return original(a.to(dtype), b.to(dtype), **kw).to(b.dtype)
+
+    torch.linalg.solve_triangular = solve
+    try:
+        yield
+    finally:
+        torch.linalg.solve_triangular = original
+
+
+@dataclass
+class Trainer:
+    model: object
+    opt: object
+    device: str
+    log: Log
+
+    def loss(self, ids):
+        import torch
+        ids = ids.to(self.device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device == "cuda"):
+            return self.model(input_ids=ids, labels=ids).loss
+
+    def step(self, batches, lr: float) -> float:
+        """One optimizer step over the batches, each weighted by its token share."""
+        import torch
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.opt.zero_grad(set_to_none=True)
+        total = sum(b.numel() for b in batches)
+        value = 0.0
+        for b in batches:
+            loss = self.loss(b) * (b.numel() / total)
+            loss.backward()
+            value += loss.item()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        return value
+
+
+def eval_heldout(trainer: Trainer, stream: np.ndarray, p: Preset, n_chunks: int = 16) -> float:
+    import torch
+    trainer.model.eval()
+    starts = np.linspace(0, len(stream) - p.seq_len - 1, n_chunks).astype(int)
+    with torch.no_grad():
+        losses = [trainer.loss(torch.from_numpy(stream[s:s + p.seq_len][None].astype(np.int64))).item()
+                  for s in starts]
+    trainer.model.train()
+    return float(np.mean(losses))
+
+
+def eval_retrieval(trainer: Trainer, tok, words: int, n_docs: int = 8) -> float:
+    """Fraction of documents whose answer tokens are all the argmax (teacher-forced greedy recall)."""
+    import torch
+    rng = random.Random(10_000 + words)       # fixed evaluation documents, distinct from training draws
+    trainer.model.eval()
+    hits = 0
+    with torch.no_grad():
+        for _ in range(n_docs):
+            doc = corpus.retrieval_doc(rng, words)
+            prompt, full = tok.encode(doc.prompt).ids, tok.encode(doc.text).ids
+            ids = torch.tensor([full], device=trainer.device)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=trainer.device == "cuda"):
+                pred = trainer.model(input_ids=ids).logits[0, len(prompt) - 1:-1].argmax(-1).cpu()
+            hits += bool((pred == torch.tensor(full[len(prompt):])).all())
+    trainer.model.train()
+    return hits / n_docs
+
+
+def evaluate(trainer: Trainer, tok, heldout: np.ndarray, p: Preset, step: int) -> None:
+    msg = f"eval step {step}: heldout loss {eval_heldout(trainer, heldout, p):.4f}"
+    for w in p.eval_retrieval_words:
+        msg += f" | retrieval@{w}w {eval_retrieval(trainer, tok, w):.2f}"
+    trainer.log(msg)
+
+
+def prepare_data(p: Preset, out: Path, log: Log):
+    from .tokenizer import PAD_TOKEN, train_tokenizer
+    texts = list(corpus.corpus_texts("train", p.corpus_chars))
+    retr = [d.text for d in corpus.retrieval_docs(p.seed, (64, 256), 200)]   # the task's words get merges too
+    tok = train_tokenizer(texts + retr, p.vocab)
+    tok.save(str(out / "tokenizer.json"))
+    eot = tok.token_to_id(PAD_TOKEN)
+    train = token_stream(tok, texts, eot)
+    held_texts = list(corpus.corpus_texts("heldout"))
+    (out / "heldout.txt").write_text("\n".join(held_texts))    # for llama-perplexity / llamacmp-perplexity
+    heldout = token_stream(tok, held_texts, eot)
+    log(f"data: {sum(map(len, texts)) / 1e6:.1f} M chars -> {len(train) / 1e6:.2f} M train tokens, "
+        f"{len(heldout) / 1e6:.3f} M held-out tokens; vocab {tok.get_vocab_size()} "
+        f"({len(train) and sum(map(len, texts)) / len(train):.2f} chars/token)")
+    return tok, train, heldout
+
+
+def train(p: Preset, run: str, out: Path, device: str, export: bool) -> Path:
+    import torch
+    out.mkdir(parents=True, exist_ok=True)
+    log = Log(HERE / "logs" / f"{run}.log")
+    log(f"run {run}: {p}")
+    log(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}")
+    tok, train_ids, heldout = prepare_data(p, out, log)
+    from .tokenizer import EOS_TOKEN, PAD_TOKEN
+    model = build_model(SIZES[p.size], tok.get_vocab_size(), tok.token_to_id(EOS_TOKEN),
+                        tok.token_to_id(PAD_TOKEN), p.seed).to(device).train()
+    log(f"model {p.size}: {n_params(model) / 1e6:.2f} M parameters, {SIZES[p.size]}")
+    opt = torch.optim.AdamW(model.parameters(), lr=p.lr, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=device == "cuda")
+    trainer = Trainer(model, opt, device, log)
+    np_rng, rng = np.random.default_rng(p.seed), random.Random(p.seed)
+    t0, tokens = time.time(), 0
+    for step in range(p.steps):
+        if step % p.eval_every == 0:
+            evaluate(trainer, tok, heldout, p, step)
+        is_retr = p.retrieval_every and step % p.retrieval_every == p.retrieval_every - 1
+        batches = retrieval_batches(tok, p, rng) if is_retr else [code_batch(train_ids, p, np_rng)]
+        lr = lr_at(step, p, time.time() - t0)
+        loss = trainer.step(batches, lr)
+        tokens += sum(b.numel() for b in batches)
+        if step % 10 == 0 or step == p.steps - 1:
+            log(f"step {step}/{p.steps} {'retr' if is_retr else 'code'} loss {loss:.4f} lr {lr:.2e} "
+                f"{tokens / (time.time() - t0):.0f} tok/s")
+        if time.time() - t0 > p.max_minutes * 60:
+            log(f"time budget of {p.max_minutes} min reached at step {step}: stopping early")
+            break
+    evaluate(trainer, tok, heldout, p, step + 1)
+    log(f"trained {tokens / 1e6:.2f} M tokens in {(time.time() - t0) / 60:.1f} min")
+    model.to("cpu").float().save_pretrained(str(out))
+    if export:
+        export_ggufs(out, run, log, max(p.retrieval_words) * 2)
+    return out
+
+
+def export_ggufs(out: Path, run: str, log: Log, n_ctx_train: int) -> None:
+    from .export import load_checkpoint, write_gguf
+    model, vocab = load_checkpoint(out)
+    for dtype in ("f32", "q8_0"):
+        path = write_gguf(out / f"{run}-{dtype}.gguf", model, vocab, dtype, f"llamacmp-qwen35-{run}",
+                          n_ctx_train=max(n_ctx_train, 4096))
+        log(f"exported {path} ({path.stat().st_size / 1e6:.1f} MB)")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="smoke")
+    ap.add_argument("--run", help="run name (log file and out/ folder); default: the preset name")
+    ap.add_argument("--out", help="checkpoint folder; default out/<run>")
+    ap.add_argument("--steps", type=int, help="override the preset's step count")
+    ap.add_argument("--max-minutes", type=float, help="override the preset's time guard")
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    ap.add_argument("--export", action="store_true", help="also write <run>-f32.gguf and <run>-q8_0.gguf")
+    args = ap.parse_args(argv)
+    import torch
+    p = PRESETS[args.preset]
+    if args.steps:
+        p = replace(p, steps=args.steps)
+    if args.max_minutes:
+        p = replace(p, max_minutes=args.max_minutes)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    run = args.run or args.preset
+    with triangular_solve_fix(device):
+        train(p, run, Path(args.out) if args.out else REPO / "out" / run, device, args.export)
+
+
+if __name__ == "__main__":
+    main()

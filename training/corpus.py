@@ -82,7 +82,7 @@ def _filler_sentence(rng: random.Random) -> str:
 def retrieval_doc(rng: random.Random, n_words: int, n_pairs: int = 4) -> RetrievalDoc:
     """~n_words of filler with n_pairs `key = value` facts at random places; the end asks for one of them.
 
-    Filler words are single common tokens, so n_words is roughly the token count (tokenizer-independent)."""
+    Filler words are common words, so n_words tracks the token count (~1.2 tokens a word with an 8K BPE)."""
     pairs = {}
     while len(pairs) < n_pairs:
         pairs[_key(rng)] = str(rng.randint(1000, 9999))

@@ -75,3 +75,20 @@ def test_exported_tokenizer_round_trips(tmp_path, tok):
     assert lm.tokenizer.decode(ids) == text
     assert lm.tokenizer.decode([vocab.eos_id]) == "<|im_end|>"
     assert lm.metadata["tokenizer.ggml.pre"] == "qwen35"
+
+
+def test_corpus_split_is_disjoint_and_deterministic():
+    files = corpus.stdlib_files()
+    root = corpus.stdlib_root()
+    held = {p for p in files if corpus.is_heldout(p.relative_to(root).as_posix())}
+    assert files == corpus.stdlib_files()
+    assert 0 < len(held) < 0.1 * len(files)
+    assert not any("site-packages" in p.parts for p in files)
+
+
+def test_retrieval_doc_asks_for_a_stated_fact():
+    import random
+    doc = corpus.retrieval_doc(random.Random(3), 300)
+    key = doc.prompt.rsplit("code for ", 1)[1].split("?")[0]
+    assert f"The code for {key} is{doc.answer}." in doc.prompt
+    assert doc.text == doc.prompt + doc.answer and 250 < len(doc.prompt.split()) < 400

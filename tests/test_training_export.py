@@ -2,8 +2,13 @@
 (proves the converter transforms), and the exported tokenizer round-trips text like HF `tokenizers` does."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # training/ is a folder of the repo, not installed
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", minversion="5")

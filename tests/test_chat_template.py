@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 
 import pytest
 
@@ -152,36 +151,3 @@ def test_thinking_switches():
     assert thinking_switch("/no_think first, then /think") is True
     assert thinking_switch("no switch here") is None
     assert thinking_switch("path/no_thinking") is None
-
-
-# -- llama.cpp goldens (compat/gen_chat_goldens.py: llama.cpp's own renderer and parser on this template) ----------
-
-GOLDENS = Path(__file__).resolve().parent.parent / "compat" / "goldens"
-
-
-def _golden_rows(name: str) -> list[dict]:
-    return [json.loads(line) for line in (GOLDENS / name).read_text().splitlines()]
-
-
-@pytest.mark.compat
-@pytest.mark.parametrize("row", _golden_rows("chat_render.jsonl"), ids=lambda r: r["case"]["id"])
-def test_render_matches_llamacpp(qwen, row):
-    c = row["case"]
-    out = qwen.render(c["messages"], c["add_generation_prompt"], tools=c.get("tools"),
-                      enable_thinking=c["enable_thinking"])
-    assert out == row["llama.cpp"]["prompt"]
-
-
-@pytest.mark.compat
-@pytest.mark.parametrize("row", _golden_rows("chat_parse.jsonl"), ids=lambda r: r["case"]["id"])
-def test_parse_matches_llamacpp(row):
-    c, expected = row["case"], row["llama.cpp"]["parsed"][-1]
-    msg = parse_output(c["outputs"][-1]["text"], generation_prompt=row["llama.cpp"]["generation_prompt"],
-                       tools=c.get("tools"))
-    got = {"role": "assistant", "content": msg.content}
-    if msg.reasoning_content:
-        got["reasoning_content"] = msg.reasoning_content
-    if msg.tool_calls:
-        got["tool_calls"] = [{"type": "function", "function": {"name": t.name, "arguments": t.arguments}}
-                             for t in msg.tool_calls]
-    assert got == expected

@@ -51,7 +51,9 @@ def test_final_parse_matches_llama_cpp(golden):
     for out, expected in zip(case["outputs"], golden["llama.cpp"]["parsed"]):
         if out["is_partial"]:
             continue
-        parsed = parse_output(out["text"], "auto", thinking_open=case["enable_thinking"], tools=case.get("tools"))
+        # llama.cpp's own generation prompt decides whether the output starts inside <think>
+        parsed = parse_output(out["text"], "auto", tools=case.get("tools"),
+                              generation_prompt=golden["llama.cpp"]["generation_prompt"])
         expected = {k: v for k, v in expected.items() if k != "tool_calls" or v}
         for call in expected.get("tool_calls", []):
             call.pop("id", None)
@@ -66,7 +68,8 @@ def test_partial_parse_matches_llama_cpp(golden):
     for out, expected in zip(case["outputs"], golden["llama.cpp"]["parsed"]):
         if not out["is_partial"]:
             continue
-        parsed = parse_output(out["text"], "auto", case["enable_thinking"], case.get("tools"), partial=True)
+        parsed = parse_output(out["text"], "auto", tools=case.get("tools"), partial=True,
+                              generation_prompt=golden["llama.cpp"]["generation_prompt"])
         expected = {k: v for k, v in expected.items() if k != "tool_calls" or v}
         for call in expected.get("tool_calls", []):
             call.pop("id", None)

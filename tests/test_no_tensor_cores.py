@@ -3,44 +3,14 @@ QGMMA (nor the PTX any mma/wmma/wgmma), and it does hold DP4A (IDP.4A). Runs wit
 the PyPI package nvidia-cuda-cuobjdump (with nvidia-cuda-nvdisasm for -sass), triton's bundled copy, or PATH."""
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import subprocess
-from pathlib import Path
-
 import pytest
+from sass_tools import TENSOR_CORE_PTX, TENSOR_CORE_SASS, cuobjdump_candidates, run_cuobjdump
 
 from llamacmp.lib._native import library_path
 
-TENSOR_CORE_SASS = re.compile(r"\b(HMMA|IMMA|HGMMA|QGMMA|OMMA|UTC\w*MMA)\b")
-TENSOR_CORE_PTX = re.compile(r"\b(mma\.sync|wmma\.|wgmma\.|tcgen05\.mma)")
 
-
-def _candidates():
-    try:
-        import nvidia
-        for root in nvidia.__path__:
-            for sub in ("cu13/bin", "cuda_cuobjdump/bin", "cu12/bin"):
-                yield Path(root) / sub / "cuobjdump"
-    except ImportError:
-        pass
-    try:
-        import triton
-        yield Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-    except ImportError:
-        pass
-    if shutil.which("cuobjdump"):
-        yield Path(shutil.which("cuobjdump"))
-
-
-def find_cuobjdump() -> Path | None:
-    return next((p for p in _candidates() if p.is_file() and os.access(p, os.X_OK)), None)
-
-
-def _dump(tool: Path, flag: str, lib: Path) -> str:
-    env = dict(os.environ, PATH=f"{tool.parent}{os.pathsep}{os.environ.get('PATH', '')}")  # nvdisasm beside it
-    r = subprocess.run([str(tool), flag, str(lib)], capture_output=True, text=True, env=env, timeout=600)
+def _dump(tool, flag: str, lib) -> str:
+    r = run_cuobjdump(tool, flag, lib)
     assert r.returncode == 0, f"{tool} {flag} failed: {r.stderr[-2000:]}"
     return r.stdout
 
@@ -50,7 +20,7 @@ def tool_and_lib():
     lib = library_path()
     if not lib.exists():
         pytest.skip(f"{lib} is not built (run `make`)")
-    tool = find_cuobjdump()
+    tool = next(cuobjdump_candidates(), None)
     if tool is None:
         pytest.skip("no cuobjdump: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm (or triton==3.3.1)")
     return tool, lib

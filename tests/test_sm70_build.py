@@ -9,19 +9,17 @@ On a GPU, the whole suite runs on this build with
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from sass_tools import TENSOR_CORE_PTX, TENSOR_CORE_SASS, cuobjdump_candidates, run_cuobjdump
 
 ROOT = Path(__file__).resolve().parent.parent
 SM70 = ROOT / "build" / "sm70"
 LIB = SM70 / "libcmpkern.so"
 PIECES = SM70 / "pypi" / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
-TENSOR_CORE_SASS = re.compile(r"\b(HMMA|IMMA|HGMMA|QGMMA|OMMA|UTC\w*MMA)\b")
-TENSOR_CORE_PTX = re.compile(r"\b(mma\.sync|wmma\.|wgmma\.|tcgen05\.mma)")
 KERNELS = ("quantize_q8_kernel", "argmax_kernel", "gdn_scan_kernel", "gdn_chunked_kernel", "conv1d_silu_kernel")
 
 
@@ -45,40 +43,12 @@ def sm70_lib() -> Path:
     return LIB
 
 
-def _cuobjdumps():
-    """cuobjdump binaries whose nvdisasm may still know SM70 (CUDA <= 13.0)."""
-    yield SM70 / "disasm" / "cuobjdump"           # SM70_DISASM=1 tools/build_sm70.sh
-    try:
-        import triton
-        yield Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-    except ImportError:
-        pass
-    for d in os.environ.get("SM70_DISASM_PATH", "").split(os.pathsep):
-        if d:
-            yield Path(d) / "cuobjdump"
-    if shutil.which("cuobjdump"):
-        yield Path(shutil.which("cuobjdump"))
-    try:
-        import nvidia
-        for root in nvidia.__path__:
-            for sub in ("cuda_cuobjdump/bin", "cu12/bin", "cu13/bin"):
-                yield Path(root) / sub / "cuobjdump"
-    except ImportError:
-        pass
-
-
-def _run(tool: Path, flag: str, lib: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{tool.parent}{os.pathsep}{os.environ.get('PATH', '')}")  # nvdisasm beside it
-    return subprocess.run([str(tool), flag, str(lib)], capture_output=True, text=True, env=env, timeout=600)
-
-
 @pytest.fixture(scope="module")
 def sass(sm70_lib) -> str:
     tried = []
-    for tool in _cuobjdumps():
-        if not (tool.is_file() and os.access(tool, os.X_OK)):
-            continue
-        r = _run(tool, "-sass", sm70_lib)
+    # the build's own disassembler first (SM70_DISASM=1): CUDA 13.2+'s nvdisasm refuses SM70
+    for tool in cuobjdump_candidates([SM70 / "disasm" / "cuobjdump"]):
+        r = run_cuobjdump(tool, "-sass", sm70_lib)
         if r.returncode == 0 and "nvdisasm fatal" not in r.stdout + r.stderr and "Function" in r.stdout:
             return r.stdout
         tried.append(f"{tool}: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
@@ -99,10 +69,10 @@ def test_sm70_build_has_every_kernel_family(sass):
 
 
 def test_sm70_ptx_targets_compute_70_without_mma(sm70_lib):
-    tool = next((t for t in _cuobjdumps() if t.is_file() and os.access(t, os.X_OK)), None)
+    tool = next(cuobjdump_candidates([SM70 / "disasm" / "cuobjdump"]), None)
     if tool is None:
         pytest.skip("no cuobjdump (pip install nvidia-cuda-cuobjdump)")
-    r = _run(tool, "-ptx", sm70_lib)
+    r = run_cuobjdump(tool, "-ptx", sm70_lib)
     assert r.returncode == 0, r.stderr[-2000:]
     assert ".target sm_70" in r.stdout
     assert not TENSOR_CORE_PTX.search(r.stdout)

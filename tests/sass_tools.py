@@ -1,0 +1,43 @@
+"""Finding and running cuobjdump without a GPU, shared by the SASS checks (test_no_tensor_cores, test_sm70_build)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Iterable, Iterator
+
+TENSOR_CORE_SASS = re.compile(r"\b(HMMA|IMMA|HGMMA|QGMMA|OMMA|UTC\w*MMA)\b")
+TENSOR_CORE_PTX = re.compile(r"\b(mma\.sync|wmma\.|wgmma\.|tcgen05\.mma)")
+
+
+def cuobjdump_candidates(first: Iterable[Path] = ()) -> Iterator[Path]:
+    """Executable cuobjdump binaries: `first`, then SM70_DISASM_PATH, the PyPI nvidia packages, triton's bundled
+    copy (CUDA 12.8: still disassembles sm_70) and PATH."""
+    def places():
+        yield from first
+        for d in os.environ.get("SM70_DISASM_PATH", "").split(os.pathsep):
+            if d:
+                yield Path(d) / "cuobjdump"
+        try:
+            import nvidia
+            for root in nvidia.__path__:
+                for sub in ("cu13/bin", "cuda_cuobjdump/bin", "cu12/bin"):
+                    yield Path(root) / sub / "cuobjdump"
+        except ImportError:
+            pass
+        try:
+            import triton
+            yield Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+        except ImportError:
+            pass
+        if shutil.which("cuobjdump"):
+            yield Path(shutil.which("cuobjdump"))
+    return (p for p in places() if p.is_file() and os.access(p, os.X_OK))
+
+
+def run_cuobjdump(tool: Path, flag: str, lib: Path) -> subprocess.CompletedProcess:
+    """cuobjdump -sass needs nvdisasm: the one beside it goes first on PATH."""
+    env = dict(os.environ, PATH=f"{tool.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    return subprocess.run([str(tool), flag, str(lib)], capture_output=True, text=True, env=env, timeout=600)

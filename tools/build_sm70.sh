@@ -7,24 +7,26 @@
 #   LLAMACMP_LIB=build/sm70/libcmpkern.so python3 -m pytest -q -m cuda    (run the suite on it; the driver
 #                                                                          JIT-compiles the PTX on newer GPUs)
 # Environment: CLANG (default clang++-19 on PATH; installed with apt-get when running as root and missing),
-# SM70_DIR (default build/sm70), SM70_DISASM=1 (also fetch an SM70-capable cuobjdump/nvdisasm), FATBINARY (CUDA 13's fatbinary; default: found on PATH or in /usr/local/cuda).
+# SM70_DIR (default build/sm70), SM70_TOOLS (default build/sm70-toolchain), SM70_DISASM=1 (also fetch an SM70-capable cuobjdump/nvdisasm), FATBINARY (CUDA 13's fatbinary; default: found on PATH or in /usr/local/cuda).
 # The PyPI wheels go into $SM70_DIR/pypi with ONE `pip install --target` call: a second call into the same target
 # silently skips the shared nvidia/ package folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 OUT_DIR=${SM70_DIR:-build/sm70}
-PYPI=$OUT_DIR/pypi
-CUDA_PREFIX=$OUT_DIR/cuda        # the layout clang's --cuda-path expects
+# The toolchain (~150 MB) lives beside the output, so build/sm70 stays small enough to carry to a GPU machine.
+TOOLS_DIR=${SM70_TOOLS:-$OUT_DIR-toolchain}
+PYPI=$TOOLS_DIR/pypi
+CUDA_PREFIX=$TOOLS_DIR/cuda      # the layout clang's --cuda-path expects
 LIB=$OUT_DIR/libcmpkern.so     # with libcudart.so.12 beside it (rpath $ORIGIN): carry both to a GPU machine
 WHEELS=(nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cuda-runtime-cu12==12.9.79 nvidia-cuda-cccl-cu12==12.9.27)
 
 die() { echo "build_sm70: $*" >&2; exit 1; }
-mkdir -p "$OUT_DIR"
+mkdir -p "$OUT_DIR" "$TOOLS_DIR"
 
 # ---- clang 19 ----------------------------------------------------------------------------------------------------
 # Found on PATH; else installed with apt-get as root; else (or with SM70_ROOTLESS=1) the Debian packages are
-# downloaded with `apt-get download` and unpacked into $OUT_DIR/clang with dpkg-deb -x, no root needed.
+# downloaded with `apt-get download` and unpacked into $TOOLS_DIR/clang with dpkg-deb -x, no root needed.
 CLANG=${CLANG:-}
 [ "${SM70_ROOTLESS:-0}" = 1 ] || CLANG=${CLANG:-$(command -v clang++-19 || true)}
 if [ -z "$CLANG" ] && [ "${SM70_ROOTLESS:-0}" != 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -32,7 +34,7 @@ if [ -z "$CLANG" ] && [ "${SM70_ROOTLESS:-0}" != 1 ] && [ "$(id -u)" = 0 ] && co
     CLANG=$(command -v clang++-19 || true)
 fi
 if [ -z "$CLANG" ] && command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
-    root=$(realpath -m "$OUT_DIR/clang")
+    root=$(realpath -m "$TOOLS_DIR/clang")
     if [ ! -x "$root/usr/lib/llvm-19/bin/clang++" ]; then
         debs=$(mktemp -d)
         (cd "$debs" && apt-get download -q clang-19 libclang-cpp19 libllvm19 libclang-common-19-dev >/dev/null) \

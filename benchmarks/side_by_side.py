@@ -1,7 +1,9 @@
 """llamacmp-bench against llama.cpp's llama-bench on the same GGUF in the same run (issue 3 item 7).
 
     python3 benchmarks/side_by_side.py --model M.gguf [--make-9b] --llamacpp-src DIR|TARBALL [--standin]
-           [-p 512,4096,16384] [-n 128] [-d 0,32768] [-r 2] [--build-dir DIR] [--out results.md]
+           [-p 512,4096,16384] [-n 128] [-d 32768] [-r 2] [--build-dir DIR] [--out results.md]
+    python3 benchmarks/side_by_side.py --llamacpp-src TARBALL --standin --build-only \
+           --native-targets llama-bench,llama-server,llama-mtmd-cli     (build both trees at once, then stop)
 
 Builds llama-bench (CUDA, sm_90) from the same llama.cpp tree the compat suite uses (≈ b8462), reusing a build
 that exists. --standin adds a second build whose ggml_cuda_highest_compiled_arch() answers Pascal (610), so that
@@ -18,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ARCH_LINE = "return ggml_cuda_highest_compiled_arch_impl(arch, 0, __CUDA_ARCH_LIST__);"
@@ -47,18 +50,29 @@ def standin_tree(tree: Path, work: Path) -> Path:
     return dst
 
 
-def build_llama_bench(tree: Path, build: Path) -> Path:
-    exe = build / "bin" / "llama-bench"
-    if exe.exists():
-        return exe
+def build_tools(tree: Path, build: Path, targets: list[str], jobs: int) -> Path:
+    """Configures (once) and builds the given llama.cpp targets; returns the bin/ folder."""
+    if all((build / "bin" / t).exists() for t in targets):
+        return build / "bin"
     flags = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90",
-             "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+             "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
              "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_COMMIT=49bfddeca",
              "-DLLAMA_BUILD_NUMBER=8462"]
-    subprocess.run(["cmake", "-S", str(tree), "-B", str(build), *flags], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", str(os.cpu_count())],
+    if not (build / "build.ninja").exists():
+        subprocess.run(["cmake", "-S", str(tree), "-B", str(build), *flags], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(build), "--target", *targets, "-j", str(jobs)],
                    check=True, stdout=subprocess.DEVNULL)
-    return exe
+    return build / "bin"
+
+
+def build_all(builds: dict[str, tuple[Path, Path, list[str]]]) -> dict[str, Path]:
+    """Builds every tree at once: each cmake --build gets all cores (ninja keeps them busy through the few
+    long template-instance files that would otherwise leave cores idle at the end of a single build)."""
+    jobs = os.cpu_count() or 4
+    with ThreadPoolExecutor(len(builds)) as pool:
+        futures = {name: pool.submit(build_tools, src, build, targets, jobs)
+                   for name, (src, build, targets) in builds.items()}
+        return {name: f.result() for name, f in futures.items()}
 
 
 def bench(cmd: list[str]) -> dict[str, tuple[float, float]]:
@@ -90,31 +104,48 @@ def table(results: dict[str, dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, type=Path)
+    p.add_argument("--model", type=Path)
     p.add_argument("--make-9b", action="store_true", help="write the 9B-shape Q8_0 random model first")
     p.add_argument("--llamacpp-src", required=True, type=Path)
     p.add_argument("--build-dir", type=Path, default=Path("/tmp/llamacpp-cuda"))
     p.add_argument("--standin", action="store_true")
+    p.add_argument("--native-targets", default="llama-bench",
+                   help="comma-separated targets of the native build (e.g. llama-bench,llama-server,llama-mtmd-cli)")
+    p.add_argument("--build-only", action="store_true", help="build (or reuse) the llama.cpp tools and stop")
     p.add_argument("-p", default="512")
     p.add_argument("-n", default="128")
-    p.add_argument("-d", default="0")
+    p.add_argument("-d", default="0", help="depths for a separate tg-only run (0: none), e.g. 32768")
     p.add_argument("-r", default="2")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     args.build_dir.mkdir(parents=True, exist_ok=True)
+    tree = source_tree(args.llamacpp_src, args.build_dir)
+    builds = {"llama.cpp native": (tree, args.build_dir / "native", args.native_targets.split(","))}
+    if args.standin:
+        builds["llama.cpp no-TC stand-in"] = (standin_tree(tree, args.build_dir), args.build_dir / "standin",
+                                              ["llama-bench"])
+    bins = build_all(builds)
+    if args.build_only:
+        print("\n".join(f"{name}: {b}" for name, b in bins.items()))
+        return
+    if args.model is None:
+        raise SystemExit("--model is required unless --build-only")
     if args.make_9b and not args.model.exists():
         from bench_model import make_9b
         make_9b(str(args.model))
-    tree = source_tree(args.llamacpp_src, args.build_dir)
-    builds = {"llama.cpp native": (tree, args.build_dir / "native")}
-    if args.standin:
-        builds["llama.cpp no-TC stand-in"] = (standin_tree(tree, args.build_dir), args.build_dir / "standin")
-    flags = ["-m", str(args.model), "-p", args.p, "-n", args.n, "-d", args.d, "-r", args.r, "-ngl", "99", "-fa", "1"]
+    # llama-bench runs every -p/-n/-d combination: prompt runs at depth 0, and tg alone at each extra depth.
+    common = ["-m", str(args.model), "-r", args.r, "-ngl", "99", "-fa", "1"]
+    runs = [["-p", args.p, "-n", args.n, "-d", "0"]]
+    if args.d != "0":
+        runs.append(["-p", "0", "-n", args.n, "-d", args.d])
+    tools = {name: [str(b / "llama-bench")] for name, b in bins.items()}
+    tools["llamacmp"] = [sys.executable, "-m", "llamacmp.cli.bench"]
     results = {}
-    for name, (src, build) in builds.items():
-        results[name] = bench([str(build_llama_bench(src, build)), *flags])
+    for name, cmd in tools.items():
+        results[name] = {}
+        for run in runs:
+            results[name].update(bench([*cmd, *common, *run]))
         print(f"{name}: {results[name]}", flush=True)
-    results["llamacmp"] = bench([sys.executable, "-m", "llamacmp.cli.bench", *flags])
     text = table(results)
     print(text)
     if args.out:

@@ -43,6 +43,29 @@ int cmp_graph_destroy(void* exec);
 // Timing helpers for benchmarks: event pairs on the library stream. ms = elapsed between the two records.
 int cmp_timer_start(void);
 int cmp_timer_stop(float* ms);
+// Several devices (a layer split, llamacmp/models/split.py). "The stream" above is the calling thread's bound
+// stream (cmp_set_stream) or, when none is bound, the library stream of the thread's current device (cmp_init
+// creates it). A split part runs on its own thread: cmp_set_device + cmp_stream_create + cmp_set_stream once.
+int cmp_set_device(int device);                             // this thread's current device (cudaSetDevice)
+int cmp_get_device(int* device);
+int cmp_stream_create(void** s);                            // a non-blocking stream on the current device
+int cmp_stream_destroy(void* s);
+int cmp_set_stream(void* s);                                // bind s to this thread; NULL: the device's stream
+int cmp_can_access_peer(int* can, int device, int peer);    // 1 when device can read peer's memory (same: 1)
+int cmp_enable_peer_access(int peer);                       // from the current device; already enabled is fine
+// bytes from src (on src_device) to dst (on dst_device), on the stream; over NVLink/PCIe P2P when enabled.
+int cmp_memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, size_t bytes);
+int cmp_host_alloc(void** ptr, size_t bytes);               // pinned, portable host memory; CMP_ERR_NOMEM if none
+int cmp_host_free(void* ptr);
+// Copies between device memory and PINNED host memory, queued on the stream (no wait; fence with an event).
+int cmp_memcpy_d2h_async(void* dst, const void* src, size_t bytes);
+int cmp_memcpy_h2d_async(void* dst, const void* src, size_t bytes);
+// Events (no timing) as fences: record on the stream; the host waits (synchronize) or the stream waits.
+int cmp_event_create(void** e);                             // on the current device
+int cmp_event_destroy(void* e);
+int cmp_event_record(void* e);
+int cmp_event_synchronize(void* e);                         // host-side wait
+int cmp_stream_wait_event(void* e);                         // the stream waits (the event may be another device's)
 
 // ---- quantize.cu ----------------------------------------------------------------------------------------------
 // x [T, n] f32 -> q [T, n] int8, d [T, n/32] f32: per 32-block q = rint(x * 127/max|x|), d = f16(max|x|/127)

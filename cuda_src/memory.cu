@@ -5,10 +5,19 @@ namespace cmp {
 
 namespace {
 thread_local char g_error[512] = "";
-// The library's one stream and timing events, created by cmp_init. Process-wide by design: one CUDA context per
-// process and device, as the runtime API itself has.
-cudaStream_t g_stream = nullptr;
-cudaEvent_t g_t0 = nullptr, g_t1 = nullptr;
+// The library stream and timing events of each device, created by cmp_init(device). Process-wide by design: one
+// CUDA context per process and device, as the runtime API itself has. A thread may instead bind a stream of its own
+// (cmp_set_stream): a layer split runs each part on its own thread and stream, one part per GPU.
+constexpr int kMaxDevices = 64;
+cudaStream_t g_stream[kMaxDevices] = {};
+cudaEvent_t g_t0[kMaxDevices] = {}, g_t1[kMaxDevices] = {};
+thread_local cudaStream_t t_stream = nullptr;   // this thread's bound stream; null: its device's library stream
+
+int current_device() {
+    int dev = 0;
+    cudaGetDevice(&dev);   // a thread that never chose a device is on device 0, as with the runtime API
+    return dev < kMaxDevices ? dev : 0;
+}
 }  // namespace
 
 int fail(int code, const char* fmt, ...) {
@@ -19,7 +28,7 @@ int fail(int code, const char* fmt, ...) {
     return code;
 }
 
-cudaStream_t stream() { return g_stream; }
+cudaStream_t stream() { return t_stream ? t_stream : g_stream[current_device()]; }
 
 }  // namespace cmp
 
@@ -32,11 +41,12 @@ extern "C" const char* cmp_last_error(void) { return g_error; }
 extern "C" int cmp_device_count(int* n) { return check_cuda(cudaGetDeviceCount(n), "cudaGetDeviceCount"); }
 
 extern "C" int cmp_init(int device) {
+    CMP_REQUIRE(device >= 0 && device < kMaxDevices, "cmp_init: device %d out of range", device);
     CMP_TRY(check_cuda(cudaSetDevice(device), "cudaSetDevice"));
-    if (!g_stream) {
-        CMP_TRY(check_cuda(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking), "cudaStreamCreate"));
-        CMP_TRY(check_cuda(cudaEventCreate(&g_t0), "cudaEventCreate"));
-        CMP_TRY(check_cuda(cudaEventCreate(&g_t1), "cudaEventCreate"));
+    if (!g_stream[device]) {
+        CMP_TRY(check_cuda(cudaStreamCreateWithFlags(&g_stream[device], cudaStreamNonBlocking), "cudaStreamCreate"));
+        CMP_TRY(check_cuda(cudaEventCreate(&g_t0[device]), "cudaEventCreate"));
+        CMP_TRY(check_cuda(cudaEventCreate(&g_t1[device]), "cudaEventCreate"));
     }
     return CMP_OK;
 }
@@ -67,44 +77,46 @@ extern "C" int cmp_free(void* ptr) { return check_cuda(cudaFree(ptr), "cudaFree"
 
 extern "C" int cmp_memcpy_h2d(void* dst, const void* src, size_t bytes) {
     // Pageable host memory: the runtime stages it, so the copy is complete when this returns.
-    return check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream), "cudaMemcpy H2D");
+    return check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()), "cudaMemcpy H2D");
 }
 
 extern "C" int cmp_memcpy_d2h(void* dst, const void* src, size_t bytes) {
-    CMP_TRY(check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream), "cudaMemcpy D2H"));
-    return check_cuda(cudaStreamSynchronize(g_stream), "cudaStreamSynchronize after D2H");
+    CMP_TRY(check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()), "cudaMemcpy D2H"));
+    return check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize after D2H");
 }
 
 extern "C" int cmp_memcpy_d2d(void* dst, const void* src, size_t bytes) {
-    return check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_stream), "cudaMemcpy D2D");
+    return check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()), "cudaMemcpy D2D");
 }
 
 extern "C" int cmp_memset(void* ptr, int value, size_t bytes) {
-    return check_cuda(cudaMemsetAsync(ptr, value, bytes, g_stream), "cudaMemset");
+    return check_cuda(cudaMemsetAsync(ptr, value, bytes, stream()), "cudaMemset");
 }
 
-extern "C" int cmp_synchronize(void) { return check_cuda(cudaStreamSynchronize(g_stream), "cudaStreamSynchronize"); }
+extern "C" int cmp_synchronize(void) { return check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize"); }
 
 extern "C" int cmp_timer_start(void) {
-    CMP_REQUIRE(g_t0, "cmp_timer_start: call cmp_init first");
-    return check_cuda(cudaEventRecord(g_t0, g_stream), "cudaEventRecord");
+    const int dev = current_device();
+    CMP_REQUIRE(g_t0[dev], "cmp_timer_start: call cmp_init first");
+    return check_cuda(cudaEventRecord(g_t0[dev], stream()), "cudaEventRecord");
 }
 
 extern "C" int cmp_timer_stop(float* ms) {
-    CMP_REQUIRE(g_t1, "cmp_timer_stop: call cmp_init first");
-    CMP_TRY(check_cuda(cudaEventRecord(g_t1, g_stream), "cudaEventRecord"));
-    CMP_TRY(check_cuda(cudaEventSynchronize(g_t1), "cudaEventSynchronize"));
-    return check_cuda(cudaEventElapsedTime(ms, g_t0, g_t1), "cudaEventElapsedTime");
+    const int dev = current_device();
+    CMP_REQUIRE(g_t1[dev], "cmp_timer_stop: call cmp_init first");
+    CMP_TRY(check_cuda(cudaEventRecord(g_t1[dev], stream()), "cudaEventRecord"));
+    CMP_TRY(check_cuda(cudaEventSynchronize(g_t1[dev]), "cudaEventSynchronize"));
+    return check_cuda(cudaEventElapsedTime(ms, g_t0[dev], g_t1[dev]), "cudaEventElapsedTime");
 }
 
 extern "C" int cmp_graph_begin(void) {
-    CMP_REQUIRE(g_stream, "cmp_graph_begin: call cmp_init first");
-    return check_cuda(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+    CMP_REQUIRE(stream(), "cmp_graph_begin: call cmp_init first");
+    return check_cuda(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
 }
 
 extern "C" int cmp_graph_end(void** exec) {
     cudaGraph_t graph = nullptr;
-    CMP_TRY(check_cuda(cudaStreamEndCapture(g_stream, &graph), "cudaStreamEndCapture"));
+    CMP_TRY(check_cuda(cudaStreamEndCapture(stream(), &graph), "cudaStreamEndCapture"));
     cudaGraphExec_t e = nullptr;
     const int rc = check_cuda(cudaGraphInstantiate(&e, graph, 0), "cudaGraphInstantiate");
     cudaGraphDestroy(graph);  // the executable graph keeps what it needs
@@ -113,9 +125,102 @@ extern "C" int cmp_graph_end(void** exec) {
 }
 
 extern "C" int cmp_graph_launch(void* exec) {
-    return check_cuda(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), g_stream), "cudaGraphLaunch");
+    return check_cuda(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), stream()), "cudaGraphLaunch");
 }
 
 extern "C" int cmp_graph_destroy(void* exec) {
     return check_cuda(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec)), "cudaGraphExecDestroy");
+}
+
+// ---- several devices: thread binding, peer access, pinned host memory, events (a layer split's bridge) ----------
+
+extern "C" int cmp_set_device(int device) {
+    CMP_REQUIRE(device >= 0 && device < kMaxDevices, "cmp_set_device: device %d out of range", device);
+    return check_cuda(cudaSetDevice(device), "cudaSetDevice");
+}
+
+extern "C" int cmp_get_device(int* device) { return check_cuda(cudaGetDevice(device), "cudaGetDevice"); }
+
+extern "C" int cmp_stream_create(void** s) {
+    cudaStream_t st = nullptr;
+    CMP_TRY(check_cuda(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate"));
+    *s = st;
+    return CMP_OK;
+}
+
+extern "C" int cmp_stream_destroy(void* s) {
+    if (t_stream == static_cast<cudaStream_t>(s)) t_stream = nullptr;
+    return check_cuda(cudaStreamDestroy(static_cast<cudaStream_t>(s)), "cudaStreamDestroy");
+}
+
+extern "C" int cmp_set_stream(void* s) {
+    t_stream = static_cast<cudaStream_t>(s);
+    return CMP_OK;
+}
+
+extern "C" int cmp_can_access_peer(int* can, int device, int peer) {
+    if (device == peer) {   // the same device: plain device copies, nothing to enable
+        *can = 1;
+        return CMP_OK;
+    }
+    return check_cuda(cudaDeviceCanAccessPeer(can, device, peer), "cudaDeviceCanAccessPeer");
+}
+
+extern "C" int cmp_enable_peer_access(int peer) {
+    int dev = 0;
+    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
+    if (dev == peer) return CMP_OK;
+    cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();   // not an error for us; clear it so later launch checks are not blamed
+        return CMP_OK;
+    }
+    return check_cuda(e, "cudaDeviceEnablePeerAccess");
+}
+
+extern "C" int cmp_memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, size_t bytes) {
+    return check_cuda(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, stream()), "cudaMemcpyPeerAsync");
+}
+
+extern "C" int cmp_host_alloc(void** ptr, size_t bytes) {
+    // Portable: the pinned block is pinned for every device's context, so both ends of a bridge can DMA it.
+    cudaError_t e = cudaHostAlloc(ptr, bytes, cudaHostAllocPortable);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        return fail(CMP_ERR_NOMEM, "cudaHostAlloc of %zu bytes: out of pinned host memory", bytes);
+    }
+    return check_cuda(e, "cudaHostAlloc");
+}
+
+extern "C" int cmp_host_free(void* ptr) { return check_cuda(cudaFreeHost(ptr), "cudaFreeHost"); }
+
+extern "C" int cmp_memcpy_d2h_async(void* dst, const void* src, size_t bytes) {
+    return check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync D2H");
+}
+
+extern "C" int cmp_memcpy_h2d_async(void* dst, const void* src, size_t bytes) {
+    return check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync H2D");
+}
+
+extern "C" int cmp_event_create(void** e) {
+    cudaEvent_t ev = nullptr;
+    CMP_TRY(check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate"));
+    *e = ev;
+    return CMP_OK;
+}
+
+extern "C" int cmp_event_destroy(void* e) {
+    return check_cuda(cudaEventDestroy(static_cast<cudaEvent_t>(e)), "cudaEventDestroy");
+}
+
+extern "C" int cmp_event_record(void* e) {
+    return check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(e), stream()), "cudaEventRecord");
+}
+
+extern "C" int cmp_event_synchronize(void* e) {
+    return check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(e)), "cudaEventSynchronize");
+}
+
+extern "C" int cmp_stream_wait_event(void* e) {
+    return check_cuda(cudaStreamWaitEvent(stream(), static_cast<cudaEvent_t>(e), 0), "cudaStreamWaitEvent");
 }

@@ -30,6 +30,25 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_graph_destroy": ((_p,), "int cmp_graph_destroy(void* exec)"),
     "cmp_timer_start": ((), "int cmp_timer_start(void)"),
     "cmp_timer_stop": ((_p,), "int cmp_timer_stop(float* ms)"),
+    "cmp_set_device": ((_i,), "int cmp_set_device(int device)"),
+    "cmp_get_device": ((_p,), "int cmp_get_device(int* device)"),
+    "cmp_stream_create": ((_p,), "int cmp_stream_create(void** s)"),
+    "cmp_stream_destroy": ((_p,), "int cmp_stream_destroy(void* s)"),
+    "cmp_set_stream": ((_p,), "int cmp_set_stream(void* s)"),
+    "cmp_can_access_peer": ((_p, _i, _i), "int cmp_can_access_peer(int* can, int device, int peer)"),
+    "cmp_enable_peer_access": ((_i,), "int cmp_enable_peer_access(int peer)"),
+    "cmp_memcpy_peer_async": ((_p, _i, _p, _i, _sz),
+                              "int cmp_memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, "
+                              "size_t bytes)"),
+    "cmp_host_alloc": ((_p, _sz), "int cmp_host_alloc(void** ptr, size_t bytes)"),
+    "cmp_host_free": ((_p,), "int cmp_host_free(void* ptr)"),
+    "cmp_memcpy_d2h_async": ((_p, _p, _sz), "int cmp_memcpy_d2h_async(void* dst, const void* src, size_t bytes)"),
+    "cmp_memcpy_h2d_async": ((_p, _p, _sz), "int cmp_memcpy_h2d_async(void* dst, const void* src, size_t bytes)"),
+    "cmp_event_create": ((_p,), "int cmp_event_create(void** e)"),
+    "cmp_event_destroy": ((_p,), "int cmp_event_destroy(void* e)"),
+    "cmp_event_record": ((_p,), "int cmp_event_record(void* e)"),
+    "cmp_event_synchronize": ((_p,), "int cmp_event_synchronize(void* e)"),
+    "cmp_stream_wait_event": ((_p,), "int cmp_stream_wait_event(void* e)"),
     "cmp_quantize_q8": ((_p, _p, _p, _i, _i), "int cmp_quantize_q8(const float* x, int8_t* q, float* d, int T, int n)"),
     "cmp_q8_repack": ((_p, _p, _p, _i, _i),
                       "int cmp_q8_repack(const uint8_t* blocks, int8_t* qs, void* d, int rows, int n)"),
@@ -161,6 +180,26 @@ class Native:
         e = ctypes.c_void_p(0)
         self.cmp_graph_end(ctypes.byref(e))
         return e.value or 0
+
+    def _out_ptr(self, fn, *args) -> int:
+        """Call `fn(void** out, *args)` and return *out as an int (0 for NULL)."""
+        p = ctypes.c_void_p(0)
+        fn(ctypes.byref(p), *args)
+        return p.value or 0
+
+    def stream_create(self) -> int:
+        return self._out_ptr(self.cmp_stream_create)
+
+    def event_create(self) -> int:
+        return self._out_ptr(self.cmp_event_create)
+
+    def host_alloc(self, nbytes: int) -> int:
+        return self._out_ptr(self.cmp_host_alloc, nbytes)
+
+    def can_access_peer(self, device: int, peer: int) -> bool:
+        can = ctypes.c_int(0)
+        self.cmp_can_access_peer(ctypes.byref(can), device, peer)
+        return bool(can.value)
 
     def timer_stop(self) -> float:
         ms = ctypes.c_float(0)

@@ -28,14 +28,22 @@ class _Layer:
 class Qwen35Model:
     architecture = "qwen35"
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend: Backend):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend: Backend, layers: range | None = None,
+                 embed: bool = True, head: bool = True):
+        """layers / embed / head: upload only these parts (default: all). A layer split (models/split.py) holds one
+        model per backend, each with its own layer range; the layers it lacks are None."""
         self.cfg, self.be = cfg, backend
         m, v = backend.upload_matrix, backend.upload_vector
-        self.token_embd = m(weights.token_embd)
-        self.output = self.token_embd if weights.output is weights.token_embd else m(weights.output)
-        self.output_norm = v(weights.output_norm)
+        layers = range(cfg.n_layer) if layers is None else layers
+        self.token_embd = m(weights.token_embd) if embed or (head and weights.output is weights.token_embd) else None
+        if head:
+            self.output = self.token_embd if weights.output is weights.token_embd else m(weights.output)
+            self.output_norm = v(weights.output_norm)
         self.layers = []
         for il, lw in enumerate(weights.layers):
+            if il not in layers:
+                self.layers.append(None)
+                continue
             attn = gdn = None
             if lw.attn is not None:
                 a = lw.attn
@@ -51,16 +59,31 @@ class Qwen35Model:
 
     def forward(self, batch: StepBatch):
         """Runs the batch, advances every segment's state, returns logits [len(batch.output_rows), N]."""
+        x = self.run_layers(self.embed(batch), batch, range(len(self.layers)))
+        for seg in batch.segments:
+            seg.state.n_past += seg.length
+        return self.head(x, batch)
+
+    # The three steps of forward, also run separately by a layer split (each on the backend holding its part).
+    def embed(self, batch: StepBatch):
+        """-> the hidden state x [T, D] of the batch's tokens."""
+        return self.be.embed(self.token_embd, batch.tokens)
+
+    def run_layers(self, x, batch: StepBatch, layers: range):
+        """x [T, D] through `layers` (which this model holds); the states' n_past is left as it is."""
         be, eps = self.be, self.cfg.rms_eps
-        x = be.embed(self.token_embd, batch.tokens)
-        for layer in self.layers:
+        for il in layers:
+            layer = self.layers[il]
             h = be.rmsnorm(x, layer.attn_norm, eps)
             mixed = self._attention(h, layer, batch) if layer.attn else self._gated_delta_net(h, layer, batch)
             x = be.add(x, mixed)
             x = be.add(x, self._mlp(be.rmsnorm(x, layer.ffn_norm, eps), layer))
-        for seg in batch.segments:
-            seg.state.n_past += seg.length
-        h = be.rmsnorm(be.gather_rows(x, batch.output_rows), self.output_norm, eps)
+        return x
+
+    def head(self, x, batch: StepBatch):
+        """x [T, D] -> logits [len(batch.output_rows), N]."""
+        be = self.be
+        h = be.rmsnorm(be.gather_rows(x, batch.output_rows), self.output_norm, self.cfg.rms_eps)
         return be.matmuls(h, [self.output])[0]
 
     def _mlp(self, h, layer: _Layer):

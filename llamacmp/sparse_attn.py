@@ -2,13 +2,22 @@
 block attends to, then compute attention exactly over those blocks.
 
 Patterns (per head, chosen per input from a cheap estimate):
-  a_shape          the first `sink` blocks + the last `local` blocks before each query block (sinks + window)
-  vertical_slash   the key columns and the diagonals (query - key offsets) that the last queries weight most
+  a_shape          the first `sink` blocks + the last blocks before each query block (sinks + window)
+  vertical_slash   the key columns and the diagonals (query - key offsets) that the probe queries weight most
   block_sparse     per query block, the key blocks with the highest mean-pooled q.k score
-The estimate is the exact attention of `probe` queries spread evenly over the prompt (MInference probes only the
-last queries; spreading them keeps a pattern that suits only the end of the prompt from winning): each pattern's
-mask is scored by how much of that attention mass it keeps (recall), and the best pattern within the budget wins. The diagonal
-block is always kept, so no query ever has an empty row. Below `min_len` tokens prefill is dense.
+The estimate is the exact attention of `probe` queries spread evenly over the rows being prefilled (MInference
+probes only the last queries; spreading them keeps a pattern that suits only the end from winning): each pattern's
+mask is scored by how much of that attention mass it keeps (recall), and the best pattern within the budget wins.
+The blocks that hold a query block's own positions are always kept, so no query ever has an empty row.
+
+The engine prefills in chunks (micro-batches of n_ubatch rows at positions p0 .. p0+L-1 over every key so far), so
+everything here works on one chunk: query block i is rows [i*block, (i+1)*block) of the chunk, key block j is
+positions [j*block, (j+1)*block) of the cache. The whole prompt is the chunk with p0 = 0. Dense below `min_len`
+keys (the chunk's last position + 1) and for chunks shorter than one block (decode).
+
+What the selection needs from the keys is two small per-block statistics (`group_stats`): the probe rows' softmax
+mass per key block and the mean q.k score of each query block's mean query against each key block. On the GPU one
+kernel computes them (cmp_sparse_probe, same contract); the selection itself runs on the host on those arrays.
 """
 from __future__ import annotations
 
@@ -23,78 +32,166 @@ PATTERNS = ("a_shape", "vertical_slash", "block_sparse")
 class SparseConfig:
     block: int = 64          # query and key block size
     budget: float = 0.25     # fraction of the causal blocks a head may keep
-    min_len: int = 8192      # dense below this many tokens
-    probe: int = 64          # queries used to estimate each head's pattern
+    min_len: int = 8192      # dense below this many keys
+    probe: int = 64          # queries used to estimate each head's pattern (per chunk)
     sink: int = 1            # a_shape: leading blocks always kept
 
 
 def causal_blocks(n_blocks: int) -> np.ndarray:
-    """[nb, nb] bool: key block j is visible to query block i."""
+    """[nb, nb] bool: key block j is visible to query block i (the whole prompt as one aligned chunk)."""
     return np.tril(np.ones((n_blocks, n_blocks), bool))
 
 
-def _budget_blocks(n_blocks: int, cfg: SparseConfig) -> int:
-    """Key blocks each query block may keep on average (at least the sink and the diagonal)."""
-    total = n_blocks * (n_blocks + 1) / 2
-    return max(cfg.sink + 1, int(round(cfg.budget * total / n_blocks)))
+@dataclass(frozen=True)
+class Chunk:
+    """Where a chunk of L query rows at positions p0 .. p0+L-1 sits in block terms."""
+    p0: int
+    L: int
+    block: int
 
+    @property
+    def nqb(self) -> int:
+        return -(-self.L // self.block)
 
-def mask_a_shape(n_blocks: int, cfg: SparseConfig) -> np.ndarray:
-    keep = _budget_blocks(n_blocks, cfg)
-    i, j = np.indices((n_blocks, n_blocks))
-    return causal_blocks(n_blocks) & ((j < cfg.sink) | (i - j < keep - cfg.sink))
+    @property
+    def first_kb(self) -> np.ndarray:
+        """[nqb] key block of each query block's first position."""
+        return (self.p0 + np.arange(self.nqb) * self.block) // self.block
 
+    @property
+    def last_kb(self) -> np.ndarray:
+        """[nqb] key block of each query block's last position (its diagonal block)."""
+        return (self.p0 + np.minimum(self.L, (np.arange(self.nqb) + 1) * self.block) - 1) // self.block
 
-def mask_vertical_slash(rows: np.ndarray, probe_attn: np.ndarray, n: int, cfg: SparseConfig) -> np.ndarray:
-    """rows [P] query positions, probe_attn [P, n] their attention. Keep the key-block columns those queries weight
-    most, greedily while the budget lasts (a column j costs nb - j blocks), then the heaviest block diagonals
-    (query - key offsets; diagonal d costs nb - d) with what is left. The main diagonal is always kept."""
-    nb = -(-n // cfg.block)
-    total = cfg.budget * causal_blocks(nb).sum()
-    col_weight = np.add.reduceat(probe_attn.sum(0), np.arange(0, n, cfg.block))          # per key block
-    offsets = rows[:, None] // cfg.block - np.arange(n)[None, :] // cfg.block            # block diagonal index
-    diag_weight = np.bincount(np.maximum(offsets, 0).ravel(), probe_attn.ravel(), nb)
-    cols = _greedy(col_weight, nb - np.arange(nb), total)
-    diags = _greedy(diag_weight, nb - np.arange(nb), total - (nb - cols).sum())
-    i, j = np.indices((nb, nb))
-    mask = np.isin(j, cols) | np.isin(i - j, diags) | (i == j)
-    return mask & causal_blocks(nb)
+    @property
+    def nkb(self) -> int:
+        return int(self.last_kb[-1]) + 1
 
+    def causal(self) -> np.ndarray:
+        """[nqb, nkb] bool: key block j holds a key some row of query block i may see."""
+        return np.arange(self.nkb)[None, :] <= self.last_kb[:, None]
 
-def _greedy(weight: np.ndarray, cost: np.ndarray, budget: float) -> np.ndarray:
-    """Indices by descending weight while their summed cost stays within budget (positive weights only)."""
-    chosen, spent = [], 0.0
-    for idx in np.argsort(-weight):
-        if weight[idx] <= 0 or spent + cost[idx] > budget:
-            continue
-        chosen.append(idx)
-        spent += cost[idx]
-    return np.array(chosen, int)
+    def own(self) -> np.ndarray:
+        """[nqb, nkb] bool: the key blocks that hold query block i's own positions (always kept)."""
+        j = np.arange(self.nkb)[None, :]
+        return (j >= self.first_kb[:, None]) & (j <= self.last_kb[:, None])
 
-
-def mask_block_sparse(q: np.ndarray, k: np.ndarray, cfg: SparseConfig) -> np.ndarray:
-    """q, k [n, d] of one head: top blocks per query block by mean-pooled scores."""
-    n = len(q)
-    nb = -(-n // cfg.block)
-    starts = np.arange(0, n, cfg.block)
-    counts = np.diff(np.append(starts, n))[:, None]
-    qp = np.add.reduceat(q, starts, axis=0) / counts
-    kp = np.add.reduceat(k, starts, axis=0) / counts
-    scores = np.where(causal_blocks(nb), qp @ kp.T, -np.inf)
-    keep = _budget_blocks(nb, cfg)
-    top = np.argsort(-scores, axis=1)[:, :keep]
-    mask = np.zeros((nb, nb), bool)
-    np.put_along_axis(mask, top, True, axis=1)
-    return (mask | np.eye(nb, dtype=bool)) & causal_blocks(nb)
+    def groups(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The row groups whose statistics the selection needs: each probe row alone, then each query block.
+        -> (start [G], end [G], limit [G]) rows [start, end) of the chunk averaged into one query that sees keys
+        0 .. limit (a position). G = len(rows) + nqb."""
+        qs = np.arange(self.nqb) * self.block
+        qe = np.minimum(qs + self.block, self.L)
+        start = np.concatenate([rows, qs]).astype(np.int32)
+        end = np.concatenate([rows + 1, qe]).astype(np.int32)
+        return start, end, (self.p0 + end - 1).astype(np.int32)
 
 
 def probe_rows(n: int, probe: int) -> np.ndarray:
-    """`probe` query positions spread evenly over the prompt, the last one included."""
+    """`probe` rows spread evenly over n rows, the last one included."""
     return np.unique(np.linspace(0, n - 1, min(probe, n)).round().astype(int))
 
 
+def group_stats(q: np.ndarray, k: np.ndarray, start: np.ndarray, end: np.ndarray, limit: np.ndarray, scale: float,
+                block: int, nkb: int) -> tuple[np.ndarray, np.ndarray]:
+    """The probe statistics (the contract of cmp_sparse_probe).
+
+    q [L, Hq, Dh] the chunk's queries, k [>= limit.max()+1, Hk, Dh] the keys (as the cache returns them),
+    groups g = rows [start[g], end[g]) averaged into one query qg that sees keys 0 .. limit[g]; GQA: head h reads
+    kv head h // (Hq/Hk). -> mass [Hq, G, nkb]: softmax(qg.k * scale) over the visible keys, summed per key block;
+    mean [Hq, G, nkb]: the mean of qg.k * scale over the visible keys of each key block (-inf where none)."""
+    Hq, Hk = q.shape[1], k.shape[1]
+    G = len(start)
+    mass = np.zeros((Hq, G, nkb))
+    mean = np.full((Hq, G, nkb), -np.inf)
+    kq = np.repeat(k.astype(np.float64), Hq // Hk, axis=1)                   # [n, Hq, Dh]
+    for g in range(G):
+        n = int(limit[g]) + 1
+        qg = q[start[g]:end[g]].astype(np.float64).mean(0)                   # [Hq, Dh]
+        s = np.einsum("hd,nhd->hn", qg, kq[:n]) * scale                      # [Hq, n]
+        p = np.exp(s - s.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        starts = np.arange(0, n, block)
+        mass[:, g, :len(starts)] = np.add.reduceat(p, starts, axis=1)
+        mean[:, g, :len(starts)] = np.add.reduceat(s, starts, axis=1) / np.diff(np.append(starts, n))
+    return mass, mean
+
+
+def _prefix(weight: np.ndarray, cost: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """Per head: the items of highest weight (positive only), taken in that order while their summed cost stays
+    within the head's budget. weight [H, n], cost [n], budget [H] -> chosen [H, n] bool."""
+    order = np.argsort(-weight, axis=1, kind="stable")
+    w = np.take_along_axis(weight, order, 1)
+    spent = np.cumsum(cost[order], axis=1)
+    take = (spent <= budget[:, None]) & (w > 0)
+    chosen = np.zeros(weight.shape, bool)
+    np.put_along_axis(chosen, order, take, 1)
+    return chosen
+
+
+def select_chunk(mass: np.ndarray, mean: np.ndarray, rows: np.ndarray, chunk: Chunk,
+                 cfg: SparseConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Choose each head's pattern for one chunk.
+
+    mass [H, P, nkb]: the probe rows' attention mass per key block (group_stats of the probe groups),
+    mean [H, nqb, nkb]: the query blocks' mean-pooled scores (group_stats of the block groups), rows [P] the probe
+    rows. -> (pattern index into PATTERNS [H], mask [H, nqb, nkb] bool: key blocks each query block visits)."""
+    masks = candidate_masks(mass, mean, rows, chunk, cfg)                        # [3, H, nqb, nkb]
+    recall = (mass[None] * masks[:, :, rows // cfg.block, :]).sum((2, 3)) / len(rows)   # [3, H]
+    best = recall.argmax(0)
+    return best, masks[best, np.arange(mass.shape[0])]
+
+
+def candidate_masks(mass: np.ndarray, mean: np.ndarray, rows: np.ndarray, chunk: Chunk,
+                    cfg: SparseConfig) -> np.ndarray:
+    """The three patterns' masks for every head (arguments as select_chunk) -> [3, H, nqb, nkb] bool, in the
+    order of PATTERNS."""
+    H, P, nkb = mass.shape
+    nqb, last = chunk.nqb, chunk.last_kb
+    causal, own = chunk.causal(), chunk.own()
+    total = cfg.budget * causal.sum()
+    keep = max(cfg.sink + 1, int(round(total / nqb)))            # key blocks per query block, on average
+    j = np.arange(nkb)
+    pkb = (chunk.p0 + rows) // cfg.block                         # each probe's own key block
+    # a_shape: sinks + a window of keep - sink blocks ending at the diagonal
+    a_shape = ((j[None, :] < cfg.sink) | (j[None, :] > last[:, None] - (keep - cfg.sink))) & causal | own
+    # vertical_slash: columns by probe mass (a column costs the query blocks that see it), then block diagonals
+    # (offset d = diagonal block - key block; it costs the query blocks that reach back that far) with the rest
+    col_w = mass.sum(1)                                                          # [H, nkb]
+    d = np.clip(pkb[:, None] - j[None, :], 0, nkb - 1)                           # [P, nkb]
+    flat = (np.arange(H)[:, None, None] * nkb + d[None]).ravel()
+    diag_w = np.bincount(flat, mass.ravel(), H * nkb).reshape(H, nkb)
+    col_cost = (last[:, None] >= j[None, :]).sum(0)
+    cols = _prefix(col_w, col_cost, np.full(H, total))
+    diags = _prefix(diag_w, col_cost, total - (cols * col_cost).sum(1))          # offset d costs as column d does
+    offs = np.clip(last[:, None] - j[None, :], 0, nkb - 1)                       # [nqb, nkb]
+    vs = (cols[:, None, :] | np.take_along_axis(diags[:, None, :].repeat(nqb, 1), offs[None].repeat(H, 0), 2))
+    vs = vs & causal | own
+    # block_sparse: the top `keep` key blocks of each query block by pooled score
+    scores = np.where(causal, mean, -np.inf)
+    if keep < nkb:
+        top = np.argpartition(-scores, keep - 1, axis=2)[:, :, :keep]
+        bs = np.zeros((H, nqb, nkb), bool)
+        np.put_along_axis(bs, top, True, axis=2)
+    else:
+        bs = np.ones((H, nqb, nkb), bool)
+    bs = bs & causal | own
+    return np.stack([np.broadcast_to(a_shape, (H, nqb, nkb)), vs, bs])
+
+
+def choose_head_mask(q: np.ndarray, k: np.ndarray, scale: float, cfg: SparseConfig) -> tuple[str, np.ndarray]:
+    """One head, the whole prompt: q, k [n, d] -> (pattern name, block mask [nb, nb])."""
+    n = len(q)
+    chunk = Chunk(0, n, cfg.block)
+    rows = probe_rows(n, cfg.probe)
+    start, end, limit = chunk.groups(rows)
+    mass, mean = group_stats(q[:, None], k[:, None], start, end, limit, scale, cfg.block, chunk.nkb)
+    best, mask = select_chunk(mass[:, :len(rows)], mean[:, len(rows):], rows, chunk, cfg)
+    return PATTERNS[best[0]], mask[0]
+
+
 def probe_attention(q: np.ndarray, k: np.ndarray, rows: np.ndarray, scale: float) -> np.ndarray:
-    """Exact causal attention weights of the queries at `rows`: [P, n]."""
+    """Exact causal attention weights of the queries at `rows`: [P, n] (tests and analysis)."""
     n = len(q)
     s = (q[rows] @ k.T) * scale
     s = np.where(np.arange(n)[None, :] <= rows[:, None], s, -np.inf)
@@ -103,21 +200,56 @@ def probe_attention(q: np.ndarray, k: np.ndarray, rows: np.ndarray, scale: float
 
 
 def recall(mask: np.ndarray, rows: np.ndarray, probe_attn: np.ndarray, block: int) -> float:
-    """Share of the probe queries' attention mass that falls in kept blocks."""
+    """Share of the probe queries' attention mass that falls in kept blocks (whole-prompt mask [nb, nb])."""
     kb = np.arange(probe_attn.shape[1]) // block
     return float((probe_attn * mask[rows // block][:, kb]).sum() / len(rows))
 
 
-def choose_head_mask(q: np.ndarray, k: np.ndarray, scale: float, cfg: SparseConfig) -> tuple[str, np.ndarray]:
-    """One head: (pattern name, block mask [nb, nb]) with the best estimated recall."""
-    n = len(q)
-    rows = probe_rows(n, cfg.probe)
-    attn = probe_attention(q, k, rows, scale)
-    nb = -(-n // cfg.block)
-    candidates = {"a_shape": mask_a_shape(nb, cfg), "vertical_slash": mask_vertical_slash(rows, attn, n, cfg),
-                  "block_sparse": mask_block_sparse(q, k, cfg)}
-    best = max(candidates, key=lambda name: recall(candidates[name], rows, attn, cfg.block))
-    return best, candidates[best]
+def chunk_masks(q: np.ndarray, k: np.ndarray, p0: int, scale: float, cfg: SparseConfig,
+                heads_per_list: int = 1) -> tuple[np.ndarray, np.ndarray] | None:
+    """The whole selection for one prefill chunk, as the numpy backend runs it: q [L, Hq, Dh] (after RoPE),
+    k [p0+L, Hk, Dh] the cache as it reads back. -> (pattern [Hl], mask [Hl, nqb, nkb]) with one list per
+    `heads_per_list` consecutive q heads (their masses summed: a GQA group can share one list), or None when the
+    chunk stays dense (fewer keys than min_len or fewer rows than one block)."""
+    L, Hq = q.shape[:2]
+    if p0 + L < cfg.min_len or L < cfg.block:
+        return None
+    chunk = Chunk(p0, L, cfg.block)
+    rows = probe_rows(L, cfg.probe)
+    start, end, limit = chunk.groups(rows)
+    mass, mean = group_stats(q, k[:p0 + L], start, end, limit, scale, cfg.block, chunk.nkb)
+    return select_from_stats(mass, mean, rows, chunk, cfg, heads_per_list)
+
+
+def select_from_stats(mass_all: np.ndarray, mean_all: np.ndarray, rows: np.ndarray, chunk: Chunk,
+                      cfg: SparseConfig, heads_per_list: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """select_chunk on group_stats output for all G = P + nqb groups ([Hq, G, nkb] each), heads pooled by
+    `heads_per_list` (mass summed, mean score averaged)."""
+    P = len(rows)
+    Hq = mass_all.shape[0]
+    g = heads_per_list
+    mass = mass_all[:, :P].reshape(Hq // g, g, P, -1).sum(1)
+    mean = mean_all[:, P:].reshape(Hq // g, g, chunk.nqb, -1).mean(1)
+    return select_chunk(mass, mean, rows, chunk, cfg)
+
+
+def attend_chunk(q: np.ndarray, k: np.ndarray, v: np.ndarray, p0: int, mask: np.ndarray, scale: float,
+                 block: int) -> np.ndarray:
+    """Exact attention over the kept blocks for one chunk: q [L, Hq, Dh], k, v [p0+L, Hk, Dh] (the cache),
+    mask [Hl, nqb, nkb] (Hl divides Hq: q head h uses list h // (Hq/Hl)) -> [L, Hq, Dh] float64."""
+    L, Hq, Dh = q.shape
+    Hk, Hl = k.shape[1], mask.shape[0]
+    n = p0 + L
+    rb, kb = np.arange(L) // block, np.arange(n) // block
+    visible = np.arange(n)[None, :] <= (p0 + np.arange(L))[:, None]
+    out = np.empty((L, Hq, Dh))
+    for h in range(Hq):
+        allowed = mask[h // (Hq // Hl)][rb][:, kb] & visible
+        kh, vh = k[:n, h // (Hq // Hk)].astype(np.float64), v[:n, h // (Hq // Hk)].astype(np.float64)
+        s = np.where(allowed, (q[:, h].astype(np.float64) @ kh.T) * scale, -np.inf)
+        p = np.exp(s - s.max(1, keepdims=True))
+        out[:, h] = (p / p.sum(1, keepdims=True)) @ vh
+    return out
 
 
 def block_sparse_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,

@@ -23,19 +23,89 @@ def test_full_mask_equals_dense_attention(n):
     np.testing.assert_allclose(_dense(q, k, v, 1 / np.sqrt(8)), (p / p.sum(1, keepdims=True)) @ v, rtol=1e-12)
 
 
-@pytest.mark.parametrize("n", [33, 160, 257])
-def test_masks_are_causal_keep_the_diagonal_and_respect_the_budget(n):
+def _stats(q, k, p0, rows, cfg, scale=0.35):
+    """q [L, H, d], k [p0+L, H, d] -> (chunk, mass [H, P, nkb], mean [H, nqb, nkb])."""
+    chunk = sa.Chunk(p0, len(q), cfg.block)
+    start, end, limit = chunk.groups(rows)
+    mass, mean = sa.group_stats(q, k, start, end, limit, scale, cfg.block, chunk.nkb)
+    return chunk, mass[:, :len(rows)], mass, mean[:, len(rows):]
+
+
+@pytest.mark.parametrize("p0, n", [(0, 33), (0, 160), (0, 257), (100, 97), (61, 256)])
+def test_masks_are_causal_keep_the_diagonal_and_respect_the_budget(p0, n):
     rng = np.random.default_rng(0)
-    q, k = rng.standard_normal((n, 8)), rng.standard_normal((n, 8))
-    nb = -(-n // CFG.block)
+    q, k = rng.standard_normal((n, 2, 8)), rng.standard_normal((p0 + n, 2, 8))
     rows = sa.probe_rows(n, CFG.probe)
-    for name, mask in (("a_shape", sa.mask_a_shape(nb, CFG)),
-                       ("vertical_slash", sa.mask_vertical_slash(rows, sa.probe_attention(q, k, rows, 0.35), n, CFG)),
-                       ("block_sparse", sa.mask_block_sparse(q, k, CFG))):
-        assert not (mask & ~sa.causal_blocks(nb)).any(), name
-        assert mask.diagonal().all(), name
-        if nb >= 8:      # tiny prompts keep nearly everything anyway
-            assert mask.sum() <= 2.2 * CFG.budget * sa.causal_blocks(nb).sum(), name
+    chunk, mass, _, mean = _stats(q, k, p0, rows, CFG)
+    masks = sa.candidate_masks(mass, mean, rows, chunk, CFG)
+    causal, own = chunk.causal(), chunk.own()
+    assert masks.shape == (3, 2, chunk.nqb, chunk.nkb)
+    for name, m in zip(sa.PATTERNS, masks):
+        assert not (m & ~causal).any(), name
+        assert (m | ~own).all(), name                         # a query block's own key blocks are always kept
+        if chunk.nkb >= 8:      # tiny prompts keep nearly everything anyway
+            assert m.sum() <= 2 * 2.2 * CFG.budget * causal.sum(), name
+
+
+def test_group_stats_are_softmax_mass_and_pooled_scores():
+    rng = np.random.default_rng(3)
+    p0, L, Hq, Hk, d = 37, 50, 4, 2, 8
+    q, k = rng.standard_normal((L, Hq, d)), rng.standard_normal((p0 + L, Hk, d))
+    rows = np.array([0, 20, 49])
+    chunk = sa.Chunk(p0, L, CFG.block)
+    start, end, limit = chunk.groups(rows)
+    mass, mean = sa.group_stats(q, k, start, end, limit, 0.3, CFG.block, chunk.nkb)
+    np.testing.assert_allclose(mass.sum(2), 1.0, rtol=1e-12)
+    # probe row 20 of head 3 (kv head 1), key block 2: positions 32..47, all visible to position 57
+    s = q[20, 3] @ k[:58, 1].T * 0.3
+    p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
+    np.testing.assert_allclose(mass[3, 1, 2], p[32:48].sum(), rtol=1e-12)
+    # query block 1 (rows 16..31, positions 53..68) against key block 4 (64..79): visible keys 64..68 only
+    qm = q[16:32, 3].mean(0)
+    np.testing.assert_allclose(mean[3, 3 + 1, 4], (k[64:69, 1] @ qm).mean() * 0.3, rtol=1e-12)
+    assert np.isneginf(mean[3, 3 + 0, 4])                       # block 0 (positions 37..52) sees no key of block 4
+
+
+def test_chunked_selection_of_a_whole_prompt_is_the_whole_prompt_choice():
+    rng = np.random.default_rng(5)
+    n = 200
+    q, k = rng.standard_normal((n, 8)), rng.standard_normal((n, 8))
+    name, mask = sa.choose_head_mask(q, k, 0.35, CFG)
+    pattern, masks = sa.chunk_masks(q[:, None], k[:, None], 0, 0.35, sa.SparseConfig(
+        block=CFG.block, budget=CFG.budget, probe=CFG.probe, min_len=0))
+    assert sa.PATTERNS[pattern[0]] == name
+    np.testing.assert_array_equal(masks[0], mask)
+
+
+def test_chunks_stay_dense_below_the_threshold_and_for_decode():
+    q, k = np.zeros((64, 2, 8)), np.zeros((1000, 2, 8))
+    cfg = sa.SparseConfig(block=16, min_len=1000)
+    assert sa.chunk_masks(q, k, 1000 - 64 - 1, 0.3, cfg) is None     # 999 keys
+    assert sa.chunk_masks(q, k, 1000 - 64, 0.3, cfg) is not None
+    assert sa.chunk_masks(q[:15], k, 985, 0.3, cfg) is None          # less than one block of rows
+
+
+@pytest.mark.parametrize("p0", [0, 45, 128])
+def test_attend_chunk_full_mask_is_dense_and_matches_whole_prompt_reference(p0):
+    rng = np.random.default_rng(p0)
+    L, Hq, Hk, d = 70, 4, 2, 8
+    q = rng.standard_normal((L, Hq, d))
+    k, v = rng.standard_normal((p0 + L, Hk, d)), rng.standard_normal((p0 + L, Hk, d))
+    chunk = sa.Chunk(p0, L, CFG.block)
+    full = np.broadcast_to(chunk.causal(), (Hk, chunk.nqb, chunk.nkb))
+    out = sa.attend_chunk(q, k, v, p0, full, 0.3, CFG.block)
+    for h in range(Hq):
+        kh, vh = k[:, h // 2], v[:, h // 2]
+        s = np.where(np.arange(p0 + L)[None, :] <= (p0 + np.arange(L))[:, None], q[:, h] @ kh.T * 0.3, -np.inf)
+        p = np.exp(s - s.max(1, keepdims=True))
+        np.testing.assert_allclose(out[:, h], (p / p.sum(1, keepdims=True)) @ vh, rtol=1e-10)
+    if p0 == 0:     # a sparse mask agrees with the one-head whole-prompt reference
+        mask = (rng.random((Hq, chunk.nqb, chunk.nkb)) < 0.5) | chunk.own()
+        mask &= chunk.causal()
+        out = sa.attend_chunk(q, k, v, 0, mask, 0.3, CFG.block)
+        for h in range(Hq):
+            ref = sa.block_sparse_attention(q[:, h], k[:, h // 2], v[:, h // 2], mask[h], 0.3, CFG.block)
+            np.testing.assert_allclose(out[:, h], ref, rtol=1e-10)
 
 
 def _planted_head(n: int, kind: str, rng) -> tuple[np.ndarray, np.ndarray]:

@@ -59,6 +59,14 @@ class StepBatch:
     segments: list[Segment]
     output_rows: np.ndarray            # [R] int32: rows whose logits are wanted
     device: dict = field(default_factory=dict)  # backend-private copies (e.g. device-side positions)
+    # Multimodal (vision) batches; both None for text, which then runs exactly as before.
+    # rope_pos [T, 4] int32: per-token rotary positions (t, h, w, e) for IMROPE (rope.dimension_sections); when
+    #   set, attention_prep rotates at these instead of `positions` (which stay the KV cache rows and the causal
+    #   order). Text tokens carry (p, p, p, p); image tokens (p0, p0 + y, p0 + x, 0) as llama.cpp's mtmd does.
+    # embeddings [T, D] float32 host array: when set, the model reads these rows as its input instead of the
+    #   token embeddings of `tokens` (an image batch: every row is an image embedding).
+    rope_pos: np.ndarray | None = None
+    embeddings: np.ndarray | None = None
 
     @classmethod
     def build(cls, items: Sequence[tuple[SeqState, Sequence[int]]], all_logits: bool = False) -> "StepBatch":
@@ -82,7 +90,7 @@ class Backend(ABC):
     # -- memory -------------------------------------------------------------------------------------------
     @abstractmethod
     def upload_matrix(self, w) -> Weight:
-        """w: [out, in] np.float32 or Q8Tensor, as loaded from the GGUF."""
+        """w: [out, in] np.float32, np.float16 (kept f16 on the backend) or Q8Tensor, as loaded from the GGUF."""
 
     @abstractmethod
     def upload_vector(self, w: np.ndarray) -> Tensor:
@@ -112,7 +120,10 @@ class Backend(ABC):
     @abstractmethod
     def matmuls(self, x: Tensor, ws: Sequence[Weight]) -> list[Tensor]:
         """x [T, Din], each w [Dout_i, Din] -> [T, Dout_i]. Q8_0 weights see x quantized to 32-blocks of int8
-        (d = max|x|/127, q = round-half-away(x/d)) once for all ws, then integer dots scaled by d_w * d_x."""
+        (d = max|x|/127, q = round-half-away(x/d)) once for all ws, then integer dots scaled by d_w * d_x.
+        F16 weights (upload_matrix of an np.float16 array; the mmproj's) see x rounded to f16 first, as ggml's
+        CPU mul_mat converts src1 to the F16 vec_dot type, then f16 x f16 products summed in f32 or wider.
+        F32 weights: plain dots of f32 x and w."""
 
     @abstractmethod
     def add(self, x: Tensor, y: Tensor) -> Tensor:
@@ -132,7 +143,13 @@ class Backend(ABC):
                        cfg: ModelConfig) -> tuple[Tensor, Tensor, Tensor]:
         """qg [T, Hq*2*Dh] (per head [q | gate]), k [T, Hk*Dh] ->
         q [T, Hq, Dh] and k [T, Hk, Dh] RMS-normed per head then rotated (NeoX pairs on the first n_rot dims,
-        base rope_base, at batch.positions), gate [T, Hq*Dh]."""
+        base rope_base, at batch.positions), gate [T, Hq*Dh].
+        When batch.rope_pos [T, 4] is set: IMROPE (llama.cpp LLAMA_ROPE_TYPE_IMROPE, qwen35) instead. Pair i,
+        0 <= i < n_rot/2, still rotates (x[i], x[i + n_rot/2]) by p * rope_base^(-2i/n_rot), where with
+        s = cfg.rope_sections, sector = i % sum(s), p = rope_pos[t, axis] and axis =
+            1 if sector % 3 == 1 and sector < 3*s1;  2 if sector % 3 == 2 and sector < 3*s2;
+            0 if sector % 3 == 0 and sector < 3*s0;  3 otherwise
+        (no per-section restart). With all four equal this is exactly the NeoX rotation at that position."""
 
     @abstractmethod
     def attention(self, q: Tensor, k: Tensor, v: Tensor, batch: StepBatch, layer: int, cfg: ModelConfig) -> Tensor:
@@ -164,3 +181,48 @@ class Backend(ABC):
     @abstractmethod
     def gated_rmsnorm(self, o: Tensor, z: Tensor, w: Tensor, eps: float, head_dim: int) -> Tensor:
         """o, z [T, V*Dv], w [Dv] -> rmsnorm per head of o, times w, times silu(z)."""
+
+    # -- vision encoder (mmproj, projector qwen3vl_merger; llamacmp/vision/encoder.py) ------------------------
+    # Letters: P image patches (or merged tokens), E encoder width, H encoder heads, Dh = E / H.
+    # matmuls() also takes F16 weights here: upload_matrix(np.float16 array) keeps them f16 (see its docstring).
+    @abstractmethod
+    def bias_add(self, x: Tensor, b: Tensor) -> Tensor:
+        """x [T, N], b [N] -> x + b (b broadcast over rows)."""
+
+    @abstractmethod
+    def layernorm(self, x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
+        """x [T, D], w [D], b [D] -> (x - mean) / sqrt(var + eps) * w + b per row; var = mean((x - mean)^2)
+        (biased), as ggml_norm followed by ggml_mul and ggml_add."""
+
+    @abstractmethod
+    def gelu(self, x: Tensor) -> Tensor:
+        """x [T, N] -> the tanh-approximated GELU, elementwise:
+        0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))).
+        This is ggml_gelu (NOT ggml_gelu_erf): what clip.cpp's build_ffn applies for FFN_GELU, which qwen3vl uses
+        both in the ViT blocks (clip.use_gelu = true) and in the merger MLP. llama.cpp's CPU backend evaluates it
+        through an f16 lookup table (input rounded to f16, result rounded to f16, x <= -10 -> 0, x >= 10 -> x);
+        the reference computes the formula in float64 without the table, as ggml's CUDA backend does in f32."""
+
+    @abstractmethod
+    def rope_vision(self, x: Tensor, pos: np.ndarray, n_heads: int, head_dim: int,
+                    sections: tuple[int, int, int, int], theta: float) -> Tensor:
+        """x [T, H*Dh] (row t, head h at columns h*Dh .. h*Dh+Dh-1), pos [T, 4] int32 host array -> [T, H*Dh].
+
+        ggml_rope_multi with GGML_ROPE_TYPE_VISION (n_dims = Dh/2, freq_scale 1, no YaRN), as qwen3vl.cpp calls it
+        with sections = (Dh/4, Dh/4, Dh/4, Dh/4) and theta = 10000. Each head's pair i, 0 <= i < Dh/2, rotates
+        (x[i], x[i + Dh/2]) by angle a_i:
+            x'[i]        = x[i] cos a - x[i + Dh/2] sin a
+            x'[i + Dh/2] = x[i] sin a + x[i + Dh/2] cos a
+        With s = sections, S = sum(s), sector = i % S, the axis and its first pair are
+            sector <  s0                   -> axis 0, first pair 0
+            s0 <= sector < s0+s1           -> axis 1, first pair s0
+            s0+s1 <= sector < s0+s1+s2     -> axis 2, first pair s0+s1
+            otherwise                      -> axis 3, first pair s0+s1+s2
+        and a_i = pos[t, axis] * theta^(-2 * (sector - first) / (Dh/2)): every section restarts the frequency
+        ladder (ggml's `indep_sects` for VISION). With qwen3vl's sections only axes 0 (patch row y) and 1 (patch
+        column x) are reached; pos columns 2, 3 repeat y, x."""
+
+    @abstractmethod
+    def attention_full(self, q: Tensor, k: Tensor, v: Tensor, n_heads: int, head_dim: int, scale: float) -> Tensor:
+        """q, k, v [T, H*Dh] (head h at columns h*Dh ..) -> [T, H*Dh]: per head softmax(scale * q k^T) v over all
+        T rows (non-causal, no mask, no cache), f32 in and out; the reference accumulates in float64."""

@@ -80,6 +80,45 @@ def rope_neox(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float) -> np.nda
     return out
 
 
+def rope_imrope(x: np.ndarray, pos4: np.ndarray, n_rot: int, base: float, sections) -> np.ndarray:
+    """x [T, H, Dh], pos4 [T, 4]: NeoX pairs (i, i + n_rot/2) rotated by pos4[t, axis(i)] * base^(-2i/n_rot), the
+    axis interleaved by sections as ggml's IMROPE does (see Backend.attention_prep)."""
+    half = n_rot // 2
+    s0, s1, s2, _ = (tuple(sections) + (0, 0, 0, 0))[:4]
+    total = max(sum(sections), 1)
+    sector = np.arange(half) % total
+    axis = np.full(half, 3)
+    axis[(sector % 3 == 0) & (sector < 3 * s0)] = 0
+    axis[(sector % 3 == 2) & (sector < 3 * s2)] = 2
+    axis[(sector % 3 == 1) & (sector < 3 * s1)] = 1
+    p = pos4.astype(np.float64)[:, axis]                                        # [T, half]
+    theta = p * base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    out = x.astype(np.float64).copy()
+    x0, x1 = out[..., :half].copy(), out[..., half:n_rot].copy()
+    out[..., :half] = x0 * cos - x1 * sin
+    out[..., half:n_rot] = x0 * sin + x1 * cos
+    return out
+
+
+def rope_vision_angles(pos: np.ndarray, head_dim: int, sections, theta: float) -> np.ndarray:
+    """pos [T, 4] -> angles [T, Dh/2] of ggml's VISION rope (see Backend.rope_vision): each section restarts the
+    frequency ladder base^(-2j/(Dh/2)) and reads its own position column."""
+    n_dims = head_dim // 2
+    s = (tuple(int(v) for v in sections) + (0, 0, 0, 0))[:4]
+    starts = np.cumsum((0,) + s[:3])                       # first pair of each section
+    sector = np.arange(n_dims) % max(sum(s), 1)
+    axis = np.searchsorted(starts, sector, side="right") - 1
+    j = sector - starts[axis]
+    freq = theta ** (-2.0 * j / n_dims)
+    return pos.astype(np.float64)[:, axis] * freq[None, :]
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """ggml_gelu's formula (tanh approximation), elementwise."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
 # -- the gated delta rule: the recurrence and its chunked (WY) form, which must agree ---------------------------
 
 def gdn_recurrent(q, k, v, g, b, S):
@@ -121,6 +160,8 @@ class NumpyBackend(Backend):
         if isinstance(w, Q8Tensor):
             rows, cols = w.shape
             return RefQ8(w.qs.reshape(rows, cols // Q8_0_BLOCK, Q8_0_BLOCK).astype(np.float32), w.d)
+        if isinstance(w, np.ndarray) and w.dtype == np.float16:
+            return np.ascontiguousarray(w)            # F16 weights stay f16: matmuls rounds x to f16 for them
         return np.ascontiguousarray(w, dtype=np.float32)
 
     def upload_vector(self, w):
@@ -169,6 +210,10 @@ class NumpyBackend(Backend):
                 if xq is None:
                     xq = quantize_q8_blocks(x)
                 outs.append(_q8_matmul(xq, w))
+            elif w.dtype == np.float16:
+                # ggml's CPU mul_mat converts the activations to the weights' F16 vec_dot type first.
+                x16 = x.astype(np.float16).astype(np.float64)
+                outs.append((x16 @ w.T.astype(np.float64)).astype(np.float32))
             else:
                 outs.append((x.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32))
         return outs
@@ -188,8 +233,12 @@ class NumpyBackend(Backend):
         qg = qg.reshape(T, Hq, 2, Dh)
         q = rms_normalize(qg[:, :, 0], cfg.rms_eps) * q_norm
         kk = rms_normalize(k.reshape(T, cfg.n_head_kv, Dh), cfg.rms_eps) * k_norm
-        q = rope_neox(q, batch.positions, cfg.n_rot, cfg.rope_base)
-        kk = rope_neox(kk, batch.positions, cfg.n_rot, cfg.rope_base)
+        if batch.rope_pos is None:
+            q = rope_neox(q, batch.positions, cfg.n_rot, cfg.rope_base)
+            kk = rope_neox(kk, batch.positions, cfg.n_rot, cfg.rope_base)
+        else:
+            q = rope_imrope(q, batch.rope_pos, cfg.n_rot, cfg.rope_base, cfg.rope_sections)
+            kk = rope_imrope(kk, batch.rope_pos, cfg.n_rot, cfg.rope_base, cfg.rope_sections)
         gate = qg[:, :, 1].reshape(T, Hq * Dh)
         return q.astype(np.float32), kk.astype(np.float32), np.ascontiguousarray(gate)
 
@@ -256,6 +305,37 @@ class NumpyBackend(Backend):
         T = len(o)
         n = rms_normalize(o.reshape(T, -1, head_dim), eps) * w
         return (n.reshape(T, -1) * silu(z.astype(np.float64))).astype(np.float32)
+
+    # -- vision encoder ------------------------------------------------------------------------------------
+    def bias_add(self, x, b):
+        return (x.astype(np.float64) + b).astype(np.float32)
+
+    def layernorm(self, x, w, b, eps):
+        x64 = x.astype(np.float64)
+        c = x64 - x64.mean(axis=-1, keepdims=True)
+        n = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps)
+        return (n * w + b).astype(np.float32)
+
+    def gelu(self, x):
+        return gelu_tanh(x.astype(np.float64)).astype(np.float32)
+
+    def rope_vision(self, x, pos, n_heads, head_dim, sections, theta):
+        T = len(x)
+        ang = rope_vision_angles(np.asarray(pos), head_dim, sections, theta)        # [T, Dh/2]
+        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        xh = x.reshape(T, n_heads, head_dim).astype(np.float64)
+        half = head_dim // 2
+        x0, x1 = xh[..., :half], xh[..., half:]
+        out = np.concatenate([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
+        return out.reshape(T, n_heads * head_dim).astype(np.float32)
+
+    def attention_full(self, q, k, v, n_heads, head_dim, scale):
+        T = len(q)
+        qh, kh, vh = (a.reshape(T, n_heads, head_dim).astype(np.float64) for a in (q, k, v))
+        scores = np.einsum("thd,shd->hts", qh, kh) * scale
+        p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        return np.einsum("hts,shd->thd", p, vh).reshape(T, n_heads * head_dim).astype(np.float32)
 
 
 def _q8_matmul(xq: tuple[np.ndarray, np.ndarray], w: RefQ8) -> np.ndarray:

@@ -48,13 +48,29 @@ def load_tokenizer(f: GGUFFile):
 
 
 def load_model(path: str | os.PathLike, backend: Backend) -> LoadedModel:
+    f, cfg, weights = _open(path)
+    return LoadedModel(str(path), f, cfg, model_class(f.architecture)(cfg, weights, backend), load_tokenizer(f),
+                       backend)
+
+
+def load_split_model(path: str | os.PathLike, backends: list[Backend], ratios=None, bridge: str = "auto",
+                     micro_batch: int = 512) -> LoadedModel:
+    """The model's layers split over `backends` (-sm layer): lm.model is a models.split.SplitModel, lm.backend its
+    SplitBackend. ratios: -ts (None: equal); bridge: auto | host | peer; micro_batch: -ub (pipelined prefill)."""
+    from .models.split import SplitModel
+    f, cfg, weights = _open(path)
+    if f.architecture != "qwen35":
+        raise GGUFError(f"{f.path}: the layer split runs qwen35 models, not '{f.architecture}'")
+    model = SplitModel(cfg, weights, backends, ratios, bridge, micro_batch)
+    return LoadedModel(str(path), f, cfg, model, load_tokenizer(f), model.backend)
+
+
+def _open(path: str | os.PathLike):
     f = GGUFFile(path)
-    arch = f.architecture
-    cls = model_class(arch)
+    model_class(f.architecture)          # an unknown architecture is refused before the weights are read
     n_vocab = len(f.metadata.get("tokenizer.ggml.tokens", [])) or f.info("token_embd.weight").shape[0]
     try:
         cfg = ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight"))
     except (ConfigError, TypeError, ValueError) as e:   # wrong-typed values land here too
         raise GGUFError(f"{f.path}: {e}") from None
-    weights = load_weights(f, cfg)
-    return LoadedModel(str(path), f, cfg, cls(cfg, weights, backend), load_tokenizer(f), backend)
+    return f, cfg, load_weights(f, cfg)

@@ -1,0 +1,161 @@
+"""Layer split (models/split.py) on the CPU: numpy backends stand in for devices, NumpyHostBridge for the pinned-host
+bridge. The split must give bit-identical logits and greedy tokens to one backend (same micro-batch cuts), for
+pipelined prefill, decode, several sequences in one batch and the prompt-cache state operations."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamacmp.backends.base import StepBatch
+from llamacmp.backends.numpy_ref import NumpyBackend
+from llamacmp.engine.checkpoints import NumpyStateOps
+from llamacmp.engine.generate import Session
+from llamacmp.loader import load_model, load_split_model
+from llamacmp.models.split import NumpyHostBridge, SplitModel, assign_layers, choose_bridge
+from llamacmp.sampling import Sampler, SamplingParams
+
+UB = 8          # micro-batch: a 29-token prompt crosses the split in 4 pieces
+
+
+@pytest.fixture(scope="module")
+def path(fixture_gguf):
+    return fixture_gguf("tiny", "q8_0", seed=3)
+
+
+@pytest.fixture(scope="module")
+def one(path):
+    return load_model(path, NumpyBackend())
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2parts", "3parts"])
+def split(request, path):
+    lm = load_split_model(path, [NumpyBackend() for _ in range(request.param)], micro_batch=UB)
+    yield lm
+    lm.model.close()
+
+
+def _prompt(n, seed=0):
+    return [int(t) for t in np.random.default_rng(seed).integers(0, 200, n)]
+
+
+# -- placement ------------------------------------------------------------------------------------------------------
+
+def test_assign_layers_follows_ratios_and_extras():
+    assert assign_layers([10] * 4, [1, 1]) == [range(0, 2), range(2, 4)]
+    assert assign_layers([10] * 8, [3, 1]) == [range(0, 6), range(6, 8)]
+    # a big embedding on the first part and head on the last move the cuts
+    assert assign_layers([10] * 8, [1, 1], first_extra=40) == [range(0, 2), range(2, 8)]
+    assert assign_layers([10] * 8, [1, 1], last_extra=40) == [range(0, 6), range(6, 8)]
+    # every part keeps at least one layer, even with a tiny ratio
+    assert assign_layers([10] * 3, [100, 1, 1]) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert assign_layers([10] * 5, [1, 1, 1]) == [range(0, 2), range(2, 3), range(3, 5)]
+    with pytest.raises(ValueError, match="cannot split 2 layers over 3"):
+        assign_layers([1, 1], [1, 1, 1])
+    with pytest.raises(ValueError, match="positive"):
+        assign_layers([1, 1], [1, 0])
+
+
+def test_split_layout_and_description(split):
+    parts = split.model.parts
+    assert [p for part in parts for p in part.layers] == list(range(split.cfg.n_layer))
+    assert parts[0].model.token_embd is not None and parts[-1].model.output is not None
+    assert all(m is None for m in parts[0].model.layers[parts[0].layers.stop:])
+    lines = split.model.describe()
+    assert len(lines) == len(parts)
+    assert "token embedding" in lines[0] and "output head" in lines[-1] and "bridge to part 1: host" in lines[0]
+    assert split.model.bridge_kinds == ["host"] * (len(parts) - 1)
+    assert all(isinstance(p.bridge_out, NumpyHostBridge) for p in parts[:-1])
+
+
+def test_numpy_has_only_the_host_bridge():
+    a, b = NumpyBackend(), NumpyBackend()
+    assert choose_bridge(a, b, "auto") == "host"
+    with pytest.raises(ValueError, match="needs CUDA"):
+        choose_bridge(a, b, "peer")
+    with pytest.raises(ValueError, match="--split-bridge must be"):
+        choose_bridge(a, b, "pcie")
+
+
+# -- identical results ------------------------------------------------------------------------------------------------
+
+def test_pipelined_prefill_and_greedy_decode_identical(one, split):
+    prompt = _prompt(29)
+    s1 = Session(one, 64, n_batch=64, n_ubatch=UB)          # one backend: 8-token chunks
+    s2 = Session(split, 64, n_batch=64, n_ubatch=UB)        # split: one 29-token batch, pipelined in 8-token pieces
+    l1, l2 = np.asarray(s1.feed(prompt)), np.asarray(s2.feed(prompt))
+    assert l1.shape == (one.cfg.n_vocab,) and np.array_equal(l1, l2)
+    sent = [p.bridge_out.n_sent for p in split.model.parts[:-1]]
+    assert sent == [4] * len(sent)                          # every piece crossed every bridge
+    g1 = s1.generate(Sampler(SamplingParams(temp=0.0), frozenset()), 12)
+    g2 = s2.generate(Sampler(SamplingParams(temp=0.0), frozenset()), 12)
+    assert g1.tokens == g2.tokens and len(g1.tokens) == 12
+    assert np.array_equal(np.asarray(s1.logits), np.asarray(s2.logits))
+    assert s2.state.n_past == s1.state.n_past and all(p.n_past == s2.state.n_past for p in s2.state.parts)
+
+
+def test_all_logits_rows_identical(one, split):
+    prompt = _prompt(21, seed=1)
+    a = Session(one, 64, 64, UB).feed(prompt, all_logits=True)
+    b = Session(split, 64, 64, UB).feed(prompt, all_logits=True)
+    assert a.shape == b.shape == (21, one.cfg.n_vocab) and np.array_equal(a, b)
+
+
+def test_several_sequences_in_one_batch(one, split):
+    """The server's continuous batching: a decode token of one slot and a prompt chunk of another together."""
+    def run(lm):
+        sa, sb = lm.backend.new_state(lm.cfg, 64), lm.backend.new_state(lm.cfg, 64)
+        lm.model.forward(StepBatch.build([(sa, _prompt(6, 2))]))
+        out = lm.backend.to_host(lm.model.forward(StepBatch.build([(sa, [5]), (sb, _prompt(7, 3))])))
+        return out, lm.backend.state_to_host(sa), lm.backend.state_to_host(sb), sa.n_past, sb.n_past
+    a, b = run(one), run(split)
+    assert np.array_equal(a[0], b[0]) and a[3:] == b[3:] == (7, 7)
+    for ha, hb in ((a[1], b[1]), (a[2], b[2])):
+        for name in ("k", "v", "conv", "ssm"):
+            assert len(ha[name]) == len(hb[name])
+            assert all(np.array_equal(x, y) for x, y in zip(ha[name], hb[name]))
+
+
+def test_state_ops_over_the_split(one, split):
+    ops_one, ops = NumpyStateOps(), split.backend.state_ops()
+    prompt = _prompt(20, seed=4)
+
+    def fwd(lm, st, toks):
+        return lm.backend.to_host(lm.model.forward(StepBatch.build([(st, toks)])))[-1]
+
+    st = split.backend.new_state(split.cfg, 64)
+    fwd(split, st, prompt[:12])
+    ckpt = ops.snapshot(st, None)
+    want = fwd(split, st, prompt[12:])
+    ops.restore(st, ckpt)
+    assert st.n_past == 12
+    assert np.array_equal(fwd(split, st, prompt[12:]), want)
+    host = ops.save_host(st, prompt, want, [ckpt])
+    ref = one.backend.new_state(one.cfg, 64)
+    fwd(one, ref, prompt[:12])
+    ref_host = ops_one.save_host(ref, prompt[:12], None, [])
+    assert len(host.conv) == len(ref_host.conv) and len(host.k) == len(ref_host.k)
+    assert len(host.checkpoints) == 1 and len(host.checkpoints[0].ssm) == len(ref.ssm)
+    other = split.backend.new_state(split.cfg, 64)
+    ops.load_host(other, host, host.checkpoints[0])          # resume at the checkpoint, then the same tokens
+    assert other.n_past == 12
+    assert np.array_equal(fwd(split, other, prompt[12:]), want)
+    ops.reset(other)
+    assert other.n_past == 0 and all(not a.any() for a in other.ssm)
+
+
+def test_a_failing_part_stops_the_pipeline_and_the_next_forward_works(split):
+    st = split.backend.new_state(split.cfg, 64)
+    bad = [0] * 20 + [10 ** 6]                        # an id past the vocabulary fails in part 0's embedding
+    with pytest.raises(IndexError):
+        split.model.forward(StepBatch.build([(st, bad)]))
+    st = split.backend.new_state(split.cfg, 64)
+    assert split.model.forward(StepBatch.build([(st, _prompt(9))])).shape == (1, split.cfg.n_vocab)
+
+
+def test_split_needs_two_backends_of_one_kind(one, path):
+    from llamacmp.loader import _open
+    _f, cfg, weights = _open(path)
+    with pytest.raises(ValueError, match="at least two"):
+        SplitModel(cfg, weights, [NumpyBackend()])
+    with pytest.raises(ValueError, match="3 split ratios for 2"):
+        SplitModel(cfg, weights, [NumpyBackend(), NumpyBackend()], ratios=[1, 1, 1])

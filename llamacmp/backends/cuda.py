@@ -473,52 +473,27 @@ class CudaBackend(Backend):
         self.native.cmp_gated_rmsnorm(o.ptr, z.ptr, w.ptr, out.ptr, T, n // head_dim, head_dim, eps)
         return out
 
-    # -- vision encoder (cuda_src/vision.cu) -------------------------------------------------------------------
-    def _rope_pos(self, pos, T: int, what: str) -> DeviceTensor:
-        """pos [T, 4] int32: a host array is uploaded; a DeviceTensor (uploaded once by the caller) used as is."""
-        if not isinstance(pos, DeviceTensor):
-            pos = self.from_host(np.ascontiguousarray(pos, np.int32), "i32", what)
-        if pos.shape != (T, 4) or pos.dtype != "i32":
-            raise ValueError(f"{what}: need int32 [{T}, 4], got {pos.dtype} {pos.shape}")
-        return pos
+    # -- vision encoder: host round trips through the numpy reference until the CUDA kernels land ------------
+    # (they keep the backend instantiable and correct; each one is replaced by a kernel launch)
+    def _host_op(self, name: str, *args):
+        from .numpy_ref import NumpyBackend
+        host = [self.to_host(a) if isinstance(a, (DeviceTensor, DenseMatrix)) else a for a in args]
+        return self.from_host(getattr(NumpyBackend, name)(NumpyBackend(), *host), "f32", f"{name} output")
 
     def bias_add(self, x, b):
-        T, N = x.shape
-        if b.shape != (N,):
-            raise ValueError(f"bias_add: bias {b.shape} for rows of {N}")
-        out = self.empty((T, N))
-        self.native.cmp_bias_add(x.ptr, b.ptr, out.ptr, T, N)
-        return out
+        return self._host_op("bias_add", x, b)
 
     def layernorm(self, x, w, b, eps):
-        T, D = x.shape
-        y = self.empty((T, D))
-        self.native.cmp_layernorm(x.ptr, w.ptr, b.ptr, y.ptr, T, D, eps)
-        return y
+        return self._host_op("layernorm", x, w, b, eps)
 
     def gelu(self, x):
-        out = self.empty(x.shape)
-        self.native.cmp_gelu(x.ptr, out.ptr, x.size)
-        return out
+        return self._host_op("gelu", x)
 
     def rope_vision(self, x, pos, n_heads, head_dim, sections, theta):
-        """As Backend.rope_vision; `pos` may also be an int32 [T, 4] DeviceTensor (upload once per image)."""
-        T = x.shape[0]
-        if x.shape[1] != n_heads * head_dim:
-            raise ValueError(f"rope_vision: rows of {x.shape[1]} for {n_heads} heads of {head_dim}")
-        pos_d = self._rope_pos(pos, T, "vision rotary positions")
-        out = self.empty(x.shape)
-        self.native.cmp_rope_vision(x.ptr, pos_d.ptr, out.ptr, T, n_heads, head_dim, *(int(s) for s in sections),
-                                    theta)
-        return out
+        return self._host_op("rope_vision", x, pos, n_heads, head_dim, sections, theta)
 
     def attention_full(self, q, k, v, n_heads, head_dim, scale):
-        T, E = q.shape
-        if E != n_heads * head_dim or k.shape != q.shape or v.shape != q.shape:
-            raise ValueError(f"attention_full: q {q.shape}, k {k.shape}, v {v.shape} for {n_heads} heads of {head_dim}")
-        out = self.empty((T, E))
-        self.native.cmp_attention_full(q.ptr, k.ptr, v.ptr, out.ptr, T, n_heads, head_dim, E, E, E, scale)
-        return out
+        return self._host_op("attention_full", q, k, v, n_heads, head_dim, scale)
 
     # -- several devices (models/split.py) ----------------------------------------------------------------------
     def bind_thread(self) -> None:
@@ -531,5 +506,76 @@ class CudaBackend(Backend):
         self.native.cmp_set_stream(self.stream)
 
 
+class CapturedStep:
+    """One decode step (one new token for each of the given states) captured once as a CUDA graph and replayed.
 
-from .cuda_graphs import CapturedStep  # noqa: E402  (moved there; kept importable from here)
+    The graph reads the token ids, positions and output rows from device buffers owned here, and the kernels take
+    the key count from the positions, so a replay needs only two small uploads; attention splits are sized for
+    the states' whole context at capture time. Intermediate tensors of the captured forward go back to the arena
+    after capture: every replay writes them before reading them, on the same stream, so reusing their blocks for
+    other work between replays is safe.
+    """
+
+    def __init__(self, be: CudaBackend, model, states: Sequence[SeqState], greedy: bool = False):
+        """greedy: also capture the argmax of the logits into the graph's own token-id input, so that
+        `step_greedy` feeds each step's greedy token to the next with nothing but the position uploaded."""
+        self.be, self.model, self.states, self.greedy = be, model, list(states), greedy
+        B = len(self.states)
+        self.tokens = be.from_host(np.zeros(B, np.int32), "i32", "graph token ids")
+        self.pos = be.from_host(np.asarray([s.n_past for s in self.states], np.int32), "i32", "graph positions")
+        self.rows = be.from_host(np.arange(B, dtype=np.int32), "i32", "graph output rows")
+        batch = StepBatch(self.tokens, np.asarray([s.n_past for s in self.states], np.int32),
+                          [Segment(i, 1, s) for i, s in enumerate(self.states)], self.rows)
+        batch.device["cuda_pos"] = self.pos
+        saved = [s.n_past for s in self.states]
+        be.capturing = True
+        be.native.cmp_graph_begin()
+        try:
+            self.logits = model.forward(batch)             # recorded, not run
+            if greedy:
+                be.argmax(self.logits, out=self.tokens)    # the next replay embeds these ids
+        except BaseException:
+            try:
+                be.native.graph_end()
+            except NativeError:
+                pass
+            raise
+        finally:
+            be.capturing = False
+            for s, n in zip(self.states, saved):
+                s.n_past = n
+        self.exec = be.native.graph_end()
+
+    def step(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feed one token per state at its n_past; -> logits [B, n_vocab] on the host. Advances every state."""
+        self.set_tokens(tokens)
+        self._launch()
+        return self.be.to_host(self.logits)
+
+    def _launch(self) -> None:
+        """Upload the positions, replay the graph, advance the states (the token ids are already in place)."""
+        be = self.be
+        for s in self.states:
+            if s.n_past >= s.n_ctx:
+                raise ValueError(f"sequence needs {s.n_past + 1} positions, its context is {s.n_ctx}")
+        be.copy_from_host(self.pos, np.asarray([s.n_past for s in self.states], np.int32))
+        be.native.cmp_graph_launch(self.exec)
+        for s in self.states:
+            s.n_past += 1
+
+    def set_tokens(self, tokens: Sequence[int]) -> None:
+        """The ids the next `step_greedy` feeds (the first step after a prompt)."""
+        self.be.copy_from_host(self.tokens, np.asarray(tokens, np.int32))
+
+    def step_greedy(self, read: bool = True) -> np.ndarray | None:
+        """(greedy graphs) Feed the current token ids (set_tokens, or the previous step's argmax); the argmax of
+        this step's logits becomes the next input on the device. -> the new ids [B] (4 bytes each cross to the
+        host; none with read=False). Advances every state."""
+        if not self.greedy:
+            raise ValueError("step_greedy needs a CapturedStep made with greedy=True")
+        self._launch()
+        return self.be.ids_to_host(self.tokens) if read else None
+
+    def __del__(self):
+        if getattr(self, "exec", 0):
+            self.be.native.cmp_graph_destroy(self.exec)

@@ -21,7 +21,7 @@ kernel computes them (cmp_sparse_probe, same contract); the selection itself run
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,6 +35,35 @@ class SparseConfig:
     min_len: int = 8192      # dense below this many keys
     probe: int = 64          # queries used to estimate each head's pattern (per chunk)
     sink: int = 1            # a_shape: leading blocks always kept
+    per_kv_head: bool = True  # one block list per KV head (its q heads' probe mass summed), so that the kernel
+                              # loads each K/V tile once for the whole GQA group; False: one list per q head
+
+
+@dataclass(slots=True)
+class SparseStats:
+    """What a backend's sparse prefill did (for logs and benchmarks): chunks by path, blocks visited of the causal
+    blocks, and how often each pattern won (per head list)."""
+    chunks_sparse: int = 0
+    chunks_dense: int = 0
+    blocks_kept: int = 0
+    blocks_causal: int = 0
+    patterns: list = field(default_factory=lambda: [0] * len(PATTERNS))
+
+    def add(self, pattern: np.ndarray, mask: np.ndarray, chunk: "Chunk") -> None:
+        self.chunks_sparse += 1
+        self.blocks_kept += int(mask.sum())
+        self.blocks_causal += int(chunk.causal().sum()) * mask.shape[0]
+        for i in pattern:
+            self.patterns[int(i)] += 1
+
+    @property
+    def density(self) -> float:
+        return self.blocks_kept / self.blocks_causal if self.blocks_causal else 1.0
+
+    def summary(self) -> str:
+        wins = ", ".join(f"{n} {c}" for n, c in zip(PATTERNS, self.patterns))
+        return (f"sparse prefill: {self.chunks_sparse} sparse / {self.chunks_dense} dense chunk-layers, "
+                f"{100 * self.density:.1f}% of causal blocks visited; patterns: {wins}")
 
 
 def causal_blocks(n_blocks: int) -> np.ndarray:

@@ -142,3 +142,44 @@ def test_planted_structure_is_found_and_output_stays_close(kind):
     assert mask.sum() < 0.5 * sa.causal_blocks(mask.shape[0]).sum()
     out, ref = sa.block_sparse_attention(q, k, v, mask, scale, CFG.block), _dense(q, k, v, scale)
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 0.2
+
+
+# -- the numpy backend runs the same selection inside its attention op ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    from llamacmp.backends.numpy_ref import NumpyBackend
+    from llamacmp.fixtures.qwen_vocab import tiny_vocab
+    from llamacmp.fixtures.writer import SHAPES, write_model
+    from llamacmp.loader import load_model
+    path = write_model(tmp_path_factory.mktemp("sp") / "m.gguf", SHAPES["tiny"], "f32", tiny_vocab(), seed=7)
+    return load_model(path, NumpyBackend())
+
+
+def _prefill_logits(lm, sparse, ids, chunk=80):
+    from llamacmp.backends.base import StepBatch
+    lm.backend.sparse, lm.backend.sparse_stats = sparse, None
+    st = lm.backend.new_state(lm.cfg, len(ids))
+    out = [lm.model.forward(StepBatch.build([(st, ids[c:c + chunk])], all_logits=True))
+           for c in range(0, len(ids), chunk)]
+    lm.backend.sparse = None
+    return np.concatenate(out), lm.backend.sparse_stats
+
+
+def test_numpy_backend_sparse_prefill_wiring(tiny_lm):
+    ids = [int(i) for i in np.random.default_rng(1).integers(0, tiny_lm.cfg.n_vocab, 200)]
+    dense, _ = _prefill_logits(tiny_lm, None, ids)
+    # every causal block kept: the same function as dense
+    full, st = _prefill_logits(tiny_lm, sa.SparseConfig(block=16, budget=1.0, min_len=0), ids)
+    assert st.chunks_sparse == 3 and st.density == 1.0
+    np.testing.assert_allclose(full, dense, rtol=1e-5, atol=1e-5)
+    # below the threshold every chunk stays dense
+    same, st = _prefill_logits(tiny_lm, sa.SparseConfig(block=16, budget=0.2, min_len=201), ids)
+    assert st.chunks_sparse == 0 and st.chunks_dense == 3
+    np.testing.assert_array_equal(same, dense)
+    # a real budget: chunks from 150 keys on are sparse, fewer blocks are visited, the output moves a little
+    sparse, st = _prefill_logits(tiny_lm, sa.SparseConfig(block=16, budget=0.3, min_len=150), ids)
+    assert st.chunks_sparse == 2 and st.chunks_dense == 1 and st.density < 0.6
+    np.testing.assert_array_equal(sparse[:80], dense[:80])
+    rel = np.linalg.norm(sparse - dense) / np.linalg.norm(dense)
+    assert 0 < rel < 0.2

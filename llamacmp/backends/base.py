@@ -87,6 +87,12 @@ class StepBatch:
 class Backend(ABC):
     name: str = "abstract"
 
+    # Block-sparse prefill for long prompts (sparse_attn.SparseConfig; None: attention is always dense). The tools
+    # set it from --sparse-prefill / --sparse-budget; `attention` then runs chunks with at least cfg.min_len keys
+    # sparse, with the per-head pattern chosen by sparse_attn's probe estimate, and counts in sparse_stats.
+    sparse = None
+    sparse_stats = None
+
     # -- memory -------------------------------------------------------------------------------------------
     @abstractmethod
     def upload_matrix(self, w) -> Weight:

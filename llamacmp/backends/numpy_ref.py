@@ -252,6 +252,8 @@ class NumpyBackend(Backend):
             p0, st = seg.state.n_past, seg.state
             st.k[layer][p0:p0 + seg.length] = kv_quant.roundtrip(k[rows], st.k_type)
             st.v[layer][p0:p0 + seg.length] = kv_quant.roundtrip(v[rows], st.v_type)
+            if self.sparse is not None and self._sparse_attention(q[rows], st, p0, layer, out[rows], Dh):
+                continue
             kc = st.k[layer][:p0 + seg.length].astype(np.float64)       # [S, Hk, Dh]
             vc = st.v[layer][:p0 + seg.length].astype(np.float64)
             kc, vc = np.repeat(kc, group, axis=1), np.repeat(vc, group, axis=1)   # -> [S, Hq, Dh]
@@ -262,6 +264,24 @@ class NumpyBackend(Backend):
             p /= p.sum(axis=-1, keepdims=True)
             out[rows] = np.einsum("hts,shd->thd", p, vc)
         return out.reshape(T, Hq * Dh)
+
+    def _sparse_attention(self, q, st, p0, layer, out, Dh) -> bool:
+        """One segment's chunk through sparse_attn (selection from the probe statistics, exact attention over the
+        kept blocks) into out [L, Hq, Dh]; False (nothing written) when the chunk stays dense."""
+        from .. import sparse_attn
+        if self.sparse_stats is None:
+            self.sparse_stats = sparse_attn.SparseStats()
+        n = p0 + len(q)
+        kc, vc = st.k[layer][:n], st.v[layer][:n]
+        per_list = q.shape[1] // kc.shape[1] if self.sparse.per_kv_head else 1
+        chosen = sparse_attn.chunk_masks(q, kc, p0, 1 / np.sqrt(Dh), self.sparse, per_list)
+        if chosen is None:
+            self.sparse_stats.chunks_dense += 1
+            return False
+        pattern, mask = chosen
+        self.sparse_stats.add(pattern, mask, sparse_attn.Chunk(p0, len(q), self.sparse.block))
+        out[...] = sparse_attn.attend_chunk(q, kc, vc, p0, mask, 1 / np.sqrt(Dh), self.sparse.block)
+        return True
 
     def sigmoid_mul(self, x, gate):
         return (x * sigmoid(gate.astype(np.float64))).astype(np.float32)

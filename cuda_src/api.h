@@ -153,6 +153,32 @@ typedef struct CmpSamplerParams {
 int cmp_sample(const float* logits, float* work, const int32_t* hist, int n_hist, const int32_t* bias_ids,
                const float* bias_vals, int n_bias, const CmpSamplerParams* params, float u, int32_t* out, int N);
 
+// ---- dense.cu -------------------------------------------------------------------------------------------------
+// y [T, rows] = x [T, n] f32 . W [rows, n]^T, W f32 or f16 (w_dtype: CmpDtype); FP32 (FFMA) accumulation, no tensor
+// cores. For f16 weights x is rounded to f16 first (numpy_ref.matmuls). T <= 8: a warp-per-row GEMV; larger T: a
+// 64x64 or 128x128-tile GEMM. Any n (16-byte loads when n % 4 == 0).
+int cmp_matmul_dense(const float* x, const void* w, int w_dtype, float* y, int T, int rows, int n);
+
+// ---- vision.cu: the vision tower's ops (numpy_ref.NumpyBackend.bias_add ... attention_full) -----------------------
+int cmp_bias_add(const float* x, const float* b, float* out, int T, int N);   // out [T, N] = x [T, N] + b [N]
+int cmp_gelu(const float* x, float* out, size_t n);   // out [n] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+// y [T, D] = (x - mean) / sqrt(mean((x - mean)^2) + eps) * w + b per row; w, b [D].
+int cmp_layernorm(const float* x, const float* w, const float* b, float* y, int T, int D, float eps);
+// x [T, H*Dh], pos [T, 4] int32 (device) -> out [T, H*Dh]: ggml_rope_multi VISION mode (Backend.rope_vision): pair
+// i < Dh/2 rotates (i, i + Dh/2) by pos[t, axis] * base^(-2 (s - start) / (Dh/2)), s = i % (s0+s1+s2+s3) in the
+// section `axis` that starts at `start`. Dh % 4 == 0.
+int cmp_rope_vision(const float* x, const int32_t* pos, float* out, int T, int H, int Dh, int s0, int s1, int s2,
+                    int s3, float base);
+// cmp_attention_prep with per-token positions pos [T, 4] int32 (device) and IMROPE sections s0..s3
+// (Backend.attention_prep with batch.rope_pos).
+int cmp_attention_prep_mrope(const float* qg, const float* k, const float* q_norm, const float* k_norm,
+                             const int32_t* pos, float* q_out, float* k_out, float* gate_out, int T, int Hq, int Hk,
+                             int Dh, int n_rot, int s0, int s1, int s2, int s3, float rope_base, float eps);
+// q [T, ldq], k [T, ldk], v [T, ldv] (head h at columns h*Dh; ld >= H*Dh lets q, k, v be views of one fused
+// [T, 3*H*Dh] projection) -> out [T, H*Dh]: per head softmax(scale q k^T) v over all T rows, non-causal. Dh <= 128.
+int cmp_attention_full(const float* q, const float* k, const float* v, float* out, int T, int H, int Dh, int ldq,
+                       int ldk, int ldv, float scale);
+
 #ifdef __cplusplus
 }
 #endif

@@ -311,7 +311,7 @@ class CudaBackend(Backend):
                     T, n)
         for i, w in enumerate(ws):
             if not isinstance(w, Q8Matrix):
-                self.native.cmp_matmul_f(x.ptr, w.w.ptr, _KV_CODES[w.w.dtype], outs[i].ptr, T, w.shape[0], n)
+                self.native.cmp_matmul_dense(x.ptr, w.w.ptr, _KV_CODES[w.w.dtype], outs[i].ptr, T, w.shape[0], n)
         return outs
 
     def _binary(self, fn, x, y):
@@ -339,13 +339,17 @@ class CudaBackend(Backend):
 
     # -- attention -------------------------------------------------------------------------------------------
     def attention_prep(self, qg, k, q_norm, k_norm, batch, cfg):
-        if batch.rope_pos is not None:      # IMROPE (image batches): host reference until a kernel lands
-            from .numpy_ref import NumpyBackend
-            outs = NumpyBackend().attention_prep(self.to_host(qg), self.to_host(k), self.to_host(q_norm),
-                                                 self.to_host(k_norm), batch, cfg)
-            return tuple(self.from_host(np.ascontiguousarray(o), "f32", "attention_prep output") for o in outs)
         T, Hq, Hk, Dh = qg.shape[0], cfg.n_head, cfg.n_head_kv, cfg.head_dim
         q_out, k_out, gate = self.empty((T, Hq, Dh)), self.empty((T, Hk, Dh)), self.empty((T, Hq * Dh))
+        if batch.rope_pos is not None:      # IMROPE at per-token (t, h, w, e) positions (image batches)
+            pos4 = batch.device.get("cuda_rope_pos")
+            if pos4 is None:
+                pos4 = batch.device["cuda_rope_pos"] = self._rope_pos(batch.rope_pos, T, "image rotary positions")
+            s = (tuple(cfg.rope_sections) + (0, 0, 0, 0))[:4]
+            self.native.cmp_attention_prep_mrope(qg.ptr, k.ptr, q_norm.ptr, k_norm.ptr, pos4.ptr, q_out.ptr,
+                                                 k_out.ptr, gate.ptr, T, Hq, Hk, Dh, cfg.n_rot, *s, cfg.rope_base,
+                                                 cfg.rms_eps)
+            return q_out, k_out, gate
         self.native.cmp_attention_prep(qg.ptr, k.ptr, q_norm.ptr, k_norm.ptr, self._positions(batch).ptr, q_out.ptr,
                                        k_out.ptr, gate.ptr, T, Hq, Hk, Dh, cfg.n_rot, cfg.rope_base, cfg.rms_eps)
         return q_out, k_out, gate
@@ -473,27 +477,52 @@ class CudaBackend(Backend):
         self.native.cmp_gated_rmsnorm(o.ptr, z.ptr, w.ptr, out.ptr, T, n // head_dim, head_dim, eps)
         return out
 
-    # -- vision encoder: host round trips through the numpy reference until the CUDA kernels land ------------
-    # (they keep the backend instantiable and correct; each one is replaced by a kernel launch)
-    def _host_op(self, name: str, *args):
-        from .numpy_ref import NumpyBackend
-        host = [self.to_host(a) if isinstance(a, (DeviceTensor, DenseMatrix)) else a for a in args]
-        return self.from_host(getattr(NumpyBackend, name)(NumpyBackend(), *host), "f32", f"{name} output")
+    # -- vision encoder (cuda_src/vision.cu) -------------------------------------------------------------------
+    def _rope_pos(self, pos, T: int, what: str) -> DeviceTensor:
+        """pos [T, 4] int32: a host array is uploaded; a DeviceTensor (uploaded once by the caller) used as is."""
+        if not isinstance(pos, DeviceTensor):
+            pos = self.from_host(np.ascontiguousarray(pos, np.int32), "i32", what)
+        if pos.shape != (T, 4) or pos.dtype != "i32":
+            raise ValueError(f"{what}: need int32 [{T}, 4], got {pos.dtype} {pos.shape}")
+        return pos
 
     def bias_add(self, x, b):
-        return self._host_op("bias_add", x, b)
+        T, N = x.shape
+        if b.shape != (N,):
+            raise ValueError(f"bias_add: bias {b.shape} for rows of {N}")
+        out = self.empty((T, N))
+        self.native.cmp_bias_add(x.ptr, b.ptr, out.ptr, T, N)
+        return out
 
     def layernorm(self, x, w, b, eps):
-        return self._host_op("layernorm", x, w, b, eps)
+        T, D = x.shape
+        y = self.empty((T, D))
+        self.native.cmp_layernorm(x.ptr, w.ptr, b.ptr, y.ptr, T, D, eps)
+        return y
 
     def gelu(self, x):
-        return self._host_op("gelu", x)
+        out = self.empty(x.shape)
+        self.native.cmp_gelu(x.ptr, out.ptr, x.size)
+        return out
 
     def rope_vision(self, x, pos, n_heads, head_dim, sections, theta):
-        return self._host_op("rope_vision", x, pos, n_heads, head_dim, sections, theta)
+        """As Backend.rope_vision; `pos` may also be an int32 [T, 4] DeviceTensor (upload once per image)."""
+        T = x.shape[0]
+        if x.shape[1] != n_heads * head_dim:
+            raise ValueError(f"rope_vision: rows of {x.shape[1]} for {n_heads} heads of {head_dim}")
+        pos_d = self._rope_pos(pos, T, "vision rotary positions")
+        out = self.empty(x.shape)
+        self.native.cmp_rope_vision(x.ptr, pos_d.ptr, out.ptr, T, n_heads, head_dim, *(int(s) for s in sections),
+                                    theta)
+        return out
 
     def attention_full(self, q, k, v, n_heads, head_dim, scale):
-        return self._host_op("attention_full", q, k, v, n_heads, head_dim, scale)
+        T, E = q.shape
+        if E != n_heads * head_dim or k.shape != q.shape or v.shape != q.shape:
+            raise ValueError(f"attention_full: q {q.shape}, k {k.shape}, v {v.shape} for {n_heads} heads of {head_dim}")
+        out = self.empty((T, E))
+        self.native.cmp_attention_full(q.ptr, k.ptr, v.ptr, out.ptr, T, n_heads, head_dim, E, E, E, scale)
+        return out
 
     # -- several devices (models/split.py) ----------------------------------------------------------------------
     def bind_thread(self) -> None:

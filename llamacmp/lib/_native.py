@@ -104,6 +104,26 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                    "int cmp_sample(const float* logits, float* work, const int32_t* hist, int n_hist, "
                    "const int32_t* bias_ids, const float* bias_vals, int n_bias, const CmpSamplerParams* params, "
                    "float u, int32_t* out, int N)"),
+    "cmp_matmul_dense": ((_p, _p, _i, _p, _i, _i, _i),
+                         "int cmp_matmul_dense(const float* x, const void* w, int w_dtype, float* y, int T, int rows, "
+                         "int n)"),
+    "cmp_bias_add": ((_p, _p, _p, _i, _i),
+                     "int cmp_bias_add(const float* x, const float* b, float* out, int T, int N)"),
+    "cmp_gelu": ((_p, _p, _sz), "int cmp_gelu(const float* x, float* out, size_t n)"),
+    "cmp_layernorm": ((_p, _p, _p, _p, _i, _i, _f),
+                      "int cmp_layernorm(const float* x, const float* w, const float* b, float* y, int T, int D, "
+                      "float eps)"),
+    "cmp_rope_vision": ((_p, _p, _p, _i, _i, _i, _i, _i, _i, _i, _f),
+                        "int cmp_rope_vision(const float* x, const int32_t* pos, float* out, int T, int H, int Dh, "
+                        "int s0, int s1, int s2, int s3, float base)"),
+    "cmp_attention_prep_mrope": ((_p, _p, _p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _i, _i, _i, _i, _i, _f, _f),
+                                 "int cmp_attention_prep_mrope(const float* qg, const float* k, const float* q_norm, "
+                                 "const float* k_norm, const int32_t* pos, float* q_out, float* k_out, "
+                                 "float* gate_out, int T, int Hq, int Hk, int Dh, int n_rot, int s0, int s1, int s2, "
+                                 "int s3, float rope_base, float eps)"),
+    "cmp_attention_full": ((_p, _p, _p, _p, _i, _i, _i, _i, _i, _i, _f),
+                           "int cmp_attention_full(const float* q, const float* k, const float* v, float* out, int T, "
+                           "int H, int Dh, int ldq, int ldk, int ldv, float scale)"),
 }
 
 

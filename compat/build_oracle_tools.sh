@@ -16,3 +16,10 @@ for tool in llama_logits llama_chat; do
         g++ -O2 -std=c++17 "${INC[@]}" "$HERE/$tool.cpp" "${LIBS[@]}" -fopenmp -lpthread -o "$B/bin/$tool"
     fi
 done
+# llama_mtmd (vision goldens) also links llama.cpp's multimodal library (tools/mtmd, built with the tools).
+if [[ ! -x "$B/bin/llama_mtmd" || "$HERE/llama_mtmd.cpp" -nt "$B/bin/llama_mtmd" ]]; then
+    [[ -f "$B/tools/mtmd/libmtmd.a" ]] || { echo "libmtmd.a missing: cmake --build $B --target mtmd" >&2; exit 1; }
+    echo "building llama_mtmd"
+    g++ -O2 -std=c++17 "${INC[@]}" -I"$SRC/tools/mtmd" "$HERE/llama_mtmd.cpp" "$B/tools/mtmd/libmtmd.a" "${LIBS[@]}" \
+        -fopenmp -lpthread -o "$B/bin/llama_mtmd"
+fi

@@ -66,7 +66,9 @@ class Qwen35Model:
 
     # The three steps of forward, also run separately by a layer split (each on the backend holding its part).
     def embed(self, batch: StepBatch):
-        """-> the hidden state x [T, D] of the batch's tokens."""
+        """-> the hidden state x [T, D] of the batch's tokens (or its image embeddings, for an image batch)."""
+        if batch.embeddings is not None:
+            return self.be.upload_vector(batch.embeddings)
         return self.be.embed(self.token_embd, batch.tokens)
 
     def run_layers(self, x, batch: StepBatch, layers: range):

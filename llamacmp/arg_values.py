@@ -65,6 +65,22 @@ def tensor_split(s: str) -> tuple[float, ...]:
     return tuple(to_float(p) for p in parts)
 
 
+def device_list(s: str) -> tuple[int, ...]:
+    """-dev: `none` (no GPU: the numpy reference) or a comma-separated list of CUDA devices, `CUDA0,CUDA1` (llama.cpp's
+    names) or plain indices `0,1`. The same device twice gives two split parts on one GPU (how the split is tested on
+    a single card)."""
+    if s.strip().lower() == "none":
+        return ()
+    out = []
+    for part in s.split(","):
+        name = part.strip()
+        digits = name[4:] if name.upper().startswith("CUDA") else name
+        if not digits.isdigit():
+            raise ValueError(f"invalid device: '{name}' (use CUDA0, CUDA1, ... or none)")
+        out.append(int(digits))
+    return tuple(out)
+
+
 def logit_bias(s: str) -> tuple[int, float]:
     """TOKEN_ID(+/-)BIAS, e.g. `15043+1` or `15043-inf`."""
     for i in range(1, len(s)):

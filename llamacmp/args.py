@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import BUILD_NUMBER, __version__
-from .arg_values import (CACHE_TYPES, ArgError, Unsupported, choice, gpu_layers, json_object, logit_bias,
-                         on_off_auto, process_escapes, read_text, tensor_split, to_bool, to_float, to_int)
+from .arg_values import (CACHE_TYPES, ArgError, Unsupported, choice, device_list, gpu_layers, json_object,
+                         logit_bias, on_off_auto, process_escapes, read_text, tensor_split, to_bool, to_float, to_int)
 from .kv_quant import KV_TYPES
+from .models.split import BRIDGES as SPLIT_BRIDGES
 from .params import Params, tool_defaults
 from .sampling import parse_sampler_letters, parse_sampler_names
 
@@ -171,6 +172,13 @@ OPTIONS: tuple[Option, ...] = (
       help="how to split the model across multiple GPUs (default: layer)"),
     O("-mg", "--main-gpu", value="INDEX", dest="main_gpu", parse=to_int, env="LLAMA_ARG_MAIN_GPU",
       help="the GPU to use for the model (with split-mode = none) (default: 0)"),
+    O("-dev", "--device", value="<dev1,dev2,..>", dest="devices", parse=device_list, env="LLAMA_ARG_DEVICE",
+      help="comma-separated list of devices to use for offloading (none = don't offload)\n"
+      "(CUDA0, CUDA1, ... or indices; default: every visible GPU; llamacmp: the same device twice runs two\n"
+      "split parts on one GPU)"),
+    O("--split-bridge", value="{auto,host,peer}", dest="split_bridge", parse=choice("--split-bridge", *SPLIT_BRIDGES),
+      help="llamacmp: how the hidden state crosses between GPUs with --split-mode layer: peer copies (P2P),\n"
+      "pinned host memory (for cards without P2P), or auto = peer where P2P works (default: auto)"),
     O("-np", "--parallel", value="N", dest="n_parallel", parse=to_int, env="LLAMA_ARG_N_PARALLEL",
       help="number of parallel sequences to decode (default: 1)"),
     O("--mmap", dest="mmap", neg=("--no-mmap",), env="LLAMA_ARG_MMAP",

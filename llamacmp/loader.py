@@ -65,6 +65,19 @@ def load_split_model(path: str | os.PathLike, backends: list[Backend], ratios=No
     return LoadedModel(str(path), f, cfg, model, load_tokenizer(f), model.backend)
 
 
+def load_placed(path: str | os.PathLike, backends: list[Backend], ratios=None, bridge: str = "auto",
+                micro_batch: int = 512, log=None) -> LoadedModel:
+    """One backend: load_model; several: load_split_model, with one line per part on `log` (device, layers,
+    memory, bridge)."""
+    if len(backends) == 1:
+        return load_model(path, backends[0])
+    lm = load_split_model(path, backends, ratios, bridge, micro_batch)
+    if log is not None:
+        for line in lm.model.describe():
+            log.write(line + "\n")
+    return lm
+
+
 def _open(path: str | os.PathLike):
     f = GGUFFile(path)
     model_class(f.architecture)          # an unknown architecture is refused before the weights are read

@@ -57,6 +57,8 @@ class Params:
     tensor_split: tuple[float, ...] = ()
     split_mode: str = "layer"
     main_gpu: int = 0
+    devices: tuple[int, ...] | None = None   # -dev: None every visible GPU, () none (numpy reference)
+    split_bridge: str = "auto"          # --split-bridge (models/split.py)
     n_parallel: int = 1
     mmap: bool = True
     mlock: bool = False

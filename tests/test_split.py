@@ -159,3 +159,51 @@ def test_split_needs_two_backends_of_one_kind(one, path):
         SplitModel(cfg, weights, [NumpyBackend()])
     with pytest.raises(ValueError, match="3 split ratios for 2"):
         SplitModel(cfg, weights, [NumpyBackend(), NumpyBackend()], ratios=[1, 1, 1])
+
+
+# -- flags and device planning ----------------------------------------------------------------------------------------
+
+def test_split_flags_parse():
+    from llamacmp.args import parse_args
+    p = parse_args("completion", ["-sm", "layer", "-ts", "3,1", "-mg", "1", "-dev", "CUDA0,CUDA1",
+                                  "--split-bridge", "host"], {}).params
+    assert (p.split_mode, p.tensor_split, p.main_gpu, p.devices, p.split_bridge) == ("layer", (3.0, 1.0), 1, (0, 1),
+                                                                                       "host")
+    assert parse_args("server", ["-dev", "none"], {}).params.devices == ()
+    assert parse_args("server", ["-dev", "0,0"], {}).params.devices == (0, 0)
+    assert parse_args("server", [], {"LLAMA_ARG_DEVICE": "CUDA1"}).params.devices == (1,)
+    d = parse_args("cli", [], {}).params
+    assert (d.devices, d.split_bridge) == (None, "auto")
+
+
+@pytest.mark.parametrize("argv", [["--split-bridge", "nvlink"], ["-dev", "GPU0"]])
+def test_bad_split_flags_are_refused(argv):
+    from llamacmp.args import ArgError, parse_args
+    with pytest.raises(ArgError):
+        parse_args("completion", argv, {})
+
+
+def test_row_split_is_refused_with_the_reason():
+    from llamacmp.cli.common import CliError, check_engine_flags
+    from llamacmp.params import Params
+    p = Params(tool="completion")
+    p.split_mode = "row"
+    with pytest.raises(CliError, match="splits the model by layers"):
+        check_engine_flags(p)
+
+
+def test_plan_devices_follows_llamacpp_rules():
+    from llamacmp.backends.select import plan_devices
+    assert plan_devices(2, None, "layer", 0, ()) == ([0, 1], None)           # every GPU, by free memory
+    assert plan_devices(1, None, "layer", 0, ()) == ([0], None)
+    assert plan_devices(2, None, "none", 1, ()) == ([1], None)              # -sm none: -mg's device alone
+    assert plan_devices(2, None, "layer", 0, (3, 1)) == ([0, 1], [3, 1])
+    assert plan_devices(2, None, "layer", 0, (0, 1)) == ([1], None)         # a 0 leaves the device out
+    assert plan_devices(4, (2, 3), "layer", 0, (1,)) == ([2], None)
+    assert plan_devices(1, (0, 0), "layer", 0, ()) == ([0, 0], None)        # two parts on one GPU
+    assert plan_devices(2, (), "layer", 0, ()) == ([], None)
+    for args, msg in [((2, None, "row", 0, ()), "row is not supported"), ((1, (1,), "layer", 0, ()), "no CUDA device 1"),
+                      ((2, None, "none", 2, ()), "--main-gpu 2"), ((2, None, "layer", 0, (1, 1, 1)), "3 values"),
+                      ((2, None, "layer", 0, (0, 0)), "at least one")]:
+        with pytest.raises(ValueError, match=msg):
+            plan_devices(*args)

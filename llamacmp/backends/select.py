@@ -30,3 +30,63 @@ def select_backend(log: TextIO | None = None, device: int = 0, cpu_only: bool = 
     reason = "-ngl 0" if cpu_only else "no CUDA GPU or libcmpkern.so found"
     print(f"warning: {reason}: using the numpy reference backend (slow)", file=log or sys.stderr)
     return NumpyBackend()
+
+
+def plan_devices(n_visible: int, devices: tuple[int, ...] | None, split_mode: str, main_gpu: int,
+                 tensor_split: tuple[float, ...]) -> tuple[list[int], list[float] | None]:
+    """Which CUDA devices hold the model, after llama.cpp's -dev / -sm / -mg / -ts rules -> (device indices, split
+    ratios or None). One device: no split. Several: a layer split; ratios None means "by free memory" (the
+    caller measures it). -mg picks the one device of -sm none (an index into the -dev list, or into the visible
+    GPUs); -ts gives one proportion per listed device, and a 0 leaves that device out. ValueError on what cannot be
+    done, naming the flag."""
+    if split_mode == "row":
+        raise ValueError("--split-mode row is not supported: llamacmp splits the model by layers "
+                         "(-sm layer, the default) or keeps it on one GPU (-sm none)")
+    cands = list(devices) if devices is not None else list(range(n_visible))
+    for d in cands:
+        if not 0 <= d < n_visible:
+            raise ValueError(f"-dev: no CUDA device {d} ({n_visible} visible)")
+    if not cands:
+        return [], None
+    if split_mode == "none":
+        if not 0 <= main_gpu < len(cands):
+            raise ValueError(f"--main-gpu {main_gpu}: only {len(cands)} device(s) to choose from")
+        return [cands[main_gpu]], None
+    if tensor_split:
+        if len(tensor_split) > len(cands):
+            raise ValueError(f"--tensor-split has {len(tensor_split)} values for {len(cands)} device(s)")
+        if any(r < 0 for r in tensor_split) or not any(r > 0 for r in tensor_split):
+            raise ValueError("--tensor-split needs non-negative proportions, at least one of them positive")
+        ratios = list(tensor_split) + [0.0] * (len(cands) - len(tensor_split))
+        kept = [(d, r) for d, r in zip(cands, ratios) if r > 0]
+        if len(kept) == 1:
+            return [kept[0][0]], None
+        return [d for d, _ in kept], [r for _, r in kept]
+    return cands, None
+
+
+def select_backends(p, log: TextIO | None = None) -> tuple[list[Backend], list[float] | None]:
+    """The backends the tools' Params ask for (-ngl 0 / -dev none: the numpy reference; -sm / -dev / -mg / -ts) ->
+    (backends, split ratios). Several backends mean a layer split; ratios None there means by free memory."""
+    log = log or sys.stderr
+    cpu_only = p.n_gpu_layers == "0" or p.devices == ()
+    if cpu_only:
+        return [select_backend(log, cpu_only=True)], None
+    try:
+        from . import cuda
+        n_visible = cuda.Native().device_count() if cuda.cuda_available() else 0
+    except ImportError:
+        n_visible = 0
+    if n_visible == 0:
+        if p.devices:
+            raise ValueError(f"-dev {','.join(f'CUDA{d}' for d in p.devices)}: no CUDA device is visible")
+        return [select_backend(log)], None
+    devices, ratios = plan_devices(n_visible, p.devices, p.split_mode, p.main_gpu, p.tensor_split)
+    if len(devices) == 1:
+        be = cuda_backend_or_none(devices[0])
+        return [be if be is not None else select_backend(log)], None
+    backends = [cuda.CudaBackend(device=d) for d in devices]
+    if ratios is None:      # llama.cpp's default: each device's free memory (equal for one GPU listed twice)
+        free = {d: b.native.mem_info()[0] for d, b in zip(devices, backends)}
+        ratios = [float(free[d]) for d in devices]
+    return backends, ratios

@@ -44,9 +44,8 @@ def check_engine_flags(p: Params) -> None:
     if p.n_ctx < 0:
         raise CliError(f"error: invalid context size {p.n_ctx}")
     if p.split_mode == "row":
-        raise CliError("error: --split-mode row is not supported by llamacmp yet (layer split only)")
-    if sum(1 for x in p.tensor_split if x > 0) > 1:
-        raise CliError("error: --tensor-split over several GPUs is not supported by the CLI tools yet")
+        raise CliError("error: --split-mode row is not supported: llamacmp splits the model by layers "
+                       "(-sm layer, the default) or keeps it on one GPU (-sm none)")
 
 
 def check_offload(p: Params, n_layer: int, backend, err: TextIO) -> None:
@@ -74,19 +73,25 @@ def loading_indicator(err: TextIO, quiet: bool):
 
 
 def load(p: Params, err: TextIO = sys.stderr) -> Loaded:
-    from ..backends.select import select_backend
+    from ..backends.select import select_backends
     from ..gguf_file import GGUFError
-    from ..loader import load_model
+    from ..loader import load_placed
     check_engine_flags(p)
     path = resolve_model(p, err)
     quiet = p.log_disable or p.verbosity < 2
-    backend = select_backend(log=err, device=p.main_gpu, cpu_only=p.n_gpu_layers == "0")
+    try:
+        backends, ratios = select_backends(p, err)
+    except ValueError as e:          # -dev / -mg / -ts that cannot be honoured
+        raise CliError(f"error: {e}") from None
     t0 = time.perf_counter()
     try:
         with loading_indicator(err, quiet):
-            lm = load_model(path, backend)
+            lm = load_placed(path, backends, ratios, p.split_bridge, p.n_ubatch, None if quiet else err)
     except (GGUFError, OSError) as e:
         raise CliError(f"error: failed to load model '{path}': {e}") from None
+    except ValueError as e:          # a split that cannot be made (--split-bridge peer without P2P, too few layers)
+        raise CliError(f"error: {e}") from None
+    backend = lm.backend
     t_load = (time.perf_counter() - t0) * 1e3
     check_offload(p, lm.cfg.n_layer, backend, err)
     changed = apply_gguf_sampling(p, lm.metadata)

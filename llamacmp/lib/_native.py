@@ -161,7 +161,11 @@ class Native:
         self._lib.cmp_last_error.restype = ctypes.c_char_p
         self._lib.cmp_last_error.argtypes = ()
         for name, (argtypes, _proto) in SIGNATURES.items():
-            fn = getattr(self._lib, name)
+            try:
+                fn = getattr(self._lib, name)
+            except AttributeError:     # an OSError, so that callers treat it as "no usable library"
+                raise OSError(f"{self.path} has no {name}: it is older than llamacmp/lib/_native.py; rebuild it "
+                              "with `make`") from None
             fn.restype, fn.argtypes = ctypes.c_int, argtypes
             setattr(self, name, self._checked(name, fn))
 

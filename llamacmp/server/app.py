@@ -202,8 +202,8 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
 def _load_in_background(ctx: ServerContext) -> None:
     def run() -> None:
         try:
-            from ..backends.select import select_backend
-            ctx.load(select_backend(sys.stderr))
+            from ..backends.select import select_backends
+            ctx.load(*select_backends(ctx.params, sys.stderr))
         except Exception as e:           # keep answering 503 and say why; a bad model file is not a crash
             ctx.load_error = str(e)
             log.error("failed to load model: %s", e)

@@ -74,11 +74,14 @@ class ServerContext:
     def n_vocab(self) -> int:
         return self.lm.cfg.n_vocab
 
-    def load(self, backend) -> None:
-        """Load the model, build the template and start the engine (runs off the event loop)."""
-        from ..loader import load_model
+    def load(self, backend, ratios=None) -> None:
+        """Load the model, build the template and start the engine (runs off the event loop). backend: one backend,
+        or a list (several: a layer split with -ts `ratios`, see models/split.py)."""
+        import sys
+        from ..loader import load_placed
         p = self.params
-        lm = load_model(p.model, backend)
+        backends = list(backend) if isinstance(backend, (list, tuple)) else [backend]
+        lm = load_placed(p.model, backends, ratios, p.split_bridge, p.n_ubatch, sys.stderr)
         n_ctx = p.n_ctx if p.n_ctx > 0 else lm.cfg.n_ctx_train
         n_slots = 4 if p.n_parallel < 0 else max(1, p.n_parallel)
         unified = self.opts.kv_unified if self.opts.kv_unified is not None else p.n_parallel < 0

@@ -9,14 +9,20 @@ forward timed op by op (a sync per op, so the sum is a little above the whole) f
 This is the encoder's compute only: the image is already patches on the device (preprocessing and upload are
 host work, timed by the CLI / server).
 
-Part 2 (with --lcpp-bin, --mmproj and --model): llama.cpp's llama-mtmd-cli on that mmproj and text model, one
-process per image size, the image given --lcpp-images times (the first encode warms cuBLAS / kernels up); its
+Part 2 (with --full): the project's own encoder (llamacmp.vision.encoder.VisionEncoder.encode, as the CLI and
+server run it, host-side patchify / position-table resize / round trips included) on a random-weight mmproj of the
+same real size written by llamacmp.fixtures.mmproj_writer (f16 matrices, as llama.cpp's converter writes them;
+projection to --full-out, 64 by default so that the paired text fixture is the tiny one), on a random normalised
+image of each size: median wall ms of --reps encodes after a warm-up. The files go to --workdir (kept).
+
+Part 3 (with --lcpp-bin; the mmproj and text model of --full unless --mmproj / --model name others):
+llama.cpp's llama-mtmd-cli on that mmproj and text model, one process per image size, the image given --lcpp-images times (the first encode warms cuBLAS / kernels up); its
 "image slice encoded in N ms" lines are parsed and the median of all but the first reported. The images are
 written here as PNGs (noise) of exactly the benchmark sizes; 448 and 1024 are multiples of patch*merge = 32, so
 llama.cpp's preprocessing does not resize them (its qwen3vl limit is 8..4096 merged tokens; 1024x1024 is 1024).
 
-    python3 benchmarks/bench_vision.py [--sizes 448 1024] [--reps 3] [--layers 27]
-        [--lcpp-bin /tmp/lcpp/native/bin --mmproj MMPROJ.gguf --model TEXT.gguf] [--json out.json]
+    python3 benchmarks/bench_vision.py [--sizes 448 1024] [--reps 3] [--layers 27] [--full --workdir DIR]
+        [--lcpp-bin /tmp/lcpp/native/bin [--mmproj MMPROJ.gguf --model TEXT.gguf]] [--json out.json]
 """
 from __future__ import annotations
 
@@ -91,8 +97,8 @@ class Tower:
         self.mm1, self.mm1_b = mat(d.out_dim, 4 * E), vec(d.out_dim)
 
     def inputs(self, side: int, seed: int = 1):
-        """Patches [P, 3*16*16] (merge-ordered, as the preprocessing hands them over), pos embedding [P, E],
-        rotary positions [P, 4] (row y, column x, y, x) for a side x side image."""
+        """Patches [P, 3*16*16] (merge-ordered, as the encoder holds them), pos embedding [P, E], rotary
+        positions [P, 4] int32 (row y, column x, y, x) for a side x side image, all on the device."""
         d, be = self.d, self.be
         n = side // d.patch
         P = n * n
@@ -100,7 +106,7 @@ class Tower:
         patches = be.from_host(rng.uniform(-1, 1, (P, 3 * d.patch * d.patch)).astype(np.float32))
         pos_emb = be.from_host((0.02 * rng.standard_normal((P, d.width))).astype(np.float32))
         ys, xs = np.divmod(np.arange(P), n)
-        pos = np.stack([ys, xs, ys, xs], axis=1).astype(np.int32)
+        pos = be.from_host(np.stack([ys, xs, ys, xs], axis=1).astype(np.int32))   # uploaded once per image
         return patches, pos_emb, pos
 
     def forward(self, patches, pos_emb, pos, op_timer=None):
@@ -168,6 +174,52 @@ def bench_ours(be, tower: Tower, side: int, reps: int) -> dict:
             "tflops": fl / ms / 1e9, "finite": ok, "breakdown_ms": by_kind}
 
 
+# -- the project's encoder on a real-size random mmproj --------------------------------------------------------------
+
+def write_fixture(workdir: Path, layers: int, n_out: int) -> tuple[Path, Path]:
+    """A real-size f16 qwen3vl_merger mmproj (projection to n_out) and the qwen35 text fixture it pairs with."""
+    from dataclasses import replace
+
+    from llamacmp.fixtures import writer
+    from llamacmp.fixtures.mmproj_writer import VisionShape, vision_vocab, write_mmproj
+    d = TowerDims()
+    shape = VisionShape(n_embd=d.width, n_ff=d.ffn, n_head=d.heads, n_layer=layers, n_out=n_out, n_pos_side=48)
+    mmproj, text = workdir / f"mmproj-real-{layers}l-{n_out}.gguf", workdir / f"text-tiny-{n_out}.gguf"
+    if not mmproj.exists():
+        write_mmproj(mmproj, shape, "f16", name="llamacmp-bench-mmproj-real-size")
+    if not text.exists():
+        writer.write_model(text, replace(writer.SHAPES["tiny"], n_embd=n_out), "f32", vision_vocab(), 0,
+                           name="llamacmp-bench-vl-text")
+    return mmproj, text
+
+
+def bench_full(be, mmproj: Path, sides: list[int], reps: int) -> list[dict]:
+    from llamacmp.vision.config import load_mmproj
+    from llamacmp.vision.encoder import VisionEncoder
+    from llamacmp.vision.preprocess import PreparedImage
+    t0 = time.perf_counter()
+    cfg, weights = load_mmproj(mmproj)
+    enc = VisionEncoder(cfg, weights, be)
+    be.synchronize()
+    print(f"# llamacmp VisionEncoder on {mmproj.name} (loaded + uploaded in {time.perf_counter() - t0:.1f} s)")
+    out = []
+    for side in sides:
+        img = PreparedImage(np.random.default_rng(side).uniform(-1, 1, (side, side, 3)).astype(np.float32),
+                            f"bench-{side}")
+        enc.encode(img)                                   # warm-up
+        samples = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            emb = enc.encode(img)                         # ends with a device -> host copy: synchronous
+            samples.append((time.perf_counter() - t) * 1e3)
+        r = {"side": side, "tokens": emb.n_tokens, "ms": statistics.median(samples), "ms_all": samples,
+             "finite": bool(np.isfinite(emb.embeddings).all())}
+        out.append(r)
+        print(f"{side:>5}x{side:<4} llamacmp encode {r['ms']:.1f} ms/image ({r['tokens']} tokens)"
+              f"{'' if r['finite'] else '  NON-FINITE OUTPUT'}")
+    return out
+
+
 # -- llama.cpp ------------------------------------------------------------------------------------------------------
 
 def write_png(path: Path, rgb: np.ndarray) -> None:
@@ -215,17 +267,23 @@ def main() -> None:
     ap.add_argument("--mmproj", type=Path, help="mmproj GGUF for llama-mtmd-cli")
     ap.add_argument("--model", type=Path, help="text model GGUF for llama-mtmd-cli (n_embd = the mmproj's output)")
     ap.add_argument("--lcpp-images", type=int, default=3, help="images per llama-mtmd-cli run (first one warms up)")
-    ap.add_argument("--skip-ours", action="store_true")
+    ap.add_argument("--full", action="store_true", help="also time llamacmp's VisionEncoder on a written mmproj")
+    ap.add_argument("--full-out", type=int, default=64, help="the written mmproj's projection (text hidden) size")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/llamacmp-bench-vision"),
+                    help="where --full writes (and reuses) the mmproj and text fixture")
+    ap.add_argument("--skip-ours", action="store_true", help="skip part 1 (the op-level tower)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     for s in args.sizes:
         if s % 32:
             ap.error(f"--sizes: {s} is not a multiple of patch*merge = 32")
 
-    report: dict = {"ours": [], "llama.cpp": []}
-    if not args.skip_ours:
+    report: dict = {"ours": [], "full": [], "llama.cpp": []}
+    be = None
+    if not args.skip_ours or args.full:
         from llamacmp.backends.cuda import CudaBackend
         be = CudaBackend()
+    if not args.skip_ours:
         d = TowerDims(layers=args.layers, out_dim=args.out_dim)
         t0 = time.perf_counter()
         tower = Tower(be, d)
@@ -241,9 +299,15 @@ def main() -> None:
             print(f"{side:>5}x{side:<4} {r['patches']:>7} {r['tokens']:>6} {r['ms']:>9.1f} {r['gflop']:>8.0f} "
                   f"{r['tflops']:>7.2f}  {bd}{'' if r['finite'] else '  NON-FINITE OUTPUT'}")
 
+    if args.full or (args.lcpp_bin and not (args.mmproj and args.model)):
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        mmproj, text = write_fixture(args.workdir, args.layers, args.full_out)
+        print(f"# fixture files in {args.workdir} ({time.perf_counter() - t0:.1f} s)")
+        args.mmproj, args.model = args.mmproj or mmproj, args.model or text
+        if args.full:
+            report["full"] = bench_full(be, args.mmproj, args.sizes, args.reps)
     if args.lcpp_bin:
-        if not (args.mmproj and args.model):
-            ap.error("--lcpp-bin needs --mmproj and --model")
         print(f"# llama.cpp {args.lcpp_bin / 'llama-mtmd-cli'} on {args.mmproj.name} + {args.model.name}")
         with tempfile.TemporaryDirectory() as tmp:
             for side in args.sizes:

@@ -108,6 +108,20 @@ def _cache_type(flag: str) -> Callable[[str], str]:
     return parse
 
 
+def _fraction(flag: str) -> Callable[[str], float]:
+    def parse(s: str) -> float:
+        x = to_float(s)
+        if not 0.0 < x <= 1.0:
+            raise ValueError(f"{flag} must be in (0, 1], got {s}")
+        return x
+    return parse
+
+
+def _mem_cap(s: str) -> int:
+    from .memplan import parse_gib
+    return parse_gib(s)
+
+
 def _comma_list(s: str) -> list[str]:
     return [x for x in s.split(",") if x]
 
@@ -164,6 +178,19 @@ OPTIONS: tuple[Option, ...] = (
     O("-ctv", "--cache-type-v", value="TYPE", dest="cache_type_v", parse=_cache_type("--cache-type-v"),
       env="LLAMA_ARG_CACHE_TYPE_V", help="KV cache data type for V\nallowed values: " + ", ".join(KV_TYPES)
       + "\n(default: f16)"),
+    # llamacmp's own long-context options (issue 7; llama.cpp has no equivalent: its --fit/-fitt keep a margin of
+    # whatever memory is free, which cannot stand for a smaller card on a bigger one)
+    O("--sparse-prefill", dest="sparse_prefill", neg=("--no-sparse-prefill",),
+      help="block-sparse attention for long prompts: per head and prompt chunk, the key blocks chosen by a probe "
+      "estimate (A-shape, vertical-slash or block-sparse) within --sparse-budget; dense below --sparse-min-len "
+      "keys (default: disabled)"),
+    O("--sparse-budget", value="F", dest="sparse_budget", parse=_fraction("--sparse-budget"),
+      help="fraction of the causal key blocks each head may visit with --sparse-prefill (default: 0.25)"),
+    O("--sparse-min-len", value="N", dest="sparse_min_len", parse=to_int,
+      help="prompt chunks that see fewer keys than this stay dense with --sparse-prefill (default: 16384)"),
+    O("--device-mem-cap", value="GiB", dest="device_mem_cap", parse=_mem_cap,
+      help="most device memory the model, its KV cache and buffers may take, in GiB (or with a unit: 15500MiB); "
+      "the memory plan is checked against it before loading (default: the GPU's free memory less 512 MiB)"),
     O("-ts", "--tensor-split", value="N0,N1,N2,...", dest="tensor_split", parse=tensor_split,
       env="LLAMA_ARG_TENSOR_SPLIT", help="fraction of the model to offload to each GPU, comma-separated list of "
       "proportions, e.g. 3,1"),

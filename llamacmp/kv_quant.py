@@ -98,3 +98,25 @@ def tq3_decode(codes: np.ndarray, norms: np.ndarray, head_dim: int) -> np.ndarra
 def _tq3(x: np.ndarray) -> np.ndarray:
     codes, norms = tq3_codes(x)
     return tq3_decode(codes, norms, x.shape[-1])
+
+
+def block_layout(kv_type: str, head_dim: int) -> tuple[int, int]:
+    """(values per block, bytes per block) of a cache row of one head in this format."""
+    if kv_type in ("f32", "f16"):
+        return 1, int(BYTES_PER_VALUE[kv_type])
+    if kv_type == "q8_0":
+        return 32, 34
+    if kv_type == "q4_0":
+        return 32, 18
+    if kv_type == "tq3":
+        size = min(TQ3_BLOCK, head_dim)
+        return size, 2 + 3 * size // 8
+    raise ValueError(f"unknown KV cache type '{kv_type}' (supported: {', '.join(KV_TYPES)})")
+
+
+def cache_bytes(kv_type: str, n_rows: int, n_heads: int, head_dim: int) -> int:
+    """Bytes of one layer's K (or V) cache [n_rows, n_heads, head_dim] stored in this format."""
+    values, nbytes = block_layout(kv_type, head_dim)
+    if head_dim % values:
+        raise ValueError(f"head dim {head_dim} is not a multiple of the {values}-value {kv_type} block")
+    return n_rows * n_heads * (head_dim // values) * nbytes

@@ -63,6 +63,11 @@ class Params:
     mmap: bool = True
     mlock: bool = False
     kv_offload: bool = True
+    # long context (llamacmp's own; issue 7)
+    sparse_prefill: bool = False        # --sparse-prefill: block-sparse attention for long prompt chunks
+    sparse_budget: float = 0.25         # fraction of causal key blocks a head may visit
+    sparse_min_len: int = 16384         # chunks seeing fewer keys stay dense
+    device_mem_cap: int = 0             # bytes; 0: the GPU's free memory less 512 MiB
     warmup: bool = True
     # sampling
     sampling: SamplingParams = field(default_factory=SamplingParams)

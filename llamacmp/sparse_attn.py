@@ -32,7 +32,7 @@ PATTERNS = ("a_shape", "vertical_slash", "block_sparse")
 class SparseConfig:
     block: int = 64          # query and key block size
     budget: float = 0.25     # fraction of the causal blocks a head may keep
-    min_len: int = 8192      # dense below this many keys
+    min_len: int = 16384     # dense below this many keys
     probe: int = 64          # queries used to estimate each head's pattern (per chunk)
     sink: int = 1            # a_shape: leading blocks always kept
     per_kv_head: bool = True  # one block list per KV head (its q heads' probe mass summed), so that the kernel
@@ -64,6 +64,13 @@ class SparseStats:
         wins = ", ".join(f"{n} {c}" for n, c in zip(PATTERNS, self.patterns))
         return (f"sparse prefill: {self.chunks_sparse} sparse / {self.chunks_dense} dense chunk-layers, "
                 f"{100 * self.density:.1f}% of causal blocks visited; patterns: {wins}")
+
+
+def config_from_params(p) -> SparseConfig | None:
+    """--sparse-prefill / --sparse-budget / --sparse-min-len (params.Params) -> the backend's `sparse` setting."""
+    if not p.sparse_prefill:
+        return None
+    return SparseConfig(budget=p.sparse_budget, min_len=p.sparse_min_len)
 
 
 def causal_blocks(n_blocks: int) -> np.ndarray:

@@ -8,7 +8,9 @@ Q8_0 weights against Q8 activations with integer dots.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -43,6 +45,15 @@ def _size_class(nbytes: int) -> int:
     return -(-n // step) * step
 
 
+def _persistent(method):
+    """CudaBackend methods whose allocations are long-lived (weights, states): made inside arena.persistent()."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.arena.persistent():
+            return method(self, *args, **kwargs)
+    return run
+
+
 class DeviceArena:
     """Device memory of one GPU: chunks cudaMalloc'd on demand up to `cap` bytes, split by bump allocation, with
     freed blocks kept on free lists by size class."""
@@ -54,10 +65,28 @@ class DeviceArena:
         self.in_use = 0             # bytes handed out
         self._cur, self._cur_left = 0, 0
         self._free: dict[int, list[int]] = {}
+        self._exact = False         # inside persistent(): exact (256-aligned) sizes
+
+    @contextlib.contextmanager
+    def persistent(self):
+        """Allocations made inside are long-lived (weights, KV caches, recurrent state): exact sizes. Freed, they
+        still go back to a free list of that size, so a context rebuilt with the same shape reuses them."""
+        prev, self._exact = self._exact, True
+        try:
+            yield
+        finally:
+            self._exact = prev
+
+    def reserve(self, nbytes: int, what: str) -> None:
+        """Take the next `nbytes` in one cudaMalloc (the memory plan's long-lived total), so that the persistent
+        tensors that follow are packed back to back instead of leaving the tail of each 512 MiB chunk unused."""
+        if nbytes > self._cur_left:
+            self._new_chunk(nbytes, what, nbytes)
 
     def alloc(self, nbytes: int, what: str) -> tuple[int, int]:
-        """-> (device pointer, size class). Raises DeviceMemoryError naming `what`."""
-        cls = _size_class(nbytes)
+        """-> (device pointer, size class). Raises DeviceMemoryError naming `what`. Inside `persistent()` the
+        size is only 256-aligned (long-lived tensors are never resized, so rounding them up would waste up to 1/8)."""
+        cls = -(-max(nbytes, 1) // _ALIGN) * _ALIGN if self._exact else _size_class(nbytes)
         free = self._free.get(cls)
         if free:
             self.in_use += cls
@@ -87,8 +116,9 @@ class DeviceArena:
     def _full(self, what: str, need: int) -> DeviceMemoryError:
         return DeviceMemoryError(
             f"out of device memory: {what} needs {need / _MIB:.1f} MiB with {self.in_use / _MIB:.0f} MiB in use "
-            f"of the {self.cap / _MIB:.0f} MiB arena; use a smaller context (-c), an f16 KV cache (-ctk/-ctv f16), "
-            f"fewer parallel slots (-np), or keep fewer layers on the GPU (-ngl)")
+            f"of the {self.cap / _MIB:.0f} MiB arena; use a smaller context (-c), a smaller KV cache format "
+            f"(-ctk q8_0 -ctv tq3, or tq3 for both), fewer parallel slots (-np), a smaller micro-batch (-ub), "
+            f"keep fewer layers on the GPU (-ngl), or raise --device-mem-cap")
 
     def release(self, ptr: int, cls: int) -> None:
         self._free.setdefault(cls, []).append(ptr)
@@ -210,21 +240,35 @@ class CudaBackend(Backend):
         return pos
 
     # -- memory -------------------------------------------------------------------------------------------
+    STAGING_BYTES = 64 << 20   # Q8_0 uploads go through one staging block of this size (memplan.STAGING_PIECE)
+
+    @_persistent
     def upload_matrix(self, w):
         if isinstance(w, Q8Tensor):
             rows, cols = w.shape
-            staging = self.from_host(np.ascontiguousarray(w.blocks), "u8", f"Q8_0 weights [{rows}, {cols}] (staging)")
             m = Q8Matrix(self.empty((rows, cols), "i8", f"Q8_0 weights [{rows}, {cols}]"),
                          self.empty((rows, cols // Q8_0_BLOCK), "f16", f"Q8_0 scales [{rows}, {cols // 32}]"))
-            self.native.cmp_q8_repack(staging.ptr, m.qs.ptr, m.d.ptr, rows, cols)
+            # Row pieces through one fixed-size staging block (the same block every time, from the free list):
+            # staging a whole matrix would leave a dead block of every matrix size behind (1 GiB for the output).
+            row_bytes = cols // Q8_0_BLOCK * 34
+            step = max(1, self.STAGING_BYTES // row_bytes)
+            staging = self.empty((max(self.STAGING_BYTES, row_bytes),), "u8", "the Q8_0 upload staging block")
+            blocks = w.blocks.reshape(rows, row_bytes)
+            for r0 in range(0, rows, step):
+                piece = np.ascontiguousarray(blocks[r0:r0 + step])
+                self.native.cmp_memcpy_h2d(staging.ptr, piece.ctypes.data, piece.nbytes)
+                self.native.cmp_q8_repack(staging.ptr, m.qs.ptr + r0 * cols, m.d.ptr + r0 * (cols // Q8_0_BLOCK) * 2,
+                                          len(piece), cols)
             return m
         w = np.asarray(w)
         dtype = "f16" if w.dtype == np.float16 else "f32"
         return DenseMatrix(self.from_host(w, dtype, f"weights {tuple(w.shape)}"))
 
+    @_persistent
     def upload_vector(self, w):
         return self.from_host(np.asarray(w, np.float32), "f32", f"weights {tuple(np.shape(w))}")
 
+    @_persistent
     def new_state(self, cfg: ModelConfig, n_ctx: int, kv_type: str = "f16", v_type: str | None = None) -> SeqState:
         v_type = v_type or kv_type
         for t in (kv_type, v_type):

@@ -7,23 +7,25 @@ from typing import TextIO
 from .base import Backend
 
 
-def cuda_backend_or_none(device: int = 0) -> Backend | None:
-    """The CUDA backend on `device` if cuda.py imports and reports a usable GPU; never raises."""
+def cuda_backend_or_none(device: int = 0, mem_cap: int | None = None) -> Backend | None:
+    """The CUDA backend on `device` if cuda.py imports and reports a usable GPU; never raises. mem_cap: the most
+    device memory its arena may take, in bytes (--device-mem-cap; default: what is free, less 512 MiB)."""
     try:
         from . import cuda
     except ImportError:
         return None
     try:
-        return cuda.CudaBackend(device=device) if cuda.cuda_available() else None
+        return cuda.CudaBackend(device=device, arena_bytes=mem_cap) if cuda.cuda_available() else None
     except Exception as e:  # a broken driver or library: fall back, but say why
         print(f"warning: CUDA backend failed to start ({e})", file=sys.stderr)
         return None
 
 
-def select_backend(log: TextIO | None = None, device: int = 0, cpu_only: bool = False) -> Backend:
+def select_backend(log: TextIO | None = None, device: int = 0, cpu_only: bool = False,
+                   mem_cap: int | None = None) -> Backend:
     """CUDA if possible; otherwise the numpy reference, announced with one line on `log` (stderr by default).
     cpu_only (llama.cpp's -ngl 0) asks for the numpy reference directly."""
-    backend = None if cpu_only else cuda_backend_or_none(device)
+    backend = None if cpu_only else cuda_backend_or_none(device, mem_cap)
     if backend is not None:
         return backend
     from .numpy_ref import NumpyBackend
@@ -83,9 +85,10 @@ def select_backends(p, log: TextIO | None = None) -> tuple[list[Backend], list[f
         return [select_backend(log)], None
     devices, ratios = plan_devices(n_visible, p.devices, p.split_mode, p.main_gpu, p.tensor_split)
     if len(devices) == 1:
-        be = cuda_backend_or_none(devices[0])
+        be = cuda_backend_or_none(devices[0], getattr(p, "device_mem_cap", 0) or None)
         return [be if be is not None else select_backend(log)], None
-    backends = [cuda.CudaBackend(device=d) for d in devices]
+    from ..models.split import make_cuda_backends
+    backends = make_cuda_backends(devices)
     if ratios is None:      # llama.cpp's default: each device's free memory (equal for one GPU listed twice)
         free = {d: b.native.mem_info()[0] for d, b in zip(devices, backends)}
         ratios = [float(free[d]) for d in devices]

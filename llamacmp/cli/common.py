@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from .. import memplan, sparse_attn
 from ..args import apply_gguf_sampling
 from ..engine.generate import Session, Timings
 from ..params import Params
@@ -83,10 +84,17 @@ def load(p: Params, err: TextIO = sys.stderr) -> Loaded:
         backends, ratios = select_backends(p, err)
     except ValueError as e:          # -dev / -mg / -ts that cannot be honoured
         raise CliError(f"error: {e}") from None
+    for be in backends:
+        be.sparse = sparse_attn.config_from_params(p)
     t0 = time.perf_counter()
     try:
+        if len(backends) == 1:       # a layer split plans each part in models/split.py, not here
+            memplan.prepare_device(backends[0], path, p, p.n_ctx, 1, all_logits=p.tool == "perplexity",
+                                   log=None if quiet else err)
         with loading_indicator(err, quiet):
             lm = load_placed(path, backends, ratios, p.split_bridge, p.n_ubatch, None if quiet else err)
+    except memplan.PlanError as e:
+        raise CliError(f"error: {e}") from None
     except (GGUFError, OSError) as e:
         raise CliError(f"error: failed to load model '{path}': {e}") from None
     except ValueError as e:          # a split that cannot be made (--split-bridge peer without P2P, too few layers)

@@ -81,6 +81,16 @@ class ServerContext:
         from ..loader import load_placed
         p = self.params
         backends = list(backend) if isinstance(backend, (list, tuple)) else [backend]
+        from .. import memplan, sparse_attn
+        for be in backends:
+            be.sparse = sparse_attn.config_from_params(p)
+        if len(backends) == 1:       # the memory plan of the slots the engine will make (refused here if too big)
+            n_ctx0 = p.n_ctx if p.n_ctx > 0 else memplan.context_length(p.model)
+            n_slots0 = 4 if p.n_parallel < 0 else max(1, p.n_parallel)
+            unified0 = self.opts.kv_unified if self.opts.kv_unified is not None else p.n_parallel < 0
+            kv0 = p.cache_type_k if p.cache_type_k in ("f32", "f16") else "f16"     # as EngineConfig below
+            memplan.prepare_device(backends[0], p.model, p, n_ctx0 if unified0 else max(1, n_ctx0 // n_slots0),
+                                   n_slots0, log=sys.stderr, kv_types=(kv0, kv0))
         lm = load_placed(p.model, backends, ratios, p.split_bridge, p.n_ubatch, sys.stderr)
         n_ctx = p.n_ctx if p.n_ctx > 0 else lm.cfg.n_ctx_train
         n_slots = 4 if p.n_parallel < 0 else max(1, p.n_parallel)

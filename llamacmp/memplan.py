@@ -1,0 +1,283 @@
+"""Device memory plan: what a model, its contexts and one micro-batch take on the GPU, computed before anything
+is allocated, so that a run that cannot fit is refused at start-up with the item that did not fit and the flag
+that helps, instead of failing in the middle of a long prompt.
+
+Items (one start-up log line each):
+  weights      every tensor as the CUDA backend stores it (Q8_0 repacked: int8 + f16 scales, 34/32 B a value;
+               other matrices and every vector f32, 256-byte aligned), and the Q8_0 upload staging block
+  KV cache     per attention layer K and V [n_ctx, Hk, Dh] in the -ctk / -ctv format, for every slot
+  GDN state    per GDN layer the conv window [kernel-1, C] and the recurrent state [V, Dk, Dv] f32, every slot
+  activations  the tensors one micro-batch of n_ubatch rows keeps alive in a layer (an upper bound: every
+               distinct activation of an attention layer, a GDN layer and the MLP at once), size-class rounded
+  logits       the output rows of one step ([n_ubatch, n_vocab] when every row's logits are wanted, perplexity)
+  scratch      attention split-K partials for decode, the decode graph's buffers, the weight upload staging
+               piece, and with sparse prefill the probe statistics and block lists of one chunk
+Weights, caches and state are long-lived: the arena takes their total in one piece (DeviceArena.reserve) and
+packs them exactly; the short-lived rest uses its size classes (up to 1/8 rounding), which the plan counts.
+The CUDA context itself (driver, kernels' code, cuda graph objects: a few hundred MiB) lives outside the arena;
+`--device-mem-cap` caps the arena, so leave the card that much room.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from . import kv_quant
+from .config import ModelConfig
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+Q8_0_BLOCK = 32
+
+
+class PlanError(MemoryError):
+    """The plan does not fit the device cap; the message says which item and which flags help."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDesc:
+    name: str
+    type_name: str               # GGUF type: F32, F16, BF16, Q8_0
+    shape: tuple[int, ...]       # numpy order
+
+
+@dataclass(slots=True)
+class PlanItem:
+    name: str
+    nbytes: int
+    detail: str
+
+
+@dataclass(slots=True)
+class MemoryPlan:
+    items: list[PlanItem] = field(default_factory=list)
+    cap: int | None = None       # bytes the arena may take (None: no cap given)
+    cap_from_flag: bool = True   # the cap is --device-mem-cap (False: what the GPU has free)
+
+    @property
+    def total(self) -> int:
+        return sum(i.nbytes for i in self.items)
+
+    @property
+    def persistent(self) -> int:
+        """The long-lived part (weights, KV cache, GDN state): what DeviceArena.reserve takes in one piece."""
+        return sum(i.nbytes for i in self.items if i.name in ("weights", "KV cache", "GDN state"))
+
+    def item(self, name: str) -> PlanItem:
+        return next(i for i in self.items if i.name == name)
+
+    def lines(self) -> list[str]:
+        out = [f"memory plan: {i.name:<12} {i.nbytes / MIB:10.1f} MiB  {i.detail}" for i in self.items]
+        cap = f" of the {self.cap / GIB:.2f} GiB cap" if self.cap is not None else ""
+        out.append(f"memory plan: {'total':<12} {self.total / MIB:10.1f} MiB  ({self.total / GIB:.2f} GiB{cap})")
+        return out
+
+
+# -- the arena's arithmetic ----------------------------------------------------------------------------------------
+
+ALIGN = 256
+
+
+def exact(nbytes: int) -> int:
+    """What a long-lived tensor takes in the arena (DeviceArena.persistent: 256-aligned, no size class)."""
+    return -(-max(nbytes, 1) // ALIGN) * ALIGN
+
+
+def size_class(nbytes: int) -> int:
+    """What a short-lived tensor takes (DeviceArena's size classes)."""
+    from .backends.cuda import _size_class
+    return _size_class(nbytes)
+
+
+# -- items --------------------------------------------------------------------------------------------------------
+
+STAGING_PIECE = 64 * MIB     # CudaBackend.STAGING_BYTES: Q8_0 uploads go through one staging block this size
+
+
+def weight_bytes(tensors: Sequence[TensorDesc]) -> int:
+    """Arena bytes of the weights as the CUDA backend stores them (Q8_0: int8 values + f16 scales; the rest f32,
+    F16/BF16 being widened at load), plus the one staging block Q8_0 uploads go through."""
+    total, q8 = 0, False
+    for t in tensors:
+        if t.type_name == "Q8_0":
+            rows, cols = t.shape
+            total += exact(rows * cols) + exact(rows * (cols // Q8_0_BLOCK) * 2)
+            q8 = True
+        else:
+            total += exact(math.prod(t.shape) * 4)
+    return total + (STAGING_PIECE if q8 else 0)
+
+
+def kv_bytes(cfg: ModelConfig, n_ctx: int, k_type: str, v_type: str) -> int:
+    """One slot's K and V caches over all attention layers."""
+    return len(cfg.attn_layers) * (exact(kv_quant.cache_bytes(k_type, n_ctx, cfg.n_head_kv, cfg.head_dim))
+                                   + exact(kv_quant.cache_bytes(v_type, n_ctx, cfg.n_head_kv, cfg.head_dim)))
+
+
+def gdn_state_bytes(cfg: ModelConfig) -> int:
+    conv = exact((cfg.conv_kernel - 1) * cfg.conv_channels * 4)
+    ssm = exact(cfg.ssm_v_heads * cfg.ssm_head_dim * cfg.ssm_head_dim * 4)
+    return len(cfg.gdn_layers) * (conv + ssm)
+
+
+def activation_bytes(cfg: ModelConfig, T: int) -> int:
+    """Upper bound of what one forward over T rows keeps reserved for activations: every distinct tensor of an
+    attention layer, a GDN layer and the MLP (f32 rows, int8 quantized inputs with f32 scales), size-class
+    rounded, plus the residual stream twice."""
+    D, F, C, Hq, Hk, Dh = cfg.n_embd, cfg.n_ff, cfg.conv_channels, cfg.n_head, cfg.n_head_kv, cfg.head_dim
+    V, VD = cfg.ssm_v_heads, cfg.ssm_inner
+    f32_widths = ([D, D]                                                     # residual x, x + mixed
+                  + [D, 2 * Hq * Dh, Hk * Dh, Hk * Dh, Hq * Dh, Hk * Dh, Hq * Dh, Hq * Dh, Hq * Dh, D]  # attention
+                  + [C, VD, V, V, V, V, C, VD, VD, D]                         # GDN
+                  + [D, F, F, F, D])                                          # MLP
+    q8_widths = [D, Hq * Dh, VD, F]                                          # quantized matmul inputs
+    total = sum(size_class(T * w * 4) for w in f32_widths)
+    total += sum(size_class(T * w) + size_class(T * w // Q8_0_BLOCK * 4) for w in q8_widths)
+    return total
+
+
+def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: int = 1, k_type: str = "f16",
+         v_type: str = "f16", n_ubatch: int = 512, all_logits: bool = False, sparse=None,
+         cap: int | None = None) -> MemoryPlan:
+    """n_ctx: context per slot; sparse: the sparse_attn.SparseConfig in use (adds its per-chunk scratch)."""
+    p = MemoryPlan(cap=cap)
+    n_q8 = sum(1 for t in tensors if t.type_name == "Q8_0")
+    wb = weight_bytes(tensors)
+    p.items.append(PlanItem("weights", wb, f"{len(tensors)} tensors ({n_q8} Q8_0) + the "
+                            f"{STAGING_PIECE // MIB} MiB upload staging block"))
+    per_tok = kv_quant.cache_bytes(k_type, 1, cfg.n_head_kv, cfg.head_dim) + \
+        kv_quant.cache_bytes(v_type, 1, cfg.n_head_kv, cfg.head_dim)
+    p.items.append(PlanItem("KV cache", kv_bytes(cfg, n_ctx, k_type, v_type) * n_slots,
+                            f"-c {n_ctx} x {n_slots} slot(s), -ctk {k_type} -ctv {v_type}: "
+                            f"{len(cfg.attn_layers)} layers x {per_tok} B/token"))
+    p.items.append(PlanItem("GDN state", gdn_state_bytes(cfg) * n_slots,
+                            f"{len(cfg.gdn_layers)} layers of conv + recurrent state x {n_slots} slot(s)"))
+    p.items.append(PlanItem("activations", activation_bytes(cfg, n_ubatch), f"-ub {n_ubatch} rows"))
+    rows = n_ubatch if all_logits else max(1, n_slots)
+    p.items.append(PlanItem("logits", size_class(rows * cfg.n_vocab * 4),
+                            f"{rows} row(s) x {cfg.n_vocab} f32" + (" (all logits)" if all_logits else "")))
+    splitk = size_class(64 * n_slots * cfg.n_head * (cfg.head_dim + 2) * 4)
+    graph = size_class(n_slots * cfg.n_vocab * 4) + 3 * size_class(4 * n_slots)
+    scratch = splitk + graph
+    detail = f"decode split-K {splitk / MIB:.1f} MiB, decode graph {graph / MIB:.1f} MiB"
+    if sparse is not None:
+        nkb = -(-n_ctx // sparse.block)
+        nqb = -(-n_ubatch // sparse.block)
+        stats = 2 * size_class(cfg.n_head * (sparse.probe + nqb) * nkb * 4)
+        lists = size_class(cfg.n_head * nqb * nkb * 4) + size_class(cfg.n_head * (nqb + 1) * 4)
+        scratch += stats + lists
+        detail += f", sparse probe stats + block lists {(stats + lists) / MIB:.1f} MiB"
+    p.items.append(PlanItem("scratch", scratch, detail))
+    return p
+
+
+def check(p: MemoryPlan) -> None:
+    """Raise PlanError when the plan passes its cap, naming the largest items and the flags that shrink them."""
+    if p.cap is None or p.total <= p.cap:
+        return
+    over = p.total - p.cap
+    big = sorted(p.items, key=lambda i: -i.nbytes)
+    parts = ", ".join(f"{i.name} {i.nbytes / GIB:.2f} GiB" for i in big[:3])
+    kv = p.item("KV cache")
+    hints = [f"a smaller context (-c): the KV cache is {kv.nbytes / GIB:.2f} GiB ({kv.detail})",
+             "a smaller KV cache format (-ctk q8_0 -ctv tq3, or -ctk tq3 -ctv tq3: 0.195x f16)",
+             "fewer parallel slots (-np)", "a smaller micro-batch (-ub)"]
+    what = "device memory cap (--device-mem-cap)" if p.cap_from_flag else "free device memory"
+    raise PlanError(f"the model does not fit the {what}: it needs {p.total / GIB:.2f} GiB, "
+                    f"{over / GIB:.2f} GiB more than the {p.cap / GIB:.2f} GiB available (largest: {parts}); "
+                    f"use " + "; ".join(hints) + (", or raise --device-mem-cap" if p.cap_from_flag else ""))
+
+
+def tensors_of(f) -> list[TensorDesc]:
+    """The tensors of an open GGUFFile, in file order."""
+    return [TensorDesc(n, f.info(n).type_name, tuple(f.info(n).shape)) for n in f.names()]
+
+
+def upload_order(tensors: Sequence[TensorDesc], cfg: ModelConfig) -> list[TensorDesc]:
+    """The order Qwen35Model uploads them (token_embd, output, output_norm, then per layer its mixer, norms, MLP),
+    which is the order the arena sees."""
+    by = {t.name: t for t in tensors}
+    names = ["token_embd.weight", "output.weight", "output_norm.weight"]
+    for il in range(cfg.n_layer):
+        b = f"blk.{il}."
+        if cfg.is_attention(il):
+            mixer = ["attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "attn_q_norm.weight",
+                     "attn_k_norm.weight"]
+        else:
+            mixer = ["attn_qkv.weight", "attn_gate.weight", "ssm_beta.weight", "ssm_alpha.weight",
+                     "ssm_conv1d.weight", "ssm_dt.bias", "ssm_a", "ssm_norm.weight", "ssm_out.weight"]
+        names += [b + m for m in mixer] + [b + m for m in ("attn_norm.weight", "post_attention_norm.weight",
+                                                          "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")]
+    ordered = [by[n] for n in names if n in by]
+    seen = {t.name for t in ordered}
+    return ordered + [t for t in tensors if t.name not in seen]
+
+
+def parse_gib(s: str) -> int:
+    """--device-mem-cap value: GiB as a number ('16', '15.5'), or with a unit: '16G', '16GiB', '15000M', '15000MiB'
+    -> bytes."""
+    t = s.strip()
+    low = t.lower()
+    for unit, mult in (("gib", GIB), ("mib", MIB), ("g", GIB), ("m", MIB)):
+        if low.endswith(unit):
+            value = float(t[:-len(unit)])
+            break
+    else:
+        value, mult = float(t), GIB
+    if not value > 0:
+        raise ValueError(f"device memory cap must be positive, got '{s}'")
+    return int(value * mult)
+
+
+def shape_model(shape_name: str, n_vocab: int, dtype: str = "q8_0") -> tuple[list[TensorDesc], ModelConfig]:
+    """The tensors and config of a fixtures/writer.py shape (e.g. the real 9B shapes) without writing the file:
+    what planning a real model of that shape gives."""
+    from .fixtures.writer import SHAPES, ggml_type, tensor_specs
+    s = SHAPES[shape_name]
+    names = {0: "F32", 1: "F16", 8: "Q8_0"}
+    tensors = [TensorDesc(t.name, names[int(ggml_type(t, dtype))], t.shape) for t in tensor_specs(s, n_vocab)]
+    cfg = ModelConfig(n_layer=s.n_layer, n_embd=s.n_embd, n_ff=s.n_ff, n_head=s.n_head, n_head_kv=s.n_head_kv,
+                      head_dim=s.head_dim, n_vocab=n_vocab, n_ctx_train=s.n_ctx_train, rms_eps=1e-6,
+                      rope_base=s.rope_base, n_rot=s.n_rot, rope_sections=tuple(s.rope_sections),
+                      conv_kernel=s.conv_kernel, ssm_k_heads=s.ssm_k_heads, ssm_v_heads=s.ssm_v_heads,
+                      ssm_head_dim=s.ssm_head_dim, full_attention_interval=s.full_attention_interval,
+                      tied_embeddings=s.tied)
+    return upload_order(tensors, cfg), cfg
+
+
+def context_length(path: str) -> int:
+    """The model's training context (what -c 0 means), read from the GGUF header."""
+    from .config import ModelConfig
+    from .gguf_file import GGUFFile
+    f = GGUFFile(path)
+    n_vocab = len(f.metadata.get("tokenizer.ggml.tokens", [])) or f.info("token_embd.weight").shape[0]
+    return ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight")).n_ctx_train
+
+
+def prepare_device(backend, path: str, params, n_ctx: int, n_slots: int = 1, all_logits: bool = False,
+                   log=None, kv_types: tuple[str, str] | None = None) -> MemoryPlan | None:
+    """Before a model is loaded onto a CUDA backend: plan its memory against the arena's cap (--device-mem-cap, or
+    what the GPU has free), write one log line per item to `log` (None: silent), raise PlanError when it does not
+    fit, and reserve the long-lived part in one piece. Other backends: None (host memory is not planned).
+    kv_types: the (K, V) cache formats when they are not params' -ctk / -ctv (the server's engine)."""
+    if backend.name != "cuda":
+        return None
+    from .config import ModelConfig
+    from .gguf_file import GGUFFile
+    f = GGUFFile(path)
+    n_vocab = len(f.metadata.get("tokenizer.ggml.tokens", [])) or f.info("token_embd.weight").shape[0]
+    cfg = ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight"))
+    free, _total = backend.native.mem_info()
+    cap = min(backend.arena.cap, free)
+    from_flag = bool(params.device_mem_cap) and params.device_mem_cap <= free
+    k_type, v_type = kv_types or (params.cache_type_k, params.cache_type_v)
+    p = plan(upload_order(tensors_of(f), cfg), cfg, n_ctx or cfg.n_ctx_train, n_slots, k_type, v_type,
+             max(1, min(params.n_batch, params.n_ubatch)), all_logits, backend.sparse, cap)
+    p.cap_from_flag = from_flag
+    if log is not None:
+        log.write("".join(line + "\n" for line in p.lines()))
+    check(p)
+    backend.arena.reserve(p.persistent, "the weights, KV cache and recurrent state (memory plan)")
+    return p

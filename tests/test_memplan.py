@@ -1,0 +1,130 @@
+"""Device memory plan: the real 9B arithmetic (262144 context on a 16 GiB card), fixture files, the refusal text,
+the option; and on a GPU, the plan against what the arena really takes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamacmp import kv_quant, memplan
+from llamacmp.args import parse_args
+from llamacmp.gguf_file import GGUFFile
+
+GIB, MIB = memplan.GIB, memplan.MIB
+
+
+@pytest.fixture(scope="module")
+def nine_b():
+    return memplan.shape_model("9b", 248320)
+
+
+def test_9b_shape_arithmetic(nine_b):
+    tensors, cfg = nine_b
+    assert (len(cfg.attn_layers), len(cfg.gdn_layers), cfg.n_head_kv, cfg.head_dim) == (8, 24, 4, 256)
+    # weights: the Q8_0 file's 8.86 GiB of tensor data (34 bytes per 32 values) as int8 + f16 scales
+    q8_values = sum(int(np.prod(t.shape)) for t in tensors if t.type_name == "Q8_0")
+    f32_values = sum(int(np.prod(t.shape)) for t in tensors if t.type_name != "Q8_0")
+    data = memplan.weight_bytes(tensors) - memplan.STAGING_PIECE
+    assert data - (q8_values * 34 // 32 + f32_values * 4) < 256 * len(tensors) * 2
+    assert 8.85 < data / GIB < 8.88
+    # KV per token over the 8 attention layers: f16 32 KiB, tq3 0.195x of it
+    per_tok = {t: memplan.kv_bytes(cfg, 1024, t, t) // 1024 for t in ("f16", "q8_0", "q4_0", "tq3")}
+    assert per_tok == {"f16": 8 * 4 * 256 * 2 * 2, "q8_0": 8 * 4 * 8 * 34 * 2, "q4_0": 8 * 4 * 8 * 18 * 2,
+                       "tq3": 8 * 4 * 2 * 50 * 2}
+    assert per_tok["tq3"] / per_tok["f16"] <= 0.21
+    # GDN state per slot: 24 x (3 x 8192 conv + 32 x 128 x 128 state) f32
+    assert memplan.gdn_state_bytes(cfg) == 24 * (3 * 8192 * 4 + 32 * 128 * 128 * 4)
+
+
+@pytest.mark.parametrize("k, v, fits", [("tq3", "tq3", True), ("q8_0", "tq3", True), ("q8_0", "q8_0", True),
+                                         ("f16", "f16", False)])
+def test_9b_full_context_under_16_gib(nine_b, k, v, fits):
+    tensors, cfg = nine_b
+    p = memplan.plan(tensors, cfg, 262144, 1, k, v, 512, cap=16 * GIB)
+    per_tok = 8 * (kv_quant.cache_bytes(k, 1, 4, 256) + kv_quant.cache_bytes(v, 1, 4, 256))
+    assert p.item("KV cache").nbytes == 262144 * per_tok
+    assert len(p.lines()) == len(p.items) + 1 and all(line.startswith("memory plan: ") for line in p.lines())
+    if fits:
+        memplan.check(p)
+        assert p.total < 16 * GIB
+    else:
+        with pytest.raises(memplan.PlanError) as e:
+            memplan.check(p)
+        text = str(e.value)
+        for must in ("-c", "-ctk q8_0 -ctv tq3", "-np", "-ub", "KV cache 8.00 GiB", "--device-mem-cap"):
+            assert must in text, must
+    if (k, v) == ("tq3", "tq3"):        # the issue's configuration, with room for the CUDA context on a 16 GB card
+        assert p.total < 11.5 * GIB
+
+
+def test_plan_items_follow_slots_ubatch_logits_and_sparse(nine_b):
+    tensors, cfg = nine_b
+    base = memplan.plan(tensors, cfg, 8192, 1, "f16", "f16", 512)
+    two = memplan.plan(tensors, cfg, 8192, 2, "f16", "f16", 512)
+    assert two.item("KV cache").nbytes == 2 * base.item("KV cache").nbytes
+    assert two.item("GDN state").nbytes == 2 * base.item("GDN state").nbytes
+    assert memplan.plan(tensors, cfg, 8192, 1, "f16", "f16", 2048).item("activations").nbytes > \
+        3 * base.item("activations").nbytes
+    ppl = memplan.plan(tensors, cfg, 8192, 1, "f16", "f16", 512, all_logits=True)
+    assert ppl.item("logits").nbytes >= 512 * 248320 * 4
+    from llamacmp.sparse_attn import SparseConfig
+    sp = memplan.plan(tensors, cfg, 8192, 1, "f16", "f16", 512, sparse=SparseConfig())
+    assert sp.item("scratch").nbytes > base.item("scratch").nbytes
+    assert base.cap is None
+    memplan.check(base)                  # no cap: nothing to refuse
+
+
+def test_fixture_file_plan_matches_its_tensors(fixture_gguf):
+    f = GGUFFile(fixture_gguf("small", "q8_0"))
+    tensors = memplan.tensors_of(f)
+    from llamacmp.config import ModelConfig
+    cfg = ModelConfig.from_metadata(f.metadata, n_vocab=f.info("token_embd.weight").shape[0],
+                                    tied=not f.has("output.weight"))
+    ordered = memplan.upload_order(tensors, cfg)
+    assert sorted(t.name for t in ordered) == sorted(t.name for t in tensors)
+    assert ordered[0].name == "token_embd.weight"
+    q8 = [t for t in tensors if t.type_name == "Q8_0"]
+    assert q8, "the q8_0 fixture has Q8_0 matrices"
+    expect = sum(memplan.exact(t.shape[0] * t.shape[1]) + memplan.exact(t.shape[0] * t.shape[1] // 32 * 2)
+                 for t in q8) + sum(memplan.exact(int(np.prod(t.shape)) * 4) for t in tensors if t not in q8)
+    assert memplan.weight_bytes(tensors) == expect + memplan.STAGING_PIECE
+    p = memplan.plan(ordered, cfg, 4096, 1, "q8_0", "tq3", 64)
+    assert p.item("KV cache").nbytes == len(cfg.attn_layers) * (
+        memplan.exact(kv_quant.cache_bytes("q8_0", 4096, cfg.n_head_kv, cfg.head_dim))
+        + memplan.exact(kv_quant.cache_bytes("tq3", 4096, cfg.n_head_kv, cfg.head_dim)))
+
+
+def test_cache_bytes_match_kv_quant_bytes_per_value():
+    for t in kv_quant.KV_TYPES:
+        assert kv_quant.cache_bytes(t, 10, 4, 256) == pytest.approx(10 * 4 * 256 * kv_quant.BYTES_PER_VALUE[t])
+    with pytest.raises(ValueError, match="q8_0"):
+        kv_quant.cache_bytes("q8_0", 1, 1, 48)
+
+
+def test_device_mem_cap_option():
+    p = parse_args("cli", ["--device-mem-cap", "15.5"]).params
+    assert p.device_mem_cap == int(15.5 * GIB)
+    assert parse_args("server", ["--device-mem-cap", "15000MiB"]).params.device_mem_cap == 15000 * MIB
+    assert parse_args("perplexity", ["--device-mem-cap", "16G"]).params.device_mem_cap == 16 * GIB
+    assert parse_args("cli", []).params.device_mem_cap == 0
+    from llamacmp.arg_values import ArgError
+    with pytest.raises(ArgError, match="--device-mem-cap"):
+        parse_args("cli", ["--device-mem-cap", "-1"])
+
+
+@pytest.mark.cuda
+def test_plan_matches_the_arena_on_the_gpu(fixture_gguf, cuda_backend):
+    """The long-lived part the plan reserves is what loading and one context really take (on a fresh arena)."""
+    from llamacmp.backends.cuda import CudaBackend
+    from llamacmp.loader import load_model
+    path = fixture_gguf("small", "q8_0")
+    params = parse_args("completion", ["-c", "4096", "-ctk", "f16", "-ctv", "f16"]).params
+    be = CudaBackend(arena_bytes=2 * GIB)
+    try:
+        p = memplan.prepare_device(be, path, params, 4096, 1)
+        lm = load_model(path, be)
+        state = be.new_state(lm.cfg, 4096, "f16", "f16")
+        assert be.arena.reserved == p.persistent                  # one piece, nothing more yet
+        assert abs(be.arena.in_use - p.persistent) <= 256 * 64    # packed: only alignment differs
+        del state
+    finally:
+        be.arena.close()

@@ -51,11 +51,22 @@ def test_layernorm_bias_gelu():
     want = (x - m) / np.sqrt(((x - m) ** 2).mean(1, keepdims=True) + 1e-6) * w + b
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(be.bias_add(x, b), x + b, rtol=1e-6)
-    g = be.gelu(np.array([[-12.0, -1.0, 0.0, 0.5, 3.0]], np.float32))
-    ref = [0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3))) for v in (-12, -1, 0, .5, 3)]
-    np.testing.assert_allclose(g[0], ref, rtol=1e-6, atol=1e-7)
-    # not the erf form: at x = 1 the two differ by ~1.5e-4
-    assert abs(g[0, 1] - (-1 * 0.5 * (1 + math.erf(-1 / math.sqrt(2))))) > 1e-5
+    vals = (-12.0, -10.0, -1.0, 0.0, 0.1234567, 0.5, 3.0, 9.99, 10.0, 11.5)
+    g = be.gelu(np.array([vals], np.float32))[0]
+
+    def table(v):       # ggml-cpu's GGML_GELU_FP16 path, written out: f16 in, f32 formula, f16 out
+        if v <= -10:
+            return 0.0
+        if v >= 10:
+            return v
+        h = float(np.float16(v))
+        return float(np.float16(0.5 * h * (1 + math.tanh(math.sqrt(2 / math.pi) * h * (1 + 0.044715 * h * h)))))
+    np.testing.assert_array_equal(g, np.array([table(v) for v in vals], np.float32))
+    # the f16 roundings are real: 0.1234567 is not an f16 value and its GELU lands on an f16 grid point
+    exact = 0.5 * 0.1234567 * (1 + math.tanh(math.sqrt(2 / math.pi) * (0.1234567 + 0.044715 * 0.1234567 ** 3)))
+    assert g[4] != np.float32(exact) and g[4] == float(np.float16(g[4]))
+    # not the erf form: at x = -1 they differ by ~1.5e-4 (more than the f16 step there)
+    assert abs(g[2] - (-1 * 0.5 * (1 + math.erf(-1 / math.sqrt(2))))) > 1e-4
 
 
 def test_attention_full_is_noncausal_softmax():

@@ -42,6 +42,10 @@ class SeqState:
     n_past: int = 0
     k_type: str = "f16"
     v_type: str = "f16"
+    # Rotary position minus cache row for the tokens that follow an image (llama.cpp's M-RoPE counting: an
+    # image of nx x ny tokens takes nx*ny cache rows but max(nx, ny) positions). 0 for text-only sequences;
+    # set by vision.prompt when it evaluates an image; StepBatch.build then fills rope_pos.
+    rope_shift: int = 0
 
 
 @dataclass(slots=True)
@@ -80,8 +84,13 @@ class StepBatch:
             positions.extend(range(state.n_past, state.n_past + len(toks)))
             segments.append(Segment(start, len(toks), state))
             out.extend(range(start, start + len(toks)) if all_logits else [start + len(toks) - 1])
-        return cls(np.asarray(tokens, np.int32), np.asarray(positions, np.int32), segments,
-                   np.asarray(out, np.int32))
+        batch = cls(np.asarray(tokens, np.int32), np.asarray(positions, np.int32), segments,
+                    np.asarray(out, np.int32))
+        if any(seg.state.rope_shift for seg in segments):
+            # text after an image: every axis at the shifted position (IMROPE with equal axes = NeoX there)
+            shift = np.concatenate([np.full(seg.length, seg.state.rope_shift, np.int32) for seg in segments])
+            batch.rope_pos = np.repeat((batch.positions + shift)[:, None], 4, axis=1).astype(np.int32)
+        return batch
 
 
 class Backend(ABC):
@@ -202,12 +211,14 @@ class Backend(ABC):
 
     @abstractmethod
     def gelu(self, x: Tensor) -> Tensor:
-        """x [T, N] -> the tanh-approximated GELU, elementwise:
-        0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))).
-        This is ggml_gelu (NOT ggml_gelu_erf): what clip.cpp's build_ffn applies for FFN_GELU, which qwen3vl uses
-        both in the ViT blocks (clip.use_gelu = true) and in the merger MLP. llama.cpp's CPU backend evaluates it
-        through an f16 lookup table (input rounded to f16, result rounded to f16, x <= -10 -> 0, x >= 10 -> x);
-        the reference computes the formula in float64 without the table, as ggml's CUDA backend does in f32."""
+        """x [T, N] -> the tanh-approximated GELU as llama.cpp's CPU backend evaluates it, elementwise:
+            x <= -10: 0;   x >= 10: x;   otherwise f16( g(f16(x)) ),
+            g(v) = 0.5 * v * (1 + tanh(sqrt(2/pi) * v * (1 + 0.044715 * v^2)))   (computed in f32 or wider)
+        where f16() rounds to the nearest half (ties to even) and back to f32. This is ggml_gelu (NOT
+        ggml_gelu_erf), what clip.cpp's build_ffn applies for FFN_GELU, which qwen3vl uses in the ViT blocks
+        (clip.use_gelu = true) and in the merger MLP; ggml-cpu computes it through a 65536-entry f16 table
+        (GGML_GELU_FP16), hence the two roundings. Matching them matters: the plain f32 formula moves the tiny
+        fixtures' embeddings by ~7e-4 relative, enough to flip near-tied greedy tokens against the goldens."""
 
     @abstractmethod
     def rope_vision(self, x: Tensor, pos: np.ndarray, n_heads: int, head_dim: int,

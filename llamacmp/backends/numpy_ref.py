@@ -115,7 +115,7 @@ def rope_vision_angles(pos: np.ndarray, head_dim: int, sections, theta: float) -
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """ggml_gelu's formula (tanh approximation), elementwise."""
+    """ggml_gelu's formula (tanh approximation), elementwise, without the CPU table's f16 roundings."""
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
@@ -337,7 +337,9 @@ class NumpyBackend(Backend):
         return (n * w + b).astype(np.float32)
 
     def gelu(self, x):
-        return gelu_tanh(x.astype(np.float64)).astype(np.float32)
+        x = np.asarray(x, np.float32)
+        g = gelu_tanh(x.astype(np.float16).astype(np.float64)).astype(np.float16).astype(np.float32)
+        return np.where(x <= -10.0, np.float32(0.0), np.where(x >= 10.0, x, g)).astype(np.float32)
 
     def rope_vision(self, x, pos, n_heads, head_dim, sections, theta):
         T = len(x)

@@ -145,13 +145,16 @@ int cmp_argmax(const float* x, int32_t* out, int R, int N);
 // repeat/frequency/presence penalties over the window hist [n_hist <= 4096] (the last penalty_last_n accepted
 // tokens; n_hist 0 disables them) -> top-k (top_k = min(max(top_k, min_keep), N), 1..1024) -> top-p -> min-p ->
 // temperature (<= 0: the best candidate) -> categorical draw by inverse CDF at u in [0, 1) (the host's seeded
-// generator). work [N] f32 scratch; out [1] int32 (device). All arrays device memory; params host memory.
+// generator). work [N] f32 scratch; out [1] int32 (device); n_out [1] int32 (device, may be null): the candidates
+// left for the draw (1 at temp <= 0), so the host can tell whether its sampler would have drawn a number at all.
+// All arrays device memory; params host memory.
 typedef struct CmpSamplerParams {
     float temp, top_p, min_p, penalty_repeat, penalty_freq, penalty_present;
     int top_k, min_keep;
 } CmpSamplerParams;
 int cmp_sample(const float* logits, float* work, const int32_t* hist, int n_hist, const int32_t* bias_ids,
-               const float* bias_vals, int n_bias, const CmpSamplerParams* params, float u, int32_t* out, int N);
+               const float* bias_vals, int n_bias, const CmpSamplerParams* params, float u, int32_t* out,
+               int32_t* n_out, int N);
 
 // ---- dense.cu -------------------------------------------------------------------------------------------------
 // y [T, rows] = x [T, n] f32 . W [rows, n]^T, W f32 or f16 (w_dtype: CmpDtype); FP32 (FFMA) accumulation, no tensor

@@ -96,6 +96,7 @@ sample_kernel(const float* __restrict__ logits,    // [N]
               const float* __restrict__ bias_vals,   // [n_bias]
               int n_bias, CmpSamplerParams p, float u,
               int32_t* __restrict__ out,           // [1]
+              int32_t* __restrict__ n_out,         // [1] or null: candidates left for the draw
               int N) {
     __shared__ float cv[SAMPLE_NT];
     __shared__ int ci[SAMPLE_NT];
@@ -273,6 +274,9 @@ sample_kernel(const float* __restrict__ logits,    // [N]
             }
         }
         out[0] = ci[pick];
+        // The host sampler draws a uniform number only when more than one candidate is left; the caller reads this
+        // to give back the number it drew for a draw that did not need one, keeping its generator in step.
+        if (n_out != nullptr) n_out[0] = p.temp > 0.f ? n : 1;
     }
 }
 
@@ -292,7 +296,7 @@ extern "C" int cmp_argmax(const float* x, int32_t* out, int R, int N) {
 
 extern "C" int cmp_sample(const float* logits, float* work, const int32_t* hist, int n_hist, const int32_t* bias_ids,
                           const float* bias_vals, int n_bias, const CmpSamplerParams* params, float u, int32_t* out,
-                          int N) {
+                          int32_t* n_out, int N) {
     CMP_REQUIRE(params != nullptr && N > 0, "cmp_sample: bad arguments (N=%d)", N);
     const CmpSamplerParams p = *params;
     CMP_REQUIRE(p.top_k >= 1 && p.top_k <= SAMPLE_NT && p.top_k <= N,
@@ -302,6 +306,6 @@ extern "C" int cmp_sample(const float* logits, float* work, const int32_t* hist,
                 PENALTY_MAX_WINDOW);
     CMP_REQUIRE(n_bias >= 0, "cmp_sample: n_bias %d", n_bias);
     CMP_REQUIRE(u >= 0.f && u < 1.f, "cmp_sample: u=%g outside [0, 1)", (double)u);
-    sample_kernel<<<1, SAMPLE_NT, 0, stream()>>>(logits, work, hist, n_hist, bias_ids, bias_vals, n_bias, p, u, out, N);
+    sample_kernel<<<1, SAMPLE_NT, 0, stream()>>>(logits, work, hist, n_hist, bias_ids, bias_vals, n_bias, p, u, out, n_out, N);
     return check_launch("sample_kernel");
 }

@@ -58,8 +58,9 @@ class DeviceArena:
     """Device memory of one GPU: chunks cudaMalloc'd on demand up to `cap` bytes, split by bump allocation, with
     freed blocks kept on free lists by size class."""
 
-    def __init__(self, native: Native, cap: int):
-        self.native, self.cap = native, cap
+    def __init__(self, native: Native, cap: int, chunk: int = _CHUNK):
+        """chunk: bytes cudaMalloc'd at a time (a larger block gets a chunk of its own)."""
+        self.native, self.cap, self.chunk = native, cap, chunk
         self.chunks: list[int] = []
         self.reserved = 0           # bytes cudaMalloc'd
         self.in_use = 0             # bytes handed out
@@ -92,7 +93,7 @@ class DeviceArena:
             self.in_use += cls
             return free.pop(), cls
         if cls > self._cur_left:
-            self._new_chunk(max(_CHUNK, cls), what, cls)
+            self._new_chunk(max(self.chunk, cls), what, cls)
         ptr = self._cur
         self._cur += cls
         self._cur_left -= cls
@@ -187,6 +188,7 @@ class CudaBackend(Backend):
     name = "cuda"
 
     MAX_FUSED = 4   # matrices per cmp_matmul_q8_multi launch
+    GEMV_MAX_ROWS = 8  # rows cmp_matmul_q8_multi runs on its GEMV path (matmul_q8.cu GEMV_MAX_T), each row alone
 
     GDN_CHUNK = 64  # segments at least this long take the chunked GDN kernel (when gdn_chunked is on)
 
@@ -203,7 +205,9 @@ class CudaBackend(Backend):
         self.device = device
         free, _total = self.native.mem_info()
         self.arena = DeviceArena(self.native, arena_bytes if arena_bytes is not None else max(free - 512 * _MIB, 0))
-        self.capturing = False     # set by CapturedStep: size attention splits for the whole context
+        # set by CapturedStep while it records a decode step: attention splits sized for the whole context, Q8
+        # projections in launches of at most GEMV_MAX_ROWS rows (both: a row's result independent of the batch)
+        self.capturing = False
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def empty(self, shape, dtype: str = "f32", what: str = "an activation") -> DeviceTensor:
@@ -345,14 +349,21 @@ class CudaBackend(Backend):
         if q8:
             xq, xd = self.quantize(x)
             group = self.MAX_FUSED if self.fuse_projections else 1
+            # A captured decode step launches at most GEMV_MAX_ROWS rows at a time: the GEMV computes each row with
+            # the single-row reduction order, so a sequence's logits do not depend on which others share the step
+            # (the tiled GEMM for more rows sums in another order).
+            step = max(1, min(T, self.GEMV_MAX_ROWS) if self.capturing else T)
             for g0 in range(0, len(q8), group):
                 idx = q8[g0:g0 + group]
                 k = len(idx)
-                self.native.cmp_matmul_q8_multi(
-                    xq.ptr, xd.ptr, k, (ctypes.c_void_p * k)(*(ws[i].qs.ptr for i in idx)),
-                    (ctypes.c_void_p * k)(*(ws[i].d.ptr for i in idx)),
-                    (ctypes.c_void_p * k)(*(outs[i].ptr for i in idx)), (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)),
-                    T, n)
+                for t0 in range(0, T, step):
+                    tn = min(step, T - t0)
+                    self.native.cmp_matmul_q8_multi(
+                        xq.row_ptr(t0), xd.row_ptr(t0), k,
+                        (ctypes.c_void_p * k)(*(ws[i].qs.ptr for i in idx)),
+                        (ctypes.c_void_p * k)(*(ws[i].d.ptr for i in idx)),
+                        (ctypes.c_void_p * k)(*(outs[i].row_ptr(t0) for i in idx)),
+                        (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)), tn, n)
         for i, w in enumerate(ws):
             if not isinstance(w, Q8Matrix):
                 self.native.cmp_matmul_dense(x.ptr, w.w.ptr, _KV_CODES[w.w.dtype], outs[i].ptr, T, w.shape[0], n)
@@ -495,18 +506,59 @@ class CudaBackend(Backend):
         bias = {int(t): float(v) for t, v in params.logit_bias.items()}
         if params.ignore_eos:
             bias.update({int(t): -np.inf for t in eog_ids})
-        hist_d = self.from_host(np.asarray(hist or [0], np.int32), "i32", "penalty window")
-        ids_d = self.from_host(np.asarray(list(bias) or [0], np.int32), "i32", "logit bias ids")
-        vals_d = self.from_host(np.asarray(list(bias.values()) or [0.0], np.float32), "f32", "logit bias values")
-        work = self.empty((N,), what="sampling scratch")
         out = out if out is not None else self.empty((1,), "i32", "sampled id")
-        # a double just below 1 rounds to 1.0f; the kernel wants [0, 1)
-        u32 = min(float(np.float32(u)), float(np.nextafter(np.float32(1), np.float32(0))))
         cp = CmpSamplerParams(params.temp, params.top_p, params.min_p, params.penalty_repeat, params.penalty_freq,
                               params.penalty_present, k, params.min_keep)
-        self.native.cmp_sample(logits.ptr + row * N * 4, work.ptr, hist_d.ptr, len(hist), ids_d.ptr, vals_d.ptr,
-                               len(bias), ctypes.byref(cp), u32, out.ptr, N)
+        self._sample_launch(logits, row, cp, np.asarray(hist, np.int32), bias, u, out.ptr, None,
+                            self.empty((N,), what="sampling scratch"))
         return out
+
+    def _sample_launch(self, logits: DeviceTensor, row: int, cp, window: np.ndarray, bias: dict, u: float,
+                       out_ptr: int, n_ptr: int | None, work: DeviceTensor) -> None:
+        """cmp_sample on row `row` of logits [R, N]: writes the id at out_ptr (and the candidates left at n_ptr)."""
+        N = logits.shape[-1]
+        hist_d = self.from_host(np.asarray(window if len(window) else [0], np.int32), "i32", "penalty window")
+        ids_d = self.from_host(np.asarray(list(bias) or [0], np.int32), "i32", "logit bias ids")
+        vals_d = self.from_host(np.asarray(list(bias.values()) or [0.0], np.float32), "f32", "logit bias values")
+        # a double just below 1 rounds to 1.0f; the kernel wants [0, 1)
+        u32 = min(float(np.float32(u)), float(np.nextafter(np.float32(1), np.float32(0))))
+        self.native.cmp_sample(logits.ptr + row * N * 4, work.ptr, hist_d.ptr, len(window), ids_d.ptr, vals_d.ptr,
+                               len(bias), ctypes.byref(cp), u32, out_ptr, n_ptr, N)
+
+    def sample_rows(self, logits: DeviceTensor, specs: Sequence) -> tuple[np.ndarray, np.ndarray]:
+        """logits [R, N] on the device; specs [R]: a base.RowSample (the chain at its u) or None (argmax) ->
+        (ids [R] int32, candidates left for each draw [R] int32; 1 for argmax rows), the only bytes that cross.
+        One argmax launch covers every row; chain rows then overwrite their id (same stream, so in order).
+        Specs must respect SAMPLE_MAX_K / SAMPLE_MAX_WINDOW (engine/decode.py sends other rows to the host)."""
+        R, N = logits.shape
+        if len(specs) != R:
+            raise ValueError(f"sample_rows: {len(specs)} specs for {R} rows")
+        out = self.empty((2 * R,), "i32", "sampled ids")      # ids, then candidates left
+        self.native.cmp_argmax(logits.ptr, out.ptr, R, N)
+        work = None
+        for r, sp in enumerate(specs):
+            if sp is None:
+                continue
+            work = work if work is not None else self.empty((N,), what="sampling scratch")
+            cp = CmpSamplerParams(sp.temp, sp.top_p, sp.min_p, sp.penalty_repeat, sp.penalty_freq,
+                                  sp.penalty_present, sp.top_k, sp.min_keep)
+            self._sample_launch(logits, r, cp, sp.window, sp.bias, sp.u, out.ptr + 4 * r, out.ptr + 4 * (R + r), work)
+        both = self.ids_to_host(out)
+        n = both[R:].copy()
+        n[[sp is None for sp in specs]] = 1
+        return both[:R].copy(), n
+
+    def row_to_host(self, logits: DeviceTensor, row: int) -> np.ndarray:
+        """logits [R, N] -> float32 copy of row `row` [N] (one row crosses, not the batch)."""
+        N = logits.shape[-1]
+        out = np.empty(N, np.float32)
+        self.native.cmp_memcpy_d2h(out.ctypes.data, logits.ptr + row * N * 4, out.nbytes)
+        return out
+
+    def decode_graphs(self, model, capacity: int = 8):
+        """engine/decode.py's decode steps on CUDA graphs (backends/cuda_graphs.DecodeGraphs)."""
+        from .cuda_graphs import DecodeGraphs
+        return DecodeGraphs(self, model, capacity)
 
     def ids_to_host(self, ids: DeviceTensor) -> np.ndarray:
         """int32 [R] device ids -> host (waits for the stream)."""
@@ -579,76 +631,5 @@ class CudaBackend(Backend):
         self.native.cmp_set_stream(self.stream)
 
 
-class CapturedStep:
-    """One decode step (one new token for each of the given states) captured once as a CUDA graph and replayed.
 
-    The graph reads the token ids, positions and output rows from device buffers owned here, and the kernels take
-    the key count from the positions, so a replay needs only two small uploads; attention splits are sized for
-    the states' whole context at capture time. Intermediate tensors of the captured forward go back to the arena
-    after capture: every replay writes them before reading them, on the same stream, so reusing their blocks for
-    other work between replays is safe.
-    """
-
-    def __init__(self, be: CudaBackend, model, states: Sequence[SeqState], greedy: bool = False):
-        """greedy: also capture the argmax of the logits into the graph's own token-id input, so that
-        `step_greedy` feeds each step's greedy token to the next with nothing but the position uploaded."""
-        self.be, self.model, self.states, self.greedy = be, model, list(states), greedy
-        B = len(self.states)
-        self.tokens = be.from_host(np.zeros(B, np.int32), "i32", "graph token ids")
-        self.pos = be.from_host(np.asarray([s.n_past for s in self.states], np.int32), "i32", "graph positions")
-        self.rows = be.from_host(np.arange(B, dtype=np.int32), "i32", "graph output rows")
-        batch = StepBatch(self.tokens, np.asarray([s.n_past for s in self.states], np.int32),
-                          [Segment(i, 1, s) for i, s in enumerate(self.states)], self.rows)
-        batch.device["cuda_pos"] = self.pos
-        saved = [s.n_past for s in self.states]
-        be.capturing = True
-        be.native.cmp_graph_begin()
-        try:
-            self.logits = model.forward(batch)             # recorded, not run
-            if greedy:
-                be.argmax(self.logits, out=self.tokens)    # the next replay embeds these ids
-        except BaseException:
-            try:
-                be.native.graph_end()
-            except NativeError:
-                pass
-            raise
-        finally:
-            be.capturing = False
-            for s, n in zip(self.states, saved):
-                s.n_past = n
-        self.exec = be.native.graph_end()
-
-    def step(self, tokens: Sequence[int]) -> np.ndarray:
-        """Feed one token per state at its n_past; -> logits [B, n_vocab] on the host. Advances every state."""
-        self.set_tokens(tokens)
-        self._launch()
-        return self.be.to_host(self.logits)
-
-    def _launch(self) -> None:
-        """Upload the positions, replay the graph, advance the states (the token ids are already in place)."""
-        be = self.be
-        for s in self.states:
-            if s.n_past >= s.n_ctx:
-                raise ValueError(f"sequence needs {s.n_past + 1} positions, its context is {s.n_ctx}")
-        be.copy_from_host(self.pos, np.asarray([s.n_past for s in self.states], np.int32))
-        be.native.cmp_graph_launch(self.exec)
-        for s in self.states:
-            s.n_past += 1
-
-    def set_tokens(self, tokens: Sequence[int]) -> None:
-        """The ids the next `step_greedy` feeds (the first step after a prompt)."""
-        self.be.copy_from_host(self.tokens, np.asarray(tokens, np.int32))
-
-    def step_greedy(self, read: bool = True) -> np.ndarray | None:
-        """(greedy graphs) Feed the current token ids (set_tokens, or the previous step's argmax); the argmax of
-        this step's logits becomes the next input on the device. -> the new ids [B] (4 bytes each cross to the
-        host; none with read=False). Advances every state."""
-        if not self.greedy:
-            raise ValueError("step_greedy needs a CapturedStep made with greedy=True")
-        self._launch()
-        return self.be.ids_to_host(self.tokens) if read else None
-
-    def __del__(self):
-        if getattr(self, "exec", 0):
-            self.be.native.cmp_graph_destroy(self.exec)
+from .cuda_graphs import CapturedStep  # noqa: E402  (moved there; kept importable from here)

@@ -12,8 +12,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..backends.base import StepBatch
 from ..sampling import Sampler
+from .decode import Decoder, LogitsRow, draw_tokens
 
 
 def now_ms() -> float:
@@ -80,7 +80,9 @@ class Session:
         self.timings = Timings()
         self.history: list[int] = []
         self.state = lm.backend.new_state(lm.cfg, n_ctx, self.kv_type, self.v_type)
-        self.logits: np.ndarray | None = None
+        self.decoder = Decoder(lm, max_graphs=1)
+        # the last decoded token's logits: a LogitsRow (on the device on CUDA) or a host array
+        self.logits: np.ndarray | LogitsRow | None = None
 
     @property
     def n_decoded(self) -> int:
@@ -88,29 +90,38 @@ class Session:
 
     def reset(self) -> None:
         self.history = []
+        self.decoder.forget(self.state)
         self.state = self.lm.backend.new_state(self.lm.cfg, self.n_ctx, self.kv_type, self.v_type)
         self.logits = None
 
-    def feed(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
-        """Append tokens and decode everything pending; returns the last row of logits ([n_vocab]),
-        or all rows of the pending span when all_logits (perplexity)."""
+    def feed(self, tokens: list[int], all_logits: bool = False) -> np.ndarray | LogitsRow:
+        """Append tokens and decode everything pending; returns the last row of logits ([n_vocab], a LogitsRow:
+        np.asarray copies it to the host), or all rows of the pending span as a host array when all_logits."""
         self.history.extend(int(t) for t in tokens)
         pending = self.history[self.n_decoded:]
         if not pending:
             raise ValueError("feed() needs at least one token to decode")
         if len(self.history) > self.n_ctx:
             raise ContextFull(f"context full ({len(self.history)} tokens > n_ctx {self.n_ctx})")
-        rows = []
+        be = self.lm.backend
+        if all_logits:
+            out = np.concatenate([be.to_host(self._decode(pending[s:s + self.chunk], True))
+                                  for s in range(0, len(pending), self.chunk)])
+            self.logits = out[-1]
+            return out
         for start in range(0, len(pending), self.chunk):
-            rows.append(self._decode(pending[start:start + self.chunk], all_logits))
-        out = np.concatenate(rows) if all_logits else rows[-1][-1]
-        self.logits = out if not all_logits else out[-1]
-        return out
+            logits = self._decode(pending[start:start + self.chunk], False)
+        self.logits = LogitsRow(be, logits, int(logits.shape[0]) - 1)
+        return self.logits
 
-    def _decode(self, tokens: list[int], all_logits: bool) -> np.ndarray:
+    def _decode(self, tokens: list[int], all_logits: bool):
+        """-> the backend's logits tensor; a single token goes through the decode path (a CUDA graph)."""
         t0 = now_ms()
-        batch = StepBatch.build([(self.state, tokens)], all_logits=all_logits)
-        logits = self.lm.backend.to_host(self.lm.model.forward(batch))   # forward advances state.n_past
+        if len(tokens) == 1 and not all_logits:
+            logits = self.decoder.decode([self.state], tokens)      # advances state.n_past
+        else:
+            logits = self.decoder.prefill(self.state, tokens, all_logits)
+        self.decoder.sync()                                          # so that the timings hold the device work
         dt = now_ms() - t0
         if len(tokens) > 1:
             self.timings.t_p_eval_ms += dt
@@ -131,8 +142,16 @@ class Session:
         return self.feed(tokens)
 
     def sample(self, sampler: Sampler) -> int:
+        """Draw from the current logits: on the backend when they are still there (only the id crosses), else
+        (a grammar-masked host copy) with the host sampler."""
         t0 = now_ms()
-        token = sampler.sample(self.logits)
+        x = self.logits
+        if isinstance(x, LogitsRow):
+            samplers: list = [None] * int(x.logits.shape[0])
+            samplers[x.row] = sampler
+            token = draw_tokens(self.lm.backend, x.logits, samplers)[x.row]
+        else:
+            token = sampler.sample(x)
         self.timings.t_sample_ms += now_ms() - t0
         self.timings.n_sample += 1
         sampler.accept(token)
@@ -158,8 +177,8 @@ class Session:
                 except ContextFull:
                     del self.history[self.n_decoded:]
                     return Generation(text, out, "context")
-            if grammar is not None:
-                self.logits = grammar.apply(self.logits)   # disallowed tokens -> -inf before the chain
+            if grammar is not None:   # disallowed tokens -> -inf before the chain (this row comes to the host)
+                self.logits = grammar.apply(np.asarray(self.logits, np.float32))
             token = self.sample(sampler)
             out.append(token)
             self.history.append(token)

@@ -1,13 +1,14 @@
 """The engine thread: owns the backend and the slots, and runs continuous batching.
 
-Every step builds ONE StepBatch holding one decode token for each generating slot and a prompt chunk for each
-slot still prefilling, runs the forward pass once, then samples per slot with that slot's own sampler.
-HTTP handlers talk to it only through `submit` / `cancel` / `query` (thread-safe queue of typed tasks); results
-go back through each task's `sink`.
+Every step runs one decode step holding one token for each generating slot (on CUDA a graph captured once per set
+of slots, backends/cuda_graphs.py), then prompt chunks of the slots still prefilling, each in its own forward, up
+to n_batch tokens in all; then draws each slot's token with that slot's own settings on the backend
+(engine/decode.py: only the ids cross to the host). HTTP handlers talk to it only through `submit` / `cancel` /
+`query` (thread-safe queue of typed tasks); results go back through each task's `sink`.
 
-Prompt chunks are cut per slot (at n_ubatch and at planned checkpoints), never by what other slots are doing,
-so a request's arithmetic does not depend on its neighbours: N concurrent greedy streams give the same tokens
-as each run alone.
+A request's arithmetic does not depend on its neighbours, so N concurrent greedy streams give the same tokens as
+each run alone: prompt chunks are cut per slot (at n_ubatch and at planned checkpoints) and never share a forward
+with other rows; decode rows are computed row by row in the same order whatever the batch (see cuda_graphs.py).
 """
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from typing import Optional
 
 import numpy as np
 
-from ..backends.base import StepBatch
 from ..sampling import Sampler
 from .checkpoints import read_host_state, state_ops_for, write_host_state
+from .decode import Decoder, LogitsRow, draw_tokens
 from .grammar import GrammarCompiler
 from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host
 from .slot import GENERATE, PREFILL, Slot
@@ -43,6 +44,7 @@ class EngineConfig:
     checkpoint_every: int = 8192         # -cpent: also one every N prompt tokens (-1 off)
     checkpoint_tail: int = 4             # one this many tokens before the prompt end (llama.cpp PR #20288)
     slot_prompt_similarity: float = 0.10 # -sps
+    max_graphs: int = 8                  # CUDA: decode graphs kept (one per set of slots generating together)
 
 
 @dataclass(slots=True)
@@ -64,6 +66,7 @@ class Engine:
         self.lm, self.cfg = lm, cfg
         self.model, self.backend, self.tokenizer = lm.model, lm.backend, lm.tokenizer
         self.ops = state_ops_for(self.backend)
+        self.decoder = Decoder(lm, max_graphs=cfg.max_graphs)
         self.slots = [Slot(i, self.backend.new_state(lm.cfg, cfg.n_ctx_slot, cfg.kv_type),
                            SlotCache(cfg.ctx_checkpoints)) for i in range(cfg.n_slots)]
         self.host_cache = HostCache(cfg.cache_ram_mib)
@@ -255,62 +258,104 @@ class Engine:
 
     # -- one step -----------------------------------------------------------------------------------------------
     def _step(self) -> None:
-        items = self._batch_items()
-        if not items:
-            return
-        batch = StepBatch.build([(s.state, toks) for s, toks in items])
-        t0 = time.perf_counter()
-        logits = self.backend.to_host(self.model.forward(batch))
-        dt = (time.perf_counter() - t0) * 1e3
-        self.metrics.n_decode_total += 1
-        self.metrics.n_busy_slots_total += len(items)
-        for (slot, toks), row in zip(items, logits):
+        """One decode step for every generating slot (a CUDA graph per set of slots on that backend), then prompt
+        chunks, each slot's in its own forward, up to n_batch tokens in all. Decode rows never share a forward
+        with prompt rows, and prompt chunks never with another slot's: a slot's arithmetic does not depend on
+        what the others are doing (a mixed batch would take the tiled GEMM, which sums in another order)."""
+        gen = [s for s in self.slots if s.phase == GENERATE]
+        if gen:
+            t0 = time.perf_counter()
+            logits = self.decoder.decode([s.state for s in gen], [s.next_token for s in gen])
+            self._after_forward(gen, [[s.next_token] for s in gen], logits, t0)
+        budget = self.cfg.n_batch - len(gen)
+        ran = bool(gen)
+        for s in sorted((s for s in self.slots if s.phase == PREFILL), key=lambda s: s.task.id):
+            chunk = s.next_chunk(self.cfg.n_ubatch)
+            if ran and len(chunk) > budget:
+                break
+            t0 = time.perf_counter()
             try:
-                self._after_forward(slot, toks, row, dt)
+                logits = self.decoder.prefill(s.state, chunk)
+            except Exception as e:       # e.g. out of device memory for this prompt: fail this request only
+                log.exception("slot %d: prefill failed", s.id)
+                s.task.sink(ErrorResult(s.task.id, s.task.index, f"prompt processing failed: {e}"))
+                self._reset(s)
+                self._release(s)
+                continue
+            self._after_forward([s], [chunk], logits, t0)
+            budget -= len(chunk)
+            ran = True
+
+    def _after_forward(self, slots: list[Slot], toks: list[list[int]], logits, t0: float) -> None:
+        """Book the step, then draw every row that wants a token in one go on the backend (row i is slots[i])."""
+        self.metrics.n_decode_total += 1
+        self.metrics.n_busy_slots_total += len(slots)
+        rows = [LogitsRow(self.backend, logits, r) for r in range(len(slots))]
+        want = []
+        for slot, t, row in zip(slots, toks, rows):
+            slot.cache.tokens.extend(t)
+            slot.cache.last_logits = None      # a host copy is taken only when a request ends (_finish)
+            if slot.phase == PREFILL:
+                if slot.state.n_past in slot.checkpoint_at:
+                    slot.cache.add_checkpoint(self.ops.snapshot(slot.state, row))
+                if slot.task.params.stream and slot.task.params.return_progress:
+                    slot.task.sink(slot.progress())
+            want.append(slot.phase == GENERATE or slot.prompt_done())
+        drawn = self._draw([s if w else None for s, w in zip(slots, want)], logits, rows) if any(want) else []
+        dt = (time.perf_counter() - t0) * 1e3       # after the draw: the device work is done
+        for slot, t in zip(slots, toks):
+            if slot.phase == PREFILL:
+                self.metrics.n_prompt_tokens_processed_total += len(t)
+                self.metrics.t_prompt_processing_total += dt
+            else:
+                self.metrics.t_tokens_generation_total += dt
+        for slot, row, w, tok in zip(slots, rows, want, drawn or [None] * len(slots)):
+            if not w:
+                continue
+            try:
+                if slot.phase == PREFILL:
+                    slot.finish_prompt_timing()
+                    self.metrics.n_prompt_tokens_cached_total += slot.n_cached
+                self._emit(slot, tok, row)
             except Exception as e:       # one request's bad settings must not fail its neighbours
                 log.exception("slot %d failed", slot.id)
                 slot.task.sink(ErrorResult(slot.task.id, slot.task.index, f"sampling failed: {e}"))
                 self._release(slot)
 
-    def _batch_items(self) -> list[tuple[Slot, list[int]]]:
-        items = [(s, [s.next_token]) for s in self.slots if s.phase == GENERATE]
-        budget = self.cfg.n_batch - len(items)
-        prefilling = sorted((s for s in self.slots if s.phase == PREFILL), key=lambda s: s.task.id)
-        for s in prefilling:
-            chunk = s.next_chunk(self.cfg.n_ubatch)
-            if items and len(chunk) > budget:
-                break
-            items.append((s, chunk))
-            budget -= len(chunk)
-        return items
-
-    def _after_forward(self, slot: Slot, toks: list[int], row, dt_ms: float) -> None:
-        slot.cache.tokens.extend(toks)
-        # `row` is a view into this step's [R, n_vocab] logits: keep a copy only when a request ends (_finish),
-        # not every step (32 slots x 248k logits would pin and copy ~1 GB of batches)
-        slot.cache.last_logits = None
-        if slot.phase == PREFILL:
-            self.metrics.n_prompt_tokens_processed_total += len(toks)
-            self.metrics.t_prompt_processing_total += dt_ms
-            if slot.state.n_past in slot.checkpoint_at:
-                slot.cache.add_checkpoint(self.ops.snapshot(slot.state, row))
-            if slot.task.params.stream and slot.task.params.return_progress:
-                slot.task.sink(slot.progress())
-            if not slot.prompt_done():
-                return
-            slot.finish_prompt_timing()
-            self.metrics.n_prompt_tokens_cached_total += slot.n_cached
-        else:
-            self.metrics.t_tokens_generation_total += dt_ms
-        self._sample(slot, row)
+    def _draw(self, slots: list[Optional[Slot]], logits, rows: list[LogitsRow]) -> list[Optional[int]]:
+        """The next token for each slot from its row of logits (row i: slots[i]; None: no token wanted): forced
+        tokens (reasoning budget) as they are, rows with a grammar or n_probs from a host copy of the row, the
+        rest on the backend in one call (engine/decode.py), so only their ids cross."""
+        def on_backend(slot) -> bool:
+            p = slot.task.params
+            return p.n_predict != 0 and not slot.forced and slot.grammar is None and p.n_probs <= 0
+        samplers = [s.sampler if s is not None and on_backend(s) else None for s in slots]
+        got = draw_tokens(self.backend, logits, samplers) if any(x is not None for x in samplers) else \
+            [None] * len(slots)
+        out: list[Optional[int]] = []
+        for r, slot in enumerate(slots):
+            if slot is None or slot.task.params.n_predict == 0:
+                out.append(None)
+            elif got[r] is not None:
+                out.append(got[r])
+            elif slot.forced:
+                out.append(slot.draw(None))
+            else:                        # grammar mask or n_probs: this row's logits come to the host
+                out.append(slot.draw(rows[r].host()))
+        return out
 
     def _sample(self, slot: Slot, row) -> None:
+        """Draw from host logits (a prompt whose logits the cache kept) and emit."""
+        tok = None if slot.task.params.n_predict == 0 else slot.draw(row)
+        self._emit(slot, tok, row)
+
+    def _emit(self, slot: Slot, tok: Optional[int], row) -> None:
+        """`tok` drawn from `row` (host array or LogitsRow): accept it, stream it, finish the request if it ends."""
         task = slot.task
         if task.params.n_predict == 0:
             slot.stop_type = "limit"
             self._finish(slot, row)
             return
-        tok = slot.draw(row)
         text = slot.accept(tok, row, self.tokenizer.is_eog(tok), self.cfg.n_ctx_slot)
         self.metrics.n_tokens_predicted_total += 1
         if task.params.stream:

@@ -167,7 +167,7 @@ class Slot:
         self.sampler.accept(tok)
         self.generated.append(tok)
         if p.n_probs > 0:
-            self.probs.append(token_probs(logits, tok, p.n_probs))
+            self.probs.append(token_probs(np.asarray(logits, np.float32), tok, p.n_probs))
         self.text += self.decoder.push(tok)
         self._track_reasoning()
         if self.grammar is not None and not self.grammar.accept(tok, self.text):

@@ -100,10 +100,10 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                         "int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, "
                         "float* o, int L, int K, int V, int Dk, float eps)"),
     "cmp_argmax": ((_p, _p, _i, _i), "int cmp_argmax(const float* x, int32_t* out, int R, int N)"),
-    "cmp_sample": ((_p, _p, _p, _i, _p, _p, _i, _p, _f, _p, _i),
+    "cmp_sample": ((_p, _p, _p, _i, _p, _p, _i, _p, _f, _p, _p, _i),
                    "int cmp_sample(const float* logits, float* work, const int32_t* hist, int n_hist, "
                    "const int32_t* bias_ids, const float* bias_vals, int n_bias, const CmpSamplerParams* params, "
-                   "float u, int32_t* out, int N)"),
+                   "float u, int32_t* out, int32_t* n_out, int N)"),
     "cmp_matmul_dense": ((_p, _p, _i, _p, _i, _i, _i),
                          "int cmp_matmul_dense(const float* x, const void* w, int w_dtype, float* y, int T, int rows, "
                          "int n)"),

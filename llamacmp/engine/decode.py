@@ -1,0 +1,141 @@
+"""The decode path shared by the server's scheduler and the CLI's Session: running the model and drawing tokens
+with as little as possible crossing from the device.
+
+`Decoder` runs prefill chunks eagerly (one sequence per forward) and decode steps (one token for each of a list
+of sequences) through CUDA graphs on the CUDA backend (backends/cuda_graphs.py), eagerly elsewhere.
+
+`draw_tokens` draws one token per logits row on the backend (`sample_rows`): greedy rows take the argmax, other
+rows llama.cpp's chain as llamacmp/sampling.py runs it, each with its own settings, drawn at the number the row's
+own seeded generator gives; only the ids cross to the host. Rows the device chain does not do sample on the host
+from a copy of their row alone: a non-default sampler order, typical-p, top-k off or above SAMPLE_MAX_K (at
+temp > 0), a penalty window above SAMPLE_MAX_WINDOW. Rows that need the host row anyway (a grammar's token
+mask, n_probs probabilities) are the caller's: it passes None for them and draws from `LogitsRow.host()`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..backends.base import RowSample, SeqState, StepBatch
+from ..sampling import DEFAULT_SAMPLERS, Sampler
+
+_BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))
+
+
+class LogitsRow:
+    """Row `row` of a step's logits [R, N] wherever they live, copied to the host only when asked (np.asarray,
+    `host()`): a grammar mask, n_probs, a checkpoint, the end of a request. Valid until the next step."""
+    __slots__ = ("be", "logits", "row", "_host")
+
+    def __init__(self, be, logits, row: int):
+        self.be, self.logits, self.row, self._host = be, logits, row, None
+
+    def host(self) -> np.ndarray:
+        """float32 [N] (one copy, kept)."""
+        if self._host is None:
+            self._host = self.be.row_to_host(self.logits, self.row)
+        return self._host
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.host()
+        return a if dtype is None else a.astype(dtype)
+
+
+@dataclass(slots=True)
+class _Plan:
+    kind: str                           # "argmax" | "chain" | "host"
+    spec: Optional[RowSample] = None
+    rng_state: Optional[dict] = None    # the generator before u was drawn (given back if no draw was needed)
+
+
+def _penalty_window(sampler: Sampler) -> list[int]:
+    p = sampler.params
+    if p.penalty_last_n == 0 or (p.penalty_repeat == 1.0 and p.penalty_freq == 0.0 and p.penalty_present == 0.0):
+        return []
+    hist = list(sampler.history)
+    return hist if p.penalty_last_n < 0 else hist[-p.penalty_last_n:]
+
+
+def plan_row(sampler: Sampler, n_vocab: int, max_k: int, max_window: int) -> _Plan:
+    """How the backend draws this sampler's next token; a "chain" plan has already taken u from its generator."""
+    p = sampler.params
+    if tuple(p.samplers) != DEFAULT_SAMPLERS or p.typ_p < 1.0:
+        return _Plan("host")
+    window = _penalty_window(sampler)
+    if len(window) > max_window:
+        return _Plan("host")
+    bias = {int(t): float(v) for t, v in p.logit_bias.items()}
+    if p.ignore_eos:
+        bias.update({int(t): -np.inf for t in sampler.eog_ids})
+    if p.temp <= 0.0:
+        if not window and not bias:
+            return _Plan("argmax")
+        # temp <= 0 takes the best biased, penalised logit: top-k 1 of the chain, no draw
+        return _Plan("chain", RowSample(0.0, 1, 1.0, 0.0, 0, p.penalty_repeat, p.penalty_freq, p.penalty_present,
+                                        np.asarray(window, np.int32), bias, 0.0))
+    k = min(max(p.top_k, p.min_keep), n_vocab) if p.top_k > 0 else n_vocab
+    if not 1 <= k <= max_k:
+        return _Plan("host")
+    state = sampler.rng.bit_generator.state
+    u = min(float(np.float32(sampler.rng.random())), _BELOW_ONE)   # what rng.choice in Sampler.sample draws
+    return _Plan("chain", RowSample(p.temp, k, p.top_p, p.min_p, p.min_keep, p.penalty_repeat, p.penalty_freq,
+                                    p.penalty_present, np.asarray(window, np.int32), bias, u), state)
+
+
+def draw_tokens(be, logits, samplers: Sequence[Optional[Sampler]]) -> list[Optional[int]]:
+    """logits [R, N] (backend tensor); samplers [R]: the row's sampler, or None for a row the caller draws itself
+    -> the drawn id per row (None for those rows). Nothing is accepted into the samplers."""
+    R = len(samplers)
+    N = int(logits.shape[-1])
+    plans = [None if s is None else plan_row(s, N, be.SAMPLE_MAX_K, be.SAMPLE_MAX_WINDOW) for s in samplers]
+    ids = n_left = None
+    if any(p is not None and p.kind != "host" for p in plans):
+        ids, n_left = be.sample_rows(logits, [p.spec if p is not None else None for p in plans])
+    out: list[Optional[int]] = []
+    for r in range(R):
+        s, p = samplers[r], plans[r]
+        if p is None:
+            out.append(None)
+        elif p.kind == "host":
+            out.append(int(s.sample(be.row_to_host(logits, r))))
+        else:
+            if p.rng_state is not None and n_left[r] <= 1:
+                s.rng.bit_generator.state = p.rng_state    # the host chain would not have drawn
+            out.append(int(ids[r]))
+    return out
+
+
+class Decoder:
+    """Runs the model: `prefill` one sequence's chunk eagerly, `decode` one token for each of several sequences
+    (on CUDA through DecodeGraphs). Both return the backend's logits tensor, valid until the next call."""
+
+    def __init__(self, lm, graphs: bool = True, max_graphs: int = 8):
+        self.model, self.be = lm.model, lm.backend
+        make = getattr(self.be, "decode_graphs", None) if graphs else None
+        self.graphs = make(self.model, max_graphs) if make is not None else None
+
+    def prefill(self, state: SeqState, tokens: Sequence[int], all_logits: bool = False):
+        """tokens at state.n_past.. -> logits [1, N] of the last (or [len(tokens), N] of every) token."""
+        return self.model.forward(StepBatch.build([(state, list(tokens))], all_logits=all_logits))
+
+    def decode(self, states: Sequence[SeqState], tokens: Sequence[int]):
+        """One token per state -> logits [len(states), N]. Pass the states in a stable order (graphs are per list)."""
+        if self.graphs is not None:
+            for s in states:
+                if s.n_past + 1 > s.n_ctx:
+                    raise ValueError(f"sequence needs {s.n_past + 1} positions, its context is {s.n_ctx}")
+            return self.graphs.step(states, tokens)
+        return self.model.forward(StepBatch.build([(s, [int(t)]) for s, t in zip(states, tokens)]))
+
+    def sync(self) -> None:
+        """Wait for the device (timings); nothing to wait for on the host backend."""
+        wait = getattr(self.be, "synchronize", None)
+        if wait is not None:
+            wait()
+
+    def forget(self, state: SeqState) -> None:
+        """The caller drops `state`: release the graphs that hold it."""
+        if self.graphs is not None:
+            self.graphs.forget(state)

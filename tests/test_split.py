@@ -207,3 +207,7 @@ def test_plan_devices_follows_llamacpp_rules():
                       ((2, None, "layer", 0, (0, 0)), "at least one")]:
         with pytest.raises(ValueError, match=msg):
             plan_devices(*args)
+
+
+def test_numpy_split_has_no_decode_graphs(split):
+    assert split.backend.decode_graphs(split.model, 4) is None      # the decoder then runs steps eagerly

@@ -138,16 +138,19 @@ class Bridge:
         self.n_sent += 1
         self._full.put((k, tuple(x.shape)))
 
-    def recv(self):
+    def recv(self, out=None):
+        """-> x on the receiving side; `out`: a tensor of x's shape to write instead (a captured graph's input)."""
         k, shape = self._get(self._full)
-        x = self._unstage(k, shape)
+        if out is not None and tuple(out.shape) != shape:
+            raise ValueError(f"bridge: received {shape} into a buffer of {tuple(out.shape)}")
+        x = self._unstage(k, shape, out)
         self._free.put(k)
         return x
 
     def _stage(self, k: int, x) -> None:
         raise NotImplementedError
 
-    def _unstage(self, k: int, shape: tuple[int, ...]):
+    def _unstage(self, k: int, shape: tuple[int, ...], out=None):
         raise NotImplementedError
 
     def close(self) -> None:
@@ -169,9 +172,12 @@ class NumpyHostBridge(Bridge):
             self.buf[k] = np.zeros(n, np.float32)
         self.buf[k][:n] = np.asarray(x, np.float32).ravel()
 
-    def _unstage(self, k, shape):
+    def _unstage(self, k, shape, out=None):
         n = int(np.prod(shape))
-        return self.buf[k][:n].reshape(shape).copy()
+        if out is None:
+            return self.buf[k][:n].reshape(shape).copy()
+        out[...] = self.buf[k][:n].reshape(shape)
+        return out
 
 
 class CudaBridge(Bridge):
@@ -215,9 +221,10 @@ class CudaBridge(Bridge):
             self.written[k] = nat.event_create()
         nat.cmp_event_record(self.written[k])
 
-    def _unstage(self, k, shape):
+    def _unstage(self, k, shape, out=None):
         nat = self.native
-        out = self.dst.empty(shape, "f32", "the hidden state crossing the layer split")
+        if out is None:
+            out = self.dst.empty(shape, "f32", "the hidden state crossing the layer split")
         if self.kind == "host":
             nat.cmp_event_synchronize(self.written[k])     # host fence: slot k holds the data
             nat.cmp_memcpy_h2d_async(out.ptr, self.host[k], out.nbytes)
@@ -272,6 +279,24 @@ class SplitState(SeqState):
                         self.v_type)
 
 
+# SeqState fields beyond the tensors and n_past that a part's state mirrors from its sequence before each step.
+_SHARED_STATE_FIELDS = tuple(n for n in getattr(SeqState, "__dataclass_fields__", {})
+                             if n not in ("n_ctx", "k", "v", "conv", "ssm", "n_past", "k_type", "v_type"))
+# StepBatch fields beyond tokens/positions/segments/output_rows/device that hold one row per token (sliced with the
+# micro-batch) -- the vision batches' rope_pos and embeddings where those exist.
+_ROW_FIELDS = tuple(n for n in getattr(StepBatch, "__dataclass_fields__", {})
+                    if n not in ("tokens", "positions", "segments", "output_rows", "device"))
+
+
+def _with_rows(dst: StepBatch, src: StepBatch, rows: slice | None = None) -> StepBatch:
+    """Copy src's per-token extra fields (sliced to `rows`) onto dst."""
+    for name in _ROW_FIELDS:
+        val = getattr(src, name)
+        if val is not None:
+            setattr(dst, name, val if rows is None else val[rows])
+    return dst
+
+
 @dataclass
 class Part:
     backend: Backend
@@ -312,7 +337,8 @@ class SplitBackend:
             part.call(_drop, st)
         kt, vt = kv_type, v_type or kv_type
         parts = [SeqState(n_ctx, k, v, conv, ssm, 0, kt, vt) for _ in self.parts]
-        return SplitState(n_ctx, k, v, conv, ssm, 0, kt, vt, parts, self.kv_slices, self.gdn_slices)
+        return SplitState(n_ctx, k, v, conv, ssm, 0, kt, vt, parts=parts, kv_slices=self.kv_slices,
+                          gdn_slices=self.gdn_slices)
 
     def state_to_host(self, state: SplitState) -> dict[str, list[np.ndarray]]:
         out = {"k": [], "v": [], "conv": [], "ssm": []}
@@ -340,6 +366,13 @@ class SplitBackend:
 
     def state_ops(self):
         return SplitStateOps(self)
+
+    def decode_graphs(self, model, capacity: int = 8):
+        """engine/decode.py's decode steps on one CUDA graph per part (SplitDecodeGraphs); None on numpy parts
+        (the decoder then runs steps eagerly)."""
+        if self.parts[0].backend.name != "cuda":
+            return None
+        return SplitDecodeGraphs(model, capacity)
 
 
 def _drop(st: SeqState) -> None:
@@ -463,19 +496,14 @@ class SplitModel:
                 raise TypeError("a split model runs states made by its own backend (SplitBackend.new_state)")
             for ps in st.parts:
                 ps.n_past = st.n_past
+                for name in _SHARED_STATE_FIELDS:         # fields other features add to SeqState (vision)
+                    setattr(ps, name, getattr(st, name))
         logits: list[np.ndarray] = []
         for part in self.parts:
             if part.bridge_out is not None:
                 part.bridge_out.reset()
-        futures = [part.pool.submit(self._run_part, p, micro, logits) for p, part in enumerate(self.parts)]
-        errors = []
-        for f in futures:
-            try:
-                f.result()
-            except BaseException as e:            # report the first real failure, not the parts it stopped
-                errors.append(e)
-        if errors:
-            raise next((e for e in errors if not isinstance(e, BridgeAborted)), errors[0])
+        self._gather([part.pool.submit(self._guarded, self._run_part, p, micro, logits)
+                      for p, part in enumerate(self.parts)])
         for seg in batch.segments:
             seg.state.n_past += seg.length
         N = self.cfg.n_vocab
@@ -493,28 +521,44 @@ class SplitModel:
         for c0 in range(0, T, self.micro_batch):
             c1 = min(T, c0 + self.micro_batch)
             r = rows[(rows >= c0) & (rows < c1)] - c0
-            out.append(StepBatch(batch.tokens[c0:c1], batch.positions[c0:c1],
-                                 [Segment(0, c1 - c0, seg.state)], r.astype(np.int32)))
+            out.append(_with_rows(StepBatch(batch.tokens[c0:c1], batch.positions[c0:c1],
+                                            [Segment(0, c1 - c0, seg.state)], r.astype(np.int32)), batch,
+                                  slice(c0, c1)))
         return out
 
-    def _run_part(self, p: int, micro: list[StepBatch], logits: list) -> None:
-        """On part p's thread: every micro-batch through this part's layers, in order. A failure stops every
-        bridge at once, so that no other part waits for a micro-batch that will never come."""
+    def _guarded(self, fn, *args):
+        """Run one part's share of a step on its thread. A failure stops every bridge at once, so that no other
+        part waits for a hidden state that will never come."""
         try:
-            self._run_part_inner(p, micro, logits)
+            return fn(*args)
         except BaseException:
             for part in self.parts:
                 if part.bridge_out is not None:
                     part.bridge_out.abort()
             raise
 
-    def _run_part_inner(self, p: int, micro: list[StepBatch], logits: list) -> None:
+    @staticmethod
+    def _gather(futures) -> list:
+        """Wait for every part; raise the first real failure (not the BridgeAborted of the parts it stopped)."""
+        results, errors = [], []
+        for f in futures:
+            try:
+                results.append(f.result())
+            except BaseException as e:
+                errors.append(e)
+        if errors:
+            raise next((e for e in errors if not isinstance(e, BridgeAborted)), errors[0])
+        return results
+
+    def _run_part(self, p: int, micro: list[StepBatch], logits: list) -> None:
+        """On part p's thread: every micro-batch through this part's layers, in order."""
         part = self.parts[p]
         first, last = p == 0, p == len(self.parts) - 1
         inbound = None if first else self.parts[p - 1].bridge_out
         for mb in micro:
-            pb = StepBatch(mb.tokens, mb.positions,
-                           [Segment(s.start, s.length, s.state.parts[p]) for s in mb.segments], mb.output_rows)
+            pb = _with_rows(StepBatch(mb.tokens, mb.positions,
+                                      [Segment(s.start, s.length, s.state.parts[p]) for s in mb.segments],
+                                      mb.output_rows), mb)
             x = part.model.embed(pb) if first else inbound.recv()
             x = part.model.run_layers(x, pb, part.layers)
             for s in pb.segments:
@@ -532,11 +576,134 @@ class SplitModel:
             part.pool.shutdown(wait=True)
 
 
-def split_backends_from_devices(devices: Sequence[int], arena_bytes: Sequence[int | None] | None = None):
-    """One CudaBackend per device index (the same index twice gives two parts on one GPU)."""
+class _PartStep:
+    """Part p's share of one captured decode step for a fixed list of states: its own CUDA graph (embed on the first
+    part, its layers, the head on the last) over device buffers owned here -- token ids (first part), the hidden
+    state coming in (x_in, later parts), positions, output rows -- and the tensors the graph leaves (x_out, logits).
+    Made and replayed on the part's thread."""
+
+    def __init__(self, split: "SplitModel", p: int, states: Sequence[SplitState]):
+        part = split.parts[p]
+        be, model = part.backend, part.model
+        self.be, self.first, self.last = be, p == 0, p == len(split.parts) - 1
+        B, D = len(states), split.cfg.n_embd
+        pos0 = np.asarray([s.n_past for s in states], np.int32)
+        self.tokens = be.from_host(np.zeros(B, np.int32), "i32", "graph token ids") if self.first else None
+        self.x_in = None if self.first else be.zeros((B, D), "f32", "graph hidden state in")
+        self.pos = be.from_host(pos0, "i32", "graph positions")
+        self.rows = be.from_host(np.arange(B, dtype=np.int32), "i32", "graph output rows")
+        batch = StepBatch(self.tokens if self.first else pos0, pos0,
+                          [Segment(i, 1, s.parts[p]) for i, s in enumerate(states)], self.rows)
+        batch.device["cuda_pos"] = self.pos
+        self.x_out = self.logits = None
+        be.capturing = True
+        be.native.cmp_graph_begin()
+        try:
+            x = model.embed(batch) if self.first else self.x_in
+            x = model.run_layers(x, batch, part.layers)
+            if self.last:
+                self.logits = model.head(x, batch)
+            else:
+                self.x_out = x
+        except BaseException:
+            try:
+                be.native.graph_end()
+            except Exception:
+                pass
+            raise
+        finally:
+            be.capturing = False
+        self.exec = be.native.graph_end()
+
+    def replay(self, positions: np.ndarray, tokens, inbound: Bridge | None, outbound: Bridge | None):
+        be = self.be
+        if self.first:
+            be.copy_from_host(self.tokens, np.asarray(tokens, np.int32))
+        else:
+            inbound.recv(out=self.x_in)
+        be.copy_from_host(self.pos, positions)
+        be.native.cmp_graph_launch(self.exec)
+        if outbound is not None:
+            outbound.send(self.x_out)
+            return None
+        return be.to_host(self.logits)
+
+    def __del__(self):
+        if getattr(self, "exec", 0):
+            self.be.native.cmp_graph_destroy(self.exec)
+
+
+class SplitDecodeGraphs:
+    """Decode steps over a CUDA split: per list of states, one captured graph per part (_PartStep), the hidden state
+    crossing by the parts' bridges between the replays. Same interface as backends/cuda_graphs.DecodeGraphs, but
+    `step` returns host logits [B, N] (they crossed from the last GPU anyway)."""
+
+    def __init__(self, split: "SplitModel", capacity: int = 8):
+        if capacity < 1:
+            raise ValueError(f"SplitDecodeGraphs needs room for at least one graph (capacity {capacity})")
+        self.split, self.capacity = split, capacity
+        self._graphs: dict[tuple[int, ...], list[_PartStep]] = {}
+        self.n_captured = 0
+
+    def step(self, states: Sequence[SplitState], tokens: Sequence[int]) -> np.ndarray:
+        sp = self.split
+        if len(tokens) != len(states):
+            raise ValueError(f"{len(tokens)} token ids for {len(states)} sequences")
+        for s in states:
+            if s.n_past >= s.n_ctx:
+                raise ValueError(f"sequence needs {s.n_past + 1} positions, its context is {s.n_ctx}")
+        key = tuple(id(s) for s in states)
+        steps = self._graphs.pop(key, None)
+        if steps is None:
+            while len(self._graphs) >= self.capacity:
+                self._drop(next(iter(self._graphs)))
+            # capture one part after the other, each on its own thread
+            steps = [part.call(_PartStep, sp, p, states) for p, part in enumerate(sp.parts)]
+            self.n_captured += 1
+        self._graphs[key] = steps                     # most recently used last
+        pos = np.asarray([s.n_past for s in states], np.int32)
+        for part in sp.parts:
+            if part.bridge_out is not None:
+                part.bridge_out.reset()
+        last = len(sp.parts) - 1
+        futures = [part.pool.submit(sp._guarded, steps[p].replay, pos, tokens,
+                                    None if p == 0 else sp.parts[p - 1].bridge_out,
+                                    part.bridge_out if p < last else None)
+                   for p, part in enumerate(sp.parts)]
+        logits = sp._gather(futures)[-1]
+        for s in states:
+            s.n_past += 1
+        return logits
+
+    def _drop(self, key) -> None:
+        steps = self._graphs.pop(key)
+        for p, part in enumerate(self.split.parts):
+            box, steps[p] = [steps[p]], None
+            part.call(box.clear)          # the last reference goes on the part's thread (its arena, its device)
+
+    def forget(self, state) -> None:
+        for key in [k for k in self._graphs if id(state) in k]:
+            self._drop(key)
+
+    def clear(self) -> None:
+        for key in list(self._graphs):
+            self._drop(key)
+
+
+def make_cuda_backends(devices: Sequence[int], arena_bytes: int | None = None) -> list:
+    """One CudaBackend per device index (the same index twice: two parts on one GPU). Making a CudaBackend selects
+    its device for the calling thread; the caller's own device is put back, so that a backend it already uses on
+    this thread keeps working (each part binds its device on its own thread)."""
     from ..backends.cuda import CudaBackend
-    arena_bytes = arena_bytes or [None] * len(devices)
-    return [CudaBackend(device=d, arena_bytes=a) for d, a in zip(devices, arena_bytes)]
+    from ..lib._native import Native
+    import ctypes
+    nat = Native()
+    cur = ctypes.c_int(0)
+    nat.cmp_get_device(ctypes.byref(cur))
+    try:
+        return [CudaBackend(device=d, arena_bytes=arena_bytes, native=nat) for d in devices]
+    finally:
+        nat.cmp_set_device(cur.value)
 
 
 def log_split(model: SplitModel, log: TextIO) -> None:

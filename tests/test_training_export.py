@@ -97,3 +97,14 @@ def test_retrieval_doc_asks_for_a_stated_fact():
     key = doc.prompt.rsplit("code for ", 1)[1].split("?")[0]
     assert f"The code for {key} is{doc.answer}." in doc.prompt
     assert doc.text == doc.prompt + doc.answer and 250 < len(doc.prompt.split()) < 400
+
+
+def test_retrieval_doc_with_several_questions_answers_each_from_its_fact():
+    import random
+    import re
+    doc = corpus.retrieval_doc(random.Random(5), 200, n_pairs=8, n_questions=8)
+    facts = dict(re.findall(r"The code for (\w+) is (\d{4})\.", doc.text))
+    asked = re.findall(r"Question: what is the code for (\w+)\?\nAnswer: (\d{4})", doc.text)
+    assert len(facts) == 8 and len({k for k, _ in asked}) == 8
+    assert all(facts[k] == v for k, v in asked)
+    assert doc.prompt.endswith("Answer:") and doc.answer == f" {asked[-1][1]}" and doc.text == doc.prompt + doc.answer

@@ -79,10 +79,15 @@ def _filler_sentence(rng: random.Random) -> str:
     return " ".join(words).capitalize() + "."
 
 
-def retrieval_doc(rng: random.Random, n_words: int, n_pairs: int = 4) -> RetrievalDoc:
-    """~n_words of filler with n_pairs `key = value` facts at random places; the end asks for one of them.
+def retrieval_doc(rng: random.Random, n_words: int, n_pairs: int = 4, n_questions: int = 1) -> RetrievalDoc:
+    """~n_words of filler with n_pairs `key = value` facts at random places; the end asks for n_questions of them,
+    each followed by its answer, and the document stops after the last answer.
 
-    Filler words are common words, so n_words tracks the token count (~1.2 tokens a word with an 8K BPE)."""
+    Several questions per document give the task several recall targets per long document (more training signal
+    for the same tokens, and a worked example of the format before the scored last question). Filler words are
+    common words, so n_words tracks the token count (~1.2 tokens a word with an 8K BPE)."""
+    if not 1 <= n_questions <= n_pairs:
+        raise ValueError(f"n_questions must be in 1..n_pairs ({n_pairs}), got {n_questions}")
     pairs = {}
     while len(pairs) < n_pairs:
         pairs[_key(rng)] = str(rng.randint(1000, 9999))
@@ -93,9 +98,13 @@ def retrieval_doc(rng: random.Random, n_words: int, n_pairs: int = 4) -> Retriev
         count += len(s.split())
     for k, v in pairs.items():
         sentences.insert(rng.randrange(len(sentences) + 1), f"The code for {k} is {v}.")
-    key = rng.choice(list(pairs))
-    prompt = " ".join(sentences) + f"\nQuestion: what is the code for {key}?\nAnswer:"
-    answer = f" {pairs[key]}"
+    asked = [rng.choice(list(pairs))] if n_questions == 1 else rng.sample(list(pairs), n_questions)
+    prompt = " ".join(sentences)
+    for i, key in enumerate(asked):
+        prompt += f"\nQuestion: what is the code for {key}?\nAnswer:"
+        if i < len(asked) - 1:
+            prompt += f" {pairs[key]}"
+    answer = f" {pairs[asked[-1]]}"
     return RetrievalDoc(prompt + answer, prompt, answer)
 
 

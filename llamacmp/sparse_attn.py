@@ -33,7 +33,7 @@ class SparseConfig:
     block: int = 64          # query and key block size
     budget: float = 0.25     # fraction of the causal blocks a head may keep
     min_len: int = 16384     # dense below this many keys
-    probe: int = 64          # queries used to estimate each head's pattern (per chunk)
+    probe: int = 16          # queries used to estimate each head's pattern (per chunk)
     sink: int = 1            # a_shape: leading blocks always kept
     per_kv_head: bool = True  # one block list per KV head (its q heads' probe mass summed), so that the kernel
                               # loads each K/V tile once for the whole GQA group; False: one list per q head
@@ -80,44 +80,48 @@ def causal_blocks(n_blocks: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Chunk:
-    """Where a chunk of L query rows at positions p0 .. p0+L-1 sits in block terms."""
+    """Where a chunk of L query rows at positions p0 .. p0+L-1 sits in block terms. Blocks are absolute, as
+    cmp_attn_prefill takes them: query block qb holds positions qb*block .. qb*block+block-1 (the chunk's first and
+    last may be partial), key block j keys j*block .. ; index i = qb - p0//block (0 .. nqb-1) in the arrays here."""
     p0: int
     L: int
     block: int
 
     @property
-    def nqb(self) -> int:
-        return -(-self.L // self.block)
+    def qb0(self) -> int:
+        return self.p0 // self.block
 
     @property
-    def first_kb(self) -> np.ndarray:
-        """[nqb] key block of each query block's first position."""
-        return (self.p0 + np.arange(self.nqb) * self.block) // self.block
+    def nqb(self) -> int:
+        return (self.p0 + self.L - 1) // self.block - self.qb0 + 1
 
     @property
     def last_kb(self) -> np.ndarray:
-        """[nqb] key block of each query block's last position (its diagonal block)."""
-        return (self.p0 + np.minimum(self.L, (np.arange(self.nqb) + 1) * self.block) - 1) // self.block
+        """[nqb] each query block's diagonal key block (its own positions' block): qb itself."""
+        return self.qb0 + np.arange(self.nqb)
 
     @property
     def nkb(self) -> int:
         return int(self.last_kb[-1]) + 1
+
+    def block_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Query block index i of chunk rows."""
+        return (self.p0 + np.asarray(rows)) // self.block - self.qb0
 
     def causal(self) -> np.ndarray:
         """[nqb, nkb] bool: key block j holds a key some row of query block i may see."""
         return np.arange(self.nkb)[None, :] <= self.last_kb[:, None]
 
     def own(self) -> np.ndarray:
-        """[nqb, nkb] bool: the key blocks that hold query block i's own positions (always kept)."""
-        j = np.arange(self.nkb)[None, :]
-        return (j >= self.first_kb[:, None]) & (j <= self.last_kb[:, None])
+        """[nqb, nkb] bool: the diagonal block, always kept (a row's own position is always visible)."""
+        return np.arange(self.nkb)[None, :] == self.last_kb[:, None]
 
     def groups(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The row groups whose statistics the selection needs: each probe row alone, then each query block.
         -> (start [G], end [G], limit [G]) rows [start, end) of the chunk averaged into one query that sees keys
         0 .. limit (a position). G = len(rows) + nqb."""
-        qs = np.arange(self.nqb) * self.block
-        qe = np.minimum(qs + self.block, self.L)
+        qs = np.maximum(self.last_kb * self.block, self.p0) - self.p0
+        qe = np.minimum((self.last_kb + 1) * self.block, self.p0 + self.L) - self.p0
         start = np.concatenate([rows, qs]).astype(np.int32)
         end = np.concatenate([rows + 1, qe]).astype(np.int32)
         return start, end, (self.p0 + end - 1).astype(np.int32)
@@ -173,7 +177,7 @@ def select_chunk(mass: np.ndarray, mean: np.ndarray, rows: np.ndarray, chunk: Ch
     mean [H, nqb, nkb]: the query blocks' mean-pooled scores (group_stats of the block groups), rows [P] the probe
     rows. -> (pattern index into PATTERNS [H], mask [H, nqb, nkb] bool: key blocks each query block visits)."""
     masks = candidate_masks(mass, mean, rows, chunk, cfg)                        # [3, H, nqb, nkb]
-    recall = (mass[None] * masks[:, :, rows // cfg.block, :]).sum((2, 3)) / len(rows)   # [3, H]
+    recall = (mass[None] * masks[:, :, chunk.block_of_rows(rows), :]).sum((2, 3)) / len(rows)   # [3, H]
     best = recall.argmax(0)
     return best, masks[best, np.arange(mass.shape[0])]
 
@@ -272,11 +276,12 @@ def select_from_stats(mass_all: np.ndarray, mean_all: np.ndarray, rows: np.ndarr
 def attend_chunk(q: np.ndarray, k: np.ndarray, v: np.ndarray, p0: int, mask: np.ndarray, scale: float,
                  block: int) -> np.ndarray:
     """Exact attention over the kept blocks for one chunk: q [L, Hq, Dh], k, v [p0+L, Hk, Dh] (the cache),
-    mask [Hl, nqb, nkb] (Hl divides Hq: q head h uses list h // (Hq/Hl)) -> [L, Hq, Dh] float64."""
+    mask [Hl, nqb, nkb] over Chunk(p0, L, block)'s blocks (Hl divides Hq: q head h uses list h // (Hq/Hl))
+    -> [L, Hq, Dh] float64."""
     L, Hq, Dh = q.shape
     Hk, Hl = k.shape[1], mask.shape[0]
     n = p0 + L
-    rb, kb = np.arange(L) // block, np.arange(n) // block
+    rb, kb = Chunk(p0, L, block).block_of_rows(np.arange(L)), np.arange(n) // block
     visible = np.arange(n)[None, :] <= (p0 + np.arange(L))[:, None]
     out = np.empty((L, Hq, Dh))
     for h in range(Hq):
@@ -298,3 +303,14 @@ def block_sparse_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np
     s = np.where(allowed, (q.astype(np.float64) @ k.T.astype(np.float64)) * scale, -np.inf)
     p = np.exp(s - s.max(1, keepdims=True))
     return (p / p.sum(1, keepdims=True)) @ v.astype(np.float64)
+
+
+def block_lists(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """mask [Hk, nqb, nkb] -> cmp_attn_prefill's (blocks [Hk, nqb, max_blocks] int32: the kept key blocks of each
+    query block, ascending, padded with the last; counts [Hk, nqb] int32)."""
+    counts = mask.sum(2).astype(np.int32)
+    width = max(1, int(counts.max()))
+    order = np.argsort(~mask, axis=2, kind="stable")[:, :, :width]               # kept blocks first, ascending
+    pad = np.take_along_axis(order, np.maximum(counts - 1, 0)[..., None], 2)
+    blocks = np.where(np.arange(width)[None, None, :] < counts[..., None], order, pad)
+    return np.ascontiguousarray(blocks, np.int32), counts

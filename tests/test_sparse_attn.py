@@ -42,7 +42,7 @@ def test_masks_are_causal_keep_the_diagonal_and_respect_the_budget(p0, n):
     assert masks.shape == (3, 2, chunk.nqb, chunk.nkb)
     for name, m in zip(sa.PATTERNS, masks):
         assert not (m & ~causal).any(), name
-        assert (m | ~own).all(), name                         # a query block's own key blocks are always kept
+        assert (m | ~own).all(), name                         # the diagonal block is always kept
         if chunk.nkb >= 8:      # tiny prompts keep nearly everything anyway
             assert m.sum() <= 2 * 2.2 * CFG.budget * causal.sum(), name
 
@@ -60,10 +60,13 @@ def test_group_stats_are_softmax_mass_and_pooled_scores():
     s = q[20, 3] @ k[:58, 1].T * 0.3
     p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
     np.testing.assert_allclose(mass[3, 1, 2], p[32:48].sum(), rtol=1e-12)
-    # query block 1 (rows 16..31, positions 53..68) against key block 4 (64..79): visible keys 64..68 only
-    qm = q[16:32, 3].mean(0)
-    np.testing.assert_allclose(mean[3, 3 + 1, 4], (k[64:69, 1] @ qm).mean() * 0.3, rtol=1e-12)
-    assert np.isneginf(mean[3, 3 + 0, 4])                       # block 0 (positions 37..52) sees no key of block 4
+    # absolute query blocks: block 2 holds positions 37..47 (rows 0..10), block 4 positions 64..79 (rows 27..42)
+    assert (chunk.nqb, list(start[3:]), list(end[3:])) == (4, [0, 11, 27, 43], [11, 27, 43, 50])
+    qm = q[27:43, 3].mean(0)
+    np.testing.assert_allclose(mean[3, 3 + 2, 4], (k[64:80, 1] @ qm).mean() * 0.3, rtol=1e-12)
+    assert np.isneginf(mean[3, 3 + 0, 4])                       # block 2 (positions 37..47) sees no key of block 4
+    # the last, partial block (positions 80..86) sees only keys up to 86 of key block 5
+    np.testing.assert_allclose(mean[1, 3 + 3, 5], (k[80:87, 0] @ q[43:50, 1].mean(0)).mean() * 0.3, rtol=1e-12)
 
 
 def test_chunked_selection_of_a_whole_prompt_is_the_whole_prompt_choice():
@@ -183,3 +186,13 @@ def test_numpy_backend_sparse_prefill_wiring(tiny_lm):
     np.testing.assert_array_equal(sparse[:80], dense[:80])
     rel = np.linalg.norm(sparse - dense) / np.linalg.norm(dense)
     assert 0 < rel < 0.2
+
+
+def test_block_lists_for_the_prefill_kernel():
+    mask = np.zeros((2, 3, 5), bool)
+    mask[0, 0, [0]] = mask[0, 1, [0, 1]] = mask[0, 2, [0, 2, 4]] = True
+    mask[1, :, 0] = True
+    blocks, counts = sa.block_lists(mask)
+    assert blocks.dtype == np.int32 and counts.tolist() == [[1, 2, 3], [1, 1, 1]]
+    assert blocks[0].tolist() == [[0, 0, 0], [0, 1, 1], [0, 2, 4]]
+    assert blocks[1, :, 0].tolist() == [0, 0, 0]

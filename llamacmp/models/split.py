@@ -596,6 +596,13 @@ class _PartStep:
                           [Segment(i, 1, s.parts[p]) for i, s in enumerate(states)], self.rows)
         batch.device["cuda_pos"] = self.pos
         self.x_out = self.logits = None
+        # the captured tensors come from an arena of the graph's own (backends/cuda_graphs.py says why: blocks
+        # freed after capture must not go to later long-lived tensors that every replay would overwrite)
+        from ..backends.cuda import DeviceArena
+        from ..backends.cuda_graphs import GRAPH_ARENA_CAP, GRAPH_CHUNK
+        main = be.arena
+        self.arena = DeviceArena(be.native, GRAPH_ARENA_CAP, GRAPH_CHUNK)
+        be.arena = self.arena
         be.capturing = True
         be.native.cmp_graph_begin()
         try:
@@ -613,6 +620,7 @@ class _PartStep:
             raise
         finally:
             be.capturing = False
+            be.arena = main
         self.exec = be.native.graph_end()
 
     def replay(self, positions: np.ndarray, tokens, inbound: Bridge | None, outbound: Bridge | None):
@@ -631,6 +639,11 @@ class _PartStep:
     def __del__(self):
         if getattr(self, "exec", 0):
             self.be.native.cmp_graph_destroy(self.exec)
+            self.exec = 0
+        arena = getattr(self, "arena", None)
+        if arena is not None:
+            self.x_out = self.logits = None   # blocks of this arena (released into a closed arena: harmless)
+            arena.close()
 
 
 class SplitDecodeGraphs:

@@ -10,8 +10,8 @@ Items (one start-up log line each):
   activations  the tensors one micro-batch of n_ubatch rows keeps alive in a layer (an upper bound: every
                distinct activation of an attention layer, a GDN layer and the MLP at once), size-class rounded
   logits       the output rows of one step ([n_ubatch, n_vocab] when every row's logits are wanted, perplexity)
-  scratch      attention split-K partials for decode, the decode graph's buffers, the weight upload staging
-               piece, and with sparse prefill the probe statistics and block lists of one chunk
+  scratch      attention split-K partials for decode, the decode graph's working set (its own arena, outside the
+               cap's arena: cuda_graphs.py), and with sparse prefill the probe statistics and block lists of a chunk
 Weights, caches and state are long-lived: the arena takes their total in one piece (DeviceArena.reserve) and
 packs them exactly; the short-lived rest uses its size classes (up to 1/8 rounding), which the plan counts.
 The CUDA context itself (driver, kernels' code, cuda graph objects: a few hundred MiB) lives outside the arena;
@@ -159,7 +159,8 @@ def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: i
     p.items.append(PlanItem("logits", size_class(rows * cfg.n_vocab * 4),
                             f"{rows} row(s) x {cfg.n_vocab} f32" + (" (all logits)" if all_logits else "")))
     splitk = size_class(64 * n_slots * cfg.n_head * (cfg.head_dim + 2) * 4)
-    graph = size_class(n_slots * cfg.n_vocab * 4) + 3 * size_class(4 * n_slots)
+    # a decode graph keeps one decode forward's working set in an arena of its own (cuda_graphs.py, 16 MiB chunks)
+    graph = -(-(activation_bytes(cfg, n_slots) + size_class(n_slots * cfg.n_vocab * 4)) // (16 * MIB)) * 16 * MIB
     scratch = splitk + graph
     detail = f"decode split-K {splitk / MIB:.1f} MiB, decode graph {graph / MIB:.1f} MiB"
     if sparse is not None:

@@ -188,6 +188,7 @@ attention_full_kernel(const float* __restrict__ q,  // [T, ldq] (head h at colum
         }
         __syncthreads();
         float s[4][4] = {};
+#pragma unroll 4
         for (int d = 0; d < Dh; ++d) {
             float qa[4], kb[4];
 #pragma unroll
@@ -232,6 +233,7 @@ attention_full_kernel(const float* __restrict__ q,  // [T, ldq] (head h at colum
         }
         __syncthreads();
         const int kn = min(FA_BK, T - k0);
+#pragma unroll 4
         for (int j = 0; j < kn; ++j) {
             float p[4], vv[NC];
 #pragma unroll

@@ -126,6 +126,16 @@ def _comma_list(s: str) -> list[str]:
     return [x for x in s.split(",") if x]
 
 
+def _add_images(p: Params, files: list[str]) -> None:
+    p.image.extend(files)
+
+
+def _media_dir(path: str) -> str:
+    if not os.path.isdir(path):
+        raise ArgError(f"not a directory: {path}")
+    return path if path.endswith(os.sep) else path + os.sep
+
+
 def _add_api_key_file(p: Params, path: str) -> None:
     keys = [line.strip() for line in read_text(path).splitlines() if line.strip()]
     p.server.api_keys.extend(keys)
@@ -327,6 +337,19 @@ OPTIONS: tuple[Option, ...] = (
     O("-lv", "--verbosity", "--log-verbosity", value="N", dest="verbosity", parse=to_int,
       env="LLAMA_LOG_VERBOSITY", help="Set the verbosity threshold. Messages with a higher verbosity will be "
       "ignored."),
+    # multimodal (tools/mtmd): the vision projector and images
+    O("-mm", "--mmproj", value="FILE", dest="mmproj", parse=str, env="LLAMA_ARG_MMPROJ", tools=frozenset({"cli", "server"}),
+      help="path to a multimodal projector file. see tools/mtmd/README.md\nnote: if -hf is used, this argument can be "
+      "omitted"),
+    O("--mmproj-auto", dest="mmproj_auto", neg=("--no-mmproj", "--no-mmproj-auto"), env="LLAMA_ARG_MMPROJ_AUTO",
+      tools=frozenset({"cli", "server"}),
+      help="whether to use multimodal projector file (if available), useful when using -hf (default: enabled)"),
+    O("--image", value="FILE", dest="image", parse=_comma_list, tools=frozenset({"cli"}), apply=_add_images,
+      help="path to an image or audio file. use with multimodal models, use comma-separated values for multiple "
+      "files\n"),
+    O("--media-path", value="PATH", dest="server.media_path", parse=_media_dir, tools=frozenset({"server"}),
+      help="directory for loading local media files; files can be accessed via file:// URLs using relative paths "
+      "(default: disabled)"),
     # llama-server
     O("--host", value="HOST", dest="server.host", parse=str, env="LLAMA_ARG_HOST", tools=S,
       help="ip address to listen, or bind to an UNIX socket if the address ends with .sock (default: 127.0.0.1)"),
@@ -399,10 +422,10 @@ OPTIONS: tuple[Option, ...] = (
     _unsup("--lora-scaled", value="FNAME SCALE", why="LoRA adapters are not supported by llamacmp yet"),
     _unsup("-md", "--model-draft", value="FNAME", env="LLAMA_ARG_MODEL_DRAFT",
            why="speculative decoding is not supported for hybrid models (llama.cpp disables it as well)"),
-    _unsup("-mm", "--mmproj", value="FILE", env="LLAMA_ARG_MMPROJ", tools=frozenset({"cli", "server"}),
-           why="vision (mmproj) is not supported by llamacmp yet"),
-    _unsup("--image", "--audio", value="FILE", tools=frozenset({"cli"}),
-           why="image and audio input are not supported by llamacmp yet"),
+    _unsup("-mmu", "--mmproj-url", value="URL", env="LLAMA_ARG_MMPROJ_URL", tools=frozenset({"cli", "server"}),
+           why="downloading models is not supported by llamacmp: download the mmproj GGUF and pass -mm"),
+    _unsup("--audio", value="FILE", tools=frozenset({"cli"}),
+           why="audio input is not supported by llamacmp (images are: --image)"),
     _unsup("--prompt-cache", value="FNAME", tools=frozenset({"completion"}),
            why="session files (--prompt-cache) are not supported by llamacmp yet"),
     _unsup("--context-shift", env="LLAMA_ARG_CONTEXT_SHIFT", tools=KCS,

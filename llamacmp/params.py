@@ -33,6 +33,7 @@ class ServerParams:
     prefill_assistant: bool = True
     webui: bool = True
     slot_save_path: str = ""            # /slots save|restore write and read files here
+    media_path: str = ""                # --media-path: file:// image URLs resolve under it (off when empty)
 
 
 @dataclass(slots=True)
@@ -113,10 +114,19 @@ class Params:
     no_bos: bool = False
     no_parse_special: bool = False
     show_count: bool = False
+    # multimodal (vision projector)
+    mmproj: str = ""                    # -mm FILE
+    mmproj_auto: bool = True            # --no-mmproj: ignore -mm
+    image: list[str] = field(default_factory=list)   # --image FILE[,FILE] (cli)
     # llama-server
     server: ServerParams = field(default_factory=ServerParams)
     # bookkeeping: which dests the user set (CLI or env), for the GGUF general.sampling.* rule
     user_set: set[str] = field(default_factory=set)
+
+    @property
+    def mmproj_path(self) -> str:
+        """The projector to load: -mm, unless --no-mmproj."""
+        return self.mmproj if self.mmproj_auto else ""
 
     @property
     def enable_thinking(self) -> bool:

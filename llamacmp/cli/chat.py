@@ -1,7 +1,7 @@
 """llamacmp-cli: llama.cpp b8462's `llama-cli` (tools/cli/cli.cpp): a chat REPL over the GGUF's jinja template.
 
 -p is the first user turn, -sys a system message, -st ends after one reply. Slash commands: /exit /regen /clear
-/read FILE /image FILE. Reasoning streams apart ("[Start thinking]" ... "[End thinking]", dim on a terminal),
+/read FILE /image FILE (with -mm). Reasoning streams apart ("[Start thinking]" ... "[End thinking]", dim on a terminal),
 and each reply ends with the `[ Prompt: x t/s | Generation: y t/s ]` line.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ..chat import THINK_END, ChatTemplate, ReasoningSplitter, thinking_switch
 from ..engine.generate import ContextFull
 from ..params import Params
 from .chat_io import make_io
-from .common import load, make_grammar, make_sampler, new_session, run_tool
+from .common import CliError, load, make_grammar, make_sampler, new_session, run_tool
 
 COMMANDS_HELP = ("available commands:\n"
                  "  /exit or Ctrl+C     stop or exit\n"
@@ -58,10 +58,19 @@ class Chat:
     p: Params
     messages: list[dict] = field(default_factory=list)
     pending_text: str = ""               # /read files waiting for the next user message
+    images: list = field(default_factory=list)   # encoded images, in the order of their markers in the chat
 
     def __post_init__(self) -> None:
         self.loaded = load(self.p)
         self.lm = self.loaded.lm
+        self.vision = None
+        if self.p.mmproj_path:
+            from ..vision.config import MmprojError
+            from ..vision.projector import VisionProjector
+            try:
+                self.vision = VisionProjector(self.p.mmproj_path, self.lm)
+            except MmprojError as e:
+                raise CliError(f"error: failed to load multimodal projector: {e}") from None
         self.tok = self.lm.tokenizer
         self.session = new_session(self.p, self.loaded)
         self.template = ChatTemplate.from_metadata(self.lm.metadata, self.tok.tokens, override=self.p.chat_template)
@@ -78,11 +87,13 @@ class Chat:
 
     def banner(self) -> None:
         name = Path(self.lm.path).name         # llama-cli shows the file name
+        modalities = "text, vision" if self.vision else "text"
         self.io.write(f"\nbuild      : b{BUILD_NUMBER}-llamacmp-{__version__}\nmodel      : {name}\n"
-                      "modalities : text\n", "info")
+                      f"modalities : {modalities}\n", "info")
         if self.p.system_prompt:
             self.io.write("using custom system prompt\n", "info")
-        self.io.write("\n" + COMMANDS_HELP + "\n", "info")
+        extra = "  /image <file>       add an image file\n" if self.vision else ""
+        self.io.write("\n" + COMMANDS_HELP + extra + "\n", "info")
 
     def run(self) -> int:
         self.banner()
@@ -98,6 +109,9 @@ class Chat:
 
     def next_input(self) -> str | None:
         if self.p.prompt:
+            for fname in self.p.image:            # --image goes with the -p turn, as llama-cli does
+                if not self.load_image(fname):
+                    break
             text, self.p.prompt = self.p.prompt, ""
             shown = text[:500] + " ... (truncated)" if len(text) > 500 else text
             self.io.write(f"\n> {shown}\n", "prompt")
@@ -144,14 +158,39 @@ class Chat:
             self.messages.clear()
             self.add_system_prompt()
             self.pending_text = ""
+            self.images.clear()
             self.io.write("Chat history cleared.\n")
             return "skip"
+        if text.startswith("/image ") and self.vision:
+            self.load_image(text[7:].strip())
+            return "skip"
         if text.startswith(("/image ", "/audio ")):
-            self.io.error("error: image and audio input are not supported by llamacmp yet (no vision support)\n")
+            self.io.error("error: image input needs a multimodal projector (-mm FILE); audio is not supported\n")
             return "skip"
         if text.startswith("/read "):
             return self.read_file(text[6:].strip())
         return "message"
+
+    def load_image(self, fname: str) -> bool:
+        """Encode an image file and put its marker into the next user message (llama-cli's /image)."""
+        from ..vision.preprocess import ImageError
+        from ..vision.prompt import MEDIA_MARKER
+        try:
+            data = Path(fname).read_bytes()
+        except OSError:
+            self.io.error(f"file does not exist or cannot be opened: '{fname}'\n")
+            return False
+        if self.vision is None:
+            self.io.error("error: image input needs a multimodal projector (-mm FILE)\n")
+            return False
+        try:
+            self.images.append(self.vision.encode_bytes(data))
+        except ImageError as e:
+            self.io.error(f"failed to load image '{fname}': {e}\n")
+            return False
+        self.pending_text += MEDIA_MARKER
+        self.io.write(f"Loaded media from '{fname}'\n")
+        return True
 
     def read_file(self, fname: str) -> str:
         try:
@@ -179,12 +218,16 @@ class Chat:
         thinking = self.enable_thinking()
         extra = {k: v for k, v in self.p.chat_template_kwargs.items() if k != "enable_thinking"}
         prompt = self.template.render(self.messages, True, enable_thinking=thinking, extra=extra)
-        ids = self.tok.encode(prompt, parse_special=True)
         if self.p.verbose_prompt:
             self.io.write(prompt + "\n\n", "info")
         before = self.session.timings.snapshot()
         try:
-            self.session.sync_prompt(ids)
+            if self.images:
+                from ..vision.prompt import split_prompt, sync_session
+                chunks = split_prompt(prompt, self.images, lambda s: self.tok.encode(s, parse_special=True))
+                sync_session(self.session, chunks)
+            else:
+                self.session.sync_prompt(self.tok.encode(prompt, parse_special=True))
         except ContextFull as e:
             self.io.error(f"Error: {e}\n")
             return
@@ -202,7 +245,8 @@ class Chat:
         sampler = make_sampler(p, self.lm)
         grammar = make_grammar(p, self.lm, after_think=thinking_open)   # constrain the answer, not the thoughts
         for t in self.session.history:
-            sampler.accept(t)
+            if t >= 0:                     # image rows (negative placeholder ids) are not sampled tokens
+                sampler.accept(t)
         n_left = p.n_predict
         while True:
             gen = self.session.generate(sampler, n_left, tuple(p.antiprompt),

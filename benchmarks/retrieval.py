@@ -75,8 +75,8 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 def make_doc(tok, n_ctx: int, index: int, seed: int, pairs: int, questions: int, ratio: list[float]):
     """(prompt ids, answer ids) of document `index` at this length: as long as fits n_ctx with ~3% to spare.
     `ratio` (tokens per filler word, a one-element list) is refined from each document made."""
-    overhead = 40 * questions + 16 * pairs              # questions, answers and facts, in tokens (generous)
-    words = max(50, int(0.97 * (n_ctx - overhead) / ratio[0]))
+    overhead = 20 * questions + 12 * pairs              # questions, answers and facts, in tokens (about)
+    words = max(1, int(0.97 * (n_ctx - overhead) / ratio[0]))
     for attempt in range(8):
         rng = random.Random(f"retrieval-{seed}-{n_ctx}-{index}-{attempt}")
         doc = corpus.retrieval_doc(rng, words, pairs, questions)
@@ -86,8 +86,9 @@ def make_doc(tok, n_ctx: int, index: int, seed: int, pairs: int, questions: int,
         ratio[0] = max(0.5, (len(full) - overhead) / words)
         if len(full) <= n_ctx:
             return prompt, full[len(prompt):]
-        words = int(words * 0.97 * n_ctx / len(full))
-    raise RuntimeError(f"could not make a document that fits n_ctx={n_ctx}")
+        words = max(1, int(words * 0.97 * n_ctx / len(full)))
+    raise RuntimeError(f"could not make a document that fits n_ctx={n_ctx} with {pairs} facts and {questions} "
+                       "questions: use a longer length or fewer --pairs / --questions")
 
 
 def score_doc(lm, session: Session, prompt: list[int], answer: list[int]) -> tuple[int, int, float, float]:
@@ -146,9 +147,10 @@ def main(argv=None) -> int:
             r.prefill_s += prefill
         print(f"  round {i + 1}: " + " ".join(f"{n}:{results[n].exact}/{results[n].docs}" for n in lengths)
               + f" ({time.perf_counter() - t_start:.0f} s)", flush=True)
+        write_json(args, backend, lm, results, lengths, stopped, t_start)    # after every round: a kill keeps it
     if stopped:
         print(stopped)
-    rows = [results[n].row() for n in lengths]
+    rows = write_json(args, backend, lm, results, lengths, stopped, t_start)
     print(f"\n| n_ctx | mean prompt tokens | docs | exact accuracy (95% CI) | answer-token accuracy | answer NLL "
           f"| prefill tok/s |  KV {args.cache_type_k}/{args.cache_type_v}")
     print("|---:|---:|---:|---|---:|---:|---:|")
@@ -157,12 +159,18 @@ def main(argv=None) -> int:
               f"({r['accuracy_95ci'][0]:.2f}-{r['accuracy_95ci'][1]:.2f}) | {r['token_accuracy']:.3f} "
               f"| {r['answer_nll']:.3f} | {r['prefill_tok_per_s']:.0f} |")
     if args.json:
+        print(f"wrote {args.json}")
+    return 0
+
+
+def write_json(args, backend, lm, results: dict, lengths: list[int], stopped: str, t_start: float) -> list[dict]:
+    rows = [results[n].row() for n in lengths]
+    if args.json:
         meta = {k: v for k, v in vars(args).items() if k != "json"}
         meta.update(backend=backend.name, n_ctx_train=lm.cfg.n_ctx_train, stopped=stopped,
                     seconds=time.perf_counter() - t_start, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
         Path(args.json).write_text(json.dumps({"meta": meta, "lengths": rows}, indent=1) + "\n")
-        print(f"wrote {args.json}")
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ projection to --full-out, 64 by default so that the paired text fixture is the t
 image of each size: median wall ms of --reps encodes after a warm-up. The files go to --workdir (kept).
 
 Part 3 (with --lcpp-bin; the mmproj and text model of --full unless --mmproj / --model name others):
-llama.cpp's llama-mtmd-cli on that mmproj and text model, one process per image size, the image given --lcpp-images times (the first encode warms cuBLAS / kernels up); its
-"image slice encoded in N ms" lines are parsed and the median of all but the first reported. The images are
+llama.cpp's llama-mtmd-cli on that mmproj and text model, one process per image size, the image given
+--lcpp-images times (the first encode warms cuBLAS / kernels up); its "image slice encoded in N ms" lines are
+parsed and the median of all but the first reported. The images are
 written here as PNGs (noise) of exactly the benchmark sizes; 448 and 1024 are multiples of patch*merge = 32, so
 llama.cpp's preprocessing does not resize them (its qwen3vl limit is 8..4096 merged tokens; 1024x1024 is 1024).
 
@@ -58,13 +59,14 @@ class TowerDims:
         return self.width // self.heads
 
 
-def flops(d: TowerDims, P: int) -> float:
-    """Multiply-adds x 2 of one forward over P patches (projections and attention; element-wise ops excluded)."""
+def flops(d: TowerDims, P: int) -> dict[str, float]:
+    """Multiply-adds x 2 of one forward over P patches: {"matmul": projections, "attention": q k^T and p v}
+    (element-wise ops excluded)."""
     E, F = d.width, d.ffn
     patch_in = 3 * d.patch * d.patch
-    per_layer = 2 * P * E * (3 * E + E + 2 * F) + 4 * P * P * E
     merger = 2 * (P // 4) * (4 * E * 4 * E + 4 * E * d.out_dim)
-    return 2 * 2 * P * patch_in * E + d.layers * per_layer + merger
+    return {"matmul": 2 * 2 * P * patch_in * E + d.layers * 2 * P * E * (3 * E + E + 2 * F) + merger,
+            "attention": d.layers * 4 * P * P * E}
 
 
 class Tower:
@@ -170,8 +172,10 @@ def bench_ours(be, tower: Tower, side: int, reps: int) -> dict:
     tower.forward(patches, pos_emb, pos, op_timer)
     ms = statistics.median(samples)
     fl = flops(tower.d, P)
-    return {"side": side, "patches": P, "tokens": P // 4, "ms": ms, "ms_all": samples, "gflop": fl / 1e9,
-            "tflops": fl / ms / 1e9, "finite": ok, "breakdown_ms": by_kind}
+    total = sum(fl.values())
+    rates = {k: fl[k] / by_kind[k] / 1e9 for k in fl if by_kind.get(k)}     # TFLOP/s of each kind, op by op
+    return {"side": side, "patches": P, "tokens": P // 4, "ms": ms, "ms_all": samples, "gflop": total / 1e9,
+            "tflops": total / ms / 1e9, "finite": ok, "breakdown_ms": by_kind, "kind_tflops": rates}
 
 
 # -- the project's encoder on a real-size random mmproj --------------------------------------------------------------
@@ -295,7 +299,8 @@ def main() -> None:
         for side in args.sizes:
             r = bench_ours(be, tower, side, args.reps)
             report["ours"].append(r)
-            bd = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["breakdown_ms"].items(), key=lambda kv: -kv[1]))
+            bd = ", ".join(f"{k} {v:.1f}" + (f" ({r['kind_tflops'][k]:.1f} TFLOP/s)" if k in r["kind_tflops"] else "")
+                           for k, v in sorted(r["breakdown_ms"].items(), key=lambda kv: -kv[1]))
             print(f"{side:>5}x{side:<4} {r['patches']:>7} {r['tokens']:>6} {r['ms']:>9.1f} {r['gflop']:>8.0f} "
                   f"{r['tflops']:>7.2f}  {bd}{'' if r['finite'] else '  NON-FINITE OUTPUT'}")
 

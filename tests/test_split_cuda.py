@@ -188,3 +188,24 @@ def test_split_decode_graphs_equal_one_gpu_graphs(single, fixture_gguf, bridge):
         assert graphs.n_captured == 1 and not graphs._graphs
     finally:
         lm.model.close()
+
+
+@pytest.mark.parametrize("bridge", ["host", "peer"])
+def test_completion_cli_over_a_split_equals_one_gpu(cuda_backend, fixture_gguf, bridge):
+    """llamacmp-completion end to end: -dev CUDA0,CUDA0 (two split parts on one GPU) prints the same greedy text
+    as -sm none, and one start-up line per part names its layers, memory and bridge."""
+    import subprocess
+    import sys
+    model = str(fixture_gguf("tiny", "q8_0", seed=5))
+    base = [sys.executable, "-m", "llamacmp.cli.completion", "-m", model, "-p", "Hello there", "-n", "24",
+            "--temp", "0", "-no-cnv", "-c", "256", "-ub", "4", "--ignore-eos"]
+
+    def run(*extra):
+        r = subprocess.run(base + list(extra), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r
+    one = run("-sm", "none")
+    two = run("-dev", "CUDA0,CUDA0", "--split-bridge", bridge)
+    assert two.stdout == one.stdout and len(one.stdout) > len("Hello there")
+    lines = [ln for ln in two.stderr.splitlines() if ln.startswith("split: GPU 0")]
+    assert len(lines) == 2 and f"bridge to part 1: {bridge}" in lines[0] and "output head" in lines[1]

@@ -241,10 +241,17 @@ class CudaBridge(Bridge):
         return out
 
     def close(self) -> None:
+        """On the sending part's thread: free the pinned slots, give the staging blocks back to its arena (after the
+        copies in flight are done)."""
+        for e in self.written + self.read:
+            if e:
+                self.native.cmp_event_synchronize(e)
         for p in self.host:
             if p:
                 self.native.cmp_host_free(p)
         self.host = [0] * self.n_slots
+        self.stage = [None] * self.n_slots
+        self.cap = [0] * self.n_slots
 
 
 def choose_bridge(src, dst, mode: str) -> str:
@@ -462,13 +469,20 @@ class SplitModel:
             part.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacmp-split{p}",
                                            initializer=bind)
             part.model = part.call(Qwen35Model, cfg, weights, part.backend, part.layers, p == 0, p == last)
-        self.bridge_kinds = []
-        for p in range(last):
-            src, dst = self.parts[p].backend, self.parts[p + 1].backend
-            kind = choose_bridge(src, dst, bridge)
-            self.parts[p].bridge_out = NumpyHostBridge() if src.name != "cuda" else CudaBridge(src, dst, kind)
-            self.bridge_kinds.append(kind)
+        self.set_bridge(bridge)
         self.backend = SplitBackend(self.parts, cfg)
+
+    def set_bridge(self, mode: str) -> None:
+        """(Re)make the bridges between the parts: auto | host | peer (a benchmark compares both on one load)."""
+        kinds = [choose_bridge(self.parts[p].backend, self.parts[p + 1].backend, mode)
+                 for p in range(len(self.parts) - 1)]
+        for p, kind in enumerate(kinds):
+            part = self.parts[p]
+            if part.bridge_out is not None:
+                part.call(part.bridge_out.close)
+            src, dst = part.backend, self.parts[p + 1].backend
+            part.bridge_out = NumpyHostBridge() if src.name != "cuda" else CudaBridge(src, dst, kind)
+        self.bridge_kinds = kinds
 
     # -- description --------------------------------------------------------------------------------------------
     def describe(self) -> list[str]:

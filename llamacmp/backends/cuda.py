@@ -621,6 +621,12 @@ class CudaBackend(Backend):
         return out
 
     # -- several devices (models/split.py) ----------------------------------------------------------------------
+    def activate(self) -> None:
+        """Select this backend's device for the calling thread (CUDA's current device is per thread), keeping the
+        device's library stream: for a thread that takes over a backend made on another one (the server's engine
+        thread after the loader thread), so that its work queues behind the loading on the same stream."""
+        self.native.cmp_set_device(self.device)
+
     def bind_thread(self) -> None:
         """Make the calling thread run this backend's work: its device, and a stream of this backend's own (made on
         the first call). A layer split gives each part one thread that calls this once, so that two backends --

@@ -107,6 +107,11 @@ class Engine:
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def _run(self) -> None:
+        # CUDA's current device is per thread: this thread runs the backend's work, so select its device here
+        # (the model was loaded on another thread; a layer split runs its parts on threads of its own)
+        activate = getattr(self.backend, "activate", None)
+        if activate is not None:
+            activate()
         while not self._stop.is_set():
             busy = any(s.busy for s in self.slots)
             self._drain(block=not busy and not self._waiting)

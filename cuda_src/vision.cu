@@ -147,10 +147,21 @@ __global__ void attention_prep_mrope_kernel(const float* __restrict__ qg,      /
 // Non-causal softmax(q k^T * scale) v over all T rows, flash style in FP32. Block = 64 queries of one head, 256
 // threads as a 16x16 grid: thread (ty, tx) owns query rows ty + 16a (a < 4) and, for the scores of a 64-key tile,
 // keys tx + 16b (b < 4); for the output, head dims tx + 16c (c < NC = ceil(Dh/16)). The 16 threads sharing a row
-// are 16 lanes of one warp, so the row max and sum are shuffles. Shared memory: Q tile [64][Dh+1], one K-or-V tile
-// [64][Dh+1] (K is read for the scores, then V overwrites it), P [64][65]; the +1 pads make the per-key column
-// reads conflict-free. Online softmax: running max m and sum l per row, the output rescaled by exp(m_old - m_new).
-constexpr int FA_BQ = 64, FA_BK = 64;
+// are 16 lanes of one warp, so the row max and sum are shuffles. Online softmax: running max m and sum l per row,
+// the output rescaled by exp(m_old - m_new).
+// Shared memory (fa_smem_floats): Q tile [64][S] (pre-scaled), one K-or-V tile [64][S] (K is read for the scores,
+// then V overwrites it), P [64][FA_PS]. S = Dh rounded up to 4, plus 4 when that is a multiple of 8, so rows are
+// 16-byte aligned and S % 32 is an odd multiple of 4: the scores read q and k as float4 (4 head dims per load)
+// and the 8 threads of a quarter-warp hit 8 distinct 16-byte bank groups. Columns Dh..S-1 are zero. The P . V
+// product reads P as float4 (4 keys per load); keys past T have P = 0 and V rows of zeros.
+constexpr int FA_BQ = 64, FA_BK = 64, FA_PS = FA_BK + 4;
+
+__host__ __device__ inline int fa_stride(int Dh) {
+    const int d4 = (Dh + 3) / 4 * 4;
+    return d4 % 8 == 0 ? d4 + 4 : d4;
+}
+
+inline size_t fa_smem_floats(int Dh) { return (size_t)(FA_BQ + FA_BK) * fa_stride(Dh) + (size_t)FA_BQ * FA_PS; }
 
 template <int NC>
 __global__ void __launch_bounds__(VIS_THREADS)
@@ -159,17 +170,17 @@ attention_full_kernel(const float* __restrict__ q,  // [T, ldq] (head h at colum
                       const float* __restrict__ v,  // [T, ldv]
                       float* __restrict__ out,      // [T, H*Dh]
                       int T, int H, int Dh, int ldq, int ldk, int ldv, float scale) {
-    extern __shared__ float sm[];
-    const int DP = Dh + 1;
-    float* Qs = sm;                    // [64][DP]
-    float* KVs = Qs + FA_BQ * DP;      // [64][DP]
-    float* Ps = KVs + FA_BK * DP;      // [64][65]
+    extern __shared__ __align__(16) float sm[];
+    const int S = fa_stride(Dh);
+    float* Qs = sm;                    // [64][S]
+    float* KVs = Qs + FA_BQ * S;       // [64][S]
+    float* Ps = KVs + FA_BK * S;       // [64][FA_PS]
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const int q0 = blockIdx.x * FA_BQ, h = blockIdx.y;
 
-    for (int i = tid; i < FA_BQ * Dh; i += VIS_THREADS) {
-        const int r = i / Dh, d = i % Dh;
-        Qs[r * DP + d] = q0 + r < T ? q[(size_t)(q0 + r) * ldq + (size_t)h * Dh + d] * scale : 0.f;
+    for (int i = tid; i < FA_BQ * S; i += VIS_THREADS) {
+        const int r = i / S, d = i % S;
+        Qs[i] = q0 + r < T && d < Dh ? q[(size_t)(q0 + r) * ldq + (size_t)h * Dh + d] * scale : 0.f;
     }
     float m[4], l[4], acc[4][NC];
 #pragma unroll
@@ -182,23 +193,28 @@ attention_full_kernel(const float* __restrict__ q,  // [T, ldq] (head h at colum
 
     for (int k0 = 0; k0 < T; k0 += FA_BK) {
         __syncthreads();  // the previous tile's V and P reads are done (and, at k0 = 0, Qs is written)
-        for (int i = tid; i < FA_BK * Dh; i += VIS_THREADS) {
-            const int r = i / Dh, d = i % Dh;
-            KVs[r * DP + d] = k0 + r < T ? k[(size_t)(k0 + r) * ldk + (size_t)h * Dh + d] : 0.f;
+        for (int i = tid; i < FA_BK * S; i += VIS_THREADS) {
+            const int r = i / S, d = i % S;
+            KVs[i] = k0 + r < T && d < Dh ? k[(size_t)(k0 + r) * ldk + (size_t)h * Dh + d] : 0.f;
         }
         __syncthreads();
         float s[4][4] = {};
-#pragma unroll 4
-        for (int d = 0; d < Dh; ++d) {
-            float qa[4], kb[4];
+#pragma unroll 2
+        for (int d = 0; d < Dh; d += 4) {
+            float4 qa[4], kb[4];
 #pragma unroll
-            for (int a = 0; a < 4; ++a) qa[a] = Qs[(ty + 16 * a) * DP + d];
+            for (int a = 0; a < 4; ++a) qa[a] = *reinterpret_cast<const float4*>(&Qs[(ty + 16 * a) * S + d]);
 #pragma unroll
-            for (int b = 0; b < 4; ++b) kb[b] = KVs[(tx + 16 * b) * DP + d];
+            for (int b = 0; b < 4; ++b) kb[b] = *reinterpret_cast<const float4*>(&KVs[(tx + 16 * b) * S + d]);
 #pragma unroll
             for (int a = 0; a < 4; ++a)
 #pragma unroll
-                for (int b = 0; b < 4; ++b) s[a][b] = fmaf(qa[a], kb[b], s[a][b]);
+                for (int b = 0; b < 4; ++b) {
+                    float t = fmaf(qa[a].x, kb[b].x, s[a][b]);
+                    t = fmaf(qa[a].y, kb[b].y, t);
+                    t = fmaf(qa[a].z, kb[b].z, t);
+                    s[a][b] = fmaf(qa[a].w, kb[b].w, t);
+                }
         }
 #pragma unroll
         for (int a = 0; a < 4; ++a) {
@@ -216,7 +232,7 @@ attention_full_kernel(const float* __restrict__ q,  // [T, ldq] (head h at colum
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
                 const float p = __expf(s[a][b] - m_new);
-                Ps[(ty + 16 * a) * (FA_BK + 1) + tx + 16 * b] = p;
+                Ps[(ty + 16 * a) * FA_PS + tx + 16 * b] = p;
                 sum += p;
             }
 #pragma unroll
@@ -227,23 +243,28 @@ attention_full_kernel(const float* __restrict__ q,  // [T, ldq] (head h at colum
             for (int c = 0; c < NC; ++c) acc[a][c] *= corr;
         }
         __syncthreads();  // all scores read K: V may overwrite it; P is complete
-        for (int i = tid; i < FA_BK * Dh; i += VIS_THREADS) {
-            const int r = i / Dh, d = i % Dh;
-            KVs[r * DP + d] = k0 + r < T ? v[(size_t)(k0 + r) * ldv + (size_t)h * Dh + d] : 0.f;
+        for (int i = tid; i < FA_BK * S; i += VIS_THREADS) {
+            const int r = i / S, d = i % S;
+            KVs[i] = k0 + r < T && d < Dh ? v[(size_t)(k0 + r) * ldv + (size_t)h * Dh + d] : 0.f;
         }
         __syncthreads();
         const int kn = min(FA_BK, T - k0);
-#pragma unroll 4
-        for (int j = 0; j < kn; ++j) {
-            float p[4], vv[NC];
+        for (int j = 0; j < kn; j += 4) {          // keys kn..j+3 (past T) have P = 0 and V = 0
+            float4 p[4];
 #pragma unroll
-            for (int a = 0; a < 4; ++a) p[a] = Ps[(ty + 16 * a) * (FA_BK + 1) + j];
+            for (int a = 0; a < 4; ++a) p[a] = *reinterpret_cast<const float4*>(&Ps[(ty + 16 * a) * FA_PS + j]);
 #pragma unroll
-            for (int c = 0; c < NC; ++c) vv[c] = tx + 16 * c < Dh ? KVs[j * DP + tx + 16 * c] : 0.f;
+            for (int jj = 0; jj < 4; ++jj) {
+                float vv[NC];
 #pragma unroll
-            for (int a = 0; a < 4; ++a)
+                for (int c = 0; c < NC; ++c) vv[c] = tx + 16 * c < Dh ? KVs[(j + jj) * S + tx + 16 * c] : 0.f;
 #pragma unroll
-                for (int c = 0; c < NC; ++c) acc[a][c] = fmaf(p[a], vv[c], acc[a][c]);
+                for (int a = 0; a < 4; ++a) {
+                    const float pa = jj == 0 ? p[a].x : jj == 1 ? p[a].y : jj == 2 ? p[a].z : p[a].w;
+#pragma unroll
+                    for (int c = 0; c < NC; ++c) acc[a][c] = fmaf(pa, vv[c], acc[a][c]);
+                }
+            }
         }
     }
 #pragma unroll
@@ -262,7 +283,7 @@ attention_full_kernel(const float* __restrict__ q,  // [T, ldq] (head h at colum
 template <int NC>
 int launch_attention_full(const float* q, const float* k, const float* v, float* out, int T, int H, int Dh, int ldq,
                           int ldk, int ldv, float scale) {
-    const size_t smem = sizeof(float) * ((size_t)(FA_BQ + FA_BK) * (Dh + 1) + FA_BQ * (FA_BK + 1));
+    const size_t smem = sizeof(float) * fa_smem_floats(Dh);
     CMP_TRY(check_cuda(cudaFuncSetAttribute(attention_full_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)smem),
                        "attention_full: shared memory opt-in"));

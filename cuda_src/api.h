@@ -71,6 +71,15 @@ int cmp_stream_wait_event(void* e);                         // the stream waits 
 // x [T, n] f32 -> q [T, n] int8, d [T, n/32] f32: per 32-block q = rint(x * 127/max|x|), d = f16(max|x|/127)
 // (numpy_ref.quantize_q8_blocks). n % 32 == 0.
 int cmp_quantize_q8(const float* x, int8_t* q, float* d, int T, int n);
+// Fused producers of Q8 activations (the f32 intermediate is never written); each gives exactly the q, d of the
+// unfused op followed by cmp_quantize_q8 (same fp32 expressions, same reduction order).
+// x [T, D], w [D] -> q [T, D], d [T, D/32] of rmsnorm(x) * w (cmp_rmsnorm). D % 32 == 0.
+int cmp_rmsnorm_q8(const float* x, const float* w, int8_t* q, float* d, int T, int D, float eps);
+// a, b [T, n] -> q, d of silu(a) * b (op 0, cmp_swiglu) or a * sigmoid(b) (op 1, cmp_sigmoid_mul). n % 32 == 0.
+int cmp_binary_q8(const float* a, const float* b, int op, int8_t* q, float* d, int T, int n);
+// o, z [T, V*Dv], w [Dv] -> q, d of cmp_gated_rmsnorm's output. Dv % 32 == 0.
+int cmp_gated_rmsnorm_q8(const float* o, const float* z, const float* w, int8_t* q, float* d, int T, int V, int Dv,
+                         float eps);
 // GGUF Q8_0 bytes blocks [rows, n/32, 34] (f16 scale then 32 int8) -> qs [rows, n] int8, d [rows, n/32] f16.
 int cmp_q8_repack(const uint8_t* blocks, int8_t* qs, void* d, int rows, int n);
 
@@ -83,6 +92,13 @@ int cmp_matmul_q8(const int8_t* xq, const float* xd, const int8_t* wq, const voi
 // wd[i] [rows[i], n/32], y[i] [T, rows[i]]; the pointer arrays and rows[] are host memory.
 int cmp_matmul_q8_multi(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
                         float* const* y, const int* rows, int T, int n);
+// The same with a choice of kernel generation and an optional residual: y[i] = res[i] + x . W_i^T where res (host
+// array of `count` device pointers [T, rows[i]], entries may be NULL) is not NULL. `kernels`: CmpMatmulKernels bits;
+// 0 = the v1 kernels of cmp_matmul_q8_multi. CMP_MM_GEMV2: GEMV up to T = 16 whose per-row result does not depend
+// on T (batch invariant); CMP_MM_GEMM2: 128x128-tile GEMM from T = 96.
+enum CmpMatmulKernels { CMP_MM_GEMV2 = 1, CMP_MM_GEMM2 = 2 };
+int cmp_matmul_q8_ex(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
+                     float* const* y, const float* const* res, const int* rows, int T, int n, int kernels);
 // y [T, rows] = x [T, n] f32 . W [rows, n]^T, W f32 or f16 (w_dtype: CmpDtype), fp32 accumulation.
 int cmp_matmul_f(const float* x, const void* w, int w_dtype, float* y, int T, int rows, int n);
 

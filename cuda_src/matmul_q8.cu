@@ -1,7 +1,12 @@
 // Projections: y [T, rows] = x [T, n] . W [rows, n]^T.
 //  - Q8_0 weights (repacked: qs [rows, n] int8, d [rows, n/32] f16) against Q8 activations (cmp_quantize_q8):
-//    a warp-per-row DP4A GEMV for T <= 8 (decode: bound by reading the weights once), and a 64x64-tiled DP4A GEMM
+//    a warp-per-row DP4A GEMV for small T (decode: bound by reading the weights once), and a tiled DP4A GEMM
 //    for larger T (prefill). Integer dots per 32-block, scaled by d_w * d_x, accumulated in fp32.
+//    Two generations, chosen per call by `kernels` (CMP_MM_* bits of cmp_matmul_q8_ex) so a faulty one can be
+//    switched off: v1 = GEMV for T <= 8 + 64x64 GEMM; v2 = GEMV for T <= 16 with 8 loads in flight per lane and
+//    2 rows per warp when T > 1 (activation loads shared), and a 128x128 GEMM (8x8 outputs per thread, double-
+//    buffered shared memory: cp.async on sm_80+, register prefetch on sm_70/75).
+//    Optional residual: y = res + x . W^T (the model's residual add fused into the projection's epilogue).
 //  - F32/F16 weights (fixture files): one tiled fp32 GEMM.
 // No tensor-core instruction anywhere (DP4A = IDP.4A in SASS).
 #include <array>
@@ -18,6 +23,8 @@ constexpr int GEMV_WARPS = 4;     // rows per block of the GEMV
 #endif
 constexpr int GEMV_UNROLL = CMP_GEMV_UNROLL;  // 16-byte weight loads in flight per lane before any arithmetic
 constexpr int GEMV_MAX_T = 8;
+constexpr int GEMV2_MAX_T = 16;   // v2 GEMV up to 16 rows of activations (decode batches), then the GEMM
+constexpr int GEMM2_MIN_T = 96;   // v2 GEMM (128-token tile) from this many tokens; the 64x64 tile below
 constexpr int GEMV_MAX_MATS = 4;
 constexpr int TILE = 64;          // GEMM tile: 64 weight rows x 64 tokens, 256 threads, 4x4 outputs each
 constexpr int GEMM_BK = 4;        // Q8 blocks (of 32) per shared-memory stage
@@ -39,9 +46,12 @@ struct GemvSet {
     const int8_t* wq[GEMV_MAX_MATS];  // [rows_i, n]
     const __half* wd[GEMV_MAX_MATS];  // [rows_i, n/32]
     float* y[GEMV_MAX_MATS];          // [T, rows_i]
+    const float* res[GEMV_MAX_MATS];  // [T, rows_i] added to y, or null
     int row_end[GEMV_MAX_MATS];       // cumulative rows
+    int grp_end[GEMV_MAX_MATS];       // cumulative row groups (v2: ceil(rows_i / rows per warp))
     int count;
     int total;                        // row_end[count-1], so that no index into the struct is dynamic
+    int total_grp;                    // grp_end[count-1]
 };
 
 // Warp per weight row. Lane l reads 16-byte chunks l, l+32, ... of the row (chunk c is half of Q8 block c/2), so a
@@ -59,6 +69,7 @@ gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     const int8_t* wq = set.wq[0];
     const __half* wd = set.wd[0];
     float* y = set.y[0];
+    const float* res = set.res[0];
     int row0 = 0, rows = set.row_end[0];
 #pragma unroll
     for (int i = 1; i < GEMV_MAX_MATS; ++i) {
@@ -66,6 +77,7 @@ gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
             wq = set.wq[i];
             wd = set.wd[i];
             y = set.y[i];
+            res = set.res[i];
             row0 = set.row_end[i - 1];
             rows = set.row_end[i] - row0;
         }
@@ -101,7 +113,7 @@ gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
         const float v = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)t * rows + row] = v;
+        if (lane == 0) y[(size_t)t * rows + row] = res ? res[(size_t)t * rows + row] + v : v;
     }
 }
 
@@ -113,6 +125,7 @@ gemm_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
                const float* __restrict__ xd,   // [T, n/32]
                const int8_t* __restrict__ wq,  // [rows, n]
                const __half* __restrict__ wd,  // [rows, n/32]
+               const float* __restrict__ res,  // [T, rows] added to y, or null
                float* __restrict__ y,          // [T, rows]
                int T, int rows, int n) {
     constexpr int KI = GEMM_BK * 8;  // ints per row per stage
@@ -164,7 +177,245 @@ gemm_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int r = row0 + tx + 16 * i;
-            if (r < rows) y[(size_t)t * rows + r] = acc[i][j];
+            if (r < rows) y[(size_t)t * rows + r] = res ? res[(size_t)t * rows + r] + acc[i][j] : acc[i][j];
+        }
+    }
+}
+
+// ---- v2 ------------------------------------------------------------------------------------------------------------
+
+// An int dot of <= 32 int8 pairs (|s| <= 2^19) as float, exactly: add s to the mantissa of 1.5 * 2^23 and subtract
+// it again (one integer and one float add instead of the quarter-rate I2F conversion).
+__device__ __forceinline__ float dot_to_f32(int s) {
+    return __int_as_float(0x4B400000 + s) - 12582912.f;
+}
+
+// Rows per warp and 16-byte weight loads in flight per lane and row, by T. T == 1 is bound by the weight stream:
+// one row per warp, all 8 chunks of a 4096-wide row in flight at once. For T > 1 a warp takes two rows so each
+// activation chunk it loads serves both.
+template <int NT> constexpr int gemv2_rows() { return NT == 1 ? 1 : 2; }
+template <int NT> constexpr int gemv2_unroll() { return NT <= 4 ? 8 : 4; }
+
+// Warp per group of R rows. Each row's result is the same for every T, R and U (batch invariance, relied on by the
+// engine): lane l accumulates chunks l, l+32, l+64, ... in increasing order with the same explicitly rounded
+// fma(dot, d_w * d_x, acc) (no contraction left to the compiler), and the warp sum is a fixed butterfly.
+// T == 1 asks for 8 blocks (32 warps) per SM so that a 4096-row matrix (4096 warps) runs in one wave on 132 SMs.
+template <int NT, int R, int U>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? 8 : 1)
+gemv2_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
+                const float* __restrict__ xd,   // [NT, n/32]
+                const GemvSet set, int n) {
+    int grp = blockIdx.x * GEMV_WARPS + threadIdx.y;
+    if (grp >= set.total_grp) return;
+    const int8_t* wq = set.wq[0];
+    const __half* wd = set.wd[0];
+    float* y = set.y[0];
+    const float* res = set.res[0];
+    int grp0 = 0, rows = set.row_end[0];
+#pragma unroll
+    for (int i = 1; i < GEMV_MAX_MATS; ++i) {
+        if (i < set.count && grp >= set.grp_end[i - 1]) {
+            wq = set.wq[i];
+            wd = set.wd[i];
+            y = set.y[i];
+            res = set.res[i];
+            grp0 = set.grp_end[i - 1];
+            rows = set.row_end[i] - set.row_end[i - 1];
+        }
+    }
+    const int row0 = (grp - grp0) * R;
+    const int lane = threadIdx.x, nchunk = n / 16, nb = n / QK;
+    const int4* w[R];
+    const __half* dw[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = min(row0 + r, rows - 1);  // a missing last row re-reads a real one and is not stored
+        w[r] = reinterpret_cast<const int4*>(wq + (size_t)row * n);
+        dw[r] = wd + (size_t)row * nb;
+    }
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
+
+    for (int c0 = lane; c0 < nchunk; c0 += 32 * U) {
+        int4 wv[R][U];
+        float ws[R][U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + 32 * u;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                wv[r][u] = c < nchunk ? __ldg(w[r] + c) : make_int4(0, 0, 0, 0);
+                ws[r][u] = c < nchunk ? __half2float(dw[r][c >> 1]) : 0.f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + 32 * u;
+            if (c >= nchunk) break;
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const int4 xv = __ldg(reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 16));
+                const float xs = __ldg(xd + (size_t)t * nb + (c >> 1));
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    acc[r][t] = __fmaf_rn(dot_to_f32(dot16(wv[r][u], xv)), __fmul_rn(ws[r][u], xs), acc[r][t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = row0 + r;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float v = warp_sum(acc[r][t]);
+            if (lane == 0 && row < rows) y[(size_t)t * rows + row] = res ? res[(size_t)t * rows + row] + v : v;
+        }
+    }
+}
+
+constexpr int TILE2 = 128;       // v2 GEMM tile: 128 weight rows x 128 tokens, 256 threads, 8x8 outputs each
+constexpr int BK2 = 2;           // Q8 blocks (of 32) per shared-memory stage: 64 bytes of each row
+constexpr int KI2 = BK2 * 8;     // ints per row per stage
+constexpr int KP2 = KI2 + 4;     // row stride in ints: 80 B keeps 16-byte alignment and makes the 16-byte reads of
+                                 // 8 consecutive rows land on disjoint banks
+
+// One stage of the operands in shared memory (one of two buffers).
+struct Gemm2Stage {
+    int w[TILE2][KP2];
+    int x[TILE2][KP2];
+    float wd[TILE2][BK2];
+    float xd[TILE2][BK2];
+};
+
+// 16 bytes global -> shared; `ok` false writes zeros (rows/tokens/blocks past the end). On sm_80+ an asynchronous
+// copy (completed by cp_async_wait before the barrier that publishes the stage).
+__device__ __forceinline__ void copy16(int* dst, const int8_t* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(ok ? 16 : 0));
+#else
+    *reinterpret_cast<int4*>(dst) = ok ? __ldg(reinterpret_cast<const int4*>(src)) : make_int4(0, 0, 0, 0);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::);
+#endif
+}
+
+// Thread (tx, ty) = (tid % 16, tid / 16) owns rows tx + 16i and tokens ty + 16j (i, j < 8): its 16-byte reads of a
+// Q8 block of W touch 16 consecutive rows per warp (conflict-free with the 80-byte stride), those of X two tokens
+// (broadcasts). Per Q8 block and output: 8 DP4A on the whole 32-byte block, one exact int->float, one fma with
+// d_w * d_x. Stages of BK2 blocks are double-buffered: stage s+1 is fetched (cp.async on sm_80+, into registers on
+// sm_70/75) while stage s is multiplied; one barrier per stage.
+__global__ void __launch_bounds__(256, 1)
+gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
+                const float* __restrict__ xd,   // [T, n/32]
+                const int8_t* __restrict__ wq,  // [rows, n]
+                const __half* __restrict__ wd,  // [rows, n/32]
+                const float* __restrict__ res,  // [T, rows] added to y, or null
+                float* __restrict__ y,          // [T, rows]
+                int T, int rows, int n) {
+    __shared__ __align__(16) Gemm2Stage st[2];
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int row0 = blockIdx.x * TILE2, tok0 = blockIdx.y * TILE2, nb = n / QK;
+    const int nstage = (nb + BK2 - 1) / BK2;
+    // Loader roles: 512 16-byte chunks per operand per stage (128 rows x 4), two per thread; consecutive threads
+    // take consecutive chunks of one row, so a warp reads 8 whole 64-byte row segments. Scales: one per thread.
+    const int lr = tid >> 2, lc = tid & 3;         // chunk p: row lr + 64p, chunk lc (16 bytes = 4 ints)
+    const int sr = tid >> 1, sk = tid & 1;         // scale: row sr, block sk of the stage
+
+    auto fetch = [&](int s, Gemm2Stage& b, int4 (&pw)[2], int4 (&px)[2], float& pwd, float& pxd) {
+        const int blk = s * BK2 + (lc >> 1);  // the Q8 block this chunk lies in
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int r = lr + 64 * p, gr = row0 + r, gt = tok0 + r;
+            const bool okw = gr < rows && blk < nb, okx = gt < T && blk < nb;
+            const int8_t* sw = wq + (okw ? (size_t)gr * n + (size_t)s * BK2 * QK + lc * 16 : 0);
+            const int8_t* sx = xq + (okx ? (size_t)gt * n + (size_t)s * BK2 * QK + lc * 16 : 0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+            copy16(&b.w[r][lc * 4], sw, okw);
+            copy16(&b.x[r][lc * 4], sx, okx);
+            (void)pw; (void)px;
+#else
+            (void)b;
+            pw[p] = okw ? __ldg(reinterpret_cast<const int4*>(sw)) : make_int4(0, 0, 0, 0);
+            px[p] = okx ? __ldg(reinterpret_cast<const int4*>(sx)) : make_int4(0, 0, 0, 0);
+#endif
+        }
+        const int sblk = s * BK2 + sk;
+        pwd = (row0 + sr < rows && sblk < nb) ? __half2float(wd[(size_t)(row0 + sr) * nb + sblk]) : 0.f;
+        pxd = (tok0 + sr < T && sblk < nb) ? xd[(size_t)(tok0 + sr) * nb + sblk] : 0.f;
+    };
+    auto publish = [&](Gemm2Stage& b, const int4 (&pw)[2], const int4 (&px)[2], float pwd, float pxd) {
+#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            *reinterpret_cast<int4*>(&b.w[lr + 64 * p][lc * 4]) = pw[p];
+            *reinterpret_cast<int4*>(&b.x[lr + 64 * p][lc * 4]) = px[p];
+        }
+#else
+        (void)pw; (void)px;
+        cp_async_wait();
+#endif
+        b.wd[sr][sk] = pwd;
+        b.xd[sr][sk] = pxd;
+    };
+
+    float acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+
+    int4 pw[2], px[2];
+    float pwd, pxd;
+    fetch(0, st[0], pw, px, pwd, pxd);
+    publish(st[0], pw, px, pwd, pxd);
+    __syncthreads();
+    for (int s = 0; s < nstage; ++s) {
+        Gemm2Stage& cur = st[s & 1];
+        Gemm2Stage& nxt = st[(s & 1) ^ 1];
+        const bool more = s + 1 < nstage;
+        if (more) fetch(s + 1, nxt, pw, px, pwd, pxd);  // nxt was last read before the previous barrier
+#pragma unroll
+        for (int kb = 0; kb < BK2; ++kb) {
+            int4 a[8][2];
+            float sw[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                a[i][0] = *reinterpret_cast<const int4*>(&cur.w[tx + 16 * i][kb * 8]);
+                a[i][1] = *reinterpret_cast<const int4*>(&cur.w[tx + 16 * i][kb * 8 + 4]);
+                sw[i] = cur.wd[tx + 16 * i][kb];
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int4 b0 = *reinterpret_cast<const int4*>(&cur.x[ty + 16 * j][kb * 8]);
+                const int4 b1 = *reinterpret_cast<const int4*>(&cur.x[ty + 16 * j][kb * 8 + 4]);
+                const float sx = cur.xd[ty + 16 * j][kb];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const int d = __dp4a(a[i][1].w, b1.w, __dp4a(a[i][1].z, b1.z, __dp4a(a[i][1].y, b1.y,
+                                  __dp4a(a[i][1].x, b1.x, dot16(a[i][0], b0)))));
+                    acc[i][j] = __fmaf_rn(dot_to_f32(d), __fmul_rn(sw[i], sx), acc[i][j]);
+                }
+            }
+        }
+        if (more) publish(nxt, pw, px, pwd, pxd);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int t = tok0 + ty + 16 * j;
+        if (t >= T) continue;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int r = row0 + tx + 16 * i;
+            if (r < rows) y[(size_t)t * rows + r] = res ? res[(size_t)t * rows + r] + acc[i][j] : acc[i][j];
         }
     }
 }
@@ -223,36 +474,71 @@ int launch_gemv(const int8_t* xq, const float* xd, const GemvSet& set, int total
     return check_launch("gemv_q8_kernel");
 }
 
+template <int NT>
+int launch_gemv2(const int8_t* xq, const float* xd, const GemvSet& set, int /*total_rows*/, int n) {
+    gemv2_q8_kernel<NT, gemv2_rows<NT>(), gemv2_unroll<NT>()>
+        <<<ceil_div(set.total_grp, GEMV_WARPS), dim3(32, GEMV_WARPS), 0, stream()>>>(xq, xd, set, n);
+    return check_launch("gemv2_q8_kernel");
+}
+
 template <int... NT>
 constexpr auto gemv_table(std::integer_sequence<int, NT...>) {
     return std::array<GemvLaunch, sizeof...(NT)>{launch_gemv<NT + 1>...};
 }
 
+template <int... NT>
+constexpr auto gemv2_table(std::integer_sequence<int, NT...>) {
+    return std::array<GemvLaunch, sizeof...(NT)>{launch_gemv2<NT + 1>...};
+}
+
+// Rows per warp of the v2 GEMV for a run-time T (1..GEMV2_MAX_T).
+constexpr int gemv2_rows_rt(int T) { return T == 1 ? gemv2_rows<1>() : gemv2_rows<2>(); }
+
 int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
-                  float* const* y, const int* rows, int T, int n) {
+                  float* const* y, const float* const* res, const int* rows, int T, int n, int kernels) {
     CMP_REQUIRE(count >= 1 && count <= GEMV_MAX_MATS, "cmp_matmul_q8_multi: %d matrices (1..%d)", count,
                 GEMV_MAX_MATS);
     CMP_REQUIRE(T >= 0 && n > 0 && n % QK == 0, "cmp_matmul_q8: bad shape T=%d n=%d (n a multiple of 32)", T, n);
+    CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2)) == 0, "cmp_matmul_q8_ex: unknown kernel bits 0x%x",
+                kernels);
     for (int i = 0; i < count; ++i) CMP_REQUIRE(rows[i] > 0, "cmp_matmul_q8: matrix %d has %d rows", i, rows[i]);
     if (T == 0) return CMP_OK;
-    if (T <= GEMV_MAX_T) {
+    const bool v2 = kernels & CMP_MM_GEMV2;
+    if (T <= (v2 ? GEMV2_MAX_T : GEMV_MAX_T)) {
         GemvSet set{};
-        int total = 0;
+        int total = 0, total_grp = 0;
+        const int R = gemv2_rows_rt(T);
         for (int i = 0; i < count; ++i) {
             set.wq[i] = wq[i];
             set.wd[i] = static_cast<const __half*>(wd[i]);
             set.y[i] = y[i];
+            set.res[i] = res ? res[i] : nullptr;
             set.row_end[i] = total += rows[i];
+            set.grp_end[i] = total_grp += (rows[i] + R - 1) / R;
         }
         set.count = count;
         set.total = total;
+        set.total_grp = total_grp;
+        if (v2) {
+            static constexpr auto table2 = gemv2_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
+            return table2[T - 1](xq, xd, set, total, n);
+        }
         static constexpr auto table = gemv_table(std::make_integer_sequence<int, GEMV_MAX_T>{});
         return table[T - 1](xq, xd, set, total, n);
     }
+    // The 128-token tile wastes most of its work below ~96 tokens; the 64x64 one fills the GPU better there.
+    const bool big = (kernels & CMP_MM_GEMM2) && T >= GEMM2_MIN_T;
     for (int i = 0; i < count; ++i) {
-        gemm_q8_kernel<<<dim3(ceil_div(rows[i], TILE), ceil_div(T, TILE)), 256, 0, stream()>>>(
-            xq, xd, wq[i], static_cast<const __half*>(wd[i]), y[i], T, rows[i], n);
-        CMP_TRY(check_launch("gemm_q8_kernel"));
+        const float* r = res ? res[i] : nullptr;
+        if (big) {
+            gemm2_q8_kernel<<<dim3(ceil_div(rows[i], TILE2), ceil_div(T, TILE2)), 256, 0, stream()>>>(
+                xq, xd, wq[i], static_cast<const __half*>(wd[i]), r, y[i], T, rows[i], n);
+            CMP_TRY(check_launch("gemm2_q8_kernel"));
+        } else {
+            gemm_q8_kernel<<<dim3(ceil_div(rows[i], TILE), ceil_div(T, TILE)), 256, 0, stream()>>>(
+                xq, xd, wq[i], static_cast<const __half*>(wd[i]), r, y[i], T, rows[i], n);
+            CMP_TRY(check_launch("gemm_q8_kernel"));
+        }
     }
     return CMP_OK;
 }
@@ -264,12 +550,18 @@ using namespace cmp;
 
 extern "C" int cmp_matmul_q8(const int8_t* xq, const float* xd, const int8_t* wq, const void* wd, float* y, int T,
                              int rows, int n) {
-    return matmul_q8_set(xq, xd, 1, &wq, &wd, &y, &rows, T, n);
+    return matmul_q8_set(xq, xd, 1, &wq, &wd, &y, nullptr, &rows, T, n, 0);
 }
 
 extern "C" int cmp_matmul_q8_multi(const int8_t* xq, const float* xd, int count, const int8_t* const* wq,
                                    const void* const* wd, float* const* y, const int* rows, int T, int n) {
-    return matmul_q8_set(xq, xd, count, wq, wd, y, rows, T, n);
+    return matmul_q8_set(xq, xd, count, wq, wd, y, nullptr, rows, T, n, 0);
+}
+
+extern "C" int cmp_matmul_q8_ex(const int8_t* xq, const float* xd, int count, const int8_t* const* wq,
+                                const void* const* wd, float* const* y, const float* const* res, const int* rows,
+                                int T, int n, int kernels) {
+    return matmul_q8_set(xq, xd, count, wq, wd, y, res, rows, T, n, kernels);
 }
 
 extern "C" int cmp_matmul_f(const float* x, const void* w, int w_dtype, float* y, int T, int rows, int n) {

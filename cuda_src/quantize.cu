@@ -1,5 +1,9 @@
-// Activation quantization to Q8 blocks (shared by every projection that reads the same input) and the load-time
-// repack of GGUF Q8_0 weights into separate quant and scale arrays (16-byte aligned quant rows for wide loads).
+// Activation quantization to Q8 blocks (shared by every projection that reads the same input), the ops fused with
+// it (RMSNorm, SwiGLU, sigmoid gate, gated RMSNorm: their f32 output is only ever read by projections, so the
+// fused kernels write just q and d), and the load-time repack of GGUF Q8_0 weights into separate quant and scale
+// arrays (16-byte aligned quant rows for wide loads).
+#include <algorithm>
+
 #include "common.cuh"
 
 namespace cmp {
@@ -7,9 +11,19 @@ namespace {
 
 // ==== kernels =====================================================================================================
 
-// One warp per 32-value block. Rounding matches numpy_ref.quantize_q8_blocks bit for bit: inv = 127/amax in IEEE
-// round-to-nearest (fast-math would make it approximate and move ties), q = round-half-even(x*inv), and the scale
-// d = amax/127 is rounded to f16 as llama.cpp stores it (kept in an f32 array here: same value, aligned loads).
+// Quantize one 32-value block held one value per lane of a full warp. Rounding matches
+// numpy_ref.quantize_q8_blocks bit for bit: inv = 127/amax in IEEE round-to-nearest (fast-math would make it
+// approximate and move ties), q = round-half-even(x*inv), and the scale d = amax/127 is rounded to f16 as llama.cpp
+// stores it (kept in an f32 array here: same value, aligned loads).
+__device__ __forceinline__ void quantize_block(float v, int8_t* __restrict__ q, float* __restrict__ d, size_t blk,
+                                               int lane) {
+    const float amax = warp_max(fabsf(v));
+    const float inv = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+    q[blk * QK + lane] = (int8_t)__float2int_rn(__fmul_rn(v, inv));
+    if (lane == 0) d[blk] = __half2float(__float2half_rn(__fdiv_rn(amax, 127.f)));
+}
+
+// One warp per 32-value block.
 __global__ void quantize_q8_kernel(const float* __restrict__ x,  // [nblk * 32]
                                    int8_t* __restrict__ q,        // [nblk * 32]
                                    float* __restrict__ d,         // [nblk]
@@ -17,11 +31,58 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x,  // [nblk * 32]
     const size_t blk = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (blk >= nblk) return;
     const int lane = threadIdx.x & 31;
-    const float v = x[blk * QK + lane];
-    const float amax = warp_max(fabsf(v));
-    const float inv = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
-    q[blk * QK + lane] = (int8_t)__float2int_rn(__fmul_rn(v, inv));
-    if (lane == 0) d[blk] = __half2float(__float2half_rn(__fdiv_rn(amax, 127.f)));
+    quantize_block(x[blk * QK + lane], q, d, blk, lane);
+}
+
+// RMSNorm then quantize, block per row. The sum of squares and the normalized value use exactly the expressions
+// and the block size of elementwise.cu's rmsnorm_kernel (launched alike), so q and d equal rmsnorm + quantize
+// bit for bit; then warp w quantizes the 32-blocks w, w + nwarp, ...
+__global__ void rmsnorm_q8_kernel(const float* __restrict__ x,  // [T, D]
+                                  const float* __restrict__ w,  // [D]
+                                  int8_t* __restrict__ q,       // [T, D]
+                                  float* __restrict__ d,        // [T, D/32]
+                                  int D, float eps) {
+    __shared__ float scratch[32];
+    const float* xr = x + (size_t)blockIdx.x * D;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
+    const float r = rsqrtf(block_sum(ss, scratch) / D + eps);
+    const int lane = threadIdx.x & 31, nb = D / QK;
+    for (int b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5) {
+        const int i = b * QK + lane;
+        quantize_block(xr[i] * r * w[i], q, d, (size_t)blockIdx.x * nb + b, lane);
+    }
+}
+
+// silu(a) * b (op 0, as SwigluOp) or a * sigmoid(b) (op 1, as SigmoidMulOp), then quantize; warp per block.
+template <int OP>
+__global__ void binary_q8_kernel(const float* __restrict__ a,  // [nblk * 32]
+                                 const float* __restrict__ b,  // [nblk * 32]
+                                 int8_t* __restrict__ q,       // [nblk * 32]
+                                 float* __restrict__ d,        // [nblk]
+                                 size_t nblk) {
+    const size_t blk = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (blk >= nblk) return;
+    const int lane = threadIdx.x & 31;
+    const size_t i = blk * QK + lane;
+    const float v = OP == 0 ? siluf_(a[i]) * b[i] : a[i] * sigmoidf_(b[i]);
+    quantize_block(v, q, d, blk, lane);
+}
+
+// Gated RMSNorm then quantize: block per (t, head), blockDim.x = Dv (a multiple of 32), the expressions of
+// elementwise.cu's gated_rmsnorm_kernel; warp w of the head quantizes the head's 32-block w.
+__global__ void gated_rmsnorm_q8_kernel(const float* __restrict__ o,  // [T, V*Dv]
+                                        const float* __restrict__ z,  // [T, V*Dv]
+                                        const float* __restrict__ w,  // [Dv]
+                                        int8_t* __restrict__ q,       // [T, V*Dv]
+                                        float* __restrict__ d,        // [T, V*Dv/32]
+                                        int Dv, float eps) {
+    __shared__ float scratch[32];
+    const size_t base = (size_t)blockIdx.x * Dv;
+    const int dd = threadIdx.x;
+    const float v = o[base + dd];
+    const float r = rsqrtf(block_sum(v * v, scratch) / Dv + eps);
+    quantize_block(v * r * w[dd] * siluf_(z[base + dd]), q, d, (base >> 5) + (dd >> 5), dd & 31);
 }
 
 // One thread per block of 34 bytes: f16 scale, then 32 int8.
@@ -52,6 +113,34 @@ extern "C" int cmp_quantize_q8(const float* x, int8_t* q, float* d, int T, int n
     if (nblk == 0) return CMP_OK;
     quantize_q8_kernel<<<ceil_div(nblk, 8), 256, 0, stream()>>>(x, q, d, nblk);
     return check_launch("quantize_q8_kernel");
+}
+
+extern "C" int cmp_rmsnorm_q8(const float* x, const float* w, int8_t* q, float* d, int T, int D, float eps) {
+    CMP_REQUIRE(T >= 0 && D > 0 && D % QK == 0, "cmp_rmsnorm_q8: bad shape T=%d D=%d (D a multiple of 32)", T, D);
+    if (T == 0) return CMP_OK;
+    rmsnorm_q8_kernel<<<T, std::min(1024, D), 0, stream()>>>(x, w, q, d, D, eps);  // = rmsnorm_kernel's block
+    return check_launch("rmsnorm_q8_kernel");
+}
+
+extern "C" int cmp_binary_q8(const float* a, const float* b, int op, int8_t* q, float* d, int T, int n) {
+    CMP_REQUIRE(T >= 0 && n > 0 && n % QK == 0, "cmp_binary_q8: n=%d must be a positive multiple of 32", n);
+    CMP_REQUIRE(op == 0 || op == 1, "cmp_binary_q8: op %d (0 = swiglu, 1 = sigmoid_mul)", op);
+    const size_t nblk = (size_t)T * (n / QK);
+    if (nblk == 0) return CMP_OK;
+    if (op == 0)
+        binary_q8_kernel<0><<<ceil_div(nblk, 8), 256, 0, stream()>>>(a, b, q, d, nblk);
+    else
+        binary_q8_kernel<1><<<ceil_div(nblk, 8), 256, 0, stream()>>>(a, b, q, d, nblk);
+    return check_launch("binary_q8_kernel");
+}
+
+extern "C" int cmp_gated_rmsnorm_q8(const float* o, const float* z, const float* w, int8_t* q, float* d, int T, int V,
+                                    int Dv, float eps) {
+    CMP_REQUIRE(T >= 0 && V > 0 && Dv > 0 && Dv <= 1024 && Dv % QK == 0,
+                "cmp_gated_rmsnorm_q8: bad shape T=%d V=%d Dv=%d (Dv a multiple of 32, <= 1024)", T, V, Dv);
+    if (T == 0) return CMP_OK;
+    gated_rmsnorm_q8_kernel<<<T * V, Dv, 0, stream()>>>(o, z, w, q, d, Dv, eps);
+    return check_launch("gated_rmsnorm_q8_kernel");
 }
 
 extern "C" int cmp_q8_repack(const uint8_t* blocks, int8_t* qs, void* d, int rows, int n) {

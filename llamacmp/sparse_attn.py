@@ -160,7 +160,7 @@ def group_stats(q: np.ndarray, k: np.ndarray, start: np.ndarray, end: np.ndarray
 def _prefix(weight: np.ndarray, cost: np.ndarray, budget: np.ndarray) -> np.ndarray:
     """Per head: the items of highest weight (positive only), taken in that order while their summed cost stays
     within the head's budget. weight [H, n], cost [n], budget [H] -> chosen [H, n] bool."""
-    order = np.argsort(-weight, axis=1, kind="stable")
+    order = np.argsort(-weight, axis=1)
     w = np.take_along_axis(weight, order, 1)
     spent = np.cumsum(cost[order], axis=1)
     take = (spent <= budget[:, None]) & (w > 0)
@@ -177,7 +177,8 @@ def select_chunk(mass: np.ndarray, mean: np.ndarray, rows: np.ndarray, chunk: Ch
     mean [H, nqb, nkb]: the query blocks' mean-pooled scores (group_stats of the block groups), rows [P] the probe
     rows. -> (pattern index into PATTERNS [H], mask [H, nqb, nkb] bool: key blocks each query block visits)."""
     masks = candidate_masks(mass, mean, rows, chunk, cfg)                        # [3, H, nqb, nkb]
-    recall = (mass[None] * masks[:, :, chunk.block_of_rows(rows), :]).sum((2, 3)) / len(rows)   # [3, H]
+    qb = chunk.block_of_rows(rows)
+    recall = np.stack([np.einsum("hpj,hpj->h", mass, m[:, qb, :]) for m in masks]) / len(rows)   # [3, H]
     best = recall.argmax(0)
     return best, masks[best, np.arange(mass.shape[0])]
 
@@ -205,8 +206,7 @@ def candidate_masks(mass: np.ndarray, mean: np.ndarray, rows: np.ndarray, chunk:
     cols = _prefix(col_w, col_cost, np.full(H, total))
     diags = _prefix(diag_w, col_cost, total - (cols * col_cost).sum(1))          # offset d costs as column d does
     offs = np.clip(last[:, None] - j[None, :], 0, nkb - 1)                       # [nqb, nkb]
-    vs = (cols[:, None, :] | np.take_along_axis(diags[:, None, :].repeat(nqb, 1), offs[None].repeat(H, 0), 2))
-    vs = vs & causal | own
+    vs = (cols[:, None, :] | diags[:, offs]) & causal | own
     # block_sparse: the top `keep` key blocks of each query block by pooled score
     scores = np.where(causal, mean, -np.inf)
     if keep < nkb:
@@ -268,8 +268,8 @@ def select_from_stats(mass_all: np.ndarray, mean_all: np.ndarray, rows: np.ndarr
     P = len(rows)
     Hq = mass_all.shape[0]
     g = heads_per_list
-    mass = mass_all[:, :P].reshape(Hq // g, g, P, -1).sum(1)
-    mean = mean_all[:, P:].reshape(Hq // g, g, chunk.nqb, -1).mean(1)
+    mass = mass_all[:, :P].reshape(Hq // g, g, P, -1).sum(1, dtype=np.float32)
+    mean = mean_all[:, P:].reshape(Hq // g, g, chunk.nqb, -1).mean(1, dtype=np.float32)
     return select_chunk(mass, mean, rows, chunk, cfg)
 
 
@@ -307,10 +307,13 @@ def block_sparse_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np
 
 def block_lists(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """mask [Hk, nqb, nkb] -> cmp_attn_prefill's (blocks [Hk, nqb, max_blocks] int32: the kept key blocks of each
-    query block, ascending, padded with the last; counts [Hk, nqb] int32)."""
-    counts = mask.sum(2).astype(np.int32)
+    query block, ascending, padded with the last; counts [Hk, nqb] int32). Every row keeps at least one block."""
+    counts = mask.sum(2, dtype=np.int32)
     width = max(1, int(counts.max()))
-    order = np.argsort(~mask, axis=2, kind="stable")[:, :, :width]               # kept blocks first, ascending
-    pad = np.take_along_axis(order, np.maximum(counts - 1, 0)[..., None], 2)
-    blocks = np.where(np.arange(width)[None, None, :] < counts[..., None], order, pad)
-    return np.ascontiguousarray(blocks, np.int32), counts
+    h, i, j = np.nonzero(mask)                                   # row-major: ascending j within each row
+    starts = (np.cumsum(counts.ravel()) - counts.ravel()).astype(np.int64)
+    rank = np.arange(len(j)) - np.repeat(starts, counts.ravel())
+    last = j[starts + np.maximum(counts.ravel(), 1) - 1].reshape(counts.shape)
+    blocks = np.repeat(last[..., None], width, axis=2).astype(np.int32)
+    blocks[h, i, rank] = j
+    return blocks, counts

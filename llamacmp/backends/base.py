@@ -197,6 +197,34 @@ class Backend(ABC):
     def gated_rmsnorm(self, o: Tensor, z: Tensor, w: Tensor, eps: float, head_dim: int) -> Tensor:
         """o, z [T, V*Dv], w [Dv] -> rmsnorm per head of o, times w, times silu(z)."""
 
+    # -- fused ops ---------------------------------------------------------------------------------------------
+    # Each is defined as the composition written in its body (numpy_ref.py spells the same composition out as the
+    # specification); a backend overrides one to skip the intermediate tensor and the launches between the parts.
+    # The model calls these, so the norm output feeding projections and the residual adds never need a pass of
+    # their own where the backend fuses them.
+
+    def rmsnorm_matmuls(self, x: Tensor, w: Tensor, eps: float, ws: Sequence[Weight]) -> list[Tensor]:
+        """x [T, D], w [D], each ws[i] [Dout_i, D] -> matmuls(rmsnorm(x, w, eps), ws)."""
+        return self.matmuls(self.rmsnorm(x, w, eps), ws)
+
+    def matmul_add(self, x: Tensor, w: Weight, residual: Tensor) -> Tensor:
+        """x [T, Din], w [Dout, Din], residual [T, Dout] -> residual + matmuls(x, [w])[0]."""
+        return self.add(residual, self.matmuls(x, [w])[0])
+
+    def swiglu_matmul_add(self, gate: Tensor, up: Tensor, w: Weight, residual: Tensor) -> Tensor:
+        """gate, up [T, F], w [D, F], residual [T, D] -> residual + matmuls(swiglu(gate, up), [w])[0]."""
+        return self.matmul_add(self.swiglu(gate, up), w, residual)
+
+    def sigmoid_mul_matmul_add(self, x: Tensor, gate: Tensor, w: Weight, residual: Tensor) -> Tensor:
+        """x, gate [T, n], w [D, n], residual [T, D] -> residual + matmuls(sigmoid_mul(x, gate), [w])[0]."""
+        return self.matmul_add(self.sigmoid_mul(x, gate), w, residual)
+
+    def gated_rmsnorm_matmul_add(self, o: Tensor, z: Tensor, norm_w: Tensor, eps: float, head_dim: int, w: Weight,
+                                 residual: Tensor) -> Tensor:
+        """o, z [T, V*Dv], norm_w [Dv], w [D, V*Dv], residual [T, D] ->
+        residual + matmuls(gated_rmsnorm(o, z, norm_w, eps, head_dim), [w])[0]."""
+        return self.matmul_add(self.gated_rmsnorm(o, z, norm_w, eps, head_dim), w, residual)
+
     # -- vision encoder (mmproj, projector qwen3vl_merger; llamacmp/vision/encoder.py) ------------------------
     # Letters: P image patches (or merged tokens), E encoder width, H encoder heads, Dh = E / H.
     # matmuls() also takes F16 weights here: upload_matrix(np.float16 array) keeps them f16 (see its docstring).

@@ -21,6 +21,7 @@ from ..config import ModelConfig
 from ..gguf_file import Q8_0_BLOCK, Q8Tensor
 from ..lib._native import (CMP_ERR_NOMEM, CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, CmpSamplerParams, Native, NativeError,
                            cuda_available)
+from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM2, CMP_MM_GEMV2
 from .base import Backend, Segment, SeqState, StepBatch
 
 __all__ = ["CudaBackend", "CapturedStep", "DeviceTensor", "DeviceArena", "DeviceMemoryError", "cuda_available"]
@@ -193,13 +194,20 @@ class CudaBackend(Backend):
     GDN_CHUNK = 64  # segments at least this long take the chunked GDN kernel (when gdn_chunked is on)
 
     def __init__(self, device: int = 0, arena_bytes: int | None = None, native: Native | None = None,
-                 fuse_projections: bool = True, gdn_chunked: bool = True):
+                 fuse_projections: bool = True, gdn_chunked: bool = True, fuse_ops: bool = True,
+                 gemv_v2: bool = True, gemm_v2: bool = True):
         """arena_bytes: the most device memory this backend may take (default: what is free now, less 512 MiB).
         fuse_projections: Q8 projections of one input share one launch (off only to measure what it saves).
         gdn_chunked: prefill segments of >= GDN_CHUNK tokens use the chunked WY/UT delta-rule kernel (off: the
-        sequential scan everywhere, the proven fallback)."""
+        sequential scan everywhere, the proven fallback).
+        fuse_ops: the fused ops of base.Backend (RMSNorm / SwiGLU / sigmoid gate / gated RMSNorm writing Q8
+        activations directly, residual adds in the projections' epilogue); off: the unfused kernels.
+        gemv_v2, gemm_v2: the fused ops' projections use the v2 GEMV (T <= 16, batch invariant) and the 128x128
+        GEMM (T >= 96) of matmul_q8.cu; off: the v1 kernels. All three are attributes that may be flipped later
+        (benchmarks compare old and new; a faulty kernel can be switched off)."""
         self.fuse_projections = fuse_projections
         self.gdn_chunked = gdn_chunked
+        self.fuse_ops, self.gemv_v2, self.gemm_v2 = fuse_ops, gemv_v2, gemm_v2
         self.native = native or Native()
         self.native.cmp_init(device)
         self.device = device
@@ -337,6 +345,82 @@ class CudaBackend(Backend):
         q, d = self.empty((T, n), "i8"), self.empty((T, n // Q8_0_BLOCK), "f32")
         self.native.cmp_quantize_q8(x.ptr, q.ptr, d.ptr, T, n)
         return q, d
+
+    # -- fused ops (base.Backend) -------------------------------------------------------------------------------
+    # The producer of a projection's input writes its Q8 activations directly, and residual adds happen in the
+    # projection's epilogue: per decode layer 6 launches fewer than rmsnorm, quantize, matmul, ..., add.
+    GEMV2_MAX_ROWS = 16  # rows the v2 GEMV takes in one launch (matmul_q8.cu GEMV2_MAX_T; the v1 GEMV takes 8)
+
+    def _fusable(self, ws: Sequence, n: int) -> bool:
+        return self.fuse_ops and n % Q8_0_BLOCK == 0 and all(isinstance(w, Q8Matrix) for w in ws)
+
+    def _q8_project(self, xq: DeviceTensor, xd: DeviceTensor, ws: Sequence, residuals: Sequence | None = None):
+        """Q8 activations (xq [T, n] int8, xd [T, n/32] f32) times Q8 weights ws[i] [rows_i, n] -> [T, rows_i],
+        plus residuals[i] [T, rows_i] where given; MAX_FUSED matrices per launch (cmp_matmul_q8_ex)."""
+        T, n = xq.shape
+        outs = []
+        for i, w in enumerate(ws):
+            if w.shape[1] != n:
+                raise ValueError(f"matmul: input has {n} columns, weight {w.shape} expects {w.shape[1]}")
+            if residuals is not None and residuals[i].shape != (T, w.shape[0]):
+                raise ValueError(f"matmul: residual {residuals[i].shape} for an output of {(T, w.shape[0])}")
+            outs.append(self.empty((T, w.shape[0])))
+        kernels = (CMP_MM_GEMV2 if self.gemv_v2 else 0) | (CMP_MM_GEMM2 if self.gemm_v2 else 0)
+        # A captured decode step launches at most as many rows as the GEMV takes: it computes each row in the
+        # single-row order (v2: guaranteed, matmul_q8.cu), so a sequence's logits do not depend on the others.
+        step = max(1, min(T, self.GEMV2_MAX_ROWS if self.gemv_v2 else 8)) if self.capturing else max(T, 1)
+        group = self.MAX_FUSED if self.fuse_projections else 1
+        for g0 in range(0, len(ws), group):
+            idx = range(g0, min(len(ws), g0 + group))
+            k = len(idx)
+            for t0 in range(0, T, step):
+                res = None if residuals is None else (ctypes.c_void_p * k)(*(residuals[i].row_ptr(t0) for i in idx))
+                self.native.cmp_matmul_q8_ex(
+                    xq.row_ptr(t0), xd.row_ptr(t0), k, (ctypes.c_void_p * k)(*(ws[i].qs.ptr for i in idx)),
+                    (ctypes.c_void_p * k)(*(ws[i].d.ptr for i in idx)),
+                    (ctypes.c_void_p * k)(*(outs[i].row_ptr(t0) for i in idx)), res,
+                    (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)), min(step, T - t0), n, kernels)
+        return outs
+
+    def _q8_buffers(self, T: int, n: int) -> tuple[DeviceTensor, DeviceTensor]:
+        return self.empty((T, n), "i8"), self.empty((T, n // Q8_0_BLOCK), "f32")
+
+    def rmsnorm_matmuls(self, x, w, eps, ws):
+        T, D = x.shape
+        if not self._fusable(ws, D):
+            return super().rmsnorm_matmuls(x, w, eps, ws)
+        q, d = self._q8_buffers(T, D)
+        self.native.cmp_rmsnorm_q8(x.ptr, w.ptr, q.ptr, d.ptr, T, D, eps)
+        return self._q8_project(q, d, ws)
+
+    def matmul_add(self, x, w, residual):
+        if not self._fusable([w], x.shape[1]):
+            return super().matmul_add(x, w, residual)
+        return self._q8_project(*self.quantize(x), [w], [residual])[0]
+
+    def _binary_matmul_add(self, op: int, a, b, w, residual, fallback):
+        if a.shape != b.shape:
+            raise ValueError(f"shape mismatch {a.shape} vs {b.shape}")
+        T, n = a.shape
+        if not self._fusable([w], n):
+            return fallback(a, b, w, residual)
+        q, d = self._q8_buffers(T, n)
+        self.native.cmp_binary_q8(a.ptr, b.ptr, op, q.ptr, d.ptr, T, n)
+        return self._q8_project(q, d, [w], [residual])[0]
+
+    def swiglu_matmul_add(self, gate, up, w, residual):
+        return self._binary_matmul_add(CMP_BINARY_SWIGLU, gate, up, w, residual, super().swiglu_matmul_add)
+
+    def sigmoid_mul_matmul_add(self, x, gate, w, residual):
+        return self._binary_matmul_add(CMP_BINARY_SIGMOID_MUL, x, gate, w, residual, super().sigmoid_mul_matmul_add)
+
+    def gated_rmsnorm_matmul_add(self, o, z, norm_w, eps, head_dim, w, residual):
+        T, n = o.shape
+        if not (self._fusable([w], n) and head_dim % Q8_0_BLOCK == 0 and head_dim <= 1024) or z.shape != o.shape:
+            return super().gated_rmsnorm_matmul_add(o, z, norm_w, eps, head_dim, w, residual)
+        q, d = self._q8_buffers(T, n)
+        self.native.cmp_gated_rmsnorm_q8(o.ptr, z.ptr, norm_w.ptr, q.ptr, d.ptr, T, n // head_dim, head_dim, eps)
+        return self._q8_project(q, d, [w], [residual])[0]
 
     def matmuls(self, x, ws: Sequence):
         T, n = x.shape

@@ -227,6 +227,23 @@ class NumpyBackend(Backend):
     def gather_rows(self, x, rows):
         return x[rows]
 
+    # -- fused ops: the specification is the plain composition (a fast backend must give the same values, up to
+    # its own rounding of the parts; the CUDA kernels reproduce the unfused kernels' fp32 results exactly) ------
+    def rmsnorm_matmuls(self, x, w, eps, ws: Sequence):
+        return self.matmuls(self.rmsnorm(x, w, eps), ws)
+
+    def matmul_add(self, x, w, residual):
+        return self.add(residual, self.matmuls(x, [w])[0])
+
+    def swiglu_matmul_add(self, gate, up, w, residual):
+        return self.matmul_add(self.swiglu(gate, up), w, residual)
+
+    def sigmoid_mul_matmul_add(self, x, gate, w, residual):
+        return self.matmul_add(self.sigmoid_mul(x, gate), w, residual)
+
+    def gated_rmsnorm_matmul_add(self, o, z, norm_w, eps, head_dim, w, residual):
+        return self.matmul_add(self.gated_rmsnorm(o, z, norm_w, eps, head_dim), w, residual)
+
     # -- attention -------------------------------------------------------------------------------------------
     def attention_prep(self, qg, k, q_norm, k_norm, batch, cfg):
         T, Hq, Dh = len(qg), cfg.n_head, cfg.head_dim

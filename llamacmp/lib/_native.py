@@ -59,6 +59,18 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                             "int cmp_matmul_q8_multi(const int8_t* xq, const float* xd, int count, "
                             "const int8_t* const* wq, const void* const* wd, float* const* y, const int* rows, int T, "
                             "int n)"),
+    "cmp_matmul_q8_ex": ((_p, _p, _i, _p, _p, _p, _p, _p, _i, _i, _i),
+                         "int cmp_matmul_q8_ex(const int8_t* xq, const float* xd, int count, "
+                         "const int8_t* const* wq, const void* const* wd, float* const* y, const float* const* res, "
+                         "const int* rows, int T, int n, int kernels)"),
+    "cmp_rmsnorm_q8": ((_p, _p, _p, _p, _i, _i, _f),
+                       "int cmp_rmsnorm_q8(const float* x, const float* w, int8_t* q, float* d, int T, int D, "
+                       "float eps)"),
+    "cmp_binary_q8": ((_p, _p, _i, _p, _p, _i, _i),
+                      "int cmp_binary_q8(const float* a, const float* b, int op, int8_t* q, float* d, int T, int n)"),
+    "cmp_gated_rmsnorm_q8": ((_p, _p, _p, _p, _p, _i, _i, _i, _f),
+                             "int cmp_gated_rmsnorm_q8(const float* o, const float* z, const float* w, int8_t* q, "
+                             "float* d, int T, int V, int Dv, float eps)"),
     "cmp_matmul_f": ((_p, _p, _i, _p, _i, _i, _i),
                      "int cmp_matmul_f(const float* x, const void* w, int w_dtype, float* y, int T, int rows, int n)"),
     "cmp_embed_q8": ((_p, _p, _p, _p, _i, _i),
@@ -133,6 +145,8 @@ class CmpSamplerParams(ctypes.Structure):
                 ("penalty_present", _f), ("top_k", _i), ("min_keep", _i)]
 
 CMP_F32, CMP_F16 = 0, 1
+CMP_MM_GEMV2, CMP_MM_GEMM2 = 1, 2   # cmp_matmul_q8_ex kernel choices (api.h CmpMatmulKernels)
+CMP_BINARY_SWIGLU, CMP_BINARY_SIGMOID_MUL = 0, 1   # cmp_binary_q8 ops
 CMP_ERR_UNSUPPORTED, CMP_ERR_NOMEM = 3, 4
 
 

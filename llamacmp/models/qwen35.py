@@ -76,42 +76,44 @@ class Qwen35Model:
         be, eps = self.be, self.cfg.rms_eps
         for il in layers:
             layer = self.layers[il]
-            h = be.rmsnorm(x, layer.attn_norm, eps)
-            mixed = self._attention(h, layer, batch) if layer.attn else self._gated_delta_net(h, layer, batch)
-            x = be.add(x, mixed)
-            x = be.add(x, self._mlp(be.rmsnorm(x, layer.ffn_norm, eps), layer))
+            # Each block takes the residual stream and returns it with its output added: x + mixer(norm(x)), then
+            # x + mlp(norm(x)). The norms and adds are fused into the projections (base.Backend's fused ops).
+            x = self._attention(x, layer, batch) if layer.attn else self._gated_delta_net(x, layer, batch)
+            x = self._mlp(x, layer)
         return x
 
     def head(self, x, batch: StepBatch):
         """x [T, D] -> logits [len(batch.output_rows), N]."""
         be = self.be
-        h = be.rmsnorm(be.gather_rows(x, batch.output_rows), self.output_norm, self.cfg.rms_eps)
-        return be.matmuls(h, [self.output])[0]
+        return be.rmsnorm_matmuls(be.gather_rows(x, batch.output_rows), self.output_norm, self.cfg.rms_eps,
+                                  [self.output])[0]
 
-    def _mlp(self, h, layer: _Layer):
-        gate, up = self.be.matmuls(h, layer.w_gate_up)
-        return self.be.matmuls(self.be.swiglu(gate, up), [layer.w_down])[0]
+    def _mlp(self, x, layer: _Layer):
+        """x [T, D] -> x + down(swiglu(gate(h), up(h))), h = rmsnorm(x)."""
+        gate, up = self.be.rmsnorm_matmuls(x, layer.ffn_norm, self.cfg.rms_eps, layer.w_gate_up)
+        return self.be.swiglu_matmul_add(gate, up, layer.w_down, x)
 
-    def _attention(self, h, layer: _Layer, batch: StepBatch):
+    def _attention(self, x, layer: _Layer, batch: StepBatch):
+        """x [T, D] -> x + the gated attention of rmsnorm(x)."""
         be, a = self.be, layer.attn
         # Projections: q and its output gate come interleaved per head from one matrix.
-        qg, k, v = be.matmuls(h, [a.wq, a.wk, a.wv])
+        qg, k, v = be.rmsnorm_matmuls(x, layer.attn_norm, self.cfg.rms_eps, [a.wq, a.wk, a.wv])
         # Per-head q/k RMSNorm, then partial rotary on the first n_rot dims.
         q, k, gate = be.attention_prep(qg, k, a.q_norm, a.k_norm, batch, self.cfg)
         # Causal GQA attention over the cache, then the sigmoid output gate.
         o = be.attention(q, k, v, batch, layer.slot, self.cfg)
-        return be.matmuls(be.sigmoid_mul(o, gate), [a.wo])[0]
+        return be.sigmoid_mul_matmul_add(o, gate, a.wo, x)
 
-    def _gated_delta_net(self, h, layer: _Layer, batch: StepBatch):
+    def _gated_delta_net(self, x, layer: _Layer, batch: StepBatch):
+        """x [T, D] -> x + the Gated DeltaNet of rmsnorm(x)."""
         be, g, cfg = self.be, layer.gdn, self.cfg
         # Projections: mixed qkv, output gate z, and the per-head beta and decay inputs.
-        qkv, z, beta, alpha = be.matmuls(h, g.w_in)
+        qkv, z, beta, alpha = be.rmsnorm_matmuls(x, layer.attn_norm, cfg.rms_eps, g.w_in)
         decay, beta = be.gdn_gates(alpha, beta, g.dt_bias, g.ssm_a)
         # Causal depthwise conv over q, k and v channels (state carries the last kernel-1 inputs), then SiLU.
         qkv = be.conv1d_silu(qkv, g.conv, batch, layer.slot)
         # Delta rule over the recurrent state.
         o = be.gdn(qkv, decay, beta, batch, layer.slot, cfg)
         # Gated RMSNorm per value head, then the output projection.
-        o = be.gated_rmsnorm(o, z, g.norm, cfg.rms_eps, cfg.ssm_head_dim)
-        return be.matmuls(o, [g.w_out])[0]
+        return be.gated_rmsnorm_matmul_add(o, z, g.norm, cfg.rms_eps, cfg.ssm_head_dim, g.w_out, x)
 Model = Qwen35Model

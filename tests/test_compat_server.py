@@ -27,17 +27,12 @@ pytestmark = pytest.mark.compat
 
 # case id -> (reason, [regexes over compare()'s problem lines that the reason covers])
 ALLOWED: dict[str, tuple[str, list[str]]] = {
-    "props": ("BUG: /props has no chat_template_caps object (llama.cpp: supports_tool_calls, supports_system_role, "
-              "... booleans)", [r"^chat_template_caps\."]),
     "err_bad_json": ("docs/SERVER.md: invalid JSON bodies answer 400 invalid_request_error (llama.cpp: 500 "
                      "server_error); the message is Python's parser text, not nlohmann::json's",
                      [r"^status 400 != 500", r"^error\.(code|type|message):"]),
     "err_missing_prompt": ("error texts that quote nlohmann::json exceptions (\"[json.exception.out_of_range.403] "
                            "key 'prompt' not found\") are not reproduced; same status, type and code",
                            [r"^error\.message:"]),
-    "err_detokenize_bad_tokens": ("BUG: /detokenize with a non-array 'tokens' answers 200 with empty content (our "
-                                  "lenient typed reads); llama.cpp answers 500 server_error",
-                                  [r"^status 200 != 500", r"^error"]),
 }
 
 

@@ -451,3 +451,51 @@ def test_return_progress(http):
                                                 "stream": True, "return_progress": True, "cache_prompt": False})
     first = json.loads(sse_lines(c.text)[0])
     assert first["choices"][0]["delta"]["role"] == "assistant" and "prompt_progress" in first
+
+
+# -- /props chat_template_caps and /detokenize type errors, as llama-server b8462 answers ----------------------------------
+
+def test_props_chat_template_caps(http):
+    """The caps llama-server reports for the Qwen3.5 template (measured with b8462's llama-server on the compat
+    fixture): every field read, tool-call arguments read as objects, no typed content parts."""
+    caps = http.get("/props").json()["chat_template_caps"]
+    assert caps == {"supports_object_arguments": True, "supports_parallel_tool_calls": True,
+                    "supports_preserve_reasoning": True, "supports_string_content": True,
+                    "supports_system_role": True, "supports_tool_calls": True, "supports_tools": True,
+                    "supports_typed_content": False}
+    assert list(caps) == sorted(caps)                  # std::map order
+
+
+def test_template_caps_of_a_plain_template():
+    from llamacmp.server.template_caps import template_caps
+    plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    caps = template_caps(plain)
+    assert caps["supports_system_role"] and caps["supports_string_content"]
+    assert not caps["supports_tools"] and not caps["supports_tool_calls"] and not caps["supports_parallel_tool_calls"]
+    no_system = "{% for m in messages %}{% if m.role != 'system' %}{{ m.content }}{% endif %}{% endfor %}"
+    assert template_caps(no_system)["supports_system_role"] is False
+    typed = "{% for m in messages %}{{ m.content[0].text }}{% endfor %}"
+    assert template_caps(typed)["supports_typed_content"] is True      # content read as a list of parts
+    failing = "{% for m in messages %}{% if m.content is string %}{{ raise_exception('parts only') }}{% endif %}" \
+              "{% endfor %}"
+    assert template_caps(failing)["supports_string_content"] is False
+
+
+@pytest.mark.parametrize("tokens, status, message", [
+    ("abc", 500, "[json.exception.type_error.302] type must be array, but is string"),
+    (5, 500, "[json.exception.type_error.302] type must be array, but is number"),
+    (None, 500, "[json.exception.type_error.302] type must be array, but is null"),
+    ({"a": 1}, 500, "[json.exception.type_error.302] type must be array, but is object"),
+    ([1, "a"], 500, "[json.exception.type_error.302] type must be number, but is string"),
+])
+def test_detokenize_wrong_types_answer_as_llama_server(http, tokens, status, message):
+    r = http.post("/detokenize", json={"tokens": tokens})
+    assert r.status_code == status
+    assert err(r) == {"code": 500, "message": message, "type": "server_error"}
+
+
+def test_detokenize_converts_numbers_as_llama_server(http):
+    one = http.post("/detokenize", json={"tokens": [1]}).json()["content"]
+    assert http.post("/detokenize", json={"tokens": [1.5]}).json()["content"] == one     # truncated
+    assert http.post("/detokenize", json={"tokens": [True]}).json()["content"] == one
+    assert http.post("/detokenize", json={}).json() == {"content": ""}

@@ -43,6 +43,7 @@ class ServerContext:
     n_ctx_slot: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
     load_error: str = ""
+    template_caps: Optional[dict] = None    # /props chat_template_caps, found once (server/template_caps.py)
     # templating and tokenizing run here, off the event loop (a long prompt must not stall other streams), on
     # one thread so that the tokenizer's caches are never used concurrently
     prep_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "llamacmp-prep"))

@@ -9,7 +9,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from ..engine.tasks import ErrorResult
 from .completions import generation_settings
 from .context import ServerContext
-from .errors import ApiError, bad_request, not_supported
+from .errors import ApiError, bad_request, not_supported, server_error
 from .schemas import Fields
 
 
@@ -60,9 +60,15 @@ def props_json(ctx: ServerContext) -> dict:
             "modalities": {"vision": False, "audio": False}, "endpoint_slots": ctx.opts.endpoint_slots,
             "endpoint_props": ctx.opts.endpoint_props, "endpoint_metrics": ctx.opts.endpoint_metrics,
             "webui": False, "webui_settings": {}, "chat_template": ctx.template.source,
-            "chat_template_caps": {"supports_tools": "tools" in ctx.template.source,
-                                   "supports_thinking": ctx.template.supports_thinking},
+            "chat_template_caps": _template_caps(ctx),
             "bos_token": bos, "eos_token": eos, "build_info": ctx.build_info, "is_sleeping": False}
+
+
+def _template_caps(ctx: ServerContext) -> dict:
+    if ctx.template_caps is None:
+        from .template_caps import template_caps
+        ctx.template_caps = template_caps(ctx.template.source)
+    return ctx.template_caps
 
 
 def tokenize(ctx: ServerContext, body: dict) -> Response:
@@ -86,9 +92,34 @@ def tokenize(ctx: ServerContext, body: dict) -> Response:
     return JSONResponse({"tokens": out})
 
 
+def _json_type(v) -> str:
+    """nlohmann::json's type_name() of a parsed JSON value."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(v), "object")
+
+
 def detokenize(ctx: ServerContext, body: dict) -> Response:
-    toks = Fields(body).list("tokens")
-    ids = [t for t in toks if isinstance(t, int) and not isinstance(t, bool)]
+    """As llama-server: no "tokens" gives empty content; a non-array, or an element that is not a number or a
+    boolean, answers 500 with nlohmann::json's type_error text; numbers convert as it converts them (1.5 -> 1,
+    true -> 1). A token id outside the vocabulary answers 400 here (llama-server fails a range check: 500)."""
+    if "tokens" not in body:
+        return JSONResponse({"content": ""})
+    toks = body["tokens"]
+    if not isinstance(toks, list):
+        raise server_error(f"[json.exception.type_error.302] type must be array, but is {_json_type(toks)}")
+    ids = []
+    for t in toks:
+        if not isinstance(t, (bool, int, float)):
+            raise server_error(f"[json.exception.type_error.302] type must be number, but is {_json_type(t)}")
+        try:
+            ids.append(int(t))
+        except (OverflowError, ValueError):      # NaN / Infinity (Python's parser accepts them)
+            raise server_error(f"invalid token id {t}") from None
     bad = [t for t in ids if not 0 <= t < ctx.n_vocab]
     if bad:
         raise bad_request(f"invalid token id {bad[0]} (vocabulary has {ctx.n_vocab} tokens)")

@@ -280,7 +280,7 @@ class Engine:
                 break
             t0 = time.perf_counter()
             try:
-                logits = self.decoder.prefill(s.state, chunk)
+                logits = s.prefill(self.decoder, chunk)
             except Exception as e:       # e.g. out of device memory for this prompt: fail this request only
                 log.exception("slot %d: prefill failed", s.id)
                 s.task.sink(ErrorResult(s.task.id, s.task.index, f"prompt processing failed: {e}"))

@@ -118,18 +118,47 @@ class Slot:
         self.forced = list(task.params.reasoning_end) if budget == 0 else []
         self.t_prompt = time.perf_counter()
         for t in self.prompt:           # the penalty window sees the prompt too, as in llama.cpp
-            sampler.accept(t)
+            if t >= 0:                  # (image rows, negative placeholder ids, are not tokens)
+                sampler.accept(t)
+        self.state.rope_shift = self._rope_shift_at(self.state.n_past)
         self.phase = PREFILL
+
+    def _rope_shift_at(self, pos: int) -> int:
+        """Rotary position minus cache row at prompt position `pos`: each image before it takes nx*ny rows but
+        max(nx, ny) positions (vision/prompt.py). Set on every begin, since a resumed or reused state may hold
+        another prompt's value."""
+        shift = 0
+        for start, img in self.task.images.items():
+            if start + img.n_tokens <= pos:
+                shift += max(img.nx, img.ny) - img.n_tokens
+            elif start < pos:
+                raise ValueError(f"prompt resumed at {pos}, inside the image at {start}")
+        return shift
 
     def next_chunk(self, n_ubatch: int) -> list[int]:
         """Prompt tokens for this step: up to n_ubatch, cut at the next planned checkpoint."""
         start = self.state.n_past
+        img = self.task.images.get(start) if self.task.images else None
+        if img is not None:             # an image is one chunk of its own, whole
+            return self.prompt[start:start + img.n_tokens]
         end = min(start + n_ubatch, len(self.prompt))
         for p in self.checkpoint_at:
             if start < p < end:
                 end = p
                 break
+        for p in self.task.images:      # text stops where the next image starts
+            if start < p < end:
+                end = p
         return self.prompt[start:end]
+
+    def prefill(self, decoder, chunk: list[int]):
+        """Run one chunk from next_chunk: text through the decoder, an image's rows through vision/prompt.py.
+        -> the backend's logits of the chunk's last row."""
+        img = self.task.images.get(self.state.n_past) if self.task.images else None
+        if img is not None:
+            from ..vision.prompt import eval_image
+            return eval_image(decoder.model, self.state, img)
+        return decoder.prefill(self.state, chunk)
 
     def prompt_done(self) -> bool:
         return self.state.n_past >= len(self.prompt)

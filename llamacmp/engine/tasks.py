@@ -43,6 +43,9 @@ class CompletionTask:
     index: int = 0                      # position in a multi-prompt / n_cmpl request
     checkpoint_hints: tuple[int, ...] = ()   # prompt positions worth a checkpoint (e.g. where the reply starts)
     id: int = 0                         # set by Engine.submit
+    # images in the prompt: start position -> vision.encoder.ImageEmbedding; the prompt holds its n_tokens
+    # placeholder ids there (negative, from the image bytes' hash: vision/prompt.py), so caches tell images apart
+    images: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -33,11 +33,14 @@ class ChatPrompt:
     parse_tools: bool
     reasoning_format: str
     thinking_open: bool                  # the prompt ends inside <think>: the reply starts as reasoning
+    images: dict = field(default_factory=dict)   # prompt position -> vision ImageEmbedding (this request's own)
 
 
 # -- request -> prompt ---------------------------------------------------------------------------------------------
 
-def check_messages(body: dict) -> list[dict]:
+def check_messages(body: dict, media: list | None = None, media_path: str = "") -> list[dict]:
+    """`media`: a list to collect image_url bytes into (their parts become media markers); None when the server
+    has no projector (an image part is then refused as llama-server does)."""
     if "messages" not in body:
         raise bad_request("'messages' is required")
     messages = body["messages"]
@@ -52,11 +55,11 @@ def check_messages(body: dict) -> list[dict]:
             raise bad_request("All non-assistant messages must contain 'content'")
         if role == "assistant" and "content" not in m and "tool_calls" not in m:
             raise bad_request("Assistant message must contain either 'content' or 'tool_calls'!")
-        out.append({**m, "content": _text_content(m.get("content"))})
+        out.append({**m, "content": _text_content(m.get("content"), media, media_path)})
     return out
 
 
-def _text_content(content):
+def _text_content(content, media: list | None = None, media_path: str = ""):
     if content is None or isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -64,9 +67,13 @@ def _text_content(content):
     parts = []
     for p in content:
         kind = p.get("type") if isinstance(p, dict) else None
-        if kind in ("image_url", "input_audio"):
-            raise ApiError(f"{'image' if kind == 'image_url' else 'audio'} input is not supported - hint: if this "
-                           "is unexpected, you may need to provide the mmproj", "server_error")
+        if kind == "image_url":
+            from .vision_input import content_part_marker
+            parts.append(content_part_marker(p, media, media_path))
+            continue
+        if kind == "input_audio":
+            raise ApiError("audio input is not supported - hint: if this is unexpected, you may need to provide the "
+                           "mmproj", "server_error")
         if kind != "text":
             raise bad_request("unsupported content[].type")
         parts.append(p.get("text") if isinstance(p.get("text"), str) else "")
@@ -97,7 +104,9 @@ def _enable_thinking(ctx: ServerContext, kwargs: dict, messages: list[dict]) -> 
 
 def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
     f = Fields(body)
-    messages = check_messages(body)
+    vision = getattr(ctx, "vision", None)
+    media: list | None = [] if vision is not None else None
+    messages = check_messages(body, media, ctx.opts.media_path)
     tools = [t for t in f.list("tools") if isinstance(t, dict)]
     choice = _tool_choice(body)
     if tools and choice != "none" and "grammar" in body:
@@ -117,6 +126,11 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
         prefill, fmt = last.get("content") or "", "none"
     add_gen = f.bool("add_generation_prompt", True) or bool(prefill)
     text = _render(ctx, messages, add_gen, tools if choice != "none" else None, thinking, kwargs) + prefill
+    if media:
+        from .vision_input import encode_prompt
+        tokens, images = encode_prompt(vision, ctx.tokenizer, text, media)
+        return ChatPrompt(text, tokens, 0, tools, bool(tools) and choice != "none", fmt,
+                          text.rstrip().endswith("<think>"), images)
     tokens = ctx.tokenizer.encode(text, parse_special=True, add_special=True)
     return ChatPrompt(text, tokens, _reply_start(ctx, messages, tools, thinking, kwargs, tokens), tools,
                       bool(tools) and choice != "none", fmt, text.rstrip().endswith("<think>"))
@@ -238,7 +252,10 @@ def prepare_chat(ctx: ServerContext, body: dict) -> tuple[ChatPrompt, GenParams,
     params = with_reasoning_budget(ctx, body, cp, params)
     params = attach_grammar(ctx, with_response_format(body), params, after_think=cp.thinking_open)
     hints = (cp.reply_start,) if cp.reply_start else ()
-    return cp, params, make_tasks(ctx, [cp.tokens], params, body, hints)
+    tasks = make_tasks(ctx, [cp.tokens], params, body, hints)
+    for t in tasks:
+        t.images = cp.images
+    return cp, params, tasks
 
 
 async def handle_chat(ctx: ServerContext, request: Request, body: dict) -> Response:

@@ -43,6 +43,7 @@ class ServerContext:
     n_ctx_slot: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
     load_error: str = ""
+    vision: object = None               # vision.projector.VisionProjector when -mm is given (read-only per request)
     template_caps: Optional[dict] = None    # /props chat_template_caps, found once (server/template_caps.py)
     # templating and tokenizing run here, off the event loop (a long prompt must not stall other streams), on
     # one thread so that the tokenizer's caches are never used concurrently
@@ -106,6 +107,9 @@ class ServerContext:
                            cache_ram_mib=self.opts.cache_ram_mib, ctx_checkpoints=self.opts.ctx_checkpoints,
                            checkpoint_every=self.opts.checkpoint_every,
                            slot_prompt_similarity=self.opts.slot_prompt_similarity)
+        if p.mmproj_path:           # a bad projector fails the start, as llama-server does
+            from ..vision.projector import VisionProjector
+            self.vision = VisionProjector(p.mmproj_path, lm)
         engine = Engine(lm, cfg)
         engine.start()
         self.lm, self.bridge = lm, EngineBridge(engine)

@@ -2,7 +2,10 @@
 (prefill) DP4A TOPS, attention and GDN. Weights rotate over a buffer several times the L2, so the GEMV reads
 come from memory, not cache. Prints a table; `--json PATH` also writes the rows.
 
-    python3 benchmarks/bench_kernels.py [--quick] [--json out.json]
+    python3 benchmarks/bench_kernels.py [--quick] [--matmul-only] [--json out.json]
+
+The matmul table times each shape with the v1 kernels and the v2 ones (cmp_matmul_q8_ex) side by side; the
+producer table times the unfused op + quantize against the fused Q8 producers.
 """
 from __future__ import annotations
 
@@ -58,18 +61,52 @@ class WeightPool:
             be.native.cmp_memcpy_h2d(self.d.ptr + c * one_d.nbytes, one_d.ctypes.data, one_d.nbytes)
 
 
-def bench_matmul(be: CudaBackend, pool: WeightPool, T: int) -> float:
-    """-> ms per call of y [T, rows] = x . W^T, rotating over the pool's copies."""
+def bench_matmul(be: CudaBackend, pool: WeightPool, T: int, kernels: int = 0) -> float:
+    """-> ms per call of y [T, rows] = x . W^T, rotating over the pool's copies. kernels: cmp_matmul_q8_ex's
+    CMP_MM_* bits (0 = the v1 kernels, 3 = v2 GEMV + v2 GEMM)."""
+    import ctypes
     rows, n = pool.rows, pool.n
     x = be.from_host(np.random.default_rng(T).standard_normal((T, n)).astype(np.float32), "f32")
     xq, xd = be.quantize(x)
     y = be.empty((T, rows))
-    call = be.native.cmp_matmul_q8
+    call = be.native.cmp_matmul_q8_ex
+    P1, I1 = ctypes.c_void_p * 1, ctypes.c_int * 1
+    args = [(P1(pool.qs.ptr + c * rows * n), P1(pool.d.ptr + c * rows * (n // 32) * 2)) for c in range(pool.copies)]
+    yp, rp = P1(y.ptr), I1(rows)
 
     def run(i):
-        c = i % pool.copies
-        call(xq.ptr, xd.ptr, pool.qs.ptr + c * rows * n, pool.d.ptr + c * rows * (n // 32) * 2, y.ptr, T, rows, n)
+        wq, wd = args[i % pool.copies]
+        call(xq.ptr, xd.ptr, 1, wq, wd, yp, None, rp, T, n, kernels)
     return timed(be, run, 20 if T <= 16 else 3)
+
+
+def bench_fused(be: CudaBackend, rows_out: list) -> None:
+    """The Q8 producers per decode token and layer, unfused (op + cmp_quantize_q8) against fused, T = 1 and 16."""
+    print(f"{'producer':<26} {'T':>3} {'unfused us':>11} {'fused us':>9}")
+    rng = np.random.default_rng(4)
+    for T in (1, 16):
+        for name, n in (("rmsnorm D=4096", 4096), ("swiglu F=12288", 12288), ("gated_rmsnorm 32x128", 4096)):
+            a = be.from_host(rng.standard_normal((T, n)).astype(np.float32), "f32")
+            b = be.from_host(rng.standard_normal((T, n)).astype(np.float32), "f32")
+            w = be.from_host(np.ones(n if name.startswith("rms") else 128, np.float32), "f32")
+            q, d = be.empty((T, n), "i8"), be.empty((T, n // 32), "f32")
+            tmp = be.empty((T, n))
+            nat = be.native
+            if name.startswith("rmsnorm"):
+                unf = lambda i: (nat.cmp_rmsnorm(a.ptr, w.ptr, tmp.ptr, T, n, 1e-6),
+                                 nat.cmp_quantize_q8(tmp.ptr, q.ptr, d.ptr, T, n))
+                fus = lambda i: nat.cmp_rmsnorm_q8(a.ptr, w.ptr, q.ptr, d.ptr, T, n, 1e-6)
+            elif name.startswith("swiglu"):
+                unf = lambda i: (nat.cmp_swiglu(a.ptr, b.ptr, tmp.ptr, T * n),
+                                 nat.cmp_quantize_q8(tmp.ptr, q.ptr, d.ptr, T, n))
+                fus = lambda i: nat.cmp_binary_q8(a.ptr, b.ptr, 0, q.ptr, d.ptr, T, n)
+            else:
+                unf = lambda i: (nat.cmp_gated_rmsnorm(a.ptr, b.ptr, w.ptr, tmp.ptr, T, 32, 128, 1e-6),
+                                 nat.cmp_quantize_q8(tmp.ptr, q.ptr, d.ptr, T, n))
+                fus = lambda i: nat.cmp_gated_rmsnorm_q8(a.ptr, b.ptr, w.ptr, q.ptr, d.ptr, T, 32, 128, 1e-6)
+            t_u, t_f = timed(be, unf, 50), timed(be, fus, 50)
+            print(f"{name:<26} {T:>3} {t_u * 1e3:>11.1f} {t_f * 1e3:>9.1f}")
+            rows_out.append({"what": f"fused {name}", "T": T, "unfused ms": t_u, "fused ms": t_f})
 
 
 def bench_attention(be: CudaBackend, n_kv: int, L: int, kv_type: str = "f16") -> float:
@@ -115,8 +152,17 @@ def main(argv=None) -> None:
     ap.add_argument("--json")
     ap.add_argument("--matmul-only", action="store_true")
     ap.add_argument("--gdn-only", action="store_true", help="only the GDN scan vs chunked rows and the argmax")
+    ap.add_argument("--attention-only", action="store_true",
+                    help="only the attention table (benchmarks/bench_attention.py: old vs new, per KV type)")
     args = ap.parse_args(argv)
     be = CudaBackend()
+    if args.attention_only:
+        try:
+            from benchmarks.bench_attention import run as bench_attention_rows
+        except ImportError:      # run as a script: benchmarks/ itself is on sys.path
+            from bench_attention import run as bench_attention_rows
+        _write_json(args.json, bench_attention_rows(be, args.quick))
+        return
     rows_out = []
     if args.gdn_only:
         bench_gdn_rows(be, rows_out)
@@ -126,17 +172,31 @@ def main(argv=None) -> None:
     print(f"device: {be.native.device_name()}   date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"device-to-device copy: {bw:.0f} GB/s (read + write)")
     rows_out.append({"what": "copy", "GB/s": bw})
-    print(f"{'matmul':<10} {'rows':>6} {'n':>6} {'T':>4} {'ms':>8} {'GB/s':>7} {'%copy':>6} {'TOPS':>7}")
-    for name, rows, n in (SHAPES_9B[:3] if args.quick else SHAPES_9B):
+    # v1 = the kernels of round 1 (GEMV T <= 8, 64x64 GEMM), v2 = CMP_MM_GEMV2 | CMP_MM_GEMM2 (GEMV T <= 16,
+    # 128x128 GEMM from T = 96). T = 16 on v1 is the 64x64 GEMM.
+    print(f"{'matmul':<10} {'rows':>6} {'n':>6} {'T':>4} {'kern':>4} {'ms':>8} {'GB/s':>7} {'%copy':>6} {'TOPS':>7}"
+          f" {'v2/v1':>6}")
+    shapes = SHAPES_9B if not args.quick else [SHAPES_9B[i] for i in (0, 1, 2, 3)]
+    for name, rows, n in shapes:
         pool = WeightPool(be, rows, n)
-        for T in (1, 2, 4, 8, 512):
-            ms = bench_matmul(be, pool, T)
-            gbs = pool.wbytes / ms / 1e6
-            tops = 2.0 * rows * n * T / ms / 1e9
-            print(f"{name:<10} {rows:>6} {n:>6} {T:>4} {ms:>8.4f} {gbs:>7.0f} {100 * gbs / bw:>5.0f}% {tops:>7.1f}")
-            rows_out.append({"what": f"matmul_q8 {name}", "rows": rows, "n": n, "T": T, "ms": ms, "GB/s": gbs,
-                             "TOPS": tops})
+        for T in (1, 2, 4, 8, 16, 512, 2048):
+            if T == 2048 and args.quick:
+                continue
+            t_old = None
+            for kname, kernels in (("v1", 0), ("v2", 3)):
+                ms = bench_matmul(be, pool, T, kernels)
+                gbs = pool.wbytes / ms / 1e6
+                tops = 2.0 * rows * n * T / ms / 1e9
+                speed = f"{t_old / ms:>5.2f}x" if t_old else ""
+                t_old = t_old or ms
+                print(f"{name:<10} {rows:>6} {n:>6} {T:>4} {kname:>4} {ms:>8.4f} {gbs:>7.0f} {100 * gbs / bw:>5.0f}% "
+                      f"{tops:>7.1f} {speed:>6}")
+                rows_out.append({"what": f"matmul_q8 {name}", "kernels": kname, "rows": rows, "n": n, "T": T,
+                                 "ms": ms, "GB/s": gbs, "TOPS": tops})
+        del pool
+    bench_fused(be, rows_out)
     if args.matmul_only:
+        _write_json(args.json, rows_out)
         return
     print(f"{'attention (9B heads, f16 KV)':<34} {'ms':>8}")
     for n_kv, L in ((4096, 1), (32768, 1), (512, 512), (4096, 512)):

@@ -68,6 +68,9 @@ def main(argv=None) -> None:
     ap.add_argument("--make-9b", action="store_true")
     ap.add_argument("--compare-unfused", action="store_true",
                     help="also time graph decode with one launch per projection (what fusing them saves)")
+    ap.add_argument("--compare-kernels", action="store_true",
+                    help="only: ppN and greedy graph tgN with the old path (unfused ops, v1 kernels) against the new "
+                         "(fused Q8 producers and residual epilogues, v2 GEMV/GEMM), then exit")
     args = ap.parse_args(argv)
     if args.make_9b and not os.path.exists(args.model):
         t0 = time.time()
@@ -82,6 +85,9 @@ def main(argv=None) -> None:
           f"weights read per decode token {wb / 1e9:.2f} GB; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     rng = np.random.default_rng(0)
     n_ctx = max(args.p + [args.n]) + args.n + 8
+    if args.compare_kernels:
+        compare_kernels(be, cfg, model, args.p, args.n, args.r, n_ctx, wb)
+        return
 
     # warm-up: a short prefill and a few decode steps
     st = be.new_state(cfg, n_ctx)
@@ -142,6 +148,48 @@ def main(argv=None) -> None:
     be.fuse_projections = True
     print(f"decode (graph, last row): {wb * tps / 1e9:.0f} GB/s of weights streamed; roofline at the measured copy rate "
           f"of 4252 GB/s: {4252e9 / wb:.0f} t/s")
+
+
+def compare_kernels(be: CudaBackend, cfg, model, pp: list[int], n: int, reps: int, n_ctx: int, wb: int) -> None:
+    """ppN (one forward of N tokens) and tgN (greedy CUDA-graph decode, 4 bytes to the host per token, as
+    llamacmp-bench) for the old and the new kernel paths of the same loaded model; medians of `reps`."""
+    rng = np.random.default_rng(0)
+    print("| path | test | t/s | ms |")
+    print("| --- | --- | ---: | ---: |")
+    for label, on in (("old: unfused, v1 kernels", False), ("new: fused, v2 kernels", True)):
+        be.fuse_ops = be.gemv_v2 = be.gemm_v2 = on
+        st = be.new_state(cfg, n_ctx)                     # warm-up of this path
+        be.to_host(model.forward(StepBatch.build([(st, list(rng.integers(0, cfg.n_vocab, 128)))])))
+        del st
+        for p in pp:
+            times = []
+            for _ in range(reps):
+                st = be.new_state(cfg, n_ctx)
+                ids = [int(i) for i in rng.integers(0, cfg.n_vocab, p)]
+                be.synchronize()
+                t0 = time.perf_counter()
+                be.to_host(model.forward(StepBatch.build([(st, ids)])))
+                times.append(time.perf_counter() - t0)
+                del st
+            t = float(np.median(times))
+            print(f"| {label} | pp{p} | {p / t:.1f} | {1e3 * t:.1f} |", flush=True)
+        times = []
+        for _ in range(reps):
+            st = be.new_state(cfg, n_ctx)
+            be.to_host(model.forward(StepBatch.build([(st, [1])])))
+            step = CapturedStep(be, model, [st], greedy=True)
+            step.set_tokens([1])
+            step.step_greedy()                            # warm-up replay
+            t0 = time.perf_counter()
+            for _ in range(n - 1):
+                step.step_greedy(read=False)
+            step.step_greedy()                            # the last one reads the ids: waits for the stream
+            times.append(time.perf_counter() - t0)
+            del step, st
+        t = float(np.median(times))
+        print(f"| {label} | tg{n} (greedy graph) | {n / t:.1f} | {1e3 * t / n:.3f}/tok |", flush=True)
+    be.fuse_ops = be.gemv_v2 = be.gemm_v2 = True
+    print(f"weights per decode token {wb / 1e9:.2f} GB; roofline at 4252 GB/s copy: {4252e9 / wb:.0f} t/s")
 
 
 if __name__ == "__main__":

@@ -199,9 +199,16 @@ template <int NT> constexpr int gemv2_unroll() { return NT <= 4 ? 8 : 4; }
 // Warp per group of R rows. Each row's result is the same for every T, R and U (batch invariance, relied on by the
 // engine): lane l accumulates chunks l, l+32, l+64, ... in increasing order with the same explicitly rounded
 // fma(dot, d_w * d_x, acc) (no contraction left to the compiler), and the warp sum is a fixed butterfly.
-// T == 1 asks for 8 blocks (32 warps) per SM so that a 4096-row matrix (4096 warps) runs in one wave on 132 SMs.
+// T == 1 asks for 8 blocks (32 warps) per SM on sm_80+ so that a 4096-row matrix (4096 warps) runs in one wave on
+// 132 SMs (the 64-register cap costs a few spills of pointers outside the loop). Not on sm_70/75: clang spills
+// more there and 80 SMs need several waves anyway.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr int GEMV2_T1_BLOCKS = 1;
+#else
+constexpr int GEMV2_T1_BLOCKS = 8;
+#endif
 template <int NT, int R, int U>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? 8 : 1)
+__global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? GEMV2_T1_BLOCKS : 1)
 gemv2_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                 const float* __restrict__ xd,   // [NT, n/32]
                 const GemvSet set, int n) {
@@ -307,6 +314,16 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// Weight rows held in registers at once: all 8 on sm_80+ (254 registers, no spill with nvcc 13); on sm_70/75 (the
+// register prefetch of the next stage needs room) two groups of 4, the X block read twice from shared memory.
+// Known cost: clang 19 for sm_70 still spills ~280 B per thread (about 90 local accesses per 1024 DP4A in the
+// loop; splitting further did not change it): unmeasured on Volta; CudaBackend(gemm_v2=False) keeps the v1 GEMM.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr int GEMM2_IH = 2;
+#else
+constexpr int GEMM2_IH = 1;
+#endif
+
 // Thread (tx, ty) = (tid % 16, tid / 16) owns rows tx + 16i and tokens ty + 16j (i, j < 8): its 16-byte reads of a
 // Q8 block of W touch 16 consecutive rows per warp (conflict-free with the 80-byte stride), those of X two tokens
 // (broadcasts). Per Q8 block and output: 8 DP4A on the whole 32-byte block, one exact int->float, one fma with
@@ -384,24 +401,29 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
         if (more) fetch(s + 1, nxt, pw, px, pwd, pxd);  // nxt was last read before the previous barrier
 #pragma unroll
         for (int kb = 0; kb < BK2; ++kb) {
-            int4 a[8][2];
-            float sw[8];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                a[i][0] = *reinterpret_cast<const int4*>(&cur.w[tx + 16 * i][kb * 8]);
-                a[i][1] = *reinterpret_cast<const int4*>(&cur.w[tx + 16 * i][kb * 8 + 4]);
-                sw[i] = cur.wd[tx + 16 * i][kb];
-            }
+            for (int h = 0; h < GEMM2_IH; ++h) {  // GEMM2_IH groups of 8 / GEMM2_IH weight rows in registers
+                constexpr int NI = 8 / GEMM2_IH;
+                int4 a[NI][2];
+                float sw[NI];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int4 b0 = *reinterpret_cast<const int4*>(&cur.x[ty + 16 * j][kb * 8]);
-                const int4 b1 = *reinterpret_cast<const int4*>(&cur.x[ty + 16 * j][kb * 8 + 4]);
-                const float sx = cur.xd[ty + 16 * j][kb];
+                for (int ii = 0; ii < NI; ++ii) {
+                    const int i = h * NI + ii;
+                    a[ii][0] = *reinterpret_cast<const int4*>(&cur.w[tx + 16 * i][kb * 8]);
+                    a[ii][1] = *reinterpret_cast<const int4*>(&cur.w[tx + 16 * i][kb * 8 + 4]);
+                    sw[ii] = cur.wd[tx + 16 * i][kb];
+                }
 #pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const int d = __dp4a(a[i][1].w, b1.w, __dp4a(a[i][1].z, b1.z, __dp4a(a[i][1].y, b1.y,
-                                  __dp4a(a[i][1].x, b1.x, dot16(a[i][0], b0)))));
-                    acc[i][j] = __fmaf_rn(dot_to_f32(d), __fmul_rn(sw[i], sx), acc[i][j]);
+                for (int j = 0; j < 8; ++j) {
+                    const int4 b0 = *reinterpret_cast<const int4*>(&cur.x[ty + 16 * j][kb * 8]);
+                    const int4 b1 = *reinterpret_cast<const int4*>(&cur.x[ty + 16 * j][kb * 8 + 4]);
+                    const float sx = cur.xd[ty + 16 * j][kb];
+#pragma unroll
+                    for (int ii = 0; ii < NI; ++ii) {
+                        const int d = __dp4a(a[ii][1].w, b1.w, __dp4a(a[ii][1].z, b1.z, __dp4a(a[ii][1].y, b1.y,
+                                      __dp4a(a[ii][1].x, b1.x, dot16(a[ii][0], b0)))));
+                        acc[h * NI + ii][j] = __fmaf_rn(dot_to_f32(d), __fmul_rn(sw[ii], sx), acc[h * NI + ii][j]);
+                    }
                 }
             }
         }

@@ -437,3 +437,167 @@ def test_device_sampling_refuses_what_it_cannot_do(cuda_backend):
     for kw in (dict(top_k=0), dict(top_k=2000), dict(typ_p=0.5), dict(samplers=("temperature", "top_k"))):
         with pytest.raises(ValueError):
             cuda_backend.sample(x, 0, SamplingParams(**kw), [], 0.5)
+
+
+# -- v2 projections, fused Q8 producers (matmul_q8.cu / quantize.cu) ---------------------------------------------
+
+def _q8_ex(be, xq, xd, mats, T, n, kernels, residuals=None):
+    """cmp_matmul_q8_ex on device inputs -> host outputs [T, rows_i] (outputs poisoned with NaN first)."""
+    import ctypes
+    k = len(mats)
+    poison(be, *[(T, m.shape[0]) for m in mats])
+    outs = [be.empty((T, m.shape[0])) for m in mats]
+    P = ctypes.c_void_p * k
+    res = None if residuals is None else P(*(r.ptr for r in residuals))
+    be.native.cmp_matmul_q8_ex(xq.ptr, xd.ptr, k, P(*(m.qs.ptr for m in mats)), P(*(m.d.ptr for m in mats)),
+                               P(*(o.ptr for o in outs)), res, (ctypes.c_int * k)(*(m.shape[0] for m in mats)), T, n,
+                               kernels)
+    return [be.to_host(o) for o in outs]
+
+
+# T: the v2 GEMV (1..16), the v1 GEMM below 96, the 128x128 GEMM from 96 (partial tiles, an odd count of Q8
+# blocks so the last 2-block stage is half empty: n = 96, 1184); rows odd / below a warp's row pair / above a tile.
+Q8_EX_SHAPES = [(1, 1, 32), (1, 4097, 4096), (2, 3, 96), (4, 31, 1184), (5, 129, 64), (9, 65, 2080), (16, 257, 256),
+                (17, 33, 96), (95, 130, 160), (96, 127, 96), (97, 129, 1184), (200, 255, 512), (257, 64, 2048)]
+
+
+@pytest.mark.parametrize("kernels", [0, 1, 2, 3])
+@pytest.mark.parametrize("T,rows,n", Q8_EX_SHAPES)
+def test_matmul_q8_ex_kernels_and_residual(cuda_backend, kernels, T, rows, n):
+    """Every kernel generation (0 = v1, 1 = v2 GEMV, 2 = v2 GEMM, 3 = both) against numpy_ref, two to four
+    matrices in one call (the small ones ride with the big ones), with and without the residual epilogue."""
+    be = cuda_backend
+    rng = np.random.default_rng(T * 7919 + rows + kernels)
+    x = rng.standard_normal((T, n)).astype(np.float32) * rng.uniform(0.1, 10, (T, 1)).astype(np.float32)
+    ws = [random_q8(rng, r, n) for r in (rows, 2, rows + 5)[:2 + (T % 2)]]
+    ref = REF.matmuls(x, [REF.upload_matrix(w) for w in ws])
+    mats = [be.upload_matrix(w) for w in ws]
+    xq, xd = be.quantize(up(be, x))
+    for g, r in zip(_q8_ex(be, xq, xd, mats, T, n, kernels), ref):
+        assert rel(g, r) < Q8_TOL
+    res = [rng.standard_normal(r.shape).astype(np.float32) for r in ref]
+    got = _q8_ex(be, xq, xd, mats, T, n, kernels, [up(be, r) for r in res])
+    for g, r, a in zip(got, ref, res):
+        assert rel(g, r + a) < Q8_TOL
+
+
+def test_matmul_q8_ex_rejects_unknown_kernel_bits(cuda_backend):
+    from llamacmp.lib._native import NativeError
+    be = cuda_backend
+    m = be.upload_matrix(random_q8(np.random.default_rng(0), 4, 32))
+    xq, xd = be.quantize(up(be, np.ones((1, 32))))
+    with pytest.raises(NativeError, match="unknown kernel bits"):
+        _q8_ex(be, xq, xd, [m], 1, 32, 4)
+
+
+@pytest.mark.parametrize("rows,n", [(1, 32), (67, 4096), (129, 1184), (3, 12288)])
+def test_gemv2_rows_independent_of_batch(cuda_backend, rows, n):
+    """Batch invariance (engine, issue 5): with the v2 GEMV a row's outputs are bit-identical whether it runs
+    alone or with 1..15 other rows, at every position in the batch, residual or not."""
+    be = cuda_backend
+    rng = np.random.default_rng(rows + n)
+    x = rng.standard_normal((16, n)).astype(np.float32) * rng.uniform(0.1, 10, (16, 1)).astype(np.float32)
+    mats = [be.upload_matrix(random_q8(rng, r, n)) for r in (rows, rows + 1)]
+    xq, xd = be.quantize(up(be, x))
+    alone = []
+    for t in range(16):
+        xq1 = be.from_host(_i8_rows(be, xq, t, 1), "i8")
+        xd1 = up(be, be.to_host(xd)[t:t + 1])
+        alone.append(_q8_ex(be, xq1, xd1, mats, 1, n, 1))
+    for T in (2, 3, 5, 8, 9, 16):
+        got = _q8_ex(be, xq, xd, mats, T, n, 1)
+        for t in range(T):
+            for m in range(2):
+                assert np.array_equal(got[m][t], alone[t][m][0]), (T, t, m)
+
+
+def _i8_rows(be, q, t0, n_rows):
+    """Rows t0 .. t0+n_rows of an int8 device tensor [T, n] as a host array."""
+    out = np.empty((n_rows, q.shape[1]), np.int8)
+    be.native.cmp_memcpy_d2h(out.ctypes.data, q.row_ptr(t0), out.nbytes)
+    return out
+
+
+def _q8_to_host(be, q, d):
+    return _i8_rows(be, q, 0, q.shape[0]), be.to_host(d)
+
+
+@pytest.mark.parametrize("T,D", [(1, 32), (3, 96), (7, 4096), (17, 1056), (2, 2080)])
+def test_rmsnorm_q8_equals_rmsnorm_then_quantize(cuda_backend, T, D):
+    be = cuda_backend
+    rng = np.random.default_rng(D + T)
+    x = (rng.standard_normal((T, D)) * rng.uniform(0.1, 10, (T, 1))).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, D).astype(np.float32)
+    xd_, wd_ = up(be, x), up(be, w)
+    q_ref, d_ref = _q8_to_host(be, *be.quantize(be.rmsnorm(xd_, wd_, 1e-6)))
+    q, d = be._q8_buffers(T, D)
+    be.native.cmp_rmsnorm_q8(xd_.ptr, wd_.ptr, q.ptr, d.ptr, T, D, 1e-6)
+    qh, dh = _q8_to_host(be, q, d)
+    assert np.array_equal(qh, q_ref) and np.array_equal(dh, d_ref)   # the same fp32 values, bit for bit
+    nq, nd = quantize_q8_blocks(REF.rmsnorm(x, w, 1e-6))               # and numpy_ref's quantization
+    assert np.abs(qh.reshape(nq.shape).astype(np.float32) - nq).max() <= 1 and rel(dh, nd) < FP32_TOL
+
+
+@pytest.mark.parametrize("op", [0, 1])
+@pytest.mark.parametrize("T,n", [(1, 32), (5, 160), (16, 12288), (33, 64)])
+def test_binary_q8_equals_op_then_quantize(cuda_backend, op, T, n):
+    be = cuda_backend
+    rng = np.random.default_rng(op * 100 + T + n)
+    a, b = (rng.standard_normal((2, T, n)) * 3).astype(np.float32)
+    ad, bd = up(be, a), up(be, b)
+    unfused = be.swiglu(ad, bd) if op == 0 else be.sigmoid_mul(ad, bd)
+    q_ref, d_ref = _q8_to_host(be, *be.quantize(unfused))
+    q, d = be._q8_buffers(T, n)
+    be.native.cmp_binary_q8(ad.ptr, bd.ptr, op, q.ptr, d.ptr, T, n)
+    assert all(np.array_equal(g, r) for g, r in zip(_q8_to_host(be, q, d), (q_ref, d_ref)))
+
+
+@pytest.mark.parametrize("T,V,Dv", [(1, 1, 32), (7, 32, 128), (33, 3, 64)])
+def test_gated_rmsnorm_q8_equals_unfused(cuda_backend, T, V, Dv):
+    be = cuda_backend
+    rng = np.random.default_rng(T * V + Dv)
+    o, z = rng.standard_normal((2, T, V * Dv)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, Dv).astype(np.float32)
+    od, zd, wd_ = up(be, o), up(be, z), up(be, w)
+    q_ref, d_ref = _q8_to_host(be, *be.quantize(be.gated_rmsnorm(od, zd, wd_, 1e-6, Dv)))
+    q, d = be._q8_buffers(T, V * Dv)
+    be.native.cmp_gated_rmsnorm_q8(od.ptr, zd.ptr, wd_.ptr, q.ptr, d.ptr, T, V, Dv, 1e-6)
+    assert all(np.array_equal(g, r) for g, r in zip(_q8_to_host(be, q, d), (q_ref, d_ref)))
+
+
+@pytest.mark.parametrize("T", [1, 5, 16, 40, 130])
+def test_fused_backend_ops_match_numpy(cuda_backend, T):
+    """The five fused ops of base.Backend on the CUDA backend (fused kernels, v2 projections) against numpy_ref's
+    compositions, and against the same backend with fusion and the v2 kernels switched off."""
+    be = cuda_backend
+    rng = np.random.default_rng(T + 5)
+    D, F, V, Dv = 256, 416, 4, 64
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    nw = rng.uniform(0.5, 1.5, D).astype(np.float32)
+    w_in = [random_q8(rng, r, D) for r in (F, F, 3)]
+    w_down, w_o = random_q8(rng, D, F), random_q8(rng, D, V * Dv)
+    gate, upv = rng.standard_normal((2, T, F)).astype(np.float32)
+    o, z = rng.standard_normal((2, T, V * Dv)).astype(np.float32)
+    gn = rng.uniform(0.5, 1.5, Dv).astype(np.float32)
+
+    def run(bk, host):
+        u = (lambda a: a) if host else (lambda a: up(bk, a))
+        m = bk.upload_matrix
+        h = (lambda t: t) if host else bk.to_host
+        outs = bk.rmsnorm_matmuls(u(x), u(nw), 1e-6, [m(w) for w in w_in])
+        outs.append(bk.matmul_add(u(gate), m(w_down), u(x)))
+        outs.append(bk.swiglu_matmul_add(u(gate), u(upv), m(w_down), u(x)))
+        outs.append(bk.sigmoid_mul_matmul_add(u(gate), u(upv), m(w_down), u(x)))
+        outs.append(bk.gated_rmsnorm_matmul_add(u(o), u(z), u(gn), 1e-6, Dv, m(w_o), u(x)))
+        return [h(t) for t in outs]
+
+    ref = run(REF, True)
+    new = run(be, False)
+    saved = be.fuse_ops, be.gemv_v2, be.gemm_v2
+    try:
+        be.fuse_ops = be.gemv_v2 = be.gemm_v2 = False
+        old = run(be, False)
+    finally:
+        be.fuse_ops, be.gemv_v2, be.gemm_v2 = saved
+    for g, r, o_ in zip(new, ref, old):
+        assert rel(g, r) < Q8_TOL and rel(g, o_) < Q8_TOL

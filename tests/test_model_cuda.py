@@ -182,3 +182,32 @@ def test_long_prefill_chunked_gdn_equals_scan(models, shape, dtype):
     assert rel(out[True][0], out[False][0]) < 1e-4
     for x, y in zip(out[True][1]["ssm"], out[False][1]["ssm"]):
         assert rel(x, y) < 1e-4
+
+
+@pytest.mark.parametrize("shape,dtype", [("tiny", "q8_0")])
+def test_fused_ops_and_v2_kernels_equal_the_old_path(models, shape, dtype):
+    """The default path (fused norm/gate + Q8 producers, residual in the projection epilogue, v2 GEMV and
+    128x128 GEMM) against the same backend with all of it off (rmsnorm, quantize, v1 kernels, add): a 100-token
+    prefill (the v2 GEMM from 96 tokens) and 3 decode steps (the v2 GEMV). Both sum every dot product in the same
+    order and the fused producers give the unfused Q8 bits, so they should agree to fp32 rounding; 1e-3 leaves room
+    for a compiler contracting one of them differently (not the chaotic small fixture, where such a flip grows to
+    ~1e-2)."""
+    _, dev = models(shape, dtype)
+    be, cfg = dev.backend, dev.cfg
+    ids = [int(i) for i in np.random.default_rng(21).integers(0, cfg.n_vocab, 100)]
+
+    def run():
+        st = be.new_state(cfg, 128)
+        out = [logits(dev, StepBatch.build([(st, ids)], all_logits=True))]
+        out += [logits(dev, StepBatch.build([(st, [t])])) for t in (3, 1, 4)]
+        return out
+
+    new = run()
+    saved = be.fuse_ops, be.gemv_v2, be.gemm_v2
+    try:
+        be.fuse_ops = be.gemv_v2 = be.gemm_v2 = False
+        old = run()
+    finally:
+        be.fuse_ops, be.gemv_v2, be.gemm_v2 = saved
+    for a, b in zip(new, old):
+        assert rel(a, b) < 1e-3

@@ -150,3 +150,20 @@ def test_bad_images_are_400_and_the_server_keeps_serving(server, client):
     assert ask(client, "file://a.png") == ask(client, data_url(IMG_A))     # --media-path serves a.png
     r = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hello"}], max_tokens=3)
     assert r.usage.completion_tokens == 3
+
+
+def test_completion_multimodal_data_and_slots(server, client):
+    """/completion with {"prompt_string", "multimodal_data"} (llama-server's native form) answers as the chat
+    route does for the same rendered text; /slots still shows the prompt text (image rows left out)."""
+    prompt = server.ctx.template.render([{"role": "user", "content": MEDIA_MARKER + QUESTION}], True,
+                                        enable_thinking=False)
+    body = {"prompt": {"prompt_string": prompt, "multimodal_data": [base64.b64encode(IMG_A).decode()]},
+            "n_predict": N, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(server.url + "/completion", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["content"] == ask(client, data_url(IMG_A))
+    bad = httpx.post(server.url + "/completion", timeout=60, json={
+        "prompt": {"prompt_string": QUESTION, "multimodal_data": [base64.b64encode(IMG_A).decode()]}})
+    assert bad.status_code == 400 and "image markers" in bad.json()["error"]["message"]
+    slots = httpx.get(server.url + "/slots", timeout=30).json()
+    assert any(QUESTION in s["prompt"] for s in slots)

@@ -412,7 +412,7 @@ class Engine:
                 "next_token": [{"has_next_token": s.busy, "has_new_line": "\n" in s.text,
                                 "n_remain": (p.n_predict - len(s.generated)) if p and p.n_predict >= 0 else -1,
                                 "n_decoded": len(s.generated)}],
-                "prompt": self.tokenizer.decode(s.cache.tokens) if not s.busy else self.tokenizer.decode(s.prompt),
+                "prompt": self.tokenizer.decode([t for t in (s.prompt if s.busy else s.cache.tokens) if t >= 0]),
                 "generated": s.text,
                 "n_tokens_cached": len(s.cache.tokens), "n_checkpoints": len(s.cache.checkpoints)}
 

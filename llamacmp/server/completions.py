@@ -97,7 +97,7 @@ def native_final(ctx: ServerContext, r: FinalResult, p: GenParams, response_fiel
            "tokens": [] if p.stream or not p.return_tokens else r.tokens, "id_slot": r.id_slot, "stop": True,
            "model": ctx.model_name, "tokens_predicted": r.n_predicted, "tokens_evaluated": r.n_prompt,
            "generation_settings": generation_settings(ctx, p),
-           "prompt": ctx.tokenizer.decode(r.prompt_tokens), "has_new_line": "\n" in r.text,
+           "prompt": ctx.tokenizer.decode([t for t in r.prompt_tokens if t >= 0]), "has_new_line": "\n" in r.text,
            "truncated": r.truncated, "stop_type": r.stop_type, "stopping_word": r.stopping_word,
            "tokens_cached": r.n_prompt + max(0, r.n_predicted - 1), "timings": r.timings.to_json()}
     if not p.stream and r.probs:
@@ -169,7 +169,19 @@ def attach_grammar(ctx: ServerContext, body: dict, params: GenParams, after_thin
 
 def _prepare(ctx: ServerContext, body: dict) -> tuple[GenParams, list[CompletionTask]]:
     params = attach_grammar(ctx, body, gen_params(body, ctx.defaults, ctx.tokenizer, ctx.n_vocab))
-    return params, make_tasks(ctx, tokenize_prompts(body["prompt"], ctx.tokenizer, ctx.n_vocab), params, body)
+    prompt = body["prompt"]
+    if isinstance(prompt, dict) and prompt.get("multimodal_data") and getattr(ctx, "vision", None) is not None:
+        # {"prompt_string": "... <__media__> ...", "multimodal_data": [base64, ...]}: one marker per image
+        from .vision_input import encode_prompt, multimodal_data
+        if not isinstance(prompt.get("prompt_string"), str):
+            raise bad_request('"prompt_string" must be a string')
+        media = multimodal_data(prompt["multimodal_data"], ctx.vision)
+        tokens, images = encode_prompt(ctx.vision, ctx.tokenizer, prompt["prompt_string"], media)
+        tasks = make_tasks(ctx, [tokens], params, body)
+        for t in tasks:
+            t.images = images
+        return params, tasks
+    return params, make_tasks(ctx, tokenize_prompts(prompt, ctx.tokenizer, ctx.n_vocab), params, body)
 
 
 # -- handlers ------------------------------------------------------------------------------------------------------

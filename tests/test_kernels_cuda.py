@@ -535,7 +535,9 @@ def test_rmsnorm_q8_equals_rmsnorm_then_quantize(cuda_backend, T, D):
     qh, dh = _q8_to_host(be, q, d)
     assert np.array_equal(qh, q_ref) and np.array_equal(dh, d_ref)   # the same fp32 values, bit for bit
     nq, nd = quantize_q8_blocks(REF.rmsnorm(x, w, 1e-6))               # and numpy_ref's quantization
-    assert np.abs(qh.reshape(nq.shape).astype(np.float32) - nq).max() <= 1 and rel(dh, nd) < FP32_TOL
+    # fp32 vs float64 norms: a q may round the other way (by 1), a scale move by one f16 step (2^-10 relative)
+    assert np.abs(qh.reshape(nq.shape).astype(np.float32) - nq).max() <= 1
+    assert np.all(np.abs(dh - nd) <= nd * 2.0 ** -10)
 
 
 @pytest.mark.parametrize("op", [0, 1])

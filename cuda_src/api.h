@@ -137,6 +137,40 @@ int cmp_kv_write(const float* k, const float* v, const int32_t* pos, void* kc, v
 int cmp_attention(const float* q, const void* kc, const void* vc, int kv_dtype, const int32_t* pos, float* out,
                   float* work, int L, int Hq, int Hk, int Dh, float scale, int n_split);
 
+// ---- attention.cu, v2: quantized KV cache, FlashAttention-2-style prefill, split-K decode ------------------------
+// KV cache element types (-ctk / -ctv). F32 and F16 equal CmpDtype's codes. Cache rows are [n_ctx, Hk] rows of
+// cmp_kv_row_bytes(type, Dh) bytes each; layouts in cuda_src/attention_kv.cuh and llamacmp/kv_layout.py, numerics
+// in llamacmp/kv_quant.py (q8_0, q4_0: llama.cpp's rules; tq3: Walsh-Hadamard rotation + 8-level Lloyd-Max).
+enum CmpKvType { CMP_KV_F32 = 0, CMP_KV_F16 = 1, CMP_KV_Q8_0 = 2, CMP_KV_Q4_0 = 3, CMP_KV_TQ3 = 4 };
+// *bytes = bytes of one cache row (one token, one kv head) of this type; CMP_ERR_UNSUPPORTED for a head dim the
+// type cannot hold (Dh a multiple of 32; tq3: 32, 64 or a multiple of 128).
+int cmp_kv_row_bytes(int kv_type, int Dh, int* bytes);
+// k, v [L, Hk, Dh] f32 -> quantized into kc (k_type) and vc (v_type) at rows pos[t] (device).
+int cmp_kv_write_q(const float* k, const float* v, const int32_t* pos, void* kc, void* vc, int k_type, int v_type,
+                   int L, int Hk, int Dh);
+// Prefill: q [L, Hq, Dh] f32, caches (rows 0 .. pos[L-1] valid), pos [L] = pos[0] + t (device) -> out [L, Hq*Dh]
+// = causal softmax(q k^T * scale) v, GQA. Dh in {64, 128, 256}. fp32 throughout (no tensor cores).
+// Block-sparse (blocks != NULL): 64-token blocks in absolute positions (query block i holds positions 64i ..
+// 64i+63, key block j keys 64j .. 64j+63). For kv head h and query block qb touched by the segment,
+// rel = qb - pos[0]/64 (0 .. nqb-1, nqb = pos[L-1]/64 - pos[0]/64 + 1):
+//   counts [Hk, nqb] int32: number of key blocks visited;
+//   blocks [Hk, nqb, max_blocks] int32: their key-block indices, strictly ascending, each <= qb, the diagonal qb
+//   included (the kernel relies on it for non-empty rows); entries past counts are ignored.
+// One list serves every q head of the kv head's group (GQA shares each K/V tile): take the union of the group's
+// per-q-head masks. Within a visited block the causal mask still applies. Device memory.
+int cmp_attn_prefill(const float* q, const void* kc, const void* vc, int k_type, int v_type, const int32_t* pos,
+                     float* out, int L, int Hq, int Hk, int Dh, float scale, const int32_t* blocks,
+                     const int32_t* counts, int max_blocks);
+// Decode (few rows): each row t attends keys 0 .. pos[t] (device), split into cmp_attn_decode_splits(pos[t] + 1)
+// ranges computed on the device from the row's own length only (batch-invariant; a captured graph gets the same
+// splits as an eager call), merged by log-sum-exp. max_split >= the splits of every row (the grid);
+// work [max_split, L*Hq, Dh+2] f32. Dh in {64, 128, 256}; Hq/Hk in 1..8.
+int cmp_attn_decode(const float* q, const void* kc, const void* vc, int k_type, int v_type, const int32_t* pos,
+                    float* out, float* work, int L, int Hq, int Hk, int Dh, float scale, int max_split);
+// *n_split = the most key ranges cmp_attn_decode uses for any row of at most n_kv keys (the max_split to pass).
+// A row of n keys uses ceil(n / c) ranges of c = max(128, 64 * ceil(ceil(n / 128) / 64)) keys: <= 128.
+int cmp_attn_decode_splits(int n_kv, int* n_split);
+
 // ---- gdn.cu ---------------------------------------------------------------------------------------------------
 // One segment. x [L, C], w [C, kernel], state [kernel-1, C] -> out [L, C] = silu(causal depthwise conv over
 // [state; x]); state <- the last kernel-1 rows of [state; x]. kernel <= 8.

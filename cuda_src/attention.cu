@@ -3,6 +3,7 @@
 // contexts) merged by log-sum-exp. Head dim 32..256 (a multiple of 32), KV cache f16 or f32.
 #include <algorithm>
 
+#include "attention_kv.cuh"
 #include "common.cuh"
 
 namespace cmp {
@@ -218,4 +219,703 @@ extern "C" int cmp_attention(const float* q, const void* kc, const void* vc, int
     return dispatch_dtype(kv_dtype, [&](auto tag) {
         return dispatch_head_dim<decltype(tag)>(Dh, q, kc, vc, pos, out, work, L, Hq, Hk, scale, n_split);
     });
+}
+
+// =================================================================================================================
+// v2: quantized KV write, FlashAttention-2-style prefill and split-K decode over every KV type (attention_kv.cuh).
+// The kernels above stay as the fallback (CudaBackend(attention_v2=False)) for f16/f32 caches.
+// =================================================================================================================
+namespace cmp {
+namespace {
+
+constexpr int DEC_SPLITS = 128;   // target key ranges per row: 128 x Hk (4) = 512 blocks fill 132 SMs (and 80)
+constexpr int DEC_MIN_CHUNK = 128;
+
+// Keys per split for a row of n_kv keys: a function of n_kv alone, so a row's result never depends on the batch
+// (or on whether the step was captured in a graph): at least 128 keys, a multiple of 64, <= ~128 splits.
+__host__ __device__ inline int dec_chunk(int n_kv) {
+    int c = (n_kv + DEC_SPLITS - 1) / DEC_SPLITS;
+    c = (c + 63) / 64 * 64;
+    return c < DEC_MIN_CHUNK ? DEC_MIN_CHUNK : c;
+}
+__host__ __device__ inline int dec_splits(int n_kv) {
+    const int c = dec_chunk(n_kv);
+    return (n_kv + c - 1) / c;
+}
+
+// ---- KV write ------------------------------------------------------------------------------------------------------
+// Block (token t, kv head h, 0 = K / 1 = V), 128 threads. Warps take 32-value groups (f16/f32/q8_0/q4_0) or tq3
+// B-blocks. Quantizers use correctly rounded division/reciprocal (the library builds with fast math) so that the
+// codes equal kv_quant.py's.
+__device__ void kv_quant_row(const float* __restrict__ x, uint8_t* __restrict__ row, int type, int Dh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (type == CMP_KV_F32 || type == CMP_KV_F16) {
+        for (int i = threadIdx.x; i < Dh; i += blockDim.x) {
+            if (type == CMP_KV_F32) reinterpret_cast<float*>(row)[i] = x[i];
+            else reinterpret_cast<__half*>(row)[i] = __float2half_rn(x[i]);
+        }
+        return;
+    }
+    if (type == CMP_KV_Q8_0 || type == CMP_KV_Q4_0) {
+        for (int g = warp; g < Dh / 32; g += nw) {
+            const float v = x[g * 32 + lane];
+            __half* dst_d = reinterpret_cast<__half*>(row + (type == CMP_KV_Q8_0 ? Dh : Dh / 2)) + g;
+            if (type == CMP_KV_Q8_0) {
+                const float amax = warp_max(fabsf(v));
+                const float d = __fdiv_rn(amax, 127.f);
+                const float inv = d > 0.f ? __frcp_rn(d) : 0.f;
+                const float y = __fmul_rn(v, inv);
+                const float qa = floorf(__fadd_rn(fabsf(y), 0.5f));
+                row[g * 32 + lane] = (uint8_t)(int8_t)(y < 0.f ? -qa : qa);
+                if (lane == 0) *dst_d = __float2half_rn(d);
+            } else {
+                // value of largest magnitude, the first one among ties (numpy argmax)
+                float best = fabsf(v);
+                int idx = lane;
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+                    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+                    if (ob > best || (ob == best && oi < idx)) {
+                        best = ob;
+                        idx = oi;
+                    }
+                }
+                const float mx = __shfl_sync(0xffffffffu, v, idx);
+                const float d = __fdiv_rn(mx, -8.f);
+                const float inv = d != 0.f ? __frcp_rn(d) : 0.f;
+                const int q = min(15, (int)truncf(__fadd_rn(__fmul_rn(v, inv), 8.5f)));
+                const int hi = __shfl_down_sync(0xffffffffu, q, 1);
+                if ((lane & 1) == 0) row[(g * 32 + lane) / 2] = (uint8_t)(q | (hi << 4));
+                if (lane == 0) *dst_d = __float2half_rn(d);
+            }
+        }
+        return;
+    }
+    // tq3: a warp per B-block; value i = j*32 + lane of the block (j < B/32).
+    const int B = tq3_block(Dh), per = B / 32;
+    for (int blk = warp; blk < Dh / B; blk += nw) {
+        float y[4];
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            y[j] = 0.f;
+            if (j < per) {
+                const float v = x[blk * B + j * 32 + lane];
+                ss = fmaf(v, v, ss);
+                y[j] = v * tq3_sign(j * 32 + lane);
+            }
+        }
+        const float norm = sqrtf(warp_sum(ss));
+        for (int h = 1; h < B; h <<= 1) {   // unnormalised Walsh-Hadamard over i = j*32 + lane
+            float t[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) t[j] = h < 32 ? __shfl_xor_sync(0xffffffffu, y[j], h) : y[j];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (j >= per) continue;
+                const int i = j * 32 + lane;
+                // h >= 32: the partner is this lane's value j ^ (h/32) (in t, read before any update)
+                const int jj = j ^ (h >> 5);
+                const float other = h < 32 ? t[j] : jj == 0 ? t[0] : jj == 1 ? t[1] : jj == 2 ? t[2] : t[3];
+                const float self = h < 32 ? y[j] : t[j];
+                y[j] = (i & h) ? other - self : self + other;
+            }
+        }
+        int code[4];
+        float lss = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            code[j] = 0;
+            if (j < per) {
+                code[j] = tq3_code(norm > 0.f ? __fdiv_rn(y[j], norm) : 0.f);
+                const float l = tq3_level(code[j]);
+                lss = fmaf(l, l, lss);
+            }
+        }
+        const float lnorm = sqrtf(warp_sum(lss));
+        uint8_t* codes = row + blk * (B / 32) * 12;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if (j >= per) continue;
+            const unsigned b0 = __ballot_sync(0xffffffffu, code[j] & 1), b1 = __ballot_sync(0xffffffffu, code[j] & 2),
+                           b2 = __ballot_sync(0xffffffffu, code[j] & 4);
+            if (lane < 12) {
+                const unsigned w = lane < 4 ? b0 : lane < 8 ? b1 : b2;
+                codes[j * 12 + lane] = (uint8_t)(w >> (8 * (lane & 3)));
+            }
+        }
+        if (lane == 0)
+            reinterpret_cast<__half*>(row + Dh * 3 / 8)[blk] = __float2half_rn(norm > 0.f ? __fdiv_rn(norm, lnorm) : 0.f);
+    }
+}
+
+__global__ void __launch_bounds__(128) kv_write_q_kernel(const float* __restrict__ k,      // [L, Hk*Dh]
+                                                         const float* __restrict__ v,      // [L, Hk*Dh]
+                                                         const int32_t* __restrict__ pos,  // [L]
+                                                         uint8_t* __restrict__ kc,         // [n_ctx, Hk, kbytes]
+                                                         uint8_t* __restrict__ vc,         // [n_ctx, Hk, vbytes]
+                                                         int k_type, int v_type, int Hk, int Dh, int kbytes,
+                                                         int vbytes) {
+    const int t = blockIdx.x, h = blockIdx.y;
+    const bool is_v = blockIdx.z == 1;
+    const float* src = (is_v ? v : k) + ((size_t)t * Hk + h) * Dh;
+    const int bytes = is_v ? vbytes : kbytes;
+    uint8_t* dst = (is_v ? vc : kc) + ((size_t)pos[t] * Hk + h) * bytes;
+    kv_quant_row(src, dst, is_v ? v_type : k_type, Dh);
+}
+
+// ---- decode: split-K over the keys of each row -----------------------------------------------------------------------
+// Reduce NV values across aligned groups of W lanes (both powers of two, NV <= W) with NV-1 + log2(W/NV) shuffles
+// instead of NV*log2(W): each step halves the values a lane keeps. Afterwards v[0] of a lane is the group's total of
+// value index (lane % W) / (W / NV).
+template <int NV, int W>
+__device__ __forceinline__ void transpose_reduce(float (&v)[NV], int lane) {
+    int n = NV;
+#pragma unroll
+    for (int off = W / 2; off > 0; off >>= 1) {
+        if (n > 1) {
+            const bool upper = lane & off;
+#pragma unroll
+            for (int i = 0; i < NV / 2; ++i) {
+                if (i < n / 2) {
+                    const float send = upper ? v[i] : v[i + n / 2];
+                    const float keep = upper ? v[i + n / 2] : v[i];
+                    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+                }
+            }
+            n >>= 1;
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+        }
+    }
+}
+
+constexpr int DEC_NW = 4;    // warps per block
+constexpr int DEC_TK = 64;   // keys per tile
+
+// Block (split, kv head, row t), 128 threads, all G q heads of the kv head (GQA: K/V read once for the group).
+// Lane = (key slot kk, 8 dims at d0): LPK = Dh/8 lanes per key, so a key row is one coalesced 16-byte-per-lane
+// read (f16). Per 64-key tile: (A) scores of U keys per lane in flight, reduced with transpose_reduce, to shared
+// memory; (B) online softmax per head; (C) acc += p v. Partials (unnormalised acc, m, l) go to work when the row
+// has several splits; a single split writes the output (tq3 values rotated back) itself.
+template <int Dh, int GP>
+__global__ void __launch_bounds__(DEC_NW * 32)
+attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
+                   const uint8_t* __restrict__ kc,   // [n_ctx, Hk, kbytes]
+                   const uint8_t* __restrict__ vc,   // [n_ctx, Hk, vbytes]
+                   int k_type, int v_type,
+                   const int32_t* __restrict__ pos,  // [L]
+                   float* __restrict__ out,          // [L, Hq*Dh]
+                   float* __restrict__ work,         // [max_split, L*Hq, Dh+2]
+                   int L, int Hq, int Hk, int G, float scale) {
+    constexpr int LPK = Dh / 8, KPW = 32 / LPK;
+    constexpr int U = LPK / GP >= 4 ? 4 : (LPK / GP >= 1 ? LPK / GP : 1);
+    constexpr int NV = U * GP;
+    static_assert(NV <= LPK, "transpose_reduce needs NV <= LPK");
+    static_assert(DEC_TK % (DEC_NW * KPW * U) == 0, "tile must be a multiple of a pass");
+    const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
+    const int n_kv = pos[t] + 1;
+    const int chunk = dec_chunk(n_kv), nsp = (n_kv + chunk - 1) / chunk;
+    if (split >= nsp) return;
+    const int kbeg = split * chunk, kend = min(n_kv, kbeg + chunk);
+
+    __shared__ float qs[GP * Dh];               // scaled (and for tq3 keys rotated) queries; later the output
+    __shared__ float sc[DEC_TK * GP];           // scores, then probabilities
+    __shared__ float m_s[GP], l_s[GP], c_s[GP];
+    extern __shared__ float red[];              // [DEC_NW][GP*Dh]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int sub = lane % LPK, kk = lane / LPK, d0 = sub * 8;
+    for (int i = tid; i < GP * Dh; i += blockDim.x) {
+        const int h = i / Dh, d = i % Dh;
+        qs[i] = h < G ? q[((size_t)t * Hq + kvh * G + h) * Dh + d] * scale : 0.f;
+    }
+    if (tid < GP) {
+        m_s[tid] = NEG_BIG_KV;
+        l_s[tid] = 0.f;
+    }
+    __syncthreads();
+    if (k_type == CMP_KV_TQ3) fwht_smem(qs, GP, Dh, tq3_block(Dh), Dh, 1, true, false);
+    float qr[GP][8], acc[GP][8];
+#pragma unroll
+    for (int h = 0; h < GP; ++h)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            qr[h][i] = qs[h * Dh + d0 + i];
+            acc[h][i] = 0.f;
+        }
+    const int kbytes = kv_row_bytes(k_type, Dh), vbytes = kv_row_bytes(v_type, Dh);
+    const size_t kstride = (size_t)Hk * kbytes, vstride = (size_t)Hk * vbytes;
+    const uint8_t* kbase = kc + (size_t)kvh * kbytes;
+    const uint8_t* vbase = vc + (size_t)kvh * vbytes;
+
+    for (int k0 = kbeg; k0 < kend; k0 += DEC_TK) {
+        const int nk = min(DEC_TK, kend - k0);
+        // (A) scores
+        for (int j0 = warp * KPW * U; j0 < DEC_TK; j0 += DEC_NW * KPW * U) {
+            float part[NV];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int j = j0 + u * KPW + kk;
+                float kx[8];
+                if (j < nk) {
+                    kv_load8(k_type, kbase + (size_t)(k0 + j) * kstride, d0, Dh, kx);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) kx[i] = 0.f;
+                }
+#pragma unroll
+                for (int h = 0; h < GP; ++h) {
+                    float s = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) s = fmaf(qr[h][i], kx[i], s);
+                    part[u * GP + h] = s;
+                }
+            }
+            transpose_reduce<NV, LPK>(part, lane);
+            constexpr int REP = LPK / NV;
+            const int idx = sub / REP, u = idx / GP, h = idx % GP, j = j0 + u * KPW + kk;
+            if (sub % REP == 0) sc[j * GP + h] = (j < nk && h < G) ? part[0] : NEG_BIG_KV;
+        }
+        __syncthreads();
+        // (B) online softmax, a warp per head
+        for (int h = warp; h < G; h += DEC_NW) {
+            const float s0 = sc[lane * GP + h], s1 = sc[(lane + 32) * GP + h];
+            const float m_old = m_s[h];
+            const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));
+            const float p0 = s0 <= NEG_BIG_KV ? 0.f : __expf(s0 - m_new);
+            const float p1 = s1 <= NEG_BIG_KV ? 0.f : __expf(s1 - m_new);
+            sc[lane * GP + h] = p0;
+            sc[(lane + 32) * GP + h] = p1;
+            const float psum = warp_sum(p0 + p1);
+            if (lane == 0) {
+                const float corr = __expf(m_old - m_new);
+                l_s[h] = l_s[h] * corr + psum;
+                m_s[h] = m_new;
+                c_s[h] = corr;
+            }
+        }
+        __syncthreads();
+        // (C) acc = acc * corr + sum_j p_j v_j
+#pragma unroll
+        for (int h = 0; h < GP; ++h) {
+            const float c = h < G ? c_s[h] : 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[h][i] *= c;
+        }
+#pragma unroll 4
+        for (int j = warp * KPW + kk; j < nk; j += DEC_NW * KPW) {
+            float vx[8];
+            kv_load8(v_type, vbase + (size_t)(k0 + j) * vstride, d0, Dh, vx);
+#pragma unroll
+            for (int h = 0; h < GP; ++h) {
+                const float p = h < G ? sc[j * GP + h] : 0.f;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(p, vx[i], acc[h][i]);
+            }
+        }
+        __syncthreads();   // sc is rewritten by the next tile
+    }
+    // Sum over the key slots of a warp, then over warps.
+#pragma unroll
+    for (int off = LPK; off < 32; off <<= 1)
+#pragma unroll
+        for (int h = 0; h < GP; ++h)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[h][i] += __shfl_xor_sync(0xffffffffu, acc[h][i], off);
+    if (kk == 0) {
+#pragma unroll
+        for (int h = 0; h < GP; ++h)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) red[(warp * GP + h) * Dh + d0 + i] = acc[h][i];
+    }
+    __syncthreads();
+    if (nsp > 1) {
+        for (int i = tid; i < G * Dh; i += blockDim.x) {
+            const int h = i / Dh, d = i % Dh;
+            float o = 0.f;
+#pragma unroll
+            for (int w = 0; w < DEC_NW; ++w) o += red[(w * GP + h) * Dh + d];
+            work[((size_t)split * L * Hq + (size_t)t * Hq + kvh * G + h) * (Dh + 2) + d] = o;
+        }
+        if (tid < G) {
+            float* w = work + ((size_t)split * L * Hq + (size_t)t * Hq + kvh * G + tid) * (Dh + 2);
+            w[Dh] = m_s[tid];
+            w[Dh + 1] = l_s[tid];
+        }
+        return;
+    }
+    for (int i = tid; i < G * Dh; i += blockDim.x) {
+        const int h = i / Dh, d = i % Dh;
+        float o = 0.f;
+#pragma unroll
+        for (int w = 0; w < DEC_NW; ++w) o += red[(w * GP + h) * Dh + d];
+        qs[i] = l_s[h] > 0.f ? o / l_s[h] : 0.f;
+    }
+    __syncthreads();
+    if (v_type == CMP_KV_TQ3) fwht_smem(qs, G, Dh, tq3_block(Dh), Dh, 1, false, true);
+    for (int i = tid; i < G * Dh; i += blockDim.x)
+        out[((size_t)t * Hq + kvh * G + i / Dh) * Dh + i % Dh] = qs[i];
+}
+
+// Block per (token, q head), Dh threads: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the row's own
+// splits (rows with one split were written by the decode kernel); tq3 values are rotated back here.
+__global__ void attn_decode_merge_kernel(const float* __restrict__ work,  // [max_split, L*Hq, Dh+2]
+                                         const int32_t* __restrict__ pos, float* __restrict__ out,  // [L*Hq, Dh]
+                                         int rows, int Hq, int Dh, int v_type) {
+    extern __shared__ float o_s[];  // [Dh]
+    const int r = blockIdx.x, t = r / Hq;
+    const int nsp = dec_splits(pos[t] + 1);
+    if (nsp == 1) return;
+    float M = NEG_BIG_KV;
+    for (int s = 0; s < nsp; ++s) M = fmaxf(M, work[((size_t)s * rows + r) * (Dh + 2) + Dh]);
+    float lsum = 0.f, a = 0.f;
+    const int d = threadIdx.x;
+    for (int s = 0; s < nsp; ++s) {
+        const float* w = work + ((size_t)s * rows + r) * (Dh + 2);
+        const float e = __expf(w[Dh] - M);
+        lsum += w[Dh + 1] * e;
+        a += w[d] * e;
+    }
+    o_s[d] = lsum > 0.f ? a / lsum : 0.f;
+    __syncthreads();
+    if (v_type == CMP_KV_TQ3) fwht_smem(o_s, 1, Dh, tq3_block(Dh), Dh, 1, false, true);
+    out[(size_t)r * Dh + d] = o_s[d];
+}
+
+// ---- prefill: FlashAttention-2 on FP32 FMA -------------------------------------------------------------------------
+constexpr int PF_BR = 64;    // rows (token, q head of the group) per block
+constexpr int PF_BK = 64;    // keys per tile (= the block-sparse block)
+constexpr int PF_DC = 64;    // head dims per shared K/V chunk
+constexpr int PF_NT = 256;
+
+// Block (row tile, kv head): rows r = t*G + g of the kv head's group (GQA: each K/V tile serves all G heads).
+// Thread (rg = tid/16, kg = tid%16) owns S rows rg*4..+3 x keys kg*4..+3 and O rows rg*4..+3 x dims
+// {c*64 + kg*4 .. +3}. Shared: Qt [Dh][64] (transposed, scaled, tq3-rotated), one 64x64 chunk buffer (K chunk
+// transposed [d][key], or V chunk [key][d]), Pt [64 keys][64 rows]: 96 KB at Dh 256 (sm_70's limit).
+// Key tiles: dense causal 0 .. last row's block, or the merged block lists of the (at most two) query blocks the
+// tile's tokens fall in; a row ignores a visited block its own query block did not list.
+// Two 96 KB blocks per SM where shared memory allows it (sm_80+: 164-228 KB), so registers are capped at 128; on
+// sm_70 (96 KB per SM) only one block fits, and the cap would only cost spills.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define CMP_PF_MIN_BLOCKS 1
+#else
+#define CMP_PF_MIN_BLOCKS 2
+#endif
+template <int Dh>
+__global__ void __launch_bounds__(PF_NT, CMP_PF_MIN_BLOCKS)
+attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
+                    const uint8_t* __restrict__ kc,   // [n_ctx, Hk, kbytes]
+                    const uint8_t* __restrict__ vc,   // [n_ctx, Hk, vbytes]
+                    int k_type, int v_type,
+                    const int32_t* __restrict__ pos,  // [L]
+                    float* __restrict__ out,          // [L, Hq*Dh]
+                    int L, int Hq, int Hk, int G, float scale,
+                    const int32_t* __restrict__ blocks,  // [Hk, nqb, max_blocks] or null
+                    const int32_t* __restrict__ counts,  // [Hk, nqb]
+                    int max_blocks) {
+    constexpr int NC = Dh / PF_DC;
+    extern __shared__ __align__(16) float smem[];
+    float* Qt = smem;                    // [Dh][PF_BR]; at the end the output [PF_BR][Dh]
+    float* buf = Qt + Dh * PF_BR;        // [64 * 64]
+    float* Pt = buf + PF_DC * PF_BK;     // [PF_BK][PF_BR]
+    const int kvh = blockIdx.y, total = L * G, r0 = blockIdx.x * PF_BR;
+    const int tid = threadIdx.x, rg = tid >> 4, kg = tid & 15;
+
+    // Q^T: float4 along d from global, transposed into shared (row index fastest: conflict-free stores).
+    for (int i = tid; i < PF_BR * Dh / 4; i += PF_NT) {
+        const int r = i % PF_BR, d4 = i / PF_BR, rr = r0 + r;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (rr < total)
+            x = *reinterpret_cast<const float4*>(q + ((size_t)(rr / G) * Hq + kvh * G + rr % G) * Dh + d4 * 4);
+        Qt[(d4 * 4 + 0) * PF_BR + r] = x.x * scale;
+        Qt[(d4 * 4 + 1) * PF_BR + r] = x.y * scale;
+        Qt[(d4 * 4 + 2) * PF_BR + r] = x.z * scale;
+        Qt[(d4 * 4 + 3) * PF_BR + r] = x.w * scale;
+    }
+    __syncthreads();
+    if (k_type == CMP_KV_TQ3) fwht_smem(Qt, PF_BR, Dh, tq3_block(Dh), 1, PF_BR, true, false);
+
+    const int pos0 = pos[0];
+    const int last_row = min(r0 + PF_BR, total) - 1;
+    const int t_first = r0 / G, t_last = last_row / G;
+    const int kmax = pos[t_last] + 1;  // keys 0 .. kmax-1 exist
+    const int qb_lo = pos[t_first] / PF_BK, qb_hi = pos[t_last] / PF_BK, qb0 = pos0 / PF_BK;
+    int qpos[4];
+    bool hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int rr = r0 + rg * 4 + i;
+        qpos[i] = rr < total ? pos[rr / G] : -1;   // -1: padding row, every key masked
+        hi[i] = qpos[i] >= 0 && qpos[i] / PF_BK != qb_lo;
+    }
+    const int* A = nullptr;
+    const int* Bl = nullptr;
+    int na = 0, nb = 0;
+    if (blocks) {
+        const int nqb = pos[L - 1] / PF_BK - qb0 + 1;
+        A = blocks + ((size_t)kvh * nqb + (qb_lo - qb0)) * max_blocks;
+        na = counts[kvh * nqb + (qb_lo - qb0)];
+        if (qb_hi != qb_lo) {
+            Bl = blocks + ((size_t)kvh * nqb + (qb_hi - qb0)) * max_blocks;
+            nb = counts[kvh * nqb + (qb_hi - qb0)];
+        }
+    }
+    const int kbytes = kv_row_bytes(k_type, Dh), vbytes = kv_row_bytes(v_type, Dh);
+    const size_t kstride = (size_t)Hk * kbytes, vstride = (size_t)Hk * vbytes;
+    const uint8_t* kbase = kc + (size_t)kvh * kbytes;
+    const uint8_t* vbase = vc + (size_t)kvh * vbytes;
+
+    float m[4], lp[4], acc[4][NC][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        m[i] = NEG_BIG_KV;
+        lp[i] = 0.f;
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][c][e] = 0.f;
+    }
+    int ia = 0, ib = 0, kb_dense = 0;
+    while (true) {
+        int kb;
+        bool fa = true, fb = true;
+        if (blocks) {
+            const int ka = ia < na ? A[ia] : INT_MAX, kb2 = ib < nb ? Bl[ib] : INT_MAX;
+            kb = min(ka, kb2);
+            if (kb == INT_MAX) break;
+            fa = ka == kb;
+            fb = kb2 == kb;
+            ia += fa;
+            ib += fb;
+        } else {
+            kb = kb_dense++;
+            if (kb > qb_hi) break;
+        }
+        const int k0 = kb * PF_BK;
+        // S = Q K^T over the tile, K streamed in 64-dim chunks
+        float S[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) S[i][j] = 0.f;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            __syncthreads();   // buf free (previous V chunk consumed)
+            for (int i = tid; i < PF_BK * (PF_DC / 8); i += PF_NT) {
+                const int key = i % PF_BK, g8 = i / PF_BK;
+                float x[8];
+                if (k0 + key < kmax) {
+                    kv_load8(k_type, kbase + (size_t)(k0 + key) * kstride, c * PF_DC + g8 * 8, Dh, x);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) x[e] = 0.f;
+                }
+#pragma unroll
+                for (int e = 0; e < 8; ++e) buf[(g8 * 8 + e) * PF_BK + key] = x[e];
+            }
+            __syncthreads();
+#pragma unroll 8
+            for (int d = 0; d < PF_DC; ++d) {
+                const float4 a = *reinterpret_cast<const float4*>(Qt + (c * PF_DC + d) * PF_BR + rg * 4);
+                const float4 b = *reinterpret_cast<const float4*>(buf + d * PF_BK + kg * 4);
+                const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) S[i][j] = fmaf(av[i], bv[j], S[i][j]);
+            }
+        }
+        // online softmax per row (the 16 threads of a row group are one half-warp)
+        float p[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const bool row_ok = hi[i] ? fb : fa;
+            float mx = NEG_BIG_KV;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int key = k0 + kg * 4 + j;
+                if (!row_ok || key > qpos[i]) S[i][j] = NEG_BIG_KV;
+                mx = fmaxf(mx, S[i][j]);
+            }
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float m_new = fmaxf(m[i], mx);
+            const float corr = __expf(m[i] - m_new);
+            float ps = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                p[i][j] = S[i][j] <= NEG_BIG_KV ? 0.f : __expf(S[i][j] - m_new);
+                ps += p[i][j];
+            }
+            lp[i] = lp[i] * corr + ps;
+            m[i] = m_new;
+#pragma unroll
+            for (int c = 0; c < NC; ++c)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][c][e] *= corr;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            *reinterpret_cast<float4*>(Pt + (kg * 4 + j) * PF_BR + rg * 4) = make_float4(p[0][j], p[1][j], p[2][j], p[3][j]);
+        // O += P V, V streamed in 64-dim chunks
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            __syncthreads();   // buf free (K chunk / previous V chunk consumed); Pt written
+            for (int i = tid; i < PF_BK * (PF_DC / 8); i += PF_NT) {
+                const int key = i / (PF_DC / 8), g8 = i % (PF_DC / 8);
+                float x[8];
+                if (k0 + key < kmax) {
+                    kv_load8(v_type, vbase + (size_t)(k0 + key) * vstride, c * PF_DC + g8 * 8, Dh, x);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) x[e] = 0.f;
+                }
+                *reinterpret_cast<float4*>(buf + key * PF_DC + g8 * 8) = make_float4(x[0], x[1], x[2], x[3]);
+                *reinterpret_cast<float4*>(buf + key * PF_DC + g8 * 8 + 4) = make_float4(x[4], x[5], x[6], x[7]);
+            }
+            __syncthreads();
+#pragma unroll 8
+            for (int j = 0; j < PF_BK; ++j) {
+                const float4 pa = *reinterpret_cast<const float4*>(Pt + j * PF_BR + rg * 4);
+                const float4 vb = *reinterpret_cast<const float4*>(buf + j * PF_DC + kg * 4);
+                const float pv[4] = {pa.x, pa.y, pa.z, pa.w}, vv[4] = {vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[i][c][e] = fmaf(pv[i], vv[e], acc[i][c][e]);
+            }
+        }
+    }
+    // normalise, stage [row][Dh] in shared (over Qt), rotate tq3 values back, write coalesced
+    __syncthreads();
+    float* Os = Qt;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float l = lp[i];
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+            *reinterpret_cast<float4*>(Os + (rg * 4 + i) * Dh + c * PF_DC + kg * 4) =
+                make_float4(acc[i][c][0] * inv, acc[i][c][1] * inv, acc[i][c][2] * inv, acc[i][c][3] * inv);
+    }
+    __syncthreads();
+    if (v_type == CMP_KV_TQ3) fwht_smem(Os, PF_BR, Dh, tq3_block(Dh), Dh, 1, false, true);
+    for (int i = tid; i < PF_BR * Dh / 4; i += PF_NT) {
+        const int r = i / (Dh / 4), d4 = i % (Dh / 4), rr = r0 + r;
+        if (rr < total)
+            *reinterpret_cast<float4*>(out + ((size_t)(rr / G) * Hq + kvh * G + rr % G) * Dh + d4 * 4) =
+                *reinterpret_cast<const float4*>(Os + r * Dh + d4 * 4);
+    }
+}
+
+// ---- launchers -------------------------------------------------------------------------------------------------------
+inline int check_kv_types(const char* fn, int k_type, int v_type, int Dh) {
+    if (kv_row_bytes(k_type, Dh) < 0 || kv_row_bytes(v_type, Dh) < 0)
+        return fail(CMP_ERR_UNSUPPORTED, "%s: KV types %d/%d cannot hold head dim %d", fn, k_type, v_type, Dh);
+    return CMP_OK;
+}
+
+template <int Dh>
+int launch_prefill(const float* q, const void* kc, const void* vc, int kt, int vt, const int32_t* pos, float* out,
+                   int L, int Hq, int Hk, float scale, const int32_t* blocks, const int32_t* counts, int max_blocks) {
+    const size_t smem = sizeof(float) * ((size_t)Dh * PF_BR + PF_DC * PF_BK + PF_BK * PF_BR);
+    auto kernel = attn_prefill_kernel<Dh>;
+    CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                       "attn_prefill_kernel shared memory"));
+    const int G = Hq / Hk;
+    const dim3 grid(ceil_div((size_t)L * G, PF_BR), Hk);
+    kernel<<<grid, PF_NT, smem, stream()>>>(q, static_cast<const uint8_t*>(kc), static_cast<const uint8_t*>(vc), kt,
+                                            vt, pos, out, L, Hq, Hk, G, scale, blocks, counts, max_blocks);
+    return check_launch("attn_prefill_kernel");
+}
+
+template <int Dh, int GP>
+int launch_decode(const float* q, const void* kc, const void* vc, int kt, int vt, const int32_t* pos, float* out,
+                  float* work, int L, int Hq, int Hk, float scale, int max_split) {
+    const int G = Hq / Hk;
+    const size_t smem = sizeof(float) * DEC_NW * GP * Dh;
+    auto kernel = attn_decode_kernel<Dh, GP>;
+    CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                       "attn_decode_kernel shared memory"));
+    const dim3 grid(max_split, Hk, L);
+    kernel<<<grid, DEC_NW * 32, smem, stream()>>>(q, static_cast<const uint8_t*>(kc), static_cast<const uint8_t*>(vc),
+                                                  kt, vt, pos, out, work, L, Hq, Hk, G, scale);
+    CMP_TRY(check_launch("attn_decode_kernel"));
+    if (max_split == 1) return CMP_OK;
+    attn_decode_merge_kernel<<<L * Hq, Dh, Dh * sizeof(float), stream()>>>(work, pos, out, L * Hq, Hq, Dh, vt);
+    return check_launch("attn_decode_merge_kernel");
+}
+
+template <int Dh>
+int decode_group(int G, const float* q, const void* kc, const void* vc, int kt, int vt, const int32_t* pos,
+                 float* out, float* work, int L, int Hq, int Hk, float scale, int max_split) {
+    if (G == 1) return launch_decode<Dh, 1>(q, kc, vc, kt, vt, pos, out, work, L, Hq, Hk, scale, max_split);
+    if (G == 2) return launch_decode<Dh, 2>(q, kc, vc, kt, vt, pos, out, work, L, Hq, Hk, scale, max_split);
+    if (G <= 4) return launch_decode<Dh, 4>(q, kc, vc, kt, vt, pos, out, work, L, Hq, Hk, scale, max_split);
+    if (G <= 8) return launch_decode<Dh, 8>(q, kc, vc, kt, vt, pos, out, work, L, Hq, Hk, scale, max_split);
+    return fail(CMP_ERR_UNSUPPORTED, "cmp_attn_decode: %d q heads per kv head (at most 8)", G);
+}
+
+}  // namespace
+}  // namespace cmp
+
+extern "C" int cmp_kv_row_bytes(int kv_type, int Dh, int* bytes) {
+    CMP_REQUIRE(bytes, "cmp_kv_row_bytes: null output");
+    *bytes = kv_row_bytes(kv_type, Dh);
+    if (*bytes < 0) return fail(CMP_ERR_UNSUPPORTED, "KV cache type %d cannot hold head dim %d", kv_type, Dh);
+    return CMP_OK;
+}
+
+extern "C" int cmp_attn_decode_splits(int n_kv, int* n_split) {
+    CMP_REQUIRE(n_split && n_kv >= 1, "cmp_attn_decode_splits: n_kv=%d", n_kv);
+    // The largest split count of any row of 1 .. n_kv keys (dec_splits is not monotone past 128 x 128 keys, but
+    // never exceeds DEC_SPLITS): the grid that covers them all.
+    *n_split = n_kv <= DEC_SPLITS * DEC_MIN_CHUNK ? dec_splits(n_kv) : DEC_SPLITS;
+    return CMP_OK;
+}
+
+extern "C" int cmp_kv_write_q(const float* k, const float* v, const int32_t* pos, void* kc, void* vc, int k_type,
+                              int v_type, int L, int Hk, int Dh) {
+    CMP_REQUIRE(L >= 0 && Hk > 0, "cmp_kv_write_q: bad shape L=%d Hk=%d", L, Hk);
+    CMP_TRY(check_kv_types("cmp_kv_write_q", k_type, v_type, Dh));
+    if (L == 0) return CMP_OK;
+    kv_write_q_kernel<<<dim3(L, Hk, 2), 128, 0, stream()>>>(k, v, pos, static_cast<uint8_t*>(kc),
+                                                            static_cast<uint8_t*>(vc), k_type, v_type, Hk, Dh,
+                                                            kv_row_bytes(k_type, Dh), kv_row_bytes(v_type, Dh));
+    return check_launch("kv_write_q_kernel");
+}
+
+extern "C" int cmp_attn_prefill(const float* q, const void* kc, const void* vc, int k_type, int v_type,
+                                const int32_t* pos, float* out, int L, int Hq, int Hk, int Dh, float scale,
+                                const int32_t* blocks, const int32_t* counts, int max_blocks) {
+    CMP_REQUIRE(L >= 0 && Hk > 0 && Hq % Hk == 0, "cmp_attn_prefill: bad shape L=%d Hq=%d Hk=%d", L, Hq, Hk);
+    CMP_REQUIRE(!blocks || (counts && max_blocks > 0), "cmp_attn_prefill: a block list needs counts and max_blocks");
+    CMP_TRY(check_kv_types("cmp_attn_prefill", k_type, v_type, Dh));
+    if (L == 0) return CMP_OK;
+    switch (Dh) {
+        case 64: return launch_prefill<64>(q, kc, vc, k_type, v_type, pos, out, L, Hq, Hk, scale, blocks, counts, max_blocks);
+        case 128: return launch_prefill<128>(q, kc, vc, k_type, v_type, pos, out, L, Hq, Hk, scale, blocks, counts, max_blocks);
+        case 256: return launch_prefill<256>(q, kc, vc, k_type, v_type, pos, out, L, Hq, Hk, scale, blocks, counts, max_blocks);
+        default: return fail(CMP_ERR_UNSUPPORTED, "cmp_attn_prefill: head dim %d (64, 128, 256)", Dh);
+    }
+}
+
+extern "C" int cmp_attn_decode(const float* q, const void* kc, const void* vc, int k_type, int v_type,
+                               const int32_t* pos, float* out, float* work, int L, int Hq, int Hk, int Dh,
+                               float scale, int max_split) {
+    CMP_REQUIRE(L >= 0 && Hk > 0 && Hq % Hk == 0 && max_split >= 1 && (max_split == 1 || work),
+                "cmp_attn_decode: bad arguments L=%d Hq=%d Hk=%d max_split=%d", L, Hq, Hk, max_split);
+    CMP_TRY(check_kv_types("cmp_attn_decode", k_type, v_type, Dh));
+    if (L == 0) return CMP_OK;
+    const int G = Hq / Hk;
+    switch (Dh) {
+        case 64: return decode_group<64>(G, q, kc, vc, k_type, v_type, pos, out, work, L, Hq, Hk, scale, max_split);
+        case 128: return decode_group<128>(G, q, kc, vc, k_type, v_type, pos, out, work, L, Hq, Hk, scale, max_split);
+        case 256: return decode_group<256>(G, q, kc, vc, k_type, v_type, pos, out, work, L, Hq, Hk, scale, max_split);
+        default: return fail(CMP_ERR_UNSUPPORTED, "cmp_attn_decode: head dim %d (64, 128, 256)", Dh);
+    }
 }

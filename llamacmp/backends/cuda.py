@@ -22,6 +22,8 @@ from ..gguf_file import Q8_0_BLOCK, Q8Tensor
 from ..lib._native import (CMP_ERR_NOMEM, CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, CmpSamplerParams, Native, NativeError,
                            cuda_available)
 from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM2, CMP_MM_GEMV2
+from ..lib._native import CMP_KV_TYPES
+from .. import kv_layout
 from .base import Backend, Segment, SeqState, StepBatch
 
 __all__ = ["CudaBackend", "CapturedStep", "DeviceTensor", "DeviceArena", "DeviceMemoryError", "cuda_available"]
@@ -207,6 +209,9 @@ class CudaBackend(Backend):
         (benchmarks compare old and new; a faulty kernel can be switched off)."""
         self.fuse_projections = fuse_projections
         self.gdn_chunked = gdn_chunked
+        # v2 attention (cmp_attn_prefill / cmp_attn_decode, every KV type); False: the round-1 kernels (f16/f32
+        # caches of one type) as the fallback. An attribute that may be flipped (benchmarks compare both).
+        self.attention_v2 = True
         self.fuse_ops, self.gemv_v2, self.gemm_v2 = fuse_ops, gemv_v2, gemm_v2
         self.native = native or Native()
         self.native.cmp_init(device)
@@ -284,17 +289,16 @@ class CudaBackend(Backend):
     def new_state(self, cfg: ModelConfig, n_ctx: int, kv_type: str = "f16", v_type: str | None = None) -> SeqState:
         v_type = v_type or kv_type
         for t in (kv_type, v_type):
-            if t not in _KV_CODES:
-                raise ValueError(f"KV cache type '{t}' is not supported by the CUDA backend (f16, f32)")
-        if v_type != kv_type:   # the attention kernels read both caches with one element type
-            raise ValueError(f"the CUDA backend needs one KV cache type for K and V (got -ctk {kv_type} -ctv {v_type})")
-        kv_shape = (n_ctx, cfg.n_head_kv, cfg.head_dim)
-        kv_what = f"the {kv_type} KV cache for n_ctx={n_ctx}"
+            if t not in CMP_KV_TYPES:
+                raise ValueError(f"KV cache type '{t}' is not supported by the CUDA backend ({', '.join(CMP_KV_TYPES)})")
+        if not self.attention_v2 and (v_type != kv_type or kv_type not in _KV_CODES):
+            raise ValueError(f"the round-1 attention kernels need one f16/f32 type for K and V (got -ctk {kv_type} "
+                             f"-ctv {v_type})")
         n_attn, n_gdn = len(cfg.attn_layers), len(cfg.gdn_layers)
         return SeqState(
             n_ctx=n_ctx,
-            k=[self.zeros(kv_shape, kv_type, kv_what) for _ in range(n_attn)],
-            v=[self.zeros(kv_shape, kv_type, kv_what) for _ in range(n_attn)],
+            k=[self._kv_cache(cfg, n_ctx, kv_type, "K") for _ in range(n_attn)],
+            v=[self._kv_cache(cfg, n_ctx, v_type, "V") for _ in range(n_attn)],
             conv=[self.zeros((cfg.conv_kernel - 1, cfg.conv_channels), "f32", "the GDN conv state")
                   for _ in range(n_gdn)],
             ssm=[self.zeros((cfg.ssm_v_heads, cfg.ssm_head_dim, cfg.ssm_head_dim), "f32", "the GDN recurrent state")
@@ -302,9 +306,31 @@ class CudaBackend(Backend):
             k_type=kv_type, v_type=v_type,
         )
 
+    def _kv_cache(self, cfg: ModelConfig, n_ctx: int, kv_type: str, which: str) -> DeviceTensor:
+        """One layer's K or V cache: [n_ctx, Hk, Dh] of f32/f16, or [n_ctx, Hk, row bytes] u8 for the quantized
+        types (kv_layout.py; kv_layout.row_bytes(type, Dh) == cmp_kv_row_bytes)."""
+        what = f"the {kv_type} {which} cache for n_ctx={n_ctx}"
+        if kv_type in _KV_CODES:
+            return self.zeros((n_ctx, cfg.n_head_kv, cfg.head_dim), kv_type, what)
+        return self.zeros((n_ctx, cfg.n_head_kv, kv_layout.row_bytes(kv_type, cfg.head_dim)), "u8", what)
+
+    def kv_rows_raw(self, t: DeviceTensor, n: int) -> np.ndarray:
+        """The first n rows of a KV cache as stored (f32 / f16 values or the quantized bytes): what a host copy
+        (prompt cache, slot file) keeps and copies back byte for byte."""
+        out = np.empty((n,) + t.shape[1:], _DTYPES[t.dtype])
+        if out.nbytes:
+            self.native.cmp_memcpy_d2h(out.ctypes.data, t.ptr, out.nbytes)
+        return out
+
     def state_to_host(self, state: SeqState) -> dict[str, list[np.ndarray]]:
+        """KV rows as float32 [n_past, Hk, Dh] (quantized caches decoded: what attention reads), GDN states."""
         n = state.n_past
-        return {"k": [self._rows_to_host(a, n) for a in state.k], "v": [self._rows_to_host(a, n) for a in state.v],
+
+        def kv(a: DeviceTensor, kv_type: str) -> np.ndarray:
+            if kv_type in _KV_CODES:
+                return self._rows_to_host(a, n)
+            return kv_layout.decode(self.kv_rows_raw(a, n), kv_type, kv_layout.head_dim_of(kv_type, a.shape[2]))
+        return {"k": [kv(a, state.k_type) for a in state.k], "v": [kv(a, state.v_type) for a in state.v],
                 "conv": [self.to_host(a) for a in state.conv], "ssm": [self.to_host(a) for a in state.ssm]}
 
     def _rows_to_host(self, t: DeviceTensor, n: int) -> np.ndarray:
@@ -493,9 +519,23 @@ class CudaBackend(Backend):
                                        k_out.ptr, gate.ptr, T, Hq, Hk, Dh, cfg.n_rot, cfg.rope_base, cfg.rms_eps)
         return q_out, k_out, gate
 
-    def attention(self, q, k, v, batch, layer, cfg):
+    DECODE_MAX_L = 8               # segments of at most this many tokens take the split-K decode kernel
+    V2_HEAD_DIMS = (64, 128, 256)  # head dims of the v2 kernels (others: the round-1 kernels, f16/f32 only)
+
+    def attention(self, q, k, v, batch, layer, cfg, block_lists=None):
+        """block_lists: None, or per segment None / (blocks [Hk, nqb, max_blocks], counts [Hk, nqb]) int32 (host
+        arrays or device tensors; api.h cmp_attn_prefill) for a block-sparse prefill of that segment. Without
+        them a prefill segment asks sparse_lists (when block-sparse prefill is configured)."""
         T, Hq, Dh = q.shape
         Hk = cfg.n_head_kv
+        if self.attention_v2 and Dh in self.V2_HEAD_DIMS:
+            return self._attention_v2(q, k, v, batch, layer, cfg, block_lists)
+        if block_lists is not None and any(b is not None for b in block_lists):
+            raise ValueError(f"block-sparse prefill needs the v2 attention kernels (head dim {Dh})")
+        for seg in batch.segments:
+            if seg.state.k_type not in _KV_CODES or seg.state.v_type != seg.state.k_type:
+                raise ValueError(f"KV cache -ctk {seg.state.k_type} -ctv {seg.state.v_type} needs the v2 attention "
+                                 f"kernels, which take head dims {self.V2_HEAD_DIMS} (this model: {Dh})")
         pos = self._positions(batch)
         out = self.empty((T, Hq * Dh))
         for seg in batch.segments:
@@ -511,6 +551,52 @@ class CudaBackend(Backend):
                                       work.ptr if work is not None else None, L, Hq, Hk, Dh, 1.0 / math.sqrt(Dh),
                                       n_split)
         return out
+
+    def _attention_v2(self, q, k, v, batch, layer, cfg, block_lists):
+        T, Hq, Dh = q.shape
+        Hk = cfg.n_head_kv
+        pos = self._positions(batch)
+        out = self.empty((T, Hq * Dh))
+        scale = 1.0 / math.sqrt(Dh)
+        for i, seg in enumerate(batch.segments):
+            st, L = seg.state, seg.length
+            kc, vc = st.k[layer], st.v[layer]
+            kt, vt = CMP_KV_TYPES[st.k_type], CMP_KV_TYPES[st.v_type]
+            pos_ptr = pos.row_ptr(seg.start)
+            self.native.cmp_kv_write_q(k.row_ptr(seg.start), v.row_ptr(seg.start), pos_ptr, kc.ptr, vc.ptr, kt, vt,
+                                       L, Hk, Dh)
+            lists = block_lists[i] if block_lists is not None else None
+            if lists is None and L > self.DECODE_MAX_L and getattr(self, "sparse", None) is not None:
+                lists = self.sparse_lists(q, seg, layer, cfg)
+            if lists is None and L <= self.DECODE_MAX_L and Hq // Hk <= 8:
+                # The grid covers every row up to the context the step may reach; each row uses its own split
+                # count (a function of its own key count, computed on the device): batch- and graph-invariant.
+                n_split = self.decode_splits(st.n_ctx if self.capturing else st.n_past + L)
+                work = self.empty((n_split, L * Hq, Dh + 2), what="attention split-K partials") if n_split > 1 else None
+                self.native.cmp_attn_decode(q.row_ptr(seg.start), kc.ptr, vc.ptr, kt, vt, pos_ptr,
+                                            out.row_ptr(seg.start), work.ptr if work is not None else None, L, Hq,
+                                            Hk, Dh, scale, n_split)
+                continue
+            blocks = counts = None
+            max_blocks = 0
+            if lists is not None:
+                blocks, counts = lists[0], lists[1]
+                if isinstance(blocks, np.ndarray):
+                    blocks = self.from_host(np.ascontiguousarray(blocks, np.int32), "i32", "sparse block lists")
+                    counts = self.from_host(np.ascontiguousarray(counts, np.int32), "i32", "sparse block counts")
+                nqb = (st.n_past + L - 1) // 64 - st.n_past // 64 + 1
+                if blocks.shape[:2] != (Hk, nqb) or counts.shape != (Hk, nqb):
+                    raise ValueError(f"block lists {blocks.shape} / counts {counts.shape} for {Hk} kv heads and "
+                                     f"{nqb} query blocks")
+                max_blocks = blocks.shape[2]
+            self.native.cmp_attn_prefill(q.row_ptr(seg.start), kc.ptr, vc.ptr, kt, vt, pos_ptr, out.row_ptr(seg.start),
+                                         L, Hq, Hk, Dh, scale, blocks.ptr if blocks is not None else None,
+                                         counts.ptr if counts is not None else None, max_blocks)
+        return out
+
+    def decode_splits(self, n_kv: int) -> int:
+        """The split-K grid that covers rows of up to n_kv keys (cmp_attn_decode_splits)."""
+        return self.native.attn_decode_splits(max(1, n_kv))
 
     @staticmethod
     def _n_split(L: int, Hq: int, Hk: int, n_kv: int) -> int:

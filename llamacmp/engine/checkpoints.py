@@ -157,12 +157,13 @@ class CudaStateOps:
     def save_host(self, state: SeqState, tokens: list[int], logits: Optional[np.ndarray],
                   checkpoints: list[Checkpoint]) -> HostState:
         """Host copies of everything, device checkpoints included (they must not pin device memory)."""
-        h = self.be.state_to_host(state)
-        kv_dtype = np.float16 if state.k and state.k[0].dtype == "f16" else np.float32
+        n = state.n_past
         host_ckpts = [Checkpoint(c.pos, [self._host(a) for a in c.conv], [self._host(a) for a in c.ssm],
-                                 c.logits, c.nbytes) for c in checkpoints if c.pos <= state.n_past]
-        return HostState(list(tokens[:state.n_past]), [a.astype(kv_dtype) for a in h["k"]],
-                         [a.astype(kv_dtype) for a in h["v"]], h["conv"], h["ssm"],
+                                 c.logits, c.nbytes) for c in checkpoints if c.pos <= n]
+        # KV rows as stored (f16/f32 values or quantized bytes): load_host copies them back byte for byte.
+        return HostState(list(tokens[:n]), [self.be.kv_rows_raw(a, n) for a in state.k],
+                         [self.be.kv_rows_raw(a, n) for a in state.v], [self._host(a) for a in state.conv],
+                         [self._host(a) for a in state.ssm],
                          None if logits is None else np.array(logits, np.float32), host_ckpts)
 
     def load_host(self, state: SeqState, host: HostState, ckpt: Optional[Checkpoint]) -> None:

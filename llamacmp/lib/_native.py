@@ -102,6 +102,19 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                       "int cmp_attention(const float* q, const void* kc, const void* vc, int kv_dtype, "
                       "const int32_t* pos, float* out, float* work, int L, int Hq, int Hk, int Dh, float scale, "
                       "int n_split)"),
+    "cmp_kv_row_bytes": ((_i, _i, _p), "int cmp_kv_row_bytes(int kv_type, int Dh, int* bytes)"),
+    "cmp_kv_write_q": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _i),
+                       "int cmp_kv_write_q(const float* k, const float* v, const int32_t* pos, void* kc, void* vc, "
+                       "int k_type, int v_type, int L, int Hk, int Dh)"),
+    "cmp_attn_prefill": ((_p, _p, _p, _i, _i, _p, _p, _i, _i, _i, _i, _f, _p, _p, _i),
+                         "int cmp_attn_prefill(const float* q, const void* kc, const void* vc, int k_type, "
+                         "int v_type, const int32_t* pos, float* out, int L, int Hq, int Hk, int Dh, float scale, "
+                         "const int32_t* blocks, const int32_t* counts, int max_blocks)"),
+    "cmp_attn_decode": ((_p, _p, _p, _i, _i, _p, _p, _p, _i, _i, _i, _i, _f, _i),
+                        "int cmp_attn_decode(const float* q, const void* kc, const void* vc, int k_type, int v_type, "
+                        "const int32_t* pos, float* out, float* work, int L, int Hq, int Hk, int Dh, float scale, "
+                        "int max_split)"),
+    "cmp_attn_decode_splits": ((_i, _p), "int cmp_attn_decode_splits(int n_kv, int* n_split)"),
     "cmp_conv1d_silu": ((_p, _p, _p, _p, _i, _i, _i),
                         "int cmp_conv1d_silu(const float* x, const float* w, float* state, float* out, int L, int C, "
                         "int kernel)"),
@@ -145,6 +158,8 @@ class CmpSamplerParams(ctypes.Structure):
                 ("penalty_present", _f), ("top_k", _i), ("min_keep", _i)]
 
 CMP_F32, CMP_F16 = 0, 1
+# api.h CmpKvType: the KV cache types by llamacmp name (f32/f16 equal CmpDtype's codes)
+CMP_KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2, "q4_0": 3, "tq3": 4}
 CMP_MM_GEMV2, CMP_MM_GEMM2 = 1, 2   # cmp_matmul_q8_ex kernel choices (api.h CmpMatmulKernels)
 CMP_BINARY_SWIGLU, CMP_BINARY_SIGMOID_MUL = 0, 1   # cmp_binary_q8 ops
 CMP_ERR_UNSUPPORTED, CMP_ERR_NOMEM = 3, 4
@@ -238,6 +253,18 @@ class Native:
         can = ctypes.c_int(0)
         self.cmp_can_access_peer(ctypes.byref(can), device, peer)
         return bool(can.value)
+
+    def kv_row_bytes(self, kv_type: str, head_dim: int) -> int:
+        """Bytes of one KV cache row (one token, one kv head) of this type (cmp_kv_row_bytes)."""
+        b = ctypes.c_int(0)
+        self.cmp_kv_row_bytes(CMP_KV_TYPES[kv_type], head_dim, ctypes.byref(b))
+        return b.value
+
+    def attn_decode_splits(self, n_kv: int) -> int:
+        """Key ranges cmp_attn_decode uses for a row of n_kv keys (a function of n_kv only)."""
+        n = ctypes.c_int(0)
+        self.cmp_attn_decode_splits(n_kv, ctypes.byref(n))
+        return n.value
 
     def timer_stop(self) -> float:
         ms = ctypes.c_float(0)

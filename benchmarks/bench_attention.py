@@ -1,0 +1,115 @@
+"""Attention kernel timings with the 9B heads (16 q / 4 kv heads, head dim 256), old (round-1 kernels) vs new
+(v2: FlashAttention-2-style prefill, split-K decode), per KV cache type; also run by
+`python3 benchmarks/bench_kernels.py --attention-only`.
+
+    python3 benchmarks/bench_attention.py [--quick] [--json out.json]
+
+Each call is one layer's attention op as the model runs it (KV write of the new rows + attention). Prefill rows
+are causal over the segment itself (n_kv = L, as in pp512 / pp4096 / pp16384); decode rows are one token over
+n_kv keys. Figures printed: ms per call; prefill TFLOPS counted as 4 * Hq * Dh * (causal q.k pairs) (S and PV,
+2 flops per FMA) against the FP32 FMA ceiling; decode GB/s counted as the K+V bytes of n_kv rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from llamacmp import kv_layout
+from llamacmp.backends.base import StepBatch
+from llamacmp.backends.cuda import CudaBackend
+from llamacmp.config import ModelConfig
+
+HQ, HK, DH = 16, 4, 256
+
+
+def _cfg() -> ModelConfig:
+    return ModelConfig(n_layer=4, n_embd=4096, n_ff=12288, n_head=HQ, n_head_kv=HK, head_dim=DH, n_vocab=1000,
+                       n_ctx_train=262144, rms_eps=1e-6, rope_base=1e7, n_rot=64, rope_sections=(0, 0, 0, 0),
+                       conv_kernel=4, ssm_k_heads=16, ssm_v_heads=32, ssm_head_dim=128, full_attention_interval=4)
+
+
+def timed(be: CudaBackend, fn, reps: int, samples: int = 3) -> float:
+    """Median ms per call (device events around each batch of calls), after a warm-up call."""
+    fn()
+    be.synchronize()
+    out = []
+    for _ in range(samples):
+        be.native.cmp_timer_start()
+        for _ in range(reps):
+            fn()
+        out.append(be.native.timer_stop() / reps)
+    return float(np.median(out))
+
+
+def bench_case(be: CudaBackend, n_kv: int, L: int, kt: str, vt: str, v2: bool, reps: int) -> float:
+    """ms per attention call: L new rows at positions n_kv-L .. n_kv-1 of an n_kv-row cache."""
+    cfg = _cfg()
+    be.attention_v2 = v2
+    try:
+        st = be.new_state(cfg, n_kv, kt, vt)
+        for a in (st.k[0], st.v[0]):      # a valid small pattern: f16 0x1111 ~ 5.8e-4, scales likewise
+            be.native.cmp_memset(a.ptr, 0x11, a.nbytes)
+        st.n_past = n_kv - L
+        rng = np.random.default_rng(1)
+        q = be.from_host(rng.standard_normal((L, HQ, DH)).astype(np.float32), "f32")
+        k = be.from_host(rng.standard_normal((L, HK, DH)).astype(np.float32), "f32")
+        v = be.from_host(rng.standard_normal((L, HK * DH)).astype(np.float32), "f32")
+        batch = StepBatch.build([(st, [0] * L)])
+        return timed(be, lambda: be.attention(q, k, v, batch, 0, cfg), reps)
+    finally:
+        be.attention_v2 = True
+
+
+def run(be: CudaBackend, quick: bool = False) -> list[dict]:
+    rows = []
+    fma_peak = FP32_PEAK_TFLOPS
+    print(f"attention, 9B heads ({HQ} q / {HK} kv, Dh {DH}); FP32 FMA ceiling ~{fma_peak:.0f} TFLOPS")
+    print(f"{'case':<28} {'K/V':<10} {'kern':>4} {'ms':>9} {'TFLOPS':>7} {'% fp32':>6} {'GB/s':>6} {'B/token':>8}")
+    # prefill, causal over the segment itself
+    for L in (512, 4096, 16384):
+        flops = 4.0 * HQ * DH * (L * (L + 1) / 2)
+        for v2 in (False, True):
+            if not v2 and L > 4096:
+                continue      # the round-1 kernel takes ~0.5 s per call here
+            ms = bench_case(be, L, L, "f16", "f16", v2, 1 if L >= 4096 else 3)
+            tf = flops / ms / 1e9
+            print(f"prefill L={L:<18} {'f16/f16':<10} {'v2' if v2 else 'v1':>4} {ms:>9.3f} {tf:>7.1f} "
+                  f"{100 * tf / fma_peak:>5.0f}% {'':>6} {'':>8}")
+            rows.append({"what": "attn prefill", "L": L, "kv": "f16/f16", "kernels": "v2" if v2 else "v1", "ms": ms,
+                         "TFLOPS": tf})
+    # decode, one row over n_kv keys, per KV type
+    pairs = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "tq3"), ("tq3", "tq3")]
+    for n_kv in ((4096, 32768) if quick else (4096, 32768, 131072)):
+        for kt, vt in pairs:
+            bpt = (kv_layout.row_bytes(kt, DH) + kv_layout.row_bytes(vt, DH)) * HK   # per token per layer
+            for v2 in ((False, True) if kt == vt == "f16" else (True,)):
+                ms = bench_case(be, n_kv, 1, kt, vt, v2, 20)
+                gbs = bpt * n_kv / ms / 1e6
+                print(f"decode n_kv={n_kv:<15} {kt + '/' + vt:<10} {'v2' if v2 else 'v1':>4} {ms:>9.4f} {'':>7} "
+                      f"{'':>6} {gbs:>6.0f} {bpt:>8}")
+                rows.append({"what": "attn decode", "n_kv": n_kv, "kv": f"{kt}/{vt}", "kernels": "v2" if v2 else "v1",
+                             "ms": ms, "GB/s": gbs, "bytes/token/layer": bpt})
+    return rows
+
+
+FP32_PEAK_TFLOPS = 67.0   # H200: 132 SMs x 128 FP32 lanes x ~1.98 GHz x 2 flops per FMA
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="decode at 4096 and 32768 keys only")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    be = CudaBackend()
+    print(f"device: {be.native.device_name()}   date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    rows = run(be, args.quick)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

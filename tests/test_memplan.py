@@ -128,3 +128,11 @@ def test_plan_matches_the_arena_on_the_gpu(fixture_gguf, cuda_backend):
         del state
     finally:
         be.arena.close()
+
+
+def test_cache_bytes_match_the_cuda_cache_layout():
+    """The plan's KV bytes are the CUDA caches' row bytes (llamacmp/kv_layout.py, = cmp_kv_row_bytes)."""
+    kv_layout = pytest.importorskip("llamacmp.kv_layout", reason="the quantized-KV layout module is not in yet")
+    for t in ("q8_0", "q4_0", "tq3"):
+        for dh in (64, 128, 256):
+            assert kv_quant.cache_bytes(t, 1, 1, dh) == kv_layout.row_bytes(t, dh), (t, dh)

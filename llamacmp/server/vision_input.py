@@ -92,7 +92,7 @@ def encode_prompt(vision, tokenizer, text: str, media: list[bytes]) -> tuple[lis
     embs = []
     for i, data in enumerate(media):
         try:
-            embs.append(vision.encode_bytes(data))
+            embs.append(vision.prepare_bytes(data))     # encoded later, on the engine thread (Slot.prefill)
         except ImageError as e:
             raise bad_request(f"image {i}: {e}") from None
     first = [True]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -21,14 +22,26 @@ from .preprocess import PreparedImage
 
 @dataclass(slots=True)
 class ImageEmbedding:
-    embeddings: np.ndarray      # [ny * nx, n_out] float32, merged tokens in raster order
+    embeddings: np.ndarray | None   # [ny * nx, n_out] float32, merged tokens in raster order (None: not yet run)
     nx: int                     # merged tokens per row
     ny: int                     # rows of merged tokens
     digest: str                 # the image's identity (sha256 of its bytes)
+    # An image may be prepared (decoded, resized: its token grid known) before it is encoded: the server prepares
+    # on its request thread and encodes on the engine thread, which owns the device. `encode` then fills
+    # `embeddings` on first use (VisionProjector.prepare_bytes sets it).
+    encode: Callable[["ImageEmbedding"], np.ndarray] | None = None
 
     @property
     def n_tokens(self) -> int:
         return self.nx * self.ny
+
+    def ready(self) -> np.ndarray:
+        """The embeddings, running the encoder now if the image was only prepared."""
+        if self.embeddings is None:
+            if self.encode is None:
+                raise ValueError("image embedding has neither embeddings nor an encoder")
+            self.embeddings = self.encode(self)
+        return self.embeddings
 
 
 def patchify(pixels: np.ndarray, patch: int) -> np.ndarray:

@@ -77,7 +77,7 @@ def image_batch(state: SeqState, img: ImageEmbedding) -> StepBatch:
     batch = StepBatch(np.zeros(n, np.int32), np.arange(state.n_past, state.n_past + n, dtype=np.int32),
                       [Segment(0, n, state)], np.asarray([n - 1], np.int32))
     batch.rope_pos = image_token_positions(p0, img.nx, img.ny)
-    batch.embeddings = np.ascontiguousarray(img.embeddings, np.float32)
+    batch.embeddings = np.ascontiguousarray(img.ready(), np.float32)
     return batch
 
 

@@ -214,7 +214,9 @@ int cmp_matmul_dense(const float* x, const void* w, int w_dtype, float* y, int T
 
 // ---- vision.cu: the vision tower's ops (numpy_ref.NumpyBackend.bias_add ... attention_full) -----------------------
 int cmp_bias_add(const float* x, const float* b, float* out, int T, int N);   // out [T, N] = x [T, N] + b [N]
-int cmp_gelu(const float* x, float* out, size_t n);   // out [n] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+// out [n] = GELU(x [n]) as Backend.gelu: x <= -10: 0; x >= 10: x; else table[f16 bits of x] (table [65536] f16 on
+// the device: f16(gelu_tanh(h)) for every half h, built by the caller from the reference formula).
+int cmp_gelu(const float* x, const void* table, float* out, size_t n);
 // y [T, D] = (x - mean) / sqrt(mean((x - mean)^2) + eps) * w + b per row; w, b [D].
 int cmp_layernorm(const float* x, const float* w, const float* b, float* y, int T, int D, float eps);
 // x [T, H*Dh], pos [T, 4] int32 (device) -> out [T, H*Dh]: ggml_rope_multi VISION mode (Backend.rope_vision): pair

@@ -1,6 +1,6 @@
 // The vision tower's ops (llama.cpp's qwen3vl_merger graph, tools/mtmd/models/qwen3vl.cpp): bias add, LayerNorm,
-// GELU (tanh form, f16-rounded as ggml-cpu's table), the vision 2D rotary (ggml_rope_multi in GGML_ROPE_TYPE_VISION mode), full non-causal
-// attention over all patches, and the text model's attention input preparation with per-token multi-axis
+// GELU (tanh form through ggml-cpu's f16 table), the vision 2D rotary (ggml_rope_multi in GGML_ROPE_TYPE_VISION
+// mode), full non-causal attention over all patches, and the text model's attention input preparation with per-token multi-axis
 // positions (ggml_rope_multi in GGML_ROPE_TYPE_IMROPE mode) for image tokens. FP32 only, no tensor cores.
 #include <algorithm>
 
@@ -21,27 +21,17 @@ __global__ void bias_add_kernel(const float* __restrict__ x,  // [T, N]
         out[i] = x[i] + b[i % N];
 }
 
-// GELU as llama.cpp's CPU backend evaluates it (ggml-cpu GGML_GELU_FP16: a 65536-entry f16 table), which is the
-// contract (Backend.gelu): x <= -10 -> 0, x >= 10 -> x, else f16(g(f16(x))) with ggml_gelu_f32's formula
-// g(v) = 0.5 v (1 + tanh(u)), u = sqrt(2/pi) v (1 + 0.044715 v^2). g is evaluated as the identical v / (1 + exp(-2u)):
-// under --use_fast_math tanhf becomes tanh.approx.f32 (relative error ~5e-4), while the exp form keeps ~1e-6, far
-// below the f16 step the result is rounded to. The conversions are cvt.rn (round to nearest even), not tensor cores.
-__global__ void gelu_kernel(const float* __restrict__ x,  // [n]
-                            float* __restrict__ out,      // [n]
+// GELU as llama.cpp's CPU backend evaluates it (Backend.gelu): x <= -10 -> 0, x >= 10 -> x, else the table entry
+// of f16(x) (cvt.rn: round to nearest even), table[h] = f16(gelu_tanh(h)) -- ggml-cpu's GGML_GELU_FP16 table. The
+// caller builds the table [65536] f16 from numpy_ref's formula, so every result is bit-identical to the
+// reference's; no transcendental runs here (none of --use_fast_math's approximations, no FP64 on the target).
+__global__ void gelu_kernel(const float* __restrict__ x,       // [n]
+                            const __half* __restrict__ table,  // [65536], indexed by the f16 bits of x
+                            float* __restrict__ out,           // [n]
                             size_t n) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const float v = x[i];
-        float r;
-        if (v <= -10.f) {
-            r = 0.f;
-        } else if (v >= 10.f) {
-            r = v;
-        } else {
-            const float h = __half2float(__float2half_rn(v));
-            const float u = 0.7978845608028654f * h * (1.f + 0.044715f * h * h);
-            r = __half2float(__float2half_rn(h / (1.f + __expf(-2.f * u))));
-        }
-        out[i] = r;
+        out[i] = v <= -10.f ? 0.f : v >= 10.f ? v : __half2float(table[__half_as_ushort(__float2half_rn(v))]);
     }
 }
 
@@ -318,9 +308,9 @@ extern "C" int cmp_bias_add(const float* x, const float* b, float* out, int T, i
     return check_launch("bias_add_kernel");
 }
 
-extern "C" int cmp_gelu(const float* x, float* out, size_t n) {
+extern "C" int cmp_gelu(const float* x, const void* table, float* out, size_t n) {
     if (n == 0) return CMP_OK;
-    gelu_kernel<<<grid_for(n), VIS_THREADS, 0, stream()>>>(x, out, n);
+    gelu_kernel<<<grid_for(n), VIS_THREADS, 0, stream()>>>(x, static_cast<const __half*>(table), out, n);
     return check_launch("gelu_kernel");
 }
 

@@ -108,12 +108,8 @@ def test_gelu(cuda_backend, T, N):
     got = cuda_backend.to_host(cuda_backend.gelu(up(cuda_backend, x)))
     ref = REF.gelu(x)
     assert rel(got, ref) < FP32_TOL
-    # elementwise too (the L2 norm is dominated by the large positive x, where gelu(x) ~ x). Both round g to f16
-    # (the contract: ggml-cpu's f16 table); a value within ~1e-6 of an f16 rounding boundary may land one f16
-    # step apart (2^-10 relative), so allow that step and check that such cases are rare.
-    step = np.abs(ref) * 2.0 ** -10 + 2.0 ** -24
-    assert np.all(np.abs(got - ref) <= step * 1.01)
-    assert np.mean(got != ref) < 1e-3
+    # bit-identical: the kernel looks f16(x) up in a table of the reference formula, rounded as the reference does
+    assert np.array_equal(got, ref)
 
 
 # -- vision rotary ---------------------------------------------------------------------------------------------------

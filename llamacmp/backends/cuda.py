@@ -767,8 +767,16 @@ class CudaBackend(Backend):
         return y
 
     def gelu(self, x):
+        """Through ggml-cpu's f16 table (Backend.gelu), built once per backend from numpy_ref's formula."""
+        table = getattr(self, "_gelu_table", None)
+        if table is None:
+            from .numpy_ref import gelu_tanh
+            h = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float64)
+            with np.errstate(invalid="ignore", over="ignore"):     # inf / nan halves: never looked up
+                vals = gelu_tanh(h).astype(np.float16)
+            table = self._gelu_table = self.from_host(vals, "f16", "the GELU f16 table")
         out = self.empty(x.shape)
-        self.native.cmp_gelu(x.ptr, out.ptr, x.size)
+        self.native.cmp_gelu(x.ptr, table.ptr, out.ptr, x.size)
         return out
 
     def rope_vision(self, x, pos, n_heads, head_dim, sections, theta):

@@ -134,7 +134,7 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                          "int n)"),
     "cmp_bias_add": ((_p, _p, _p, _i, _i),
                      "int cmp_bias_add(const float* x, const float* b, float* out, int T, int N)"),
-    "cmp_gelu": ((_p, _p, _sz), "int cmp_gelu(const float* x, float* out, size_t n)"),
+    "cmp_gelu": ((_p, _p, _p, _sz), "int cmp_gelu(const float* x, const void* table, float* out, size_t n)"),
     "cmp_layernorm": ((_p, _p, _p, _p, _i, _i, _f),
                       "int cmp_layernorm(const float* x, const float* w, const float* b, float* y, int T, int D, "
                       "float eps)"),

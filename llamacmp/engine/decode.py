@@ -13,6 +13,7 @@ mask, n_probs probabilities) are the caller's: it passes None for them and draws
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -21,6 +22,7 @@ import numpy as np
 from ..backends.base import RowSample, SeqState, StepBatch
 from ..sampling import DEFAULT_SAMPLERS, Sampler
 
+log = logging.getLogger("llamacmp.engine")
 _BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))
 
 
@@ -128,7 +130,13 @@ class Decoder:
             for s in states:
                 if s.n_past + 1 > s.n_ctx:
                     raise ValueError(f"sequence needs {s.n_past + 1} positions, its context is {s.n_ctx}")
-            return self.graphs.step(states, tokens)
+            try:
+                return self.graphs.step(states, tokens)
+            except (ValueError, MemoryError):
+                raise
+            except Exception as e:   # a capture the device refuses: nothing ran, the states did not move
+                log.warning("decode graphs off (capturing a step failed: %s); decoding eagerly", e)
+                self.graphs = None
         return self.model.forward(StepBatch.build([(s, [int(t)]) for s, t in zip(states, tokens)]))
 
     def sync(self) -> None:

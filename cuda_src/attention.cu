@@ -504,15 +504,30 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
 #pragma unroll
             for (int i = 0; i < 8; ++i) acc[h][i] *= c;
         }
-#pragma unroll 4
-        for (int j = warp * KPW + kk; j < nk; j += DEC_NW * KPW) {
-            float vx[8];
-            kv_load8(v_type, vbase + (size_t)(k0 + j) * vstride, d0, Dh, vx);
+        // UC keys per lane loaded before use: several 16-byte loads in flight per lane (memory-level parallelism)
+        constexpr int UC = 4;
+        for (int jb = warp * KPW + kk; jb < nk; jb += DEC_NW * KPW * UC) {
+            float vx[UC][8];
 #pragma unroll
-            for (int h = 0; h < GP; ++h) {
-                const float p = h < G ? sc[j * GP + h] : 0.f;
+            for (int u = 0; u < UC; ++u) {
+                const int j = jb + u * DEC_NW * KPW;
+                if (j < nk) {
+                    kv_load8(v_type, vbase + (size_t)(k0 + j) * vstride, d0, Dh, vx[u]);
+                } else {
 #pragma unroll
-                for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(p, vx[i], acc[h][i]);
+                    for (int i = 0; i < 8; ++i) vx[u][i] = 0.f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < UC; ++u) {
+                const int j = jb + u * DEC_NW * KPW;
+                if (j >= nk) break;
+#pragma unroll
+                for (int h = 0; h < GP; ++h) {
+                    const float p = h < G ? sc[j * GP + h] : 0.f;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(p, vx[u][i], acc[h][i]);
+                }
             }
         }
         __syncthreads();   // sc is rewritten by the next tile

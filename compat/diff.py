@@ -149,6 +149,43 @@ def server_responses() -> Area:
     return area
 
 
+def vision() -> tuple[Area, Area]:
+    """Image embeddings and the 32 greedy tokens after an image, against llama.cpp's mtmd goldens
+    (compat/gen_vision_goldens.py); the checks of tests/test_compat_vision.py, counted."""
+    from gen_vision_goldens import fixtures
+    from llamacmp.backends.base import StepBatch
+    from llamacmp.backends.numpy_ref import NumpyBackend
+    from llamacmp.loader import load_model
+    from llamacmp.vision.config import load_mmproj
+    from llamacmp.vision.encoder import VisionEncoder
+    from llamacmp.vision.preprocess import decode_image, prepare
+    from llamacmp.vision.prompt import eval_chunks, split_prompt
+    emb_area, greedy = Area("image embeddings (1e-3 of max)"), Area("greedy tokens after an image")
+    folder = GOLDENS / "vision"
+    with tempfile.TemporaryDirectory() as d:
+        for path in sorted(folder.glob("*.json")):
+            g = json.loads(path.read_text())
+            text, mm = fixtures(g, Path(d))
+            be = NumpyBackend()
+            lm = load_model(text, be)
+            cfg, w = load_mmproj(mm, lm.cfg.n_embd)
+            emb = VisionEncoder(cfg, w, be).encode(prepare(decode_image((folder / f"{g['image']}.png").read_bytes()),
+                                                           cfg))
+            ref = np.load(folder / f"{path.stem}.embd.npy")
+            rel = float(np.abs(emb.embeddings - ref).max() / np.abs(ref).max()) if emb.embeddings.shape == ref.shape \
+                else float("inf")
+            emb_area.add(rel == 0.0, rel <= 1e-3, f"{path.stem}: {rel:.2e}")
+            chunks = split_prompt(g["prompt"], [emb], lambda s: lm.tokenizer.encode(s, parse_special=True))
+            state = be.new_state(lm.cfg, 512, "f32")
+            tok, got = int(np.argmax(be.to_host(eval_chunks(lm.model, state, chunks))[-1])), []
+            for _ in g["greedy"]:
+                got.append(tok)
+                tok = int(np.argmax(be.to_host(lm.model.forward(StepBatch.build([(state, [tok])])))[-1]))
+            greedy.add(got == g["greedy"], False, f"{path.stem}: first difference at step "
+                       f"{next((i for i, (a, b) in enumerate(zip(got, g['greedy'])) if a != b), -1)}")
+    return emb_area, greedy
+
+
 def report(areas: list[Area]) -> str:
     lines = ["| area | cases | identical | within tolerance | different |", "|---|---|---|---|---|"]
     lines += [f"| {a.name} | {a.cases} | {a.identical} | {a.within} | {a.different} |" for a in areas]
@@ -166,11 +203,12 @@ def main() -> None:
     args = p.parse_args()
     if args.live:
         for gen in ("gen_tokenize_goldens.py", "gen_chat_goldens.py", "gen_logits_goldens.py",
-                    "gen_server_goldens.py"):
+                    "gen_server_goldens.py", "gen_vision_goldens.py"):
             subprocess.run([sys.executable, str(HERE / gen)], check=True)
     areas = [tokenization(), templates(), parsing(partial=False), parsing(partial=True), server_responses()]
     if not args.skip_logits:
         areas += list(logits())
+    areas += list(vision())
     table = report(areas)
     print(table)
     differences = (HERE / "DIFFERENCES.md").read_text() if (HERE / "DIFFERENCES.md").exists() else ""

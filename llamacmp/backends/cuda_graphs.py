@@ -129,8 +129,10 @@ class CapturedStep:
 class DecodeGraphs:
     """The decode steps of an engine or session: one CapturedStep per list of states, most recently used kept.
 
-    `step(states, tokens)` replays the graph of exactly that list (capturing it the first time), so the caller
-    passes its generating sequences in a stable order (the scheduler: by slot id)."""
+    `step(states, tokens)` replays the graph of exactly that list, so the caller passes its generating sequences
+    in a stable order (the scheduler: by slot id). A list is captured the second step in a row it is asked for;
+    a list that lasts one step (slots joining and leaving under churn) runs eagerly with the same kernels and
+    arguments (CudaBackend.capturing set), so eager and replayed steps give the same numbers."""
 
     def __init__(self, be, model, capacity: int = 8):
         if capacity < 1:
@@ -138,13 +140,19 @@ class DecodeGraphs:
         self.be, self.model, self.capacity = be, model, capacity
         # keyed by the states' identities: a graph holds its states, so an id cannot be reused while it is cached
         self._graphs: OrderedDict[tuple[int, ...], CapturedStep] = OrderedDict()
-        self.n_captured = 0
+        self._last: tuple[int, ...] = ()      # the list of the previous step
+        self.n_captured = self.n_eager = self.n_replayed = 0
 
     def step(self, states: Sequence[SeqState], tokens: Sequence[int]):
         """One token for each state at its n_past -> logits [len(states), n_vocab] on the device (valid until the
         next step or eager forward reuses the arena). Advances every state."""
         key = tuple(id(s) for s in states)
         graph = self._graphs.get(key)
+        if graph is None and key != self._last:
+            self._last = key
+            self.n_eager += 1
+            return self._eager(states, tokens)
+        self._last = key
         if graph is None:
             while len(self._graphs) >= self.capacity:
                 self._graphs.popitem(last=False)
@@ -153,7 +161,19 @@ class DecodeGraphs:
             self.n_captured += 1
         else:
             self._graphs.move_to_end(key)
+            self.n_replayed += 1
         return graph.run(tokens)
+
+    def _eager(self, states: Sequence[SeqState], tokens: Sequence[int]):
+        """The step a graph would run, run eagerly: the same kernels with the same arguments."""
+        if len(tokens) != len(states):
+            raise ValueError(f"{len(tokens)} token ids for {len(states)} sequences")
+        batch = StepBatch.build([(s, [int(t)]) for s, t in zip(states, tokens)])
+        self.be.capturing = True       # decode-step arguments (splits for the whole context, GEMV row launches)
+        try:
+            return self.model.forward(batch)
+        finally:
+            self.be.capturing = False
 
     def forget(self, state: SeqState) -> None:
         """Drop every graph that holds `state` (its owner is replacing it), so its memory can go."""

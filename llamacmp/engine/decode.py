@@ -126,7 +126,7 @@ class Decoder:
         """One token per state -> logits [len(states), N]. Pass the states in a stable order (graphs are per list).
         Sequences that follow an image (rope_shift != 0: rotary position != cache row) decode eagerly: a captured
         graph rotates at the cache rows it uploads."""
-        if self.graphs is not None and not any(s.rope_shift for s in states):
+        if self.graphs is not None and not any(getattr(s, "rope_shift", 0) for s in states):
             for s in states:
                 if s.n_past + 1 > s.n_ctx:
                     raise ValueError(f"sequence needs {s.n_past + 1} positions, its context is {s.n_ctx}")

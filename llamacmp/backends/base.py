@@ -271,3 +271,24 @@ class Backend(ABC):
     def attention_full(self, q: Tensor, k: Tensor, v: Tensor, n_heads: int, head_dim: int, scale: float) -> Tensor:
         """q, k, v [T, H*Dh] (head h at columns h*Dh ..) -> [T, H*Dh]: per head softmax(scale * q k^T) v over all
         T rows (non-causal, no mask, no cache), f32 in and out; the reference accumulates in float64."""
+
+
+@dataclass(slots=True)
+class RowSample:
+    """One logits row's draw by the backend (`sample_rows`): llamacmp/sampling.py's default chain (samplers in the
+    default order, typical-p off) with the categorical draw made at `u`, the number the host sampler's generator
+    gives. Built by engine/decode.py from a Sampler; rows the backend cannot do sample on the host instead.
+
+    bias: logit bias by token id (ignore_eos adds -inf for the EOG ids); window: [n] int32 the penalty window,
+    oldest first (empty when the penalties are neutral); top_k: the number of candidates kept, 1..SAMPLE_MAX_K."""
+    temp: float
+    top_k: int
+    top_p: float
+    min_p: float
+    min_keep: int
+    penalty_repeat: float
+    penalty_freq: float
+    penalty_present: float
+    window: np.ndarray
+    bias: dict
+    u: float

@@ -14,7 +14,7 @@ import numpy as np
 from .. import kv_quant
 from ..config import ModelConfig
 from ..gguf_file import Q8_0_BLOCK, Q8Tensor
-from .base import Backend, SeqState
+from .base import Backend, RowSample, SeqState
 
 GDN_CHUNK = 64
 
@@ -376,6 +376,26 @@ class NumpyBackend(Backend):
         p /= p.sum(axis=-1, keepdims=True)
         return np.einsum("hts,shd->thd", p, vh).reshape(T, n_heads * head_dim).astype(np.float32)
 
+    # -- sampling (the device chain's algorithm, so the engine runs one path on every backend) ----------------
+    SAMPLE_MAX_K = 1024       # as CudaBackend: the device chain keeps at most this many top-k candidates
+    SAMPLE_MAX_WINDOW = 4096  # and takes at most this long a penalty window
+
+    def sample_rows(self, logits, specs: Sequence[RowSample | None]) -> tuple[np.ndarray, np.ndarray]:
+        """logits [R, N]; specs [R]: a RowSample (the chain, drawn at its u) or None (argmax, lowest id among
+        ties, NaN never chosen) -> (ids [R] int32, candidates left for each draw [R] int32; 1 for argmax rows)."""
+        x = np.asarray(logits, np.float32)
+        ids, n = np.zeros(len(specs), np.int32), np.ones(len(specs), np.int32)
+        for r, spec in enumerate(specs):
+            if spec is None:
+                ids[r] = int(np.argmax(np.where(np.isnan(x[r]), -np.inf, x[r])))
+            else:
+                ids[r], n[r] = sample_row_f32(x[r], spec)
+        return ids, n
+
+    def row_to_host(self, logits, row: int) -> np.ndarray:
+        """logits [R, N] -> a float32 copy of row `row` [N]."""
+        return np.array(logits[row], np.float32)
+
 
 def _q8_matmul(xq: tuple[np.ndarray, np.ndarray], w: RefQ8) -> np.ndarray:
     """Integer block dots (exact in float64) scaled by both block scales, summed over blocks."""
@@ -385,3 +405,47 @@ def _q8_matmul(xq: tuple[np.ndarray, np.ndarray], w: RefQ8) -> np.ndarray:
         dots = qx[:, blk].astype(np.float64) @ w.q[:, blk].T.astype(np.float64)
         acc += dots * dx[:, blk, None] * w.d[None, :, blk]
     return acc.astype(np.float32)
+
+
+def sample_row_f32(logits: np.ndarray, spec: RowSample) -> tuple[int, int]:
+    """logits [N] float32 -> (token id, candidates left for the draw): cuda_src/sampling.cu's sample_kernel step by
+    step in float32 (sequential sums, the same comparisons), so that it and llamacmp/sampling.py (float64) can be
+    checked against each other; the two differ only where u or a top-p / min-p cut falls within rounding of a
+    boundary."""
+    f32 = np.float32
+    x = np.where(np.isnan(logits), -np.inf, logits).astype(f32)
+    N = x.shape[0]
+    for t, b in spec.bias.items():                       # logit bias (distinct ids)
+        if 0 <= int(t) < N:
+            x[int(t)] = f32(x[int(t)] + f32(b))
+    if len(spec.window):                                 # penalties, once per distinct token of the window
+        toks, counts = np.unique(np.asarray(spec.window, np.int64), return_counts=True)
+        for t, c in zip(toks, counts):
+            if 0 <= t < N:
+                v = x[t]
+                v = f32(v * f32(spec.penalty_repeat)) if v <= 0 else f32(v / f32(spec.penalty_repeat))
+                x[t] = f32(f32(v - f32(c) * f32(spec.penalty_freq)) - f32(spec.penalty_present))
+    k = spec.top_k
+    order = np.argsort(-x, kind="stable")[:k]            # larger first, the lower id among equal values
+    cv = x[order]
+    keep_min, n = max(spec.min_keep, 1), k
+    if spec.top_p < 1.0:
+        e = np.exp(cv[:n] - cv[0]).astype(f32)
+        total = np.cumsum(e, dtype=f32)[-1]
+        cum = np.cumsum((e / total).astype(f32), dtype=f32)
+        hit = np.flatnonzero(cum >= f32(spec.top_p))
+        last = int(hit[0]) + 1 if len(hit) else n
+        n = min(n, max(last, keep_min))
+    if spec.min_p > 0.0:
+        floor = f32(cv[0] + f32(np.log(f32(spec.min_p))))
+        below = np.flatnonzero(cv[:n] < floor)
+        count = int(below[0]) if len(below) else n       # sorted: the kept set is a prefix
+        n = min(n, keep_min) if count < keep_min else count
+    pick = 0
+    if spec.temp > 0.0 and n > 1:
+        w = np.exp((cv[:n] - cv[0]) * f32(1.0 / f32(spec.temp))).astype(f32)
+        cum = np.cumsum(w, dtype=f32)
+        target = f32(f32(spec.u) * cum[-1])
+        hit = np.flatnonzero(cum > target)               # searchsorted(cdf, u, side="right")
+        pick = int(hit[0]) if len(hit) else n - 1
+    return int(order[pick]), (n if spec.temp > 0.0 else 1)

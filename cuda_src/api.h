@@ -234,6 +234,17 @@ int cmp_attention_prep_mrope(const float* qg, const float* k, const float* q_nor
 int cmp_attention_full(const float* q, const float* k, const float* v, float* out, int T, int H, int Dh, int ldq,
                        int ldk, int ldv, float scale);
 
+// ---- sparse.cu: block-sparse prefill probe (llamacmp/sparse_attn.group_stats) ------------------------------------
+// One prefill chunk of L query rows: G query groups, group g = rows gstart[g] .. gend[g]-1 of q [L, Hq, Dh] f32
+// averaged into one query that sees keys 0 .. glimit[g] (positions) of the cache kc (rows [n_ctx, Hk] of k_type,
+// as cmp_attn_prefill reads it; keys n_keys and beyond are never read; n_keys <= 64 * nkb). For every q head h (GQA:
+// kv head h / (Hq/Hk)) and 64-key block j < nkb: mass [Hq, G, nkb] = the group query's softmax(scale q.k) over its
+// visible keys, summed over the block; mean [Hq, G, nkb] = the mean of scale q.k over the block's visible keys
+// (-inf where none). work: G*Hq*Dh + 4*Hq*G*nkb floats. gstart, gend, glimit [G] int32; all device memory.
+int cmp_sparse_probe(const float* q, const void* kc, int k_type, const int32_t* gstart, const int32_t* gend,
+                     const int32_t* glimit, float* mass, float* mean, float* work, int L, int G, int Hq, int Hk,
+                     int Dh, float scale, int nkb, int n_keys);
+
 #ifdef __cplusplus
 }
 #endif

@@ -606,6 +606,45 @@ class CudaBackend(Backend):
             return 1
         return max(1, min(64, n_kv // 256, -(-256 // blocks)))
 
+    # -- block-sparse prefill (sparse_attn; the lists go to cmp_attn_prefill) -----------------------------------
+    def sparse_lists(self, q: DeviceTensor, seg: Segment, layer: int, cfg: ModelConfig):
+        """After this segment's keys are in the cache: its block lists for cmp_attn_prefill -> (blocks [Hk, nqb,
+        max_blocks] int32, counts [Hk, nqb] int32, max_blocks) on the device, or None when the chunk stays dense
+        (sparse off, below sparse.min_len keys, fewer rows than a block, or a decode graph being captured).
+        The probe statistics come from cmp_sparse_probe (a few small kernels); the choice is sparse_attn's, on
+        the host, on [Hq, G, nkb] arrays (G = probe rows + query blocks, nkb = keys / 64)."""
+        from .. import sparse_attn as sa
+        sp, st, L = self.sparse, seg.state, seg.length
+        if sp is None or self.capturing:
+            return None
+        if self.sparse_stats is None:
+            self.sparse_stats = sa.SparseStats()
+        p0 = st.n_past
+        if p0 + L < sp.min_len or L < sp.block:
+            self.sparse_stats.chunks_dense += 1
+            return None
+        Hq, Hk, Dh = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+        chunk = sa.Chunk(p0, L, sp.block)
+        rows = sa.probe_rows(L, sp.probe)
+        start, end, limit = chunk.groups(rows)
+        G, nkb = len(start), chunk.nkb
+        g_d = self.from_host(np.stack([start, end, limit]).astype(np.int32), "i32", "sparse probe groups")
+        mass = self.empty((Hq, G, nkb), what="sparse probe mass")
+        mean = self.empty((Hq, G, nkb), what="sparse probe scores")
+        work = self.empty((G * Hq * Dh + 4 * Hq * G * nkb,), what="sparse probe scratch")
+        self.native.cmp_sparse_probe(q.row_ptr(seg.start), st.k[layer].ptr, CMP_KV_TYPES[st.k_type],
+                                     g_d.ptr, g_d.row_ptr(1), g_d.row_ptr(2), mass.ptr, mean.ptr, work.ptr, L, G,
+                                     Hq, Hk, Dh, 1.0 / math.sqrt(Dh), nkb, p0 + L)
+        group = Hq // Hk
+        pattern, mask = sa.select_from_stats(self.to_host(mass), self.to_host(mean), rows, chunk, sp,
+                                             group if sp.per_kv_head else 1)
+        if not sp.per_kv_head:        # one list per kv head: the union of its q heads' lists
+            mask = mask.reshape(Hk, group, *mask.shape[1:]).any(1)
+        self.sparse_stats.add(pattern, mask, chunk)
+        blocks, counts = sa.block_lists(mask)
+        return (self.from_host(blocks, "i32", "sparse block lists"), self.from_host(counts, "i32", "sparse block counts"),
+                blocks.shape[2])
+
     # -- gated delta net -------------------------------------------------------------------------------------
     def gdn_gates(self, alpha, beta, dt_bias, ssm_a):
         T, V = alpha.shape

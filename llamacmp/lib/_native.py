@@ -149,6 +149,10 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_attention_full": ((_p, _p, _p, _p, _i, _i, _i, _i, _i, _i, _f),
                            "int cmp_attention_full(const float* q, const float* k, const float* v, float* out, int T, "
                            "int H, int Dh, int ldq, int ldk, int ldv, float scale)"),
+    "cmp_sparse_probe": ((_p, _p, _i, _p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _i, _f, _i, _i),
+                         "int cmp_sparse_probe(const float* q, const void* kc, int k_type, const int32_t* gstart, "
+                         "const int32_t* gend, const int32_t* glimit, float* mass, float* mean, float* work, int L, "
+                         "int G, int Hq, int Hk, int Dh, float scale, int nkb, int n_keys)"),
 }
 
 

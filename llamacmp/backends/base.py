@@ -228,6 +228,11 @@ class Backend(ABC):
     # -- vision encoder (mmproj, projector qwen3vl_merger; llamacmp/vision/encoder.py) ------------------------
     # Letters: P image patches (or merged tokens), E encoder width, H encoder heads, Dh = E / H.
     # matmuls() also takes F16 weights here: upload_matrix(np.float16 array) keeps them f16 (see its docstring).
+    def reshape(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+        """x (row-major, contiguous) -> the same elements as `shape` (same count), e.g. [T, E] -> [T/4, 4E] for the
+        patch merger. This default copies through the host; a backend may return a view instead."""
+        return self.upload_vector(self.to_host(x).reshape(shape))
+
     @abstractmethod
     def bias_add(self, x: Tensor, b: Tensor) -> Tensor:
         """x [T, N], b [N] -> x + b (b broadcast over rows)."""

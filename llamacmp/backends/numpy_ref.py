@@ -344,6 +344,9 @@ class NumpyBackend(Backend):
         return (n.reshape(T, -1) * silu(z.astype(np.float64))).astype(np.float32)
 
     # -- vision encoder ------------------------------------------------------------------------------------
+    def reshape(self, x, shape):
+        return np.ascontiguousarray(x).reshape(shape)
+
     def bias_add(self, x, b):
         return (x.astype(np.float64) + b).astype(np.float32)
 

@@ -90,7 +90,12 @@ class VisionEncoder:
         self.pos_table = weights.pos_embd                      # host: resized per image grid
         self.pre_ln = tuple(v(a) for a in weights.pre_ln) if weights.pre_ln else None
         self.post_ln = tuple(v(a) for a in weights.post_ln) if weights.post_ln else None
-        self.layers = [dict(ln1=(v(l.ln1_w), v(l.ln1_b)), qkv=m(l.qkv_w), qkv_b=v(l.qkv_b), o=m(l.o_w),
+        E = cfg.n_embd
+        # The fused QKV projection is uploaded as its three row blocks: one matmuls call yields q, k, v as separate
+        # tensors (each output element is the same dot product), so nothing has to be split on the host.
+        self.layers = [dict(ln1=(v(l.ln1_w), v(l.ln1_b)),
+                            qkv=[m(np.ascontiguousarray(l.qkv_w[i * E:(i + 1) * E])) for i in range(3)],
+                            qkv_b=[v(l.qkv_b[i * E:(i + 1) * E]) for i in range(3)], o=m(l.o_w),
                             o_b=v(l.o_b), ln2=(v(l.ln2_w), v(l.ln2_b)), up=m(l.up_w), up_b=v(l.up_b),
                             down=m(l.down_w), down_b=v(l.down_b)) for l in weights.layers]
         self.mm0, self.mm0_b = m(weights.mm0_w), v(weights.mm0_b)
@@ -116,8 +121,7 @@ class VisionEncoder:
         scale = 1.0 / math.sqrt(Dh)
         for L in self.layers:
             hcur = be.layernorm(x, *L["ln1"], cfg.eps)
-            qkv = be.to_host(be.bias_add(be.matmuls(hcur, [L["qkv"]])[0], L["qkv_b"]))
-            q, k, vv = (be.upload_vector(np.ascontiguousarray(qkv[:, i * E:(i + 1) * E])) for i in range(3))
+            q, k, vv = (be.bias_add(t, bias) for t, bias in zip(be.matmuls(hcur, L["qkv"]), L["qkv_b"]))
             q = be.rope_vision(q, pos, H, Dh, sections, 10000.0)
             k = be.rope_vision(k, pos, H, Dh, sections, 10000.0)
             o = be.attention_full(q, k, vv, H, Dh, scale)
@@ -128,7 +132,7 @@ class VisionEncoder:
         if self.post_ln:
             x = be.layernorm(x, *self.post_ln, cfg.eps)
         T = ph * pw
-        merged = be.upload_vector(be.to_host(x).reshape(T // (cfg.merge ** 2), E * cfg.merge ** 2))
+        merged = be.reshape(x, (T // (cfg.merge ** 2), E * cfg.merge ** 2))    # 2x2 blocks are 4 adjacent rows
         y = be.gelu(be.bias_add(be.matmuls(merged, [self.mm0])[0], self.mm0_b))
         y = be.bias_add(be.matmuls(y, [self.mm2])[0], self.mm2_b)
         return ImageEmbedding(be.to_host(y), pw // cfg.merge, ph // cfg.merge, img.digest)

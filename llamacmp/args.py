@@ -347,6 +347,12 @@ OPTIONS: tuple[Option, ...] = (
     O("--image", value="FILE", dest="image", parse=_comma_list, tools=frozenset({"cli"}), apply=_add_images,
       help="path to an image or audio file. use with multimodal models, use comma-separated values for multiple "
       "files\n"),
+    O("--image-min-tokens", value="N", dest="image_min_tokens", parse=to_int, env="LLAMA_ARG_IMAGE_MIN_TOKENS",
+      tools=frozenset({"cli", "server"}), help="minimum number of tokens each image can take, only used by vision "
+      "models with dynamic resolution (default: read from model)"),
+    O("--image-max-tokens", value="N", dest="image_max_tokens", parse=to_int, env="LLAMA_ARG_IMAGE_MAX_TOKENS",
+      tools=frozenset({"cli", "server"}), help="maximum number of tokens each image can take, only used by vision "
+      "models with dynamic resolution (default: read from model)"),
     O("--media-path", value="PATH", dest="server.media_path", parse=_media_dir, tools=frozenset({"server"}),
       help="directory for loading local media files; files can be accessed via file:// URLs using relative paths "
       "(default: disabled)"),

@@ -118,6 +118,8 @@ class Params:
     mmproj: str = ""                    # -mm FILE
     mmproj_auto: bool = True            # --no-mmproj: ignore -mm
     image: list[str] = field(default_factory=list)   # --image FILE[,FILE] (cli)
+    image_min_tokens: int = 0           # --image-min-tokens / --image-max-tokens: 0 = the projector's default
+    image_max_tokens: int = 0
     # llama-server
     server: ServerParams = field(default_factory=ServerParams)
     # bookkeeping: which dests the user set (CLI or env), for the GGUF general.sampling.* rule

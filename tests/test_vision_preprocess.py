@@ -74,3 +74,23 @@ def test_resize_bilinear_endpoints():
     assert out.shape == (4, 6, 3)
     assert np.array_equal(out[0, 0], src[0, 0])             # x = y = 0 samples the first pixel exactly
     assert np.array_equal(resize_bilinear(src, 3, 2), src)   # same size: a copy
+
+
+def test_image_token_limits(tmp_path):
+    """--image-min-tokens / --image-max-tokens replace the 8 / 4096 merged-token limits (clip.cpp's
+    set_limit_image_tokens with custom values)."""
+    from llamacmp.args import parse_or_exit
+    from llamacmp.fixtures.mmproj_writer import VISION_SHAPES, write_mmproj
+    from llamacmp.vision.config import MmprojError, load_mmproj
+    from llamacmp.vision.preprocess import prepare
+    p = parse_or_exit("cli", ["-m", "x.gguf", "--image-min-tokens", "64", "--image-max-tokens", "100"])
+    assert (p.image_min_tokens, p.image_max_tokens) == (64, 100)
+    mm = write_mmproj(tmp_path / "mm.gguf", VISION_SHAPES["tiny"], "f32", 1)
+    img = decode_image(encode(Image.fromarray(RGB), "PNG"))                       # 30 x 20
+    cfg, _ = load_mmproj(mm)
+    assert prepare(img, cfg).pixels.shape[:2] == (96, 128)                        # >= 8 tokens: 3 x 4
+    cfg, _ = load_mmproj(mm, min_tokens=64)
+    h, w = prepare(img, cfg).pixels.shape[:2]
+    assert (h // 32) * (w // 32) >= 64 and (h, w) == (224, 320)       # 20x30 * sqrt(65536/600), ceiled
+    with pytest.raises(MmprojError, match="above"):
+        load_mmproj(mm, min_tokens=200, max_tokens=100)

@@ -68,7 +68,8 @@ class Chat:
             from ..vision.config import MmprojError
             from ..vision.projector import VisionProjector
             try:
-                self.vision = VisionProjector(self.p.mmproj_path, self.lm)
+                self.vision = VisionProjector(self.p.mmproj_path, self.lm, min_tokens=self.p.image_min_tokens,
+                                              max_tokens=self.p.image_max_tokens)
             except MmprojError as e:
                 raise CliError(f"error: failed to load multimodal projector: {e}") from None
         self.tok = self.lm.tokenizer

@@ -109,7 +109,8 @@ class ServerContext:
                            slot_prompt_similarity=self.opts.slot_prompt_similarity)
         if p.mmproj_path:           # a bad projector fails the start, as llama-server does
             from ..vision.projector import VisionProjector
-            self.vision = VisionProjector(p.mmproj_path, lm)
+            self.vision = VisionProjector(p.mmproj_path, lm, min_tokens=p.image_min_tokens,
+                                          max_tokens=p.image_max_tokens)
         engine = Engine(lm, cfg)
         engine.start()
         self.lm, self.bridge = lm, EngineBridge(engine)

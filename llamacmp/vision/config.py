@@ -71,9 +71,11 @@ class VisionWeights:
     mm2_b: np.ndarray | None = None
 
 
-def load_mmproj(path: str | Path, text_hidden: int | None = None) -> tuple[VisionConfig, VisionWeights]:
+def load_mmproj(path: str | Path, text_hidden: int | None = None, min_tokens: int = 0,
+                max_tokens: int = 0) -> tuple[VisionConfig, VisionWeights]:
     """Parse + validate an mmproj GGUF; `text_hidden` (the text model's embedding length) is checked against the
-    projector's output width."""
+    projector's output width. min_tokens / max_tokens (> 0) replace the 8 / 4096 merged-token image limits, as
+    llama.cpp's --image-min-tokens / --image-max-tokens do."""
     path = Path(path)
     if not path.exists():
         raise MmprojError(f"mmproj file not found: {path}")
@@ -117,7 +119,11 @@ def load_mmproj(path: str | Path, text_hidden: int | None = None) -> tuple[Visio
         n_layer=int(need(v + "block_count")), n_out=int(need(v + "projection_dim")), patch_size=patch,
         merge=merge, image_size=int(need(v + "image_size")), eps=float(need(v + "attention.layer_norm_epsilon")),
         image_mean=tuple(float(x) for x in mean[:3]), image_std=tuple(float(x) for x in std[:3]),
-        min_pixels=MIN_IMAGE_TOKENS * area, max_pixels=MAX_IMAGE_TOKENS * area)
+        min_pixels=(min_tokens if min_tokens > 0 else MIN_IMAGE_TOKENS) * area,
+        max_pixels=(max_tokens if max_tokens > 0 else MAX_IMAGE_TOKENS) * area)
+    if cfg.min_pixels > cfg.max_pixels:
+        raise MmprojError(f"--image-min-tokens {cfg.min_pixels // area} is above --image-max-tokens "
+                          f"{cfg.max_pixels // area}")
     if text_hidden is not None and cfg.n_out != text_hidden:
         raise MmprojError(f"{path}: the projector outputs {cfg.n_out}-wide embeddings but the text model's hidden "
                           f"size is {text_hidden}: this mmproj belongs to another model")

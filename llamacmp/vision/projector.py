@@ -14,12 +14,12 @@ from .preprocess import decode_image, prepare
 
 
 class VisionProjector:
-    def __init__(self, path: str, lm, cache_images: int = 16):
+    def __init__(self, path: str, lm, cache_images: int = 16, min_tokens: int = 0, max_tokens: int = 0):
         """lm: the loaded text model (its hidden size is checked against the projector; its backend runs the
         encoder)."""
         self.path = path
         self.cfg: VisionConfig
-        self.cfg, weights = load_mmproj(path, lm.cfg.n_embd)
+        self.cfg, weights = load_mmproj(path, lm.cfg.n_embd, min_tokens, max_tokens)
         self.encoder = VisionEncoder(self.cfg, weights, lm.backend)
         self._cache: OrderedDict[str, ImageEmbedding] = OrderedDict()
         self._cap = cache_images

@@ -35,6 +35,7 @@ import struct
 import subprocess
 import tempfile
 import time
+import traceback
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,11 +250,15 @@ def bench_llamacpp(bin_dir: Path, model: Path, mmproj: Path, side: int, n_images
            "-c", str(n_images * n_tok + 256), "-n", "1", "--temp", "0", "-p", "describe",
            *sum((["--image", str(img)] for _ in range(n_images)), [])]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        rc, log = r.returncode, r.stdout + r.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, log = "timeout (300 s)", f"{e.stdout or ''}{e.stderr or ''}"
+        log = log.decode(errors="replace") if isinstance(log, bytes) else log
     wall = time.perf_counter() - t0
-    log = r.stdout + r.stderr
     times = [float(m) for m in ENCODED.findall(log)]
-    res = {"side": side, "cmd": " ".join(cmd), "rc": r.returncode, "encoded_ms": times, "wall_s": wall}
+    res = {"side": side, "cmd": " ".join(cmd), "rc": rc, "encoded_ms": times, "wall_s": wall}
     if times:
         res["ms"] = statistics.median(times[1:] or times)
     else:
@@ -283,6 +288,11 @@ def main() -> None:
             ap.error(f"--sizes: {s} is not a multiple of patch*merge = 32")
 
     report: dict = {"ours": [], "full": [], "llama.cpp": []}
+
+    def save() -> None:         # after every part, so that a run cut short keeps what it measured
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1))
+
     be = None
     if not args.skip_ours or args.full:
         from llamacmp.backends.cuda import CudaBackend
@@ -303,6 +313,7 @@ def main() -> None:
                            for k, v in sorted(r["breakdown_ms"].items(), key=lambda kv: -kv[1]))
             print(f"{side:>5}x{side:<4} {r['patches']:>7} {r['tokens']:>6} {r['ms']:>9.1f} {r['gflop']:>8.0f} "
                   f"{r['tflops']:>7.2f}  {bd}{'' if r['finite'] else '  NON-FINITE OUTPUT'}")
+            save()
 
     if args.full or (args.lcpp_bin and not (args.mmproj and args.model)):
         args.workdir.mkdir(parents=True, exist_ok=True)
@@ -311,20 +322,25 @@ def main() -> None:
         print(f"# fixture files in {args.workdir} ({time.perf_counter() - t0:.1f} s)")
         args.mmproj, args.model = args.mmproj or mmproj, args.model or text
         if args.full:
-            report["full"] = bench_full(be, args.mmproj, args.sizes, args.reps)
+            try:        # one device run has to give every part it can: report a failure and go on to llama.cpp
+                report["full"] = bench_full(be, args.mmproj, args.sizes, args.reps)
+            except Exception:
+                report["full_error"] = traceback.format_exc()
+                print(f"# llamacmp VisionEncoder FAILED:\n{report['full_error']}")
+            save()
     if args.lcpp_bin:
         print(f"# llama.cpp {args.lcpp_bin / 'llama-mtmd-cli'} on {args.mmproj.name} + {args.model.name}")
         with tempfile.TemporaryDirectory() as tmp:
             for side in args.sizes:
                 r = bench_llamacpp(args.lcpp_bin, args.model, args.mmproj, side, args.lcpp_images, Path(tmp))
                 report["llama.cpp"].append(r)
+                save()
                 if "ms" in r:
                     print(f"{side:>5}x{side:<4} llama.cpp {r['ms']:.1f} ms/image (encodes {r['encoded_ms']})")
                 else:
                     print(f"{side:>5}x{side:<4} llama.cpp: no 'image slice encoded' line (rc {r['rc']}):\n"
                           f"{r['log_tail']}")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
+    save()
 
 
 if __name__ == "__main__":

@@ -167,3 +167,10 @@ def test_completion_multimodal_data_and_slots(server, client):
     assert bad.status_code == 400 and "image markers" in bad.json()["error"]["message"]
     slots = httpx.get(server.url + "/slots", timeout=30).json()
     assert any(QUESTION in s["prompt"] for s in slots)
+
+
+def test_props_and_models_say_vision(server):
+    props = httpx.get(server.url + "/props", timeout=30).json()
+    assert props["modalities"] == {"vision": True, "audio": False}
+    models = httpx.get(server.url + "/v1/models", timeout=30).json()
+    assert models["models"][0]["capabilities"] == ["completion", "multimodal"]

@@ -200,11 +200,12 @@ def test_plan_devices_follows_llamacpp_rules():
     assert plan_devices(2, None, "layer", 0, (3, 1)) == ([0, 1], [3, 1])
     assert plan_devices(2, None, "layer", 0, (0, 1)) == ([1], None)         # a 0 leaves the device out
     assert plan_devices(4, (2, 3), "layer", 0, (1,)) == ([2], None)
+    assert plan_devices(1, None, "layer", 0, (3, 1)) == ([0], None)        # values past the last device ignored
     assert plan_devices(1, (0, 0), "layer", 0, ()) == ([0, 0], None)        # two parts on one GPU
     assert plan_devices(2, (), "layer", 0, ()) == ([], None)
     for args, msg in [((2, None, "row", 0, ()), "row is not supported"), ((1, (1,), "layer", 0, ()), "no CUDA device 1"),
-                      ((2, None, "none", 2, ()), "--main-gpu 2"), ((2, None, "layer", 0, (1, 1, 1)), "3 values"),
-                      ((2, None, "layer", 0, (0, 0)), "at least one")]:
+                      ((2, None, "none", 2, ()), "--main-gpu 2"), ((1, None, "layer", 0, (0, 1)), "at least one"),
+                      ((2, None, "layer", 0, (0, 0)), "at least one"), ((2, None, "layer", 0, (1, -1)), "non-negative")]:
         with pytest.raises(ValueError, match=msg):
             plan_devices(*args)
 

@@ -39,7 +39,8 @@ def plan_devices(n_visible: int, devices: tuple[int, ...] | None, split_mode: st
     """Which CUDA devices hold the model, after llama.cpp's -dev / -sm / -mg / -ts rules -> (device indices, split
     ratios or None). One device: no split. Several: a layer split; ratios None means "by free memory" (the
     caller measures it). -mg picks the one device of -sm none (an index into the -dev list, or into the visible
-    GPUs); -ts gives one proportion per listed device, and a 0 leaves that device out. ValueError on what cannot be
+    GPUs); -ts gives one proportion per listed device (extra values ignored), and a 0 leaves that device out.
+    ValueError on what cannot be
     done, naming the flag."""
     if split_mode == "row":
         raise ValueError("--split-mode row is not supported: llamacmp splits the model by layers "
@@ -55,11 +56,11 @@ def plan_devices(n_visible: int, devices: tuple[int, ...] | None, split_mode: st
             raise ValueError(f"--main-gpu {main_gpu}: only {len(cands)} device(s) to choose from")
         return [cands[main_gpu]], None
     if tensor_split:
-        if len(tensor_split) > len(cands):
-            raise ValueError(f"--tensor-split has {len(tensor_split)} values for {len(cands)} device(s)")
-        if any(r < 0 for r in tensor_split) or not any(r > 0 for r in tensor_split):
-            raise ValueError("--tensor-split needs non-negative proportions, at least one of them positive")
-        ratios = list(tensor_split) + [0.0] * (len(cands) - len(tensor_split))
+        # as llama.cpp: one value per device in order, values past the last device ignored, missing ones 0
+        ratios = (list(tensor_split) + [0.0] * len(cands))[:len(cands)]
+        if any(r < 0 for r in ratios) or not any(r > 0 for r in ratios):
+            raise ValueError("--tensor-split needs non-negative proportions, at least one of them positive for "
+                             f"the {len(cands)} device(s) in use")
         kept = [(d, r) for d, r in zip(cands, ratios) if r > 0]
         if len(kept) == 1:
             return [kept[0][0]], None

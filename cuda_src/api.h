@@ -230,7 +230,9 @@ int cmp_attention_prep_mrope(const float* qg, const float* k, const float* q_nor
                              const int32_t* pos, float* q_out, float* k_out, float* gate_out, int T, int Hq, int Hk,
                              int Dh, int n_rot, int s0, int s1, int s2, int s3, float rope_base, float eps);
 // q [T, ldq], k [T, ldk], v [T, ldv] (head h at columns h*Dh; ld >= H*Dh lets q, k, v be views of one fused
-// [T, 3*H*Dh] projection) -> out [T, H*Dh]: per head softmax(scale q k^T) v over all T rows, non-causal. Dh <= 128.
+// [T, 3*H*Dh] projection) -> out [T, H*Dh]: per head softmax(scale q k^T) v over all T rows, non-causal. Dh <= 128;
+// needs (128 * S + 64 * 68) * 4 B of shared memory, S = Dh rounded up to 4 (+4 if a multiple of 8): 83 KiB at
+// Dh 128 (sm_70, sm_80+; CMP_ERR_UNSUPPORTED on sm_75's 64 KiB), 55 KiB at Dh 72.
 int cmp_attention_full(const float* q, const float* k, const float* v, float* out, int T, int H, int Dh, int ldq,
                        int ldk, int ldv, float scale);
 

@@ -285,6 +285,13 @@ template <int NC>
 int launch_attention_full(const float* q, const float* k, const float* v, float* out, int T, int H, int Dh, int ldq,
                           int ldk, int ldv, float scale) {
     const size_t smem = sizeof(float) * fa_smem_floats(Dh);
+    int dev = 0, optin = 0;
+    CMP_TRY(check_cuda(cudaGetDevice(&dev), "attention_full: cudaGetDevice"));
+    CMP_TRY(check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                       "attention_full: shared memory limit"));
+    if ((size_t)optin < smem)
+        return fail(CMP_ERR_UNSUPPORTED, "cmp_attention_full: head dim %d needs %zu B of shared memory per block, "
+                    "this device allows %d B", Dh, smem, optin);
     CMP_TRY(check_cuda(cudaFuncSetAttribute(attention_full_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)smem),
                        "attention_full: shared memory opt-in"));

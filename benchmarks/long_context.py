@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 GIB = 1 << 30
 PPL_PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("tq3", "tq3"), ("q8_0", "tq3"), ("f16", "tq3")]
-RETRIEVAL_CONFIGS = [("f16", "f16", False), ("q8_0", "tq3", False), ("tq3", "tq3", False), ("f16", "f16", True)]
+RETRIEVAL_CONFIGS = "f16/f16,q8_0/tq3,tq3/tq3,f16/f16+sparse"    # K/V formats, +sparse: with --sparse-prefill
 
 
 def _bytes_rel(k: str, v: str) -> float:
@@ -100,7 +100,9 @@ def part_b(args) -> dict:
             docs[n, i] = retrieval.make_doc(lm.tokenizer, n, i, 0, 8, 8, ratio)
     rows = []
     t_all = time.perf_counter()
-    for k, v, sparse in RETRIEVAL_CONFIGS:
+    configs = [(c.split("+")[0].split("/")[0], c.split("+")[0].split("/")[1], c.endswith("+sparse"))
+               for c in args.ret_configs.split(",")]
+    for k, v, sparse in configs:
         be.sparse = SparseConfig(budget=args.sparse_budget, min_len=args.ret_sparse_min) if sparse else None
         be.sparse_stats = None
         res = {n: retrieval.LengthResult(n) for n in lengths}
@@ -342,6 +344,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ret-docs", type=int, default=6)
     ap.add_argument("--ret-seconds-per-config", type=float, default=25)
     ap.add_argument("--ret-sparse-min", type=int, default=8192)
+    ap.add_argument("--ret-configs", default=RETRIEVAL_CONFIGS, help="K/V[+sparse],... (default: %(default)s)")
     ap.add_argument("--sparse-budget", type=float, default=0.25)
     ap.add_argument("--sparse-min", type=int, default=16384)
     ap.add_argument("--depth", type=int, default=131072)

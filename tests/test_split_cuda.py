@@ -53,6 +53,13 @@ def _split(path, devices, bridge):
     return load_split_model(path, make_cuda_backends(devices, 2 << 30), bridge=bridge, micro_batch=UB)
 
 
+def _close(lm) -> None:
+    """Give each part's GPU memory back (on its own thread), then stop the part threads."""
+    for part in lm.model.parts:
+        part.call(part.backend.arena.close)
+    lm.model.close()
+
+
 def _greedy(lm, prompt, n, chunk):
     """Prefill in `chunk`-token forwards (the split gets the whole prompt at once and cuts it itself), then n
     greedy decode steps, eagerly. -> (tokens, logits of every step)."""
@@ -90,7 +97,7 @@ def test_split_equals_one_gpu(single, fixture_gguf, shape, dtype, devices, bridg
         lines = lm.model.describe()
         assert f"GPU {devices[0]}: layers 0-" in lines[0] and "MiB reserved" in lines[0] and kinds[0] in lines[0]
     finally:
-        lm.model.close()
+        _close(lm)
 
 
 @pytest.mark.parametrize("bridge", ["host", "peer"])
@@ -111,7 +118,7 @@ def test_bridge_copies_exactly_and_reuses_slots(cuda_backend, bridge):
         fs, fr = ps.submit(send_all), pd.submit(recv_all)
         got = fr.result(timeout=60)
         fs.result(timeout=60)
-        pd.submit(br.close).result()
+        ps.submit(br.close).result()
     assert br.n_sent == len(xs)
     for x, y in zip(xs, got):
         assert y.shape == x.shape and np.array_equal(x, y)
@@ -136,7 +143,7 @@ def test_state_ops_over_the_cuda_split(cuda_backend, fixture_gguf):
         ops.load_host(other, host, host.checkpoints[0])
         assert other.n_past == 20 and np.array_equal(fwd(other, prompt[20:]), want)
     finally:
-        lm.model.close()
+        _close(lm)
 
 
 def test_two_sequences_in_one_batch_over_the_split(single, fixture_gguf):
@@ -149,7 +156,7 @@ def test_two_sequences_in_one_batch_over_the_split(single, fixture_gguf):
             return m.backend.to_host(m.model.forward(StepBatch.build([(sa, [6]), (sb, [9, 8, 7, 6, 5, 4])])))
         assert rel(run(lm), run(one)) <= 1e-5
     finally:
-        lm.model.close()
+        _close(lm)
 
 
 @pytest.mark.parametrize("bridge", ["host", "peer"])
@@ -187,7 +194,7 @@ def test_split_decode_graphs_equal_one_gpu_graphs(single, fixture_gguf, bridge):
         graphs.forget(sts[0])
         assert graphs.n_captured == 1 and not graphs._graphs
     finally:
-        lm.model.close()
+        _close(lm)
 
 
 @pytest.mark.parametrize("bridge", ["host", "peer"])

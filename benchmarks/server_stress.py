@@ -27,17 +27,17 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_vs_llamacpp import ROOT, Server, free_port, llamacmp_argv, prompts  # noqa: E402
+from server_vs_llamacpp import ROOT, Server, free_port, llamacmp_argv, make_model, prompts, vocab_size  # noqa: E402
 
 MIB = 1 << 20
 
 
-def greedy_body(prompt: str, n: int, stream: bool) -> dict:
+def greedy_body(prompt, n: int, stream: bool) -> dict:
     return {"prompt": prompt, "n_predict": n, "temperature": 0, "stream": stream, "cache_prompt": False,
             "return_tokens": True}
 
 
-def run_greedy(client: httpx.Client, prompt: str, n: int, rng: random.Random | None, p_drop: float):
+def run_greedy(client: httpx.Client, prompt, n: int, rng: random.Random | None, p_drop: float):
     """-> (status, token ids, finished). With rng, the client may go away mid-stream (finished False)."""
     with client.stream("POST", "/completion", json=greedy_body(prompt, n, True)) as r:
         if r.status_code != 200:
@@ -110,17 +110,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("url", nargs="?", default="")
     ap.add_argument("--model", default="", help="start llamacmp-server on this GGUF (enables the memory check)")
+    ap.add_argument("--shape", default="", help="start it on a random-weight GGUF of this shape (as --model)")
     ap.add_argument("--np", type=int, default=32, help="slots of the started server")
     ap.add_argument("--ctx-slot", type=int, default=512)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--pool", type=int, default=24, help="distinct greedy requests with reference outputs")
     ap.add_argument("--p-drop", type=float, default=0.01, help="chance a greedy stream is dropped per token")
-    ap.add_argument("--other", type=float, default=0.2, help="share of requests from the old mixed traffic")
+    ap.add_argument("--other", type=float, default=0.2, help="share of requests from the old mixed traffic (text "
+                    "prompts and chat: give 0 for a model whose vocabulary cannot tokenize text)")
     ap.add_argument("--load-timeout", type=float, default=600)
     a = ap.parse_args()
+    if a.shape and not a.model:
+        a.model = make_model(a.shape, "q8_0")
     if not a.url and not a.model:
-        ap.error("give a server URL or --model")
+        ap.error("give a server URL, --model or --shape")
     server = None
     if a.model:
         port = free_port()
@@ -139,7 +143,8 @@ def main() -> None:
 
 def stress(a, pid: int) -> bool:
     rng0 = random.Random(0)
-    pool = [(p, rng0.randint(8, 96)) for p in prompts(a.pool, words=20)]
+    n_vocab = vocab_size(a.model) if a.model else 256
+    pool = [(p[:rng0.randint(4, 48)], rng0.randint(8, 96)) for p in prompts(a.pool, n_vocab)]
     with httpx.Client(base_url=a.url, timeout=600) as c:
         t = time.time()
         ref = []

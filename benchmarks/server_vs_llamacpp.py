@@ -8,7 +8,7 @@ ignore_eos with a fixed n_predict so that both generate the same number of token
   steady t/s = tokens that arrived while all N streams were generating / that interval (the decode rate at N)
 and the ratios. Usage (on the GPU machine):
   python benchmarks/server_vs_llamacpp.py --model M.gguf --llama-server /tmp/lcpp/native/bin/llama-server
-  (no --model: writes a random-weight GGUF of --shape with the real Qwen3.5 vocabulary first)
+  (no --model: writes a random-weight GGUF of --shape first; prompts are token ids, so any vocabulary works)
 """
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = ("river stone lantern orbit violet copper meadow signal harbor ember quartz willow canyon "
-         "thunder maple velvet comet prairie silver falcon").split()
+sys.path.insert(0, str(ROOT))
 
 
 def free_port() -> int:
@@ -35,9 +34,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def prompts(n: int, words: int = 40) -> list[str]:
-    """n different prompts of about `words` words (distinct from the first word on: no shared prefix)."""
-    return [" ".join(WORDS[(i * 7 + j * (i + 3)) % len(WORDS)] for j in range(words)) + f" {i}." for i in range(n)]
+def prompts(n: int, n_vocab: int, length: int = 48) -> list[list[int]]:
+    """n different token-id prompts (no shared prefix) of `length` ids: token ids, not text, so that any vocabulary
+    works (the 9B-shape benchmark model has a placeholder vocabulary)."""
+    hi = min(n_vocab, 20000)
+    return [[1 + (i * 7919 + j * (2 * i + 3) * 104729) % (hi - 1) for j in range(length)] for i in range(n)]
+
+
+def vocab_size(model: str) -> int:
+    from llamacmp.gguf_file import GGUFFile
+    return int(GGUFFile(model).info("token_embd.weight").shape[0])
 
 
 class Server:
@@ -88,7 +94,7 @@ def llama_server_argv(binary: str, model: str, port: int, np_: int, ctx: int, ex
             "-ngl", "99", "--no-webui", *extra]
 
 
-def stream_completion(url: str, prompt: str, n_predict: int, timeout: float = 600,
+def stream_completion(url: str, prompt, n_predict: int, timeout: float = 600,
                       extra: dict | None = None) -> tuple[list[int], list[float], int]:
     """One streamed greedy /completion -> (token ids, arrival time of each token chunk, HTTP status)."""
     body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "stream": True, "cache_prompt": False,
@@ -109,8 +115,8 @@ def stream_completion(url: str, prompt: str, n_predict: int, timeout: float = 60
     return toks, times, 200
 
 
-def measure(url: str, texts: list[str], n_predict: int) -> dict:
-    stream_completion(url, "warm up", 8)
+def measure(url: str, texts: list, n_predict: int) -> dict:
+    stream_completion(url, texts[0][:8], 8)                  # warm-up
     results: list = [None] * len(texts)
 
     def one(i: int) -> None:
@@ -134,6 +140,25 @@ def measure(url: str, texts: list[str], n_predict: int) -> dict:
             "ids": [r[0] for r in results]}
 
 
+def make_model(shape: str, dtype: str) -> str:
+    """A random-weight GGUF of `shape` under /tmp (kept for the next run): 9b with bench_model's placeholder
+    vocabulary of the real size, other shapes with the tiny fixture vocabulary."""
+    model = f"/tmp/llamacmp-{shape}-{dtype}.gguf"
+    if os.path.exists(model):
+        return model
+    t = time.time()
+    if shape == "9b" and dtype == "q8_0":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_model import make_9b
+        make_9b(model)
+    else:
+        from llamacmp.fixtures.qwen_vocab import tiny_vocab
+        from llamacmp.fixtures.writer import SHAPES, write_model
+        write_model(Path(model), SHAPES[shape], dtype, tiny_vocab(), seed=0)
+    print(f"wrote {model} in {time.time() - t:.0f} s", flush=True)
+    return model
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="", help="GGUF both servers load (default: write one of --shape)")
@@ -147,16 +172,8 @@ def main() -> None:
     ap.add_argument("--out", default="", help="also write the figures as JSON here")
     ap.add_argument("--only", choices=["both", "llamacmp", "llama.cpp"], default="both")
     a = ap.parse_args()
-    model = a.model
-    if not model:
-        from llamacmp.fixtures.qwen_vocab import load_qwen35_vocab
-        from llamacmp.fixtures.writer import SHAPES, write_model
-        model = f"/tmp/llamacmp-{a.shape}-{a.type}.gguf"
-        if not os.path.exists(model):
-            t = time.time()
-            write_model(Path(model), SHAPES[a.shape], a.type, load_qwen35_vocab(), seed=0)
-            print(f"wrote {model} in {time.time() - t:.0f} s", flush=True)
-    texts = prompts(a.np)
+    model = a.model or make_model(a.shape, a.type)
+    texts = prompts(a.np, vocab_size(model))
     ctx = a.np * a.ctx_slot
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     figures = {}

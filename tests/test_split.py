@@ -212,3 +212,38 @@ def test_plan_devices_follows_llamacpp_rules():
 
 def test_numpy_split_has_no_decode_graphs(split):
     assert split.backend.decode_graphs(split.model, 4) is None      # the decoder then runs steps eagerly
+
+
+def test_server_engine_over_the_split_gives_the_same_tokens(one, split):
+    """The server's engine (continuous batching, checkpoints, device-side draws) on a split: three greedy requests
+    at once give the tokens each gives on one backend, and the split's prompt chunks span several -ub pieces."""
+    import threading
+    from llamacmp.engine.scheduler import Engine, EngineConfig
+    from llamacmp.engine.tasks import CompletionTask, ErrorResult, FinalResult, GenParams
+
+    def serve(lm):
+        eng = Engine(lm, EngineConfig(n_slots=3, n_ctx_slot=96, n_batch=32, n_ubatch=UB, cache_ram_mib=0,
+                                      checkpoint_every=24))
+        assert eng._chunk_size(32) == (32 if lm is split else UB) and eng._chunk_size(13) == UB
+        eng.start()
+        done, out = threading.Event(), {}
+
+        def sink_for(i):
+            def sink(r):
+                if isinstance(r, (FinalResult, ErrorResult)):
+                    out[i] = r
+                    if len(out) == 3:
+                        done.set()
+            return sink
+        try:
+            for i in range(3):
+                eng.submit(CompletionTask(_prompt(19 + 7 * i, seed=10 + i),
+                                          GenParams(SamplingParams(temp=0.0), n_predict=10), sink_for(i)))
+            assert done.wait(120)
+        finally:
+            eng.stop()
+        assert all(isinstance(r, FinalResult) for r in out.values()), out
+        return [out[i].tokens for i in range(3)]
+    got, want = serve(split), serve(one)
+    assert got[0] == want[0] and all(len(t) == 10 for t in want)
+    assert got[1] == want[1] and got[2] == want[2]

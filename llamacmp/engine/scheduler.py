@@ -275,7 +275,7 @@ class Engine:
         budget = self.cfg.n_batch - len(gen)
         ran = bool(gen)
         for s in sorted((s for s in self.slots if s.phase == PREFILL), key=lambda s: s.task.id):
-            chunk = s.next_chunk(self.cfg.n_ubatch)
+            chunk = s.next_chunk(self._chunk_size(budget if ran else self.cfg.n_batch))
             if ran and len(chunk) > budget:
                 break
             t0 = time.perf_counter()
@@ -290,6 +290,16 @@ class Engine:
             self._after_forward([s], [chunk], logits, t0)
             budget -= len(chunk)
             ran = True
+
+    def _chunk_size(self, room: int) -> int:
+        """Prompt tokens one slot may add in one forward: n_ubatch; a layer split (models/split.py) takes as many
+        whole n_ubatch pieces as fit in `room` (at most n_batch) and pipelines them over its GPUs. The pieces are
+        the same n_ubatch cuts either way (from the chunk start, which is the last cut or checkpoint), so a
+        slot's arithmetic does not change."""
+        ub = self.cfg.n_ubatch
+        if not getattr(self.model, "splits_batches", False):
+            return ub
+        return ub * max(1, min(room, self.cfg.n_batch) // ub)
 
     def _after_forward(self, slots: list[Slot], toks: list[list[int]], logits, t0: float) -> None:
         """Book the step, then draw every row that wants a token in one go on the backend (row i is slots[i])."""

@@ -838,6 +838,13 @@ template <int Dh>
 int launch_prefill(const float* q, const void* kc, const void* vc, int kt, int vt, const int32_t* pos, float* out,
                    int L, int Hq, int Hk, float scale, const int32_t* blocks, const int32_t* counts, int max_blocks) {
     const size_t smem = sizeof(float) * ((size_t)Dh * PF_BR + PF_DC * PF_BK + PF_BK * PF_BR);
+    int dev = 0, optin = 0;
+    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
+    CMP_TRY(check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                       "cudaDeviceGetAttribute"));
+    if ((size_t)optin < smem)   // sm_75 (64 KB) at Dh 256: the caller may take the round-1 kernel
+        return fail(CMP_ERR_UNSUPPORTED, "cmp_attn_prefill: head dim %d needs %zu B of shared memory per block, "
+                    "the device allows %d", Dh, smem, optin);
     auto kernel = attn_prefill_kernel<Dh>;
     CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        "attn_prefill_kernel shared memory"));

@@ -69,7 +69,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
         return float("nan"), float("nan")
     p = k / n
     centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+    return max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n))
 
 
 def make_doc(tok, n_ctx: int, index: int, seed: int, pairs: int, questions: int, ratio: list[float]):

@@ -108,3 +108,14 @@ def test_retrieval_doc_with_several_questions_answers_each_from_its_fact():
     assert len(facts) == 8 and len({k for k, _ in asked}) == 8
     assert all(facts[k] == v for k, v in asked)
     assert doc.prompt.endswith("Answer:") and doc.answer == f" {asked[-1][1]}" and doc.text == doc.prompt + doc.answer
+
+
+def test_lr_schedule_has_no_jump_when_the_time_budget_ends_the_warmup():
+    from dataclasses import replace
+    from training import train
+    p = replace(train.PRESETS["full"], max_minutes=6.0)
+    # slow steps (~2 s each): time, not the 150-step warmup, must end the warmup and drive the cosine
+    rates = [train.lr_at(s, p, elapsed_s=2.0 * s) for s in range(183)]
+    assert max(a - b for a, b in zip(rates, rates[1:])) < 0.05 * p.lr       # no sudden drop
+    assert max(rates) > 0.95 * p.lr and rates[-1] < 0.15 * p.lr
+    assert train.lr_at(10, replace(p, max_minutes=1e6)) == p.lr * 11 / p.warmup     # fast steps: by steps

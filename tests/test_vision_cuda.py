@@ -75,6 +75,20 @@ def test_matmul_dense_rounds_x_for_f16_weights(cuda_backend):
     assert np.array_equal(got, REF.matmuls(x, [REF.upload_matrix(w)])[0])
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_matmul_dense_batch_invariant_when_capturing(cuda_backend, monkeypatch, dtype):
+    """Each row of the GEMV (T <= 8) is summed alone: bit-identical alone or among 8; a captured step of 13 rows
+    (launched 8 + 5) gives every row its alone result, as the Q8 path does for decode graphs."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((13, 257)).astype(np.float32)
+    w = cuda_backend.upload_matrix(rng.standard_normal((129, 257)).astype(np.float16 if dtype == "f16" else np.float32))
+    alone = np.concatenate([cuda_backend.to_host(cuda_backend.matmuls(up(cuda_backend, x[t:t + 1]), [w])[0])
+                            for t in range(13)])
+    assert np.array_equal(cuda_backend.to_host(cuda_backend.matmuls(up(cuda_backend, x[:8]), [w])[0]), alone[:8])
+    monkeypatch.setattr(cuda_backend, "capturing", True)
+    assert np.array_equal(cuda_backend.to_host(cuda_backend.matmuls(up(cuda_backend, x), [w])[0]), alone)
+
+
 # -- row-wise / element-wise -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("T,N", [(1, 1), (3, 17), (129, 1152), (33, 4097)])

@@ -192,6 +192,7 @@ class CudaBackend(Backend):
 
     MAX_FUSED = 4   # matrices per cmp_matmul_q8_multi launch
     GEMV_MAX_ROWS = 8  # rows cmp_matmul_q8_multi runs on its GEMV path (matmul_q8.cu GEMV_MAX_T), each row alone
+    DENSE_GEMV_MAX_ROWS = 8  # the same for cmp_matmul_dense (dense.cu DENSE_GEMV_MAX_T)
 
     GDN_CHUNK = 64  # segments at least this long take the chunked GDN kernel (when gdn_chunked is on)
 
@@ -474,9 +475,14 @@ class CudaBackend(Backend):
                         (ctypes.c_void_p * k)(*(ws[i].d.ptr for i in idx)),
                         (ctypes.c_void_p * k)(*(outs[i].row_ptr(t0) for i in idx)),
                         (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)), tn, n)
+        # Dense (f32 / f16) weights: cmp_matmul_dense's GEMV takes up to DENSE_GEMV_MAX_ROWS rows, each summed alone;
+        # a captured decode step stays within it for the same batch invariance as the Q8 path above.
+        dense_step = max(1, min(T, self.DENSE_GEMV_MAX_ROWS) if self.capturing else T)
         for i, w in enumerate(ws):
             if not isinstance(w, Q8Matrix):
-                self.native.cmp_matmul_dense(x.ptr, w.w.ptr, _KV_CODES[w.w.dtype], outs[i].ptr, T, w.shape[0], n)
+                for t0 in range(0, T, dense_step):
+                    self.native.cmp_matmul_dense(x.row_ptr(t0), w.w.ptr, _KV_CODES[w.w.dtype], outs[i].row_ptr(t0),
+                                                 min(dense_step, T - t0), w.shape[0], n)
         return outs
 
     def _binary(self, fn, x, y):

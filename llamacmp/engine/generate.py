@@ -91,8 +91,10 @@ class Session:
     def reset(self) -> None:
         self.history = []
         self.decoder.forget(self.state)
+        # drop the old caches before making the new ones: the memory plan counts one context (two at -c 262144
+        # would not fit a 16 GiB card), and the arena hands the freed blocks straight back
+        self.state = self.logits = None
         self.state = self.lm.backend.new_state(self.lm.cfg, self.n_ctx, self.kv_type, self.v_type)
-        self.logits = None
 
     def feed(self, tokens: list[int], all_logits: bool = False) -> np.ndarray | LogitsRow:
         """Append tokens and decode everything pending; returns the last row of logits ([n_vocab], a LogitsRow:

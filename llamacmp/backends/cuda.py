@@ -661,8 +661,8 @@ class CudaBackend(Backend):
             mask = mask.reshape(Hk, group, *mask.shape[1:]).any(1)
         self.sparse_stats.add(pattern, mask, chunk)
         blocks, counts = sa.block_lists(mask)
-        return (self.from_host(blocks, "i32", "sparse block lists"), self.from_host(counts, "i32", "sparse block counts"),
-                blocks.shape[2])
+        return (self.from_host(blocks, "i32", "sparse block lists"),
+                self.from_host(counts, "i32", "sparse block counts"), blocks.shape[2])
 
     # -- gated delta net -------------------------------------------------------------------------------------
     def gdn_gates(self, alpha, beta, dt_bias, ssm_a):

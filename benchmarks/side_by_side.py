@@ -41,7 +41,7 @@ def standin_tree(tree: Path, work: Path) -> Path:
     """A copy of the tree whose highest-compiled-arch query answers 610 (Pascal: DP4A, no MMA)."""
     dst = work / (tree.name + "-pascal-standin")
     if not dst.exists():
-        shutil.copytree(tree, dst, ignore=shutil.ignore_patterns("build*"))
+        shutil.copytree(tree, dst, ignore=lambda d, names: [n for n in names if Path(d) == tree and n.startswith("build")])
         common = dst / "ggml" / "src" / "ggml-cuda" / "common.cuh"
         text = common.read_text()
         if ARCH_LINE not in text:

@@ -71,8 +71,9 @@ def test_completion_greedy_prints_prompt_then_16_tokens(model, lm):
     assert r.returncode == 0, r.stderr.decode()
     _, tokens = greedy_text(lm, "Hello", 16)
     assert len(tokens) == 16
-    # raw piece bytes, exactly as llama-completion writes them
-    assert r.stdout == b"Hello" + b"".join(lm.tokenizer.token_to_piece(t, False) for t in tokens) + b"\n\n"
+    # raw piece bytes, exactly as llama-completion writes them (printf "%s": each piece up to a NUL byte)
+    pieces = (lm.tokenizer.token_to_piece(t, False).split(b"\0", 1)[0] for t in tokens)
+    assert r.stdout == b"Hello" + b"".join(pieces) + b"\n\n"
     err = r.stderr.decode()
     # llama.cpp's sampler chain counts accepted tokens: the prompt's and the 16 generated
     n_prompt = len(lm.tokenizer.encode("Hello"))

@@ -126,9 +126,10 @@ class Completion:
 
     def show_tokens(self, ids: list[int]) -> None:
         """Raw piece bytes, as llama-completion prints them: a character split across tokens arrives in parts
-        and the terminal joins it; bytes that never form valid UTF-8 pass through unchanged."""
+        and the terminal joins it; bytes that never form valid UTF-8 pass through unchanged (llama.cpp buffers
+        nothing). It prints each piece with LOG("%s", piece.c_str()), so a piece ends at its first NUL byte."""
         self.out.flush()
-        self.out.buffer.write(b"".join(self.tok.token_to_piece(t, self.p.special) for t in ids))
+        self.out.buffer.write(b"".join(self.tok.token_to_piece(t, self.p.special).split(b"\0", 1)[0] for t in ids))
         self.out.buffer.flush()
 
     # -- the loop ------------------------------------------------------------------------------------------------

@@ -295,6 +295,9 @@ class CudaBackend(Backend):
         if not self.attention_v2 and (v_type != kv_type or kv_type not in _KV_CODES):
             raise ValueError(f"the round-1 attention kernels need one f16/f32 type for K and V (got -ctk {kv_type} "
                              f"-ctv {v_type})")
+        if (v_type != kv_type or kv_type not in _KV_CODES) and cfg.head_dim not in self.V2_HEAD_DIMS:
+            # refused here, before any compute, rather than at the first attention call
+            raise ValueError(self._kv_type_head_dim_error(kv_type, v_type, cfg.head_dim))
         n_attn, n_gdn = len(cfg.attn_layers), len(cfg.gdn_layers)
         return SeqState(
             n_ctx=n_ctx,
@@ -528,6 +531,13 @@ class CudaBackend(Backend):
     DECODE_MAX_L = 8               # segments of at most this many tokens take the split-K decode kernel
     V2_HEAD_DIMS = (64, 128, 256)  # head dims of the v2 kernels (others: the round-1 kernels, f16/f32 only)
 
+    def _kv_type_head_dim_error(self, k_type: str, v_type: str, head_dim: int) -> str:
+        """What the user reads when a quantized or mixed K/V cache meets a head dim only the round-1 kernels
+        take: the problem, then the fix."""
+        return (f"KV cache -ctk {k_type} -ctv {v_type} is not supported by the CUDA backend for this model's head "
+                f"dim {head_dim}: quantized or mixed K/V types need the v2 attention kernels, which take head dims "
+                f"{', '.join(map(str, self.V2_HEAD_DIMS))}; use one f16 or f32 type for both (-ctk f16 -ctv f16)")
+
     def attention(self, q, k, v, batch, layer, cfg, block_lists=None):
         """block_lists: None, or per segment None / (blocks [Hk, nqb, max_blocks], counts [Hk, nqb]) int32 (host
         arrays or device tensors; api.h cmp_attn_prefill) for a block-sparse prefill of that segment. Without
@@ -540,8 +550,7 @@ class CudaBackend(Backend):
             raise ValueError(f"block-sparse prefill needs the v2 attention kernels (head dim {Dh})")
         for seg in batch.segments:
             if seg.state.k_type not in _KV_CODES or seg.state.v_type != seg.state.k_type:
-                raise ValueError(f"KV cache -ctk {seg.state.k_type} -ctv {seg.state.v_type} needs the v2 attention "
-                                 f"kernels, which take head dims {self.V2_HEAD_DIMS} (this model: {Dh})")
+                raise ValueError(self._kv_type_head_dim_error(seg.state.k_type, seg.state.v_type, Dh))
         pos = self._positions(batch)
         out = self.empty((T, Hq * Dh))
         for seg in batch.segments:

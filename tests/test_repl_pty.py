@@ -6,8 +6,11 @@ import os
 import shutil
 import sys
 
-import pexpect
 import pytest
+
+# the [test] extra (pyproject.toml) has pexpect and CI installs it, so this module runs in CI; a machine without
+# it (the GPU box) skips this module rather than failing the whole session's collection
+pexpect = pytest.importorskip("pexpect", reason="pexpect is not installed (pip install -e '.[test]')")
 
 TIMEOUT = 120
 PROMPT = r"\x1b\[0m>"                 # prompt_toolkit draws '>' then moves the cursor instead of a space

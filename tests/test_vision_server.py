@@ -10,9 +10,11 @@ import threading
 
 import httpx
 import numpy as np
-import openai
 import pytest
 
+# the [test] extra (pyproject.toml) has openai and CI installs it, so this module runs in CI; a machine without it
+# (the GPU box) skips this module rather than failing the whole session's collection
+openai = pytest.importorskip("openai", reason="openai is not installed (pip install -e '.[test]')")
 pytest.importorskip("PIL")
 
 from PIL import Image  # noqa: E402

@@ -59,11 +59,22 @@ def test_vision_path_matches_reference(cuda_backend, tmp_path, shape, dtype, siz
         out[name] = (emb.embeddings.copy(), logits, steps, state.rope_shift)
     (e_ref, l_ref, s_ref, sh_ref), (e_gpu, l_gpu, s_gpu, sh_gpu) = out["ref"], out["cuda"]
     assert sh_ref == sh_gpu != 0
+    # The encoder's own output is held to 1e-3 for both weight types. The logits get more room with f16 weights:
+    # both paths round activations to f16 before each f16 matmul (and the reference sums in float64, the kernels
+    # in fp32), so an fp32-level difference that crosses an f16 rounding boundary becomes a whole f16 step
+    # (~2^-11 relative) and the difference grows to the f16 noise level within a few layers (embeddings ~5e-4);
+    # the random-weight text model then amplifies it about 6x. benchmarks/vision_f16_drift.py measures this on
+    # CPU with a numpy twin that only sums in fp32: logits 3.0e-3 (small) and 1.26e-3 (tiny, a later step), as
+    # the H200 run gave (3.3e-3, 1.26e-3); 1e-2 (the team's bound for rounded paths) leaves 3x margin. With f32
+    # weights the only f16 roundings are the GELU table's and the twin's drift stays ~1.5e-4.
+    # Greedy tokens must agree while the top two logits are further apart than the drift can move them: the twin's
+    # logits move by up to 9.3e-3 absolute with f16 weights, so f16 steps stop comparing at a 2e-2 gap.
+    tol_logits, tie_gap = (1e-2, 2e-2) if dtype == "f16" else (1e-3, 1e-3)
     assert rel(e_gpu, e_ref) < 1e-3
-    assert rel(l_gpu, l_ref) < 1e-3
+    assert rel(l_gpu, l_ref) < tol_logits
     for (t_ref, lg_ref), (t_gpu, lg_gpu) in zip(s_ref, s_gpu):
         top2 = np.sort(lg_ref)[-2:]
-        if top2[1] - top2[0] < 1e-3:
+        if top2[1] - top2[0] < tie_gap:
             break                                   # a near tie: later steps may follow another token
         assert t_gpu == t_ref
-        assert rel(lg_gpu, lg_ref) < 1e-3
+        assert rel(lg_gpu, lg_ref) < tol_logits

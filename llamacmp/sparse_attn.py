@@ -161,11 +161,10 @@ def _prefix(weight: np.ndarray, cost: np.ndarray, budget: np.ndarray) -> np.ndar
     """Per head: the items of highest weight (positive only), taken in that order while their summed cost stays
     within the head's budget. weight [H, n], cost [n], budget [H] -> chosen [H, n] bool."""
     order = np.argsort(-weight, axis=1)
-    w = np.take_along_axis(weight, order, 1)
+    rows = np.arange(weight.shape[0])[:, None]
     spent = np.cumsum(cost[order], axis=1)
-    take = (spent <= budget[:, None]) & (w > 0)
     chosen = np.zeros(weight.shape, bool)
-    np.put_along_axis(chosen, order, take, 1)
+    chosen[rows, order] = (spent <= budget[:, None]) & (weight[rows, order] > 0)
     return chosen
 
 
@@ -199,23 +198,30 @@ def candidate_masks(mass: np.ndarray, mean: np.ndarray, rows: np.ndarray, chunk:
     # vertical_slash: columns by probe mass (a column costs the query blocks that see it), then block diagonals
     # (offset d = diagonal block - key block; it costs the query blocks that reach back that far) with the rest
     col_w = mass.sum(1)                                                          # [H, nkb]
-    d = np.clip(pkb[:, None] - j[None, :], 0, nkb - 1)                           # [P, nkb]
-    flat = (np.arange(H)[:, None, None] * nkb + d[None]).ravel()
-    diag_w = np.bincount(flat, mass.ravel(), H * nkb).reshape(H, nkb)
+    # diag_w[h, d] = sum over probes p of mass[h, p, pkb[p] - d] (float64, probes in order); a probe's mass past
+    # its own block is zero (those keys are after it), so offsets below 0 carry nothing
+    diag_w = np.zeros((H, nkb))
+    for p, b in enumerate(pkb):
+        diag_w[:, :b + 1] += mass[:, p, b::-1]
     col_cost = (last[:, None] >= j[None, :]).sum(0)
     cols = _prefix(col_w, col_cost, np.full(H, total))
     diags = _prefix(diag_w, col_cost, total - (cols * col_cost).sum(1))          # offset d costs as column d does
-    offs = np.clip(last[:, None] - j[None, :], 0, nkb - 1)                       # [nqb, nkb]
-    vs = (cols[:, None, :] | diags[:, offs]) & causal | own
+    # query block i keeps key block j <= last[i] when column j or offset last[i] - j is chosen: offsets read
+    # backwards from last[i] are a slice of the reversed diagonal list
+    vs = np.zeros((H, nqb, nkb), bool)
+    rdiags = diags[:, ::-1]
+    for i, b in enumerate(last):
+        vs[:, i, :b + 1] = cols[:, :b + 1] | rdiags[:, nkb - 1 - b:]
+    vs |= own
     # block_sparse: the top `keep` key blocks of each query block by pooled score
-    scores = np.where(causal, mean, -np.inf)
     if keep < nkb:
-        top = np.argpartition(-scores, keep - 1, axis=2)[:, :, :keep]
+        top = np.argpartition(np.where(causal, -mean, np.inf), keep - 1, axis=2)[:, :, :keep]
         bs = np.zeros((H, nqb, nkb), bool)
-        np.put_along_axis(bs, top, True, axis=2)
+        bs[np.arange(H)[:, None, None], np.arange(nqb)[None, :, None], top] = True
+        bs &= causal
     else:
-        bs = np.ones((H, nqb, nkb), bool)
-    bs = bs & causal | own
+        bs = np.broadcast_to(causal, (H, nqb, nkb)).copy()
+    bs |= own
     return np.stack([np.broadcast_to(a_shape, (H, nqb, nkb)), vs, bs])
 
 

@@ -196,3 +196,47 @@ def test_block_lists_for_the_prefill_kernel():
     assert blocks.dtype == np.int32 and counts.tolist() == [[1, 2, 3], [1, 1, 1]]
     assert blocks[0].tolist() == [[0, 0, 0], [0, 1, 1], [0, 2, 4]]
     assert blocks[1, :, 0].tolist() == [0, 0, 0]
+
+
+def _vertical_slash_by_definition(mass, rows, chunk, cfg):
+    """The vertical_slash mask spelled out per probe, offset and block (the slow form candidate_masks computes
+    with slices): mass [H, P, nkb] -> [H, nqb, nkb]."""
+    H, P, nkb = mass.shape
+    last, causal = chunk.last_kb, chunk.causal()
+    total = cfg.budget * causal.sum()
+    pkb = (chunk.p0 + rows) // cfg.block
+    col_w = mass.sum(1)
+    diag_w = np.zeros((H, nkb))
+    for h in range(H):
+        for p in range(P):
+            for j in range(pkb[p] + 1):
+                diag_w[h, pkb[p] - j] += mass[h, p, j]
+    cost = np.array([(last >= j).sum() for j in range(nkb)])
+    out = np.zeros((H, chunk.nqb, nkb), bool)
+    for h in range(H):
+        chosen, spent = [set(), set()], 0
+        for kind, w in enumerate((col_w[h], diag_w[h])):
+            for x in np.argsort(-w):
+                if w[x] <= 0 or spent + cost[x] > total:
+                    break
+                chosen[kind].add(int(x))
+                spent += cost[x]
+        for i, b in enumerate(last):
+            for j in range(b + 1):
+                out[h, i, j] = j in chosen[0] or (b - j) in chosen[1] or j == b
+    return out
+
+
+@pytest.mark.parametrize("p0, L, block", [(0, 97, 16), (45, 64, 16), (300, 131, 32), (1000, 16, 16)])
+def test_vertical_slash_mask_is_its_definition(p0, L, block):
+    rng = np.random.default_rng(p0 + L)
+    cfg = sa.SparseConfig(block=block, budget=0.3, probe=7, min_len=0)
+    q, k = rng.standard_normal((L, 2, 8)), rng.standard_normal((p0 + L, 2, 8))
+    k[::11] *= 4.0
+    rows = sa.probe_rows(L, cfg.probe)
+    chunk, mass, _, mean = _stats(q, k, p0, rows, cfg)
+    # and probe mass on a few blocks only (zero elsewhere), so that the columns leave budget to the diagonals
+    sparse_mass = np.where(rng.random(mass.shape) < 0.15, mass, 0.0)
+    for m in (mass, sparse_mass):
+        masks = sa.candidate_masks(m, mean, rows, chunk, cfg)
+        np.testing.assert_array_equal(masks[1], _vertical_slash_by_definition(m, rows, chunk, cfg))

@@ -13,8 +13,10 @@ does not lose the others; estimated H200 time with the defaults in brackets):
      greedy CUDA graph of llamacmp-bench; the context is filled by writing random keys/values straight into the
      cache (what decode reads does not depend on the values; a real 128K prefill would cost minutes)     [~35 s]
   d  prefill of one 9B attention layer over a whole 64K and 128K prompt in -ub 512 chunks, dense vs
-     --sparse-prefill (budget 0.25): write + probe + selection + kernel, per chunk timed; the whole-model estimate
-     adds 8 such layers to the rest of the model measured at pp4096 and scaled linearly               [~45 s]
+     --sparse-prefill (budget 0.25): write + probe + selection + kernel, per chunk timed; the probe + selection
+     column drains the queue before it starts (else it absorbs the previous chunk's attention kernel), its host
+     column is sparse_attn's selection and lists alone; the whole-model estimate adds 8 such layers to the rest
+     of the model measured at pp4096 and scaled linearly                                              [~45 s]
   e  device memory of 9B Q8_0 at -c 262144 under --device-mem-cap 16 (tq3/tq3, then q8_0/tq3): the memory plan,
      the arena, and the device's used memory (cudaMemGetInfo, CUDA context included) after a 2048-token
      prompt and 16 decode steps through the engine's Session                                            [~50 s]
@@ -262,15 +264,17 @@ def part_cd(args) -> dict:
                 rows.append(_attention_prefill(be, cfg, n, sparse) | {"n": n, "sparse": sparse})
                 be.sparse = None
         layers = len(cfg.attn_layers)
-        lines = [f"| prompt | attention | one attention layer s | of which probe + selection s | blocks visited "
+        lines = [f"| prompt | attention | one attention layer s | of which probe + selection s (probe kernel, "
+                 f"copies, host) | of which host selection s (ms per sparse chunk) | blocks visited "
                  f"| est. whole prefill s (8 layers + rest, rest from pp4096 = {t_pp4096:.2f} s) |",
-                 "|---:|---|---:|---:|---:|---:|"]
+                 "|---:|---|---:|---:|---:|---:|---:|"]
         for r in rows:
             est = layers * r["seconds"] + t_pp4096 * r["n"] / 4096
             mode = ("sparse" if r["engaged"] else "sparse (NOT engaged: attention does not call sparse_lists)") \
                 if r["sparse"] else "dense"
-            lines.append(f"| {r['n']} | {mode} | {r['seconds']:.2f} | {r['probe_s']:.2f} | "
-                         f"{100 * r['density']:.0f}% | {est:.1f} |")
+            per = 1e3 * r["host_s"] / max(r["chunks_sparse"], 1)
+            lines.append(f"| {r['n']} | {mode} | {r['seconds']:.2f} | {r['probe_s']:.2f} | {r['host_s']:.2f} "
+                         f"({per:.1f}) | {100 * r['density']:.0f}% | {est:.1f} |")
         out["d"] = {"rows": rows, "table": lines, "pp4096_s": t_pp4096}
     return out
 
@@ -285,16 +289,31 @@ def _attention_prefill(be, cfg, n: int, sparse: bool, chunk: int = 512) -> dict:
     k = be.from_host(rng.standard_normal((chunk, Hk, Dh)).astype(np.float32), "f32")
     v = be.from_host(rng.standard_normal((chunk, Hk * Dh)).astype(np.float32), "f32")
     st = be.new_state(cfg, n, "f16", "f16")
-    probe = [0.0]
+    probe, host = [0.0], [0.0]
     inner = be.sparse_lists if hasattr(be, "sparse_lists") else None
+    from llamacmp import sparse_attn as sa
+    host_fns = {name: getattr(sa, name) for name in ("select_from_stats", "block_lists")}
 
     def timed(*a, **kw):                       # benchmark instrumentation: time the probe + selection
+        # sparse_lists copies the probe statistics to the host, which waits for every kernel queued before it
+        # (the previous chunk's attention): drain the queue first so that only the probe and selection count
+        be.synchronize()
         t = time.perf_counter()
         r = inner(*a, **kw)
         probe[0] += time.perf_counter() - t
         return r
+
+    def host_timed(fn):                        # and the host part of it: sparse_attn's selection and lists
+        def f(*a, **kw):
+            t = time.perf_counter()
+            r = fn(*a, **kw)
+            host[0] += time.perf_counter() - t
+            return r
+        return f
     if inner is not None:
         be.sparse_lists = timed
+        for name, fn in host_fns.items():
+            setattr(sa, name, host_timed(fn))
     try:
         be.synchronize()
         t0 = time.perf_counter()
@@ -307,10 +326,12 @@ def _attention_prefill(be, cfg, n: int, sparse: bool, chunk: int = 512) -> dict:
     finally:
         if inner is not None:
             del be.sparse_lists
+            for name, fn in host_fns.items():
+                setattr(sa, name, fn)
     stats = be.sparse_stats
     engaged = bool(stats and stats.chunks_sparse)
-    return {"seconds": seconds, "probe_s": probe[0], "engaged": engaged,
-            "density": stats.density if engaged else 1.0}
+    return {"seconds": seconds, "probe_s": probe[0], "host_s": host[0], "engaged": engaged,
+            "chunks_sparse": stats.chunks_sparse if stats else 0, "density": stats.density if engaged else 1.0}
 
 
 # -- e: memory -----------------------------------------------------------------------------------------------------

@@ -25,13 +25,21 @@ endif
 # SASS for every arch plus PTX for the newest, so newer GPUs JIT from it.
 LAST     := $(lastword $(ARCHS))
 GENCODE  := $(foreach a,$(ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) -gencode arch=compute_$(LAST),code=compute_$(LAST)
-NVFLAGS  := -O3 -std=c++17 -Xcompiler -fPIC -shared -lineinfo --use_fast_math -Xptxas -O3 $(GENCODE)
+NVFLAGS  := -O3 -std=c++17 -Xcompiler -fPIC -lineinfo --use_fast_math -Xptxas -O3 $(GENCODE)
+# One object per kernel file (so `make -jN` compiles them in parallel), in a folder per arch set so that
+# `make` and `make CUDA_ARCH=90` never mix objects.
+OBJDIR   := build/obj-$(subst $(eval) ,-,$(ARCHS))
+OBJ      := $(patsubst cuda_src/%.cu,$(OBJDIR)/%.o,$(SRC))
 
 all: $(LIB)
 
-$(LIB): $(SRC) $(HDR)
+$(OBJDIR)/%.o: cuda_src/%.cu $(HDR)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -o $@ $(SRC)
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+$(LIB): $(OBJ)
+	@mkdir -p $(dir $@)
+	$(NVCC) -shared -Xcompiler -fPIC -o $@ $(OBJ)
 endif
 
 ptx70:
@@ -41,6 +49,6 @@ test:
 	python3 -m pytest -q
 
 clean:
-	rm -f $(LIB)
+	rm -rf $(LIB) build/obj-*
 
 .PHONY: all test clean ptx70

@@ -233,6 +233,11 @@ class Backend(ABC):
         patch merger. This default copies through the host; a backend may return a view instead."""
         return self.upload_vector(self.to_host(x).reshape(shape))
 
+    def rope_positions(self, pos: np.ndarray):
+        """pos [T, 4] int32 host array -> what rope_vision takes as `pos` for one image, made once and passed to all
+        its calls (2 per encoder layer): the host array itself here; a device backend uploads it once."""
+        return pos
+
     @abstractmethod
     def bias_add(self, x: Tensor, b: Tensor) -> Tensor:
         """x [T, N], b [N] -> x + b (b broadcast over rows)."""

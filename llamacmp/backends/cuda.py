@@ -138,11 +138,12 @@ class DeviceArena:
 
 class DeviceTensor:
     """A block of the arena seen as a row-major array; gives the block back when dropped."""
-    __slots__ = ("ptr", "shape", "dtype", "_arena", "_cls")
+    __slots__ = ("ptr", "shape", "dtype", "_arena", "_cls", "_base")
 
     def __init__(self, arena: DeviceArena, shape: tuple[int, ...], dtype: str, what: str):
         self.shape, self.dtype = tuple(int(s) for s in shape), dtype
         self._arena = None
+        self._base = None           # set on views only: the tensor whose block a view reads
         self.ptr, self._cls = arena.alloc(max(self.nbytes, 1), what)
         self._arena = arena
 
@@ -157,6 +158,18 @@ class DeviceTensor:
     def row_ptr(self, row: int) -> int:
         """Address of row `row` along the first axis."""
         return self.ptr + row * (self.nbytes // self.shape[0])
+
+    def view(self, shape: tuple[int, ...]) -> "DeviceTensor":
+        """The same device bytes as `shape` (same element count, row-major), without a copy. The view holds this
+        tensor (or the tensor this one views), so the block goes back to the arena only when both are dropped."""
+        shape = tuple(int(s) for s in shape)
+        if math.prod(shape) != self.size:
+            raise ValueError(f"view: {self.shape} has {self.size} elements, {shape} needs {math.prod(shape)}")
+        v = DeviceTensor.__new__(DeviceTensor)
+        v.ptr, v.shape, v.dtype, v._cls = self.ptr, shape, self.dtype, self._cls
+        v._arena = None                                   # a view gives nothing back itself
+        v._base = self if self._base is None else self._base
+        return v
 
     def __del__(self):
         if self._arena is not None:
@@ -811,6 +824,14 @@ class CudaBackend(Backend):
         return out
 
     # -- vision encoder (cuda_src/vision.cu) -------------------------------------------------------------------
+    def reshape(self, x, shape):
+        """A view of x's device block (the base class copies through the host: a sync and two copies)."""
+        return x.view(shape)
+
+    def rope_positions(self, pos):
+        """Uploaded once, so that the encoder's 2 x n_layer rope_vision calls read one device copy."""
+        return self._rope_pos(pos, len(pos), "vision rotary positions")
+
     def _rope_pos(self, pos, T: int, what: str) -> DeviceTensor:
         """pos [T, 4] int32: a host array is uploaded; a DeviceTensor (uploaded once by the caller) used as is."""
         if not isinstance(pos, DeviceTensor):

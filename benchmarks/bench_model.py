@@ -2,16 +2,22 @@
 
     python3 benchmarks/bench_model.py MODEL.gguf [-p 512] [-n 128] [-r 2] [--make-9b]
 
---make-9b writes MODEL.gguf first (random weights, the real 9B shapes, Q8_0, a placeholder vocabulary of the real
-size 248320 so that the output projection has its real cost); run that only on the GPU machine (~10 GB).
-The tokenizer is not needed: the model is built from the GGUF's config and weights alone.
+--make-9b writes MODEL.gguf first (random weights, the real 9B shapes, Q8_0, ~10 GB: run that only on the GPU
+machine) with the real Qwen3.5 vocabulary (248320 tokens and its merges, so that llama.cpp's llama-bench and
+llama-server load the same file) from bench_vocab(): --vocab-cache PATH names the cached pickle or its folder (default
+$LLAMACMP_CACHE, ~/.cache/llamacmp; see qwen_vocab.load_qwen35_vocab_anywhere for the lookup without the tokenizer
+source). When none can be found it warns and writes a placeholder vocabulary of the same size (no merges): llamacmp
+runs it, llama.cpp refuses it ("cannot find tokenizer merges in model file").
+The tokenizer is not needed to run: the model is built from the GGUF's config and weights alone.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -33,11 +39,25 @@ class PlaceholderVocab:
     eos_id: int = 0
 
 
-def make_9b(path: str) -> None:
-    from llamacmp.fixtures.writer import SHAPES, write_model
+def bench_vocab(vocab_cache: str | None = None):
+    """The vocabulary for a benchmark model: the real Qwen3.5 one when it can be loaded (llama.cpp needs its merges);
+    otherwise a warning and a placeholder of the real size. An explicit vocab_cache that cannot be used is an error."""
+    from llamacmp.fixtures.qwen_vocab import load_qwen35_vocab_anywhere
+    try:
+        return load_qwen35_vocab_anywhere(Path(vocab_cache) if vocab_cache else None)
+    except (FileNotFoundError, ValueError) as e:
+        if vocab_cache:
+            raise SystemExit(f"--vocab-cache {vocab_cache}: {e}")
+        print(f"WARNING: no real Qwen3.5 vocabulary ({e}); writing a placeholder vocabulary WITHOUT merges: llama.cpp "
+              f"(llama-bench, llama-server) will refuse this file ('cannot find tokenizer merges in model file'); "
+              f"pass --vocab-cache PATH to a qwen35_vocab_v*.pkl", file=sys.stderr, flush=True)
     n = QWEN35_VOCAB
-    vocab = PlaceholderVocab([f"<t{i}>" for i in range(n)], [], [1] * n)
-    write_model(path, SHAPES["9b"], "q8_0", vocab, name="llamacmp-bench-9b-q8_0")
+    return PlaceholderVocab([f"<t{i}>" for i in range(n)], [], [1] * n)
+
+
+def make_9b(path: str, vocab_cache: str | None = None, shape: str = "9b") -> None:
+    from llamacmp.fixtures.writer import SHAPES, write_model
+    write_model(path, SHAPES[shape], "q8_0", bench_vocab(vocab_cache), name=f"llamacmp-bench-{shape}-q8_0")
 
 
 def load(path: str, be: CudaBackend):
@@ -66,6 +86,8 @@ def main(argv=None) -> None:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-r", type=int, default=2)
     ap.add_argument("--make-9b", action="store_true")
+    ap.add_argument("--vocab-cache", default=None,
+                    help="with --make-9b: the qwen35_vocab_v*.pkl (or its folder) for the real vocabulary")
     ap.add_argument("--compare-unfused", action="store_true",
                     help="also time graph decode with one launch per projection (what fusing them saves)")
     ap.add_argument("--compare-kernels", action="store_true",
@@ -74,7 +96,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.make_9b and not os.path.exists(args.model):
         t0 = time.time()
-        make_9b(args.model)
+        make_9b(args.model, args.vocab_cache)
         print(f"wrote {args.model} ({os.path.getsize(args.model) / 1e9:.2f} GB) in {time.time() - t0:.0f} s")
     be = CudaBackend()
     t0 = time.time()

@@ -4,8 +4,9 @@ llama.cpp's llama-bench with -sm none / -sm layer on the same file in the same r
     python3 benchmarks/multi_gpu.py --model /tmp/27b-q8_0.gguf --make [--llama-bench PATH/llama-bench]
            [--devices 0,1] [-p 8192] [-n 64] [-r 2] [-b 8192] [-ub 512] [--shape 27b] [--out table.md]
 
---make writes the model first (random weights, the real 27B shapes, Q8_0, a placeholder vocabulary of the real
-size 248320 so that the embedding and output head have their real cost; ~28.6 GB, written streaming by the fixture
+--make writes the model first (random weights, the real 27B shapes, Q8_0, the real Qwen3.5 vocabulary (248320 tokens
+and merges: llama-bench refuses a file without merges) from --vocab-cache PATH or $LLAMACMP_CACHE, see bench_model.py;
+~28.6 GB, written streaming by the fixture
 writer) and prints how long that took. --shape picks a smaller shape for a dry run (0.8b: ~1 GB).
 --devices 0,0 runs the "two GPU" rows as two parts on ONE GPU (proves the script and the split on a 1-GPU machine;
 its figures say nothing about two cards).
@@ -23,7 +24,6 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,24 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llamacmp.backends.base import StepBatch  # noqa: E402
 
-QWEN35_VOCAB = 248320
-
-
-@dataclass
-class PlaceholderVocab:
-    tokens: list
-    merges: list
-    token_types: list
-    eos_id: int = 0
-
-
-def make_model(path: str, shape: str) -> float:
-    """Write the random-weight Q8_0 model; -> seconds it took."""
-    from llamacmp.fixtures.writer import SHAPES, write_model
-    n = QWEN35_VOCAB
+def make_model(path: str, shape: str, vocab_cache: str | None = None) -> float:
+    """Write the random-weight Q8_0 model (bench_model.bench_vocab: the real vocabulary when it can be loaded, so that
+    llama-bench loads the file too); -> seconds it took."""
+    from bench_model import make_9b
     t0 = time.perf_counter()
-    write_model(path, SHAPES[shape], "q8_0", PlaceholderVocab([f"<t{i}>" for i in range(n)], [], [1] * n),
-                name=f"llamacmp-bench-{shape}-q8_0")
+    make_9b(path, vocab_cache, shape)
     return time.perf_counter() - t0
 
 
@@ -141,6 +129,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--make", action="store_true", help="write the model first (unless it exists)")
+    ap.add_argument("--vocab-cache", default=None, help="with --make: the qwen35_vocab_v*.pkl (or its folder)")
     ap.add_argument("--shape", default="27b")
     ap.add_argument("--llama-bench", help="a CUDA build of llama.cpp's llama-bench (b8462)")
     ap.add_argument("--devices", default="0,1")
@@ -155,7 +144,7 @@ def main(argv=None) -> None:
     devices = [int(d) for d in args.devices.split(",")]
     notes = []
     if args.make and not Path(args.model).exists():
-        secs = make_model(args.model, args.shape)
+        secs = make_model(args.model, args.shape, args.vocab_cache)
         size = Path(args.model).stat().st_size
         notes.append(f"wrote {args.model}: {size / 1e9:.1f} GB in {secs:.0f} s")
         print(notes[-1], file=sys.stderr, flush=True)

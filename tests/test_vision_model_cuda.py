@@ -78,3 +78,32 @@ def test_vision_path_matches_reference(cuda_backend, tmp_path, shape, dtype, siz
             break                                   # a near tie: later steps may follow another token
         assert t_gpu == t_ref
         assert rel(lg_gpu, lg_ref) < tol_logits
+
+
+def test_encode_copies_only_its_inputs_and_output(cuda_backend, tmp_path, monkeypatch):
+    """One encode on the device: three uploads (patches, the resized position table, the rotary positions) and
+    one download (the embeddings), whatever the layer count -- no per-layer position upload, no host round trip
+    for the merger's reshape. Counted on the real library's copy calls."""
+    from llamacmp.vision.config import load_mmproj
+    from llamacmp.vision.encoder import VisionEncoder
+    from llamacmp.vision.preprocess import PreparedImage
+    cfg, weights = load_mmproj(write_mmproj(tmp_path / "mm.gguf", VISION_SHAPES["small"], "f16", 4))
+    enc = VisionEncoder(cfg, weights, cuda_backend)
+    ref = VisionEncoder(cfg, weights, NumpyBackend())
+    step = cfg.patch_size * cfg.merge
+    images = [PreparedImage(np.random.default_rng(s).uniform(-1, 1, (h, w, 3)).astype(np.float32), f"img{s}")
+              for s, (h, w) in enumerate([(2 * step, 2 * step), (3 * step, 5 * step)])]
+    enc.encode(images[0])                               # warm-up: the GELU table is uploaded once per backend
+    calls = {"h2d": 0, "d2h": 0}
+    native = cuda_backend.native
+    for name, key in (("cmp_memcpy_h2d", "h2d"), ("cmp_memcpy_d2h", "d2h")):
+        real = getattr(native, name)
+
+        def counted(*args, real=real, key=key):
+            calls[key] += 1
+            return real(*args)
+        monkeypatch.setattr(native, name, counted)
+    out = enc.encode(images[1])                         # a new grid: the position table is resized and uploaded
+    monkeypatch.undo()
+    assert calls == {"h2d": 3, "d2h": 1}
+    assert rel(out.embeddings, ref.encode(images[1]).embeddings) < 1e-3

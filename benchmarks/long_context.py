@@ -261,11 +261,12 @@ def part_cd(args) -> dict:
             for sparse in (False, True):
                 be.sparse = SparseConfig(budget=args.sparse_budget, min_len=args.sparse_min) if sparse else None
                 be.sparse_stats = None
-                rows.append(_attention_prefill(be, cfg, n, sparse) | {"n": n, "sparse": sparse})
+                row = _attention_prefill(be, cfg, n, sparse, args.prefill_ub)
+                rows.append(row | {"n": n, "sparse": sparse})
                 be.sparse = None
         layers = len(cfg.attn_layers)
-        lines = [f"| prompt | attention | one attention layer s | of which probe + selection s (probe kernel, "
-                 f"copies, host) | of which host selection s (ms per sparse chunk) | blocks visited "
+        lines = [f"| prompt (-ub {args.prefill_ub}) | attention | one attention layer s | of which probe + selection s "
+                 f"(probe kernel, copies, host) | of which host selection s (ms per sparse chunk) | blocks visited "
                  f"| est. whole prefill s (8 layers + rest, rest from pp4096 = {t_pp4096:.2f} s) |",
                  "|---:|---|---:|---:|---:|---:|---:|"]
         for r in rows:
@@ -400,6 +401,7 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", type=int, default=131072)
     ap.add_argument("--n-gen", type=int, default=64)
     ap.add_argument("--prefill-lengths", default="65536,131072")
+    ap.add_argument("--prefill-ub", type=int, default=512, help="part d: rows per prefill chunk (-ub)")
     ap.add_argument("--mem-ctx", type=int, default=262144)
     ap.add_argument("--cap-gib", type=float, default=16)
     ap.add_argument("--one", help=argparse.SUPPRESS)        # run one part in this process (the driver's child)

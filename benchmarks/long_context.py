@@ -257,22 +257,37 @@ def part_cd(args) -> dict:
         t_pp4096 = time.perf_counter() - t0
         del st
         rows = []
-        for n in [int(x) for x in args.prefill_lengths.split(",")]:
-            for sparse in (False, True):
-                be.sparse = SparseConfig(budget=args.sparse_budget, min_len=args.sparse_min) if sparse else None
-                be.sparse_stats = None
+        from llamacmp.lib._native import SIGNATURES
+        # dense, sparse with the selection on the host, then (where the library has it) on the device: last, so
+        # that a failure of the newest kernel loses no other row
+        lengths = [int(x) for x in args.prefill_lengths.split(",")]
+        runs = [(n, sparse, False) for n in lengths for sparse in (False, True)]
+        runs += [(n, True, True) for n in lengths] if "cmp_sparse_select" in SIGNATURES else []
+        for n, sparse, on_device in runs:
+            be.sparse = SparseConfig(budget=args.sparse_budget, min_len=args.sparse_min) if sparse else None
+            be.sparse_stats, be.sparse_device_select = None, on_device
+            try:
                 row = _attention_prefill(be, cfg, n, sparse, args.prefill_ub)
-                rows.append(row | {"n": n, "sparse": sparse})
-                be.sparse = None
+            except Exception as e:             # the device selection is new: report it, keep the other rows
+                if not on_device:
+                    raise
+                row = {"error": f"{type(e).__name__}: {e}"}
+            finally:
+                be.sparse, be.sparse_device_select = None, False
+            rows.append(row | {"n": n, "sparse": sparse, "device_select": on_device})
         layers = len(cfg.attn_layers)
         lines = [f"| prompt (-ub {args.prefill_ub}) | attention | one attention layer s | of which probe + selection s "
                  f"(probe kernel, copies, host) | of which host selection s (ms per sparse chunk) | blocks visited "
                  f"| est. whole prefill s (8 layers + rest, rest from pp4096 = {t_pp4096:.2f} s) |",
                  "|---:|---|---:|---:|---:|---:|---:|"]
         for r in rows:
+            if "error" in r:
+                lines.append(f"| {r['n']} | sparse, device selection | failed: {r['error']} | | | | |")
+                continue
             est = layers * r["seconds"] + t_pp4096 * r["n"] / 4096
             mode = ("sparse" if r["engaged"] else "sparse (NOT engaged: attention does not call sparse_lists)") \
                 if r["sparse"] else "dense"
+            mode += ", device selection" if r["device_select"] else ""
             per = 1e3 * r["host_s"] / max(r["chunks_sparse"], 1)
             lines.append(f"| {r['n']} | {mode} | {r['seconds']:.2f} | {r['probe_s']:.2f} | {r['host_s']:.2f} "
                          f"({per:.1f}) | {100 * r['density']:.0f}% | {est:.1f} |")

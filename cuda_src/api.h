@@ -246,6 +246,15 @@ int cmp_attention_full(const float* q, const float* k, const float* v, float* ou
 int cmp_sparse_probe(const float* q, const void* kc, int k_type, const int32_t* gstart, const int32_t* gend,
                      const int32_t* glimit, float* mass, float* mean, float* work, int L, int G, int Hq, int Hk,
                      int Dh, float scale, int nkb, int n_keys);
+// The block-sparse selection from cmp_sparse_probe's mass/mean [Hq, G, nkb] (G = P probe groups, then nqb query
+// blocks) to cmp_attn_prefill's lists, on the device (llamacmp/sparse_attn.select_lists is the reference): pqb [P]
+// each probe's query block (0 .. nqb-1); Hl lists of Hq/Hl pooled q heads; query blocks qb0 .. qb0+nqb-1, nkb =
+// qb0 + nqb; keep, sink, total from sparse_attn.selection_budget. -> pattern [Hl] (index into sparse_attn.PATTERNS),
+// blocks [Hl, nqb, nkb] (kept key blocks ascending, padded with the diagonal), counts [Hl, nqb] int32.
+// work: 8*n + 4*n*(P + nqb + 1) + 2*n + n*nqb bytes, n = Hl*nkb (sparse_attn.select_work_bytes). Device memory.
+int cmp_sparse_select(const float* mass, const float* mean, const int32_t* pqb, int32_t* pattern, int32_t* blocks,
+                      int32_t* counts, void* work, int Hq, int Hl, int P, int nqb, int nkb, int qb0, int keep,
+                      int sink, double total);
 
 #ifdef __cplusplus
 }

@@ -648,6 +648,10 @@ class CudaBackend(Backend):
         return max(1, min(64, n_kv // 256, -(-256 // blocks)))
 
     # -- block-sparse prefill (sparse_attn; the lists go to cmp_attn_prefill) -----------------------------------
+    # True: the selection runs on the device (cmp_sparse_select) instead of on the host from copied statistics.
+    # Off until tests/test_sparse_cuda.py's select test has passed on a GPU (written without one).
+    sparse_device_select = False
+
     def sparse_lists(self, q: DeviceTensor, seg: Segment, layer: int, cfg: ModelConfig):
         """After this segment's keys are in the cache: its block lists for cmp_attn_prefill -> (blocks [Hk, nqb,
         max_blocks] int32, counts [Hk, nqb] int32, max_blocks) on the device, or None when the chunk stays dense
@@ -677,6 +681,20 @@ class CudaBackend(Backend):
                                      g_d.ptr, g_d.row_ptr(1), g_d.row_ptr(2), mass.ptr, mean.ptr, work.ptr, L, G,
                                      Hq, Hk, Dh, 1.0 / math.sqrt(Dh), nkb, p0 + L)
         group = Hq // Hk
+        if self.sparse_device_select and sp.per_kv_head:
+            # the selection on the device (cmp_sparse_select, same choice): only pattern and counts come back
+            args = sa.select_args(rows, chunk, sp)
+            P, nqb = len(rows), chunk.nqb
+            pattern_d = self.empty((Hk,), "i32", "sparse patterns")
+            blocks = self.empty((Hk, nqb, nkb), "i32", "sparse block lists")
+            counts = self.empty((Hk, nqb), "i32", "sparse block counts")
+            sel_work = self.empty((sa.select_work_bytes(Hk, P, nqb, nkb),), "u8", "sparse selection scratch")
+            pqb = self.from_host(args["pqb"], "i32", "sparse probe blocks")
+            self.native.cmp_sparse_select(mass.ptr, mean.ptr, pqb.ptr, pattern_d.ptr, blocks.ptr, counts.ptr,
+                                          sel_work.ptr, Hq, Hk, P, nqb, nkb, chunk.qb0, args["keep"], args["sink"],
+                                          args["total"])
+            self.sparse_stats.add_lists(self.to_host(pattern_d), self.to_host(counts), chunk)
+            return blocks, counts, nkb
         pattern, mask = sa.select_from_stats(self.to_host(mass), self.to_host(mean), rows, chunk, sp,
                                              group if sp.per_kv_head else 1)
         if not sp.per_kv_head:        # one list per kv head: the union of its q heads' lists

@@ -153,6 +153,10 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                          "int cmp_sparse_probe(const float* q, const void* kc, int k_type, const int32_t* gstart, "
                          "const int32_t* gend, const int32_t* glimit, float* mass, float* mean, float* work, int L, "
                          "int G, int Hq, int Hk, int Dh, float scale, int nkb, int n_keys)"),
+    "cmp_sparse_select": ((_p, _p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _i, _i, _i, _i, ctypes.c_double),
+                          "int cmp_sparse_select(const float* mass, const float* mean, const int32_t* pqb, "
+                          "int32_t* pattern, int32_t* blocks, int32_t* counts, void* work, int Hq, int Hl, int P, "
+                          "int nqb, int nkb, int qb0, int keep, int sink, double total)"),
 }
 
 

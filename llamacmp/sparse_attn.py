@@ -171,8 +171,11 @@ def _prefix(weight: np.ndarray, cost: np.ndarray, budget: np.ndarray) -> np.ndar
     """Per head: the items of highest weight (positive only), taken in that order while their summed cost stays
     within the head's budget; equal weights in index order (as cmp_sparse_select ranks them). weight [H, n],
     cost [n], budget [H] -> chosen [H, n] bool."""
-    order = np.argsort(-weight, axis=1, kind="stable")
     rows = np.arange(weight.shape[0])[:, None]
+    order = np.argsort(-weight, axis=1)
+    w = weight[rows, order]
+    if ((w[:, 1:] == w[:, :-1]) & (w[:, 1:] > 0)).any():   # equal positive weights: index order (rare; slower)
+        order = np.argsort(-weight, axis=1, kind="stable")
     spent = np.cumsum(cost[order], axis=1)
     chosen = np.zeros(weight.shape, bool)
     chosen[rows, order] = (spent <= budget[:, None]) & (weight[rows, order] > 0)
@@ -244,7 +247,9 @@ def _candidates(mass: np.ndarray, mean: np.ndarray, pqb: np.ndarray, chunk: Chun
         kth = np.partition(scores, nkb - keep, axis=2)[:, :, nkb - keep, None]
         above, tied = scores > kth, scores == kth
         room = keep - above.sum(2, keepdims=True)
-        bs = (above | tied & (np.cumsum(tied, axis=2) <= room)) & causal
+        if (tied.sum(2, keepdims=True) > room).any():       # more equal to the k-th than fit: first ones first
+            tied &= np.cumsum(tied, axis=2) <= room
+        bs = (above | tied) & causal
     else:
         bs = np.broadcast_to(causal, (H, nqb, nkb)).copy()
     bs |= own

@@ -482,16 +482,16 @@ def test_template_caps_of_a_plain_template():
 
 
 @pytest.mark.parametrize("tokens, status, message", [
-    ("abc", 500, "[json.exception.type_error.302] type must be array, but is string"),
-    (5, 500, "[json.exception.type_error.302] type must be array, but is number"),
-    (None, 500, "[json.exception.type_error.302] type must be array, but is null"),
-    ({"a": 1}, 500, "[json.exception.type_error.302] type must be array, but is object"),
-    ([1, "a"], 500, "[json.exception.type_error.302] type must be number, but is string"),
+    ("abc", 400, "[json.exception.type_error.302] type must be array, but is string"),
+    (5, 400, "[json.exception.type_error.302] type must be array, but is number"),
+    (None, 400, "[json.exception.type_error.302] type must be array, but is null"),
+    ({"a": 1}, 400, "[json.exception.type_error.302] type must be array, but is object"),
+    ([1, "a"], 400, "[json.exception.type_error.302] type must be number, but is string"),
 ])
-def test_detokenize_wrong_types_answer_as_llama_server(http, tokens, status, message):
+def test_detokenize_wrong_types_are_bad_requests_with_llama_servers_text(http, tokens, status, message):
     r = http.post("/detokenize", json={"tokens": tokens})
     assert r.status_code == status
-    assert err(r) == {"code": 500, "message": message, "type": "server_error"}
+    assert err(r) == {"code": 400, "message": message, "type": "invalid_request_error"}
 
 
 def test_detokenize_converts_numbers_as_llama_server(http):

@@ -9,7 +9,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from ..engine.tasks import ErrorResult
 from .completions import generation_settings
 from .context import ServerContext
-from .errors import ApiError, bad_request, not_supported, server_error
+from .errors import ApiError, bad_request, not_supported
 from .schemas import Fields
 
 
@@ -106,22 +106,24 @@ def _json_type(v) -> str:
 
 
 def detokenize(ctx: ServerContext, body: dict) -> Response:
-    """As llama-server: no "tokens" gives empty content; a non-array, or an element that is not a number or a
-    boolean, answers 500 with nlohmann::json's type_error text; numbers convert as it converts them (1.5 -> 1,
-    true -> 1). A token id outside the vocabulary answers 400 here (llama-server fails a range check: 500)."""
+    """As llama-server: no "tokens" gives empty content; numbers convert as it converts them (1.5 -> 1, true -> 1).
+    A non-array, or an element that is not a number or a boolean, gets nlohmann::json's type_error text as
+    llama-server sends it, but as a 400: it is the client's bad input, and a 5xx would tell load balancers and
+    API fuzzers (issue 5: schemathesis, zero 5xx) that the server failed (llama-server answers 500). A token id
+    outside the vocabulary answers 400 too (llama-server fails a range check: 500). compat/DIFFERENCES.md lists both."""
     if "tokens" not in body:
         return JSONResponse({"content": ""})
     toks = body["tokens"]
     if not isinstance(toks, list):
-        raise server_error(f"[json.exception.type_error.302] type must be array, but is {_json_type(toks)}")
+        raise bad_request(f"[json.exception.type_error.302] type must be array, but is {_json_type(toks)}")
     ids = []
     for t in toks:
         if not isinstance(t, (bool, int, float)):
-            raise server_error(f"[json.exception.type_error.302] type must be number, but is {_json_type(t)}")
+            raise bad_request(f"[json.exception.type_error.302] type must be number, but is {_json_type(t)}")
         try:
             ids.append(int(t))
         except (OverflowError, ValueError):      # NaN / Infinity (Python's parser accepts them)
-            raise server_error(f"invalid token id {t}") from None
+            raise bad_request(f"invalid token id {t}") from None
     bad = [t for t in ids if not 0 <= t < ctx.n_vocab]
     if bad:
         raise bad_request(f"invalid token id {bad[0]} (vocabulary has {ctx.n_vocab} tokens)")

@@ -136,7 +136,8 @@ def test_select_kernel_matches_select_lists(cuda_backend, Hq, Hl, P, nqb, qb0, t
     md, ed, qd = be.from_host(mass, "f32"), be.from_host(mean, "f32"), be.from_host(pqb, "i32")
     be.native.cmp_sparse_select(md.ptr, ed.ptr, qd.ptr, out_p.ptr, out_b.ptr, out_c.ptr, work.ptr, Hq, Hl, P, nqb,
                                 nkb, qb0, keep, cfg.sink, float(total))
-    got_p, got_b, got_c = be.to_host(out_p), be.to_host(out_b), be.to_host(out_c)
+    # to_host hands every dtype back as float32: ids and counts come back as integers for indexing
+    got_p, got_b, got_c = (be.to_host(t).astype(np.int64) for t in (out_p, out_b, out_c))
     # the reference's candidates and recalls, to tell a real disagreement from an fp64 tie
     pm = mass[:, :P].reshape(Hl, Hq // Hl, P, nkb).sum(1, dtype=np.float32)
     pmean = mean[:, P:].reshape(Hl, Hq // Hl, nqb, nkb).mean(1, dtype=np.float32)

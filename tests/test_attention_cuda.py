@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cuda_helpers import rel, up
 
 from llamacmp import kv_layout, kv_quant, sparse_attn
 from llamacmp.backends.base import StepBatch
@@ -21,21 +22,10 @@ REF = NumpyBackend()
 TOL = {"f32": 1e-4, "f16": 1e-4, "q8_0": 1e-3, "q4_0": 1e-3, "tq3": 1e-2}
 
 
-def rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert a.shape == b.shape, (a.shape, b.shape)
-    assert np.isfinite(a).all(), "non-finite output (an element left unwritten?)"
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def cfg_for(Hq, Hk, Dh) -> ModelConfig:
     return ModelConfig(n_layer=4, n_embd=64, n_ff=128, n_head=Hq, n_head_kv=Hk, head_dim=Dh, n_vocab=97,
                        n_ctx_train=1 << 18, rms_eps=1e-6, rope_base=1e7, n_rot=16, rope_sections=(0, 0, 0, 0),
                        conv_kernel=4, ssm_k_heads=2, ssm_v_heads=4, ssm_head_dim=32, full_attention_interval=4)
-
-
-def up(be, a):
-    return be.from_host(np.asarray(a, np.float32), "f32")
 
 
 def make_pair(be, cfg, n_ctx, kt, vt, n_past, rng):

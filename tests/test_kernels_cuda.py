@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cuda_helpers import poison, rel, up
 
 from llamacmp.backends.base import StepBatch
 from llamacmp.backends.numpy_ref import NumpyBackend, quantize_q8_blocks
@@ -20,26 +21,6 @@ pytestmark = pytest.mark.cuda
 FP32_TOL = 1e-4
 Q8_TOL = 1e-3
 REF = NumpyBackend()
-
-
-def rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert a.shape == b.shape, (a.shape, b.shape)
-    assert np.isfinite(a).all(), "non-finite output (an element left unwritten?)"
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
-def poison(be, *shapes):
-    """Allocate f32 blocks of these shapes, fill them with NaN and free them: the next allocations of the same
-    sizes (the op's outputs) get these blocks back."""
-    ts = [be.empty(s) for s in shapes]
-    for t in ts:
-        be.native.cmp_memset(t.ptr, 0xFF, t.nbytes)
-    del ts
-
-
-def up(be, a):
-    return be.from_host(np.asarray(a, np.float32), "f32")
 
 
 def cfg_for(Hq=4, Hk=2, Dh=64, n_rot=16, K=2, V=4, Dk=32, kernel=4, eps=1e-6) -> ModelConfig:

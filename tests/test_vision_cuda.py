@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 import pytest
+from cuda_helpers import poison, rel, up
 
 from llamacmp.backends.base import Segment, SeqState, StepBatch
 from llamacmp.backends.numpy_ref import NumpyBackend
@@ -23,25 +24,6 @@ pytestmark = pytest.mark.cuda
 FP32_TOL = 1e-4
 F16_TOL = 1e-3
 REF = NumpyBackend()
-
-
-def rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert a.shape == b.shape, (a.shape, b.shape)
-    assert np.isfinite(a).all(), "non-finite output (an element left unwritten?)"
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
-def poison(be, *shapes):
-    """Allocate f32 blocks of these shapes, fill them with NaN and free them: the op's outputs get them back."""
-    ts = [be.empty(s) for s in shapes]
-    for t in ts:
-        be.native.cmp_memset(t.ptr, 0xFF, t.nbytes)
-    del ts
-
-
-def up(be, a):
-    return be.from_host(np.asarray(a, np.float32), "f32")
 
 
 # -- dense projections (matmuls with f32 / f16 weights -> cmp_matmul_dense) ---------------------------------------

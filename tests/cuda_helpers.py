@@ -1,0 +1,27 @@
+"""Helpers shared by the CUDA op tests (test_kernels_cuda, test_vision_cuda, test_attention_cuda): the error
+measure they hold kernels to, NaN-poisoned outputs, and uploads."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def rel(a, b) -> float:
+    """Relative L2 error of `a` against the reference `b` (same shape); fails on a non-finite element of `a`."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert np.isfinite(a).all(), "non-finite output (an element left unwritten?)"
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def poison(be, *shapes):
+    """Allocate f32 blocks of these shapes, fill them with NaN and free them: the next allocations of the same
+    sizes (the op's outputs) get these blocks back."""
+    ts = [be.empty(s) for s in shapes]
+    for t in ts:
+        be.native.cmp_memset(t.ptr, 0xFF, t.nbytes)
+    del ts
+
+
+def up(be, a):
+    """Upload a host array to `be` as f32."""
+    return be.from_host(np.asarray(a, np.float32), "f32")

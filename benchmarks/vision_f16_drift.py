@@ -10,21 +10,14 @@ This script runs the reference twice, as is and with fp32 sums (the same roundin
 the test's cases and prints the relative differences it must tolerate. Run: python3 benchmarks/vision_f16_drift.py
 Measured (2026-11-30, this CPU): tiny f32 emb 1.2e-4 logits 1.5e-4 steps 1.6e-4; tiny f16 emb 3.9e-4 logits
 3.6e-4 steps 1.26e-3; small f16 emb 5.2e-4 logits 3.0e-3 steps 3.0e-3 (the H200 run: 1.26e-3 and 3.3e-3)."""
-import io
 import pathlib
 import tempfile
 
 import numpy as np
-from PIL import Image
 
-from llamacmp.backends.base import StepBatch
 from llamacmp.backends.numpy_ref import NumpyBackend, RefQ8
 from llamacmp.fixtures.mmproj_writer import VISION_SHAPES, write_mmproj, write_text_model
-from llamacmp.loader import load_model
-from llamacmp.vision.projector import VisionProjector
-from llamacmp.vision.prompt import eval_chunks
-
-CASES = [("tiny", "f32", (100, 60)), ("tiny", "f16", (333, 190)), ("small", "f16", (448, 448))]  # as the test
+from llamacmp.fixtures.vision_path import VISION_PATH_CASES, random_png, run_vision_path
 
 
 class Fp32SumNumpy(NumpyBackend):
@@ -60,39 +53,16 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def png(w: int, h: int, seed: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, "PNG")
-    return buf.getvalue()
-
-
-def run(be, text, mm, image):
-    """test_vision_path_matches_reference's steps -> (embeddings, prompt logits, 8 greedy steps' logits)."""
-    lm = load_model(text, be)
-    emb = VisionProjector(str(mm), lm).encode_bytes(image)
-    bos = lm.tokenizer.encode("<|im_start|>user\n<|vision_start|>", parse_special=True)
-    eos = lm.tokenizer.encode("<|vision_end|>what?<|im_end|>\n<|im_start|>assistant\n", parse_special=True)
-    state = be.new_state(lm.cfg, 4096, "f32")
-    logits = be.to_host(eval_chunks(lm.model, state, [bos, emb, eos]))[-1]
-    steps, tok = [], int(np.argmax(logits))
-    for _ in range(8):
-        lg = be.to_host(lm.model.forward(StepBatch.build([(state, [tok])])))[-1]
-        steps.append(lg)
-        tok = int(np.argmax(lg))
-    return emb.embeddings.copy(), logits, steps
-
-
 def main() -> None:
-    for shape, dtype, size in CASES:
+    for shape, dtype, size in VISION_PATH_CASES:
         tmp = pathlib.Path(tempfile.mkdtemp())
         text = write_text_model(tmp / "text.gguf", shape, "f32", 9)
         mm = write_mmproj(tmp / "mm.gguf", VISION_SHAPES[shape], dtype, 9)
-        image = png(*size, seed=size[0])
-        e0, l0, s0 = run(NumpyBackend(), text, mm, image)
-        e1, l1, s1 = run(Fp32SumNumpy(), text, mm, image)
+        image = random_png(*size, seed=size[0])
+        e0, l0, s0, _ = run_vision_path(NumpyBackend(), text, mm, image)
+        e1, l1, s1, _ = run_vision_path(Fp32SumNumpy(), text, mm, image)
         print(f"{shape} {dtype} {size}: emb {rel(e1, e0):.2e}  logits {rel(l1, l0):.2e}  "
-              f"steps max {max(rel(a, b) for a, b in zip(s1, s0)):.2e}", flush=True)
+              f"steps max {max(rel(a, b) for (_, a), (_, b) in zip(s1, s0)):.2e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,51 +12,21 @@ import pytest
 
 pytest.importorskip("PIL")
 
-from llamacmp.backends.base import StepBatch  # noqa: E402
+from cuda_helpers import rel  # noqa: E402
+
 from llamacmp.backends.numpy_ref import NumpyBackend  # noqa: E402
 from llamacmp.fixtures.mmproj_writer import VISION_SHAPES, write_mmproj, write_text_model  # noqa: E402
-from llamacmp.loader import load_model  # noqa: E402
-from llamacmp.vision.projector import VisionProjector  # noqa: E402
-from llamacmp.vision.prompt import eval_chunks  # noqa: E402
+from llamacmp.fixtures.vision_path import VISION_PATH_CASES, random_png, run_vision_path  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
 
-def rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
-def png(w: int, h: int, seed: int) -> bytes:
-    import io
-
-    from PIL import Image
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, "PNG")
-    return buf.getvalue()
-
-
-@pytest.mark.parametrize("shape,dtype,size", [("tiny", "f32", (100, 60)), ("tiny", "f16", (333, 190)),
-                                              ("small", "f16", (448, 448))])
+@pytest.mark.parametrize("shape,dtype,size", VISION_PATH_CASES)
 def test_vision_path_matches_reference(cuda_backend, tmp_path, shape, dtype, size):
     text = write_text_model(tmp_path / "text.gguf", shape, "f32", 9)
     mm = write_mmproj(tmp_path / "mm.gguf", VISION_SHAPES[shape], dtype, 9)
-    image = png(*size, seed=size[0])
-    out = {}
-    for name, be in (("ref", NumpyBackend()), ("cuda", cuda_backend)):
-        lm = load_model(text, be)
-        emb = VisionProjector(str(mm), lm).encode_bytes(image)
-        bos = lm.tokenizer.encode("<|im_start|>user\n<|vision_start|>", parse_special=True)
-        eos = lm.tokenizer.encode("<|vision_end|>what?<|im_end|>\n<|im_start|>assistant\n", parse_special=True)
-        state = be.new_state(lm.cfg, 4096, "f32")
-        logits = be.to_host(eval_chunks(lm.model, state, [bos, emb, eos]))[-1]
-        steps, tok = [], int(np.argmax(logits))
-        for _ in range(8):
-            lg = be.to_host(lm.model.forward(StepBatch.build([(state, [tok])])))[-1]
-            steps.append((tok, lg))
-            tok = int(np.argmax(lg))
-        out[name] = (emb.embeddings.copy(), logits, steps, state.rope_shift)
+    image = random_png(*size, seed=size[0])
+    out = {name: run_vision_path(be, text, mm, image) for name, be in (("ref", NumpyBackend()), ("cuda", cuda_backend))}
     (e_ref, l_ref, s_ref, sh_ref), (e_gpu, l_gpu, s_gpu, sh_gpu) = out["ref"], out["cuda"]
     assert sh_ref == sh_gpu != 0
     # The encoder's own output is held to 1e-3 for both weight types. The logits get more room with f16 weights:

@@ -67,17 +67,24 @@ def l2_normalize(x: np.ndarray, eps: float) -> np.ndarray:
     return x64 / np.maximum(np.sqrt(np.sum(x64 * x64, axis=-1, keepdims=True)), eps)
 
 
-def rope_neox(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float) -> np.ndarray:
-    """x [T, H, Dh], pos [T]: rotate pairs (i, i + n_rot/2) for i < n_rot/2 by pos * base^(-2i/n_rot).
-    Qwen3.5's IMROPE reduces to this for text, where all four position ids are equal."""
+def _rotate_neox_pairs(x: np.ndarray, theta: np.ndarray, n_rot: int) -> np.ndarray:
+    """x [T, H, Dh], theta [T, n_rot/2]: pairs (i, i + n_rot/2) rotated by theta[t, i] (float64); dims past
+    n_rot pass through. The rotation step that rope_neox and rope_imrope share (they differ in the angles)."""
     half = n_rot // 2
-    theta = pos.astype(np.float64)[:, None] * base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
     cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
     out = x.astype(np.float64).copy()
     x0, x1 = out[..., :half].copy(), out[..., half:n_rot].copy()
     out[..., :half] = x0 * cos - x1 * sin
     out[..., half:n_rot] = x0 * sin + x1 * cos
     return out
+
+
+def rope_neox(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float) -> np.ndarray:
+    """x [T, H, Dh], pos [T]: rotate pairs (i, i + n_rot/2) for i < n_rot/2 by pos * base^(-2i/n_rot).
+    Qwen3.5's IMROPE reduces to this for text, where all four position ids are equal."""
+    half = n_rot // 2
+    theta = pos.astype(np.float64)[:, None] * base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
+    return _rotate_neox_pairs(x, theta, n_rot)
 
 
 def rope_imrope(x: np.ndarray, pos4: np.ndarray, n_rot: int, base: float, sections) -> np.ndarray:
@@ -93,12 +100,7 @@ def rope_imrope(x: np.ndarray, pos4: np.ndarray, n_rot: int, base: float, sectio
     axis[(sector % 3 == 1) & (sector < 3 * s1)] = 1
     p = pos4.astype(np.float64)[:, axis]                                        # [T, half]
     theta = p * base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
-    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-    out = x.astype(np.float64).copy()
-    x0, x1 = out[..., :half].copy(), out[..., half:n_rot].copy()
-    out[..., :half] = x0 * cos - x1 * sin
-    out[..., half:n_rot] = x0 * sin + x1 * cos
-    return out
+    return _rotate_neox_pairs(x, theta, n_rot)
 
 
 def rope_vision_angles(pos: np.ndarray, head_dim: int, sections, theta: float) -> np.ndarray:

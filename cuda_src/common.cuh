@@ -64,6 +64,44 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(v);
 }
 
+// 1 / sqrt(mean(xr^2) + eps) of one row xr [D], block per row (every thread calls it and gets the result).
+// rmsnorm_kernel (elementwise.cu) and rmsnorm_q8_kernel (quantize.cu) both take the scale from here, so the fused
+// kernel equals rmsnorm + quantize bit for bit (fp32 sum; the reference uses float64: fine at D <= 16K for 1e-4).
+__device__ __forceinline__ float row_rms_scale(const float* __restrict__ xr, int D, float eps, float* scratch) {
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
+    return rsqrtf(block_sum(ss, scratch) / D + eps);
+}
+
+// The first half of the attention prep kernels (elementwise.cu: NeoX rope; vision.cu: IMROPE), block (t, hh) of
+// blockDim.x >= Dh threads, hh < Hq a q head, else k head hh - Hq: RMS-normalize the head with its norm weight into
+// normed [Dh] (shared), copy a q head's gate half to gate_out, sync. -> the head's output row (q_out or k_out) [Dh].
+// Every thread of the block calls it (block_sum and __syncthreads inside).
+__device__ __forceinline__ float* attn_prep_norm_head(const float* __restrict__ qg,      // [T, Hq, 2, Dh]
+                                                      const float* __restrict__ k,       // [T, Hk, Dh]
+                                                      const float* __restrict__ q_norm,  // [Dh]
+                                                      const float* __restrict__ k_norm,  // [Dh]
+                                                      float* __restrict__ q_out,         // [T, Hq, Dh]
+                                                      float* __restrict__ k_out,         // [T, Hk, Dh]
+                                                      float* __restrict__ gate_out,      // [T, Hq*Dh]
+                                                      int Hq, int Hk, int Dh, float eps,
+                                                      float* scratch,                    // shared [32]
+                                                      float* normed) {                   // shared [Dh]
+    const int t = blockIdx.x, hh = blockIdx.y, d = threadIdx.x;
+    const bool is_q = hh < Hq;
+    const int h = is_q ? hh : hh - Hq;
+    const float* src = is_q ? qg + ((size_t)t * Hq + h) * 2 * Dh : k + ((size_t)t * Hk + h) * Dh;
+    const float* nw = is_q ? q_norm : k_norm;
+    float* dst = is_q ? q_out + ((size_t)t * Hq + h) * Dh : k_out + ((size_t)t * Hk + h) * Dh;
+
+    const float v = d < Dh ? src[d] : 0.f;
+    const float r = rsqrtf(block_sum(v * v, scratch) / Dh + eps);
+    if (d < Dh) normed[d] = v * r * nw[d];
+    if (is_q && d < Dh) gate_out[(size_t)t * Hq * Dh + (size_t)h * Dh + d] = src[Dh + d];
+    __syncthreads();
+    return dst;
+}
+
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.f + __expf(-x)); }
 

@@ -39,9 +39,7 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x,  // [T, D]
                                int D, float eps) {
     __shared__ float scratch[32];
     const float* xr = x + (size_t)blockIdx.x * D;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
-    const float r = rsqrtf(block_sum(ss, scratch) / D + eps);
+    const float r = row_rms_scale(xr, D, eps, scratch);
     for (int i = threadIdx.x; i < D; i += blockDim.x) y[(size_t)blockIdx.x * D + i] = xr[i] * r * w[i];
 }
 
@@ -84,18 +82,8 @@ __global__ void attention_prep_kernel(const float* __restrict__ qg,      // [T, 
                                       int Hq, int Hk, int Dh, int n_rot, float rope_base, float eps) {
     __shared__ float scratch[32];
     __shared__ float normed[1024];
-    const int t = blockIdx.x, hh = blockIdx.y, d = threadIdx.x;
-    const bool is_q = hh < Hq;
-    const int h = is_q ? hh : hh - Hq;
-    const float* src = is_q ? qg + ((size_t)t * Hq + h) * 2 * Dh : k + ((size_t)t * Hk + h) * Dh;
-    const float* nw = is_q ? q_norm : k_norm;
-    float* dst = is_q ? q_out + ((size_t)t * Hq + h) * Dh : k_out + ((size_t)t * Hk + h) * Dh;
-
-    const float v = d < Dh ? src[d] : 0.f;
-    const float r = rsqrtf(block_sum(v * v, scratch) / Dh + eps);
-    if (d < Dh) normed[d] = v * r * nw[d];
-    if (is_q && d < Dh) gate_out[(size_t)t * Hq * Dh + (size_t)h * Dh + d] = src[Dh + d];
-    __syncthreads();
+    float* dst = attn_prep_norm_head(qg, k, q_norm, k_norm, q_out, k_out, gate_out, Hq, Hk, Dh, eps, scratch, normed);
+    const int t = blockIdx.x, d = threadIdx.x;
     if (d >= Dh) return;
     const int half = n_rot / 2;
     float out = normed[d];

@@ -34,9 +34,9 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x,  // [nblk * 32]
     quantize_block(x[blk * QK + lane], q, d, blk, lane);
 }
 
-// RMSNorm then quantize, block per row. The sum of squares and the normalized value use exactly the expressions
-// and the block size of elementwise.cu's rmsnorm_kernel (launched alike), so q and d equal rmsnorm + quantize
-// bit for bit; then warp w quantizes the 32-blocks w, w + nwarp, ...
+// RMSNorm then quantize, block per row. The scale comes from row_rms_scale as in elementwise.cu's rmsnorm_kernel
+// (launched alike, the same block size) and the normalized value is its expression, so q and d equal rmsnorm +
+// quantize bit for bit; then warp w quantizes the 32-blocks w, w + nwarp, ...
 __global__ void rmsnorm_q8_kernel(const float* __restrict__ x,  // [T, D]
                                   const float* __restrict__ w,  // [D]
                                   int8_t* __restrict__ q,       // [T, D]
@@ -44,9 +44,7 @@ __global__ void rmsnorm_q8_kernel(const float* __restrict__ x,  // [T, D]
                                   int D, float eps) {
     __shared__ float scratch[32];
     const float* xr = x + (size_t)blockIdx.x * D;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
-    const float r = rsqrtf(block_sum(ss, scratch) / D + eps);
+    const float r = row_rms_scale(xr, D, eps, scratch);
     const int lane = threadIdx.x & 31, nb = D / QK;
     for (int b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5) {
         const int i = b * QK + lane;

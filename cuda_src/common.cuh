@@ -64,6 +64,25 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(v);
 }
 
+// (value, index) order of numpy.argmax: larger value first, the lower index among equal values. A NaN value
+// compares false, so it never wins over a number.
+__device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
+// Warp reduction of (value, index) pairs in argmax_better's order: every lane ends with the warp's winner.
+__device__ __forceinline__ void warp_argmax(float& bv, int& bi) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (argmax_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+}
+
 // 1 / sqrt(mean(xr^2) + eps) of one row xr [D], block per row (every thread calls it and gets the result).
 // rmsnorm_kernel (elementwise.cu) and rmsnorm_q8_kernel (quantize.cu) both take the scale from here, so the fused
 // kernel equals rmsnorm + quantize bit for bit (fp32 sum; the reference uses float64: fine at D <= 16K for 1e-4).

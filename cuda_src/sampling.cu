@@ -16,13 +16,9 @@ constexpr int PENALTY_MAX_WINDOW = 4096;
 
 // ==== kernels =====================================================================================================
 
-// (value, index) order of numpy.argmax: larger value first, the lower index among equal values. Unlike numpy, NaN
-// is never chosen over a number (a broken logit must not become the next token); a row of only NaN gives index 0.
-__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
-    return v > bv || (v == bv && i < bi);
-}
-
-// Block per row: strided scan per thread, then a warp and a block reduction of (value, index) pairs.
+// Block per row: strided scan per thread, then a warp and a block reduction of (value, index) pairs in numpy.argmax's
+// order (argmax_better). Unlike numpy, NaN is never chosen over a number (a broken logit must not become the next
+// token); a row of only NaN gives index 0.
 __global__ void __launch_bounds__(ARGMAX_NT)
 argmax_kernel(const float* __restrict__ x,   // [R, N]
               int32_t* __restrict__ out,     // [R]
@@ -34,20 +30,12 @@ argmax_kernel(const float* __restrict__ x,   // [R, N]
     int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < N; i += blockDim.x) {
         const float v = row[i];
-        if (better(v, i, bv, bi)) {  // NaN compares false: skipped
+        if (argmax_better(v, i, bv, bi)) {  // NaN compares false: skipped
             bv = v;
             bi = i;
         }
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-        if (better(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
-        }
-    }
+    warp_argmax(bv, bi);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
     if (lane == 0) {
         sv[warp] = bv;
@@ -57,15 +45,7 @@ argmax_kernel(const float* __restrict__ x,   // [R, N]
     if (warp == 0) {
         bv = lane < nwarp ? sv[lane] : -INFINITY;
         bi = lane < nwarp ? si[lane] : 0x7fffffff;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-            if (better(ov, oi, bv, bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
+        warp_argmax(bv, bi);
         // every value -inf or NaN: no candidate won; index 0 as numpy gives for an all-NaN row
         if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
     }

@@ -119,3 +119,106 @@ def test_lr_schedule_has_no_jump_when_the_time_budget_ends_the_warmup():
     assert max(a - b for a, b in zip(rates, rates[1:])) < 0.05 * p.lr       # no sudden drop
     assert max(rates) > 0.95 * p.lr and rates[-1] < 0.15 * p.lr
     assert train.lr_at(10, replace(p, max_minutes=1e6)) == p.lr * 11 / p.warmup     # fast steps: by steps
+
+
+def test_retrieval_curriculum_grows_and_batches_label_only_the_questions(tok):
+    import random
+    from dataclasses import replace
+    from training import train
+    p = replace(train.PRESETS["smoke"], batch=4, seq_len=256)
+    ends = [train.retrieval_max_words(p, f) for f in (0.0, 0.3, train.CURRICULUM_END, 1.0)]
+    assert ends[0] == p.retrieval_start_words and ends[0] < ends[1] < ends[2] == ends[3] == p.retrieval_words[1]
+    shares = [train.retrieval_share(p, f) for f in (0.0, 0.25, train.SHARE_RAMP_END, 1.0)]
+    assert shares[0] == p.retrieval_share[0] < shares[1] < shares[2] == shares[3] == p.retrieval_share[1]
+    pad = tok.token_to_id(tokenizer.PAD_TOKEN)
+    ids, labels, words = train.retrieval_batch(tok, p, random.Random(0), 0.0, pad)
+    assert p.retrieval_words[0] <= words <= p.retrieval_start_words
+    assert ids.shape[0] > 1 and ids.numel() <= 2 * p.batch * p.seq_len      # several documents packed
+    for row, lab in zip(ids.tolist(), labels.tolist()):
+        text = tok.decode([t for t in row if t != pad])
+        target = tok.decode([t for t in lab if t != train.IGNORE])
+        assert target.strip() == text[text.index("\nQuestion:"):].strip()     # only the Q/A tail is a target
+        assert text.count("Question:") == p.retrieval_questions
+
+
+def test_gdn_kernel_switch_on_cpu():
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+    from training.model import gdn_kernel, resolve_gdn_kernel
+    assert resolve_gdn_kernel("auto", "cpu") == "torch" and resolve_gdn_kernel("torch", "cuda") == "torch"
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        resolve_gdn_kernel("fla", "cpu")
+    bound = mq.torch_chunk_gated_delta_rule
+    with gdn_kernel("torch"):
+        assert mq.torch_chunk_gated_delta_rule.__name__ == "torch_chunk_gated_delta_rule"
+    assert mq.torch_chunk_gated_delta_rule is bound
+
+
+def _need_fla():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: fla's gated delta rule is a Triton kernel")
+    from training.model import fla_chunk_rule
+    if fla_chunk_rule() is None:
+        pytest.skip("fla is not importable (pip install --no-deps --target /tmp/site .whl/fla/fla_core-0.6.0-*.whl)")
+
+
+def _rel(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+# fla runs its dots in TF32 (10-bit mantissa: ~5e-4 per product, chained over chunks), so fp32 inputs agree with
+# transformers' fp32 reference to ~1e-3, not 1e-5: 1e-2 on values, 2e-2 on gradients.
+@pytest.mark.cuda
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 257])
+def test_fla_gated_delta_rule_matches_transformers_reference(T):
+    _need_fla()
+    import inspect
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+    from training.model import fla_gated_delta_rule
+    reference = inspect.unwrap(mq.torch_chunk_gated_delta_rule)
+    g0 = torch.Generator(device="cuda").manual_seed(T)
+    B, Hk, Hv, D = 2, 2, 4, 32
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=g0)     # noqa: E731
+    q, k, v = rnd(B, T, Hk, D), rnd(B, T, Hk, D), rnd(B, T, Hv, D)
+    g = torch.nn.functional.logsigmoid(rnd(B, T, Hv) + 2)              # log decay <= 0, mostly near 0
+    beta, h0 = torch.sigmoid(rnd(B, T, Hv)), 0.1 * rnd(B, Hv, D, D)
+    w_out, w_state = rnd(B, T, Hv, D), rnd(B, Hv, D, D)
+    results = []
+    for fn, group in ((reference, True), (fla_gated_delta_rule, False)):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
+        qq, kk, vv, gg, bb, hh = leaves
+        if group:      # transformers 5.17 repeats q/k heads before the call; fla must do the same by itself
+            qq, kk = qq.repeat_interleave(Hv // Hk, dim=2), kk.repeat_interleave(Hv // Hk, dim=2)
+        out, state = fn(qq, kk, vv, g=gg, beta=bb, initial_state=hh, output_final_state=True,
+                        use_qk_l2norm_in_kernel=True)
+        ((out * w_out).sum() + (state * w_state).sum()).backward()
+        results.append((out.detach(), state.detach(), [x.grad for x in leaves]))
+    (o_ref, s_ref, g_ref), (o_fla, s_fla, g_fla) = results
+    assert o_fla.shape == o_ref.shape == (B, T, Hv, D) and o_fla.dtype == o_ref.dtype
+    assert _rel(o_fla, o_ref) < 1e-2 and _rel(s_fla, s_ref) < 1e-2
+    for name, a, b in zip("q k v g beta h0".split(), g_fla, g_ref):
+        assert _rel(a, b) < 2e-2, name
+
+
+@pytest.mark.cuda
+def test_fla_kernel_trains_like_the_torch_reference(tok):
+    """The tiny model's loss and every parameter's gradient are the same with either kernel (the next training
+    run's first check: fla is what makes it fast)."""
+    _need_fla()
+    from training.model import gdn_kernel
+    model = build_model(SIZES["test"], tok.get_vocab_size(), 0, 1, seed=3).cuda().float()
+    randomize(model, 4)
+    ids = torch.randint(0, tok.get_vocab_size(), (2, 150), generator=torch.Generator().manual_seed(5)).cuda()
+    runs = {}
+    for name in ("torch", "fla"):
+        model.zero_grad(set_to_none=True)
+        with gdn_kernel(name):
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        runs[name] = (loss.item(), {n: p.grad.detach().clone() for n, p in model.named_parameters()})
+    (l_ref, g_ref), (l_fla, g_fla) = runs["torch"], runs["fla"]
+    assert abs(l_fla - l_ref) < 1e-3 * abs(l_ref)
+    worst = max(g_ref, key=lambda n: _rel(g_fla[n], g_ref[n]))
+    # per parameter 5e-2: small gradients (dt_bias, A_log: sums of cancelling terms) carry TF32's error relatively more
+    assert _rel(g_fla[worst], g_ref[worst]) < 5e-2, (worst, _rel(g_fla[worst], g_ref[worst]))
+    flat = [torch.cat([g.flatten() for g in grads.values()]) for grads in (g_fla, g_ref)]
+    assert _rel(*flat) < 1e-2

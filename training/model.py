@@ -5,6 +5,8 @@ groups of 3 Gated DeltaNet + 1 full attention, as in Qwen3.5.
 """
 from __future__ import annotations
 
+import contextlib
+import inspect
 from dataclasses import asdict, dataclass
 
 
@@ -71,3 +73,67 @@ def n_params(model) -> int:
 
 def size_dict(s: ModelSize) -> dict:
     return asdict(s)
+
+
+# --- the Gated DeltaNet kernel ---------------------------------------------------------------------------------
+# transformers' Qwen3.5 calls the module-level `torch_chunk_gated_delta_rule` for every full-sequence forward: its
+# reference is a Python loop over 64-token chunks (~18 K tok/s for the full model on an H200). fla's
+# `chunk_gated_delta_rule` (flash-linear-attention / fla-core, Triton) computes the same thing in fused kernels.
+# transformers 5.17 binds fla by itself only when fla is importable at its import time (and it would then also do so
+# silently); `gdn_kernel` makes the choice explicit and logged whatever was importable.
+
+GDN_KERNELS = ("auto", "fla", "torch")
+
+
+def fla_chunk_rule():
+    """fla's chunked gated delta rule, or None when fla cannot be imported."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError:
+        return None
+    return chunk_gated_delta_rule
+
+
+def resolve_gdn_kernel(choice: str, device: str) -> str:
+    """"torch" or "fla" for --gdn-kernel `choice`: auto is fla on CUDA when importable (Triton needs a GPU)."""
+    if choice not in GDN_KERNELS:
+        raise ValueError(f"--gdn-kernel must be one of {GDN_KERNELS}, got {choice!r}")
+    if choice == "torch":
+        return "torch"
+    usable = device == "cuda" and fla_chunk_rule() is not None
+    if choice == "fla" and not usable:
+        raise RuntimeError(f"--gdn-kernel fla needs CUDA and an importable `fla` (device {device}; "
+                           f"fla importable: {fla_chunk_rule() is not None}); install fla-core or use auto/torch")
+    return "fla" if usable else "torch"
+
+
+def fla_gated_delta_rule(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                         use_qk_l2norm_in_kernel=False, cu_seqlens=None, **_):
+    """transformers' torch_chunk_gated_delta_rule computed by fla, same arguments and results.
+
+    query, key: [B, T, Hk, Dk]; value: [B, T, Hv, Dv]; g (log decay, <= 0), beta: [B, T, Hv];
+    initial_state: [B, Hv, Dk, Dv] or None; returns (out [B, T, Hv, Dv] in query's dtype, final state or None).
+    Both use the [B, T, H, D] layout, scale 1/sqrt(Dk), L2 norm of q and k (eps 1e-6) inside the kernel, and
+    grouped value heads (v head i reads q/k head i // (Hv / Hk), as repeat_interleave does); transformers 5.17
+    repeats q/k itself before the call, 5.24 inside its reference: fla takes either."""
+    chunk = fla_chunk_rule()
+    out, state = chunk(query, key, value, g=g, beta=beta, scale=key.shape[-1] ** -0.5,
+                       initial_state=initial_state, output_final_state=output_final_state,
+                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+    return out.to(query.dtype), state
+
+
+@contextlib.contextmanager
+def gdn_kernel(name: str):
+    """Route transformers' Qwen3.5 chunked gated delta rule to `name` ("torch": transformers' own reference,
+    "fla") while the block runs; restored after."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+    bound = mq.torch_chunk_gated_delta_rule
+    reference = inspect.unwrap(bound)      # under the hub/fla fallback wrappers transformers may have put on it
+    if reference.__module__ != mq.__name__:
+        raise RuntimeError(f"cannot find transformers' reference gated delta rule (got {reference!r})")
+    mq.torch_chunk_gated_delta_rule = {"torch": reference, "fla": fla_gated_delta_rule}[name]
+    try:
+        yield
+    finally:
+        mq.torch_chunk_gated_delta_rule = bound

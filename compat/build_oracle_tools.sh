@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build compat/llama_logits.cpp and compat/llama_chat.cpp against the llama.cpp tree that
+# Build compat/llama_logits.cpp, compat/llama_chat.cpp and compat/llama_mtmd.cpp against the llama.cpp tree that
 # compat/build_llamacpp.sh built (run that first). They land beside llama.cpp's own tools in build-cpu/bin.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -10,14 +10,17 @@ B="$SRC/build-cpu"
 INC=(-I"$SRC/include" -I"$SRC/ggml/include" -I"$SRC/common" -I"$SRC/vendor")
 LIBS=("$B/common/libcommon.a" "$B/src/libllama.a" "$B/ggml/src/libggml.a" "$B/ggml/src/libggml-cpu.a"
       "$B/ggml/src/libggml-base.a")
+# stale TOOL: its binary is missing or older than its source or than oracle_common.h (llama_logits' and
+# llama_mtmd's shared helpers)
+stale() { [[ ! -x "$B/bin/$1" || "$HERE/$1.cpp" -nt "$B/bin/$1" || "$HERE/oracle_common.h" -nt "$B/bin/$1" ]]; }
 for tool in llama_logits llama_chat; do
-    if [[ ! -x "$B/bin/$tool" || "$HERE/$tool.cpp" -nt "$B/bin/$tool" ]]; then
+    if stale "$tool"; then
         echo "building $tool"
         g++ -O2 -std=c++17 "${INC[@]}" "$HERE/$tool.cpp" "${LIBS[@]}" -fopenmp -lpthread -o "$B/bin/$tool"
     fi
 done
 # llama_mtmd (vision goldens) also links llama.cpp's multimodal library (tools/mtmd, built with the tools).
-if [[ ! -x "$B/bin/llama_mtmd" || "$HERE/llama_mtmd.cpp" -nt "$B/bin/llama_mtmd" ]]; then
+if stale llama_mtmd; then
     [[ -f "$B/tools/mtmd/libmtmd.a" ]] || { echo "libmtmd.a missing: cmake --build $B --target mtmd" >&2; exit 1; }
     echo "building llama_mtmd"
     g++ -O2 -std=c++17 "${INC[@]}" -I"$SRC/tools/mtmd" "$HERE/llama_mtmd.cpp" "$B/tools/mtmd/libmtmd.a" "${LIBS[@]}" \

@@ -3,7 +3,8 @@
 // IDS_FILE holds whitespace-separated token ids. Writes OUT_PREFIX.logits (float32 [n_tokens, n_vocab],
 // logits of every prompt position from one batched prefill) and OUT_PREFIX.greedy (N greedy token ids, one
 // decode step at a time after the prompt). Built against the compat llama.cpp tree by compat/build_llamacpp.sh.
-#include "llama.h"
+#define ORACLE_TOOL "llama_logits"
+#include "oracle_common.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -11,14 +12,6 @@
 #include <fstream>
 #include <string>
 #include <vector>
-
-static int fail(const char * msg) { fprintf(stderr, "llama_logits: %s\n", msg); return 1; }
-
-static int argmax(const float * x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
-    return best;
-}
 
 int main(int argc, char ** argv) {
     if (argc < 4) return fail("usage: llama_logits MODEL IDS_FILE OUT_PREFIX [--kv f32|f16] [--fa on|off] [--greedy N]");
@@ -34,17 +27,10 @@ int main(int argc, char ** argv) {
     { std::ifstream in(argv[2]); long t; while (in >> t) ids.push_back((llama_token) t); }
     if (ids.empty()) return fail("no token ids");
 
-    llama_backend_init();
-    llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    llama_model * model = llama_model_load_from_file(argv[1], mp);
+    llama_model * model = load_model_cpu(argv[1]);
     if (!model) return fail("cannot load model");
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = (uint32_t) (ids.size() + n_greedy + 8);
-    cp.n_batch = cp.n_ubatch = (uint32_t) ids.size();
-    cp.type_k = cp.type_v = kv == "f32" ? GGML_TYPE_F32 : GGML_TYPE_F16;
-    cp.flash_attn_type = fa == "on" ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cp.n_threads = cp.n_threads_batch = 2;
+    llama_context_params cp = cpu_context_params((uint32_t) (ids.size() + n_greedy + 8), (uint32_t) ids.size(), kv,
+                                                 fa == "on");
     llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) return fail("cannot create context");
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));

@@ -7,7 +7,8 @@
 //   OUT_PREFIX.logits  float32 [n_vocab]: logits after the whole prompt (mtmd_helper_eval_chunks)
 //   OUT_PREFIX.greedy  N greedy token ids, one decode step at a time after the prompt
 // Built against the compat llama.cpp tree by compat/build_oracle_tools.sh.
-#include "llama.h"
+#define ORACLE_TOOL "llama_mtmd"
+#include "oracle_common.h"
 #include "mtmd.h"
 #include "mtmd-helper.h"
 
@@ -18,14 +19,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-static int fail(const char * msg) { fprintf(stderr, "llama_mtmd: %s\n", msg); return 1; }
-
-static int argmax(const float * x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
-    return best;
-}
 
 int main(int argc, char ** argv) {
     if (argc < 6) return fail("usage: llama_mtmd MODEL MMPROJ IMAGE PROMPT_FILE OUT_PREFIX [--greedy N] "
@@ -41,17 +34,9 @@ int main(int argc, char ** argv) {
     std::string prompt;
     { std::ifstream in(argv[4]); std::stringstream ss; ss << in.rdbuf(); prompt = ss.str(); }
 
-    llama_backend_init();
-    llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    llama_model * model = llama_model_load_from_file(argv[1], mp);
+    llama_model * model = load_model_cpu(argv[1]);
     if (!model) return fail("cannot load model");
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 8192;
-    cp.n_batch = cp.n_ubatch = 4096;
-    cp.type_k = cp.type_v = kv == "f32" ? GGML_TYPE_F32 : GGML_TYPE_F16;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cp.n_threads = cp.n_threads_batch = 2;
+    llama_context_params cp = cpu_context_params(8192, 4096, kv, false);
     llama_context * lctx = llama_init_from_model(model, cp);
     if (!lctx) return fail("cannot create context");
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));

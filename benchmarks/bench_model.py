@@ -79,6 +79,21 @@ def weight_bytes_per_token(model) -> int:
     return total
 
 
+def time_prefill(be: CudaBackend, cfg, model, p: int, reps: int, n_ctx: int, rng) -> float:
+    """ppN: median seconds over `reps` of one forward of p random token ids (drawn from rng) on a fresh state,
+    the device idle at the start and the logits copied back at the end."""
+    times = []
+    for _ in range(reps):
+        st = be.new_state(cfg, n_ctx)
+        ids = [int(i) for i in rng.integers(0, cfg.n_vocab, p)]
+        be.synchronize()
+        t0 = time.perf_counter()
+        be.to_host(model.forward(StepBatch.build([(st, ids)])))
+        times.append(time.perf_counter() - t0)
+        del st
+    return float(np.median(times))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -121,16 +136,7 @@ def main(argv=None) -> None:
     print("| model | test | t/s | ms |")
     print("| --- | --- | ---: | ---: |")
     for p in args.p:
-        times = []
-        for _ in range(args.r):
-            st = be.new_state(cfg, n_ctx)
-            ids = [int(i) for i in rng.integers(0, cfg.n_vocab, p)]
-            be.synchronize()
-            t0 = time.perf_counter()
-            be.to_host(model.forward(StepBatch.build([(st, ids)])))
-            times.append(time.perf_counter() - t0)
-            del st
-        t = float(np.median(times))
+        t = time_prefill(be, cfg, model, p, args.r, n_ctx, rng)
         print(f"| qwen35 9B-shape Q8_0 | pp{p} | {p / t:.1f} | {1e3 * t:.1f} |")
     times = []
     for _ in range(args.r):
@@ -184,16 +190,7 @@ def compare_kernels(be: CudaBackend, cfg, model, pp: list[int], n: int, reps: in
         be.to_host(model.forward(StepBatch.build([(st, list(rng.integers(0, cfg.n_vocab, 128)))])))
         del st
         for p in pp:
-            times = []
-            for _ in range(reps):
-                st = be.new_state(cfg, n_ctx)
-                ids = [int(i) for i in rng.integers(0, cfg.n_vocab, p)]
-                be.synchronize()
-                t0 = time.perf_counter()
-                be.to_host(model.forward(StepBatch.build([(st, ids)])))
-                times.append(time.perf_counter() - t0)
-                del st
-            t = float(np.median(times))
+            t = time_prefill(be, cfg, model, p, reps, n_ctx, rng)
             print(f"| {label} | pp{p} | {p / t:.1f} | {1e3 * t:.1f} |", flush=True)
         times = []
         for _ in range(reps):

@@ -217,8 +217,11 @@ def test_fla_kernel_trains_like_the_torch_reference(tok):
         runs[name] = (loss.item(), {n: p.grad.detach().clone() for n, p in model.named_parameters()})
     (l_ref, g_ref), (l_fla, g_fla) = runs["torch"], runs["fla"]
     assert abs(l_fla - l_ref) < 1e-3 * abs(l_ref)
-    worst = max(g_ref, key=lambda n: _rel(g_fla[n], g_ref[n]))
-    # per parameter 5e-2: small gradients (dt_bias, A_log: sums of cancelling terms) carry TF32's error relatively more
-    assert _rel(g_fla[worst], g_ref[worst]) < 5e-2, (worst, _rel(g_fla[worst], g_ref[worst]))
     flat = [torch.cat([g.flatten() for g in grads.values()]) for grads in (g_fla, g_ref)]
     assert _rel(*flat) < 1e-2
+    # A_log and dt_bias get sums of cancelling per-token terms: with exact fp32 dots (fla under Triton's CPU
+    # interpreter) they already differed by 3e-4 where every other gradient agreed to ~1e-6, so TF32 moves them
+    # most; 0.3 still catches a wrong sign, scale or head mapping (>= 1). Everything else: 5e-2.
+    errors = {n: _rel(g_fla[n], g_ref[n]) for n in g_ref}
+    bad = {n: e for n, e in errors.items() if e > (0.3 if n.endswith(("A_log", "dt_bias")) else 5e-2)}
+    assert not bad, bad

@@ -23,7 +23,6 @@ returns are the graph's own buffer: read them before the next replay of that gra
 from __future__ import annotations
 
 from collections import OrderedDict
-from contextlib import contextmanager
 from typing import Sequence
 
 import numpy as np
@@ -34,47 +33,6 @@ from .cuda import DeviceArena
 
 GRAPH_CHUNK = 16 << 20        # bytes a graph's arena takes at a time
 GRAPH_ARENA_CAP = 1 << 40     # no cap of its own: a failing cudaMalloc is the limit (DeviceMemoryError)
-
-
-def new_graph_arena(be) -> DeviceArena:
-    """An arena for one graph's captured tensors (the module doc says why a graph needs its own)."""
-    return DeviceArena(be.native, GRAPH_ARENA_CAP, GRAPH_CHUNK)
-
-
-@contextmanager
-def graph_capture(be, arena: DeviceArena):
-    """Record the body's launches on `be` into a CUDA graph, its tensors from `arena`; the caller ends the capture
-    with be.native.graph_end() after the body (-> the graph exec). On an error the capture is ended and dropped;
-    be.arena and be.capturing are restored either way."""
-    main = be.arena
-    be.arena = arena
-    be.capturing = True
-    be.native.cmp_graph_begin()
-    try:
-        yield
-    except BaseException:
-        try:
-            be.native.graph_end()
-        except NativeError:
-            pass
-        raise
-    finally:
-        be.capturing = False
-        be.arena = main
-
-
-def release_graph(owner, *blocks: str) -> None:
-    """The __del__ of an object holding a captured graph (owner.exec, on owner.be) and its arena (owner.arena):
-    destroy the graph, drop the attributes `blocks` (blocks of that arena; releasing them into a closed arena is
-    harmless) and close the arena. Safe on an owner whose __init__ failed half way."""
-    if getattr(owner, "exec", 0):
-        owner.be.native.cmp_graph_destroy(owner.exec)
-        owner.exec = 0
-    arena = getattr(owner, "arena", None)
-    if arena is not None:
-        for name in blocks:
-            setattr(owner, name, None)
-        arena.close()
 
 
 class CapturedStep:
@@ -97,13 +55,24 @@ class CapturedStep:
                           [Segment(i, 1, s) for i, s in enumerate(self.states)], self.rows)
         batch.device["cuda_pos"] = self.pos
         saved = [s.n_past for s in self.states]
-        self.arena = new_graph_arena(be)                   # the captured forward's tensors: see the module doc
+        main = be.arena
+        self.arena = DeviceArena(be.native, GRAPH_ARENA_CAP, GRAPH_CHUNK)
+        be.arena = self.arena                              # the captured forward's tensors: see the module doc
+        be.capturing = True
+        be.native.cmp_graph_begin()
         try:
-            with graph_capture(be, self.arena):
-                self.logits = model.forward(batch)         # recorded, not run
-                if greedy:
-                    be.argmax(self.logits, out=self.tokens)    # the next replay embeds these ids
+            self.logits = model.forward(batch)             # recorded, not run
+            if greedy:
+                be.argmax(self.logits, out=self.tokens)    # the next replay embeds these ids
+        except BaseException:
+            try:
+                be.native.graph_end()
+            except NativeError:
+                pass
+            raise
         finally:
+            be.capturing = False
+            be.arena = main
             for s, n in zip(self.states, saved):
                 s.n_past = n
         self.exec = be.native.graph_end()
@@ -148,7 +117,13 @@ class CapturedStep:
         return self.be.ids_to_host(self.tokens) if read else None
 
     def __del__(self):
-        release_graph(self, "logits")
+        if getattr(self, "exec", 0):
+            self.be.native.cmp_graph_destroy(self.exec)
+            self.exec = 0
+        arena = getattr(self, "arena", None)
+        if arena is not None:
+            self.logits = None       # (a block of this arena; releasing it into a closed arena is harmless)
+            arena.close()
 
 
 class DecodeGraphs:

@@ -612,16 +612,29 @@ class _PartStep:
         self.x_out = self.logits = None
         # the captured tensors come from an arena of the graph's own (backends/cuda_graphs.py says why: blocks
         # freed after capture must not go to later long-lived tensors that every replay would overwrite)
-        from ..backends.cuda_graphs import graph_capture, new_graph_arena, release_graph
-        self._release = release_graph      # for __del__, which must not import (it may run at interpreter exit)
-        self.arena = new_graph_arena(be)
-        with graph_capture(be, self.arena):
+        from ..backends.cuda import DeviceArena
+        from ..backends.cuda_graphs import GRAPH_ARENA_CAP, GRAPH_CHUNK
+        main = be.arena
+        self.arena = DeviceArena(be.native, GRAPH_ARENA_CAP, GRAPH_CHUNK)
+        be.arena = self.arena
+        be.capturing = True
+        be.native.cmp_graph_begin()
+        try:
             x = model.embed(batch) if self.first else self.x_in
             x = model.run_layers(x, batch, part.layers)
             if self.last:
                 self.logits = model.head(x, batch)
             else:
                 self.x_out = x
+        except BaseException:
+            try:
+                be.native.graph_end()
+            except Exception:
+                pass
+            raise
+        finally:
+            be.capturing = False
+            be.arena = main
         self.exec = be.native.graph_end()
 
     def replay(self, positions: np.ndarray, tokens, inbound: Bridge | None, outbound: Bridge | None):
@@ -638,9 +651,13 @@ class _PartStep:
         return be.to_host(self.logits)
 
     def __del__(self):
-        release = getattr(self, "_release", None)
-        if release is not None:
-            release(self, "x_out", "logits")
+        if getattr(self, "exec", 0):
+            self.be.native.cmp_graph_destroy(self.exec)
+            self.exec = 0
+        arena = getattr(self, "arena", None)
+        if arena is not None:
+            self.x_out = self.logits = None   # blocks of this arena (released into a closed arena: harmless)
+            arena.close()
 
 
 class SplitDecodeGraphs:

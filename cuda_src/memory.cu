@@ -30,16 +30,6 @@ int fail(int code, const char* fmt, ...) {
 
 cudaStream_t stream() { return t_stream ? t_stream : g_stream[current_device()]; }
 
-// The result of allocation call `call` for `bytes`: out of memory is CMP_ERR_NOMEM ("out of <pool>"), with the
-// runtime's sticky allocation error cleared so that later launches are not blamed; other errors as check_cuda.
-static int alloc_result(cudaError_t e, const char* call, size_t bytes, const char* pool) {
-    if (e == cudaErrorMemoryAllocation) {
-        cudaGetLastError();
-        return fail(CMP_ERR_NOMEM, "%s of %zu bytes: out of %s", call, bytes, pool);
-    }
-    return check_cuda(e, call);
-}
-
 }  // namespace cmp
 
 using namespace cmp;
@@ -75,7 +65,12 @@ extern "C" int cmp_mem_info(size_t* free_bytes, size_t* total_bytes) {
 }
 
 extern "C" int cmp_malloc(void** ptr, size_t bytes) {
-    return alloc_result(cudaMalloc(ptr, bytes), "cudaMalloc", bytes, "device memory");
+    cudaError_t e = cudaMalloc(ptr, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();  // clear the sticky-free allocation error so later launches are not blamed
+        return fail(CMP_ERR_NOMEM, "cudaMalloc of %zu bytes: out of device memory", bytes);
+    }
+    return check_cuda(e, "cudaMalloc");
 }
 
 extern "C" int cmp_free(void* ptr) { return check_cuda(cudaFree(ptr), "cudaFree"); }
@@ -189,7 +184,12 @@ extern "C" int cmp_memcpy_peer_async(void* dst, int dst_device, const void* src,
 
 extern "C" int cmp_host_alloc(void** ptr, size_t bytes) {
     // Portable: the pinned block is pinned for every device's context, so both ends of a bridge can DMA it.
-    return alloc_result(cudaHostAlloc(ptr, bytes, cudaHostAllocPortable), "cudaHostAlloc", bytes, "pinned host memory");
+    cudaError_t e = cudaHostAlloc(ptr, bytes, cudaHostAllocPortable);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        return fail(CMP_ERR_NOMEM, "cudaHostAlloc of %zu bytes: out of pinned host memory", bytes);
+    }
+    return check_cuda(e, "cudaHostAlloc");
 }
 
 extern "C" int cmp_host_free(void* ptr) { return check_cuda(cudaFreeHost(ptr), "cudaFreeHost"); }

@@ -5,11 +5,14 @@
 //    Two generations, chosen per call by `kernels` (CMP_MM_* bits of cmp_matmul_q8_ex) so a faulty one can be
 //    switched off: v1 = GEMV for T <= 8 + 64x64 GEMM; v2 = GEMV for T <= 16 with 8 loads in flight per lane and
 //    2 rows per warp when T > 1 (activation loads shared), and a 128x128 GEMM (8x8 outputs per thread, double-
-//    buffered shared memory: cp.async on sm_80+, register prefetch on sm_70/75).
+//    buffered shared memory: cp.async on sm_80+, register prefetch on sm_70/75); v3 (CMP_MM_GEMV3) = v2's GEMV
+//    arithmetic, bit for bit, as a persistent kernel whose warps keep their weight loads in flight across rows.
 //    Optional residual: y = res + x . W^T (the model's residual add fused into the projection's epilogue).
 //  - F32/F16 weights (fixture files): one tiled fp32 GEMM.
 // No tensor-core instruction anywhere (DP4A = IDP.4A in SASS).
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <utility>
 
 #include "common.cuh"
@@ -283,6 +286,183 @@ gemv2_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     }
 }
 
+// ---- v3 ------------------------------------------------------------------------------------------------------------
+
+// Persistent, software-pipelined GEMV (CMP_MM_GEMV3). The grid holds only as many warps as are resident at once; warp w
+// takes row groups w, w + W, w + 2W, ... (W = warps in the grid), each group in stages of U 16-byte chunks per lane,
+// and issues the loads of its next stage (the next group's first stage at a row end) before it multiplies the
+// current one. The weight stream per warp never stops for a reduction, a store, or a block exit and relaunch, which
+// v2 pays once per row (worst where a wave is one row per warp and the ramp and tail are most of the time).
+// Every row is computed exactly as in v2: lane l takes chunks l, l+32, l+64, ... in increasing order with the same
+// fma(dot, d_w * d_x, acc), then the same butterfly warp_sum; so v3 equals v2 bit for bit for every T and keeps its
+// batch invariance (rows per group R is 1 at T = 1 and 2 above, as in v2: rows never interact).
+// On sm_90+ the first stage's weight loads are issued before griddepcontrol.wait: launched with programmatic
+// stream serialization (CMP_MM_GEMV_PDL) the kernel starts while the kernel before it finishes, and reads the
+// activations, the residual and writes y only after that kernel's results are visible. Without that attribute
+// the wait returns at once.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr int GEMV3_T1_BLOCKS = 2;
+#else
+constexpr int GEMV3_T1_BLOCKS = 8;
+#endif
+template <int NT> constexpr int gemv3_rows() { return NT == 1 ? 1 : 2; }
+// Chunks per lane and row in one stage. Two stages of R x U 16-byte loads are live per warp: 64 registers at
+// T = 1 (U = 4) ... 32 per row at T = 16 (U = 2), where the activations cost more than the weights.
+template <int NT> constexpr int gemv3_unroll() { return NT <= 4 ? 4 : 2; }
+
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// The matrix of row group `grp` (compile-time indices into the parameter struct only) and its first row.
+struct GemvGroup {
+    const int8_t* wq;  // [rows, n]
+    const __half* wd;  // [rows, n/32]
+    float* y;          // [T, rows]
+    const float* res;  // [T, rows] or null
+    int rows, row0;
+};
+
+template <int R>
+__device__ __forceinline__ GemvGroup gemv3_locate(const GemvSet& set, int grp) {
+    GemvGroup g{set.wq[0], set.wd[0], set.y[0], set.res[0], set.row_end[0], 0};
+    int grp0 = 0;
+#pragma unroll
+    for (int i = 1; i < GEMV_MAX_MATS; ++i) {
+        if (i < set.count && grp >= set.grp_end[i - 1]) {
+            g.wq = set.wq[i];
+            g.wd = set.wd[i];
+            g.y = set.y[i];
+            g.res = set.res[i];
+            g.rows = set.row_end[i] - set.row_end[i - 1];
+            grp0 = set.grp_end[i - 1];
+        }
+    }
+    g.row0 = (grp - grp0) * R;
+    return g;
+}
+
+// Row pointers of group `grp` (a missing last row re-reads a real one and is not stored, as in v2).
+template <int R>
+__device__ __forceinline__ void gemv3_rows_of(const GemvSet& set, int grp, int n, const int4* (&w)[R],
+                                              const __half* (&d)[R]) {
+    const GemvGroup g = gemv3_locate<R>(set, grp);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = min(g.row0 + r, g.rows - 1);
+        w[r] = reinterpret_cast<const int4*>(g.wq + (size_t)row * n);
+        d[r] = g.wd + (size_t)row * (n / QK);
+    }
+}
+
+// The loads of one stage: chunks c0, c0 + 32, ..., c0 + 32 (U - 1) of each row (zeros past the row's end).
+template <int R, int U>
+__device__ __forceinline__ void gemv3_load(const int4* const (&w)[R], const __half* const (&d)[R], int nchunk, int c0,
+                                           int4 (&wv)[R][U], float (&ws)[R][U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = c0 + 32 * u;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            wv[r][u] = c < nchunk ? __ldg(w[r] + c) : make_int4(0, 0, 0, 0);
+            ws[r][u] = c < nchunk ? __half2float(d[r][c >> 1]) : 0.f;
+        }
+    }
+}
+
+// One stage's products into acc, in v2's order and rounding.
+template <int NT, int R, int U>
+__device__ __forceinline__ void gemv3_accumulate(const int8_t* __restrict__ xq, const float* __restrict__ xd, int n,
+                                                 int c0, const int4 (&wv)[R][U], const float (&ws)[R][U],
+                                                 float (&acc)[R][NT]) {
+    const int nchunk = n / 16, nb = n / QK;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = c0 + 32 * u;
+        if (c >= nchunk) break;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const int4 xv = __ldg(reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 16));
+            const float xs = __ldg(xd + (size_t)t * nb + (c >> 1));
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                acc[r][t] = __fmaf_rn(dot_to_f32(dot16(wv[r][u], xv)), __fmul_rn(ws[r][u], xs), acc[r][t]);
+        }
+    }
+}
+
+template <int NT, int R>
+__device__ __forceinline__ void gemv3_store(const GemvSet& set, int grp, float (&acc)[R][NT]) {
+    const GemvGroup g = gemv3_locate<R>(set, grp);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = g.row0 + r;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float v = warp_sum(acc[r][t]);
+            const size_t i = (size_t)t * g.rows + row;
+            if (threadIdx.x == 0 && row < g.rows) g.y[i] = g.res ? g.res[i] + v : v;
+            acc[r][t] = 0.f;
+        }
+    }
+}
+
+// A warp's position: the row group and stage whose loads were issued last, with that group's row pointers.
+template <int R>
+struct Gemv3Pos {
+    int grp, k;
+    const int4* w[R];
+    const __half* d[R];
+};
+
+// Multiplies stage `at` (loads in wa/sa) after issuing the loads of the warp's next stage into wb/sb; stores the
+// group's rows after its last stage. Returns false after the warp's last stage.
+template <int NT, int R, int U>
+__device__ __forceinline__ bool gemv3_step(const int8_t* __restrict__ xq, const float* __restrict__ xd,
+                                           const GemvSet& set, int n, int spg, Gemv3Pos<R>& at,
+                                           const int4 (&wa)[R][U], const float (&sa)[R][U], int4 (&wb)[R][U],
+                                           float (&sb)[R][U], float (&acc)[R][NT]) {
+    const int lane = threadIdx.x, grp = at.grp, k = at.k;
+    if (++at.k == spg) {
+        at.k = 0;
+        at.grp += gridDim.x * GEMV_WARPS;
+        if (at.grp < set.total_grp) gemv3_rows_of<R>(set, at.grp, n, at.w, at.d);
+    }
+    const bool more = at.grp < set.total_grp;
+    if (more) gemv3_load<R, U>(at.w, at.d, n / 16, lane + at.k * 32 * U, wb, sb);
+    gemv3_accumulate<NT, R, U>(xq, xd, n, lane + k * 32 * U, wa, sa, acc);
+    if (k == spg - 1) gemv3_store<NT, R>(set, grp, acc);
+    return more;
+}
+
+template <int NT, int R, int U>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? GEMV3_T1_BLOCKS : 1)
+gemv3_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
+                const float* __restrict__ xd,   // [NT, n/32]
+                const GemvSet set, int n) {
+    Gemv3Pos<R> at;
+    at.grp = blockIdx.x * GEMV_WARPS + threadIdx.y;
+    at.k = 0;
+    if (at.grp >= set.total_grp) return;
+    const int spg = (n / 16 + 32 * U - 1) / (32 * U);  // stages per row group
+    gemv3_rows_of<R>(set, at.grp, n, at.w, at.d);
+    int4 wa[R][U], wb[R][U];
+    float sa[R][U], sb[R][U];
+    gemv3_load<R, U>(at.w, at.d, n / 16, threadIdx.x, wa, sa);
+    grid_dependency_wait();  // weights never change; x, res and y belong to the kernels before this one
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
+    // Two stage buffers in turn (no register copies between stages).
+    while (gemv3_step<NT, R, U>(xq, xd, set, n, spg, at, wa, sa, wb, sb, acc) &&
+           gemv3_step<NT, R, U>(xq, xd, set, n, spg, at, wb, sb, wa, sa, acc)) {
+    }
+}
+
 constexpr int TILE2 = 128;       // v2 GEMM tile: 128 weight rows x 128 tokens, 256 threads, 8x8 outputs each
 constexpr int BK2 = 2;           // Q8 blocks (of 32) per shared-memory stage: 64 bytes of each row
 constexpr int KI2 = BK2 * 8;     // ints per row per stage
@@ -503,6 +683,60 @@ int launch_gemv2(const int8_t* xq, const float* xd, const GemvSet& set, int /*to
     return check_launch("gemv2_q8_kernel");
 }
 
+// Facts of the current device the v3 launch needs: SMs x resident blocks of one kernel, and whether programmatic
+// dependent launch exists (sm_90+). Cached per device and kernel (the queries cost microseconds, paid per eager
+// launch otherwise); a racing first call stores the same value twice.
+constexpr int GEMV3_MAX_DEVICES = 64;
+
+template <typename Kernel>
+int gemv3_device_facts(Kernel kernel, int* resident_blocks, bool* has_pdl) {
+    static std::atomic<int> cache[GEMV3_MAX_DEVICES];  // (resident blocks << 1 | pdl) + 1, 0 = not known yet
+    int dev = 0;
+    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
+    int v = dev < GEMV3_MAX_DEVICES ? cache[dev].load(std::memory_order_relaxed) : 0;
+    if (v == 0) {
+        int sms = 0, major = 0, per_sm = 0;
+        CMP_TRY(check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count"));
+        CMP_TRY(check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "compute cap"));
+        CMP_TRY(check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV_WARPS * 32, 0),
+                           "gemv3_q8_kernel occupancy"));
+        v = ((sms * (per_sm > 0 ? per_sm : 1)) << 1 | (major >= 9 ? 1 : 0)) + 1;
+        if (dev < GEMV3_MAX_DEVICES) cache[dev].store(v, std::memory_order_relaxed);
+    }
+    *resident_blocks = (v - 1) >> 1;
+    *has_pdl = (v - 1) & 1;
+    return CMP_OK;
+}
+
+using Gemv3Launch = int (*)(const int8_t*, const float*, const GemvSet&, int, bool);
+
+// One resident wave of blocks at most (each warp then loops over its row groups); with `pdl` on sm_90+ the launch
+// may overlap the previous kernel (gemv3_q8_kernel waits for it before reading activations).
+template <int NT>
+int launch_gemv3(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
+    constexpr auto kernel = gemv3_q8_kernel<NT, gemv3_rows<NT>(), gemv3_unroll<NT>()>;
+    int resident = 0;
+    bool has_pdl = false;
+    CMP_TRY(gemv3_device_facts(kernel, &resident, &has_pdl));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(std::min<unsigned>(ceil_div(set.total_grp, GEMV_WARPS), (unsigned)resident));
+    cfg.blockDim = dim3(32, GEMV_WARPS);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream();
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl && has_pdl ? 1 : 0;
+    CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, kernel, xq, xd, set, n), "gemv3_q8_kernel launch"));
+    return check_launch("gemv3_q8_kernel");
+}
+
+template <int... NT>
+constexpr auto gemv3_table(std::integer_sequence<int, NT...>) {
+    return std::array<Gemv3Launch, sizeof...(NT)>{launch_gemv3<NT + 1>...};
+}
+
 template <int... NT>
 constexpr auto gemv_table(std::integer_sequence<int, NT...>) {
     return std::array<GemvLaunch, sizeof...(NT)>{launch_gemv<NT + 1>...};
@@ -515,18 +749,21 @@ constexpr auto gemv2_table(std::integer_sequence<int, NT...>) {
 
 // Rows per warp of the v2 GEMV for a run-time T (1..GEMV2_MAX_T).
 constexpr int gemv2_rows_rt(int T) { return T == 1 ? gemv2_rows<1>() : gemv2_rows<2>(); }
+// The row groups are counted once for both GEMVs (matmul_q8_set), so v3 groups rows exactly as v2.
+static_assert(gemv3_rows<1>() == gemv2_rows<1>() && gemv3_rows<2>() == gemv2_rows<2>() &&
+              gemv3_rows<GEMV2_MAX_T>() == gemv2_rows<GEMV2_MAX_T>(), "v2 and v3 GEMV rows per warp differ");
 
 int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
                   float* const* y, const float* const* res, const int* rows, int T, int n, int kernels) {
     CMP_REQUIRE(count >= 1 && count <= GEMV_MAX_MATS, "cmp_matmul_q8_multi: %d matrices (1..%d)", count,
                 GEMV_MAX_MATS);
     CMP_REQUIRE(T >= 0 && n > 0 && n % QK == 0, "cmp_matmul_q8: bad shape T=%d n=%d (n a multiple of 32)", T, n);
-    CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2)) == 0, "cmp_matmul_q8_ex: unknown kernel bits 0x%x",
-                kernels);
+    CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL)) == 0,
+                "cmp_matmul_q8_ex: unknown kernel bits 0x%x", kernels);
     for (int i = 0; i < count; ++i) CMP_REQUIRE(rows[i] > 0, "cmp_matmul_q8: matrix %d has %d rows", i, rows[i]);
     if (T == 0) return CMP_OK;
-    const bool v2 = kernels & CMP_MM_GEMV2;
-    if (T <= (v2 ? GEMV2_MAX_T : GEMV_MAX_T)) {
+    const bool v2 = kernels & CMP_MM_GEMV2, v3 = kernels & CMP_MM_GEMV3;
+    if (T <= (v2 || v3 ? GEMV2_MAX_T : GEMV_MAX_T)) {
         GemvSet set{};
         int total = 0, total_grp = 0;
         const int R = gemv2_rows_rt(T);
@@ -541,6 +778,10 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
         set.count = count;
         set.total = total;
         set.total_grp = total_grp;
+        if (v3) {  // v3 before v2: both bits set means v3 (they give the same bits)
+            static constexpr auto table3 = gemv3_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
+            return table3[T - 1](xq, xd, set, n, kernels & CMP_MM_GEMV_PDL);
+        }
         if (v2) {
             static constexpr auto table2 = gemv2_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
             return table2[T - 1](xq, xd, set, total, n);

@@ -468,13 +468,14 @@ def test_matmul_q8_ex_rejects_unknown_kernel_bits(cuda_backend):
     m = be.upload_matrix(random_q8(np.random.default_rng(0), 4, 32))
     xq, xd = be.quantize(up(be, np.ones((1, 32))))
     with pytest.raises(NativeError, match="unknown kernel bits"):
-        _q8_ex(be, xq, xd, [m], 1, 32, 4)
+        _q8_ex(be, xq, xd, [m], 1, 32, 16)
 
 
+@pytest.mark.parametrize("kernels", [1, 4, 1 | 4 | 8])
 @pytest.mark.parametrize("rows,n", [(1, 32), (67, 4096), (129, 1184), (3, 12288)])
-def test_gemv2_rows_independent_of_batch(cuda_backend, rows, n):
-    """Batch invariance (engine, issue 5): with the v2 GEMV a row's outputs are bit-identical whether it runs
-    alone or with 1..15 other rows, at every position in the batch, residual or not."""
+def test_gemv2_rows_independent_of_batch(cuda_backend, rows, n, kernels):
+    """Batch invariance (engine, issue 5): with the v2 GEMV (kernels 1) and the v3 one (4; with PDL: 13) a row's
+    outputs are bit-identical whether it runs alone or with 1..15 other rows, at every position in the batch."""
     be = cuda_backend
     rng = np.random.default_rng(rows + n)
     x = rng.standard_normal((16, n)).astype(np.float32) * rng.uniform(0.1, 10, (16, 1)).astype(np.float32)
@@ -484,12 +485,91 @@ def test_gemv2_rows_independent_of_batch(cuda_backend, rows, n):
     for t in range(16):
         xq1 = be.from_host(_i8_rows(be, xq, t, 1), "i8")
         xd1 = up(be, be.to_host(xd)[t:t + 1])
-        alone.append(_q8_ex(be, xq1, xd1, mats, 1, n, 1))
+        alone.append(_q8_ex(be, xq1, xd1, mats, 1, n, kernels))
     for T in (2, 3, 5, 8, 9, 16):
-        got = _q8_ex(be, xq, xd, mats, T, n, 1)
+        got = _q8_ex(be, xq, xd, mats, T, n, kernels)
         for t in range(T):
             for m in range(2):
                 assert np.array_equal(got[m][t], alone[t][m][0]), (T, t, m)
+
+
+# v3 GEMV (CMP_MM_GEMV3 = 4, PDL launch 8): T 1..16; rows above the resident warps of an H200 (132 SMs x 32 warps),
+# so warps loop over several row groups; n with 1, 2 and 3 stages per row and partial last stages (U = 4 chunks
+# per lane for T <= 4, 2 above: n = 1056 is 66 chunks, 4128 is 258); small matrices riding with big ones.
+GEMV3_SHAPES = [(1, 1, 32), (1, 4097, 4096), (1, 20011, 64), (1, 9001, 4128), (2, 3, 96), (3, 31, 1184),
+                (4, 5003, 1056), (5, 129, 64), (7, 65, 2080), (8, 4099, 12288), (11, 8191, 256), (13, 2, 4128),
+                (16, 257, 256), (16, 6007, 1056)]
+
+
+@pytest.mark.parametrize("kernels", [4, 1 | 4, 1 | 2 | 4 | 8])
+@pytest.mark.parametrize("T,rows,n", GEMV3_SHAPES)
+def test_gemv3_equals_v2_and_reference(cuda_backend, kernels, T, rows, n):
+    """The v3 GEMV against numpy_ref (Q8_TOL) and against the v2 GEMV bit for bit (same per-row arithmetic), with
+    and without the residual epilogue, two or three matrices per launch."""
+    be = cuda_backend
+    rng = np.random.default_rng(T * 104729 + rows + n)
+    x = rng.standard_normal((T, n)).astype(np.float32) * rng.uniform(0.1, 10, (T, 1)).astype(np.float32)
+    ws = [random_q8(rng, r, n) for r in (rows, 2, rows + 5)[:2 + (T % 2)]]
+    ref = REF.matmuls(x, [REF.upload_matrix(w) for w in ws])
+    mats = [be.upload_matrix(w) for w in ws]
+    xq, xd = be.quantize(up(be, x))
+    got, v2 = _q8_ex(be, xq, xd, mats, T, n, kernels), _q8_ex(be, xq, xd, mats, T, n, 1)
+    for g, r, o in zip(got, ref, v2):
+        assert rel(g, r) < Q8_TOL
+        assert np.array_equal(g, o)
+    res = [rng.standard_normal(r.shape).astype(np.float32) for r in ref]
+    res_d = [up(be, r) for r in res]
+    got, v2 = _q8_ex(be, xq, xd, mats, T, n, kernels, res_d), _q8_ex(be, xq, xd, mats, T, n, 1, res_d)
+    for g, r, a, o in zip(got, ref, res, v2):
+        assert rel(g, r + a) < Q8_TOL
+        assert np.array_equal(g, o)
+
+
+@pytest.mark.parametrize("T,rows,n", [(1, 4096, 4096), (3, 1031, 2080)])
+def test_gemv3_pdl_in_graph_reads_the_fresh_inputs(cuda_backend, T, rows, n):
+    """A captured graph: residual add, quantize, then the v3 GEMV launched with PDL (it starts during quantize and
+    must wait for it). Replayed on new inputs each time, it gives exactly what the eager v2 GEMV gives on them
+    (stale activations or residuals from the previous replay would differ)."""
+    import ctypes
+    be = cuda_backend
+    rng = np.random.default_rng(rows + T)
+    wh = random_q8(rng, rows, n)
+    w = be.upload_matrix(wh)
+    a, b = be.empty((T, rows)), be.empty((T, rows))
+    x = be.empty((T, n))
+    res, y = be.empty((T, rows)), be.empty((T, rows))
+    xq, xd = be._q8_buffers(T, n)
+    P1, I1 = ctypes.c_void_p * 1, ctypes.c_int * 1
+    nat = be.native
+    # an eager call first, as the engine's first decode step is: the launcher's one-time device queries (occupancy)
+    # then happen outside the capture
+    nat.cmp_matmul_q8_ex(xq.ptr, xd.ptr, 1, P1(w.qs.ptr), P1(w.d.ptr), P1(y.ptr), None, I1(rows), T, n, 1 | 4 | 8)
+    be.synchronize()
+    nat.cmp_graph_begin()
+    try:
+        nat.cmp_add(a.ptr, b.ptr, res.ptr, T * rows)
+        nat.cmp_quantize_q8(x.ptr, xq.ptr, xd.ptr, T, n)
+        nat.cmp_matmul_q8_ex(xq.ptr, xd.ptr, 1, P1(w.qs.ptr), P1(w.d.ptr), P1(y.ptr), P1(res.ptr), I1(rows), T, n,
+                             1 | 4 | 8)
+    finally:
+        exec_ = nat.graph_end()
+    try:
+        for i in range(3):
+            xa = rng.standard_normal((T, n)).astype(np.float32) * (i + 1)
+            aa, ba = rng.standard_normal((2, T, rows)).astype(np.float32)
+            be.copy_from_host(x, xa)
+            be.copy_from_host(a, aa)
+            be.copy_from_host(b, ba)
+            nat.cmp_memset(y.ptr, 0xFF, y.nbytes)
+            nat.cmp_graph_launch(exec_)
+            got = be.to_host(y)
+            rq, rd = be.quantize(up(be, xa))
+            want = _q8_ex(be, rq, rd, [w], T, n, 1, [up(be, aa + ba)])[0]
+            assert np.array_equal(got, want), i
+            ref = REF.matmuls(xa, [REF.upload_matrix(wh)])[0]
+            assert rel(got, ref + (aa + ba)) < Q8_TOL
+    finally:
+        nat.cmp_graph_destroy(exec_)
 
 
 def _i8_rows(be, q, t0, n_rows):

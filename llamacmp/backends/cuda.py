@@ -22,6 +22,7 @@ from ..gguf_file import Q8_0_BLOCK, Q8Tensor
 from ..lib._native import (CMP_ERR_NOMEM, CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, CmpSamplerParams, Native, NativeError,
                            cuda_available)
 from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM2, CMP_MM_GEMV2
+from ..lib._native import CMP_MM_GEMV3, CMP_MM_GEMV_PDL
 from ..lib._native import CMP_KV_TYPES
 from .. import kv_layout
 from .base import Backend, Segment, SeqState, StepBatch
@@ -227,6 +228,11 @@ class CudaBackend(Backend):
         # caches of one type) as the fallback. An attribute that may be flipped (benchmarks compare both).
         self.attention_v2 = True
         self.fuse_ops, self.gemv_v2, self.gemm_v2 = fuse_ops, gemv_v2, gemm_v2
+        # With gemv_v2 on: gemv_v3 runs the v2 GEMV's arithmetic (the same bits) as matmul_q8.cu's persistent,
+        # pipelined v3 kernel; gemv_pdl also launches it with programmatic dependent launch on sm_90+ (it starts
+        # streaming weights while the previous kernel finishes; the H200 figure decides the default). Attributes
+        # that may be flipped like the ones above.
+        self.gemv_v3, self.gemv_pdl = False, False
         self.native = native or Native()
         self.native.cmp_init(device)
         self.device = device
@@ -409,6 +415,8 @@ class CudaBackend(Backend):
                 raise ValueError(f"matmul: residual {residuals[i].shape} for an output of {(T, w.shape[0])}")
             outs.append(self.empty((T, w.shape[0])))
         kernels = (CMP_MM_GEMV2 if self.gemv_v2 else 0) | (CMP_MM_GEMM2 if self.gemm_v2 else 0)
+        if self.gemv_v2 and self.gemv_v3:
+            kernels |= CMP_MM_GEMV3 | (CMP_MM_GEMV_PDL if self.gemv_pdl else 0)
         # A captured decode step launches at most as many rows as the GEMV takes: it computes each row in the
         # single-row order (v2: guaranteed, matmul_q8.cu), so a sequence's logits do not depend on the others.
         step = max(1, min(T, self.GEMV2_MAX_ROWS if self.gemv_v2 else 8)) if self.capturing else max(T, 1)

@@ -26,6 +26,8 @@ SETTINGS = [
     dict(temp=0.0),                                                 # greedy: argmax on the backend
     dict(temp=0.0, penalty_repeat=1.5, penalty_last_n=8, logit_bias={1: 2.0}),   # greedy through the chain, k=1
     dict(temp=0.6, ignore_eos=True),
+    dict(temp=0.0, ignore_eos=True),                                # greedy, lowered ids: argmax with a guard
+    dict(temp=0.0, logit_bias={2: -1.5, 5: -np.inf, 6: 0.0}),
 ]
 
 
@@ -97,6 +99,25 @@ def test_plan_routes_rows():
     for t in range(5000):
         s.accept(t)
     assert plan_row(s, N, 1024, 4096).kind == "host"    # a penalty window longer than the device takes
+
+
+def test_guarded_argmax_falls_back_to_the_chain():
+    """Greedy rows whose biases only lower tokens take one argmax for all rows; where the argmax is a lowered id
+    (here the EOG of an ignore_eos row, or a banned id tied at the top) the row's chain picks the answer."""
+    N = 64
+    eog = frozenset({7})
+    assert plan_row(Sampler(SamplingParams(temp=0, ignore_eos=True), eog), N, 1024, 4096).guard == eog
+    assert plan_row(Sampler(SamplingParams(temp=0, logit_bias={3: 0.5, 4: -1.0})), N, 1024, 4096).kind == "chain"
+    x = np.zeros((4, N), np.float32)
+    x[:, 7], x[:, 9], x[:, 11] = 5.0, 4.0, 4.0       # the EOG first, then a tie: the lower id wins
+    x[2, 7] = 1.0                                     # row 2: the argmax is not lowered
+    x[3, 3] = 9.0                                     # row 3: a banned id is the argmax, then the EOG (not banned)
+    rows = [Sampler(SamplingParams(temp=0, ignore_eos=True), eog), Sampler(SamplingParams(temp=0), eog),
+            Sampler(SamplingParams(temp=0, ignore_eos=True), eog),
+            Sampler(SamplingParams(temp=0, logit_bias={3: -8.5}), eog)]
+    want = [int(s.sample(x[i])) for i, s in enumerate(rows)]
+    assert want == [9, 7, 9, 7]
+    assert draw_tokens(NumpyBackend(), x, rows) == want
 
 
 def test_f32_chain_edges():

@@ -4,7 +4,8 @@ with as little as possible crossing from the device.
 `Decoder` runs prefill chunks eagerly (one sequence per forward) and decode steps (one token for each of a list
 of sequences) through CUDA graphs on the CUDA backend (backends/cuda_graphs.py), eagerly elsewhere.
 
-`draw_tokens` draws one token per logits row on the backend (`sample_rows`): greedy rows take the argmax, other
+`draw_tokens` draws one token per logits row on the backend (`sample_rows`): greedy rows take the argmax (also
+with biases that only lower tokens, e.g. ignore_eos, unless the argmax is a lowered id), other
 rows llama.cpp's chain as llamacmp/sampling.py runs it, each with its own settings, drawn at the number the row's
 own seeded generator gives; only the ids cross to the host. Rows the device chain does not do sample on the host
 from a copy of their row alone: a non-default sampler order, typical-p, top-k off or above SAMPLE_MAX_K (at
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from itertools import islice
 from typing import Optional, Sequence
 
 import numpy as np
@@ -48,16 +50,20 @@ class LogitsRow:
 @dataclass(slots=True)
 class _Plan:
     kind: str                           # "argmax" | "chain" | "host"
-    spec: Optional[RowSample] = None
+    spec: Optional[RowSample] = None    # "chain": the draw; "argmax" with a guard: the chain to run if it trips
     rng_state: Optional[dict] = None    # the generator before u was drawn (given back if no draw was needed)
+    guard: frozenset = frozenset()      # "argmax": ids whose bias lowers them (the chain decides if one wins)
 
 
 def _penalty_window(sampler: Sampler) -> list[int]:
     p = sampler.params
     if p.penalty_last_n == 0 or (p.penalty_repeat == 1.0 and p.penalty_freq == 0.0 and p.penalty_present == 0.0):
         return []
-    hist = list(sampler.history)
-    return hist if p.penalty_last_n < 0 else hist[-p.penalty_last_n:]
+    hist = sampler.history
+    if p.penalty_last_n < 0 or p.penalty_last_n >= len(hist):
+        return list(hist)
+    # the newest penalty_last_n only: the history holds the whole prompt, so copying it all costs O(context) a step
+    return list(islice(reversed(hist), p.penalty_last_n))[::-1]
 
 
 def plan_row(sampler: Sampler, n_vocab: int, max_k: int, max_window: int) -> _Plan:
@@ -75,8 +81,14 @@ def plan_row(sampler: Sampler, n_vocab: int, max_k: int, max_window: int) -> _Pl
         if not window and not bias:
             return _Plan("argmax")
         # temp <= 0 takes the best biased, penalised logit: top-k 1 of the chain, no draw
-        return _Plan("chain", RowSample(0.0, 1, 1.0, 0.0, 0, p.penalty_repeat, p.penalty_freq, p.penalty_present,
-                                        np.asarray(window, np.int32), bias, 0.0))
+        spec = RowSample(0.0, 1, 1.0, 0.0, 0, p.penalty_repeat, p.penalty_freq, p.penalty_present,
+                         np.asarray(window, np.int32), bias, 0.0)
+        if not window and all(v <= 0.0 for v in bias.values()):
+            # Biases that only lower tokens (ignore_eos, bans): the plain argmax is the answer unless it is one of
+            # the lowered ids, since every other logit stays <= its raw value (lower ids < it): one argmax launch
+            # for all rows instead of a chain launch per row; the rare row whose argmax is lowered runs the chain.
+            return _Plan("argmax", spec, guard=frozenset(t for t, v in bias.items() if v < 0.0))
+        return _Plan("chain", spec)
     k = min(max(p.top_k, p.min_keep), n_vocab) if p.top_k > 0 else n_vocab
     if not 1 <= k <= max_k:
         return _Plan("host")
@@ -94,7 +106,12 @@ def draw_tokens(be, logits, samplers: Sequence[Optional[Sampler]]) -> list[Optio
     plans = [None if s is None else plan_row(s, N, be.SAMPLE_MAX_K, be.SAMPLE_MAX_WINDOW) for s in samplers]
     ids = n_left = None
     if any(p is not None and p.kind != "host" for p in plans):
-        ids, n_left = be.sample_rows(logits, [p.spec if p is not None else None for p in plans])
+        ids, n_left = be.sample_rows(logits, [p.spec if p is not None and p.kind == "chain" else None for p in plans])
+        tripped = [r for r, p in enumerate(plans) if p is not None and p.guard and int(ids[r]) in p.guard]
+        if tripped:                     # a guarded argmax landed on a lowered id: those rows run their chain
+            again, _ = be.sample_rows(logits, [plans[r].spec if r in tripped else None for r in range(R)])
+            for r in tripped:
+                ids[r] = again[r]
     out: list[Optional[int]] = []
     for r in range(R):
         s, p = samplers[r], plans[r]

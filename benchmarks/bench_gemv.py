@@ -1,0 +1,165 @@
+"""Decode GEMV timings for the 9B shapes (issue 3): µs per call and % of the device-to-device copy rate for the
+v1, v2 and v3 GEMVs of cmp_matmul_q8_ex (v3 also with its PDL launch), at T = 1, 4, 16.
+
+    python3 benchmarks/bench_gemv.py [--quick] [--json out.json]
+
+Each launch set is the one a decode step runs (the projections that share an input go in one launch): the GDN
+input projections (qkv 8192 + z 4096 + beta 32 + alpha 32 rows), attention q/k/v (8192 + 1024 + 1024), FFN gate+up
+(2 x 12288), one 12288 x 4096 matrix alone, the 4096 x 4096 out projections, FFN down (4096 x 12288) and the
+lm_head (248320 x 4096). Weights rotate over copies spanning >> the 60 MB L2, so they come from memory.
+
+Timing: `reps` calls are captured into one CUDA graph and replayed (as the decode step is): no Python or launch
+overhead per call, unlike bench_kernels.py's eager loop, whose floor (~8 µs per ctypes call) hid the 4096 x 4096
+GEMV. Two columns:
+  chain   back-to-back GEMVs: the kernel's time including the gap to the next launch.
+  +prod   each GEMV after the Q8 producer of its input (cmp_quantize_q8 [T, n], like rmsnorm_q8 in decode), minus
+          the time of the producers alone: what the GEMV adds to a decode step (PDL can only gain here and in
+          chain, where it lets the GEMV start while the kernel before it drains).
+% copy = weight bytes (int8 + f16 scales) per second against the device-to-device copy rate (read + write bytes).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import time
+
+import numpy as np
+
+from llamacmp.backends.cuda import CudaBackend
+from llamacmp.lib._native import CMP_MM_GEMM2, CMP_MM_GEMV2, CMP_MM_GEMV3, CMP_MM_GEMV_PDL
+
+# (name, [rows of each matrix in the launch], n)
+SETS_9B = [
+    ("gdn in qkv+z+b+a", [8192, 4096, 32, 32], 4096),
+    ("attn q+k+v", [8192, 1024, 1024], 4096),
+    ("ffn gate+up", [12288, 12288], 4096),
+    ("ffn gate alone", [12288], 4096),
+    ("out proj", [4096], 4096),
+    ("ffn down", [4096], 12288),
+    ("lm_head", [248320], 4096),
+]
+KERNELS = [("v1", 0), ("v2", CMP_MM_GEMV2 | CMP_MM_GEMM2), ("v3", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3),
+           ("v3+pdl", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL)]
+
+
+def copy_bandwidth(be: CudaBackend, nbytes: int = 2 << 30) -> float:
+    """GB/s of a device-to-device copy (bytes read + written), median of 5."""
+    a, b = be.empty((nbytes,), "u8"), be.empty((nbytes,), "u8")
+    be.native.cmp_memset(a.ptr, 0x37, nbytes)
+    be.native.cmp_memcpy_d2d(b.ptr, a.ptr, nbytes)
+    samples = []
+    for _ in range(5):
+        be.native.cmp_timer_start()
+        be.native.cmp_memcpy_d2d(b.ptr, a.ptr, nbytes)
+        samples.append(be.native.timer_stop())
+    return 2 * nbytes / float(np.median(samples)) / 1e6
+
+
+class LaunchSet:
+    """`copies` distinct-address copies of random Q8 matrices [rows_i, n] (one launch's weights), spanning at
+    least pool_bytes."""
+
+    def __init__(self, be: CudaBackend, rows: list[int], n: int, pool_bytes: int = 1536 << 20):
+        self.rows, self.n = rows, n
+        self.wbytes = sum(r * n + r * (n // 32) * 2 for r in rows)
+        self.copies = max(2, -(-pool_bytes // self.wbytes))
+        rng = np.random.default_rng(0)
+        self.mats = []   # [copy] -> [(qs, d) device tensors]
+        host = [(rng.integers(-127, 128, (r, n), dtype=np.int8),
+                 (rng.uniform(0.5, 1.5, (r, n // 32)) * 1e-3).astype(np.float16)) for r in rows]
+        for _ in range(self.copies):
+            self.mats.append([(be.from_host(q, "i8", "bench weights"), be.from_host(d, "f16", "bench scales"))
+                              for q, d in host])
+
+
+def graph_ms(be: CudaBackend, record, reps: int) -> float:
+    """ms per replay (median of 5) of a graph holding what `record()` launches."""
+    nat = be.native
+    record()                      # eager once: one-time launcher work stays out of the capture
+    be.synchronize()
+    nat.cmp_graph_begin()
+    try:
+        record()
+    finally:
+        exec_ = nat.graph_end()
+    try:
+        nat.cmp_graph_launch(exec_)
+        be.synchronize()
+        samples = []
+        for _ in range(5):
+            nat.cmp_timer_start()
+            nat.cmp_graph_launch(exec_)
+            samples.append(nat.timer_stop())
+        return float(np.median(samples))
+    finally:
+        nat.cmp_graph_destroy(exec_)
+
+
+def bench_set(be: CudaBackend, ls: LaunchSet, T: int, kernels: int, reps: int) -> tuple[float, float]:
+    """-> (µs per GEMV back to back, µs per GEMV after a producer net of the producers)."""
+    n, k = ls.n, len(ls.rows)
+    rng = np.random.default_rng(T)
+    x = be.from_host(rng.standard_normal((T, n)).astype(np.float32), "f32")
+    xq, xd = be.empty((T, n), "i8"), be.empty((T, n // 32), "f32")
+    be.native.cmp_quantize_q8(x.ptr, xq.ptr, xd.ptr, T, n)
+    ys = [be.empty((T, r)) for r in ls.rows]
+    P, I = ctypes.c_void_p * k, ctypes.c_int * k
+    args = [(P(*(q.ptr for q, _ in c)), P(*(d.ptr for _, d in c))) for c in ls.mats]
+    yp, rp = P(*(y.ptr for y in ys)), I(*ls.rows)
+    call, quant = be.native.cmp_matmul_q8_ex, be.native.cmp_quantize_q8
+
+    def gemvs(with_producer: bool, with_gemv: bool = True):
+        def record():
+            for i in range(reps):
+                if with_producer:
+                    quant(x.ptr, xq.ptr, xd.ptr, T, n)
+                if with_gemv:
+                    wq, wd = args[i % ls.copies]
+                    call(xq.ptr, xd.ptr, k, wq, wd, yp, None, rp, T, n, kernels)
+        return record
+
+    chain = graph_ms(be, gemvs(False), reps) / reps
+    both = graph_ms(be, gemvs(True), reps) / reps
+    prod = graph_ms(be, gemvs(True, False), reps) / reps
+    return chain * 1e3, (both - prod) * 1e3
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="T = 1 only, and no 12288 x 4096 alone")
+    ap.add_argument("--json")
+    ap.add_argument("--reps", type=int, default=30, help="GEMV calls per captured graph")
+    args = ap.parse_args(argv)
+    be = CudaBackend()
+    bw = copy_bandwidth(be)
+    print(f"device: {be.native.device_name()}   date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"device-to-device copy: {bw:.0f} GB/s (read + write)")
+    out = [{"what": "copy", "GB/s": bw}]
+    print(f"{'launch set':<18} {'MB':>7} {'T':>3} {'kern':>6} {'chain us':>9} {'%copy':>6} {'+prod us':>9} {'%copy':>6}"
+          f" {'vs v2':>6}")
+    sets = [s for s in SETS_9B if not (args.quick and s[0] == "ffn gate alone")]
+    for name, rows, n in sets:
+        ls = LaunchSet(be, rows, n)
+        for T in ((1,) if args.quick else (1, 4, 16)):
+            ref = None
+            for kname, kernels in KERNELS:
+                if kname == "v1" and T > 8:
+                    continue   # v1's GEMV stops at T = 8 (the 64x64 GEMM runs T = 16)
+                chain, net = bench_set(be, ls, T, kernels, min(args.reps, max(4, int(3e9 // ls.wbytes))))
+                gb_chain, gb_net = ls.wbytes / chain / 1e3, ls.wbytes / net / 1e3
+                if kname == "v2":
+                    ref = chain
+                vs = f"{ref / chain:5.2f}x" if ref and kname.startswith("v3") else ""
+                print(f"{name:<18} {ls.wbytes / 1e6:>7.1f} {T:>3} {kname:>6} {chain:>9.1f} "
+                      f"{100 * gb_chain / bw:>5.0f}% {net:>9.1f} {100 * gb_net / bw:>5.0f}% {vs:>6}", flush=True)
+                out.append({"what": name, "rows": rows, "n": n, "T": T, "kernels": kname, "chain us": chain,
+                            "after producer us": net, "MB": ls.wbytes / 1e6})
+        del ls
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

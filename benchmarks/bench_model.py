@@ -107,7 +107,8 @@ def main(argv=None) -> None:
                     help="also time graph decode with one launch per projection (what fusing them saves)")
     ap.add_argument("--compare-kernels", action="store_true",
                     help="only: ppN and greedy graph tgN with the old path (unfused ops, v1 kernels) against the new "
-                         "(fused Q8 producers and residual epilogues, v2 GEMV/GEMM), then exit")
+                         "(fused Q8 producers and residual epilogues, v2 GEMV/GEMM), then the v3 GEMV without and "
+                         "with PDL, then exit")
     args = ap.parse_args(argv)
     if args.make_9b and not os.path.exists(args.model):
         t0 = time.time()
@@ -184,8 +185,12 @@ def compare_kernels(be: CudaBackend, cfg, model, pp: list[int], n: int, reps: in
     rng = np.random.default_rng(0)
     print("| path | test | t/s | ms |")
     print("| --- | --- | ---: | ---: |")
-    for label, on in (("old: unfused, v1 kernels", False), ("new: fused, v2 kernels", True)):
+    paths = (("old: unfused, v1 kernels", False, False, False), ("new: fused, v2 kernels", True, False, False),
+             ("fused, v3 GEMV", True, True, False), ("fused, v3 GEMV + PDL", True, True, True))
+    saved = be.gemv_v3, be.gemv_pdl
+    for label, on, v3, pdl in paths:
         be.fuse_ops = be.gemv_v2 = be.gemm_v2 = on
+        be.gemv_v3, be.gemv_pdl = v3, pdl
         st = be.new_state(cfg, n_ctx)                     # warm-up of this path
         be.to_host(model.forward(StepBatch.build([(st, list(rng.integers(0, cfg.n_vocab, 128)))])))
         del st
@@ -208,6 +213,7 @@ def compare_kernels(be: CudaBackend, cfg, model, pp: list[int], n: int, reps: in
         t = float(np.median(times))
         print(f"| {label} | tg{n} (greedy graph) | {n / t:.1f} | {1e3 * t / n:.3f}/tok |", flush=True)
     be.fuse_ops = be.gemv_v2 = be.gemm_v2 = True
+    be.gemv_v3, be.gemv_pdl = saved
     print(f"weights per decode token {wb / 1e9:.2f} GB; roofline at 4252 GB/s copy: {4252e9 / wb:.0f} t/s")
 
 

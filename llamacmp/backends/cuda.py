@@ -230,9 +230,9 @@ class CudaBackend(Backend):
         self.fuse_ops, self.gemv_v2, self.gemm_v2 = fuse_ops, gemv_v2, gemm_v2
         # With gemv_v2 on: gemv_v3 runs the v2 GEMV's arithmetic (the same bits) as matmul_q8.cu's persistent,
         # pipelined v3 kernel; gemv_pdl also launches it with programmatic dependent launch on sm_90+ (it starts
-        # streaming weights while the previous kernel finishes; the H200 figure decides the default). Attributes
-        # that may be flipped like the ones above.
-        self.gemv_v3, self.gemv_pdl = False, False
+        # streaming weights while the previous kernel finishes; off until an H200 run shows it gains and captures
+        # cleanly). Attributes that may be flipped like the ones above.
+        self.gemv_v3, self.gemv_pdl = True, False
         self.native = native or Native()
         self.native.cmp_init(device)
         self.device = device

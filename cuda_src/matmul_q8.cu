@@ -296,9 +296,10 @@ gemv2_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 // Every row is computed exactly as in v2: lane l takes chunks l, l+32, l+64, ... in increasing order with the same
 // fma(dot, d_w * d_x, acc), then the same butterfly warp_sum; so v3 equals v2 bit for bit for every T and keeps its
 // batch invariance (rows per group R is 1 at T = 1 and 2 above, as in v2: rows never interact).
-// On sm_90+ the first stage's weight loads are issued before griddepcontrol.wait: launched with programmatic
-// stream serialization (CMP_MM_GEMV_PDL) the kernel starts while the kernel before it finishes, and reads the
-// activations, the residual and writes y only after that kernel's results are visible. Without that attribute
+// On sm_90+ the first stage's weight loads are issued before pdl_wait_producers (common.cuh): launched with
+// programmatic stream serialization (CMP_MM_GEMV_PDL) the kernel starts while the kernel before it finishes (from
+// its start where that kernel calls pdl_allow_consumers, as quantize.cu's Q8 producers do), and reads the
+// activations and the residual and writes y only after that kernel's results are visible. Without that attribute
 // the wait returns at once.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 constexpr int GEMV3_T1_BLOCKS = 2;
@@ -309,12 +310,6 @@ template <int NT> constexpr int gemv3_rows() { return NT == 1 ? 1 : 2; }
 // Chunks per lane and row in one stage. Two stages of R x U 16-byte loads are live per warp: 64 registers at
 // T = 1 (U = 4) ... 32 per row at T = 16 (U = 2), where the activations cost more than the weights.
 template <int NT> constexpr int gemv3_unroll() { return NT <= 4 ? 4 : 2; }
-
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
 
 // The matrix of row group `grp` (compile-time indices into the parameter struct only) and its first row.
 struct GemvGroup {
@@ -451,7 +446,7 @@ gemv3_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     int4 wa[R][U], wb[R][U];
     float sa[R][U], sb[R][U];
     gemv3_load<R, U>(at.w, at.d, n / 16, threadIdx.x, wa, sa);
-    grid_dependency_wait();  // weights never change; x, res and y belong to the kernels before this one
+    pdl_wait_producers();  // weights never change; x, res and y belong to the kernels before this one
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; ++r)

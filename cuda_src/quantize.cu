@@ -2,6 +2,8 @@
 // it (RMSNorm, SwiGLU, sigmoid gate, gated RMSNorm: their f32 output is only ever read by projections, so the
 // fused kernels write just q and d), and the load-time repack of GGUF Q8_0 weights into separate quant and scale
 // arrays (16-byte aligned quant rows for wide loads).
+// The Q8 producers call pdl_allow_consumers first: a v3 GEMV launched with PDL after one of them starts streaming
+// its weights while the producer runs (it waits for the producer's q and d; no effect on ordinary launches).
 #include <algorithm>
 
 #include "common.cuh"
@@ -28,6 +30,7 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x,  // [nblk * 32]
                                    int8_t* __restrict__ q,        // [nblk * 32]
                                    float* __restrict__ d,         // [nblk]
                                    size_t nblk) {
+    pdl_allow_consumers();
     const size_t blk = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (blk >= nblk) return;
     const int lane = threadIdx.x & 31;
@@ -42,6 +45,7 @@ __global__ void rmsnorm_q8_kernel(const float* __restrict__ x,  // [T, D]
                                   int8_t* __restrict__ q,       // [T, D]
                                   float* __restrict__ d,        // [T, D/32]
                                   int D, float eps) {
+    pdl_allow_consumers();
     __shared__ float scratch[32];
     const float* xr = x + (size_t)blockIdx.x * D;
     const float r = row_rms_scale(xr, D, eps, scratch);
@@ -59,6 +63,7 @@ __global__ void binary_q8_kernel(const float* __restrict__ a,  // [nblk * 32]
                                  int8_t* __restrict__ q,       // [nblk * 32]
                                  float* __restrict__ d,        // [nblk]
                                  size_t nblk) {
+    pdl_allow_consumers();
     const size_t blk = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (blk >= nblk) return;
     const int lane = threadIdx.x & 31;
@@ -75,6 +80,7 @@ __global__ void gated_rmsnorm_q8_kernel(const float* __restrict__ o,  // [T, V*D
                                         int8_t* __restrict__ q,       // [T, V*Dv]
                                         float* __restrict__ d,        // [T, V*Dv/32]
                                         int Dv, float eps) {
+    pdl_allow_consumers();
     __shared__ float scratch[32];
     const size_t base = (size_t)blockIdx.x * Dv;
     const int dd = threadIdx.x;

@@ -79,6 +79,7 @@ class Engine:
         self._id_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._flushers: list = []         # see on_results_flush
 
     # -- thread-safe API (called from HTTP handlers) ----------------------------------------------------------
     def new_task_id(self) -> int:
@@ -94,6 +95,18 @@ class Engine:
 
     def cancel(self, task_id: int) -> None:
         self._inbox.put(CancelTask(task_id))
+
+    def on_results_flush(self, fn) -> None:
+        """Call `fn()` on the engine thread whenever the results given to sinks so far should go out: right after
+        each forward is launched (the device is busy, the engine thread is about to wait for it: listeners woken
+        now run meanwhile instead of taking the GIL in the middle of the next step's host work), and when the
+        engine runs out of work. A sink may hold its results until then and hand them over in one go
+        (server/worker.py: one event-loop wakeup a step instead of one a token)."""
+        self._flushers.append(fn)
+
+    def _flush(self) -> None:
+        for fn in self._flushers:
+            fn()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="llamacmp-engine", daemon=True)
@@ -122,6 +135,8 @@ class Engine:
                 except Exception as e:  # a failed step must not take the server down: fail its requests
                     log.exception("engine step failed")
                     self._fail_busy_slots(f"engine error: {e}")
+            if not any(s.busy for s in self.slots):    # else the next step's launch flushes them
+                self._flush()
 
     def _drain(self, block: bool) -> None:
         try:
@@ -271,6 +286,7 @@ class Engine:
         if gen:
             t0 = time.perf_counter()
             logits = self.decoder.decode([s.state for s in gen], [s.next_token for s in gen])
+            self._flush()                # the previous results go out while the device runs this step
             self._after_forward(gen, [[s.next_token] for s in gen], logits, t0)
         budget = self.cfg.n_batch - len(gen)
         ran = bool(gen)
@@ -287,6 +303,7 @@ class Engine:
                 self._reset(s)
                 self._release(s)
                 continue
+            self._flush()
             self._after_forward([s], [chunk], logits, t0)
             budget -= len(chunk)
             ran = True

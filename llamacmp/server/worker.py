@@ -6,6 +6,7 @@ listening (client gone, stream closed early), its tasks are cancelled at once so
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import AsyncIterator
 
 from starlette.requests import Request
@@ -14,23 +15,65 @@ from ..engine.scheduler import Engine
 from ..engine.tasks import CompletionTask, ErrorResult, FinalResult, QueryTask, SlotActionTask
 
 
-def _loop_sink(loop: asyncio.AbstractEventLoop, q: asyncio.Queue):
-    def sink(result) -> None:
-        try:
-            loop.call_soon_threadsafe(q.put_nowait, result)
-        except RuntimeError:            # the loop is closed: nobody is listening any more
-            pass
-    return sink
+class _LoopMail:
+    """Results for the queues of one event loop, handed over when the engine flushes (Engine.on_results_flush:
+    right after it launches a forward, and when it runs out of work): 16 streams get a step's 16 tokens through one
+    loop wakeup while the device runs the next step, instead of 16 wakeups (a self-pipe write each, and the loop
+    taking the GIL) in the middle of the engine thread's host work."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.items: list[tuple[asyncio.Queue, object]] = []
+        self.lock = threading.Lock()
+
+    def sink(self, q: asyncio.Queue):
+        def post(result) -> None:
+            with self.lock:
+                self.items.append((q, result))
+        return post
+
+    def flush(self) -> None:
+        """(engine thread) hand everything posted so far to the loop."""
+        with self.lock:
+            items, self.items = self.items, []
+        if items:
+            try:
+                self.loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:        # the loop is closed: nobody is listening any more
+                pass
+
+
+def _deliver(items: list[tuple[asyncio.Queue, object]]) -> None:
+    for q, result in items:
+        q.put_nowait(result)
 
 
 class EngineBridge:
     def __init__(self, engine: Engine):
         self.engine = engine
+        self._mail: dict[asyncio.AbstractEventLoop, _LoopMail] = {}
+        self._mail_lock = threading.Lock()
+        engine.on_results_flush(self._flush)
+
+    def _flush(self) -> None:
+        with self._mail_lock:
+            boxes = list(self._mail.values())
+        for box in boxes:
+            box.flush()
+
+    def _mailbox(self, loop: asyncio.AbstractEventLoop) -> _LoopMail:
+        with self._mail_lock:
+            for old in [lp for lp in self._mail if lp.is_closed()]:   # loops of finished test clients
+                del self._mail[old]
+            box = self._mail.get(loop)
+            if box is None:
+                box = self._mail[loop] = _LoopMail(loop)
+            return box
 
     async def results(self, tasks: list[CompletionTask]) -> AsyncIterator[object]:
         """Submit tasks and yield their results as they come; cancels unfinished tasks when the consumer stops."""
         q: asyncio.Queue = asyncio.Queue()
-        sink = _loop_sink(asyncio.get_running_loop(), q)
+        sink = self._mailbox(asyncio.get_running_loop()).sink(q)
         for t in tasks:
             t.sink = sink
             self.engine.submit(t)

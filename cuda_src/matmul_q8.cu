@@ -296,7 +296,7 @@ gemv2_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 // Every row is computed exactly as in v2: lane l takes chunks l, l+32, l+64, ... in increasing order with the same
 // fma(dot, d_w * d_x, acc), then the same butterfly warp_sum; so v3 equals v2 bit for bit for every T and keeps its
 // batch invariance (rows per group R is 1 at T = 1 and 2 above, as in v2: rows never interact).
-// On sm_90+ the first stage's weight loads are issued before pdl_wait_producers (common.cuh): launched with
+// On sm_90+ the first two stages' weight loads are issued before pdl_wait_producers (common.cuh): launched with
 // programmatic stream serialization (CMP_MM_GEMV_PDL) the kernel starts while the kernel before it finishes (from
 // its start where that kernel calls pdl_allow_consumers, as quantize.cu's Q8 producers do), and reads the
 // activations and the residual and writes y only after that kernel's results are visible. Without that attribute
@@ -413,8 +413,9 @@ struct Gemv3Pos {
 };
 
 // Multiplies stage `at` (loads in wa/sa) after issuing the loads of the warp's next stage into wb/sb; stores the
-// group's rows after its last stage. Returns false after the warp's last stage.
-template <int NT, int R, int U>
+// group's rows after its last stage. Returns false after the warp's last stage. FIRST: the warp's first stage,
+// which waits for the producer kernels (PDL) between the loads and the first read of x.
+template <int NT, int R, int U, bool FIRST = false>
 __device__ __forceinline__ bool gemv3_step(const int8_t* __restrict__ xq, const float* __restrict__ xd,
                                            const GemvSet& set, int n, int spg, Gemv3Pos<R>& at,
                                            const int4 (&wa)[R][U], const float (&sa)[R][U], int4 (&wb)[R][U],
@@ -427,6 +428,7 @@ __device__ __forceinline__ bool gemv3_step(const int8_t* __restrict__ xq, const 
     }
     const bool more = at.grp < set.total_grp;
     if (more) gemv3_load<R, U>(at.w, at.d, n / 16, lane + at.k * 32 * U, wb, sb);
+    if (FIRST) pdl_wait_producers();  // weights never change; x, res and y belong to the kernels before this one
     gemv3_accumulate<NT, R, U>(xq, xd, n, lane + k * 32 * U, wa, sa, acc);
     if (k == spg - 1) gemv3_store<NT, R>(set, grp, acc);
     return more;
@@ -446,15 +448,16 @@ gemv3_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     int4 wa[R][U], wb[R][U];
     float sa[R][U], sb[R][U];
     gemv3_load<R, U>(at.w, at.d, n / 16, threadIdx.x, wa, sa);
-    pdl_wait_producers();  // weights never change; x, res and y belong to the kernels before this one
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
-    // Two stage buffers in turn (no register copies between stages).
-    while (gemv3_step<NT, R, U>(xq, xd, set, n, spg, at, wa, sa, wb, sb, acc) &&
-           gemv3_step<NT, R, U>(xq, xd, set, n, spg, at, wb, sb, wa, sa, acc)) {
+    // Two stage buffers in turn (no register copies between stages); two stages of weights are in flight before
+    // the first read of x.
+    if (!gemv3_step<NT, R, U, true>(xq, xd, set, n, spg, at, wa, sa, wb, sb, acc)) return;
+    while (gemv3_step<NT, R, U>(xq, xd, set, n, spg, at, wb, sb, wa, sa, acc) &&
+           gemv3_step<NT, R, U>(xq, xd, set, n, spg, at, wa, sa, wb, sb, acc)) {
     }
 }
 

@@ -97,7 +97,8 @@ int cmp_matmul_q8_multi(const int8_t* xq, const float* xd, int count, const int8
 // 0 = the v1 kernels of cmp_matmul_q8_multi. CMP_MM_GEMV2: GEMV up to T = 16 whose per-row result does not depend
 // on T (batch invariant); CMP_MM_GEMM2: 128x128-tile GEMM from T = 96. CMP_MM_GEMV3: persistent, pipelined GEMV up
 // to T = 16 giving v2's results bit for bit (taken over v2 when both are set); CMP_MM_GEMV_PDL: v3 is launched with
-// programmatic dependent launch on sm_90+ (starts streaming weights while the previous kernel finishes).
+// programmatic dependent launch where its code is compute_90+ (starts streaming weights while the previous kernel
+// finishes; ignored elsewhere).
 enum CmpMatmulKernels { CMP_MM_GEMV2 = 1, CMP_MM_GEMM2 = 2, CMP_MM_GEMV3 = 4, CMP_MM_GEMV_PDL = 8 };
 int cmp_matmul_q8_ex(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
                      float* const* y, const float* const* res, const int* rows, int T, int n, int kernels);

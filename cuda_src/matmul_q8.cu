@@ -681,9 +681,10 @@ int launch_gemv2(const int8_t* xq, const float* xd, const GemvSet& set, int /*to
     return check_launch("gemv2_q8_kernel");
 }
 
-// Facts of the current device the v3 launch needs: SMs x resident blocks of one kernel, and whether programmatic
-// dependent launch exists (sm_90+). Cached per device and kernel (the queries cost microseconds, paid per eager
-// launch otherwise); a racing first call stores the same value twice.
+// Facts of the current device the v3 launch needs: SMs x resident blocks of one kernel, and whether a PDL launch is
+// safe: only where the kernel running was compiled for compute_90+ (CUB's PtxVersion query), since an sm_70 build
+// JIT-compiled on an H200 has no griddepcontrol.wait in it. Cached per device and kernel (the queries cost
+// microseconds, paid per eager launch otherwise); a racing first call stores the same value twice.
 constexpr int GEMV3_MAX_DEVICES = 64;
 
 template <typename Kernel>
@@ -693,12 +694,13 @@ int gemv3_device_facts(Kernel kernel, int* resident_blocks, bool* has_pdl) {
     CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
     int v = dev < GEMV3_MAX_DEVICES ? cache[dev].load(std::memory_order_relaxed) : 0;
     if (v == 0) {
-        int sms = 0, major = 0, per_sm = 0;
+        int sms = 0, per_sm = 0;
+        cudaFuncAttributes fa{};
         CMP_TRY(check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count"));
-        CMP_TRY(check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "compute cap"));
         CMP_TRY(check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV_WARPS * 32, 0),
                            "gemv3_q8_kernel occupancy"));
-        v = ((sms * (per_sm > 0 ? per_sm : 1)) << 1 | (major >= 9 ? 1 : 0)) + 1;
+        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, kernel), "gemv3_q8_kernel attributes"));
+        v = ((sms * (per_sm > 0 ? per_sm : 1)) << 1 | (fa.ptxVersion >= 90 ? 1 : 0)) + 1;
         if (dev < GEMV3_MAX_DEVICES) cache[dev].store(v, std::memory_order_relaxed);
     }
     *resident_blocks = (v - 1) >> 1;

@@ -44,7 +44,9 @@ class LogitsRow:
 
     def __array__(self, dtype=None, copy=None):
         a = self.host()
-        return a if dtype is None else a.astype(dtype)
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            return a.astype(dtype)
+        return a.copy() if copy else a        # (a row is 1 MB on the real vocabulary: no second copy unasked)
 
 
 @dataclass(slots=True)

@@ -399,7 +399,8 @@ class Engine:
 
     def _finish(self, slot: Slot, row) -> None:
         slot.task.sink(slot.final())
-        slot.cache.last_logits = np.array(row, np.float32)
+        # the row's own host copy when it came from the device (one 1 MB copy on the real vocabulary, not three)
+        slot.cache.last_logits = row.host() if isinstance(row, LogitsRow) else np.array(row, np.float32)
         # keep the end of this exchange: a follow-up that appends to prompt + reply resumes here
         if not slot.cache.has_checkpoint(slot.state.n_past) and self.cfg.ctx_checkpoints > 0:
             slot.cache.add_checkpoint(self.ops.snapshot(slot.state, slot.cache.last_logits))

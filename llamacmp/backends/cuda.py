@@ -811,14 +811,27 @@ class CudaBackend(Backend):
             raise ValueError(f"sample_rows: {len(specs)} specs for {R} rows")
         out = self.empty((2 * R,), "i32", "sampled ids")      # ids, then candidates left
         self.native.cmp_argmax(logits.ptr, out.ptr, R, N)
-        work = None
-        for r, sp in enumerate(specs):
-            if sp is None:
-                continue
-            work = work if work is not None else self.empty((N,), what="sampling scratch")
-            cp = CmpSamplerParams(sp.temp, sp.top_p, sp.min_p, sp.penalty_repeat, sp.penalty_freq,
-                                  sp.penalty_present, sp.top_k, sp.min_keep)
-            self._sample_launch(logits, r, cp, sp.window, sp.bias, sp.u, out.ptr + 4 * r, out.ptr + 4 * (R + r), work)
+        chain = [(r, sp) for r, sp in enumerate(specs) if sp is not None]
+        if chain:
+            # Every chain row's penalty window and bias ids go up in one int32 upload, the bias values in one f32
+            # upload (not three uploads and arena blocks per row and step); each launch points into them.
+            wins = [np.asarray(sp.window, np.int32).reshape(-1) for _, sp in chain]
+            bids = [np.fromiter(sp.bias.keys(), np.int32, len(sp.bias)) for _, sp in chain]
+            bvals = [np.fromiter(sp.bias.values(), np.float32, len(sp.bias)) for _, sp in chain]
+            ints = self.from_host(np.concatenate(wins + bids + [np.zeros(1, np.int32)]), "i32",
+                                  "penalty windows and logit bias ids")
+            vals = self.from_host(np.concatenate(bvals + [np.zeros(1, np.float32)]), "f32", "logit bias values")
+            w_at = np.cumsum([0] + [len(w) for w in wins]).tolist()
+            b_at = np.cumsum([0] + [len(b) for b in bids]).tolist()
+            work = self.empty((N,), what="sampling scratch")
+            below_one = float(np.nextafter(np.float32(1), np.float32(0)))
+            for j, (r, sp) in enumerate(chain):
+                cp = CmpSamplerParams(sp.temp, sp.top_p, sp.min_p, sp.penalty_repeat, sp.penalty_freq,
+                                      sp.penalty_present, sp.top_k, sp.min_keep)
+                u32 = min(float(np.float32(sp.u)), below_one)    # as _sample_launch: the kernel wants [0, 1)
+                self.native.cmp_sample(logits.ptr + r * N * 4, work.ptr, ints.ptr + 4 * w_at[j], len(wins[j]),
+                                       ints.ptr + 4 * (w_at[-1] + b_at[j]), vals.ptr + 4 * b_at[j], len(bids[j]),
+                                       ctypes.byref(cp), u32, out.ptr + 4 * r, out.ptr + 4 * (R + r), N)
         both = self.ids_to_host(out)
         n = both[R:].copy()
         n[[sp is None for sp in specs]] = 1

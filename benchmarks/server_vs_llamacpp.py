@@ -2,7 +2,8 @@
 aggregate generation t/s >= 1.5x llama-server -np 16).
 
 Each server runs alone on the GPU (one after the other), started with -np N and N times the per-slot context;
-after one warm-up request, N requests go out at once over real HTTP (httpx, one thread each), streaming, greedy,
+after a warm-up of N short concurrent requests (so that one-time work for a batch of N, e.g. capturing its CUDA
+graph, stays out of the figures), N requests go out at once over real HTTP (httpx, one thread each), streaming, greedy,
 ignore_eos with a fixed n_predict so that both generate the same number of tokens (checked: every stream's
 final tokens_predicted must equal n_predict, else the run fails naming the counts). Tokens are counted by the servers'
 tokens_predicted counters, never by stream chunks (llama-server holds back tokens that end in an incomplete UTF-8
@@ -163,7 +164,24 @@ def malformed_utf8_ids(model: str) -> list[int]:
 
 
 def measure(url: str, texts: list, n_predict: int, extra: dict | None = None) -> dict:
-    stream_completion(url, texts[0][:8], 8, extra=extra)                  # warm-up
+    # Warm-up with all N streams at once (short): the servers' one-time work for a batch of N (llamacmp captures
+    # the CUDA graph of those N slots, llama.cpp its graphs for that batch) happens here, not in the measured run.
+    concurrent(url, [t[:8] for t in texts], 8, extra)
+    results, t0 = concurrent(url, texts, n_predict, extra)
+    per_stream = [r[1][-1][1] if r[1] else 0 for r in results]
+    n_tok = sum(per_stream)
+    t_end = max(r[1][-1][0] for r in results)
+    all_in = max(r[1][0][0] for r in results)       # every stream has its first token
+    first_done = min(r[1][-1][0] for r in results)  # the first stream has its last token
+    steady_n = sum(generated_by(r[1], first_done) - generated_by(r[1], all_in) for r in results)
+    steady = steady_n / (first_done - all_in) if first_done > all_in else float("nan")
+    return {"tokens": n_tok, "per_stream": per_stream, "chunks": sum(len(r[1]) for r in results),
+            "wall_s": t_end - t0, "wall_tps": n_tok / (t_end - t0), "steady_tps": steady,
+            "ids": [r[0] for r in results]}
+
+
+def concurrent(url: str, texts: list, n_predict: int, extra: dict | None) -> tuple[list, float]:
+    """One streamed request per text, all at once (a thread each) -> (stream_completion's results, start time)."""
     results: list = [None] * len(texts)
     errors: list = []
 
@@ -183,16 +201,7 @@ def measure(url: str, texts: list, n_predict: int, extra: dict | None = None) ->
     bad = [r[2] for r in results if r[2] != 200]
     if bad:
         raise RuntimeError(f"requests failed with status {bad}")
-    per_stream = [r[1][-1][1] if r[1] else 0 for r in results]
-    n_tok = sum(per_stream)
-    t_end = max(r[1][-1][0] for r in results)
-    all_in = max(r[1][0][0] for r in results)       # every stream has its first token
-    first_done = min(r[1][-1][0] for r in results)  # the first stream has its last token
-    steady_n = sum(generated_by(r[1], first_done) - generated_by(r[1], all_in) for r in results)
-    steady = steady_n / (first_done - all_in) if first_done > all_in else float("nan")
-    return {"tokens": n_tok, "per_stream": per_stream, "chunks": sum(len(r[1]) for r in results),
-            "wall_s": t_end - t0, "wall_tps": n_tok / (t_end - t0), "steady_tps": steady,
-            "ids": [r[0] for r in results]}
+    return results, t0
 
 
 def make_model(shape: str, dtype: str, vocab_cache: str | None = None) -> str:

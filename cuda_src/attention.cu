@@ -400,7 +400,7 @@ constexpr int DEC_TK = 64;   // keys per tile
 // memory; (B) online softmax per head; (C) acc += p v. Partials (unnormalised acc, m, l) go to work when the row
 // has several splits; a single split writes the output (tq3 values rotated back) itself.
 template <int Dh, int GP>
-__global__ void __launch_bounds__(DEC_NW * 32)
+__global__ void __launch_bounds__(DEC_NW * 32, GP <= 4 ? 4 : 1)   // GP <= 4: 4 blocks (<= 128 registers) per SM
 attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                    const uint8_t* __restrict__ kc,   // [n_ctx, Hk, kbytes]
                    const uint8_t* __restrict__ vc,   // [n_ctx, Hk, vbytes]
@@ -421,9 +421,10 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     const int kbeg = split * chunk, kend = min(n_kv, kbeg + chunk);
 
     __shared__ float qs[GP * Dh];               // scaled (and for tq3 keys rotated) queries; later the output
-    __shared__ float sc[DEC_TK * GP];           // scores, then probabilities
+    __shared__ __align__(16) float sc[DEC_TK * GP];   // scores, then probabilities (0 for padding heads)
     __shared__ float m_s[GP], l_s[GP], c_s[GP];
     extern __shared__ float red[];              // [DEC_NW][GP*Dh]
+    __shared__ __align__(256) float lut_s[8];   // tq3 levels (KvChunk<CMP_KV_TQ3>::decode)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int sub = lane % LPK, kk = lane / LPK, d0 = sub * 8;
@@ -435,6 +436,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         m_s[tid] = NEG_BIG_KV;
         l_s[tid] = 0.f;
     }
+    const uint32_t lut = tq3_lut_init(lut_s);
     __syncthreads();
     if (k_type == CMP_KV_TQ3) fwht_smem(qs, GP, Dh, tq3_block(Dh), Dh, 1, true, false);
     float qr[GP][8], acc[GP][8];
@@ -452,32 +454,38 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
 
     for (int k0 = kbeg; k0 < kend; k0 += DEC_TK) {
         const int nk = min(DEC_TK, kend - k0);
-        // (A) scores
-        for (int j0 = warp * KPW * U; j0 < DEC_TK; j0 += DEC_NW * KPW * U) {
-            float part[NV];
+        // (A) scores: the loads of a lane's U keys are all issued before the first is decoded; the block scale
+        // multiplies the 8-value dot product once (KvChunk::decode leaves it out of the values).
+        kv_type_switch(k_type, [&](auto tag) {
+            constexpr int KT = decltype(tag)::value;
+            for (int j0 = warp * KPW * U; j0 < DEC_TK; j0 += DEC_NW * KPW * U) {
+                KvChunk<KT> ch[U];
+                const uint8_t* row = kbase + (size_t)(k0 + j0 + kk) * kstride;   // key j0 + u*KPW + kk
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int j = j0 + u * KPW + kk;
-                float kx[8];
-                if (j < nk) {
-                    kv_load8(k_type, kbase + (size_t)(k0 + j) * kstride, d0, Dh, kx);
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) kx[i] = 0.f;
+                for (int u = 0; u < U; ++u, row += KPW * kstride) {
+                    if (j0 + u * KPW + kk < nk) ch[u].load(row, d0, Dh);
+                    else ch[u].zero();
                 }
+                float part[NV];
 #pragma unroll
-                for (int h = 0; h < GP; ++h) {
-                    float s = 0.f;
+                for (int u = 0; u < U; ++u) {
+                    float kx[8];
+                    const float ks = ch[u].decode(kx, lut);
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) s = fmaf(qr[h][i], kx[i], s);
-                    part[u * GP + h] = s;
+                    for (int h = 0; h < GP; ++h) {
+                        float s = 0.f;
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) s = fmaf(qr[h][i], kx[i], s);
+                        part[u * GP + h] = s * ks;
+                    }
                 }
+                transpose_reduce<NV, LPK>(part, lane);
+                constexpr int REP = LPK / NV;
+                const int idx = sub / REP, u = idx / GP, h = idx % GP, j = j0 + u * KPW + kk;
+                // padding heads (h >= G) get probability 0 (phase B leaves them), so phase C needs no test
+                if (sub % REP == 0) sc[j * GP + h] = h >= G ? 0.f : j < nk ? part[0] : NEG_BIG_KV;
             }
-            transpose_reduce<NV, LPK>(part, lane);
-            constexpr int REP = LPK / NV;
-            const int idx = sub / REP, u = idx / GP, h = idx % GP, j = j0 + u * KPW + kk;
-            if (sub % REP == 0) sc[j * GP + h] = (j < nk && h < G) ? part[0] : NEG_BIG_KV;
-        }
+        });
         __syncthreads();
         // (B) online softmax, a warp per head
         for (int h = warp; h < G; h += DEC_NW) {
@@ -504,32 +512,45 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
 #pragma unroll
             for (int i = 0; i < 8; ++i) acc[h][i] *= c;
         }
-        // UC keys per lane loaded before use: several 16-byte loads in flight per lane (memory-level parallelism)
-        constexpr int UC = 4;
-        for (int jb = warp * KPW + kk; jb < nk; jb += DEC_NW * KPW * UC) {
-            float vx[UC][8];
+        // UC keys per lane loaded before any is decoded: several loads in flight per lane (memory-level
+        // parallelism); quantized rows are a few bytes per lane, so they take twice as many. The block scale goes
+        // into p (one multiply per head instead of one per value).
+        kv_type_switch(v_type, [&](auto tag) {
+            constexpr int VT = decltype(tag)::value;
+            constexpr int UC = VT >= CMP_KV_Q8_0 ? 8 : 4;
+            for (int jb = warp * KPW + kk; jb < nk; jb += DEC_NW * KPW * UC) {
+                KvChunk<VT> ch[UC];
+                const uint8_t* row = vbase + (size_t)(k0 + jb) * vstride;   // key jb + u*DEC_NW*KPW
 #pragma unroll
-            for (int u = 0; u < UC; ++u) {
-                const int j = jb + u * DEC_NW * KPW;
-                if (j < nk) {
-                    kv_load8(v_type, vbase + (size_t)(k0 + j) * vstride, d0, Dh, vx[u]);
-                } else {
+                for (int u = 0; u < UC; ++u, row += DEC_NW * KPW * vstride) {
+                    if (jb + u * DEC_NW * KPW < nk) ch[u].load(row, d0, Dh);
+                    else ch[u].zero();
+                }
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) vx[u][i] = 0.f;
+                for (int u = 0; u < UC; ++u) {
+                    const int j = jb + u * DEC_NW * KPW;
+                    if (j >= nk) break;
+                    float vx[8], p[GP];
+                    const float vsc = ch[u].decode(vx, lut);
+                    if constexpr (GP % 4 == 0) {   // one 16-byte shared load per 4 heads
+#pragma unroll
+                        for (int h = 0; h < GP; h += 4) {
+                            const float4 p4 = *reinterpret_cast<const float4*>(sc + j * GP + h);
+                            p[h] = p4.x; p[h + 1] = p4.y; p[h + 2] = p4.z; p[h + 3] = p4.w;
+                        }
+                    } else {
+#pragma unroll
+                        for (int h = 0; h < GP; ++h) p[h] = sc[j * GP + h];
+                    }
+#pragma unroll
+                    for (int h = 0; h < GP; ++h) {
+                        const float ph = p[h] * vsc;
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(ph, vx[i], acc[h][i]);
+                    }
                 }
             }
-#pragma unroll
-            for (int u = 0; u < UC; ++u) {
-                const int j = jb + u * DEC_NW * KPW;
-                if (j >= nk) break;
-#pragma unroll
-                for (int h = 0; h < GP; ++h) {
-                    const float p = h < G ? sc[j * GP + h] : 0.f;
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(p, vx[u][i], acc[h][i]);
-                }
-            }
-        }
+        });
         __syncthreads();   // sc is rewritten by the next tile
     }
     // Sum over the key slots of a warp, then over warps.

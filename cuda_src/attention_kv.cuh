@@ -11,6 +11,10 @@
 //         B-block (50 bytes per 128 values).
 // Scales follow the quants so that the quants of a row start aligned for wide loads.
 #pragma once
+#include <string.h>
+
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace cmp {
@@ -45,7 +49,7 @@ __device__ __forceinline__ float tq3_sign(int i) {
 }
 
 // kv_quant.LLOYD_MAX_8[c] without an indexed local array (which would live in local memory).
-__device__ __forceinline__ float tq3_level(int c) {
+__host__ __device__ __forceinline__ float tq3_level(int c) {
     const int m = c >= 4 ? c - 4 : 3 - c;
     const float a = (m & 1) ? ((m & 2) ? 2.1520f : 0.7560f) : ((m & 2) ? 1.3439f : 0.2451f);
     return c >= 4 ? a : -a;
@@ -74,58 +78,233 @@ __device__ __forceinline__ float ld_half(const uint8_t* p) {
     return __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(p))));
 }
 
+// ---- fast dequantisation of 8 values -------------------------------------------------------------------------------
+// The decode kernel is bound by dequantisation instructions, not bytes (tq3 is 0.2x f16's bytes), so the helpers
+// below decode with whole-word bit tricks; each is exact (the same floats as the plain formulas, checked for every
+// input byte combination by tools/check_kv_decode.cu) and runs on host and device.
+
+// __byte_perm on the device, its definition on the host (result byte i = byte s[4i..4i+2] of the 8 bytes b:a).
+__host__ __device__ __forceinline__ uint32_t kv_prmt(uint32_t a, uint32_t b, uint32_t s) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(a, b, s);
+#else
+    const uint64_t x = (uint64_t)b << 32 | a;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; ++i) r |= (uint32_t)(x >> (8 * ((s >> (4 * i)) & 7u)) & 0xffu) << (8 * i);
+    return r;
+#endif
+}
+
+// Byte i (0..3) of u as an exact float, u < 256: bytes (u, 0, 0, 0x4B) are the float 2^23 + u, minus 2^23 + bias
+// (two instructions instead of a quarter-rate I2F).
+__host__ __device__ __forceinline__ float kv_byte_f32(uint32_t u, int i, float bias) {
+    const uint32_t bits = kv_prmt(u, 0x4B000000u, 0x7540u | (uint32_t)i);
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(bits) - (8388608.f + bias);
+#else
+    float f;
+    memcpy(&f, &bits, 4);
+    return f - (8388608.f + bias);
+#endif
+}
+
+// tq3: byte k of lo (values 0..3) / hi (values 4..7) = 4 * code of value k of the group whose bit-plane bytes are
+// b0, b1, b2 (bit k of b_p = bit p of code k) -- the byte offset into an 8-float level table. One multiply spreads
+// four bits of a plane into four bytes: (n & 15) * 0x00204081 puts bit j of n at j + 7m (m = 0..3, no carries: the
+// copies are 4 bits wide, 7 apart); bit k lands on bit 8k only from copy m = k. 18 + 2 integer instructions for 8
+// codes instead of ~10 per code.
+__host__ __device__ __forceinline__ void tq3_code_offsets(uint32_t b0, uint32_t b1, uint32_t b2, uint32_t& lo,
+                                                          uint32_t& hi) {
+    constexpr uint32_t M = 0x00204081u, B = 0x01010101u;
+    lo = ((b0 & 15u) * (M << 2) & (B << 2)) | ((b1 & 15u) * (M << 3) & (B << 3)) | ((b2 & 15u) * (M << 4) & (B << 4));
+    hi = ((b0 >> 4 & 15u) * (M << 2) & (B << 2)) | ((b1 >> 4 & 15u) * (M << 3) & (B << 3)) |
+         ((b2 >> 4 & 15u) * (M << 4) & (B << 4));
+}
+
+// The 8 levels of the group from a level table of 8 floats (LLOYD_MAX_8 order) at table address `base`, a multiple
+// of 256: the address of level c is base + 4c, so one byte permute puts the code's byte offset under base's upper
+// bytes -- one PRMT and one load per value. ld(address) reads a float at an address of the table's space.
+template <typename Ld>
+__host__ __device__ __forceinline__ void tq3_levels_lut(uint32_t b0, uint32_t b1, uint32_t b2, uint32_t base,
+                                                        Ld&& ld, float (&x)[8]) {
+    uint32_t lo, hi;
+    tq3_code_offsets(b0, b1, b2, lo, hi);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        x[k] = ld(kv_prmt(lo, base, 0x7650u | (uint32_t)k));
+        x[4 + k] = ld(kv_prmt(hi, base, 0x7650u | (uint32_t)k));
+    }
+}
+
+// The same without a table (for kernels without room for one in shared memory): levels are +-(magnitude by the
+// two low code bits, mirrored for negative codes), so x bit = b0 ^ ~b2, y bit = b1 ^ ~b2 pick one of 4 magnitudes
+// and bit 2 of the code is the sign: ~6.5 instructions per value instead of ~17.
+__host__ __device__ __forceinline__ void tq3_levels_sel(uint32_t b0, uint32_t b1, uint32_t b2, float (&x)[8]) {
+    const uint32_t xb = b0 ^ ~b2, yb = b1 ^ ~b2, neg = ~b2;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const float lo = (xb >> k) & 1u ? 0.7560f : 0.2451f;
+        const float hi = (xb >> k) & 1u ? 2.1520f : 1.3439f;
+        const float mag = (yb >> k) & 1u ? hi : lo;
+#ifdef __CUDA_ARCH__
+        x[k] = __uint_as_float(__float_as_uint(mag) | (neg << (31 - k) & 0x80000000u));
+#else
+        uint32_t bits;
+        memcpy(&bits, &mag, 4);
+        bits |= neg << (31 - k) & 0x80000000u;
+        memcpy(&x[k], &bits, 4);
+#endif
+    }
+}
+
+// Raw bytes of the 8 values d0 .. d0+7 (d0 a multiple of 8) of a cache row, loaded in one go and decoded later, so
+// that a lane can have the loads of several keys in flight before it waits on the first. decode() gives the values
+// WITHOUT their block scale and returns the scale (1 for f32/f16): callers multiply a dot product or a probability
+// by it once instead of every value. tq3 values come in the rotated domain (levels), see kv_load8.
+template <int T>
+struct KvChunk;
+
+template <>
+struct KvChunk<CMP_KV_F32> {
+    float4 a, b;
+    __device__ __forceinline__ void load(const uint8_t* __restrict__ row, int d0, int) {
+        a = __ldg(reinterpret_cast<const float4*>(row) + d0 / 4);
+        b = __ldg(reinterpret_cast<const float4*>(row) + d0 / 4 + 1);
+    }
+    __device__ __forceinline__ void zero() { a = b = make_float4(0.f, 0.f, 0.f, 0.f); }
+    __device__ __forceinline__ float decode(float (&x)[8], uint32_t) const {
+        x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+        return 1.f;
+    }
+};
+
+template <>
+struct KvChunk<CMP_KV_F16> {
+    uint4 u;
+    __device__ __forceinline__ void load(const uint8_t* __restrict__ row, int d0, int) {
+        u = __ldg(reinterpret_cast<const uint4*>(row + 2 * d0));
+    }
+    __device__ __forceinline__ void zero() { u = make_uint4(0u, 0u, 0u, 0u); }
+    __device__ __forceinline__ float decode(float (&x)[8], uint32_t) const {
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            x[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
+            x[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+        }
+        return 1.f;
+    }
+};
+
+template <>
+struct KvChunk<CMP_KV_Q8_0> {
+    uint32_t a, b;
+    unsigned short d;
+    __device__ __forceinline__ void load(const uint8_t* __restrict__ row, int d0, int Dh) {
+        d = __ldg(reinterpret_cast<const unsigned short*>(row + Dh + (d0 / 32) * 2));
+        a = ld_u32_any(row + d0);
+        b = ld_u32_any(row + d0 + 4);
+    }
+    __device__ __forceinline__ void zero() { a = b = 0u; d = 0; }
+    __device__ __forceinline__ float decode(float (&x)[8], uint32_t) const {
+        const uint32_t ua = a ^ 0x80808080u, ub = b ^ 0x80808080u;   // int8 q -> q + 128
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            x[i] = kv_byte_f32(ua, i, 128.f);
+            x[4 + i] = kv_byte_f32(ub, i, 128.f);
+        }
+        return __half2float(__ushort_as_half(d));
+    }
+};
+
+template <>
+struct KvChunk<CMP_KV_Q4_0> {
+    uint32_t a;
+    unsigned short d;
+    __device__ __forceinline__ void load(const uint8_t* __restrict__ row, int d0, int Dh) {
+        d = __ldg(reinterpret_cast<const unsigned short*>(row + Dh / 2 + (d0 / 32) * 2));
+        a = ld_u32_any(row + d0 / 2);
+    }
+    __device__ __forceinline__ void zero() { a = 0u; d = 0; }
+    __device__ __forceinline__ float decode(float (&x)[8], uint32_t) const {
+        const uint32_t lo = a & 0x0f0f0f0fu, hi = a >> 4 & 0x0f0f0f0fu;   // stored q + 8
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            x[2 * i] = kv_byte_f32(lo, i, 8.f);
+            x[2 * i + 1] = kv_byte_f32(hi, i, 8.f);
+        }
+        return __half2float(__ushort_as_half(d));
+    }
+};
+
+template <>
+struct KvChunk<CMP_KV_TQ3> {
+    uint32_t p0, p1, p2;   // bit-plane bytes of the 8 values
+    unsigned short s;
+    __device__ __forceinline__ void load(const uint8_t* __restrict__ row, int d0, int Dh) {
+        s = __ldg(reinterpret_cast<const unsigned short*>(row + Dh * 3 / 8 + (d0 / tq3_block(Dh)) * 2));
+        const uint8_t* g = row + (d0 / 32) * 12 + (d0 & 31) / 8;
+        p0 = __ldg(g);
+        p1 = __ldg(g + 4);
+        p2 = __ldg(g + 8);
+    }
+    __device__ __forceinline__ void zero() { p0 = p1 = p2 = 0u; s = 0; }
+    // lut: the shared-memory address of the level table (tq3_lut_init)
+    __device__ __forceinline__ float decode(float (&x)[8], uint32_t lut) const {
+        tq3_levels_lut(p0, p1, p2, lut, [](uint32_t a) {
+            float v;
+            // volatile: stays after the __syncthreads that publishes the table (the address may be a constant)
+            asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a));
+            return v;
+        }, x);
+        return __half2float(__ushort_as_half(s));
+    }
+    // the same without a table
+    __device__ __forceinline__ float decode_sel(float (&x)[8]) const {
+        tq3_levels_sel(p0, p1, p2, x);
+        return __half2float(__ushort_as_half(s));
+    }
+};
+
+// Fill the level table of KvChunk<CMP_KV_TQ3>::decode (threads 0..7 of the block; the caller syncs before use) and
+// return its shared-memory address. `lut` must be 256-byte aligned (tq3_levels_lut). 8 words in 8 banks: a warp's
+// lookups never conflict.
+__device__ __forceinline__ uint32_t tq3_lut_init(float* lut) {
+    if (threadIdx.x < 8) lut[threadIdx.x] = tq3_level((int)threadIdx.x);
+    uint32_t a;
+    asm("{ .reg .u64 g; cvta.to.shared.u64 g, %1; cvt.u32.u64 %0, g; }" : "=r"(a) : "l"(lut));
+    return a;
+}
+
+// Call f(std::integral_constant<int, T>{}) with T = type, so a loop over keys is compiled once per KV type with the
+// type out of its body (the loads of several keys can then be issued before any is decoded).
+template <typename F>
+__device__ __forceinline__ void kv_type_switch(int type, F&& f) {
+    switch (type) {
+        case CMP_KV_F32: f(std::integral_constant<int, CMP_KV_F32>{}); break;
+        case CMP_KV_F16: f(std::integral_constant<int, CMP_KV_F16>{}); break;
+        case CMP_KV_Q8_0: f(std::integral_constant<int, CMP_KV_Q8_0>{}); break;
+        case CMP_KV_Q4_0: f(std::integral_constant<int, CMP_KV_Q4_0>{}); break;
+        default: f(std::integral_constant<int, CMP_KV_TQ3>{}); break;
+    }
+}
+
 // x[0..7] = the values d0 .. d0+7 of a cache row (d0 a multiple of 8). tq3 gives them in the rotated domain
 // (level * s): the kernels rotate the query instead of un-rotating keys, and the output instead of values.
 // `type` is uniform across the block, so the switch costs no divergence.
 __device__ __forceinline__ void kv_load8(int type, const uint8_t* __restrict__ row, int d0, int Dh, float (&x)[8]) {
-    switch (type) {
-        case CMP_KV_F32: {
-            const float4 a = __ldg(reinterpret_cast<const float4*>(row) + d0 / 4);
-            const float4 b = __ldg(reinterpret_cast<const float4*>(row) + d0 / 4 + 1);
-            x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
-            break;
-        }
-        case CMP_KV_F16: {
-            const uint4 u = __ldg(reinterpret_cast<const uint4*>(row + 2 * d0));
-            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    kv_type_switch(type, [&](auto tag) {
+        constexpr int T = decltype(tag)::value;
+        KvChunk<T> c;
+        c.load(row, d0, Dh);
+        float s;
+        if constexpr (T == CMP_KV_TQ3) s = c.decode_sel(x);   // no level table in the callers' shared memory
+        else s = c.decode(x, 0u);
+        if (T >= CMP_KV_Q8_0) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {   // bit operations, not a pointer cast (which would force w to memory)
-                x[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
-                x[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
-            }
-            break;
+            for (int i = 0; i < 8; ++i) x[i] *= s;
         }
-        case CMP_KV_Q8_0: {
-            const float d = ld_half(row + Dh + (d0 / 32) * 2);
-            const uint32_t a = ld_u32_any(row + d0), b = ld_u32_any(row + d0 + 4);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                x[i] = (float)(int8_t)(a >> (8 * i)) * d;
-                x[4 + i] = (float)(int8_t)(b >> (8 * i)) * d;
-            }
-            break;
-        }
-        case CMP_KV_Q4_0: {
-            const float d = ld_half(row + Dh / 2 + (d0 / 32) * 2);
-            const uint32_t a = ld_u32_any(row + d0 / 2);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                x[2 * i] = (float)((int)((a >> (8 * i)) & 15u) - 8) * d;
-                x[2 * i + 1] = (float)((int)((a >> (8 * i + 4)) & 15u) - 8) * d;
-            }
-            break;
-        }
-        default: {  // CMP_KV_TQ3
-            const int B = tq3_block(Dh);
-            const float s = ld_half(row + Dh * 3 / 8 + (d0 / B) * 2);
-            const uint8_t* g = row + (d0 / 32) * 12 + (d0 & 31) / 8;
-            const uint32_t p0 = __ldg(g), p1 = __ldg(g + 4), p2 = __ldg(g + 8);
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-                x[i] = s * tq3_level((int)(((p0 >> i) & 1u) | ((p1 >> i) & 1u) << 1 | ((p2 >> i) & 1u) << 2));
-            break;
-        }
-    }
+    });
 }
 
 // In-place orthonormal Walsh-Hadamard transform of n_vec vectors of `len` values in shared memory, per block of B

@@ -178,6 +178,17 @@ class Sampler:
         self.rng = np.random.Generator(np.random.MT19937(self.seed))
         self.history: deque[int] = deque(maxlen=history_cap)
         self.n_accepted = 0            # llama.cpp's chain counts accepts (prompt included) as its "runs"
+        self._bias: dict[int, float] | None = None
+
+    def bias_by_id(self) -> dict[int, float]:
+        """The logit bias `candidates` applies, by token id, with ignore_eos's -inf for the EOG ids (built once:
+        the device draw reads it every step). Callers must not change it."""
+        if self._bias is None:
+            bias = {int(t): float(v) for t, v in self.params.logit_bias.items()}
+            if self.params.ignore_eos:
+                bias.update({int(t): -np.inf for t in self.eog_ids})
+            self._bias = bias
+        return self._bias
 
     def accept(self, token: int) -> None:
         """Record a prompt or generated token (llama.cpp feeds the prompt into the penalty window too)."""

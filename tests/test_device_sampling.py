@@ -106,7 +106,7 @@ def test_guarded_argmax_falls_back_to_the_chain():
     (here the EOG of an ignore_eos row, or a banned id tied at the top) the row's chain picks the answer."""
     N = 64
     eog = frozenset({7})
-    assert plan_row(Sampler(SamplingParams(temp=0, ignore_eos=True), eog), N, 1024, 4096).guard == eog
+    assert plan_row(Sampler(SamplingParams(temp=0, ignore_eos=True), eog), N, 1024, 4096).lowered == {7: -np.inf}
     assert plan_row(Sampler(SamplingParams(temp=0, logit_bias={3: 0.5, 4: -1.0})), N, 1024, 4096).kind == "chain"
     x = np.zeros((4, N), np.float32)
     x[:, 7], x[:, 9], x[:, 11] = 5.0, 4.0, 4.0       # the EOG first, then a tie: the lower id wins

@@ -53,9 +53,10 @@ class LogitsRow:
 @dataclass(slots=True)
 class _Plan:
     kind: str                           # "argmax" | "chain" | "host"
-    spec: Optional[RowSample] = None    # "chain": the draw; "argmax" with a guard: the chain to run if it trips
+    spec: Optional[RowSample] = None    # "chain": the draw
     rng_state: object = None            # the generator before u was drawn (rng_mark; given back if no draw was needed)
-    guard: frozenset = frozenset()      # "argmax": ids whose bias lowers them (the chain decides if one wins)
+    lowered: Optional[dict] = None      # "argmax" of a row whose bias only lowers ids: that bias (if the argmax is
+                                        # one of them, the row's chain decides)
 
 
 def _penalty_window(sampler: Sampler) -> list[int]:
@@ -101,21 +102,16 @@ def plan_row(sampler: Sampler, n_vocab: int, max_k: int, max_window: int) -> _Pl
     window = _penalty_window(sampler)
     if len(window) > max_window:
         return _Plan("host")
-    bias = {int(t): float(v) for t, v in p.logit_bias.items()}
-    if p.ignore_eos:
-        bias.update({int(t): -np.inf for t in sampler.eog_ids})
+    bias = sampler.bias_by_id()
     if p.temp <= 0.0:
         if not window and not bias:
             return _Plan("argmax")
-        # temp <= 0 takes the best biased, penalised logit: top-k 1 of the chain, no draw
-        spec = RowSample(0.0, 1, 1.0, 0.0, 0, p.penalty_repeat, p.penalty_freq, p.penalty_present,
-                         np.asarray(window, np.int32), bias, 0.0)
         if not window and all(v <= 0.0 for v in bias.values()):
             # Biases that only lower tokens (ignore_eos, bans): the plain argmax is the answer unless it is one of
             # the lowered ids, since every other logit stays <= its raw value (lower ids < it): one argmax launch
             # for all rows instead of a chain launch per row; the rare row whose argmax is lowered runs the chain.
-            return _Plan("argmax", spec, guard=frozenset(t for t, v in bias.items() if v < 0.0))
-        return _Plan("chain", spec)
+            return _Plan("argmax", lowered=bias)
+        return _Plan("chain", greedy_spec(sampler, window))
     k = min(max(p.top_k, p.min_keep), n_vocab) if p.top_k > 0 else n_vocab
     if not 1 <= k <= max_k:
         return _Plan("host")
@@ -123,6 +119,13 @@ def plan_row(sampler: Sampler, n_vocab: int, max_k: int, max_window: int) -> _Pl
     u = min(float(np.float32(sampler.rng.random())), _BELOW_ONE)   # what rng.choice in Sampler.sample draws
     return _Plan("chain", RowSample(p.temp, k, p.top_p, p.min_p, p.min_keep, p.penalty_repeat, p.penalty_freq,
                                     p.penalty_present, np.asarray(window, np.int32), bias, u), state)
+
+
+def greedy_spec(sampler: Sampler, window: list[int]) -> RowSample:
+    """temp <= 0 through the chain: the best biased, penalised logit (top-k 1), no draw."""
+    p = sampler.params
+    return RowSample(0.0, 1, 1.0, 0.0, 0, p.penalty_repeat, p.penalty_freq, p.penalty_present,
+                     np.asarray(window, np.int32), sampler.bias_by_id(), 0.0)
 
 
 def draw_tokens(be, logits, samplers: Sequence[Optional[Sampler]]) -> list[Optional[int]]:
@@ -134,9 +137,11 @@ def draw_tokens(be, logits, samplers: Sequence[Optional[Sampler]]) -> list[Optio
     ids = n_left = None
     if any(p is not None and p.kind != "host" for p in plans):
         ids, n_left = be.sample_rows(logits, [p.spec if p is not None and p.kind == "chain" else None for p in plans])
-        tripped = [r for r, p in enumerate(plans) if p is not None and p.guard and int(ids[r]) in p.guard]
-        if tripped:                     # a guarded argmax landed on a lowered id: those rows run their chain
-            again, _ = be.sample_rows(logits, [plans[r].spec if r in tripped else None for r in range(R)])
+        tripped = [r for r, p in enumerate(plans) if p is not None and p.lowered is not None
+                   and p.lowered.get(int(ids[r]), 0.0) < 0.0]
+        if tripped:                     # the argmax landed on a lowered id: those rows run their chain
+            again, _ = be.sample_rows(logits, [greedy_spec(samplers[r], []) if r in tripped else None
+                                               for r in range(R)])
             for r in tripped:
                 ids[r] = again[r]
     out: list[Optional[int]] = []

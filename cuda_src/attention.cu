@@ -458,32 +458,44 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         // multiplies the 8-value dot product once (KvChunk::decode leaves it out of the values).
         kv_type_switch(k_type, [&](auto tag) {
             constexpr int KT = decltype(tag)::value;
-            for (int j0 = warp * KPW * U; j0 < DEC_TK; j0 += DEC_NW * KPW * U) {
-                KvChunk<KT> ch[U];
-                const uint8_t* row = kbase + (size_t)(k0 + j0 + kk) * kstride;   // key j0 + u*KPW + kk
+            // Quantized rows are a few bytes per lane: two passes' loads (2U keys) go out before either is decoded,
+            // halving the round trips to memory per tile.
+            constexpr int PASS = DEC_NW * KPW * U, NPASS = DEC_TK / PASS;
+            constexpr int PP = KT >= CMP_KV_Q8_0 && NPASS % 2 == 0 ? 2 : 1;
+            for (int j00 = warp * KPW * U; j00 < DEC_TK; j00 += PP * PASS) {
+                KvChunk<KT> ch[PP][U];
 #pragma unroll
-                for (int u = 0; u < U; ++u, row += KPW * kstride) {
-                    if (j0 + u * KPW + kk < nk) ch[u].load(row, d0, Dh);
-                    else ch[u].zero();
-                }
-                float part[NV];
+                for (int pp = 0; pp < PP; ++pp) {
+                    const int j0 = j00 + pp * PASS;
+                    const uint8_t* row = kbase + (size_t)(k0 + j0 + kk) * kstride;   // key j0 + u*KPW + kk
 #pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    float kx[8];
-                    const float ks = ch[u].decode(kx, lut);
-#pragma unroll
-                    for (int h = 0; h < GP; ++h) {
-                        float s = 0.f;
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) s = fmaf(qr[h][i], kx[i], s);
-                        part[u * GP + h] = s * ks;
+                    for (int u = 0; u < U; ++u, row += KPW * kstride) {
+                        if (j0 + u * KPW + kk < nk) ch[pp][u].load(row, d0, Dh);
+                        else ch[pp][u].zero();
                     }
                 }
-                transpose_reduce<NV, LPK>(part, lane);
-                constexpr int REP = LPK / NV;
-                const int idx = sub / REP, u = idx / GP, h = idx % GP, j = j0 + u * KPW + kk;
-                // padding heads (h >= G) get probability 0 (phase B leaves them), so phase C needs no test
-                if (sub % REP == 0) sc[j * GP + h] = h >= G ? 0.f : j < nk ? part[0] : NEG_BIG_KV;
+#pragma unroll
+                for (int pp = 0; pp < PP; ++pp) {
+                    const int j0 = j00 + pp * PASS;
+                    float part[NV];
+#pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        float kx[8];
+                        const float ks = ch[pp][u].decode(kx, lut);
+#pragma unroll
+                        for (int h = 0; h < GP; ++h) {
+                            float s = 0.f;
+#pragma unroll
+                            for (int i = 0; i < 8; ++i) s = fmaf(qr[h][i], kx[i], s);
+                            part[u * GP + h] = s * ks;
+                        }
+                    }
+                    transpose_reduce<NV, LPK>(part, lane);
+                    constexpr int REP = LPK / NV;
+                    const int idx = sub / REP, u = idx / GP, h = idx % GP, j = j0 + u * KPW + kk;
+                    // padding heads (h >= G) get probability 0 (phase B leaves them), so phase C needs no test
+                    if (sub % REP == 0) sc[j * GP + h] = h >= G ? 0.f : j < nk ? part[0] : NEG_BIG_KV;
+                }
             }
         });
         __syncthreads();

@@ -3,6 +3,7 @@
 `python3 benchmarks/bench_kernels.py --attention-only`.
 
     python3 benchmarks/bench_attention.py [--quick] [--json out.json]
+    python3 benchmarks/bench_attention.py --decode-only [--n-kv 32768,131072]   (issue 7: tq3 vs f16 decode)
 
 Each call is one layer's attention op as the model runs it (KV write of the new rows + attention). Prefill rows
 are causal over the segment itself (n_kv = L, as in pp512 / pp4096 / pp16384); decode rows are one token over
@@ -63,13 +64,17 @@ def bench_case(be: CudaBackend, n_kv: int, L: int, kt: str, vt: str, v2: bool, r
         be.attention_v2 = True
 
 
-def run(be: CudaBackend, quick: bool = False) -> list[dict]:
+DECODE_PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "tq3"), ("tq3", "tq3")]
+
+
+def run(be: CudaBackend, quick: bool = False, decode_only: bool = False, n_kvs: tuple[int, ...] | None = None,
+        ) -> list[dict]:
     rows = []
     fma_peak = FP32_PEAK_TFLOPS
     print(f"attention, 9B heads ({HQ} q / {HK} kv, Dh {DH}); FP32 FMA ceiling ~{fma_peak:.0f} TFLOPS")
     print(f"{'case':<28} {'K/V':<10} {'kern':>4} {'ms':>9} {'TFLOPS':>7} {'% fp32':>6} {'GB/s':>6} {'B/token':>8}")
     # prefill, causal over the segment itself
-    for L in (512, 4096, 16384):
+    for L in (() if decode_only else (512, 4096, 16384)):
         flops = 4.0 * HQ * DH * (L * (L + 1) / 2)
         for v2 in (False, True):
             if not v2 and L > 4096:
@@ -81,9 +86,10 @@ def run(be: CudaBackend, quick: bool = False) -> list[dict]:
             rows.append({"what": "attn prefill", "L": L, "kv": "f16/f16", "kernels": "v2" if v2 else "v1", "ms": ms,
                          "TFLOPS": tf})
     # decode, one row over n_kv keys, per KV type
-    pairs = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "tq3"), ("tq3", "tq3")]
-    for n_kv in ((4096, 32768) if quick else (4096, 32768, 131072)):
-        for kt, vt in pairs:
+    if n_kvs is None:
+        n_kvs = (4096, 32768) if quick else (4096, 32768, 131072)
+    for n_kv in n_kvs:
+        for kt, vt in DECODE_PAIRS:
             bpt = (kv_layout.row_bytes(kt, DH) + kv_layout.row_bytes(vt, DH)) * HK   # per token per layer
             for v2 in ((False, True) if kt == vt == "f16" else (True,)):
                 ms = bench_case(be, n_kv, 1, kt, vt, v2, 20)
@@ -92,7 +98,19 @@ def run(be: CudaBackend, quick: bool = False) -> list[dict]:
                       f"{'':>6} {gbs:>6.0f} {bpt:>8}")
                 rows.append({"what": "attn decode", "n_kv": n_kv, "kv": f"{kt}/{vt}", "kernels": "v2" if v2 else "v1",
                              "ms": ms, "GB/s": gbs, "bytes/token/layer": bpt})
+    decode_summary(rows)
     return rows
+
+
+def decode_summary(rows: list[dict]) -> None:
+    """Issue 7's criterion per context length: v2 decode with each quantized KV pair against f16/f16 (< 1 = faster)."""
+    v2 = {(r["n_kv"], r["kv"]): r["ms"] for r in rows if r["what"] == "attn decode" and r["kernels"] == "v2"}
+    for n_kv in sorted({n for n, _ in v2}):
+        f16 = v2.get((n_kv, "f16/f16"))
+        if not f16:
+            continue
+        ratios = "  ".join(f"{kv} {ms / f16:.2f}x" for (n, kv), ms in v2.items() if n == n_kv and kv != "f16/f16")
+        print(f"decode n_kv={n_kv}: time vs f16/f16 ({f16:.4f} ms): {ratios}")
 
 
 FP32_PEAK_TFLOPS = 67.0   # H200: 132 SMs x 128 FP32 lanes x ~1.98 GHz x 2 flops per FMA
@@ -101,11 +119,14 @@ FP32_PEAK_TFLOPS = 67.0   # H200: 132 SMs x 128 FP32 lanes x ~1.98 GHz x 2 flops
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="decode at 4096 and 32768 keys only")
+    ap.add_argument("--decode-only", action="store_true", help="skip the prefill cases")
+    ap.add_argument("--n-kv", help="decode context lengths, comma-separated (default 4096,32768,131072)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    n_kvs = tuple(int(x) for x in args.n_kv.split(",")) if args.n_kv else None
     be = CudaBackend()
     print(f"device: {be.native.device_name()}   date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    rows = run(be, args.quick)
+    rows = run(be, args.quick, args.decode_only, n_kvs)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

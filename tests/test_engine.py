@@ -274,3 +274,59 @@ def test_host_cache_entry_survives_saving_the_slot_it_replaces(lm):
         assert isinstance(r, FinalResult) and r.timings.cache_n >= len(a)
     finally:
         engine.stop()
+
+
+def test_results_held_until_flush_all_go_out(lm):
+    """A sink that holds its results until the engine's flush (as the server's bridge does) gets every one of them:
+    the engine flushes after each forward it launches and when it runs out of work, so nothing is left behind
+    (a stream's last token and its final result included), and the tokens equal the direct sink's."""
+    from llamacmp.engine.scheduler import Engine, EngineConfig
+    from llamacmp.engine.tasks import CompletionTask, FinalResult, GenParams
+    from llamacmp.sampling import SamplingParams
+    engine = Engine(lm, EngineConfig(n_slots=3, n_ctx_slot=128))
+    held, out, lock, n_flush = [], [], threading.Lock(), [0]
+
+    def flush():
+        with lock:
+            out.extend(held)
+            held.clear()
+        n_flush[0] += 1
+    engine.on_results_flush(flush)
+    engine.start()
+    try:
+        prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [17] * 9, [3, 4]]       # four requests on three slots
+        for i, p in enumerate(prompts):
+            def sink(r, i=i):
+                with lock:
+                    held.append((i, r))
+            engine.submit(CompletionTask(p, GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=4 + i,
+                                                      cache_prompt=False, stream=True), sink))
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with lock:
+                if sum(isinstance(r, FinalResult) for _, r in out) == len(prompts):
+                    break
+            time.sleep(0.02)
+        with lock:
+            finals = {i: r for i, r in out if isinstance(r, FinalResult)}
+            assert sorted(finals) == [0, 1, 2, 3] and not held
+            for i, r in finals.items():         # every streamed token reached the sink, in order
+                streamed = [t for j, x in out if j == i and not isinstance(x, FinalResult) for t in x.tokens]
+                assert streamed == r.tokens and len(r.tokens) == 4 + i
+        assert n_flush[0] >= engine.metrics.n_decode_total
+    finally:
+        engine.stop()
+    direct = []
+    for i, p in enumerate(prompts):            # the same requests, alone, with a direct sink
+        done = threading.Event()
+        engine2 = Engine(lm, EngineConfig(n_slots=1, n_ctx_slot=128))
+        engine2.start()
+        try:
+            engine2.submit(CompletionTask(p, GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=4 + i,
+                                                       cache_prompt=False),
+                                          lambda r: (direct.append(r.tokens), done.set())
+                                          if isinstance(r, FinalResult) else None))
+            assert done.wait(60)
+        finally:
+            engine2.stop()
+    assert [finals[i].tokens for i in range(4)] == direct

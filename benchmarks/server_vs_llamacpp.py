@@ -266,6 +266,12 @@ def main() -> None:
             srv.wait_ready(a.load_timeout)
             print(f"{name}: ready in {time.time() - t:.0f} s", flush=True)
             figures[name] = measure(srv.url, texts, a.n_predict, extras[name])
+            if name == "llamacmp":      # e.g. a failed graph capture: every decode step then runs eagerly
+                srv.log.flush()
+                notes = [ln for ln in srv.log_path.read_text(errors="replace").splitlines()
+                         if "decode graphs off" in ln or ln.startswith(("W ", "E "))]
+                print("llamacmp log warnings:" + "".join(f"\n  {ln[:300]}" for ln in notes[:5]) if notes
+                      else "llamacmp log: no warnings (none about decode graphs)", flush=True)
             f = figures[name]
             print(f"{name}: {f['tokens']} tokens ({f['chunks']} chunks) in {f['wall_s']:.2f} s: wall "
                   f"{f['wall_tps']:.1f} t/s, steady {f['steady_tps']:.1f} t/s; per stream {f['per_stream']}",

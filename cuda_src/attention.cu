@@ -529,7 +529,8 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         // into p (one multiply per head instead of one per value).
         kv_type_switch(v_type, [&](auto tag) {
             constexpr int VT = decltype(tag)::value;
-            constexpr int UC = VT >= CMP_KV_Q8_0 ? 8 : 4;
+            constexpr int UC_MAX = DEC_TK / (DEC_NW * KPW);   // a warp's keys of a tile
+            constexpr int UC = (VT >= CMP_KV_Q8_0 ? 8 : 4) < UC_MAX ? (VT >= CMP_KV_Q8_0 ? 8 : 4) : UC_MAX;
             for (int jb = warp * KPW + kk; jb < nk; jb += DEC_NW * KPW * UC) {
                 KvChunk<VT> ch[UC];
                 const uint8_t* row = vbase + (size_t)(k0 + jb) * vstride;   // key jb + u*DEC_NW*KPW

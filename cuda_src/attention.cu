@@ -452,8 +452,17 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     const uint8_t* kbase = kc + (size_t)kvh * kbytes;
     const uint8_t* vbase = vc + (size_t)kvh * vbytes;
 
+    static_assert(DEC_NW * 32 == 2 * DEC_TK, "the L2 prefetch gives each thread one K or V row of a tile");
     for (int k0 = kbeg; k0 < kend; k0 += DEC_TK) {
         const int nk = min(DEC_TK, kend - k0);
+        // Quantized rows: the next tile's K and V rows (a thread per row) are asked of L2 now, so that its loads
+        // wait for L2, not DRAM (the tile's few bytes per lane leave the lanes short of loads in flight).
+        if (k0 + DEC_TK < kend) {
+            const bool is_v = tid >= DEC_TK;
+            const int key = k0 + DEC_TK + tid % DEC_TK;
+            if (key < kend && (is_v ? v_type : k_type) >= CMP_KV_Q8_0)
+                prefetch_l2((is_v ? vbase : kbase) + (size_t)key * (is_v ? vstride : kstride), is_v ? vbytes : kbytes);
+        }
         // (A) scores: the loads of a lane's U keys are all issued before the first is decoded; the block scale
         // multiplies the 8-value dot product once (KvChunk::decode leaves it out of the values).
         kv_type_switch(k_type, [&](auto tag) {

@@ -276,6 +276,13 @@ __device__ __forceinline__ uint32_t tq3_lut_init(float* lut) {
     return a;
 }
 
+// Ask L2 for the bytes [p, p + n) of global memory: nothing is waited for and no register is held, so a kernel can
+// fetch its next tile's rows while it computes the current one, and then load them at L2 latency.
+__device__ __forceinline__ void prefetch_l2(const uint8_t* p, int n) {
+    const uintptr_t end = (uintptr_t)p + (uintptr_t)n;
+    for (uintptr_t a = (uintptr_t)p & ~(uintptr_t)127; a < end; a += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
 // Call f(std::integral_constant<int, T>{}) with T = type, so a loop over keys is compiled once per KV type with the
 // type out of its body (the loads of several keys can then be issued before any is decoded).
 template <typename F>

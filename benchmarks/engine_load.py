@@ -154,6 +154,8 @@ def engine_mode(a, path: Path) -> None:
     from llamacmp.backends.select import select_backend
     from llamacmp.loader import load_model
     lm = load_model(path, select_backend())
+    if a.gdn_rows:
+        lm.backend.gdn_rows = True
     engine = Engine(lm, EngineConfig(n_slots=a.streams, n_ctx_slot=a.prompt_len + a.n_predict + 8))
     clock = StepClock(engine)
     engine.start()
@@ -169,7 +171,7 @@ def engine_mode(a, path: Path) -> None:
         print(f"stream {i}: first difference at token {first}")
     t1 = alone[0][1]
     print(f"backend {lm.backend.name}, model {path.name}, n_vocab {lm.cfg.n_vocab}, prompt {a.prompt_len} tokens, "
-          f"n_predict {a.n_predict}, ignore_eos {not a.eos}")
+          f"n_predict {a.n_predict}, ignore_eos {not a.eos}, gdn_rows {getattr(lm.backend, 'gdn_rows', None)}")
     print("| streams | generated tokens | wall s | aggregate t/s | equal to alone |")
     print("|---|---|---|---|---|")
     print(f"| 1 | {len(alone[0][0][0])} | {t1:.2f} | {len(alone[0][0][0]) / t1:.1f} | - |")
@@ -195,6 +197,8 @@ def http_mode(a, path: Path) -> None:
     ctx = ServerContext(p)
     app = create_app(ctx)
     ctx.load(select_backend())
+    if a.gdn_rows:                     # before the first decode step (the engine is idle until the clients come)
+        ctx.lm.backend.gdn_rows = True
     clock = StepClock(ctx.engine, sync=False)   # the engine thread picks the wrapped methods up at its next turn
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     th = threading.Thread(target=server.run, daemon=True)
@@ -278,6 +282,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--eos", action="store_true", help="stop at EOG (default: ignore_eos, every stream n_predict)")
     ap.add_argument("--http", action="store_true", help="through the HTTP server (see the module doc)")
+    ap.add_argument("--gdn-rows", action="store_true",
+                    help="CUDA: decode steps launch each layer's conv / GDN once for all sequences (gdn_rows)")
     ap.add_argument("--clients", default="", help=argparse.SUPPRESS)       # the child process of --http
     a = ap.parse_args()
     if a.clients:

@@ -189,6 +189,13 @@ int cmp_gdn(const float* qkv, const float* g, const float* b, float* state, floa
 int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V,
                     int Dk, float eps);
 
+// A decode batch of S sequences, one token each (row s of the inputs and outputs), sequence s's state at states[s]
+// (a device array of S device pointers): one launch computing, for every sequence, exactly what cmp_conv1d_silu /
+// cmp_gdn compute for it alone (L = 1). x, out [S, C]; qkv [S, C]; g, b [S, V]; o [S, V*Dk]. S <= 65535.
+int cmp_conv1d_silu_rows(const float* x, const float* w, float* const* states, float* out, int S, int C, int kernel);
+int cmp_gdn_rows(const float* qkv, const float* g, const float* b, float* const* states, float* o, int S, int K, int V,
+                 int Dk, float eps);
+
 // ---- sampling.cu ----------------------------------------------------------------------------------------------
 // x [R, N] f32 -> out [R] int32 (device): index of the largest value per row, the lowest index among ties, NaN
 // never chosen.

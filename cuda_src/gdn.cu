@@ -12,11 +12,11 @@ constexpr int CONV_MAX_K = 8;
 // ==== kernels =====================================================================================================
 
 // Thread per channel, walking the tokens with the last kernel-1 inputs in registers.
-__global__ void conv1d_silu_kernel(const float* __restrict__ x,  // [L, C]
-                                   const float* __restrict__ w,  // [C, kernel]
-                                   float* __restrict__ state,    // [kernel-1, C]
-                                   float* __restrict__ out,      // [L, C]
-                                   int L, int C, int kernel) {
+__device__ __forceinline__ void conv1d_silu(const float* __restrict__ x,  // [L, C]
+                                            const float* __restrict__ w,  // [C, kernel]
+                                            float* __restrict__ state,    // [kernel-1, C]
+                                            float* __restrict__ out,      // [L, C]
+                                            int L, int C, int kernel) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float win[CONV_MAX_K], wc[CONV_MAX_K];
@@ -41,18 +41,33 @@ __global__ void conv1d_silu_kernel(const float* __restrict__ x,  // [L, C]
         if (j < kernel - 1) state[(size_t)j * C + c] = win[j];
 }
 
+__global__ void conv1d_silu_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ state,
+                                   float* __restrict__ out, int L, int C, int kernel) {
+    conv1d_silu(x, w, state, out, L, C, kernel);
+}
+
+// A decode batch: sequence s = blockIdx.y has one token, row s of x / out, and its own state states[s]; each
+// sequence computes exactly what conv1d_silu_kernel computes for it alone.
+__global__ void conv1d_silu_rows_kernel(const float* __restrict__ x,      // [S, C]
+                                        const float* __restrict__ w,      // [C, kernel]
+                                        float* const* __restrict__ states,  // [S] -> [kernel-1, C]
+                                        float* __restrict__ out,          // [S, C]
+                                        int C, int kernel) {
+    const size_t s = blockIdx.y;
+    conv1d_silu(x + s * C, w, states[s], out + s * C, 1, C, kernel);
+}
+
 // Block (V head h, 32 value columns); lane owns column j of S_h ([Dk, Dv], S[i][j]) in DK registers, so the whole
 // token update (decay, delta, rank-1 update, output) needs no cross-lane reduction. q and k of the head's K group
 // (h % K) are L2-normalised by the warp into shared memory each token. The next token's inputs are loaded before
 // the current update so the global-load latency overlaps the arithmetic.
 template <int DK>
-__global__ void __launch_bounds__(32)
-gdn_scan_kernel(const float* __restrict__ qkv,  // [L, C], C = 2*K*DK + V*DK
-                const float* __restrict__ g,    // [L, V] log-decay
-                const float* __restrict__ b,    // [L, V] beta
-                float* __restrict__ state,      // [V, DK, DK]
-                float* __restrict__ o,          // [L, V*DK]
-                int L, int K, int V, float eps) {
+__device__ __forceinline__ void gdn_scan(const float* __restrict__ qkv,  // [L, C], C = 2*K*DK + V*DK
+                                         const float* __restrict__ g,    // [L, V] log-decay
+                                         const float* __restrict__ b,    // [L, V] beta
+                                         float* __restrict__ state,      // [V, DK, DK]
+                                         float* __restrict__ o,          // [L, V*DK]
+                                         int L, int K, int V, float eps) {
     constexpr int PER = DK >= 32 ? DK / 32 : 1;  // q/k elements per lane
     __shared__ float qs[DK], ks[DK];
     const int h = blockIdx.x, kh = h % K, lane = threadIdx.x;
@@ -115,6 +130,28 @@ gdn_scan_kernel(const float* __restrict__ qkv,  // [L, C], C = 2*K*DK + V*DK
 #pragma unroll
     for (int i = 0; i < DK; ++i)
         if (col) S[(size_t)i * DK + j] = s[i];
+}
+
+template <int DK>
+__global__ void __launch_bounds__(32)
+gdn_scan_kernel(const float* __restrict__ qkv, const float* __restrict__ g, const float* __restrict__ b,
+                float* __restrict__ state, float* __restrict__ o, int L, int K, int V, float eps) {
+    gdn_scan<DK>(qkv, g, b, state, o, L, K, V, eps);
+}
+
+// A decode batch: sequence s = blockIdx.z has one token (row s of qkv / g / b / o) and its own state states[s]; the
+// grid holds every sequence's (head, column) blocks at once (one sequence alone gives only V * DK/32 warps), and
+// each sequence computes exactly what gdn_scan_kernel computes for it alone.
+template <int DK>
+__global__ void __launch_bounds__(32)
+gdn_scan_rows_kernel(const float* __restrict__ qkv,      // [S, C]
+                     const float* __restrict__ g,        // [S, V]
+                     const float* __restrict__ b,        // [S, V]
+                     float* const* __restrict__ states,  // [S] -> [V, DK, DK]
+                     float* __restrict__ o,              // [S, V*DK]
+                     int K, int V, float eps) {
+    const size_t s = blockIdx.z, C = (size_t)(2 * K + V) * DK;
+    gdn_scan<DK>(qkv + s * C, g + s * V, b + s * V, states[s], o + s * V * DK, 1, K, V, eps);
 }
 
 // ---- chunked (WY/UT) form ----------------------------------------------------------------------------------------
@@ -337,6 +374,13 @@ int launch_gdn_scan(const float* qkv, const float* g, const float* b, float* sta
     return check_launch("gdn_scan_kernel");
 }
 
+template <int DK>
+int launch_gdn_scan_rows(const float* qkv, const float* g, const float* b, float* const* states, float* o, int S, int K,
+                         int V, float eps) {
+    gdn_scan_rows_kernel<DK><<<dim3(V, ceil_div(DK, 32), S), 32, 0, stream()>>>(qkv, g, b, states, o, K, V, eps);
+    return check_launch("gdn_scan_rows_kernel");
+}
+
 // The chunked kernel needs GdnChunkLayout<DK>::bytes of shared memory (96000 B at DK 128): more than the 48 KiB
 // default, so the launcher raises the kernel's limit, and reports CMP_ERR_UNSUPPORTED where the device cannot give
 // that much (sm_75: 64 KiB) so that the caller can take the scan instead.
@@ -381,6 +425,30 @@ extern "C" int cmp_gdn(const float* qkv, const float* g, const float* b, float* 
         case 64: return launch_gdn_scan<64>(qkv, g, b, state, o, L, K, V, eps);
         case 128: return launch_gdn_scan<128>(qkv, g, b, state, o, L, K, V, eps);
         default: return fail(CMP_ERR_UNSUPPORTED, "cmp_gdn: state size %d not supported (16/32/64/128)", Dk);
+    }
+}
+
+extern "C" int cmp_conv1d_silu_rows(const float* x, const float* w, float* const* states, float* out, int S, int C,
+                                    int kernel) {
+    CMP_REQUIRE(S >= 0 && S <= 65535 && C > 0 && kernel >= 1 && kernel <= CONV_MAX_K,
+                "cmp_conv1d_silu_rows: bad shape S=%d C=%d kernel=%d (S <= 65535, kernel <= %d)", S, C, kernel,
+                CONV_MAX_K);
+    if (S == 0) return CMP_OK;
+    conv1d_silu_rows_kernel<<<dim3(ceil_div(C, 128), S), 128, 0, stream()>>>(x, w, states, out, C, kernel);
+    return check_launch("conv1d_silu_rows_kernel");
+}
+
+extern "C" int cmp_gdn_rows(const float* qkv, const float* g, const float* b, float* const* states, float* o, int S,
+                            int K, int V, int Dk, float eps) {
+    CMP_REQUIRE(S >= 0 && S <= 65535 && K > 0 && V > 0 && V % K == 0, "cmp_gdn_rows: bad shape S=%d K=%d V=%d", S, K,
+                V);
+    if (S == 0) return CMP_OK;
+    switch (Dk) {
+        case 16: return launch_gdn_scan_rows<16>(qkv, g, b, states, o, S, K, V, eps);
+        case 32: return launch_gdn_scan_rows<32>(qkv, g, b, states, o, S, K, V, eps);
+        case 64: return launch_gdn_scan_rows<64>(qkv, g, b, states, o, S, K, V, eps);
+        case 128: return launch_gdn_scan_rows<128>(qkv, g, b, states, o, S, K, V, eps);
+        default: return fail(CMP_ERR_UNSUPPORTED, "cmp_gdn_rows: state size %d not supported (16/32/64/128)", Dk);
     }
 }
 

@@ -164,3 +164,67 @@ def test_session_greedy_on_graphs_equals_reference(lms):
             s.feed([toks[-1]])
         out.append(toks)
     assert out[0] == out[1]
+
+
+@pytest.mark.parametrize("Dk,K,V,S", [(16, 2, 4, 1), (16, 2, 4, 3), (32, 1, 3, 5), (64, 2, 2, 2), (128, 16, 32, 16),
+                                      (128, 2, 4, 17)])
+def test_rows_kernels_equal_one_launch_per_sequence(cuda_backend, Dk, K, V, S):
+    """cmp_gdn_rows / cmp_conv1d_silu_rows (a decode batch in one launch, CudaBackend.gdn_rows) give bitwise what
+    one cmp_gdn / cmp_conv1d_silu launch per sequence gives: outputs and every sequence's updated state."""
+    be, nat = cuda_backend, cuda_backend.native
+    rng = np.random.default_rng(Dk * 7 + S)
+    C, kernel = (2 * K + V) * Dk, 4
+    qkv = rng.normal(0, 1, (S, C)).astype(np.float32)
+    g = -np.abs(rng.normal(0, 0.5, (S, V))).astype(np.float32)
+    b = rng.uniform(0, 1, (S, V)).astype(np.float32)
+    w = rng.normal(0, 0.5, (C, kernel)).astype(np.float32)
+    ssm0 = rng.normal(0, 0.3, (S, V, Dk, Dk)).astype(np.float32)
+    conv0 = rng.normal(0, 1, (S, kernel - 1, C)).astype(np.float32)
+    x_d, qkv_d, g_d, b_d, w_d = (be.from_host(a, "f32") for a in (qkv, qkv, g, b, w))
+
+    def run(rows: bool):
+        ssm = [be.from_host(ssm0[s], "f32") for s in range(S)]
+        conv = [be.from_host(conv0[s], "f32") for s in range(S)]
+        o, out = be.empty((S, V * Dk)), be.empty((S, C))
+        if rows:
+            tab = lambda ts: be.from_host(np.array([t.ptr for t in ts], np.uint64).view(np.uint8), "u8")  # noqa: E731
+            ssm_t, conv_t = tab(ssm), tab(conv)
+            nat.cmp_conv1d_silu_rows(x_d.ptr, w_d.ptr, conv_t.ptr, out.ptr, S, C, kernel)
+            nat.cmp_gdn_rows(qkv_d.ptr, g_d.ptr, b_d.ptr, ssm_t.ptr, o.ptr, S, K, V, Dk, 1e-6)
+        else:
+            for s in range(S):
+                nat.cmp_conv1d_silu(x_d.row_ptr(s), w_d.ptr, conv[s].ptr, out.row_ptr(s), 1, C, kernel)
+                nat.cmp_gdn(qkv_d.row_ptr(s), g_d.row_ptr(s), b_d.row_ptr(s), ssm[s].ptr, o.row_ptr(s), 1, K, V, Dk,
+                            1e-6)
+        return (be.to_host(o), be.to_host(out), [be.to_host(t) for t in ssm], [be.to_host(t) for t in conv])
+    one, each = run(True), run(False)
+    assert np.array_equal(one[0], each[0]) and np.array_equal(one[1], each[1])
+    for s in range(S):
+        assert np.array_equal(one[2][s], each[2][s]) and np.array_equal(one[3][s], each[3][s]), s
+    assert not np.array_equal(one[2][0], ssm0[0])           # the states did move
+
+
+@pytest.mark.parametrize("shape", ["tiny", "small"])
+def test_graph_rows_launches_give_the_same_logits(lms, shape):
+    """Decode graphs (and eager steps) with the one-launch conv / GDN (gdn_rows) give bitwise the logits of one
+    launch per sequence, over 11 sequences and 3 steps."""
+    _, dev = lms(shape)
+    rng = np.random.default_rng(5)
+    prompts = [[int(t) for t in rng.integers(0, dev.cfg.n_vocab, n)] for n in (5, 9, 17, 3, 30, 12, 7, 21, 2, 11, 64)]
+
+    def run(rows: bool):
+        dev.backend.gdn_rows = rows
+        try:
+            dec = Decoder(dev, max_graphs=2)
+            states = [dev.backend.new_state(dev.cfg, 640) for _ in prompts]
+            for st, p in zip(states, prompts):
+                dec.prefill(st, p)
+            out = [dev.backend.to_host(dec.decode(states, [(7 * i + step) % 50 for i in range(len(states))]))
+                   for step in range(3)]
+            assert (dec.graphs.n_eager, dec.graphs.n_captured, dec.graphs.n_replayed) == (1, 1, 1)
+            return out
+        finally:
+            dev.backend.gdn_rows = False
+    on, off = run(True), run(False)
+    for step in range(3):
+        assert np.array_equal(on[step], off[step]), step

@@ -719,9 +719,40 @@ class CudaBackend(Backend):
         self.native.cmp_gdn_gates(alpha.ptr, beta.ptr, dt_bias.ptr, ssm_a.ptr, g.ptr, b.ptr, T, V)
         return g, b
 
+    # Decode batches (several sequences, one token each) run every sequence's conv and GDN scan of a layer in one
+    # launch (cmp_conv1d_silu_rows / cmp_gdn_rows: the same per-sequence arithmetic as one launch per sequence,
+    # so results are unchanged and batch invariant) instead of 2 x S launches per layer, each filling only V * Dk/32
+    # warps. Off until tests/test_decode_cuda.py's rows test has passed on a GPU (written without one).
+    gdn_rows = False
+
+    def state_tables(self, batch: StepBatch) -> None:
+        """A decode batch's per-sequence state addresses on the device for the one-launch conv / GDN:
+        batch.device["conv_ptrs"], ["ssm_ptrs"] ([n_gdn_layers, S] pointers, as u8 rows of S * 8 bytes). Uploaded
+        by CapturedStep before it records (an upload cannot be recorded), else on first use."""
+        states = [seg.state for seg in batch.segments]
+        for key, attr in (("conv_ptrs", "conv"), ("ssm_ptrs", "ssm")):
+            per_layer = zip(*(getattr(st, attr) for st in states))      # layer i: every sequence's tensor
+            table = np.array([[t.ptr for t in layer] for layer in per_layer], np.uint64)
+            batch.device[key] = self.from_host(table.view(np.uint8), "u8", "state pointer table")
+
+    def _rows_table(self, batch: StepBatch, key: str) -> DeviceTensor | None:
+        """The pointer table for a one-launch decode step of `batch`, or None: not a decode batch of several
+        sequences (row i = segment i, one token each), gdn_rows off, or a step being captured without its table."""
+        segs = batch.segments
+        if not self.gdn_rows or len(segs) < 2 or any(sg.length != 1 or sg.start != i for i, sg in enumerate(segs)):
+            return None
+        if key not in batch.device and not self.capturing:
+            self.state_tables(batch)
+        return batch.device.get(key)
+
     def conv1d_silu(self, x, w, batch, layer):
         C, kernel = w.shape
         out = self.empty(x.shape)
+        table = self._rows_table(batch, "conv_ptrs")
+        if table is not None:
+            self.native.cmp_conv1d_silu_rows(x.ptr, w.ptr, table.row_ptr(layer), out.ptr, len(batch.segments), C,
+                                             kernel)
+            return out
         for seg in batch.segments:
             self.native.cmp_conv1d_silu(x.row_ptr(seg.start), w.ptr, seg.state.conv[layer].ptr,
                                         out.row_ptr(seg.start), seg.length, C, kernel)
@@ -732,6 +763,11 @@ class CudaBackend(Backend):
         chunked kernel / the scan for every segment (tests compare both against numpy_ref)."""
         K, V, Dk = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_head_dim
         o = self.empty((qkv.shape[0], V * Dk))
+        table = self._rows_table(batch, "ssm_ptrs") if chunked is not True else None
+        if table is not None:
+            self.native.cmp_gdn_rows(qkv.ptr, g.ptr, b.ptr, table.row_ptr(layer), o.ptr, len(batch.segments), K, V,
+                                     Dk, cfg.rms_eps)
+            return o
         for seg in batch.segments:
             args = (qkv.row_ptr(seg.start), g.row_ptr(seg.start), b.row_ptr(seg.start), seg.state.ssm[layer].ptr,
                     o.row_ptr(seg.start), seg.length, K, V, Dk, cfg.rms_eps)

@@ -58,6 +58,9 @@ class CapturedStep:
         main = be.arena
         self.arena = DeviceArena(be.native, GRAPH_ARENA_CAP, GRAPH_CHUNK)
         be.arena = self.arena                              # the captured forward's tensors: see the module doc
+        if getattr(be, "gdn_rows", False) and B > 1:       # uploads cannot be recorded: the state tables go up now
+            be.state_tables(batch)
+            self.tables = (batch.device["conv_ptrs"], batch.device["ssm_ptrs"])
         be.capturing = True
         be.native.cmp_graph_begin()
         try:
@@ -169,6 +172,8 @@ class DecodeGraphs:
         if len(tokens) != len(states):
             raise ValueError(f"{len(tokens)} token ids for {len(states)} sequences")
         batch = StepBatch.build([(s, [int(t)]) for s, t in zip(states, tokens)])
+        if getattr(self.be, "gdn_rows", False) and len(states) > 1:
+            self.be.state_tables(batch)    # the one-launch conv / GDN, as the graph of this list will run them
         self.be.capturing = True       # decode-step arguments (splits for the whole context, GEMV row launches)
         try:
             return self.model.forward(batch)

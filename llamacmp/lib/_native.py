@@ -124,6 +124,12 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_gdn_chunked": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _f),
                         "int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, "
                         "float* o, int L, int K, int V, int Dk, float eps)"),
+    "cmp_conv1d_silu_rows": ((_p, _p, _p, _p, _i, _i, _i),
+                             "int cmp_conv1d_silu_rows(const float* x, const float* w, float* const* states, "
+                             "float* out, int S, int C, int kernel)"),
+    "cmp_gdn_rows": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _f),
+                     "int cmp_gdn_rows(const float* qkv, const float* g, const float* b, float* const* states, "
+                     "float* o, int S, int K, int V, int Dk, float eps)"),
     "cmp_argmax": ((_p, _p, _i, _i), "int cmp_argmax(const float* x, int32_t* out, int R, int N)"),
     "cmp_sample": ((_p, _p, _p, _i, _p, _p, _i, _p, _f, _p, _p, _i),
                    "int cmp_sample(const float* logits, float* work, const int32_t* hist, int n_hist, "

@@ -408,7 +408,8 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                    const int32_t* __restrict__ pos,  // [L]
                    float* __restrict__ out,          // [L, Hq*Dh]
                    float* __restrict__ work,         // [max_split, L*Hq, Dh+2]
-                   int L, int Hq, int Hk, int G, float scale) {
+                   int L, int Hq, int Hk, int G, float scale,
+                   int prefetch) {                   // 1: L2-prefetch the next tile's quantized rows
     constexpr int LPK = Dh / 8, KPW = 32 / LPK;
     constexpr int U = LPK / GP >= 4 ? 4 : (LPK / GP >= 1 ? LPK / GP : 1);
     constexpr int NV = U * GP;
@@ -457,7 +458,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         const int nk = min(DEC_TK, kend - k0);
         // Quantized rows: the next tile's K and V rows (a thread per row) are asked of L2 now, so that its loads
         // wait for L2, not DRAM (the tile's few bytes per lane leave the lanes short of loads in flight).
-        if (k0 + DEC_TK < kend) {
+        if (prefetch && k0 + DEC_TK < kend) {
             const bool is_v = tid >= DEC_TK;
             const int key = k0 + DEC_TK + tid % DEC_TK;
             if (key < kend && (is_v ? v_type : k_type) >= CMP_KV_Q8_0)
@@ -907,8 +908,18 @@ int launch_decode(const float* q, const void* kc, const void* vc, int kt, int vt
     CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        "attn_decode_kernel shared memory"));
     const dim3 grid(max_split, Hk, L);
+    // The L2 prefetch of quantized rows only where L2 holds twice what the resident blocks (at most 4 per SM) ask
+    // ahead: a small L2 (6 MB on the CMP 100-210) would evict the rows before their tile reads them.
+    int dev = 0, l2 = 0, sms = 0;
+    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
+    CMP_TRY(check_cuda(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "cudaDeviceGetAttribute"));
+    CMP_TRY(check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute"));
+    const size_t ahead_row = (size_t)(kt >= CMP_KV_Q8_0 ? kv_row_bytes(kt, Dh) : 0) +
+                             (size_t)(vt >= CMP_KV_Q8_0 ? kv_row_bytes(vt, Dh) : 0);
+    const size_t resident = std::min((size_t)max_split * Hk * L, (size_t)sms * 4);
+    const int prefetch = ahead_row > 0 && 2 * resident * DEC_TK * ahead_row <= (size_t)l2;
     kernel<<<grid, DEC_NW * 32, smem, stream()>>>(q, static_cast<const uint8_t*>(kc), static_cast<const uint8_t*>(vc),
-                                                  kt, vt, pos, out, work, L, Hq, Hk, G, scale);
+                                                  kt, vt, pos, out, work, L, Hq, Hk, G, scale, prefetch);
     CMP_TRY(check_launch("attn_decode_kernel"));
     if (max_split == 1) return CMP_OK;
     attn_decode_merge_kernel<<<L * Hq, Dh, Dh * sizeof(float), stream()>>>(work, pos, out, L * Hq, Hq, Dh, vt);

@@ -31,12 +31,14 @@ def tok():
 
 def randomize(model, seed: int) -> None:
     """Perturb every parameter (norms, A_log, dt_bias included) so no transform can hide behind a default init."""
+    # A CPU generator for every device (numbers drawn on the CPU, then moved): a CUDA model gets the same
+    # perturbation as a CPU one, and torch.randn with a CPU generator cannot write CUDA tensors.
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g))
+            p.add_(0.1 * torch.randn(p.shape, generator=g).to(p.device))
             if name.endswith("A_log"):
-                p.copy_(torch.rand(p.shape, generator=g) * 2)
+                p.copy_(torch.rand(p.shape, generator=g).to(p.device) * 2)
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -31,7 +31,10 @@ def main(argv=None) -> None:
         meta, rows = data["meta"], data["lengths"]
         x = [r["n_ctx"] for r in rows]
         y = [r["accuracy"] for r in rows]
-        err = [[r["accuracy"] - r["accuracy_95ci"][0] for r in rows], [r["accuracy_95ci"][1] - r["accuracy"] for r in rows]]
+        # clamped at 0: at 0/n the Wilson bound comes out as ~1e-17 rather than 0, a negative lower error bar
+        # that matplotlib refuses
+        err = [[max(0.0, r["accuracy"] - r["accuracy_95ci"][0]) for r in rows],
+               [max(0.0, r["accuracy_95ci"][1] - r["accuracy"]) for r in rows]]
         docs = sorted({r["docs"] for r in rows})
         label = args.label[i] if args.label else f"KV {meta['cache_type_k']}/{meta['cache_type_v']}"
         label += f" ({'/'.join(map(str, docs))} docs per length, {meta['backend']})"

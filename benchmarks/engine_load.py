@@ -53,20 +53,26 @@ class StepClock:
 
     def __init__(self, engine: Engine, sync: bool = True):
         self.sync = sync
-        self.rows: list[tuple[int, float, float, float, float, float]] = []  # n, launch, device, draw, step, gap
+        self.rows: list[tuple] = []       # n, launch, device, draw, step, gap, one_off
         self._cur: dict = {}
         self._last_end = 0.0
         dec = engine.decoder
         real_decode, real_draw, real_step = dec.decode, engine._draw, engine._step
         cur = self._cur
 
+        def one_offs() -> int:
+            g = getattr(dec, "graphs", None)
+            return g.n_eager + g.n_captured if g is not None else 0
+
         def decode(states, tokens):
+            before = one_offs()
             t0 = time.perf_counter()
             out = real_decode(states, tokens)
             t1 = time.perf_counter()
             if self.sync:
                 dec.sync()
             cur["launch"], cur["device"], cur["n"] = t1 - t0, time.perf_counter() - t1, len(states)
+            cur["one_off"] = one_offs() != before      # an eager step or a graph capture (not a replay)
             return out
 
         def draw(*args):
@@ -83,7 +89,7 @@ class StepClock:
             self._last_end = time.perf_counter()
             if "n" in cur:
                 self.rows.append((cur["n"], cur["launch"], cur["device"], cur.get("draw", 0.0),
-                                  self._last_end - t0, gap))
+                                  self._last_end - t0, gap, cur["one_off"]))
         dec.decode, engine._draw, engine._step = decode, draw, step
 
     def clear(self) -> None:
@@ -91,15 +97,18 @@ class StepClock:
         self._last_end = 0.0
 
     def report(self, n: int, decoder) -> str:
-        rows = np.array([r[1:] for r in self.rows if r[0] == n][1:])    # the first one follows admission: skipped
+        mine = [r for r in self.rows if r[0] == n][1:]                  # the first one follows admission: skipped
+        rows = np.array([r[1:6] for r in mine if not r[6]])
         if not len(rows):
             return f"no decode step had all {n} streams generating"
+        n_one_off = sum(r[6] for r in mine)
         launch, device, draw, step, gap = (rows[:, i].mean() * 1e3 for i in range(5))
         emit = step - launch - device - draw
         host = draw + emit + gap
         g = getattr(decoder, "graphs", None)
-        graphs = (f"graphs: {g.n_captured} captured, {g.n_replayed} replayed, {g.n_eager} eager steps"
-                  if g is not None else "no decode graphs (eager forward)")
+        graphs = (f"graphs: {g.n_captured} captured, {g.n_replayed} replayed, {g.n_eager} eager steps; "
+                  f"{n_one_off} eager / capturing steps at {n} left out" if g is not None
+                  else "no decode graphs (eager forward)")
         head = (f"decode steps with all {n} streams generating: {len(rows)} ({graphs})\n"
                 f"mean ms/step: total {step + gap:.3f} (median {np.median(rows[:, 3] + rows[:, 4]) * 1e3:.3f}) = ")
         if not self.sync:

@@ -34,3 +34,4 @@ cp /tmp/server-llamacmp.log $C/ 2>/dev/null
 cat $C/progress.log; tail -3 $C/tests.log; grep -v "^stream " $C/engine_load.log | tail -16; tail -12 $C/engine_http.log
 grep -v "^stream " $C/engine_load_rows.log | tail -8
 tail -12 $C/server_vs.log
+touch $C/DONE

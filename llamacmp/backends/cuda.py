@@ -723,8 +723,8 @@ class CudaBackend(Backend):
     # Decode batches (several sequences, one token each) run every sequence's conv and GDN scan of a layer in one
     # launch (cmp_conv1d_silu_rows / cmp_gdn_rows: the same per-sequence arithmetic as one launch per sequence,
     # so results are unchanged and batch invariant) instead of 2 x S launches per layer, each filling only V * Dk/32
-    # warps. Off until tests/test_decode_cuda.py's rows test has passed on a GPU (written without one).
-    gdn_rows = False
+    # warps. On for the H200 run of 2026-11-30 (session 3), whose tests/test_decode_cuda.py decides whether it stays.
+    gdn_rows = True
 
     def state_tables(self, batch: StepBatch) -> None:
         """A decode batch's per-sequence state addresses on the device for the one-launch conv / GDN:

@@ -230,9 +230,10 @@ class CudaBackend(Backend):
         self.fuse_ops, self.gemv_v2, self.gemm_v2 = fuse_ops, gemv_v2, gemm_v2
         # With gemv_v2 on: gemv_v3 runs the v2 GEMV's arithmetic (the same bits) as matmul_q8.cu's persistent,
         # pipelined v3 kernel; gemv_pdl also launches it with programmatic dependent launch on sm_90+ (it starts
-        # streaming weights while the previous kernel finishes; off until an H200 run shows it gains and captures
-        # cleanly). Attributes that may be flipped like the ones above.
-        self.gemv_v3, self.gemv_pdl = True, False
+        # streaming weights while the previous kernel finishes; below sm_90 a plain launch). H200, 2026-11-30:
+        # tg128 v2 263.2, v3 272.8, v3 + PDL 284.9 t/s, the PDL-in-a-graph test passing (benchmarks/RESULTS.md).
+        # Attributes that may be flipped like the ones above.
+        self.gemv_v3, self.gemv_pdl = True, True
         self.native = native or Native()
         self.native.cmp_init(device)
         self.device = device
@@ -723,7 +724,7 @@ class CudaBackend(Backend):
     # Decode batches (several sequences, one token each) run every sequence's conv and GDN scan of a layer in one
     # launch (cmp_conv1d_silu_rows / cmp_gdn_rows: the same per-sequence arithmetic as one launch per sequence,
     # so results are unchanged and batch invariant) instead of 2 x S launches per layer, each filling only V * Dk/32
-    # warps. On for the H200 run of 2026-11-30 (session 3), whose tests/test_decode_cuda.py decides whether it stays.
+    # warps. tests/test_decode_cuda.py's rows tests passed on an H200 (2026-11-30, session 3).
     gdn_rows = True
 
     def state_tables(self, batch: StepBatch) -> None:

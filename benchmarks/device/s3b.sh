@@ -1,20 +1,22 @@
 #!/bin/bash
-# Session 3, 2x H200 block (~11 min): `bash s3b.sh COMMIT` runs from a clean `git archive COMMIT` tree (the working
-# tree sent to the device also holds other engineers' unfinished edits) with .carry/libnew/libcmpkern.so, built
-# from that commit. In the background (setsid) across warm calls; logs in /tmp/s3b, packed by collect_s3b.sh.
+# A 2x H200 block (~11 min; prepared in session 3, not yet run): `bash s3b.sh` runs from the snapshot that
+# snapshot.sh packed here (one commit's source + the library built from it; the device copy's git may not hold
+# recent commits, and its working tree holds others' unfinished edits). Carry .carry/gz, .carry/site, .whl/server,
+# .carry/llama.cpp-src.tar.gz. In the background (setsid) across warm calls; logs in /tmp/s3b, packed by collect_s3b.sh.
 #   CPU:   llama.cpp b8462 native + no-tensor-core stand-in (llama-bench, llama-server); 9B and 27B files.
 #   GPU 1: the CUDA tests of the kernels, model and decode (the v3 GEMV's first GPU run), the GEMV table,
 #          then 16 streams vs llama-server.
 #   GPU 0: side by side (llamacmp-bench vs both llama.cpp builds) on the 9B file, v1/v2/v3 kernel comparison.
 #   both:  the 27B-shape layer split with llama.cpp -sm none / layer.
 R=$(cd "$(dirname "$0")/../.." && pwd); C=/tmp/s3b; T=/tmp/clean; mkdir -p $C $T
-git -C $R archive $1 | tar -x -C $T && cp $R/.carry/libnew/libcmpkern.so $T/llamacmp/lib/ || exit 1
+bash $R/benchmarks/device/unpack.sh $T || exit 1
+mkdir -p $R/.carry/vocab && gunzip -c $R/.carry/gz/vocab.pkl.gz > $R/.carry/vocab/qwen35_vocab_v1_8dde380a6405e935.pkl
 cd $T
 export PYTHONPATH=/tmp/site:$R/.carry/site:$T PYTHONUNBUFFERED=1 LLAMACMP_CACHE=$R/.carry/vocab
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 stage() { echo "$(date +%T) $*" >> $C/progress.log; }
 waitfor() { while [ ! -e "$1" ]; do sleep 2; done; }
-stage start $1; nvidia-smi -L >> $C/progress.log 2>&1; nproc >> $C/progress.log
+stage start $(cat $R/.carry/gz/COMMIT); nvidia-smi -L >> $C/progress.log 2>&1; nproc >> $C/progress.log
 ( timeout 480 python3 benchmarks/side_by_side.py --llamacpp-src $R/.carry/llama.cpp-src.tar.gz --build-dir /tmp/lcpp --standin \
     --build-only --native-targets llama-bench,llama-server > $C/lcpp_build.log 2>&1; echo rc=$? >> $C/lcpp_build.log
   stage lcpp-built; touch $C/lcpp.done ) &

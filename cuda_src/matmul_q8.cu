@@ -200,6 +200,43 @@ __device__ __forceinline__ float dot_to_f32(int s) {
 template <int NT> constexpr int gemv2_rows() { return NT == 1 ? 1 : 2; }
 template <int NT> constexpr int gemv2_unroll() { return NT <= 4 ? 8 : 4; }
 
+// One stage of a lane's work on R rows, shared by v2 and v3 (so that v3 computes v2's bits by construction).
+// The loads: chunks c0, c0 + 32, ..., c0 + 32 (U - 1) of each row (zeros past the row's end).
+template <int R, int U>
+__device__ __forceinline__ void gemv2_load(const int4* const (&w)[R], const __half* const (&d)[R], int nchunk, int c0,
+                                           int4 (&wv)[R][U], float (&ws)[R][U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = c0 + 32 * u;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            wv[r][u] = c < nchunk ? __ldg(w[r] + c) : make_int4(0, 0, 0, 0);
+            ws[r][u] = c < nchunk ? __half2float(d[r][c >> 1]) : 0.f;
+        }
+    }
+}
+
+// One stage's products into acc: chunk by chunk in increasing order, T by T, each rounding explicit.
+template <int NT, int R, int U>
+__device__ __forceinline__ void gemv2_accumulate(const int8_t* __restrict__ xq, const float* __restrict__ xd, int n,
+                                                 int c0, const int4 (&wv)[R][U], const float (&ws)[R][U],
+                                                 float (&acc)[R][NT]) {
+    const int nchunk = n / 16, nb = n / QK;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = c0 + 32 * u;
+        if (c >= nchunk) break;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const int4 xv = __ldg(reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 16));
+            const float xs = __ldg(xd + (size_t)t * nb + (c >> 1));
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                acc[r][t] = __fmaf_rn(dot_to_f32(dot16(wv[r][u], xv)), __fmul_rn(ws[r][u], xs), acc[r][t]);
+        }
+    }
+}
+
 // Warp per group of R rows. Each row's result is the same for every T, R and U (batch invariance, relied on by the
 // engine): lane l accumulates chunks l, l+32, l+64, ... in increasing order with the same explicitly rounded
 // fma(dot, d_w * d_x, acc) (no contraction left to the compiler), and the warp sum is a fixed butterfly.
@@ -253,28 +290,8 @@ gemv2_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     for (int c0 = lane; c0 < nchunk; c0 += 32 * U) {
         int4 wv[R][U];
         float ws[R][U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + 32 * u;
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                wv[r][u] = c < nchunk ? __ldg(w[r] + c) : make_int4(0, 0, 0, 0);
-                ws[r][u] = c < nchunk ? __half2float(dw[r][c >> 1]) : 0.f;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + 32 * u;
-            if (c >= nchunk) break;
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                const int4 xv = __ldg(reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 16));
-                const float xs = __ldg(xd + (size_t)t * nb + (c >> 1));
-#pragma unroll
-                for (int r = 0; r < R; ++r)
-                    acc[r][t] = __fmaf_rn(dot_to_f32(dot16(wv[r][u], xv)), __fmul_rn(ws[r][u], xs), acc[r][t]);
-            }
-        }
+        gemv2_load<R, U>(w, dw, nchunk, c0, wv, ws);
+        gemv2_accumulate<NT, R, U>(xq, xd, n, c0, wv, ws, acc);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -353,42 +370,6 @@ __device__ __forceinline__ void gemv3_rows_of(const GemvSet& set, int grp, int n
     }
 }
 
-// The loads of one stage: chunks c0, c0 + 32, ..., c0 + 32 (U - 1) of each row (zeros past the row's end).
-template <int R, int U>
-__device__ __forceinline__ void gemv3_load(const int4* const (&w)[R], const __half* const (&d)[R], int nchunk, int c0,
-                                           int4 (&wv)[R][U], float (&ws)[R][U]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int c = c0 + 32 * u;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            wv[r][u] = c < nchunk ? __ldg(w[r] + c) : make_int4(0, 0, 0, 0);
-            ws[r][u] = c < nchunk ? __half2float(d[r][c >> 1]) : 0.f;
-        }
-    }
-}
-
-// One stage's products into acc, in v2's order and rounding.
-template <int NT, int R, int U>
-__device__ __forceinline__ void gemv3_accumulate(const int8_t* __restrict__ xq, const float* __restrict__ xd, int n,
-                                                 int c0, const int4 (&wv)[R][U], const float (&ws)[R][U],
-                                                 float (&acc)[R][NT]) {
-    const int nchunk = n / 16, nb = n / QK;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int c = c0 + 32 * u;
-        if (c >= nchunk) break;
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const int4 xv = __ldg(reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 16));
-            const float xs = __ldg(xd + (size_t)t * nb + (c >> 1));
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-                acc[r][t] = __fmaf_rn(dot_to_f32(dot16(wv[r][u], xv)), __fmul_rn(ws[r][u], xs), acc[r][t]);
-        }
-    }
-}
-
 template <int NT, int R>
 __device__ __forceinline__ void gemv3_store(const GemvSet& set, int grp, float (&acc)[R][NT]) {
     const GemvGroup g = gemv3_locate<R>(set, grp);
@@ -428,9 +409,9 @@ __device__ __forceinline__ bool gemv3_step(const int8_t* __restrict__ xq, const 
         if (at.grp < set.total_grp) gemv3_rows_of<R>(set, at.grp, n, at.w, at.d);
     }
     const bool more = at.grp < set.total_grp;
-    if (more) gemv3_load<R, U>(at.w, at.d, n / 16, lane + at.k * 32 * U, wb, sb);
+    if (more) gemv2_load<R, U>(at.w, at.d, n / 16, lane + at.k * 32 * U, wb, sb);
     if (FIRST) pdl_wait_producers();  // weights never change; x, res and y belong to the kernels before this one
-    gemv3_accumulate<NT, R, U>(xq, xd, n, lane + k * 32 * U, wa, sa, acc);
+    gemv2_accumulate<NT, R, U>(xq, xd, n, lane + k * 32 * U, wa, sa, acc);
     if (k == spg - 1) gemv3_store<NT, R>(set, grp, acc);
     return more;
 }
@@ -448,7 +429,7 @@ gemv3_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     gemv3_rows_of<R>(set, at.grp, n, at.w, at.d);
     int4 wa[R][U], wb[R][U];
     float sa[R][U], sb[R][U];
-    gemv3_load<R, U>(at.w, at.d, n / 16, threadIdx.x, wa, sa);
+    gemv2_load<R, U>(at.w, at.d, n / 16, threadIdx.x, wa, sa);
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; ++r)

@@ -2,6 +2,8 @@
 // The delta rule runs either as a sequential scan over the segment's tokens (exact for decode and prefill alike)
 // or, for prefill, in the chunked WY/UT closed form of numpy_ref.gdn_chunked (64 tokens per chunk), which replaces
 // 64 dependent rank-1 updates by a few small matrix products and one 64-row triangular solve per chunk.
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace cmp {
@@ -402,6 +404,19 @@ int launch_gdn_chunked(const float* qkv, const float* g, const float* b, float* 
     return check_launch("gdn_chunked_kernel");
 }
 
+// Calls launch(std::integral_constant<int, DK>{}) for the state sizes the kernels are built for (one switch for
+// every entry point); any other size is CMP_ERR_UNSUPPORTED, naming the entry point `who`.
+template <typename Launch>
+int dispatch_dk(int Dk, const char* who, Launch&& launch) {
+    switch (Dk) {
+        case 16: return launch(std::integral_constant<int, 16>{});
+        case 32: return launch(std::integral_constant<int, 32>{});
+        case 64: return launch(std::integral_constant<int, 64>{});
+        case 128: return launch(std::integral_constant<int, 128>{});
+        default: return fail(CMP_ERR_UNSUPPORTED, "%s: state size %d not supported (16/32/64/128)", who, Dk);
+    }
+}
+
 }  // namespace
 }  // namespace cmp
 
@@ -419,13 +434,9 @@ extern "C" int cmp_gdn(const float* qkv, const float* g, const float* b, float* 
                        int Dk, float eps) {
     CMP_REQUIRE(L >= 0 && K > 0 && V > 0 && V % K == 0, "cmp_gdn: bad shape L=%d K=%d V=%d", L, K, V);
     if (L == 0) return CMP_OK;
-    switch (Dk) {
-        case 16: return launch_gdn_scan<16>(qkv, g, b, state, o, L, K, V, eps);
-        case 32: return launch_gdn_scan<32>(qkv, g, b, state, o, L, K, V, eps);
-        case 64: return launch_gdn_scan<64>(qkv, g, b, state, o, L, K, V, eps);
-        case 128: return launch_gdn_scan<128>(qkv, g, b, state, o, L, K, V, eps);
-        default: return fail(CMP_ERR_UNSUPPORTED, "cmp_gdn: state size %d not supported (16/32/64/128)", Dk);
-    }
+    return dispatch_dk(Dk, "cmp_gdn", [&](auto dk) {
+        return launch_gdn_scan<decltype(dk)::value>(qkv, g, b, state, o, L, K, V, eps);
+    });
 }
 
 extern "C" int cmp_conv1d_silu_rows(const float* x, const float* w, float* const* states, float* out, int S, int C,
@@ -443,24 +454,16 @@ extern "C" int cmp_gdn_rows(const float* qkv, const float* g, const float* b, fl
     CMP_REQUIRE(S >= 0 && S <= 65535 && K > 0 && V > 0 && V % K == 0, "cmp_gdn_rows: bad shape S=%d K=%d V=%d", S, K,
                 V);
     if (S == 0) return CMP_OK;
-    switch (Dk) {
-        case 16: return launch_gdn_scan_rows<16>(qkv, g, b, states, o, S, K, V, eps);
-        case 32: return launch_gdn_scan_rows<32>(qkv, g, b, states, o, S, K, V, eps);
-        case 64: return launch_gdn_scan_rows<64>(qkv, g, b, states, o, S, K, V, eps);
-        case 128: return launch_gdn_scan_rows<128>(qkv, g, b, states, o, S, K, V, eps);
-        default: return fail(CMP_ERR_UNSUPPORTED, "cmp_gdn_rows: state size %d not supported (16/32/64/128)", Dk);
-    }
+    return dispatch_dk(Dk, "cmp_gdn_rows", [&](auto dk) {
+        return launch_gdn_scan_rows<decltype(dk)::value>(qkv, g, b, states, o, S, K, V, eps);
+    });
 }
 
 extern "C" int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K,
                                int V, int Dk, float eps) {
     CMP_REQUIRE(L >= 0 && K > 0 && V > 0 && V % K == 0, "cmp_gdn_chunked: bad shape L=%d K=%d V=%d", L, K, V);
     if (L == 0) return CMP_OK;
-    switch (Dk) {
-        case 16: return launch_gdn_chunked<16>(qkv, g, b, state, o, L, K, V, eps);
-        case 32: return launch_gdn_chunked<32>(qkv, g, b, state, o, L, K, V, eps);
-        case 64: return launch_gdn_chunked<64>(qkv, g, b, state, o, L, K, V, eps);
-        case 128: return launch_gdn_chunked<128>(qkv, g, b, state, o, L, K, V, eps);
-        default: return fail(CMP_ERR_UNSUPPORTED, "cmp_gdn_chunked: state size %d not supported (16/32/64/128)", Dk);
-    }
+    return dispatch_dk(Dk, "cmp_gdn_chunked", [&](auto dk) {
+        return launch_gdn_chunked<decltype(dk)::value>(qkv, g, b, state, o, L, K, V, eps);
+    });
 }

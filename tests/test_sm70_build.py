@@ -19,7 +19,8 @@ from sass_tools import TENSOR_CORE_PTX, TENSOR_CORE_SASS, cuobjdump_candidates, 
 ROOT = Path(__file__).resolve().parent.parent
 SM70 = ROOT / "build" / "sm70"
 LIB = SM70 / "libcmpkern.so"
-PIECES = SM70 / "pypi" / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
+# the toolchain beside the output (tools/build_sm70.sh: SM70_TOOLS defaults to build/sm70-toolchain)
+PIECES = ROOT / "build" / "sm70-toolchain" / "pypi" / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
 KERNELS = ("quantize_q8_kernel", "argmax_kernel", "gdn_scan_kernel", "gdn_chunked_kernel", "conv1d_silu_kernel")
 
 
@@ -36,7 +37,7 @@ def sm70_lib() -> Path:
     if not clang:
         pytest.skip("clang++-19 not installed (apt-get install clang-19): the sm_70 build needs it")
     if not PIECES.exists():
-        pytest.skip(f"CUDA 12.9 PyPI pieces not in {SM70 / 'pypi'}: run `make ptx70` once (it installs them)")
+        pytest.skip(f"CUDA 12.9 PyPI pieces not in {PIECES.parents[3]}: run `make ptx70` once (it installs them)")
     r = subprocess.run(["bash", str(ROOT / "tools" / "build_sm70.sh")], cwd=ROOT, capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, f"tools/build_sm70.sh failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"

@@ -8,7 +8,7 @@
 #                                                                          JIT-compiles the PTX on newer GPUs)
 # Environment: CLANG (default clang++-19 on PATH; installed with apt-get when running as root and missing),
 # SM70_DIR (default build/sm70), SM70_TOOLS (default build/sm70-toolchain), SM70_DISASM=1 (also fetch an SM70-capable cuobjdump/nvdisasm), FATBINARY (CUDA 13's fatbinary; default: found on PATH or in /usr/local/cuda).
-# The PyPI wheels go into $SM70_DIR/pypi with ONE `pip install --target` call: a second call into the same target
+# The PyPI wheels go into $SM70_TOOLS/pypi with ONE `pip install --target` call: a second call into the same target
 # silently skips the shared nvidia/ package folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -762,10 +762,7 @@ int launch_gemv2(const int8_t* xq, const float* xd, const GemvSet& set, int /*to
 // microseconds, paid per eager launch otherwise); a racing first call stores the same value twice.
 constexpr int GEMV3_MAX_DEVICES = 64;
 
-// NT is part of the template so that each kernel instance keeps its own cache: the instances share one function
-// pointer type, and a cache keyed by that type alone gave every T the resident-block count of whichever T ran first
-// (T = 16 uses ~3x T = 1's registers, so it was launched with several waves instead of one resident wave).
-template <int NT, typename Kernel>
+template <typename Kernel>
 int gemv3_device_facts(Kernel kernel, int* resident_blocks, bool* has_pdl) {
     static std::atomic<int> cache[GEMV3_MAX_DEVICES];  // (resident blocks << 1 | pdl) + 1, 0 = not known yet
     int dev = 0;
@@ -795,7 +792,7 @@ int launch_gemv3(const int8_t* xq, const float* xd, const GemvSet& set, int n, b
     constexpr auto kernel = gemv3_q8_kernel<NT, gemv3_rows<NT>(), gemv3_unroll<NT>()>;
     int resident = 0;
     bool has_pdl = false;
-    CMP_TRY(gemv3_device_facts<NT>(kernel, &resident, &has_pdl));
+    CMP_TRY(gemv3_device_facts(kernel, &resident, &has_pdl));
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(std::min<unsigned>(ceil_div(set.total_grp, GEMV_WARPS), (unsigned)resident));
     cfg.blockDim = dim3(32, GEMV_WARPS);

@@ -6,8 +6,7 @@
 //    switched off: v1 = GEMV for T <= 8 + 64x64 GEMM; v2 = GEMV for T <= 16 with 8 loads in flight per lane and
 //    2 rows per warp when T > 1 (activation loads shared), and a 128x128 GEMM (8x8 outputs per thread, double-
 //    buffered shared memory: cp.async on sm_80+, register prefetch on sm_70/75); v3 (CMP_MM_GEMV3) = v2's GEMV
-//    arithmetic, bit for bit, as a persistent kernel whose warps keep their weight loads in flight across rows;
-//    v4 (CMP_MM_GEMV4, optionally CMP_MM_GEMV4_EAGER) = v1's GEMV loop with v2's arithmetic, T <= 16, v2's bits.
+//    arithmetic, bit for bit, as a persistent kernel whose warps keep their weight loads in flight across rows.
 //    Optional residual: y = res + x . W^T (the model's residual add fused into the projection's epilogue).
 //  - F32/F16 weights (fixture files): one tiled fp32 GEMM.
 // No tensor-core instruction anywhere (DP4A = IDP.4A in SASS).

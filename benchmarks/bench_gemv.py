@@ -27,8 +27,7 @@ import time
 import numpy as np
 
 from llamacmp.backends.cuda import CudaBackend
-from llamacmp.lib._native import CMP_MM_GEMM2, CMP_MM_GEMV2, CMP_MM_GEMV3, CMP_MM_GEMV4, CMP_MM_GEMV4_EAGER
-from llamacmp.lib._native import CMP_MM_GEMV_PDL
+from llamacmp.lib._native import CMP_MM_GEMM2, CMP_MM_GEMV2, CMP_MM_GEMV3, CMP_MM_GEMV4, CMP_MM_GEMV_PDL
 
 # (name, [rows of each matrix in the launch], n)
 SETS_9B = [
@@ -43,8 +42,7 @@ SETS_9B = [
 KERNELS = [("v1", 0), ("v2", CMP_MM_GEMV2 | CMP_MM_GEMM2), ("v3", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3),
            ("v3+pdl", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL),
            ("v4", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV4),   # v1's loop, v2's bits
-           ("v4+pdl", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV4 | CMP_MM_GEMV_PDL),
-           ("v4e+pdl", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV4 | CMP_MM_GEMV4_EAGER | CMP_MM_GEMV_PDL)]
+           ("v4+pdl", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV4 | CMP_MM_GEMV_PDL)]
 
 
 def copy_bandwidth(be: CudaBackend, nbytes: int = 2 << 30) -> float:

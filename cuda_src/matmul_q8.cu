@@ -444,32 +444,21 @@ gemv3_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 
 // ---- v4 ------------------------------------------------------------------------------------------------------------
 
-// v1's loop with v2's arithmetic (CMP_MM_GEMV4, T <= 16). What the SASS of the T = 1 kernels shows (sm_90, nvcc
-// 13.0), against the H200's v1 16.9 / v2 18.9 / v3 18.6 us for the 53.8 MB GDN input set:
-//  - v2 (R 1, U 8) under __launch_bounds__(128, 8), a 64-register cap: only the first of its 8 weight loads is
-//    issued before the first DP4A, which waits for it; the other 7 go out after that load returns (two memory
-//    round trips per 4 KB row, the first carrying 512 bytes per warp), 3 of the 8 x-scale loads go out after their
-//    chunk's DP4A (x chunk, then its scale: two dependent cache round trips), and 52 bytes of pointers spill. The
-//    same source without the cap takes 85 registers and issues all 8 weight loads and scales before the first use.
-//  - v1: 47 registers (10 blocks = 40 warps per SM, v2/v3: 32), 3 of its 4 weight loads and all 4 weight scales
-//    before the first DP4A, each x chunk and its scale issued together.
-//  - v3 (64 registers, no spill): the next stage's 4 weight loads are issued before the current stage's DP4As, but
-//    1 of 4 x-scale loads is late and its T = 1 code is 945 instructions to v1's 264 (row switches inline).
-// So this kernel is v1 line for line (warp per row, lane l reads chunks l, l+32, ... GEMV_UNROLL at a time) and
-// only the per-chunk arithmetic is written out so that a row's result does not depend on NT: acc = fma(float(dot),
-// d_w * d_x, acc), each rounding explicit (no contraction left to the compiler), chunks in increasing order per
-// lane, then warp_sum's fixed butterfly. That is v2's arithmetic exactly (the int -> float conversion is exact
-// either way: |dot| <= 2^18), so v4 gives v2's (and v3's) bits for every T. Its SASS for T = 1, 2, 4 and 8 is v1's
-// instruction for instruction (v1's compiled expression already was this fma).
+// v1's loop with v2's arithmetic (CMP_MM_GEMV4, T <= 16). The SASS of v2/v3 at T = 1 (sm_90, nvcc 13) shows why
+// they stream slower than v1: v2's 8 chunks per lane under the 64-register cap of __launch_bounds__(128, 8) leave
+// room for the address arithmetic of only the first weight load before the first DP4A, which waits for it; the
+// other 7 loads are issued after that load returns (two memory round trips per 4 KB row, the first carrying 512
+// bytes per warp), and 52 bytes of pointers spill. v1 (47 registers, no minimum-blocks bound, 40 resident warps per
+// SM instead of 32) issues 3 of its 4 weight loads before the first use. So this kernel is v1 line for line -- warp
+// per row, lane l reads chunks l, l+32, ... GEMV_UNROLL at a time, no minimum-blocks bound -- and only the per-chunk
+// arithmetic is written out so that a row's result does not depend on NT: acc = fma(float(dot), d_w * d_x, acc),
+// each rounding explicit (no contraction left to the compiler), chunks in increasing order per lane, then
+// warp_sum's fixed butterfly. That is v2's arithmetic exactly (the int -> float conversion is exact either way:
+// |dot| <= 2^18), so v4 gives v2's (and v3's) bits for every T; at T = 1 its SASS loop is v1's plus nothing.
 // PDL (template flag, CMP_MM_GEMV_PDL on sm_90+): each lane prefetches its first GEMV_UNROLL weight chunks into L2
-// before pdl_wait_producers, so the weight stream starts while the producer kernel finishes (48 registers; the
-// loop's loads as v1's except that the first x scale goes out after the first DP4A).
-// MIN_BLOCKS: 0 = v1's bound (no minimum). 1 (CMP_MM_GEMV4_EAGER) = __launch_bounds__(128, 1), which lets ptxas
-// take 55 registers at T = 1 (56 with PDL) and issue all 4 weight loads, their scales and the first x chunk and x
-// scale before the first DP4A (9 blocks = 36 warps per SM at most instead of 40; the same loop and arithmetic; at
-// T > 1 far more registers: 68 at T = 2, 117 at T = 8, 197 at T = 16). Which streams faster is for the GPU to say.
-template <int NT, bool PDL, int MIN_BLOCKS>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, MIN_BLOCKS)
+// before pdl_wait_producers, so the weight stream starts while the producer kernel finishes; the loop is unchanged.
+template <int NT, bool PDL>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv4_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                 const float* __restrict__ xd,   // [NT, n/32]
                 const GemvSet set, int n) {
@@ -819,7 +808,7 @@ inline int gemv4_has_pdl(bool* has_pdl) {
     int v = dev < GEMV3_MAX_DEVICES ? cache[dev].load(std::memory_order_relaxed) : 0;
     if (v == 0) {
         cudaFuncAttributes fa{};
-        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, gemv4_q8_kernel<1, true, 0>), "gemv4_q8_kernel attributes"));
+        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, gemv4_q8_kernel<1, true>), "gemv4_q8_kernel attributes"));
         v = (fa.ptxVersion >= 90 ? 1 : 0) + 1;
         if (dev < GEMV3_MAX_DEVICES) cache[dev].store(v, std::memory_order_relaxed);
     }
@@ -827,13 +816,13 @@ inline int gemv4_has_pdl(bool* has_pdl) {
     return CMP_OK;
 }
 
-template <int NT, int MIN_BLOCKS>
-int launch_gemv4_mb(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
+template <int NT>
+int launch_gemv4(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
     bool has_pdl = false;
     if (pdl) CMP_TRY(gemv4_has_pdl(&has_pdl));
     const dim3 grid(ceil_div(set.total, GEMV_WARPS)), block(32, GEMV_WARPS);
     if (!has_pdl) {
-        gemv4_q8_kernel<NT, false, MIN_BLOCKS><<<grid, block, 0, stream()>>>(xq, xd, set, n);
+        gemv4_q8_kernel<NT, false><<<grid, block, 0, stream()>>>(xq, xd, set, n);
         return check_launch("gemv4_q8_kernel");
     }
     cudaLaunchConfig_t cfg = {};
@@ -846,29 +835,13 @@ int launch_gemv4_mb(const int8_t* xq, const float* xd, const GemvSet& set, int n
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv4_q8_kernel<NT, true, MIN_BLOCKS>, xq, xd, set, n),
-                       "gemv4_q8_kernel launch"));
+    CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv4_q8_kernel<NT, true>, xq, xd, set, n), "gemv4_q8_kernel launch"));
     return check_launch("gemv4_q8_kernel");
-}
-
-template <int NT>
-int launch_gemv4(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
-    return launch_gemv4_mb<NT, 0>(xq, xd, set, n, pdl);
-}
-
-template <int NT>
-int launch_gemv4_eager(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
-    return launch_gemv4_mb<NT, 1>(xq, xd, set, n, pdl);
 }
 
 template <int... NT>
 constexpr auto gemv4_table(std::integer_sequence<int, NT...>) {
     return std::array<Gemv4Launch, sizeof...(NT)>{launch_gemv4<NT + 1>...};
-}
-
-template <int... NT>
-constexpr auto gemv4_eager_table(std::integer_sequence<int, NT...>) {
-    return std::array<Gemv4Launch, sizeof...(NT)>{launch_gemv4_eager<NT + 1>...};
 }
 
 template <int... NT>
@@ -897,8 +870,7 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
     CMP_REQUIRE(count >= 1 && count <= GEMV_MAX_MATS, "cmp_matmul_q8_multi: %d matrices (1..%d)", count,
                 GEMV_MAX_MATS);
     CMP_REQUIRE(T >= 0 && n > 0 && n % QK == 0, "cmp_matmul_q8: bad shape T=%d n=%d (n a multiple of 32)", T, n);
-    CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL | CMP_MM_GEMV4 |
-                             CMP_MM_GEMV4_EAGER)) == 0,
+    CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL | CMP_MM_GEMV4)) == 0,
                 "cmp_matmul_q8_ex: unknown kernel bits 0x%x", kernels);
     for (int i = 0; i < count; ++i) CMP_REQUIRE(rows[i] > 0, "cmp_matmul_q8: matrix %d has %d rows", i, rows[i]);
     if (T == 0) return CMP_OK;
@@ -920,8 +892,7 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
         set.total_grp = total_grp;
         if (v4) {  // v4 before v3 and v2 (all three give the same bits)
             static constexpr auto table4 = gemv4_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
-            static constexpr auto table4e = gemv4_eager_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
-            return (kernels & CMP_MM_GEMV4_EAGER ? table4e : table4)[T - 1](xq, xd, set, n, kernels & CMP_MM_GEMV_PDL);
+            return table4[T - 1](xq, xd, set, n, kernels & CMP_MM_GEMV_PDL);
         }
         if (v3) {  // v3 before v2: both bits set means v3 (they give the same bits)
             static constexpr auto table3 = gemv3_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});

@@ -442,88 +442,6 @@ gemv3_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     }
 }
 
-// ---- v4 ------------------------------------------------------------------------------------------------------------
-
-// v1's loop with v2's arithmetic (CMP_MM_GEMV4, T <= 16). The SASS of v2/v3 at T = 1 (sm_90, nvcc 13) shows why
-// they stream slower than v1: v2's 8 chunks per lane under the 64-register cap of __launch_bounds__(128, 8) leave
-// room for the address arithmetic of only the first weight load before the first DP4A, which waits for it; the
-// other 7 loads are issued after that load returns (two memory round trips per 4 KB row, the first carrying 512
-// bytes per warp), and 52 bytes of pointers spill. v1 (47 registers, no minimum-blocks bound, 40 resident warps per
-// SM instead of 32) issues 3 of its 4 weight loads before the first use. So this kernel is v1 line for line -- warp
-// per row, lane l reads chunks l, l+32, ... GEMV_UNROLL at a time, no minimum-blocks bound -- and only the per-chunk
-// arithmetic is written out so that a row's result does not depend on NT: acc = fma(float(dot), d_w * d_x, acc),
-// each rounding explicit (no contraction left to the compiler), chunks in increasing order per lane, then
-// warp_sum's fixed butterfly. That is v2's arithmetic exactly (the int -> float conversion is exact either way:
-// |dot| <= 2^18), so v4 gives v2's (and v3's) bits for every T; at T = 1 its SASS loop is v1's plus nothing.
-// PDL (template flag, CMP_MM_GEMV_PDL on sm_90+): each lane prefetches its first GEMV_UNROLL weight chunks into L2
-// before pdl_wait_producers, so the weight stream starts while the producer kernel finishes; the loop is unchanged.
-template <int NT, bool PDL>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv4_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
-                const float* __restrict__ xd,   // [NT, n/32]
-                const GemvSet set, int n) {
-    int row = blockIdx.x * GEMV_WARPS + threadIdx.y;
-    if (row >= set.total) return;
-    const int8_t* wq = set.wq[0];
-    const __half* wd = set.wd[0];
-    float* y = set.y[0];
-    const float* res = set.res[0];
-    int row0 = 0, rows = set.row_end[0];
-#pragma unroll
-    for (int i = 1; i < GEMV_MAX_MATS; ++i) {
-        if (i < set.count && row >= set.row_end[i - 1]) {
-            wq = set.wq[i];
-            wd = set.wd[i];
-            y = set.y[i];
-            res = set.res[i];
-            row0 = set.row_end[i - 1];
-            rows = set.row_end[i] - row0;
-        }
-    }
-    row -= row0;
-    const int lane = threadIdx.x, nchunk = n / 16, nb = n / QK;
-    const int4* w = reinterpret_cast<const int4*>(wq + (size_t)row * n);
-    const __half* dw = wd + (size_t)row * nb;
-    if (PDL) {
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const int c = lane + 32 * u;
-            if (c < nchunk) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w + c));
-        }
-        pdl_wait_producers();  // weights never change; x, res and y belong to the kernels before this one
-    }
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-
-    for (int c0 = lane; c0 < nchunk; c0 += 32 * GEMV_UNROLL) {
-        int4 wv[GEMV_UNROLL];
-        float ws[GEMV_UNROLL];
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const int c = c0 + 32 * u;
-            wv[u] = c < nchunk ? __ldg(w + c) : make_int4(0, 0, 0, 0);
-            ws[u] = c < nchunk ? __half2float(dw[c >> 1]) : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const int c = c0 + 32 * u;
-            if (c >= nchunk) break;
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                const int4 xv = *reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 16);
-                acc[t] = __fmaf_rn(__int2float_rn(dot16(wv[u], xv)), __fmul_rn(ws[u], xd[(size_t)t * nb + (c >> 1)]),
-                                   acc[t]);
-            }
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)t * rows + row] = res ? res[(size_t)t * rows + row] + v : v;
-    }
-}
-
 constexpr int TILE2 = 128;       // v2 GEMM tile: 128 weight rows x 128 tokens, 256 threads, 8x8 outputs each
 constexpr int BK2 = 2;           // Q8 blocks (of 32) per shared-memory stage: 64 bytes of each row
 constexpr int KI2 = BK2 * 8;     // ints per row per stage
@@ -795,55 +713,6 @@ int launch_gemv3(const int8_t* xq, const float* xd, const GemvSet& set, int n, b
     return check_launch("gemv3_q8_kernel");
 }
 
-// v4: v1's grid (a warp per row, every row in one launch); with `pdl` and compute_90+ code the launch may overlap
-// the previous kernel (the PDL instantiation waits for it before reading activations).
-using Gemv4Launch = int (*)(const int8_t*, const float*, const GemvSet&, int, bool);
-
-// Whether this library's kernels run as compute_90+ code on the current device (a PDL launch is safe only then:
-// see gemv3_device_facts), cached per device; the query costs microseconds, paid per eager launch otherwise.
-inline int gemv4_has_pdl(bool* has_pdl) {
-    static std::atomic<int> cache[GEMV3_MAX_DEVICES];  // pdl + 1, 0 = not known yet
-    int dev = 0;
-    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
-    int v = dev < GEMV3_MAX_DEVICES ? cache[dev].load(std::memory_order_relaxed) : 0;
-    if (v == 0) {
-        cudaFuncAttributes fa{};
-        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, gemv4_q8_kernel<1, true>), "gemv4_q8_kernel attributes"));
-        v = (fa.ptxVersion >= 90 ? 1 : 0) + 1;
-        if (dev < GEMV3_MAX_DEVICES) cache[dev].store(v, std::memory_order_relaxed);
-    }
-    *has_pdl = v - 1;
-    return CMP_OK;
-}
-
-template <int NT>
-int launch_gemv4(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
-    bool has_pdl = false;
-    if (pdl) CMP_TRY(gemv4_has_pdl(&has_pdl));
-    const dim3 grid(ceil_div(set.total, GEMV_WARPS)), block(32, GEMV_WARPS);
-    if (!has_pdl) {
-        gemv4_q8_kernel<NT, false><<<grid, block, 0, stream()>>>(xq, xd, set, n);
-        return check_launch("gemv4_q8_kernel");
-    }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream();
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv4_q8_kernel<NT, true>, xq, xd, set, n), "gemv4_q8_kernel launch"));
-    return check_launch("gemv4_q8_kernel");
-}
-
-template <int... NT>
-constexpr auto gemv4_table(std::integer_sequence<int, NT...>) {
-    return std::array<Gemv4Launch, sizeof...(NT)>{launch_gemv4<NT + 1>...};
-}
-
 template <int... NT>
 constexpr auto gemv3_table(std::integer_sequence<int, NT...>) {
     return std::array<Gemv3Launch, sizeof...(NT)>{launch_gemv3<NT + 1>...};
@@ -870,12 +739,12 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
     CMP_REQUIRE(count >= 1 && count <= GEMV_MAX_MATS, "cmp_matmul_q8_multi: %d matrices (1..%d)", count,
                 GEMV_MAX_MATS);
     CMP_REQUIRE(T >= 0 && n > 0 && n % QK == 0, "cmp_matmul_q8: bad shape T=%d n=%d (n a multiple of 32)", T, n);
-    CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL | CMP_MM_GEMV4)) == 0,
+    CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL)) == 0,
                 "cmp_matmul_q8_ex: unknown kernel bits 0x%x", kernels);
     for (int i = 0; i < count; ++i) CMP_REQUIRE(rows[i] > 0, "cmp_matmul_q8: matrix %d has %d rows", i, rows[i]);
     if (T == 0) return CMP_OK;
-    const bool v2 = kernels & CMP_MM_GEMV2, v3 = kernels & CMP_MM_GEMV3, v4 = kernels & CMP_MM_GEMV4;
-    if (T <= (v2 || v3 || v4 ? GEMV2_MAX_T : GEMV_MAX_T)) {
+    const bool v2 = kernels & CMP_MM_GEMV2, v3 = kernels & CMP_MM_GEMV3;
+    if (T <= (v2 || v3 ? GEMV2_MAX_T : GEMV_MAX_T)) {
         GemvSet set{};
         int total = 0, total_grp = 0;
         const int R = gemv2_rows_rt(T);
@@ -890,10 +759,6 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
         set.count = count;
         set.total = total;
         set.total_grp = total_grp;
-        if (v4) {  // v4 before v3 and v2 (all three give the same bits)
-            static constexpr auto table4 = gemv4_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
-            return table4[T - 1](xq, xd, set, n, kernels & CMP_MM_GEMV_PDL);
-        }
         if (v3) {  // v3 before v2: both bits set means v3 (they give the same bits)
             static constexpr auto table3 = gemv3_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
             return table3[T - 1](xq, xd, set, n, kernels & CMP_MM_GEMV_PDL);

@@ -442,6 +442,17 @@ Q8_EX_SHAPES = [(1, 1, 32), (1, 4097, 4096), (2, 3, 96), (4, 31, 1184), (5, 129,
                 (17, 33, 96), (95, 130, 160), (96, 127, 96), (97, 129, 1184), (200, 255, 512), (257, 64, 2048)]
 
 
+def _q8_set_case(be, rng, T: int, rows: int, n: int):
+    """Activations x [T, n] with per-row scales over 2 decades, and two or three Q8_0 matrices that read them (rows,
+    2 and, at odd T, rows + 5: the small ones ride with the big one) -> (numpy_ref outputs, device matrices, xq, xd)."""
+    x = rng.standard_normal((T, n)).astype(np.float32) * rng.uniform(0.1, 10, (T, 1)).astype(np.float32)
+    ws = [random_q8(rng, r, n) for r in (rows, 2, rows + 5)[:2 + (T % 2)]]
+    ref = REF.matmuls(x, [REF.upload_matrix(w) for w in ws])
+    mats = [be.upload_matrix(w) for w in ws]
+    xq, xd = be.quantize(up(be, x))
+    return ref, mats, xq, xd
+
+
 @pytest.mark.parametrize("kernels", [0, 1, 2, 3])
 @pytest.mark.parametrize("T,rows,n", Q8_EX_SHAPES)
 def test_matmul_q8_ex_kernels_and_residual(cuda_backend, kernels, T, rows, n):
@@ -449,11 +460,7 @@ def test_matmul_q8_ex_kernels_and_residual(cuda_backend, kernels, T, rows, n):
     matrices in one call (the small ones ride with the big ones), with and without the residual epilogue."""
     be = cuda_backend
     rng = np.random.default_rng(T * 7919 + rows + kernels)
-    x = rng.standard_normal((T, n)).astype(np.float32) * rng.uniform(0.1, 10, (T, 1)).astype(np.float32)
-    ws = [random_q8(rng, r, n) for r in (rows, 2, rows + 5)[:2 + (T % 2)]]
-    ref = REF.matmuls(x, [REF.upload_matrix(w) for w in ws])
-    mats = [be.upload_matrix(w) for w in ws]
-    xq, xd = be.quantize(up(be, x))
+    ref, mats, xq, xd = _q8_set_case(be, rng, T, rows, n)
     for g, r in zip(_q8_ex(be, xq, xd, mats, T, n, kernels), ref):
         assert rel(g, r) < Q8_TOL
     res = [rng.standard_normal(r.shape).astype(np.float32) for r in ref]
@@ -508,11 +515,7 @@ def test_gemv3_equals_v2_and_reference(cuda_backend, T, rows, n):
     GEMV bit for bit (same per-row arithmetic), with and without the residual epilogue."""
     be = cuda_backend
     rng = np.random.default_rng(T * 104729 + rows + n)
-    x = rng.standard_normal((T, n)).astype(np.float32) * rng.uniform(0.1, 10, (T, 1)).astype(np.float32)
-    ws = [random_q8(rng, r, n) for r in (rows, 2, rows + 5)[:2 + (T % 2)]]
-    ref = REF.matmuls(x, [REF.upload_matrix(w) for w in ws])
-    mats = [be.upload_matrix(w) for w in ws]
-    xq, xd = be.quantize(up(be, x))
+    ref, mats, xq, xd = _q8_set_case(be, rng, T, rows, n)
     res = [rng.standard_normal(r.shape).astype(np.float32) for r in ref]
     res_d = [up(be, r) for r in res]
     v2, v2_res = _q8_ex(be, xq, xd, mats, T, n, 1), _q8_ex(be, xq, xd, mats, T, n, 1, res_d)

@@ -4,7 +4,7 @@
 # recent commits, and its working tree holds others' unfinished edits). Carry .carry/gz, .carry/site, .whl/server,
 # .carry/llama.cpp-src.tar.gz. In the background (setsid) across warm calls; logs in /tmp/s3b, packed by collect_s3b.sh.
 #   CPU:   llama.cpp b8462 native + no-tensor-core stand-in (llama-bench, llama-server); 9B and 27B files.
-#   GPU 1: the CUDA tests of the kernels, model and decode (the v3 GEMV's first GPU run), the GEMV table,
+#   GPU 1: the CUDA tests of the kernels, model, decode and checkpoints, the GEMV table,
 #          then 16 streams vs llama-server.
 #   GPU 0: side by side (llamacmp-bench vs both llama.cpp builds) on the 9B file, v1/v2/v3 kernel comparison.
 #   both:  the 27B-shape layer split with llama.cpp -sm none / layer.

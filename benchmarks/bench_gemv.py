@@ -1,5 +1,5 @@
 """Decode GEMV timings for the 9B shapes (issue 3): µs per call and % of the device-to-device copy rate for the
-v1, v2 and v3 GEMVs of cmp_matmul_q8_ex (v3 also with its PDL launch), at T = 1, 4, 16.
+v1, v2, v3 and v4 GEMVs of cmp_matmul_q8_ex (v3 and v4 also with their PDL launch), at T = 1, 4, 16.
 
     python3 benchmarks/bench_gemv.py [--quick] [--json out.json]
 
@@ -27,7 +27,8 @@ import time
 import numpy as np
 
 from llamacmp.backends.cuda import CudaBackend
-from llamacmp.lib._native import CMP_MM_GEMM2, CMP_MM_GEMV2, CMP_MM_GEMV3, CMP_MM_GEMV_PDL
+from llamacmp.lib._native import CMP_MM_GEMM2, CMP_MM_GEMV2, CMP_MM_GEMV3, CMP_MM_GEMV4, CMP_MM_GEMV4_EAGER
+from llamacmp.lib._native import CMP_MM_GEMV_PDL
 
 # (name, [rows of each matrix in the launch], n)
 SETS_9B = [
@@ -40,7 +41,10 @@ SETS_9B = [
     ("lm_head", [248320], 4096),
 ]
 KERNELS = [("v1", 0), ("v2", CMP_MM_GEMV2 | CMP_MM_GEMM2), ("v3", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3),
-           ("v3+pdl", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL)]
+           ("v3+pdl", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL),
+           ("v4", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV4),   # v1's loop, v2's bits
+           ("v4+pdl", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV4 | CMP_MM_GEMV_PDL),
+           ("v4e+pdl", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV4 | CMP_MM_GEMV4_EAGER | CMP_MM_GEMV_PDL)]
 
 
 def copy_bandwidth(be: CudaBackend, nbytes: int = 2 << 30) -> float:
@@ -150,7 +154,7 @@ def main(argv=None) -> None:
                 gb_chain, gb_net = ls.wbytes / chain / 1e3, ls.wbytes / net / 1e3
                 if kname == "v2":
                     ref = chain
-                vs = f"{ref / chain:5.2f}x" if ref and kname.startswith("v3") else ""
+                vs = f"{ref / chain:5.2f}x" if ref and kname.startswith(("v3", "v4")) else ""
                 print(f"{name:<18} {ls.wbytes / 1e6:>7.1f} {T:>3} {kname:>6} {chain:>9.1f} "
                       f"{100 * gb_chain / bw:>5.0f}% {net:>9.1f} {100 * gb_net / bw:>5.0f}% {vs:>6}", flush=True)
                 out.append({"what": name, "rows": rows, "n": n, "T": T, "kernels": kname, "chain us": chain,

@@ -187,10 +187,12 @@ def compare_kernels(be: CudaBackend, cfg, model, pp: list[int], n: int, reps: in
     print("| --- | --- | ---: | ---: |")
     paths = (("old: unfused, v1 kernels", False, False, False), ("new: fused, v2 kernels", True, False, False),
              ("fused, v3 GEMV", True, True, False), ("fused, v3 GEMV + PDL", True, True, True))
-    saved = be.gemv_v3, be.gemv_pdl
+    paths += (("fused, v4 GEMV + PDL", True, "v4", True),   # v1's GEMV loop with v2's bits (CudaBackend.gemv_v4)
+              ("fused, v4 eager GEMV + PDL", True, "v4e", True))
+    saved = be.gemv_v3, be.gemv_pdl, be.gemv_v4, be.gemv_v4_eager
     for label, on, v3, pdl in paths:
         be.fuse_ops = be.gemv_v2 = be.gemm_v2 = on
-        be.gemv_v3, be.gemv_pdl = v3, pdl
+        be.gemv_v3, be.gemv_pdl, be.gemv_v4, be.gemv_v4_eager = bool(v3), pdl, v3 in ("v4", "v4e"), v3 == "v4e"
         st = be.new_state(cfg, n_ctx)                     # warm-up of this path
         be.to_host(model.forward(StepBatch.build([(st, list(rng.integers(0, cfg.n_vocab, 128)))])))
         del st
@@ -213,7 +215,7 @@ def compare_kernels(be: CudaBackend, cfg, model, pp: list[int], n: int, reps: in
         t = float(np.median(times))
         print(f"| {label} | tg{n} (greedy graph) | {n / t:.1f} | {1e3 * t / n:.3f}/tok |", flush=True)
     be.fuse_ops = be.gemv_v2 = be.gemm_v2 = True
-    be.gemv_v3, be.gemv_pdl = saved
+    be.gemv_v3, be.gemv_pdl, be.gemv_v4, be.gemv_v4_eager = saved
     print(f"weights per decode token {wb / 1e9:.2f} GB; roofline at 4252 GB/s copy: {4252e9 / wb:.0f} t/s")
 
 

@@ -98,8 +98,11 @@ int cmp_matmul_q8_multi(const int8_t* xq, const float* xd, int count, const int8
 // on T (batch invariant); CMP_MM_GEMM2: 128x128-tile GEMM from T = 96. CMP_MM_GEMV3: persistent, pipelined GEMV up
 // to T = 16 giving v2's results bit for bit (taken over v2 when both are set); CMP_MM_GEMV_PDL: v3 is launched with
 // programmatic dependent launch where its code is compute_90+ (starts streaming weights while the previous kernel
-// finishes; ignored elsewhere).
-enum CmpMatmulKernels { CMP_MM_GEMV2 = 1, CMP_MM_GEMM2 = 2, CMP_MM_GEMV3 = 4, CMP_MM_GEMV_PDL = 8 };
+// finishes; ignored elsewhere). CMP_MM_GEMV4: v1's warp-per-row GEMV loop with v2's arithmetic, T <= 16, v2's bits
+// (taken over v3 and v2 when set; CMP_MM_GEMV_PDL launches it with PDL too); CMP_MM_GEMV4_EAGER (with GEMV4): the
+// same kernel compiled to issue all of a lane's weight loads before the first DP4A (more registers; same bits).
+enum CmpMatmulKernels { CMP_MM_GEMV2 = 1, CMP_MM_GEMM2 = 2, CMP_MM_GEMV3 = 4, CMP_MM_GEMV_PDL = 8, CMP_MM_GEMV4 = 16,
+                        CMP_MM_GEMV4_EAGER = 32 };
 int cmp_matmul_q8_ex(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
                      float* const* y, const float* const* res, const int* rows, int T, int n, int kernels);
 // y [T, rows] = x [T, n] f32 . W [rows, n]^T, W f32 or f16 (w_dtype: CmpDtype), fp32 accumulation.

@@ -6,7 +6,8 @@
 //    switched off: v1 = GEMV for T <= 8 + 64x64 GEMM; v2 = GEMV for T <= 16 with 8 loads in flight per lane and
 //    2 rows per warp when T > 1 (activation loads shared), and a 128x128 GEMM (8x8 outputs per thread, double-
 //    buffered shared memory: cp.async on sm_80+, register prefetch on sm_70/75); v3 (CMP_MM_GEMV3) = v2's GEMV
-//    arithmetic, bit for bit, as a persistent kernel whose warps keep their weight loads in flight across rows.
+//    arithmetic, bit for bit, as a persistent kernel whose warps keep their weight loads in flight across rows;
+//    v4 (CMP_MM_GEMV4, optionally CMP_MM_GEMV4_EAGER) = v1's GEMV loop with v2's arithmetic, T <= 16, v2's bits.
 //    Optional residual: y = res + x . W^T (the model's residual add fused into the projection's epilogue).
 //  - F32/F16 weights (fixture files): one tiled fp32 GEMM.
 // No tensor-core instruction anywhere (DP4A = IDP.4A in SASS).
@@ -442,6 +443,99 @@ gemv3_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     }
 }
 
+// ---- v4 ------------------------------------------------------------------------------------------------------------
+
+// v1's loop with v2's arithmetic (CMP_MM_GEMV4, T <= 16). What the SASS of the T = 1 kernels shows (sm_90, nvcc
+// 13.0), against the H200's v1 16.9 / v2 18.9 / v3 18.6 us for the 53.8 MB GDN input set:
+//  - v2 (R 1, U 8) under __launch_bounds__(128, 8), a 64-register cap: only the first of its 8 weight loads is
+//    issued before the first DP4A, which waits for it; the other 7 go out after that load returns (two memory
+//    round trips per 4 KB row, the first carrying 512 bytes per warp), 3 of the 8 x-scale loads go out after their
+//    chunk's DP4A (x chunk, then its scale: two dependent cache round trips), and 52 bytes of pointers spill. The
+//    same source without the cap takes 85 registers and issues all 8 weight loads and scales before the first use.
+//  - v1: 47 registers (10 blocks = 40 warps per SM, v2/v3: 32), 3 of its 4 weight loads and all 4 weight scales
+//    before the first DP4A, each x chunk and its scale issued together.
+//  - v3 (64 registers, no spill): the next stage's 4 weight loads are issued before the current stage's DP4As, but
+//    1 of 4 x-scale loads is late and its T = 1 code is 945 instructions to v1's 264 (row switches inline).
+// So this kernel is v1 line for line (warp per row, lane l reads chunks l, l+32, ... GEMV_UNROLL at a time) and
+// only the per-chunk arithmetic is written out so that a row's result does not depend on NT: acc = fma(float(dot),
+// d_w * d_x, acc), each rounding explicit (no contraction left to the compiler), chunks in increasing order per
+// lane, then warp_sum's fixed butterfly. That is v2's arithmetic exactly (the int -> float conversion is exact
+// either way: |dot| <= 2^18), so v4 gives v2's (and v3's) bits for every T. Its SASS for T = 1, 2, 4 and 8 is v1's
+// instruction for instruction (v1's compiled expression already was this fma).
+// PDL (template flag, CMP_MM_GEMV_PDL on sm_90+): each lane prefetches its first GEMV_UNROLL weight chunks into L2
+// before pdl_wait_producers, so the weight stream starts while the producer kernel finishes (48 registers; the
+// loop's loads as v1's except that the first x scale goes out after the first DP4A).
+// MIN_BLOCKS: 0 = v1's bound (no minimum). 1 (CMP_MM_GEMV4_EAGER) = __launch_bounds__(128, 1), which lets ptxas
+// take 55 registers at T = 1 (56 with PDL) and issue all 4 weight loads, their scales and the first x chunk and x
+// scale before the first DP4A (9 blocks = 36 warps per SM at most instead of 40; the same loop and arithmetic; at
+// T > 1 far more registers: 68 at T = 2, 117 at T = 8, 197 at T = 16). Which streams faster is for the GPU to say.
+template <int NT, bool PDL, int MIN_BLOCKS>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MIN_BLOCKS)
+gemv4_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
+                const float* __restrict__ xd,   // [NT, n/32]
+                const GemvSet set, int n) {
+    int row = blockIdx.x * GEMV_WARPS + threadIdx.y;
+    if (row >= set.total) return;
+    const int8_t* wq = set.wq[0];
+    const __half* wd = set.wd[0];
+    float* y = set.y[0];
+    const float* res = set.res[0];
+    int row0 = 0, rows = set.row_end[0];
+#pragma unroll
+    for (int i = 1; i < GEMV_MAX_MATS; ++i) {
+        if (i < set.count && row >= set.row_end[i - 1]) {
+            wq = set.wq[i];
+            wd = set.wd[i];
+            y = set.y[i];
+            res = set.res[i];
+            row0 = set.row_end[i - 1];
+            rows = set.row_end[i] - row0;
+        }
+    }
+    row -= row0;
+    const int lane = threadIdx.x, nchunk = n / 16, nb = n / QK;
+    const int4* w = reinterpret_cast<const int4*>(wq + (size_t)row * n);
+    const __half* dw = wd + (size_t)row * nb;
+    if (PDL) {
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const int c = lane + 32 * u;
+            if (c < nchunk) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w + c));
+        }
+        pdl_wait_producers();  // weights never change; x, res and y belong to the kernels before this one
+    }
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+
+    for (int c0 = lane; c0 < nchunk; c0 += 32 * GEMV_UNROLL) {
+        int4 wv[GEMV_UNROLL];
+        float ws[GEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const int c = c0 + 32 * u;
+            wv[u] = c < nchunk ? __ldg(w + c) : make_int4(0, 0, 0, 0);
+            ws[u] = c < nchunk ? __half2float(dw[c >> 1]) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const int c = c0 + 32 * u;
+            if (c >= nchunk) break;
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const int4 xv = *reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 16);
+                acc[t] = __fmaf_rn(__int2float_rn(dot16(wv[u], xv)), __fmul_rn(ws[u], xd[(size_t)t * nb + (c >> 1)]),
+                                   acc[t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)t * rows + row] = res ? res[(size_t)t * rows + row] + v : v;
+    }
+}
+
 constexpr int TILE2 = 128;       // v2 GEMM tile: 128 weight rows x 128 tokens, 256 threads, 8x8 outputs each
 constexpr int BK2 = 2;           // Q8 blocks (of 32) per shared-memory stage: 64 bytes of each row
 constexpr int KI2 = BK2 * 8;     // ints per row per stage
@@ -668,7 +762,10 @@ int launch_gemv2(const int8_t* xq, const float* xd, const GemvSet& set, int /*to
 // microseconds, paid per eager launch otherwise); a racing first call stores the same value twice.
 constexpr int GEMV3_MAX_DEVICES = 64;
 
-template <typename Kernel>
+// NT is part of the template so that each kernel instance keeps its own cache: the instances share one function
+// pointer type, and a cache keyed by that type alone gave every T the resident-block count of whichever T ran first
+// (T = 16 uses ~3x T = 1's registers, so it was launched with several waves instead of one resident wave).
+template <int NT, typename Kernel>
 int gemv3_device_facts(Kernel kernel, int* resident_blocks, bool* has_pdl) {
     static std::atomic<int> cache[GEMV3_MAX_DEVICES];  // (resident blocks << 1 | pdl) + 1, 0 = not known yet
     int dev = 0;
@@ -698,7 +795,7 @@ int launch_gemv3(const int8_t* xq, const float* xd, const GemvSet& set, int n, b
     constexpr auto kernel = gemv3_q8_kernel<NT, gemv3_rows<NT>(), gemv3_unroll<NT>()>;
     int resident = 0;
     bool has_pdl = false;
-    CMP_TRY(gemv3_device_facts(kernel, &resident, &has_pdl));
+    CMP_TRY(gemv3_device_facts<NT>(kernel, &resident, &has_pdl));
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(std::min<unsigned>(ceil_div(set.total_grp, GEMV_WARPS), (unsigned)resident));
     cfg.blockDim = dim3(32, GEMV_WARPS);
@@ -711,6 +808,71 @@ int launch_gemv3(const int8_t* xq, const float* xd, const GemvSet& set, int n, b
     cfg.numAttrs = pdl && has_pdl ? 1 : 0;
     CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, kernel, xq, xd, set, n), "gemv3_q8_kernel launch"));
     return check_launch("gemv3_q8_kernel");
+}
+
+// v4: v1's grid (a warp per row, every row in one launch); with `pdl` and compute_90+ code the launch may overlap
+// the previous kernel (the PDL instantiation waits for it before reading activations).
+using Gemv4Launch = int (*)(const int8_t*, const float*, const GemvSet&, int, bool);
+
+// Whether this library's kernels run as compute_90+ code on the current device (a PDL launch is safe only then:
+// see gemv3_device_facts), cached per device; the query costs microseconds, paid per eager launch otherwise.
+inline int gemv4_has_pdl(bool* has_pdl) {
+    static std::atomic<int> cache[GEMV3_MAX_DEVICES];  // pdl + 1, 0 = not known yet
+    int dev = 0;
+    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
+    int v = dev < GEMV3_MAX_DEVICES ? cache[dev].load(std::memory_order_relaxed) : 0;
+    if (v == 0) {
+        cudaFuncAttributes fa{};
+        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, gemv4_q8_kernel<1, true, 0>), "gemv4_q8_kernel attributes"));
+        v = (fa.ptxVersion >= 90 ? 1 : 0) + 1;
+        if (dev < GEMV3_MAX_DEVICES) cache[dev].store(v, std::memory_order_relaxed);
+    }
+    *has_pdl = v - 1;
+    return CMP_OK;
+}
+
+template <int NT, int MIN_BLOCKS>
+int launch_gemv4_mb(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
+    bool has_pdl = false;
+    if (pdl) CMP_TRY(gemv4_has_pdl(&has_pdl));
+    const dim3 grid(ceil_div(set.total, GEMV_WARPS)), block(32, GEMV_WARPS);
+    if (!has_pdl) {
+        gemv4_q8_kernel<NT, false, MIN_BLOCKS><<<grid, block, 0, stream()>>>(xq, xd, set, n);
+        return check_launch("gemv4_q8_kernel");
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream();
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv4_q8_kernel<NT, true, MIN_BLOCKS>, xq, xd, set, n),
+                       "gemv4_q8_kernel launch"));
+    return check_launch("gemv4_q8_kernel");
+}
+
+template <int NT>
+int launch_gemv4(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
+    return launch_gemv4_mb<NT, 0>(xq, xd, set, n, pdl);
+}
+
+template <int NT>
+int launch_gemv4_eager(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
+    return launch_gemv4_mb<NT, 1>(xq, xd, set, n, pdl);
+}
+
+template <int... NT>
+constexpr auto gemv4_table(std::integer_sequence<int, NT...>) {
+    return std::array<Gemv4Launch, sizeof...(NT)>{launch_gemv4<NT + 1>...};
+}
+
+template <int... NT>
+constexpr auto gemv4_eager_table(std::integer_sequence<int, NT...>) {
+    return std::array<Gemv4Launch, sizeof...(NT)>{launch_gemv4_eager<NT + 1>...};
 }
 
 template <int... NT>
@@ -739,12 +901,13 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
     CMP_REQUIRE(count >= 1 && count <= GEMV_MAX_MATS, "cmp_matmul_q8_multi: %d matrices (1..%d)", count,
                 GEMV_MAX_MATS);
     CMP_REQUIRE(T >= 0 && n > 0 && n % QK == 0, "cmp_matmul_q8: bad shape T=%d n=%d (n a multiple of 32)", T, n);
-    CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL)) == 0,
+    CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL | CMP_MM_GEMV4 |
+                             CMP_MM_GEMV4_EAGER)) == 0,
                 "cmp_matmul_q8_ex: unknown kernel bits 0x%x", kernels);
     for (int i = 0; i < count; ++i) CMP_REQUIRE(rows[i] > 0, "cmp_matmul_q8: matrix %d has %d rows", i, rows[i]);
     if (T == 0) return CMP_OK;
-    const bool v2 = kernels & CMP_MM_GEMV2, v3 = kernels & CMP_MM_GEMV3;
-    if (T <= (v2 || v3 ? GEMV2_MAX_T : GEMV_MAX_T)) {
+    const bool v2 = kernels & CMP_MM_GEMV2, v3 = kernels & CMP_MM_GEMV3, v4 = kernels & CMP_MM_GEMV4;
+    if (T <= (v2 || v3 || v4 ? GEMV2_MAX_T : GEMV_MAX_T)) {
         GemvSet set{};
         int total = 0, total_grp = 0;
         const int R = gemv2_rows_rt(T);
@@ -759,6 +922,11 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
         set.count = count;
         set.total = total;
         set.total_grp = total_grp;
+        if (v4) {  // v4 before v3 and v2 (all three give the same bits)
+            static constexpr auto table4 = gemv4_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
+            static constexpr auto table4e = gemv4_eager_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
+            return (kernels & CMP_MM_GEMV4_EAGER ? table4e : table4)[T - 1](xq, xd, set, n, kernels & CMP_MM_GEMV_PDL);
+        }
         if (v3) {  // v3 before v2: both bits set means v3 (they give the same bits)
             static constexpr auto table3 = gemv3_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
             return table3[T - 1](xq, xd, set, n, kernels & CMP_MM_GEMV_PDL);

@@ -475,7 +475,7 @@ def test_matmul_q8_ex_rejects_unknown_kernel_bits(cuda_backend):
     m = be.upload_matrix(random_q8(np.random.default_rng(0), 4, 32))
     xq, xd = be.quantize(up(be, np.ones((1, 32))))
     with pytest.raises(NativeError, match="unknown kernel bits"):
-        _q8_ex(be, xq, xd, [m], 1, 32, 16)
+        _q8_ex(be, xq, xd, [m], 1, 32, 64)
 
 
 @pytest.mark.parametrize("kernels", [1, 4, 1 | 4 | 8])
@@ -528,11 +528,12 @@ def test_gemv3_equals_v2_and_reference(cuda_backend, T, rows, n):
             assert np.array_equal(g, o) and np.array_equal(gr, o_res), kernels
 
 
+@pytest.mark.parametrize("kernels", [1 | 4 | 8, 1 | 16 | 8, 1 | 16 | 32 | 8])
 @pytest.mark.parametrize("T,rows,n", [(1, 4096, 4096), (3, 1031, 2080)])
-def test_gemv3_pdl_in_graph_reads_the_fresh_inputs(cuda_backend, T, rows, n):
-    """A captured graph: residual add, quantize, then the v3 GEMV launched with PDL (it starts during quantize and
-    must wait for it). Replayed on new inputs each time, it gives exactly what the eager v2 GEMV gives on them
-    (stale activations or residuals from the previous replay would differ)."""
+def test_gemv3_pdl_in_graph_reads_the_fresh_inputs(cuda_backend, T, rows, n, kernels):
+    """A captured graph: residual add, quantize, then the v3 (or v4) GEMV launched with PDL (it starts during
+    quantize and must wait for it). Replayed on new inputs each time, it gives exactly what the eager v2 GEMV gives
+    on them (stale activations or residuals from the previous replay would differ)."""
     import ctypes
     be = cuda_backend
     rng = np.random.default_rng(rows + T)
@@ -546,14 +547,14 @@ def test_gemv3_pdl_in_graph_reads_the_fresh_inputs(cuda_backend, T, rows, n):
     nat = be.native
     # an eager call first, as the engine's first decode step is: the launcher's one-time device queries (occupancy)
     # then happen outside the capture
-    nat.cmp_matmul_q8_ex(xq.ptr, xd.ptr, 1, P1(w.qs.ptr), P1(w.d.ptr), P1(y.ptr), None, I1(rows), T, n, 1 | 4 | 8)
+    nat.cmp_matmul_q8_ex(xq.ptr, xd.ptr, 1, P1(w.qs.ptr), P1(w.d.ptr), P1(y.ptr), None, I1(rows), T, n, kernels)
     be.synchronize()
     nat.cmp_graph_begin()
     try:
         nat.cmp_add(a.ptr, b.ptr, res.ptr, T * rows)
         nat.cmp_quantize_q8(x.ptr, xq.ptr, xd.ptr, T, n)
         nat.cmp_matmul_q8_ex(xq.ptr, xd.ptr, 1, P1(w.qs.ptr), P1(w.d.ptr), P1(y.ptr), P1(res.ptr), I1(rows), T, n,
-                             1 | 4 | 8)
+                             kernels)
     finally:
         exec_ = nat.graph_end()
     w_ref = REF.upload_matrix(wh)
@@ -668,3 +669,82 @@ def test_fused_backend_ops_match_numpy(cuda_backend, T):
         be.fuse_ops, be.gemv_v2, be.gemm_v2 = saved
     for g, r, o_ in zip(new, ref, old):
         assert rel(g, r) < Q8_TOL and rel(g, o_) < Q8_TOL
+
+
+# v4 GEMV (CMP_MM_GEMV4 = 16, PDL launch 8): v1's warp-per-row loop with v2's arithmetic, T 1..16, v2's bits. The
+# v3 shapes: many more rows than resident warps, n with partial last groups of GEMV_UNROLL chunks per lane (n = 1056
+# is 66 chunks, 2080 is 130, 4128 is 258, 12288 is 768), 1..3 matrices in one launch (small ones riding along).
+@pytest.mark.parametrize("T,rows,n", GEMV3_SHAPES)
+def test_gemv4_equals_v2_and_reference(cuda_backend, T, rows, n):
+    """The v4 GEMV (alone, with PDL, its eager build (32), with every other bit: v4 is taken first) against numpy_ref
+    (Q8_TOL) and against the v2 GEMV bit for bit, with and without the residual epilogue."""
+    be = cuda_backend
+    rng = np.random.default_rng(T * 15485863 + rows + n)
+    ref, mats, xq, xd = _q8_set_case(be, rng, T, rows, n)
+    res = [rng.standard_normal(r.shape).astype(np.float32) for r in ref]
+    res_d = [up(be, r) for r in res]
+    v2, v2_res = _q8_ex(be, xq, xd, mats, T, n, 1), _q8_ex(be, xq, xd, mats, T, n, 1, res_d)
+    for kernels in (16, 16 | 8, 16 | 32, 16 | 32 | 8, 1 | 2 | 4 | 8 | 16):
+        got = _q8_ex(be, xq, xd, mats, T, n, kernels)
+        got_res = _q8_ex(be, xq, xd, mats, T, n, kernels, res_d)
+        for g, gr, r, a, o, o_res in zip(got, got_res, ref, res, v2, v2_res):
+            assert rel(g, r) < Q8_TOL, kernels
+            assert rel(gr, r + a) < Q8_TOL, kernels
+            assert np.array_equal(g, o) and np.array_equal(gr, o_res), kernels
+
+
+@pytest.mark.parametrize("kernels", [16, 16 | 8, 16 | 32 | 8])
+@pytest.mark.parametrize("rows,n", [(1, 32), (67, 4096), (129, 1184), (3, 12288), (4097, 2080)])
+def test_gemv4_rows_independent_of_batch(cuda_backend, rows, n, kernels):
+    """Batch invariance of v4: each of 16 activation rows gives bit-identical outputs alone (T = 1) and at its
+    position in every batch T = 2..16 (one kernel instantiation per T, so this checks each NT's arithmetic)."""
+    be = cuda_backend
+    rng = np.random.default_rng(rows * 31 + n)
+    x = rng.standard_normal((16, n)).astype(np.float32) * rng.uniform(0.1, 10, (16, 1)).astype(np.float32)
+    mats = [be.upload_matrix(random_q8(rng, r, n)) for r in (rows, rows + 1)]
+    xq, xd = be.quantize(up(be, x))
+    alone = []
+    for t in range(16):
+        xq1 = be.from_host(_i8_rows(be, xq, t, 1), "i8")
+        xd1 = up(be, be.to_host(xd)[t:t + 1])
+        alone.append(_q8_ex(be, xq1, xd1, mats, 1, n, kernels))
+    for T in range(2, 17):
+        got = _q8_ex(be, xq, xd, mats, T, n, kernels)
+        for t in range(T):
+            for m in range(2):
+                assert np.array_equal(got[m][t], alone[t][m][0]), (T, t, m)
+
+
+@pytest.mark.parametrize("T", [1, 7, 16])
+def test_backend_gemv_v4_switch_gives_the_default_bits(cuda_backend, T):
+    """CudaBackend.gemv_v4 (and gemv_v4_eager) route the fused ops' projections to the v4 GEMV: the same bits as the
+    default path (v3, the same arithmetic), and close to numpy_ref."""
+    be = cuda_backend
+    rng = np.random.default_rng(T + 77)
+    D, F = 288, 1056
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    nw = rng.uniform(0.5, 1.5, D).astype(np.float32)
+    w_in = [random_q8(rng, r, D) for r in (F, 33)]
+    w_down = random_q8(rng, D, F)
+    gate = rng.standard_normal((T, F)).astype(np.float32)
+
+    def run(bk, host):
+        u = (lambda a: a) if host else (lambda a: up(bk, a))
+        h = (lambda t: t) if host else bk.to_host
+        outs = bk.rmsnorm_matmuls(u(x), u(nw), 1e-6, [bk.upload_matrix(w) for w in w_in])
+        outs.append(bk.matmul_add(u(gate), bk.upload_matrix(w_down), u(x)))
+        return [h(t) for t in outs]
+
+    ref = run(REF, True)
+    saved = be.gemv_v4, be.gemv_v4_eager
+    try:
+        be.gemv_v4 = False
+        default = run(be, False)
+        be.gemv_v4 = True
+        v4 = run(be, False)
+        be.gemv_v4_eager = True
+        v4e = run(be, False)
+    finally:
+        be.gemv_v4, be.gemv_v4_eager = saved
+    for g, e, d, r in zip(v4, v4e, default, ref):
+        assert np.array_equal(g, d) and np.array_equal(e, d) and rel(g, r) < Q8_TOL

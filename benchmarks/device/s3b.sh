@@ -28,7 +28,7 @@ make_9b('/tmp/m27b.gguf', '$R/.carry/vocab', '27b'); print('27b written s', time
 ( export CUDA_VISIBLE_DEVICES=1
   timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_kernels_cuda.py tests/test_model_cuda.py \
       tests/test_decode_cuda.py tests/test_checkpoints_cuda.py > $C/tests.log 2>&1; stage tests
-  timeout 150 python3 benchmarks/bench_gemv.py --json $C/gemv.json > $C/gemv.log 2>&1; stage gemv
+  timeout 150 python3 benchmarks/bench_gemv.py --quick --json $C/gemv.json > $C/gemv.log 2>&1; stage gemv
   waitfor $C/m9b.done; waitfor $C/lcpp.done
   timeout 240 python3 benchmarks/server_vs_llamacpp.py --model /tmp/m9bv.gguf --llama-server /tmp/lcpp/native/bin/llama-server \
       --np 16 --n-predict 128 --out $C/server_vs.json > $C/server_vs.log 2>&1; stage server-vs; touch $C/gpu1.done ) &

@@ -23,6 +23,7 @@ from ..lib._native import (CMP_ERR_NOMEM, CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32,
                            cuda_available)
 from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM2, CMP_MM_GEMV2
 from ..lib._native import CMP_MM_GEMV3, CMP_MM_GEMV_PDL
+from ..lib._native import CMP_MM_GEMV4, CMP_MM_GEMV4_EAGER
 from ..lib._native import CMP_KV_TYPES
 from .. import kv_layout
 from .base import Backend, Segment, SeqState, StepBatch
@@ -234,6 +235,13 @@ class CudaBackend(Backend):
         # tg128 v2 263.2, v3 272.8, v3 + PDL 284.9 t/s, the PDL-in-a-graph test passing (benchmarks/RESULTS.md).
         # Attributes that may be flipped like the ones above.
         self.gemv_v3, self.gemv_pdl = True, True
+        # With gemv_v2 on: gemv_v4 takes the GEMV (T <= 16) instead of v3: v1's warp-per-row loop (whose SASS at
+        # T = 1 keeps 3 of 4 weight loads in flight before the first use, where v2's keeps 1 of 8) with v2's
+        # arithmetic, so the same bits as v2/v3 (batch invariant); gemv_pdl launches it with PDL too. Off until its
+        # tests (tests/test_kernels_cuda.py, gemv4) pass and benchmarks/bench_gemv.py measures it on a GPU.
+        # gemv_v4_eager: its build with all 4 weight loads per lane in flight before the first DP4A (55 registers
+        # at T = 1 instead of 47; same bits), for the same measurement.
+        self.gemv_v4, self.gemv_v4_eager = False, False
         self.native = native or Native()
         self.native.cmp_init(device)
         self.device = device
@@ -418,6 +426,9 @@ class CudaBackend(Backend):
         kernels = (CMP_MM_GEMV2 if self.gemv_v2 else 0) | (CMP_MM_GEMM2 if self.gemm_v2 else 0)
         if self.gemv_v2 and self.gemv_v3:
             kernels |= CMP_MM_GEMV3 | (CMP_MM_GEMV_PDL if self.gemv_pdl else 0)
+        if self.gemv_v2 and self.gemv_v4:
+            kernels |= CMP_MM_GEMV4 | (CMP_MM_GEMV_PDL if self.gemv_pdl else 0)
+            kernels |= CMP_MM_GEMV4_EAGER if self.gemv_v4_eager else 0
         # A captured decode step launches at most as many rows as the GEMV takes: it computes each row in the
         # single-row order (v2: guaranteed, matmul_q8.cu), so a sequence's logits do not depend on the others.
         step = max(1, min(T, self.GEMV2_MAX_ROWS if self.gemv_v2 else 8)) if self.capturing else max(T, 1)

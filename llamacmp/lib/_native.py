@@ -176,6 +176,8 @@ CMP_F32, CMP_F16 = 0, 1
 CMP_KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2, "q4_0": 3, "tq3": 4}
 CMP_MM_GEMV2, CMP_MM_GEMM2 = 1, 2   # cmp_matmul_q8_ex kernel choices (api.h CmpMatmulKernels)
 CMP_MM_GEMV3, CMP_MM_GEMV_PDL = 4, 8   # the same: persistent pipelined GEMV, and its PDL launch (sm_90+)
+CMP_MM_GEMV4 = 16   # the same: v1's warp-per-row GEMV loop with v2's arithmetic (v2's bits, T <= 16)
+CMP_MM_GEMV4_EAGER = 32   # with GEMV4: compiled to issue all of a lane's weight loads before the first DP4A
 CMP_BINARY_SWIGLU, CMP_BINARY_SIGMOID_MUL = 0, 1   # cmp_binary_q8 ops
 CMP_ERR_UNSUPPORTED, CMP_ERR_NOMEM = 3, 4
 

@@ -237,11 +237,12 @@ class CudaBackend(Backend):
         self.gemv_v3, self.gemv_pdl = True, True
         # With gemv_v2 on: gemv_v4 takes the GEMV (T <= 16) instead of v3: v1's warp-per-row loop (whose SASS at
         # T = 1 keeps 3 of 4 weight loads in flight before the first use, where v2's keeps 1 of 8) with v2's
-        # arithmetic, so the same bits as v2/v3 (batch invariant); gemv_pdl launches it with PDL too. Off until its
-        # tests (tests/test_kernels_cuda.py, gemv4) pass and benchmarks/bench_gemv.py measures it on a GPU.
+        # arithmetic, so the same bits as v2/v3 (batch invariant); gemv_pdl launches it with PDL too.
         # gemv_v4_eager: its build with all 4 weight loads per lane in flight before the first DP4A (55 registers
-        # at T = 1 instead of 47; same bits), for the same measurement.
-        self.gemv_v4, self.gemv_v4_eager = False, False
+        # at T = 1 instead of 47; same bits). H200, 2026-11-30 14:20 (one run, benchmarks/RESULTS.md): tg128
+        # v3 + PDL 281.9, v4 + PDL 292.1, v4 eager + PDL 296.5 t/s; the GEMVs at T = 1 stream 61-91% of copy (v3:
+        # 51-83%); its CUDA tests (v2's bits, batch invariance T 1..16, PDL in a graph) passed there.
+        self.gemv_v4, self.gemv_v4_eager = True, True
         self.native = native or Native()
         self.native.cmp_init(device)
         self.device = device

@@ -5,6 +5,8 @@
            [-p 512,4096,16384] [-n 128] [-d 32768] [-r 2] [--build-dir DIR] [--out results.md]
     python3 benchmarks/side_by_side.py --llamacpp-src TARBALL --standin --build-only \
            --native-targets llama-bench,llama-server,llama-mtmd-cli     (build both trees at once, then stop)
+    python3 benchmarks/side_by_side.py --model M.gguf --standin --prebuilt --build-dir DIR ...
+           (run the llama-bench builds another machine made in DIR: a GPU machine's time is not spent compiling)
 
 Builds llama-bench (CUDA, sm_90) from the same llama.cpp tree the compat suite uses (≈ b8462), reusing a build
 that exists. --standin adds a second build, "no-TC stand-in", patched so that neither host dispatch nor device code
@@ -203,32 +205,51 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def build(args, folders: dict[str, Path]) -> dict[str, Path]:
+    """Builds (or reuses) the native tree and, with --standin, its patched copy -> {name: bin folder}."""
+    if args.llamacpp_src is None:
+        raise SystemExit("--llamacpp-src is required unless --prebuilt")
+    args.build_dir.mkdir(parents=True, exist_ok=True)
+    tree = source_tree(args.llamacpp_src, args.build_dir)
+    builds = {"llama.cpp native": (tree, folders["llama.cpp native"], args.native_targets.split(","), [])}
+    if args.standin:
+        builds["llama.cpp no-TC stand-in"] = (standin_tree(tree, args.build_dir),
+                                              folders["llama.cpp no-TC stand-in"], ["llama-bench"], STANDIN_CMAKE)
+    return build_all(builds)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path)
     p.add_argument("--make-9b", action="store_true", help="write the 9B-shape Q8_0 random model first")
     p.add_argument("--vocab-cache", default=None,
                    help="with --make-9b: the qwen35_vocab_v*.pkl (or its folder) for the real vocabulary")
-    p.add_argument("--llamacpp-src", required=True, type=Path)
+    p.add_argument("--llamacpp-src", type=Path, help="the llama.cpp tree or tarball to build (not with --prebuilt)")
     p.add_argument("--build-dir", type=Path, default=Path("/tmp/llamacpp-cuda"))
     p.add_argument("--standin", action="store_true")
     p.add_argument("--native-targets", default="llama-bench",
                    help="comma-separated targets of the native build (e.g. llama-bench,llama-server,llama-mtmd-cli)")
     p.add_argument("--build-only", action="store_true", help="build (or reuse) the llama.cpp tools and stop")
+    p.add_argument("--prebuilt", action="store_true",
+                   help="take the llama-bench of BUILD_DIR/native/bin (and standin-notc/bin) as they are, built "
+                        "elsewhere (a machine without a GPU) by --build-only, whose stand-in check ran there")
     p.add_argument("-p", default="512")
     p.add_argument("-n", default="128")
     p.add_argument("-d", default="0", help="depths for a separate tg-only run (0: none), e.g. 32768")
     p.add_argument("-r", default="2")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
-    args.build_dir.mkdir(parents=True, exist_ok=True)
-    tree = source_tree(args.llamacpp_src, args.build_dir)
-    builds = {"llama.cpp native": (tree, args.build_dir / "native", args.native_targets.split(","), [])}
+    folders = {"llama.cpp native": args.build_dir / "native"}
     if args.standin:
-        builds["llama.cpp no-TC stand-in"] = (standin_tree(tree, args.build_dir), args.build_dir / "standin-notc",
-                                              ["llama-bench"], STANDIN_CMAKE)
-    bins = build_all(builds)
-    if args.standin:
+        folders["llama.cpp no-TC stand-in"] = args.build_dir / "standin-notc"
+    if args.prebuilt:
+        bins = {name: folder / "bin" for name, folder in folders.items()}
+        missing = [str(b / "llama-bench") for b in bins.values() if not (b / "llama-bench").exists()]
+        if missing:
+            raise SystemExit(f"--prebuilt: not found: {', '.join(missing)}")
+    else:
+        bins = build(args, folders)
+    if args.standin and not args.prebuilt:
         n = check_no_tensor_cores(args.build_dir / "standin-notc")
         print(f"no-TC stand-in: no tensor-core SASS (HMMA/IMMA/HGMMA/...) in its {n} ggml-cuda objects", flush=True)
     if args.build_only:

@@ -185,14 +185,17 @@ def compare_kernels(be: CudaBackend, cfg, model, pp: list[int], n: int, reps: in
     rng = np.random.default_rng(0)
     print("| path | test | t/s | ms |")
     print("| --- | --- | ---: | ---: |")
-    paths = (("old: unfused, v1 kernels", False, False, False), ("new: fused, v2 kernels", True, False, False),
-             ("fused, v3 GEMV", True, True, False), ("fused, v3 GEMV + PDL", True, True, True))
-    paths += (("fused, v4 GEMV + PDL", True, "v4", True),   # v1's GEMV loop with v2's bits (CudaBackend.gemv_v4)
-              ("fused, v4 eager GEMV + PDL", True, "v4e", True))
-    saved = be.gemv_v3, be.gemv_pdl, be.gemv_v4, be.gemv_v4_eager
-    for label, on, v3, pdl in paths:
+    # (label, fused ops + v2 kernels, decode GEMV, its PDL launch, PDL launch of the small kernels)
+    paths = (("old: unfused, v1 kernels", False, "", False, False), ("new: fused, v2 kernels", True, "", False, False),
+             ("fused, v3 GEMV", True, "v3", False, False), ("fused, v3 GEMV + PDL", True, "v3", True, False),
+             ("fused, v4 GEMV + PDL", True, "v4", True, False),   # v1's GEMV loop with v2's bits
+             ("fused, v4 eager GEMV + PDL", True, "v4e", True, False),
+             ("fused, v4 eager GEMV + PDL, small kernels PDL", True, "v4e", True, True))
+    saved = be.gemv_v3, be.gemv_pdl, be.gemv_v4, be.gemv_v4_eager, be.launch_pdl
+    for label, on, gemv, pdl, small_pdl in paths:
         be.fuse_ops = be.gemv_v2 = be.gemm_v2 = on
-        be.gemv_v3, be.gemv_pdl, be.gemv_v4, be.gemv_v4_eager = bool(v3), pdl, v3 in ("v4", "v4e"), v3 == "v4e"
+        be.gemv_v3, be.gemv_pdl, be.gemv_v4, be.gemv_v4_eager = bool(gemv), pdl, gemv in ("v4", "v4e"), gemv == "v4e"
+        be.launch_pdl = small_pdl
         st = be.new_state(cfg, n_ctx)                     # warm-up of this path
         be.to_host(model.forward(StepBatch.build([(st, list(rng.integers(0, cfg.n_vocab, 128)))])))
         del st
@@ -215,7 +218,7 @@ def compare_kernels(be: CudaBackend, cfg, model, pp: list[int], n: int, reps: in
         t = float(np.median(times))
         print(f"| {label} | tg{n} (greedy graph) | {n / t:.1f} | {1e3 * t / n:.3f}/tok |", flush=True)
     be.fuse_ops = be.gemv_v2 = be.gemm_v2 = True
-    be.gemv_v3, be.gemv_pdl, be.gemv_v4, be.gemv_v4_eager = saved
+    be.gemv_v3, be.gemv_pdl, be.gemv_v4, be.gemv_v4_eager, be.launch_pdl = saved
     print(f"weights per decode token {wb / 1e9:.2f} GB; roofline at 4252 GB/s copy: {4252e9 / wb:.0f} t/s")
 
 

@@ -51,6 +51,10 @@ int cmp_get_device(int* device);
 int cmp_stream_create(void** s);                            // a non-blocking stream on the current device
 int cmp_stream_destroy(void* s);
 int cmp_set_stream(void* s);                                // bind s to this thread; NULL: the device's stream
+// Programmatic dependent launch of the small kernels (norms, gates, conv, scan, sampling) on `device`: 1 lets each
+// start while the kernel before it drains (it waits for it before touching memory); taken only where the code running
+// there is compute_90+ (an sm_70 build JIT-compiled on a newer GPU cannot wait). *in_effect gets what holds.
+int cmp_set_pdl(int device, int on, int* in_effect);
 int cmp_can_access_peer(int* can, int device, int peer);    // 1 when device can read peer's memory (same: 1)
 int cmp_enable_peer_access(int peer);                       // from the current device; already enabled is fine
 // bytes from src (on src_device) to dst (on dst_device), on the stream; over NVLink/PCIe P2P when enabled.

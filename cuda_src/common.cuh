@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <utility>
+
 #include "api.h"
 
 namespace cmp {
@@ -25,6 +27,29 @@ inline int check_cuda(cudaError_t e, const char* what) {
 
 // The one launch check: a bad configuration surfaces in cudaGetLastError right after the launch.
 inline int check_launch(const char* kernel) { return check_cuda(cudaGetLastError(), kernel); }
+
+// Whether launch() asks for programmatic dependent launch on the current device (cmp_set_pdl).
+bool pdl_on();
+
+// The launch of the small kernels: the stream's next kernel, and with cmp_set_pdl on it may start while the kernel
+// before it drains -- so each kernel launched here calls pdl_wait_producers() before it touches memory (a no-op for
+// a plain launch). In a captured graph the overlap is kept as a programmatic edge.
+template <typename... P, typename... A>
+int launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A&&... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream();
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_on() ? 1 : 0;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+    if (e != cudaSuccess) cudaGetLastError();   // reported here, not to the next launch's check
+    return check_cuda(e, name);
+}
 
 #define CMP_REQUIRE(cond, ...)                                  \
     do {                                                        \

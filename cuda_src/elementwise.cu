@@ -16,6 +16,7 @@ __global__ void embed_q8_kernel(const int32_t* __restrict__ ids,  // [T]
                                 const __half* __restrict__ d,     // [N, D/32]
                                 float* __restrict__ out,          // [T, D]
                                 int D) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const int t = blockIdx.x;
     const size_t id = (size_t)ids[t];
     for (int i = threadIdx.x; i < D; i += blockDim.x)
@@ -27,6 +28,7 @@ __global__ void embed_f_kernel(const int32_t* __restrict__ ids,  // [T]
                                const Tab* __restrict__ table,    // [N, D]
                                float* __restrict__ out,          // [T, D]
                                int D) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const int t = blockIdx.x;
     const size_t id = (size_t)ids[t];
     for (int i = threadIdx.x; i < D; i += blockDim.x) out[(size_t)t * D + i] = to_f32(table[id * D + i]);
@@ -37,6 +39,7 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x,  // [T, D]
                                const float* __restrict__ w,  // [D]
                                float* __restrict__ y,        // [T, D]
                                int D, float eps) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     __shared__ float scratch[32];
     const float* xr = x + (size_t)blockIdx.x * D;
     const float r = row_rms_scale(xr, D, eps, scratch);
@@ -64,6 +67,7 @@ __global__ void gather_rows_kernel(const float* __restrict__ x,      // [T, D]
                                    const int32_t* __restrict__ rows,  // [R]
                                    float* __restrict__ out,           // [R, D]
                                    int D) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const size_t src = (size_t)rows[blockIdx.x] * D;
     for (int i = threadIdx.x; i < D; i += blockDim.x) out[(size_t)blockIdx.x * D + i] = x[src + i];
 }
@@ -80,6 +84,7 @@ __global__ void attention_prep_kernel(const float* __restrict__ qg,      // [T, 
                                       float* __restrict__ k_out,         // [T, Hk, Dh]
                                       float* __restrict__ gate_out,      // [T, Hq*Dh]
                                       int Hq, int Hk, int Dh, int n_rot, float rope_base, float eps) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     __shared__ float scratch[32];
     __shared__ float normed[1024];
     float* dst = attn_prep_norm_head(qg, k, q_norm, k_norm, q_out, k_out, gate_out, Hq, Hk, Dh, eps, scratch, normed);
@@ -105,6 +110,7 @@ __global__ void gdn_gates_kernel(const float* __restrict__ alpha,    // [T, V]
                                  float* __restrict__ g,              // [T, V]
                                  float* __restrict__ b,              // [T, V]
                                  int n, int V) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int h = i % V;
@@ -120,6 +126,7 @@ __global__ void gated_rmsnorm_kernel(const float* __restrict__ o,  // [T, V*Dv]
                                      const float* __restrict__ w,  // [Dv]
                                      float* __restrict__ out,      // [T, V*Dv]
                                      int Dv, float eps) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     __shared__ float scratch[32];
     const size_t base = (size_t)blockIdx.x * Dv;
     const int d = threadIdx.x;
@@ -133,8 +140,8 @@ inline int round32(int n) { return (n + 31) / 32 * 32; }
 template <typename Op>
 int launch_binary(const float* a, const float* b, float* out, size_t n, const char* name) {
     if (n == 0) return CMP_OK;
-    binary_kernel<Op><<<std::min<unsigned>(ceil_div(n, EW_THREADS), 65535u), EW_THREADS, 0, stream()>>>(a, b, out, n);
-    return check_launch(name);
+    return launch(name, binary_kernel<Op>, dim3(std::min<unsigned>(ceil_div(n, EW_THREADS), 65535u)), dim3(EW_THREADS),
+                  0, a, b, out, n);
 }
 
 }  // namespace
@@ -147,8 +154,8 @@ using namespace cmp;
 extern "C" int cmp_embed_q8(const int32_t* ids, const int8_t* qs, const void* d, float* out, int T, int D) {
     CMP_REQUIRE(T >= 0 && D > 0 && D % QK == 0, "cmp_embed_q8: bad shape T=%d D=%d", T, D);
     if (T == 0) return CMP_OK;
-    embed_q8_kernel<<<T, EW_THREADS, 0, stream()>>>(ids, qs, static_cast<const __half*>(d), out, D);
-    return check_launch("embed_q8_kernel");
+    return launch("embed_q8_kernel", embed_q8_kernel, dim3(T), dim3(EW_THREADS), 0, ids, qs,
+                  static_cast<const __half*>(d), out, D);
 }
 
 extern "C" int cmp_embed_f(const int32_t* ids, const void* table, int dtype, float* out, int T, int D) {
@@ -156,16 +163,15 @@ extern "C" int cmp_embed_f(const int32_t* ids, const void* table, int dtype, flo
     if (T == 0) return CMP_OK;
     return dispatch_dtype(dtype, [&](auto tag) {
         using Tab = decltype(tag);
-        embed_f_kernel<Tab><<<T, EW_THREADS, 0, stream()>>>(ids, static_cast<const Tab*>(table), out, D);
-        return check_launch("embed_f_kernel");
+        return launch("embed_f_kernel", embed_f_kernel<Tab>, dim3(T), dim3(EW_THREADS), 0, ids,
+                      static_cast<const Tab*>(table), out, D);
     });
 }
 
 extern "C" int cmp_rmsnorm(const float* x, const float* w, float* y, int T, int D, float eps) {
     CMP_REQUIRE(T >= 0 && D > 0, "cmp_rmsnorm: bad shape T=%d D=%d", T, D);
     if (T == 0) return CMP_OK;
-    rmsnorm_kernel<<<T, std::min(1024, round32(D)), 0, stream()>>>(x, w, y, D, eps);
-    return check_launch("rmsnorm_kernel");
+    return launch("rmsnorm_kernel", rmsnorm_kernel, dim3(T), dim3(std::min(1024, round32(D))), 0, x, w, y, D, eps);
 }
 
 extern "C" int cmp_add(const float* x, const float* y, float* out, size_t n) {
@@ -183,8 +189,7 @@ extern "C" int cmp_sigmoid_mul(const float* x, const float* gate, float* out, si
 extern "C" int cmp_gather_rows(const float* x, const int32_t* rows, float* out, int R, int D) {
     CMP_REQUIRE(R >= 0 && D > 0, "cmp_gather_rows: bad shape R=%d D=%d", R, D);
     if (R == 0) return CMP_OK;
-    gather_rows_kernel<<<R, EW_THREADS, 0, stream()>>>(x, rows, out, D);
-    return check_launch("gather_rows_kernel");
+    return launch("gather_rows_kernel", gather_rows_kernel, dim3(R), dim3(EW_THREADS), 0, x, rows, out, D);
 }
 
 extern "C" int cmp_attention_prep(const float* qg, const float* k, const float* q_norm, const float* k_norm,
@@ -193,9 +198,8 @@ extern "C" int cmp_attention_prep(const float* qg, const float* k, const float* 
     CMP_REQUIRE(T >= 0 && Hq > 0 && Hk > 0 && Dh > 0 && Dh <= 1024 && n_rot >= 0 && n_rot <= Dh && n_rot % 2 == 0,
                 "cmp_attention_prep: bad shape T=%d Hq=%d Hk=%d Dh=%d n_rot=%d", T, Hq, Hk, Dh, n_rot);
     if (T == 0) return CMP_OK;
-    attention_prep_kernel<<<dim3(T, Hq + Hk), round32(Dh), 0, stream()>>>(qg, k, q_norm, k_norm, pos, q_out, k_out,
-                                                                          gate_out, Hq, Hk, Dh, n_rot, rope_base, eps);
-    return check_launch("attention_prep_kernel");
+    return launch("attention_prep_kernel", attention_prep_kernel, dim3(T, Hq + Hk), dim3(round32(Dh)), 0, qg, k,
+                  q_norm, k_norm, pos, q_out, k_out, gate_out, Hq, Hk, Dh, n_rot, rope_base, eps);
 }
 
 extern "C" int cmp_gdn_gates(const float* alpha, const float* beta, const float* dt_bias, const float* ssm_a, float* g,
@@ -203,14 +207,14 @@ extern "C" int cmp_gdn_gates(const float* alpha, const float* beta, const float*
     CMP_REQUIRE(T >= 0 && V > 0, "cmp_gdn_gates: bad shape T=%d V=%d", T, V);
     const int n = T * V;
     if (n == 0) return CMP_OK;
-    gdn_gates_kernel<<<ceil_div(n, EW_THREADS), EW_THREADS, 0, stream()>>>(alpha, beta, dt_bias, ssm_a, g, b, n, V);
-    return check_launch("gdn_gates_kernel");
+    return launch("gdn_gates_kernel", gdn_gates_kernel, dim3(ceil_div(n, EW_THREADS)), dim3(EW_THREADS), 0, alpha,
+                  beta, dt_bias, ssm_a, g, b, n, V);
 }
 
 extern "C" int cmp_gated_rmsnorm(const float* o, const float* z, const float* w, float* out, int T, int V, int Dv,
                                  float eps) {
     CMP_REQUIRE(T >= 0 && V > 0 && Dv > 0 && Dv <= 1024, "cmp_gated_rmsnorm: bad shape T=%d V=%d Dv=%d", T, V, Dv);
     if (T == 0) return CMP_OK;
-    gated_rmsnorm_kernel<<<T * V, round32(Dv), 0, stream()>>>(o, z, w, out, Dv, eps);
-    return check_launch("gated_rmsnorm_kernel");
+    return launch("gated_rmsnorm_kernel", gated_rmsnorm_kernel, dim3(T * V), dim3(round32(Dv)), 0, o, z, w, out, Dv,
+                  eps);
 }

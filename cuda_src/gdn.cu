@@ -45,6 +45,7 @@ __device__ __forceinline__ void conv1d_silu(const float* __restrict__ x,  // [L,
 
 __global__ void conv1d_silu_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ state,
                                    float* __restrict__ out, int L, int C, int kernel) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     conv1d_silu(x, w, state, out, L, C, kernel);
 }
 
@@ -55,6 +56,7 @@ __global__ void conv1d_silu_rows_kernel(const float* __restrict__ x,      // [S,
                                         float* const* __restrict__ states,  // [S] -> [kernel-1, C]
                                         float* __restrict__ out,          // [S, C]
                                         int C, int kernel) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const size_t s = blockIdx.y;
     conv1d_silu(x + s * C, w, states[s], out + s * C, 1, C, kernel);
 }
@@ -138,6 +140,7 @@ template <int DK>
 __global__ void __launch_bounds__(32)
 gdn_scan_kernel(const float* __restrict__ qkv, const float* __restrict__ g, const float* __restrict__ b,
                 float* __restrict__ state, float* __restrict__ o, int L, int K, int V, float eps) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     gdn_scan<DK>(qkv, g, b, state, o, L, K, V, eps);
 }
 
@@ -152,6 +155,7 @@ gdn_scan_rows_kernel(const float* __restrict__ qkv,      // [S, C]
                      float* const* __restrict__ states,  // [S] -> [V, DK, DK]
                      float* __restrict__ o,              // [S, V*DK]
                      int K, int V, float eps) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const size_t s = blockIdx.z, C = (size_t)(2 * K + V) * DK;
     gdn_scan<DK>(qkv + s * C, g + s * V, b + s * V, states[s], o + s * V * DK, 1, K, V, eps);
 }
@@ -186,6 +190,7 @@ gdn_chunked_kernel(const float* __restrict__ qkv,  // [L, C], C = 2*K*DK + V*DK
                    float* __restrict__ state,      // [V, DK, DK]
                    float* __restrict__ o,          // [L, V*DK]
                    int L, int K, int V, float eps) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     static_assert(DK % 16 == 0 && DK >= GDN_BV, "DK must be a multiple of 16");
     using Lay = GdnChunkLayout<DK>;
     constexpr int PER = DK >= 32 ? DK / 32 : 1;    // q/k elements per lane when a warp normalises one row
@@ -372,15 +377,15 @@ gdn_chunked_kernel(const float* __restrict__ qkv,  // [L, C], C = 2*K*DK + V*DK
 template <int DK>
 int launch_gdn_scan(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V,
                     float eps) {
-    gdn_scan_kernel<DK><<<dim3(V, ceil_div(DK, 32)), 32, 0, stream()>>>(qkv, g, b, state, o, L, K, V, eps);
-    return check_launch("gdn_scan_kernel");
+    return launch("gdn_scan_kernel", gdn_scan_kernel<DK>, dim3(V, ceil_div(DK, 32)), dim3(32), 0, qkv, g, b, state, o,
+                  L, K, V, eps);
 }
 
 template <int DK>
 int launch_gdn_scan_rows(const float* qkv, const float* g, const float* b, float* const* states, float* o, int S, int K,
                          int V, float eps) {
-    gdn_scan_rows_kernel<DK><<<dim3(V, ceil_div(DK, 32), S), 32, 0, stream()>>>(qkv, g, b, states, o, K, V, eps);
-    return check_launch("gdn_scan_rows_kernel");
+    return launch("gdn_scan_rows_kernel", gdn_scan_rows_kernel<DK>, dim3(V, ceil_div(DK, 32), S), dim3(32), 0, qkv, g,
+                  b, states, o, K, V, eps);
 }
 
 // The chunked kernel needs GdnChunkLayout<DK>::bytes of shared memory (96000 B at DK 128): more than the 48 KiB
@@ -400,8 +405,8 @@ int launch_gdn_chunked(const float* qkv, const float* g, const float* b, float* 
     CMP_TRY(check_cuda(cudaFuncSetAttribute(gdn_chunked_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)bytes),
                        "cudaFuncSetAttribute(gdn_chunked_kernel)"));
-    gdn_chunked_kernel<DK><<<dim3(V, DK / GDN_BV), GDN_NT, bytes, stream()>>>(qkv, g, b, state, o, L, K, V, eps);
-    return check_launch("gdn_chunked_kernel");
+    return launch("gdn_chunked_kernel", gdn_chunked_kernel<DK>, dim3(V, DK / GDN_BV), dim3(GDN_NT), bytes, qkv, g, b,
+                  state, o, L, K, V, eps);
 }
 
 // Calls launch(std::integral_constant<int, DK>{}) for the state sizes the kernels are built for (one switch for
@@ -426,8 +431,8 @@ extern "C" int cmp_conv1d_silu(const float* x, const float* w, float* state, flo
     CMP_REQUIRE(L >= 0 && C > 0 && kernel >= 1 && kernel <= CONV_MAX_K,
                 "cmp_conv1d_silu: bad shape L=%d C=%d kernel=%d (kernel <= %d)", L, C, kernel, CONV_MAX_K);
     if (L == 0) return CMP_OK;
-    conv1d_silu_kernel<<<ceil_div(C, 128), 128, 0, stream()>>>(x, w, state, out, L, C, kernel);
-    return check_launch("conv1d_silu_kernel");
+    return launch("conv1d_silu_kernel", conv1d_silu_kernel, dim3(ceil_div(C, 128)), dim3(128), 0, x, w, state, out, L,
+                  C, kernel);
 }
 
 extern "C" int cmp_gdn(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V,
@@ -445,8 +450,8 @@ extern "C" int cmp_conv1d_silu_rows(const float* x, const float* w, float* const
                 "cmp_conv1d_silu_rows: bad shape S=%d C=%d kernel=%d (S <= 65535, kernel <= %d)", S, C, kernel,
                 CONV_MAX_K);
     if (S == 0) return CMP_OK;
-    conv1d_silu_rows_kernel<<<dim3(ceil_div(C, 128), S), 128, 0, stream()>>>(x, w, states, out, C, kernel);
-    return check_launch("conv1d_silu_rows_kernel");
+    return launch("conv1d_silu_rows_kernel", conv1d_silu_rows_kernel, dim3(ceil_div(C, 128), S), dim3(128), 0, x, w,
+                  states, out, C, kernel);
 }
 
 extern "C" int cmp_gdn_rows(const float* qkv, const float* g, const float* b, float* const* states, float* o, int S,

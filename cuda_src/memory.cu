@@ -1,4 +1,6 @@
 // Device selection, allocation, copies, the library stream and the error slot.
+#include <atomic>
+
 #include "common.cuh"
 
 namespace cmp {
@@ -12,6 +14,10 @@ constexpr int kMaxDevices = 64;
 cudaStream_t g_stream[kMaxDevices] = {};
 cudaEvent_t g_t0[kMaxDevices] = {}, g_t1[kMaxDevices] = {};
 thread_local cudaStream_t t_stream = nullptr;   // this thread's bound stream; null: its device's library stream
+// cmp_set_pdl per device: process-wide like the streams (every thread of a device launches the same way).
+std::atomic<bool> g_pdl[kMaxDevices] = {};
+
+__global__ void pdl_probe_kernel() {}   // its PTX version is every kernel's: one build, one target list
 
 int current_device() {
     int dev = 0;
@@ -27,6 +33,8 @@ int fail(int code, const char* fmt, ...) {
     va_end(ap);
     return code;
 }
+
+bool pdl_on() { return g_pdl[current_device()].load(std::memory_order_relaxed); }
 
 cudaStream_t stream() { return t_stream ? t_stream : g_stream[current_device()]; }
 
@@ -155,6 +163,23 @@ extern "C" int cmp_stream_destroy(void* s) {
 
 extern "C" int cmp_set_stream(void* s) {
     t_stream = static_cast<cudaStream_t>(s);
+    return CMP_OK;
+}
+
+extern "C" int cmp_set_pdl(int device, int on, int* in_effect) {
+    CMP_REQUIRE(device >= 0 && device < kMaxDevices, "cmp_set_pdl: device %d out of range", device);
+    cudaFuncAttributes fa{};
+    if (on) {   // the code that runs on `device` (its own JIT of the PTX where no SASS matches)
+        int prev = 0;
+        CMP_TRY(check_cuda(cudaGetDevice(&prev), "cudaGetDevice"));
+        CMP_TRY(check_cuda(cudaSetDevice(device), "cudaSetDevice"));
+        const cudaError_t e = cudaFuncGetAttributes(&fa, pdl_probe_kernel);
+        CMP_TRY(check_cuda(cudaSetDevice(prev), "cudaSetDevice"));
+        CMP_TRY(check_cuda(e, "cudaFuncGetAttributes(pdl_probe_kernel)"));
+    }
+    const bool pdl = on && fa.ptxVersion >= 90;
+    g_pdl[device].store(pdl, std::memory_order_relaxed);
+    *in_effect = pdl;
     return CMP_OK;
 }
 

@@ -30,6 +30,7 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x,  // [nblk * 32]
                                    int8_t* __restrict__ q,        // [nblk * 32]
                                    float* __restrict__ d,         // [nblk]
                                    size_t nblk) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     pdl_allow_consumers();
     const size_t blk = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (blk >= nblk) return;
@@ -45,6 +46,7 @@ __global__ void rmsnorm_q8_kernel(const float* __restrict__ x,  // [T, D]
                                   int8_t* __restrict__ q,       // [T, D]
                                   float* __restrict__ d,        // [T, D/32]
                                   int D, float eps) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     pdl_allow_consumers();
     __shared__ float scratch[32];
     const float* xr = x + (size_t)blockIdx.x * D;
@@ -63,6 +65,7 @@ __global__ void binary_q8_kernel(const float* __restrict__ a,  // [nblk * 32]
                                  int8_t* __restrict__ q,       // [nblk * 32]
                                  float* __restrict__ d,        // [nblk]
                                  size_t nblk) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     pdl_allow_consumers();
     const size_t blk = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (blk >= nblk) return;
@@ -80,6 +83,7 @@ __global__ void gated_rmsnorm_q8_kernel(const float* __restrict__ o,  // [T, V*D
                                         int8_t* __restrict__ q,       // [T, V*Dv]
                                         float* __restrict__ d,        // [T, V*Dv/32]
                                         int Dv, float eps) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     pdl_allow_consumers();
     __shared__ float scratch[32];
     const size_t base = (size_t)blockIdx.x * Dv;
@@ -94,6 +98,7 @@ __global__ void q8_repack_kernel(const uint8_t* __restrict__ blocks,  // [nblk, 
                                  int8_t* __restrict__ qs,             // [nblk, 32]
                                  __half* __restrict__ d,              // [nblk]
                                  size_t nblk) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= nblk) return;
     const uint8_t* src = blocks + b * 34;
@@ -115,15 +120,14 @@ extern "C" int cmp_quantize_q8(const float* x, int8_t* q, float* d, int T, int n
     CMP_REQUIRE(T >= 0 && n > 0 && n % QK == 0, "cmp_quantize_q8: n=%d must be a positive multiple of 32", n);
     const size_t nblk = (size_t)T * (n / QK);
     if (nblk == 0) return CMP_OK;
-    quantize_q8_kernel<<<ceil_div(nblk, 8), 256, 0, stream()>>>(x, q, d, nblk);
-    return check_launch("quantize_q8_kernel");
+    return launch("quantize_q8_kernel", quantize_q8_kernel, dim3(ceil_div(nblk, 8)), dim3(256), 0, x, q, d, nblk);
 }
 
 extern "C" int cmp_rmsnorm_q8(const float* x, const float* w, int8_t* q, float* d, int T, int D, float eps) {
     CMP_REQUIRE(T >= 0 && D > 0 && D % QK == 0, "cmp_rmsnorm_q8: bad shape T=%d D=%d (D a multiple of 32)", T, D);
     if (T == 0) return CMP_OK;
-    rmsnorm_q8_kernel<<<T, std::min(1024, D), 0, stream()>>>(x, w, q, d, D, eps);  // = rmsnorm_kernel's block
-    return check_launch("rmsnorm_q8_kernel");
+    // = rmsnorm_kernel's block
+    return launch("rmsnorm_q8_kernel", rmsnorm_q8_kernel, dim3(T), dim3(std::min(1024, D)), 0, x, w, q, d, D, eps);
 }
 
 extern "C" int cmp_binary_q8(const float* a, const float* b, int op, int8_t* q, float* d, int T, int n) {
@@ -131,11 +135,8 @@ extern "C" int cmp_binary_q8(const float* a, const float* b, int op, int8_t* q, 
     CMP_REQUIRE(op == 0 || op == 1, "cmp_binary_q8: op %d (0 = swiglu, 1 = sigmoid_mul)", op);
     const size_t nblk = (size_t)T * (n / QK);
     if (nblk == 0) return CMP_OK;
-    if (op == 0)
-        binary_q8_kernel<0><<<ceil_div(nblk, 8), 256, 0, stream()>>>(a, b, q, d, nblk);
-    else
-        binary_q8_kernel<1><<<ceil_div(nblk, 8), 256, 0, stream()>>>(a, b, q, d, nblk);
-    return check_launch("binary_q8_kernel");
+    return launch("binary_q8_kernel", op == 0 ? binary_q8_kernel<0> : binary_q8_kernel<1>, dim3(ceil_div(nblk, 8)),
+                  dim3(256), 0, a, b, q, d, nblk);
 }
 
 extern "C" int cmp_gated_rmsnorm_q8(const float* o, const float* z, const float* w, int8_t* q, float* d, int T, int V,
@@ -143,14 +144,13 @@ extern "C" int cmp_gated_rmsnorm_q8(const float* o, const float* z, const float*
     CMP_REQUIRE(T >= 0 && V > 0 && Dv > 0 && Dv <= 1024 && Dv % QK == 0,
                 "cmp_gated_rmsnorm_q8: bad shape T=%d V=%d Dv=%d (Dv a multiple of 32, <= 1024)", T, V, Dv);
     if (T == 0) return CMP_OK;
-    gated_rmsnorm_q8_kernel<<<T * V, Dv, 0, stream()>>>(o, z, w, q, d, Dv, eps);
-    return check_launch("gated_rmsnorm_q8_kernel");
+    return launch("gated_rmsnorm_q8_kernel", gated_rmsnorm_q8_kernel, dim3(T * V), dim3(Dv), 0, o, z, w, q, d, Dv, eps);
 }
 
 extern "C" int cmp_q8_repack(const uint8_t* blocks, int8_t* qs, void* d, int rows, int n) {
     CMP_REQUIRE(rows >= 0 && n > 0 && n % QK == 0, "cmp_q8_repack: n=%d must be a positive multiple of 32", n);
     const size_t nblk = (size_t)rows * (n / QK);
     if (nblk == 0) return CMP_OK;
-    q8_repack_kernel<<<ceil_div(nblk, 256), 256, 0, stream()>>>(blocks, qs, static_cast<__half*>(d), nblk);
-    return check_launch("q8_repack_kernel");
+    return launch("q8_repack_kernel", q8_repack_kernel, dim3(ceil_div(nblk, 256)), dim3(256), 0, blocks, qs,
+                  static_cast<__half*>(d), nblk);
 }

@@ -23,6 +23,7 @@ __global__ void __launch_bounds__(ARGMAX_NT)
 argmax_kernel(const float* __restrict__ x,   // [R, N]
               int32_t* __restrict__ out,     // [R]
               int N) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     __shared__ float sv[32];
     __shared__ int si[32];
     const float* row = x + (size_t)blockIdx.x * N;
@@ -78,6 +79,7 @@ sample_kernel(const float* __restrict__ logits,    // [N]
               int32_t* __restrict__ out,           // [1]
               int32_t* __restrict__ n_out,         // [1] or null: candidates left for the draw
               int N) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     __shared__ float cv[SAMPLE_NT];
     __shared__ int ci[SAMPLE_NT];
     __shared__ unsigned hist_bins[256];
@@ -270,8 +272,7 @@ using namespace cmp;
 extern "C" int cmp_argmax(const float* x, int32_t* out, int R, int N) {
     CMP_REQUIRE(R >= 0 && N > 0, "cmp_argmax: bad shape R=%d N=%d", R, N);
     if (R == 0) return CMP_OK;
-    argmax_kernel<<<R, ARGMAX_NT, 0, stream()>>>(x, out, N);
-    return check_launch("argmax_kernel");
+    return launch("argmax_kernel", argmax_kernel, dim3(R), dim3(ARGMAX_NT), 0, x, out, N);
 }
 
 extern "C" int cmp_sample(const float* logits, float* work, const int32_t* hist, int n_hist, const int32_t* bias_ids,
@@ -286,6 +287,6 @@ extern "C" int cmp_sample(const float* logits, float* work, const int32_t* hist,
                 PENALTY_MAX_WINDOW);
     CMP_REQUIRE(n_bias >= 0, "cmp_sample: n_bias %d", n_bias);
     CMP_REQUIRE(u >= 0.f && u < 1.f, "cmp_sample: u=%g outside [0, 1)", (double)u);
-    sample_kernel<<<1, SAMPLE_NT, 0, stream()>>>(logits, work, hist, n_hist, bias_ids, bias_vals, n_bias, p, u, out, n_out, N);
-    return check_launch("sample_kernel");
+    return launch("sample_kernel", sample_kernel, dim3(1), dim3(SAMPLE_NT), 0, logits, work, hist, n_hist, bias_ids,
+                  bias_vals, n_bias, p, u, out, n_out, N);
 }

@@ -246,6 +246,7 @@ class CudaBackend(Backend):
         self.native = native or Native()
         self.native.cmp_init(device)
         self.device = device
+        self.launch_pdl = True
         free, _total = self.native.mem_info()
         self.arena = DeviceArena(self.native, arena_bytes if arena_bytes is not None else max(free - 512 * _MIB, 0))
         # set by CapturedStep while it records a decode step: attention splits sized for the whole context, Q8
@@ -275,6 +276,17 @@ class CudaBackend(Backend):
         t = self.empty(shape, dtype, what)
         self.native.cmp_memset(t.ptr, 0, t.nbytes)
         return t
+
+    @property
+    def launch_pdl(self) -> bool:
+        """Programmatic dependent launch of the small kernels (norms, gates, conv, scan, sampling; cmp_set_pdl): each
+        may start while the kernel before it drains. On only where the device runs compute_90+ code (False
+        elsewhere whatever was asked); may be flipped like the GEMV attributes (benchmarks compare both)."""
+        return self._launch_pdl
+
+    @launch_pdl.setter
+    def launch_pdl(self, on: bool) -> None:
+        self._launch_pdl = self.native.set_pdl(self.device, on)
 
     def synchronize(self) -> None:
         self.native.cmp_synchronize()

@@ -35,6 +35,7 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_stream_create": ((_p,), "int cmp_stream_create(void** s)"),
     "cmp_stream_destroy": ((_p,), "int cmp_stream_destroy(void* s)"),
     "cmp_set_stream": ((_p,), "int cmp_set_stream(void* s)"),
+    "cmp_set_pdl": ((_i, _i, _p), "int cmp_set_pdl(int device, int on, int* in_effect)"),
     "cmp_can_access_peer": ((_p, _i, _i), "int cmp_can_access_peer(int* can, int device, int peer)"),
     "cmp_enable_peer_access": ((_i,), "int cmp_enable_peer_access(int peer)"),
     "cmp_memcpy_peer_async": ((_p, _i, _p, _i, _sz),
@@ -235,6 +236,12 @@ class Native:
         buf = ctypes.create_string_buffer(256)
         self.cmp_device_name(buf, len(buf))
         return buf.value.decode()
+
+    def set_pdl(self, device: int, on: bool) -> bool:
+        """cmp_set_pdl: -> whether the small kernels of `device` now launch with PDL."""
+        in_effect = ctypes.c_int(0)
+        self.cmp_set_pdl(device, int(on), ctypes.byref(in_effect))
+        return bool(in_effect.value)
 
     def mem_info(self) -> tuple[int, int]:
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)

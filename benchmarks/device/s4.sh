@@ -6,7 +6,7 @@
 # none of the device's time). Logs in /tmp/s4.
 #   CPU: llama.cpp b8462 native (llama-bench, llama-server) built here while the GPU runs 1-4;
 #   GPU: 1. CUDA tests of what changed (PDL of the small kernels, tq3 decode, the v4 GEMV default);
-#        2. pp512 / tg128 per kernel path; 3. decode attention per layer at 32K / 128K keys; 4. issue 7 part c;
+#        2. pp512 / tg128 per kernel path, a decode token kernel by kernel (torch.profiler); 3. decode attention per layer at 32K / 128K keys; 4. issue 7 part c;
 #        5. side by side vs llama.cpp native and the stand-in; 6. 16 streams vs llama-server on one GPU.
 R=$(cd "$(dirname "$0")/../.." && pwd); C=/tmp/s4; T=/tmp/clean; mkdir -p $C $T
 bash $R/benchmarks/device/unpack.sh $T > $C/unpack.log 2>&1 || exit 1
@@ -29,6 +29,7 @@ timeout 200 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_decode_c
     > $C/tests.log 2>&1; echo rc=$? >> $C/tests.log; st tests
 while [ ! -e $C/m9b.done ]; do sleep 1; done
 timeout 120 python3 benchmarks/bench_model.py /tmp/m9bv.gguf --compare-kernels -r 1 > $C/tg.log 2>&1; st tg
+timeout 60 python3 benchmarks/profile_decode.py /tmp/m9bv.gguf -n 64 --top 40 > $C/profile.log 2>&1; st profile
 timeout 45 python3 benchmarks/bench_attention.py --decode-only --n-kv 32768,131072 > $C/attn.log 2>&1; st attn
 timeout 60 python3 benchmarks/long_context.py --parts c --m9b /tmp/m9bv.gguf > $C/partc.log 2>&1; st partc
 while [ ! -e $C/lcpp.done ]; do sleep 1; done

@@ -1,0 +1,88 @@
+"""Where a decode token's time goes, kernel by kernel (issue 3: the tg gap's measured cause).
+
+    python3 benchmarks/profile_decode.py MODEL.gguf [-n 64] [--depth 512] [--top 30]
+
+Replays the greedy decode graph (as llamacmp-bench's tg) under torch.profiler's CUDA activity trace (CUPTI sees the
+library's kernels too: one process, one context) and prints, per kernel name, launches and device µs per token,
+and the sum against the token's wall time: the difference is the time the GPU sat between kernels (launch gaps).
+Needs torch with CUDA (the H200 image has it); nothing else of torch is used.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_model import load, weight_bytes_per_token  # noqa: E402
+
+from llamacmp.backends.base import StepBatch  # noqa: E402
+from llamacmp.backends.cuda import CapturedStep, CudaBackend  # noqa: E402
+
+
+def kernel_times(trace: Path) -> dict[str, tuple[int, float]]:
+    """{kernel name: (launches, device µs)} from the profiler's Chrome trace (its "kernel" events)."""
+    out: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for ev in json.loads(trace.read_text()).get("traceEvents", []):
+        if ev.get("cat") == "kernel" and "dur" in ev:
+            name = ev["name"].replace("(anonymous namespace)::", "").split("(")[0]
+            out[name][0] += 1
+            out[name][1] += float(ev["dur"])
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("-n", type=int, default=64, help="tokens profiled")
+    ap.add_argument("--depth", type=int, default=512, help="tokens in the context before the profiled ones")
+    ap.add_argument("--top", type=int, default=30)
+    args = ap.parse_args(argv)
+    from torch.profiler import ProfilerActivity, profile
+
+    be = CudaBackend(0)
+    cfg, model = load(args.model, be)
+    rng = np.random.default_rng(0)
+    st = be.new_state(cfg, args.depth + args.n + 8)
+    be.to_host(model.forward(StepBatch.build([(st, list(rng.integers(0, cfg.n_vocab, args.depth)))])))
+    step = CapturedStep(be, model, [st], greedy=True)
+    step.set_tokens([1])
+    step.step_greedy()                                    # capture + warm-up replay
+    step.step_greedy()
+    t0 = time.perf_counter()
+    for _ in range(args.n - 1):
+        step.step_greedy(read=False)
+    step.step_greedy()
+    wall_plain = (time.perf_counter() - t0) / args.n
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(args.n - 1):
+            step.step_greedy(read=False)
+        step.step_greedy()
+        wall = (time.perf_counter() - t0) / args.n
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
+        times = kernel_times(Path(tmp) / "trace.json")
+    if not times:
+        raise SystemExit("the profiler saw no kernels (CUPTI unavailable?)")
+    busy = sum(us for _, us in times.values()) / args.n
+    launches = sum(c for c, _ in times.values()) / args.n
+    print(f"device: {be.native.device_name()}; model {args.model}; depth {args.depth}; {args.n} tokens; "
+          f"weights {weight_bytes_per_token(model) / 1e9:.2f} GB/token")
+    print(f"token: {1e3 * wall_plain:.3f} ms unprofiled ({1 / wall_plain:.1f} t/s), {1e3 * wall:.3f} ms profiled; "
+          f"kernels {busy:.0f} µs busy in {launches:.0f} launches; gaps {1e6 * wall - busy:.0f} µs")
+    print("| kernel | launches/token | µs/token | % of busy | µs/launch |")
+    print("|---|---:|---:|---:|---:|")
+    for name, (c, us) in sorted(times.items(), key=lambda kv: -kv[1][1])[:args.top]:
+        print(f"| {name[:70]} | {c / args.n:.0f} | {us / args.n:.1f} | {100 * us / args.n / busy:.1f}% | "
+              f"{us / c:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -24,6 +24,7 @@ __global__ void kv_write_kernel(const float* __restrict__ k,      // [L, Hk*Dh]
                                 KV* __restrict__ kc,              // [n_ctx, Hk*Dh]
                                 KV* __restrict__ vc,              // [n_ctx, Hk*Dh]
                                 int row) {                        // Hk*Dh
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const int t = blockIdx.x;
     const size_t dst = (size_t)pos[t] * row, src = (size_t)t * row;
     for (int i = threadIdx.x; i < row; i += blockDim.x) {
@@ -46,6 +47,7 @@ attention_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                  float* __restrict__ out,          // [L, Hq*Dh]          (n_split == 1)
                  float* __restrict__ work,         // [n_split, L*Hq, Dh+2] (n_split > 1)
                  int L, int Hq, int Hk, float scale, int n_split) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     constexpr int Dh = DPL * 32;
     extern __shared__ float smem[];
     float* Ks = smem;                         // [ATT_BN][Dh+1]
@@ -143,6 +145,7 @@ attention_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
 __global__ void attention_merge_kernel(const float* __restrict__ work,  // [n_split, L*Hq, Dh+2]
                                        float* __restrict__ out,         // [L*Hq, Dh]
                                        int rows, int Dh, int n_split) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const int r = blockIdx.x;
     float M = NEG_BIG;
     for (int s = 0; s < n_split; ++s) M = fmaxf(M, work[((size_t)s * rows + r) * (Dh + 2) + Dh]);
@@ -173,12 +176,11 @@ int launch_attention(const float* q, const void* kc, const void* vc, const int32
     CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        "attention_kernel shared memory"));
     const dim3 grid(ceil_div((size_t)L * (Hq / Hk), ATT_ROWS), Hk, n_split);
-    kernel<<<grid, ATT_WARPS * 32, smem, stream()>>>(q, static_cast<const KV*>(kc), static_cast<const KV*>(vc), pos,
-                                                     out, work, L, Hq, Hk, scale, n_split);
-    CMP_TRY(check_launch("attention_kernel"));
+    CMP_TRY(launch("attention_kernel", kernel, grid, dim3(ATT_WARPS * 32), smem, q, static_cast<const KV*>(kc),
+                   static_cast<const KV*>(vc), pos, out, work, L, Hq, Hk, scale, n_split));
     if (n_split == 1) return CMP_OK;
-    attention_merge_kernel<<<L * Hq, std::min(Dh, 256), 0, stream()>>>(work, out, L * Hq, Dh, n_split);
-    return check_launch("attention_merge_kernel");
+    return launch("attention_merge_kernel", attention_merge_kernel, dim3(L * Hq), dim3(std::min(Dh, 256)), 0, work,
+                  out, L * Hq, Dh, n_split);
 }
 
 template <typename KV>
@@ -206,8 +208,8 @@ extern "C" int cmp_kv_write(const float* k, const float* v, const int32_t* pos, 
     if (L == 0) return CMP_OK;
     return dispatch_dtype(kv_dtype, [&](auto tag) {
         using KV = decltype(tag);
-        kv_write_kernel<KV><<<L, 256, 0, stream()>>>(k, v, pos, static_cast<KV*>(kc), static_cast<KV*>(vc), Hk * Dh);
-        return check_launch("kv_write_kernel");
+        return launch("kv_write_kernel", kv_write_kernel<KV>, dim3(L), dim3(256), 0, k, v, pos, static_cast<KV*>(kc),
+                      static_cast<KV*>(vc), Hk * Dh);
     });
 }
 
@@ -357,6 +359,7 @@ __global__ void __launch_bounds__(128) kv_write_q_kernel(const float* __restrict
                                                          uint8_t* __restrict__ vc,         // [n_ctx, Hk, vbytes]
                                                          int k_type, int v_type, int Hk, int Dh, int kbytes,
                                                          int vbytes) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const int t = blockIdx.x, h = blockIdx.y;
     const bool is_v = blockIdx.z == 1;
     const float* src = (is_v ? v : k) + ((size_t)t * Hk + h) * Dh;
@@ -420,6 +423,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                    float* __restrict__ work,         // [max_split, L*Hq, Dh+2]
                    int L, int Hq, int Hk, int G, float scale,
                    int prefetch) {                   // 1: L2-prefetch the next tile's quantized rows
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     constexpr int LPK = Dh / 8, KPW = 32 / LPK;
     constexpr int U = LPK / GP >= 4 ? 4 : (LPK / GP >= 1 ? LPK / GP : 1);
     constexpr int NV = U * GP;
@@ -641,6 +645,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
 __global__ void attn_decode_merge_kernel(const float* __restrict__ work,  // [max_split, L*Hq, Dh+2]
                                          const int32_t* __restrict__ pos, float* __restrict__ out,  // [L*Hq, Dh]
                                          int rows, int Hq, int Dh, int v_type) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     extern __shared__ float o_s[];  // [Dh]
     const int r = blockIdx.x, t = r / Hq;
     const int nsp = dec_splits(pos[t] + 1);
@@ -692,6 +697,7 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                     const int32_t* __restrict__ blocks,  // [Hk, nqb, max_blocks] or null
                     const int32_t* __restrict__ counts,  // [Hk, nqb]
                     int max_blocks) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     constexpr int NC = Dh / PF_DC;
     extern __shared__ __align__(16) float smem[];
     float* Qt = smem;                    // [Dh][PF_BR]; at the end the output [PF_BR][Dh]
@@ -912,9 +918,8 @@ int launch_prefill(const float* q, const void* kc, const void* vc, int kt, int v
                        "attn_prefill_kernel shared memory"));
     const int G = Hq / Hk;
     const dim3 grid(ceil_div((size_t)L * G, PF_BR), Hk);
-    kernel<<<grid, PF_NT, smem, stream()>>>(q, static_cast<const uint8_t*>(kc), static_cast<const uint8_t*>(vc), kt,
-                                            vt, pos, out, L, Hq, Hk, G, scale, blocks, counts, max_blocks);
-    return check_launch("attn_prefill_kernel");
+    return launch("attn_prefill_kernel", kernel, grid, dim3(PF_NT), smem, q, static_cast<const uint8_t*>(kc),
+                  static_cast<const uint8_t*>(vc), kt, vt, pos, out, L, Hq, Hk, G, scale, blocks, counts, max_blocks);
 }
 
 template <int Dh, int GP>
@@ -943,12 +948,11 @@ int launch_decode(const float* q, const void* kc, const void* vc, int kt, int vt
                              (size_t)(vt >= CMP_KV_Q8_0 ? kv_row_bytes(vt, Dh) : 0);
     const size_t resident = std::min((size_t)max_split * Hk * L, (size_t)sms * 4);
     const int prefetch = ahead_row > 0 && 2 * resident * DEC_TK * ahead_row <= (size_t)l2;
-    kernel<<<grid, DEC_NW * 32, smem, stream()>>>(q, static_cast<const uint8_t*>(kc), static_cast<const uint8_t*>(vc),
-                                                  kt, vt, pos, out, work, L, Hq, Hk, G, scale, prefetch);
-    CMP_TRY(check_launch("attn_decode_kernel"));
+    CMP_TRY(launch("attn_decode_kernel", kernel, grid, dim3(DEC_NW * 32), smem, q, static_cast<const uint8_t*>(kc),
+                   static_cast<const uint8_t*>(vc), kt, vt, pos, out, work, L, Hq, Hk, G, scale, prefetch));
     if (max_split == 1) return CMP_OK;
-    attn_decode_merge_kernel<<<L * Hq, Dh, Dh * sizeof(float), stream()>>>(work, pos, out, L * Hq, Hq, Dh, vt);
-    return check_launch("attn_decode_merge_kernel");
+    return launch("attn_decode_merge_kernel", attn_decode_merge_kernel, dim3(L * Hq), dim3(Dh), Dh * sizeof(float),
+                  work, pos, out, L * Hq, Hq, Dh, vt);
 }
 
 template <int Dh>
@@ -984,10 +988,9 @@ extern "C" int cmp_kv_write_q(const float* k, const float* v, const int32_t* pos
     CMP_REQUIRE(L >= 0 && Hk > 0, "cmp_kv_write_q: bad shape L=%d Hk=%d", L, Hk);
     CMP_TRY(check_kv_types("cmp_kv_write_q", k_type, v_type, Dh));
     if (L == 0) return CMP_OK;
-    kv_write_q_kernel<<<dim3(L, Hk, 2), 128, 0, stream()>>>(k, v, pos, static_cast<uint8_t*>(kc),
-                                                            static_cast<uint8_t*>(vc), k_type, v_type, Hk, Dh,
-                                                            kv_row_bytes(k_type, Dh), kv_row_bytes(v_type, Dh));
-    return check_launch("kv_write_q_kernel");
+    return launch("kv_write_q_kernel", kv_write_q_kernel, dim3(L, Hk, 2), dim3(128), 0, k, v, pos,
+                  static_cast<uint8_t*>(kc), static_cast<uint8_t*>(vc), k_type, v_type, Hk, Dh,
+                  kv_row_bytes(k_type, Dh), kv_row_bytes(v_type, Dh));
 }
 
 extern "C" int cmp_attn_prefill(const float* q, const void* kc, const void* vc, int k_type, int v_type,

@@ -59,6 +59,7 @@ struct SigmoidMulOp {
 template <typename Op>
 __global__ void binary_kernel(const float* __restrict__ a, const float* __restrict__ b,  // [n], [n]
                               float* __restrict__ out, size_t n) {                        // [n]
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         out[i] = Op{}(a[i], b[i]);
 }

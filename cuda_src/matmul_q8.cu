@@ -58,6 +58,34 @@ struct GemvSet {
     int total_grp;                    // grp_end[count-1]
 };
 
+// One matrix of a set (compile-time indices into the parameter struct only), and a row or row group's first row in it.
+struct GemvGroup {
+    const int8_t* wq;  // [rows, n]
+    const __half* wd;  // [rows, n/32]
+    float* y;          // [T, rows]
+    const float* res;  // [T, rows] or null
+    int rows, row0;
+};
+
+// The matrix of concatenated row `row` and the row within it (v1 / v4: a warp per row).
+__device__ __forceinline__ GemvGroup gemv_locate_row(const GemvSet& set, int row) {
+    GemvGroup g{set.wq[0], set.wd[0], set.y[0], set.res[0], set.row_end[0], 0};
+    int row0 = 0;
+#pragma unroll
+    for (int i = 1; i < GEMV_MAX_MATS; ++i) {
+        if (i < set.count && row >= set.row_end[i - 1]) {
+            g.wq = set.wq[i];
+            g.wd = set.wd[i];
+            g.y = set.y[i];
+            g.res = set.res[i];
+            row0 = set.row_end[i - 1];
+            g.rows = set.row_end[i] - row0;
+        }
+    }
+    g.row0 = row - row0;
+    return g;
+}
+
 // Warp per weight row. Lane l reads 16-byte chunks l, l+32, ... of the row (chunk c is half of Q8 block c/2), so a
 // warp load is 512 contiguous bytes; GEMV_UNROLL such loads are issued before the DP4A work to keep enough bytes in
 // flight for the memory system. Activations (T rows, a few KB) stay in L1/L2.
@@ -66,30 +94,17 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                const float* __restrict__ xd,   // [NT, n/32]
                const GemvSet set, int n) {
-    // Find this warp's matrix with compile-time indices only (a dynamic index into the kernel parameter struct
-    // would copy it to local memory).
-    int row = blockIdx.x * GEMV_WARPS + threadIdx.y;
-    if (row >= set.total) return;
-    const int8_t* wq = set.wq[0];
-    const __half* wd = set.wd[0];
-    float* y = set.y[0];
-    const float* res = set.res[0];
-    int row0 = 0, rows = set.row_end[0];
-#pragma unroll
-    for (int i = 1; i < GEMV_MAX_MATS; ++i) {
-        if (i < set.count && row >= set.row_end[i - 1]) {
-            wq = set.wq[i];
-            wd = set.wd[i];
-            y = set.y[i];
-            res = set.res[i];
-            row0 = set.row_end[i - 1];
-            rows = set.row_end[i] - row0;
-        }
-    }
-    row -= row0;
+    // This warp's matrix by compile-time indices only (a dynamic index into the kernel parameter struct would copy it
+    // to local memory).
+    const int grow = blockIdx.x * GEMV_WARPS + threadIdx.y;
+    if (grow >= set.total) return;
+    const GemvGroup g = gemv_locate_row(set, grow);
+    const int row = g.row0, rows = g.rows;
+    float* y = g.y;
+    const float* res = g.res;
     const int lane = threadIdx.x, nchunk = n / 16, nb = n / QK;
-    const int4* w = reinterpret_cast<const int4*>(wq + (size_t)row * n);
-    const __half* dw = wd + (size_t)row * nb;
+    const int4* w = reinterpret_cast<const int4*>(g.wq + (size_t)row * n);
+    const __half* dw = g.wd + (size_t)row * nb;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
@@ -329,15 +344,7 @@ template <int NT> constexpr int gemv3_rows() { return NT == 1 ? 1 : 2; }
 // T = 1 (U = 4) ... 32 per row at T = 16 (U = 2), where the activations cost more than the weights.
 template <int NT> constexpr int gemv3_unroll() { return NT <= 4 ? 4 : 2; }
 
-// The matrix of row group `grp` (compile-time indices into the parameter struct only) and its first row.
-struct GemvGroup {
-    const int8_t* wq;  // [rows, n]
-    const __half* wd;  // [rows, n/32]
-    float* y;          // [T, rows]
-    const float* res;  // [T, rows] or null
-    int rows, row0;
-};
-
+// The matrix of row group `grp` (v2/v3: R rows per group) and the group's first row in it.
 template <int R>
 __device__ __forceinline__ GemvGroup gemv3_locate(const GemvSet& set, int grp) {
     GemvGroup g{set.wq[0], set.wd[0], set.y[0], set.res[0], set.row_end[0], 0};
@@ -474,28 +481,15 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, MIN_BLOCKS)
 gemv4_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                 const float* __restrict__ xd,   // [NT, n/32]
                 const GemvSet set, int n) {
-    int row = blockIdx.x * GEMV_WARPS + threadIdx.y;
-    if (row >= set.total) return;
-    const int8_t* wq = set.wq[0];
-    const __half* wd = set.wd[0];
-    float* y = set.y[0];
-    const float* res = set.res[0];
-    int row0 = 0, rows = set.row_end[0];
-#pragma unroll
-    for (int i = 1; i < GEMV_MAX_MATS; ++i) {
-        if (i < set.count && row >= set.row_end[i - 1]) {
-            wq = set.wq[i];
-            wd = set.wd[i];
-            y = set.y[i];
-            res = set.res[i];
-            row0 = set.row_end[i - 1];
-            rows = set.row_end[i] - row0;
-        }
-    }
-    row -= row0;
+    const int grow = blockIdx.x * GEMV_WARPS + threadIdx.y;
+    if (grow >= set.total) return;
+    const GemvGroup g = gemv_locate_row(set, grow);
+    const int row = g.row0, rows = g.rows;
+    float* y = g.y;
+    const float* res = g.res;
     const int lane = threadIdx.x, nchunk = n / 16, nb = n / QK;
-    const int4* w = reinterpret_cast<const int4*>(wq + (size_t)row * n);
-    const __half* dw = wd + (size_t)row * nb;
+    const int4* w = reinterpret_cast<const int4*>(g.wq + (size_t)row * n);
+    const __half* dw = g.wd + (size_t)row * nb;
     if (PDL) {
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {

@@ -86,56 +86,6 @@ __device__ __forceinline__ GemvGroup gemv_locate_row(const GemvSet& set, int row
     return g;
 }
 
-// Warp per weight row. Lane l reads 16-byte chunks l, l+32, ... of the row (chunk c is half of Q8 block c/2), so a
-// warp load is 512 contiguous bytes; GEMV_UNROLL such loads are issued before the DP4A work to keep enough bytes in
-// flight for the memory system. Activations (T rows, a few KB) stay in L1/L2.
-template <int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
-               const float* __restrict__ xd,   // [NT, n/32]
-               const GemvSet set, int n) {
-    // This warp's matrix by compile-time indices only (a dynamic index into the kernel parameter struct would copy it
-    // to local memory).
-    const int grow = blockIdx.x * GEMV_WARPS + threadIdx.y;
-    if (grow >= set.total) return;
-    const GemvGroup g = gemv_locate_row(set, grow);
-    const int row = g.row0, rows = g.rows;
-    float* y = g.y;
-    const float* res = g.res;
-    const int lane = threadIdx.x, nchunk = n / 16, nb = n / QK;
-    const int4* w = reinterpret_cast<const int4*>(g.wq + (size_t)row * n);
-    const __half* dw = g.wd + (size_t)row * nb;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-
-    for (int c0 = lane; c0 < nchunk; c0 += 32 * GEMV_UNROLL) {
-        int4 wv[GEMV_UNROLL];
-        float ws[GEMV_UNROLL];
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const int c = c0 + 32 * u;
-            wv[u] = c < nchunk ? __ldg(w + c) : make_int4(0, 0, 0, 0);
-            ws[u] = c < nchunk ? __half2float(dw[c >> 1]) : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const int c = c0 + 32 * u;
-            if (c >= nchunk) break;
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                const int4 xv = *reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 16);
-                acc[t] += (float)dot16(wv[u], xv) * (ws[u] * xd[(size_t)t * nb + (c >> 1)]);
-            }
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)t * rows + row] = res ? res[(size_t)t * rows + row] + v : v;
-    }
-}
-
 // 64 weight rows x 64 tokens per block; thread (tx, ty) owns rows tx + 16i and tokens ty + 16j (i, j < 4), so the
 // stores along rows are coalesced and the shared-memory reads of W (row stride 33 ints) are conflict-free while
 // those of X are broadcasts. Each stage holds GEMM_BK Q8 blocks of both operands.
@@ -452,7 +402,11 @@ gemv3_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 
 // ---- v4 ------------------------------------------------------------------------------------------------------------
 
-// v1's loop with v2's arithmetic (CMP_MM_GEMV4, T <= 16). What the SASS of the T = 1 kernels shows (sm_90, nvcc
+// Warp per weight row: lane l reads 16-byte chunks l, l+32, ... of the row (chunk c is half of Q8 block c/2), so a
+// warp load is 512 contiguous bytes; GEMV_UNROLL such loads are issued before the DP4A work to keep enough bytes in
+// flight; activations (T rows, a few KB) stay in L1/L2. This is v1's loop with v2's arithmetic (CMP_MM_GEMV4,
+// T <= 16); v1 itself (no kernel bits, T <= 8) is gemv4_q8_kernel<NT, false, 0>, whose sm_90 SASS was the former
+// v1 kernel's instruction for instruction at every T = 1..8 (nvcc 13.0, 2026-11-30). What the SASS of the T = 1 kernels shows (sm_90, nvcc
 // 13.0), against the H200's v1 16.9 / v2 18.9 / v3 18.6 us for the 53.8 MB GDN input set:
 //  - v2 (R 1, U 8) under __launch_bounds__(128, 8), a 64-register cap: only the first of its 8 weight loads is
 //    issued before the first DP4A, which waits for it; the other 7 go out after that load returns (two memory
@@ -739,8 +693,10 @@ using GemvLaunch = int (*)(const int8_t*, const float*, const GemvSet&, int, int
 
 template <int NT>
 int launch_gemv(const int8_t* xq, const float* xd, const GemvSet& set, int total_rows, int n) {
-    gemv_q8_kernel<NT><<<ceil_div(total_rows, GEMV_WARPS), dim3(32, GEMV_WARPS), 0, stream()>>>(xq, xd, set, n);
-    return check_launch("gemv_q8_kernel");
+    // v1 is v4 without PDL or a minimum-blocks bound (sm_90: its former kernel's SASS instruction for instruction)
+    gemv4_q8_kernel<NT, false, 0><<<ceil_div(total_rows, GEMV_WARPS), dim3(32, GEMV_WARPS), 0, stream()>>>(xq, xd, set,
+                                                                                                        n);
+    return check_launch("gemv4_q8_kernel");
 }
 
 template <int NT>

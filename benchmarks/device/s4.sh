@@ -15,10 +15,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     $R/.whl/server/*.whl > $C/pip.log 2>&1
 mkdir -p /tmp/lcpp/standin-notc/bin && gunzip -c $R/.carry/standin/llama-bench.gz > /tmp/lcpp/standin-notc/bin/llama-bench \
     && chmod +x /tmp/lcpp/standin-notc/bin/llama-bench
+# the stand-in built on the other machine runs here (system libraries), or side by side goes on with native only
+SI=--standin; /tmp/lcpp/standin-notc/bin/llama-bench --help > $C/standin_help.log 2>&1 || SI=
 cd $T
 export PYTHONPATH=/tmp/site:$R/.carry/site:$T PYTHONUNBUFFERED=1 LLAMACMP_CACHE=$R/.carry/vocab
 T0=$(date +%s); st() { echo "$(( $(date +%s) - T0 ))s $*" >> $C/progress.log; }
-st start $(cat $R/.carry/gz/COMMIT)
+st start $(cat $R/.carry/gz/COMMIT) standin=${SI:-failed}
 ( timeout 600 python3 benchmarks/side_by_side.py --llamacpp-src $R/.carry/llama.cpp-src.tar.gz --build-dir /tmp/lcpp \
     --build-only --native-targets llama-bench,llama-server > $C/lcpp_build.log 2>&1; echo rc=$? >> $C/lcpp_build.log
   st lcpp-built; touch $C/lcpp.done ) &
@@ -33,7 +35,7 @@ timeout 60 python3 benchmarks/profile_decode.py /tmp/m9bv.gguf -n 64 --top 40 > 
 timeout 45 python3 benchmarks/bench_attention.py --decode-only --n-kv 32768,131072 > $C/attn.log 2>&1; st attn
 timeout 60 python3 benchmarks/long_context.py --parts c --m9b /tmp/m9bv.gguf > $C/partc.log 2>&1; st partc
 while [ ! -e $C/lcpp.done ]; do sleep 1; done
-timeout 300 python3 benchmarks/side_by_side.py --model /tmp/m9bv.gguf --build-dir /tmp/lcpp --prebuilt --standin \
+timeout 300 python3 benchmarks/side_by_side.py --model /tmp/m9bv.gguf --build-dir /tmp/lcpp --prebuilt $SI \
     -p 512,4096,16384 -n 128 -d 32768 -r 2 --out $C/side.md > $C/side.log 2>&1; st side
 timeout 120 python3 benchmarks/server_vs_llamacpp.py --model /tmp/m9bv.gguf --llama-server /tmp/lcpp/native/bin/llama-server \
     --np 16 --n-predict 128 --out $C/server_vs.json > $C/server_vs.log 2>&1; st server-vs

@@ -1,9 +1,11 @@
 #!/bin/bash
 # Session 4's last H200 block (~11 min + start; two calls: `setsid nohup bash s4.sh > /dev/null 2>&1 &` then
 # `bash collect_s4.sh SECONDS` in each). Runs the snapshot that snapshot.sh packed here (unpack.sh there). Carry
-# .carry/gz, .carry/site, .whl/server, .carry/llama.cpp-src.tar.gz and .carry/standin (the no-TC stand-in's static
-# llama-bench, built on the GPU-less machine by `side_by_side.py --standin --build-only`: 80 minutes on 2 cores there,
-# none of the device's time). Logs in /tmp/s4.
+# .carry/gz, .carry/site, .whl/server, .carry/llama.cpp-src.tar.gz. The no-TC stand-in's static llama-bench (built on
+# the GPU-less machine by `side_by_side.py --standin --build-only`: an hour on 2 cores there, none of the device's
+# time; 37 MB as xz, too big to travel with the rest) comes in a call of its own just before:
+#   run(carry=[".carry/standin"], command="bash benchmarks/device/standin_in.sh")
+# which unpacks it to /tmp/lcpp/standin-notc/bin (kept while the machine stays warm). Logs in /tmp/s4.
 #   CPU: llama.cpp b8462 native (llama-bench, llama-server) built here while the GPU runs 1-4;
 #   GPU: 1. CUDA tests of what changed (PDL of the small kernels, tq3 decode, the v4 GEMV default);
 #        2. pp512 / tg128 per kernel path, a decode token kernel by kernel (torch.profiler); 3. decode attention per layer at 32K / 128K keys; 4. issue 7 part c;
@@ -13,8 +15,6 @@ bash $R/benchmarks/device/unpack.sh $T > $C/unpack.log 2>&1 || exit 1
 mkdir -p $R/.carry/vocab && gunzip -c $R/.carry/gz/vocab.pkl.gz > $R/.carry/vocab/qwen35_vocab_v1_8dde380a6405e935.pkl
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     $R/.whl/server/*.whl > $C/pip.log 2>&1
-mkdir -p /tmp/lcpp/standin-notc/bin && gunzip -c $R/.carry/standin/llama-bench.gz > /tmp/lcpp/standin-notc/bin/llama-bench \
-    && chmod +x /tmp/lcpp/standin-notc/bin/llama-bench
 # the stand-in built on the other machine runs here (system libraries), or side by side goes on with native only
 SI=--standin; /tmp/lcpp/standin-notc/bin/llama-bench --help > $C/standin_help.log 2>&1 || SI=
 cd $T

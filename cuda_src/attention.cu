@@ -397,22 +397,12 @@ __device__ __forceinline__ void transpose_reduce(float (&v)[NV], int lane) {
 constexpr int DEC_NW = 4;    // warps per block
 constexpr int DEC_TK = 64;   // keys per tile
 
-// kv_type_switch for the decode kernel: its TQW instantiation (tq3 K and V at Dh 256, 4-byte aligned caches) has
-// one type, KvChunk<CMP_KV_TQ3_WORDS> (a word per lane, see attention_kv.cuh); the others switch on `type`. The
-// tq3-only kernel keeps the other types' loop invariants out of its registers (and its lane constants out of
-// theirs: one kernel for all would spill at the 128-register cap).
-template <bool TQW, typename F>
-__device__ __forceinline__ void dec_type_switch(int type, F&& f) {
-    if constexpr (TQW) f(std::integral_constant<int, CMP_KV_TQ3_WORDS>{});
-    else kv_type_switch(type, f);
-}
-
 // Block (split, kv head, row t), 128 threads, all G q heads of the kv head (GQA: K/V read once for the group).
 // Lane = (key slot kk, 8 dims at d0): LPK = Dh/8 lanes per key, so a key row is one coalesced 16-byte-per-lane
 // read (f16). Per 64-key tile: (A) scores of U keys per lane in flight, reduced with transpose_reduce, to shared
 // memory; (B) online softmax per head; (C) acc += p v. Partials (unnormalised acc, m, l) go to work when the row
 // has several splits; a single split writes the output (tq3 values rotated back) itself.
-template <int Dh, int GP, bool TQW>
+template <int Dh, int GP>
 __global__ void __launch_bounds__(DEC_NW * 32, GP <= 4 ? 4 : 1)   // GP <= 4: 4 blocks (<= 128 registers) per SM
 attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                    const uint8_t* __restrict__ kc,   // [n_ctx, Hk, kbytes]
@@ -466,7 +456,6 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     const size_t kstride = (size_t)Hk * kbytes, vstride = (size_t)Hk * vbytes;
     const uint8_t* kbase = kc + (size_t)kvh * kbytes;
     const uint8_t* vbase = vc + (size_t)kvh * vbytes;
-    static_assert(!TQW || Dh == 256, "tq3 word rows are Dh 256's");
 
     static_assert(DEC_NW * 32 == 2 * DEC_TK, "the L2 prefetch gives each thread one K or V row of a tile");
     for (int k0 = kbeg; k0 < kend; k0 += DEC_TK) {
@@ -481,13 +470,12 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         }
         // (A) scores: the loads of a lane's U keys are all issued before the first is decoded; the block scale
         // multiplies the 8-value dot product once (KvChunk::decode leaves it out of the values).
-        dec_type_switch<TQW>(k_type, [&](auto tag) {
+        kv_type_switch(k_type, [&](auto tag) {
             constexpr int KT = decltype(tag)::value;
             // Quantized rows are a few bytes per lane: two passes' loads (2U keys) go out before either is decoded,
-            // halving the round trips to memory per tile; tq3 words (one register per key) all the warp's keys
-            // of the tile (one round trip).
+            // halving the round trips to memory per tile.
             constexpr int PASS = DEC_NW * KPW * U, NPASS = DEC_TK / PASS;
-            constexpr int PP = KT == CMP_KV_TQ3_WORDS ? NPASS : KT >= CMP_KV_Q8_0 && NPASS % 2 == 0 ? 2 : 1;
+            constexpr int PP = KT >= CMP_KV_Q8_0 && NPASS % 2 == 0 ? 2 : 1;
             for (int j00 = warp * KPW * U; j00 < DEC_TK; j00 += PP * PASS) {
                 KvChunk<KT> ch[PP][U];
 #pragma unroll
@@ -553,14 +541,10 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         // UC keys per lane loaded before any is decoded: several loads in flight per lane (memory-level
         // parallelism); quantized rows are a few bytes per lane, so they take twice as many. The block scale goes
         // into p (one multiply per head instead of one per value).
-        dec_type_switch<TQW>(v_type, [&](auto tag) {
+        kv_type_switch(v_type, [&](auto tag) {
             constexpr int VT = decltype(tag)::value;
             constexpr int UC_MAX = DEC_TK / (DEC_NW * KPW);   // a warp's keys of a tile
-            // tq3 words: one register per key, so all the warp's keys of the tile (one round trip); GP 2 takes
-            // half (ptxas spills 4 registers at 16 there)
-            constexpr int UC_W = GP == 2 ? UC_MAX / 2 : UC_MAX;
-            constexpr int UC_Q = VT == CMP_KV_TQ3_WORDS ? UC_W : VT >= CMP_KV_Q8_0 ? 8 : 4;
-            constexpr int UC = UC_Q < UC_MAX ? UC_Q : UC_MAX;
+            constexpr int UC = (VT >= CMP_KV_Q8_0 ? 8 : 4) < UC_MAX ? (VT >= CMP_KV_Q8_0 ? 8 : 4) : UC_MAX;
             for (int jb = warp * KPW + kk; jb < nk; jb += DEC_NW * KPW * UC) {
                 KvChunk<VT> ch[UC];
                 const uint8_t* row = vbase + (size_t)(k0 + jb) * vstride;   // key jb + u*DEC_NW*KPW
@@ -572,9 +556,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
 #pragma unroll
                 for (int u = 0; u < UC; ++u) {
                     const int j = jb + u * DEC_NW * KPW;
-                    // tq3 words run on past the tile's end (every lane must shuffle; no per-key branch): a missing
-                    // key has scale 0 (zero()) and p 0 (phase B), so it adds exact zeros
-                    if (VT != CMP_KV_TQ3_WORDS && j >= nk) break;
+                    if (j >= nk) break;
                     float vx[8], p[GP];
                     const float vsc = ch[u].decode(vx, lut);
                     if constexpr (GP % 4 == 0) {   // one 16-byte shared load per 4 heads
@@ -927,14 +909,7 @@ int launch_decode(const float* q, const void* kc, const void* vc, int kt, int vt
                   float* work, int L, int Hq, int Hk, float scale, int max_split) {
     const int G = Hq / Hk;
     const size_t smem = sizeof(float) * DEC_NW * GP * Dh;
-    auto kernel = attn_decode_kernel<Dh, GP, false>;
-    // tq3 K and V at Dh 256: the kernel that loads a row as one word per lane (rows of 100 bytes, 4-byte aligned
-    // where the cache is). Up to 4 heads per group: clang's sm_70 build of the 8-head one takes a 808-byte stack
-    // frame (the generic one 192).
-    if constexpr (Dh == 256 && GP <= 4) {
-        if (kt == CMP_KV_TQ3 && vt == CMP_KV_TQ3 && (((uintptr_t)kc | (uintptr_t)vc) & 3u) == 0)
-            kernel = attn_decode_kernel<Dh, GP, true>;
-    }
+    auto kernel = attn_decode_kernel<Dh, GP>;
     CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        "attn_decode_kernel shared memory"));
     const dim3 grid(max_split, Hk, L);

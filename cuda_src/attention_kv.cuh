@@ -266,39 +266,6 @@ struct KvChunk<CMP_KV_TQ3> {
     }
 };
 
-// tq3 rows of Dh 256 for the decode kernel, where a key's 32 lanes hold 8 values each: the row (100 bytes: 24
-// plane words, then the two f16 scales) is 25 aligned words, so lane i < 25 loads word i -- one coalesced load and
-// one register per key and lane instead of four byte loads and four registers -- and decode() hands each lane its
-// three plane bytes and its scale by shuffles. The values and the scale are KvChunk<CMP_KV_TQ3>'s, bit for bit.
-// Every lane of the warp must call decode() (the shuffles), and rows must be 4-byte aligned (the caller checks).
-// CMP_KV_TQ3_WORDS is no cache type of the API: only the decode kernel's type switch hands it out.
-constexpr int CMP_KV_TQ3_WORDS = 16;
-
-template <>
-struct KvChunk<CMP_KV_TQ3_WORDS> {
-    uint32_t w;   // word `lane` of the row (0 for lanes 25..31)
-    // d0 = 8 * lane (32 lanes per key)
-    __device__ __forceinline__ void load(const uint8_t* __restrict__ row, int d0, int) {
-        w = d0 < 8 * 25 ? __ldg(reinterpret_cast<const uint32_t*>(row) + d0 / 8) : 0u;
-    }
-    __device__ __forceinline__ void zero() { w = 0u; }
-    __device__ __forceinline__ float decode(float (&x)[8], uint32_t lut) const {
-        // values 8*lane .. +7 are bits 8*(lane%4) .. +7 of the plane words 3g, 3g+1, 3g+2 of group g = lane/4 (32
-        // values); tq3_code_offsets reads only the low byte of each. Scale s[lane/16] is half lane/16 of word 24.
-        const int lane = threadIdx.x & 31, g = lane >> 2, sh = (lane & 3) * 8;
-        const uint32_t b0 = __shfl_sync(0xffffffffu, w, 3 * g) >> sh;
-        const uint32_t b1 = __shfl_sync(0xffffffffu, w, 3 * g + 1) >> sh;
-        const uint32_t b2 = __shfl_sync(0xffffffffu, w, 3 * g + 2) >> sh;
-        const uint32_t sw = __shfl_sync(0xffffffffu, w, 24) >> ((lane >> 4) * 16);
-        tq3_levels_lut(b0, b1, b2, lut, [](uint32_t a) {
-            float v;
-            asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a));
-            return v;
-        }, x);
-        return __half2float(__ushort_as_half((unsigned short)(sw & 0xffffu)));
-    }
-};
-
 // Fill the level table of KvChunk<CMP_KV_TQ3>::decode (threads 0..7 of the block; the caller syncs before use) and
 // return its shared-memory address. `lut` must be 256-byte aligned (tq3_levels_lut). 8 words in 8 banks: a warp's
 // lookups never conflict.

@@ -170,58 +170,6 @@ def test_tq3_small_head_dim(cuda_backend):
     assert rel(got, ref) < TOL["tq3"]
 
 
-
-# tq3 K and V at Dh 256 take the decode kernel that loads a row as one word per lane (attention.cu, TQW) for groups
-# of up to 4 heads: partial and single tiles, one and several splits (128-key chunks from 129 keys on, a short last
-# split), groups of 1 .. 4 (3: a padding head) and 5, 6 (the generic 8-head kernel), several rows per segment.
-@pytest.mark.parametrize("n_past", [0, 1, 62, 63, 64, 127, 128, 129, 1000, 4095, 16385])
-@pytest.mark.parametrize("L", [1, 3])
-def test_decode_tq3_depths(cuda_backend, n_past, L):
-    rng = np.random.default_rng(1000 + n_past + L)
-    cfg = cfg_for(16, 4, 256)
-    pair = make_pair(cuda_backend, cfg, n_past + L + 1, "tq3", "tq3", n_past, rng)
-    got, ref, _ = run_both(cuda_backend, cfg, [pair], [L], rng)
-    assert rel(got, ref) < TOL["tq3"]
-
-
-@pytest.mark.parametrize("Hq,Hk", [(8, 8), (8, 4), (6, 2), (24, 4), (5, 1)])
-def test_decode_tq3_groups(cuda_backend, Hq, Hk):
-    rng = np.random.default_rng(Hq * 31 + Hk)
-    cfg = cfg_for(Hq, Hk, 256)
-    pairs = [make_pair(cuda_backend, cfg, 3000, "tq3", "tq3", p, rng) for p in (2900, 7)]
-    got, ref, _ = run_both(cuda_backend, cfg, pairs, [1, 2], rng)
-    assert rel(got, ref) < TOL["tq3"]
-
-
-@pytest.mark.parametrize("Hq,Hk", [(16, 4), (6, 2), (8, 8)])
-@pytest.mark.parametrize("n_kv", [1, 2, 65, 130, 3001])
-def test_decode_tq3_word_kernel_is_exact(cuda_backend, Hq, Hk, n_kv):
-    """The tq3 word kernel gives the generic kernel's results bit for bit (same levels, scales and FMA order): the
-    same cache bytes 2 bytes off 4-byte alignment take the generic kernel (cmp_attn_decode falls back to it)."""
-    from llamacmp.lib._native import CMP_KV_TYPES
-    be, rng, Dh, L = cuda_backend, np.random.default_rng(n_kv * 7 + Hq), 256, 3
-    code = CMP_KV_TYPES["tq3"]
-    q = rng.standard_normal((L, Hq, Dh)).astype(np.float32)
-    pos = np.array([max(0, n_kv - L + i) for i in range(L)], np.int32)   # rows of n_kv - 2 .. n_kv keys
-    n_ctx = n_kv + 1
-    caches = [kv_layout.encode(rng.standard_normal((n_ctx, Hk, Dh)).astype(np.float32), "tq3") for _ in range(2)]
-    n_split = be.decode_splits(n_kv)
-    q_d, pos_d = up(be, q), be.from_host(pos, "i32")
-
-    def run(offset):
-        bufs = [be.empty((c.nbytes + 4,), "u8", "tq3 cache") for c in caches]
-        for b, c in zip(bufs, caches):
-            be.native.cmp_memcpy_h2d(b.ptr + offset, c.ctypes.data, c.nbytes)
-        out = be.empty((L, Hq * Dh))
-        work = be.empty((n_split, L * Hq, Dh + 2)) if n_split > 1 else None
-        be.native.cmp_attn_decode(q_d.ptr, bufs[0].ptr + offset, bufs[1].ptr + offset, code, code, pos_d.ptr,
-                                  out.ptr, work.ptr if work is not None else None, L, Hq, Hk, Dh,
-                                  1.0 / np.sqrt(Dh), n_split)
-        return be.to_host(out)
-    words, generic = run(0), run(2)
-    assert np.isfinite(words).all() and np.abs(words).max() > 0
-    assert np.array_equal(words, generic)
-
 # -- block-sparse prefill -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("Hq,Hk,Dh,L,n_past", [(16, 4, 256, 300, 100), (4, 2, 64, 513, 0), (6, 2, 128, 200, 64),

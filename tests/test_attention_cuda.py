@@ -202,3 +202,25 @@ def test_v1_fallback_still_matches(cuda_backend, monkeypatch):
     pairs = [make_pair(cuda_backend, cfg, 600, "f16", "f16", p, rng) for p in (0, 500)]
     got, ref, _ = run_both(cuda_backend, cfg, pairs, [70, 1], rng)
     assert rel(got, ref) < TOL["f16"]
+
+
+# tq3 K and V at Dh 256 (the 9B's cache at 128K): partial and single tiles, one and several splits (128-key chunks
+# from 129 keys on, a short last split), groups of 1 .. 4 (3: a padding head) and 5, 6 (the 8-head instantiation),
+# several rows per segment.
+@pytest.mark.parametrize("n_past", [0, 1, 62, 63, 64, 127, 128, 129, 1000, 4095, 16385])
+@pytest.mark.parametrize("L", [1, 3])
+def test_decode_tq3_depths(cuda_backend, n_past, L):
+    rng = np.random.default_rng(1000 + n_past + L)
+    cfg = cfg_for(16, 4, 256)
+    pair = make_pair(cuda_backend, cfg, n_past + L + 1, "tq3", "tq3", n_past, rng)
+    got, ref, _ = run_both(cuda_backend, cfg, [pair], [L], rng)
+    assert rel(got, ref) < TOL["tq3"]
+
+
+@pytest.mark.parametrize("Hq,Hk", [(8, 8), (8, 4), (6, 2), (24, 4), (5, 1)])
+def test_decode_tq3_groups(cuda_backend, Hq, Hk):
+    rng = np.random.default_rng(Hq * 31 + Hk)
+    cfg = cfg_for(Hq, Hk, 256)
+    pairs = [make_pair(cuda_backend, cfg, 3000, "tq3", "tq3", p, rng) for p in (2900, 7)]
+    got, ref, _ = run_both(cuda_backend, cfg, pairs, [1, 2], rng)
+    assert rel(got, ref) < TOL["tq3"]

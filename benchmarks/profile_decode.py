@@ -49,7 +49,7 @@ def main(argv=None) -> None:
     be = CudaBackend(0)
     cfg, model = load(args.model, be)
     rng = np.random.default_rng(0)
-    st = be.new_state(cfg, args.depth + args.n + 8)
+    st = be.new_state(cfg, args.depth + 2 * args.n + 8)   # 2 warm-up steps, n timed plainly, n profiled
     be.to_host(model.forward(StepBatch.build([(st, list(rng.integers(0, cfg.n_vocab, args.depth)))])))
     step = CapturedStep(be, model, [st], greedy=True)
     step.set_tokens([1])

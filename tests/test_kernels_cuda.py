@@ -365,6 +365,65 @@ def test_argmax(cuda_backend, R, N):
     assert np.array_equal(got, want)
 
 
+def _argmax_want(x):
+    """numpy.argmax with NaN never chosen (cmp_argmax's spec): an all-NaN / all -inf row gives 0."""
+    return np.argmax(np.where(np.isnan(x), -np.inf, x), axis=1).astype(np.int32)
+
+
+def _argmax_rows(rng, R, N):
+    """R rows [R, N] of the cases argmax_kernel's float4 body / scalar head and tail split can get wrong: the
+    maximum and ties in the head, body and tail, -0 against +0, NaN beside the maximum, all -inf, all NaN."""
+    x = (rng.standard_normal((R, N)) * 5).astype(np.float32)
+    for r in range(R):
+        case, top = r % 8, float(x[r].max()) + 1.0
+        if case == 0:
+            x[r, rng.integers(0, N)] = top                           # one maximum anywhere
+        elif case == 1:
+            x[r, [N - 1, max(N - 3, 0)]] = top                       # tie at the tail: the lower index
+        elif case == 2:
+            x[r, :] = -1.0
+            x[r, rng.choice(N, min(N, 3), replace=False)] = np.array([-0.0, 0.0, -0.0][:min(N, 3)])  # -0 == +0
+        elif case == 3:
+            x[r, :] = np.nan
+            x[r, N // 2] = -np.inf                                   # NaN around a lone -inf: the -inf
+        elif case == 4:
+            x[r, :] = -np.inf                                        # all -inf: 0
+        elif case == 5:
+            x[r, :] = np.nan                                         # all NaN: 0
+        elif case == 6:
+            x[r, :] = 2.5                                            # every element ties: 0
+        else:
+            x[r, 0] = top                                            # maximum in the head, NaN beside it
+            x[r, min(1, N - 1)] = np.nan if N > 1 else top
+    return x
+
+
+@pytest.mark.parametrize("N", [1, 2, 3, 4, 5, 7, 31, 127, 1023, 1024, 1025, 4095, 4097, 32769, 65537, 248320, 248321])
+def test_argmax_edge_rows(cuda_backend, N):
+    """Every R in 1..16 (batched greedy decode) at sizes 1, primes, 2^k +- 1 and the 9B vocabulary: N % 4 != 0
+    gives each row its own 16-byte alignment, so the head / body / tail split differs from row to row."""
+    rng = np.random.default_rng(N)
+    x = _argmax_rows(rng, 16, N)
+    for R in range(1, 17):
+        got = cuda_backend.ids_to_host(cuda_backend.argmax(up(cuda_backend, x[:R])))
+        assert np.array_equal(got, _argmax_want(x[:R])), (R, got, _argmax_want(x[:R]))
+
+
+@pytest.mark.parametrize("N", [1, 6, 97, 4099, 248320])
+@pytest.mark.parametrize("shift", [1, 2, 3])
+def test_argmax_unaligned_base(cuda_backend, N, shift):
+    """A logits pointer `shift` floats past a 16-byte boundary (a view into a larger buffer): same ids."""
+    R = 5
+    rng = np.random.default_rng(N * 4 + shift)
+    x = _argmax_rows(rng, R, N)
+    flat = np.concatenate([np.zeros(shift, np.float32), x.ravel()])
+    x_d = up(cuda_backend, flat)
+    assert x_d.ptr % 16 == 0
+    out = cuda_backend.empty((R,), "i32", "argmax ids")
+    cuda_backend.native.cmp_argmax(x_d.ptr + 4 * shift, out.ptr, R, N)
+    assert np.array_equal(cuda_backend.ids_to_host(out), _argmax_want(x))
+
+
 def _reference_pick(logits, params, history, u, eog_ids=frozenset()):
     """llamacmp/sampling.py's chain with the draw made at `u` (what Sampler.sample's rng.choice does with the
     uniform it draws): -> token id."""

@@ -349,6 +349,41 @@ def test_gdn_default_switch(cuda_backend):
         assert rel(a, c) < FP32_TOL
 
 
+@pytest.mark.parametrize("Dk,K,V,S", [(16, 2, 4, 1), (32, 1, 3, 2), (64, 2, 2, 1), (64, 2, 2, 3), (128, 2, 4, 1),
+                                      (128, 16, 32, 1), (128, 16, 32, 5)])
+def test_gdn_decode_steps(cuda_backend, Dk, K, V, S):
+    """Five decode tokens (L = 1: gdn_step_kernel for one sequence, gdn_step_rows_kernel for S >= 2), the state
+    carried from token to token, against numpy_ref; and sequence 0's five tokens as one L = 5 segment through the
+    sequential scan (gdn_scan_kernel, the other summation order) from the same S0 give the same outputs and state."""
+    be = cuda_backend
+    rng = np.random.default_rng(Dk * 31 + V + S)
+    cfg = cfg_for(K=K, V=V, Dk=Dk)
+    pairs = _states(be, cfg, 8, "f32", [2] * S, rng)
+    ssm0 = be.to_host(pairs[0][1].ssm[0]).copy()
+    steps = 5
+    qkv = rng.standard_normal((steps, S, cfg.conv_channels)).astype(np.float32)
+    g = -rng.uniform(0.0, 1.5, (steps, S, V)).astype(np.float32)
+    b = rng.uniform(0.0, 1.0, (steps, S, V)).astype(np.float32)
+    outs = []
+    for t in range(steps):
+        b_ref, b_dev = _batches(pairs, [1] * S)
+        ref = REF.gdn(qkv[t], g[t], b[t], b_ref, 0, cfg)
+        poison(be, (S, V * Dk))
+        got = be.to_host(be.gdn(up(be, qkv[t]), up(be, g[t]), up(be, b[t]), b_dev, 0, cfg))
+        assert rel(got, ref) < FP32_TOL, t
+        for s_ref, s_dev in pairs:
+            assert rel(be.to_host(s_dev.ssm[0]), s_ref.ssm[0]) < FP32_TOL, t
+        outs.append(got[0])
+    st = be.new_state(cfg, 8, "f32")
+    be.copy_from_host(st.ssm[0], ssm0)
+    st.n_past = 2
+    poison(be, (steps, V * Dk))
+    scan = StepBatch.build([(st, [0] * steps)])
+    o_scan = be.to_host(be.gdn(up(be, qkv[:, 0]), up(be, g[:, 0]), up(be, b[:, 0]), scan, 0, cfg, chunked=False))
+    assert rel(np.stack(outs), o_scan) < FP32_TOL
+    assert rel(be.to_host(st.ssm[0]), be.to_host(pairs[0][1].ssm[0])) < FP32_TOL
+
+
 # -- sampling -----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("R,N", [(1, 1), (1, 97), (3, 1025), (2, 248320), (5, 4099)])

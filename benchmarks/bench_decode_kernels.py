@@ -42,27 +42,31 @@ def timed(be: CudaBackend, fn, reps: int) -> float:
     return float(np.median(samples))
 
 
-def bench_argmax(be: CudaBackend, rows_out: list) -> None:
+def argmax_case(be: CudaBackend, R: int, N: int) -> tuple[float, float]:
+    """-> (hot ms, cold ms) of cmp_argmax over [R, N] random logits; checks the ids against numpy."""
     nat = be.native
+    row_bytes = R * N * 4
+    copies = max(2, POOL_BYTES // row_bytes)
+    x = be.empty((copies, R, N))
+    # random logits (not a memset: a constant row would take a different path through the compares)
+    one = np.random.default_rng(R).standard_normal((R, N)).astype(np.float32)
+    for c in range(copies):
+        nat.cmp_memcpy_h2d(x.ptr + c * row_bytes, one.ctypes.data, row_bytes)
+    out = be.empty((R,), "i32")
+    hot = timed(be, lambda i: nat.cmp_argmax(x.ptr, out.ptr, R, N), 50)
+    cold = timed(be, lambda i: nat.cmp_argmax(x.ptr + (i % copies) * row_bytes, out.ptr, R, N), 50)
+    assert np.array_equal(be.ids_to_host(out), np.argmax(one, axis=1)), "argmax gave a wrong id"
+    return hot, cold
+
+
+def bench_argmax(be: CudaBackend, rows_out: list) -> None:
     print(f"{'argmax':<8} {'R':>3} {'N':>7} {'hot us':>8} {'cold us':>8} {'GB/s cold':>10} {'old us (R=1)':>13}")
     for N in (248320, 248321, 151936):
         for R in (1, 2, 4, 8, 16):
-            row_bytes = R * N * 4
-            copies = max(2, POOL_BYTES // row_bytes)
-            x = be.empty((copies, R, N))
-            # random logits (not a memset: a constant row would take a different path through the compares)
-            one = np.random.default_rng(R).standard_normal((R, N)).astype(np.float32)
-            for c in range(copies):
-                nat.cmp_memcpy_h2d(x.ptr + c * row_bytes, one.ctypes.data, row_bytes)
-            out = be.empty((R,), "i32")
-            hot = timed(be, lambda i: nat.cmp_argmax(x.ptr, out.ptr, R, N), 50)
-            cold = timed(be, lambda i: nat.cmp_argmax(x.ptr + (i % copies) * row_bytes, out.ptr, R, N), 50)
-            got = be.ids_to_host(out)
-            assert np.array_equal(got, np.argmax(one, axis=1)), "argmax gave a wrong id"
+            hot, cold = argmax_case(be, R, N)
             old = f"{OLD_ARGMAX_US:>13.1f}" if (R, N) == (1, 248320) else f"{'':>13}"
-            print(f"{'':<8} {R:>3} {N:>7} {hot * 1e3:>8.1f} {cold * 1e3:>8.1f} {row_bytes / cold / 1e6:>10.0f} {old}")
+            print(f"{'':<8} {R:>3} {N:>7} {hot * 1e3:>8.1f} {cold * 1e3:>8.1f} {R * N * 4 / cold / 1e6:>10.0f} {old}")
             rows_out.append({"what": "argmax", "R": R, "N": N, "hot us": hot * 1e3, "cold us": cold * 1e3})
-            del x
 
 
 def bench_gdn(be: CudaBackend, rows_out: list) -> None:

@@ -11,6 +11,8 @@
 R=$(cd "$(dirname "$0")/../.." && pwd); C=/tmp/s3b; T=/tmp/clean; mkdir -p $C $T
 bash $R/benchmarks/device/unpack.sh $T || exit 1
 mkdir -p $R/.carry/vocab && gunzip -c $R/.carry/gz/vocab.pkl.gz > $R/.carry/vocab/qwen35_vocab_v1_8dde380a6405e935.pkl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    $R/.whl/server/*.whl > $C/pip.log 2>&1    # fastapi/uvicorn for the servers (the 14:18 run lacked this line)
 cd $T
 export PYTHONPATH=/tmp/site:$R/.carry/site:$T PYTHONUNBUFFERED=1 LLAMACMP_CACHE=$R/.carry/vocab
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

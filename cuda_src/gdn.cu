@@ -144,12 +144,110 @@ gdn_scan_kernel(const float* __restrict__ qkv, const float* __restrict__ g, cons
     gdn_scan<DK>(qkv, g, b, state, o, L, K, V, eps);
 }
 
-// A decode batch: sequence s = blockIdx.z has one token (row s of qkv / g / b / o) and its own state states[s]; the
-// grid holds every sequence's (head, column) blocks at once (one sequence alone gives only V * DK/32 warps), and
-// each sequence computes exactly what gdn_scan_kernel computes for it alone.
+// ---- the decode step (L = 1) -------------------------------------------------------------------------------------
+// gdn_scan's block is one warp whose lanes each walk two DK-long dependent FMA chains (k.S, then update + output) over
+// a column held in DK registers: at DK 128 and V 32 (9B) that is 128 warps on the whole GPU, each latency-bound
+// (7.37 us per layer on the H200; ptxas also spills gdn_scan_kernel<128> at its 255 registers). For one token the state's rows split over GDN_STEP_NW<DK> warps of the block
+// (warp w: rows w*RW .. w*RW+RW-1 of the lane's column, RW = 32): chains RW long, NW times the warps in flight. The
+// partial k.S and outputs meet in shared memory, summed in warp order 0..NW-1 by every warp alike (so every warp
+// takes the same delta). Only the summation order of k.S and of the output differs from gdn_scan (fp32, ~1e-7
+// relative); DK 16 and 32 stay one warp, gdn_scan's arithmetic exactly.
 template <int DK>
-__global__ void __launch_bounds__(32)
-gdn_scan_rows_kernel(const float* __restrict__ qkv,      // [S, C]
+constexpr int GDN_STEP_NW = DK >= 64 ? DK / 32 : 1;   // row warps per block
+
+// Block (V head h, 32 value columns), GDN_STEP_NW<DK> warps; threadIdx.x = warp * 32 + lane.
+template <int DK>
+__device__ __forceinline__ void gdn_step(const float* __restrict__ qkv,  // [C], C = 2*K*DK + V*DK (one token)
+                                         const float* __restrict__ g,    // [V] log-decay
+                                         const float* __restrict__ b,    // [V] beta
+                                         float* __restrict__ state,      // [V, DK, DK]
+                                         float* __restrict__ o,          // [V*DK]
+                                         int K, int V, float eps) {
+    constexpr int NW = GDN_STEP_NW<DK>, RW = DK / NW;   // rows per warp: 32 (DK >= 64), else DK
+    constexpr int PER = DK >= 32 ? DK / 32 : 1;         // q/k elements per lane for the norms
+    __shared__ float qs[DK], ks[DK];
+    __shared__ float part_ks[NW][32], part_o[NW][32];
+    const int h = blockIdx.x, kh = h % K, lane = threadIdx.x & 31, w = threadIdx.x >> 5, r0 = w * RW;
+    const int j = blockIdx.y * 32 + lane;
+    const bool col = j < DK;
+    float* S = state + (size_t)h * DK * DK;
+    float s[RW];
+#pragma unroll
+    for (int i = 0; i < RW; ++i) s[i] = col ? S[(size_t)(r0 + i) * DK + j] : 0.f;
+    // every warp normalises the whole q and k (the norms need all DK elements; 2*DK floats, cached) and keeps its rows
+    float qv[PER], kv[PER], qsum = 0.f, ksum = 0.f;
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+        const int i = lane + 32 * e;
+        qv[e] = i < DK ? qkv[kh * DK + i] : 0.f;
+        kv[e] = i < DK ? qkv[(size_t)K * DK + kh * DK + i] : 0.f;
+        qsum += qv[e] * qv[e];
+        ksum += kv[e] * kv[e];
+    }
+    const float v_now = col ? qkv[(size_t)2 * K * DK + (size_t)h * DK + j] : 0.f;
+    const float decay = __expf(g[h]), beta = b[h];
+    const float qn = rsqrtf((float)DK) / fmaxf(sqrtf(warp_sum(qsum)), eps);
+    const float kn = 1.f / fmaxf(sqrtf(warp_sum(ksum)), eps);
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+        const int i = lane + 32 * e;
+        if (i < DK && i >= r0 && i < r0 + RW) {   // this warp's rows only: no other warp reads them
+            qs[i] = qv[e] * qn;
+            ks[i] = kv[e] * kn;
+        }
+    }
+    __syncwarp();
+    float kS = 0.f;
+#pragma unroll
+    for (int i = 0; i < RW; ++i) kS = fmaf(s[i], ks[r0 + i], kS);
+    if (NW > 1) {
+        part_ks[w][lane] = kS;
+        __syncthreads();
+        kS = part_ks[0][lane];
+#pragma unroll
+        for (int u = 1; u < NW; ++u) kS += part_ks[u][lane];
+    }
+    const float delta = beta * (v_now - decay * kS);
+    float out = 0.f;
+#pragma unroll
+    for (int i = 0; i < RW; ++i) {
+        s[i] = fmaf(decay, s[i], ks[r0 + i] * delta);
+        out = fmaf(s[i], qs[r0 + i], out);
+    }
+#pragma unroll
+    for (int i = 0; i < RW; ++i)
+        if (col) S[(size_t)(r0 + i) * DK + j] = s[i];
+    if (NW > 1) {
+        part_o[w][lane] = out;
+        __syncthreads();
+        if (w == 0) {
+            out = part_o[0][lane];
+#pragma unroll
+            for (int u = 1; u < NW; ++u) out += part_o[u][lane];
+        }
+    }
+    if (w == 0 && col) o[(size_t)h * DK + j] = out;
+}
+
+// One sequence's decode token (cmp_gdn with L = 1).
+template <int DK>
+__global__ void __launch_bounds__(32 * GDN_STEP_NW<DK>)
+gdn_step_kernel(const float* __restrict__ qkv,  // [1, C]
+                const float* __restrict__ g,    // [1, V]
+                const float* __restrict__ b,    // [1, V]
+                float* __restrict__ state,      // [V, DK, DK]
+                float* __restrict__ o,          // [1, V*DK]
+                int K, int V, float eps) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
+    gdn_step<DK>(qkv, g, b, state, o, K, V, eps);
+}
+
+// A decode batch: sequence s = blockIdx.z has one token (row s of qkv / g / b / o) and its own state states[s]; the
+// grid holds every sequence's (head, column) blocks at once, and each sequence runs gdn_step as gdn_step_kernel does
+// for it alone (bit for bit: tests/test_decode_cuda.py).
+template <int DK>
+__global__ void __launch_bounds__(32 * GDN_STEP_NW<DK>)
+gdn_step_rows_kernel(const float* __restrict__ qkv,      // [S, C]
                      const float* __restrict__ g,        // [S, V]
                      const float* __restrict__ b,        // [S, V]
                      float* const* __restrict__ states,  // [S] -> [V, DK, DK]
@@ -157,7 +255,7 @@ gdn_scan_rows_kernel(const float* __restrict__ qkv,      // [S, C]
                      int K, int V, float eps) {
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const size_t s = blockIdx.z, C = (size_t)(2 * K + V) * DK;
-    gdn_scan<DK>(qkv + s * C, g + s * V, b + s * V, states[s], o + s * V * DK, 1, K, V, eps);
+    gdn_step<DK>(qkv + s * C, g + s * V, b + s * V, states[s], o + s * V * DK, K, V, eps);
 }
 
 // ---- chunked (WY/UT) form ----------------------------------------------------------------------------------------
@@ -374,9 +472,13 @@ gdn_chunked_kernel(const float* __restrict__ qkv,  // [L, C], C = 2*K*DK + V*DK
 
 // ==== launchers ===================================================================================================
 
+// L = 1 (a decode token) takes the row-split step kernel; longer segments the sequential scan.
 template <int DK>
 int launch_gdn_scan(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V,
                     float eps) {
+    if (L == 1)
+        return launch("gdn_step_kernel", gdn_step_kernel<DK>, dim3(V, ceil_div(DK, 32)), dim3(32 * GDN_STEP_NW<DK>), 0,
+                      qkv, g, b, state, o, K, V, eps);
     return launch("gdn_scan_kernel", gdn_scan_kernel<DK>, dim3(V, ceil_div(DK, 32)), dim3(32), 0, qkv, g, b, state, o,
                   L, K, V, eps);
 }
@@ -384,8 +486,8 @@ int launch_gdn_scan(const float* qkv, const float* g, const float* b, float* sta
 template <int DK>
 int launch_gdn_scan_rows(const float* qkv, const float* g, const float* b, float* const* states, float* o, int S, int K,
                          int V, float eps) {
-    return launch("gdn_scan_rows_kernel", gdn_scan_rows_kernel<DK>, dim3(V, ceil_div(DK, 32), S), dim3(32), 0, qkv, g,
-                  b, states, o, K, V, eps);
+    return launch("gdn_step_rows_kernel", gdn_step_rows_kernel<DK>, dim3(V, ceil_div(DK, 32), S),
+                  dim3(32 * GDN_STEP_NW<DK>), 0, qkv, g, b, states, o, K, V, eps);
 }
 
 // The chunked kernel needs GdnChunkLayout<DK>::bytes of shared memory (96000 B at DK 128): more than the 48 KiB

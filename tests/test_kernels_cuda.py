@@ -349,6 +349,41 @@ def test_gdn_default_switch(cuda_backend):
         assert rel(a, c) < FP32_TOL
 
 
+@pytest.mark.parametrize("Dk,K,V,S", [(16, 2, 4, 1), (32, 1, 3, 2), (64, 2, 2, 1), (64, 2, 2, 3), (128, 2, 4, 1),
+                                      (128, 16, 32, 1), (128, 16, 32, 5)])
+def test_gdn_decode_steps(cuda_backend, Dk, K, V, S):
+    """Five decode tokens (L = 1: gdn_step_kernel for one sequence, gdn_step_rows_kernel for S >= 2), the state
+    carried from token to token, against numpy_ref; and sequence 0's five tokens as one L = 5 segment through the
+    sequential scan (gdn_scan_kernel, the other summation order) from the same S0 give the same outputs and state."""
+    be = cuda_backend
+    rng = np.random.default_rng(Dk * 31 + V + S)
+    cfg = cfg_for(K=K, V=V, Dk=Dk)
+    pairs = _states(be, cfg, 8, "f32", [2] * S, rng)
+    ssm0 = be.to_host(pairs[0][1].ssm[0]).copy()
+    steps = 5
+    qkv = rng.standard_normal((steps, S, cfg.conv_channels)).astype(np.float32)
+    g = -rng.uniform(0.0, 1.5, (steps, S, V)).astype(np.float32)
+    b = rng.uniform(0.0, 1.0, (steps, S, V)).astype(np.float32)
+    outs = []
+    for t in range(steps):
+        b_ref, b_dev = _batches(pairs, [1] * S)
+        ref = REF.gdn(qkv[t], g[t], b[t], b_ref, 0, cfg)
+        poison(be, (S, V * Dk))
+        got = be.to_host(be.gdn(up(be, qkv[t]), up(be, g[t]), up(be, b[t]), b_dev, 0, cfg))
+        assert rel(got, ref) < FP32_TOL, t
+        for s_ref, s_dev in pairs:
+            assert rel(be.to_host(s_dev.ssm[0]), s_ref.ssm[0]) < FP32_TOL, t
+        outs.append(got[0])
+    st = be.new_state(cfg, 8, "f32")
+    be.copy_from_host(st.ssm[0], ssm0)
+    st.n_past = 2
+    poison(be, (steps, V * Dk))
+    scan = StepBatch.build([(st, [0] * steps)])
+    o_scan = be.to_host(be.gdn(up(be, qkv[:, 0]), up(be, g[:, 0]), up(be, b[:, 0]), scan, 0, cfg, chunked=False))
+    assert rel(np.stack(outs), o_scan) < FP32_TOL
+    assert rel(be.to_host(st.ssm[0]), be.to_host(pairs[0][1].ssm[0])) < FP32_TOL
+
+
 # -- sampling -----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("R,N", [(1, 1), (1, 97), (3, 1025), (2, 248320), (5, 4099)])
@@ -363,6 +398,70 @@ def test_argmax(cuda_backend, R, N):
     got = cuda_backend.ids_to_host(cuda_backend.argmax(up(cuda_backend, x)))
     want = np.argmax(np.where(np.isnan(x), -np.inf, x), axis=1).astype(np.int32)
     assert np.array_equal(got, want)
+
+
+def _argmax_want(x):
+    """cmp_argmax's spec per row: the lowest index of the largest non-NaN value (-0 == +0; -inf counts, so NaN
+    around a lone -inf gives the -inf's index, where argmax over NaN -> -inf would give 0); an all-NaN row gives 0."""
+    out = []
+    for row in x:
+        ok = ~np.isnan(row)
+        out.append(int(np.flatnonzero(ok & (row == row[ok].max()))[0]) if ok.any() else 0)
+    return np.array(out, np.int32)
+
+
+def _argmax_rows(rng, R, N):
+    """R rows [R, N] of the cases argmax_kernel's float4 body / scalar head and tail split can get wrong: the
+    maximum and ties in the head, body and tail, -0 against +0, NaN beside the maximum, all -inf, all NaN."""
+    x = (rng.standard_normal((R, N)) * 5).astype(np.float32)
+    for r in range(R):
+        case, top = r % 8, float(x[r].max()) + 1.0
+        if case == 0:
+            x[r, rng.integers(0, N)] = top                           # one maximum anywhere
+        elif case == 1:
+            x[r, [N - 1, max(N - 3, 0)]] = top                       # tie at the tail: the lower index
+        elif case == 2:
+            x[r, :] = -1.0
+            x[r, rng.choice(N, min(N, 3), replace=False)] = np.array([-0.0, 0.0, -0.0][:min(N, 3)])  # -0 == +0
+        elif case == 3:
+            x[r, :] = np.nan
+            x[r, N // 2] = -np.inf                                   # NaN around a lone -inf: the -inf
+        elif case == 4:
+            x[r, :] = -np.inf                                        # all -inf: 0
+        elif case == 5:
+            x[r, :] = np.nan                                         # all NaN: 0
+        elif case == 6:
+            x[r, :] = 2.5                                            # every element ties: 0
+        else:
+            x[r, 0] = top                                            # maximum in the head, NaN beside it
+            x[r, min(1, N - 1)] = np.nan if N > 1 else top
+    return x
+
+
+@pytest.mark.parametrize("N", [1, 2, 3, 4, 5, 7, 31, 127, 1023, 1024, 1025, 4095, 4097, 32769, 65537, 248320, 248321])
+def test_argmax_edge_rows(cuda_backend, N):
+    """Every R in 1..16 (batched greedy decode) at sizes 1, primes, 2^k +- 1 and the 9B vocabulary: N % 4 != 0
+    gives each row its own 16-byte alignment, so the head / body / tail split differs from row to row."""
+    rng = np.random.default_rng(N)
+    x = _argmax_rows(rng, 16, N)
+    for R in range(1, 17):
+        got = cuda_backend.ids_to_host(cuda_backend.argmax(up(cuda_backend, x[:R])))
+        assert np.array_equal(got, _argmax_want(x[:R])), (R, got, _argmax_want(x[:R]))
+
+
+@pytest.mark.parametrize("N", [1, 6, 97, 4099, 248320])
+@pytest.mark.parametrize("shift", [1, 2, 3])
+def test_argmax_unaligned_base(cuda_backend, N, shift):
+    """A logits pointer `shift` floats past a 16-byte boundary (a view into a larger buffer): same ids."""
+    R = 5
+    rng = np.random.default_rng(N * 4 + shift)
+    x = _argmax_rows(rng, R, N)
+    flat = np.concatenate([np.zeros(shift, np.float32), x.ravel()])
+    x_d = up(cuda_backend, flat)
+    assert x_d.ptr % 16 == 0
+    out = cuda_backend.empty((R,), "i32", "argmax ids")
+    cuda_backend.native.cmp_argmax(x_d.ptr + 4 * shift, out.ptr, R, N)
+    assert np.array_equal(cuda_backend.ids_to_host(out), _argmax_want(x))
 
 
 def _reference_pick(logits, params, history, u, eog_ids=frozenset()):

@@ -51,10 +51,10 @@ def bench_case(be: CudaBackend, n_kv: int, L: int, kt: str, vt: str, v2: bool, r
     be.attention_v2 = v2
     try:
         st = be.new_state(cfg, n_kv, kt, vt)
-        for a in (st.k[0], st.v[0]):      # a valid small pattern: f16 0x1111 ~ 5.8e-4, scales likewise
-            be.native.cmp_memset(a.ptr, 0x11, a.nbytes)
-        st.n_past = n_kv - L
         rng = np.random.default_rng(1)
+        fill_cache(be, st.k[0], kt, rng)
+        fill_cache(be, st.v[0], vt, rng)
+        st.n_past = n_kv - L
         q = be.from_host(rng.standard_normal((L, HQ, DH)).astype(np.float32), "f32")
         k = be.from_host(rng.standard_normal((L, HK, DH)).astype(np.float32), "f32")
         v = be.from_host(rng.standard_normal((L, HK * DH)).astype(np.float32), "f32")
@@ -62,6 +62,18 @@ def bench_case(be: CudaBackend, n_kv: int, L: int, kt: str, vt: str, v2: bool, r
         return timed(be, lambda: be.attention(q, k, v, batch, 0, cfg), reps)
     finally:
         be.attention_v2 = True
+
+
+def fill_cache(be: CudaBackend, buf, kv_type: str, rng: np.random.Generator, period: int = 4096) -> None:
+    """Valid rows of Gaussian values (kv_layout.encode), `period` rows tiled over the whole cache: codes vary across
+    keys and lanes as in a real cache (a constant byte pattern would send every lane to the same table entry)."""
+    row = HK * kv_layout.row_bytes(kv_type, DH)               # bytes of one token's rows
+    n = buf.nbytes // row
+    x = rng.standard_normal((min(period, n), HK, DH)).astype(np.float32)
+    block = np.ascontiguousarray(kv_layout.encode(x, kv_type)).view(np.uint8).reshape(len(x), row)
+    for r0 in range(0, n, len(block)):
+        m = min(len(block), n - r0)
+        be.native.cmp_memcpy_h2d(buf.ptr + r0 * row, block.ctypes.data, m * row)
 
 
 DECODE_PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "tq3"), ("tq3", "tq3")]

@@ -428,8 +428,8 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     __shared__ float qs[GP * Dh];               // scaled (and for tq3 keys rotated) queries; later the output
     __shared__ __align__(16) float sc[DEC_TK * GP];   // scores, then probabilities (0 for padding heads)
     __shared__ float m_s[GP], l_s[GP], c_s[GP];
-    extern __shared__ float red[];              // [DEC_NW][GP*Dh]
-    __shared__ __align__(256) float lut_s[8];   // tq3 levels (KvChunk<CMP_KV_TQ3>::decode)
+    // [DEC_NW][GP*Dh] partial outputs after the key loop; during it, the tq3 pair table (KvChunk<CMP_KV_TQ3>::decode)
+    extern __shared__ __align__(16) float red[];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int sub = lane % LPK, kk = lane / LPK, d0 = sub * 8;
@@ -441,7 +441,8 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         m_s[tid] = NEG_BIG_KV;
         l_s[tid] = 0.f;
     }
-    const uint32_t lut = tq3_lut_init(lut_s);
+    const bool tq3 = k_type == CMP_KV_TQ3 || v_type == CMP_KV_TQ3;
+    const uint32_t pairs = tq3 ? tq3_pairs_init(red) : 0u;
     __syncthreads();
     if (k_type == CMP_KV_TQ3) fwht_smem(qs, GP, Dh, tq3_block(Dh), Dh, 1, true, false);
     float qr[GP][8], acc[GP][8];
@@ -495,7 +496,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
 #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         float kx[8];
-                        const float ks = ch[pp][u].decode(kx, lut);
+                        const float ks = ch[pp][u].decode(kx, pairs);
 #pragma unroll
                         for (int h = 0; h < GP; ++h) {
                             float s = 0.f;
@@ -558,7 +559,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                     const int j = jb + u * DEC_NW * KPW;
                     if (j >= nk) break;
                     float vx[8], p[GP];
-                    const float vsc = ch[u].decode(vx, lut);
+                    const float vsc = ch[u].decode(vx, pairs);
                     if constexpr (GP % 4 == 0) {   // one 16-byte shared load per 4 heads
 #pragma unroll
                         for (int h = 0; h < GP; h += 4) {
@@ -908,7 +909,8 @@ template <int Dh, int GP>
 int launch_decode(const float* q, const void* kc, const void* vc, int kt, int vt, const int32_t* pos, float* out,
                   float* work, int L, int Hq, int Hk, float scale, int max_split) {
     const int G = Hq / Hk;
-    const size_t smem = sizeof(float) * DEC_NW * GP * Dh;
+    const bool tq3 = kt == CMP_KV_TQ3 || vt == CMP_KV_TQ3;
+    const size_t smem = std::max(sizeof(float) * DEC_NW * GP * Dh, tq3 ? (size_t)TQ3_PAIR_SMEM : 0);
     auto kernel = attn_decode_kernel<Dh, GP>;
     CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        "attn_decode_kernel shared memory"));

@@ -108,31 +108,34 @@ __host__ __device__ __forceinline__ float kv_byte_f32(uint32_t u, int i, float b
 #endif
 }
 
-// tq3: byte k of lo (values 0..3) / hi (values 4..7) = 4 * code of value k of the group whose bit-plane bytes are
-// b0, b1, b2 (bit k of b_p = bit p of code k) -- the byte offset into an 8-float level table. One multiply spreads
-// four bits of a plane into four bytes: (n & 15) * 0x00204081 puts bit j of n at j + 7m (m = 0..3, no carries: the
-// copies are 4 bits wide, 7 apart); bit k lands on bit 8k only from copy m = k. 18 + 2 integer instructions for 8
-// codes instead of ~10 per code.
-__host__ __device__ __forceinline__ void tq3_code_offsets(uint32_t b0, uint32_t b1, uint32_t b2, uint32_t& lo,
-                                                          uint32_t& hi) {
-    constexpr uint32_t M = 0x00204081u, B = 0x01010101u;
-    lo = ((b0 & 15u) * (M << 2) & (B << 2)) | ((b1 & 15u) * (M << 3) & (B << 3)) | ((b2 & 15u) * (M << 4) & (B << 4));
-    hi = ((b0 >> 4 & 15u) * (M << 2) & (B << 2)) | ((b1 >> 4 & 15u) * (M << 3) & (B << 3)) |
-         ((b2 >> 4 & 15u) * (M << 4) & (B << 4));
+// The level pair of two adjacent values from the 6-bit index (bits 0, 2, 4 = code of the first value, bits 1, 3, 5 =
+// code of the second): entry e of the pair table.
+__host__ __device__ __forceinline__ float2 tq3_pair_levels(int e) {
+    return make_float2(tq3_level((e & 1) | (e >> 1 & 2) | (e >> 2 & 4)), tq3_level((e >> 1 & 1) | (e >> 2 & 2) | (e >> 3 & 4)));
 }
 
-// The 8 levels of the group from a level table of 8 floats (LLOYD_MAX_8 order) at table address `base`, a multiple
-// of 256: the address of level c is base + 4c, so one byte permute puts the code's byte offset under base's upper
-// bytes -- one PRMT and one load per value. ld(address) reads a float at an address of the table's space.
+// The pair table: 64 level pairs, each held 16 times side by side (entry e for lane slot s at byte e * 128 + s * 8)
+// so that the 16 lanes of a half warp, each reading its own slot, hit 16 different bank pairs whatever their codes
+// (8 KB; one 64-bit load gives two values).
+constexpr int TQ3_PAIR_SLOTS = 16;
+constexpr int TQ3_PAIR_TABLE_BYTES = 64 * TQ3_PAIR_SLOTS * 8;
+
+// The 8 levels of the group whose bit-plane bytes are b0, b1, b2, from the pair table: ld(offset) reads the float2 at
+// byte `offset` of the lane's slot (offset = pair index * 128). Two byte permutes put plane p in byte p + 1 of one
+// word w; for values k, k+1 a mask keeps bits k, k+1 of each plane, and the high word of one multiply by
+// 2^(31-k) + 2^(25-k) + 2^(19-k) holds the 6-bit pair index at bits 7..12 (the nine 2-bit copies land at bits
+// 27 + 2j of the product, j = 0, 3, 4, 6, 7, 8, 10, 11, 14: no carries), so one more mask gives the offset. 3 integer
+// instructions and one 64-bit load per 2 values, where the 8-level table took 4.5 and a load per value.
 template <typename Ld>
-__host__ __device__ __forceinline__ void tq3_levels_lut(uint32_t b0, uint32_t b1, uint32_t b2, uint32_t base,
-                                                        Ld&& ld, float (&x)[8]) {
-    uint32_t lo, hi;
-    tq3_code_offsets(b0, b1, b2, lo, hi);
+__host__ __device__ __forceinline__ void tq3_levels_pairs(uint32_t b0, uint32_t b1, uint32_t b2, Ld&& ld, float (&x)[8]) {
+    const uint32_t w = kv_prmt(kv_prmt(b0, b1, 0x0400u), b2, 0x4210u);   // (junk, b0, b1, b2): the masks skip byte 0
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        x[k] = ld(kv_prmt(lo, base, 0x7650u | (uint32_t)k));
-        x[4 + k] = ld(kv_prmt(hi, base, 0x7650u | (uint32_t)k));
+    for (int k = 0; k < 8; k += 2) {
+        const uint32_t m = (1u << (31 - k)) + (1u << (25 - k)) + (1u << (19 - k));
+        const uint32_t hi = (uint32_t)((uint64_t)(w & (0x03030300u << k)) * m >> 32);
+        const float2 v = ld(hi & 0x1f80u);
+        x[k] = v.x;
+        x[k + 1] = v.y;
     }
 }
 
@@ -249,12 +252,12 @@ struct KvChunk<CMP_KV_TQ3> {
         p2 = __ldg(g + 8);
     }
     __device__ __forceinline__ void zero() { p0 = p1 = p2 = 0u; s = 0; }
-    // lut: the shared-memory address of the level table (tq3_lut_init)
-    __device__ __forceinline__ float decode(float (&x)[8], uint32_t lut) const {
-        tq3_levels_lut(p0, p1, p2, lut, [](uint32_t a) {
-            float v;
-            // volatile: stays after the __syncthreads that publishes the table (the address may be a constant)
-            asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a));
+    // slot: the lane's slot of the pair table (tq3_pairs_init), a shared-window address
+    __device__ __forceinline__ float decode(float (&x)[8], uint32_t slot) const {
+        tq3_levels_pairs(p0, p1, p2, [slot](uint32_t off) {
+            float2 v;
+            // volatile: stays after the __syncthreads that publishes the table (the compiler cannot see the address)
+            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(slot | off));
             return v;
         }, x);
         return __half2float(__ushort_as_half(s));
@@ -266,14 +269,17 @@ struct KvChunk<CMP_KV_TQ3> {
     }
 };
 
-// Fill the level table of KvChunk<CMP_KV_TQ3>::decode (threads 0..7 of the block; the caller syncs before use) and
-// return its shared-memory address. `lut` must be 256-byte aligned (tq3_levels_lut). 8 words in 8 banks: a warp's
-// lookups never conflict.
-__device__ __forceinline__ uint32_t tq3_lut_init(float* lut) {
-    if (threadIdx.x < 8) lut[threadIdx.x] = tq3_level((int)threadIdx.x);
+// Fill the pair table of KvChunk<CMP_KV_TQ3>::decode in `smem` (TQ3_PAIR_SMEM bytes: the table goes to the first
+// 8 KB boundary of the shared window inside it, so that a lane's slot address ORs with the offsets; every thread of
+// the block takes part, the caller syncs before use) and return the calling lane's slot as a shared-window address.
+constexpr int TQ3_PAIR_SMEM = 2 * TQ3_PAIR_TABLE_BYTES - 16;   // a 16-byte-aligned start is at most 8 KB - 16 short
+__device__ __forceinline__ uint32_t tq3_pairs_init(float* smem) {
     uint32_t a;
-    asm("{ .reg .u64 g; cvta.to.shared.u64 g, %1; cvt.u32.u64 %0, g; }" : "=r"(a) : "l"(lut));
-    return a;
+    asm("{ .reg .u64 g; cvta.to.shared.u64 g, %1; cvt.u32.u64 %0, g; }" : "=r"(a) : "l"(smem));
+    const uint32_t base = (a + TQ3_PAIR_TABLE_BYTES - 1) & ~(uint32_t)(TQ3_PAIR_TABLE_BYTES - 1);
+    float2* table = reinterpret_cast<float2*>(reinterpret_cast<char*>(smem) + (base - a));
+    for (int i = threadIdx.x; i < 64 * TQ3_PAIR_SLOTS; i += blockDim.x) table[i] = tq3_pair_levels(i / TQ3_PAIR_SLOTS);
+    return base + (threadIdx.x % TQ3_PAIR_SLOTS) * 8u;
 }
 
 // Ask L2 for the bytes [p, p + n) of global memory: nothing is waited for and no register is held, so a kernel can

@@ -20,12 +20,12 @@ static void expect(bool ok, const char* what, unsigned a, unsigned b, unsigned c
     printf("MISMATCH %s: bytes %02x %02x %02x value %d: got %.9g want %.9g\n", what, a, b, c, k, got, want);
 }
 
-// The level table at the 256-byte-aligned address 0x1200 of its space, as the kernel's shared-memory table.
-struct TableAt {
-    static constexpr uint32_t BASE = 0x1200u;
-    const float* lut;
-    __host__ __device__ float operator()(uint32_t a) const {
-        return (a & 3u) || a < BASE || a >= BASE + 32u ? NAN : lut[(a - BASE) / 4];
+// The pair table as the kernel's shared-memory one (tq3_pairs_init): the float2 at byte offset `off` of one lane's
+// slot; anything but a multiple of 128 inside the 64 entries is a bug.
+struct PairTable {
+    float2 entries[64];
+    __host__ __device__ float2 operator()(uint32_t off) const {
+        return (off & 127u) || off >= 64u * 128u ? make_float2(NAN, NAN) : entries[off / 128];
     }
 };
 
@@ -34,21 +34,19 @@ static bool same_bits(float a, float b) { return memcmp(&a, &b, 4) == 0; }
 int main() {
     // kv_quant.LLOYD_MAX_8 rounded to float, as the kernels hold it
     const float levels[8] = {-2.1520f, -1.3439f, -0.7560f, -0.2451f, 0.2451f, 0.7560f, 1.3439f, 2.1520f};
-    float lut[8];
-    for (int c = 0; c < 8; ++c) {
-        lut[c] = tq3_level(c);
-        expect(same_bits(lut[c], levels[c]), "tq3_level", c, 0, 0, c, lut[c], levels[c]);
-    }
+    for (int c = 0; c < 8; ++c) expect(same_bits(tq3_level(c), levels[c]), "tq3_level", c, 0, 0, c, tq3_level(c), levels[c]);
+    PairTable pairs;
+    for (int e = 0; e < 64; ++e) pairs.entries[e] = tq3_pair_levels(e);
     long n = 0;
     for (unsigned b0 = 0; b0 < 256; ++b0)
         for (unsigned b1 = 0; b1 < 256; ++b1)
             for (unsigned b2 = 0; b2 < 256; ++b2) {
                 float xl[8], xs[8];
-                tq3_levels_lut(b0, b1, b2, TableAt::BASE, TableAt{lut}, xl);
+                tq3_levels_pairs(b0, b1, b2, pairs, xl);
                 tq3_levels_sel(b0, b1, b2, xs);
                 for (int k = 0; k < 8; ++k) {
                     const int c = (b0 >> k & 1) | (b1 >> k & 1) << 1 | (b2 >> k & 1) << 2;
-                    expect(same_bits(xl[k], levels[c]), "tq3_levels_lut", b0, b1, b2, k, xl[k], levels[c]);
+                    expect(same_bits(xl[k], levels[c]), "tq3_levels_pairs", b0, b1, b2, k, xl[k], levels[c]);
                     expect(same_bits(xs[k], levels[c]), "tq3_levels_sel", b0, b1, b2, k, xs[k], levels[c]);
                     n += 2;
                 }

@@ -161,6 +161,19 @@ def test_kv_type_pairs(cuda_backend, kt, vt, L):
     assert rel(got, ref) < max(TOL[kt], TOL[vt])
 
 
+# Quantized rows staged in shared memory by cp.async on sm_80+ (tq3 K and V at Dh 256; q4_0 V; q8_0 too large to
+# stage: direct loads beside staged ones): splits of several tiles, so both buffers are refilled.
+@pytest.mark.parametrize("kt,vt", [("q4_0", "q4_0"), ("q8_0", "tq3"), ("tq3", "q8_0"), ("q4_0", "tq3"), ("f16", "tq3"),
+                                   ("tq3", "f16"), ("q8_0", "q8_0")])
+@pytest.mark.parametrize("n_past,L", [(5000, 1), (16385, 3)])
+def test_decode_quantized_long(cuda_backend, kt, vt, n_past, L):
+    rng = np.random.default_rng(n_past + len(kt) * 3 + len(vt))
+    cfg = cfg_for(16, 4, 256)
+    pair = make_pair(cuda_backend, cfg, n_past + L + 1, kt, vt, n_past, rng)
+    got, ref, _ = run_both(cuda_backend, cfg, [pair], [L], rng)
+    assert rel(got, ref) < max(TOL[kt], TOL[vt])
+
+
 def test_tq3_small_head_dim(cuda_backend):
     """Dh 64: tq3 blocks of 64 values (the 32/64-value sign vectors are prefixes of the 128 one)."""
     rng = np.random.default_rng(64)

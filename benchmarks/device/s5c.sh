@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 5, third H200 block (~7 min + start). Carry .carry/s5c (snapshot.sh of branch next/kv-stage: src.tgz,
+# Session 5, third H200 block (~7 min + start). Carry .carry/s5c (snapshot.sh of branch next/kv-stage-tried: src.tgz,
 # libcmpkern.so.gz, COMMIT; libbefore.so.gz = main's library with the tq3 pair table (26d86e9); vocab.pkl.gz;
 # sm70.tgz = tools/build_sm70.sh's libcmpkern.so + libcudart.so.12 of the same commit) and .carry/site. Logs to $OUT.
 #   1. the CUDA test files on the new library (quantized K/V tiles staged in shared memory by cp.async);

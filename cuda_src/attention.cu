@@ -917,14 +917,12 @@ int launch_decode(const float* q, const void* kc, const void* vc, int kt, int vt
     const dim3 grid(max_split, Hk, L);
     // The L2 prefetch of quantized rows only where L2 holds twice what the resident blocks (at most 4 per SM) ask
     // ahead: a small L2 (6 MB on the CMP 100-210) would evict the rows before their tile reads them.
-    int dev = 0, l2 = 0, sms = 0;
-    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
-    CMP_TRY(check_cuda(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "cudaDeviceGetAttribute"));
-    CMP_TRY(check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute"));
+    DeviceFacts dev{};
+    CMP_TRY(device_facts(&dev));
     const size_t ahead_row = (size_t)(kt >= CMP_KV_Q8_0 ? kv_row_bytes(kt, Dh) : 0) +
                              (size_t)(vt >= CMP_KV_Q8_0 ? kv_row_bytes(vt, Dh) : 0);
-    const size_t resident = std::min((size_t)max_split * Hk * L, (size_t)sms * 4);
-    const int prefetch = ahead_row > 0 && 2 * resident * DEC_TK * ahead_row <= (size_t)l2;
+    const size_t resident = std::min((size_t)max_split * Hk * L, (size_t)dev.sms * 4);
+    const int prefetch = ahead_row > 0 && 2 * resident * DEC_TK * ahead_row <= (size_t)dev.l2_bytes;
     CMP_TRY(launch("attn_decode_kernel", kernel, grid, dim3(DEC_NW * 32), smem, q, static_cast<const uint8_t*>(kc),
                    static_cast<const uint8_t*>(vc), kt, vt, pos, out, work, L, Hq, Hk, G, scale, prefetch));
     if (max_split == 1) return CMP_OK;

@@ -31,6 +31,18 @@ inline int check_launch(const char* kernel) { return check_cuda(cudaGetLastError
 // Whether launch() asks for programmatic dependent launch on the current device (cmp_set_pdl).
 bool pdl_on();
 
+// Whether this library's kernels run as compute_90+ code on the current device (the SASS or PTX the driver picked
+// for it; a compute_70 build JIT-compiled on a newer GPU does not): programmatic dependent launch needs it. One
+// query per device, cached (it costs microseconds, which eager launches would pay every time).
+int compute90_code(bool* yes);
+
+// Fixed facts of the current device that launchers size grids and prefetches by, queried once per device.
+struct DeviceFacts {
+    int sms;        // multiprocessors
+    int l2_bytes;   // L2 cache size
+};
+int device_facts(DeviceFacts* f);
+
 // The launch of the small kernels: the stream's next kernel, and with cmp_set_pdl on it may start while the kernel
 // before it drains -- so each kernel launched here calls pdl_wait_producers() before it touches memory (a no-op for
 // a plain launch). In a captured graph the overlap is kept as a programmatic edge.

@@ -706,10 +706,10 @@ int launch_gemv2(const int8_t* xq, const float* xd, const GemvSet& set, int /*to
     return check_launch("gemv2_q8_kernel");
 }
 
-// Facts of the current device the v3 launch needs: SMs x resident blocks of one kernel, and whether a PDL launch is
-// safe: only where the kernel running was compiled for compute_90+ (CUB's PtxVersion query), since an sm_70 build
-// JIT-compiled on an H200 has no griddepcontrol.wait in it. Cached per device and kernel (the queries cost
-// microseconds, paid per eager launch otherwise); a racing first call stores the same value twice.
+// Facts of the current device the v3 launch needs: SMs x resident blocks of one kernel (cached per device and
+// kernel: the queries cost microseconds, paid per eager launch otherwise; a racing first call stores the same value
+// twice), and whether a PDL launch is safe (compute90_code: an sm_70 build JIT-compiled on an H200 has no
+// griddepcontrol.wait in it).
 constexpr int GEMV3_MAX_DEVICES = 64;
 
 // NT is part of the template so that each kernel instance keeps its own cache: the instances share one function
@@ -717,23 +717,20 @@ constexpr int GEMV3_MAX_DEVICES = 64;
 // (T = 16 uses ~3x T = 1's registers, so it was launched with several waves instead of one resident wave).
 template <int NT, typename Kernel>
 int gemv3_device_facts(Kernel kernel, int* resident_blocks, bool* has_pdl) {
-    static std::atomic<int> cache[GEMV3_MAX_DEVICES];  // (resident blocks << 1 | pdl) + 1, 0 = not known yet
+    static std::atomic<int> cache[GEMV3_MAX_DEVICES];  // resident blocks + 1, 0 = not known yet
     int dev = 0;
     CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
     int v = dev < GEMV3_MAX_DEVICES ? cache[dev].load(std::memory_order_relaxed) : 0;
     if (v == 0) {
         int sms = 0, per_sm = 0;
-        cudaFuncAttributes fa{};
         CMP_TRY(check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count"));
         CMP_TRY(check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV_WARPS * 32, 0),
                            "gemv3_q8_kernel occupancy"));
-        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, kernel), "gemv3_q8_kernel attributes"));
-        v = ((sms * (per_sm > 0 ? per_sm : 1)) << 1 | (fa.ptxVersion >= 90 ? 1 : 0)) + 1;
+        v = sms * (per_sm > 0 ? per_sm : 1) + 1;
         if (dev < GEMV3_MAX_DEVICES) cache[dev].store(v, std::memory_order_relaxed);
     }
-    *resident_blocks = (v - 1) >> 1;
-    *has_pdl = (v - 1) & 1;
-    return CMP_OK;
+    *resident_blocks = v - 1;
+    return compute90_code(has_pdl);
 }
 
 using Gemv3Launch = int (*)(const int8_t*, const float*, const GemvSet&, int, bool);
@@ -764,27 +761,10 @@ int launch_gemv3(const int8_t* xq, const float* xd, const GemvSet& set, int n, b
 // the previous kernel (the PDL instantiation waits for it before reading activations).
 using Gemv4Launch = int (*)(const int8_t*, const float*, const GemvSet&, int, bool);
 
-// Whether this library's kernels run as compute_90+ code on the current device (a PDL launch is safe only then:
-// see gemv3_device_facts), cached per device; the query costs microseconds, paid per eager launch otherwise.
-inline int gemv4_has_pdl(bool* has_pdl) {
-    static std::atomic<int> cache[GEMV3_MAX_DEVICES];  // pdl + 1, 0 = not known yet
-    int dev = 0;
-    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
-    int v = dev < GEMV3_MAX_DEVICES ? cache[dev].load(std::memory_order_relaxed) : 0;
-    if (v == 0) {
-        cudaFuncAttributes fa{};
-        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, gemv4_q8_kernel<1, true, 0>), "gemv4_q8_kernel attributes"));
-        v = (fa.ptxVersion >= 90 ? 1 : 0) + 1;
-        if (dev < GEMV3_MAX_DEVICES) cache[dev].store(v, std::memory_order_relaxed);
-    }
-    *has_pdl = v - 1;
-    return CMP_OK;
-}
-
 template <int NT, int MIN_BLOCKS>
 int launch_gemv4_mb(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
     bool has_pdl = false;
-    if (pdl) CMP_TRY(gemv4_has_pdl(&has_pdl));
+    if (pdl) CMP_TRY(compute90_code(&has_pdl));
     const dim3 grid(ceil_div(set.total, GEMV_WARPS)), block(32, GEMV_WARPS);
     if (!has_pdl) {
         gemv4_q8_kernel<NT, false, MIN_BLOCKS><<<grid, block, 0, stream()>>>(xq, xd, set, n);

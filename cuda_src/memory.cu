@@ -16,6 +16,10 @@ cudaEvent_t g_t0[kMaxDevices] = {}, g_t1[kMaxDevices] = {};
 thread_local cudaStream_t t_stream = nullptr;   // this thread's bound stream; null: its device's library stream
 // cmp_set_pdl per device: process-wide like the streams (every thread of a device launches the same way).
 std::atomic<bool> g_pdl[kMaxDevices] = {};
+std::atomic<int> g_code90[kMaxDevices] = {};   // compute90_code per device: answer + 1, 0 = not asked yet
+std::atomic<bool> g_facts_known[kMaxDevices] = {};
+DeviceFacts g_facts[kMaxDevices] = {};          // written before g_facts_known is set (a racing first call writes
+                                                // the same values)
 
 __global__ void pdl_probe_kernel() {}   // its PTX version is every kernel's: one build, one target list
 
@@ -35,6 +39,32 @@ int fail(int code, const char* fmt, ...) {
 }
 
 bool pdl_on() { return g_pdl[current_device()].load(std::memory_order_relaxed); }
+
+int compute90_code(bool* yes) {
+    const int dev = current_device();
+    int v = g_code90[dev].load(std::memory_order_relaxed);
+    if (v == 0) {
+        cudaFuncAttributes fa{};
+        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, pdl_probe_kernel), "cudaFuncGetAttributes(pdl_probe_kernel)"));
+        v = (fa.ptxVersion >= 90 ? 1 : 0) + 1;
+        g_code90[dev].store(v, std::memory_order_relaxed);
+    }
+    *yes = v == 2;
+    return CMP_OK;
+}
+
+int device_facts(DeviceFacts* f) {
+    const int dev = current_device();
+    if (!g_facts_known[dev].load(std::memory_order_acquire)) {
+        DeviceFacts d{};
+        CMP_TRY(check_cuda(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev), "SM count"));
+        CMP_TRY(check_cuda(cudaDeviceGetAttribute(&d.l2_bytes, cudaDevAttrL2CacheSize, dev), "L2 size"));
+        g_facts[dev] = d;
+        g_facts_known[dev].store(true, std::memory_order_release);
+    }
+    *f = g_facts[dev];
+    return CMP_OK;
+}
 
 cudaStream_t stream() { return t_stream ? t_stream : g_stream[current_device()]; }
 
@@ -168,16 +198,16 @@ extern "C" int cmp_set_stream(void* s) {
 
 extern "C" int cmp_set_pdl(int device, int on, int* in_effect) {
     CMP_REQUIRE(device >= 0 && device < kMaxDevices, "cmp_set_pdl: device %d out of range", device);
-    cudaFuncAttributes fa{};
+    bool code90 = false;
     if (on) {   // the code that runs on `device` (its own JIT of the PTX where no SASS matches)
         int prev = 0;
         CMP_TRY(check_cuda(cudaGetDevice(&prev), "cudaGetDevice"));
         CMP_TRY(check_cuda(cudaSetDevice(device), "cudaSetDevice"));
-        const cudaError_t e = cudaFuncGetAttributes(&fa, pdl_probe_kernel);
+        const int rc = compute90_code(&code90);
         CMP_TRY(check_cuda(cudaSetDevice(prev), "cudaSetDevice"));
-        CMP_TRY(check_cuda(e, "cudaFuncGetAttributes(pdl_probe_kernel)"));
+        CMP_TRY(rc);
     }
-    const bool pdl = on && fa.ptxVersion >= 90;
+    const bool pdl = on && code90;
     g_pdl[device].store(pdl, std::memory_order_relaxed);
     *in_effect = pdl;
     return CMP_OK;

@@ -23,6 +23,8 @@ import numpy as np
 
 from llamacmp.backends.cuda import CudaBackend
 
+import bench_kernels  # benchmarks/ is the script's folder
+
 OLD_ARGMAX_US = 93.6    # argmax_kernel, R = 1, N = 248320, H200 torch.profiler, 2026-11-30 15:45-15:58 UTC
 OLD_GDN_US = 7.37       # gdn_scan_kernel<128> at L = 1, 9B heads, per layer, same profile
 K, V, DK = 16, 32, 128  # 9B GDN heads
@@ -30,16 +32,8 @@ POOL_BYTES = 256 << 20  # rotating buffers: ~4x the H200's L2
 
 
 def timed(be: CudaBackend, fn, reps: int) -> float:
-    """Median ms per call over 7 batches of `reps` calls, CUDA events around each batch, after a warm-up."""
-    fn(0)
-    be.synchronize()
-    samples = []
-    for r in range(7):
-        be.native.cmp_timer_start()
-        for i in range(reps):
-            fn(r * reps + i)
-        samples.append(be.native.timer_stop() / reps)
-    return float(np.median(samples))
+    """Median ms per call over 7 batches of `reps` calls (bench_kernels.timed)."""
+    return bench_kernels.timed(be, fn, reps, batches=7)
 
 
 def argmax_case(be: CudaBackend, R: int, N: int) -> tuple[float, float]:

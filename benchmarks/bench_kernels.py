@@ -24,12 +24,13 @@ SHAPES_9B = [("gdn qkv", 8192, 4096), ("gdn z", 4096, 4096), ("ffn gate", 12288,
              ("attn q", 8192, 4096), ("ssm_out", 4096, 4096)]
 
 
-def timed(be: CudaBackend, fn, reps: int) -> float:
-    """Median ms per call over `reps` calls (device events around each batch of calls), after a warm-up."""
+def timed(be: CudaBackend, fn, reps: int, batches: int = 5) -> float:
+    """Median ms per call over `batches` batches of `reps` calls (device events around each batch), after a warm-up;
+    fn(i) gets the call's index (for rotating buffers)."""
     fn(0)
     be.synchronize()
     samples = []
-    for r in range(5):
+    for r in range(batches):
         be.native.cmp_timer_start()
         for i in range(reps):
             fn(r * reps + i)

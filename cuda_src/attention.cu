@@ -457,6 +457,8 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     const size_t kstride = (size_t)Hk * kbytes, vstride = (size_t)Hk * vbytes;
     const uint8_t* kbase = kc + (size_t)kvh * kbytes;
     const uint8_t* vbase = vc + (size_t)kvh * vbytes;
+    const KvLane klane = kv_lane(k_type, kbase, (uint32_t)kstride, d0, Dh);
+    const KvLane vlane = kv_lane(v_type, vbase, (uint32_t)vstride, d0, Dh);
 
     static_assert(DEC_NW * 32 == 2 * DEC_TK, "the L2 prefetch gives each thread one K or V row of a tile");
     for (int k0 = kbeg; k0 < kend; k0 += DEC_TK) {
@@ -482,11 +484,27 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
 #pragma unroll
                 for (int pp = 0; pp < PP; ++pp) {
                     const int j0 = j00 + pp * PASS;
-                    const uint8_t* row = kbase + (size_t)(k0 + j0 + kk) * kstride;   // key j0 + u*KPW + kk
+                    if constexpr (KT >= CMP_KV_Q8_0) {
+                        // the lane's quants of key j0 + u*KPW + kk by one wide multiply-add, its scale a fixed
+                        // distance away (kv_lane: no per-key rederivation of either); a full tile needs no bounds
+                        const uint8_t* qp = klane.q + (size_t)(uint32_t)(k0 + j0 + kk) * klane.stride;
+                        if (nk == DEC_TK) {
 #pragma unroll
-                    for (int u = 0; u < U; ++u, row += KPW * kstride) {
-                        if (j0 + u * KPW + kk < nk) ch[pp][u].load(row, d0, Dh);
-                        else ch[pp][u].zero();
+                            for (int u = 0; u < U; ++u, qp += KPW * klane.stride) ch[pp][u].load_at(qp, qp + klane.ds);
+                        } else {
+#pragma unroll
+                            for (int u = 0; u < U; ++u, qp += KPW * klane.stride) {
+                                if (j0 + u * KPW + kk < nk) ch[pp][u].load_at(qp, qp + klane.ds);
+                                else ch[pp][u].zero();
+                            }
+                        }
+                    } else {
+                        const uint8_t* row = kbase + (size_t)(k0 + j0 + kk) * kstride;   // key j0 + u*KPW + kk
+#pragma unroll
+                        for (int u = 0; u < U; ++u, row += KPW * kstride) {
+                            if (j0 + u * KPW + kk < nk) ch[pp][u].load(row, d0, Dh);
+                            else ch[pp][u].zero();
+                        }
                     }
                 }
 #pragma unroll
@@ -548,11 +566,25 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
             constexpr int UC = (VT >= CMP_KV_Q8_0 ? 8 : 4) < UC_MAX ? (VT >= CMP_KV_Q8_0 ? 8 : 4) : UC_MAX;
             for (int jb = warp * KPW + kk; jb < nk; jb += DEC_NW * KPW * UC) {
                 KvChunk<VT> ch[UC];
-                const uint8_t* row = vbase + (size_t)(k0 + jb) * vstride;   // key jb + u*DEC_NW*KPW
+                if constexpr (VT >= CMP_KV_Q8_0) {
+                    const uint8_t* qp = vlane.q + (size_t)(uint32_t)(k0 + jb) * vlane.stride;
+                    if (nk == DEC_TK) {
 #pragma unroll
-                for (int u = 0; u < UC; ++u, row += DEC_NW * KPW * vstride) {
-                    if (jb + u * DEC_NW * KPW < nk) ch[u].load(row, d0, Dh);
-                    else ch[u].zero();
+                        for (int u = 0; u < UC; ++u, qp += DEC_NW * KPW * vlane.stride) ch[u].load_at(qp, qp + vlane.ds);
+                    } else {
+#pragma unroll
+                        for (int u = 0; u < UC; ++u, qp += DEC_NW * KPW * vlane.stride) {
+                            if (jb + u * DEC_NW * KPW < nk) ch[u].load_at(qp, qp + vlane.ds);
+                            else ch[u].zero();
+                        }
+                    }
+                } else {
+                    const uint8_t* row = vbase + (size_t)(k0 + jb) * vstride;   // key jb + u*DEC_NW*KPW
+#pragma unroll
+                    for (int u = 0; u < UC; ++u, row += DEC_NW * KPW * vstride) {
+                        if (jb + u * DEC_NW * KPW < nk) ch[u].load(row, d0, Dh);
+                        else ch[u].zero();
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < UC; ++u) {

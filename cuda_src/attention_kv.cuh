@@ -204,9 +204,14 @@ struct KvChunk<CMP_KV_Q8_0> {
     uint32_t a, b;
     unsigned short d;
     __device__ __forceinline__ void load(const uint8_t* __restrict__ row, int d0, int Dh) {
-        d = __ldg(reinterpret_cast<const unsigned short*>(row + Dh + (d0 / 32) * 2));
-        a = ld_u32_any(row + d0);
-        b = ld_u32_any(row + d0 + 4);
+        load_at(row + lane_q(d0, Dh), row + lane_s(d0, Dh));
+    }
+    __host__ __device__ static int lane_q(int d0, int) { return d0; }
+    __host__ __device__ static int lane_s(int d0, int Dh) { return Dh + (d0 / 32) * 2; }
+    __device__ __forceinline__ void load_at(const uint8_t* __restrict__ q, const uint8_t* __restrict__ s) {
+        d = __ldg(reinterpret_cast<const unsigned short*>(s));
+        a = ld_u32_any(q);
+        b = ld_u32_any(q + 4);
     }
     __device__ __forceinline__ void zero() { a = b = 0u; d = 0; }
     __device__ __forceinline__ float decode(float (&x)[8], uint32_t) const {
@@ -225,8 +230,13 @@ struct KvChunk<CMP_KV_Q4_0> {
     uint32_t a;
     unsigned short d;
     __device__ __forceinline__ void load(const uint8_t* __restrict__ row, int d0, int Dh) {
-        d = __ldg(reinterpret_cast<const unsigned short*>(row + Dh / 2 + (d0 / 32) * 2));
-        a = ld_u32_any(row + d0 / 2);
+        load_at(row + lane_q(d0, Dh), row + lane_s(d0, Dh));
+    }
+    __host__ __device__ static int lane_q(int d0, int) { return d0 / 2; }
+    __host__ __device__ static int lane_s(int d0, int Dh) { return Dh / 2 + (d0 / 32) * 2; }
+    __device__ __forceinline__ void load_at(const uint8_t* __restrict__ q, const uint8_t* __restrict__ s) {
+        d = __ldg(reinterpret_cast<const unsigned short*>(s));
+        a = ld_u32_any(q);
     }
     __device__ __forceinline__ void zero() { a = 0u; d = 0; }
     __device__ __forceinline__ float decode(float (&x)[8], uint32_t) const {
@@ -245,8 +255,12 @@ struct KvChunk<CMP_KV_TQ3> {
     uint32_t p0, p1, p2;   // bit-plane bytes of the 8 values
     unsigned short s;
     __device__ __forceinline__ void load(const uint8_t* __restrict__ row, int d0, int Dh) {
-        s = __ldg(reinterpret_cast<const unsigned short*>(row + Dh * 3 / 8 + (d0 / tq3_block(Dh)) * 2));
-        const uint8_t* g = row + (d0 / 32) * 12 + (d0 & 31) / 8;
+        load_at(row + lane_q(d0, Dh), row + lane_s(d0, Dh));
+    }
+    __host__ __device__ static int lane_q(int d0, int) { return (d0 / 32) * 12 + (d0 & 31) / 8; }
+    __host__ __device__ static int lane_s(int d0, int Dh) { return Dh * 3 / 8 + (d0 / tq3_block(Dh)) * 2; }
+    __device__ __forceinline__ void load_at(const uint8_t* __restrict__ g, const uint8_t* __restrict__ sc) {
+        s = __ldg(reinterpret_cast<const unsigned short*>(sc));
         p0 = __ldg(g);
         p1 = __ldg(g + 4);
         p2 = __ldg(g + 8);
@@ -300,6 +314,26 @@ __device__ __forceinline__ void kv_type_switch(int type, F&& f) {
         case CMP_KV_Q4_0: f(std::integral_constant<int, CMP_KV_Q4_0>{}); break;
         default: f(std::integral_constant<int, CMP_KV_TQ3>{}); break;
     }
+}
+
+// A lane's view of the quantized rows of one kv head: its quants in key 0's row, the distance from them to its block
+// scale, and the row stride (a few KB: 32 bits), so that key j's two addresses are q + j * stride and that + ds.
+struct KvLane {
+    const uint8_t* q;
+    int ds;
+    uint32_t stride;
+};
+
+__device__ __forceinline__ KvLane kv_lane(int type, const uint8_t* base, uint32_t stride, int d0, int Dh) {
+    int q = 0, s = 0;
+    kv_type_switch(type, [&](auto tag) {
+        constexpr int T = decltype(tag)::value;
+        if constexpr (T >= CMP_KV_Q8_0) {
+            q = KvChunk<T>::lane_q(d0, Dh);
+            s = KvChunk<T>::lane_s(d0, Dh);
+        }
+    });
+    return KvLane{base + q, s - q, stride};
 }
 
 // x[0..7] = the values d0 .. d0+7 of a cache row (d0 a multiple of 8). tq3 gives them in the rotated domain

@@ -369,14 +369,14 @@ __global__ void __launch_bounds__(128) kv_write_q_kernel(const float* __restrict
 }
 
 // ---- decode: split-K over the keys of each row -----------------------------------------------------------------------
-// Reduce NV values across aligned groups of W lanes (both powers of two, NV <= W) with NV-1 + log2(W/NV) shuffles
-// instead of NV*log2(W): each step halves the values a lane keeps. Afterwards v[0] of a lane is the group's total of
-// value index (lane % W) / (W / NV).
-template <int NV, int W>
-__device__ __forceinline__ void transpose_reduce(float (&v)[NV], int lane) {
-    int n = NV;
+// Sum N values v[0..N) across the lanes of aligned groups, over the lane offsets FROM, 2*FROM, ... < TO (powers of
+// two), with N/2 + N/4 + ... shuffles instead of N per offset: while a lane keeps several values, each step halves
+// them (the lane with the offset's bit set keeps the upper half). lane_reduced() says what a lane holds afterwards.
+template <int N, int NV, int FROM, int TO>
+__device__ __forceinline__ void lane_reduce(float (&v)[NV], int lane) {
+    int n = N;
 #pragma unroll
-    for (int off = W / 2; off > 0; off >>= 1) {
+    for (int off = FROM; off < TO; off <<= 1) {
         if (n > 1) {
             const bool upper = lane & off;
 #pragma unroll
@@ -394,14 +394,42 @@ __device__ __forceinline__ void transpose_reduce(float (&v)[NV], int lane) {
     }
 }
 
+// After lane_reduce<N, .., FROM, TO>: how many values a lane keeps, ...
+__host__ __device__ constexpr int lane_reduced_count(int n, int from, int to) {
+    for (int off = from; off < to && n > 1; off <<= 1) n >>= 1;
+    return n;
+}
+
+// ... which of the N its v[0] is (index), and whether it is the lowest of the lanes holding that sum (writer).
+struct LaneReduced {
+    int index;
+    bool writer;
+};
+__device__ __forceinline__ LaneReduced lane_reduced(int n, int from, int to, int lane) {
+    LaneReduced r{0, true};
+    for (int off = from; off < to; off <<= 1) {
+        if (n > 1) {
+            n >>= 1;
+            if (lane & off) r.index += n;
+        } else if (lane & off) {
+            r.writer = false;
+        }
+    }
+    return r;
+}
+
 constexpr int DEC_NW = 4;    // warps per block
 constexpr int DEC_TK = 64;   // keys per tile
 
 // Block (split, kv head, row t), 128 threads, all G q heads of the kv head (GQA: K/V read once for the group).
 // Lane = (key slot kk, 8 dims at d0): LPK = Dh/8 lanes per key, so a key row is one coalesced 16-byte-per-lane
-// read (f16). Per 64-key tile: (A) scores of U keys per lane in flight, reduced with transpose_reduce, to shared
-// memory; (B) online softmax per head; (C) acc += p v. Partials (unnormalised acc, m, l) go to work when the row
-// has several splits; a single split writes the output (tq3 values rotated back) itself.
+// read (f16). Per 64-key tile: (A) scores of U keys per lane in flight, reduced with lane_reduce, to shared memory;
+// (B) online softmax per head; (C) acc += p v. Partials (unnormalised acc, m, l) go to work when the row has several
+// splits; a single split writes the output (tq3 values rotated back) itself.
+// Block scales of quantized rows are applied once per sum, not per value: a key's scale multiplies the partial dot
+// product of the lanes of its block (the reduction runs over those lanes first), and a tq3 value row's scale goes
+// into the probabilities in phase B (its 1-2 blocks per row fit a small shared array; q8_0/q4_0 rows have up to 8,
+// so their lanes multiply p themselves).
 template <int Dh, int GP>
 __global__ void __launch_bounds__(DEC_NW * 32, GP <= 4 ? 4 : 1)   // GP <= 4: 4 blocks (<= 128 registers) per SM
 attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
@@ -417,8 +445,11 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     constexpr int LPK = Dh / 8, KPW = 32 / LPK;
     constexpr int U = LPK / GP >= 4 ? 4 : (LPK / GP >= 1 ? LPK / GP : 1);
     constexpr int NV = U * GP;
-    static_assert(NV <= LPK, "transpose_reduce needs NV <= LPK");
+    constexpr int NBV = Dh / tq3_block(Dh);   // tq3 blocks of a value row
+    constexpr int JS = NBV * GP;              // sc floats per key: [NBV][GP] (p * block scale for tq3 values)
+    static_assert(NV <= LPK, "lane_reduce leaves one value per lane only if NV <= LPK");
     static_assert(DEC_TK % (DEC_NW * KPW * U) == 0, "tile must be a multiple of a pass");
+    static_assert(DEC_TK * NBV <= DEC_NW * 32, "a thread stages at most one tq3 value scale per tile");
     const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
     const int n_kv = pos[t] + 1;
     const int chunk = dec_chunk(n_kv), nsp = (n_kv + chunk - 1) / chunk;
@@ -426,9 +457,10 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     const int kbeg = split * chunk, kend = min(n_kv, kbeg + chunk);
 
     __shared__ float qs[GP * Dh];               // scaled (and for tq3 keys rotated) queries; later the output
-    __shared__ __align__(16) float sc[DEC_TK * GP];   // scores, then probabilities (0 for padding heads)
+    __shared__ __align__(16) float sc[DEC_TK * JS];   // scores, then probabilities (0 for padding heads)
+    __shared__ float vs_s[DEC_TK * NBV];        // tq3 value rows: the tile's block scales
     __shared__ float m_s[GP], l_s[GP], c_s[GP];
-    // [DEC_NW][GP*Dh] partial outputs after the key loop; during it, the tq3 pair table (KvChunk<CMP_KV_TQ3>::decode)
+    // [DEC_NW][GP*Dh] partial outputs after the key loop; during it, the tq3 pair table (KvChunk<CMP_KV_TQ3>::values)
     extern __shared__ __align__(16) float red[];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -437,6 +469,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         const int h = i / Dh, d = i % Dh;
         qs[i] = h < G ? q[((size_t)t * Hq + kvh * G + h) * Dh + d] * scale : 0.f;
     }
+    for (int i = tid; i < DEC_TK * JS; i += blockDim.x) sc[i] = 0.f;   // padding heads' entries stay 0
     if (tid < GP) {
         m_s[tid] = NEG_BIG_KV;
         l_s[tid] = 0.f;
@@ -459,6 +492,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     const uint8_t* vbase = vc + (size_t)kvh * vbytes;
     const KvLane klane = kv_lane(k_type, kbase, (uint32_t)kstride, d0, Dh);
     const KvLane vlane = kv_lane(v_type, vbase, (uint32_t)vstride, d0, Dh);
+    const bool fold_vs = v_type == CMP_KV_TQ3;   // phase B multiplies p by the value rows' block scales
 
     static_assert(DEC_NW * 32 == 2 * DEC_TK, "the L2 prefetch gives each thread one K or V row of a tile");
     for (int k0 = kbeg; k0 < kend; k0 += DEC_TK) {
@@ -471,32 +505,50 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
             if (key < kend && (is_v ? v_type : k_type) >= CMP_KV_Q8_0)
                 prefetch_l2((is_v ? vbase : kbase) + (size_t)key * (is_v ? vstride : kstride), is_v ? vbytes : kbytes);
         }
-        // (A) scores: the loads of a lane's U keys are all issued before the first is decoded; the block scale
-        // multiplies the 8-value dot product once (KvChunk::decode leaves it out of the values).
+        // tq3 value scales of the tile (thread = key tid / NBV, block tid % NBV): loaded now, stored to shared
+        // memory after phase A, so that their latency hides behind it
+        unsigned short vs_raw = 0;
+        if (fold_vs && tid < DEC_TK * NBV && tid / NBV < nk)
+            vs_raw = __ldg(reinterpret_cast<const unsigned short*>(
+                vbase + (size_t)(k0 + tid / NBV) * vstride + KvChunk<CMP_KV_TQ3>::lane_s(tid % NBV * tq3_block(Dh), Dh)));
+        // (A) scores: the loads of a lane's U keys are all issued before the first is decoded.
         kv_type_switch(k_type, [&](auto tag) {
             constexpr int KT = decltype(tag)::value;
+            constexpr bool QUANT = KT >= CMP_KV_Q8_0;
             // Quantized rows are a few bytes per lane: two passes' loads (2U keys) go out before either is decoded,
             // halving the round trips to memory per tile.
             constexpr int PASS = DEC_NW * KPW * U, NPASS = DEC_TK / PASS;
-            constexpr int PP = KT >= CMP_KV_Q8_0 && NPASS % 2 == 0 ? 2 : 1;
+            constexpr int PP = QUANT && NPASS % 2 == 0 ? 2 : 1;
+            // The U*GP partial dot products are summed over the SG lanes of one block scale first; the N1 sums a
+            // lane then holds are all of key slot us, so one scale (loaded by this lane alone) multiplies them.
+            constexpr int SG = KvChunk<KT>::scale_values(Dh) / 8 < LPK ? KvChunk<KT>::scale_values(Dh) / 8 : LPK;
+            constexpr int N1 = lane_reduced_count(NV, 1, SG);
+            static_assert(GP % N1 == 0, "the sums a lane holds at the scale must be of one key");
+            const int us = lane_reduced(NV, 1, SG, lane).index / GP;
+            const LaneReduced fin = lane_reduced(NV, 1, LPK, lane);
+            const int u_out = fin.index / GP, h_out = fin.index % GP;
             for (int j00 = warp * KPW * U; j00 < DEC_TK; j00 += PP * PASS) {
                 KvChunk<KT> ch[PP][U];
+                unsigned short ks_raw[PP];
 #pragma unroll
                 for (int pp = 0; pp < PP; ++pp) {
                     const int j0 = j00 + pp * PASS;
-                    if constexpr (KT >= CMP_KV_Q8_0) {
+                    if constexpr (QUANT) {
                         // the lane's quants of key j0 + u*KPW + kk by one wide multiply-add, its scale a fixed
                         // distance away (kv_lane: no per-key rederivation of either); a full tile needs no bounds
                         const uint8_t* qp = klane.q + (size_t)(uint32_t)(k0 + j0 + kk) * klane.stride;
+                        const uint8_t* sp = qp + us * KPW * klane.stride + klane.ds;
                         if (nk == DEC_TK) {
 #pragma unroll
-                            for (int u = 0; u < U; ++u, qp += KPW * klane.stride) ch[pp][u].load_at(qp, qp + klane.ds);
+                            for (int u = 0; u < U; ++u) ch[pp][u].load_q(qp + u * KPW * klane.stride);
+                            ks_raw[pp] = __ldg(reinterpret_cast<const unsigned short*>(sp));
                         } else {
 #pragma unroll
-                            for (int u = 0; u < U; ++u, qp += KPW * klane.stride) {
-                                if (j0 + u * KPW + kk < nk) ch[pp][u].load_at(qp, qp + klane.ds);
+                            for (int u = 0; u < U; ++u) {
+                                if (j0 + u * KPW + kk < nk) ch[pp][u].load_q(qp + u * KPW * klane.stride);
                                 else ch[pp][u].zero();
                             }
+                            ks_raw[pp] = j0 + us * KPW + kk < nk ? __ldg(reinterpret_cast<const unsigned short*>(sp)) : 0;
                         }
                     } else {
                         const uint8_t* row = kbase + (size_t)(k0 + j0 + kk) * kstride;   // key j0 + u*KPW + kk
@@ -514,33 +566,47 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
 #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         float kx[8];
-                        const float ks = ch[pp][u].decode(kx, pairs);
+                        ch[pp][u].values(kx, pairs);
 #pragma unroll
                         for (int h = 0; h < GP; ++h) {
                             float s = 0.f;
 #pragma unroll
                             for (int i = 0; i < 8; ++i) s = fmaf(qr[h][i], kx[i], s);
-                            part[u * GP + h] = s * ks;
+                            part[u * GP + h] = s;
                         }
                     }
-                    transpose_reduce<NV, LPK>(part, lane);
-                    constexpr int REP = LPK / NV;
-                    const int idx = sub / REP, u = idx / GP, h = idx % GP, j = j0 + u * KPW + kk;
+                    lane_reduce<NV, NV, 1, SG>(part, lane);
+                    if constexpr (QUANT) {
+                        const float ks = __half2float(__ushort_as_half(ks_raw[pp]));
+#pragma unroll
+                        for (int i = 0; i < N1; ++i) part[i] *= ks;
+                    }
+                    lane_reduce<N1, NV, SG, LPK>(part, lane);
+                    const int j = j0 + u_out * KPW + kk;
                     // padding heads (h >= G) get probability 0 (phase B leaves them), so phase C needs no test
-                    if (sub % REP == 0) sc[j * GP + h] = h >= G ? 0.f : j < nk ? part[0] : NEG_BIG_KV;
+                    if (fin.writer) sc[j * JS + h_out] = h_out >= G ? 0.f : j < nk ? part[0] : NEG_BIG_KV;
                 }
             }
         });
+        if (fold_vs && tid < DEC_TK * NBV) vs_s[tid] = __half2float(__ushort_as_half(vs_raw));
         __syncthreads();
         // (B) online softmax, a warp per head
         for (int h = warp; h < G; h += DEC_NW) {
-            const float s0 = sc[lane * GP + h], s1 = sc[(lane + 32) * GP + h];
+            const float s0 = sc[lane * JS + h], s1 = sc[(lane + 32) * JS + h];
             const float m_old = m_s[h];
             const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));
             const float p0 = s0 <= NEG_BIG_KV ? 0.f : __expf(s0 - m_new);
             const float p1 = s1 <= NEG_BIG_KV ? 0.f : __expf(s1 - m_new);
-            sc[lane * GP + h] = p0;
-            sc[(lane + 32) * GP + h] = p1;
+            if (fold_vs) {   // keys past the tile's end have p = 0 and scale 0
+#pragma unroll
+                for (int b = 0; b < NBV; ++b) {
+                    sc[lane * JS + b * GP + h] = p0 * vs_s[lane * NBV + b];
+                    sc[(lane + 32) * JS + b * GP + h] = p1 * vs_s[(lane + 32) * NBV + b];
+                }
+            } else {
+                sc[lane * JS + h] = p0;
+                sc[(lane + 32) * JS + h] = p1;
+            }
             const float psum = warp_sum(p0 + p1);
             if (lane == 0) {
                 const float corr = __expf(m_old - m_new);
@@ -559,59 +625,70 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         }
         // UC keys per lane loaded before any is decoded: several loads in flight per lane (memory-level
         // parallelism); quantized rows are a few bytes per lane, so they take twice as many. The block scale goes
-        // into p (one multiply per head instead of one per value).
+        // into p (one multiply per head instead of one per value), for tq3 already in phase B.
         kv_type_switch(v_type, [&](auto tag) {
             constexpr int VT = decltype(tag)::value;
+            constexpr bool FOLDED = VT == CMP_KV_TQ3;   // == fold_vs
             constexpr int UC_MAX = DEC_TK / (DEC_NW * KPW);   // a warp's keys of a tile
             constexpr int UC = (VT >= CMP_KV_Q8_0 ? 8 : 4) < UC_MAX ? (VT >= CMP_KV_Q8_0 ? 8 : 4) : UC_MAX;
-            for (int jb = warp * KPW + kk; jb < nk; jb += DEC_NW * KPW * UC) {
-                KvChunk<VT> ch[UC];
-                if constexpr (VT >= CMP_KV_Q8_0) {
-                    const uint8_t* qp = vlane.q + (size_t)(uint32_t)(k0 + jb) * vlane.stride;
-                    if (nk == DEC_TK) {
+            constexpr int STEP = DEC_NW * KPW;   // between a lane's keys
+            const float* pv = sc + (FOLDED ? d0 / tq3_block(Dh) * GP : 0);   // p of key j, head h: pv[j * JS + h]
+            // full: a whole tile, no bounds to check
+            auto accumulate = [&](auto full_tile) {
+                constexpr bool full = decltype(full_tile)::value;
+                for (int jb = warp * KPW + kk; jb < nk; jb += STEP * UC) {
+                    KvChunk<VT> ch[UC];
+                    if constexpr (VT >= CMP_KV_Q8_0) {
+                        const uint8_t* qp = vlane.q + (size_t)(uint32_t)(k0 + jb) * vlane.stride;
 #pragma unroll
-                        for (int u = 0; u < UC; ++u, qp += DEC_NW * KPW * vlane.stride) ch[u].load_at(qp, qp + vlane.ds);
+                        for (int u = 0; u < UC; ++u, qp += STEP * vlane.stride) {
+                            if (full || jb + u * STEP < nk) {
+                                if constexpr (FOLDED) ch[u].load_q(qp);
+                                else ch[u].load_at(qp, qp + vlane.ds);
+                            } else {
+                                ch[u].zero();
+                            }
+                        }
                     } else {
+                        const uint8_t* row = vbase + (size_t)(k0 + jb) * vstride;   // key jb + u*STEP
 #pragma unroll
-                        for (int u = 0; u < UC; ++u, qp += DEC_NW * KPW * vlane.stride) {
-                            if (jb + u * DEC_NW * KPW < nk) ch[u].load_at(qp, qp + vlane.ds);
+                        for (int u = 0; u < UC; ++u, row += STEP * vstride) {
+                            if (full || jb + u * STEP < nk) ch[u].load(row, d0, Dh);
                             else ch[u].zero();
                         }
                     }
-                } else {
-                    const uint8_t* row = vbase + (size_t)(k0 + jb) * vstride;   // key jb + u*DEC_NW*KPW
 #pragma unroll
-                    for (int u = 0; u < UC; ++u, row += DEC_NW * KPW * vstride) {
-                        if (jb + u * DEC_NW * KPW < nk) ch[u].load(row, d0, Dh);
-                        else ch[u].zero();
-                    }
-                }
+                    for (int u = 0; u < UC; ++u) {
+                        const int j = jb + u * STEP;
+                        if (!full && j >= nk) break;
+                        float vx[8], p[GP];
+                        ch[u].values(vx, pairs);
+                        if constexpr (GP % 4 == 0) {   // one 16-byte shared load per 4 heads
 #pragma unroll
-                for (int u = 0; u < UC; ++u) {
-                    const int j = jb + u * DEC_NW * KPW;
-                    if (j >= nk) break;
-                    float vx[8], p[GP];
-                    const float vsc = ch[u].decode(vx, pairs);
-                    if constexpr (GP % 4 == 0) {   // one 16-byte shared load per 4 heads
+                            for (int h = 0; h < GP; h += 4) {
+                                const float4 p4 = *reinterpret_cast<const float4*>(pv + j * JS + h);
+                                p[h] = p4.x; p[h + 1] = p4.y; p[h + 2] = p4.z; p[h + 3] = p4.w;
+                            }
+                        } else {
 #pragma unroll
-                        for (int h = 0; h < GP; h += 4) {
-                            const float4 p4 = *reinterpret_cast<const float4*>(sc + j * GP + h);
-                            p[h] = p4.x; p[h + 1] = p4.y; p[h + 2] = p4.z; p[h + 3] = p4.w;
+                            for (int h = 0; h < GP; ++h) p[h] = pv[j * JS + h];
                         }
-                    } else {
+                        if constexpr (!FOLDED && VT >= CMP_KV_Q8_0) {
+                            const float vsc = ch[u].scale();
 #pragma unroll
-                        for (int h = 0; h < GP; ++h) p[h] = sc[j * GP + h];
-                    }
+                            for (int h = 0; h < GP; ++h) p[h] *= vsc;
+                        }
 #pragma unroll
-                    for (int h = 0; h < GP; ++h) {
-                        const float ph = p[h] * vsc;
+                        for (int h = 0; h < GP; ++h)
 #pragma unroll
-                        for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(ph, vx[i], acc[h][i]);
+                            for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(p[h], vx[i], acc[h][i]);
                     }
                 }
-            }
+            };
+            if (nk == DEC_TK) accumulate(std::true_type{});
+            else accumulate(std::false_type{});
         });
-        __syncthreads();   // sc is rewritten by the next tile
+        __syncthreads();   // sc and vs_s are rewritten by the next tile
     }
     // Sum over the key slots of a warp, then over warps.
 #pragma unroll

@@ -21,7 +21,7 @@ namespace cmp {
 
 constexpr float NEG_BIG_KV = -1e30f;
 
-__host__ __device__ inline int tq3_block(int Dh) { return Dh < 128 ? Dh : 128; }
+__host__ __device__ constexpr int tq3_block(int Dh) { return Dh < 128 ? Dh : 128; }
 
 // Bytes of one cache row, or -1 if the type does not support this head dim.
 __host__ __device__ inline int kv_row_bytes(int type, int Dh) {
@@ -161,9 +161,11 @@ __host__ __device__ __forceinline__ void tq3_levels_sel(uint32_t b0, uint32_t b1
 }
 
 // Raw bytes of the 8 values d0 .. d0+7 (d0 a multiple of 8) of a cache row, loaded in one go and decoded later, so
-// that a lane can have the loads of several keys in flight before it waits on the first. decode() gives the values
-// WITHOUT their block scale and returns the scale (1 for f32/f16): callers multiply a dot product or a probability
-// by it once instead of every value. tq3 values come in the rotated domain (levels), see kv_load8.
+// that a lane can have the loads of several keys in flight before it waits on the first. values() gives the values
+// WITHOUT their block scale and scale() the scale (1 for f32/f16): callers multiply a dot product or a probability
+// by it once instead of every value (load_q() loads the quants alone for callers that fetch the scale elsewhere);
+// decode() is the two. scale_values(Dh) values share one scale. tq3 values come in the rotated domain (levels), see
+// kv_load8.
 template <int T>
 struct KvChunk;
 
@@ -175,10 +177,12 @@ struct KvChunk<CMP_KV_F32> {
         b = __ldg(reinterpret_cast<const float4*>(row) + d0 / 4 + 1);
     }
     __device__ __forceinline__ void zero() { a = b = make_float4(0.f, 0.f, 0.f, 0.f); }
-    __device__ __forceinline__ float decode(float (&x)[8], uint32_t) const {
+    __host__ __device__ static constexpr int scale_values(int Dh) { return Dh; }
+    __device__ __forceinline__ void values(float (&x)[8], uint32_t) const {
         x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
-        return 1.f;
     }
+    __device__ __forceinline__ float scale() const { return 1.f; }
+    __device__ __forceinline__ float decode(float (&x)[8], uint32_t slot) const { values(x, slot); return scale(); }
 };
 
 template <>
@@ -188,15 +192,17 @@ struct KvChunk<CMP_KV_F16> {
         u = __ldg(reinterpret_cast<const uint4*>(row + 2 * d0));
     }
     __device__ __forceinline__ void zero() { u = make_uint4(0u, 0u, 0u, 0u); }
-    __device__ __forceinline__ float decode(float (&x)[8], uint32_t) const {
+    __host__ __device__ static constexpr int scale_values(int Dh) { return Dh; }
+    __device__ __forceinline__ void values(float (&x)[8], uint32_t) const {
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             x[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
             x[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
         }
-        return 1.f;
     }
+    __device__ __forceinline__ float scale() const { return 1.f; }
+    __device__ __forceinline__ float decode(float (&x)[8], uint32_t slot) const { values(x, slot); return scale(); }
 };
 
 template <>
@@ -208,21 +214,26 @@ struct KvChunk<CMP_KV_Q8_0> {
     }
     __host__ __device__ static int lane_q(int d0, int) { return d0; }
     __host__ __device__ static int lane_s(int d0, int Dh) { return Dh + (d0 / 32) * 2; }
-    __device__ __forceinline__ void load_at(const uint8_t* __restrict__ q, const uint8_t* __restrict__ s) {
-        d = __ldg(reinterpret_cast<const unsigned short*>(s));
+    __device__ __forceinline__ void load_q(const uint8_t* __restrict__ q) {
         a = ld_u32_any(q);
         b = ld_u32_any(q + 4);
     }
+    __device__ __forceinline__ void load_at(const uint8_t* __restrict__ q, const uint8_t* __restrict__ s) {
+        d = __ldg(reinterpret_cast<const unsigned short*>(s));
+        load_q(q);
+    }
     __device__ __forceinline__ void zero() { a = b = 0u; d = 0; }
-    __device__ __forceinline__ float decode(float (&x)[8], uint32_t) const {
+    __host__ __device__ static constexpr int scale_values(int) { return 32; }
+    __device__ __forceinline__ void values(float (&x)[8], uint32_t) const {
         const uint32_t ua = a ^ 0x80808080u, ub = b ^ 0x80808080u;   // int8 q -> q + 128
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             x[i] = kv_byte_f32(ua, i, 128.f);
             x[4 + i] = kv_byte_f32(ub, i, 128.f);
         }
-        return __half2float(__ushort_as_half(d));
     }
+    __device__ __forceinline__ float scale() const { return __half2float(__ushort_as_half(d)); }
+    __device__ __forceinline__ float decode(float (&x)[8], uint32_t slot) const { values(x, slot); return scale(); }
 };
 
 template <>
@@ -234,20 +245,23 @@ struct KvChunk<CMP_KV_Q4_0> {
     }
     __host__ __device__ static int lane_q(int d0, int) { return d0 / 2; }
     __host__ __device__ static int lane_s(int d0, int Dh) { return Dh / 2 + (d0 / 32) * 2; }
+    __device__ __forceinline__ void load_q(const uint8_t* __restrict__ q) { a = ld_u32_any(q); }
     __device__ __forceinline__ void load_at(const uint8_t* __restrict__ q, const uint8_t* __restrict__ s) {
         d = __ldg(reinterpret_cast<const unsigned short*>(s));
-        a = ld_u32_any(q);
+        load_q(q);
     }
     __device__ __forceinline__ void zero() { a = 0u; d = 0; }
-    __device__ __forceinline__ float decode(float (&x)[8], uint32_t) const {
+    __host__ __device__ static constexpr int scale_values(int) { return 32; }
+    __device__ __forceinline__ void values(float (&x)[8], uint32_t) const {
         const uint32_t lo = a & 0x0f0f0f0fu, hi = a >> 4 & 0x0f0f0f0fu;   // stored q + 8
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             x[2 * i] = kv_byte_f32(lo, i, 8.f);
             x[2 * i + 1] = kv_byte_f32(hi, i, 8.f);
         }
-        return __half2float(__ushort_as_half(d));
     }
+    __device__ __forceinline__ float scale() const { return __half2float(__ushort_as_half(d)); }
+    __device__ __forceinline__ float decode(float (&x)[8], uint32_t slot) const { values(x, slot); return scale(); }
 };
 
 template <>
@@ -259,23 +273,28 @@ struct KvChunk<CMP_KV_TQ3> {
     }
     __host__ __device__ static int lane_q(int d0, int) { return (d0 / 32) * 12 + (d0 & 31) / 8; }
     __host__ __device__ static int lane_s(int d0, int Dh) { return Dh * 3 / 8 + (d0 / tq3_block(Dh)) * 2; }
-    __device__ __forceinline__ void load_at(const uint8_t* __restrict__ g, const uint8_t* __restrict__ sc) {
-        s = __ldg(reinterpret_cast<const unsigned short*>(sc));
+    __device__ __forceinline__ void load_q(const uint8_t* __restrict__ g) {
         p0 = __ldg(g);
         p1 = __ldg(g + 4);
         p2 = __ldg(g + 8);
     }
+    __device__ __forceinline__ void load_at(const uint8_t* __restrict__ g, const uint8_t* __restrict__ sc) {
+        s = __ldg(reinterpret_cast<const unsigned short*>(sc));
+        load_q(g);
+    }
     __device__ __forceinline__ void zero() { p0 = p1 = p2 = 0u; s = 0; }
+    __host__ __device__ static constexpr int scale_values(int Dh) { return tq3_block(Dh); }
     // slot: the lane's slot of the pair table (tq3_pairs_init), a shared-window address
-    __device__ __forceinline__ float decode(float (&x)[8], uint32_t slot) const {
+    __device__ __forceinline__ void values(float (&x)[8], uint32_t slot) const {
         tq3_levels_pairs(p0, p1, p2, [slot](uint32_t off) {
             float2 v;
             // volatile: stays after the __syncthreads that publishes the table (the compiler cannot see the address)
             asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(slot | off));
             return v;
         }, x);
-        return __half2float(__ushort_as_half(s));
     }
+    __device__ __forceinline__ float scale() const { return __half2float(__ushort_as_half(s)); }
+    __device__ __forceinline__ float decode(float (&x)[8], uint32_t slot) const { values(x, slot); return scale(); }
     // the same without a table
     __device__ __forceinline__ float decode_sel(float (&x)[8]) const {
         tq3_levels_sel(p0, p1, p2, x);

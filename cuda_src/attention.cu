@@ -446,10 +446,11 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     constexpr int U = LPK / GP >= 4 ? 4 : (LPK / GP >= 1 ? LPK / GP : 1);
     constexpr int NV = U * GP;
     constexpr int NBV = Dh / tq3_block(Dh);   // tq3 blocks of a value row
-    constexpr int JS = NBV * GP;              // sc floats per key: [NBV][GP] (p * block scale for tq3 values)
+    constexpr int SB = DEC_TK * GP;           // sc floats per tq3 value block: sc is [NBV][DEC_TK][GP]
     static_assert(NV <= LPK, "lane_reduce leaves one value per lane only if NV <= LPK");
     static_assert(DEC_TK % (DEC_NW * KPW * U) == 0, "tile must be a multiple of a pass");
     static_assert(DEC_TK * NBV <= DEC_NW * 32, "a thread stages at most one tq3 value scale per tile");
+    static_assert(kv_quant_aligned(Dh), "KvChunk::load_q needs 4-byte aligned q8_0/q4_0 quants");
     const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
     const int n_kv = pos[t] + 1;
     const int chunk = dec_chunk(n_kv), nsp = (n_kv + chunk - 1) / chunk;
@@ -457,7 +458,8 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     const int kbeg = split * chunk, kend = min(n_kv, kbeg + chunk);
 
     __shared__ float qs[GP * Dh];               // scaled (and for tq3 keys rotated) queries; later the output
-    __shared__ __align__(16) float sc[DEC_TK * JS];   // scores, then probabilities (0 for padding heads)
+    // scores, then probabilities (0 for padding heads); tq3 values: p times the block scale, block b at sc + b*SB
+    __shared__ __align__(16) float sc[NBV * SB];
     __shared__ float vs_s[DEC_TK * NBV];        // tq3 value rows: the tile's block scales
     __shared__ float m_s[GP], l_s[GP], c_s[GP];
     // [DEC_NW][GP*Dh] partial outputs after the key loop; during it, the tq3 pair table (KvChunk<CMP_KV_TQ3>::values)
@@ -469,7 +471,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         const int h = i / Dh, d = i % Dh;
         qs[i] = h < G ? q[((size_t)t * Hq + kvh * G + h) * Dh + d] * scale : 0.f;
     }
-    for (int i = tid; i < DEC_TK * JS; i += blockDim.x) sc[i] = 0.f;   // padding heads' entries stay 0
+    for (int i = tid; i < NBV * SB; i += blockDim.x) sc[i] = 0.f;   // padding heads' entries stay 0
     if (tid < GP) {
         m_s[tid] = NEG_BIG_KV;
         l_s[tid] = 0.f;
@@ -584,7 +586,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                     lane_reduce<N1, NV, SG, LPK>(part, lane);
                     const int j = j0 + u_out * KPW + kk;
                     // padding heads (h >= G) get probability 0 (phase B leaves them), so phase C needs no test
-                    if (fin.writer) sc[j * JS + h_out] = h_out >= G ? 0.f : j < nk ? part[0] : NEG_BIG_KV;
+                    if (fin.writer) sc[j * GP + h_out] = h_out >= G ? 0.f : j < nk ? part[0] : NEG_BIG_KV;
                 }
             }
         });
@@ -592,7 +594,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         __syncthreads();
         // (B) online softmax, a warp per head
         for (int h = warp; h < G; h += DEC_NW) {
-            const float s0 = sc[lane * JS + h], s1 = sc[(lane + 32) * JS + h];
+            const float s0 = sc[lane * GP + h], s1 = sc[(lane + 32) * GP + h];
             const float m_old = m_s[h];
             const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));
             const float p0 = s0 <= NEG_BIG_KV ? 0.f : __expf(s0 - m_new);
@@ -600,12 +602,12 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
             if (fold_vs) {   // keys past the tile's end have p = 0 and scale 0
 #pragma unroll
                 for (int b = 0; b < NBV; ++b) {
-                    sc[lane * JS + b * GP + h] = p0 * vs_s[lane * NBV + b];
-                    sc[(lane + 32) * JS + b * GP + h] = p1 * vs_s[(lane + 32) * NBV + b];
+                    sc[b * SB + lane * GP + h] = p0 * vs_s[lane * NBV + b];
+                    sc[b * SB + (lane + 32) * GP + h] = p1 * vs_s[(lane + 32) * NBV + b];
                 }
             } else {
-                sc[lane * JS + h] = p0;
-                sc[(lane + 32) * JS + h] = p1;
+                sc[lane * GP + h] = p0;
+                sc[(lane + 32) * GP + h] = p1;
             }
             const float psum = warp_sum(p0 + p1);
             if (lane == 0) {
@@ -632,7 +634,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
             constexpr int UC_MAX = DEC_TK / (DEC_NW * KPW);   // a warp's keys of a tile
             constexpr int UC = (VT >= CMP_KV_Q8_0 ? 8 : 4) < UC_MAX ? (VT >= CMP_KV_Q8_0 ? 8 : 4) : UC_MAX;
             constexpr int STEP = DEC_NW * KPW;   // between a lane's keys
-            const float* pv = sc + (FOLDED ? d0 / tq3_block(Dh) * GP : 0);   // p of key j, head h: pv[j * JS + h]
+            const float* pv = sc + (FOLDED ? d0 / tq3_block(Dh) * SB : 0);   // p of key j, head h: pv[j * GP + h]
             // full: a whole tile, no bounds to check
             auto accumulate = [&](auto full_tile) {
                 constexpr bool full = decltype(full_tile)::value;
@@ -666,12 +668,12 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                         if constexpr (GP % 4 == 0) {   // one 16-byte shared load per 4 heads
 #pragma unroll
                             for (int h = 0; h < GP; h += 4) {
-                                const float4 p4 = *reinterpret_cast<const float4*>(pv + j * JS + h);
+                                const float4 p4 = *reinterpret_cast<const float4*>(pv + j * GP + h);
                                 p[h] = p4.x; p[h + 1] = p4.y; p[h + 2] = p4.z; p[h + 3] = p4.w;
                             }
                         } else {
 #pragma unroll
-                            for (int h = 0; h < GP; ++h) p[h] = pv[j * JS + h];
+                            for (int h = 0; h < GP; ++h) p[h] = pv[j * GP + h];
                         }
                         if constexpr (!FOLDED && VT >= CMP_KV_Q8_0) {
                             const float vsc = ch[u].scale();

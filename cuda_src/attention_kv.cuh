@@ -24,7 +24,7 @@ constexpr float NEG_BIG_KV = -1e30f;
 __host__ __device__ constexpr int tq3_block(int Dh) { return Dh < 128 ? Dh : 128; }
 
 // Bytes of one cache row, or -1 if the type does not support this head dim.
-__host__ __device__ inline int kv_row_bytes(int type, int Dh) {
+__host__ __device__ constexpr int kv_row_bytes(int type, int Dh) {
     if (Dh <= 0 || Dh % 32) return -1;
     switch (type) {
         case CMP_KV_F32: return 4 * Dh;
@@ -39,6 +39,12 @@ __host__ __device__ inline int kv_row_bytes(int type, int Dh) {
         }
         default: return -1;
     }
+}
+
+// Whether every q8_0 and q4_0 row of head dim Dh is a multiple of 4 bytes long, so that (caches being cudaMalloc'd)
+// a lane's quants (at a multiple of 4 within its row) load as aligned words; true for Dh 64, 128 and 256, not 32 or 96.
+__host__ __device__ constexpr bool kv_quant_aligned(int Dh) {
+    return kv_row_bytes(CMP_KV_Q8_0, Dh) % 4 == 0 && kv_row_bytes(CMP_KV_Q4_0, Dh) % 4 == 0;
 }
 
 // Sign of position i (0..127) of the fixed random-sign vector (kv_quant.tq3_rotation: numpy default_rng(0x7133)
@@ -210,13 +216,17 @@ struct KvChunk<CMP_KV_Q8_0> {
     uint32_t a, b;
     unsigned short d;
     __device__ __forceinline__ void load(const uint8_t* __restrict__ row, int d0, int Dh) {
-        load_at(row + lane_q(d0, Dh), row + lane_s(d0, Dh));
+        const uint8_t* q = row + lane_q(d0, Dh);
+        d = __ldg(reinterpret_cast<const unsigned short*>(row + lane_s(d0, Dh)));
+        a = ld_u32_any(q);
+        b = ld_u32_any(q + 4);
     }
     __host__ __device__ static int lane_q(int d0, int) { return d0; }
     __host__ __device__ static int lane_s(int d0, int Dh) { return Dh + (d0 / 32) * 2; }
+    // load_q / load_at: q 4-byte aligned (kv_quant_aligned), so no byte-wise fallback sits between a lane's loads
     __device__ __forceinline__ void load_q(const uint8_t* __restrict__ q) {
-        a = ld_u32_any(q);
-        b = ld_u32_any(q + 4);
+        a = __ldg(reinterpret_cast<const uint32_t*>(q));
+        b = __ldg(reinterpret_cast<const uint32_t*>(q + 4));
     }
     __device__ __forceinline__ void load_at(const uint8_t* __restrict__ q, const uint8_t* __restrict__ s) {
         d = __ldg(reinterpret_cast<const unsigned short*>(s));
@@ -241,11 +251,13 @@ struct KvChunk<CMP_KV_Q4_0> {
     uint32_t a;
     unsigned short d;
     __device__ __forceinline__ void load(const uint8_t* __restrict__ row, int d0, int Dh) {
-        load_at(row + lane_q(d0, Dh), row + lane_s(d0, Dh));
+        d = __ldg(reinterpret_cast<const unsigned short*>(row + lane_s(d0, Dh)));
+        a = ld_u32_any(row + lane_q(d0, Dh));
     }
     __host__ __device__ static int lane_q(int d0, int) { return d0 / 2; }
     __host__ __device__ static int lane_s(int d0, int Dh) { return Dh / 2 + (d0 / 32) * 2; }
-    __device__ __forceinline__ void load_q(const uint8_t* __restrict__ q) { a = ld_u32_any(q); }
+    // load_q / load_at: q 4-byte aligned (kv_quant_aligned)
+    __device__ __forceinline__ void load_q(const uint8_t* __restrict__ q) { a = __ldg(reinterpret_cast<const uint32_t*>(q)); }
     __device__ __forceinline__ void load_at(const uint8_t* __restrict__ q, const uint8_t* __restrict__ s) {
         d = __ldg(reinterpret_cast<const unsigned short*>(s));
         load_q(q);

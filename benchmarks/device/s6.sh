@@ -1,14 +1,18 @@
 #!/bin/bash
-# Session 6's H200 calls, in two parts (each under the 10-minute limit; the second within 30 s of the first so the
-# machine stays warm). Carry .carry/s6 (snapshot.sh's src.tgz, libcmpkern.so.gz, COMMIT; libbefore.so.gz = the
+# Session 6's H200 calls, in parts (each under the 10-minute limit; the next within 30 s of the last so the machine
+# stays warm). Carry .carry/s6 (snapshot.sh's src.tgz, libcmpkern.so.gz, COMMIT; libbefore.so.gz = the
 # library to compare against; vocab.pkl.gz; sm70.tgz = tools/build_sm70.sh's libcmpkern.so + libcudart.so.12 of the
 # same commit) and .carry/site. Logs go to $OUT.
 #   bash benchmarks/device/s6.sh 1   the CUDA test files; decode attention per layer at 32768 / 131072 keys, before
-#                                    vs after, interleaved; issue 7 part c (whole token at 131072, f16 vs tq3), both
+#                                    vs after (vs variants), interleaved; issue 7 part c (whole token at 131072, f16
+#                                    vs tq3), before and after
 #   bash benchmarks/device/s6.sh 2   ncu of one tq3 decode-attention launch at 131072 keys; the suite on the
 #                                    compute_70 PTX build
-#   bash benchmarks/device/s6.sh 3   variants (every other lib*.so.gz of .carry/s6, built from the working tree):
-#                                    decode attention per layer, interleaved with before and the snapshot; part c
+#   bash benchmarks/device/s6.sh 4   the other CUDA test files (sparse prefill, checkpoints, memory plan, bench CLI,
+#                                    vision, split)
+#   bash benchmarks/device/s6.sh 3   variants (every other lib*.so.gz of .carry/s6, e.g. built from the working
+#                                    tree): decode attention per layer, interleaved with before and the snapshot;
+#                                    part c of the snapshot and the variants
 R=$(cd "$(dirname "$0")/../.." && pwd); K=$R/.carry/s6; T=/tmp/c6; L=/tmp/s6_$1; mkdir -p $L
 if [ ! -e $T/llamacmp/lib/libcmpkern.so ]; then
   mkdir -p $T && tar xzf $K/src.tgz -C $T && gunzip -c $K/libcmpkern.so.gz > $T/llamacmp/lib/libcmpkern.so
@@ -21,28 +25,35 @@ export PYTHONPATH=$R/.carry/site:$T PYTHONUNBUFFERED=1 LLAMACMP_CACHE=/tmp/vocab
 NEW=$T/llamacmp/lib/libcmpkern.so
 T0=$(date +%s); st() { echo "$(( $(date +%s) - T0 ))s $*" >> $L/progress.log; }
 st start $(cat $K/COMMIT) part $1
+LIBS="/tmp/libbefore.so $NEW"   # and the variants: every other lib*.so.gz of the carry
+for z in $K/lib*.so.gz; do
+  n=$(basename $z .so.gz); [ $n = libcmpkern ] || [ $n = libbefore ] && continue
+  gunzip -c $z > /tmp/$n.so; LIBS="$LIBS /tmp/$n.so"
+done
 if [ "$1" = 1 ]; then
   ( [ -e /tmp/m9bv.gguf ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_model import make_9b; \
 make_9b('/tmp/m9bv.gguf', '/tmp/vocab')" > $L/m9b.log 2>&1; touch /tmp/m9b6.done ) &
   timeout 230 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_attention_cuda.py tests/test_kernels_cuda.py \
       tests/test_decode_cuda.py tests/test_device_sampling.py tests/test_model_cuda.py > $L/tests.log 2>&1
   echo rc=$? >> $L/tests.log; st tests
-  for i in 1 2; do for lib in /tmp/libbefore.so $NEW; do
+  for i in 1 2; do for lib in $LIBS; do
     LLAMACMP_LIB=$lib timeout 60 python3 benchmarks/bench_attention.py --decode-only --n-kv 32768,131072 \
         > $L/attn_$(basename $lib .so)_$i.log 2>&1
   done; done; st attn
   while [ ! -e /tmp/m9b6.done ]; do sleep 1; done; st m9b
-  for lib in /tmp/libbefore.so $NEW; do
+  for i in 1 2; do for lib in /tmp/libbefore.so $NEW; do
     LLAMACMP_LIB=$lib timeout 80 python3 benchmarks/long_context.py --parts c --m9b /tmp/m9bv.gguf --n-gen 256 \
-        > $L/partc_$(basename $lib .so).log 2>&1
-  done; st partc
-  tail -n 2 $L/tests.log; grep -h "time vs f16" $L/attn_*.log; grep -h "^| " $L/partc_*.log
+        > $L/partc_$(basename $lib .so)_$i.log 2>&1
+  done; done; st partc
+  tail -n 2 $L/tests.log
+  for f in $L/attn_*.log; do echo "$(basename $f)"; grep -h "time vs f16" $f; done
+  for f in $L/partc_*.log; do echo "$(basename $f)"; grep -h "^| " $f; done
+elif [ "$1" = 4 ]; then
+  timeout 420 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_sparse_cuda.py tests/test_checkpoints_cuda.py \
+      tests/test_memplan.py tests/test_bench_cli.py tests/test_vision_cuda.py tests/test_vision_model_cuda.py \
+      tests/test_split_cuda.py > $L/tests_rest.log 2>&1
+  echo rc=$? >> $L/tests_rest.log; st tests-rest; tail -n 3 $L/tests_rest.log
 elif [ "$1" = 3 ]; then
-  LIBS="/tmp/libbefore.so $NEW"
-  for z in $K/lib*.so.gz; do
-    n=$(basename $z .so.gz); [ $n = libcmpkern ] || [ $n = libbefore ] && continue
-    gunzip -c $z > /tmp/$n.so; LIBS="$LIBS /tmp/$n.so"
-  done
   for i in 1 2; do for lib in $LIBS; do
     LLAMACMP_LIB=$lib timeout 60 python3 benchmarks/bench_attention.py --decode-only --n-kv 32768,131072 \
         > $L/attn_$(basename $lib .so)_$i.log 2>&1

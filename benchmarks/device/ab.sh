@@ -1,19 +1,18 @@
 #!/bin/bash
-# Session 6's H200 calls, in parts (each under the 10-minute limit; the next within 30 s of the last so the machine
-# stays warm). Carry .carry/s6 (snapshot.sh's src.tgz, libcmpkern.so.gz, COMMIT; libbefore.so.gz = the
-# library to compare against; vocab.pkl.gz; sm70.tgz = tools/build_sm70.sh's libcmpkern.so + libcudart.so.12 of the
-# same commit) and .carry/site. Logs go to $OUT.
-#   bash benchmarks/device/s6.sh 1   the CUDA test files; decode attention per layer at 32768 / 131072 keys, before
-#                                    vs after (vs variants), interleaved; issue 7 part c (whole token at 131072, f16
-#                                    vs tq3), before and after
-#   bash benchmarks/device/s6.sh 2   ncu of one tq3 decode-attention launch at 131072 keys; the suite on the
-#                                    compute_70 PTX build
-#   bash benchmarks/device/s6.sh 4   the other CUDA test files (sparse prefill, checkpoints, memory plan, bench CLI,
-#                                    vision, split)
-#   bash benchmarks/device/s6.sh 3   variants (every other lib*.so.gz of .carry/s6, e.g. built from the working
-#                                    tree): decode attention per layer, interleaved with before and the snapshot;
-#                                    part c of the snapshot and the variants
-R=$(cd "$(dirname "$0")/../.." && pwd); K=$R/.carry/s6; T=/tmp/c6; L=/tmp/s6_$1; mkdir -p $L
+# A/B of kernel libraries on the device, in parts (each under the 10-minute limit; the next within 30 s of the last so
+# the machine stays warm). Carry the folder CARRY (default .carry/ab) and .carry/site; CARRY holds snapshot.sh's
+# src.tgz, libcmpkern.so.gz and COMMIT (the library under test), libbefore.so.gz (the one to compare against, e.g.
+# main's), optionally more lib*.so.gz (variants), vocab.pkl.gz and, for part 2, sm70.tgz (tools/build_sm70.sh's
+# libcmpkern.so + libcudart.so.12 of the same commit). Logs go to $OUT.
+#   bash benchmarks/device/ab.sh 1 [CARRY]   the CUDA test files; decode attention per layer at 32768 / 131072 keys,
+#                                            every library, interleaved; issue 7 part c (whole token at 131072, f16
+#                                            vs tq3), before and after, twice
+#   bash benchmarks/device/ab.sh 2 [CARRY]   ncu of one tq3 decode-attention launch at 131072 keys; the suite on the
+#                                            compute_70 PTX build
+#   bash benchmarks/device/ab.sh 3 [CARRY]   decode attention per layer, every library; part c of all but before
+#   bash benchmarks/device/ab.sh 4 [CARRY]   the other CUDA test files (sparse prefill, checkpoints, memory plan,
+#                                            bench CLI, vision, split)
+R=$(cd "$(dirname "$0")/../.." && pwd); K=$R/${2:-.carry/ab}; T=/tmp/ab; L=/tmp/ab_$1; mkdir -p $L
 if [ ! -e $T/llamacmp/lib/libcmpkern.so ]; then
   mkdir -p $T && tar xzf $K/src.tgz -C $T && gunzip -c $K/libcmpkern.so.gz > $T/llamacmp/lib/libcmpkern.so
   ln -sf $R/llamacmp/data/default.gguf $T/llamacmp/data/default.gguf
@@ -32,7 +31,7 @@ for z in $K/lib*.so.gz; do
 done
 if [ "$1" = 1 ]; then
   ( [ -e /tmp/m9bv.gguf ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_model import make_9b; \
-make_9b('/tmp/m9bv.gguf', '/tmp/vocab')" > $L/m9b.log 2>&1; touch /tmp/m9b6.done ) &
+make_9b('/tmp/m9bv.gguf', '/tmp/vocab')" > $L/m9b.log 2>&1; touch /tmp/m9b_ab.done ) &
   timeout 230 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_attention_cuda.py tests/test_kernels_cuda.py \
       tests/test_decode_cuda.py tests/test_device_sampling.py tests/test_model_cuda.py > $L/tests.log 2>&1
   echo rc=$? >> $L/tests.log; st tests
@@ -40,7 +39,7 @@ make_9b('/tmp/m9bv.gguf', '/tmp/vocab')" > $L/m9b.log 2>&1; touch /tmp/m9b6.done
     LLAMACMP_LIB=$lib timeout 60 python3 benchmarks/bench_attention.py --decode-only --n-kv 32768,131072 \
         > $L/attn_$(basename $lib .so)_$i.log 2>&1
   done; done; st attn
-  while [ ! -e /tmp/m9b6.done ]; do sleep 1; done; st m9b
+  while [ ! -e /tmp/m9b_ab.done ]; do sleep 1; done; st m9b
   for i in 1 2; do for lib in /tmp/libbefore.so $NEW; do
     LLAMACMP_LIB=$lib timeout 80 python3 benchmarks/long_context.py --parts c --m9b /tmp/m9bv.gguf --n-gen 256 \
         > $L/partc_$(basename $lib .so)_$i.log 2>&1
@@ -84,4 +83,4 @@ PY
   echo rc=$? >> $L/tests_sm70.log; st tests-sm70
   tail -n 2 $L/tests_sm70.log; grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|DRAM Throughput" $L/ncu_details.txt | head -12
 fi
-tar czf $OUT/s6_$1.tgz -C /tmp s6_$1; cat $L/progress.log
+tar czf $OUT/ab_$1.tgz -C /tmp ab_$1; cat $L/progress.log

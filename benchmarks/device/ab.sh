@@ -12,6 +12,7 @@
 #   bash benchmarks/device/ab.sh 3 [CARRY]   decode attention per layer, every library; part c of all but before
 #   bash benchmarks/device/ab.sh 4 [CARRY]   the other CUDA test files (sparse prefill, checkpoints, memory plan,
 #                                            bench CLI, vision, split)
+#   bash benchmarks/device/ab.sh 5 [CARRY]   issue 7 part c of the library under test alone, four times
 R=$(cd "$(dirname "$0")/../.." && pwd); K=$R/${2:-.carry/ab}; T=/tmp/ab; L=/tmp/ab_$1; mkdir -p $L
 if [ ! -e $T/llamacmp/lib/libcmpkern.so ]; then
   mkdir -p $T && tar xzf $K/src.tgz -C $T && gunzip -c $K/libcmpkern.so.gz > $T/llamacmp/lib/libcmpkern.so
@@ -52,6 +53,13 @@ elif [ "$1" = 4 ]; then
       tests/test_memplan.py tests/test_bench_cli.py tests/test_vision_cuda.py tests/test_vision_model_cuda.py \
       tests/test_split_cuda.py > $L/tests_rest.log 2>&1
   echo rc=$? >> $L/tests_rest.log; st tests-rest; tail -n 3 $L/tests_rest.log
+elif [ "$1" = 5 ]; then
+  ( [ -e /tmp/m9bv.gguf ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_model import make_9b; \
+make_9b('/tmp/m9bv.gguf', '/tmp/vocab')" > $L/m9b.log 2>&1 ); st m9b
+  for i in 1 2 3 4; do
+    timeout 80 python3 benchmarks/long_context.py --parts c --m9b /tmp/m9bv.gguf --n-gen 256 > $L/partc_$i.log 2>&1
+  done; st partc
+  for f in $L/partc_*.log; do echo "$(basename $f)"; grep -h "^| " $f; done
 elif [ "$1" = 3 ]; then
   for i in 1 2; do for lib in $LIBS; do
     LLAMACMP_LIB=$lib timeout 60 python3 benchmarks/bench_attention.py --decode-only --n-kv 32768,131072 \

@@ -30,50 +30,38 @@ for z in $K/lib*.so.gz; do
   n=$(basename $z .so.gz); [ $n = libcmpkern ] || [ $n = libbefore ] && continue
   gunzip -c $z > /tmp/$n.so; LIBS="$LIBS /tmp/$n.so"
 done
-if [ "$1" = 1 ]; then
-  ( [ -e /tmp/m9bv.gguf ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_model import make_9b; \
-make_9b('/tmp/m9bv.gguf', '/tmp/vocab')" > $L/m9b.log 2>&1; touch /tmp/m9b_ab.done ) &
+# the 9B-shape Q8_0 file with the real vocabulary (~60 s), once per machine
+make_m9b() {
+  [ -e /tmp/m9bv.gguf ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_model import make_9b; \
+make_9b('/tmp/m9bv.gguf', '/tmp/vocab')" > $L/m9b.log 2>&1
+}
+# decode attention per layer, every library, interleaved, twice
+attn_all() {
+  for i in 1 2; do for lib in $LIBS; do
+    LLAMACMP_LIB=$lib timeout 60 python3 benchmarks/bench_attention.py --decode-only --n-kv 32768,131072 \
+        > $L/attn_$(basename $lib .so)_$i.log 2>&1
+  done; done; st attn
+}
+# issue 7 part c (whole token at 131072, f16 vs tq3) with library $1, its log named $2
+part_c() {
+  LLAMACMP_LIB=$1 timeout 80 python3 benchmarks/long_context.py --parts c --m9b /tmp/m9bv.gguf --n-gen 256 \
+      > $L/partc_$2.log 2>&1
+}
+show() {
+  for f in $L/attn_*.log; do [ -e $f ] && { echo "$(basename $f)"; grep -h "time vs f16" $f; }; done
+  for f in $L/partc_*.log; do [ -e $f ] && { echo "$(basename $f)"; grep -h "^| " $f; }; done
+}
+case "$1" in
+1)
+  ( make_m9b; touch /tmp/m9b_ab.done ) &
   timeout 230 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_attention_cuda.py tests/test_kernels_cuda.py \
       tests/test_decode_cuda.py tests/test_device_sampling.py tests/test_model_cuda.py > $L/tests.log 2>&1
   echo rc=$? >> $L/tests.log; st tests
-  for i in 1 2; do for lib in $LIBS; do
-    LLAMACMP_LIB=$lib timeout 60 python3 benchmarks/bench_attention.py --decode-only --n-kv 32768,131072 \
-        > $L/attn_$(basename $lib .so)_$i.log 2>&1
-  done; done; st attn
+  attn_all
   while [ ! -e /tmp/m9b_ab.done ]; do sleep 1; done; st m9b
-  for i in 1 2; do for lib in /tmp/libbefore.so $NEW; do
-    LLAMACMP_LIB=$lib timeout 80 python3 benchmarks/long_context.py --parts c --m9b /tmp/m9bv.gguf --n-gen 256 \
-        > $L/partc_$(basename $lib .so)_$i.log 2>&1
-  done; done; st partc
-  tail -n 2 $L/tests.log
-  for f in $L/attn_*.log; do echo "$(basename $f)"; grep -h "time vs f16" $f; done
-  for f in $L/partc_*.log; do echo "$(basename $f)"; grep -h "^| " $f; done
-elif [ "$1" = 4 ]; then
-  timeout 420 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_sparse_cuda.py tests/test_checkpoints_cuda.py \
-      tests/test_memplan.py tests/test_bench_cli.py tests/test_vision_cuda.py tests/test_vision_model_cuda.py \
-      tests/test_split_cuda.py > $L/tests_rest.log 2>&1
-  echo rc=$? >> $L/tests_rest.log; st tests-rest; tail -n 3 $L/tests_rest.log
-elif [ "$1" = 5 ]; then
-  ( [ -e /tmp/m9bv.gguf ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_model import make_9b; \
-make_9b('/tmp/m9bv.gguf', '/tmp/vocab')" > $L/m9b.log 2>&1 ); st m9b
-  for i in 1 2 3 4; do
-    timeout 80 python3 benchmarks/long_context.py --parts c --m9b /tmp/m9bv.gguf --n-gen 256 > $L/partc_$i.log 2>&1
-  done; st partc
-  for f in $L/partc_*.log; do echo "$(basename $f)"; grep -h "^| " $f; done
-elif [ "$1" = 3 ]; then
-  for i in 1 2; do for lib in $LIBS; do
-    LLAMACMP_LIB=$lib timeout 60 python3 benchmarks/bench_attention.py --decode-only --n-kv 32768,131072 \
-        > $L/attn_$(basename $lib .so)_$i.log 2>&1
-  done; done; st attn
-  ( [ -e /tmp/m9bv.gguf ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from bench_model import make_9b; \
-make_9b('/tmp/m9bv.gguf', '/tmp/vocab')" > $L/m9b.log 2>&1 )
-  for lib in ${LIBS#/tmp/libbefore.so }; do
-    LLAMACMP_LIB=$lib timeout 80 python3 benchmarks/long_context.py --parts c --m9b /tmp/m9bv.gguf --n-gen 256 \
-        > $L/partc_$(basename $lib .so).log 2>&1
-  done; st partc
-  for f in $L/attn_*.log; do echo "$(basename $f)"; grep -h "time vs f16" $f; done
-  for f in $L/partc_*.log; do echo "$(basename $f)"; grep -h "^| " $f; done
-else
+  for i in 1 2; do for lib in /tmp/libbefore.so $NEW; do part_c $lib $(basename $lib .so)_$i; done; done; st partc
+  tail -n 2 $L/tests.log; show ;;
+2)
   cat > /tmp/ncu_tq3.py <<'PY'
 import sys; sys.path.insert(0, "benchmarks")
 import bench_attention as ba
@@ -89,6 +77,21 @@ PY
       python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_kernels_cuda.py tests/test_model_cuda.py \
       tests/test_decode_cuda.py tests/test_attention_cuda.py tests/test_device_sampling.py > $L/tests_sm70.log 2>&1
   echo rc=$? >> $L/tests_sm70.log; st tests-sm70
-  tail -n 2 $L/tests_sm70.log; grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|DRAM Throughput" $L/ncu_details.txt | head -12
-fi
+  tail -n 2 $L/tests_sm70.log; grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|DRAM Throughput" $L/ncu_details.txt | head -12 ;;
+3)
+  attn_all; make_m9b
+  for lib in ${LIBS#/tmp/libbefore.so }; do part_c $lib $(basename $lib .so); done; st partc
+  show ;;
+4)
+  timeout 420 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_sparse_cuda.py tests/test_checkpoints_cuda.py \
+      tests/test_memplan.py tests/test_bench_cli.py tests/test_vision_cuda.py tests/test_vision_model_cuda.py \
+      tests/test_split_cuda.py > $L/tests_rest.log 2>&1
+  echo rc=$? >> $L/tests_rest.log; st tests-rest; tail -n 3 $L/tests_rest.log ;;
+5)
+  make_m9b; st m9b
+  for i in 1 2 3 4; do part_c $NEW $i; done; st partc
+  show ;;
+*)
+  echo "usage: ab.sh PART [CARRY] (PART 1..5)"; exit 2 ;;
+esac
 tar czf $OUT/ab_$1.tgz -C /tmp ab_$1; cat $L/progress.log

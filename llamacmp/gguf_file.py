@@ -18,7 +18,12 @@ Q8_0_BLOCK = 32                      # values per Q8_0 block: one f16 scale + 32
 Q8_0_BYTES = 34
 
 # ggml type ids we load; anything else is refused by name.
-TYPE_NAMES = {0: "F32", 1: "F16", 8: "Q8_0", 30: "BF16"}
+TYPE_NAMES = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 10: "Q2_K",
+              11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 20: "IQ4_NL", 23: "IQ4_XS"}
+# Block-quantized types other than Q8_0 (which keeps its own Q8Tensor): (values, bytes) per block.
+QUANT_BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q2_K": (256, 84),
+                "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+                "IQ4_NL": (32, 18), "IQ4_XS": (256, 136)}
 ALL_TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
                   10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS",
                   17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S",
@@ -70,6 +75,32 @@ class Q8Tensor:
     def dequantize(self) -> np.ndarray:
         rows, cols = self.qs.shape
         return (self.qs.reshape(rows, -1, Q8_0_BLOCK).astype(np.float32) * self.d[:, :, None]).reshape(rows, cols)
+
+
+@dataclass(frozen=True, slots=True)
+class QuantTensor:
+    """A block-quantized matrix other than Q8_0, as stored: per row, `cols / block_values` blocks of the type's
+    layout (ggml's block_q4_K etc.). blocks: [rows, n_blocks, block_bytes] uint8, the file's bytes (a memory-mapped
+    view). The backends read the blocks themselves; dequantize() is gguf.quants' reading of them."""
+    type_name: str
+    blocks: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, nb, _ = self.blocks.shape
+        return rows, nb * QUANT_BLOCKS[self.type_name][0]
+
+    @property
+    def block_values(self) -> int:
+        return QUANT_BLOCKS[self.type_name][0]
+
+    def dequantize(self, rows: slice | np.ndarray | None = None) -> np.ndarray:
+        """[rows, cols] float32 (all rows, or the selected ones)."""
+        from gguf.quants import dequantize
+        from gguf.constants import GGMLQuantizationType
+        b = self.blocks if rows is None else self.blocks[rows]
+        flat = np.ascontiguousarray(b).reshape(b.shape[0], -1)
+        return dequantize(flat, GGMLQuantizationType[self.type_name]).astype(np.float32, copy=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +168,9 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: tensor '{name}' is missing")
         return self._tensors[name]
 
-    def tensor(self, name: str) -> np.ndarray | Q8Tensor:
-        """F32 as a zero-copy view; F16/BF16 widened to float32; Q8_0 as a Q8Tensor over the mapped bytes."""
+    def tensor(self, name: str) -> np.ndarray | Q8Tensor | QuantTensor:
+        """F32 as a zero-copy view; F16/BF16 widened to float32; Q8_0 as a Q8Tensor and the other quantized types
+        as a QuantTensor over the mapped bytes."""
         t = self._get(name)
         shape = tuple(reversed(t.ne))
         kind = TYPE_NAMES[t.type_id]
@@ -151,7 +183,10 @@ class GGUFFile:
             bits = raw.view(np.uint16).reshape(shape).astype(np.uint32) << 16
             return bits.view(np.float32)
         rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-        return Q8Tensor(raw.reshape(rows, shape[-1] // Q8_0_BLOCK, Q8_0_BYTES))
+        if kind == "Q8_0":
+            return Q8Tensor(raw.reshape(rows, shape[-1] // Q8_0_BLOCK, Q8_0_BYTES))
+        values, nbytes = QUANT_BLOCKS[kind]
+        return QuantTensor(kind, raw.reshape(rows, shape[-1] // values, nbytes))
 
 
 # GGUF value types -> (struct code, size) for scalars; 8 = string, 9 = array.
@@ -159,7 +194,8 @@ _SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4)
             7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
 _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
           12: "<f8"}
-_BYTES_PER_TYPE = {0: 4, 1: 2, 8: 34, 30: 2}     # bytes per element (Q8_0: per 32-block)
+_BYTES_PER_VALUE = {0: 4, 1: 2, 30: 2}     # plain types; the block types are (values, bytes) per block
+_BLOCKS = {8: (Q8_0_BLOCK, Q8_0_BYTES)} | {tid: QUANT_BLOCKS[n] for tid, n in TYPE_NAMES.items() if n in QUANT_BLOCKS}
 
 
 class _HeaderReader:
@@ -233,15 +269,14 @@ class _HeaderReader:
         n = 1
         for d in ne:
             n *= d
-        per = _BYTES_PER_TYPE.get(type_id)
-        if per is None:                               # refused by type later, with its name
-            n_bytes = 0
-        elif type_id == 8:
-            if ne[0] % Q8_0_BLOCK:
-                raise GGUFError(f"{self.path}: Q8_0 tensor '{name}' row length {ne[0]} is not a multiple of 32")
-            n_bytes = n // Q8_0_BLOCK * per
-        else:
-            n_bytes = n * per
+        if type_id in _BLOCKS:
+            values, per_block = _BLOCKS[type_id]
+            if ne[0] % values:
+                raise GGUFError(f"{self.path}: {TYPE_NAMES[type_id]} tensor '{name}' row length {ne[0]} is not a "
+                                f"whole number of {values}-value blocks")
+            n_bytes = n // values * per_block
+        else:                                         # an unknown type is refused later, with its name
+            n_bytes = n * _BYTES_PER_VALUE.get(type_id, 0)
         return _TensorRecord(name, type_id, ne, data_start + offset, n_bytes)
 
 

@@ -1,6 +1,6 @@
 """GGUF tensor names -> typed weight slots of a qwen35 model, with load-time checks of every shape.
 
-Weights stay as the file stores them (numpy views / Q8Tensor); a backend uploads them in its own layout.
+Weights stay as the file stores them (numpy views / Q8Tensor / QuantTensor); a backend uploads them in its own layout.
 The converter already baked the Qwen3.5 (1+w) offset into every RMSNorm weight except ssm_norm, and
 already re-ordered V heads so that V head h uses K head h % K: nothing here adds or undoes either.
 """
@@ -12,9 +12,9 @@ from typing import Union
 import numpy as np
 
 from .config import ModelConfig
-from .gguf_file import GGUFError, GGUFFile, Q8Tensor
+from .gguf_file import GGUFError, GGUFFile, Q8Tensor, QuantTensor
 
-Matrix = Union[np.ndarray, Q8Tensor]    # [out, in]
+Matrix = Union[np.ndarray, Q8Tensor, QuantTensor]    # [out, in]
 
 
 @dataclass(slots=True)
@@ -122,7 +122,7 @@ class _Getter:
 
     def dense(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         t = self.f.tensor(name)
-        if isinstance(t, Q8Tensor):
+        if isinstance(t, (Q8Tensor, QuantTensor)):
             t = t.dequantize()
         if tuple(t.shape) != shape:
             raise self._shape_error(name, t.shape, shape)

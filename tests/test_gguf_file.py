@@ -55,15 +55,28 @@ def test_moe_is_refused_clearly():
         model_class("qwen35moe")
 
 
-def test_unsupported_tensor_type_is_named(fixture_gguf, tmp_path):
+def _one_tensor_file(path, qtype, raw: np.ndarray):
     import gguf
-    path = tmp_path / "q4.gguf"
     w = gguf.GGUFWriter(str(path), "qwen35")
-    w.add_tensor("blk.0.ffn_up.weight", np.zeros((4, 18), np.uint8),
-                 raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    w.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=qtype)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    with pytest.raises(GGUFError, match="blk.0.ffn_up.weight.*Q4_0"):
+    return path
+
+
+def test_unsupported_tensor_type_is_named(tmp_path):
+    import gguf
+    path = _one_tensor_file(tmp_path / "iq2.gguf", gguf.GGMLQuantizationType.IQ2_XXS, np.zeros((4, 66), np.uint8))
+    with pytest.raises(GGUFError, match=r"iq2.gguf.*blk.0.ffn_up.weight.*IQ2_XXS.*supported: .*Q4_K.*IQ4_XS"):
         GGUFFile(path)
+
+
+def test_k_quant_tensor_loads_as_blocks(tmp_path):
+    import gguf
+    raw = np.zeros((4, 144), np.uint8)          # 4 rows of one Q4_K block (256 values)
+    f = GGUFFile(_one_tensor_file(tmp_path / "q4k.gguf", gguf.GGMLQuantizationType.Q4_K, raw))
+    t = f.tensor("blk.0.ffn_up.weight")
+    assert (t.type_name, t.shape, t.blocks.shape) == ("Q4_K", (4, 256), (4, 1, 144))
+    assert f.info("blk.0.ffn_up.weight").type_name == "Q4_K"
 
 
 def test_missing_key_is_named(fixture_gguf, tmp_path):

@@ -1,0 +1,98 @@
+"""`make` builds for the GPUs present with the nvcc present: proved with a fake nvcc / nvidia-smi on PATH (make -n).
+
+make -n still runs the architecture probe and the sub-make (the recipe is marked `+`), so the nvcc command lines it
+prints are the ones a real build would run.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+
+
+def _stub(folder: Path, name: str, body: str) -> None:
+    path = folder / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+def _make(tmp_path: Path, *args: str, nvcc_release: str | None, caps: list[str] | None) -> subprocess.CompletedProcess:
+    """caps None: nvidia-smi fails as without a driver; nvcc_release None: no nvcc at all."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if nvcc_release is not None:
+        _stub(bin_dir, "nvcc", f'[ "$1" = --version ] && echo "Cuda compilation tools, release {nvcc_release}, '
+              f'V{nvcc_release}.1" && exit 0\necho "nvcc $*"\n')
+    if caps is None:
+        _stub(bin_dir, "nvidia-smi", 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA '
+              'driver." >&2\nexit 9\n')
+    else:
+        _stub(bin_dir, "nvidia-smi", "".join(f"echo {c}\n" for c in caps))
+    # the real tools, without any real nvcc
+    for tool in ("make", "sh", "bash", "sed", "sort", "tr", "grep", "python3", "nproc", "mkdir", "cat", "env"):
+        real = shutil.which(tool)
+        if real and not (bin_dir / tool).exists():
+            (bin_dir / tool).symlink_to(real)
+    env = {k: v for k, v in os.environ.items() if k not in ("NVCC", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    env.update(PATH=str(bin_dir), LIBCUDA="/nonexistent/libcuda.so.1")
+    return subprocess.run(["make", "-n", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+def _archs(out: str) -> set[str]:
+    return {w.split("code=sm_")[1] for w in out.split() if "code=sm_" in w}
+
+
+def test_cuda12_targets_the_pascal_and_volta_cards_present(tmp_path):
+    r = _make(tmp_path, nvcc_release="12.4", caps=["7.0", "6.1", "7.0"])
+    assert r.returncode == 0, r.stderr
+    assert _archs(r.stdout) == {"61", "70"}
+    assert "compute_70,code=compute_70" in r.stdout          # PTX of the newest for newer GPUs
+    assert "sm_61, sm_70" in r.stderr
+
+
+def test_one_gpu_one_architecture_and_one_job_per_core(tmp_path):
+    r = _make(tmp_path, "JOBS=7", nvcc_release="13.0", caps=["9.0"])
+    assert r.returncode == 0, r.stderr
+    assert _archs(r.stdout) == {"90"}
+    assert "jobs=-j7" in r.stdout
+
+
+def test_cuda13_refuses_volta_and_names_the_routes(tmp_path):
+    r = _make(tmp_path, nvcc_release="13.0", caps=["7.0"])
+    assert r.returncode != 0
+    assert "CUDA 12.x" in r.stderr and "tools/build_sm70.sh" in r.stderr
+    assert "code=sm_" not in r.stdout
+
+
+def test_no_gpu_builds_nothing_and_says_numpy(tmp_path):
+    for release in ("13.0", None):
+        r = _make(tmp_path, nvcc_release=release, caps=None)
+        assert r.returncode == 0, r.stderr
+        assert "numpy backend" in r.stderr
+        assert "code=sm_" not in r.stdout
+
+
+def test_all_archs_per_toolkit(tmp_path):
+    r12 = _make(tmp_path, "all-archs", nvcc_release="12.8", caps=None)
+    assert _archs(r12.stdout) == {"61", "70", "75", "80", "86", "89", "90"}
+    (tmp_path / "13").mkdir()
+    r13 = _make(tmp_path / "13", "all-archs", nvcc_release="13.0", caps=None)
+    assert _archs(r13.stdout) == {"75", "80", "86", "89", "90"}
+
+
+def test_newer_gpu_gets_the_newest_ptx_and_older_than_dp4a_is_refused(tmp_path):
+    r = _make(tmp_path, nvcc_release="12.4", caps=["12.0"])
+    assert r.returncode == 0 and _archs(r.stdout) == {"90"}
+    r = _make(tmp_path, nvcc_release="12.4", caps=["6.0"])
+    assert r.returncode != 0 and "DP4A" in r.stderr
+
+
+def test_gpu_without_nvcc_says_what_to_install(tmp_path):
+    r = _make(tmp_path, nvcc_release=None, caps=["7.5"])
+    assert r.returncode != 0 and "no nvcc" in r.stderr

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from . import BUILD_NUMBER, __version__
@@ -42,6 +42,7 @@ class Option:
     append: bool = False                 # repeatable value collected into a list
     apply: Callable[[Params, Any], None] | None = None  # custom store
     unsupported: str = ""                # why llamacmp refuses it (said when used)
+    noop: str = ""                       # accepted, changes nothing here: why (said once in the log when used)
     gguf_key: str = ""                   # general.sampling.<key> that may replace the default
 
     def usage(self) -> str:
@@ -117,6 +118,18 @@ def _fraction(flag: str) -> Callable[[str], float]:
     return parse
 
 
+SPLIT_ROW_REFUSAL = ("--split-mode row is not supported: llamacmp splits the model by layers (-sm layer, the "
+                     "default) or keeps it on one GPU (-sm none)")
+
+
+def split_mode(s: str) -> str:
+    """-sm for every tool (llamacmp-bench too): row is refused at parse time, with one message."""
+    s = choice("--split-mode", "none", "layer", "row")(s)
+    if s == "row":
+        raise Unsupported("error: " + SPLIT_ROW_REFUSAL)
+    return s
+
+
 def _mem_cap(s: str) -> int:
     from .memplan import parse_gib
     return parse_gib(s)
@@ -142,6 +155,121 @@ def _add_api_key_file(p: Params, path: str) -> None:
 
 
 S = frozenset({"server"})
+CS = frozenset({"cli", "server"})
+CMP = frozenset({"completion"})
+PPL = frozenset({"perplexity"})
+
+# Why a llama.cpp flag changes nothing in llamacmp (said once on stderr when used).
+CPU_THREADS = "llamacmp's host side is one Python thread; the GPU (or numpy) does the arithmetic"
+PLACEMENT = ("llamacmp keeps every weight and the KV cache on the GPU (or in numpy); placement changes speed and "
+             "memory, not results, and the memory plan refuses what does not fit")
+LOADING = "llamacmp maps the GGUF read-only with numpy.memmap and copies the weights to the device once"
+DENSE = "the qwen35 models llamacmp runs are dense: there are no expert weights to place"
+SPEC = "speculative decoding (draft model, n-gram, MTP) is not supported by llamacmp yet"
+DOWNLOAD = "llamacmp does not download: download the GGUF and pass -m, or -hf for one already in the local cache"
+PRESET = "this preset downloads a model; " + DOWNLOAD
+ROUTER = "router mode (several models) is not supported by llamacmp: start one server per model with -m"
+FIT = ("llamacmp never adjusts unset options to fit: its memory plan checks -c, -ctk/-ctv, -np and -ub before "
+       "loading and refuses with what to change (docs/CLI.md)")
+DRY_OFF = "DRY is off (--dry-multiplier takes only 0 in llamacmp), so this setting changes nothing"
+CLI_ONE_CONVERSATION = ("llamacmp-cli keeps one conversation's state; context checkpoints and the prompt cache are "
+                        "llamacmp-server's")
+CORS = "llamacmp-server answers every origin, as llama-server b8462 did; CORS settings are not supported yet"
+AGENT = "llama-server's built-in agent tools and MCP servers are not supported by llamacmp"
+NO_VIDEO = "llamacmp takes no video input (--video is refused)"
+PPL_ONLY = "llamacmp-perplexity computes perplexity only; this benchmark is not supported yet"
+SPEC_FLAGS = (  # (names, value hint) of every speculative-decoding option of b8462 and 0c1e570
+    (("--draft", "--draft-n", "--draft-max", "--spec-draft-n-max"), "N"),
+    (("--draft-min", "--draft-n-min", "--spec-draft-n-min"), "N"),
+    (("--draft-p-min", "--spec-draft-p-min"), "P"), (("--spec-draft-p-split", "--draft-p-split"), "P"),
+    (("-cd", "--ctx-size-draft"), "N"), (("-devd", "--device-draft", "--spec-draft-device"), "<dev1,dev2,..>"),
+    (("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"), "N"),
+    (("-cmoed", "--cpu-moe-draft", "--spec-draft-cpu-moe"), ""),
+    (("-ncmoed", "--n-cpu-moe-draft", "--spec-draft-n-cpu-moe", "--spec-draft-ncmoe"), "N"),
+    (("-otd", "--override-tensor-draft", "--spec-draft-override-tensor"), "<pattern>=<buffer type>,..."),
+    (("-td", "--threads-draft", "--spec-draft-threads"), "N"),
+    (("-tbd", "--threads-batch-draft", "--spec-draft-threads-batch"), "N"),
+    (("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"), "<user>/<model>[:quant]"),
+    (("-ctkd", "--cache-type-k-draft", "--spec-draft-type-k"), "TYPE"),
+    (("-ctvd", "--cache-type-v-draft", "--spec-draft-type-v"), "TYPE"),
+    (("--spec-draft-cpu-mask", "-Cd", "--cpu-mask-draft"), "M"),
+    (("--spec-draft-cpu-mask-batch", "-Cbd", "--cpu-mask-batch-draft"), "M"),
+    (("--spec-draft-cpu-range", "-Crd", "--cpu-range-draft"), "lo-hi"),
+    (("--spec-draft-cpu-range-batch", "-Crbd", "--cpu-range-batch-draft"), "lo-hi"),
+    (("--spec-draft-cpu-strict", "--cpu-strict-draft"), "<0|1>"),
+    (("--spec-draft-cpu-strict-batch", "--cpu-strict-batch-draft"), "<0|1>"),
+    (("--spec-draft-poll", "--poll-draft"), "<0|1>"), (("--spec-draft-poll-batch", "--poll-batch-draft"), "<0|1>"),
+    (("--spec-draft-prio", "--prio-draft"), "N"), (("--spec-draft-prio-batch", "--prio-batch-draft"), "N"),
+    (("--spec-draft-backend-sampling", "--no-spec-draft-backend-sampling"), ""),
+    (("--spec-default",), ""), (("--spec-type",), "TYPE"), (("--spec-replace",), "TARGET DRAFT"),
+    (("--spec-synth-len",), "N"), (("--spec-synth-rates",), "RATES"),
+    (("--spec-ngram-size-n",), "N"), (("--spec-ngram-size-m",), "N"), (("--spec-ngram-min-hits",), "N"),
+    (("--spec-ngram-simple-size-n",), "N"), (("--spec-ngram-simple-size-m",), "N"),
+    (("--spec-ngram-simple-min-hits",), "N"), (("--spec-ngram-map-k-size-n",), "N"),
+    (("--spec-ngram-map-k-size-m",), "N"), (("--spec-ngram-map-k-min-hits",), "N"),
+    (("--spec-ngram-map-k4v-size-n",), "N"), (("--spec-ngram-map-k4v-size-m",), "N"),
+    (("--spec-ngram-map-k4v-min-hits",), "N"), (("--spec-ngram-mod-n-match",), "N"),
+    (("--spec-ngram-mod-n-min",), "N"), (("--spec-ngram-mod-n-max",), "N"),
+    (("-lcs", "--lookup-cache-static"), "FNAME"), (("-lcd", "--lookup-cache-dynamic"), "FNAME"),
+)
+
+
+def _noop(*names: str, why: str, value: str = "", tools=ALL, env: str = "", neg: tuple[str, ...] = ()) -> Option:
+    return Option(names=names, help=f"accepted; changes nothing in llamacmp: {why}", value=value, tools=tools,
+                  env=env, neg=neg, parse=str if value else None, apply=lambda p, v: None, noop=why)
+
+
+def _default_only(*names: str, default: str, why: str, value: str = "N", tools=ALL, env: str = "",
+                  parse: Callable[[str], Any] = to_float, accept: Callable[[Any], bool] | None = None) -> Option:
+    """Accepted where it changes nothing (llama.cpp's default, or what `accept` allows); other values are refused
+    naming the flag."""
+    ok = accept or (lambda x: x == parse(default))
+
+    def check(s: str) -> Any:
+        if not ok(parse(s)):
+            raise Unsupported(f"error: {names[-1]} {s} is not supported: {why}")
+        return s
+    return Option(names=names, help=f"only {default}, the default: {why}", value=value, tools=tools, env=env,
+                  parse=check, apply=lambda p, v: None, noop=f"accepted at its default ({default}); other values "
+                  f"are refused: {why}")
+
+
+def _rope_scaling(s: str) -> str:
+    s = choice("--rope-scaling", "none", "linear", "yarn")(s)
+    if s == "yarn":
+        raise Unsupported("error: --rope-scaling yarn is not supported: YaRN is not supported by llamacmp yet")
+    return s
+
+
+def _set_binary_prompt(p: Params, path: str) -> None:
+    """-bf: the file's bytes as they are (llama.cpp reads it in binary mode)."""
+    try:
+        with open(path, "rb") as f:
+            p.prompt = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        raise ValueError(f"error: failed to open file '{path}'\n") from None
+    p.prompt_file = path
+
+
+def _api_prefix(s: str) -> str:
+    if s and not s.startswith("/"):
+        raise ValueError(f"--api-prefix must start with '/', got {s}")
+    return s.rstrip("/")
+
+
+def _min_step(s: str) -> int:
+    n = to_int(s)
+    if n < 0:
+        raise ValueError("checkpoint-min-step must be non-negative")
+    if n == 0:
+        raise Unsupported("error: --checkpoint-min-step 0 is not supported: llamacmp spaces checkpoints by at "
+                          "least one token count (use -cpent -1 to turn them off)")
+    return n
+
+
+def _set_reasoning_effort(p: Params, level: str) -> None:
+    if level != "default":
+        p.chat_template_kwargs["reasoning_effort"] = level
 
 
 def O(*names: str, **kw) -> Option:  # noqa: E743 - short constructor keeps the table readable
@@ -175,7 +303,7 @@ OPTIONS: tuple[Option, ...] = (
       help="physical maximum batch size (default: 512)"),
     O("--keep", value="N", dest="n_keep", parse=to_int,
       help="number of tokens to keep from the initial prompt (default: 0, -1 = all)"),
-    O("-t", "--threads", value="N", dest="threads", parse=to_int, env="LLAMA_ARG_THREADS",
+    O("-t", "--threads", value="N", dest="threads", parse=to_int, env="LLAMA_ARG_THREADS", noop=CPU_THREADS,
       help="number of CPU threads to use during generation (default: -1)"),
     O("-ngl", "--gpu-layers", "--n-gpu-layers", value="N", dest="n_gpu_layers", parse=gpu_layers,
       env="LLAMA_ARG_N_GPU_LAYERS", help="max. number of layers to store in VRAM, either an exact number, "
@@ -204,8 +332,8 @@ OPTIONS: tuple[Option, ...] = (
     O("-ts", "--tensor-split", value="N0,N1,N2,...", dest="tensor_split", parse=tensor_split,
       env="LLAMA_ARG_TENSOR_SPLIT", help="fraction of the model to offload to each GPU, comma-separated list of "
       "proportions, e.g. 3,1"),
-    O("-sm", "--split-mode", value="{none,layer,row}", dest="split_mode",
-      parse=choice("--split-mode", "none", "layer", "row"), env="LLAMA_ARG_SPLIT_MODE",
+    O("-sm", "--split-mode", value="{none,layer,row}", dest="split_mode", parse=split_mode,
+      env="LLAMA_ARG_SPLIT_MODE",
       help="how to split the model across multiple GPUs (default: layer)"),
     O("-mg", "--main-gpu", value="INDEX", dest="main_gpu", parse=to_int, env="LLAMA_ARG_MAIN_GPU",
       help="the GPU to use for the model (with split-mode = none) (default: 0)"),
@@ -218,12 +346,14 @@ OPTIONS: tuple[Option, ...] = (
       "pinned host memory (for cards without P2P), or auto = peer where P2P works (default: auto)"),
     O("-np", "--parallel", value="N", dest="n_parallel", parse=to_int, env="LLAMA_ARG_N_PARALLEL",
       help="number of parallel sequences to decode (default: 1)"),
-    O("--mmap", dest="mmap", neg=("--no-mmap",), env="LLAMA_ARG_MMAP",
+    O("--mmap", dest="mmap", neg=("--no-mmap",), env="LLAMA_ARG_MMAP", noop=LOADING,
       help="whether to memory-map model (default: enabled)"),
-    O("--mlock", dest="mlock", env="LLAMA_ARG_MLOCK", help="force system to keep model in RAM"),
+    O("--mlock", dest="mlock", env="LLAMA_ARG_MLOCK", noop=LOADING + "; the host copy is not locked",
+      help="force system to keep model in RAM"),
     O("-kvo", "--kv-offload", dest="kv_offload", neg=("-nkvo", "--no-kv-offload"), env="LLAMA_ARG_KV_OFFLOAD",
-      help="whether to enable KV cache offloading (default: enabled)"),
-    O("--warmup", dest="warmup", neg=("--no-warmup",), help="whether to perform warmup with an empty run"),
+      noop=PLACEMENT, help="whether to enable KV cache offloading (default: enabled)"),
+    O("--warmup", dest="warmup", neg=("--no-warmup",), noop="llamacmp runs no warm-up pass (its CUDA graphs are "
+      "captured on the first decode)", help="whether to perform warmup with an empty run"),
     # sampling (seed..penalties carry the GGUF general.sampling.* key that may replace their default)
     O("-s", "--seed", value="SEED", dest="sampling.seed", parse=to_int,
       help="RNG seed (default: -1, use random seed for -1)"),
@@ -371,7 +501,7 @@ OPTIONS: tuple[Option, ...] = (
     O("-to", "--timeout", value="N", dest="server.timeout", parse=to_int, env="LLAMA_ARG_TIMEOUT", tools=S,
       help="server read/write timeout in seconds (default: 600)"),
     O("--threads-http", value="N", dest="server.threads_http", parse=to_int, env="LLAMA_ARG_THREADS_HTTP",
-      tools=S, help="number of threads used to process HTTP requests (default: -1)"),
+      tools=S, noop="llamacmp-server answers HTTP on one asyncio event loop", help="number of threads used to process HTTP requests (default: -1)"),
     O("--metrics", dest="server.endpoint_metrics", env="LLAMA_ARG_ENDPOINT_METRICS", tools=S,
       help="enable prometheus compatible metrics endpoint (default: disabled)"),
     O("--slots", dest="server.endpoint_slots", neg=("--no-slots",), env="LLAMA_ARG_ENDPOINT_SLOTS", tools=S,
@@ -379,7 +509,8 @@ OPTIONS: tuple[Option, ...] = (
     O("--props", dest="server.endpoint_props", env="LLAMA_ARG_ENDPOINT_PROPS", tools=S,
       help="enable changing global properties via POST /props (default: disabled)"),
     O("-cb", "--cont-batching", dest="server.cont_batching", neg=("-nocb", "--no-cont-batching"),
-      env="LLAMA_ARG_CONT_BATCHING", tools=S, help="enable continuous batching (default: enabled)"),
+      env="LLAMA_ARG_CONT_BATCHING", tools=S, noop="llamacmp's scheduler always batches the slots continuously",
+      help="enable continuous batching (default: enabled)"),
     O("-kvu", "--kv-unified", dest="server.kv_unified", neg=("-no-kvu", "--no-kv-unified"),
       env="LLAMA_ARG_KV_UNIFIED", tools=S, help="use single unified KV buffer shared across all sequences "
       "(default: enabled if number of slots is auto)"),
@@ -417,6 +548,179 @@ OPTIONS: tuple[Option, ...] = (
     O("--no-bos", dest="no_bos", tools=TOK, help="do not ever add a BOS token to the prompt."),
     O("--no-parse-special", dest="no_parse_special", tools=TOK, help="do not parse control tokens."),
     O("--show-count", dest="show_count", tools=TOK, help="print the total number of tokens."),
+    # ---- llama.cpp flags (b8462 and 0c1e570) that change nothing in llamacmp: accepted, said once on stderr ----
+    _noop("-tb", "--threads-batch", value="N", env="LLAMA_ARG_THREADS_BATCH", why=CPU_THREADS),
+    _noop("-C", "--cpu-mask", value="M", why=CPU_THREADS),
+    _noop("-Cr", "--cpu-range", value="lo-hi", why=CPU_THREADS),
+    _noop("--cpu-strict", value="<0|1>", why=CPU_THREADS),
+    _noop("--prio", value="N", why=CPU_THREADS),
+    _noop("--poll", value="<0...100>", why=CPU_THREADS),
+    _noop("-Cb", "--cpu-mask-batch", value="M", why=CPU_THREADS),
+    _noop("-Crb", "--cpu-range-batch", value="lo-hi", why=CPU_THREADS),
+    _noop("--cpu-strict-batch", value="<0|1>", why=CPU_THREADS),
+    _noop("--prio-batch", value="N", why=CPU_THREADS),
+    _noop("--poll-batch", value="<0|1>", why=CPU_THREADS),
+    _noop("--numa", value="TYPE", why=CPU_THREADS),
+    _noop("-ot", "--override-tensor", value="<tensor name pattern>=<buffer type>,...", why=PLACEMENT),
+    _noop("-ncffn", "--n-cpu-ffn", value="N", why=PLACEMENT),
+    _noop("--no-host", why=PLACEMENT),
+    _noop("--op-offload", neg=("-nopo", "--no-op-offload"), why=PLACEMENT),
+    _noop("-cmoe", "--cpu-moe", env="LLAMA_ARG_CPU_MOE", why=DENSE),
+    _noop("-ncmoe", "--n-cpu-moe", value="N", env="LLAMA_ARG_N_CPU_MOE", why=DENSE),
+    _noop("--repack", neg=("-nr", "--no-repack"), why="llamacmp has no CPU weight repacking"),
+    _noop("-lm", "--load-mode", value="MODE", env="LLAMA_ARG_LOAD_MODE", why=LOADING),
+    _noop("-lzm", "--lazy-mode", value="MODE", why=LOADING),
+    _noop("-dio", "--direct-io", neg=("-ndio", "--no-direct-io"), env="LLAMA_ARG_DIO", why=LOADING),
+    _noop("-fit", "--fit", value="[on|off]", env="LLAMA_ARG_FIT", why=FIT),
+    _noop("-fitt", "--fit-target", value="MiB0,MiB1,...", env="LLAMA_ARG_FIT_TARGET", why=FIT),
+    _noop("-fitc", "--fit-ctx", value="N", env="LLAMA_ARG_FIT_CTX", why=FIT),
+    _noop("--swa-full", env="LLAMA_ARG_SWA_FULL", why="qwen35 has no sliding-window attention layers"),
+    _noop("-dt", "--defrag-thold", value="N", env="LLAMA_ARG_DEFRAG_THOLD",
+          why="deprecated in llama.cpp too; llamacmp's KV cache never needs defragmenting"),
+    _noop("--check-tensors", why="llamacmp checks every tensor's type, shape and size at load but does not scan the "
+          "values for NaN/inf"),
+    _noop("-bs", "--backend-sampling", why="llamacmp samples on the host from the logits; the tokens are the same"),
+    _noop("--perf", neg=("--no-perf",), env="LLAMA_ARG_PERF", why="llamacmp always measures the timings"),
+    _noop("-hft", "--hf-token", value="TOKEN", env="HF_TOKEN", why="llamacmp does not download, so needs no token"),
+    _noop("--dry-base", value="N", why=DRY_OFF), _noop("--dry-allowed-length", value="N", why=DRY_OFF),
+    _noop("--dry-penalty-last-n", value="N", why=DRY_OFF), _noop("--dry-sequence-breaker", value="STRING", why=DRY_OFF),
+    _noop("--dynatemp-exp", value="N", why="dynamic temperature is off (--dynatemp-range takes only 0)"),
+    _noop("--mirostat-lr", value="N", why="Mirostat is off (--mirostat takes only 0)"),
+    _noop("--mirostat-ent", value="N", why="Mirostat is off (--mirostat takes only 0)"),
+    _noop("--xtc-threshold", value="N", why="XTC is off (--xtc-probability takes only 0)"),
+    _default_only("--adaptive-target", default="-1", accept=lambda x: x < 0,
+                  why="the adaptive-p sampler is not supported by llamacmp (negative = disabled)"),
+    _noop("--adaptive-decay", value="N", why="the adaptive-p sampler is off (--adaptive-target < 0)"),
+    _default_only("--rope-freq-base", default="0", why="llamacmp uses the model's RoPE settings (0 = from model)"),
+    _default_only("--rope-freq-scale", default="0", accept=lambda x: x in (0, 1),
+                  why="llamacmp uses the model's RoPE settings (0 = from model)"),
+    _default_only("--rope-scale", default="1", why="RoPE context scaling is not supported by llamacmp yet"),
+    _default_only("--yarn-orig-ctx", default="0", why="YaRN is not supported by llamacmp yet"),
+    _default_only("--yarn-ext-factor", default="-1", why="YaRN is not supported by llamacmp yet"),
+    _default_only("--yarn-attn-factor", default="-1", why="YaRN is not supported by llamacmp yet"),
+    _default_only("--yarn-beta-slow", default="-1", why="YaRN is not supported by llamacmp yet"),
+    _default_only("--yarn-beta-fast", default="-1", why="YaRN is not supported by llamacmp yet"),
+    O("--rope-scaling", value="{none,linear,yarn}", parse=_rope_scaling, apply=lambda p, v: None,
+      env="LLAMA_ARG_ROPE_SCALING_TYPE", noop="none and linear (at --rope-scale 1) leave RoPE as the model has it; "
+      "yarn is refused", help="RoPE frequency scaling method, defaults to linear unless specified by the model"),
+    O("--no-context-shift", apply=lambda p, v: None, dest="_no_context_shift", tools=KCS | PPL,
+      help="disables context shift on infinite text generation: llamacmp's only behaviour (recurrent layers)"),
+    O("--offline", apply=lambda p, v: None, dest="_offline", env="LLAMA_ARG_OFFLINE", tools=ALL | TOK,
+      help="offline mode: llamacmp never downloads anything, so it is always offline"),
+    # logging (llama.cpp's common/log.cpp switches; llamacmp/log.py applies them)
+    O("--log-colors", value="[on|off|auto]", dest="log_colors", parse=on_off_auto("--log-colors"),
+      env="LLAMA_LOG_COLORS", help="Set colored logging ('on', 'off', or 'auto', default: 'auto')"),
+    O("--log-prefix", dest="log_prefix", neg=("--no-log-prefix",), env="LLAMA_LOG_PREFIX",
+      help="Enable prefix in log messages"),
+    O("--log-timestamps", dest="log_timestamps", neg=("--no-log-timestamps",), env="LLAMA_LOG_TIMESTAMPS",
+      help="Enable timestamps in log messages"),
+    O("--no-log-jsonl", apply=lambda p, v: None, dest="_no_log_jsonl", help="plain-text log lines (the default)"),
+    _unsup("--log-jsonl", why="JSON-lines logs are not supported by llamacmp yet"),
+    # the CLIs
+    O("-bf", "--binary-file", value="FNAME", parse=str, apply=_set_binary_prompt, tools=KC | PPL,
+      help="binary file containing the prompt (default: none)"),
+    _default_only("-gan", "--grp-attn-n", default="1", parse=to_int, tools=CMP,
+                  why="self-extend (group attention) is not supported by llamacmp"),
+    _default_only("-gaw", "--grp-attn-w", default="512", parse=to_int, tools=CMP,
+                  why="self-extend (group attention) is not supported by llamacmp"),
+    _default_only("-ptc", "--print-token-count", default="-1", parse=to_int, tools=CMP,
+                  why="periodic token counts are not printed by llamacmp"),
+    _noop("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", "-cram", "--cache-ram", "-cpent",
+          "--checkpoint-every-n-tokens", value="N", tools=frozenset({"cli"}), why=CLI_ONE_CONVERSATION),
+    _noop("-kvu", "--kv-unified", neg=("-no-kvu", "--no-kv-unified"), tools=PPL,
+          why="llamacmp-perplexity scores one chunk at a time"),
+    # llama-server
+    O("--api-prefix", value="PREFIX", dest="server.api_prefix", parse=_api_prefix, env="LLAMA_ARG_API_PREFIX",
+      tools=S, help="prefix path the server serves from, without the trailing slash (default: )"),
+    O("--ssl-key-file", value="FNAME", dest="server.ssl_key_file", parse=str, env="LLAMA_ARG_SSL_KEY_FILE", tools=S,
+      help="path to file a PEM-encoded SSL private key"),
+    O("--ssl-cert-file", value="FNAME", dest="server.ssl_cert_file", parse=str, env="LLAMA_ARG_SSL_CERT_FILE",
+      tools=S, help="path to file a PEM-encoded SSL certificate"),
+    _noop("--cache-reuse", value="N", env="LLAMA_ARG_CACHE_REUSE", tools=S,
+          why="reusing chunks by KV shifting is impossible with recurrent (hybrid) layers; llama-server turns it "
+          "off for them too"),
+    O("-cms", "--checkpoint-min-step", value="N", dest="server.checkpoint_every", parse=_min_step,
+      env="LLAMA_ARG_CHECKPOINT_MIN_STEP", tools=S,
+      help="minimum spacing between context checkpoints in tokens (default: 8192): llamacmp's checkpoint spacing"),
+    _noop("--cache-idle-slots", env="LLAMA_ARG_CACHE_IDLE_SLOTS", tools=S,
+          why="the default: llamacmp's prompt cache takes a slot's state when the slot is reused"),
+    _unsup("--no-cache-idle-slots", tools=S, why="llamacmp's prompt cache always takes an idle slot's state"),
+    _unsup("--kv-unified-per-slot", value="N", tools=S, why="a per-slot context limit is not supported by llamacmp "
+           "yet: size the context with -c and the slots with -np"),
+    _default_only("--sleep-idle-seconds", default="-1", parse=to_int, tools=S,
+                  why="llamacmp keeps the model loaded (-1 = never sleep)"),
+    _default_only("--sse-ping-interval", default="-1", parse=to_int, tools=S,
+                  why="llamacmp-server sends no SSE pings (-1 = disabled; llama-server's default is 30)"),
+    _noop("--tags", value="STRING", tools=S, why="informational in llama.cpp as well; llamacmp shows no model tags"),
+    _noop("--mtmd-batch-max-tokens", value="N", tools=S, why="llamacmp encodes each image whole"),
+    _unsup("--reuse-port", tools=S, why="SO_REUSEPORT listening is not supported by llamacmp"),
+    _unsup("--cors-origins", value="ORIGINS", tools=S, why=CORS),
+    _unsup("--cors-methods", value="METHODS", tools=S, why=CORS),
+    _unsup("--cors-headers", value="HEADERS", tools=S, why=CORS),
+    _unsup("--cors-credentials", "--no-cors-credentials", tools=S, why=CORS),
+    _unsup("--tools", value="TOOL1,TOOL2,...", tools=S, why=AGENT),
+    _unsup("--tools-runtime", value="RUNTIME", tools=S, why=AGENT),
+    _unsup("-ag", "--agent", tools=S, why=AGENT),
+    _noop("-no-ag", "--no-agent", tools=S, why="the default: no built-in agent tools"),
+    _unsup("--mcp-servers-config", value="FNAME", tools=S, why=AGENT),
+    _unsup("--mcp-servers-json", value="JSON", tools=S, why=AGENT),
+    _unsup("--spm-infill", tools=S, why="llamacmp builds infill prompts prefix/suffix/middle only"),
+    _unsup("--models-dir", value="PATH", tools=S, why=ROUTER),
+    _unsup("--models-preset", value="PATH", tools=S, why=ROUTER),
+    _unsup("--models-max", value="N", tools=S, why=ROUTER),
+    _unsup("--models-autoload", "--no-models-autoload", tools=S, why=ROUTER),
+    _unsup("--lora-init-without-apply", tools=S, why="LoRA adapters are not supported by llamacmp yet"),
+    # chat and reasoning (0c1e570)
+    O("--reasoning-effort", value="LEVEL", parse=str, apply=_set_reasoning_effort, tools=KCS,
+      help="reasoning effort level given to the chat template: 'default' to keep the template default, or a level "
+      "such as 'low', 'medium', 'high' (default: default)"),
+    _noop("--reasoning-preserve", neg=("--no-reasoning-preserve",), tools=KCS,
+          why="the qwen35 chat template decides which turns keep their reasoning; llamacmp passes each message's "
+          "reasoning_content to it as received"),
+    _unsup("--skip-chat-parsing", tools=KCS, why="llamacmp always parses replies with the template's format "
+           "(use --reasoning-format none for the raw text)"),
+    _noop("--no-skip-chat-parsing", tools=KCS, why="the default"),
+    # multimodal extras
+    _noop("-mmdev", "--mmproj-device", value="<dev>", tools=CS, why=PLACEMENT),
+    _noop("--mmproj-offload", neg=("--no-mmproj-offload",), env="LLAMA_ARG_MMPROJ_OFFLOAD", tools=CS, why=PLACEMENT),
+    _unsup("--video", value="FILE", tools=frozenset({"cli"}), why="video input is not supported by llamacmp"),
+    _noop("--video-fps", value="N", tools=CS, why=NO_VIDEO),
+    _noop("--video-timestamp-interval", value="N", tools=CS, why=NO_VIDEO),
+    _noop("--video-ffmpeg-dir", value="PATH", tools=CS, why=NO_VIDEO),
+    # refused: llama.cpp features llamacmp does not have
+    _unsup("--override-kv", value="KEY=TYPE:VALUE,...", why="GGUF metadata overrides are not supported by llamacmp"),
+    _unsup("--control-vector", value="FNAME", why="control vectors are not supported by llamacmp"),
+    _unsup("--control-vector-scaled", value="FNAME SCALE", why="control vectors are not supported by llamacmp"),
+    _unsup("--control-vector-layer-range", value="START END", why="control vectors are not supported by llamacmp"),
+    _unsup("--rpc", value="SERVERS", env="LLAMA_ARG_RPC", why="ggml-rpc is not supported by llamacmp"),
+    _unsup("--completion-bash", why="llamacmp prints no bash completion script"),
+    _unsup("-cl", "--cache-list", why="llamacmp lists no cache: it resolves -hf from the local caches only"),
+    _unsup("--list-devices", why="not supported by llamacmp yet: nvidia-smi -L lists the GPUs"),
+    _unsup("--license", why="llamacmp prints no license text"),
+    _unsup("-dr", "--docker-repo", value="[<repo>/]<model>[:quant]", env="LLAMA_ARG_DOCKER_REPO", why=DOWNLOAD),
+    _unsup("-hfv", "-hfrv", "--hf-repo-v", value="<user>/<model>[:quant]", why="vocoder models are not supported"),
+    _unsup("-hffv", "--hf-file-v", value="FILE", why="vocoder models are not supported"),
+    _unsup("-mv", "--model-vocoder", value="FNAME", tools=S, why="vocoder models are not supported"),
+    _unsup("--tts-use-guide-tokens", tools=S, why="vocoder models are not supported"),
+    _unsup("--log-prompts-dir", value="PATH", tools=CS, why="prompt logging to a folder is not supported by llamacmp"),
+    _unsup("--server-base", value="URL", tools=frozenset({"cli"}), why="llamacmp-cli runs the model itself"),
+    _unsup("-o", "--output", "--output-file", value="FNAME", tools=frozenset({"cli"}),
+           why="writing the conversation to a file is not supported by llamacmp-cli yet"),
+    _unsup("--prompt-cache-all", tools=CMP, why="session files (--prompt-cache) are not supported by llamacmp yet"),
+    _unsup("--prompt-cache-ro", tools=CMP, why="session files (--prompt-cache) are not supported by llamacmp yet"),
+    _unsup("--hellaswag", tools=PPL, why=PPL_ONLY), _unsup("--hellaswag-tasks", value="N", tools=PPL, why=PPL_ONLY),
+    _unsup("--winogrande", tools=PPL, why=PPL_ONLY), _unsup("--winogrande-tasks", value="N", tools=PPL, why=PPL_ONLY),
+    _unsup("--multiple-choice", tools=PPL, why=PPL_ONLY),
+    _unsup("--multiple-choice-tasks", value="N", tools=PPL, why=PPL_ONLY),
+    _unsup("--kl-divergence", tools=PPL, why=PPL_ONLY),
+    _unsup("--save-all-logits", "--kl-divergence-base", value="FNAME", tools=PPL, why=PPL_ONLY),
+    _unsup("--embd-gemma-default", "--fim-qwen-1.5b-default", "--fim-qwen-3b-default", "--fim-qwen-7b-default",
+           "--fim-qwen-7b-spec", "--fim-qwen-14b-spec", "--fim-qwen-30b-default", tools=S, why=PRESET),
+    _unsup("--gpt-oss-20b-default", "--gpt-oss-120b-default", "--vision-gemma-4b-default",
+           "--vision-gemma-12b-default", tools=CS, why=PRESET),
+    # speculative decoding (b8462's --draft-* and 0c1e570's --spec-*): refused until MTP lands
+    _unsup("-md", "--model-draft", "--spec-draft-model", value="FNAME", env="LLAMA_ARG_MODEL_DRAFT", why=SPEC),
+    *(_unsup(*names, value=value, why=SPEC) for names, value in SPEC_FLAGS),
     # known llama.cpp flags we refuse, so that nobody's script silently does something else
     _unsup("-hf", "-hfr", "--hf-repo", value="<user>/<model>[:quant]", env="LLAMA_ARG_HF_REPO", tools=ALL,
            why="downloading from Hugging Face is not supported by llamacmp: download the GGUF and pass -m"),
@@ -426,21 +730,53 @@ OPTIONS: tuple[Option, ...] = (
            why="downloading models is not supported by llamacmp: download the GGUF and pass -m"),
     _unsup("--lora", value="FNAME", why="LoRA adapters are not supported by llamacmp yet"),
     _unsup("--lora-scaled", value="FNAME SCALE", why="LoRA adapters are not supported by llamacmp yet"),
-    _unsup("-md", "--model-draft", value="FNAME", env="LLAMA_ARG_MODEL_DRAFT",
-           why="speculative decoding is not supported for hybrid models (llama.cpp disables it as well)"),
     _unsup("-mmu", "--mmproj-url", value="URL", env="LLAMA_ARG_MMPROJ_URL", tools=frozenset({"cli", "server"}),
            why="downloading models is not supported by llamacmp: download the mmproj GGUF and pass -mm"),
     _unsup("--audio", value="FILE", tools=frozenset({"cli"}),
            why="audio input is not supported by llamacmp (images are: --image)"),
     _unsup("--prompt-cache", value="FNAME", tools=frozenset({"completion"}),
            why="session files (--prompt-cache) are not supported by llamacmp yet"),
-    _unsup("--context-shift", env="LLAMA_ARG_CONTEXT_SHIFT", tools=KCS,
+    _unsup("--context-shift", env="LLAMA_ARG_CONTEXT_SHIFT", tools=KCS | PPL,
            why="context shift is not possible with recurrent (hybrid) models"),
 )
 
 
+def _absent(*opts: Option) -> tuple[Option, ...]:
+    """Only the options none of whose spellings the table has already: the web page and embedding flags belong to
+    another branch (issue 23's server half), whose entries win wherever they sit in OPTIONS."""
+    taken = {n for o in OPTIONS for n in o.names + o.neg}
+    return tuple(o for o in opts if not taken & set(o.names + o.neg))
+
+
+WEB_LATER = "not supported by llamacmp yet"
+OPTIONS += _absent(
+    O("--ui", dest="server.webui", neg=("--no-ui",), env="LLAMA_ARG_WEBUI", tools=S,
+      help="whether to enable the Web UI (default: enabled)"),
+    _unsup("--webui-config", "--ui-config", value="JSON", tools=S, why="Web UI settings are " + WEB_LATER),
+    _unsup("--webui-config-file", "--ui-config-file", value="PATH", tools=S, why="Web UI settings are " + WEB_LATER),
+    _unsup("--webui-mcp-proxy", "--ui-mcp-proxy", tools=S, why=AGENT),
+    _noop("--no-webui-mcp-proxy", "--no-ui-mcp-proxy", tools=S, why="the default: no MCP proxy"),
+    _unsup("--path", value="PATH", tools=S, why="serving a folder of static files is " + WEB_LATER),
+    _unsup("--embedding", "--embeddings", env="LLAMA_ARG_EMBEDDINGS", tools=S, why="embeddings are " + WEB_LATER),
+    _unsup("--pooling", value="{none,mean,cls,last,rank}", env="LLAMA_ARG_POOLING", tools=S,
+           why="embeddings are " + WEB_LATER),
+    _unsup("--rerank", "--reranking", env="LLAMA_ARG_RERANKING", tools=S, why="reranking is " + WEB_LATER),
+    _unsup("--embd-normalize", value="N", tools=S, why="embeddings are " + WEB_LATER),
+)
+
+
 def options_for(tool: str) -> list[Option]:
-    return [o for o in OPTIONS if tool in o.tools]
+    """The options `tool` accepts: its own, and for llamacmp-tokenize every common one as a no-op (current
+    llama-tokenize parses with common/arg.cpp and loads the vocabulary only)."""
+    own = [o for o in OPTIONS if tool in o.tools]
+    if tool != "tokenize":
+        return own
+    return own + [replace(o, tools=TOK, unsupported="", noop=TOKENIZE_IGNORED, apply=lambda p, v: None,
+                          parse=str if o.value else None, dest="", help=TOKENIZE_IGNORED)
+                  for o in OPTIONS if {"completion", "perplexity"} <= o.tools and "tokenize" not in o.tools]
+
+
+TOKENIZE_IGNORED = "llamacmp-tokenize loads only the tokenizer, as llama-tokenize does"
 
 
 # -- parsing -----------------------------------------------------------------------------------------------------
@@ -458,10 +794,10 @@ def _store(p: Params, opt: Option, value: Any) -> None:
     p.user_set.add(opt.dest or opt.names[-1])
 
 
-def _apply(p: Params, opt: Option, raw: str | None, positive: bool) -> None:
-    """raw is None for flags; positive is False for the negated spelling."""
+def _apply(p: Params, opt: Option, raw: str | None, positive: bool, given: str = "") -> None:
+    """raw is None for flags; positive is False for the negated spelling; given: the spelling used (for messages)."""
     if opt.unsupported:
-        raise Unsupported(f"error: {opt.names[-1]} is not supported: {opt.unsupported}")
+        raise Unsupported(f"error: {given or opt.names[-1]} is not supported: {opt.unsupported}")
     if opt.value:
         _store(p, opt, opt.parse(raw))
     elif opt.apply is not None:
@@ -482,10 +818,10 @@ def _apply_env(p: Params, opts: list[Option], environ: dict) -> None:
             raw = environ[name]
             try:
                 if opt.value:
-                    _apply(p, opt, raw, True)
+                    _apply(p, opt, raw, True, name)
                 else:
                     value = to_bool(raw)
-                    _apply(p, opt, None, value if name == opt.env else not value)
+                    _apply(p, opt, None, value if name == opt.env else not value, name)
             except Unsupported:
                 raise
             except (ValueError, json.JSONDecodeError) as e:
@@ -509,6 +845,7 @@ def parse_args(tool: str, argv: list[str], environ: dict | None = None) -> Parse
     _apply_env(p, opts, environ)
     env_set = set(p.user_set)
     warnings: list[str] = []
+    noted: set[str] = set()             # no-op options already explained (once each)
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -526,8 +863,11 @@ def parse_args(tool: str, argv: list[str], environ: dict | None = None) -> Parse
                 raise ArgError("expected value for argument")
             i += 1
             raw = argv[i]
+        if opt.noop and opt.names[0] not in noted:
+            noted.add(opt.names[0])
+            warnings.append(f"llamacmp: {arg} changes nothing here: {opt.noop}")
         try:
-            _apply(p, opt, raw, positive)
+            _apply(p, opt, raw, positive, arg)
         except Unsupported:
             raise
         except (ValueError, json.JSONDecodeError) as e:

@@ -34,6 +34,9 @@ class ServerParams:
     webui: bool = True
     slot_save_path: str = ""            # /slots save|restore write and read files here
     media_path: str = ""                # --media-path: file:// image URLs resolve under it (off when empty)
+    api_prefix: str = ""                # --api-prefix: every route served under it ("" = at /)
+    ssl_key_file: str = ""              # --ssl-key-file / --ssl-cert-file: HTTPS when both are given
+    ssl_cert_file: str = ""
 
 
 @dataclass(slots=True)
@@ -104,6 +107,9 @@ class Params:
     log_disable: bool = False
     log_file: str = ""
     verbosity: int = 3
+    log_colors: str = "auto"            # --log-colors on|off|auto
+    log_prefix: bool = False            # --log-prefix: the level letter before each line
+    log_timestamps: bool = False        # --log-timestamps: the time since start before each line
     # perplexity
     n_chunks: int = -1
     ppl_stride: int = 0

@@ -36,7 +36,8 @@ from typing import Callable, TextIO
 import numpy as np
 
 from .. import BUILD_NUMBER
-from ..arg_values import CACHE_TYPES, choice, to_int
+from ..arg_values import CACHE_TYPES, Unsupported, choice, to_int
+from ..args import CPU_THREADS, DENSE, DOWNLOAD, FIT, LOADING, PLACEMENT, split_mode, version_text
 from ..kv_quant import KV_TYPES
 
 OUTPUT_FORMATS = ("md", "json", "jsonl", "csv")
@@ -99,6 +100,18 @@ def kv_values(flag: str) -> Callable[[str], list[str]]:
     return parse
 
 
+ONE_GPU = "llamacmp-bench runs on one GPU (or numpy with -ngl 0)"
+
+
+def _only_zero(flag: str) -> Callable[[str], list[int]]:
+    def parse(s: str) -> list[int]:
+        values = int_values(s)
+        if any(values):
+            raise BenchError(f"error: {flag} {s} is not supported: {ONE_GPU}; pick the GPU with CUDA_VISIBLE_DEVICES")
+        return values
+    return parse
+
+
 def fa_values(s: str) -> list[str]:
     names = {"0": "0", "off": "0", "false": "0", "1": "1", "on": "1", "true": "1", "auto": "auto", "-1": "auto"}
     out = []
@@ -120,6 +133,8 @@ class Opt:
     value: str
     help: str
     parse: Callable[[str], object] | None = None     # None: a flag without value
+    unsupported: str = ""                            # refused with this reason, naming the flag
+    noop: str = ""                                   # accepted, changes nothing: why (said on stderr)
 
 
 OPTS: tuple[Opt, ...] = (
@@ -145,11 +160,38 @@ OPTS: tuple[Opt, ...] = (
     Opt(("-ctv", "--cache-type-v"), "type_v", "<t>", "KV cache type for V (" + ", ".join(KV_TYPES) + ")",
         kv_values("-ctv")),
     Opt(("-t", "--threads"), "n_threads", "<n>", "CPU threads (accepted; the engine's host side is one thread)",
-        int_values),
+        int_values, noop=CPU_THREADS),
     Opt(("-ngl", "--n-gpu-layers"), "n_gpu_layers", "<n>", "layers on the GPU (0: the numpy reference backend; "
         "any other value: all layers)", int_values),
     Opt(("-fa", "--flash-attn"), "flash_attn", "<0|1|auto>", "flash attention (accepted and reported: llamacmp's "
         "attention is always fused)", fa_values),
+    Opt(("--version",), "version", "", "show version and build info"),
+    Opt(("--offline",), "offline", "", "offline mode: llamacmp never downloads, so it is always offline"),
+    Opt(("-sm", "--split-mode"), "split_mode", "<none|layer|row>", "split mode (llamacmp-bench runs on one GPU; "
+        "row is refused)", lambda v: [split_mode(x) for x in strings(v)], noop=ONE_GPU),
+    Opt(("-mg", "--main-gpu"), "main_gpu", "<i>", "main GPU: only 0 (llamacmp-bench runs on the first GPU)",
+        _only_zero("-mg")),
+    *(Opt(names, names[-1], value, f"accepted; changes nothing in llamacmp: {why}", strings, noop=why)
+      for names, value, why in (
+          (("-C", "--cpu-mask"), "<hex,hex>", CPU_THREADS), (("--cpu-strict",), "<0|1>", CPU_THREADS),
+          (("--poll",), "<0...100>", CPU_THREADS), (("--prio",), "<-1|0|1|2|3>", CPU_THREADS),
+          (("--numa",), "<distribute|isolate|numactl>", CPU_THREADS), (("-ncmoe", "--n-cpu-moe"), "<n>", DENSE),
+          (("-nkvo", "--no-kv-offload"), "<0|1>", PLACEMENT), (("-ot", "--override-tensor"), "<pattern>=<type>",
+                                                                  PLACEMENT),
+          (("-nopo", "--no-op-offload"), "<0|1>", PLACEMENT), (("--no-host",), "<0|1>", PLACEMENT),
+          (("--repack",), "<0|1>", "llamacmp has no CPU weight repacking"),
+          (("-mmp", "--mmap"), "<0|1>", LOADING), (("-dio", "--direct-io"), "<0|1>", LOADING),
+          (("-lm", "--load-mode"), "<mode>", LOADING), (("-lzm", "--lazy-mode"), "<on|auto|off>", LOADING),
+          (("-fitt", "--fit-target"), "<MiB>", FIT), (("-fitc", "--fit-ctx"), "<n>", FIT),
+          (("-hft", "--hf-token"), "<token>", "llamacmp does not download, so needs no token"))),
+    *(Opt(names, names[-1], value, why, strings, unsupported=why) for names, value, why in (
+        (("-hf", "-hfr", "--hf-repo"), "<user>/<model>[:quant]", DOWNLOAD), (("-hff", "--hf-file"), "<file>", DOWNLOAD),
+        (("-dev", "--device"), "<dev0/dev1/...>", ONE_GPU + "; pick it with CUDA_VISIBLE_DEVICES"),
+        (("-ts", "--tensor-split"), "<ts0/ts1/..>", ONE_GPU), (("-rpc", "--rpc"), "<servers>",
+                                                               "ggml-rpc is not supported by llamacmp"),
+        (("-embd", "--embeddings"), "<0|1>", "embeddings are not supported by llamacmp-bench"))),
+    Opt(("--list-devices",), "list_devices", "", "not supported", unsupported="not supported by llamacmp yet: "
+        "nvidia-smi -L lists the GPUs"),
 )
 DEFAULTS = {"reps": 5, "delay": 0, "output": "md", "output_err": None, "verbose": False, "progress": False,
             "no_warmup": False, "model": [], "n_prompt": [512], "n_gen": [128], "pg": [], "n_depth": [0],
@@ -180,12 +222,19 @@ def parse_bench_args(argv: list[str]) -> dict:
     """argv -> settings (lists for the test parameters). Raises BenchError with llama-bench's wording."""
     by_name = {n: o for o in OPTS for n in o.names}
     given: dict[str, object] = {}
+    noted: list[str] = []
+    notes: list[str] = []               # one line per no-op option used, for stderr
     i = 0
     while i < len(argv):
         arg = argv[i]
         opt = by_name.get(arg)
         if opt is None:
             raise BenchError(f"error: invalid parameter for argument: {arg}")
+        if opt.unsupported:
+            raise BenchError(f"error: {arg} is not supported: {opt.unsupported}")
+        if opt.noop and opt.names[0] not in noted:
+            noted.append(opt.names[0])
+            notes.append(f"llamacmp: {arg} changes nothing here: {opt.noop}")
         if opt.parse is None:
             given[opt.key] = True
             i += 1
@@ -196,6 +245,8 @@ def parse_bench_args(argv: list[str]) -> dict:
             value = opt.parse(argv[i + 1])
         except BenchError:
             raise
+        except Unsupported as e:
+            raise BenchError(str(e)) from None
         except ValueError as e:
             raise BenchError(f"error: invalid parameter for argument: {arg} ({str(e).strip()})") from None
         if opt.key in LIST_KEYS:
@@ -204,7 +255,7 @@ def parse_bench_args(argv: list[str]) -> dict:
         else:
             given[opt.key] = value
         i += 2
-    s = {**DEFAULTS, **given}
+    s = {**DEFAULTS, **given, "notes": notes}
     if s["reps"] < 1:
         raise BenchError("error: -r must be at least 1")
     for key in ("n_prompt", "n_gen", "n_depth"):
@@ -560,6 +611,11 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
     if s.get("help"):
         out.write(usage_text())
         return 0
+    if s.get("version"):
+        err.write(version_text())
+        return 0
+    for note in s["notes"]:
+        err.write(note + "\n")
     try:
         return _run_all(s, out, err)
     except BenchError as e:

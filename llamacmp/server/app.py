@@ -213,6 +213,7 @@ def _load_in_background(ctx: ServerContext) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
+    from .listen import listening_address, uvicorn_kwargs, with_prefix
     from ..args import parse_or_exit
     params = parse_or_exit("server", argv)
     logging.basicConfig(level=logging.INFO if params.verbosity >= 3 else logging.WARNING,
@@ -220,12 +221,15 @@ def main(argv: list[str] | None = None) -> None:
     if not params.model:
         sys.stderr.write("error: no model given (-m FNAME)\n")
         raise SystemExit(1)
+    try:
+        kw = uvicorn_kwargs(params)
+    except ValueError as e:
+        sys.stderr.write(f"error: {e}\n")
+        raise SystemExit(1) from None
     ctx = ServerContext(params)
-    app = create_app(ctx)
+    app = with_prefix(create_app(ctx), params.server.api_prefix)
     _load_in_background(ctx)
-    host = params.server.host
-    kw = {"uds": host} if host.endswith(".sock") else {"host": host, "port": params.server.port}
-    log.info("server is listening on %s", host if host.endswith(".sock") else f"http://{host}:{params.server.port}")
+    log.info("server is listening on %s", listening_address(params))
     uvicorn.run(app, log_level="warning", timeout_keep_alive=params.server.timeout, **kw)
 
 

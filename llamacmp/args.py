@@ -927,12 +927,14 @@ def parse_or_exit(tool: str, argv: list[str] | None = None) -> Params:
     except ArgError as e:
         sys.stderr.write(f"{e}\n")
         raise SystemExit(1) from None
-    for w in parsed.warnings:
-        sys.stderr.write(w + "\n")
     if parsed.show_version:
         sys.stderr.write(version_text())
         raise SystemExit(0)
     if parsed.show_help:
         sys.stdout.write(usage_text(tool))
         raise SystemExit(0)
+    from .log import setup
+    setup(parsed.params)
+    for w in parsed.warnings:
+        sys.stderr.write(w + "\n")
     return parsed.params

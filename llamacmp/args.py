@@ -722,10 +722,12 @@ OPTIONS: tuple[Option, ...] = (
     _unsup("-md", "--model-draft", "--spec-draft-model", value="FNAME", env="LLAMA_ARG_MODEL_DRAFT", why=SPEC),
     *(_unsup(*names, value=value, why=SPEC) for names, value in SPEC_FLAGS),
     # known llama.cpp flags we refuse, so that nobody's script silently does something else
-    _unsup("-hf", "-hfr", "--hf-repo", value="<user>/<model>[:quant]", env="LLAMA_ARG_HF_REPO", tools=ALL,
-           why="downloading from Hugging Face is not supported by llamacmp: download the GGUF and pass -m"),
-    _unsup("-hff", "--hf-file", value="FILE", env="LLAMA_ARG_HF_FILE",
-           why="downloading from Hugging Face is not supported by llamacmp: download the GGUF and pass -m"),
+    O("-hf", "-hfr", "--hf-repo", value="<user>/<model>[:quant]", dest="hf_repo", parse=str, env="LLAMA_ARG_HF_REPO",
+      tools=ALL | TOK, help="Hugging Face model repository; quant is optional, case-insensitive, default to Q4_K_M, "
+      "or falls back to the first file in the repo if Q4_K_M doesn't exist.\nllamacmp: taken from the local "
+      "caches only (llamacmp/hf_cache.py); it never downloads"),
+    O("-hff", "--hf-file", value="FILE", dest="hf_file", parse=str, env="LLAMA_ARG_HF_FILE", tools=ALL | TOK,
+      help="Hugging Face model file. If specified, it will override the quant in --hf-repo"),
     _unsup("-mu", "--model-url", value="MODEL_URL", env="LLAMA_ARG_MODEL_URL",
            why="downloading models is not supported by llamacmp: download the GGUF and pass -m"),
     _unsup("--lora", value="FNAME", why="LoRA adapters are not supported by llamacmp yet"),
@@ -937,4 +939,18 @@ def parse_or_exit(tool: str, argv: list[str] | None = None) -> Params:
     setup(parsed.params)
     for w in parsed.warnings:
         sys.stderr.write(w + "\n")
+    resolve_hf_or_exit(parsed.params)
     return parsed.params
+
+
+def resolve_hf_or_exit(p: Params) -> None:
+    """-hf: -m becomes the cached file (said on stderr); a miss prints where it looked and exits 1."""
+    if not p.hf_repo or p.model:
+        return
+    from .hf_cache import HfCacheError, resolve
+    try:
+        p.model = resolve(p.hf_repo, p.hf_file)
+    except HfCacheError as e:
+        sys.stderr.write(f"{e}\n")
+        raise SystemExit(1) from None
+    sys.stderr.write(f"-hf {p.hf_repo}: using {p.model} from the local cache\n")

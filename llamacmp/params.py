@@ -44,6 +44,8 @@ class Params:
     tool: str
     # model and input
     model: str = ""
+    hf_repo: str = ""                   # -hf user/repo[:quant]: -m from the local caches (hf_cache.py)
+    hf_file: str = ""                   # -hff: that file of the repo
     prompt: str = ""
     prompt_file: str = ""
     system_prompt: str = ""

@@ -106,7 +106,7 @@ def test_scope_is_enforced():
 
 
 def test_known_but_unsupported_flags_are_refused_clearly():
-    for argv in (["-hf", "Qwen/Qwen3.5-9B-GGUF"], ["--lora", "a.gguf"], ["-md", "draft.gguf"],
+    for argv in (["-mu", "http://x/m.gguf"], ["--lora", "a.gguf"], ["-md", "draft.gguf"],
                  ["-ctk", "q5_1"], ["--mirostat", "2"], ["--dry-multiplier", "0.8"]):
         with pytest.raises(Unsupported) as e:
             parse("completion", *argv)
@@ -117,7 +117,8 @@ def test_known_but_unsupported_flags_are_refused_clearly():
     with pytest.raises(ArgError, match="unknown value for --cache-type-k: 'q9'"):
         parse("completion", "-ctk", "q9")
     with pytest.raises(Unsupported, match="downloading"):
-        parse("completion", env={"LLAMA_ARG_HF_REPO": "a/b"})
+        parse("completion", env={"LLAMA_ARG_MODEL_URL": "http://x/m.gguf"})
+    assert parse("completion", env={"LLAMA_ARG_HF_REPO": "a/b"}).hf_repo == "a/b"   # resolved from the caches
 
 
 def test_sampler_flags():

@@ -137,3 +137,9 @@ def test_no_llama_cpp_flag_without_a_state():
     gaps = [(tool, row[0]) for tool in d.EXAMPLES for row in d.rows(tool) if "MISSING" in row[2]]
     assert gaps == []
     assert sum(len(d.rows(t)) for t in d.EXAMPLES) > 700     # both versions' tables were read
+
+
+def test_tokenize_without_model_fails_with_llama_tokenize_message(capsys):
+    from llamacmp.cli.tokenize import run
+    assert run(["-p", "hello"]) == 1
+    assert capsys.readouterr().err == "Error: must specify --model.\n"      # b8462 tokenize.cpp, before the prompt

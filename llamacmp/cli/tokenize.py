@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from ..args import ArgError, parse_args, process_escapes
+from ..args import ArgError, parse_args, process_escapes, resolve_hf_or_exit
 from .common import CliError, resolve_model
 
 USAGE = """usage: {argv0} [options]
@@ -64,10 +64,20 @@ def run(argv: list[str]) -> int:
         sys.stdout.write(USAGE.format(argv0="llamacmp-tokenize"))
         return 0
     try:
-        p = parse_args("tokenize", argv).params
+        parsed = parse_args("tokenize", argv)
+        p = parsed.params
     except ArgError as e:
         sys.stderr.write(_arg_error(e, argv) + "\n")
         return 1
+    if not p.model and not p.hf_repo:     # llama-tokenize checks the model before the prompt source
+        sys.stderr.write("Error: must specify --model.\n")
+        return 1
+    for w in parsed.warnings:
+        sys.stderr.write(w + "\n")
+    try:
+        resolve_hf_or_exit(p)
+    except SystemExit as e:
+        return int(e.code or 1)
     try:
         prompt = _read_prompt(p, argv)
         tok = _load_tokenizer(resolve_model(p, sys.stderr), p.log_disable)

@@ -98,7 +98,7 @@ def json_object(s: str) -> dict:
 
 def read_text(path: str) -> str:
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:   # CRLF kept, as llama.cpp's ifstream
             return f.read()
     except OSError:
         raise ValueError(f"error: failed to open file '{path}'\n") from None

@@ -911,9 +911,22 @@ def apply_gguf_sampling(p: Params, metadata: dict) -> list[str]:
 
 # -- help and version ----------------------------------------------------------------------------------------------
 
+def build_commit() -> str:
+    """The short hex commit of this checkout, as llama.cpp's LLAMA_COMMIT; "unknown" outside git (as llama.cpp)."""
+    import subprocess
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=9", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and commit else "unknown"
+
+
 def version_text() -> str:
-    return f"version: {BUILD_NUMBER} (llamacmp {__version__})\nbuilt with Python {sys.version.split()[0]} " \
-           f"for {sys.platform}\n"
+    """llama.cpp's two lines: `version: N (<hex commit>)` and what it was built with (llamacmp's version there)."""
+    return f"version: {BUILD_NUMBER} ({build_commit()})\nbuilt with Python {sys.version.split()[0]} " \
+           f"for {sys.platform} (llamacmp {__version__})\n"
 
 
 def usage_text(tool: str) -> str:

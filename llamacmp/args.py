@@ -540,7 +540,17 @@ def parse_args(tool: str, argv: list[str], environ: dict | None = None) -> Parse
         p.input_prefix, p.input_suffix = process_escapes(p.input_prefix), process_escapes(p.input_suffix)
     if p.interactive_first:
         p.interactive = True
+    if p.chat_template:
+        _check_chat_template(p)
     return Parsed(p, "_help" in p.user_set, "_version" in p.user_set, tuple(warnings))
+
+
+def _check_chat_template(p: Params) -> None:
+    from .chat import TemplateError, check_override      # jinja2 loads only when a template was given
+    try:
+        check_override(p.chat_template, p.use_jinja)
+    except TemplateError as e:
+        raise ArgError(str(e)) from None
 
 
 # -- GGUF sampling defaults ----------------------------------------------------------------------------------------

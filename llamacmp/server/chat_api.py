@@ -89,6 +89,18 @@ def _tool_choice(body: dict) -> str:
     return v
 
 
+def _check_builtin(ctx: ServerContext, tools: list[dict], body: dict) -> None:
+    """A built-in format renders role and text only: tools are refused as llama-server refuses them without jinja."""
+    if not ctx.template.builtin:
+        return
+    why = ("--jinja flag" if not ctx.params.use_jinja
+           else f"a jinja chat template (built-in format '{ctx.template.builtin}' has none)")
+    if tools:
+        raise bad_request(f"tools param requires {why}")
+    if body.get("tool_choice", "auto") != "auto":
+        raise bad_request(f"tool_choice param requires {why}")
+
+
 def _enable_thinking(ctx: ServerContext, kwargs: dict, messages: list[dict]) -> bool:
     if "enable_thinking" in kwargs:
         v = kwargs["enable_thinking"]
@@ -109,6 +121,7 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
     messages = check_messages(body, media, ctx.opts.media_path)
     tools = [t for t in f.list("tools") if isinstance(t, dict)]
     choice = _tool_choice(body)
+    _check_builtin(ctx, tools, body)
     if tools and choice != "none" and "grammar" in body:
         raise bad_request("Cannot use custom grammar constraints with tools.")
     kwargs = {**ctx.params.chat_template_kwargs, **f.dict("chat_template_kwargs")}
@@ -116,6 +129,8 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
     fmt = f.str("reasoning_format", ctx.params.reasoning_format)
     if fmt not in REASONING_FORMATS:
         raise bad_request(f"Unknown reasoning format: {fmt}")
+    if ctx.template.builtin:
+        fmt = "none"            # llama.cpp's non-jinja path parses the reply as plain content
     prefill = ""
     if messages and messages[-1].get("role") == "assistant" and getattr(ctx.params, "prefill_assistant", True):
         last = messages.pop()

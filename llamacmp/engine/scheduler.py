@@ -430,15 +430,17 @@ class Engine:
         return None
 
     def _slot_json(self, s: Slot) -> dict:
-        p = s.task.params if s.task else None
-        return {"id": s.id, "n_ctx": self.cfg.n_ctx_slot, "speculative": False, "is_processing": s.busy,
-                "id_task": s.task.id if s.task else -1,
-                "params": ({"n_predict": p.n_predict, "stop": p.stop, "n_probs": p.n_probs,
-                            "temperature": p.sampling.temp, "top_k": p.sampling.top_k, "top_p": p.sampling.top_p,
-                            "min_p": p.sampling.min_p, "seed": p.sampling.seed, "stream": p.stream,
-                            "cache_prompt": p.cache_prompt} if p else {}),
+        head = {"id": s.id, "n_ctx": self.cfg.n_ctx_slot, "speculative": False, "is_processing": s.busy}
+        task_id, p = (s.task.id, s.task.params) if s.task else s.last_task or (None, None)
+        if p is None:                   # never used: llama-server has no task to describe either
+            return head
+        return {**head, "id_task": task_id,      # the running task, or the last one (llama-server's task_prev)
+                "params": {"n_predict": p.n_predict, "stop": p.stop, "n_probs": p.n_probs,
+                           "temperature": p.sampling.temp, "top_k": p.sampling.top_k, "top_p": p.sampling.top_p,
+                           "min_p": p.sampling.min_p, "seed": p.sampling.seed, "stream": p.stream,
+                           "cache_prompt": p.cache_prompt},
                 "next_token": [{"has_next_token": s.busy, "has_new_line": "\n" in s.text,
-                                "n_remain": (p.n_predict - len(s.generated)) if p and p.n_predict >= 0 else -1,
+                                "n_remain": (p.n_predict - len(s.generated)) if p.n_predict >= 0 else -1,
                                 "n_decoded": len(s.generated)}],
                 "prompt": self.tokenizer.decode([t for t in (s.prompt if s.busy else s.cache.tokens) if t >= 0]),
                 "generated": s.text,

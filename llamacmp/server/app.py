@@ -29,6 +29,14 @@ INVALID_KEY = ApiError("Invalid API Key", "authentication_error")
 MAX_BODY = 32 * 1024 * 1024              # bytes; a larger request gets 413 before it is read
 
 
+def _cors_case(name: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """Starlette lowercases header names; llama-server writes the CORS ones capitalized, and clients that read
+    headers into a plain dict (llama.cpp's own test harness) look them up that way."""
+    if name.startswith(b"access-control-"):
+        name = b"-".join(w.capitalize() for w in name.split(b"-"))
+    return name, value
+
+
 class Gate:
     """Pure ASGI middleware, in llama.cpp's order: CORS header, OPTIONS answered blank, 503 while loading,
     API key check, then the body size limit. (Pure ASGI so that streaming and disconnects pass through.)"""
@@ -44,8 +52,8 @@ class Gate:
 
         async def send_cors(message):
             if message["type"] == "http.response.start":
-                message = {**message, "headers": list(message.get("headers", [])) +
-                           [(b"access-control-allow-origin", cors["Access-Control-Allow-Origin"].encode("latin-1"))]}
+                extra = [(b"Access-Control-Allow-Origin", cors["Access-Control-Allow-Origin"].encode("latin-1"))]
+                message = {**message, "headers": [_cors_case(k, v) for k, v in message.get("headers", [])] + extra}
             await send(message)
         early = self._early_response(scope, headers)
         if early is not None:

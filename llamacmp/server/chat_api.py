@@ -6,6 +6,7 @@ whole or as streamed deltas.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field, replace
 
@@ -241,12 +242,20 @@ def with_response_format(body: dict) -> dict:
     rf = Fields(Fields(body).dict("response_format"))
     kind = rf.str("type")
     if kind == "json_object":
-        return {**body, "json_schema": rf.dict("schema", {"type": "object"})}
+        return {**body, "json_schema": _schema(rf, "schema", {"type": "object"})}
     if kind == "json_schema":
-        return {**body, "json_schema": Fields(rf.dict("json_schema")).dict("schema")}
+        return {**body, "json_schema": _schema(Fields(rf.dict("json_schema")), "schema", {})}
     if kind and kind != "text":
         raise bad_request(f'response_format type must be one of "text" or "json_object", but got: {kind}')
     return body
+
+
+def _schema(f: Fields, key: str, default: dict) -> dict:
+    """A response_format schema must be a JSON object (llama.cpp fails to build its grammar from anything else)."""
+    value = f.raw(key, default)
+    if not isinstance(value, dict):
+        raise bad_request(f"response_format {key} must be a JSON object, got: {json.dumps(value)}")
+    return value
 
 
 def with_reasoning_budget(ctx: ServerContext, body: dict, cp: ChatPrompt, params: GenParams) -> GenParams:

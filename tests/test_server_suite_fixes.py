@@ -103,3 +103,43 @@ def test_post_sampling_probs_follow_the_chain(server):
     for tok in r.json()["completion_probabilities"]:
         top = [p["prob"] for p in tok["top_probs"]]
         assert len(top) == 3 and abs(sum(top) - 1.0) < 1e-6 and top == sorted(top, reverse=True)
+
+
+# -- tool_choice "required" -------------------------------------------------------------------------------------------
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+PING = {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.fixture(scope="module")
+def jinja_server(tmp_path_factory):
+    model = write_tiny_model(tmp_path_factory.mktemp("j") / "tiny.gguf")
+    with LiveServer(model, "--reasoning", "off") as s:
+        yield s
+
+
+def test_tool_choice_required_forces_a_call(jinja_server):
+    body = {"messages": MSGS, "tools": [PING], "max_tokens": 40, "temperature": 0}
+    auto = post(jinja_server, "/v1/chat/completions", body).json()["choices"][0]
+    assert "tool_calls" not in auto["message"] and auto["message"]["content"]     # the random model writes prose
+    r = post(jinja_server, "/v1/chat/completions", {**body, "tool_choice": "required"}).json()["choices"][0]
+    assert r["finish_reason"] == "tool_calls"
+    assert [c["function"] for c in r["message"]["tool_calls"]] == [{"name": "ping", "arguments": "{}"}]
+
+
+def test_tool_choice_required_with_arguments(jinja_server):
+    body = {"messages": MSGS, "tools": [WEATHER, PING], "tool_choice": "required", "max_tokens": 24,
+            "temperature": 0, "reasoning_format": "none"}
+    r = post(jinja_server, "/v1/chat/completions", body).json()["choices"][0]
+    msg = r["message"]
+    if r["finish_reason"] == "tool_calls":
+        assert msg["tool_calls"][0]["function"]["name"] in ("get_weather", "ping")
+    else:                       # out of tokens inside an argument: the text so far is a call, never prose
+        assert r["finish_reason"] == "length" and not msg.get("content")
+
+
+def test_tool_choice_required_refuses_a_second_constraint(jinja_server):
+    body = {"messages": MSGS, "tools": [PING], "tool_choice": "required",
+            "response_format": {"type": "json_object"}}
+    assert post(jinja_server, "/v1/chat/completions", body).status_code == 400

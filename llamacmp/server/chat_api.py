@@ -34,6 +34,7 @@ class ChatPrompt:
     parse_tools: bool
     reasoning_format: str
     thinking_open: bool                  # the prompt ends inside <think>: the reply starts as reasoning
+    tool_choice: str = "auto"
     images: dict = field(default_factory=dict)   # prompt position -> vision ImageEmbedding (this request's own)
 
 
@@ -146,10 +147,10 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
         from .vision_input import encode_prompt
         tokens, images = encode_prompt(vision, ctx.tokenizer, text, media)
         return ChatPrompt(text, tokens, 0, tools, bool(tools) and choice != "none", fmt,
-                          text.rstrip().endswith("<think>"), images)
+                          text.rstrip().endswith("<think>"), choice, images)
     tokens = ctx.tokenizer.encode(text, parse_special=True, add_special=True)
     return ChatPrompt(text, tokens, _reply_start(ctx, messages, tools, thinking, kwargs, tokens), tools,
-                      bool(tools) and choice != "none", fmt, text.rstrip().endswith("<think>"))
+                      bool(tools) and choice != "none", fmt, text.rstrip().endswith("<think>"), choice)
 
 
 def _render(ctx, messages, add_gen, tools, thinking, kwargs) -> str:
@@ -269,12 +270,23 @@ def with_reasoning_budget(ctx: ServerContext, body: dict, cp: ChatPrompt, params
     return replace(params, reasoning_budget=budget, reasoning_end=tuple(end))
 
 
+def with_required_tool_call(ctx: ServerContext, body: dict, cp: ChatPrompt, params: GenParams) -> GenParams:
+    """tool_choice "required": the answer (after any reasoning) must be tool calls, by grammar as in llama.cpp."""
+    if params.grammar is not None:
+        raise bad_request('tool_choice "required" cannot be combined with response_format or json_schema')
+    from .tool_grammar import required_tool_call_grammar
+    gbnf = required_tool_call_grammar(cp.tools, Fields(body).bool("parallel_tool_calls", False))
+    return attach_grammar(ctx, {"grammar": gbnf}, params, after_think=cp.thinking_open)
+
+
 def prepare_chat(ctx: ServerContext, body: dict) -> tuple[ChatPrompt, GenParams, list]:
     """Shared by every chat-shaped route (chat completions, Anthropic messages, Responses)."""
     cp = build_prompt(ctx, body)
     params = chat_gen_params(ctx, body, Fields(body).bool("stream", False), bool(cp.tools))
     params = with_reasoning_budget(ctx, body, cp, params)
     params = attach_grammar(ctx, with_response_format(body), params, after_think=cp.thinking_open)
+    if cp.parse_tools and cp.tool_choice == "required":
+        params = with_required_tool_call(ctx, body, cp, params)
     hints = (cp.reply_start,) if cp.reply_start else ()
     tasks = make_tasks(ctx, [cp.tokens], params, body, hints)
     for t in tasks:

@@ -378,6 +378,12 @@ OPTIONS: tuple[Option, ...] = (
       help="expose slots monitoring endpoint (default: enabled)"),
     O("--props", dest="server.endpoint_props", env="LLAMA_ARG_ENDPOINT_PROPS", tools=S,
       help="enable changing global properties via POST /props (default: disabled)"),
+    O("--embedding", "--embeddings", dest="server.embedding", env="LLAMA_ARG_EMBEDDINGS", tools=S,
+      help="restrict to only support embedding use case; use only with dedicated embedding models (default: "
+           "disabled)"),
+    O("--pooling", value="{none,mean,cls,last,rank}", dest="server.pooling", env="LLAMA_ARG_POOLING", tools=S,
+      parse=choice("--pooling", "none", "mean", "cls", "last"),
+      help="pooling type for embeddings, use model default if unspecified (rank: reranking, not supported)"),
     O("-cb", "--cont-batching", dest="server.cont_batching", neg=("-nocb", "--no-cont-batching"),
       env="LLAMA_ARG_CONT_BATCHING", tools=S, help="enable continuous batching (default: enabled)"),
     O("-kvu", "--kv-unified", dest="server.kv_unified", neg=("-no-kvu", "--no-kv-unified"),

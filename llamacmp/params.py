@@ -34,6 +34,8 @@ class ServerParams:
     webui: bool = True
     slot_save_path: str = ""            # /slots save|restore write and read files here
     media_path: str = ""                # --media-path: file:// image URLs resolve under it (off when empty)
+    embedding: bool = False             # --embeddings: /embedding and /v1/embeddings answer
+    pooling: str = "none"               # --pooling none|mean|cls|last (qwen35 GGUFs name none: llama.cpp's default)
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ from .decode import Decoder, LogitsRow, draw_tokens
 from .grammar import GrammarCompiler
 from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host
 from .slot import GENERATE, PREFILL, Slot
-from .tasks import CancelTask, CompletionTask, ErrorResult, QueryTask, SlotActionTask
+from .tasks import CancelTask, CompletionTask, EmbedTask, ErrorResult, QueryTask, SlotActionTask
 
 log = logging.getLogger("llamacmp.engine")
 
@@ -160,6 +160,17 @@ class Engine:
             item.sink(self._query(item.kind))
         elif isinstance(item, SlotActionTask):
             item.sink(self._slot_action(item))
+        elif isinstance(item, EmbedTask):
+            item.sink(self._embed(item))
+
+    def _embed(self, task: EmbedTask):
+        """On the engine thread (it owns the backend); the slots wait meanwhile, as llama-server's batch does."""
+        from ..embedding import embed
+        try:
+            return [embed(self.model, p, task.pooling, task.norm, self.cfg.n_ubatch) for p in task.prompts]
+        except Exception as e:          # e.g. the device is out of memory for this prompt: this request fails
+            log.exception("embedding failed")
+            return ErrorResult(0, 0, str(e), "server_error", 500)
 
     def _cancel(self, task_id: int) -> None:
         self._waiting = [t for t in self._waiting if t.id != task_id]

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from . import anthropic, chat_api, completions, infill, misc, responses
 from .context import ServerContext
+from .embeddings import handle_embeddings
 from .errors import ApiError, error_response, not_supported
 from .openapi_bodies import body_doc
 from .schemas import parse_json_body
@@ -177,7 +178,8 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
         return await misc.metrics(ctx)
 
     async def embeddings(request: Request):
-        raise not_supported("This server does not support embeddings. Start it with `--embeddings`")
+        oai = request.url.path.startswith("/v1/")        # /embedding, /embeddings: llama.cpp's own shape
+        return await handle_embeddings(ctx, await read_body(request), oai)
 
     async def rerank(request: Request):
         raise not_supported("This server does not support reranking. Start it with `--reranking`")
@@ -201,7 +203,7 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     app.add_api_route("/slots", slots, methods=["GET"], include_in_schema=ctx.opts.endpoint_slots)
     _post(app, ["/slots/{id_slot}"], slot_action, "object")
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=ctx.opts.endpoint_metrics)
-    _post(app, ["/embedding", "/embeddings", "/v1/embeddings"], embeddings, "object", listed=False)
+    _post(app, ["/embedding", "/embeddings", "/v1/embeddings"], embeddings, "object", listed=ctx.opts.embedding)
     _post(app, ["/rerank", "/reranking", "/v1/rerank", "/v1/reranking"], rerank, "object", listed=False)
 
 

@@ -508,6 +508,12 @@ OPTIONS: tuple[Option, ...] = (
       help="expose slots monitoring endpoint (default: enabled)"),
     O("--props", dest="server.endpoint_props", env="LLAMA_ARG_ENDPOINT_PROPS", tools=S,
       help="enable changing global properties via POST /props (default: disabled)"),
+    O("--embedding", "--embeddings", dest="server.embedding", env="LLAMA_ARG_EMBEDDINGS", tools=S,
+      help="restrict to only support embedding use case; use only with dedicated embedding models (default: "
+           "disabled)"),
+    O("--pooling", value="{none,mean,cls,last,rank}", dest="server.pooling", env="LLAMA_ARG_POOLING", tools=S,
+      parse=choice("--pooling", "none", "mean", "cls", "last"),
+      help="pooling type for embeddings, use model default if unspecified (rank: reranking, not supported)"),
     O("-cb", "--cont-batching", dest="server.cont_batching", neg=("-nocb", "--no-cont-batching"),
       env="LLAMA_ARG_CONT_BATCHING", tools=S, noop="llamacmp's scheduler always batches the slots continuously",
       help="enable continuous batching (default: enabled)"),
@@ -882,7 +888,17 @@ def parse_args(tool: str, argv: list[str], environ: dict | None = None) -> Parse
         p.input_prefix, p.input_suffix = process_escapes(p.input_prefix), process_escapes(p.input_suffix)
     if p.interactive_first:
         p.interactive = True
+    if p.chat_template:
+        _check_chat_template(p)
     return Parsed(p, "_help" in p.user_set, "_version" in p.user_set, tuple(warnings))
+
+
+def _check_chat_template(p: Params) -> None:
+    from .chat import TemplateError, check_override      # jinja2 loads only when a template was given
+    try:
+        check_override(p.chat_template, p.use_jinja)
+    except TemplateError as e:
+        raise ArgError(str(e)) from None
 
 
 # -- GGUF sampling defaults ----------------------------------------------------------------------------------------

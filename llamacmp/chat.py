@@ -14,6 +14,8 @@ from typing import Any, Iterator
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from . import chat_builtin
+
 THINK_START, THINK_END = "<think>", "</think>"
 TOOL_START, TOOL_END = "<tool_call>", "</tool_call>"
 
@@ -42,6 +44,12 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, s
 
 def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
+
+
+def _date_context() -> dict:
+    """The variables llama.cpp gives every template besides the messages (Llama 3.x reads date_string)."""
+    now = datetime.now()
+    return {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
 
 
 def make_environment() -> ImmutableSandboxedEnvironment:
@@ -87,9 +95,11 @@ def _with_object_arguments(tc: dict) -> dict:
 
 @dataclass
 class ChatTemplate:
+    """A jinja chat template (the GGUF's, or --chat-template text)."""
     source: str
     bos_token: str = ""
     eos_token: str = ""
+    builtin = None              # no built-in format: tools, thinking and output parsing as the template says
 
     def __post_init__(self) -> None:
         try:
@@ -118,7 +128,7 @@ class ChatTemplate:
     def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
                enable_thinking: bool = True, extra: dict | None = None) -> str:
         ctx = {"messages": normalize_messages(messages), "add_generation_prompt": add_generation_prompt,
-               "bos_token": self.bos_token, "eos_token": self.eos_token, **(extra or {}),
+               "bos_token": self.bos_token, "eos_token": self.eos_token, **_date_context(), **(extra or {}),
                "enable_thinking": enable_thinking}
         if tools:
             ctx["tools"] = tools
@@ -128,6 +138,49 @@ class ChatTemplate:
             raise
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template failed to render: {e}") from None
+
+
+@dataclass
+class BuiltinTemplate:
+    """One of llama.cpp's built-in formats (chat_builtin.py): only role and text reach it, so there are no tools
+    and no thinking switch, and the reply is plain content. `source` is what /props reports (the name or the
+    GGUF's text it was recognised in)."""
+    builtin: str
+    source: str
+    supports_thinking = False
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+               enable_thinking: bool = True, extra: dict | None = None) -> str:
+        chat = [(str(m.get("role", "")), m["content"] if isinstance(m["content"], str) else str(m["content"]))
+                for m in normalize_messages(messages)]
+        return chat_builtin.render(self.builtin, chat, add_generation_prompt)
+
+
+def select_template(metadata: dict, tokens: list[str] | None, override: str, use_jinja: bool):
+    """The template llama.cpp would use. With jinja: the override or the GGUF's template as jinja, except that
+    a built-in format's name selects that format (llama.cpp renders such a name as literal jinja text, which
+    no one means; `chatml` it maps to its chatml jinja, as here). Without jinja (--no-jinja): the built-in format
+    named or recognised in the override or the GGUF's template, chatml when there is none."""
+    name = override if override in chat_builtin.BUILTIN_NAMES else None
+    if use_jinja and name not in (None, "chatml"):
+        return BuiltinTemplate(name, override)
+    if use_jinja:
+        return ChatTemplate.from_metadata(metadata, tokens, override=CHATML_TEMPLATE if name else override)
+    source = override or metadata.get("tokenizer.chat_template") or "chatml"
+    name = chat_builtin.detect(source)
+    if name is None:
+        raise TemplateError("this custom template is not supported, try using --jinja")
+    return BuiltinTemplate(name, source)
+
+
+def check_override(template: str, use_jinja: bool) -> None:
+    """llama.cpp's start-up check of --chat-template / --chat-template-file: it must render a one-message chat."""
+    try:
+        select_template({}, None, template, use_jinja).render([{"role": "user", "content": "test"}])
+    except TemplateError:
+        note = "" if use_jinja else ("\nnote: llama.cpp was started without --jinja, we only support commonly "
+                                     "used templates")
+        raise TemplateError(f"error: the supplied chat template is not supported: {template}{note}") from None
 
 
 def thinking_switch(text: str) -> bool | None:

@@ -37,6 +37,8 @@ class ServerParams:
     api_prefix: str = ""                # --api-prefix: every route served under it ("" = at /)
     ssl_key_file: str = ""              # --ssl-key-file / --ssl-cert-file: HTTPS when both are given
     ssl_cert_file: str = ""
+    embedding: bool = False             # --embeddings: /embedding and /v1/embeddings answer
+    pooling: str = "none"               # --pooling none|mean|cls|last (qwen35 GGUFs name none: llama.cpp's default)
 
 
 @dataclass(slots=True)

@@ -210,12 +210,29 @@ class Sampler:
                     x[tok] = -np.inf
         return Candidates(np.arange(x.shape[0], dtype=np.int64), x)
 
-    def sample(self, logits: np.ndarray) -> int:
-        """logits [n_vocab] -> the next token id (not yet accepted)."""
+    def chain(self, logits: np.ndarray, skip: tuple[str, ...] = ()) -> Candidates:
+        """logits [n_vocab] -> the candidates the chain leaves (the steps named in `skip` left out)."""
         c = self.candidates(logits)
         history = list(self.history)
         for name in self.params.samplers:
-            STEPS[name](c, self.params, history)
+            if name not in skip:
+                STEPS[name](c, self.params, history)
+        return c
+
+    def post_sampling_probs(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [n], probs [n]) of the distribution the draw uses, most probable first: llama.cpp's
+        post_sampling_probs. temp <= 0 keeps every candidate the earlier steps left, the best at 1 and the rest
+        at 0, as llama.cpp's temperature step does (it masks them rather than dropping them)."""
+        greedy = self.params.temp <= 0.0
+        c = self.chain(logits, skip=("temperature",) if greedy else ())
+        c.sort_desc()
+        if greedy:
+            return c.ids, (np.arange(len(c.ids)) == 0).astype(np.float64)
+        return c.ids, c.probs()
+
+    def sample(self, logits: np.ndarray) -> int:
+        """logits [n_vocab] -> the next token id (not yet accepted)."""
+        c = self.chain(logits)
         if len(c.ids) == 1:
             return int(c.ids[0])
         return int(c.ids[self.rng.choice(len(c.ids), p=c.probs())])

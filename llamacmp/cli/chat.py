@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import BUILD_NUMBER, __version__
 from ..args import parse_or_exit
-from ..chat import THINK_END, ChatTemplate, ReasoningSplitter, thinking_switch
+from ..chat import THINK_END, ReasoningSplitter, TemplateError, select_template, thinking_switch
 from ..engine.generate import ContextFull
 from ..params import Params
 from .chat_io import make_io
@@ -74,7 +74,10 @@ class Chat:
                 raise CliError(f"error: failed to load multimodal projector: {e}") from None
         self.tok = self.lm.tokenizer
         self.session = new_session(self.p, self.loaded)
-        self.template = ChatTemplate.from_metadata(self.lm.metadata, self.tok.tokens, override=self.p.chat_template)
+        try:
+            self.template = select_template(self.lm.metadata, self.tok.tokens, self.p.chat_template, self.p.use_jinja)
+        except TemplateError as e:
+            raise CliError(f"error: {e}") from None
         self.thinking_supported = self.template.supports_thinking
         self.io = make_io(self.p.simple_io, self.p.multiline_input)
         self.interrupt = Interrupt()
@@ -242,7 +245,8 @@ class Chat:
 
     def stream_reply(self, thinking_open: bool) -> Reply:
         p, reply = self.p, Reply()
-        splitter = ReasoningSplitter(thinking_open, p.reasoning_format)
+        # a built-in format (no jinja) has no reasoning: the reply is content as written, as in llama-cli
+        splitter = ReasoningSplitter(thinking_open, "none" if self.template.builtin else p.reasoning_format)
         sampler = make_sampler(p, self.lm)
         grammar = make_grammar(p, self.lm, after_think=thinking_open)   # constrain the answer, not the thoughts
         for t in self.session.history:

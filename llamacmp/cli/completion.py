@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 
 from ..args import parse_or_exit, process_escapes
-from ..chat import CHATML_TEMPLATE, ChatTemplate, TemplateError
+from ..chat import ChatTemplate, TemplateError, select_template
 from ..engine.generate import ContextFull, now_ms
 from ..params import Params
 from .common import CliError, load, make_grammar, make_sampler, new_session, perf_lines, run_tool
@@ -59,15 +59,13 @@ class Conversation:
             return ""
 
 
-def pick_template(p: Params, lm) -> ChatTemplate:
-    """--jinja renders the GGUF's template; without it llama.cpp uses its built-in format, which for a
-    `<|im_start|>` template is plain chatml (no <think> generation prompt)."""
-    source = p.chat_template or lm.metadata.get("tokenizer.chat_template", "")
-    if p.use_jinja:
-        return ChatTemplate.from_metadata(lm.metadata, lm.tokenizer.tokens, override=p.chat_template)
-    if not source or "<|im_start|>" in source:
-        return ChatTemplate(CHATML_TEMPLATE)
-    raise CliError("error: this chat template is only supported with --jinja")
+def pick_template(p: Params, lm):
+    """--jinja renders the GGUF's template (or --chat-template); without it (llama-completion's default) the
+    built-in format named or recognised there, which for a `<|im_start|>` template is plain chatml."""
+    try:
+        return select_template(lm.metadata, lm.tokenizer.tokens, p.chat_template, p.use_jinja)
+    except TemplateError as e:
+        raise CliError(f"error: {e}") from None
 
 
 class Completion:

@@ -33,11 +33,16 @@ class _VocabForLlg:
         self.eos_token_id = tokenizer.eos_id
         self.bos_token_id = tokenizer.bos_id
         self.tokens = [self._bytes(i) for i in range(tokenizer.n_vocab)]
-        self.special_token_ids = [i for i in range(tokenizer.n_vocab) if tokenizer.is_special(i)]
+        self.special_token_ids = [i for i in range(tokenizer.n_vocab) if self._hidden(i)]
+
+    def _hidden(self, i: int) -> bool:
+        """llama.cpp's adapter marks a token as special when its plain piece is empty (CONTROL, UNKNOWN); a
+        USER_DEFINED token such as Qwen's <tool_call> is text, which the tokenizer also produces from text."""
+        return self._tok.is_special(i) and not self._tok.token_to_piece(i, False)
 
     def _bytes(self, i: int) -> bytes:
         b = self._tok.token_to_piece(i, True)
-        return b"\xff" + b if self._tok.is_special(i) and b.startswith(b"<") and b.endswith(b">") else b
+        return b"\xff" + b if self._hidden(i) and b.startswith(b"<") and b.endswith(b">") else b
 
     def __call__(self, text) -> list[int]:
         if isinstance(text, bytes):

@@ -27,7 +27,7 @@ from .decode import Decoder, LogitsRow, draw_tokens
 from .grammar import GrammarCompiler
 from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host
 from .slot import GENERATE, PREFILL, Slot
-from .tasks import CancelTask, CompletionTask, ErrorResult, QueryTask, SlotActionTask
+from .tasks import CancelTask, CompletionTask, EmbedTask, ErrorResult, QueryTask, SlotActionTask
 
 log = logging.getLogger("llamacmp.engine")
 
@@ -160,6 +160,17 @@ class Engine:
             item.sink(self._query(item.kind))
         elif isinstance(item, SlotActionTask):
             item.sink(self._slot_action(item))
+        elif isinstance(item, EmbedTask):
+            item.sink(self._embed(item))
+
+    def _embed(self, task: EmbedTask):
+        """On the engine thread (it owns the backend); the slots wait meanwhile, as llama-server's batch does."""
+        from ..embedding import embed
+        try:
+            return [embed(self.model, p, task.pooling, task.norm, self.cfg.n_ubatch) for p in task.prompts]
+        except Exception as e:          # e.g. the device is out of memory for this prompt: this request fails
+            log.exception("embedding failed")
+            return ErrorResult(0, 0, str(e), "server_error", 500)
 
     def _cancel(self, task_id: int) -> None:
         self._waiting = [t for t in self._waiting if t.id != task_id]
@@ -430,15 +441,17 @@ class Engine:
         return None
 
     def _slot_json(self, s: Slot) -> dict:
-        p = s.task.params if s.task else None
-        return {"id": s.id, "n_ctx": self.cfg.n_ctx_slot, "speculative": False, "is_processing": s.busy,
-                "id_task": s.task.id if s.task else -1,
-                "params": ({"n_predict": p.n_predict, "stop": p.stop, "n_probs": p.n_probs,
-                            "temperature": p.sampling.temp, "top_k": p.sampling.top_k, "top_p": p.sampling.top_p,
-                            "min_p": p.sampling.min_p, "seed": p.sampling.seed, "stream": p.stream,
-                            "cache_prompt": p.cache_prompt} if p else {}),
+        head = {"id": s.id, "n_ctx": self.cfg.n_ctx_slot, "speculative": False, "is_processing": s.busy}
+        task_id, p = (s.task.id, s.task.params) if s.task else s.last_task or (None, None)
+        if p is None:                   # never used: llama-server has no task to describe either
+            return head
+        return {**head, "id_task": task_id,      # the running task, or the last one (llama-server's task_prev)
+                "params": {"n_predict": p.n_predict, "stop": p.stop, "n_probs": p.n_probs,
+                           "temperature": p.sampling.temp, "top_k": p.sampling.top_k, "top_p": p.sampling.top_p,
+                           "min_p": p.sampling.min_p, "seed": p.sampling.seed, "stream": p.stream,
+                           "cache_prompt": p.cache_prompt},
                 "next_token": [{"has_next_token": s.busy, "has_new_line": "\n" in s.text,
-                                "n_remain": (p.n_predict - len(s.generated)) if p and p.n_predict >= 0 else -1,
+                                "n_remain": (p.n_predict - len(s.generated)) if p.n_predict >= 0 else -1,
                                 "n_decoded": len(s.generated)}],
                 "prompt": self.tokenizer.decode([t for t in (s.prompt if s.busy else s.cache.tokens) if t >= 0]),
                 "generated": s.text,

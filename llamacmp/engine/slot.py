@@ -66,6 +66,17 @@ def token_probs(logits: np.ndarray, chosen: int, n: int) -> TokenProb:
     return TokenProb(chosen, float(logp[chosen]), [(int(t), float(logp[t])) for t in top])
 
 
+def post_sampling_probs(sampler: Sampler, logits: np.ndarray, chosen: int, n: int) -> TokenProb:
+    """The chosen token and the top n of the distribution after the sampler chain (as log-probabilities, 0 ->
+    -inf; the server reports their exp)."""
+    ids, probs = sampler.post_sampling_probs(logits)
+    with np.errstate(divide="ignore"):
+        logp = np.log(probs)
+    where = np.flatnonzero(ids == chosen)
+    chosen_lp = float(logp[where[0]]) if len(where) else float("-inf")
+    return TokenProb(chosen, chosen_lp, [(int(t), float(lp)) for t, lp in zip(ids[:n], logp[:n])])
+
+
 @dataclass(slots=True)
 class Slot:
     id: int
@@ -73,6 +84,7 @@ class Slot:
     cache: SlotCache
     phase: str = IDLE
     task: Optional[CompletionTask] = None
+    last_task: Optional[tuple] = None        # (id, params) of the task before, for /slots (task_prev)
     last_used: float = 0.0
     # prompt
     prompt: list[int] = field(default_factory=list)
@@ -193,10 +205,12 @@ class Slot:
     def accept(self, tok: int, logits: np.ndarray, is_eog: bool, n_ctx: int) -> str:
         """Record a sampled token; returns the text that may be sent now (stop strings held back/cut)."""
         p = self.task.params
+        if p.n_probs > 0 and p.post_sampling_probs:       # the chain as it was for this draw: before accept
+            self.probs.append(post_sampling_probs(self.sampler, np.asarray(logits, np.float32), tok, p.n_probs))
+        elif p.n_probs > 0:
+            self.probs.append(token_probs(np.asarray(logits, np.float32), tok, p.n_probs))
         self.sampler.accept(tok)
         self.generated.append(tok)
-        if p.n_probs > 0:
-            self.probs.append(token_probs(np.asarray(logits, np.float32), tok, p.n_probs))
         self.text += self.decoder.push(tok)
         self._track_reasoning()
         if self.grammar is not None and not self.grammar.accept(tok, self.text):
@@ -258,5 +272,7 @@ class Slot:
                            len(self.generated), self.truncated, self.timings, list(self.prompt))
 
     def release(self) -> None:
+        if self.task is not None:
+            self.last_task = (self.task.id, self.task.params)
         self.phase, self.task, self.sampler, self.decoder, self.grammar = IDLE, None, None, None, None
         self.last_used = time.monotonic()

@@ -61,6 +61,15 @@ class QueryTask:
 
 
 @dataclass(slots=True)
+class EmbedTask:
+    """/embedding, /v1/embeddings: each prompt's `embedding` field (embedding.py), or an ErrorResult."""
+    prompts: list[list[int]]
+    pooling: str
+    norm: int
+    sink: Callable[[object], None]
+
+
+@dataclass(slots=True)
 class SlotActionTask:
     """/slots/:id?action=save|restore|erase."""
     action: str

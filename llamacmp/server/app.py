@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from . import anthropic, chat_api, completions, infill, misc, responses
 from .context import ServerContext
+from .embeddings import handle_embeddings
 from .errors import ApiError, error_response, not_supported
 from .openapi_bodies import body_doc
 from .schemas import parse_json_body
@@ -27,6 +28,14 @@ PUBLIC_PATHS = {"/health", "/v1/health", "/models", "/v1/models", "/api/tags", "
 LOADING = ApiError("Loading model", "unavailable_error")
 INVALID_KEY = ApiError("Invalid API Key", "authentication_error")
 MAX_BODY = 32 * 1024 * 1024              # bytes; a larger request gets 413 before it is read
+
+
+def _cors_case(name: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """Starlette lowercases header names; llama-server writes the CORS ones capitalized, and clients that read
+    headers into a plain dict (llama.cpp's own test harness) look them up that way."""
+    if name.startswith(b"access-control-"):
+        name = b"-".join(w.capitalize() for w in name.split(b"-"))
+    return name, value
 
 
 class Gate:
@@ -44,8 +53,8 @@ class Gate:
 
         async def send_cors(message):
             if message["type"] == "http.response.start":
-                message = {**message, "headers": list(message.get("headers", [])) +
-                           [(b"access-control-allow-origin", cors["Access-Control-Allow-Origin"].encode("latin-1"))]}
+                extra = [(b"Access-Control-Allow-Origin", cors["Access-Control-Allow-Origin"].encode("latin-1"))]
+                message = {**message, "headers": [_cors_case(k, v) for k, v in message.get("headers", [])] + extra}
             await send(message)
         early = self._early_response(scope, headers)
         if early is not None:
@@ -169,7 +178,8 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
         return await misc.metrics(ctx)
 
     async def embeddings(request: Request):
-        raise not_supported("This server does not support embeddings. Start it with `--embeddings`")
+        oai = request.url.path.startswith("/v1/")        # /embedding, /embeddings: llama.cpp's own shape
+        return await handle_embeddings(ctx, await read_body(request), oai)
 
     async def rerank(request: Request):
         raise not_supported("This server does not support reranking. Start it with `--reranking`")
@@ -193,7 +203,7 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     app.add_api_route("/slots", slots, methods=["GET"], include_in_schema=ctx.opts.endpoint_slots)
     _post(app, ["/slots/{id_slot}"], slot_action, "object")
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=ctx.opts.endpoint_metrics)
-    _post(app, ["/embedding", "/embeddings", "/v1/embeddings"], embeddings, "object", listed=False)
+    _post(app, ["/embedding", "/embeddings", "/v1/embeddings"], embeddings, "object", listed=ctx.opts.embedding)
     _post(app, ["/rerank", "/reranking", "/v1/rerank", "/v1/reranking"], rerank, "object", listed=False)
 
 

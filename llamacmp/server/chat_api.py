@@ -6,6 +6,7 @@ whole or as streamed deltas.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field, replace
 
@@ -33,6 +34,7 @@ class ChatPrompt:
     parse_tools: bool
     reasoning_format: str
     thinking_open: bool                  # the prompt ends inside <think>: the reply starts as reasoning
+    tool_choice: str = "auto"
     images: dict = field(default_factory=dict)   # prompt position -> vision ImageEmbedding (this request's own)
 
 
@@ -89,6 +91,18 @@ def _tool_choice(body: dict) -> str:
     return v
 
 
+def _check_builtin(ctx: ServerContext, tools: list[dict], body: dict) -> None:
+    """A built-in format renders role and text only: tools are refused as llama-server refuses them without jinja."""
+    if not ctx.template.builtin:
+        return
+    why = ("--jinja flag" if not ctx.params.use_jinja
+           else f"a jinja chat template (built-in format '{ctx.template.builtin}' has none)")
+    if tools:
+        raise bad_request(f"tools param requires {why}")
+    if body.get("tool_choice", "auto") != "auto":
+        raise bad_request(f"tool_choice param requires {why}")
+
+
 def _enable_thinking(ctx: ServerContext, kwargs: dict, messages: list[dict]) -> bool:
     if "enable_thinking" in kwargs:
         v = kwargs["enable_thinking"]
@@ -109,6 +123,7 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
     messages = check_messages(body, media, ctx.opts.media_path)
     tools = [t for t in f.list("tools") if isinstance(t, dict)]
     choice = _tool_choice(body)
+    _check_builtin(ctx, tools, body)
     if tools and choice != "none" and "grammar" in body:
         raise bad_request("Cannot use custom grammar constraints with tools.")
     kwargs = {**ctx.params.chat_template_kwargs, **f.dict("chat_template_kwargs")}
@@ -116,6 +131,8 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
     fmt = f.str("reasoning_format", ctx.params.reasoning_format)
     if fmt not in REASONING_FORMATS:
         raise bad_request(f"Unknown reasoning format: {fmt}")
+    if ctx.template.builtin:
+        fmt = "none"            # llama.cpp's non-jinja path parses the reply as plain content
     prefill = ""
     if messages and messages[-1].get("role") == "assistant" and getattr(ctx.params, "prefill_assistant", True):
         last = messages.pop()
@@ -130,10 +147,10 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
         from .vision_input import encode_prompt
         tokens, images = encode_prompt(vision, ctx.tokenizer, text, media)
         return ChatPrompt(text, tokens, 0, tools, bool(tools) and choice != "none", fmt,
-                          text.rstrip().endswith("<think>"), images)
+                          text.rstrip().endswith("<think>"), choice, images)
     tokens = ctx.tokenizer.encode(text, parse_special=True, add_special=True)
     return ChatPrompt(text, tokens, _reply_start(ctx, messages, tools, thinking, kwargs, tokens), tools,
-                      bool(tools) and choice != "none", fmt, text.rstrip().endswith("<think>"))
+                      bool(tools) and choice != "none", fmt, text.rstrip().endswith("<think>"), choice)
 
 
 def _render(ctx, messages, add_gen, tools, thinking, kwargs) -> str:
@@ -226,12 +243,20 @@ def with_response_format(body: dict) -> dict:
     rf = Fields(Fields(body).dict("response_format"))
     kind = rf.str("type")
     if kind == "json_object":
-        return {**body, "json_schema": rf.dict("schema", {"type": "object"})}
+        return {**body, "json_schema": _schema(rf, "schema", {"type": "object"})}
     if kind == "json_schema":
-        return {**body, "json_schema": Fields(rf.dict("json_schema")).dict("schema")}
+        return {**body, "json_schema": _schema(Fields(rf.dict("json_schema")), "schema", {})}
     if kind and kind != "text":
         raise bad_request(f'response_format type must be one of "text" or "json_object", but got: {kind}')
     return body
+
+
+def _schema(f: Fields, key: str, default: dict) -> dict:
+    """A response_format schema must be a JSON object (llama.cpp fails to build its grammar from anything else)."""
+    value = f.raw(key, default)
+    if not isinstance(value, dict):
+        raise bad_request(f"response_format {key} must be a JSON object, got: {json.dumps(value)}")
+    return value
 
 
 def with_reasoning_budget(ctx: ServerContext, body: dict, cp: ChatPrompt, params: GenParams) -> GenParams:
@@ -245,12 +270,23 @@ def with_reasoning_budget(ctx: ServerContext, body: dict, cp: ChatPrompt, params
     return replace(params, reasoning_budget=budget, reasoning_end=tuple(end))
 
 
+def with_required_tool_call(ctx: ServerContext, body: dict, cp: ChatPrompt, params: GenParams) -> GenParams:
+    """tool_choice "required": the answer (after any reasoning) must be tool calls, by grammar as in llama.cpp."""
+    if params.grammar is not None:
+        raise bad_request('tool_choice "required" cannot be combined with response_format or json_schema')
+    from .tool_grammar import required_tool_call_grammar
+    gbnf = required_tool_call_grammar(cp.tools, Fields(body).bool("parallel_tool_calls", False))
+    return attach_grammar(ctx, {"grammar": gbnf}, params, after_think=cp.thinking_open)
+
+
 def prepare_chat(ctx: ServerContext, body: dict) -> tuple[ChatPrompt, GenParams, list]:
     """Shared by every chat-shaped route (chat completions, Anthropic messages, Responses)."""
     cp = build_prompt(ctx, body)
     params = chat_gen_params(ctx, body, Fields(body).bool("stream", False), bool(cp.tools))
     params = with_reasoning_budget(ctx, body, cp, params)
     params = attach_grammar(ctx, with_response_format(body), params, after_think=cp.thinking_open)
+    if cp.parse_tools and cp.tool_choice == "required":
+        params = with_required_tool_call(ctx, body, cp, params)
     hints = (cp.reply_start,) if cp.reply_start else ()
     tasks = make_tasks(ctx, [cp.tokens], params, body, hints)
     for t in tasks:

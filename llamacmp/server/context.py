@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .. import BUILD_NUMBER
-from ..chat import ChatTemplate
+from ..chat import BuiltinTemplate, ChatTemplate, select_template
 from ..engine.scheduler import Engine, EngineConfig
 from ..params import Params, ServerParams
 from .schemas import ServerDefaults
@@ -37,7 +37,7 @@ class ServerContext:
     lm: object = None
     engine: Optional[Engine] = None
     bridge: Optional[EngineBridge] = None
-    template: Optional[ChatTemplate] = None
+    template: Optional[ChatTemplate | BuiltinTemplate] = None
     defaults: Optional[ServerDefaults] = None
     n_slots: int = 1
     n_ctx_slot: int = 0
@@ -99,7 +99,7 @@ class ServerContext:
         unified = self.opts.kv_unified if self.opts.kv_unified is not None else p.n_parallel < 0
         self.n_slots, self.n_ctx_slot = n_slots, (n_ctx if unified else max(1, n_ctx // n_slots))
         # args.py already read --chat-template-file into chat_template
-        self.template = ChatTemplate.from_metadata(lm.metadata, lm.tokenizer.tokens, p.chat_template)
+        self.template = select_template(lm.metadata, lm.tokenizer.tokens, p.chat_template, p.use_jinja)
         self.defaults = ServerDefaults(p.sampling, p.n_predict, p.n_keep, tuple(p.antiprompt),
                                        self.opts.cache_prompt, p.special, self.n_ctx_slot)
         cfg = EngineConfig(n_slots=n_slots, n_ctx_slot=self.n_ctx_slot, n_batch=p.n_batch, n_ubatch=p.n_ubatch,

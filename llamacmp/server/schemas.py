@@ -91,7 +91,8 @@ def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenPar
         penalty_present=f.float("presence_penalty", s.penalty_present),
         samplers=_samplers(f, s.samplers), ignore_eos=f.bool("ignore_eos", s.ignore_eos),
         logit_bias={**s.logit_bias, **parse_logit_bias(f.raw("logit_bias"), tokenizer, n_vocab)})
-    n_predict = f.int("n_predict", f.int("max_tokens", d.n_predict))
+    # llama.cpp: n_predict, else max_completion_tokens (OpenAI's newer name), else max_tokens
+    n_predict = f.int("n_predict", f.int("max_completion_tokens", f.int("max_tokens", d.n_predict)))
     stop = [x for x in f.list("stop", list(d.stop)) if isinstance(x, str)] if f.has("stop") else list(d.stop)
     return GenParams(
         sampling=sampling, n_predict=n_predict, n_keep=f.int("n_keep", d.n_keep), stop=stop,

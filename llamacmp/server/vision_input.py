@@ -69,8 +69,8 @@ def image_url_bytes(url: str, media_path: str) -> bytes:
 
 def content_part_marker(part: dict, media: list | None, media_path: str) -> str:
     """An image_url content part -> the media marker, its bytes appended to `media` (None: no projector)."""
-    if media is None:
-        raise ApiError(NO_PROJECTOR, "server_error")
+    if media is None:                   # the client's mistake: 400, as llama-server answers it
+        raise bad_request(NO_PROJECTOR)
     obj = part.get("image_url")
     url = obj.get("url") if isinstance(obj, dict) else obj if isinstance(obj, str) else None
     media.append(image_url_bytes(url, media_path))

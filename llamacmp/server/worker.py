@@ -12,7 +12,7 @@ from typing import AsyncIterator
 from starlette.requests import Request
 
 from ..engine.scheduler import Engine
-from ..engine.tasks import CompletionTask, ErrorResult, FinalResult, QueryTask, SlotActionTask
+from ..engine.tasks import CompletionTask, EmbedTask, ErrorResult, FinalResult, QueryTask, SlotActionTask
 
 
 class _LoopMail:
@@ -124,17 +124,20 @@ class EngineBridge:
         except StopAsyncIteration:
             return None
 
-    async def _ask(self, make) -> object:
+    async def _ask(self, make, timeout: float | None = 30) -> object:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
 
         def sink(value) -> None:
             loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(value))
         self.engine.submit(make(sink))
-        return await asyncio.wait_for(fut, timeout=30)
+        return await asyncio.wait_for(fut, timeout=timeout)
 
     async def query(self, kind: str) -> object:
         return await self._ask(lambda sink: QueryTask(kind, sink))
+
+    async def embed(self, prompts: list[list[int]], pooling: str, norm: int) -> object:
+        return await self._ask(lambda sink: EmbedTask(prompts, pooling, norm, sink), timeout=None)
 
     async def slot_action(self, action: str, id_slot: int, filename: str, filepath: str) -> object:
         return await self._ask(lambda sink: SlotActionTask(action, id_slot, filename, sink, filepath))

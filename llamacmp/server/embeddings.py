@@ -1,0 +1,51 @@
+"""/embedding (llama.cpp's own shape) and /v1/embeddings (OpenAI's), as llama-server answers them with
+--embeddings: the input checks, the response shapes, base64 encoding. The vectors are embedding.py's, computed on
+the engine thread."""
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+from starlette.responses import JSONResponse, Response
+
+from ..engine.tasks import ErrorResult
+from .context import ServerContext
+from .errors import ApiError, bad_request, not_supported
+from .schemas import tokenize_prompts
+
+
+async def handle_embeddings(ctx: ServerContext, body: dict, oai: bool) -> Response:
+    opts = ctx.opts
+    if not opts.embedding:
+        raise not_supported("This server does not support embeddings. Start it with `--embeddings`")
+    if oai and opts.pooling == "none":
+        raise bad_request("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
+    if "input" in body:
+        prompt = body["input"]
+    elif "content" in body:
+        prompt, oai = body["content"], False        # "content" is not OpenAI's field: llama.cpp's shape
+    else:
+        raise bad_request('"input" or "content" must be provided')
+    fmt = body.get("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise bad_request("The format to return the embeddings in. Can be either float or base64")
+    prompts = await ctx.prep(tokenize_prompts, prompt, ctx.tokenizer, ctx.n_vocab)
+    if any(not p for p in prompts):
+        raise bad_request("Input content cannot be empty")
+    norm = body.get("embd_normalize", 2)
+    if isinstance(norm, bool) or not isinstance(norm, int):
+        raise bad_request("embd_normalize must be an integer")
+    result = await ctx.bridge.embed(prompts, opts.pooling, norm)
+    if isinstance(result, ErrorResult):
+        raise ApiError(result.message, result.type)
+    if not oai:
+        return JSONResponse([{"index": i, "embedding": e} for i, e in enumerate(result)])
+    data = [{"embedding": _encoded(e[0]) if fmt == "base64" else e[0], "index": i, "object": "embedding",
+             **({"encoding_format": "base64"} if fmt == "base64" else {})} for i, e in enumerate(result)]
+    n = sum(len(p) for p in prompts)
+    return JSONResponse({"model": ctx.model_name, "object": "list", "usage": {"prompt_tokens": n, "total_tokens": n},
+                         "data": data})
+
+
+def _encoded(v: list[float]) -> str:
+    return base64.b64encode(np.asarray(v, np.float32).tobytes()).decode()

@@ -7,7 +7,9 @@ Two checks need ggml's own numbers (tests/test_quant_goldens.py):
   scale magnitudes, the smallest with subnormal f16 scales), dequantized by ggml's `to_float`;
 - activation quantization: random float rows (with exact .5 ties, a +max/-max tie and an all-zero block)
   quantized to Q8_0, Q8_1 and Q8_K by the CPU backend's `from_float` (the x86 SIMD versions where there is one),
-  as its mul_mat does to the activations.
+  as its mul_mat does to the activations;
+- the dot products: the amplitude-1 weight rows of every type against those activation rows, by the CPU backend's
+  vec_dot after from_float to the type's vec_dot_type (float32 accumulation, so tests allow its rounding).
 The tool is compat/ggml_quants.cpp, built by compat/build_oracle_tools.sh. Output: compat/goldens/quant_blocks.npz.
 """
 from __future__ import annotations
@@ -34,10 +36,14 @@ AMPLITUDES = (1.0, 1e-5, 300.0)      # 1e-5: d fields in the f16 subnormal range
 ROWS, COLS = 2, 512
 
 
-def run(tool: Path, mode: str, type_name: str, data: bytes, folder: Path) -> bytes:
-    src, dst = folder / "in.bin", folder / "out.bin"
-    src.write_bytes(data)
-    subprocess.run([str(tool), mode, type_name, str(src), str(dst)], check=True)
+def run(tool: Path, mode: str, type_name: str, data: bytes, folder: Path, *more: bytes, n: int = 0) -> bytes:
+    """The tool on `data` (and `more` inputs, for vec_dot with row length n) -> its output file's bytes."""
+    paths = []
+    for i, d in enumerate((data, *more)):
+        paths.append(folder / f"in{i}.bin")
+        paths[-1].write_bytes(d)
+    dst = folder / "out.bin"
+    subprocess.run([str(tool), mode, type_name, *([str(n)] if n else []), *map(str, paths), str(dst)], check=True)
     return dst.read_bytes()
 
 
@@ -78,6 +84,10 @@ def main(argv=None) -> None:
             golden[f"dequant_{type_name}"] = values.reshape(blocks.shape[0], COLS)
         x = activation_rows(7)
         golden["activations"] = x
+        for type_name in WEIGHT_TYPES:
+            w = golden[f"blocks_{type_name}"][:ROWS]                # the amplitude-1 rows
+            out = run(args.tool, "vec_dot", type_name, w.tobytes(), folder, x.tobytes(), n=COLS)
+            golden[f"vec_dot_{type_name}"] = np.frombuffer(out, np.float32).reshape(len(x), ROWS)
         for type_name in ACTIVATION_TYPES:
             raw = run(args.tool, "from_float", type_name, x.tobytes(), folder)
             golden[f"quant_{type_name}"] = np.frombuffer(raw, np.uint8).reshape(x.shape[0], -1)

@@ -1,6 +1,8 @@
 // ggml_quants: ggml's own block conversions, for checking llamacmp's (compat/gen_quant_goldens.py).
 //   ggml_quants to_float TYPE IN.bin OUT.bin     blocks of TYPE -> float32, ggml_get_type_traits(TYPE)->to_float
 //   ggml_quants from_float TYPE IN.bin OUT.bin   float32 -> blocks of TYPE, ggml_get_type_traits_cpu(TYPE)->from_float
+//   ggml_quants vec_dot TYPE N W.bin X.bin OUT.bin  rows of N values: TYPE blocks (w) . float32 (x) -> float32
+//                                                   [x rows, w rows]: x converted to the vec_dot_type, then vec_dot
 // TYPE is a ggml type name (q4_K, iq4_xs, q8_1, ...; any case). from_float is what the CPU backend's mul_mat uses to
 // quantize activations to a weight's vec_dot_type (the x86 SIMD version where this build has one). The inputs are
 // raw little-endian files; their length must be a whole number of blocks. Built by compat/build_oracle_tools.sh.
@@ -8,6 +10,7 @@
 #include "ggml-cpu.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -29,8 +32,33 @@ static std::vector<char> read_all(const char * path) {
     return std::vector<char>(std::istreambuf_iterator<char>(in), {});
 }
 
+// Every row of x (float32, n values) dotted with every row of w (TYPE blocks, n values), as the CPU mul_mat does
+// it: x converted once to the type's vec_dot_type by its from_float, then one vec_dot per pair.
+static int vec_dot(const char * type_name, int64_t n, const char * w_path, const char * x_path, const char * out_path) {
+    ggml_type type;
+    if (!type_by_name(type_name, &type)) return fail("unknown ggml type name");
+    ggml_cpu_init();
+    const auto * traits = ggml_get_type_traits_cpu(type);
+    const ggml_type vt = traits->vec_dot_type;
+    const size_t w_row = ggml_row_size(type, n), x_row = ggml_row_size(vt, n);
+    std::vector<char> w = read_all(w_path), x = read_all(x_path);
+    if (n <= 0 || n % ggml_blck_size(type) || n % ggml_blck_size(vt) || w.empty() || w.size() % w_row ||
+        x.empty() || x.size() % (n * sizeof(float))) return fail("sizes are not whole rows of whole blocks");
+    const int64_t nw = (int64_t) (w.size() / w_row), nx = (int64_t) (x.size() / (n * sizeof(float)));
+    std::vector<char> xq(nx * x_row);
+    for (int64_t i = 0; i < nx; i++)
+        ggml_get_type_traits_cpu(vt)->from_float((const float *) x.data() + i * n, xq.data() + i * x_row, n);
+    std::vector<float> out(nx * nw);
+    for (int64_t i = 0; i < nx; i++)
+        for (int64_t j = 0; j < nw; j++)
+            traits->vec_dot((int) n, &out[i * nw + j], 0, w.data() + j * w_row, 0, xq.data() + i * x_row, 0, 1);
+    std::ofstream(out_path, std::ios::binary).write((const char *) out.data(), (std::streamsize) (out.size() * 4));
+    return 0;
+}
+
 int main(int argc, char ** argv) {
-    if (argc != 5) return fail("usage: ggml_quants to_float|from_float TYPE IN.bin OUT.bin");
+    if (argc == 7 && !strcmp(argv[1], "vec_dot")) return vec_dot(argv[2], atoll(argv[3]), argv[4], argv[5], argv[6]);
+    if (argc != 5) return fail("usage: ggml_quants to_float|from_float TYPE IN OUT | vec_dot TYPE N W X OUT");
     ggml_type type;
     if (!type_by_name(argv[2], &type)) return fail("unknown ggml type name");
     ggml_cpu_init();

@@ -60,3 +60,18 @@ def test_q8_k_activations_match_ggml():
     assert np.array_equal(q, want_q.astype(np.float32))
     bsums = np.ascontiguousarray(raw[..., 260:]).view(np.int16)
     assert np.array_equal(bsums, want_q.reshape(len(x), -1, 16, 16).astype(np.int16).sum(-1))
+
+
+@pytest.mark.parametrize("type_name", [*QUANT_BLOCKS, "Q8_0"])
+def test_reference_matmul_matches_ggml_vec_dot(type_name):
+    """The numpy reference's matmul against ggml's vec_dot on the same blocks and rows: equal up to ggml's float32
+    accumulation (the activation quantization is the same, so nothing else may differ)."""
+    from llamacmp.backends.numpy_ref import NumpyBackend
+    be = NumpyBackend()
+    blocks = GOLDEN[f"blocks_{type_name}"][:2]
+    w = Q8Tensor(blocks) if type_name == "Q8_0" else QuantTensor(type_name, blocks)
+    x = GOLDEN["activations"]
+    got = be.matmuls(x, [be.upload_matrix(w)])[0].astype(np.float64)
+    want = GOLDEN[f"vec_dot_{type_name}"].astype(np.float64)
+    scale = np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).T.astype(np.float64)   # sum of |terms|
+    assert np.all(np.abs(got - want) <= 1e-6 * scale), np.abs(got - want).max() / scale.max()

@@ -15,7 +15,7 @@ from .. import kv_quant
 from ..config import ModelConfig
 from ..gguf_file import Q8_0_BLOCK, Q8Tensor, QuantTensor
 from .base import Backend, RowSample, SeqState
-from .quant_ref import Activations, RefQuant, quant_matmul, quantize_q8_blocks  # noqa: F401 (re-exported)
+from .quant_ref import Activations, RefQuant, quant_matmul, quantize_q8_blocks
 
 GDN_CHUNK = 64
 

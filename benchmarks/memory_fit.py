@@ -3,12 +3,13 @@ of the real Qwen3.5 shapes, on one card or a layer split over several. A CPU pla
 arithmetic), not a measurement on a GPU.
 
     python3 benchmarks/memory_fit.py [--card-gib 16] [--context-mib 512] [-ub 512] [--cards 1 2]
-           [--case 9b:Q4_K_M --case 27b:IQ4_XS ...] [--check-quantize PATH/llama-quantize]
+           [--case 9b:Q4_K_M --case 27b:IQ4_XS ...] [--check-quantize PATH/llama-quantize [--save-golden]]
 
 The arena may take the card minus --context-mib (the CUDA context, kernels and graphs live outside it: memplan's
 docstring). Contexts are multiples of 256 up to the model's training context. --check-quantize runs
 `llama-quantize --dry-run` (b8462) on a header-only F16 file of each case's shape (its data region a sparse hole:
-nothing is read) and checks that preset_types() gives the same type to every tensor.
+nothing is read) and checks that preset_types() gives the same type to every tensor; --save-golden keeps
+llama-quantize's choices in compat/goldens/quant_mix.json, which tests/test_memory_fit.py checks the rule against.
 
 preset_types() is llama-quantize b8462's choice (src/llama-quant.cpp, llama_tensor_get_type, no imatrix) for a dense
 qwen35 file, where every layer has one "attn_v-like" tensor (attn_v in attention layers, the GDN attn_qkv in the
@@ -171,13 +172,23 @@ def quantize_types(tool: Path, shape_name: str, preset: str) -> dict[str, str]:
     return out
 
 
-def check_quantize(tool: Path, cases: list[str]) -> list[str]:
-    report = []
+GOLDEN = Path(__file__).resolve().parents[1] / "compat" / "goldens" / "quant_mix.json"
+
+
+def check_quantize(tool: Path, cases: list[str], save: bool = False) -> list[str]:
+    """Compare preset_types() with llama-quantize's choice per tensor; save: also write what llama-quantize chose
+    to GOLDEN ({case: types in fixtures.writer.tensor_specs order}) for tests/test_memory_fit.py."""
+    report, golden = [], {}
     for case in cases:
         shape, preset = case.split(":")
         got, want = quantize_types(tool, shape, preset), preset_types(shape, preset)
         bad = [f"{n}: llama-quantize {got.get(n)}, rule {t}" for n, t in want.items() if got.get(n) != t]
         report.append(f"{case}: {len(want)} tensors, {len(bad)} differ" + "".join(f"\n  {b}" for b in bad[:10]))
+        golden[case] = [got.get(n) for n in want]
+    if save:
+        import json
+        GOLDEN.write_text(json.dumps(golden, separators=(",", ":")) + "\n")
+        report.append(f"wrote {GOLDEN}")
     return report
 
 
@@ -190,6 +201,8 @@ def main(argv=None) -> None:
     ap.add_argument("--case", action="append", help="SHAPE:PRESET, e.g. 27b:IQ4_XS (default: " +
                     ", ".join(DEFAULT_CASES) + ")")
     ap.add_argument("--check-quantize", type=Path, help="llama-quantize to check preset_types() against")
+    ap.add_argument("--save-golden", action="store_true", help="with --check-quantize: write compat/goldens/"
+                    "quant_mix.json from llama-quantize's choices")
     args = ap.parse_args(argv)
     cases = args.case or DEFAULT_CASES
     for case in cases:
@@ -197,7 +210,7 @@ def main(argv=None) -> None:
         if shape not in SHAPES or preset not in PRESETS:
             ap.error(f"--case {case}: shape one of {', '.join(SHAPES)}, preset one of {', '.join(PRESETS)}")
     if args.check_quantize:
-        print("\n".join(check_quantize(args.check_quantize, cases)))
+        print("\n".join(check_quantize(args.check_quantize, cases, args.save_golden)))
     cap = int(args.card_gib * memplan.GIB - args.context_mib * memplan.MIB)
     print(f"arena cap {cap / memplan.GIB:.2f} GiB per card ({args.card_gib:g} GiB card - {args.context_mib:g} MiB), "
           f"-ub {args.ubatch_size}, one slot; largest -c (multiple of 256) that the plan fits:")

@@ -1,6 +1,7 @@
 """benchmarks/memory_fit.py: llama-quantize's type mixes for the real shapes, and the largest context that fits."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,6 +11,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import memory_fit  # noqa: E402
 from llamacmp import memplan  # noqa: E402
+
+
+GOLDEN = json.loads(memory_fit.GOLDEN.read_text())
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN))
+def test_rule_gives_llama_quantize_s_type_to_every_tensor(case):
+    """compat/goldens/quant_mix.json: llama-quantize b8462 --dry-run on header-only F16 files of the real shapes
+    (benchmarks/memory_fit.py --check-quantize ... --save-golden)."""
+    shape, preset = case.split(":")
+    want = GOLDEN[case]
+    assert len(set(want)) >= 2 and None not in want
+    assert list(memory_fit.preset_types(shape, preset).values()) == want
 
 
 def test_q4_k_m_mix_of_the_9b_shape():

@@ -4,7 +4,8 @@ that helps, instead of failing in the middle of a long prompt.
 
 Items (one start-up log line each):
   weights      every tensor as the CUDA backend stores it (Q8_0 repacked: int8 + f16 scales, 34/32 B a value;
-               other matrices and every vector f32, 256-byte aligned), and the Q8_0 upload staging block
+               the other block types (Q4_K, IQ4_XS, ...) their file bytes; F32/F16/BF16 f32, 256-byte aligned),
+               and the upload staging block of the block-quantized tensors
   KV cache     per attention layer K and V [n_ctx, Hk, Dh] in the -ctk / -ctv format, for every slot
   GDN state    per GDN layer the conv window [kernel-1, C] and the recurrent state [V, Dk, Dv] f32, every slot
   activations  the tensors one micro-batch of n_ubatch rows keeps alive in a layer (an upper bound: every
@@ -25,6 +26,7 @@ from typing import Sequence
 
 from . import kv_quant
 from .config import ModelConfig
+from .gguf_file import QUANT_BLOCKS
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -39,7 +41,7 @@ class PlanError(MemoryError):
 @dataclass(frozen=True, slots=True)
 class TensorDesc:
     name: str
-    type_name: str               # GGUF type: F32, F16, BF16, Q8_0
+    type_name: str               # GGUF type: F32, F16, BF16, Q8_0 or a gguf_file.QUANT_BLOCKS type
     shape: tuple[int, ...]       # numpy order
 
 
@@ -93,33 +95,55 @@ def size_class(nbytes: int) -> int:
 
 # -- items --------------------------------------------------------------------------------------------------------
 
-STAGING_PIECE = 64 * MIB     # CudaBackend.STAGING_BYTES: Q8_0 uploads go through one staging block this size
+STAGING_PIECE = 64 * MIB     # CudaBackend.STAGING_BYTES: block-quantized uploads go through one staging block
+
+
+def tensor_bytes(t: TensorDesc) -> int:
+    """Arena bytes of one tensor as the CUDA backend stores it. Q8_0: int8 values and f16 scales apart; the other
+    block types: their blocks as the file stores them (a repack keeps the bytes); F32/F16/BF16: f32, the 16-bit
+    floats widened at load."""
+    n = math.prod(t.shape)
+    if t.type_name == "Q8_0":
+        rows, cols = t.shape
+        return exact(rows * cols) + exact(rows * (cols // Q8_0_BLOCK) * 2)
+    if t.type_name in QUANT_BLOCKS:
+        values, nbytes = QUANT_BLOCKS[t.type_name]
+        return exact(n // values * nbytes)
+    if t.type_name in ("F32", "F16", "BF16"):
+        return exact(n * 4)
+    raise ValueError(f"memory plan: tensor '{t.name}' has type {t.type_name}, which llamacmp does not load")
+
+
+def is_block_quantized(t: TensorDesc) -> bool:
+    return t.type_name == "Q8_0" or t.type_name in QUANT_BLOCKS
 
 
 def weight_bytes(tensors: Sequence[TensorDesc]) -> int:
-    """Arena bytes of the weights as the CUDA backend stores them (Q8_0: int8 values + f16 scales; the rest f32,
-    F16/BF16 being widened at load), plus the one staging block Q8_0 uploads go through."""
-    total, q8 = 0, False
+    """Arena bytes of the weights (tensor_bytes of each), plus the one staging block the block-quantized uploads
+    go through."""
+    staging = STAGING_PIECE if any(is_block_quantized(t) for t in tensors) else 0
+    return sum(tensor_bytes(t) for t in tensors) + staging
+
+
+def type_counts(tensors: Sequence[TensorDesc]) -> str:
+    """'Q4_K 160, Q6_K 33, F32 300': how many tensors of each type, the most common first."""
+    counts: dict[str, int] = {}
     for t in tensors:
-        if t.type_name == "Q8_0":
-            rows, cols = t.shape
-            total += exact(rows * cols) + exact(rows * (cols // Q8_0_BLOCK) * 2)
-            q8 = True
-        else:
-            total += exact(math.prod(t.shape) * 4)
-    return total + (STAGING_PIECE if q8 else 0)
+        counts[t.type_name] = counts.get(t.type_name, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def kv_bytes(cfg: ModelConfig, n_ctx: int, k_type: str, v_type: str) -> int:
-    """One slot's K and V caches over all attention layers."""
-    return len(cfg.attn_layers) * (exact(kv_quant.cache_bytes(k_type, n_ctx, cfg.n_head_kv, cfg.head_dim))
+def kv_bytes(cfg: ModelConfig, n_ctx: int, k_type: str, v_type: str, n_layers: int | None = None) -> int:
+    """One slot's K and V caches over all attention layers (or `n_layers` of them)."""
+    n_layers = len(cfg.attn_layers) if n_layers is None else n_layers
+    return n_layers * (exact(kv_quant.cache_bytes(k_type, n_ctx, cfg.n_head_kv, cfg.head_dim))
                                    + exact(kv_quant.cache_bytes(v_type, n_ctx, cfg.n_head_kv, cfg.head_dim)))
 
 
-def gdn_state_bytes(cfg: ModelConfig) -> int:
+def gdn_state_bytes(cfg: ModelConfig, n_layers: int | None = None) -> int:
     conv = exact((cfg.conv_kernel - 1) * cfg.conv_channels * 4)
     ssm = exact(cfg.ssm_v_heads * cfg.ssm_head_dim * cfg.ssm_head_dim * 4)
-    return len(cfg.gdn_layers) * (conv + ssm)
+    return (len(cfg.gdn_layers) if n_layers is None else n_layers) * (conv + ssm)
 
 
 def activation_bytes(cfg: ModelConfig, T: int) -> int:
@@ -138,26 +162,69 @@ def activation_bytes(cfg: ModelConfig, T: int) -> int:
     return total
 
 
+@dataclass(frozen=True, slots=True)
+class Part:
+    """The share of a model one device holds in a layer split: its layers, and the embedding / head or not."""
+    layers: range
+    embed: bool
+    head: bool
+
+    def holds(self, name: str) -> bool:
+        if name.startswith("blk."):
+            return int(name.split(".")[1]) in self.layers
+        return self.embed if name == "token_embd.weight" else self.head
+
+
 def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: int = 1, k_type: str = "f16",
          v_type: str = "f16", n_ubatch: int = 512, all_logits: bool = False, sparse=None,
-         cap: int | None = None) -> MemoryPlan:
-    """n_ctx: context per slot; sparse: the sparse_attn.SparseConfig in use (adds its per-chunk scratch)."""
+         cap: int | None = None, part: Part | None = None) -> MemoryPlan:
+    """n_ctx: context per slot; sparse: the sparse_attn.SparseConfig in use (adds its per-chunk scratch);
+    part: one device's share of a layer split (None: the whole model)."""
+    if part is not None:
+        tensors = [t for t in tensors if part.holds(t.name)]
+        attn = sum(1 for il in cfg.attn_layers if il in part.layers)
+        gdn = sum(1 for il in cfg.gdn_layers if il in part.layers)
+        return _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap, attn, gdn,
+                     part.head)
+    return _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap,
+                 len(cfg.attn_layers), len(cfg.gdn_layers), True)
+
+
+def split_parts(tensors: Sequence[TensorDesc], cfg: ModelConfig, ratios: Sequence[float]) -> list[Part]:
+    """How models/split.py places the layers over len(ratios) devices (assign_layers over each layer's bytes, the
+    embedding on the first device, the head on the last), from the tensor list alone."""
+    from .models.split import assign_layers
+    layer_b = [0] * cfg.n_layer
+    embd = head = 0
+    for t in tensors:
+        if t.name.startswith("blk."):
+            layer_b[int(t.name.split(".")[1])] += tensor_bytes(t)
+        elif t.name == "token_embd.weight":
+            embd += tensor_bytes(t)
+        else:
+            head += tensor_bytes(t)
+    ranges = assign_layers(layer_b, ratios, embd, head)
+    return [Part(r, p == 0, p == len(ranges) - 1) for p, r in enumerate(ranges)]
+
+
+def _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap, n_attn, n_gdn,
+          head) -> MemoryPlan:
     p = MemoryPlan(cap=cap)
-    n_q8 = sum(1 for t in tensors if t.type_name == "Q8_0")
     wb = weight_bytes(tensors)
-    p.items.append(PlanItem("weights", wb, f"{len(tensors)} tensors ({n_q8} Q8_0) + the "
-                            f"{STAGING_PIECE // MIB} MiB upload staging block"))
+    staging = f" + the {STAGING_PIECE // MIB} MiB upload staging block" if any(map(is_block_quantized, tensors)) else ""
+    p.items.append(PlanItem("weights", wb, f"{len(tensors)} tensors ({type_counts(tensors)}){staging}"))
     per_tok = kv_quant.cache_bytes(k_type, 1, cfg.n_head_kv, cfg.head_dim) + \
         kv_quant.cache_bytes(v_type, 1, cfg.n_head_kv, cfg.head_dim)
-    p.items.append(PlanItem("KV cache", kv_bytes(cfg, n_ctx, k_type, v_type) * n_slots,
+    p.items.append(PlanItem("KV cache", kv_bytes(cfg, n_ctx, k_type, v_type, n_attn) * n_slots,
                             f"-c {n_ctx} x {n_slots} slot(s), -ctk {k_type} -ctv {v_type}: "
-                            f"{len(cfg.attn_layers)} layers x {per_tok} B/token"))
-    p.items.append(PlanItem("GDN state", gdn_state_bytes(cfg) * n_slots,
-                            f"{len(cfg.gdn_layers)} layers of conv + recurrent state x {n_slots} slot(s)"))
+                            f"{n_attn} layers x {per_tok} B/token"))
+    p.items.append(PlanItem("GDN state", gdn_state_bytes(cfg, n_gdn) * n_slots,
+                            f"{n_gdn} layers of conv + recurrent state x {n_slots} slot(s)"))
     p.items.append(PlanItem("activations", activation_bytes(cfg, n_ubatch), f"-ub {n_ubatch} rows"))
-    rows = n_ubatch if all_logits else max(1, n_slots)
-    p.items.append(PlanItem("logits", size_class(rows * cfg.n_vocab * 4),
-                            f"{rows} row(s) x {cfg.n_vocab} f32" + (" (all logits)" if all_logits else "")))
+    rows = (n_ubatch if all_logits else max(1, n_slots)) if head else 0
+    p.items.append(PlanItem("logits", size_class(rows * cfg.n_vocab * 4) if head else 0,
+                            f"{rows} row(s) x {cfg.n_vocab} f32" + (" (all logits)" if all_logits else "")
+                            if head else "on the last device"))
     splitk = size_class(64 * n_slots * cfg.n_head * (cfg.head_dim + 2) * 4)
     # a decode graph keeps one decode forward's working set in an arena of its own (cuda_graphs.py, 16 MiB chunks)
     graph = -(-(activation_bytes(cfg, n_slots) + size_class(n_slots * cfg.n_vocab * 4)) // (16 * MIB)) * 16 * MIB
@@ -232,13 +299,16 @@ def parse_gib(s: str) -> int:
     return int(value * mult)
 
 
-def shape_model(shape_name: str, n_vocab: int, dtype: str = "q8_0") -> tuple[list[TensorDesc], ModelConfig]:
+def shape_model(shape_name: str, n_vocab: int, dtype: str = "q8_0",
+                types: dict[str, str] | None = None) -> tuple[list[TensorDesc], ModelConfig]:
     """The tensors and config of a fixtures/writer.py shape (e.g. the real 9B shapes) without writing the file:
-    what planning a real model of that shape gives."""
+    what planning a real model of that shape gives. types: tensor name -> GGUF type, overriding the writer's
+    choice for `dtype` (a llama-quantize type mix)."""
     from .fixtures.writer import SHAPES, ggml_type, tensor_specs
     s = SHAPES[shape_name]
-    names = {0: "F32", 1: "F16", 8: "Q8_0"}
-    tensors = [TensorDesc(t.name, names[int(ggml_type(t, dtype))], t.shape) for t in tensor_specs(s, n_vocab)]
+    types = types or {}
+    tensors = [TensorDesc(t.name, types.get(t.name) or ggml_type(t, dtype).name, t.shape)
+               for t in tensor_specs(s, n_vocab)]
     cfg = ModelConfig(n_layer=s.n_layer, n_embd=s.n_embd, n_ff=s.n_ff, n_head=s.n_head, n_head_kv=s.n_head_kv,
                       head_dim=s.head_dim, n_vocab=n_vocab, n_ctx_train=s.n_ctx_train, rms_eps=1e-6,
                       rope_base=s.rope_base, n_rot=s.n_rot, rope_sections=tuple(s.rope_sections),

@@ -137,3 +137,52 @@ def test_cache_bytes_match_the_cuda_cache_layout():
     for t in ("q8_0", "q4_0", "tq3"):
         for dh in (64, 128, 256):
             assert kv_quant.cache_bytes(t, 1, 1, dh) == kv_layout.row_bytes(t, dh), (t, dh)
+
+
+def test_every_loaded_block_type_counts_its_stored_bytes(tmp_path):
+    """A file mixing types: each tensor's plan bytes are its data bytes in the file (256-aligned), F16 widened."""
+    import gguf
+    from llamacmp.fixtures.quant_blocks import random_blocks
+    from llamacmp.gguf_file import QUANT_BLOCKS
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(tmp_path / "mix.gguf"), "qwen35")
+    for i, t in enumerate(QUANT_BLOCKS):
+        b = random_blocks(t, 4, 512, rng).blocks
+        w.add_tensor(f"blk.{i}.ffn_up.weight", b.reshape(4, -1), raw_dtype=gguf.GGMLQuantizationType[t])
+    w.add_tensor("output_norm.weight", np.zeros((8, 512), np.float16))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    tensors = memplan.tensors_of(GGUFFile(tmp_path / "mix.gguf"))
+    assert {t.type_name for t in tensors} == set(QUANT_BLOCKS) | {"F16"}
+    stored = {t.name: memplan.tensor_bytes(t) for t in tensors}
+    for i, t in enumerate(QUANT_BLOCKS):
+        values, nbytes = QUANT_BLOCKS[t]
+        assert stored[f"blk.{i}.ffn_up.weight"] == memplan.exact(4 * 512 // values * nbytes)
+    assert stored["output_norm.weight"] == 8 * 512 * 4
+    assert memplan.weight_bytes(tensors) == sum(stored.values()) + memplan.STAGING_PIECE
+    with pytest.raises(ValueError, match="'x' has type IQ2_XXS"):
+        memplan.tensor_bytes(memplan.TensorDesc("x", "IQ2_XXS", (4, 256)))
+
+
+def test_type_mix_changes_the_weights_and_the_detail_names_it(nine_b):
+    tensors, cfg = nine_b
+    mix = {t.name: "Q4_K" for t in tensors if t.type_name == "Q8_0"}
+    q4k, _ = memplan.shape_model("9b", 248320, types=mix)
+    p8, p4 = (memplan.plan(ts, cfg, 4096) for ts in (tensors, q4k))
+    ratio = (p4.item("weights").nbytes - memplan.STAGING_PIECE) / (p8.item("weights").nbytes - memplan.STAGING_PIECE)
+    assert 0.52 < ratio < 0.56                    # 144/256 vs 34/32 bytes a value, the F32 vectors aside
+    assert "Q4_K" in p4.item("weights").detail and "Q8_0" not in p4.item("weights").detail
+
+
+def test_split_parts_share_the_model(nine_b):
+    tensors, cfg = nine_b
+    parts = memplan.split_parts(tensors, cfg, [1, 1])
+    assert [p.layers.start for p in parts] == [0, parts[0].layers.stop] and parts[1].layers.stop == cfg.n_layer
+    assert (parts[0].embed, parts[0].head, parts[1].embed, parts[1].head) == (True, False, False, True)
+    whole = memplan.plan(tensors, cfg, 65536, k_type="q8_0", v_type="q8_0")
+    halves = [memplan.plan(tensors, cfg, 65536, k_type="q8_0", v_type="q8_0", part=p) for p in parts]
+    staging = memplan.STAGING_PIECE
+    assert sum(h.item("weights").nbytes - staging for h in halves) == whole.item("weights").nbytes - staging
+    for item in ("KV cache", "GDN state"):
+        assert sum(h.item(item).nbytes for h in halves) == whole.item(item).nbytes
+    assert halves[0].item("logits").nbytes == 0 and halves[1].item("logits").nbytes == whole.item("logits").nbytes
+    assert abs(halves[0].total - halves[1].total) < 0.1 * whole.total         # equal ratios: about equal parts

@@ -247,3 +247,19 @@ def test_server_engine_over_the_split_gives_the_same_tokens(one, split):
     got, want = serve(split), serve(one)
     assert got[0] == want[0] and all(len(t) == 10 for t in want)
     assert got[1] == want[1] and got[2] == want[2]
+
+
+def test_weight_bytes_count_every_tensor_as_stored():
+    """A mixed-type file (K-quants, Q8_0, F32 norms): each layer's bytes are its tensors' stored bytes."""
+    from llamacmp.fixtures.quant_blocks import random_blocks
+    from llamacmp.models.split import weight_bytes
+    from llamacmp.weights import LayerWeights, ModelWeights
+    rng = np.random.default_rng(0)
+    mat = {t: random_blocks(t, 8, 256, rng) for t in ("Q4_K", "Q6_K", "Q8_0", "IQ4_XS")}
+    norm = np.zeros(256, np.float32)
+    layer = LayerWeights(attn_norm=norm, post_attention_norm=norm, ffn_gate=mat["Q4_K"], ffn_up=mat["IQ4_XS"],
+                         ffn_down=mat["Q8_0"])
+    weights = ModelWeights(token_embd=mat["Q4_K"], output_norm=norm, output=mat["Q6_K"], layers=[layer])
+    layers, embd, head = weight_bytes(weights)
+    assert layers == [2 * 1024 + 8 * 144 + 8 * 136 + 8 * 8 * 34]
+    assert (embd, head) == (8 * 144, 1024 + 8 * 210)

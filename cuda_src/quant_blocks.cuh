@@ -216,7 +216,7 @@ struct Q3_K {
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
             const int g = 2 * j + k;
-            const int lo = (r.sc[(g & 7) >> 2] >> (8 * (g & 3) + 4 * (g >> 3))) & 15;
+            const int lo = ((g & 4 ? r.sc[1] : r.sc[0]) >> (8 * (g & 3) + 4 * (g >> 3))) & 15;  // no dynamic index
             const int hi = (r.sc[2] >> (8 * (g & 3) + 2 * (g >> 2))) & 3;
             o.s[k] = r.d * (float)((lo | (hi << 4)) - 32);
             o.m[k] = 0.f;

@@ -35,8 +35,9 @@ __device__ __forceinline__ float2 ldh2(const uint8_t* p) {
     return __half22float2(__ldg(reinterpret_cast<const __half2*>(p)));
 }
 
-// 4 bits (bit k of h, k < 4) -> bit 0 of byte k (the four shifted copies never overlap, so no carries).
-__device__ __forceinline__ int spread4(unsigned h) { return (int)((h * 0x00204081u) & 0x01010101u); }
+// The low 4 bits of h (bit k) -> bit 0 of byte k (the four shifted copies of a 4-bit value never overlap, so no
+// carries; the higher bits of h are masked off first, they would).
+__device__ __forceinline__ int spread4(unsigned h) { return (int)(((h & 15u) * 0x00204081u) & 0x01010101u); }
 
 // The 16-entry IQ4 table (int8) looked up for 4 indices (the low nibbles of v's bytes, 0..15): two 8-byte byte
 // permutes (entries 0..7 and 8..15) selected per byte by bit 3 of the index.
@@ -46,7 +47,8 @@ __device__ __forceinline__ int iq4_lookup(int v) {
     const unsigned t = (s | (s >> 4)) & 0x00FF00FFu;
     const unsigned sel = (t | (t >> 8)) & 0xFFFFu;               // the four 3-bit indices as selector nibbles
     const unsigned lo = __byte_perm(T0, T1, sel), hi = __byte_perm(T2, T3, sel);
-    const unsigned big = __byte_perm((unsigned)v << 4, 0, 0xBA98);  // 0xFF where bit 3 set (sign of each byte)
+    const unsigned big = (((unsigned)v >> 3) & 0x01010101u) * 0xFFu;  // 0xFF where bit 3 is set
+    // (not a sign-replicating byte permute: __byte_perm uses only the low 3 bits of each selector nibble)
     return (int)((hi & big) | (lo & ~big));
 }
 

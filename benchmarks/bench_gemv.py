@@ -16,6 +16,13 @@ GEMV. Two columns:
           the time of the producers alone: what the GEMV adds to a decode step (PDL can only gain here and in
           chain, where it lets the GEMV start while the kernel before it drains).
 % copy = weight bytes (int8 + f16 scales) per second against the device-to-device copy rate (read + write bytes).
+
+    python3 benchmarks/bench_gemv.py --quant [--types Q4_K,Q6_K] [--json out.json]
+
+The block types other than Q8_0 (cmp_matmul_quant, issue 18) and Q8_0 (the default v4 eager + PDL GEMV, v2 GEMM) on
+the matrices 4096 x 12288, 12288 x 4096 and 4096 x 4096 (rows x n) of random valid blocks: the GEMV at T = 1, 4, 16
+(chain column as above; GB/s = the type's bytes on the device per second) and the prefill GEMM at T = 512 and 4096
+(TOPS = 2 T rows n / time, eager calls timed by events; quantized types include their per-call weight expansion).
 """
 from __future__ import annotations
 
@@ -28,7 +35,7 @@ import numpy as np
 
 from llamacmp.backends.cuda import CudaBackend
 from llamacmp.lib._native import CMP_MM_GEMM2, CMP_MM_GEMV2, CMP_MM_GEMV3, CMP_MM_GEMV4, CMP_MM_GEMV4_EAGER
-from llamacmp.lib._native import CMP_MM_GEMV_PDL
+from llamacmp.lib._native import CMP_MM_GEMV_PDL, CMP_QUANT_TYPES
 
 # (name, [rows of each matrix in the launch], n)
 SETS_9B = [
@@ -129,10 +136,77 @@ def bench_set(be: CudaBackend, ls: LaunchSet, T: int, kernels: int, reps: int) -
     return chain * 1e3, (both - prod) * 1e3
 
 
+QUANT_SHAPES = [(4096, 12288), (12288, 4096), (4096, 4096)]   # rows x n
+Q8_DEFAULT = CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV4 | CMP_MM_GEMV4_EAGER | CMP_MM_GEMV_PDL
+
+
+class QuantPool:
+    """Distinct-address copies of one random matrix of `type_name` (Q8_0 too) spanning >= pool_bytes, as
+    (pointer-args, bytes) per copy: (body, head) for the block types, (qs, d) for Q8_0."""
+
+    def __init__(self, be: CudaBackend, type_name: str, rows: int, n: int, pool_bytes: int = 768 << 20):
+        from llamacmp.fixtures.quant_blocks import random_blocks
+        w = random_blocks(type_name, rows, n, np.random.default_rng(0))
+        self.type_name, self.rows, self.n = type_name, rows, n
+        first = be.upload_matrix(w)
+        self.wbytes = (first.qs.nbytes + first.d.nbytes if type_name == "Q8_0" else
+                       first.body.nbytes + (first.head.nbytes if first.head is not None else 0))
+        self.mats = [first] + [be.upload_matrix(w) for _ in range(max(1, -(-pool_bytes // self.wbytes)) - 1)]
+
+    def call(self, be: CudaBackend, i: int, xq, xd, y, T: int, work=None) -> None:
+        m, P, I = self.mats[i % len(self.mats)], ctypes.c_void_p * 1, ctypes.c_int * 1
+        if self.type_name == "Q8_0":
+            be.native.cmp_matmul_q8_ex(xq.ptr, xd.ptr, 1, P(m.qs.ptr), P(m.d.ptr), P(y.ptr), None, I(self.rows), T,
+                                       self.n, Q8_DEFAULT)
+        else:
+            be.native.cmp_matmul_quant(m.type_id, xq.ptr, xd.ptr, 1, P(m.body.ptr), P(m.head_ptr), P(y.ptr), None,
+                                       I(self.rows), T, self.n, work.ptr if work else 0, work.nbytes if work else 0)
+
+
+def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int) -> list[dict]:
+    out = []
+    print(f"{'type':<7} {'rows x n':>12} {'MB':>6} {'T':>5} {'us':>9} {'GB/s':>7} {'%copy':>6} {'TOPS':>7}")
+    for type_name in types:
+        for rows, n in QUANT_SHAPES:
+            pool = QuantPool(be, type_name, rows, n)
+            for T in (1, 4, 16, 512, 4096):
+                if T > 16 and (rows, n) != (12288, 4096):
+                    continue
+                rng = np.random.default_rng(T)
+                x = be.from_host(rng.standard_normal((T, n)).astype(np.float32), "f32")
+                xq, xd = be.quantize(x)
+                y = be.empty((T, rows))
+                work = None
+                if T > 16 and type_name != "Q8_0":
+                    work = be.empty((min(be.native.quant_work_bytes(CMP_QUANT_TYPES[type_name], T, n, rows),
+                                         be.QUANT_WORK_BYTES),), "u8")
+                if T <= 16:
+                    k = min(reps, max(4, int(3e9 // pool.wbytes)))
+                    us = graph_ms(be, lambda: [pool.call(be, i, xq, xd, y, T) for i in range(k)], k) / k * 1e3
+                else:
+                    pool.call(be, 0, xq, xd, y, T, work)
+                    samples = []
+                    for i in range(3):
+                        be.native.cmp_timer_start()
+                        pool.call(be, i, xq, xd, y, T, work)
+                        samples.append(be.native.timer_stop())
+                    us = float(np.median(samples)) * 1e3
+                gbs, tops = pool.wbytes / us / 1e3, 2.0 * T * rows * n / us / 1e6
+                print(f"{type_name:<7} {f'{rows}x{n}':>12} {pool.wbytes / 1e6:>6.1f} {T:>5} {us:>9.1f} {gbs:>7.0f} "
+                      f"{100 * gbs / bw:>5.0f}% {tops:>7.1f}", flush=True)
+                out.append({"type": type_name, "rows": rows, "n": n, "T": T, "us": us, "GB/s": gbs, "TOPS": tops,
+                            "MB": pool.wbytes / 1e6})
+            del pool
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="T = 1 only, and no 12288 x 4096 alone")
     ap.add_argument("--json")
+    ap.add_argument("--quant", action="store_true", help="the block types' GEMV and GEMM table instead (see above)")
+    ap.add_argument("--types", default="Q8_0," + ",".join(CMP_QUANT_TYPES),
+                    help="with --quant: comma-separated GGUF type names (Q8_0 and the block types)")
     ap.add_argument("--reps", type=int, default=30, help="GEMV calls per captured graph")
     args = ap.parse_args(argv)
     be = CudaBackend()
@@ -140,6 +214,16 @@ def main(argv=None) -> None:
     print(f"device: {be.native.device_name()}   date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"device-to-device copy: {bw:.0f} GB/s (read + write)")
     out = [{"what": "copy", "GB/s": bw}]
+    if args.quant:
+        types = args.types.split(",")
+        unknown = [t for t in types if t != "Q8_0" and t not in CMP_QUANT_TYPES]
+        if unknown:
+            ap.error(f"--types: unknown type(s) {', '.join(unknown)} (known: Q8_0, {', '.join(CMP_QUANT_TYPES)})")
+        out += bench_quant(be, types, bw, args.reps)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return
     print(f"{'launch set':<18} {'MB':>7} {'T':>3} {'kern':>6} {'chain us':>9} {'%copy':>6} {'+prod us':>9} {'%copy':>6}"
           f" {'vs v2':>6}")
     sets = [s for s in SETS_9B if not (args.quick and s[0] == "ffn gate alone")]

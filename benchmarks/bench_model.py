@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from llamacmp.backends.base import StepBatch
-from llamacmp.backends.cuda import CapturedStep, CudaBackend, Q8Matrix
+from llamacmp.backends.cuda import CapturedStep, CudaBackend, Q8Matrix, QuantMatrix
 from llamacmp.config import ModelConfig
 from llamacmp.gguf_file import GGUFFile
 from llamacmp.models import model_class
@@ -73,9 +73,10 @@ def weight_bytes_per_token(model) -> int:
     for obj in [model.output] + [getattr(x, n) for lay in model.layers for x in (lay, lay.attn, lay.gdn) if x
                                  for n in x.__slots__]:
         for m in (obj if isinstance(obj, list) else [obj]):
-            if isinstance(m, Q8Matrix) and id(m) not in seen and m is not model.token_embd:
+            if isinstance(m, (Q8Matrix, QuantMatrix)) and id(m) not in seen and m is not model.token_embd:
                 seen.add(id(m))
-                total += m.qs.nbytes + m.d.nbytes
+                total += m.qs.nbytes + m.d.nbytes if isinstance(m, Q8Matrix) else \
+                    m.body.nbytes + (m.head.nbytes if m.head is not None else 0)
     return total
 
 

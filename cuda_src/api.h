@@ -112,6 +112,30 @@ int cmp_matmul_q8_ex(const int8_t* xq, const float* xd, int count, const int8_t*
 // y [T, rows] = x [T, n] f32 . W [rows, n]^T, W f32 or f16 (w_dtype: CmpDtype), fp32 accumulation.
 int cmp_matmul_f(const float* x, const void* w, int w_dtype, float* y, int T, int rows, int n);
 
+// ---- matmul_quant.cu ------------------------------------------------------------------------------------------
+// The GGUF block types other than Q8_0, by ggml type id. On the device a matrix is the file's blocks split into a
+// body [rows, n/BV, body_bytes] (the integer fields, file order) and a head [rows, n/BV, head_bytes] (the f16 fields;
+// none for Q4_K/Q5_K, whose 144/176-byte blocks stay whole): cuda_src/quant_blocks.cuh.
+enum CmpQuantType { CMP_Q4_0 = 2, CMP_Q4_1 = 3, CMP_Q5_0 = 6, CMP_Q5_1 = 7, CMP_Q2_K = 10, CMP_Q3_K = 11,
+                    CMP_Q4_K = 12, CMP_Q5_K = 13, CMP_Q6_K = 14, CMP_IQ4_NL = 20, CMP_IQ4_XS = 23 };
+// Values and bytes per block in the file, and the device layout's body and head bytes per block.
+int cmp_quant_layout(int type, int* block_values, int* block_bytes, int* body_bytes, int* head_bytes);
+// GGUF blocks [rows, n/BV, block_bytes] (device memory) -> body, head as above.
+int cmp_quant_repack(int type, const uint8_t* blocks, void* body, void* head, int rows, int n);
+// y[i] [T, rows[i]] = (res[i] +) x . W_i^T for `count` (1..4) matrices of one type that share x (xq [T, n] int8,
+// xd [T, n/32] f32: cmp_quantize_q8 output); body/head/y/res: host arrays of device pointers (res NULL or entries
+// NULL: no residual). T <= 16: one GEMV launch whose per-row result does not depend on T (batch invariant). T > 16:
+// DP4A GEMM over weights expanded into `work` (work_bytes of device memory; cmp_quant_work_bytes gives what one
+// pass over `rows` rows needs, less works in row chunks down to 128 rows).
+int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int count, const void* const* body,
+                     const void* const* head, float* const* y, const float* const* res, const int* rows, int T, int n,
+                     void* work, size_t work_bytes);
+// Workspace bytes cmp_matmul_quant needs to take a matrix of `rows` rows in one pass (0 for T <= 16).
+int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* bytes);
+// out [T, D] = dequantized rows table[ids[t]] (table: body, head as above; ids [T] int32 on the device); the values
+// of gguf.quants.dequantize exactly.
+int cmp_embed_quant(int type, const int32_t* ids, const void* body, const void* head, float* out, int T, int D);
+
 // ---- elementwise.cu -------------------------------------------------------------------------------------------
 // out [T, D] = table[ids[t]]; Q8 table qs [N, D] int8 + d [N, D/32] f16; ids [T] int32 on the device.
 int cmp_embed_q8(const int32_t* ids, const int8_t* qs, const void* d, float* out, int T, int D);

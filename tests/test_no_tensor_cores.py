@@ -40,3 +40,19 @@ def test_ptx_has_no_mma(tool_and_lib):
     ptx = _dump(tool, "-ptx", lib)
     hits = sorted(set(TENSOR_CORE_PTX.findall(ptx)))
     assert not hits, f"matrix instructions in the PTX: {hits}"
+
+
+# The kernels of the block-quantized types (matmul_quant.cu): every instantiation is present and multiplies by DP4A.
+QUANT_DP4A_KERNELS = ("gemv_quant_kernel", "gemm_quant_kernel")
+
+
+def test_quant_kernels_use_dp4a(tool_and_lib):
+    tool, lib = tool_and_lib
+    funcs = _dump(tool, "-sass", lib).split("Function : ")[1:]
+    for kernel in QUANT_DP4A_KERNELS:
+        bodies = [f for f in funcs if kernel in f.split("\n", 1)[0]]
+        assert bodies, f"no {kernel} in the SASS"
+        lacking = [f.split("\n", 1)[0] for f in bodies if "IDP.4A" not in f]
+        assert not lacking, f"{kernel} instantiations without DP4A: {lacking[:3]}"
+        hits = sorted({h for f in bodies for h in TENSOR_CORE_SASS.findall(f)})
+        assert not hits, f"tensor-core instructions in {kernel}: {hits}"

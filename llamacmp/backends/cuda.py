@@ -18,17 +18,18 @@ from typing import Sequence
 import numpy as np
 
 from ..config import ModelConfig
-from ..gguf_file import Q8_0_BLOCK, Q8Tensor
+from ..gguf_file import Q8_0_BLOCK, Q8Tensor, QuantTensor
 from ..lib._native import (CMP_ERR_NOMEM, CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, CmpSamplerParams, Native, NativeError,
                            cuda_available)
 from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM2, CMP_MM_GEMV2
 from ..lib._native import CMP_MM_GEMV3, CMP_MM_GEMV_PDL
 from ..lib._native import CMP_MM_GEMV4, CMP_MM_GEMV4_EAGER
-from ..lib._native import CMP_KV_TYPES
+from ..lib._native import CMP_KV_TYPES, CMP_QUANT_TYPES
 from .. import kv_layout
 from .base import Backend, Segment, SeqState, StepBatch
 
-__all__ = ["CudaBackend", "CapturedStep", "DeviceTensor", "DeviceArena", "DeviceMemoryError", "cuda_available"]
+__all__ = ["CudaBackend", "CapturedStep", "DeviceTensor", "DeviceArena", "DeviceMemoryError", "QuantMatrix",
+           "cuda_available"]
 
 _DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "i8": np.int8, "u8": np.uint8}
 _KV_CODES = {"f32": CMP_F32, "f16": CMP_F16}
@@ -193,6 +194,25 @@ class Q8Matrix:
 
 
 @dataclass(slots=True)
+class QuantMatrix:
+    """A block type other than Q8_0 (gguf_file.QUANT_BLOCKS) split at load into its integer fields, body
+    [rows, n_blocks * body_bytes] u8, and its f16 fields, head [rows, n_blocks * head_bytes] u8 (None for Q4_K/Q5_K,
+    whose blocks stay whole): the layout of cuda_src/quant_blocks.cuh."""
+    type_name: str
+    body: DeviceTensor
+    head: DeviceTensor | None
+    shape: tuple[int, int]
+
+    @property
+    def type_id(self) -> int:
+        return CMP_QUANT_TYPES[self.type_name]
+
+    @property
+    def head_ptr(self) -> int:
+        return self.head.ptr if self.head is not None else 0
+
+
+@dataclass(slots=True)
 class DenseMatrix:
     """f32 or f16 weights [rows, cols]."""
     w: DeviceTensor
@@ -319,9 +339,31 @@ class CudaBackend(Backend):
                 self.native.cmp_q8_repack(staging.ptr, m.qs.ptr + r0 * cols, m.d.ptr + r0 * (cols // Q8_0_BLOCK) * 2,
                                           len(piece), cols)
             return m
+        if isinstance(w, QuantTensor):
+            return self._upload_quant(w)
         w = np.asarray(w)
         dtype = "f16" if w.dtype == np.float16 else "f32"
         return DenseMatrix(self.from_host(w, dtype, f"weights {tuple(w.shape)}"))
+
+    def _upload_quant(self, w: QuantTensor) -> QuantMatrix:
+        """The file's blocks in row pieces through the staging block, split on the device (cmp_quant_repack)."""
+        rows, cols = w.shape
+        tid = CMP_QUANT_TYPES[w.type_name]
+        bv, nbytes, body_b, head_b = self.native.quant_layout(tid)
+        nb = cols // bv
+        what = f"{w.type_name} weights [{rows}, {cols}]"
+        body = self.empty((rows, nb * body_b), "u8", what)
+        head = self.empty((rows, nb * head_b), "u8", what + " (scales)") if head_b else None
+        row_bytes = nb * nbytes
+        step = max(1, self.STAGING_BYTES // row_bytes)
+        staging = self.empty((max(self.STAGING_BYTES, row_bytes),), "u8", f"the {w.type_name} upload staging block")
+        blocks = w.blocks.reshape(rows, row_bytes)
+        for r0 in range(0, rows, step):
+            piece = np.ascontiguousarray(blocks[r0:r0 + step])
+            self.native.cmp_memcpy_h2d(staging.ptr, piece.ctypes.data, piece.nbytes)
+            self.native.cmp_quant_repack(tid, staging.ptr, body.row_ptr(r0), head.row_ptr(r0) if head else 0,
+                                         len(piece), cols)
+        return QuantMatrix(w.type_name, body, head, (rows, cols))
 
     @_persistent
     def upload_vector(self, w):
@@ -400,6 +442,8 @@ class CudaBackend(Backend):
         out = self.empty((T, D))
         if isinstance(table, Q8Matrix):
             self.native.cmp_embed_q8(ids_d.ptr, table.qs.ptr, table.d.ptr, out.ptr, T, D)
+        elif isinstance(table, QuantMatrix):
+            self.native.cmp_embed_quant(table.type_id, ids_d.ptr, table.body.ptr, table.head_ptr, out.ptr, T, D)
         else:
             self.native.cmp_embed_f(ids_d.ptr, table.w.ptr, _KV_CODES[table.w.dtype], out.ptr, T, D)
         return out
@@ -423,7 +467,7 @@ class CudaBackend(Backend):
     GEMV2_MAX_ROWS = 16  # rows the v2 GEMV takes in one launch (matmul_q8.cu GEMV2_MAX_T; the v1 GEMV takes 8)
 
     def _fusable(self, ws: Sequence, n: int) -> bool:
-        return self.fuse_ops and n % Q8_0_BLOCK == 0 and all(isinstance(w, Q8Matrix) for w in ws)
+        return self.fuse_ops and n % Q8_0_BLOCK == 0 and all(isinstance(w, (Q8Matrix, QuantMatrix)) for w in ws)
 
     def _q8_project(self, xq: DeviceTensor, xd: DeviceTensor, ws: Sequence, residuals: Sequence | None = None):
         """Q8 activations (xq [T, n] int8, xd [T, n/32] f32) times Q8 weights ws[i] [rows_i, n] -> [T, rows_i],
@@ -445,18 +489,48 @@ class CudaBackend(Backend):
         # A captured decode step launches at most as many rows as the GEMV takes: it computes each row in the
         # single-row order (v2: guaranteed, matmul_q8.cu), so a sequence's logits do not depend on the others.
         step = max(1, min(T, self.GEMV2_MAX_ROWS if self.gemv_v2 else 8)) if self.capturing else max(T, 1)
-        group = self.MAX_FUSED if self.fuse_projections else 1
-        for g0 in range(0, len(ws), group):
-            idx = range(g0, min(len(ws), g0 + group))
+        for idx in self._launch_groups(ws):
             k = len(idx)
             for t0 in range(0, T, step):
                 res = None if residuals is None else (ctypes.c_void_p * k)(*(residuals[i].row_ptr(t0) for i in idx))
+                if isinstance(ws[idx[0]], QuantMatrix):
+                    self._quant_launch(xq, xd, [ws[i] for i in idx], [outs[i] for i in idx], res, t0,
+                                       min(step, T - t0))
+                    continue
                 self.native.cmp_matmul_q8_ex(
                     xq.row_ptr(t0), xd.row_ptr(t0), k, (ctypes.c_void_p * k)(*(ws[i].qs.ptr for i in idx)),
                     (ctypes.c_void_p * k)(*(ws[i].d.ptr for i in idx)),
                     (ctypes.c_void_p * k)(*(outs[i].row_ptr(t0) for i in idx)), res,
                     (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)), min(step, T - t0), n, kernels)
         return outs
+
+    def _launch_groups(self, ws: Sequence) -> list[list[int]]:
+        """Indices of ws in launches: matrices of one kind (Q8_0, or one block type) together, MAX_FUSED at most
+        (1 without fuse_projections), in order of first appearance."""
+        kinds: dict[str, list[int]] = {}
+        for i, w in enumerate(ws):
+            kinds.setdefault(w.type_name if isinstance(w, QuantMatrix) else "Q8_0", []).append(i)
+        group = self.MAX_FUSED if self.fuse_projections else 1
+        return [idx[g0:g0 + group] for idx in kinds.values() for g0 in range(0, len(idx), group)]
+
+    QUANT_WORK_BYTES = 64 << 20   # workspace of one cmp_matmul_quant GEMM call at most (more rows: in chunks)
+
+    def _quant_launch(self, xq, xd, ws: Sequence["QuantMatrix"], outs: Sequence[DeviceTensor], res, t0: int,
+                      tn: int) -> None:
+        """cmp_matmul_quant over rows [t0, t0 + tn) of the Q8 activations for matrices of one block type; above the
+        GEMV's 16 rows a workspace for the expanded weights (QUANT_WORK_BYTES, or what 128 rows need if more)."""
+        n, k, tid = xq.shape[1], len(ws), ws[0].type_id
+        work, work_bytes = 0, 0
+        if tn > self.GEMV2_MAX_ROWS:
+            rows = max(w.shape[0] for w in ws)
+            work_bytes = max(min(self.native.quant_work_bytes(tid, tn, n, rows), self.QUANT_WORK_BYTES),
+                             self.native.quant_work_bytes(tid, tn, n, 1))
+            work_t = self.empty((work_bytes,), "u8", f"the {ws[0].type_name} GEMM workspace")
+            work = work_t.ptr
+        self.native.cmp_matmul_quant(
+            tid, xq.row_ptr(t0), xd.row_ptr(t0), k, (ctypes.c_void_p * k)(*(w.body.ptr for w in ws)),
+            (ctypes.c_void_p * k)(*(w.head_ptr for w in ws)), (ctypes.c_void_p * k)(*(o.row_ptr(t0) for o in outs)),
+            res, (ctypes.c_int * k)(*(w.shape[0] for w in ws)), tn, n, work, work_bytes)
 
     def _q8_buffers(self, T: int, n: int) -> tuple[DeviceTensor, DeviceTensor]:
         return self.empty((T, n), "i8"), self.empty((T, n // Q8_0_BLOCK), "f32")
@@ -506,8 +580,13 @@ class CudaBackend(Backend):
                 raise ValueError(f"matmul: input has {n} columns, weight {w.shape} expects {w.shape[1]}")
             outs.append(self.empty((T, w.shape[0])))
         q8 = [i for i, w in enumerate(ws) if isinstance(w, Q8Matrix)]
-        if q8:
+        quant = [i for i, w in enumerate(ws) if isinstance(w, QuantMatrix)]
+        if q8 or quant:
             xq, xd = self.quantize(x)
+        if quant:   # the batch-invariant GEMV (16 rows a launch in a captured step) or the GEMM, as fused ops do
+            for i, o in zip(quant, self._q8_project(xq, xd, [ws[i] for i in quant])):
+                outs[i] = o
+        if q8:
             group = self.MAX_FUSED if self.fuse_projections else 1
             # A captured decode step launches at most GEMV_MAX_ROWS rows at a time: the GEMV computes each row with
             # the single-row reduction order, so a sequence's logits do not depend on which others share the step
@@ -528,7 +607,7 @@ class CudaBackend(Backend):
         # a captured decode step stays within it for the same batch invariance as the Q8 path above.
         dense_step = max(1, min(T, self.DENSE_GEMV_MAX_ROWS) if self.capturing else T)
         for i, w in enumerate(ws):
-            if not isinstance(w, Q8Matrix):
+            if isinstance(w, DenseMatrix):
                 for t0 in range(0, T, dense_step):
                     self.native.cmp_matmul_dense(x.row_ptr(t0), w.w.ptr, _KV_CODES[w.w.dtype], outs[i].row_ptr(t0),
                                                  min(dense_step, T - t0), w.shape[0], n)

@@ -64,6 +64,21 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                          "int cmp_matmul_q8_ex(const int8_t* xq, const float* xd, int count, "
                          "const int8_t* const* wq, const void* const* wd, float* const* y, const float* const* res, "
                          "const int* rows, int T, int n, int kernels)"),
+    "cmp_quant_layout": ((_i, _p, _p, _p, _p),
+                         "int cmp_quant_layout(int type, int* block_values, int* block_bytes, int* body_bytes, "
+                         "int* head_bytes)"),
+    "cmp_quant_repack": ((_i, _p, _p, _p, _i, _i),
+                         "int cmp_quant_repack(int type, const uint8_t* blocks, void* body, void* head, int rows, "
+                         "int n)"),
+    "cmp_matmul_quant": ((_i, _p, _p, _i, _p, _p, _p, _p, _p, _i, _i, _p, _sz),
+                         "int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int count, "
+                         "const void* const* body, const void* const* head, float* const* y, const float* const* res, "
+                         "const int* rows, int T, int n, void* work, size_t work_bytes)"),
+    "cmp_quant_work_bytes": ((_i, _i, _i, _i, _p),
+                             "int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* bytes)"),
+    "cmp_embed_quant": ((_i, _p, _p, _p, _p, _i, _i),
+                        "int cmp_embed_quant(int type, const int32_t* ids, const void* body, const void* head, "
+                        "float* out, int T, int D)"),
     "cmp_rmsnorm_q8": ((_p, _p, _p, _p, _i, _i, _f),
                        "int cmp_rmsnorm_q8(const float* x, const float* w, int8_t* q, float* d, int T, int D, "
                        "float eps)"),
@@ -179,6 +194,9 @@ CMP_MM_GEMV2, CMP_MM_GEMM2 = 1, 2   # cmp_matmul_q8_ex kernel choices (api.h Cmp
 CMP_MM_GEMV3, CMP_MM_GEMV_PDL = 4, 8   # the same: persistent pipelined GEMV, and its PDL launch (sm_90+)
 CMP_MM_GEMV4 = 16   # the same: v1's warp-per-row GEMV loop with v2's arithmetic (v2's bits, T <= 16)
 CMP_MM_GEMV4_EAGER = 32   # with GEMV4: compiled to issue all of a lane's weight loads before the first DP4A
+# api.h CmpQuantType: the block types other than Q8_0 by GGUF type name (the ggml type ids)
+CMP_QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13,
+                   "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23}
 CMP_BINARY_SWIGLU, CMP_BINARY_SIGMOID_MUL = 0, 1   # cmp_binary_q8 ops
 CMP_ERR_UNSUPPORTED, CMP_ERR_NOMEM = 3, 4
 
@@ -247,6 +265,18 @@ class Native:
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         self.cmp_mem_info(ctypes.byref(free), ctypes.byref(total))
         return free.value, total.value
+
+    def quant_layout(self, type_id: int) -> tuple[int, int, int, int]:
+        """-> (values per block, file bytes per block, device body bytes, device head bytes) of a CmpQuantType."""
+        v = [ctypes.c_int(0) for _ in range(4)]
+        self.cmp_quant_layout(type_id, *(ctypes.byref(x) for x in v))
+        return tuple(x.value for x in v)
+
+    def quant_work_bytes(self, type_id: int, T: int, n: int, rows: int) -> int:
+        """Workspace bytes cmp_matmul_quant needs for one pass over `rows` rows at T tokens (0 for the GEMV)."""
+        b = ctypes.c_size_t(0)
+        self.cmp_quant_work_bytes(type_id, T, n, rows, ctypes.byref(b))
+        return b.value
 
     def malloc(self, nbytes: int) -> int:
         p = ctypes.c_void_p(0)

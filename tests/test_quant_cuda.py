@@ -1,0 +1,145 @@
+"""The CUDA kernels of the block types other than Q8_0 (cuda_src/matmul_quant.cu) against the exact math: every
+projection is gguf.quants.dequantize(W) @ (xq * xd)^T in float64, where xq, xd are the Q8 activations the device
+makes (numpy_ref.quantize_q8_blocks, equal to cmp_quantize_q8 bit for bit: test_kernels_cuda). Fresh random valid
+blocks of every type (fixtures/quant_blocks.py), odd row counts, GEMV (T <= 16) and GEMM (T > 16) sizes.
+
+Tolerance: relative L2 error 2e-6. The kernels' only error is fp32 rounding (per sub-block products, then sums over
+n / 32 sub-blocks); a wrong bit in a decoder moves the result by ~1e-2 and more.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+from cuda_helpers import poison, rel, up
+
+from llamacmp.backends.numpy_ref import quantize_q8_blocks
+from llamacmp.fixtures.quant_blocks import random_blocks
+from llamacmp.gguf_file import QUANT_BLOCKS
+
+pytestmark = pytest.mark.cuda
+
+TOL = 2e-6
+TYPES = sorted(QUANT_BLOCKS)
+
+
+def exact(x: np.ndarray, w) -> np.ndarray:
+    """x [T, n] f32 -> float64 [T, rows]: the dequantized weights times the dequantized Q8 activations."""
+    q, d = quantize_q8_blocks(x)
+    xa = (q.reshape(x.shape[0], -1, 32).astype(np.float64) * d.reshape(x.shape[0], -1, 1)).reshape(x.shape)
+    return xa @ w.dequantize().astype(np.float64).T
+
+
+def cols_for(type_name: str, blocks: int) -> int:
+    return QUANT_BLOCKS[type_name][0] * blocks
+
+
+def inputs(seed: int, T: int, n: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((T, n)) * rng.uniform(0.1, 10, (T, 1))).astype(np.float32)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("T", [1, 2, 3, 8, 16, 17, 100, 513])
+def test_matmul(cuda_backend, type_name, T):
+    """GEMV (T <= 16) and GEMM: two matrices of odd row counts in one call; n of 17 blocks (a lane's loop runs past
+    one round of loads) or, for the GEMM sizes, 3 blocks of the 256-value types."""
+    rng = np.random.default_rng(T)
+    n = cols_for(type_name, 17 if T <= 16 or QUANT_BLOCKS[type_name][0] == 32 else 3)
+    ws = [random_blocks(type_name, r, n, rng) for r in (37, 130)]
+    x = inputs(T + 7, T, n)
+    poison(cuda_backend, (T, 37), (T, 130))
+    got = cuda_backend.matmuls(up(cuda_backend, x), [cuda_backend.upload_matrix(w) for w in ws])
+    for g, w in zip(got, ws):
+        assert rel(cuda_backend.to_host(g), exact(x, w)) < TOL
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("T", [1, 16, 100])
+def test_residual_multi(cuda_backend, type_name, T):
+    """Three matrices of one type in one launch, each with its residual added in the epilogue."""
+    rng = np.random.default_rng(100 + T)
+    n = cols_for(type_name, 2)
+    ws = [random_blocks(type_name, r, n, rng) for r in (1, 33, 65)]
+    x = inputs(T, T, n)
+    res = [rng.standard_normal((T, w.shape[0])).astype(np.float32) for w in ws]
+    be = cuda_backend
+    xq, xd = be.quantize(up(be, x))
+    got = be._q8_project(xq, xd, [be.upload_matrix(w) for w in ws], [up(be, r) for r in res])
+    for g, w, r in zip(got, ws, res):
+        assert rel(be.to_host(g), exact(x, w) + r) < TOL
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_gemm_row_chunks(cuda_backend, type_name, monkeypatch):
+    """A workspace smaller than the matrix: the GEMM expands and multiplies 128 rows at a time (300 rows: three
+    chunks, the last partial)."""
+    monkeypatch.setattr(cuda_backend, "QUANT_WORK_BYTES", 1)
+    rng = np.random.default_rng(5)
+    n = cols_for(type_name, 2)
+    w = random_blocks(type_name, 300, n, rng)
+    x = inputs(9, 40, n)
+    got = cuda_backend.matmuls(up(cuda_backend, x), [cuda_backend.upload_matrix(w)])[0]
+    assert rel(cuda_backend.to_host(got), exact(x, w)) < TOL
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_gemv_batch_invariant(cuda_backend, type_name):
+    """Each row of a T-row GEMV equals, bit for bit, that row alone (T = 1) and within other batch sizes."""
+    rng = np.random.default_rng(11)
+    n = cols_for(type_name, 5)
+    w = cuda_backend.upload_matrix(random_blocks(type_name, 67, n, rng))
+    x = inputs(3, 16, n)
+    be = cuda_backend
+
+    def run(rows: np.ndarray) -> np.ndarray:
+        return be.to_host(be.matmuls(up(be, rows), [w])[0])
+
+    alone = np.concatenate([run(x[t:t + 1]) for t in range(16)])
+    assert np.array_equal(run(x), alone)
+    for T in (2, 3, 7, 9):
+        assert np.array_equal(run(x[:T]), alone[:T]), T
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_embed(cuda_backend, type_name):
+    """Embedding rows equal gguf.quants' dequantized rows exactly."""
+    rng = np.random.default_rng(2)
+    table = random_blocks(type_name, 41, cols_for(type_name, 3), rng)
+    ids = np.array([0, 40, 7, 7, 19], np.int32)
+    got = cuda_backend.to_host(cuda_backend.embed(cuda_backend.upload_matrix(table), ids))
+    assert np.array_equal(got, table.dequantize()[ids])
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0"])
+def test_fused_ops(cuda_backend, type_name):
+    """The fused ops of base.Backend take the quantized matrices: RMSNorm + projections, projection + residual."""
+    be, rng = cuda_backend, np.random.default_rng(4)
+    n = cols_for(type_name, 2)
+    ws = [random_blocks(type_name, r, n, rng) for r in (64, 96)]
+    x = inputs(1, 3, n)
+    norm_w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    xn = x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1, keepdims=True) + 1e-6) * norm_w
+    mats = [be.upload_matrix(w) for w in ws]
+    got = be.rmsnorm_matmuls(up(be, x), be.upload_vector(norm_w), 1e-6, mats)
+    for g, w in zip(got, ws):   # rmsnorm in fp32 on the device: an activation may round to the other Q8 code
+        assert rel(be.to_host(g), exact(xn.astype(np.float32), w)) < 1e-3
+    res = rng.standard_normal((3, 64)).astype(np.float32)
+    got = be.matmul_add(up(be, x), mats[0], up(be, res))
+    assert rel(be.to_host(got), exact(x, ws[0]) + res) < TOL
+
+
+def test_bad_calls(cuda_backend):
+    """Unknown type ids and a workspace too small for 128 rows are refused with messages naming them."""
+    from llamacmp.lib._native import NativeError
+    nat = cuda_backend.native
+    with pytest.raises(NativeError, match="unknown quant type id 8"):
+        nat.quant_layout(8)
+    w = cuda_backend.upload_matrix(random_blocks("Q4_K", 4, 256, np.random.default_rng(0)))
+    xq, xd = cuda_backend.quantize(up(cuda_backend, inputs(0, 32, 256)))
+    y = cuda_backend.empty((32, 4))
+    P = ctypes.c_void_p * 1
+    with pytest.raises(NativeError, match="workspace of 0 bytes is too small"):
+        nat.cmp_matmul_quant(w.type_id, xq.ptr, xd.ptr, 1, P(w.body.ptr), P(0), P(y.ptr), None,
+                             (ctypes.c_int * 1)(4), 32, 256, 0, 0)

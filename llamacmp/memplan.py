@@ -96,6 +96,7 @@ def size_class(nbytes: int) -> int:
 # -- items --------------------------------------------------------------------------------------------------------
 
 STAGING_PIECE = 64 * MIB     # CudaBackend.STAGING_BYTES: block-quantized uploads go through one staging block
+QUANT_WORK_PIECE = 64 * MIB  # CudaBackend.QUANT_WORK_BYTES: a block-quantized prefill GEMM's expanded weights
 
 
 def tensor_bytes(t: TensorDesc) -> int:
@@ -230,6 +231,9 @@ def _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sp
     graph = -(-(activation_bytes(cfg, n_slots) + size_class(n_slots * cfg.n_vocab * 4)) // (16 * MIB)) * 16 * MIB
     scratch = splitk + graph
     detail = f"decode split-K {splitk / MIB:.1f} MiB, decode graph {graph / MIB:.1f} MiB"
+    if n_ubatch > 16 and any(map(is_block_quantized, tensors)):   # the GEMV (<= 16 rows) needs no workspace
+        scratch += QUANT_WORK_PIECE
+        detail += f", block-quantized GEMM workspace {QUANT_WORK_PIECE // MIB} MiB"
     if sparse is not None:
         nkb = -(-n_ctx // sparse.block)
         nqb = -(-n_ubatch // sparse.block)

@@ -31,7 +31,8 @@ class ServerParams:
     cont_batching: bool = True
     kv_unified: bool | None = None      # None: on when -np is auto
     prefill_assistant: bool = True
-    webui: bool = True
+    webui: bool = True                  # --ui/--webui: the chat page at / (server/webui.py)
+    public_path: str = ""               # --path: serve this folder at / instead of the page
     slot_save_path: str = ""            # /slots save|restore write and read files here
     media_path: str = ""                # --media-path: file:// image URLs resolve under it (off when empty)
     api_prefix: str = ""                # --api-prefix: every route served under it ("" = at /)

@@ -515,6 +515,9 @@ OPTIONS: tuple[Option, ...] = (
     O("--pooling", value="{none,mean,cls,last,rank}", dest="server.pooling", env="LLAMA_ARG_POOLING", tools=S,
       parse=choice("--pooling", "none", "mean", "cls", "last"),
       help="pooling type for embeddings, use model default if unspecified (rank: reranking, not supported)"),
+    O("--embd-normalize", value="N", dest="server.embd_normalize", parse=to_int, tools=S,
+      help="normalisation for embeddings (default: 2) (-1=none, 0=max absolute int16, 1=taxicab, 2=euclidean, "
+      ">2=p-norm)\nllamacmp-server: the default of a request's embd_normalize"),
     O("-cb", "--cont-batching", dest="server.cont_batching", neg=("-nocb", "--no-cont-batching"),
       env="LLAMA_ARG_CONT_BATCHING", tools=S, noop="llamacmp's scheduler always batches the slots continuously",
       help="enable continuous batching (default: enabled)"),
@@ -763,7 +766,6 @@ OPTIONS += (
     _noop("--no-webui-mcp-proxy", "--no-ui-mcp-proxy", tools=S, why="the default: no MCP proxy"),
     _unsup("--rerank", "--reranking", env="LLAMA_ARG_RERANKING", tools=S,
            why="reranking is not supported by llamacmp yet"),
-    _unsup("--embd-normalize", value="N", tools=S, why="embeddings are not supported by llamacmp yet"),
 )
 
 

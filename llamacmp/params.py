@@ -40,6 +40,7 @@ class ServerParams:
     ssl_cert_file: str = ""
     embedding: bool = False             # --embeddings: /embedding and /v1/embeddings answer
     pooling: str = "none"               # --pooling none|mean|cls|last (qwen35 GGUFs name none: llama.cpp's default)
+    embd_normalize: int = 2             # --embd-normalize: a request's embd_normalize when it gives none
 
 
 @dataclass(slots=True)

@@ -40,6 +40,7 @@ def test_page_served_at_root_and_index(model):
             r = get(s, path)
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
             assert r.content == page_html()
+            assert "<!doctype html>" in r.text        # what llama.cpp's test_basic.py::test_no_webui looks for
         props = get(s, "/props").json()
         assert props["webui"] is True and props["ui"] is True
         assert "unregister()" in get(s, "/sw.js").text     # removes a worker left by llama-server's own UI

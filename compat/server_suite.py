@@ -16,8 +16,8 @@ folder and changes exactly two things, both through what the harness already off
     preset, so one preset a server refuses, e.g. --reranking, would otherwise fail every test of every module.)
   Nothing else changes: the presets' other settings, the tests and conftest.py are theirs.
 The harness's own requirements (requests, wget, prometheus-client, aiohttp, openai) must be importable by this
-Python (a venv with --system-site-packages works). Results: compat/server_suite_<suite>_<server>.txt (one line
-per test) and the table on stdout.
+Python (a venv with --system-site-packages works). Results: <work>/results-<suite>-<server>.txt (one line per
+test), <work>/log-<suite>-<server>.txt (pytest's output) and the table on stdout.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -87,18 +88,25 @@ def launcher(folder: Path) -> Path:
 
 
 def run_suite(suite: str, binary: Path, model: Path, work: Path, pytest_args: list[str], timeout: int) -> dict:
-    tests = work / f"tests-{suite}-{binary.name}"
-    shutil.rmtree(tests, ignore_errors=True)
+    # the copy keeps its place in a tree: tests read ../../../models/templates/*.jinja
+    tree = work / f"tree-{suite}-{binary.name}"
+    tests = tree / "tools" / "server" / "tests"
+    shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(Path(TREES[suite]) / "tools" / "server" / "tests", tests)
+    (tree / "models").symlink_to(Path(TREES[suite]) / "models")
     with open(tests / "utils.py", "a") as f:
         f.write(POINT_AT_FIXTURE)
     env = {**_env(), "LLAMA_SERVER_BIN_PATH": str(binary), "LLAMACMP_SUITE_MODEL": str(model),
            "LLAMA_CACHE": str(work / "llama-cache")}
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *pytest_args]
+    # its own session, so that a run stopped at the timeout takes the servers it started along with it
+    proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
-        out = subprocess.run(cmd, cwd=tests, env=env, capture_output=True, text=True, timeout=timeout).stdout
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
         out += f"\n[server_suite] stopped after {timeout} s\n"
     results = {}
     for line in out.splitlines():
@@ -147,7 +155,7 @@ def main() -> None:
     for suite in suites:
         for server in servers:
             run = run_suite(suite, binaries[server], model, work, pytest_args, args.timeout)
-            (ROOT / "compat" / f"server_suite_{suite}_{server}.txt").write_text(
+            (work / f"results-{suite}-{server}.txt").write_text(
                 "".join(f"{r} {t}\n" for t, r in sorted(run["results"].items())))
             (work / f"log-{suite}-{server}.txt").write_text(run["log"])
             runs[(suite, server)] = run

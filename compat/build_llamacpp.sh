@@ -14,7 +14,7 @@ SDIST_VERSION=0.3.17
 EXPECTED_COMMIT=49bfddeca18e62fa3d39114a23e9fcbdf8a22388
 BUILD_COMMIT=49bfddeca
 BUILD_NUMBER=8462
-TARGETS="llama-cli llama-completion llama-server llama-tokenize llama-perplexity llama-bench"
+TARGETS="llama-cli llama-completion llama-server llama-tokenize llama-perplexity llama-bench llama-embedding"
 
 MODE=cpu
 JOBS=2

@@ -37,6 +37,7 @@ class Option:
     parse: Callable[[str], Any] | None = None
     neg: tuple[str, ...] = ()            # names that set the negated value
     env: str = ""
+    env_old: str = ""                    # b8462's name for the same variable, still read (current's `env` wins)
     tools: frozenset = ALL
     const: Any = True                    # what a positive flag stores
     append: bool = False                 # repeatable value collected into a list
@@ -514,6 +515,9 @@ OPTIONS: tuple[Option, ...] = (
     O("--pooling", value="{none,mean,cls,last,rank}", dest="server.pooling", env="LLAMA_ARG_POOLING", tools=S,
       parse=choice("--pooling", "none", "mean", "cls", "last"),
       help="pooling type for embeddings, use model default if unspecified (rank: reranking, not supported)"),
+    O("--embd-normalize", value="N", dest="server.embd_normalize", parse=to_int, tools=S,
+      help="normalisation for embeddings (default: 2) (-1=none, 0=max absolute int16, 1=taxicab, 2=euclidean, "
+      ">2=p-norm)\nllamacmp-server: the default of a request's embd_normalize"),
     O("-cb", "--cont-batching", dest="server.cont_batching", neg=("-nocb", "--no-cont-batching"),
       env="LLAMA_ARG_CONT_BATCHING", tools=S, noop="llamacmp's scheduler always batches the slots continuously",
       help="enable continuous batching (default: enabled)"),
@@ -539,8 +543,11 @@ OPTIONS: tuple[Option, ...] = (
       "(default: enabled)"),
     O("--slot-save-path", value="PATH", dest="server.slot_save_path", parse=str, tools=S,
       help="path to save slot kv cache (default: disabled)"),
-    O("--webui", dest="server.webui", neg=("--no-webui",), env="LLAMA_ARG_WEBUI", tools=S,
-      help="whether to enable the Web UI (default: enabled)"),
+    O("--ui", "--webui", dest="server.webui", neg=("--no-ui", "--no-webui"), env="LLAMA_ARG_UI",
+      env_old="LLAMA_ARG_WEBUI", tools=S, help="whether to enable the Web UI (default: enabled)\nllamacmp: its own "
+      "chat page (llamacmp/server/webui.html), not llama.cpp's"),
+    O("--path", value="PATH", dest="server.public_path", parse=str, env="LLAMA_ARG_STATIC_PATH", tools=S,
+      help="path to serve static files from (default: )"),
     # perplexity
     O("--chunks", value="N", dest="n_chunks", parse=to_int, tools=frozenset({"perplexity"}),
       help="max number of chunks to process (default: -1, -1 = all)"),
@@ -749,27 +756,16 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
-def _absent(*opts: Option) -> tuple[Option, ...]:
-    """Only the options none of whose spellings the table has already: the web page and embedding flags belong to
-    another branch (issue 23's server half), whose entries win wherever they sit in OPTIONS."""
-    taken = {n for o in OPTIONS for n in o.names + o.neg}
-    return tuple(o for o in opts if not taken & set(o.names + o.neg))
-
-
-WEB_LATER = "not supported by llamacmp yet"
-OPTIONS += _absent(
-    O("--ui", dest="server.webui", neg=("--no-ui",), env="LLAMA_ARG_WEBUI", tools=S,
-      help="whether to enable the Web UI (default: enabled)"),
-    _unsup("--webui-config", "--ui-config", value="JSON", tools=S, why="Web UI settings are " + WEB_LATER),
-    _unsup("--webui-config-file", "--ui-config-file", value="PATH", tools=S, why="Web UI settings are " + WEB_LATER),
+# llama-server's web page settings, its MCP proxy and reranking: refused by name
+OPTIONS += (
+    _unsup("--webui-config", "--ui-config", value="JSON", env="LLAMA_ARG_UI_CONFIG", tools=S,
+           why="settings for llama.cpp's own web page are not supported: llamacmp serves a page of its own"),
+    _unsup("--webui-config-file", "--ui-config-file", value="PATH", env="LLAMA_ARG_UI_CONFIG_FILE", tools=S,
+           why="settings for llama.cpp's own web page are not supported: llamacmp serves a page of its own"),
     _unsup("--webui-mcp-proxy", "--ui-mcp-proxy", tools=S, why=AGENT),
     _noop("--no-webui-mcp-proxy", "--no-ui-mcp-proxy", tools=S, why="the default: no MCP proxy"),
-    _unsup("--path", value="PATH", tools=S, why="serving a folder of static files is " + WEB_LATER),
-    _unsup("--embedding", "--embeddings", env="LLAMA_ARG_EMBEDDINGS", tools=S, why="embeddings are " + WEB_LATER),
-    _unsup("--pooling", value="{none,mean,cls,last,rank}", env="LLAMA_ARG_POOLING", tools=S,
-           why="embeddings are " + WEB_LATER),
-    _unsup("--rerank", "--reranking", env="LLAMA_ARG_RERANKING", tools=S, why="reranking is " + WEB_LATER),
-    _unsup("--embd-normalize", value="N", tools=S, why="embeddings are " + WEB_LATER),
+    _unsup("--rerank", "--reranking", env="LLAMA_ARG_RERANKING", tools=S,
+           why="reranking is not supported by llamacmp yet"),
 )
 
 
@@ -815,12 +811,20 @@ def _apply(p: Params, opt: Option, raw: str | None, positive: bool, given: str =
         _store(p, opt, opt.const if positive else False)
 
 
+def _env_names(opt: Option) -> list[tuple[str, bool]]:
+    """(variable, sets the positive value) for each environment variable that `opt` reads, in reading order."""
+    out = []
+    for env in (opt.env_old, opt.env):
+        if env:
+            out.append((env, True))
+            if opt.neg:
+                out.append((env.replace("LLAMA_ARG_", "LLAMA_ARG_NO_"), False))
+    return out
+
+
 def _apply_env(p: Params, opts: list[Option], environ: dict) -> None:
     for opt in opts:
-        names = [opt.env] if opt.env else []
-        if opt.env and opt.neg:
-            names.append(opt.env.replace("LLAMA_ARG_", "LLAMA_ARG_NO_"))
-        for name in names:
+        for name, positive in _env_names(opt):
             if name not in environ:
                 continue
             raw = environ[name]
@@ -829,7 +833,7 @@ def _apply_env(p: Params, opts: list[Option], environ: dict) -> None:
                     _apply(p, opt, raw, True, name)
                 else:
                     value = to_bool(raw)
-                    _apply(p, opt, None, value if name == opt.env else not value, name)
+                    _apply(p, opt, None, value if positive else not value, name)
             except Unsupported:
                 raise
             except (ValueError, json.JSONDecodeError) as e:

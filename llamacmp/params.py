@@ -31,7 +31,8 @@ class ServerParams:
     cont_batching: bool = True
     kv_unified: bool | None = None      # None: on when -np is auto
     prefill_assistant: bool = True
-    webui: bool = True
+    webui: bool = True                  # --ui/--webui: the chat page at / (server/webui.py)
+    public_path: str = ""               # --path: serve this folder at / instead of the page
     slot_save_path: str = ""            # /slots save|restore write and read files here
     media_path: str = ""                # --media-path: file:// image URLs resolve under it (off when empty)
     api_prefix: str = ""                # --api-prefix: every route served under it ("" = at /)
@@ -39,6 +40,7 @@ class ServerParams:
     ssl_cert_file: str = ""
     embedding: bool = False             # --embeddings: /embedding and /v1/embeddings answer
     pooling: str = "none"               # --pooling none|mean|cls|last (qwen35 GGUFs name none: llama.cpp's default)
+    embd_normalize: int = 2             # --embd-normalize: a request's embd_normalize when it gives none
 
 
 @dataclass(slots=True)

@@ -4,6 +4,7 @@ logits goldens), chunking must not change it, and the endpoints answer in llama-
 from __future__ import annotations
 
 import base64
+import json
 import sys
 from pathlib import Path
 
@@ -91,3 +92,44 @@ def test_pooling_none(model_path):
         assert r.status_code == 400 and "not OAI compatible" in r.json()["error"]["message"]
         rows = httpx.post(s.url + "/embedding", json={"content": "hello world"}).json()[0]["embedding"]
         assert len(rows) > 1 and abs(np.linalg.norm(rows[0]) - 1) > 1e-3     # per token, not normalized
+
+
+# -- against llama.cpp b8462's llama-embedding (compat/gen_embedding_goldens.py) -------------------------------------
+
+GOLDEN = json.loads((Path(__file__).parents[1] / "compat" / "goldens" / "embeddings.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def golden_model(fixture_gguf):
+    f = GOLDEN["fixture"]
+    return fixture_gguf(f["shape"], f["dtype"], f["seed"])
+
+
+def _cases(pooling: str) -> list[dict]:
+    return [c for c in GOLDEN["cases"] if c["pooling"] == pooling]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last", "cls", "none"])
+def test_vectors_match_llamacpp(golden_model, pooling):
+    """The same text gives llama.cpp's tokens and, within 1e-3, its vectors (pooled ones normalized, as
+    llama-server's default; none raw per token, as llama-server answers it)."""
+    with LiveServer(golden_model, "--embeddings", "--pooling", pooling) as s:
+        for case in _cases(pooling):
+            assert httpx.post(s.url + "/tokenize", json={"content": case["prompt"]}).json()["tokens"] == case["tokens"]
+            if pooling == "none":          # per token: only llama.cpp's own shape can carry it
+                got = httpx.post(s.url + "/embedding", json={"content": case["prompt"]}).json()[0]["embedding"]
+            else:
+                got = [httpx.post(s.url + "/v1/embeddings", json={"input": case["prompt"]}).json()["data"][0]
+                       ["embedding"]]
+            np.testing.assert_allclose(np.asarray(got), np.asarray(case["vectors"]), rtol=0, atol=1e-3)
+
+
+def test_embd_normalize_flag_sets_the_servers_default(golden_model):
+    """--embd-normalize -1: the pooled vector comes back raw, i.e. the mean of llama.cpp's raw per-token rows."""
+    case = _cases("none")[0]
+    raw_mean = np.asarray(case["vectors"]).mean(0)
+    with LiveServer(golden_model, "--embeddings", "--pooling", "mean", "--embd-normalize", "-1") as s:
+        got = httpx.post(s.url + "/v1/embeddings", json={"input": case["prompt"]}).json()["data"][0]["embedding"]
+        np.testing.assert_allclose(got, raw_mean, rtol=0, atol=1e-3)
+        unit = httpx.post(s.url + "/v1/embeddings", json={"input": case["prompt"], "embd_normalize": 2}).json()
+        np.testing.assert_allclose(unit["data"][0]["embedding"], raw_mean / np.linalg.norm(raw_mean), atol=1e-3)

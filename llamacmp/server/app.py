@@ -21,10 +21,11 @@ from .embeddings import handle_embeddings
 from .errors import ApiError, error_response, not_supported
 from .openapi_bodies import body_doc
 from .schemas import parse_json_body
+from .webui import PAGE_PATHS, StaticPathError, add_page_routes
 
 log = logging.getLogger("llamacmp.server")
 
-PUBLIC_PATHS = {"/health", "/v1/health", "/models", "/v1/models", "/api/tags", "/"}
+PUBLIC_PATHS = {"/health", "/v1/health", "/models", "/v1/models", "/api/tags", *PAGE_PATHS}
 LOADING = ApiError("Loading model", "unavailable_error")
 INVALID_KEY = ApiError("Invalid API Key", "authentication_error")
 MAX_BODY = 32 * 1024 * 1024              # bytes; a larger request gets 413 before it is read
@@ -205,6 +206,7 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=ctx.opts.endpoint_metrics)
     _post(app, ["/embedding", "/embeddings", "/v1/embeddings"], embeddings, "object", listed=ctx.opts.embedding)
     _post(app, ["/rerank", "/reranking", "/v1/rerank", "/v1/reranking"], rerank, "object", listed=False)
+    add_page_routes(app, ctx.opts)
 
 
 # -- main ------------------------------------------------------------------------------------------------------------
@@ -237,7 +239,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(1) from None
     ctx = ServerContext(params)
-    app = with_prefix(create_app(ctx), params.server.api_prefix)
+    try:
+        app = with_prefix(create_app(ctx), params.server.api_prefix)
+    except StaticPathError as e:
+        sys.stderr.write(f"error: {e}\n")
+        raise SystemExit(1) from None
     _load_in_background(ctx)
     log.info("server is listening on %s", listening_address(params))
     uvicorn.run(app, log_level="warning", timeout_keep_alive=params.server.timeout, **kw)

@@ -32,7 +32,7 @@ async def handle_embeddings(ctx: ServerContext, body: dict, oai: bool) -> Respon
     prompts = await ctx.prep(tokenize_prompts, prompt, ctx.tokenizer, ctx.n_vocab)
     if any(not p for p in prompts):
         raise bad_request("Input content cannot be empty")
-    norm = body.get("embd_normalize", 2)
+    norm = body.get("embd_normalize", opts.embd_normalize)
     if isinstance(norm, bool) or not isinstance(norm, int):
         raise bad_request("embd_normalize must be an integer")
     result = await ctx.bridge.embed(prompts, opts.pooling, norm)

@@ -61,7 +61,8 @@ def props_json(ctx: ServerContext) -> dict:
             "total_slots": ctx.n_slots, "model_alias": ctx.model_name, "model_path": ctx.params.model,
             "modalities": {"vision": ctx.vision is not None, "audio": False}, "endpoint_slots": ctx.opts.endpoint_slots,
             "endpoint_props": ctx.opts.endpoint_props, "endpoint_metrics": ctx.opts.endpoint_metrics,
-            "webui": False, "webui_settings": {}, "chat_template": ctx.template.source,
+            "webui": ctx.opts.webui, "webui_settings": {},
+            "ui": ctx.opts.webui, "ui_settings": {}, "chat_template": ctx.template.source,
             "chat_template_caps": _template_caps(ctx),
             "bos_token": bos, "eos_token": eos, "build_info": ctx.build_info, "is_sleeping": False}
 

@@ -31,6 +31,18 @@ ALL_TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1"
                   30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4"}
 
 
+# llama.cpp's llama_model_ftype_name for general.file_type (llama_ftype in include/llama.h)
+FILE_TYPE_NAMES = {0: "all F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K - Medium",
+                   11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large", 14: "Q4_K - Small",
+                   15: "Q4_K - Medium", 16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 25: "IQ4_NL - 4.5 bpw",
+                   30: "IQ4_XS - 4.25 bpw", 32: "BF16"}
+
+
+def file_type_name(metadata: dict) -> str:
+    ft = metadata.get("general.file_type")
+    return "unknown, may not work" if ft is None else FILE_TYPE_NAMES.get(ft, "unknown, may not work")
+
+
 class GGUFError(ValueError):
     """The file is not a GGUF we can read; the message says which file and what is wrong."""
 
@@ -155,6 +167,15 @@ class GGUFFile:
 
     def names(self) -> list[str]:
         return list(self._tensors)
+
+    @property
+    def version(self) -> int:
+        """The GGUF format version (2 or 3), from the header."""
+        return int(struct.unpack("<I", self._map[4:8].tobytes())[0])
+
+    def nbytes(self, name: str) -> int:
+        """A tensor's size in the file, in bytes."""
+        return self._get(name).n_bytes
 
     def has(self, name: str) -> bool:
         return name in self._tensors

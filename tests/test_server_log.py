@@ -47,6 +47,7 @@ def test_startup_and_request_lines(model, tmp_path):
     for t, n in types.items():
         assert f"llama_model_loader: - type {t:>4}: {n:4d} tensors\n" in text
     assert "print_info: file type   = all F32\n" in text
+    assert re.search(r"Loading model\.\.\. done \(\d+\.\d s\)\n", text)      # the progress line (not a TTY)
     assert re.search(r"print_info: file size   = [\d.]+ MiB \(32\.00 BPW\)", text)
     assert "llama_context: n_ctx_seq     = 128\n" in text               # -c 256 over 2 slots, not unified
     assert re.search(r"llama_kv_cache: size = +[\d.]+ MiB \( +256 cells, +1 layers,  2/2 seqs\), K \(f16\)", text)
@@ -96,3 +97,4 @@ def test_log_timestamps_and_disable(model, tmp_path):
     assert re.search(r"^\d+\.\d\d\.\d{3}\.\d{3} srv  update_slots: all slots are idle$", text, re.M)
     quiet, _, _ = _serve(model, tmp_path, "--log-disable")
     assert "print_timing" not in quiet and "llama_model_loader" not in quiet and "listening" not in quiet
+    assert "Loading model" not in quiet

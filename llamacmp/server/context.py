@@ -11,6 +11,7 @@ import logging
 import os
 import secrets
 import string
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -79,6 +80,7 @@ class ServerContext:
     def load(self, backend, ratios=None) -> None:
         """Load the model, build the template and start the engine (runs off the event loop). backend: one backend,
         or a list (several: a layer split with -ts `ratios`, see models/split.py)."""
+        from .. import progress
         from ..log import LineLogger
         from ..loader import load_placed
         from . import startup_log
@@ -96,7 +98,8 @@ class ServerContext:
             memplan.prepare_device(backends[0], p.model, p, n_ctx0 if unified0 else max(1, n_ctx0 // n_slots0),
                                    n_slots0, log=out, kv_types=(kv0, kv0))
         log.info("%s", startup_log.srv("load_model", f"loading model '{p.model}'"))
-        lm = load_placed(p.model, backends, ratios, p.split_bridge, p.n_ubatch, out)
+        with progress.loading(sys.stderr, enabled=log.isEnabledFor(logging.INFO)):
+            lm = load_placed(p.model, backends, ratios, p.split_bridge, p.n_ubatch, out)
         _log_lines(startup_log.model_lines(lm.gguf, lm.cfg.n_ctx_train))
         n_ctx = p.n_ctx if p.n_ctx > 0 else lm.cfg.n_ctx_train
         n_slots = 4 if p.n_parallel < 0 else max(1, p.n_parallel)

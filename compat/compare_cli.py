@@ -79,6 +79,7 @@ def cases(text_file: str, prompt_file: str) -> list[Case]:
         Case("llama-completion", f'-p "Hello" -n 4 -i -r "User:" -no-cnv {g}', stdin="more\n",
              check="stdout-echo"),
         Case("llama-completion", f'-p "Hello" -n 8 --n_predict 4 -no-cnv {g}', note="_ read as -"),
+        Case("llama-completion", f'-p "Hello" -n 0 -no-cnv {g}', note="no prompt echo: only the closing newlines"),
         Case("llama-completion", f'-p "Hello" --frobnicate {g}', check="error"),
         Case("llama-completion", f'-p "Hello" -n {g}', check="error", note="-n takes `--temp` as its value"),
         Case("llama-completion", f'-p "Hello" -n lots {g}', check="error"),

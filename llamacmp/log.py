@@ -91,3 +91,37 @@ def setup(p: Params, stream: TextIO | None = None) -> TextIO:
     wrapped = LogStream(stream, file, p.log_timestamps, p.log_prefix, colors)
     sys.stderr = wrapped
     return wrapped
+
+
+def python_level(verbosity: int) -> int:
+    """-lv N / -v as a logging level: llama.cpp shows a message when its level (DEBUG 4, INFO 3, WARN 2,
+    ERROR 1) is at most the threshold (default 3; -v: all)."""
+    if verbosity >= 4:
+        return logging.DEBUG
+    return {3: logging.INFO, 2: logging.WARNING, 1: logging.ERROR}.get(verbosity, logging.CRITICAL)
+
+
+def setup_python_logging(p: Params) -> None:
+    """llamacmp's loggers write bare lines (they carry llama.cpp's own heads, 'srv  ...', 'slot ...') to the
+    stderr in use now (the LogStream when a switch asked for one), at the level -lv / -v ask for."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("llamacmp")
+    root.handlers[:] = [handler]
+    root.setLevel(python_level(p.verbosity))
+    root.propagate = False
+
+
+class LineLogger(io.TextIOBase):
+    """A text stream for code that writes its report lines to a file object (memplan, the layer split): each
+    complete line goes to `logger` at INFO."""
+
+    def __init__(self, logger: logging.Logger):
+        self.logger, self.pending = logger, ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.logger.info("%s", line)
+        return len(text)

@@ -6,12 +6,16 @@ every block writes zero into the residual stream, so the logits depend only on t
 """
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import numpy as np
 import uvicorn
 
@@ -57,6 +61,44 @@ class LiveServer:
         self.server.should_exit = True
         self.thread.join(timeout=10)
         self.ctx.engine.stop()
+
+
+class ServerProcess:
+    """`python -m llamacmp.server.app` in a child process (what a user starts: main(), its log set-up and all),
+    on 127.0.0.1 with a free port; stdout and stderr go to `log_path`. Waits until /health answers 200."""
+
+    def __init__(self, model: Path, log_path: Path, *flags: str):
+        self.port = free_port()
+        self.log_path = log_path
+        self.argv = [sys.executable, "-m", "llamacmp.server.app", "-m", str(model), "--port", str(self.port), *flags]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "ServerProcess":
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        self.out = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.argv, env=env, stdout=self.out, stderr=subprocess.STDOUT)
+        deadline = time.time() + 90
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"server did not start:\n{self.log()}")
+            time.sleep(0.2)
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+        self.out.close()
 
 
 def write_tiny_model(path: Path) -> Path:

@@ -120,3 +120,13 @@ def test_cuda_bench_runs(model, cuda_backend):
     # the reason and the fix, before any compute
     assert rc == 1 and "-ctk q8_0 -ctv f16 is not supported by the CUDA backend for this model's head dim 32" in err
     assert "use one f16 or f32 type for both (-ctk f16 -ctv f16)" in err
+
+
+def test_json_keys_are_llama_bench_b8462s(model):
+    """The keys and their order, as llama-bench b8462 wrote them (recorded: compat/goldens/bench_json_keys.json)."""
+    from pathlib import Path
+    golden = json.loads((Path(__file__).resolve().parent.parent / "compat" / "goldens" /
+                         "bench_json_keys.json").read_text())
+    rc, out, err = run(["-m", str(model), "-p", "8", "-n", "0", "-r", "1", "-o", "json"])
+    assert rc == 0, err
+    assert list(json.loads(out)[0]) == golden["keys"]

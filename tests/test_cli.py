@@ -323,10 +323,24 @@ def test_env_vars_reach_the_tool(model):
     assert re.search(r"eval time = +[\d.]+ ms / +4 runs", r.stderr.decode())
 
 
-def test_chat_no_cnv_prints_llamacpp_message(model):
-    r = run("cli", "-m", model, "-no-cnv", "-p", "Hi", "-st", "-n", "2")
-    assert r.stderr.decode().startswith("--no-conversation is not supported by llama-cli\n"
-                                        "please use llama-completion instead\n")
+def test_chat_no_cnv_is_refused_with_llamacpp_message(model):
+    """llama-cli b8462, recorded on this fixture: these two lines open its stdout (then it carries on in chat mode
+    regardless; llama.cpp 0c1e570 refuses -no-cnv in llama-cli). We print them and stop, status 1."""
+    for flag in ("-no-cnv", "--no-conversation"):
+        r = run("cli", "-m", model, flag, "-p", "Hi", "-st", "-n", "2")
+        assert r.returncode == 1
+        assert r.stdout == b"--no-conversation is not supported by llama-cli\nplease use llama-completion instead\n"
+        assert "Loading model" not in r.stderr.decode()              # refused before the model loads
+
+
+def test_completion_n0_prints_no_prompt(model):
+    """llama-completion -n 0 never enters its loop: no prompt echo, no prompt evaluation (golden in cli.jsonl); in
+    conversation mode the loop runs (interactive), as llama.cpp's does."""
+    r = run("completion", "-m", model, "-p", "Hello", "-n", "0", "-no-cnv", "--temp", "0")
+    assert r.returncode == 0 and r.stdout == b"\n\n"
+    assert re.search(r"prompt eval time = +[\d.]+ ms / +0 tokens", r.stderr.decode())
+    r = run("completion", "-m", model, "-p", "Hello", "-n", "1", "-no-cnv", "--temp", "0")
+    assert r.stdout.startswith(b"Hello")                             # the echo is there when -n allows a token
 
 
 def test_chat_image_command_is_refused_clearly(model):
@@ -361,3 +375,20 @@ def test_stdout_matches_llamacpp_golden(model, row, tmp_path):
     r = run(row["tool"].removeprefix("llama-"), "-m", model, *args, stdin=row["stdin"])
     assert r.returncode == 0, r.stderr.decode()
     assert r.stdout == base64.b64decode(row["stdout_b64"])
+
+
+REPLY_GOLDEN = json.loads((GOLDENS.parent / "cli_reply.jsonl").read_text().splitlines()[0])
+
+
+@pytest.mark.compat
+def test_chat_reply_matches_llamacli_with_blank_line_after_start_thinking(tmp_path):
+    """llama-cli b8462 on the real-vocabulary fixture (recorded in compat/goldens/cli_reply.jsonl): its reasoning
+    starts with the "\\n" the generation prompt left inside <think>, so "[Start thinking]" is followed by a blank
+    line; the greedy reply then matches byte for byte."""
+    from llamacmp.fixtures import qwen_vocab, writer
+    model = writer.write_model(tmp_path / "rv.gguf", writer.SHAPES["tiny"], "f32", qwen_vocab.load_qwen35_vocab())
+    r = run("cli", "-m", str(model), *shlex.split(REPLY_GOLDEN["args"]))
+    assert r.returncode == 0, r.stderr.decode()
+    want = base64.b64decode(REPLY_GOLDEN["segment_b64"])
+    assert want.startswith(b"\n> Hello\n\n[Start thinking]\n\n")
+    assert want + b"\n[ Prompt:" in r.stdout

@@ -340,12 +340,20 @@ class Result:
             "build_commit": build_commit(), "build_number": BUILD_NUMBER, "cpu_info": cpu_info(),
             "gpu_info": self.gpu_info, "backends": self.backend, "model_filename": i.model,
             "model_type": self.info.desc, "model_size": self.info.size, "model_n_params": self.info.n_params,
-            "n_batch": i.n_batch, "n_ubatch": i.n_ubatch, "n_threads": i.n_threads, "type_k": i.type_k,
-            "type_v": i.type_v, "n_gpu_layers": i.n_gpu_layers, "flash_attn": i.flash_attn,
-            "n_prompt": i.n_prompt, "n_gen": i.n_gen, "n_depth": i.n_depth, "test_time": self.test_time,
+            "n_batch": i.n_batch, "n_ubatch": i.n_ubatch, "n_threads": i.n_threads, **FIXED_CPU,
+            "type_k": i.type_k, "type_v": i.type_v, "n_gpu_layers": i.n_gpu_layers, **FIXED_PLACEMENT,
+            "flash_attn": i.flash_attn, **FIXED_LOADING, "n_prompt": i.n_prompt, "n_gen": i.n_gen, "n_depth": i.n_depth, "test_time": self.test_time,
             "avg_ns": int(avg_ns), "stddev_ns": int(sd_ns), "avg_ts": avg_ts, "stddev_ts": sd_ts,
             "samples_ns": list(self.samples_ns), "samples_ts": self.samples_ts,
         }
+
+
+# llama-bench's JSON/CSV fields for settings llamacmp has one value of (no CPU thread pinning or polling, no MoE,
+# the whole model on the GPU(s), mmap'd GGUF): llama-bench's default values, so that scripts find every key
+FIXED_CPU = {"cpu_mask": "0x0", "cpu_strict": False, "poll": 50}
+FIXED_PLACEMENT = {"n_cpu_moe": 0, "split_mode": "layer", "main_gpu": 0, "no_kv_offload": False}
+FIXED_LOADING = {"devices": "auto", "tensor_split": "0.00", "tensor_buft_overrides": "none", "use_mmap": True,
+                 "use_direct_io": False, "embeddings": False, "no_op_offload": 0, "no_host": False}
 
 
 # -- printers --------------------------------------------------------------------------------------------------------

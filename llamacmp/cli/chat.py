@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import BUILD_NUMBER, __version__
 from ..args import parse_or_exit
-from ..chat import THINK_END, ReasoningSplitter, TemplateError, select_template, thinking_switch
+from ..chat import THINK_END, ReasoningSplitter, TemplateError, reasoning_prefix, select_template, thinking_switch
 from ..engine.generate import ContextFull
 from ..params import Params
 from .chat_io import make_io
@@ -51,6 +51,7 @@ class Reply:
     reasoning_tokens: int = 0
     budget_hit: bool = False         # the budget stopped generation; the end of thinking is forced next
     budget_spent: bool = False       # ... which happens once per reply
+    lead: str = ""                   # what the generation prompt wrote inside <think> (Qwen3.5: "\n")
 
 
 @dataclass
@@ -235,7 +236,7 @@ class Chat:
         except ContextFull as e:
             self.io.error(f"Error: {e}\n")
             return
-        reply = self.stream_reply(prompt.rstrip().endswith("<think>"))
+        reply = self.stream_reply(prompt.rstrip().endswith("<think>"), reasoning_prefix(prompt) or "")
         self.messages.append({"role": "assistant", "content": reply.content})
         self.io.write("\n")
         if self.p.show_timings:
@@ -243,8 +244,10 @@ class Chat:
             self.io.write(f"\n[ Prompt: {t.prompt_per_second:.1f} t/s | Generation: "
                           f"{t.predicted_per_second:.1f} t/s ]\n", "info")
 
-    def stream_reply(self, thinking_open: bool) -> Reply:
-        p, reply = self.p, Reply()
+    def stream_reply(self, thinking_open: bool, lead: str = "") -> Reply:
+        """lead: the prompt's text after an open <think>; llama-cli's reasoning starts with it (it parses the
+        prompt's tail with the output), so "[Start thinking]" is followed by a blank line on Qwen3.5."""
+        p, reply = self.p, Reply(lead=lead if thinking_open else "")
         # a built-in format (no jinja) has no reasoning: the reply is content as written, as in llama-cli
         splitter = ReasoningSplitter(thinking_open, "none" if self.template.builtin else p.reasoning_format)
         sampler = make_sampler(p, self.lm)
@@ -293,7 +296,7 @@ class Chat:
                 self.io.write(text)
             else:
                 if not reply.in_thinking and not reply.reasoning:
-                    self.io.write("[Start thinking]\n", "reasoning")
+                    self.io.write("[Start thinking]\n" + reply.lead, "reasoning")
                 reply.in_thinking = True
                 reply.reasoning += text
                 self.io.write(text, "reasoning")
@@ -302,8 +305,10 @@ class Chat:
 def main(argv: list[str] | None = None) -> int:
     p = parse_or_exit("cli", argv)
     if p.conversation is False:
-        # llama-cli prints this and carries on in chat mode
-        sys.stderr.write("--no-conversation is not supported by llama-cli\nplease use llama-completion instead\n")
+        # llama-cli b8462's words, on stdout as it writes them; it then carries on in chat mode, which its own
+        # message says it does not support, and llama.cpp 0c1e570 refuses -no-cnv in llama-cli: so do we
+        sys.stdout.write("--no-conversation is not supported by llama-cli\nplease use llama-completion instead\n")
+        return 1
     return run_tool(lambda: Chat(p).run())
 
 

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from .. import memplan, sparse_attn
+from .. import memplan, progress, sparse_attn
 from ..args import apply_gguf_sampling
 from ..engine.generate import Session, Timings
 from ..params import Params
@@ -58,22 +57,8 @@ def check_offload(p: Params, n_layer: int, backend, err: TextIO) -> None:
         err.write(f"warning: -ngl {n}: partial offload is not supported, all {n_layer} layers run on the GPU\n")
 
 
-@contextmanager
-def loading_indicator(err: TextIO, quiet: bool):
-    """A spinner on a terminal, one log line otherwise (and nothing with --log-disable)."""
-    if quiet:
-        yield
-        return
-    if err.isatty():
-        from rich.console import Console
-        with Console(file=err).status("Loading model..."):
-            yield
-        return
-    err.write("loading model...\n")
-    yield
-
-
-def load(p: Params, err: TextIO = sys.stderr) -> Loaded:
+def load(p: Params, err: TextIO | None = None) -> Loaded:
+    err = err or sys.stderr              # looked up now: log.setup may have wrapped it since import
     from ..backends.select import select_backends
     from ..gguf_file import GGUFError
     from ..loader import load_placed
@@ -91,7 +76,7 @@ def load(p: Params, err: TextIO = sys.stderr) -> Loaded:
         if len(backends) == 1:       # a layer split plans each part in models/split.py, not here
             memplan.prepare_device(backends[0], path, p, p.n_ctx, 1, all_logits=p.tool == "perplexity",
                                    log=None if quiet else err)
-        with loading_indicator(err, quiet):
+        with progress.loading(err, enabled=not p.log_disable):   # llama-cli shows it at every verbosity
             lm = load_placed(path, backends, ratios, p.split_bridge, p.n_ubatch, None if quiet else err)
     except memplan.PlanError as e:
         raise CliError(f"error: {e}") from None

@@ -164,6 +164,8 @@ class Completion:
 
     def loop(self, ids: list[int]) -> None:
         p = self.p
+        if p.n_predict == 0 and not p.interactive:
+            return                           # llama-completion's main loop never starts: no echo, no prompt eval
         if ids:
             if p.display_prompt:
                 self.show_tokens(ids)

@@ -22,6 +22,7 @@ from typing import Optional
 import numpy as np
 
 from ..sampling import Sampler
+from . import slot_log
 from .checkpoints import read_host_state, state_ops_for, write_host_state
 from .decode import Decoder, LogitsRow, draw_tokens
 from .grammar import GrammarCompiler
@@ -207,8 +208,15 @@ class Engine:
             best = max(idle, key=lambda s: s.cache.plan(task.prompt).lcp)
             lcp = best.cache.plan(task.prompt).lcp
             if lcp / len(task.prompt) > self.cfg.slot_prompt_similarity:
+                slot_log.slot_info("get_available_slot", best.id, -1,
+                                   f"selected slot by LCP similarity, sim_best = {lcp / len(task.prompt):.3f} "
+                                   f"(> {self.cfg.slot_prompt_similarity:.3f} thold), "
+                                   f"f_keep = {lcp / max(1, len(best.cache.tokens)):.3f}")
                 return best
-        return min(idle, key=lambda s: s.last_used)
+        lru = min(idle, key=lambda s: s.last_used)
+        slot_log.slot_info("get_available_slot", lru.id, -1, "selected slot by LRU, t_last = "
+                           f"{int(lru.last_used * 1e6) if lru.last_used else -1}")
+        return lru
 
     def _load_prompt(self, slot: Slot, task: CompletionTask) -> None:
         if not task.prompt or len(task.prompt) >= self.cfg.n_ctx_slot:
@@ -220,8 +228,11 @@ class Engine:
         grammar = self.grammars.matcher(task.params.grammar) if task.params.grammar is not None else None
         slot.begin(task, sampler, decoder, self._checkpoint_plan(task, slot.state.n_past), grammar)
         slot.last_used = time.monotonic()
-        log.info("slot %d: task %d, prompt %d tokens, %d from cache (lcp %d)", slot.id, task.id,
-                 len(task.prompt), point.pos, point.lcp)
+        slot_log.slot_info("launch_slot_with_task", slot.id, task.id, "processing task, is_child = 0")
+        slot_log.slot_info("update_slots", slot.id, task.id, f"new prompt, n_ctx_slot = {self.cfg.n_ctx_slot}, "
+                           f"n_keep = {task.params.n_keep}, task.n_tokens = {len(task.prompt)}")
+        slot_log.slot_info("update_slots", slot.id, task.id,
+                           f"n_tokens = {point.pos}, memory_seq_rm [{point.pos}, end)")
         if point.logits is not None:     # the whole prompt is cached with its logits: sample right away
             slot.finish_prompt_timing()
             self._sample(slot, point.logits)
@@ -357,6 +368,8 @@ class Engine:
                 continue
             try:
                 if slot.phase == PREFILL:
+                    slot_log.slot_info("update_slots", slot.id, slot.task.id, "prompt processing done, "
+                                       f"n_tokens = {slot.state.n_past}, batch.n_tokens = {len(t)}")
                     slot.finish_prompt_timing()
                     self.metrics.n_prompt_tokens_cached_total += slot.n_cached
                 self._emit(slot, tok, row)
@@ -401,6 +414,11 @@ class Engine:
             return
         text = slot.accept(tok, row, self.tokenizer.is_eog(tok), self.cfg.n_ctx_slot)
         self.metrics.n_tokens_predicted_total += 1
+        if slot_log.log.isEnabledFor(logging.DEBUG):
+            left = task.params.n_predict - len(slot.generated) if task.params.n_predict >= 0 else -1
+            slot_log.slot_debug("process_token", slot.id, task.id, f"n_decoded = {len(slot.generated)}, "
+                                f"n_remaining = {left}, next token: {tok:5d} "
+                                f"'{self.tokenizer.token_to_piece(tok).decode('utf-8', 'replace')}'")
         if task.params.stream:
             task.sink(slot.partial(text, tok))
         if slot.stopped:
@@ -410,6 +428,11 @@ class Engine:
 
     def _finish(self, slot: Slot, row) -> None:
         slot.task.sink(slot.final())
+        slot_log.slot_debug("process_token", slot.id, slot.task.id, {
+            "eos": "stopped by EOS", "word": f"stopped by word '{slot.stopping_word}'"}.get(
+            slot.stop_type, f"stopped by limit, n_decoded = {len(slot.generated)}, "
+                            f"n_predict = {slot.task.params.n_predict}"))
+        slot_log.print_timings(slot.id, slot.task.id, slot.timings)
         # the row's own host copy when it came from the device (one 1 MB copy on the real vocabulary, not three)
         slot.cache.last_logits = row.host() if isinstance(row, LogitsRow) else np.array(row, np.float32)
         # keep the end of this exchange: a follow-up that appends to prompt + reply resumes here
@@ -419,7 +442,12 @@ class Engine:
         self._release(slot)
 
     def _release(self, slot: Slot) -> None:
+        if slot.task is not None:
+            slot_log.slot_info("release", slot.id, slot.task.id, f"stop processing: n_tokens = "
+                               f"{slot.state.n_past}, truncated = {int(slot.truncated)}")
         slot.release()
+        if not self._waiting and not any(s.busy for s in self.slots):
+            slot_log.all_idle()
 
     def _fail_busy_slots(self, message: str) -> None:
         for slot in self.slots:

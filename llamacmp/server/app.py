@@ -16,6 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from . import anthropic, chat_api, completions, infill, misc, responses
+from ..engine import slot_log
+from .access_log import AccessLog
 from .context import ServerContext
 from .embeddings import handle_embeddings
 from .errors import ApiError, error_response, not_supported
@@ -96,6 +98,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     _install_error_handlers(app)
     _add_routes(app, ctx)
     app.add_middleware(Gate, ctx=ctx)
+    app.add_middleware(AccessLog)       # outermost: it sees every answer, the gate's early ones too
     return app
 
 
@@ -211,15 +214,20 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
 
 # -- main ------------------------------------------------------------------------------------------------------------
 
-def _load_in_background(ctx: ServerContext) -> None:
+def _load_in_background(ctx: ServerContext, address: str) -> None:
     def run() -> None:
         try:
             from ..backends.select import select_backends
+            log.info("main: loading model")
             ctx.load(*select_backends(ctx.params, sys.stderr))
         except Exception as e:           # keep answering 503 and say why; a bad model file is not a crash
             ctx.load_error = str(e)
             log.error("failed to load model: %s", e)
             os._exit(1)
+        log.info("main: model loaded")
+        log.info("main: server is listening on %s", address)
+        log.info("main: starting the main loop...")
+        slot_log.all_idle()
     threading.Thread(target=run, name="llamacmp-loader", daemon=True).start()
 
 
@@ -227,9 +235,12 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
     from .listen import listening_address, uvicorn_kwargs, with_prefix
     from ..args import parse_or_exit
+    from ..args import version_text
+    from ..log import setup_python_logging
     params = parse_or_exit("server", argv)
-    logging.basicConfig(level=logging.INFO if params.verbosity >= 3 else logging.WARNING,
-                        format="%(levelname).1s %(name)s: %(message)s")
+    setup_python_logging(params)
+    number, built = version_text().splitlines()
+    log.info("build: %s %s", number.removeprefix("version: "), built.removeprefix("built "))   # llama.cpp's line
     if not params.model:
         sys.stderr.write("error: no model given (-m FNAME)\n")
         raise SystemExit(1)
@@ -238,14 +249,15 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(1) from None
+    if params.n_parallel < 0:
+        log.info("main: n_parallel is set to auto, using n_parallel = 4 and kv_unified = true")
     ctx = ServerContext(params)
     try:
         app = with_prefix(create_app(ctx), params.server.api_prefix)
     except StaticPathError as e:
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(1) from None
-    _load_in_background(ctx)
-    log.info("server is listening on %s", listening_address(params))
+    _load_in_background(ctx, listening_address(params))
     uvicorn.run(app, log_level="warning", timeout_keep_alive=params.server.timeout, **kw)
 
 

@@ -115,6 +115,8 @@ def _post(app: FastAPI, paths: list[str], handler, doc: str, listed: bool = True
 
 def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def health():
+        if ctx.engine.failed:            # the engine thread stopped for good: the process is on its way out
+            raise ApiError(f"the engine has stopped: {ctx.engine.failed}", "unavailable_error")
         return {"status": "ok"}
 
     async def models():
@@ -222,11 +224,23 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1)
     ctx = ServerContext(params)
     app = create_app(ctx)
-    _load_in_background(ctx)
     host = params.server.host
     kw = {"uds": host} if host.endswith(".sock") else {"host": host, "port": params.server.port}
+    # SIGTERM / Ctrl-C: stop accepting, give requests in flight up to --timeout seconds, then cancel them
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=params.server.timeout,
+                                           timeout_graceful_shutdown=params.server.timeout, **kw))
+
+    def engine_failed(reason: str) -> None:
+        sys.stderr.write(f"error: the engine has stopped: {reason}\n")
+        server.should_exit = True
+    ctx.on_fatal = engine_failed
+    _load_in_background(ctx)
     log.info("server is listening on %s", host if host.endswith(".sock") else f"http://{host}:{params.server.port}")
-    uvicorn.run(app, log_level="warning", timeout_keep_alive=params.server.timeout, **kw)
+    server.run()
+    if ctx.engine is not None:
+        ctx.engine.stop()
+        if ctx.engine.failed:
+            raise SystemExit(1)
 
 
 if __name__ == "__main__":

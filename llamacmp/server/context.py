@@ -14,7 +14,7 @@ import string
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from .. import BUILD_NUMBER
 from ..chat import ChatTemplate
@@ -45,6 +45,7 @@ class ServerContext:
     load_error: str = ""
     vision: object = None               # vision.projector.VisionProjector when -mm is given (read-only per request)
     template_caps: Optional[dict] = None    # /props chat_template_caps, found once (server/template_caps.py)
+    on_fatal: Optional[Callable[[str], None]] = None   # called if the engine thread stops for good (app.main)
     # templating and tokenizing run here, off the event loop (a long prompt must not stall other streams), on
     # one thread so that the tokenizer's caches are never used concurrently
     prep_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "llamacmp-prep"))
@@ -112,6 +113,8 @@ class ServerContext:
             self.vision = VisionProjector(p.mmproj_path, lm, min_tokens=p.image_min_tokens,
                                           max_tokens=p.image_max_tokens)
         engine = Engine(lm, cfg)
+        if self.on_fatal is not None:
+            engine.on_fatal(self.on_fatal)
         engine.start()
         self.lm, self.bridge = lm, EngineBridge(engine)
         self.engine = engine            # last: from here on the server answers

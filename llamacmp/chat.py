@@ -23,6 +23,10 @@ CHATML_TEMPLATE = ("{%- for message in messages -%}{{- '<|im_start|>' + message.
                    "{%- endif -%}")
 
 
+# the variables render() passes besides messages & co (chat_template_kwargs may not replace them either)
+RENDER_NAMES = ("tools", "add_generation_prompt", "bos_token", "eos_token", "messages")
+
+
 class TemplateError(Exception):
     """The template raised (raise_exception) or failed to render; the message says which."""
 
@@ -118,8 +122,14 @@ class ChatTemplate:
     def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
                enable_thinking: bool = True, extra: dict | None = None) -> str:
         ctx = {"messages": normalize_messages(messages), "add_generation_prompt": add_generation_prompt,
-               "bos_token": self.bos_token, "eos_token": self.eos_token, **(extra or {}),
-               "enable_thinking": enable_thinking}
+               "bos_token": self.bos_token, "eos_token": self.eos_token, "enable_thinking": enable_thinking}
+        # extra (chat_template_kwargs) adds variables; it may not replace the template's inputs or its helpers
+        taken = [k for k in extra or {} if k != "enable_thinking" and (k in ctx or k in RENDER_NAMES
+                                                                       or k in self._template.globals)]
+        if taken:
+            raise TemplateError(f"chat_template_kwargs.{taken[0]} may not override the template's own "
+                                f"'{taken[0]}'")
+        ctx = {**(extra or {}), **ctx}
         if tools:
             ctx["tools"] = tools
         try:
@@ -128,6 +138,10 @@ class ChatTemplate:
             raise
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template failed to render: {e}") from None
+        except RecursionError:
+            raise TemplateError("chat template failed to render: recursion too deep") from None
+        except Exception as e:           # the template ran on client data (|items of a string, ...): the client's
+            raise TemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from None
 
 
 def thinking_switch(text: str) -> bool | None:

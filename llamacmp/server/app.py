@@ -68,7 +68,7 @@ class Gate:
             if not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):   # constant time
                 return error_response(INVALID_KEY)
         length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > MAX_BODY:
+        if length.isascii() and length.isdigit() and int(length) > MAX_BODY:
             return JSONResponse({"error": {"code": 413, "message": "request body too large",
                                            "type": "invalid_request_error"}}, status_code=413)
         return None

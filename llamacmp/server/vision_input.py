@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..vision.preprocess import ImageError
 from ..vision.prompt import MEDIA_MARKER, chunk_history, split_prompt
-from .errors import ApiError, bad_request
+from .errors import bad_request
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024         # per image, after base64 decoding
 NO_PROJECTOR = ("image input is not supported - hint: if this is unexpected, you may need to provide the mmproj")
@@ -45,7 +45,7 @@ def image_url_bytes(url: str, media_path: str) -> bytes:
             raise bad_request("file:// URLs are not allowed unless --media-path is specified")
         rel = url[len("file://"):]
         parts = Path(rel).parts
-        if not rel or rel.startswith(("/", "\\")) or ".." in parts or any(":" in p for p in parts):
+        if not rel or rel.startswith(("/", "\\")) or ".." in parts or any(":" in p or "\0" in p for p in parts):
             raise bad_request(f"file path is not allowed: {rel}")
         root = os.path.realpath(media_path)
         full = os.path.realpath(os.path.join(root, rel))
@@ -69,8 +69,8 @@ def image_url_bytes(url: str, media_path: str) -> bytes:
 
 def content_part_marker(part: dict, media: list | None, media_path: str) -> str:
     """An image_url content part -> the media marker, its bytes appended to `media` (None: no projector)."""
-    if media is None:
-        raise ApiError(NO_PROJECTOR, "server_error")
+    if media is None:             # llama-server answers 500; it is the client's input: 400 (compat/DIFFERENCES.md)
+        raise bad_request(NO_PROJECTOR)
     obj = part.get("image_url")
     url = obj.get("url") if isinstance(obj, dict) else obj if isinstance(obj, str) else None
     media.append(image_url_bytes(url, media_path))
@@ -80,7 +80,7 @@ def content_part_marker(part: dict, media: list | None, media_path: str) -> str:
 def multimodal_data(items, vision) -> list[bytes]:
     """/completion's multimodal_data: a list of base64 strings."""
     if vision is None:
-        raise ApiError(NO_PROJECTOR, "server_error")
+        raise bad_request(NO_PROJECTOR)
     if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
         raise bad_request("multimodal_data must be an array of base64 strings")
     return [_b64(x) for x in items]

@@ -86,3 +86,53 @@ def test_an_engine_that_cannot_go_on_says_so(model):
         assert h.status_code == 503 and "device lost" in h.json()["error"]["message"]
         r = c.post("/completion", json={"prompt": "Hi", "n_predict": 2, "stream": True})   # answered, no hang
         assert r.status_code == 503
+
+
+def _start(model, *flags):
+    import subprocess
+    import sys
+    import time
+
+    from server_harness import free_port
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-m", "llamacmp.server.app", "-m", str(model), "--port", str(port),
+                             *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url, deadline = f"http://127.0.0.1:{port}", time.time() + 60
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None and time.time() < deadline, "server did not come up"
+        time.sleep(0.2)
+
+
+def test_sigterm_drains_for_timeout_seconds_then_cancels(model):
+    import signal
+    import threading
+    import time
+    proc, url = _start(model, "-c", "65536", "-np", "1", "--timeout", "2")
+    try:
+        def stream() -> None:
+            try:
+                with httpx.stream("POST", url + "/completion", json={"prompt": "Hi", "n_predict": -1, "stream": True,
+                                                                    "ignore_eos": True}, timeout=60) as r:
+                    for _ in r.iter_lines():
+                        pass
+            except httpx.HTTPError:
+                pass
+        t = threading.Thread(target=stream, daemon=True)
+        t.start()
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+        assert time.monotonic() - t0 < 10       # --timeout 2 of drain; without a bound the stream runs > 60 s
+        t.join(timeout=10)
+        assert not t.is_alive()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -123,7 +123,7 @@ def _usage(r, output_tokens: int) -> dict:
 
 async def handle_messages(ctx: ServerContext, request: Request, body: dict) -> Response:
     chat = to_chat_body(body)
-    cp, params, tasks = await ctx.prep(prepare_chat, ctx, chat)
+    cp, params, tasks = await ctx.prep(prepare_chat, ctx, chat, request=request)
     mid = "msg_" + random_id()
     if params.stream:
         return await start_stream(ctx, tasks, _Events(ctx, cp, mid), done=False, error_event="error", request=request)

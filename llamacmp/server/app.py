@@ -75,10 +75,15 @@ class Gate:
 
 
 async def read_body(request: Request) -> dict:
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise ApiError("request body too large", "invalid_request_error")
-    return parse_json_body(raw)
+    """The JSON body; one over MAX_BODY (a chunked one has no Content-Length for the Gate) is refused with 413 as
+    soon as the limit is crossed, not after buffering it whole."""
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > MAX_BODY:
+            raise ApiError("request body too large", "invalid_request_error", status=413)
+        chunks.append(chunk)
+    return parse_json_body(b"".join(chunks))
 
 
 def create_app(ctx: ServerContext) -> FastAPI:
@@ -147,10 +152,10 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
         return await chat_api.handle_apply_template(ctx, await read_body(request))
 
     async def tokenize(request: Request):
-        return await ctx.prep(misc.tokenize, ctx, await read_body(request))
+        return await ctx.prep(misc.tokenize, ctx, await read_body(request), request=request)
 
     async def detokenize(request: Request):
-        return await ctx.prep(misc.detokenize, ctx, await read_body(request))
+        return await ctx.prep(misc.detokenize, ctx, await read_body(request), request=request)
 
     async def props():
         return misc.props_json(ctx)

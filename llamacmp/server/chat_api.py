@@ -20,6 +20,7 @@ from .completions import (attach_grammar, finish_reason, make_tasks, probs_json,
 from .context import ServerContext, random_id
 from .errors import bad_request
 from .schemas import Fields, gen_params, oai_stop
+from .validate import MAX_N_PROBS
 
 REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
 
@@ -203,7 +204,7 @@ def chat_gen_params(ctx: ServerContext, body: dict, stream: bool, has_tools: boo
     if f.bool("logprobs", False):
         if has_tools and stream:
             raise bad_request("logprobs is not supported with tools + stream")
-        body = {**body, "n_probs": f.int("top_logprobs", 20)}
+        body = {**body, "n_probs": f.int("top_logprobs", 20, hi=MAX_N_PROBS)}
     elif f.has("top_logprobs"):
         raise bad_request("top_logprobs requires logprobs to be set to true")
     return gen_params(body, ctx.defaults, ctx.tokenizer, ctx.n_vocab)
@@ -300,7 +301,7 @@ def prepare_chat(ctx: ServerContext, body: dict) -> tuple[ChatPrompt, GenParams,
 
 
 async def handle_chat(ctx: ServerContext, request: Request, body: dict) -> Response:
-    cp, params, tasks = await ctx.prep(prepare_chat, ctx, body)
+    cp, params, tasks = await ctx.prep(prepare_chat, ctx, body, request=request)
     cid, created = "chatcmpl-" + random_id(), int(time.time())
     if params.stream:
         include_usage = Fields(Fields(body).dict("stream_options")).bool("include_usage", False)

@@ -20,10 +20,12 @@ from .. import BUILD_NUMBER
 from ..chat import ChatTemplate
 from ..engine.scheduler import Engine, EngineConfig
 from ..params import Params, ServerParams
+from .errors import ClientGone
 from .schemas import ServerDefaults
 from .worker import EngineBridge
 
 log = logging.getLogger("llamacmp.server")
+PREP_THREADS = max(2, min(4, os.cpu_count() or 1))
 
 
 def random_id(n: int = 32) -> str:
@@ -46,12 +48,23 @@ class ServerContext:
     vision: object = None               # vision.projector.VisionProjector when -mm is given (read-only per request)
     template_caps: Optional[dict] = None    # /props chat_template_caps, found once (server/template_caps.py)
     on_fatal: Optional[Callable[[str], None]] = None   # called if the engine thread stops for good (app.main)
-    # templating and tokenizing run here, off the event loop (a long prompt must not stall other streams), on
-    # one thread so that the tokenizer's caches are never used concurrently
-    prep_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "llamacmp-prep"))
+    # templating, tokenizing and grammar compiling run here, off the event loop (a long prompt must not stall
+    # other streams), on a few threads so that one slow request (a big grammar) does not hold up the others (the
+    # tokenizer and llguidance may be used from several threads)
+    prep_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(PREP_THREADS, "llamacmp-prep"))
 
-    async def prep(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.prep_pool, functools.partial(fn, *args))
+    async def prep(self, fn, *args, request=None):
+        """fn(*args) on the prep pool. With `request`: if its client leaves first, a job still queued never runs
+        (one already running finishes, unseen) and the handler ends with ClientGone."""
+        job = asyncio.get_running_loop().run_in_executor(self.prep_pool, functools.partial(fn, *args))
+        while request is not None:
+            done, _ = await asyncio.wait([job], timeout=0.25)
+            if done:
+                break
+            if await request.is_disconnected():
+                job.cancel()
+                raise ClientGone()
+        return await job
 
     @property
     def ready(self) -> bool:

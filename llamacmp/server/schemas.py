@@ -12,7 +12,7 @@ from typing import Any
 from ..engine.tasks import GenParams
 from ..sampling import SamplingParams, parse_sampler_letters, parse_sampler_names
 from .errors import bad_request
-from .validate import INT32, ascii_int, finite_float, int_in_range, loads
+from .validate import INT32, MAX_N_PROBS, MAX_STOP_CHARS, MAX_STOPS, ascii_int, finite_float, int_in_range, loads
 
 
 class Fields:
@@ -98,9 +98,11 @@ def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenPar
     n_predict = f.int("n_predict", f.int("max_tokens", d.n_predict))
     temp = sampling.temp if sampling.temp >= TEMP_MIN else 0.0    # the limit of a vanishing temperature: greedy
     stop = [x for x in f.list("stop", list(d.stop)) if isinstance(x, str)] if f.has("stop") else list(d.stop)
+    if len(stop) > MAX_STOPS or any(len(x) > MAX_STOP_CHARS for x in stop):
+        raise bad_request(f"'stop' takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
     return GenParams(
         sampling=replace(sampling, temp=temp), n_predict=n_predict, n_keep=f.int("n_keep", d.n_keep), stop=stop,
-        n_probs=max(0, f.int("n_probs", 0)), post_sampling_probs=f.bool("post_sampling_probs", False),
+        n_probs=max(0, f.int("n_probs", 0, hi=MAX_N_PROBS)), post_sampling_probs=f.bool("post_sampling_probs", False),
         cache_prompt=f.bool("cache_prompt", d.cache_prompt), id_slot=f.int("id_slot", -1),
         return_tokens=f.bool("return_tokens", False), timings_per_token=f.bool("timings_per_token", False),
         return_progress=f.bool("return_progress", False),

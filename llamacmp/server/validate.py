@@ -16,6 +16,11 @@ from .errors import ApiError, bad_request
 MAX_DEPTH = 64                 # nesting levels of a request body (a JSON schema or tool arguments included)
 MAX_INT_DIGITS = 4300          # Python's own limit for int(str) (sys.get_int_max_str_digits)
 INT32 = (-2**31, 2**31 - 1)
+# per-request work and memory stay bounded (llama.cpp has no such limits; its n_probs is capped by the vocabulary)
+MAX_N_PROBS = 1024             # n_probs / top_logprobs: top entries kept per generated token
+MAX_STOPS = 64                 # stop strings per request
+MAX_STOP_CHARS = 1024          # characters per stop string
+MAX_GRAMMAR_BYTES = 256 * 1024 # a GBNF grammar, or a JSON schema as JSON text
 FLOAT32_MAX = 3.4028234663852886e38
 _DECIMAL = re.compile(r"-?[0-9]+")    # ASCII digits only: str.isdigit() also takes '²' and '٣', int() does not
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import stat
 from pathlib import Path
 
 from ..vision.preprocess import ImageError
@@ -52,7 +53,10 @@ def image_url_bytes(url: str, media_path: str) -> bytes:
         if not full.startswith(root + os.sep):
             raise bad_request(f"file path is not allowed: {rel}")
         try:
-            if os.path.getsize(full) > MAX_IMAGE_BYTES:
+            st = os.stat(full)
+            if not stat.S_ISREG(st.st_mode):     # a FIFO or a device would block the prep thread for ever
+                raise bad_request(f"file path is not a regular file: {rel}")
+            if st.st_size > MAX_IMAGE_BYTES:
                 raise bad_request(f"image is too large (more than {MAX_IMAGE_BYTES} bytes)")
             return Path(full).read_bytes()
         except OSError:

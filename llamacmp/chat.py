@@ -48,9 +48,25 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The sandbox, with `*` and `**` checked before they run: jinja folds constant expressions when it compiles
+    a template, so `{{ 'x' * 2000000000 }}` in a GGUF's template would allocate 2 GB at load (and `9 ** 9 ** 9`
+    never end); at render time the same goes for client data."""
+    intercepted_binops = frozenset({"*", "**"})
+    MAX_ITEMS = 1 << 24                  # characters or elements a repetition may make
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > self.MAX_ITEMS:
+                    raise TemplateError(f"chat template: a repetition of {len(seq) * n} items is too large")
+        elif isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 256:
+            raise TemplateError(f"chat template: {left} ** {right} is too large")
+        return super().call_binop(context, operator, left, right)
+
+
 def make_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

@@ -153,6 +153,8 @@ def test_nul_in_a_file_url(tmp_path):
     ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "chat template"),
     ("{{ 1 / (messages | length - 1) }}", "ZeroDivisionError"),
     ("{{ raise_exception('no system role') }}", "no system role"),
+    ("{{ 'x' * 2000000000 }}", "too large"),                      # not 2 GB at load (jinja folds constants)
+    ("{{ messages[0].content * 1000000000 }}", "too large"),
 ])
 def test_operator_template_failures_are_400(model, template, piece):
     with LiveServer(model, "-c", "512", "-np", "1", "--chat-template", template) as s, \

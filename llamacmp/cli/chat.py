@@ -111,8 +111,8 @@ class Chat:
     def next_input(self) -> str | None:
         if self.p.prompt:
             for fname in self.p.image:            # --image goes with the -p turn, as llama-cli does
-                if not self.load_image(fname):
-                    break
+                if not self.load_image(fname):    # not an answer without it: the command line asked for it
+                    raise CliError(f"error: cannot use --image '{fname}' (see above)")
             text, self.p.prompt = self.p.prompt, ""
             shown = text[:500] + " ... (truncated)" if len(text) > 500 else text
             self.io.write(f"\n> {shown}\n", "prompt")

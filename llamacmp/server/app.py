@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from . import anthropic, chat_api, completions, infill, misc, responses
 from .context import ServerContext
 from .errors import ApiError, error_response, not_supported
-from .openapi_bodies import body_doc
+from .openapi_bodies import body_doc, slot_action_query
 from .schemas import parse_json_body
 
 log = logging.getLogger("llamacmp.server")
@@ -111,11 +111,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(ApiError(str(err) or type(err).__name__, "server_error"))
 
 
-def _post(app: FastAPI, paths: list[str], handler, doc: str, listed: bool = True) -> None:
+def _post(app: FastAPI, paths: list[str], handler, doc: str, listed: bool = True, query: list | None = None) -> None:
     """listed=False: the route answers (llama.cpp's 501 for a feature that is off) but is not in the OpenAPI
     document, which describes what this server actually serves."""
     for p in paths:
-        app.add_api_route(p, handler, methods=["POST"], openapi_extra=body_doc(doc), include_in_schema=listed)
+        app.add_api_route(p, handler, methods=["POST"], openapi_extra=body_doc(doc, query), include_in_schema=listed)
 
 
 def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
@@ -198,7 +198,7 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     app.add_api_route("/props", props, methods=["GET"])
     _post(app, ["/props"], set_props, "object", listed=ctx.opts.endpoint_props)
     app.add_api_route("/slots", slots, methods=["GET"], include_in_schema=ctx.opts.endpoint_slots)
-    _post(app, ["/slots/{id_slot}"], slot_action, "object")
+    _post(app, ["/slots/{id_slot}"], slot_action, "slot_action", query=slot_action_query(bool(ctx.opts.slot_save_path)))
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=ctx.opts.endpoint_metrics)
     _post(app, ["/embedding", "/embeddings", "/v1/embeddings"], embeddings, "object", listed=False)
     _post(app, ["/rerank", "/reranking", "/v1/rerank", "/v1/reranking"], rerank, "object", listed=False)

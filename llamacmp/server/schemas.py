@@ -86,7 +86,8 @@ def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenPar
             raise bad_request(f"'{key}' is not supported by llamacmp yet (only its default, {default})")
     penalty_last_n = f.int("repeat_last_n", s.penalty_last_n)
     sampling = replace(
-        s, seed=f.int("seed", s.seed, -2**63, 2**64 - 1), temp=f.float("temperature", s.temp), top_k=f.int("top_k", s.top_k),
+        s, seed=f.int("seed", s.seed, -2**63, 2**64 - 1), temp=f.float("temperature", s.temp),
+        top_k=f.int("top_k", s.top_k),
         top_p=f.float("top_p", s.top_p), min_p=f.float("min_p", s.min_p), typ_p=f.float("typical_p", s.typ_p),
         min_keep=f.int("min_keep", s.min_keep),
         penalty_last_n=d.n_ctx if penalty_last_n == -1 else penalty_last_n,

@@ -42,6 +42,10 @@ CASES = [
     ("-s 4294967296", f"{C} -p hi -n 1 -s 4294967296", 1, "stoul: out of range"),
     ("--image missing.png", f"{PY} llamacmp.cli.chat -m $M --image missing.png -p hi -st -n 2", 1,
      "error: cannot use --image 'missing.png'"),
+    ("template renders nothing (cli)", f"{PY} llamacmp.cli.chat -m $M --jinja --chat-template '{{# x #}}' -p hi -st "
+     "-n 2", 1, "error: input is empty"),
+    ("template renders nothing (completion)", f"{PY} llamacmp.cli.completion -m $M --jinja --chat-template "
+     "'{# x #}' -p hi -n 2 -cnv < /dev/null", 1, "error: input is empty"),
     ("-m missing", f"{C} -m /nonexistent.gguf -p hi", 1, "error"),
 ]
 

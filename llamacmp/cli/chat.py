@@ -228,7 +228,10 @@ class Chat:
                 chunks = split_prompt(prompt, self.images, lambda s: self.tok.encode(s, parse_special=True))
                 sync_session(self.session, chunks)
             else:
-                self.session.sync_prompt(self.tok.encode(prompt, parse_special=True))
+                ids = self.tok.encode(prompt, parse_special=True)
+                if not ids:
+                    raise CliError("error: input is empty (the chat template rendered nothing)")
+                self.session.sync_prompt(ids)
         except ContextFull as e:
             self.io.error(f"Error: {e}\n")
             return

@@ -14,7 +14,7 @@ from . import sse
 from .context import ServerContext, random_id
 from .errors import ApiError, bad_request
 from .schemas import Fields, gen_params, oai_stop, tokenize_prompts
-from .validate import MAX_GRAMMAR_BYTES
+from .validate import MAX_GRAMMAR_BYTES, MAX_N_PROBS
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -222,7 +222,7 @@ async def handle_oai_completion(ctx: ServerContext, request: Request, body: dict
         if key in body:
             raise bad_request(f"Unsupported param: {key}")
     if f.has("logprobs") and not f.has("n_probs"):
-        body = {**body, "n_probs": f.int("logprobs", 0)}
+        body = {**body, "n_probs": f.int("logprobs", 0, hi=MAX_N_PROBS)}
     params, tasks = await ctx.prep(_prepare, ctx, body, request=request)
     cid, created = "cmpl-" + random_id(), int(time.time())
     if params.stream:

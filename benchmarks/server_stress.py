@@ -6,7 +6,10 @@ not, with random early disconnects. Checks, and exits 1 unless all hold:
     evaluates its prompt from scratch, alone or not);
   - host RSS and device memory of the server flat over the second half of the run (sampled every few seconds;
     growth <= 2% + 64 MiB);
-  - every slot idle at the end.
+  - every slot idle at the end;
+  - with --bad: the bad requests of issue 22 (NaN/1e999/huge ints, deep nesting, lone surrogates, malformed tool
+    calls, template-global overrides, oversized n_probs/stop/grammar, image without a projector, ...) interleaved:
+    each answered 4xx, never 5xx; and /health answering 200 throughout (polled every second).
 Usage:
   python benchmarks/server_stress.py URL [--threads 16] [--seconds 30]          (a running server; no memory check)
   python benchmarks/server_stress.py --model M.gguf --np 32 --threads 32 --seconds 300   (starts llamacmp-server)
@@ -73,6 +76,34 @@ def other_request(client: httpx.Client, rng: random.Random) -> int:
         return r.status_code
 
 
+_USER = [{"role": "user", "content": "hi"}]
+BAD = [  # (path, raw JSON body): each must be answered 4xx (issue 22)
+    ("/completion", '{"prompt": "Hi", "temperature": NaN}'),
+    ("/completion", '{"prompt": "Hi", "top_p": 1e999}'),
+    ("/completion", '{"prompt": "Hi", "n_predict": ' + "9" * 5000 + "}"),
+    ("/completion", '{"prompt": "Hi", "x": ' + "[" * 5000 + "]" * 5000 + "}"),
+    ("/completion", '{"prompt": "\\ud800"}'),
+    ("/completion", '{"prompt": "Hi", "n_probs": 1000000}'),
+    ("/completion", json.dumps({"prompt": "Hi", "stop": ["x" * 1000] * 1000})),
+    ("/completion", json.dumps({"prompt": "Hi", "grammar": "root ::= " + " | ".join(['"a"'] * 60000)})),
+    ("/completion", '{"prompt": "Hi", "json_schema": ' + '{"items":' * 200 + "{}" + "}" * 200 + "}"),
+    ("/v1/chat/completions", json.dumps({"messages": [{"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}, *_USER]})),
+    ("/v1/chat/completions", json.dumps({"messages": _USER, "chat_template_kwargs": {"raise_exception": 1}})),
+    ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]})),
+    ("/v1/messages", json.dumps({"max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": 5}]}]})),
+    ("/slots/\u00b2?action=erase", "{}"),
+    ("/detokenize", '{"tokens": [Infinity]}'),
+]
+
+
+def bad_request(client: httpx.Client, rng: random.Random) -> int:
+    path, raw = BAD[rng.randrange(len(BAD))]
+    return client.post(path, content=raw.encode(), headers={"Content-Type": "application/json"}).status_code
+
+
 def device_mib(pid: int) -> float:
     """Device memory nvidia-smi attributes to `pid` (MiB); nan without nvidia-smi."""
     try:
@@ -119,6 +150,7 @@ def main() -> None:
     ap.add_argument("--p-drop", type=float, default=0.01, help="chance a greedy stream is dropped per token")
     ap.add_argument("--other", type=float, default=0.2, help="share of requests from the old mixed traffic (text "
                     "prompts and chat: give 0 for a model whose vocabulary cannot tokenize text)")
+    ap.add_argument("--bad", type=float, default=0.0, help="share of requests that are issue 22's bad requests")
     ap.add_argument("--load-timeout", type=float, default=600)
     a = ap.parse_args()
     if a.shape and not a.model:
@@ -156,6 +188,8 @@ def stress(a, pid: int) -> bool:
             ref.append(toks)
         print(f"{len(pool)} references alone in {time.time() - t:.0f} s", flush=True)
     counts: collections.Counter = collections.Counter()
+    bad_counts: collections.Counter = collections.Counter()
+    health: list[float] = []                 # seconds per /health answer; inf where it failed
     checked, mismatched, dropped = [0], [], [0]
     lock = threading.Lock()
     mem: list[tuple[float, float]] = []
@@ -170,10 +204,26 @@ def stress(a, pid: int) -> bool:
                 rss.append((time.time() - t0, rss_mib(pid)))
             time.sleep(5)
 
+    def health_poller() -> None:
+        with httpx.Client(base_url=a.url, timeout=30) as c:
+            while time.time() < stop:
+                t1 = time.time()
+                try:
+                    ok = c.get("/health").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                health.append(time.time() - t1 if ok else float("inf"))
+                time.sleep(1.0)
+
     def worker(seed: int) -> None:
         rng = random.Random(seed)
         with httpx.Client(base_url=a.url, timeout=600) as c:
             while time.time() < stop:
+                if rng.random() < a.bad:
+                    code = bad_request(c, rng)
+                    with lock:
+                        bad_counts[code] += 1
+                    continue
                 if rng.random() < a.other:
                     code = other_request(c, rng)
                     with lock:
@@ -191,6 +241,7 @@ def stress(a, pid: int) -> bool:
                         dropped[0] += 1
     threads = [threading.Thread(target=worker, args=(i + 1,)) for i in range(a.threads)]
     threads.append(threading.Thread(target=sampler))
+    threads.append(threading.Thread(target=health_poller))
     for th in threads:
         th.start()
     for th in threads:
@@ -205,11 +256,17 @@ def stress(a, pid: int) -> bool:
           f"different: {len(mismatched)} (pool ids {sorted(set(mismatched))[:10]}); dropped by the client: {dropped[0]}")
     print(f"host RSS (second half): {rss_txt} {'flat' if rss_ok else 'GROWING'}; "
           f"device memory: {mem_txt} {'flat' if mem_ok else 'GROWING'}")
+    bad_wrong = sum(v for k, v in bad_counts.items() if not 400 <= k < 500)
+    if a.bad:
+        print(f"bad requests: status codes {dict(bad_counts)}; not 4xx: {bad_wrong}")
+    slow = max(health, default=float("nan"))
+    print(f"/health: {len(health)} polls, {sum(h == float('inf') for h in health)} failed, slowest {slow:.2f} s")
     print(f"busy slots after the run: {busy}")
     if pid:
         print("samples (s, device MiB, RSS MiB):",
               [(round(t), m if m != m else round(m), r if r != r else round(r)) for (t, m), (_, r) in zip(mem, rss)])
-    return not busy and n5xx == 0 and not mismatched and mem_ok and rss_ok and checked[0] > 0
+    return (not busy and n5xx == 0 and not mismatched and mem_ok and rss_ok and checked[0] > 0 and bad_wrong == 0
+            and all(h != float("inf") for h in health))
 
 
 if __name__ == "__main__":

@@ -17,10 +17,40 @@ class Unsupported(ArgError):
 # -- value parsers (their exception text is what llama.cpp's std::sto* would say) ------------------------------
 
 def to_int(s: str) -> int:
+    """std::stoi: an int32, else "stoi" (invalid) or "stoi: out of range"."""
     try:
-        return int(s.strip())
+        v = int(s.strip())
     except ValueError:
         raise ValueError("stoi") from None
+    if not -2**31 <= v < 2**31:
+        raise ValueError("stoi: out of range")
+    return v
+
+
+def to_count(s: str) -> int:
+    """A size that cannot be negative (-c 0 means the model's own)."""
+    v = to_int(s)
+    if v < 0:
+        raise ValueError(f"must be >= 0, got {v}")
+    return v
+
+
+def to_seed(s: str) -> int:
+    """std::stoul into a uint32: -1 (random) up to 4294967295."""
+    try:
+        v = int(s.strip())
+    except ValueError:
+        raise ValueError("stoul") from None
+    if not -2**31 <= v < 2**32:
+        raise ValueError("stoul: out of range")
+    return v
+
+
+def to_port(s: str) -> int:
+    v = to_int(s)
+    if not 0 <= v <= 65535:
+        raise ValueError(f"port must be 0-65535, got {v}")
+    return v
 
 
 def to_float(s: str) -> float:
@@ -96,12 +126,22 @@ def json_object(s: str) -> dict:
     return value
 
 
+MAX_STREAM_BYTES = 64 << 20      # read from a pipe or device (-f /dev/stdin); /dev/zero would never end
+
+
 def read_text(path: str) -> str:
+    """A regular file whole; anything else (a pipe, a device) up to MAX_STREAM_BYTES."""
+    import os
+    import stat
     try:
-        with open(path, encoding="utf-8", errors="replace", newline="") as f:   # CRLF kept, as llama.cpp's ifstream
-            return f.read()
+        with open(path, "rb") as f:
+            regular = stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+            data = f.read() if regular else f.read(MAX_STREAM_BYTES + 1)
     except OSError:
         raise ValueError(f"error: failed to open file '{path}'\n") from None
+    if len(data) > MAX_STREAM_BYTES and not regular:
+        raise ValueError(f"error: '{path}' gives more than {MAX_STREAM_BYTES >> 20} MiB and is not a regular file\n")
+    return data.decode("utf-8", errors="replace")
 
 
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from . import BUILD_NUMBER, __version__
 from .arg_values import (CACHE_TYPES, ArgError, Unsupported, choice, device_list, gpu_layers, json_object,
-                         logit_bias, on_off_auto, process_escapes, read_text, tensor_split, to_bool, to_float, to_int)
+                         logit_bias, on_off_auto, process_escapes, read_text, tensor_split, to_bool, to_count,
+                         to_float, to_int, to_port, to_seed)
 from .kv_quant import KV_TYPES
 from .models.split import BRIDGES as SPLIT_BRIDGES
 from .params import Params, tool_defaults
@@ -296,7 +299,7 @@ OPTIONS: tuple[Option, ...] = (
       help="a file containing the system prompt (default: none)"),
     O("-n", "--predict", "--n-predict", value="N", dest="n_predict", parse=to_int, env="LLAMA_ARG_N_PREDICT",
       help="number of tokens to predict (default: -1, -1 = infinity)"),
-    O("-c", "--ctx-size", value="N", dest="n_ctx", parse=to_int, env="LLAMA_ARG_CTX_SIZE",
+    O("-c", "--ctx-size", value="N", dest="n_ctx", parse=to_count, env="LLAMA_ARG_CTX_SIZE",
       help="size of the prompt context (default: 0, 0 = loaded from model)"),
     O("-b", "--batch-size", value="N", dest="n_batch", parse=to_int, env="LLAMA_ARG_BATCH",
       help="logical maximum batch size (default: 2048)"),
@@ -356,7 +359,7 @@ OPTIONS: tuple[Option, ...] = (
     O("--warmup", dest="warmup", neg=("--no-warmup",), noop="llamacmp runs no warm-up pass (its CUDA graphs are "
       "captured on the first decode)", help="whether to perform warmup with an empty run"),
     # sampling (seed..penalties carry the GGUF general.sampling.* key that may replace their default)
-    O("-s", "--seed", value="SEED", dest="sampling.seed", parse=to_int,
+    O("-s", "--seed", value="SEED", dest="sampling.seed", parse=to_seed,
       help="RNG seed (default: -1, use random seed for -1)"),
     O("--samplers", value="SAMPLERS", parse=parse_sampler_names, apply=_set_seq, gguf_key="sequence",
       help="samplers that will be used for generation in the order, separated by ';'\n(default: "
@@ -490,7 +493,7 @@ OPTIONS: tuple[Option, ...] = (
     # llama-server
     O("--host", value="HOST", dest="server.host", parse=str, env="LLAMA_ARG_HOST", tools=S,
       help="ip address to listen, or bind to an UNIX socket if the address ends with .sock (default: 127.0.0.1)"),
-    O("--port", value="PORT", dest="server.port", parse=to_int, env="LLAMA_ARG_PORT", tools=S,
+    O("--port", value="PORT", dest="server.port", parse=to_port, env="LLAMA_ARG_PORT", tools=S,
       help="port to listen (default: 8080)"),
     O("--api-key", value="KEY", dest="server.api_keys", parse=_comma_list, env="LLAMA_API_KEY", tools=S,
       help="API key to use for authentication, multiple keys can be provided as a comma-separated list "
@@ -957,6 +960,8 @@ def usage_text(tool: str) -> str:
 def parse_or_exit(tool: str, argv: list[str] | None = None) -> Params:
     """Entry-point helper: prints help/version/errors as llama.cpp does and exits where it would."""
     argv = sys.argv[1:] if argv is None else argv
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # see llamacmp._quiet_interrupt
     try:
         parsed = parse_args(tool, argv)
     except ArgError as e:

@@ -25,6 +25,10 @@ CHATML_TEMPLATE = ("{%- for message in messages -%}{{- '<|im_start|>' + message.
                    "{%- endif -%}")
 
 
+# the variables render() passes besides messages & co (chat_template_kwargs may not replace them either)
+RENDER_NAMES = ("tools", "add_generation_prompt", "bos_token", "eos_token", "messages")
+
+
 class TemplateError(Exception):
     """The template raised (raise_exception) or failed to render; the message says which."""
 
@@ -52,9 +56,25 @@ def _date_context() -> dict:
     return {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
 
 
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The sandbox, with `*` and `**` checked before they run: jinja folds constant expressions when it compiles
+    a template, so `{{ 'x' * 2000000000 }}` in a GGUF's template would allocate 2 GB at load (and `9 ** 9 ** 9`
+    never end); at render time the same goes for client data."""
+    intercepted_binops = frozenset({"*", "**"})
+    MAX_ITEMS = 1 << 24                  # characters or elements a repetition may make
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > self.MAX_ITEMS:
+                    raise TemplateError(f"chat template: a repetition of {len(seq) * n} items is too large")
+        elif isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 256:
+            raise TemplateError(f"chat template: {left} ** {right} is too large")
+        return super().call_binop(context, operator, left, right)
+
+
 def make_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -128,8 +148,14 @@ class ChatTemplate:
     def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
                enable_thinking: bool = True, extra: dict | None = None) -> str:
         ctx = {"messages": normalize_messages(messages), "add_generation_prompt": add_generation_prompt,
-               "bos_token": self.bos_token, "eos_token": self.eos_token, **_date_context(), **(extra or {}),
-               "enable_thinking": enable_thinking}
+               "bos_token": self.bos_token, "eos_token": self.eos_token, "enable_thinking": enable_thinking}
+        # extra (chat_template_kwargs) adds variables; it may not replace the template's inputs or its helpers
+        taken = [k for k in extra or {} if k != "enable_thinking" and (k in ctx or k in RENDER_NAMES
+                                                                       or k in self._template.globals)]
+        if taken:
+            raise TemplateError(f"chat_template_kwargs.{taken[0]} may not override the template's own "
+                                f"'{taken[0]}'")
+        ctx = {**_date_context(), **(extra or {}), **ctx}      # kwargs may set date_string / datetime
         if tools:
             ctx["tools"] = tools
         try:
@@ -138,6 +164,10 @@ class ChatTemplate:
             raise
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template failed to render: {e}") from None
+        except RecursionError:
+            raise TemplateError("chat template failed to render: recursion too deep") from None
+        except Exception as e:           # the template ran on client data (|items of a string, ...): the client's
+            raise TemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from None
 
 
 @dataclass

@@ -6,11 +6,20 @@ Dimension letters used across the project (DESIGN.md §4):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
 class ConfigError(ValueError):
     """A GGUF's metadata does not describe a model we can run; the message names the key."""
+
+
+def uint32(key: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"'{key}' must be an integer, got {type(v).__name__} {v!r:.40}")
+    if not 0 <= v < 2**32:
+        raise ConfigError(f"'{key}' = {v} is out of range for an unsigned 32-bit integer")
+    return v
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +61,10 @@ class ModelConfig:
             raise ConfigError(f"rope.dimension_count {self.n_rot} must be even and within head dim {self.head_dim}")
         if not self.rms_eps > 0:
             raise ConfigError(f"attention.layer_norm_rms_epsilon must be positive, got {self.rms_eps}")
+        if not self.rope_base > 0:
+            raise ConfigError(f"rope.freq_base must be positive, got {self.rope_base}")
+        if self.n_ctx_train <= 0:
+            raise ConfigError(f"context_length must be positive, got {self.n_ctx_train}")
         # Layer il is full attention iff (il + 1) % interval == 0 (llama.cpp's rule); the rest are GDN.
         is_attn = [(il + 1) % self.full_attention_interval == 0 for il in range(self.n_layer)]
         object.__setattr__(self, "attn_layers", tuple(i for i, a in enumerate(is_attn) if a))
@@ -75,39 +88,52 @@ class ModelConfig:
         arch = kv.get("general.architecture")
         p = f"{arch}."
 
-        def need(key: str):
-            if p + key not in kv:
+        def need(key: str, default=None):
+            if p + key not in kv and default is None:
                 raise ConfigError(f"GGUF is missing required key '{p + key}'")
-            return kv[p + key]
+            return kv.get(p + key, default)
 
-        head_dim = int(need("attention.key_length"))
-        if int(kv.get(p + "attention.value_length", head_dim)) != head_dim:
+        def u32(key: str, default: int | None = None) -> int:
+            """An unsigned 32-bit integer key, as llama.cpp's typed getter reads it: "8", 8.5 or true are not."""
+            return uint32(p + key, need(key, default))
+
+        def real(key: str, default: float | None = None) -> float:
+            v = need(key, default)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ConfigError(f"'{p + key}' must be a finite number, got {v!r:.40}")
+            return float(v)
+
+        head_dim = u32("attention.key_length")
+        if u32("attention.value_length", head_dim) != head_dim:
             raise ConfigError(f"'{p}attention.value_length' differs from key_length: not supported")
-        ssm_state = int(need("ssm.state_size"))
-        v_heads = int(need("ssm.time_step_rank"))
-        inner = int(need("ssm.inner_size"))
+        ssm_state = u32("ssm.state_size")
+        v_heads = u32("ssm.time_step_rank")
+        inner = u32("ssm.inner_size")
         if inner != v_heads * ssm_state:
             raise ConfigError(f"'{p}ssm.inner_size' {inner} != time_step_rank*state_size {v_heads * ssm_state}")
-        sections = kv.get(p + "rope.dimension_sections", (0, 0, 0, 0))
+        sections = need("rope.dimension_sections", [0, 0, 0, 0])
+        if not isinstance(sections, (list, tuple)) or len(sections) > 4:
+            raise ConfigError(f"'{p}rope.dimension_sections' must be an array of at most 4 integers")
+        name = kv.get("general.name", "")
         return cls(
-            n_layer=int(need("block_count")),
-            n_embd=int(need("embedding_length")),
-            n_ff=int(need("feed_forward_length")),
-            n_head=int(need("attention.head_count")),
-            n_head_kv=int(need("attention.head_count_kv")),
+            n_layer=u32("block_count"),
+            n_embd=u32("embedding_length"),
+            n_ff=u32("feed_forward_length"),
+            n_head=u32("attention.head_count"),
+            n_head_kv=u32("attention.head_count_kv"),
             head_dim=head_dim,
             n_vocab=n_vocab,
-            n_ctx_train=int(kv.get(p + "context_length", 262144)),
-            rms_eps=float(need("attention.layer_norm_rms_epsilon")),
-            rope_base=float(kv.get(p + "rope.freq_base", 10000.0)),
-            n_rot=int(kv.get(p + "rope.dimension_count", head_dim)),
-            rope_sections=tuple(int(s) for s in sections),
-            conv_kernel=int(need("ssm.conv_kernel")),
-            ssm_k_heads=int(need("ssm.group_count")),
+            n_ctx_train=u32("context_length", 262144),
+            rms_eps=real("attention.layer_norm_rms_epsilon"),
+            rope_base=real("rope.freq_base", 10000.0),
+            n_rot=u32("rope.dimension_count", head_dim),
+            rope_sections=tuple(uint32(f"{p}rope.dimension_sections", s) for s in sections),
+            conv_kernel=u32("ssm.conv_kernel"),
+            ssm_k_heads=u32("ssm.group_count"),
             ssm_v_heads=v_heads,
             ssm_head_dim=ssm_state,
-            full_attention_interval=int(kv.get(p + "full_attention_interval", 4)),
+            full_attention_interval=u32("full_attention_interval", 4),
             tied_embeddings=tied,
             architecture=str(arch),
-            name=str(kv.get("general.name", "")),
+            name=name if isinstance(name, str) else "",
         )

@@ -144,7 +144,7 @@ class GGUFFile:
         self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         reader = _HeaderReader(self._map, self.path)
         self.metadata, self._tensors = reader.read()
-        self._validate_tensors()
+        self._validate_tensors(reader.alignment, reader.data_start)
 
     @property
     def architecture(self) -> str:
@@ -154,13 +154,21 @@ class GGUFFile:
         return arch
 
     # -- tensors -------------------------------------------------------------------------------------------
-    def _validate_tensors(self) -> None:
+    def _validate_tensors(self, alignment: int, expected: int) -> None:
+        """Types we load, and llama.cpp's layout rule: each tensor's data starts where the one before it ends,
+        padded to the alignment (so a misaligned or overlapping offset, or a type relabelled to one of another
+        byte size, is refused instead of read as the wrong bytes)."""
         size = len(self._map)
         for t in self._tensors.values():
             if t.type_id not in TYPE_NAMES:
                 raise GGUFError(f"{self.path}: tensor '{t.name}' has type "
                                 f"{ALL_TYPE_NAMES.get(t.type_id, f'#{t.type_id}')}, which llamacmp does not load "
                                 f"(supported: {', '.join(TYPE_NAMES.values())})")
+            if t.offset != expected:
+                raise GGUFError(f"{self.path}: tensor '{t.name}' data is at offset {t.offset}, expected {expected}: "
+                                f"tensor data must follow one another in order, each aligned to {alignment} bytes "
+                                "(misaligned, overlapping, or a type or shape that does not match the bytes)")
+            expected = t.offset + -(-t.n_bytes // alignment) * alignment
             if t.offset + t.n_bytes > size:
                 raise GGUFError(f"{self.path}: tensor '{t.name}' extends past the end of the file "
                                 f"(needs byte {t.offset + t.n_bytes}, file has {size}): truncated?")
@@ -257,6 +265,8 @@ class _HeaderReader:
         if type_id != 9:
             raise GGUFError(f"{self.path}: unknown value type {type_id} in {self.what}")
         item_type, count = self.scalar(4), self.scalar(10)
+        if item_type == 9:                            # llama.cpp's reader has no arrays of arrays either
+            raise GGUFError(f"{self.path}: nested array in {self.what}")
         if item_type in _NUMPY:
             size = np.dtype(_NUMPY[item_type]).itemsize
             at = self._need(count * size)
@@ -294,21 +304,28 @@ class _HeaderReader:
             self.what = f"metadata key #{i}"
             key = self.string()
             self.what = f"metadata key '{key}'"
+            if key in metadata:                       # one value wins silently otherwise (an appended block_count)
+                raise GGUFError(f"{self.path}: duplicate key '{key}'")
             metadata[key] = self.value(self.scalar(4))
-        infos = []
+        infos, seen = [], set()
         for i in range(n_tensors):
             self.what = f"tensor info #{i}"
             name = self.string()
             self.what = f"tensor info '{name}'"
+            if name in seen:
+                raise GGUFError(f"{self.path}: duplicate tensor name '{name}'")
+            seen.add(name)
             n_dims = self.scalar(4)
             if not 1 <= n_dims <= 4:
                 raise GGUFError(f"{self.path}: tensor '{name}' has {n_dims} dimensions")
             ne = tuple(self.scalar(10) for _ in range(n_dims))
             infos.append((name, ne, self.scalar(4), self.scalar(10)))
-        alignment = int(metadata.get("general.alignment", 32))
-        if alignment <= 0 or alignment & (alignment - 1):
+        alignment = metadata.get("general.alignment", 32)
+        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or \
+                alignment & (alignment - 1):
             raise GGUFError(f"{self.path}: general.alignment {alignment} is not a power of two")
         data_start = -(-self.pos // alignment) * alignment
+        self.alignment, self.data_start = alignment, data_start
         return metadata, {name: self._record(name, ne, tid, off, data_start) for name, ne, tid, off in infos}
 
     def _record(self, name: str, ne: tuple[int, ...], type_id: int, offset: int, data_start: int) -> _TensorRecord:

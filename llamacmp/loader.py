@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from .backends.base import Backend
@@ -9,6 +10,8 @@ from .config import ConfigError, ModelConfig
 from .gguf_file import GGUFError, GGUFFile
 from .models import model_class
 from .weights import load_weights
+
+_LAYER = re.compile(r"blk\.(\d+)\.")
 
 
 @dataclass
@@ -23,6 +26,36 @@ class LoadedModel:
     @property
     def metadata(self) -> dict:
         return self.gguf.metadata
+
+
+def _check_layers(f: GGUFFile) -> None:
+    """block_count must be the number of layers whose tensors the file holds (checked before anything is sized by
+    it: a block_count of 2^31 must not build a list); a smaller one would run part of the model silently."""
+    key = f"{f.architecture}.block_count"
+    n = f.metadata.get(key)
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise GGUFError(f"{f.path}: '{key}' must be an integer, got {n!r:.40}")
+    present = {int(m.group(1)) for m in map(_LAYER.match, f.names()) if m}
+    n_present = max(present) + 1 if present else 0
+    if n != n_present:
+        raise GGUFError(f"{f.path}: '{key}' is {n} but the file has tensors for {n_present} layers "
+                        f"(blk.0 .. blk.{n_present - 1})")
+
+
+def _check_tokenizer_keys(f: GGUFFile) -> None:
+    md = f.metadata
+    tmpl = md.get("tokenizer.chat_template")
+    if tmpl is not None and not isinstance(tmpl, str):
+        raise GGUFError(f"{f.path}: 'tokenizer.chat_template' must be a string, got {type(tmpl).__name__}")
+    tokens = md.get("tokenizer.ggml.tokens")
+    if tokens is not None and not (isinstance(tokens, list) and all(isinstance(t, str) for t in tokens)):
+        raise GGUFError(f"{f.path}: 'tokenizer.ggml.tokens' must be an array of strings")
+    n = len(tokens or ())
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.padding_token_id",
+                "tokenizer.ggml.eot_token_id"):
+        v = md.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n):
+            raise GGUFError(f"{f.path}: '{key}' must be a token id in 0..{n - 1}, got {v!r:.40}")
 
 
 def load_tokenizer(f: GGUFFile):
@@ -81,6 +114,8 @@ def load_placed(path: str | os.PathLike, backends: list[Backend], ratios=None, b
 def _open(path: str | os.PathLike):
     f = GGUFFile(path)
     model_class(f.architecture)          # an unknown architecture is refused before the weights are read
+    _check_layers(f)
+    _check_tokenizer_keys(f)
     n_vocab = len(f.metadata.get("tokenizer.ggml.tokens", [])) or f.info("token_embd.weight").shape[0]
     try:
         cfg = ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight"))

@@ -331,6 +331,36 @@ def context_length(path: str) -> int:
     return ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight")).n_ctx_train
 
 
+def host_available() -> int | None:
+    """Bytes of host memory available now (Linux MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_host(path: str, params, n_ctx: int, n_slots: int = 1, kv_types: tuple[str, str] | None = None) -> None:
+    """The host backends keep the KV cache in numpy arrays (f16 as f16, any other type dequantized to f32): refuse
+    a context whose caches cannot fit in the memory available, before the model is loaded (-c 1000000000 would
+    otherwise fail deep in an allocation)."""
+    from .config import ModelConfig
+    from .gguf_file import GGUFFile
+    f = GGUFFile(path)
+    n_vocab = len(f.metadata.get("tokenizer.ggml.tokens", [])) or f.info("token_embd.weight").shape[0]
+    cfg = ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight"))
+    n = n_ctx or cfg.n_ctx_train
+    per_value = sum(2 if t == "f16" else 4 for t in (kv_types or (params.cache_type_k, params.cache_type_v)))
+    need = n_slots * len(cfg.attn_layers) * n * cfg.n_head_kv * cfg.head_dim * per_value
+    have = host_available()
+    if have is not None and need > have:
+        raise PlanError(f"the KV cache for a context of {n} tokens ({n_slots} slot(s)) needs {need / 2**30:.1f} GiB "
+                        f"of host memory and {have / 2**30:.1f} GiB is available: lower -c (or -np)")
+
+
 def prepare_device(backend, path: str, params, n_ctx: int, n_slots: int = 1, all_logits: bool = False,
                    log=None, kv_types: tuple[str, str] | None = None) -> MemoryPlan | None:
     """Before a model is loaded onto a CUDA backend: plan its memory against the arena's cap (--device-mem-cap, or
@@ -338,6 +368,7 @@ def prepare_device(backend, path: str, params, n_ctx: int, n_slots: int = 1, all
     fit, and reserve the long-lived part in one piece. Other backends: None (host memory is not planned).
     kv_types: the (K, V) cache formats when they are not params' -ctk / -ctv (the server's engine)."""
     if backend.name != "cuda":
+        check_host(path, params, n_ctx, n_slots, kv_types)
         return None
     from .config import ModelConfig
     from .gguf_file import GGUFFile

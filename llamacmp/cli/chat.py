@@ -115,8 +115,8 @@ class Chat:
     def next_input(self) -> str | None:
         if self.p.prompt:
             for fname in self.p.image:            # --image goes with the -p turn, as llama-cli does
-                if not self.load_image(fname):
-                    break
+                if not self.load_image(fname):    # not an answer without it: the command line asked for it
+                    raise CliError(f"error: cannot use --image '{fname}' (see above)")
             text, self.p.prompt = self.p.prompt, ""
             shown = text[:500] + " ... (truncated)" if len(text) > 500 else text
             self.io.write(f"\n> {shown}\n", "prompt")
@@ -232,7 +232,10 @@ class Chat:
                 chunks = split_prompt(prompt, self.images, lambda s: self.tok.encode(s, parse_special=True))
                 sync_session(self.session, chunks)
             else:
-                self.session.sync_prompt(self.tok.encode(prompt, parse_special=True))
+                ids = self.tok.encode(prompt, parse_special=True)
+                if not ids:
+                    raise CliError("error: input is empty (the chat template rendered nothing)")
+                self.session.sync_prompt(ids)
         except ContextFull as e:
             self.io.error(f"Error: {e}\n")
             return

@@ -1,6 +1,7 @@
 """What every CLI tool does the same way: find and load the model, build the sampler, print llama.cpp's perf lines."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -147,12 +148,35 @@ def _rate(ms: float, n: int) -> str:
 
 
 def run_tool(main_body) -> int:
-    """Turn CliError into llama.cpp's 'print and exit 1'; Ctrl-C outside generation exits 130."""
+    """Turn CliError into llama.cpp's 'print and exit 1'; Ctrl-C outside generation exits 130. Closed standard
+    streams, a full disk or a closed pipe on stdout, and a template that raises are one-line errors too."""
+    from ..chat import TemplateError
+    if sys.stdin is None:                # started with stdin closed (<&-): read it as empty
+        sys.stdin = open(os.devnull)
+    if sys.stdout is None:
+        sys.stderr.write("error: standard output is closed\n")
+        return 1
     try:
         return main_body() or 0
     except CliError as e:
         sys.stderr.write(f"{e}\n")
         return 1
+    except TemplateError as e:
+        sys.stderr.write(f"error: the chat template failed: {e}\n")
+        return 1
     except KeyboardInterrupt:
         sys.stderr.write("\n")
         return 130
+    except OSError as e:                 # /dev/full, a closed pipe: the output cannot be written
+        sys.stderr.write(f"error: {e.strerror or e}\n")
+        _discard_stdout()
+        return 1
+
+
+def _discard_stdout() -> None:
+    """Point fd 1 at /dev/null so that the interpreter's last flush of unwritable output does not fail again."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.__stdout__.fileno())
+    except (OSError, AttributeError, ValueError):
+        pass

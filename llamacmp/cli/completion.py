@@ -164,14 +164,16 @@ class Completion:
 
     def loop(self, ids: list[int]) -> None:
         p = self.p
+        # -if (and conversation mode without -p) waits for the user before sampling anything
+        interact_first = p.interactive_first and not (self.conv is not None and p.prompt)
+        if not ids and not interact_first:       # e.g. a chat template that renders nothing: llama.cpp's error
+            raise CliError("error: input is empty")
         if p.n_predict == 0 and not p.interactive:
             return                           # llama-completion's main loop never starts: no echo, no prompt eval
         if ids:
             if p.display_prompt:
                 self.show_tokens(ids)
             self.feed(ids)
-        # -if (and conversation mode without -p) waits for the user before sampling anything
-        interact_first = p.interactive_first and not (self.conv is not None and p.prompt)
         stop = ""
         while True:
             if not interact_first:

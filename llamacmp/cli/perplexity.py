@@ -57,8 +57,8 @@ def run(p: Params) -> int:
         raise CliError("error: --ppl-stride and --ppl-output-type 1 are not supported by llamacmp yet")
     if not p.prompt_file:
         raise CliError("error: llamacmp-perplexity needs the text to score: pass it with -f FILE")
-    n_ctx = p.n_ctx
     loaded = load(p)
+    n_ctx = p.n_ctx if p.n_ctx > 0 else loaded.lm.cfg.n_ctx_train      # -c 0: the model's own, as llama.cpp
     tok = loaded.lm.tokenizer
     loaded.n_ctx = n_ctx
     t0 = time.perf_counter()

@@ -15,6 +15,7 @@ which the CMP's PCIe Gen1 x1 link would take ~0.2 s to move).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
@@ -200,14 +201,18 @@ def write_host_state(path: str, host: HostState) -> int:
             arrays[f"{name}{i}"] = a
     if host.logits is not None:
         arrays["logits"] = host.logits
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
-        return f.tell()
+    try:
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+            return f.tell()
+    except OSError:                      # disk full half way: leave no truncated slot file behind
+        if os.path.isfile(path):
+            os.remove(path)
+        raise
 
 
 def read_host_state(path: str, like: SeqState) -> tuple[HostState, int]:
     """Read a slot file written for a state shaped like `like`; ValueError if it does not fit."""
-    import os
     with np.load(path, allow_pickle=False) as z:
         def group(name: str, refs: list) -> list[np.ndarray]:
             out = [z[f"{name}{i}"] for i in range(len(refs))]

@@ -81,6 +81,9 @@ class Engine:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._flushers: list = []         # see on_results_flush
+        self._submit_lock = threading.Lock()
+        self.failed = ""                  # why the engine stopped for good ("" while it runs); see _die
+        self._on_fatal: list = []
 
     # -- thread-safe API (called from HTTP handlers) ----------------------------------------------------------
     def new_task_id(self) -> int:
@@ -91,8 +94,18 @@ class Engine:
     def submit(self, task) -> int:
         if isinstance(task, CompletionTask) and task.id == 0:
             task.id = self.new_task_id()
-        self._inbox.put(task)
+        with self._submit_lock:          # against _die: a task is either queued before it or answered here
+            if not self.failed:
+                self._inbox.put(task)
+                return getattr(task, "id", 0)
+        self._answer_dead(task)
+        self._flush()
         return getattr(task, "id", 0)
+
+    def on_fatal(self, fn) -> None:
+        """Call `fn(reason)` (on the engine thread) if the engine stops for good: the server then answers 503 on
+        /health and exits non-zero."""
+        self._on_fatal.append(fn)
 
     def cancel(self, task_id: int) -> None:
         self._inbox.put(CancelTask(task_id))
@@ -123,21 +136,67 @@ class Engine:
     def _run(self) -> None:
         # CUDA's current device is per thread: this thread runs the backend's work, so select its device here
         # (the model was loaded on another thread; a layer split runs its parts on threads of its own)
-        activate = getattr(self.backend, "activate", None)
-        if activate is not None:
-            activate()
-        while not self._stop.is_set():
-            busy = any(s.busy for s in self.slots)
-            self._drain(block=not busy and not self._waiting)
-            self._assign_waiting()
-            if any(s.busy for s in self.slots):
+        failures = 0
+        try:
+            activate = getattr(self.backend, "activate", None)
+            if activate is not None:
+                activate()
+            while not self._stop.is_set():
                 try:
-                    self._step()
-                except Exception as e:  # a failed step must not take the server down: fail its requests
-                    log.exception("engine step failed")
+                    self._iterate()
+                    failures = 0
+                except Exception as e:   # fail what is in flight and go on; the same failure again and again
+                    failures += 1        # (nothing succeeds in between) means the engine cannot go on
+                    log.exception("engine loop failed (%d in a row)", failures)
                     self._fail_busy_slots(f"engine error: {e}")
-            if not any(s.busy for s in self.slots):    # else the next step's launch flushes them
-                self._flush()
+                    if failures >= self.MAX_FAILURES:
+                        raise
+        except BaseException as e:       # never a silent death: every request is answered, /health says so
+            self._die(f"{type(e).__name__}: {e}")
+
+    MAX_FAILURES = 3                     # loop failures in a row before the engine gives up
+
+    def _iterate(self) -> None:
+        busy = any(s.busy for s in self.slots)
+        self._drain(block=not busy and not self._waiting)
+        self._assign_waiting()
+        if any(s.busy for s in self.slots):
+            try:
+                self._step()
+            except Exception as e:  # a failed step must not take the server down: fail its requests
+                log.exception("engine step failed")
+                self._fail_busy_slots(f"engine error: {e}")
+        if not any(s.busy for s in self.slots):    # else the next step's launch flushes them
+            self._flush()
+
+    def _die(self, reason: str) -> None:
+        log.critical("engine stopped: %s", reason)
+        with self._submit_lock:
+            self.failed = reason or "engine stopped"
+        pending = [s.task for s in self.slots if s.task is not None] + self._waiting
+        self._waiting = []
+        while True:
+            try:
+                pending.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        for task in pending:
+            self._answer_dead(task)
+        try:
+            self._flush()
+        finally:
+            for fn in self._on_fatal:
+                fn(self.failed)
+
+    def _answer_dead(self, task) -> None:
+        sink = getattr(task, "sink", None)
+        if sink is None:
+            return
+        try:
+            sink(ErrorResult(getattr(task, "id", 0), getattr(task, "index", 0),
+                             f"the engine has stopped: {self.failed}", "unavailable_error", 503))
+        except Exception:                # a sink that raises must not stop the others being answered
+            log.exception("could not answer a task after the engine stopped")
 
     def _drain(self, block: bool) -> None:
         try:
@@ -153,6 +212,16 @@ class Engine:
                 break
 
     def _handle(self, item) -> None:
+        """One task from the inbox; a failure answers that task with an error and the engine goes on."""
+        try:
+            self._handle_one(item)
+        except Exception as e:
+            log.exception("task %r failed", type(item).__name__)
+            sink = getattr(item, "sink", None)
+            if sink is not None and not isinstance(item, CompletionTask):
+                sink(ErrorResult(getattr(item, "id", 0), 0, f"{type(e).__name__}: {e}"))
+
+    def _handle_one(self, item) -> None:
         if isinstance(item, CompletionTask):
             self._waiting.append(item)
         elif isinstance(item, CancelTask):
@@ -183,16 +252,18 @@ class Engine:
     def _assign_waiting(self) -> None:
         still = []
         for task in self._waiting:
-            slot = self._pick_slot(task)
-            if slot is None:
-                still.append(task)
-                continue
+            slot = None
             try:
+                slot = self._pick_slot(task)
+                if slot is None:
+                    still.append(task)
+                    continue
                 self._load_prompt(slot, task)
             except Exception as e:
                 log.exception("failed to start task %d", task.id)
                 task.sink(ErrorResult(task.id, task.index, str(e), "server_error", 500))
-                self._release(slot)
+                if slot is not None:
+                    self._release(slot)
         self.metrics.n_requests_deferred = len(still)
         self._waiting = still
 
@@ -452,9 +523,12 @@ class Engine:
     def _fail_busy_slots(self, message: str) -> None:
         for slot in self.slots:
             if slot.busy:
-                slot.task.sink(ErrorResult(slot.task.id, slot.task.index, message))
-                self._reset(slot)
-                self._release(slot)
+                task = slot.task
+                try:
+                    task.sink(ErrorResult(task.id, task.index, message))
+                    self._reset(slot)
+                finally:
+                    self._release(slot)
 
     # -- queries (answered on the engine thread, so they see a consistent picture) ------------------------------
     def _query(self, kind: str):
@@ -499,7 +573,15 @@ class Engine:
             return {"id_slot": slot.id, "n_erased": n}
         if task.action == "save":
             c = slot.cache
-            n_bytes = write_host_state(task.filepath, self.ops.save_host(slot.state, c.tokens, c.last_logits, []))
+            try:
+                n_bytes = write_host_state(task.filepath,
+                                           self.ops.save_host(slot.state, c.tokens, c.last_logits, []))
+            except IsADirectoryError:
+                return ErrorResult(0, 0, f"Unable to save slot: '{task.filename}' is a directory",
+                                   "invalid_request_error", 400)
+            except OSError as e:         # missing folder, disk full, no permission: the operator's to fix
+                log.error("slot %d: cannot save %s: %s", slot.id, task.filepath, e)
+                return ErrorResult(0, 0, f"Unable to save slot to '{task.filename}': {e.strerror or e}")
             return {"id_slot": slot.id, "filename": task.filename, "n_saved": len(c.tokens), "n_written": n_bytes,
                     "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
         return self._restore_slot(slot, task, t0)
@@ -507,7 +589,7 @@ class Engine:
     def _restore_slot(self, slot: Slot, task: SlotActionTask, t0: float):
         try:
             host, n_bytes = read_host_state(task.filepath, slot.state)
-        except (OSError, ValueError, KeyError) as e:
+        except Exception as e:           # not a zip, not an npz, wrong arrays: np.load raises many kinds
             log.warning("slot %d: cannot restore %s: %s", slot.id, task.filepath, e)
             return ErrorResult(0, 0, "Unable to restore slot, no available space in KV cache or invalid slot save "
                                "file", "invalid_request_error", 400)

@@ -32,13 +32,22 @@ def find_stop(text: str, stops: list[str], start: int) -> tuple[int, str]:
 
 
 def partial_stop_len(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a stop string (held back while streaming)."""
+    """Length of the longest suffix of text that is a proper prefix of a stop string (held back while streaming).
+    Per stop, only the text's last len(stop) - 1 characters are looked at, and only where the stop's first
+    character occurs (str.find / startswith in C): per token O(stops x stop length), whatever the text length."""
     longest = 0
     for s in stops:
-        for n in range(min(len(s) - 1, len(text)), longest, -1):
-            if text.endswith(s[:n]):
-                longest = n
+        if len(s) < 2:
+            continue
+        tail = text[-(len(s) - 1):]
+        if len(tail) <= longest:
+            continue
+        i = tail.find(s[0], 0, len(tail) - longest)       # a suffix must be longer than the best so far
+        while i >= 0:
+            if s.startswith(tail[i:]):
+                longest = len(tail) - i
                 break
+            i = tail.find(s[0], i + 1, len(tail) - longest)
     return longest
 
 

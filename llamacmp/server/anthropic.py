@@ -24,12 +24,13 @@ def to_chat_body(body: dict) -> dict:
     if isinstance(system, str):
         messages.append({"role": "system", "content": system})
     elif isinstance(system, list):
-        text = "".join(b.get("text", "") for b in system if isinstance(b, dict) and b.get("type") == "text")
+        text = "".join(_text(b, f"system[{i}]") for i, b in enumerate(system)
+                       if isinstance(b, dict) and b.get("type") == "text")
         messages.append({"role": "system", "content": text})
     if "messages" not in body:
         raise bad_request("'messages' is required")
-    for msg in f.list("messages"):
-        messages.extend(_convert_message(msg))
+    for i, msg in enumerate(f.list("messages")):
+        messages.extend(_convert_message(msg, f"messages[{i}]"))
     out: dict = {"messages": messages, "max_tokens": body.get("max_tokens", 4096)}
     tools = [t for t in f.list("tools") if isinstance(t, dict)]
     if tools:
@@ -55,25 +56,36 @@ def to_chat_body(body: dict) -> dict:
     return out
 
 
-def _convert_message(msg) -> list[dict]:
+def _text(block: dict, where: str) -> str:
+    """A text block's text; another type there is the client's 400, not a crash or a silent ''."""
+    t = block.get("text", "")
+    if not isinstance(t, str):
+        raise bad_request(f"'{where}.text' must be a string")
+    return t
+
+
+def _convert_message(msg, where: str) -> list[dict]:
     if not isinstance(msg, dict):
         return []
     content = msg.get("content")
     if not isinstance(content, list):
         return [] if content is None and msg.get("role") == "assistant" else [msg]
     texts, calls, results, reasoning = [], [], [], ""
-    for block in content:
+    for j, block in enumerate(content):
         b = Fields(block)
         kind = b.str("type")
         if kind == "text":
-            texts.append({"type": "text", "text": b.str("text")})
+            texts.append({"type": "text", "text": _text(b.body, f"{where}.content[{j}]")})
         elif kind == "thinking":
             reasoning += b.str("thinking")
         elif kind == "tool_use":
+            if not isinstance(b.body.get("input", {}), dict):
+                raise bad_request(f"'{where}.content[{j}].input' must be an object")
             calls.append({"id": b.str("id"), "type": "function",
                           "function": {"name": b.str("name"), "arguments": json.dumps(b.dict("input"))}})
         elif kind == "tool_result":
-            results.append({"role": "tool", "tool_call_id": b.str("tool_use_id"), "content": _result_text(b)})
+            results.append({"role": "tool", "tool_call_id": b.str("tool_use_id"),
+                            "content": _result_text(b, f"{where}.content[{j}]")})
         elif kind == "image":
             texts.append({"type": "image_url"})      # refused later with llama.cpp's "image input" message
     out = []
@@ -87,12 +99,13 @@ def _convert_message(msg) -> list[dict]:
     return out + results
 
 
-def _result_text(b: Fields) -> str:
+def _result_text(b: Fields, where: str) -> str:
     c = b.raw("content")
     if isinstance(c, str):
         return c
     if isinstance(c, list):
-        return "".join(x.get("text", "") for x in c if isinstance(x, dict) and x.get("type") == "text")
+        return "".join(_text(x, f"{where}.content[{k}]") for k, x in enumerate(c)
+                       if isinstance(x, dict) and x.get("type") == "text")
     return ""
 
 
@@ -110,7 +123,7 @@ def _usage(r, output_tokens: int) -> dict:
 
 async def handle_messages(ctx: ServerContext, request: Request, body: dict) -> Response:
     chat = to_chat_body(body)
-    cp, params, tasks = await ctx.prep(prepare_chat, ctx, chat)
+    cp, params, tasks = await ctx.prep(prepare_chat, ctx, chat, request=request)
     mid = "msg_" + random_id()
     if params.stream:
         return await start_stream(ctx, tasks, _Events(ctx, cp, mid), done=False, error_event="error", request=request)

@@ -21,7 +21,7 @@ from .access_log import AccessLog
 from .context import ServerContext
 from .embeddings import handle_embeddings
 from .errors import ApiError, error_response, not_supported
-from .openapi_bodies import body_doc
+from .openapi_bodies import body_doc, slot_action_query
 from .schemas import parse_json_body
 from .webui import PAGE_PATHS, StaticPathError, add_page_routes
 
@@ -80,17 +80,22 @@ class Gate:
             if not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):   # constant time
                 return error_response(INVALID_KEY)
         length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > MAX_BODY:
+        if length.isascii() and length.isdigit() and int(length) > MAX_BODY:
             return JSONResponse({"error": {"code": 413, "message": "request body too large",
                                            "type": "invalid_request_error"}}, status_code=413)
         return None
 
 
 async def read_body(request: Request) -> dict:
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise ApiError("request body too large", "invalid_request_error")
-    return parse_json_body(raw)
+    """The JSON body; one over MAX_BODY (a chunked one has no Content-Length for the Gate) is refused with 413 as
+    soon as the limit is crossed, not after buffering it whole."""
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > MAX_BODY:
+            raise ApiError("request body too large", "invalid_request_error", status=413)
+        chunks.append(chunk)
+    return parse_json_body(b"".join(chunks))
 
 
 def create_app(ctx: ServerContext) -> FastAPI:
@@ -119,15 +124,17 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(ApiError(str(err) or type(err).__name__, "server_error"))
 
 
-def _post(app: FastAPI, paths: list[str], handler, doc: str, listed: bool = True) -> None:
+def _post(app: FastAPI, paths: list[str], handler, doc: str, listed: bool = True, query: list | None = None) -> None:
     """listed=False: the route answers (llama.cpp's 501 for a feature that is off) but is not in the OpenAPI
     document, which describes what this server actually serves."""
     for p in paths:
-        app.add_api_route(p, handler, methods=["POST"], openapi_extra=body_doc(doc), include_in_schema=listed)
+        app.add_api_route(p, handler, methods=["POST"], openapi_extra=body_doc(doc, query), include_in_schema=listed)
 
 
 def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def health():
+        if ctx.engine.failed:            # the engine thread stopped for good: the process is on its way out
+            raise ApiError(f"the engine has stopped: {ctx.engine.failed}", "unavailable_error")
         return {"status": "ok"}
 
     async def models():
@@ -158,10 +165,10 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
         return await chat_api.handle_apply_template(ctx, await read_body(request))
 
     async def tokenize(request: Request):
-        return await ctx.prep(misc.tokenize, ctx, await read_body(request))
+        return await ctx.prep(misc.tokenize, ctx, await read_body(request), request=request)
 
     async def detokenize(request: Request):
-        return await ctx.prep(misc.detokenize, ctx, await read_body(request))
+        return await ctx.prep(misc.detokenize, ctx, await read_body(request), request=request)
 
     async def props():
         return misc.props_json(ctx)
@@ -205,7 +212,7 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     app.add_api_route("/props", props, methods=["GET"])
     _post(app, ["/props"], set_props, "object", listed=ctx.opts.endpoint_props)
     app.add_api_route("/slots", slots, methods=["GET"], include_in_schema=ctx.opts.endpoint_slots)
-    _post(app, ["/slots/{id_slot}"], slot_action, "object")
+    _post(app, ["/slots/{id_slot}"], slot_action, "slot_action", query=slot_action_query(bool(ctx.opts.slot_save_path)))
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=ctx.opts.endpoint_metrics)
     _post(app, ["/embedding", "/embeddings", "/v1/embeddings"], embeddings, "object", listed=ctx.opts.embedding)
     _post(app, ["/rerank", "/reranking", "/v1/rerank", "/v1/reranking"], rerank, "object", listed=False)
@@ -257,8 +264,20 @@ def main(argv: list[str] | None = None) -> None:
     except StaticPathError as e:
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(1) from None
+    # SIGTERM / Ctrl-C: stop accepting, give requests in flight up to --timeout seconds, then cancel them
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=params.server.timeout,
+                                           timeout_graceful_shutdown=params.server.timeout, **kw))
+
+    def engine_failed(reason: str) -> None:
+        sys.stderr.write(f"error: the engine has stopped: {reason}\n")
+        server.should_exit = True
+    ctx.on_fatal = engine_failed
     _load_in_background(ctx, listening_address(params))
-    uvicorn.run(app, log_level="warning", timeout_keep_alive=params.server.timeout, **kw)
+    server.run()
+    if ctx.engine is not None:
+        ctx.engine.stop()
+        if ctx.engine.failed:
+            raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ from ..engine.tasks import FinalResult, GenParams, PartialResult
 from .completions import (attach_grammar, finish_reason, make_tasks, probs_json, raise_first_error, start_stream,
                           usage_json)
 from .context import ServerContext, random_id
-from .errors import ApiError, bad_request
+from .errors import bad_request
 from .schemas import Fields, gen_params, oai_stop
+from .validate import MAX_N_PROBS
 
 REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
 
@@ -52,33 +53,73 @@ def check_messages(body: dict, media: list | None = None, media_path: str = "") 
     for m in messages:
         if not isinstance(m, dict):
             raise bad_request("Expected each message to be an object")
-        role = m.get("role") if isinstance(m.get("role"), str) else ""
+        where = f"messages[{len(out)}]"
+        if "role" in m and not isinstance(m["role"], str):
+            raise bad_request(f"'{where}.role' must be a string")
+        role = m.get("role", "")
+        if m.get("tool_calls") is not None:
+            _check_tool_calls(m["tool_calls"], f"{where}.tool_calls")
         if role != "assistant" and "content" not in m:
             raise bad_request("All non-assistant messages must contain 'content'")
         if role == "assistant" and "content" not in m and "tool_calls" not in m:
             raise bad_request("Assistant message must contain either 'content' or 'tool_calls'!")
-        out.append({**m, "content": _text_content(m.get("content"), media, media_path)})
+        out.append({**m, "content": _text_content(m.get("content"), media, media_path, f"{where}.content")})
     return out
 
 
-def _text_content(content, media: list | None = None, media_path: str = ""):
+def _check_tool_calls(calls, where: str) -> None:
+    """An assistant's tool calls as templates read them (the Qwen3.5 one iterates arguments with |items): agents
+    echo a model's malformed call back, which is the client's 400, named, not a template crash."""
+    if not isinstance(calls, list):
+        raise bad_request(f"'{where}' must be an array")
+    for i, tc in enumerate(calls):
+        w = f"{where}[{i}]"
+        if not isinstance(tc, dict):
+            raise bad_request(f"'{w}' must be an object")
+        fn = tc.get("function", tc)
+        if not isinstance(fn, dict):
+            raise bad_request(f"'{w}.function' must be an object")
+        if not isinstance(fn.get("name", ""), str):
+            raise bad_request(f"'{w}.function.name' must be a string")
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args or "{}")
+            except (ValueError, RecursionError):
+                raise bad_request(f"'{w}.function.arguments' is not valid JSON") from None
+        if not isinstance(args, dict):
+            raise bad_request(f"'{w}.function.arguments' must be a JSON object (or a string holding one)")
+
+
+def _check_tools(tools) -> list[dict]:
+    if not isinstance(tools, list):
+        raise bad_request("'tools' must be an array")
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or not isinstance(t.get("function", {}), dict):
+            raise bad_request(f"'tools[{i}]{'' if not isinstance(t, dict) else '.function'}' must be an object")
+    return tools
+
+
+def _text_content(content, media: list | None = None, media_path: str = "", where: str = "content"):
     if content is None or isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad_request("Expected 'content' to be a string or an array")
     parts = []
-    for p in content:
+    for j, p in enumerate(content):
         kind = p.get("type") if isinstance(p, dict) else None
         if kind == "image_url":
             from .vision_input import content_part_marker
             parts.append(content_part_marker(p, media, media_path))
             continue
         if kind == "input_audio":
-            raise ApiError("audio input is not supported - hint: if this is unexpected, you may need to provide the "
-                           "mmproj", "server_error")
+            raise bad_request("audio input is not supported - hint: if this is unexpected, you may need to provide "
+                              "the mmproj")        # llama-server: 500; the client's input: 400
         if kind != "text":
             raise bad_request("unsupported content[].type")
-        parts.append(p.get("text") if isinstance(p.get("text"), str) else "")
+        if not isinstance(p.get("text", ""), str):
+            raise bad_request(f"'{where}[{j}].text' must be a string")
+        parts.append(p.get("text", ""))
     return "".join(parts)
 
 
@@ -121,7 +162,7 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
     vision = getattr(ctx, "vision", None)
     media: list | None = [] if vision is not None else None
     messages = check_messages(body, media, ctx.opts.media_path)
-    tools = [t for t in f.list("tools") if isinstance(t, dict)]
+    tools = _check_tools(body["tools"]) if body.get("tools") is not None else []
     choice = _tool_choice(body)
     _check_builtin(ctx, tools, body)
     if tools and choice != "none" and "grammar" in body:
@@ -179,7 +220,7 @@ def chat_gen_params(ctx: ServerContext, body: dict, stream: bool, has_tools: boo
     if f.bool("logprobs", False):
         if has_tools and stream:
             raise bad_request("logprobs is not supported with tools + stream")
-        body = {**body, "n_probs": f.int("top_logprobs", 20)}
+        body = {**body, "n_probs": f.int("top_logprobs", 20, hi=MAX_N_PROBS)}
     elif f.has("top_logprobs"):
         raise bad_request("top_logprobs requires logprobs to be set to true")
     return gen_params(body, ctx.defaults, ctx.tokenizer, ctx.n_vocab)
@@ -295,7 +336,7 @@ def prepare_chat(ctx: ServerContext, body: dict) -> tuple[ChatPrompt, GenParams,
 
 
 async def handle_chat(ctx: ServerContext, request: Request, body: dict) -> Response:
-    cp, params, tasks = await ctx.prep(prepare_chat, ctx, body)
+    cp, params, tasks = await ctx.prep(prepare_chat, ctx, body, request=request)
     cid, created = "chatcmpl-" + random_id(), int(time.time())
     if params.stream:
         include_usage = Fields(Fields(body).dict("stream_options")).bool("include_usage", False)

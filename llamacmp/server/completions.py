@@ -1,6 +1,7 @@
 """/completion (native), /v1/completions (OpenAI) and /infill: request -> tasks -> JSON or SSE."""
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from typing import AsyncIterator
@@ -13,6 +14,7 @@ from . import sse
 from .context import ServerContext, random_id
 from .errors import ApiError, bad_request
 from .schemas import Fields, gen_params, oai_stop, tokenize_prompts
+from .validate import MAX_GRAMMAR_BYTES, MAX_N_PROBS
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -159,6 +161,9 @@ def attach_grammar(ctx: ServerContext, body: dict, params: GenParams, after_thin
     schema = schema if isinstance(schema, dict) else None
     if grammar and schema is not None:
         raise bad_request("Cannot use both json_schema and grammar")
+    if len(grammar.encode()) > MAX_GRAMMAR_BYTES or schema is not None and \
+            len(json.dumps(schema).encode()) > MAX_GRAMMAR_BYTES:
+        raise bad_request(f"'{'grammar' if grammar else 'json_schema'}' is larger than {MAX_GRAMMAR_BYTES} bytes")
     if not grammar and schema is None:
         return params
     try:
@@ -189,7 +194,7 @@ def _prepare(ctx: ServerContext, body: dict) -> tuple[GenParams, list[Completion
 async def handle_native(ctx: ServerContext, request: Request, body: dict) -> Response:
     if "prompt" not in body:
         raise bad_request('"prompt" must be provided')
-    params, tasks = await ctx.prep(_prepare, ctx, body)
+    params, tasks = await ctx.prep(_prepare, ctx, body, request=request)
     fields = [x for x in Fields(body).list("response_fields") if isinstance(x, str)]
     if params.stream:
         return await start_stream(ctx, tasks, lambda r: _native_chunks(ctx, r, params, fields), done=False,
@@ -217,8 +222,8 @@ async def handle_oai_completion(ctx: ServerContext, request: Request, body: dict
         if key in body:
             raise bad_request(f"Unsupported param: {key}")
     if f.has("logprobs") and not f.has("n_probs"):
-        body = {**body, "n_probs": f.int("logprobs", 0)}
-    params, tasks = await ctx.prep(_prepare, ctx, body)
+        body = {**body, "n_probs": f.int("logprobs", 0, hi=MAX_N_PROBS)}
+    params, tasks = await ctx.prep(_prepare, ctx, body, request=request)
     cid, created = "cmpl-" + random_id(), int(time.time())
     if params.stream:
         return await start_stream(ctx, tasks, lambda r: [_oai_cmpl_chunk(ctx, r, params, cid, created)], done=True,

@@ -15,16 +15,18 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from .. import BUILD_NUMBER
 from ..chat import BuiltinTemplate, ChatTemplate, select_template
 from ..engine.scheduler import Engine, EngineConfig
 from ..params import Params, ServerParams
+from .errors import ClientGone
 from .schemas import ServerDefaults
 from .worker import EngineBridge
 
 log = logging.getLogger("llamacmp.server")
+PREP_THREADS = max(2, min(4, os.cpu_count() or 1))
 
 
 def random_id(n: int = 32) -> str:
@@ -46,12 +48,24 @@ class ServerContext:
     load_error: str = ""
     vision: object = None               # vision.projector.VisionProjector when -mm is given (read-only per request)
     template_caps: Optional[dict] = None    # /props chat_template_caps, found once (server/template_caps.py)
-    # templating and tokenizing run here, off the event loop (a long prompt must not stall other streams), on
-    # one thread so that the tokenizer's caches are never used concurrently
-    prep_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "llamacmp-prep"))
+    on_fatal: Optional[Callable[[str], None]] = None   # called if the engine thread stops for good (app.main)
+    # templating, tokenizing and grammar compiling run here, off the event loop (a long prompt must not stall
+    # other streams), on a few threads so that one slow request (a big grammar) does not hold up the others (the
+    # tokenizer and llguidance may be used from several threads)
+    prep_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(PREP_THREADS, "llamacmp-prep"))
 
-    async def prep(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.prep_pool, functools.partial(fn, *args))
+    async def prep(self, fn, *args, request=None):
+        """fn(*args) on the prep pool. With `request`: if its client leaves first, a job still queued never runs
+        (one already running finishes, unseen) and the handler ends with ClientGone."""
+        job = asyncio.get_running_loop().run_in_executor(self.prep_pool, functools.partial(fn, *args))
+        while request is not None:
+            done, _ = await asyncio.wait([job], timeout=0.25)
+            if done:
+                break
+            if await request.is_disconnected():
+                job.cancel()
+                raise ClientGone()
+        return await job
 
     @property
     def ready(self) -> bool:
@@ -125,6 +139,8 @@ class ServerContext:
         _log_lines(startup_log.slot_lines(n_slots, self.n_ctx_slot, self.opts.cache_ram_mib))
         _log_lines(startup_log.template_lines(self.template, p.chat_template, p.chat_template_file,
                                               p.enable_thinking and self.template.supports_thinking))
+        if self.on_fatal is not None:
+            engine.on_fatal(self.on_fatal)
         engine.start()
         self.lm, self.bridge = lm, EngineBridge(engine)
         self.engine = engine            # last: from here on the server answers

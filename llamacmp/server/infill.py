@@ -62,4 +62,5 @@ def infill_tokens(ctx: ServerContext, body: dict) -> list[int]:
 
 
 async def handle_infill(ctx: ServerContext, request: Request, body: dict) -> Response:
-    return await handle_native(ctx, request, {**body, "prompt": await ctx.prep(infill_tokens, ctx, body)})
+    prompt = await ctx.prep(infill_tokens, ctx, body, request=request)
+    return await handle_native(ctx, request, {**body, "prompt": prompt})

@@ -11,6 +11,7 @@ from .completions import generation_settings
 from .context import ServerContext
 from .errors import ApiError, bad_request, not_supported
 from .schemas import Fields
+from .validate import ascii_int
 
 
 def models_json(ctx: ServerContext) -> dict:
@@ -152,7 +153,7 @@ def _slot_file(ctx: ServerContext, filename: str) -> str:
 async def slot_action(ctx: ServerContext, id_slot: str, action: str, body: dict) -> Response:
     if action not in ("save", "restore", "erase"):
         raise bad_request("Invalid action")
-    if not id_slot.isdigit():
+    if ascii_int(id_slot) is None or id_slot.startswith("-"):
         raise bad_request("Invalid slot ID")
     filename, path = Fields(body).str("filename"), ""
     if action in ("save", "restore"):

@@ -102,7 +102,7 @@ def response_json(ctx: ServerContext, rid: str, r: FinalResult, output: list[dic
 
 
 async def handle_responses(ctx: ServerContext, request: Request, body: dict) -> Response:
-    cp, params, tasks = await ctx.prep(prepare_chat, ctx, to_chat_body(body))
+    cp, params, tasks = await ctx.prep(prepare_chat, ctx, to_chat_body(body), request=request)
     ids = {"response": "resp_" + random_id(), "reasoning": "rs_" + random_id(), "message": "msg_" + random_id()}
     if params.stream:
         return await start_stream(ctx, tasks, _Events(ctx, cp, ids), done=False, request=request)

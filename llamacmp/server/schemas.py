@@ -5,14 +5,14 @@ default. Numbers convert between int and float; a bool is not a number; null mea
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..engine.tasks import GenParams
 from ..sampling import SamplingParams, parse_sampler_letters, parse_sampler_names
-from .errors import ApiError, bad_request
+from .errors import bad_request
+from .validate import INT32, MAX_N_PROBS, MAX_STOP_CHARS, MAX_STOPS, ascii_int, finite_float, int_in_range, loads
 
 
 class Fields:
@@ -28,17 +28,18 @@ class Fields:
         v = self.body.get(key)
         return default if v is None else v
 
-    def int(self, key: str, default: int) -> int:
+    def int(self, key: str, default: int, lo: int = INT32[0], hi: int = INT32[1]) -> int:
+        """A wrong type falls back to the default; a number outside [lo, hi] (int32 unless said) is a 400."""
         v = self.body.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
             return default
-        return int(v)
+        return int_in_range(key, v, lo, hi)
 
     def float(self, key: str, default: float) -> float:
         v = self.body.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             return default
-        return float(v)
+        return finite_float(key, v)
 
     def bool(self, key: str, default: bool) -> bool:
         v = self.body.get(key)
@@ -71,6 +72,9 @@ class ServerDefaults:
 
 # -- /completion parameters (llama.cpp's params_from_json_cmpl) ---------------------------------------------------
 
+# below this a temperature divides float32 logits into overflow (5e-324 gave "Probabilities contain NaN"); llama.cpp
+# reads the field as a float, where 5e-324 is 0: greedy
+TEMP_MIN = 1e-30
 _REFUSED = (("mirostat", 0), ("dry_multiplier", 0.0), ("xtc_probability", 0.0), ("dynatemp_range", 0.0))
 
 
@@ -82,7 +86,8 @@ def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenPar
             raise bad_request(f"'{key}' is not supported by llamacmp yet (only its default, {default})")
     penalty_last_n = f.int("repeat_last_n", s.penalty_last_n)
     sampling = replace(
-        s, seed=f.int("seed", s.seed), temp=f.float("temperature", s.temp), top_k=f.int("top_k", s.top_k),
+        s, seed=f.int("seed", s.seed, -2**63, 2**64 - 1), temp=f.float("temperature", s.temp),
+        top_k=f.int("top_k", s.top_k),
         top_p=f.float("top_p", s.top_p), min_p=f.float("min_p", s.min_p), typ_p=f.float("typical_p", s.typ_p),
         min_keep=f.int("min_keep", s.min_keep),
         penalty_last_n=d.n_ctx if penalty_last_n == -1 else penalty_last_n,
@@ -93,10 +98,13 @@ def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenPar
         logit_bias={**s.logit_bias, **parse_logit_bias(f.raw("logit_bias"), tokenizer, n_vocab)})
     # llama.cpp: n_predict, else max_completion_tokens (OpenAI's newer name), else max_tokens
     n_predict = f.int("n_predict", f.int("max_completion_tokens", f.int("max_tokens", d.n_predict)))
+    temp = sampling.temp if sampling.temp >= TEMP_MIN else 0.0    # the limit of a vanishing temperature: greedy
     stop = [x for x in f.list("stop", list(d.stop)) if isinstance(x, str)] if f.has("stop") else list(d.stop)
+    if len(stop) > MAX_STOPS or any(len(x) > MAX_STOP_CHARS for x in stop):
+        raise bad_request(f"'stop' takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
     return GenParams(
-        sampling=sampling, n_predict=n_predict, n_keep=f.int("n_keep", d.n_keep), stop=stop,
-        n_probs=max(0, f.int("n_probs", 0)), post_sampling_probs=f.bool("post_sampling_probs", False),
+        sampling=replace(sampling, temp=temp), n_predict=n_predict, n_keep=f.int("n_keep", d.n_keep), stop=stop,
+        n_probs=max(0, f.int("n_probs", 0, hi=MAX_N_PROBS)), post_sampling_probs=f.bool("post_sampling_probs", False),
         cache_prompt=f.bool("cache_prompt", d.cache_prompt), id_slot=f.int("id_slot", -1),
         return_tokens=f.bool("return_tokens", False), timings_per_token=f.bool("timings_per_token", False),
         return_progress=f.bool("return_progress", False),
@@ -122,7 +130,7 @@ def parse_logit_bias(v: Any, tokenizer, n_vocab: int) -> dict[int, float]:
     if isinstance(v, list):
         pairs = [(e[0], e[1]) for e in v if isinstance(e, list) and len(e) == 2]
     elif isinstance(v, dict):
-        pairs = [(int(k) if k.lstrip("-").isdigit() else k, b) for k, b in v.items()]
+        pairs = [(k if ascii_int(k) is None else ascii_int(k), b) for k, b in v.items()]
     out: dict[int, float] = {}
     for tok, bias in pairs:
         if bias is False:
@@ -169,22 +177,16 @@ def _subprompt(p: Any, tokenizer, n_vocab: int) -> list[int]:
         return toks
     if isinstance(p, dict) and isinstance(p.get("prompt_string"), str):
         if p.get("multimodal_data"):
-            raise ApiError("Multimodal data provided, but model does not support multimodal requests.",
-                           "server_error")
+            raise bad_request("Multimodal data provided, but model does not support multimodal requests.")
         return tokenizer.encode(p["prompt_string"], parse_special=True, add_special=True)
     raise bad_request('"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt '
                       'string, or a list of mixed strings & tokens.')
 
 
 def parse_json_body(raw: bytes) -> dict:
-    """The body as a JSON object; llama.cpp answers a parse error with 500 and the parser's message."""
-    try:
-        body = json.loads(raw or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(f"[json.exception.parse_error] {e}", "invalid_request_error") from None
-    if not isinstance(body, dict):
-        raise bad_request("request body must be a JSON object")
-    return body
+    """The body as a JSON object (validate.loads: strict numbers, bounded depth, valid Unicode). llama.cpp
+    answers a parse error with 500 and the parser's message; it is the client's error: 400 here."""
+    return loads(raw)
 
 
 def oai_stop(body: dict) -> dict:

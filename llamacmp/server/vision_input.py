@@ -14,11 +14,12 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import stat
 from pathlib import Path
 
 from ..vision.preprocess import ImageError
 from ..vision.prompt import MEDIA_MARKER, chunk_history, split_prompt
-from .errors import ApiError, bad_request
+from .errors import bad_request
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024         # per image, after base64 decoding
 NO_PROJECTOR = ("image input is not supported - hint: if this is unexpected, you may need to provide the mmproj")
@@ -45,14 +46,17 @@ def image_url_bytes(url: str, media_path: str) -> bytes:
             raise bad_request("file:// URLs are not allowed unless --media-path is specified")
         rel = url[len("file://"):]
         parts = Path(rel).parts
-        if not rel or rel.startswith(("/", "\\")) or ".." in parts or any(":" in p for p in parts):
+        if not rel or rel.startswith(("/", "\\")) or ".." in parts or any(":" in p or "\0" in p for p in parts):
             raise bad_request(f"file path is not allowed: {rel}")
         root = os.path.realpath(media_path)
         full = os.path.realpath(os.path.join(root, rel))
         if not full.startswith(root + os.sep):
             raise bad_request(f"file path is not allowed: {rel}")
         try:
-            if os.path.getsize(full) > MAX_IMAGE_BYTES:
+            st = os.stat(full)
+            if not stat.S_ISREG(st.st_mode):     # a FIFO or a device would block the prep thread for ever
+                raise bad_request(f"file path is not a regular file: {rel}")
+            if st.st_size > MAX_IMAGE_BYTES:
                 raise bad_request(f"image is too large (more than {MAX_IMAGE_BYTES} bytes)")
             return Path(full).read_bytes()
         except OSError:
@@ -69,7 +73,7 @@ def image_url_bytes(url: str, media_path: str) -> bytes:
 
 def content_part_marker(part: dict, media: list | None, media_path: str) -> str:
     """An image_url content part -> the media marker, its bytes appended to `media` (None: no projector)."""
-    if media is None:                   # the client's mistake: 400, as llama-server answers it
+    if media is None:             # llama-server answers 500; it is the client's input: 400 (compat/DIFFERENCES.md)
         raise bad_request(NO_PROJECTOR)
     obj = part.get("image_url")
     url = obj.get("url") if isinstance(obj, dict) else obj if isinstance(obj, str) else None
@@ -80,7 +84,7 @@ def content_part_marker(part: dict, media: list | None, media_path: str) -> str:
 def multimodal_data(items, vision) -> list[bytes]:
     """/completion's multimodal_data: a list of base64 strings."""
     if vision is None:
-        raise ApiError(NO_PROJECTOR, "server_error")
+        raise bad_request(NO_PROJECTOR)
     if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
         raise bad_request("multimodal_data must be an array of base64 strings")
     return [_b64(x) for x in items]

@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from ..engine.scheduler import Engine
 from ..engine.tasks import CompletionTask, EmbedTask, ErrorResult, FinalResult, QueryTask, SlotActionTask
+from .errors import ApiError
 
 
 class _LoopMail:
@@ -134,7 +135,10 @@ class EngineBridge:
         return await asyncio.wait_for(fut, timeout=timeout)
 
     async def query(self, kind: str) -> object:
-        return await self._ask(lambda sink: QueryTask(kind, sink))
+        r = await self._ask(lambda sink: QueryTask(kind, sink))
+        if isinstance(r, ErrorResult):
+            raise ApiError(r.message, r.type, r.extra)
+        return r
 
     async def embed(self, prompts: list[list[int]], pooling: str, norm: int) -> object:
         return await self._ask(lambda sink: EmbedTask(prompts, pooling, norm, sink), timeout=None)

@@ -34,7 +34,7 @@ CASES = [
     ("-c 1000000000 on numpy", f"{C} -p hi -n 2 -c 1000000000", 1, "lower -c"),
     ("--port 99999", f"{PY} llamacmp.server.app -m $M --port 99999", 1, "port must be 0-65535, got 99999"),
     ("raising --chat-template", f"{PY} llamacmp.cli.completion -m $M -p hi -n 2 -cnv --jinja "
-     "--chat-template \"{{ raise_exception('boom') }}\" < /dev/null", 1, "error: the chat template failed: boom"),
+     "--chat-template \"{{ raise_exception('boom') }}\" < /dev/null", 1, "error: the supplied chat template is not supported"),
     ("-f /dev/zero", f"{C} -f /dev/zero -n 2", 1, "'/dev/zero' gives more than 64 MiB"),
     ("server -c -5", f"{PY} llamacmp.server.app -m $M -c -5", 1, "must be >= 0, got -5"),
     ("-n 99999999999999999999", f"{C} -p hi -n 99999999999999999999", 1, "stoi: out of range"),

@@ -150,16 +150,37 @@ def test_nul_in_a_file_url(tmp_path):
 
 
 @pytest.mark.parametrize("template,piece", [
-    ("{% include 'other.jinja' %}", "chat template"),
-    ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "chat template"),
-    ("{{ 1 / (messages | length - 1) }}", "ZeroDivisionError"),
+    ("{% include 'other.jinja' %}", "no loader"),
+    ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "recursion"),
+    ("{{ 1 / (messages | length - 1) }}", "division"),
     ("{{ raise_exception('no system role') }}", "no system role"),
     ("{{ 'x' * 2000000000 }}", "too large"),                      # not 2 GB at load (jinja folds constants)
     ("{{ messages[0].content * 1000000000 }}", "too large"),
 ])
-def test_operator_template_failures_are_400(model, template, piece):
+def test_operator_template_that_fails_a_one_message_chat_is_refused_at_start(template, piece):
+    """llama.cpp's start-up check renders a one-message chat with the operator's template and refuses the template
+    when that fails; the jinja error behind it must be a TemplateError (never a crash), whatever its kind."""
+    from llamacmp.args import ArgError, parse_args
+    from llamacmp.chat import TemplateError, select_template
+    with pytest.raises(ArgError, match="the supplied chat template is not supported"):
+        parse_args("server", ["-m", "x.gguf", "--chat-template", template])
+    with pytest.raises(TemplateError) as e:
+        select_template({}, None, template, True).render([{"role": "user", "content": "test"}])
+    assert piece in str(e.value).lower() or piece in repr(e.value.__cause__).lower(), str(e.value)
+
+
+TWO = USER + [{"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}]
+
+
+@pytest.mark.parametrize("template,piece", [
+    ("{% if messages | length > 1 %}{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}{% endif %}x", "chat template"),
+    ("{{ 1 / (messages | length - 3) }}", "ZeroDivisionError"),
+    ("{% if messages | length > 1 %}{{ raise_exception('one message only') }}{% endif %}x", "one message only"),
+    ("{% if messages | length > 1 %}{{ messages[2].content * 1000000000 }}{% endif %}x", "too large"),
+])
+def test_operator_template_failures_at_request_time_are_400(model, template, piece):
     with LiveServer(model, "-c", "512", "-np", "1", "--chat-template", template) as s, \
             httpx.Client(base_url=s.url, timeout=60) as c:
-        r = c.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 1})
+        r = c.post("/v1/chat/completions", json={"messages": TWO, "max_tokens": 1})
         assert r.status_code == 400 and piece in r.json()["error"]["message"], r.text[:300]
         assert c.get("/health").status_code == 200

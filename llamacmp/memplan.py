@@ -248,35 +248,19 @@ def shape_model(shape_name: str, n_vocab: int, dtype: str = "q8_0") -> tuple[lis
     return upload_order(tensors, cfg), cfg
 
 
-def context_length(path: str) -> int:
-    """The model's training context (what -c 0 means), read from the GGUF header."""
-    from .config import ModelConfig
-    from .gguf_file import GGUFFile
-    f = GGUFFile(path)
-    n_vocab = len(f.metadata.get("tokenizer.ggml.tokens", [])) or f.info("token_embd.weight").shape[0]
-    return ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight")).n_ctx_train
-
-
-def prepare_device(backend, path: str, params, n_ctx: int, n_slots: int = 1, all_logits: bool = False,
-                   log=None, kv_types: tuple[str, str] | None = None) -> MemoryPlan | None:
+def prepare_device(backend, mf, run, device_mem_cap: int = 0, log=None) -> MemoryPlan | None:
     """Before a model is loaded onto a CUDA backend: plan its memory against the arena's cap (--device-mem-cap, or
     what the GPU has free), write one log line per item to `log` (None: silent), raise PlanError when it does not
     fit, and reserve the long-lived part in one piece. Other backends: None (host memory is not planned).
-    kv_types: the (K, V) cache formats when they are not params' -ctk / -ctv (the server's engine)."""
+    mf: the opened loader.ModelFile; run: the run_plan.RunPlan (context, slots, -ctk / -ctv, -ub)."""
     if backend.name != "cuda":
         return None
-    from .config import ModelConfig
-    from .gguf_file import GGUFFile
-    f = GGUFFile(path)
-    n_vocab = len(f.metadata.get("tokenizer.ggml.tokens", [])) or f.info("token_embd.weight").shape[0]
-    cfg = ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight"))
+    cfg = mf.cfg
     free, _total = backend.native.mem_info()
     cap = min(backend.arena.cap, free)
-    from_flag = bool(params.device_mem_cap) and params.device_mem_cap <= free
-    k_type, v_type = kv_types or (params.cache_type_k, params.cache_type_v)
-    p = plan(upload_order(tensors_of(f), cfg), cfg, n_ctx or cfg.n_ctx_train, n_slots, k_type, v_type,
-             max(1, min(params.n_batch, params.n_ubatch)), all_logits, backend.sparse, cap)
-    p.cap_from_flag = from_flag
+    p = plan(upload_order(tensors_of(mf.gguf), cfg), cfg, run.n_ctx, run.n_slots, run.k_type, run.v_type,
+             run.micro_batch, run.all_logits, backend.sparse, cap)
+    p.cap_from_flag = bool(device_mem_cap) and device_mem_cap <= free
     if log is not None:
         log.write("".join(line + "\n" for line in p.lines()))
     check(p)

@@ -117,11 +117,14 @@ def test_plan_matches_the_arena_on_the_gpu(fixture_gguf, cuda_backend):
     from llamacmp.backends.cuda import CudaBackend
     from llamacmp.loader import load_model
     path = fixture_gguf("small", "q8_0")
+    from llamacmp.loader import open_model
+    from llamacmp.run_plan import plan_run
     params = parse_args("completion", ["-c", "4096", "-ctk", "f16", "-ctv", "f16"]).params
     be = CudaBackend(arena_bytes=2 * GIB)
     try:
-        p = memplan.prepare_device(be, path, params, 4096, 1)
-        lm = load_model(path, be)
+        mf = open_model(path)
+        p = memplan.prepare_device(be, mf, plan_run(params, mf.cfg.n_ctx_train))
+        lm = load_model(mf, be)
         state = be.new_state(lm.cfg, 4096, "f16", "f16")
         assert be.arena.reserved == p.persistent                  # one piece, nothing more yet
         # packed exactly; the upload staging block is back on its free list once the weights are in

@@ -38,7 +38,8 @@ class EngineConfig:
     n_ctx_slot: int = 4096
     n_batch: int = 2048                  # most tokens in one step (decode tokens first, then prompt chunks)
     n_ubatch: int = 512                  # most prompt tokens one slot adds in one step
-    kv_type: str = "f16"
+    k_type: str = "f16"                  # -ctk
+    v_type: str = "f16"                  # -ctv
     cache_ram_mib: int = 8192            # -cram: -1 no limit, 0 off
     ctx_checkpoints: int = 32            # -ctxcp
     checkpoint_every: int = 8192         # -cpent: also one every N prompt tokens (-1 off)
@@ -67,7 +68,7 @@ class Engine:
         self.model, self.backend, self.tokenizer = lm.model, lm.backend, lm.tokenizer
         self.ops = state_ops_for(self.backend)
         self.decoder = Decoder(lm, max_graphs=cfg.max_graphs)
-        self.slots = [Slot(i, self.backend.new_state(lm.cfg, cfg.n_ctx_slot, cfg.kv_type),
+        self.slots = [Slot(i, self.backend.new_state(lm.cfg, cfg.n_ctx_slot, cfg.k_type, cfg.v_type),
                            SlotCache(cfg.ctx_checkpoints)) for i in range(cfg.n_slots)]
         self.host_cache = HostCache(cfg.cache_ram_mib)
         self.grammars = GrammarCompiler(self.tokenizer)   # used by handlers (compile) and here (matchers)

@@ -80,30 +80,25 @@ class ServerContext:
         """Load the model, build the template and start the engine (runs off the event loop). backend: one backend,
         or a list (several: a layer split with -ts `ratios`, see models/split.py)."""
         import sys
-        from ..loader import load_placed
+        from .. import memplan, sparse_attn
+        from ..loader import load_placed, open_model
+        from ..run_plan import plan_run
         p = self.params
         backends = list(backend) if isinstance(backend, (list, tuple)) else [backend]
-        from .. import memplan, sparse_attn
         for be in backends:
             be.sparse = sparse_attn.config_from_params(p)
+        mf = open_model(p.model)
+        run = plan_run(p, mf.cfg.n_ctx_train)
         if len(backends) == 1:       # the memory plan of the slots the engine will make (refused here if too big)
-            n_ctx0 = p.n_ctx if p.n_ctx > 0 else memplan.context_length(p.model)
-            n_slots0 = 4 if p.n_parallel < 0 else max(1, p.n_parallel)
-            unified0 = self.opts.kv_unified if self.opts.kv_unified is not None else p.n_parallel < 0
-            kv0 = p.cache_type_k if p.cache_type_k in ("f32", "f16") else "f16"     # as EngineConfig below
-            memplan.prepare_device(backends[0], p.model, p, n_ctx0 if unified0 else max(1, n_ctx0 // n_slots0),
-                                   n_slots0, log=sys.stderr, kv_types=(kv0, kv0))
-        lm = load_placed(p.model, backends, ratios, p.split_bridge, p.n_ubatch, sys.stderr)
-        n_ctx = p.n_ctx if p.n_ctx > 0 else lm.cfg.n_ctx_train
-        n_slots = 4 if p.n_parallel < 0 else max(1, p.n_parallel)
-        unified = self.opts.kv_unified if self.opts.kv_unified is not None else p.n_parallel < 0
-        self.n_slots, self.n_ctx_slot = n_slots, (n_ctx if unified else max(1, n_ctx // n_slots))
+            memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=sys.stderr)
+        lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, sys.stderr)
+        self.n_slots, self.n_ctx_slot = run.n_slots, run.n_ctx
         # args.py already read --chat-template-file into chat_template
         self.template = ChatTemplate.from_metadata(lm.metadata, lm.tokenizer.tokens, p.chat_template)
         self.defaults = ServerDefaults(p.sampling, p.n_predict, p.n_keep, tuple(p.antiprompt),
                                        self.opts.cache_prompt, p.special, self.n_ctx_slot)
-        cfg = EngineConfig(n_slots=n_slots, n_ctx_slot=self.n_ctx_slot, n_batch=p.n_batch, n_ubatch=p.n_ubatch,
-                           kv_type=p.cache_type_k if p.cache_type_k in ("f32", "f16") else "f16",
+        cfg = EngineConfig(n_slots=run.n_slots, n_ctx_slot=run.n_ctx, n_batch=run.n_batch, n_ubatch=run.n_ubatch,
+                           k_type=run.k_type, v_type=run.v_type,
                            cache_ram_mib=self.opts.cache_ram_mib, ctx_checkpoints=self.opts.ctx_checkpoints,
                            checkpoint_every=self.opts.checkpoint_every,
                            slot_prompt_similarity=self.opts.slot_prompt_similarity)
@@ -115,4 +110,5 @@ class ServerContext:
         engine.start()
         self.lm, self.bridge = lm, EngineBridge(engine)
         self.engine = engine            # last: from here on the server answers
-        log.info("model loaded: %s, %d slots, n_ctx_slot %d", p.model, n_slots, self.n_ctx_slot)
+        log.info("model loaded: %s, %d slots, n_ctx_slot %d, -ctk %s -ctv %s", p.model, run.n_slots, run.n_ctx,
+                 run.k_type, run.v_type)

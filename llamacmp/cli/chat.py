@@ -73,7 +73,7 @@ class Chat:
             except MmprojError as e:
                 raise CliError(f"error: failed to load multimodal projector: {e}") from None
         self.tok = self.lm.tokenizer
-        self.session = new_session(self.p, self.loaded)
+        self.session = new_session(self.loaded)
         self.template = ChatTemplate.from_metadata(self.lm.metadata, self.tok.tokens, override=self.p.chat_template)
         self.thinking_supported = self.template.supports_thinking
         self.io = make_io(self.p.simple_io, self.p.multiline_input)

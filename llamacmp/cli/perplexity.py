@@ -57,10 +57,9 @@ def run(p: Params) -> int:
         raise CliError("error: --ppl-stride and --ppl-output-type 1 are not supported by llamacmp yet")
     if not p.prompt_file:
         raise CliError("error: llamacmp-perplexity needs the text to score: pass it with -f FILE")
-    n_ctx = p.n_ctx
     loaded = load(p)
     tok = loaded.lm.tokenizer
-    loaded.n_ctx = n_ctx
+    n_ctx = loaded.n_ctx
     t0 = time.perf_counter()
     log(p, "perplexity: tokenizing the input ..\n")
     tokens = np.asarray(tok.encode(p.prompt, parse_special=False, add_special=True), dtype=np.int64)
@@ -86,7 +85,7 @@ def run(p: Params) -> int:
 
 
 def score_chunks(p: Params, loaded, tokens: np.ndarray, n_ctx: int, n_chunk: int) -> NllSums:
-    session = new_session(p, loaded)
+    session = new_session(loaded)
     first = n_ctx // 2
     sums = NllSums()
     for i in range(n_chunk):

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..sampling import Sampler
 from .decode import Decoder, LogitsRow, draw_tokens
+from .stops import find_stop
 
 
 def now_ms() -> float:
@@ -69,6 +70,11 @@ class Session:
     A sampled token joins `history` at once but is decoded lazily with the next feed, exactly when its logits
     are needed; so a generation that ends on the token limit leaves a consistent, resumable session.
     """
+
+    @classmethod
+    def from_plan(cls, lm, run) -> "Session":
+        """The one sequence of a run_plan.RunPlan (context, batch sizes, -ctk / -ctv)."""
+        return cls(lm, run.n_ctx, run.n_batch, run.n_ubatch, run.k_type, run.v_type)
 
     def __init__(self, lm, n_ctx: int, n_batch: int = 2048, n_ubatch: int = 512, kv_type: str = "f16",
                  v_type: str | None = None):
@@ -197,14 +203,9 @@ class Session:
                 return Generation(text, out, "eog")
             if grammar is not None and not grammar.accept(token, text):
                 return Generation(text, out, "eog")      # the grammar is complete: llama.cpp would only allow EOG
-            hit = _find_stop(text, stop_strings, stop_window)
+            # as llama-completion: a stop string ending at most stop_window chars before the end of the text
+            _, hit = find_stop(text, stop_strings, len(text) - 1 - stop_window)
             if hit:
                 return Generation(text, out, "stop", hit)
         return Generation(text + decoder.flush(), out, "limit")
 
-
-def _find_stop(text: str, stops: tuple[str, ...], window: int) -> str:
-    for s in stops:
-        if s and text.find(s, max(0, len(text) - len(s) - window)) >= 0:
-            return s
-    return ""

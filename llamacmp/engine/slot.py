@@ -14,32 +14,10 @@ import numpy as np
 from ..backends.base import SeqState
 from ..sampling import Sampler, SamplingParams
 from .prompt_cache import SlotCache
+from .stops import find_stop, partial_stop_len
 from .tasks import CompletionTask, FinalResult, PartialResult, Timings, TokenProb
 
 IDLE, PREFILL, GENERATE = "idle", "prefill", "generate"
-
-
-def find_stop(text: str, stops: list[str], start: int) -> tuple[int, str]:
-    """Earliest full stop string in text[start:] (absolute index), else (-1, "")."""
-    best, word = -1, ""
-    for s in stops:
-        if not s:
-            continue
-        i = text.find(s, start)
-        if i >= 0 and (best < 0 or i < best):
-            best, word = i, s
-    return best, word
-
-
-def partial_stop_len(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a stop string (held back while streaming)."""
-    longest = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), longest, -1):
-            if text.endswith(s[:n]):
-                longest = n
-                break
-    return longest
 
 
 def fast_greedy(p: SamplingParams, logits: np.ndarray) -> Optional[int]:
@@ -209,7 +187,7 @@ class Slot:
 
     def _text_to_send(self, is_eog: bool) -> str:
         stops = self.task.params.stop
-        i, word = find_stop(self.text, stops, max(0, self.n_sent - max((len(s) for s in stops), default=0)))
+        i, word = find_stop(self.text, stops, self.n_sent)
         if i >= 0:
             self.text = self.text[:i]
             self.stop_type, self.stopping_word = "word", word

@@ -77,18 +77,8 @@ class MemoryPlan:
 
 # -- the arena's arithmetic ----------------------------------------------------------------------------------------
 
-ALIGN = 256
-
-
-def exact(nbytes: int) -> int:
-    """What a long-lived tensor takes in the arena (DeviceArena.persistent: 256-aligned, no size class)."""
-    return -(-max(nbytes, 1) // ALIGN) * ALIGN
-
-
-def size_class(nbytes: int) -> int:
-    """What a short-lived tensor takes (DeviceArena's size classes)."""
-    from .backends.cuda import _size_class
-    return _size_class(nbytes)
+# what a tensor takes in the arena: long-lived ones exactly (256-aligned), the short-lived rest by size class
+from .backends.arena_sizes import exact, size_class  # noqa: E402,F401
 
 
 # -- items --------------------------------------------------------------------------------------------------------
@@ -232,37 +222,22 @@ def parse_gib(s: str) -> int:
     return int(value * mult)
 
 
-def shape_model(shape_name: str, n_vocab: int, dtype: str = "q8_0") -> tuple[list[TensorDesc], ModelConfig]:
-    """The tensors and config of a fixtures/writer.py shape (e.g. the real 9B shapes) without writing the file:
-    what planning a real model of that shape gives."""
-    from .fixtures.writer import SHAPES, ggml_type, tensor_specs
-    s = SHAPES[shape_name]
-    names = {0: "F32", 1: "F16", 8: "Q8_0"}
-    tensors = [TensorDesc(t.name, names[int(ggml_type(t, dtype))], t.shape) for t in tensor_specs(s, n_vocab)]
-    cfg = ModelConfig(n_layer=s.n_layer, n_embd=s.n_embd, n_ff=s.n_ff, n_head=s.n_head, n_head_kv=s.n_head_kv,
-                      head_dim=s.head_dim, n_vocab=n_vocab, n_ctx_train=s.n_ctx_train, rms_eps=1e-6,
-                      rope_base=s.rope_base, n_rot=s.n_rot, rope_sections=tuple(s.rope_sections),
-                      conv_kernel=s.conv_kernel, ssm_k_heads=s.ssm_k_heads, ssm_v_heads=s.ssm_v_heads,
-                      ssm_head_dim=s.ssm_head_dim, full_attention_interval=s.full_attention_interval,
-                      tied_embeddings=s.tied)
-    return upload_order(tensors, cfg), cfg
-
-
 def prepare_device(backend, mf, run, device_mem_cap: int = 0, log=None) -> MemoryPlan | None:
     """Before a model is loaded onto a CUDA backend: plan its memory against the arena's cap (--device-mem-cap, or
     what the GPU has free), write one log line per item to `log` (None: silent), raise PlanError when it does not
-    fit, and reserve the long-lived part in one piece. Other backends: None (host memory is not planned).
+    fit, and reserve the long-lived part in one piece. Backends whose device_memory() is None (host memory): None, not planned.
     mf: the opened loader.ModelFile; run: the run_plan.RunPlan (context, slots, -ctk / -ctv, -ub)."""
-    if backend.name != "cuda":
+    memory = backend.device_memory()
+    if memory is None:
         return None
     cfg = mf.cfg
-    free, _total = backend.native.mem_info()
-    cap = min(backend.arena.cap, free)
+    free, arena_cap = memory
+    cap = min(arena_cap, free)
     p = plan(upload_order(tensors_of(mf.gguf), cfg), cfg, run.n_ctx, run.n_slots, run.k_type, run.v_type,
              run.micro_batch, run.all_logits, backend.sparse, cap)
     p.cap_from_flag = bool(device_mem_cap) and device_mem_cap <= free
     if log is not None:
         log.write("".join(line + "\n" for line in p.lines()))
     check(p)
-    backend.arena.reserve(p.persistent, "the weights, KV cache and recurrent state (memory plan)")
+    backend.reserve_persistent(p.persistent, "the weights, KV cache and recurrent state (memory plan)")
     return p

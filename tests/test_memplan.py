@@ -7,6 +7,7 @@ import pytest
 
 from llamacmp import kv_quant, memplan
 from llamacmp.args import parse_args
+from llamacmp.fixtures.writer import shape_model
 from llamacmp.gguf_file import GGUFFile
 
 GIB, MIB = memplan.GIB, memplan.MIB
@@ -14,7 +15,7 @@ GIB, MIB = memplan.GIB, memplan.MIB
 
 @pytest.fixture(scope="module")
 def nine_b():
-    return memplan.shape_model("9b", 248320)
+    return shape_model("9b", 248320)
 
 
 def test_9b_shape_arithmetic(nine_b):

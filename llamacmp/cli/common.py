@@ -53,7 +53,7 @@ def check_engine_flags(p: Params) -> None:
 
 def check_offload(p: Params, n_layer: int, backend, err: TextIO) -> None:
     """llama.cpp can keep some layers on the CPU; we run all of them on one backend, and say so."""
-    if p.n_gpu_layers in ("auto", "all") or backend.name == "numpy":
+    if p.n_gpu_layers in ("auto", "all") or backend.device is None:
         return
     n = int(p.n_gpu_layers)
     if 0 < n < n_layer:

@@ -81,7 +81,7 @@ class Session:
         self.lm = lm
         self.n_ctx = n_ctx
         # a layer split takes whole -b batches and pipelines their -ub pieces over its devices (models/split.py)
-        self.chunk = max(1, n_batch if getattr(lm.model, "splits_batches", False) else min(n_batch, n_ubatch))
+        self.chunk = max(1, n_batch if lm.model.splits_batches else min(n_batch, n_ubatch))
         self.kv_type, self.v_type = kv_type, v_type or kv_type
         self.timings = Timings()
         self.history: list[int] = []

@@ -123,9 +123,7 @@ class Engine:
     def _run(self) -> None:
         # CUDA's current device is per thread: this thread runs the backend's work, so select its device here
         # (the model was loaded on another thread; a layer split runs its parts on threads of its own)
-        activate = getattr(self.backend, "activate", None)
-        if activate is not None:
-            activate()
+        self.backend.activate()
         while not self._stop.is_set():
             busy = any(s.busy for s in self.slots)
             self._drain(block=not busy and not self._waiting)
@@ -315,7 +313,7 @@ class Engine:
         the same n_ubatch cuts either way (from the chunk start, which is the last cut or checkpoint), so a
         slot's arithmetic does not change."""
         ub = self.cfg.n_ubatch
-        if not getattr(self.model, "splits_batches", False):
+        if not self.model.splits_batches:
             return ub
         return ub * max(1, min(room, self.cfg.n_batch) // ub)
 

@@ -115,6 +115,7 @@ class Chat:
                     break
             text, self.p.prompt = self.p.prompt, ""
             shown = text[:500] + " ... (truncated)" if len(text) > 500 else text
+            shown = shown.encode("utf-8", "surrogateescape").decode("utf-8", "replace")   # a -p "\xHH" raw byte
             self.io.write(f"\n> {shown}\n", "prompt")
             return text
         # prompt_toolkit reads keys itself; our SIGINT handler must not eat its Ctrl-C

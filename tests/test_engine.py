@@ -6,6 +6,7 @@ tokens with `timings.prompt_n` / `cache_n`.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -224,6 +225,24 @@ def test_disconnect_frees_the_slot(srv):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(srv.url + "/completion", json={**body, "stream": False}, timeout=0.5)
     assert _wait_idle(srv.url), "an abandoned request kept its slot"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/completion", "/v1/messages"])
+def test_non_streamed_client_gone_is_handled_without_a_traceback(srv, path, caplog):
+    """A non-streamed request whose client goes away: its task is cancelled, one log line, no IndexError on the
+    empty result list (chat_api._merged_usage / results[0] before)."""
+    assert _wait_idle(srv.url)
+    caplog.set_level(logging.INFO, logger="llamacmp")
+    body = {"messages": [{"role": "user", "content": "Tell me a long story"}], "prompt": "The quick brown fox",
+            "max_tokens": 100000, "n_predict": 100000, "ignore_eos": True, "n": 1}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(srv.url + path, json=body, timeout=0.7)
+    assert _wait_idle(srv.url), "an abandoned request kept its slot"
+    deadline = time.time() + 5
+    while not any("client disconnected" in r.getMessage() for r in caplog.records):
+        assert time.time() < deadline, "the disconnect was not handled"
+        time.sleep(0.05)
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
 
 
 def test_disconnect_while_queued_frees_the_queue(srv):

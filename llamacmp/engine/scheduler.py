@@ -238,7 +238,11 @@ class Engine:
             restore_from_host(self.ops, slot.state, slot.cache, host, host_point)
             return host_point
         if point.pos < len(slot.cache.tokens):
-            if point.pos < point.lcp or point.lcp < len(slot.cache.tokens) // 2:
+            # keep the slot's history in host RAM only when the new prompt drops most of it (llama.cpp's
+            # f_keep < 0.5): a rollback to a checkpoint inside the shared prefix (an agent's next turn, whose
+            # re-rendered reply differs in its last tokens) must not copy the whole context and every checkpoint
+            # to the host each turn -- that copy grew with the context (issue 21)
+            if point.lcp < len(slot.cache.tokens) // 2:
                 self._save_to_host(slot)
             self._rewind(slot, point)
         return point

@@ -1,4 +1,4 @@
-"""Per-turn cost of an agent-style conversation on the server's engine (numpy backend by default): each turn sends
+"""Per-turn cost of an agent-style conversation on the server's engine (CUDA when present, else numpy): each turn sends
 back the previous prompt + the reply minus its last 2 tokens (as a re-rendered template does) + new user tokens, so
 the slot rolls back to a prompt-cache checkpoint and re-evaluates only the reply and the new part.
 
@@ -63,14 +63,15 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--reply", type=int, default=48)
     ap.add_argument("--user", type=int, default=16)
+    ap.add_argument("--numpy", action="store_true", help="the numpy reference even where CUDA is present")
     a = ap.parse_args()
-    from llamacmp.backends.numpy_ref import NumpyBackend
+    from llamacmp.backends.select import select_backend
     from llamacmp.fixtures import writer
     from llamacmp.fixtures.qwen_vocab import tiny_vocab
     from llamacmp.loader import load_model
     path = a.model or writer.write_model(Path(tempfile.mkdtemp()) / "m.gguf", writer.SHAPES[a.shape], "q8_0",
                                          tiny_vocab())
-    lm = load_model(path, NumpyBackend())
+    lm = load_model(path, select_backend(sys.stderr, cpu_only=a.numpy))
     print(f"{'context':>14} {'s/turn':>8} {'evaluated':>10} {'host MiB/turn':>14}")
     for n in a.contexts:
         r = run_turns(lm, n, a.turns, a.reply, a.user)

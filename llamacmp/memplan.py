@@ -225,7 +225,8 @@ def parse_gib(s: str) -> int:
 def prepare_device(backend, mf, run, device_mem_cap: int = 0, log=None) -> MemoryPlan | None:
     """Before a model is loaded onto a CUDA backend: plan its memory against the arena's cap (--device-mem-cap, or
     what the GPU has free), write one log line per item to `log` (None: silent), raise PlanError when it does not
-    fit, and reserve the long-lived part in one piece. Backends whose device_memory() is None (host memory): None, not planned.
+    fit, and reserve the long-lived part in one piece. Backends whose device_memory() is None (host memory):
+    None, not planned.
     mf: the opened loader.ModelFile; run: the run_plan.RunPlan (context, slots, -ctk / -ctv, -ub)."""
     memory = backend.device_memory()
     if memory is None:

@@ -1,6 +1,7 @@
 """A single-sequence generator: prefill in micro-batches, then decode token by token, streaming text.
 
-The CLIs (completion, chat, perplexity) drive one `Session`; the server's scheduler is a separate engine.
+The CLIs (completion, chat, perplexity) drive one `Session`; what each drawn token means is engine/turn.py's Turn,
+the same rules the server's slots follow (the scheduler, for many sequences at once, is engine/scheduler.py).
 Timing counters follow llama.cpp's perf data: batches of more than one token count as prompt eval, single-token
 decodes as eval, so the llama_perf_context_print lines mean the same thing.
 """
@@ -14,7 +15,7 @@ import numpy as np
 
 from ..sampling import Sampler
 from .decode import Decoder, LogitsRow, draw_tokens
-from .stops import find_stop
+from .turn import Turn
 
 
 def now_ms() -> float:
@@ -151,7 +152,7 @@ class Session:
 
     def sample(self, sampler: Sampler) -> int:
         """Draw from the current logits: on the backend when they are still there (only the id crosses), else
-        (a grammar-masked host copy) with the host sampler."""
+        (a grammar-masked host copy) with the host sampler. The caller's Turn accepts the token."""
         t0 = now_ms()
         x = self.logits
         if isinstance(x, LogitsRow):
@@ -162,50 +163,41 @@ class Session:
             token = sampler.sample(x)
         self.timings.t_sample_ms += now_ms() - t0
         self.timings.n_sample += 1
-        sampler.accept(token)
         return token
 
     def generate(self, sampler: Sampler, n_predict: int, stop_strings: tuple[str, ...] = (),
                  on_text: Callable[[str], None] | None = None, special: bool = False,
                  should_stop: Callable[[], bool] = lambda: False, stop_window: int = 2,
                  on_token: Callable[[int], None] | None = None, grammar=None) -> Generation:
-        """Sample up to n_predict tokens (-1: until EOG or the context is full) from the current logits.
-        Text streams to on_text as soon as it is whole UTF-8 (on_token sees each id first); stop strings are looked for at the end of the
-        generated text (widened by stop_window chars, as llama-completion does for reverse prompts).
+        """Sample up to n_predict tokens (-1: until EOG or the context is full) from the current logits, each
+        through an engine.turn.Turn (the rules the server's slots follow too). Text streams to on_text as soon as
+        it is whole UTF-8 (on_token sees each id first); stop strings are looked for at the end of the generated
+        text (widened by stop_window chars, as llama-completion does for reverse prompts).
         `grammar`: an engine.grammar.SlotGrammar masking each draw; its completion ends the generation."""
-        decoder = self.lm.tokenizer.stream_decoder(special)
-        text, out = "", []
-        n = 0
-        while n_predict < 0 or n < n_predict:
+        turn = Turn(sampler, self.lm.tokenizer.stream_decoder(special), self.lm.tokenizer.eog_ids, stop_strings,
+                    n_predict, grammar, stop_window=stop_window)
+        while not turn.stopped and (n_predict < 0 or len(turn.generated) < n_predict):
             if should_stop():
-                return Generation(text + decoder.flush(), out, "interrupted")
+                return Generation(turn.text + turn.flush(), turn.generated, "interrupted")
             if self.n_decoded < len(self.history):     # the last sampled (or injected) tokens
                 try:
                     self.feed([])
                 except ContextFull:
                     del self.history[self.n_decoded:]
-                    return Generation(text, out, "context")
+                    return Generation(turn.text, turn.generated, "context")
             if grammar is not None:   # disallowed tokens -> -inf before the chain (this row comes to the host)
-                self.logits = grammar.apply(np.asarray(self.logits, np.float32))
+                self.logits = turn.mask(np.asarray(self.logits, np.float32))
             token = self.sample(sampler)
-            out.append(token)
             self.history.append(token)
-            n += 1
             if on_token:
                 on_token(token)
-            piece = decoder.push(token)
-            if piece:
-                text += piece
-                if on_text:
-                    on_text(piece)
-            if token in self.lm.tokenizer.eog_ids and not sampler.params.ignore_eos:
+            piece = turn.accept(token)
+            if piece and on_text:
+                on_text(piece)
+        if turn.stop_type == "eos":
+            if turn.eog_token:
                 self.history.pop()                 # llama.cpp never decodes the EOG token either
-                return Generation(text, out, "eog")
-            if grammar is not None and not grammar.accept(token, text):
-                return Generation(text, out, "eog")      # the grammar is complete: llama.cpp would only allow EOG
-            # as llama-completion: a stop string ending at most stop_window chars before the end of the text
-            _, hit = find_stop(text, stop_strings, len(text) - 1 - stop_window)
-            if hit:
-                return Generation(text, out, "stop", hit)
-        return Generation(text + decoder.flush(), out, "limit")
-
+            return Generation(turn.text, turn.generated, "eog")
+        if turn.stop_type == "word":
+            return Generation(turn.text, turn.generated, "stop", turn.stopping_word)
+        return Generation(turn.text + turn.flush(), turn.generated, "limit")

@@ -391,7 +391,7 @@ class Engine:
             slot.stop_type = "limit"
             self._finish(slot, row)
             return
-        text = slot.accept(tok, row, self.tokenizer.is_eog(tok), self.cfg.n_ctx_slot)
+        text = slot.accept(tok, row, self.cfg.n_ctx_slot)
         self.metrics.n_tokens_predicted_total += 1
         if task.params.stream:
             task.sink(slot.partial(text, tok))

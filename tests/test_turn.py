@@ -71,3 +71,13 @@ def test_reasoning_budget_forces_the_end():
 
 def test_draw_is_the_greedy_choice():
     assert turn().draw(np.array([0, 1, 5, 2], np.float32)) == 2
+
+
+def test_forced_tokens_spend_n_predict_only_where_asked():
+    server = turn(n_predict=3, reasoning_budget=1, reasoning_end=(4, 4))
+    cli = turn(n_predict=3, reasoning_budget=1, reasoning_end=(4, 4), forced_spend_n_predict=False)
+    for t in (server, cli):
+        t.accept(0)                                        # the one token of thought: the end is forced next
+        t.accept(t.draw(None)), t.accept(t.draw(None))      # the two forced tokens
+    assert server.stop_type == "limit"                     # max_tokens counts every token of the reply
+    assert cli.stop_type == "none" and cli.n_spent == 1    # llama-cli's -n counts the sampled ones

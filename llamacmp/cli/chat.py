@@ -48,9 +48,6 @@ class Reply:
     content: str = ""
     reasoning: str = ""
     in_thinking: bool = False
-    reasoning_tokens: int = 0
-    budget_hit: bool = False         # the budget stopped generation; the end of thinking is forced next
-    budget_spent: bool = False       # ... which happens once per reply
 
 
 @dataclass
@@ -242,6 +239,8 @@ class Chat:
                           f"{t.predicted_per_second:.1f} t/s ]\n", "info")
 
     def stream_reply(self, thinking_open: bool) -> Reply:
+        """One reply, streamed. --reasoning-budget (when the prompt opens <think>): after that many tokens of
+        thought the message and </think> are forced in as if sampled (engine/turn.py, as the server does)."""
         p, reply = self.p, Reply()
         splitter = ReasoningSplitter(thinking_open, p.reasoning_format)
         sampler = make_sampler(p, self.lm)
@@ -249,36 +248,15 @@ class Chat:
         for t in self.session.history:
             if t >= 0:                     # image rows (negative placeholder ids) are not sampled tokens
                 sampler.accept(t)
-        n_left = p.n_predict
-        while True:
-            gen = self.session.generate(sampler, n_left, tuple(p.antiprompt),
-                                        lambda piece: self.show(reply, splitter.push(piece)), p.special,
-                                        should_stop=lambda: self.should_stop(reply, splitter), stop_window=0,
-                                        grammar=grammar)
-            if not reply.budget_hit or gen.stop != "interrupted" or self.interrupt.flag:
-                break
-            n_left = -1 if p.n_predict < 0 else max(0, n_left - len(gen.tokens))
-            self.force_end_of_thinking(reply, splitter)
-            reply.budget_hit, reply.budget_spent = False, True
+        budget = p.reasoning_budget if splitter.in_reasoning else -1       # thinking open and shown apart
+        end = tuple(self.tok.encode(p.reasoning_budget_message + THINK_END, parse_special=True))
+        self.session.generate(sampler, p.n_predict, tuple(p.antiprompt),
+                              lambda piece: self.show(reply, splitter.push(piece)), p.special,
+                              should_stop=lambda: self.interrupt.flag, stop_window=0, grammar=grammar,
+                              reasoning_budget=budget, reasoning_end=end)
         self.interrupt.take()
         self.show(reply, splitter.flush())
         return reply
-
-    def should_stop(self, reply: Reply, splitter: ReasoningSplitter) -> bool:
-        if self.interrupt.flag:
-            return True
-        if splitter.in_reasoning and not reply.budget_spent:
-            if 0 <= self.p.reasoning_budget <= reply.reasoning_tokens:
-                reply.budget_hit = True
-                return True
-            reply.reasoning_tokens += 1
-        return False
-
-    def force_end_of_thinking(self, reply: Reply, splitter: ReasoningSplitter) -> None:
-        """--reasoning-budget: inject `message + </think>` as if sampled, then let the model answer."""
-        forced = self.p.reasoning_budget_message + THINK_END
-        self.session.history.extend(self.tok.encode(forced, parse_special=True))
-        self.show(reply, splitter.push(forced))
 
     def show(self, reply: Reply, pieces) -> None:
         for kind, text in pieces:

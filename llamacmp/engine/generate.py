@@ -168,15 +168,18 @@ class Session:
     def generate(self, sampler: Sampler, n_predict: int, stop_strings: tuple[str, ...] = (),
                  on_text: Callable[[str], None] | None = None, special: bool = False,
                  should_stop: Callable[[], bool] = lambda: False, stop_window: int = 2,
-                 on_token: Callable[[int], None] | None = None, grammar=None) -> Generation:
+                 on_token: Callable[[int], None] | None = None, grammar=None, reasoning_budget: int = -1,
+                 reasoning_end: tuple[int, ...] = ()) -> Generation:
         """Sample up to n_predict tokens (-1: until EOG or the context is full) from the current logits, each
         through an engine.turn.Turn (the rules the server's slots follow too). Text streams to on_text as soon as
         it is whole UTF-8 (on_token sees each id first); stop strings are looked for at the end of the generated
         text (widened by stop_window chars, as llama-completion does for reverse prompts).
-        `grammar`: an engine.grammar.SlotGrammar masking each draw; its completion ends the generation."""
+        `grammar`: an engine.grammar.SlotGrammar masking each draw; its completion ends the generation.
+        reasoning_budget: tokens of thought (the prompt ends inside <think>) before `reasoning_end` is forced."""
         turn = Turn(sampler, self.lm.tokenizer.stream_decoder(special), self.lm.tokenizer.eog_ids, stop_strings,
-                    n_predict, grammar, stop_window=stop_window)
-        while not turn.stopped and (n_predict < 0 or len(turn.generated) < n_predict):
+                    n_predict, grammar, stop_window, reasoning_budget, reasoning_end,
+                    forced_spend_n_predict=False)
+        while not turn.stopped and (n_predict < 0 or turn.n_spent < n_predict):
             if should_stop():
                 return Generation(turn.text + turn.flush(), turn.generated, "interrupted")
             if self.n_decoded < len(self.history):     # the last sampled (or injected) tokens
@@ -187,7 +190,7 @@ class Session:
                     return Generation(turn.text, turn.generated, "context")
             if grammar is not None:   # disallowed tokens -> -inf before the chain (this row comes to the host)
                 self.logits = turn.mask(np.asarray(self.logits, np.float32))
-            token = self.sample(sampler)
+            token = turn.take_forced() if turn.forced else self.sample(sampler)
             self.history.append(token)
             if on_token:
                 on_token(token)

@@ -44,6 +44,8 @@ class Turn:
     stop_window: Optional[int] = None    # see the module docstring
     reasoning_budget: int = -1           # tokens inside <think> before `reasoning_end` is forced; -1 unlimited
     reasoning_end: tuple[int, ...] = ()
+    forced_spend_n_predict: bool = True  # forced tokens count against n_predict (server max_tokens; llama-cli's -n
+                                         # counts only sampled ones)
     generated: list[int] = field(default_factory=list)
     text: str = ""
     n_sent: int = 0                      # characters of `text` already handed out (stop_window None)
@@ -54,6 +56,7 @@ class Turn:
     in_reasoning: bool = False
     reasoning_left: int = -1
     forced: list[int] = field(default_factory=list)
+    n_forced: int = 0
 
     def __post_init__(self) -> None:
         self.in_reasoning, self.reasoning_left = self.reasoning_budget >= 0, self.reasoning_budget
@@ -71,10 +74,19 @@ class Turn:
     def draw(self, logits: Optional[np.ndarray]) -> int:
         """The next token from host logits [N]: a forced one (reasoning budget spent), else the sampler's choice."""
         if self.forced:
-            return self.forced.pop(0)
+            return self.take_forced()
         logits = self.mask(logits)
         tok = fast_greedy(self.sampler.params, logits)
         return self.sampler.sample(logits) if tok is None else tok
+
+    def take_forced(self) -> int:
+        self.n_forced += 1
+        return self.forced.pop(0)
+
+    @property
+    def n_spent(self) -> int:
+        """Tokens that count against n_predict."""
+        return len(self.generated) - (0 if self.forced_spend_n_predict else self.n_forced)
 
     # -- a drawn token ----------------------------------------------------------------------------------------
     def accept(self, tok: int, full: bool = False) -> str:
@@ -129,7 +141,7 @@ class Turn:
             return
         if full:
             self.stop_type, self.truncated = LIMIT, True
-        elif 0 <= self.n_predict <= len(self.generated):
+        elif 0 <= self.n_predict <= self.n_spent:
             self.stop_type = LIMIT
         if is_eog:
             self.stop_type = EOS

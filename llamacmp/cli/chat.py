@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import BUILD_NUMBER, __version__
 from ..args import parse_or_exit
-from ..chat import THINK_END, ChatTemplate, ReasoningSplitter, thinking_switch
+from ..chat import THINK_END, ChatTemplate, ReasoningSplitter, reply_start, thinking_switch
 from ..engine.generate import ContextFull
 from ..params import Params
 from .chat_io import make_io
@@ -226,7 +226,11 @@ class Chat:
                 chunks = split_prompt(prompt, self.images, lambda s: self.tok.encode(s, parse_special=True))
                 sync_session(self.session, chunks)
             else:
-                self.session.sync_prompt(self.tok.encode(prompt, parse_special=True))
+                ids = self.tok.encode(prompt, parse_special=True)
+                # a checkpoint where this reply starts: the next turn re-renders it without its reasoning
+                start = reply_start(self.template, lambda s: self.tok.encode(s, parse_special=True), self.messages,
+                                    len(ids), enable_thinking=thinking, extra=extra)
+                self.session.sync_prompt(ids, checkpoint_at=(start,) if start else ())
         except ContextFull as e:
             self.io.error(f"Error: {e}\n")
             return

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..sampling import Sampler
 from .decode import Decoder, LogitsRow, draw_tokens
+from .prompt_cache import SlotCache, rewind
 from .turn import Turn
 
 
@@ -70,6 +71,9 @@ class Session:
 
     A sampled token joins `history` at once but is decoded lazily with the next feed, exactly when its logits
     are needed; so a generation that ends on the token limit leaves a consistent, resumable session.
+    Recurrent state cannot be rolled back: like a server slot, the session keeps checkpoints (prompt_cache.py) at
+    the positions the caller names (a chat's reply start), and a prompt that diverges inside the decoded part
+    resumes from the last one before the divergence.
     """
 
     @classmethod
@@ -78,7 +82,7 @@ class Session:
         return cls(lm, run.n_ctx, run.n_batch, run.n_ubatch, run.k_type, run.v_type)
 
     def __init__(self, lm, n_ctx: int, n_batch: int = 2048, n_ubatch: int = 512, kv_type: str = "f16",
-                 v_type: str | None = None):
+                 v_type: str | None = None, max_checkpoints: int = 2):
         self.lm = lm
         self.n_ctx = n_ctx
         # a layer split takes whole -b batches and pipelines their -ub pieces over its devices (models/split.py)
@@ -90,6 +94,8 @@ class Session:
         self.decoder = Decoder(lm, max_graphs=1)
         # the last decoded token's logits: a LogitsRow (on the device on CUDA) or a host array
         self.logits: np.ndarray | LogitsRow | None = None
+        self.cache = SlotCache(max_checkpoints)     # checkpoints of the decoded history (its tokens: set on use)
+        self._ops = None
 
     @property
     def n_decoded(self) -> int:
@@ -97,15 +103,25 @@ class Session:
 
     def reset(self) -> None:
         self.history = []
+        self.cache.clear()
         self.decoder.forget(self.state)
         # drop the old caches before making the new ones: the memory plan counts one context (two at -c 262144
         # would not fit a 16 GiB card), and the arena hands the freed blocks straight back
         self.state = self.logits = None
         self.state = self.lm.backend.new_state(self.lm.cfg, self.n_ctx, self.kv_type, self.v_type)
 
-    def feed(self, tokens: list[int], all_logits: bool = False) -> np.ndarray | LogitsRow:
+    @property
+    def ops(self):
+        """The backend's state copies (checkpoints), made on first use."""
+        if self._ops is None:
+            self._ops = self.lm.backend.state_ops()
+        return self._ops
+
+    def feed(self, tokens: list[int], all_logits: bool = False,
+             checkpoint_at: tuple[int, ...] = ()) -> np.ndarray | LogitsRow:
         """Append tokens and decode everything pending; returns the last row of logits ([n_vocab], a LogitsRow:
-        np.asarray copies it to the host), or all rows of the pending span as a host array when all_logits."""
+        np.asarray copies it to the host), or all rows of the pending span as a host array when all_logits.
+        checkpoint_at: positions (tokens decoded) to keep a checkpoint at; chunks are cut there."""
         self.history.extend(int(t) for t in tokens)
         pending = self.history[self.n_decoded:]
         if not pending:
@@ -118,10 +134,22 @@ class Session:
                                   for s in range(0, len(pending), self.chunk)])
             self.logits = out[-1]
             return out
-        for start in range(0, len(pending), self.chunk):
-            logits = self._decode(pending[start:start + self.chunk], False)
+        start, base = 0, self.n_decoded
+        cuts = sorted(p - base for p in checkpoint_at if base < p < base + len(pending))
+        while start < len(pending):
+            end = min([start + self.chunk, len(pending)] + [c for c in cuts if c > start])
+            logits = self._decode(pending[start:end], False)
+            if base + end in checkpoint_at:
+                self._checkpoint()
+            start = end
         self.logits = LogitsRow(be, logits, int(logits.shape[0]) - 1)
         return self.logits
+
+    def _checkpoint(self) -> None:
+        try:
+            self.cache.add_checkpoint(self.ops.snapshot(self.state, None))
+        except MemoryError:        # no device room for a copy: the next divergence re-evaluates from the start
+            pass
 
     def _decode(self, tokens: list[int], all_logits: bool):
         """-> the backend's logits tensor; a single token goes through the decode path (a CUDA graph)."""
@@ -140,15 +168,18 @@ class Session:
             self.timings.n_eval += 1
         return logits
 
-    def sync_prompt(self, tokens: list[int]) -> np.ndarray:
-        """Make the session hold exactly `tokens`, reusing the decoded prefix when possible. Recurrent state
-        cannot be rolled back, so any divergence inside the decoded part means starting over."""
-        decoded = self.history[:self.n_decoded]
-        if len(tokens) > len(decoded) and tokens[:len(decoded)] == decoded and decoded:
-            self.history = list(decoded)
-            return self.feed(tokens[len(decoded):])
-        self.reset()
-        return self.feed(tokens)
+    def sync_prompt(self, tokens: list[int], checkpoint_at: tuple[int, ...] = ()) -> np.ndarray | LogitsRow:
+        """Make the session hold exactly `tokens`, reusing the decoded prefix when possible: the live state when
+        the tokens extend it, else the last checkpoint inside the common prefix (the server's prompt-cache rule,
+        prompt_cache.py), else a fresh state. checkpoint_at: see feed()."""
+        self.cache.tokens = self.history[:self.n_decoded]
+        point = self.cache.plan(tokens)
+        if point.pos == 0:
+            self.reset()
+        else:
+            rewind(self.ops, self.state, self.cache, point)
+            self.history = list(tokens[:point.pos])
+        return self.feed(tokens[point.pos:], checkpoint_at=checkpoint_at)
 
     def sample(self, sampler: Sampler) -> int:
         """Draw from the current logits: on the backend when they are still there (only the id crosses), else

@@ -25,7 +25,7 @@ from ..sampling import Sampler
 from .checkpoints import read_host_state, state_ops_for, write_host_state
 from .decode import Decoder, LogitsRow, draw_tokens
 from .grammar import GrammarCompiler
-from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host
+from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host, rewind
 from .slot import GENERATE, PREFILL, Slot
 from .tasks import CancelTask, CompletionTask, ErrorResult, QueryTask, SlotActionTask
 
@@ -248,14 +248,9 @@ class Engine:
         return point
 
     def _rewind(self, slot: Slot, point: ResumePoint) -> None:
-        if point.ckpt is not None:
-            self.ops.restore(slot.state, point.ckpt)
-        elif point.pos == 0:
-            self.ops.reset(slot.state)
         if point.pos == 0 and point.lcp > 0:
             log.info("slot %d: forcing full prompt re-processing due to lack of cache data", slot.id)
-        slot.cache.truncate(point.pos)
-        slot.cache.last_logits = point.ckpt.logits if point.ckpt is not None else None
+        rewind(self.ops, slot.state, slot.cache, point)
 
     def _reset(self, slot: Slot) -> None:
         self.ops.reset(slot.state)

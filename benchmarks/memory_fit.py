@@ -35,8 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llamacmp import memplan  # noqa: E402
-from llamacmp.fixtures.writer import SHAPES, tensor_specs  # noqa: E402
+from llamacmp import memplan
+from llamacmp.fixtures.writer import SHAPES, shape_model, tensor_specs  # noqa: E402
 from llamacmp.gguf_file import QUANT_BLOCKS  # noqa: E402
 
 N_VOCAB = 248320
@@ -115,7 +115,7 @@ def table(cases: list[str], cards: list[int], cap: int, n_ubatch: int) -> list[s
     rows = ["| model | weights | cards | -ctk/-ctv f16 | -ctk/-ctv tq3 |", "|---|---:|---:|---:|---:|"]
     for case in cases:
         shape, preset = case.split(":")
-        tensors, cfg = memplan.shape_model(shape, N_VOCAB, types=preset_types(shape, preset))
+        tensors, cfg = shape_model(shape, N_VOCAB, types=preset_types(shape, preset))
         for n in cards:
             cells = []
             for kv in KV:

@@ -3,6 +3,7 @@ with the exception texts its std::sto* calls and handlers produce (they end up i
 from __future__ import annotations
 
 import json
+import re
 from typing import Callable
 
 
@@ -147,26 +148,40 @@ def read_text(path: str) -> str:
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
-ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\", "a": "\a", "b": "\b",
-           "f": "\f", "v": "\v", "?": "?"}
+ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
+_STRTOL_HEX2 = re.compile(rb"[ \t\n\v\f\r+-]?[0-9a-fA-F]+")
+
+
+def _hex_pair(pair: bytes) -> int | None:
+    """The byte of `\\x<pair>` when strtol(pair, 16) reads both characters (llama.cpp's test), else None."""
+    if len(pair) != 2 or not _STRTOL_HEX2.fullmatch(pair):
+        return None
+    return int(pair.strip(), 16) & 0xFF          # int() takes the sign; char(val) keeps the low byte
 
 
 def process_escapes(s: str) -> str:
-    """llama.cpp's string_process_escapes: \\n \\r \\t \\' \\" \\\\ and \\xHH; unknown escapes stay as typed."""
-    out, i = [], 0
-    while i < len(s):
-        c = s[i]
-        if c == "\\" and i + 1 < len(s):
-            n = s[i + 1]
+    """llama.cpp's string_process_escapes: only \\n \\r \\t \\' \\" \\\\ and \\xHH; any other escape stays as typed.
+    It works on the UTF-8 bytes: \\xHH is that raw byte, so "\\xc3\\xa9" is "\u00e9" and a byte that forms no
+    character comes back as Python's surrogateescape code point (U+DC80..U+DCFF), which the tokenizer turns back
+    into the byte."""
+    raw = s.encode("utf-8", "surrogateescape")
+    out, i = bytearray(), 0
+    while i < len(raw):
+        c = raw[i]
+        if c == 0x5C and i + 1 < len(raw):          # backslash
+            n = raw[i + 1]
             if n in ESCAPES:
-                out.append(ESCAPES[n])
+                out += ESCAPES[n]
                 i += 2
                 continue
-            hexdigits = s[i + 2:i + 4]
-            if n == "x" and len(hexdigits) == 2 and all(ch in "0123456789abcdefABCDEF" for ch in hexdigits):
-                out.append(chr(int(s[i + 2:i + 4], 16)))
+            byte = _hex_pair(raw[i + 2:i + 4]) if n == ord("x") else None
+            if byte is not None:
+                out.append(byte)
                 i += 4
                 continue
+            out += raw[i:i + 2]                     # unknown: the backslash and the character, as typed
+            i += 2
+            continue
         out.append(c)
         i += 1
-    return "".join(out)
+    return out.decode("utf-8", "surrogateescape")

@@ -213,6 +213,18 @@ def check_override(template: str, use_jinja: bool) -> None:
         raise TemplateError(f"error: the supplied chat template is not supported: {template}{note}") from None
 
 
+def reply_start(template: ChatTemplate, encode, messages: list[dict], n_prompt: int, **render) -> int:
+    """Where the history ends and the generation prompt starts, in tokens of the prompt (0: unknown). A checkpoint
+    there is what the next turn, which re-renders this reply differently (e.g. without its reasoning), can resume
+    from. encode: text -> ids as the prompt was encoded; render: ChatTemplate.render's other arguments."""
+    try:
+        head = template.render(messages, add_generation_prompt=False, **render)
+    except TemplateError:
+        return 0
+    n = len(encode(head))
+    return n if 0 < n < n_prompt else 0
+
+
 def thinking_switch(text: str) -> bool | None:
     """Qwen3's soft switches: the last of /think or /no_think in a user message decides that turn (None: neither).
     llama.cpp ignores them; we honour them for users of Qwen3-era prompts (issue 4)."""

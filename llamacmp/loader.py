@@ -80,38 +80,20 @@ def load_tokenizer(f: GGUFFile):
         raise GGUFError(f"{f.path}: the tokenizer in the file is inconsistent ({e})") from None
 
 
-def load_model(path: str | os.PathLike, backend: Backend) -> LoadedModel:
-    f, cfg, weights = _open(path)
-    return LoadedModel(str(path), f, cfg, model_class(f.architecture)(cfg, weights, backend), load_tokenizer(f),
-                       backend)
+@dataclass(frozen=True)
+class ModelFile:
+    """An opened GGUF with its validated config: the header is parsed once per start (~2 s with the real
+    vocabulary) and this value goes to the run plan, the memory plan and the loader."""
+    gguf: GGUFFile
+    cfg: ModelConfig
+
+    @property
+    def path(self) -> str:
+        return str(self.gguf.path)
 
 
-def load_split_model(path: str | os.PathLike, backends: list[Backend], ratios=None, bridge: str = "auto",
-                     micro_batch: int = 512) -> LoadedModel:
-    """The model's layers split over `backends` (-sm layer): lm.model is a models.split.SplitModel, lm.backend its
-    SplitBackend. ratios: -ts (None: equal); bridge: auto | host | peer; micro_batch: -ub (pipelined prefill)."""
-    from .models.split import SplitModel
-    f, cfg, weights = _open(path)
-    if f.architecture != "qwen35":
-        raise GGUFError(f"{f.path}: the layer split runs qwen35 models, not '{f.architecture}'")
-    model = SplitModel(cfg, weights, backends, ratios, bridge, micro_batch)
-    return LoadedModel(str(path), f, cfg, model, load_tokenizer(f), model.backend)
-
-
-def load_placed(path: str | os.PathLike, backends: list[Backend], ratios=None, bridge: str = "auto",
-                micro_batch: int = 512, log=None) -> LoadedModel:
-    """One backend: load_model; several: load_split_model, with one line per part on `log` (device, layers,
-    memory, bridge)."""
-    if len(backends) == 1:
-        return load_model(path, backends[0])
-    lm = load_split_model(path, backends, ratios, bridge, micro_batch)
-    if log is not None:
-        for line in lm.model.describe():
-            log.write(line + "\n")
-    return lm
-
-
-def _open(path: str | os.PathLike):
+def open_model(path: str | os.PathLike) -> ModelFile:
+    """Parse the header, refuse an unknown architecture or a bad config (GGUFError naming the file)."""
     f = GGUFFile(path)
     model_class(f.architecture)          # an unknown architecture is refused before the weights are read
     _check_layers(f)
@@ -121,4 +103,40 @@ def _open(path: str | os.PathLike):
         cfg = ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight"))
     except (ConfigError, TypeError, ValueError) as e:   # wrong-typed values land here too
         raise GGUFError(f"{f.path}: {e}") from None
-    return f, cfg, load_weights(f, cfg)
+    return ModelFile(f, cfg)
+
+
+def load_model(source: str | os.PathLike | ModelFile, backend: Backend) -> LoadedModel:
+    f, cfg, weights = _open(source)
+    return LoadedModel(str(f.path), f, cfg, model_class(f.architecture)(cfg, weights, backend), load_tokenizer(f),
+                       backend)
+
+
+def load_split_model(source: str | os.PathLike | ModelFile, backends: list[Backend], ratios=None,
+                     bridge: str = "auto", micro_batch: int = 512) -> LoadedModel:
+    """The model's layers split over `backends` (-sm layer): lm.model is a models.split.SplitModel, lm.backend its
+    SplitBackend. ratios: -ts (None: equal); bridge: auto | host | peer; micro_batch: -ub (pipelined prefill)."""
+    from .models.split import SplitModel
+    f, cfg, weights = _open(source)
+    if f.architecture != "qwen35":
+        raise GGUFError(f"{f.path}: the layer split runs qwen35 models, not '{f.architecture}'")
+    model = SplitModel(cfg, weights, backends, ratios, bridge, micro_batch)
+    return LoadedModel(str(f.path), f, cfg, model, load_tokenizer(f), model.backend)
+
+
+def load_placed(source: str | os.PathLike | ModelFile, backends: list[Backend], ratios=None, bridge: str = "auto",
+                micro_batch: int = 512, log=None) -> LoadedModel:
+    """One backend: load_model; several: load_split_model, with one line per part on `log` (device, layers,
+    memory, bridge)."""
+    if len(backends) == 1:
+        return load_model(source, backends[0])
+    lm = load_split_model(source, backends, ratios, bridge, micro_batch)
+    if log is not None:
+        for line in lm.model.describe():
+            log.write(line + "\n")
+    return lm
+
+
+def _open(source: str | os.PathLike | ModelFile):
+    mf = source if isinstance(source, ModelFile) else open_model(source)
+    return mf.gguf, mf.cfg, load_weights(mf.gguf, mf.cfg)

@@ -79,18 +79,8 @@ class MemoryPlan:
 
 # -- the arena's arithmetic ----------------------------------------------------------------------------------------
 
-ALIGN = 256
-
-
-def exact(nbytes: int) -> int:
-    """What a long-lived tensor takes in the arena (DeviceArena.persistent: 256-aligned, no size class)."""
-    return -(-max(nbytes, 1) // ALIGN) * ALIGN
-
-
-def size_class(nbytes: int) -> int:
-    """What a short-lived tensor takes (DeviceArena's size classes)."""
-    from .backends.cuda import _size_class
-    return _size_class(nbytes)
+# what a tensor takes in the arena: long-lived ones exactly (256-aligned), the short-lived rest by size class
+from .backends.arena_sizes import exact, size_class  # noqa: E402,F401
 
 
 # -- items --------------------------------------------------------------------------------------------------------
@@ -303,34 +293,6 @@ def parse_gib(s: str) -> int:
     return int(value * mult)
 
 
-def shape_model(shape_name: str, n_vocab: int, dtype: str = "q8_0",
-                types: dict[str, str] | None = None) -> tuple[list[TensorDesc], ModelConfig]:
-    """The tensors and config of a fixtures/writer.py shape (e.g. the real 9B shapes) without writing the file:
-    what planning a real model of that shape gives. types: tensor name -> GGUF type, overriding the writer's
-    choice for `dtype` (a llama-quantize type mix)."""
-    from .fixtures.writer import SHAPES, ggml_type, tensor_specs
-    s = SHAPES[shape_name]
-    types = types or {}
-    tensors = [TensorDesc(t.name, types.get(t.name) or ggml_type(t, dtype).name, t.shape)
-               for t in tensor_specs(s, n_vocab)]
-    cfg = ModelConfig(n_layer=s.n_layer, n_embd=s.n_embd, n_ff=s.n_ff, n_head=s.n_head, n_head_kv=s.n_head_kv,
-                      head_dim=s.head_dim, n_vocab=n_vocab, n_ctx_train=s.n_ctx_train, rms_eps=1e-6,
-                      rope_base=s.rope_base, n_rot=s.n_rot, rope_sections=tuple(s.rope_sections),
-                      conv_kernel=s.conv_kernel, ssm_k_heads=s.ssm_k_heads, ssm_v_heads=s.ssm_v_heads,
-                      ssm_head_dim=s.ssm_head_dim, full_attention_interval=s.full_attention_interval,
-                      tied_embeddings=s.tied)
-    return upload_order(tensors, cfg), cfg
-
-
-def context_length(path: str) -> int:
-    """The model's training context (what -c 0 means), read from the GGUF header."""
-    from .config import ModelConfig
-    from .gguf_file import GGUFFile
-    f = GGUFFile(path)
-    n_vocab = len(f.metadata.get("tokenizer.ggml.tokens", [])) or f.info("token_embd.weight").shape[0]
-    return ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight")).n_ctx_train
-
-
 def host_available() -> int | None:
     """Bytes of host memory available now (Linux MemAvailable), or None where it cannot be read."""
     try:
@@ -343,47 +305,37 @@ def host_available() -> int | None:
     return None
 
 
-def check_host(path: str, params, n_ctx: int, n_slots: int = 1, kv_types: tuple[str, str] | None = None) -> None:
+def check_host(cfg: ModelConfig, run) -> None:
     """The host backends keep the KV cache in numpy arrays (f16 as f16, any other type dequantized to f32): refuse
     a context whose caches cannot fit in the memory available, before the model is loaded (-c 1000000000 would
-    otherwise fail deep in an allocation)."""
-    from .config import ModelConfig
-    from .gguf_file import GGUFFile
-    f = GGUFFile(path)
-    n_vocab = len(f.metadata.get("tokenizer.ggml.tokens", [])) or f.info("token_embd.weight").shape[0]
-    cfg = ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight"))
-    n = n_ctx or cfg.n_ctx_train
-    per_value = sum(2 if t == "f16" else 4 for t in (kv_types or (params.cache_type_k, params.cache_type_v)))
-    need = n_slots * len(cfg.attn_layers) * n * cfg.n_head_kv * cfg.head_dim * per_value
+    otherwise fail deep in an allocation). run: the run_plan.RunPlan."""
+    per_value = sum(2 if t == "f16" else 4 for t in (run.k_type, run.v_type))
+    need = run.n_slots * len(cfg.attn_layers) * run.n_ctx * cfg.n_head_kv * cfg.head_dim * per_value
     have = host_available()
     if have is not None and need > have:
-        raise PlanError(f"the KV cache for a context of {n} tokens ({n_slots} slot(s)) needs {need / 2**30:.1f} GiB "
-                        f"of host memory and {have / 2**30:.1f} GiB is available: lower -c (or -np)")
+        raise PlanError(f"the KV cache for a context of {run.n_ctx} tokens ({run.n_slots} slot(s)) needs "
+                        f"{need / 2**30:.1f} GiB of host memory and {have / 2**30:.1f} GiB is available: lower -c "
+                        "(or -np)")
 
 
-def prepare_device(backend, path: str, params, n_ctx: int, n_slots: int = 1, all_logits: bool = False,
-                   log=None, kv_types: tuple[str, str] | None = None) -> MemoryPlan | None:
+def prepare_device(backend, mf, run, device_mem_cap: int = 0, log=None) -> MemoryPlan | None:
     """Before a model is loaded onto a CUDA backend: plan its memory against the arena's cap (--device-mem-cap, or
     what the GPU has free), write one log line per item to `log` (None: silent), raise PlanError when it does not
-    fit, and reserve the long-lived part in one piece. Other backends: None (host memory is not planned).
-    kv_types: the (K, V) cache formats when they are not params' -ctk / -ctv (the server's engine)."""
-    if backend.name != "cuda":
-        check_host(path, params, n_ctx, n_slots, kv_types)
+    fit, and reserve the long-lived part in one piece. Backends whose device_memory() is None (host memory):
+    None, not planned.
+    mf: the opened loader.ModelFile; run: the run_plan.RunPlan (context, slots, -ctk / -ctv, -ub)."""
+    memory = backend.device_memory()
+    if memory is None:
+        check_host(mf.cfg, run)
         return None
-    from .config import ModelConfig
-    from .gguf_file import GGUFFile
-    f = GGUFFile(path)
-    n_vocab = len(f.metadata.get("tokenizer.ggml.tokens", [])) or f.info("token_embd.weight").shape[0]
-    cfg = ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight"))
-    free, _total = backend.native.mem_info()
-    cap = min(backend.arena.cap, free)
-    from_flag = bool(params.device_mem_cap) and params.device_mem_cap <= free
-    k_type, v_type = kv_types or (params.cache_type_k, params.cache_type_v)
-    p = plan(upload_order(tensors_of(f), cfg), cfg, n_ctx or cfg.n_ctx_train, n_slots, k_type, v_type,
-             max(1, min(params.n_batch, params.n_ubatch)), all_logits, backend.sparse, cap)
-    p.cap_from_flag = from_flag
+    cfg = mf.cfg
+    free, arena_cap = memory
+    cap = min(arena_cap, free)
+    p = plan(upload_order(tensors_of(mf.gguf), cfg), cfg, run.n_ctx, run.n_slots, run.k_type, run.v_type,
+             run.micro_batch, run.all_logits, backend.sparse, cap)
+    p.cap_from_flag = bool(device_mem_cap) and device_mem_cap <= free
     if log is not None:
         log.write("".join(line + "\n" for line in p.lines()))
     check(p)
-    backend.arena.reserve(p.persistent, "the weights, KV cache and recurrent state (memory plan)")
+    backend.reserve_persistent(p.persistent, "the weights, KV cache and recurrent state (memory plan)")
     return p

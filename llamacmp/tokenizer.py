@@ -96,6 +96,18 @@ def _byte_tables() -> tuple[str, dict[int, int]]:
 _BYTE_TO_CHAR, _CHAR_TO_BYTE = _byte_tables()
 
 
+def _lone_surrogates(e: UnicodeEncodeError) -> tuple[bytes, int]:
+    """Text -> UTF-8 for the BPE. U+DC80..U+DCFF is a raw byte (Python's surrogateescape: how a `-p "\\xHH"`
+    escape of a byte that forms no character arrives, arg_values.process_escapes); any other lone surrogate
+    (possible in JSON input) becomes its 3 bytes, as llama.cpp would also see them."""
+    out = b"".join(bytes([ord(c) - 0xDC00]) if 0xDC80 <= ord(c) <= 0xDCFF else c.encode("utf-8", "surrogatepass")
+                   for c in e.object[e.start:e.end])
+    return out, e.end
+
+
+codecs.register_error("llamacmp-bytes", _lone_surrogates)
+
+
 def llamacpp_split_pattern(pre: str) -> regex.Pattern:
     """The pre-tokenizer regex with llama.cpp's whitespace semantics."""
     if pre not in PATTERNS:
@@ -155,8 +167,7 @@ class _WordBPE:
         return list(chain.from_iterable(map(local.__getitem__, words)))
 
     def _word_ids(self, word: str) -> list[int]:
-        # surrogatepass: a lone surrogate (possible in JSON input) becomes the 3 bytes llama.cpp would also see
-        encoded = word.encode("utf-8", "surrogatepass").decode("latin-1").translate(_BYTE_TO_CHAR)
+        encoded = word.encode("utf-8", "llamacmp-bytes").decode("latin-1").translate(_BYTE_TO_CHAR)
         return [t.id for t in self._model.tokenize(encoded)]
 
 

@@ -8,7 +8,9 @@ import subprocess
 from pathlib import Path
 from typing import Iterable, Iterator
 
-TENSOR_CORE_SASS = re.compile(r"\b(HMMA|IMMA|HGMMA|QGMMA|OMMA|UTC\w*MMA)\b")
+# SASS opcodes of tensor-core instructions: HMMA (fp16/bf16/tf32 mma.sync), IMMA (int8), BMMA (1-bit), DMMA (fp64),
+# HGMMA/IGMMA/QGMMA/BGMMA (sm_90 wgmma on fp16, int8, fp8, 1-bit), OMMA and UTC*MMA (sm_100 tcgen05)
+TENSOR_CORE_SASS = re.compile(r"\b(HMMA|IMMA|BMMA|DMMA|HGMMA|IGMMA|QGMMA|BGMMA|OMMA|UTC\w*MMA)\b")
 TENSOR_CORE_PTX = re.compile(r"\b(mma\.sync|wmma\.|wgmma\.|tcgen05\.mma)")
 
 

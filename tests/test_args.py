@@ -142,6 +142,25 @@ def test_escapes_processed_unless_no_escape():
     assert process_escapes(r"\q stays") == r"\q stays"
 
 
+def test_escapes_are_llamacpps_set_and_hex_is_a_raw_byte():
+    """string_process_escapes: only \\n \\r \\t \\' \\" \\\\ and \\xHH; \\xHH is a byte of the UTF-8 text."""
+    assert process_escapes(r"\a\b\f\v\?") == r"\a\b\f\v\?"           # not C's full set
+    assert process_escapes(r"\'\"") == "'\""
+    assert process_escapes(r"\xc3\xa9") == "\u00e9"                       # two bytes that make one character
+    assert process_escapes(r"\x80").encode("utf-8", "surrogateescape") == b"\x80"    # a byte, not U+0080
+    assert process_escapes(r"\x4") == r"\x4" and process_escapes(r"\x4G!") == r"\x4G!"   # strtol must read 2
+    assert process_escapes("\u00e9\\n") == "\u00e9\n"
+
+
+def test_a_raw_byte_escape_tokenizes_as_that_byte():
+    from llamacmp.fixtures.qwen_vocab import tiny_vocab
+    from llamacmp.tokenizer import Tokenizer
+    v = tiny_vocab()
+    tok = Tokenizer.from_metadata(v.tokens, v.merges, v.token_types, v.pre, v.eos_id, v.bos_id, v.add_bos)
+    ids = tok.encode(process_escapes(r"a\xffb"))
+    assert b"".join(tok.token_to_piece(t) for t in ids) == b"a\xffb"
+
+
 def test_prompt_and_system_files(tmp_path):
     f = tmp_path / "p.txt"
     f.write_text("from file")

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from llamacmp.backends.base import StepBatch
-from llamacmp.engine.checkpoints import CudaStateOps, state_ops_for
+from llamacmp.backends.cuda_state import CudaStateOps
+from llamacmp.engine.checkpoints import state_ops_for
 from llamacmp.engine.scheduler import Engine, EngineConfig
 from llamacmp.engine.tasks import CompletionTask, ErrorResult, FinalResult, GenParams
 from llamacmp.loader import load_model

@@ -392,3 +392,23 @@ def test_chat_reply_matches_llamacli_with_blank_line_after_start_thinking(tmp_pa
     want = base64.b64decode(REPLY_GOLDEN["segment_b64"])
     assert want.startswith(b"\n> Hello\n\n[Start thinking]\n\n")
     assert want + b"\n[ Prompt:" in r.stdout
+
+
+def test_session_resumes_from_the_reply_start_checkpoint(lm):
+    """llama-cli's next turn re-renders the last reply without its reasoning, so the prompt diverges where the reply
+    began: the session resumes from the checkpoint it kept there (as a server slot does) instead of re-evaluating
+    the whole conversation, with the same logits as a fresh session cut the same way."""
+    first = list(range(20, 80))
+    start = 50                                        # where the generation prompt (the reply) begins
+    s = Session(lm, 512)
+    s.sync_prompt(first, checkpoint_at=(start,))
+    s.generate(Sampler(SamplingParams(temp=0, ignore_eos=True)), 6)
+    second = first[:start] + list(range(200, 230))    # the reply re-rendered, then the next user turn
+    before = s.timings.snapshot()
+    got = np.asarray(s.sync_prompt(second, checkpoint_at=(len(second) - 10,)), np.float32)
+    assert s.timings.since(before).n_p_eval == len(second) - start
+    fresh = Session(lm, 512)
+    want = np.asarray(fresh.sync_prompt(second[:start] + second[start:], checkpoint_at=(start, len(second) - 10)),
+                      np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert s.history == second and s.n_decoded == len(second)

@@ -6,6 +6,7 @@ tokens with `timings.prompt_n` / `cache_n`.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -226,6 +227,24 @@ def test_disconnect_frees_the_slot(srv):
     assert _wait_idle(srv.url), "an abandoned request kept its slot"
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/completion"])   # routes that take ignore_eos
+def test_non_streamed_client_gone_is_handled_without_a_traceback(srv, path, caplog):
+    """A non-streamed request whose client goes away: its task is cancelled, one log line, no IndexError on the
+    empty result list (chat_api._merged_usage / results[0] before)."""
+    assert _wait_idle(srv.url)
+    caplog.set_level(logging.INFO, logger="llamacmp")
+    body = {"messages": [{"role": "user", "content": "Tell me a long story"}], "prompt": "The quick brown fox",
+            "max_tokens": 100000, "n_predict": 100000, "ignore_eos": True, "n": 1}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(srv.url + path, json=body, timeout=0.7)
+    assert _wait_idle(srv.url), "an abandoned request kept its slot"
+    deadline = time.time() + 5
+    while not any("client disconnected" in r.getMessage() for r in caplog.records):
+        assert time.time() < deadline, "the disconnect was not handled"
+        time.sleep(0.05)
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
+
+
 def test_disconnect_while_queued_frees_the_queue(srv):
     """A streaming request still waiting for a slot is dropped as soon as its client goes."""
     assert _wait_idle(srv.url)
@@ -272,6 +291,43 @@ def test_host_cache_entry_survives_saving_the_slot_it_replaces(lm):
         engine.host_cache.limit = entry.nbytes + 16       # room for one entry only
         r = run(a + [7])                                  # restores a, saving b first (which evicts a)
         assert isinstance(r, FinalResult) and r.timings.cache_n >= len(a)
+    finally:
+        engine.stop()
+
+
+def test_agent_turn_rollback_copies_nothing_to_the_host(lm):
+    """An agent's next turn re-sends prompt + reply whose last tokens differ (a re-rendered template): the slot rolls
+    back to a checkpoint in the shared prefix and evaluates only the rest, and does not copy the whole context and
+    every checkpoint to the host-RAM cache on the way (that copy grew with the context: 0.48 s a turn at 3K tokens,
+    1.28 s at 7.5K on the H200; benchmarks/agent_turns.py)."""
+    import queue as q_
+    from llamacmp.engine.scheduler import Engine, EngineConfig
+    from llamacmp.engine.tasks import CompletionTask, FinalResult, GenParams
+    from llamacmp.sampling import SamplingParams
+    engine = Engine(lm, EngineConfig(n_slots=1, n_ctx_slot=2048))
+    saves = []
+    save_host = engine.ops.save_host
+    engine.ops.save_host = lambda *a: saves.append(a) or save_host(*a)
+    engine.start()
+
+    def run(prompt):
+        out: q_.Queue = q_.Queue()
+        params = GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=12)
+        engine.submit(CompletionTask(prompt, params, out.put))
+        while not isinstance(r := out.get(timeout=60), FinalResult):
+            pass
+        return r
+    try:
+        prompt = list(range(10, 300))
+        for turn in range(4):
+            r = run(prompt)
+            if turn:
+                assert r.timings.cache_n >= len(prompt) - 12 - 16 - 4, "did not resume from a checkpoint"
+                assert r.timings.prompt_n <= 12 + 16 + 4
+            prompt = prompt + list(r.tokens)[:-2] + list(range(400 + 16 * turn, 416 + 16 * turn))
+        assert saves == [], f"{len(saves)} whole-context copies to the host cache on the rollback path"
+        run(list(range(300, 500)))                     # another conversation: the old one is kept in host RAM
+        assert len(saves) == 1
     finally:
         engine.stop()
 

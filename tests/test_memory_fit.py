@@ -10,7 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import memory_fit  # noqa: E402
-from llamacmp import memplan  # noqa: E402
+from llamacmp import memplan
+from llamacmp.fixtures.writer import shape_model  # noqa: E402
 
 
 GOLDEN = json.loads(memory_fit.GOLDEN.read_text())
@@ -48,7 +49,7 @@ def test_iq4_xs_mix_of_the_27b_shape():
 
 
 def test_largest_context_is_the_edge_of_the_plan():
-    tensors, cfg = memplan.shape_model("27b", memory_fit.N_VOCAB, types=memory_fit.preset_types("27b", "IQ4_XS"))
+    tensors, cfg = shape_model("27b", memory_fit.N_VOCAB, types=memory_fit.preset_types("27b", "IQ4_XS"))
     cap = 16 * memplan.GIB - 512 * memplan.MIB
     for kv in memory_fit.KV:
         c = memory_fit.largest_ctx(tensors, cfg, kv, 1, cap, 512)

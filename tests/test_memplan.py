@@ -7,6 +7,7 @@ import pytest
 
 from llamacmp import kv_quant, memplan
 from llamacmp.args import parse_args
+from llamacmp.fixtures.writer import shape_model
 from llamacmp.gguf_file import GGUFFile
 
 GIB, MIB = memplan.GIB, memplan.MIB
@@ -14,7 +15,7 @@ GIB, MIB = memplan.GIB, memplan.MIB
 
 @pytest.fixture(scope="module")
 def nine_b():
-    return memplan.shape_model("9b", 248320)
+    return shape_model("9b", 248320)
 
 
 def test_9b_shape_arithmetic(nine_b):
@@ -117,11 +118,14 @@ def test_plan_matches_the_arena_on_the_gpu(fixture_gguf, cuda_backend):
     from llamacmp.backends.cuda import CudaBackend
     from llamacmp.loader import load_model
     path = fixture_gguf("small", "q8_0")
+    from llamacmp.loader import open_model
+    from llamacmp.run_plan import plan_run
     params = parse_args("completion", ["-c", "4096", "-ctk", "f16", "-ctv", "f16"]).params
     be = CudaBackend(arena_bytes=2 * GIB)
     try:
-        p = memplan.prepare_device(be, path, params, 4096, 1)
-        lm = load_model(path, be)
+        mf = open_model(path)
+        p = memplan.prepare_device(be, mf, plan_run(params, mf.cfg.n_ctx_train))
+        lm = load_model(mf, be)
         state = be.new_state(lm.cfg, 4096, "f16", "f16")
         assert be.arena.reserved == p.persistent                  # one piece, nothing more yet
         # packed exactly; the upload staging block is back on its free list once the weights are in
@@ -166,7 +170,7 @@ def test_every_loaded_block_type_counts_its_stored_bytes(tmp_path):
 def test_type_mix_changes_the_weights_and_the_detail_names_it(nine_b):
     tensors, cfg = nine_b
     mix = {t.name: "Q4_K" for t in tensors if t.type_name == "Q8_0"}
-    q4k, _ = memplan.shape_model("9b", 248320, types=mix)
+    q4k, _ = shape_model("9b", 248320, types=mix)
     p8, p4 = (memplan.plan(ts, cfg, 4096) for ts in (tensors, q4k))
     ratio = (p4.item("weights").nbytes - memplan.STAGING_PIECE) / (p8.item("weights").nbytes - memplan.STAGING_PIECE)
     assert 0.52 < ratio < 0.56                    # 144/256 vs 34/32 bytes a value, the F32 vectors aside

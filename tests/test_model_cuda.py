@@ -17,7 +17,8 @@ LOGITS_TOL = 1e-2
 # 2.4e-2 (relative) when every matmul output is jittered by 3e-7 relative (fp32 rounding size; measured
 # 2026-11-30), because a rounding flip in one Q8 activation block compounds over its 8 random-weight layers. Any
 # fp32 implementation summing in another order lands that far away, so that fixture gets a tolerance above that
-# spread, and greedy decoding on it can diverge at near-ties (xfail). tiny Q8_0 and both F32 fixtures hold 1e-2.
+# spread, and greedy decoding on it can diverge at near ties (there the greedy test compares only the steps whose
+# reference top-2 margin is clear of that spread). tiny Q8_0 and both F32 fixtures hold 1e-2.
 CHAOTIC = {("small", "q8_0")}
 CHAOTIC_TOL = 6e-2
 
@@ -74,16 +75,38 @@ def greedy(lm, prompt, n):
     return out, margins
 
 
+def forced_rows(lm, prompt, tokens):
+    """Logits before each of `tokens` when the sequence is fed `tokens` (teacher forcing) -> [len(tokens), N]."""
+    st = lm.backend.new_state(lm.cfg, len(prompt) + len(tokens) + 1, "f16")
+    rows = [logits(lm, StepBatch.build([(st, prompt)]))[-1]]
+    for t in tokens[:-1]:
+        rows.append(logits(lm, StepBatch.build([(st, [t])]))[-1])
+    return np.stack(rows)
+
+
+def near_tie(row: np.ndarray, tol: float) -> bool:
+    """Top-2 margin within what a relative logits error `tol` can move: 4x the per-logit deviation it means."""
+    top2 = np.sort(row)[-2:]
+    return float(top2[1] - top2[0]) < 4 * tol * float(np.sqrt(np.mean(np.square(row, dtype=np.float64))))
+
+
 @pytest.mark.parametrize("shape,dtype", [("tiny", "f32"), ("tiny", "q8_0"), ("small", "f32"), ("small", "q8_0")])
 def test_greedy_tokens_identical(models, shape, dtype):
-    if (shape, dtype) in CHAOTIC:
-        pytest.xfail("small Q8_0 fixture is chaotic under activation quantization (see CHAOTIC)")
     ref, dev = models(shape, dtype)
     prompt = [int(i) for i in np.random.default_rng(3).integers(0, ref.cfg.n_vocab, 9)]
     t_ref, m_ref = greedy(ref, prompt, 64)
-    t_dev, _ = greedy(dev, prompt, 64)
-    first = next((i for i, (a, b) in enumerate(zip(t_ref, t_dev)) if a != b), None)
-    assert first is None, f"diverged at step {first} (reference top-2 logit margin there {m_ref[first]:.2e})"
+    if (shape, dtype) not in CHAOTIC:
+        t_dev, _ = greedy(dev, prompt, 64)
+        first = next((i for i, (a, b) in enumerate(zip(t_ref, t_dev)) if a != b), None)
+        assert first is None, f"diverged at step {first} (reference top-2 logit margin there {m_ref[first]:.2e})"
+        return
+    # chaotic fixture: both models read the reference's tokens, and every step whose reference choice is clear of
+    # the fixture's spread must pick the same token on the device; at least a quarter of the steps are that clear
+    r_ref, r_dev = forced_rows(ref, prompt, t_ref), forced_rows(dev, prompt, t_ref)
+    clear = [i for i in range(len(t_ref)) if not near_tie(r_ref[i], CHAOTIC_TOL)]
+    assert len(clear) >= len(t_ref) // 4, f"only {len(clear)} of {len(t_ref)} steps are clear of near ties"
+    wrong = [i for i in clear if int(np.argmax(r_dev[i])) != t_ref[i]]
+    assert not wrong, f"device picked another token at clear steps {wrong} of {len(clear)} compared"
 
 
 @pytest.mark.parametrize("shape", ["tiny", "small"])

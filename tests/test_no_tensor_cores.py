@@ -38,6 +38,7 @@ def test_sass_has_no_tensor_core_instructions(tool_and_lib):
 def test_ptx_has_no_mma(tool_and_lib):
     tool, lib = tool_and_lib
     ptx = _dump(tool, "-ptx", lib)
+    assert ".target sm_" in ptx and ".entry" in ptx, "cuobjdump -ptx printed no PTX: nothing was checked"
     hits = sorted(set(TENSOR_CORE_PTX.findall(ptx)))
     assert not hits, f"matrix instructions in the PTX: {hits}"
 

@@ -102,6 +102,40 @@ class Backend(ABC):
     sparse = None
     sparse_stats = None
 
+    # -- optional capabilities: what the engine, the models and the tools may ask of any backend ------------------
+    # Each has a default meaning "not this backend's business"; a backend that can do more overrides it. Callers
+    # ask these, never the backend's name.
+    device: int | None = None       # the GPU this backend runs on; None: host memory (no device bridge, no offload)
+    captures_graphs = False         # decode_graphs() gives CUDA-graph decode steps (and a layer split may use them)
+    arena = None                    # the device arena its tensors come from (None: host memory)
+
+    def activate(self) -> None:
+        """Make the calling thread run this backend's work on the backend's device and stream (the engine thread
+        after the loader thread). Host backends: nothing to do."""
+
+    def bind_thread(self) -> None:
+        """Give the calling thread a device stream of this backend's own (a layer split's part threads)."""
+
+    def synchronize(self) -> None:
+        """Wait for the work queued so far (timings). Host backends run synchronously."""
+
+    def decode_graphs(self, model, capacity: int = 8):
+        """engine/decode.py's decode steps captured as graphs (backends/cuda_graphs.py); None: run them eagerly."""
+        return None
+
+    def state_ops(self):
+        """The prompt cache's copies of this backend's sequence state (backends/state_ops.py's StateOps)."""
+        raise NotImplementedError(f"backend '{self.name}' has no state_ops(): prompt-cache checkpoints need it")
+
+    def device_memory(self) -> tuple[int, int] | None:
+        """(free device bytes, the arena's cap) when this backend allocates from a planned device arena, so that
+        memplan.py plans and reserves before loading; None: host memory, not planned."""
+        return None
+
+    def reserve_persistent(self, nbytes: int, what: str) -> None:
+        """Take the long-lived part of the memory plan in one piece (only asked when device_memory() is not None)."""
+        raise NotImplementedError(f"backend '{self.name}' does not plan device memory")
+
     # -- memory -------------------------------------------------------------------------------------------
     @abstractmethod
     def upload_matrix(self, w) -> Weight:

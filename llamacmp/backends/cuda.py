@@ -26,6 +26,7 @@ from ..lib._native import CMP_MM_GEMV3, CMP_MM_GEMV_PDL
 from ..lib._native import CMP_MM_GEMV4, CMP_MM_GEMV4_EAGER
 from ..lib._native import CMP_KV_TYPES, CMP_QUANT_TYPES
 from .. import kv_layout
+from .arena_sizes import size_class as _size_class
 from .base import Backend, Segment, SeqState, StepBatch
 
 __all__ = ["CudaBackend", "CapturedStep", "DeviceTensor", "DeviceArena", "DeviceMemoryError", "QuantMatrix",
@@ -40,15 +41,6 @@ _MIB = 1 << 20
 
 class DeviceMemoryError(MemoryError):
     """The arena cannot hold a tensor; the message says what and which command-line flag helps."""
-
-
-def _size_class(nbytes: int) -> int:
-    """Round up to 256 B, then to one of 8 steps per power of two, so that varying batch sizes reuse blocks."""
-    n = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
-    if n <= 64 * _ALIGN:
-        return n
-    step = 1 << (n.bit_length() - 4)
-    return -(-n // step) * step
 
 
 def _persistent(method):
@@ -224,6 +216,7 @@ class DenseMatrix:
 
 class CudaBackend(Backend):
     name = "cuda"
+    captures_graphs = True
 
     MAX_FUSED = 4   # matrices per cmp_matmul_q8_multi launch
     GEMV_MAX_ROWS = 8  # rows cmp_matmul_q8_multi runs on its GEMV path (matmul_q8.cu GEMV_MAX_T), each row alone
@@ -310,6 +303,16 @@ class CudaBackend(Backend):
 
     def synchronize(self) -> None:
         self.native.cmp_synchronize()
+
+    def device_memory(self) -> tuple[int, int]:
+        return self.native.mem_info()[0], self.arena.cap
+
+    def reserve_persistent(self, nbytes: int, what: str) -> None:
+        self.arena.reserve(nbytes, what)
+
+    def state_ops(self):
+        from .cuda_state import CudaStateOps
+        return CudaStateOps(self)
 
     def _positions(self, batch: StepBatch) -> DeviceTensor:
         """batch.positions on the device, uploaded once per batch (kernels read positions there, for graphs)."""

@@ -185,6 +185,10 @@ class NumpyBackend(Backend):
     def to_host(self, x) -> np.ndarray:
         return np.asarray(x, dtype=np.float32)
 
+    def state_ops(self):
+        from .state_ops import NumpyStateOps
+        return NumpyStateOps()
+
     # -- row-wise ops ---------------------------------------------------------------------------------------
     def embed(self, table, ids):
         if isinstance(table, RefQ8):

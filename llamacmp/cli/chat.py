@@ -13,7 +13,8 @@ from pathlib import Path
 
 from .. import BUILD_NUMBER, __version__
 from ..args import parse_or_exit
-from ..chat import THINK_END, ReasoningSplitter, TemplateError, reasoning_prefix, select_template, thinking_switch
+from ..chat import (THINK_END, ReasoningSplitter, TemplateError, reasoning_prefix, reply_start, select_template,
+                    thinking_switch)
 from ..engine.generate import ContextFull
 from ..params import Params
 from .chat_io import make_io
@@ -48,9 +49,6 @@ class Reply:
     content: str = ""
     reasoning: str = ""
     in_thinking: bool = False
-    reasoning_tokens: int = 0
-    budget_hit: bool = False         # the budget stopped generation; the end of thinking is forced next
-    budget_spent: bool = False       # ... which happens once per reply
     lead: str = ""                   # what the generation prompt wrote inside <think> (Qwen3.5: "\n")
 
 
@@ -74,7 +72,7 @@ class Chat:
             except MmprojError as e:
                 raise CliError(f"error: failed to load multimodal projector: {e}") from None
         self.tok = self.lm.tokenizer
-        self.session = new_session(self.p, self.loaded)
+        self.session = new_session(self.loaded)
         try:
             self.template = select_template(self.lm.metadata, self.tok.tokens, self.p.chat_template, self.p.use_jinja)
         except TemplateError as e:
@@ -119,6 +117,7 @@ class Chat:
                     raise CliError(f"error: cannot use --image '{fname}' (see above)")
             text, self.p.prompt = self.p.prompt, ""
             shown = text[:500] + " ... (truncated)" if len(text) > 500 else text
+            shown = shown.encode("utf-8", "surrogateescape").decode("utf-8", "replace")   # a -p "\xHH" raw byte
             self.io.write(f"\n> {shown}\n", "prompt")
             return text
         # prompt_toolkit reads keys itself; our SIGINT handler must not eat its Ctrl-C
@@ -235,7 +234,10 @@ class Chat:
                 ids = self.tok.encode(prompt, parse_special=True)
                 if not ids:
                     raise CliError("error: input is empty (the chat template rendered nothing)")
-                self.session.sync_prompt(ids)
+                # a checkpoint where this reply starts: the next turn re-renders it without its reasoning
+                start = reply_start(self.template, lambda s: self.tok.encode(s, parse_special=True), self.messages,
+                                    len(ids), enable_thinking=thinking, extra=extra)
+                self.session.sync_prompt(ids, checkpoint_at=(start,) if start else ())
         except ContextFull as e:
             self.io.error(f"Error: {e}\n")
             return
@@ -248,7 +250,9 @@ class Chat:
                           f"{t.predicted_per_second:.1f} t/s ]\n", "info")
 
     def stream_reply(self, thinking_open: bool, lead: str = "") -> Reply:
-        """lead: the prompt's text after an open <think>; llama-cli's reasoning starts with it (it parses the
+        """One reply, streamed. --reasoning-budget (when the prompt opens <think>): after that many tokens of
+        thought the message and </think> are forced in as if sampled (engine/turn.py, as the server does).
+        lead: the prompt's text after an open <think>; llama-cli's reasoning starts with it (it parses the
         prompt's tail with the output), so "[Start thinking]" is followed by a blank line on Qwen3.5."""
         p, reply = self.p, Reply(lead=lead if thinking_open else "")
         # a built-in format (no jinja) has no reasoning: the reply is content as written, as in llama-cli
@@ -258,36 +262,15 @@ class Chat:
         for t in self.session.history:
             if t >= 0:                     # image rows (negative placeholder ids) are not sampled tokens
                 sampler.accept(t)
-        n_left = p.n_predict
-        while True:
-            gen = self.session.generate(sampler, n_left, tuple(p.antiprompt),
-                                        lambda piece: self.show(reply, splitter.push(piece)), p.special,
-                                        should_stop=lambda: self.should_stop(reply, splitter), stop_window=0,
-                                        grammar=grammar)
-            if not reply.budget_hit or gen.stop != "interrupted" or self.interrupt.flag:
-                break
-            n_left = -1 if p.n_predict < 0 else max(0, n_left - len(gen.tokens))
-            self.force_end_of_thinking(reply, splitter)
-            reply.budget_hit, reply.budget_spent = False, True
+        budget = p.reasoning_budget if splitter.in_reasoning else -1       # thinking open and shown apart
+        end = tuple(self.tok.encode(p.reasoning_budget_message + THINK_END, parse_special=True))
+        self.session.generate(sampler, p.n_predict, tuple(p.antiprompt),
+                              lambda piece: self.show(reply, splitter.push(piece)), p.special,
+                              should_stop=lambda: self.interrupt.flag, stop_window=0, grammar=grammar,
+                              reasoning_budget=budget, reasoning_end=end)
         self.interrupt.take()
         self.show(reply, splitter.flush())
         return reply
-
-    def should_stop(self, reply: Reply, splitter: ReasoningSplitter) -> bool:
-        if self.interrupt.flag:
-            return True
-        if splitter.in_reasoning and not reply.budget_spent:
-            if 0 <= self.p.reasoning_budget <= reply.reasoning_tokens:
-                reply.budget_hit = True
-                return True
-            reply.reasoning_tokens += 1
-        return False
-
-    def force_end_of_thinking(self, reply: Reply, splitter: ReasoningSplitter) -> None:
-        """--reasoning-budget: inject `message + </think>` as if sampled, then let the model answer."""
-        forced = self.p.reasoning_budget_message + THINK_END
-        self.session.history.extend(self.tok.encode(forced, parse_special=True))
-        self.show(reply, splitter.push(forced))
 
     def show(self, reply: Reply, pieces) -> None:
         for kind, text in pieces:

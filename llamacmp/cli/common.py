@@ -12,6 +12,7 @@ from .. import memplan, progress, sparse_attn
 from ..args import apply_gguf_sampling
 from ..engine.generate import Session, Timings
 from ..params import Params
+from ..run_plan import RunPlan, RunPlanError, check_options, plan_run
 from ..sampling import Sampler
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "data" / "default.gguf"
@@ -24,8 +25,12 @@ class CliError(Exception):
 @dataclass
 class Loaded:
     lm: object                 # loader.LoadedModel
-    n_ctx: int
+    run: RunPlan               # the one sequence's context, KV types and batch sizes
     t_load_ms: float
+
+    @property
+    def n_ctx(self) -> int:
+        return self.run.n_ctx
 
 
 def resolve_model(p: Params, err: TextIO) -> str:
@@ -39,19 +44,16 @@ def resolve_model(p: Params, err: TextIO) -> str:
 
 
 def check_engine_flags(p: Params) -> None:
-    """Flags the engine cannot honour yet are refused here, never ignored silently."""
-    if p.n_batch <= 0 or p.n_ubatch <= 0:
-        raise CliError("error: --batch-size and --ubatch-size must be positive")
-    if p.n_ctx < 0:
-        raise CliError(f"error: invalid context size {p.n_ctx}")
-    if p.split_mode == "row":
-        raise CliError("error: --split-mode row is not supported: llamacmp splits the model by layers "
-                       "(-sm layer, the default) or keeps it on one GPU (-sm none)")
+    """Flags the engine cannot honour are refused here, before the model is opened, never ignored silently."""
+    try:
+        check_options(p)
+    except RunPlanError as e:
+        raise CliError(f"error: {e}") from None
 
 
 def check_offload(p: Params, n_layer: int, backend, err: TextIO) -> None:
     """llama.cpp can keep some layers on the CPU; we run all of them on one backend, and say so."""
-    if p.n_gpu_layers in ("auto", "all") or backend.name == "numpy":
+    if p.n_gpu_layers in ("auto", "all") or backend.device is None:
         return
     n = int(p.n_gpu_layers)
     if 0 < n < n_layer:
@@ -62,7 +64,7 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
     err = err or sys.stderr              # looked up now: log.setup may have wrapped it since import
     from ..backends.select import select_backends
     from ..gguf_file import GGUFError
-    from ..loader import load_placed
+    from ..loader import load_placed, open_model
     check_engine_flags(p)
     path = resolve_model(p, err)
     quiet = p.log_disable or p.verbosity < 2
@@ -74,11 +76,12 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
         be.sparse = sparse_attn.config_from_params(p)
     t0 = time.perf_counter()
     try:
+        mf = open_model(path)            # the header, parsed once for the run plan, memory plan and loader
+        run = plan_run(p, mf.cfg.n_ctx_train)
         if len(backends) == 1:       # a layer split plans each part in models/split.py, not here
-            memplan.prepare_device(backends[0], path, p, p.n_ctx, 1, all_logits=p.tool == "perplexity",
-                                   log=None if quiet else err)
+            memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=None if quiet else err)
         with progress.loading(err, enabled=not p.log_disable):   # llama-cli shows it at every verbosity
-            lm = load_placed(path, backends, ratios, p.split_bridge, p.n_ubatch, None if quiet else err)
+            lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, None if quiet else err)
     except memplan.PlanError as e:
         raise CliError(f"error: {e}") from None
     except (GGUFError, OSError) as e:
@@ -91,12 +94,11 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
     changed = apply_gguf_sampling(p, lm.metadata)
     if changed and not quiet:
         err.write(f"using the model's sampling defaults for: {', '.join(changed)}\n")
-    n_ctx = p.n_ctx or lm.cfg.n_ctx_train
-    return Loaded(lm, n_ctx, t_load)
+    return Loaded(lm, run, t_load)
 
 
-def new_session(p: Params, loaded: Loaded) -> Session:
-    s = Session(loaded.lm, loaded.n_ctx, p.n_batch, p.n_ubatch, p.cache_type_k, p.cache_type_v)
+def new_session(loaded: Loaded) -> Session:
+    s = Session.from_plan(loaded.lm, loaded.run)
     s.timings.t_load_ms = loaded.t_load_ms
     return s
 

@@ -74,7 +74,7 @@ class Completion:
         self.loaded = load(p)
         self.lm = self.loaded.lm
         self.tok = self.lm.tokenizer
-        self.session = new_session(p, self.loaded)
+        self.session = new_session(self.loaded)
         self.sampler = make_sampler(p, self.lm)
         self.grammar = make_grammar(p, self.lm)
         self.out = sys.stdout

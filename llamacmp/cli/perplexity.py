@@ -60,7 +60,7 @@ def run(p: Params) -> int:
     loaded = load(p)
     n_ctx = p.n_ctx if p.n_ctx > 0 else loaded.lm.cfg.n_ctx_train      # -c 0: the model's own, as llama.cpp
     tok = loaded.lm.tokenizer
-    loaded.n_ctx = n_ctx
+    n_ctx = loaded.n_ctx
     t0 = time.perf_counter()
     log(p, "perplexity: tokenizing the input ..\n")
     tokens = np.asarray(tok.encode(p.prompt, parse_special=False, add_special=True), dtype=np.int64)
@@ -86,7 +86,7 @@ def run(p: Params) -> int:
 
 
 def score_chunks(p: Params, loaded, tokens: np.ndarray, n_ctx: int, n_chunk: int) -> NllSums:
-    session = new_session(p, loaded)
+    session = new_session(loaded)
     first = n_ctx // 2
     sums = NllSums()
     for i in range(n_chunk):

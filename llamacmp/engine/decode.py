@@ -164,8 +164,7 @@ class Decoder:
 
     def __init__(self, lm, graphs: bool = True, max_graphs: int = 8):
         self.model, self.be = lm.model, lm.backend
-        make = getattr(self.be, "decode_graphs", None) if graphs else None
-        self.graphs = make(self.model, max_graphs) if make is not None else None
+        self.graphs = self.be.decode_graphs(self.model, max_graphs) if graphs else None
 
     def prefill(self, state: SeqState, tokens: Sequence[int], all_logits: bool = False):
         """tokens at state.n_past.. -> logits [1, N] of the last (or [len(tokens), N] of every) token."""
@@ -190,9 +189,7 @@ class Decoder:
 
     def sync(self) -> None:
         """Wait for the device (timings); nothing to wait for on the host backend."""
-        wait = getattr(self.be, "synchronize", None)
-        if wait is not None:
-            wait()
+        self.be.synchronize()
 
     def forget(self, state: SeqState) -> None:
         """The caller drops `state`: release the graphs that hold it."""

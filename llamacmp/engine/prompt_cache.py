@@ -132,6 +132,19 @@ class HostCache:
         return self.entries.pop(key)
 
 
+def rewind(ops: StateOps, state, cache: SlotCache, point: ResumePoint) -> None:
+    """Move a sequence back to `point` (from SlotCache.plan): its checkpoint's recurrent state, or the live state
+    cut at point.pos (KV rows past it are overwritten later), or empty; the cache forgets what came after."""
+    if point.ckpt is not None:
+        ops.restore(state, point.ckpt)
+    elif point.pos == 0:
+        ops.reset(state)
+    else:
+        state.n_past = point.pos
+    cache.truncate(point.pos)
+    cache.last_logits = point.ckpt.logits if point.ckpt is not None else None
+
+
 def restore_from_host(ops: StateOps, state, cache: SlotCache, host: HostState, point: ResumePoint) -> None:
     """Load a host entry into a slot at `point` (its end state or one of its checkpoints)."""
     ops.load_host(state, host, point.ckpt)

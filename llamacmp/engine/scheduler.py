@@ -26,7 +26,7 @@ from . import slot_log
 from .checkpoints import read_host_state, state_ops_for, write_host_state
 from .decode import Decoder, LogitsRow, draw_tokens
 from .grammar import GrammarCompiler
-from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host
+from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host, rewind
 from .slot import GENERATE, PREFILL, Slot
 from .tasks import CancelTask, CompletionTask, EmbedTask, ErrorResult, QueryTask, SlotActionTask
 
@@ -39,7 +39,8 @@ class EngineConfig:
     n_ctx_slot: int = 4096
     n_batch: int = 2048                  # most tokens in one step (decode tokens first, then prompt chunks)
     n_ubatch: int = 512                  # most prompt tokens one slot adds in one step
-    kv_type: str = "f16"
+    k_type: str = "f16"                  # -ctk
+    v_type: str = "f16"                  # -ctv
     cache_ram_mib: int = 8192            # -cram: -1 no limit, 0 off
     ctx_checkpoints: int = 32            # -ctxcp
     checkpoint_every: int = 8192         # -cpent: also one every N prompt tokens (-1 off)
@@ -68,7 +69,7 @@ class Engine:
         self.model, self.backend, self.tokenizer = lm.model, lm.backend, lm.tokenizer
         self.ops = state_ops_for(self.backend)
         self.decoder = Decoder(lm, max_graphs=cfg.max_graphs)
-        self.slots = [Slot(i, self.backend.new_state(lm.cfg, cfg.n_ctx_slot, cfg.kv_type),
+        self.slots = [Slot(i, self.backend.new_state(lm.cfg, cfg.n_ctx_slot, cfg.k_type, cfg.v_type),
                            SlotCache(cfg.ctx_checkpoints)) for i in range(cfg.n_slots)]
         self.host_cache = HostCache(cfg.cache_ram_mib)
         self.grammars = GrammarCompiler(self.tokenizer)   # used by handlers (compile) and here (matchers)
@@ -138,9 +139,7 @@ class Engine:
         # (the model was loaded on another thread; a layer split runs its parts on threads of its own)
         failures = 0
         try:
-            activate = getattr(self.backend, "activate", None)
-            if activate is not None:
-                activate()
+            self.backend.activate()
             while not self._stop.is_set():
                 try:
                     self._iterate()
@@ -332,20 +331,19 @@ class Engine:
             restore_from_host(self.ops, slot.state, slot.cache, host, host_point)
             return host_point
         if point.pos < len(slot.cache.tokens):
-            if point.pos < point.lcp or point.lcp < len(slot.cache.tokens) // 2:
+            # keep the slot's history in host RAM only when the new prompt drops most of it (llama.cpp's
+            # f_keep < 0.5): a rollback to a checkpoint inside the shared prefix (an agent's next turn, whose
+            # re-rendered reply differs in its last tokens) must not copy the whole context and every checkpoint
+            # to the host each turn -- that copy grew with the context (issue 21)
+            if point.lcp < len(slot.cache.tokens) // 2:
                 self._save_to_host(slot)
             self._rewind(slot, point)
         return point
 
     def _rewind(self, slot: Slot, point: ResumePoint) -> None:
-        if point.ckpt is not None:
-            self.ops.restore(slot.state, point.ckpt)
-        elif point.pos == 0:
-            self.ops.reset(slot.state)
         if point.pos == 0 and point.lcp > 0:
             log.info("slot %d: forcing full prompt re-processing due to lack of cache data", slot.id)
-        slot.cache.truncate(point.pos)
-        slot.cache.last_logits = point.ckpt.logits if point.ckpt is not None else None
+        rewind(self.ops, slot.state, slot.cache, point)
 
     def _reset(self, slot: Slot) -> None:
         self.ops.reset(slot.state)
@@ -407,7 +405,7 @@ class Engine:
         the same n_ubatch cuts either way (from the chunk start, which is the last cut or checkpoint), so a
         slot's arithmetic does not change."""
         ub = self.cfg.n_ubatch
-        if not getattr(self.model, "splits_batches", False):
+        if not self.model.splits_batches:
             return ub
         return ub * max(1, min(room, self.cfg.n_batch) // ub)
 
@@ -483,7 +481,7 @@ class Engine:
             slot.stop_type = "limit"
             self._finish(slot, row)
             return
-        text = slot.accept(tok, row, self.tokenizer.is_eog(tok), self.cfg.n_ctx_slot)
+        text = slot.accept(tok, row, self.cfg.n_ctx_slot)
         self.metrics.n_tokens_predicted_total += 1
         if slot_log.log.isEnabledFor(logging.DEBUG):
             left = task.params.n_predict - len(slot.generated) if task.params.n_predict >= 0 else -1

@@ -12,57 +12,12 @@ from typing import Optional
 import numpy as np
 
 from ..backends.base import SeqState
-from ..sampling import Sampler, SamplingParams
+from ..sampling import Sampler
 from .prompt_cache import SlotCache
+from .turn import LIMIT, Turn
 from .tasks import CompletionTask, FinalResult, PartialResult, Timings, TokenProb
 
 IDLE, PREFILL, GENERATE = "idle", "prefill", "generate"
-
-
-def find_stop(text: str, stops: list[str], start: int) -> tuple[int, str]:
-    """Earliest full stop string in text[start:] (absolute index), else (-1, "")."""
-    best, word = -1, ""
-    for s in stops:
-        if not s:
-            continue
-        i = text.find(s, start)
-        if i >= 0 and (best < 0 or i < best):
-            best, word = i, s
-    return best, word
-
-
-def partial_stop_len(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a stop string (held back while streaming).
-    Per stop, only the text's last len(stop) - 1 characters are looked at, and only where the stop's first
-    character occurs (str.find / startswith in C): per token O(stops x stop length), whatever the text length."""
-    longest = 0
-    for s in stops:
-        if len(s) < 2:
-            continue
-        tail = text[-(len(s) - 1):]
-        if len(tail) <= longest:
-            continue
-        i = tail.find(s[0], 0, len(tail) - longest)       # a suffix must be longer than the best so far
-        while i >= 0:
-            if s.startswith(tail[i:]):
-                longest = len(tail) - i
-                break
-            i = tail.find(s[0], i + 1, len(tail) - longest)
-    return longest
-
-
-def fast_greedy(p: SamplingParams, logits: np.ndarray) -> Optional[int]:
-    """The sampler chain's answer at temp <= 0 without running it (no penalties: the chain only ever drops
-    tokens below the best one, so the draw is the argmax, lowest id among ties, of the biased logits)."""
-    if p.temp > 0 or p.penalty_repeat != 1.0 or p.penalty_freq != 0.0 or p.penalty_present != 0.0 or p.ignore_eos:
-        return None
-    if not p.logit_bias:
-        return int(np.argmax(logits))
-    x = np.asarray(logits, np.float64).copy()
-    for tok, bias in p.logit_bias.items():
-        if 0 <= tok < x.shape[0]:
-            x[tok] += bias
-    return int(np.argmax(x))
 
 
 def token_probs(logits: np.ndarray, chosen: int, n: int) -> TokenProb:
@@ -99,44 +54,60 @@ class Slot:
     prompt: list[int] = field(default_factory=list)
     n_cached: int = 0                    # prompt tokens reused from the cache
     checkpoint_at: list[int] = field(default_factory=list)
-    # generation
-    sampler: Optional[Sampler] = None
-    decoder: object = None
-    generated: list[int] = field(default_factory=list)
+    # generation: what each token means (sampler, text, stop strings, grammar, reasoning budget) is the turn's
+    turn: Optional[Turn] = None
     probs: list[TokenProb] = field(default_factory=list)
-    text: str = ""
-    n_sent: int = 0                      # characters of `text` already sent
     next_token: int = -1
-    stop_type: str = "none"
-    stopping_word: str = ""
-    truncated: bool = False
     t_prompt: float = 0.0
     t_gen: float = 0.0
     timings: Timings = field(default_factory=Timings)
-    # reasoning budget
-    in_reasoning: bool = False
-    reasoning_left: int = -1
-    forced: list[int] = field(default_factory=list)
-    grammar: object = None               # grammar.SlotGrammar while a constrained request runs
 
     @property
     def busy(self) -> bool:
         return self.phase != IDLE
 
+    # the turn's state, as the scheduler and /slots read it (an idle slot: its last turn's)
+    @property
+    def sampler(self) -> Optional[Sampler]:
+        return self.turn.sampler if self.turn else None
+
+    @property
+    def grammar(self):
+        return self.turn.grammar if self.turn else None
+
+    @property
+    def forced(self) -> list[int]:
+        return self.turn.forced if self.turn else []
+
+    @property
+    def generated(self) -> list[int]:
+        return self.turn.generated if self.turn else []
+
+    @property
+    def text(self) -> str:
+        return self.turn.text if self.turn else ""
+
+    @property
+    def stop_type(self) -> str:
+        return self.turn.stop_type if self.turn else "none"
+
+    @stop_type.setter
+    def stop_type(self, value: str) -> None:
+        self.turn.stop_type = value
+
     # -- prompt ---------------------------------------------------------------------------------------------
     def begin(self, task: CompletionTask, sampler: Sampler, decoder, checkpoint_at: list[int],
               grammar=None) -> None:
         """Start serving `task`; the cache has already been moved to the resume point (state.n_past)."""
-        self.task, self.sampler, self.decoder, self.grammar = task, sampler, decoder, grammar
+        p = task.params
+        self.task = task
+        self.turn = Turn(sampler, decoder, sampler.eog_ids, p.stop, p.n_predict, grammar,
+                         reasoning_budget=p.reasoning_budget, reasoning_end=tuple(p.reasoning_end))
         self.prompt = task.prompt
         self.n_cached = self.state.n_past
         self.checkpoint_at = sorted(p for p in checkpoint_at if self.n_cached < p <= len(self.prompt))
-        self.generated, self.probs, self.text, self.n_sent = [], [], "", 0
-        self.next_token, self.stop_type, self.stopping_word, self.truncated = -1, "none", "", False
+        self.probs, self.next_token = [], -1
         self.timings = Timings(cache_n=self.n_cached)
-        budget = task.params.reasoning_budget
-        self.in_reasoning, self.reasoning_left = budget >= 0, budget
-        self.forced = list(task.params.reasoning_end) if budget == 0 else []
         self.t_prompt = time.perf_counter()
         for t in self.prompt:           # the penalty window sees the prompt too, as in llama.cpp
             if t >= 0:                  # (image rows, negative placeholder ids, are not tokens)
@@ -192,73 +163,27 @@ class Slot:
 
     # -- tokens ---------------------------------------------------------------------------------------------
     def draw(self, logits: np.ndarray) -> int:
-        """The next token: a forced one (reasoning budget spent), else the sampler's choice."""
-        if self.forced:
-            return self.forced.pop(0)
-        if self.grammar is not None:
-            logits = self.grammar.apply(logits)
-        tok = fast_greedy(self.sampler.params, logits)
-        return self.sampler.sample(logits) if tok is None else tok
+        """The next token from host logits: a forced one (reasoning budget spent), else the sampler's choice."""
+        return self.turn.draw(logits)
 
-    def _track_reasoning(self) -> None:
-        if not self.in_reasoning:
-            return
-        if "</think>" in self.text:
-            self.in_reasoning = False
-            return
-        self.reasoning_left -= 1
-        if self.reasoning_left <= 0 and not self.forced:
-            self.forced = list(self.task.params.reasoning_end)
-            self.in_reasoning = False
-
-    def accept(self, tok: int, logits: np.ndarray, is_eog: bool, n_ctx: int) -> str:
-        """Record a sampled token; returns the text that may be sent now (stop strings held back/cut)."""
+    def accept(self, tok: int, logits: np.ndarray, n_ctx: int) -> str:
+        """Record a drawn token; returns the text that may be sent now (stop strings held back/cut)."""
         p = self.task.params
         if p.n_probs > 0 and p.post_sampling_probs:       # the chain as it was for this draw: before accept
-            self.probs.append(post_sampling_probs(self.sampler, np.asarray(logits, np.float32), tok, p.n_probs))
+            self.probs.append(post_sampling_probs(self.turn.sampler, np.asarray(logits, np.float32), tok, p.n_probs))
         elif p.n_probs > 0:
             self.probs.append(token_probs(np.asarray(logits, np.float32), tok, p.n_probs))
-        self.sampler.accept(tok)
-        self.generated.append(tok)
-        self.text += self.decoder.push(tok)
-        self._track_reasoning()
-        if self.grammar is not None and not self.grammar.accept(tok, self.text):
-            is_eog = True                # the grammar is complete: nothing more may follow
-        send = self._text_to_send(is_eog)
-        self._check_limits(is_eog, n_ctx, send)
+        send = self.turn.accept(tok, full=self.state.n_past + 1 >= n_ctx)
+        if not self.turn.stopped and p.t_max_predict_ms > 0 and "\n" in send and \
+                (time.perf_counter() - self.t_gen) * 1e3 > p.t_max_predict_ms:
+            self.turn.stop_type = LIMIT
         self.timings.predicted_n = len(self.generated)
         self.timings.predicted_ms = (time.perf_counter() - self.t_gen) * 1e3
         return send
 
-    def _text_to_send(self, is_eog: bool) -> str:
-        stops = self.task.params.stop
-        i, word = find_stop(self.text, stops, max(0, self.n_sent - max((len(s) for s in stops), default=0)))
-        if i >= 0:
-            self.text = self.text[:i]
-            self.stop_type, self.stopping_word = "word", word
-        elif not is_eog and partial_stop_len(self.text, stops) > 0:
-            return ""
-        send = self.text[self.n_sent:]
-        self.n_sent = len(self.text)
-        return send
-
-    def _check_limits(self, is_eog: bool, n_ctx: int, send: str) -> None:
-        p = self.task.params
-        if self.stop_type != "none":
-            return
-        if self.state.n_past + 1 >= n_ctx:
-            self.stop_type, self.truncated = "limit", True
-        elif p.n_predict >= 0 and len(self.generated) >= p.n_predict:
-            self.stop_type = "limit"
-        elif p.t_max_predict_ms > 0 and "\n" in send and \
-                (time.perf_counter() - self.t_gen) * 1e3 > p.t_max_predict_ms:
-            self.stop_type = "limit"
-        if is_eog:
-            self.stop_type = "eos"
-
     @property
     def stopped(self) -> bool:
-        return self.stop_type != "none"
+        return self.turn.stopped
 
     # -- results --------------------------------------------------------------------------------------------
     def partial(self, text: str, tok: int) -> PartialResult:
@@ -276,12 +201,14 @@ class Slot:
 
     def final(self) -> FinalResult:
         t = self.task
-        return FinalResult(t.id, t.index, self.id, self.text, list(self.generated), list(self.probs),
-                           self.stop_type, self.stopping_word, len(self.prompt), self.n_cached,
-                           len(self.generated), self.truncated, self.timings, list(self.prompt))
+        u = self.turn
+        return FinalResult(t.id, t.index, self.id, u.text, list(u.generated), list(self.probs), u.stop_type,
+                           u.stopping_word, len(self.prompt), self.n_cached, len(u.generated), u.truncated,
+                           self.timings, list(self.prompt))
 
     def release(self) -> None:
+        """The turn stays readable (/slots shows the last reply) until the next begin()."""
         if self.task is not None:
             self.last_task = (self.task.id, self.task.params)
-        self.phase, self.task, self.sampler, self.decoder, self.grammar = IDLE, None, None, None, None
+        self.phase, self.task = IDLE, None
         self.last_used = time.monotonic()

@@ -27,6 +27,7 @@ class _Layer:
 
 class Qwen35Model:
     architecture = "qwen35"
+    splits_batches = False     # prompt chunks come cut at -ub (a layer split takes whole -b batches: split.py)
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend: Backend, layers: range | None = None,
                  embed: bool = True, head: bool = True):

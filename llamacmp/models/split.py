@@ -258,7 +258,7 @@ def choose_bridge(src, dst, mode: str) -> str:
     """auto | host | peer -> host | peer for this pair (numpy: always host)."""
     if mode not in BRIDGES:
         raise ValueError(f"--split-bridge must be one of {', '.join(BRIDGES)}, got {mode!r}")
-    if src.name != "cuda":
+    if src.device is None:
         if mode == "peer":
             raise ValueError("--split-bridge peer needs CUDA devices (the numpy reference has only the host bridge)")
         return "host"
@@ -374,10 +374,19 @@ class SplitBackend:
     def state_ops(self):
         return SplitStateOps(self)
 
+    # the capabilities of base.Backend the engine asks (each part's own device work runs on the part's thread)
+    device, captures_graphs, arena = None, False, None
+
+    def activate(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
     def decode_graphs(self, model, capacity: int = 8):
         """engine/decode.py's decode steps on one CUDA graph per part (SplitDecodeGraphs); None on numpy parts
         (the decoder then runs steps eagerly)."""
-        if self.parts[0].backend.name != "cuda":
+        if not self.parts[0].backend.captures_graphs:
             return None
         return SplitDecodeGraphs(model, capacity)
 
@@ -391,17 +400,16 @@ class SplitStateOps:
     """engine.checkpoints.StateOps over a SplitState: each part's own StateOps on its slice, on its thread."""
 
     def __init__(self, sb: SplitBackend):
-        from ..engine.checkpoints import state_ops_for
         self.sb = sb
-        self.ops = [part.call(state_ops_for, part.backend) for part in sb.parts]
+        self.ops = [part.call(part.backend.state_ops) for part in sb.parts]
 
     def _ckpt_part(self, ckpt, p: int):
-        from ..engine.checkpoints import Checkpoint
+        from ..backends.state_ops import Checkpoint
         g = self.sb.gdn_slices[p]
         return Checkpoint(ckpt.pos, ckpt.conv[g], ckpt.ssm[g], ckpt.logits, 0)
 
     def snapshot(self, state: SplitState, logits):
-        from ..engine.checkpoints import Checkpoint
+        from ..backends.state_ops import Checkpoint
         parts = [part.call(self.ops[p].snapshot, state.view(p), None) for p, part in enumerate(self.sb.parts)]
         lg = None if logits is None else np.array(logits, np.float32)
         conv = [a for c in parts for a in c.conv]
@@ -419,7 +427,7 @@ class SplitStateOps:
         state.n_past = 0
 
     def save_host(self, state: SplitState, tokens, logits, checkpoints):
-        from ..engine.checkpoints import Checkpoint, HostState
+        from ..backends.state_ops import Checkpoint, HostState
         hs = [part.call(self.ops[p].save_host, state.view(p), tokens, None,
                         [self._ckpt_part(c, p) for c in checkpoints]) for p, part in enumerate(self.sb.parts)]
         ckpts = []
@@ -434,7 +442,7 @@ class SplitStateOps:
                          None if logits is None else np.array(logits, np.float32), ckpts)
 
     def load_host(self, state: SplitState, host, ckpt) -> None:
-        from ..engine.checkpoints import HostState
+        from ..backends.state_ops import HostState
         for p, part in enumerate(self.sb.parts):
             a, g = self.sb.kv_slices[p], self.sb.gdn_slices[p]
             hp = HostState(host.tokens, host.k[a], host.v[a], host.conv[g], host.ssm[g], None)
@@ -465,9 +473,8 @@ class SplitModel:
                              + (head_b if p == len(ranges) - 1 else 0) for p, rng in enumerate(ranges)]
         last = len(self.parts) - 1
         for p, part in enumerate(self.parts):
-            bind = getattr(part.backend, "bind_thread", None)
             part.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacmp-split{p}",
-                                           initializer=bind)
+                                           initializer=part.backend.bind_thread)
             part.model = part.call(Qwen35Model, cfg, weights, part.backend, part.layers, p == 0, p == last)
         self.set_bridge(bridge)
         self.backend = SplitBackend(self.parts, cfg)
@@ -481,7 +488,7 @@ class SplitModel:
             if part.bridge_out is not None:
                 part.call(part.bridge_out.close)
             src, dst = part.backend, self.parts[p + 1].backend
-            part.bridge_out = NumpyHostBridge() if src.name != "cuda" else CudaBridge(src, dst, kind)
+            part.bridge_out = NumpyHostBridge() if src.device is None else CudaBridge(src, dst, kind)
         self.bridge_kinds = kinds
 
     # -- description --------------------------------------------------------------------------------------------
@@ -490,10 +497,10 @@ class SplitModel:
         lines = []
         for p, part in enumerate(self.parts):
             be = part.backend
-            where = f"GPU {be.device}" if be.name == "cuda" else f"{be.name} part {p}"
+            where = f"GPU {be.device}" if be.device is not None else f"{be.name} part {p}"
             extra = (" + token embedding" if p == 0 else "") + (" + output head" if p == len(self.parts) - 1 else "")
             mem = f"{self.weight_bytes[p] / 2**20:.0f} MiB of weights"
-            arena = getattr(be, "arena", None)
+            arena = be.arena
             if arena is not None:
                 mem += f", {arena.reserved / 2**20:.0f} MiB reserved of a {arena.cap / 2**20:.0f} MiB arena"
             rng = part.layers

@@ -24,6 +24,7 @@ from .errors import ApiError, error_response, not_supported
 from .openapi_bodies import body_doc, slot_action_query
 from .schemas import parse_json_body
 from .webui import PAGE_PATHS, StaticPathError, add_page_routes
+from .worker import ClientGone
 
 log = logging.getLogger("llamacmp.server")
 
@@ -117,6 +118,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         if err.status_code in (404, 405):
             return error_response(ApiError("File Not Found", "not_found_error"))
         return error_response(ApiError(str(err.detail), "invalid_request_error"))
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, err: ClientGone):
+        log.info("%s %s: %s", request.method, request.url.path, err)
+        return Response(status_code=499)          # nobody reads it; nginx's "client closed request"
 
     @app.exception_handler(Exception)
     async def any_error(request: Request, err: Exception):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..chat import THINK_END, ParsedMessage, TemplateError, parse_output, thinking_switch
+from ..chat import THINK_END, ParsedMessage, TemplateError, parse_output, reply_start, thinking_switch
 from ..engine.tasks import FinalResult, GenParams, PartialResult
 from .completions import (attach_grammar, finish_reason, make_tasks, probs_json, raise_first_error, start_stream,
                           usage_json)
@@ -203,15 +203,8 @@ def _render(ctx, messages, add_gen, tools, thinking, kwargs) -> str:
 
 
 def _reply_start(ctx, messages, tools, thinking, kwargs, tokens: list[int]) -> int:
-    """Where the history ends and the generation prompt starts: a checkpoint there is what the next turn
-    (which re-renders this reply differently, e.g. without its reasoning) can resume from."""
-    try:
-        head = ctx.template.render(messages, add_generation_prompt=False, tools=tools or None,
-                                   enable_thinking=thinking, extra=kwargs)
-    except TemplateError:
-        return 0
-    n = len(ctx.tokenizer.encode(head, parse_special=True, add_special=True))
-    return n if 0 < n < len(tokens) else 0
+    return reply_start(ctx.template, lambda s: ctx.tokenizer.encode(s, parse_special=True, add_special=True),
+                       messages, len(tokens), tools=tools or None, enable_thinking=thinking, extra=kwargs)
 
 
 def chat_gen_params(ctx: ServerContext, body: dict, stream: bool, has_tools: bool) -> GenParams:

@@ -94,40 +94,34 @@ class ServerContext:
     def load(self, backend, ratios=None) -> None:
         """Load the model, build the template and start the engine (runs off the event loop). backend: one backend,
         or a list (several: a layer split with -ts `ratios`, see models/split.py)."""
-        from .. import progress
+        import sys
+        from .. import memplan, progress, sparse_attn
         from ..log import LineLogger
-        from ..loader import load_placed
+        from ..loader import load_placed, open_model
+        from ..run_plan import plan_run
         from . import startup_log
         out = LineLogger(log)
         p = self.params
         backends = list(backend) if isinstance(backend, (list, tuple)) else [backend]
-        from .. import memplan, sparse_attn
         for be in backends:
             be.sparse = sparse_attn.config_from_params(p)
+        mf = open_model(p.model)
+        run = plan_run(p, mf.cfg.n_ctx_train)
         if len(backends) == 1:       # the memory plan of the slots the engine will make (refused here if too big)
-            n_ctx0 = p.n_ctx if p.n_ctx > 0 else memplan.context_length(p.model)
-            n_slots0 = 4 if p.n_parallel < 0 else max(1, p.n_parallel)
-            unified0 = self.opts.kv_unified if self.opts.kv_unified is not None else p.n_parallel < 0
-            kv0 = p.cache_type_k if p.cache_type_k in ("f32", "f16") else "f16"     # as EngineConfig below
-            memplan.prepare_device(backends[0], p.model, p, n_ctx0 if unified0 else max(1, n_ctx0 // n_slots0),
-                                   n_slots0, log=out, kv_types=(kv0, kv0))
+            memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=out)
         log.info("%s", startup_log.srv("load_model", f"loading model '{p.model}'"))
         with progress.loading(sys.stderr, enabled=log.isEnabledFor(logging.INFO)):
-            lm = load_placed(p.model, backends, ratios, p.split_bridge, p.n_ubatch, out)
+            lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, out)
         _log_lines(startup_log.model_lines(lm.gguf, lm.cfg.n_ctx_train))
-        n_ctx = p.n_ctx if p.n_ctx > 0 else lm.cfg.n_ctx_train
-        n_slots = 4 if p.n_parallel < 0 else max(1, p.n_parallel)
-        unified = self.opts.kv_unified if self.opts.kv_unified is not None else p.n_parallel < 0
-        self.n_slots, self.n_ctx_slot = n_slots, (n_ctx if unified else max(1, n_ctx // n_slots))
+        self.n_slots, self.n_ctx_slot = run.n_slots, run.n_ctx
         # args.py already read --chat-template-file into chat_template
         self.template = select_template(lm.metadata, lm.tokenizer.tokens, p.chat_template, p.use_jinja)
-        kv_type = p.cache_type_k if p.cache_type_k in ("f32", "f16") else "f16"
-        _log_lines(startup_log.context_lines(lm.cfg, n_slots, self.n_ctx_slot, unified, p.n_batch, p.n_ubatch,
-                                             kv_type))
+        _log_lines(startup_log.context_lines(lm.cfg, run.n_slots, run.n_ctx, run.unified, run.n_batch,
+                                             run.n_ubatch, run.k_type, run.v_type))
         self.defaults = ServerDefaults(p.sampling, p.n_predict, p.n_keep, tuple(p.antiprompt),
                                        self.opts.cache_prompt, p.special, self.n_ctx_slot)
-        cfg = EngineConfig(n_slots=n_slots, n_ctx_slot=self.n_ctx_slot, n_batch=p.n_batch, n_ubatch=p.n_ubatch,
-                           kv_type=kv_type,
+        cfg = EngineConfig(n_slots=run.n_slots, n_ctx_slot=run.n_ctx, n_batch=run.n_batch, n_ubatch=run.n_ubatch,
+                           k_type=run.k_type, v_type=run.v_type,
                            cache_ram_mib=self.opts.cache_ram_mib, ctx_checkpoints=self.opts.ctx_checkpoints,
                            checkpoint_every=self.opts.checkpoint_every,
                            slot_prompt_similarity=self.opts.slot_prompt_similarity)
@@ -136,7 +130,7 @@ class ServerContext:
             self.vision = VisionProjector(p.mmproj_path, lm, min_tokens=p.image_min_tokens,
                                           max_tokens=p.image_max_tokens)
         engine = Engine(lm, cfg)
-        _log_lines(startup_log.slot_lines(n_slots, self.n_ctx_slot, self.opts.cache_ram_mib))
+        _log_lines(startup_log.slot_lines(run.n_slots, run.n_ctx, self.opts.cache_ram_mib))
         _log_lines(startup_log.template_lines(self.template, p.chat_template, p.chat_template_file,
                                               p.enable_thinking and self.template.supports_thinking))
         if self.on_fatal is not None:
@@ -144,6 +138,8 @@ class ServerContext:
         engine.start()
         self.lm, self.bridge = lm, EngineBridge(engine)
         self.engine = engine            # last: from here on the server answers
+        log.info("model loaded: %s, %d slots, n_ctx_slot %d, -ctk %s -ctv %s", p.model, run.n_slots, run.n_ctx,
+                 run.k_type, run.v_type)
 
 
 def _log_lines(lines: list[str]) -> None:

@@ -49,12 +49,14 @@ def _params(n: int) -> str:
 
 
 def context_lines(cfg, n_slots: int, n_ctx_slot: int, unified: bool, n_batch: int, n_ubatch: int,
-                  kv_type: str) -> list[str]:
+                  k_type: str, v_type: str) -> list[str]:
     """llama_context's sizes, then the KV cache and the recurrent (GDN) state as the engine allocates them: one
     K/V cache of n_ctx_slot rows and one conv + recurrent state per slot."""
     n_ctx = n_ctx_slot if unified else n_ctx_slot * n_slots
-    k = sum(memplan.exact(memplan.kv_quant.cache_bytes(kv_type, n_ctx_slot, cfg.n_head_kv, cfg.head_dim))
-            for _ in cfg.attn_layers) * n_slots
+    def cache(t: str) -> int:
+        return sum(memplan.exact(memplan.kv_quant.cache_bytes(t, n_ctx_slot, cfg.n_head_kv, cfg.head_dim))
+                   for _ in cfg.attn_layers) * n_slots
+    k, v = cache(k_type), cache(v_type)
     conv = memplan.exact((cfg.conv_kernel - 1) * cfg.conv_channels * 4) * len(cfg.gdn_layers) * n_slots
     ssm = memplan.exact(cfg.ssm_v_heads * cfg.ssm_head_dim * cfg.ssm_head_dim * 4) * len(cfg.gdn_layers) * n_slots
     return [f"llama_context: n_seq_max     = {n_slots}",
@@ -63,9 +65,9 @@ def context_lines(cfg, n_slots: int, n_ctx_slot: int, unified: bool, n_batch: in
             f"llama_context: n_batch       = {n_batch}",
             f"llama_context: n_ubatch      = {n_ubatch}",
             f"llama_context: kv_unified    = {'true' if unified else 'false'}",
-            f"llama_kv_cache: size = {2 * k / MIB:7.2f} MiB ({n_ctx_slot * n_slots:6d} cells, "
-            f"{len(cfg.attn_layers):3d} layers, {n_slots:2d}/{n_slots} seqs), K ({kv_type}): {k / MIB:7.2f} MiB, "
-            f"V ({kv_type}): {k / MIB:7.2f} MiB",
+            f"llama_kv_cache: size = {(k + v) / MIB:7.2f} MiB ({n_ctx_slot * n_slots:6d} cells, "
+            f"{len(cfg.attn_layers):3d} layers, {n_slots:2d}/{n_slots} seqs), K ({k_type}): {k / MIB:7.2f} MiB, "
+            f"V ({v_type}): {v / MIB:7.2f} MiB",
             f"llama_memory_recurrent: size = {(conv + ssm) / MIB:7.2f} MiB ({n_slots:6d} cells, "
             f"{len(cfg.gdn_layers):3d} layers, {n_slots:2d} seqs), R (f32): {conv / MIB:7.2f} MiB, "
             f"S (f32): {ssm / MIB:7.2f} MiB"]

@@ -90,7 +90,8 @@ class EngineBridge:
                 self.engine.cancel(task_id)
 
     async def collect(self, tasks: list[CompletionTask], request: Request | None) -> list[object]:
-        """All final (or error) results, in index order; watches for a client disconnect meanwhile."""
+        """All final (or error) results, in index order; watches for a client disconnect meanwhile: then the tasks
+        are cancelled and ClientGone is raised (no handler sees a partial list)."""
         finals: list[object] = []
 
         async def gather() -> None:
@@ -108,7 +109,7 @@ class EngineBridge:
         except asyncio.CancelledError:
             if not job.cancelled():
                 raise
-            return []
+            raise ClientGone(f"client disconnected, task(s) {', '.join(str(t.id) for t in tasks)} cancelled")
         return sorted(finals, key=lambda r: r.index)
 
     async def first(self, results: AsyncIterator[object], request: Request | None) -> object:
@@ -145,6 +146,11 @@ class EngineBridge:
 
     async def slot_action(self, action: str, id_slot: int, filename: str, filepath: str) -> object:
         return await self._ask(lambda sink: SlotActionTask(action, id_slot, filename, sink, filepath))
+
+
+class ClientGone(Exception):
+    """The client of a non-streamed request went away before its results were in; its tasks are cancelled and
+    nobody is left to answer (app.py logs one line, no traceback)."""
 
 
 async def _disconnected(request: Request) -> bool:

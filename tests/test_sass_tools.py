@@ -1,0 +1,27 @@
+"""The tensor-core patterns of tests/sass_tools.py know every matrix opcode family (no GPU or cuobjdump needed)."""
+from __future__ import annotations
+
+import pytest
+from sass_tools import TENSOR_CORE_PTX, TENSOR_CORE_SASS
+
+
+@pytest.mark.parametrize("line", [
+    "HMMA.16816.F32 R4, R8, R12, R4 ;", "IMMA.16832.S8.S8 R0, R4, R8, R0 ;", "BMMA.88128.AND.POPC R0, R2, R4, R0 ;",
+    "DMMA.884 R0, R4, R8, R0 ;", "HGMMA.64x128x16.F32 R24, gdesc[UR4], R24 ;",
+    "IGMMA.64x64x32.S32.S8.S8 R0, gdesc[UR8] ;",
+    "QGMMA.64x128x32.F32.E4M3.E4M3 R0, gdesc[UR4] ;", "BGMMA.64x64x256.AND.POPC R0, gdesc[UR4] ;",
+    "UTCHMMA gdesc[UR4], gdesc[UR6], tmem[UR8] ;", "UTCIMMA gdesc[UR4], gdesc[UR6], tmem[UR8] ;"])
+def test_every_tensor_core_opcode_is_caught(line):
+    assert TENSOR_CORE_SASS.search(line), line
+
+
+@pytest.mark.parametrize("line", ["IDP.4A.S8.S8 R0, R4, R8, R0 ;", "HFMA2.MMA R0, R4, R8, R0 ;",
+                                  "FFMA R0, R1, R2, R3 ;", "IMAD.WIDE R2, R4, R5, R2 ;"])
+def test_dp4a_and_fma_are_not_tensor_core(line):
+    assert not TENSOR_CORE_SASS.search(line), line
+
+
+def test_ptx_patterns():
+    assert TENSOR_CORE_PTX.search("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%r1}, ...")
+    assert TENSOR_CORE_PTX.search("wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8")
+    assert not TENSOR_CORE_PTX.search("dp4a.s32.s32 %r1, %r2, %r3, %r4;")

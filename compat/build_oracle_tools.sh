@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# Build compat/llama_logits.cpp, compat/llama_chat.cpp and compat/llama_mtmd.cpp against the llama.cpp tree that
+# Build compat/ggml_quants.cpp, compat/llama_logits.cpp, compat/llama_chat.cpp and compat/llama_mtmd.cpp against the llama.cpp tree that
 # compat/build_llamacpp.sh built (run that first). They land beside llama.cpp's own tools in build-cpu/bin.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${LLAMACMP_CACHE:-$HOME/.cache/llamacmp}"
 SRC="$CACHE/llama.cpp-49bfddeca"
 B="$SRC/build-cpu"
-[[ -f "$B/src/libllama.a" && -f "$B/common/libcommon.a" ]] || { echo "run compat/build_llamacpp.sh first" >&2; exit 1; }
-INC=(-I"$SRC/include" -I"$SRC/ggml/include" -I"$SRC/common" -I"$SRC/vendor")
-LIBS=("$B/common/libcommon.a" "$B/src/libllama.a" "$B/ggml/src/libggml.a" "$B/ggml/src/libggml-cpu.a"
-      "$B/ggml/src/libggml-base.a")
+GGML_LIBS=("$B/ggml/src/libggml-cpu.a" "$B/ggml/src/libggml-base.a")
 # stale TOOL: its binary is missing or older than its source or than oracle_common.h (llama_logits' and
 # llama_mtmd's shared helpers)
 stale() { [[ ! -x "$B/bin/$1" || "$HERE/$1.cpp" -nt "$B/bin/$1" || "$HERE/oracle_common.h" -nt "$B/bin/$1" ]]; }
+# ggml_quants (quantization goldens) needs only ggml's CPU library: `cmake --build $B --target ggml-cpu` is enough.
+[[ -f "${GGML_LIBS[0]}" ]] || { echo "run compat/build_llamacpp.sh first" >&2; exit 1; }
+if stale ggml_quants; then
+    echo "building ggml_quants"
+    mkdir -p "$B/bin"
+    g++ -O2 -std=c++17 -I"$SRC/ggml/include" "$HERE/ggml_quants.cpp" "${GGML_LIBS[@]}" -fopenmp -lpthread \
+        -o "$B/bin/ggml_quants"
+fi
+[[ -f "$B/src/libllama.a" && -f "$B/common/libcommon.a" ]] || { echo "run compat/build_llamacpp.sh first" >&2; exit 1; }
+INC=(-I"$SRC/include" -I"$SRC/ggml/include" -I"$SRC/common" -I"$SRC/vendor")
+LIBS=("$B/common/libcommon.a" "$B/src/libllama.a" "$B/ggml/src/libggml.a" "${GGML_LIBS[@]}")
 for tool in llama_logits llama_chat; do
     if stale "$tool"; then
         echo "building $tool"

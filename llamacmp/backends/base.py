@@ -105,7 +105,8 @@ class Backend(ABC):
     # -- memory -------------------------------------------------------------------------------------------
     @abstractmethod
     def upload_matrix(self, w) -> Weight:
-        """w: [out, in] np.float32, np.float16 (kept f16 on the backend) or Q8Tensor, as loaded from the GGUF."""
+        """w: [out, in] np.float32, np.float16 (kept f16 on the backend), Q8Tensor or QuantTensor (any other block
+        type gguf_file loads: the file's blocks), as loaded from the GGUF."""
 
     @abstractmethod
     def upload_vector(self, w: np.ndarray) -> Tensor:
@@ -126,7 +127,8 @@ class Backend(ABC):
     # -- row-wise ops ---------------------------------------------------------------------------------------
     @abstractmethod
     def embed(self, table: Weight, ids: np.ndarray) -> Tensor:
-        """table [N, D], ids [T] int32 -> [T, D]."""
+        """table [N, D], ids [T] int32 -> [T, D]. A quantized table's rows are dequantized whole (ggml's get_rows:
+        the type's to_float), so Q8_0 / QuantTensor tables give the values of gguf.quants' dequantize."""
 
     @abstractmethod
     def rmsnorm(self, x: Tensor, w: Tensor, eps: float) -> Tensor:
@@ -135,7 +137,12 @@ class Backend(ABC):
     @abstractmethod
     def matmuls(self, x: Tensor, ws: Sequence[Weight]) -> list[Tensor]:
         """x [T, Din], each w [Dout_i, Din] -> [T, Dout_i]. Q8_0 weights see x quantized to 32-blocks of int8
-        (d = max|x|/127, q = round-half-away(x/d)) once for all ws, then integer dots scaled by d_w * d_x.
+        (q = round-half-even(x * 127/max|x|), d = max|x|/127 stored f16, as ggml's x86 quantize_row_q8_0) once
+        for all ws, then integer dots scaled by d_w * d_x.
+        QuantTensor weights: the reference (backends/quant_ref.py) quantizes x to the type's CPU vec_dot_type as
+        llama.cpp b8462 does on x86-64 (Q8_0 for Q4_0/Q5_0/IQ4_NL, Q8_1 for Q4_1/Q5_1, Q8_K 256-blocks for the
+        K-quants and IQ4_XS), then dots exact in float64 of the dequantized operands. A fast backend may quantize
+        x differently (e.g. Q8_0 32-blocks for every type); it is tested against the reference within tolerance.
         F16 weights (upload_matrix of an np.float16 array; the mmproj's) see x rounded to f16 first, as ggml's
         CPU mul_mat converts src1 to the F16 vec_dot type, then f16 x f16 products summed in f32 or wider.
         F32 weights: plain dots of f32 x and w."""

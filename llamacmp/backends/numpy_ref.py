@@ -13,8 +13,9 @@ import numpy as np
 
 from .. import kv_quant
 from ..config import ModelConfig
-from ..gguf_file import Q8_0_BLOCK, Q8Tensor
+from ..gguf_file import Q8_0_BLOCK, Q8Tensor, QuantTensor
 from .base import Backend, RowSample, SeqState
+from .quant_ref import Activations, RefQuant, quant_matmul, quantize_q8_blocks  # noqa: F401 (re-exported)
 
 GDN_CHUNK = 64
 
@@ -28,19 +29,6 @@ class RefQ8:
     @property
     def shape(self) -> tuple[int, int]:
         return self.q.shape[0], self.q.shape[1] * Q8_0_BLOCK
-
-
-def quantize_q8_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x [T, n] -> q [T, n/32, 32] (float32 holding int8 values), d [T, n/32].
-
-    As llama.cpp quantizes activations for Q8_0 weights: q = round-half-even(x * 127/amax), and the scale
-    d = amax/127 is stored as f16, so the dot products use the f16-rounded scale."""
-    T, n = x.shape
-    xb = x.reshape(T, n // Q8_0_BLOCK, Q8_0_BLOCK).astype(np.float32)
-    amax = np.abs(xb).max(axis=-1)
-    inv = np.divide(np.float32(127.0), amax, out=np.zeros_like(amax), where=amax > 0)
-    d = (amax / np.float32(127.0)).astype(np.float16).astype(np.float32)
-    return np.rint(xb * inv[..., None]), d
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
@@ -162,6 +150,8 @@ class NumpyBackend(Backend):
         if isinstance(w, Q8Tensor):
             rows, cols = w.shape
             return RefQ8(w.qs.reshape(rows, cols // Q8_0_BLOCK, Q8_0_BLOCK).astype(np.float32), w.d)
+        if isinstance(w, QuantTensor):
+            return RefQuant(w)
         if isinstance(w, np.ndarray) and w.dtype == np.float16:
             return np.ascontiguousarray(w)            # F16 weights stay f16: matmuls rounds x to f16 for them
         return np.ascontiguousarray(w, dtype=np.float32)
@@ -199,6 +189,8 @@ class NumpyBackend(Backend):
     def embed(self, table, ids):
         if isinstance(table, RefQ8):
             return (table.q[ids] * table.d[ids][..., None]).reshape(len(ids), -1).astype(np.float32)
+        if isinstance(table, RefQuant):
+            return table.rows(ids)
         return table[ids].astype(np.float32)
 
     def rmsnorm(self, x, w, eps):
@@ -206,12 +198,15 @@ class NumpyBackend(Backend):
 
     def matmuls(self, x, ws: Sequence):
         xq = None
+        acts = Activations(x)
         outs = []
         for w in ws:
             if isinstance(w, RefQ8):
                 if xq is None:
                     xq = quantize_q8_blocks(x)
                 outs.append(_q8_matmul(xq, w))
+            elif isinstance(w, RefQuant):
+                outs.append(quant_matmul(acts, w))
             elif w.dtype == np.float16:
                 # ggml's CPU mul_mat converts the activations to the weights' F16 vec_dot type first.
                 x16 = x.astype(np.float16).astype(np.float64)

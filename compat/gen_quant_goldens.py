@@ -1,0 +1,100 @@
+"""Generate the block-quantization goldens from ggml (llama.cpp b8462, the CPU build on x86-64).
+
+    python3 compat/gen_quant_goldens.py [--tool PATH]
+
+Two checks need ggml's own numbers (tests/test_quant_goldens.py):
+- dequantization: random valid blocks of every type llamacmp loads (llamacmp.fixtures.quant_blocks, at three
+  scale magnitudes, the smallest with subnormal f16 scales), dequantized by ggml's `to_float`;
+- activation quantization: random float rows (with exact .5 ties, a +max/-max tie and an all-zero block)
+  quantized to Q8_0, Q8_1 and Q8_K by the CPU backend's `from_float` (the x86 SIMD versions where there is one),
+  as its mul_mat does to the activations;
+- the dot products: the amplitude-1 weight rows of every type against those activation rows, by the CPU backend's
+  vec_dot after from_float to the type's vec_dot_type (float32 accumulation, so tests allow its rounding).
+The tool is compat/ggml_quants.cpp, built by compat/build_oracle_tools.sh. Output: compat/goldens/quant_blocks.npz.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from llamacmp.fixtures.quant_blocks import random_blocks
+from llamacmp.gguf_file import QUANT_BLOCKS
+
+HERE = Path(__file__).parent
+OUT = HERE / "goldens" / "quant_blocks.npz"
+CACHE = Path(os.environ.get("LLAMACMP_CACHE", Path.home() / ".cache" / "llamacmp"))
+DEFAULT_TOOL = CACHE / "llama.cpp-49bfddeca" / "build-cpu" / "bin" / "ggml_quants"
+
+WEIGHT_TYPES = [*QUANT_BLOCKS, "Q8_0"]
+ACTIVATION_TYPES = ["Q8_0", "Q8_1", "Q8_K"]
+AMPLITUDES = (1.0, 1e-5, 300.0)      # 1e-5: d fields in the f16 subnormal range
+ROWS, COLS = 2, 512
+
+
+def run(tool: Path, mode: str, type_name: str, data: bytes, folder: Path, *more: bytes, n: int = 0) -> bytes:
+    """The tool on `data` (and `more` inputs, for vec_dot with row length n) -> its output file's bytes."""
+    paths = []
+    for i, d in enumerate((data, *more)):
+        paths.append(folder / f"in{i}.bin")
+        paths[-1].write_bytes(d)
+    dst = folder / "out.bin"
+    subprocess.run([str(tool), mode, type_name, *([str(n)] if n else []), *map(str, paths), str(dst)], check=True)
+    return dst.read_bytes()
+
+
+def weight_blocks(type_name: str, seed: int) -> np.ndarray:
+    """[3 * ROWS, COLS / block_values, block_bytes] uint8: ROWS rows per amplitude."""
+    parts = [random_blocks(type_name, ROWS, COLS, np.random.default_rng([seed, i]), amplitude=a).blocks
+             for i, a in enumerate(AMPLITUDES)]
+    return np.concatenate(parts)
+
+
+def activation_rows(seed: int) -> np.ndarray:
+    """[4, COLS] float32 with the cases where quantizers differ: .5 ties after scaling, a tie between +max and
+    -max, an all-zero block."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((4, COLS)).astype(np.float32)
+    x[1, :32] = np.arange(32, dtype=np.float32) - 15.5       # amax 16.5: many products land near .5
+    x[1, 0] = 127.0                                           # amax 127: x * 127/amax == x, .5 exactly
+    x[1, 1:8] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5]
+    x[2, :256] *= 0.01
+    x[2, 10], x[2, 200] = -3.0, 3.0                          # Q8_K: the first of equal magnitudes decides the sign
+    x[3, 256:] = 0.0                                          # an all-zero Q8_K block (and eight Q8_0 blocks)
+    return x
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tool", type=Path, default=DEFAULT_TOOL)
+    args = ap.parse_args(argv)
+    if not args.tool.exists():
+        raise SystemExit(f"{args.tool} missing: run compat/build_llamacpp.sh and compat/build_oracle_tools.sh")
+    golden: dict[str, np.ndarray] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for i, type_name in enumerate(WEIGHT_TYPES):
+            blocks = weight_blocks(type_name, 100 + i)
+            values = np.frombuffer(run(args.tool, "to_float", type_name, blocks.tobytes(), folder), np.float32)
+            golden[f"blocks_{type_name}"] = blocks
+            golden[f"dequant_{type_name}"] = values.reshape(blocks.shape[0], COLS)
+        x = activation_rows(7)
+        golden["activations"] = x
+        for type_name in WEIGHT_TYPES:
+            w = golden[f"blocks_{type_name}"][:ROWS]                # the amplitude-1 rows
+            out = run(args.tool, "vec_dot", type_name, w.tobytes(), folder, x.tobytes(), n=COLS)
+            golden[f"vec_dot_{type_name}"] = np.frombuffer(out, np.float32).reshape(len(x), ROWS)
+        for type_name in ACTIVATION_TYPES:
+            raw = run(args.tool, "from_float", type_name, x.tobytes(), folder)
+            golden[f"quant_{type_name}"] = np.frombuffer(raw, np.uint8).reshape(x.shape[0], -1)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(OUT, **golden)
+    print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    main()

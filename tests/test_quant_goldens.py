@@ -1,0 +1,77 @@
+"""gguf.quants' dequantization and the reference's activation quantizers, bit for bit against ggml's own
+(llama.cpp b8462 CPU build, x86-64): compat/goldens/quant_blocks.npz, made by compat/gen_quant_goldens.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llamacmp.backends.quant_ref import quantize_q8_1, quantize_q8_blocks, quantize_q8_k
+from llamacmp.gguf_file import QUANT_BLOCKS, Q8Tensor, QuantTensor
+
+GOLDEN = np.load(Path(__file__).parents[1] / "compat" / "goldens" / "quant_blocks.npz")
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)      # -0.0 and NaN payloads count too
+
+
+@pytest.mark.parametrize("type_name", [*QUANT_BLOCKS, "Q8_0"])
+def test_gguf_quants_dequantizes_like_ggml(type_name):
+    blocks = GOLDEN[f"blocks_{type_name}"]
+    t = Q8Tensor(blocks) if type_name == "Q8_0" else QuantTensor(type_name, blocks)
+    want = GOLDEN[f"dequant_{type_name}"]
+    assert np.isfinite(want).all() and np.abs(want).max() > 0
+    assert np.array_equal(_bits(t.dequantize()), _bits(want))
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(raw).view(np.float16)[..., 0].astype(np.float32)
+
+
+def test_q8_0_activations_match_ggml():
+    x = GOLDEN["activations"]
+    raw = GOLDEN["quant_Q8_0"].reshape(len(x), -1, 34)
+    q, d = quantize_q8_blocks(x)
+    assert np.array_equal(q, raw[..., 2:].view(np.int8).astype(np.float32))
+    assert np.array_equal(d, _f16(raw[..., :2]))
+    # the golden has the ties where the portable quantize_row_q8_0_ref (roundf of x / d) rounds differently
+    xb = x.reshape(q.shape)
+    v = xb / np.where(d > 0, np.abs(xb).max(-1) / np.float32(127), 1)[..., None]
+    assert not np.array_equal(q, np.sign(v) * np.floor(np.abs(v) + 0.5))
+
+
+def test_q8_1_activations_match_ggml():
+    x = GOLDEN["activations"]
+    raw = GOLDEN["quant_Q8_1"].reshape(len(x), -1, 36)            # d f16, s f16, 32 int8
+    q, d, s = quantize_q8_1(x)
+    assert np.array_equal(q, raw[..., 4:].view(np.int8).astype(np.float32))
+    assert np.array_equal(d, _f16(raw[..., :2]))
+    assert np.array_equal(s, _f16(raw[..., 2:4]))
+
+
+def test_q8_k_activations_match_ggml():
+    x = GOLDEN["activations"]
+    raw = GOLDEN["quant_Q8_K"].reshape(len(x), -1, 292)           # d f32, 256 int8, 16 int16 bsums
+    q, d = quantize_q8_k(x)
+    assert np.array_equal(_bits(d), np.ascontiguousarray(raw[..., :4]).view(np.float32)[..., 0].view(np.uint32))
+    want_q = raw[..., 4:260].view(np.int8)
+    assert np.array_equal(q, want_q.astype(np.float32))
+    bsums = np.ascontiguousarray(raw[..., 260:]).view(np.int16)
+    assert np.array_equal(bsums, want_q.reshape(len(x), -1, 16, 16).astype(np.int16).sum(-1))
+
+
+@pytest.mark.parametrize("type_name", [*QUANT_BLOCKS, "Q8_0"])
+def test_reference_matmul_matches_ggml_vec_dot(type_name):
+    """The numpy reference's matmul against ggml's vec_dot on the same blocks and rows: equal up to ggml's float32
+    accumulation (the activation quantization is the same, so nothing else may differ)."""
+    from llamacmp.backends.numpy_ref import NumpyBackend
+    be = NumpyBackend()
+    blocks = GOLDEN[f"blocks_{type_name}"][:2]
+    w = Q8Tensor(blocks) if type_name == "Q8_0" else QuantTensor(type_name, blocks)
+    x = GOLDEN["activations"]
+    got = be.matmuls(x, [be.upload_matrix(w)])[0].astype(np.float64)
+    want = GOLDEN[f"vec_dot_{type_name}"].astype(np.float64)
+    scale = np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).T.astype(np.float64)   # sum of |terms|
+    assert np.all(np.abs(got - want) <= 1e-6 * scale), np.abs(got - want).max() / scale.max()

@@ -96,12 +96,11 @@ def parsing(partial: bool) -> Area:
 
 
 def logits() -> tuple[Area, Area]:
-    from gen_logits_goldens import fixture_path
+    from gen_logits_goldens import NEAR_TIE, TOLERANCE, fixture_path, tolerance_class
     from llamacmp.backends.base import StepBatch
     from llamacmp.backends.numpy_ref import NumpyBackend
     from llamacmp.fixtures.qwen_vocab import load_qwen35_vocab
     from llamacmp.loader import load_model
-    tolerance, near_tie = {"f32": 1e-4, "q8_0": 2e-2}, {"f32": 0.0, "q8_0": 0.05}
     vocab, lg, gr = load_qwen35_vocab(), Area("logits (top-20, per case)"), Area("greedy steps (teacher-forced)")
     with tempfile.TemporaryDirectory() as d:
         for path in sorted((GOLDENS / "logits").glob("*.json")):
@@ -111,11 +110,12 @@ def logits() -> tuple[Area, Area]:
             out = lm.model.forward(StepBatch.build([(state, g["prompt"])], all_logits=True))
             want = np.array(g["top_logits"])
             rel = np.linalg.norm(np.take_along_axis(out, np.array(g["top_ids"]), 1) - want) / np.linalg.norm(want)
-            lg.add(rel < 1e-6, rel < tolerance[g["dtype"]], f"{path.stem}: rel {rel:.2e}")
+            tol, tie = TOLERANCE[tolerance_class(g["dtype"])], NEAR_TIE[tolerance_class(g["dtype"])]
+            lg.add(rel < 1e-6, rel < tol, f"{path.stem}: rel {rel:.2e}")
             step = out[-1]
             for tok in g["greedy"]:
                 margin = step.max() - step[tok]
-                gr.add(int(step.argmax()) == tok, margin <= near_tie[g["dtype"]], f"{path.stem}: margin {margin:.3g}")
+                gr.add(int(step.argmax()) == tok, margin <= tie, f"{path.stem}: margin {margin:.3g}")
                 step = lm.model.forward(StepBatch.build([(state, [tok])]))[0]
     return lg, gr
 

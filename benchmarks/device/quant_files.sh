@@ -12,8 +12,9 @@
 #
 # Needs, in the repository copy sent to the device (git-ignored, so prepare them here):
 #   llama-quantize: $LLAMA_QUANTIZE, else .carry/llama-quantize.xz (here: compat/build_llamacpp.sh --portable, then
-#     xz -c ~/.cache/llamacmp/llama.cpp-49bfddeca/build-portable/bin/llama-quantize > .carry/llama-quantize.xz),
-#     else it is built there from .carry/llama.cpp-src.tar.gz (CPU only, every core; a minute or two)
+#     xz -c ~/.cache/llamacmp/llama.cpp-49bfddeca/build-portable/bin/llama-quantize > .carry/llama-quantize.xz;
+#     1.7 MB; it needs glibc >= 2.36 there and quantizes byte for byte as the native build does), else it is built
+#     there from .carry/llama.cpp-src.tar.gz (CPU only, every core; a minute or two)
 #   the real vocabulary: .carry/vocab/qwen35_vocab_v1_*.pkl (or $LLAMACMP_CACHE holding one); .carry/site (gguf)
 # Space: the F16 source is 17.9 GB (9B) / 53.8 GB (27B); it goes to /dev/shm when that has room, else beside the
 # outputs, and is deleted at the end (KEEP_SRC=1 keeps it). Outputs, roughly: 9B 5.6 / 7.4 / 5.0 GB, 27B 16.5 / 22 /
@@ -29,11 +30,15 @@ export PYTHONPATH=$R/.carry/site:$R PYTHONUNBUFFERED=1
 T0=$(date +%s); st() { echo "$(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s $SHAPE $*" | tee -a "$QF/progress.log"; }
 free_gb() { df -BG --output=avail "$1" | tail -1 | tr -dc 0-9; }
 
+runs() { "$1" --help > /dev/null 2>&1; [[ $? -le 1 ]]; }      # its usage text exits 1; a missing library 127
+
 quantize_tool() {
     if [[ -n "${LLAMA_QUANTIZE:-}" ]]; then echo "$LLAMA_QUANTIZE"; return; fi
     local bin=/tmp/lq/llama-quantize
     if [[ ! -x $bin && -f $R/.carry/llama-quantize.xz ]]; then
         mkdir -p /tmp/lq && xz -dc "$R/.carry/llama-quantize.xz" > $bin && chmod +x $bin
+        # the portable build needs glibc >= 2.36 (libstdc++'s random_device uses arc4random)
+        runs $bin || { echo "the carried llama-quantize does not run here; building one" >&2; rm -f $bin; }
     fi
     if [[ ! -x $bin ]]; then
         [[ -f $R/.carry/llama.cpp-src.tar.gz ]] || { echo "no llama-quantize: set LLAMA_QUANTIZE or carry" \
@@ -46,7 +51,7 @@ quantize_tool() {
         cmake --build /tmp/lq/build --target llama-quantize -j "$(nproc)" >> "$QF/build.log" 2>&1
         cp /tmp/lq/build/bin/llama-quantize $bin
     fi
-    "$bin" --help > /dev/null 2>&1 || [[ $? -eq 1 ]] || { echo "$bin does not run here" >&2; exit 1; }
+    runs $bin || { echo "$bin does not run here" >&2; exit 1; }
     echo $bin
 }
 

@@ -120,6 +120,37 @@ def logits() -> tuple[Area, Area]:
     return lg, gr
 
 
+def quant_cli() -> Area:
+    """llamacmp-completion (numpy backend) on each quantized fixture against llama-completion's recorded stdout
+    (compat/gen_quant_file_goldens.py; the checks of tests/test_quant_fixtures.py)."""
+    import base64
+    import shlex
+    area = Area("CLI text on quantized files")
+    for g in _jsonl("cli_quant.jsonl"):
+        r = subprocess.run([sys.executable, "-m", "llamacmp.cli.completion", "-m", str(HERE.parent / g["model"]),
+                            *shlex.split(g["args"])], capture_output=True, stdin=subprocess.DEVNULL)
+        area.add(r.returncode == 0 and r.stdout == base64.b64decode(g["stdout_b64"]), example=Path(g["model"]).stem)
+    return area
+
+
+def quant_perplexity() -> Area:
+    """The demo model per type: llama-perplexity and llamacmp-perplexity as gen_quant_file_goldens.py recorded them
+    (the requantized files are not committed); within = 0.1% of llama.cpp's default (flash attention on). Beyond
+    that but within 0.1% of its `-fa off` figure is reported as allowed: llama.cpp's two attention paths differ by
+    up to 0.1% themselves on these files."""
+    g = json.loads((GOLDENS / "perplexity_quant.json").read_text())
+    area = Area("demo perplexity per type (recorded)")
+    for row in g["rows"]:
+        off = abs(row["llamacmp"] - row["llama.cpp -fa off"]) / row["llama.cpp -fa off"]
+        area.add(row["rel"] == 0.0, row["rel"] <= 1e-3,
+                 f"{row['type']}: {row['llamacmp']} / {row['llama.cpp']} ({row['rel']:.3%}; -fa off "
+                 f"{row['llama.cpp -fa off']}, {off:.3%})")
+        area.allowed += row["rel"] > 1e-3 and off <= 1e-3
+    c = g["completion"]
+    area.add(c["llama.cpp"] == c["llamacmp"], example=f"{c['file']} completion text")
+    return area
+
+
 def server_responses() -> Area:
     """llamacmp-server (numpy backend, in this process) against llama-server's recorded answers; see
     tests/test_compat_server.py, whose allow-list names the reason of every deliberate difference and known bug."""
@@ -203,19 +234,21 @@ def main() -> None:
     args = p.parse_args()
     if args.live:
         for gen in ("gen_tokenize_goldens.py", "gen_chat_goldens.py", "gen_logits_goldens.py",
-                    "gen_server_goldens.py", "gen_vision_goldens.py"):
-            subprocess.run([sys.executable, str(HERE / gen)], check=True)
+                    "gen_server_goldens.py", "gen_vision_goldens.py", "make_quant_fixtures.py --check",
+                    "make_quant_fixtures.py --demo", "gen_quant_file_goldens.py"):
+            subprocess.run([sys.executable, str(HERE / gen.split()[0]), *gen.split()[1:]], check=True)
     areas = [tokenization(), templates(), parsing(partial=False), parsing(partial=True), server_responses()]
     if not args.skip_logits:
         areas += list(logits())
+    areas += [quant_cli(), quant_perplexity()]
     areas += list(vision())
     table = report(areas)
     print(table)
     differences = (HERE / "DIFFERENCES.md").read_text() if (HERE / "DIFFERENCES.md").exists() else ""
     (HERE / "REPORT.md").write_text(
         "# llamacmp vs llama.cpp ≈ b8462 (49bfddeca)\n\nWritten by `python3 compat/diff.py` from the committed goldens "
-        "(tolerances: logits 1e-4 relative for F32 weights, 2e-2 for Q8_0; greedy steps within tolerance are near "
-        "ties of < 0.05 in logit).\n\n" + table + "\n\n" + differences)
+        "(tolerances: logits 1e-4 relative for F32 weights, 2e-2 for quantized ones: Q8_0 and the llama-quantize "
+        "fixtures q256-*; greedy steps within tolerance are near ties of < 0.05 in logit; perplexity within 0.1%).\n\n" + table + "\n\n" + differences)
     sys.exit(1 if any(a.different - a.allowed for a in areas) else 0)
 
 

@@ -118,14 +118,34 @@ def ppl_goldens(bin_dir: Path, types: list[str]) -> dict:
                 sys.exit(f"{model} is missing: run compat/make_quant_fixtures.py --demo first")
             common = ["-m", str(model), "-f", str(text_file), *PPL_ARGS]
             theirs = final_ppl([str(bin_dir / "llama-perplexity"), *common])
+            # llama.cpp's own spread: its two attention paths (flash attention is on by default on the CPU)
+            theirs_fa_off = final_ppl([str(bin_dir / "llama-perplexity"), *common, "-fa", "off"])
             ours = final_ppl([sys.executable, "-m", "llamacmp.cli.perplexity", *common])
             rows.append({"type": t, "file_sha256": sha256(model), "bytes": model.stat().st_size,
-                         "llama.cpp": theirs, "llamacmp": ours, "rel": abs(ours - theirs) / theirs})
-            print(f"{t}: llama.cpp {theirs:.4f}  llamacmp {ours:.4f}  ({rows[-1]['rel']:.4%})", flush=True)
+                         "llama.cpp": theirs, "llamacmp": ours, "rel": abs(ours - theirs) / theirs,
+                         "llama.cpp -fa off": theirs_fa_off, "rel fa on/off": abs(theirs_fa_off - theirs) / theirs})
+            print(f"{t}: llama.cpp {theirs:.4f} (-fa off {theirs_fa_off:.4f})  llamacmp {ours:.4f}  "
+                  f"({rows[-1]['rel']:.4%}; llama.cpp's own fa on/off {rows[-1]['rel fa on/off']:.4%})", flush=True)
     return {"source": SOURCE, "args": " ".join(PPL_ARGS),
             "text": f"first {PPL_CHARS} characters of training.corpus' held-out split (Python "
                     f"{sysconfig.get_python_version()} standard library)",
             "text_sha256": hashlib.sha256(text.encode()).hexdigest(), "rows": rows}
+
+
+DEMO_CLI_ARGS = '-p "class Parser:" -n 32 --temp 0 -no-cnv'
+
+
+def demo_completion(bin_dir: Path) -> dict:
+    """llama-completion and llamacmp-completion (numpy backend) on the demo model in Q4_K_M: the text, both ways."""
+    model = DEMO_OUT / "default-Q4_K_M.gguf"
+    out = {}
+    for who, cmd in (("llama.cpp", [str(bin_dir / "llama-completion")]),
+                     ("llamacmp", [sys.executable, "-m", "llamacmp.cli.completion"])):
+        r = subprocess.run([*cmd, "-m", str(model), *shlex.split(DEMO_CLI_ARGS)], capture_output=True,
+                           stdin=subprocess.DEVNULL, check=True)
+        out[who] = r.stdout.decode("utf-8", "replace")
+    print(f"demo Q4_K_M text identical: {out['llama.cpp'] == out['llamacmp']}", flush=True)
+    return {"file": model.name, "file_sha256": sha256(model), "args": DEMO_CLI_ARGS, **out}
 
 
 def main() -> None:
@@ -139,7 +159,8 @@ def main() -> None:
         rows = cli_goldens(args.bin)
         (GOLDENS / "cli_quant.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if not args.skip_ppl:
-        (GOLDENS / "perplexity_quant.json").write_text(json.dumps(ppl_goldens(args.bin, args.types), indent=1) + "\n")
+        golden = {**ppl_goldens(args.bin, args.types), "completion": demo_completion(args.bin)}
+        (GOLDENS / "perplexity_quant.json").write_text(json.dumps(golden, indent=1) + "\n")
 
 
 if __name__ == "__main__":

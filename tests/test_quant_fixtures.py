@@ -19,7 +19,7 @@ from test_cli import run
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "compat"))
-from make_quant_fixtures import FIXTURES, PRESETS, fixture_name  # noqa: E402
+from make_quant_fixtures import DEMO_OUT, FIXTURES, PRESETS, fixture_name  # noqa: E402
 
 MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())
 CLI_GOLDENS = [json.loads(line) for line in (ROOT / "compat" / "goldens" / "cli_quant.jsonl").read_text().splitlines()]
@@ -74,3 +74,18 @@ def test_unsupported_type_is_refused_clearly():
     line = next(x for x in err.splitlines() if "IQ2_XXS" in x)
     assert path.name in line and re.search(r"tensor '[\w.]+'", line) and "supported:" in line
     assert all(t in line for t in TYPE_NAMES.values()), line
+
+
+@pytest.mark.compat
+def test_demo_model_in_q4_k_m_writes_llamacpps_text():
+    """The bundled demo model requantized to Q4_K_M by llama-quantize (16.6 MB, not committed: made by
+    `compat/make_quant_fixtures.py --demo` into $LLAMACMP_CACHE): llamacmp-completion's text equals the one
+    llama-completion wrote (recorded in compat/goldens/perplexity_quant.json)."""
+    want = json.loads((ROOT / "compat" / "goldens" / "perplexity_quant.json").read_text())["completion"]
+    path = DEMO_OUT / want["file"]
+    if not path.exists():
+        pytest.skip(f"{path} is missing: run compat/make_quant_fixtures.py --demo (needs compat/build_llamacpp.sh)")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == want["file_sha256"], f"{path} is not the recorded file"
+    r = run("completion", "-m", str(path), *shlex.split(want["args"]))
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode("utf-8", "replace") == want["llama.cpp"]

@@ -74,6 +74,8 @@ if [[ ! -f $SRC ]]; then
 fi
 for t in $todo; do
     out=$QF/m$SHAPE-$t.gguf
+    need=$(( SRC_GB * 45 / 100 + 1 ))       # Q6_K, the largest of the three, is ~41% of the F16 source
+    [[ $(free_gb "$QF") -ge $need ]] || { st "no room for $t in $QF (needs ~$need GB, $(free_gb "$QF") GB free)"; exit 1; }
     st "quantizing $t (disk free $(free_gb "$QF") GB)"
     "$LQ" "$SRC" "$out.tmp" "$t" "$(nproc)" > "$QF/m$SHAPE-$t.log" 2>&1 || { st "FAILED $t: see $QF/m$SHAPE-$t.log"; exit 1; }
     mv "$out.tmp" "$out"; st "done $t $(du -h "$out" | cut -f1)"

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Build the llama.cpp reference tools (≈ b8462, commit 49bfddeca) from the llama-cpp-python 0.3.17 sdist.
 #
-# Usage: compat/build_llamacpp.sh [--cuda] [--jobs N]
+# Usage: compat/build_llamacpp.sh [--cuda | --portable] [--jobs N]
 #   CPU build (default): $CACHE/llama.cpp-49bfddeca/build-cpu/bin/llama-*
 #   --cuda:              $CACHE/llama.cpp-49bfddeca/build-cuda/bin/llama-*  (sm_90, for the device machine)
+#   --portable:          $CACHE/llama.cpp-49bfddeca/build-portable/bin/llama-quantize alone, to run on another x86-64
+#                        machine (the GPU machine): GGML_NATIVE=OFF (an AVX2/FMA/F16C baseline instead of this CPU's
+#                        -march=native), no OpenMP, libstdc++/libgcc linked in; it needs only glibc there
 # CACHE = ${LLAMACMP_CACHE:-$HOME/.cache/llamacmp}. The tree lives outside the repo on purpose: it is ~300 MB
 # unpacked and only the goldens it produces are committed. Re-running reuses the download, the tree and the build.
 # Offline (e.g. the device machine): point LLAMACPP_SDIST at a copy of llama_cpp_python-0.3.17.tar.gz, or set
@@ -14,13 +17,15 @@ SDIST_VERSION=0.3.17
 EXPECTED_COMMIT=49bfddeca18e62fa3d39114a23e9fcbdf8a22388
 BUILD_COMMIT=49bfddeca
 BUILD_NUMBER=8462
-TARGETS="llama-cli llama-completion llama-server llama-tokenize llama-perplexity llama-bench llama-embedding"
+# llama-imatrix: IQ2_XXS and the other very-low-bit types cannot be quantized without an importance matrix
+TARGETS="llama-cli llama-completion llama-server llama-tokenize llama-perplexity llama-bench llama-embedding llama-quantize llama-imatrix"
 
 MODE=cpu
 JOBS=2
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --cuda) MODE=cuda ;;
+        --portable) MODE=portable; TARGETS=llama-quantize ;;
         --jobs|-j) JOBS="$2"; shift ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
@@ -32,7 +37,8 @@ SRC="$CACHE/llama.cpp-$BUILD_COMMIT"
 BUILD="$SRC/build-$MODE"
 mkdir -p "$CACHE"
 
-log() { echo "[build_llamacpp $(date +%H:%M:%S)] $*"; }
+# stderr: fetch_sdist returns its path on stdout, so a log line there would become part of the path
+log() { echo "[build_llamacpp $(date +%H:%M:%S)] $*" >&2; }
 
 fetch_sdist() {
     local dl="$CACHE/sdist"
@@ -85,15 +91,17 @@ ensure_cmake() {
 }
 
 configure() {
-    local extra=()
-    if [[ "$MODE" == cuda ]]; then
-        extra+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
-        command -v ninja >/dev/null && extra+=(-G Ninja)
-    fi
+    local extra=(-DGGML_NATIVE=ON)
+    case "$MODE" in
+        cuda) extra+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
+              command -v ninja >/dev/null && extra+=(-G Ninja) ;;
+        portable) extra=(-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF
+                         "-DCMAKE_EXE_LINKER_FLAGS=-static-libgcc -static-libstdc++") ;;
+    esac
     [[ -f "$BUILD/CMakeCache.txt" ]] && return 0
     log "configuring $MODE build in $BUILD"
     cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
-        -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF \
+        -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_COMMIT="$BUILD_COMMIT" -DLLAMA_BUILD_NUMBER="$BUILD_NUMBER" \
         "${extra[@]}"
 }
@@ -103,7 +111,13 @@ build() {
     # shellcheck disable=SC2086  # TARGETS is a word list on purpose
     cmake --build "$BUILD" --config Release -j "$JOBS" --target $TARGETS
     log "done: $BUILD/bin"
-    "$BUILD/bin/llama-cli" --version 2>&1 | head -2 || true
+    if [[ "$MODE" == portable ]]; then
+        # what the other machine must provide: glibc at least this version, nothing else
+        log "needs: $(objdump -p "$BUILD/bin/llama-quantize" | awk '/NEEDED/ {print $2}' | tr '\n' ' ')glibc >=" \
+            "$(objdump -T "$BUILD/bin/llama-quantize" | grep -o 'GLIBC_[0-9.]*' | sort -Vu | tail -1)"
+    else
+        "$BUILD/bin/llama-cli" --version 2>&1 | head -2 || true
+    fi
 }
 
 main() {

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from llamacmp.engine.slot import partial_stop_len
+from llamacmp.engine.stops import partial_stop_len
 from llamacmp.server import misc
 from llamacmp.server.app import MAX_BODY
 from llamacmp.server.errors import ApiError

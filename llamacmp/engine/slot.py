@@ -95,6 +95,14 @@ class Slot:
     def stop_type(self, value: str) -> None:
         self.turn.stop_type = value
 
+    @property
+    def stopping_word(self) -> str:
+        return self.turn.stopping_word if self.turn else ""
+
+    @property
+    def truncated(self) -> bool:
+        return self.turn.truncated if self.turn else False
+
     # -- prompt ---------------------------------------------------------------------------------------------
     def begin(self, task: CompletionTask, sampler: Sampler, decoder, checkpoint_at: list[int],
               grammar=None) -> None:

@@ -17,7 +17,7 @@ GEMV. Two columns:
           chain, where it lets the GEMV start while the kernel before it drains).
 % copy = weight bytes (int8 + f16 scales) per second against the device-to-device copy rate (read + write bytes).
 
-    python3 benchmarks/bench_gemv.py --quant [--types Q4_K,Q6_K] [--json out.json]
+    python3 benchmarks/bench_gemv.py --quant [--types Q4_K,Q6_K] [--no-gemm] [--json out.json]
 
 The block types other than Q8_0 (cmp_matmul_quant, issue 18) and Q8_0 (the default v4 eager + PDL GEMV, v2 GEMM) on
 the matrices 4096 x 12288, 12288 x 4096 and 4096 x 4096 (rows x n) of random valid blocks: the GEMV at T = 1, 4, 16
@@ -163,18 +163,15 @@ class QuantPool:
                                        I(self.rows), T, self.n, work.ptr if work else 0, work.nbytes if work else 0)
 
 
-def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, variants=(None,), gemm=True) -> list[dict]:
-    import os
+def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, gemm: bool = True) -> list[dict]:
     out = []
-    print(f"{'type':<7} {'rows x n':>12} {'MB':>6} {'T':>5} {'var':>3} {'us':>9} {'GB/s':>7} {'%copy':>6} {'TOPS':>7}")
+    print(f"{'type':<7} {'rows x n':>12} {'MB':>6} {'T':>5} {'us':>9} {'GB/s':>7} {'%copy':>6} {'TOPS':>7}")
     for type_name in types:
         for rows, n in QUANT_SHAPES:
             pool = QuantPool(be, type_name, rows, n)
-            for T, var in [(T, v) for T in (1, 4, 16, 512, 4096) for v in (variants if T == 1 else (None,))]:
+            for T in (1, 4, 16, 512, 4096):
                 if T > 16 and ((rows, n) != (12288, 4096) or not gemm):
                     continue
-                if var is not None:
-                    os.environ["QG_VARIANT"] = str(var)
                 rng = np.random.default_rng(T)
                 x = be.from_host(rng.standard_normal((T, n)).astype(np.float32), "f32")
                 xq, xd = be.quantize(x)
@@ -195,9 +192,9 @@ def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, variant
                         samples.append(be.native.timer_stop())
                     us = float(np.median(samples)) * 1e3
                 gbs, tops = pool.wbytes / us / 1e3, 2.0 * T * rows * n / us / 1e6
-                print(f"{type_name:<7} {f'{rows}x{n}':>12} {pool.wbytes / 1e6:>6.1f} {T:>5} {var or 0:>3} {us:>9.1f} {gbs:>7.0f} "
+                print(f"{type_name:<7} {f'{rows}x{n}':>12} {pool.wbytes / 1e6:>6.1f} {T:>5} {us:>9.1f} {gbs:>7.0f} "
                       f"{100 * gbs / bw:>5.0f}% {tops:>7.1f}", flush=True)
-                out.append({"type": type_name, "rows": rows, "n": n, "T": T, "var": var, "us": us, "GB/s": gbs, "TOPS": tops,
+                out.append({"type": type_name, "rows": rows, "n": n, "T": T, "us": us, "GB/s": gbs, "TOPS": tops,
                             "MB": pool.wbytes / 1e6})
             del pool
     return out
@@ -211,7 +208,6 @@ def main(argv=None) -> None:
     ap.add_argument("--types", default="Q8_0," + ",".join(CMP_QUANT_TYPES),
                     help="with --quant: comma-separated GGUF type names (Q8_0 and the block types)")
     ap.add_argument("--reps", type=int, default=30, help="GEMV calls per captured graph")
-    ap.add_argument("--gemv-variants", default="", help="EXPERIMENT: comma-separated $QG_VARIANT values at T = 1")
     ap.add_argument("--no-gemm", action="store_true", help="with --quant: GEMV only")
     args = ap.parse_args(argv)
     be = CudaBackend()
@@ -224,8 +220,7 @@ def main(argv=None) -> None:
         unknown = [t for t in types if t != "Q8_0" and t not in CMP_QUANT_TYPES]
         if unknown:
             ap.error(f"--types: unknown type(s) {', '.join(unknown)} (known: Q8_0, {', '.join(CMP_QUANT_TYPES)})")
-        variants = [int(v) for v in args.gemv_variants.split(",")] if args.gemv_variants else [None]
-        out += bench_quant(be, types, bw, args.reps, variants, not args.no_gemm)
+        out += bench_quant(be, types, bw, args.reps, not args.no_gemm)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)

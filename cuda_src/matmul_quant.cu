@@ -13,7 +13,6 @@
 //  - Embedding rows: value = s * code - m per value, in fp32 with the rounding of gguf.quants' dequantize.
 // No tensor-core instruction anywhere (DP4A = IDP.4A in SASS).
 #include <algorithm>
-#include <cstdlib>
 
 #include "quant_blocks.cuh"
 
@@ -98,22 +97,28 @@ __global__ void embed_quant_kernel(const int32_t* __restrict__ ids,   // [T]
 // ---- GEMV ---------------------------------------------------------------------------------------------------------
 
 struct QuantSet {
-    const uint8_t* body[QMAX_MATS];  // [rows_i, nb, BODY]
-    const uint8_t* head[QMAX_MATS];  // [rows_i, nb, HEAD]
+    const uint8_t* body[QMAX_MATS];  // [rows_i, nb * BODY]
+    const uint8_t* head[QMAX_MATS];  // [rows_i, nb * HEAD]
     float* y[QMAX_MATS];             // [T, rows_i]
     const float* res[QMAX_MATS];     // [T, rows_i] added to y, or null
     int row_end[QMAX_MATS];          // cumulative rows
     int count, total;
 };
 
-// Sub-blocks in flight per lane at T > 1 (at T = 1: the variant's).
+// Sub-blocks in flight per lane: 4 at T <= 2, 2 above (T = 4, 16 are compute-bound). The launch bound at T = 1: 8
+// blocks per SM, a 64-register cap that keeps every block of a 4096-row matrix resident in one wave (H200,
+// 2026-12-01, same run: U 4 capped 55-80% of copy on the 9B shapes; U 4 uncapped, 72 registers: 44-76%; U 8 under a
+// 128-register cap: 47-64%; Q4_K and Q6_K).
 template <int NT> constexpr int qgemv_unroll() { return NT <= 2 ? 4 : 2; }
+template <int NT> constexpr int qgemv_min_blocks() { return NT == 1 ? 8 : 1; }
 
 // Warp per weight row; lane l takes the row's sub-blocks l, l + 32, ... (each a contiguous run of every body plane,
 // so a warp's load of one plane is one contiguous span), U of them loaded before their decode. The first U go out
-// before pdl_wait_producers (weights never change; x, res and y belong to the kernels before this one), and with
-// QG_TRIGGER the kernel lets its PDL consumer launch at once (it waits for this grid before touching memory).
-template <class Q, int NT, int U, int MINB, bool TRIG>
+// before pdl_wait_producers (weights never change; x, res and y belong to the kernels before this one), and the
+// kernel lets its PDL consumer launch at once (every kernel launched with PDL waits for this grid before it touches
+// memory), so the next kernel's blocks take the SMs this grid's last wave leaves idle (H200, T = 1: without the
+// early trigger 5-24% slower (Q4_K, Q6_K); launch() uses PDL where cmp_set_pdl is on).
+template <class Q, int NT, int U, int MINB>
 __global__ void __launch_bounds__(QGEMV_WARPS * 32, MINB)
 gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                   const float* __restrict__ xd,   // [NT, n/32]
@@ -147,7 +152,7 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
             if (c0 + 32 * u < nsub) raw[u] = Q::load(body, head, nb, c0 + 32 * u);
     };
     fetch(lane);
-    if (TRIG) pdl_allow_consumers();
+    pdl_allow_consumers();
     pdl_wait_producers();
     float acc[NT];
 #pragma unroll
@@ -180,27 +185,10 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     }
 }
 
-// EXPERIMENT (bench only): $QG_VARIANT picks the T = 1 kernel: 0 = U 4, 8 blocks/SM bound, trigger; 1 = the same
-// without the early trigger; 3 = U 8, 4 blocks; 4 = U 4, no bound.
-inline int qg_variant() {
-    const char* e = getenv("QG_VARIANT");
-    return e ? atoi(e) : 0;
-}
-
 template <class Q, int NT>
 int launch_gemv_quant(const int8_t* xq, const float* xd, const QuantSet& set, int n) {
-    const dim3 grid(ceil_div(set.total, QGEMV_WARPS)), block(32, QGEMV_WARPS);
-    if constexpr (NT == 1) {
-        switch (qg_variant()) {
-            case 1: return launch("gemv_quant_kernel", gemv_quant_kernel<Q, 1, 4, 8, false>, grid, block, 0, xq, xd, set, n);
-            case 3: return launch("gemv_quant_kernel", gemv_quant_kernel<Q, 1, 8, 4, true>, grid, block, 0, xq, xd, set, n);
-            case 4: return launch("gemv_quant_kernel", gemv_quant_kernel<Q, 1, 4, 0, true>, grid, block, 0, xq, xd, set, n);
-            default: return launch("gemv_quant_kernel", gemv_quant_kernel<Q, 1, 4, 8, true>, grid, block, 0, xq, xd, set, n);
-        }
-    } else {
-        return launch("gemv_quant_kernel", gemv_quant_kernel<Q, NT, qgemv_unroll<NT>(), 1, true>, grid, block, 0, xq,
-                      xd, set, n);
-    }
+    return launch("gemv_quant_kernel", gemv_quant_kernel<Q, NT, qgemv_unroll<NT>(), qgemv_min_blocks<NT>()>,
+                  dim3(ceil_div(set.total, QGEMV_WARPS)), dim3(32, QGEMV_WARPS), 0, xq, xd, set, n);
 }
 
 template <class Q, int... NT>

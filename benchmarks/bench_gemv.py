@@ -17,7 +17,7 @@ GEMV. Two columns:
           chain, where it lets the GEMV start while the kernel before it drains).
 % copy = weight bytes (int8 + f16 scales) per second against the device-to-device copy rate (read + write bytes).
 
-    python3 benchmarks/bench_gemv.py --quant [--types Q4_K,Q6_K] [--json out.json]
+    python3 benchmarks/bench_gemv.py --quant [--types Q4_K,Q6_K] [--no-gemm] [--json out.json]
 
 The block types other than Q8_0 (cmp_matmul_quant, issue 18) and Q8_0 (the default v4 eager + PDL GEMV, v2 GEMM) on
 the matrices 4096 x 12288, 12288 x 4096 and 4096 x 4096 (rows x n) of random valid blocks: the GEMV at T = 1, 4, 16
@@ -163,14 +163,14 @@ class QuantPool:
                                        I(self.rows), T, self.n, work.ptr if work else 0, work.nbytes if work else 0)
 
 
-def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int) -> list[dict]:
+def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, gemm: bool = True) -> list[dict]:
     out = []
     print(f"{'type':<7} {'rows x n':>12} {'MB':>6} {'T':>5} {'us':>9} {'GB/s':>7} {'%copy':>6} {'TOPS':>7}")
     for type_name in types:
         for rows, n in QUANT_SHAPES:
             pool = QuantPool(be, type_name, rows, n)
             for T in (1, 4, 16, 512, 4096):
-                if T > 16 and (rows, n) != (12288, 4096):
+                if T > 16 and ((rows, n) != (12288, 4096) or not gemm):
                     continue
                 rng = np.random.default_rng(T)
                 x = be.from_host(rng.standard_normal((T, n)).astype(np.float32), "f32")
@@ -208,6 +208,7 @@ def main(argv=None) -> None:
     ap.add_argument("--types", default="Q8_0," + ",".join(CMP_QUANT_TYPES),
                     help="with --quant: comma-separated GGUF type names (Q8_0 and the block types)")
     ap.add_argument("--reps", type=int, default=30, help="GEMV calls per captured graph")
+    ap.add_argument("--no-gemm", action="store_true", help="with --quant: GEMV only")
     args = ap.parse_args(argv)
     be = CudaBackend()
     bw = copy_bandwidth(be)
@@ -219,7 +220,7 @@ def main(argv=None) -> None:
         unknown = [t for t in types if t != "Q8_0" and t not in CMP_QUANT_TYPES]
         if unknown:
             ap.error(f"--types: unknown type(s) {', '.join(unknown)} (known: Q8_0, {', '.join(CMP_QUANT_TYPES)})")
-        out += bench_quant(be, types, bw, args.reps)
+        out += bench_quant(be, types, bw, args.reps, not args.no_gemm)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)

@@ -113,14 +113,15 @@ int cmp_matmul_q8_ex(const int8_t* xq, const float* xd, int count, const int8_t*
 int cmp_matmul_f(const float* x, const void* w, int w_dtype, float* y, int T, int rows, int n);
 
 // ---- matmul_quant.cu ------------------------------------------------------------------------------------------
-// The GGUF block types other than Q8_0, by ggml type id. On the device a matrix is the file's blocks split into a
-// body [rows, n/BV, body_bytes] (the integer fields, file order) and a head [rows, n/BV, head_bytes] (the f16 fields;
-// none for Q4_K/Q5_K, whose 144/176-byte blocks stay whole): cuda_src/quant_blocks.cuh.
+// The GGUF block types other than Q8_0, by ggml type id. On the device a matrix is the file's blocks rewritten into
+// per-row planes: a body [rows, n/BV * body_bytes] (the quants, rearranged so that each 32-value sub-block is one
+// contiguous run of each plane) and a head [rows, n/BV * head_bytes] (scales); body + head bytes = the file's:
+// cuda_src/quant_blocks.cuh.
 enum CmpQuantType { CMP_Q4_0 = 2, CMP_Q4_1 = 3, CMP_Q5_0 = 6, CMP_Q5_1 = 7, CMP_Q2_K = 10, CMP_Q3_K = 11,
                     CMP_Q4_K = 12, CMP_Q5_K = 13, CMP_Q6_K = 14, CMP_IQ4_NL = 20, CMP_IQ4_XS = 23 };
 // Values and bytes per block in the file, and the device layout's body and head bytes per block.
 int cmp_quant_layout(int type, int* block_values, int* block_bytes, int* body_bytes, int* head_bytes);
-// GGUF blocks [rows, n/BV, block_bytes] (device memory) -> body, head as above.
+// GGUF blocks [rows, n/BV, block_bytes] (device memory) -> body, head as above (row pointers: rows are independent).
 int cmp_quant_repack(int type, const uint8_t* blocks, void* body, void* head, int rows, int n);
 // y[i] [T, rows[i]] = (res[i] +) x . W_i^T for `count` (1..4) matrices of one type that share x (xq [T, n] int8,
 // xd [T, n/32] f32: cmp_quantize_q8 output); body/head/y/res: host arrays of device pointers (res NULL or entries

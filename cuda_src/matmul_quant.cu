@@ -55,37 +55,34 @@ __device__ __forceinline__ float sub_dot(const int4 w0, const int4 w1, float s0,
 
 // ---- repack and embedding -----------------------------------------------------------------------------------------
 
-// Thread per block: the file's block split into its body and head (quant_blocks.cuh layout).
+// Thread per file block: its fields into the row's planes (quant_blocks.cuh layout).
 template <class Q>
-__global__ void repack_kernel(const uint8_t* __restrict__ blocks,  // [rows * nb, BYTES]
-                              uint8_t* __restrict__ body,          // [rows * nb, BODY]
-                              uint8_t* __restrict__ head,          // [rows * nb, HEAD]
-                              size_t nblocks) {
+__global__ void repack_kernel(const uint8_t* __restrict__ blocks,  // [rows, nb, BYTES]
+                              uint8_t* __restrict__ body,          // [rows, nb * BODY]
+                              uint8_t* __restrict__ head,          // [rows, nb * HEAD]
+                              int nb, size_t nblocks) {
     const size_t b = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (b >= nblocks) return;
-    const uint8_t* src = blocks + b * Q::BYTES;
-    int k = 0;
-    for (int i = 0; i < Q::BYTES; ++i) {
-        if (i >= Q::HEAD_AT && i < Q::HEAD_AT + Q::HEAD) head[b * Q::HEAD + i - Q::HEAD_AT] = src[i];
-        else body[b * Q::BODY + k++] = src[i];
-    }
+    const size_t r = b / nb;
+    Q::repack(blocks + b * Q::BYTES, body + r * nb * Q::BODY, head + r * nb * Q::HEAD, nb, (int)(b % nb));
 }
 
 // Block per token; thread per sub-block: value = s * code - m (two explicit roundings, as gguf.quants' f32 math).
 template <class Q>
 __global__ void embed_quant_kernel(const int32_t* __restrict__ ids,   // [T]
-                                   const uint8_t* __restrict__ body,  // [N, nb, BODY]
-                                   const uint8_t* __restrict__ head,  // [N, nb, HEAD]
+                                   const uint8_t* __restrict__ body,  // [N, nb * BODY]
+                                   const uint8_t* __restrict__ head,  // [N, nb * HEAD]
                                    float* __restrict__ out,           // [T, D]
                                    int D) {
     pdl_wait_producers();  // launch(): may start while the kernel before it drains
     constexpr int NSUB = Q::BV / 32;
     const int t = blockIdx.x, nb = D / Q::BV;
     const size_t id = (size_t)ids[t];
+    body += id * nb * Q::BODY;
+    head += id * nb * Q::HEAD;
     for (int c = threadIdx.x; c < D / 32; c += blockDim.x) {
-        const int b = c / NSUB, j = c % NSUB;
         SubBlock sb;
-        Q::decode(Q::load(body + (id * nb + b) * Q::BODY, head + (id * nb + b) * Q::HEAD, j), j, sb);
+        Q::decode(Q::load(body, head, nb, c), c % NSUB, sb);
         float* o = out + (size_t)t * D + 32 * c;
 #pragma unroll
         for (int i = 0; i < 8; ++i)
@@ -100,19 +97,29 @@ __global__ void embed_quant_kernel(const int32_t* __restrict__ ids,   // [T]
 // ---- GEMV ---------------------------------------------------------------------------------------------------------
 
 struct QuantSet {
-    const uint8_t* body[QMAX_MATS];  // [rows_i, nb, BODY]
-    const uint8_t* head[QMAX_MATS];  // [rows_i, nb, HEAD]
+    const uint8_t* body[QMAX_MATS];  // [rows_i, nb * BODY]
+    const uint8_t* head[QMAX_MATS];  // [rows_i, nb * HEAD]
     float* y[QMAX_MATS];             // [T, rows_i]
     const float* res[QMAX_MATS];     // [T, rows_i] added to y, or null
     int row_end[QMAX_MATS];          // cumulative rows
     int count, total;
 };
 
-// Sub-blocks in flight per lane: more at small T, where the kernel waits on the weight stream.
+// Sub-blocks in flight per lane: 4 at T <= 2, 2 above (T = 4, 16 are compute-bound). The launch bound at T = 1: 8
+// blocks per SM, a 64-register cap that keeps every block of a 4096-row matrix resident in one wave (H200,
+// 2026-12-01, same run: U 4 capped 55-80% of copy on the 9B shapes; U 4 uncapped, 72 registers: 44-76%; U 8 under a
+// 128-register cap: 47-64%; Q4_K and Q6_K).
 template <int NT> constexpr int qgemv_unroll() { return NT <= 2 ? 4 : 2; }
+template <int NT> constexpr int qgemv_min_blocks() { return NT == 1 ? 8 : 1; }
 
-template <class Q, int NT, int U>
-__global__ void __launch_bounds__(QGEMV_WARPS * 32)
+// Warp per weight row; lane l takes the row's sub-blocks l, l + 32, ... (each a contiguous run of every body plane,
+// so a warp's load of one plane is one contiguous span), U of them loaded before their decode. The first U go out
+// before pdl_wait_producers (weights never change; x, res and y belong to the kernels before this one), and the
+// kernel lets its PDL consumer launch at once (every kernel launched with PDL waits for this grid before it touches
+// memory), so the next kernel's blocks take the SMs this grid's last wave leaves idle (H200, T = 1: without the
+// early trigger 5-24% slower (Q4_K, Q6_K); launch() uses PDL where cmp_set_pdl is on).
+template <class Q, int NT, int U, int MINB>
+__global__ void __launch_bounds__(QGEMV_WARPS * 32, MINB)
 gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                   const float* __restrict__ xd,   // [NT, n/32]
                   const QuantSet set, int n) {
@@ -135,26 +142,28 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
             rows = set.row_end[i] - row0;
         }
     }
-    const int row = grow - row0, lane = threadIdx.x, nb = n / Q::BV, nsub = n / 32;
+    const int row = grow - row0, lane = threadIdx.x, nb = n / Q::BV, nsub = n / 32, j = lane % NSUB;
     body += (size_t)row * nb * Q::BODY;
     head += (size_t)row * nb * Q::HEAD;
+    typename Q::Raw raw[U];
+    auto fetch = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (c0 + 32 * u < nsub) raw[u] = Q::load(body, head, nb, c0 + 32 * u);
+    };
+    fetch(lane);
+    pdl_allow_consumers();
+    pdl_wait_producers();
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-
-    for (int c0 = lane; c0 < nsub; c0 += 32 * U) {
-        typename Q::Raw raw[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + 32 * u;
-            if (c < nsub) raw[u] = Q::load(body + (c / NSUB) * Q::BODY, head + (c / NSUB) * Q::HEAD, c % NSUB);
-        }
+    for (int c0 = lane;;) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + 32 * u;
             if (c >= nsub) break;
             SubBlock sb;
-            Q::decode(raw[u], c % NSUB, sb);
+            Q::decode(raw[u], j, sb);
             const int4 w0 = make_int4(sb.q[0], sb.q[1], sb.q[2], sb.q[3]);
             const int4 w1 = make_int4(sb.q[4], sb.q[5], sb.q[6], sb.q[7]);
 #pragma unroll
@@ -165,6 +174,9 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                 acc[t] = __fmaf_rn(v, __ldg(xd + (size_t)t * nsub + c), acc[t]);
             }
         }
+        c0 += 32 * U;
+        if (c0 >= nsub) break;
+        fetch(c0);
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -175,9 +187,8 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 
 template <class Q, int NT>
 int launch_gemv_quant(const int8_t* xq, const float* xd, const QuantSet& set, int n) {
-    gemv_quant_kernel<Q, NT, qgemv_unroll<NT>()>
-        <<<ceil_div(set.total, QGEMV_WARPS), dim3(32, QGEMV_WARPS), 0, stream()>>>(xq, xd, set, n);
-    return check_launch("gemv_quant_kernel");
+    return launch("gemv_quant_kernel", gemv_quant_kernel<Q, NT, qgemv_unroll<NT>(), qgemv_min_blocks<NT>()>,
+                  dim3(ceil_div(set.total, QGEMV_WARPS)), dim3(32, QGEMV_WARPS), 0, xq, xd, set, n);
 }
 
 template <class Q, int... NT>
@@ -211,9 +222,9 @@ __global__ void expand_kernel(const uint8_t* __restrict__ body, const uint8_t* _
     const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)R * nsub) return;
     const size_t r = i / nsub;
-    const int c = (int)(i % nsub), b = c / NSUB, j = c % NSUB;
+    const int c = (int)(i % nsub);
     SubBlock sb;
-    Q::decode(Q::load(body + (r * nb + b) * Q::BODY, head + (r * nb + b) * Q::HEAD, j), j, sb);
+    Q::decode(Q::load(body + r * nb * Q::BODY, head + r * nb * Q::HEAD, nb, c), c % NSUB, sb);
     int4* dst = reinterpret_cast<int4*>(wq + r * n + 32 * c);
     dst[0] = make_int4(sb.q[0], sb.q[1], sb.q[2], sb.q[3]);
     dst[1] = make_int4(sb.q[4], sb.q[5], sb.q[6], sb.q[7]);
@@ -495,7 +506,8 @@ extern "C" int cmp_quant_repack(int type, const uint8_t* blocks, void* body, voi
         const size_t nblocks = (size_t)rows * (n / Q::BV);
         if (nblocks == 0) return CMP_OK;
         repack_kernel<Q><<<ceil_div(nblocks, 256), 256, 0, stream()>>>(blocks, static_cast<uint8_t*>(body),
-                                                                       static_cast<uint8_t*>(head), nblocks);
+                                                                       static_cast<uint8_t*>(head), n / Q::BV,
+                                                                       nblocks);
         return check_launch("repack_kernel");
     });
 }

@@ -1,18 +1,26 @@
 // Device layout and decoders of the block-quantized weight types other than Q8_0 (matmul_quant.cu).
 //
-// Layout: a GGUF block of `BYTES` bytes is split at load (cmp_quant_repack) into its f16 fields ("head", HEAD
-// bytes at HEAD_AT in the file's block) and the rest ("body", BODY bytes, in file order): body [rows, nb, BODY],
-// head [rows, nb, HEAD]. Every body is a multiple of 4 bytes (Q4_0/IQ4_NL/Q2_K/Q6_K/IQ4_XS/Q4_K/Q5_K: of 16), so a
-// lane reads it with 16- or 4-byte loads, where the file's 18/110/210-byte blocks are only 2-byte aligned.
-// Q4_K and Q5_K keep the whole block as body (144 and 176 bytes: already 16-byte aligned).
-// Block layouts (ggml-common.h, as read by gguf.quants): see each decoder.
+// Layout: cmp_quant_repack rewrites each weight row's blocks into planes, body [rows, nb * BODY] and head
+// [rows, nb * HEAD] (nb blocks per row; per row each plane holds its field of every block of the row, block after
+// block). Quants are rearranged so that one 32-value sub-block is a contiguous run of each body plane (16 bytes of
+// low 4 bits, 8 bytes of 2-bit fields, 4 bytes of single bits) in a fixed bit order; scales stay in the file's
+// encoding. So a GEMV lane that takes sub-block c of a row reads only that sub-block's bytes, with 16/8/4-byte loads
+// that are coalesced across the warp's lanes (consecutive sub-blocks); only the per-256 header (Q4_K/Q5_K d, dmin and
+// 12 scale bytes; IQ4_XS d and scales) is read by the 8 lanes of one super-block together. The byte count is the
+// file's less any padding: none is added.
+// Bit orders (I < 8 an output int, k < 4 its byte: value 4I + k of the sub-block):
+//  - nibbles, 16 bytes: byte i holds value i (low nibble) and value 16 + i (high nibble), as Q4_0's file order;
+//    IQ4 types instead hold values 2i and 2i + 1 (table lookups of a 32-bit word give values in order);
+//  - pairs (2-bit fields), 8 bytes = words h0, h1: value 4I + k in bits 2 (I % 4) of byte k of word I / 4;
+//  - bits, 4 bytes = word h: value 4I + k in bit 8k + I.
+// File block layouts (ggml-common.h, as read by gguf.quants): see each type.
 //
-// A decoder gives, for block b and its 32-value sub-block j (j < BV/32), the 32 codes as int8 in value order
-// (8 ints, 4 values each), a float scale per 16-value half s[2] and a float min per half m[2], so that
+// A decoder gives, for sub-block c of a row (j = c % (BV / 32) its index in the block), the 32 codes as int8 in
+// value order (8 ints, 4 values each), a float scale per 16-value half s[2] and a float min per half m[2], so that
 // value = s * code - m exactly (s and m are an f16 times a small integer: exact in fp32). PER16: the two halves
 // have their own scales (Q2_K, Q3_K, Q6_K); MIN: the type has a min (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K). Decoding is
 // split into load (the raw registers, so that a lane's loads of several sub-blocks are in flight together) and
-// decode (integer unpacking).
+// decode (integer unpacking). repack writes file block b of a row (src: its BYTES bytes) into the row's planes.
 #pragma once
 #include "common.cuh"
 
@@ -29,83 +37,145 @@ struct SubBlock {
 };
 
 __device__ __forceinline__ int4 ld16(const uint8_t* p) { return __ldg(reinterpret_cast<const int4*>(p)); }
+__device__ __forceinline__ uint2 ld8(const uint8_t* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
 __device__ __forceinline__ int ld4(const uint8_t* p) { return __ldg(reinterpret_cast<const int*>(p)); }
+__device__ __forceinline__ unsigned ld2(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
+__device__ __forceinline__ unsigned ld1(const uint8_t* p) { return __ldg(p); }
 __device__ __forceinline__ float ldh(const uint8_t* p) { return __half2float(__ldg(reinterpret_cast<const __half*>(p))); }
 __device__ __forceinline__ float2 ldh2(const uint8_t* p) {
     return __half22float2(__ldg(reinterpret_cast<const __half2*>(p)));
 }
 
-// The low 4 bits of h (bit k) -> bit 0 of byte k (the four shifted copies of a 4-bit value never overlap, so no
-// carries; the higher bits of h are masked off first, they would).
-__device__ __forceinline__ int spread4(unsigned h) { return (int)(((h & 15u) * 0x00204081u) & 0x01010101u); }
+// ---- repack helpers (thread per file block) ------------------------------------------------------------------------
 
-// The 16-entry IQ4 table (int8) looked up for 4 indices (the low nibbles of v's bytes, 0..15): two 8-byte byte
-// permutes (entries 0..7 and 8..15) selected per byte by bit 3 of the index.
-__device__ __forceinline__ int iq4_lookup(int v) {
-    constexpr unsigned T0 = 0xBFAD9881u, T1 = 0xF6EADDCFu, T2 = 0x26190D01u, T3 = 0x71594535u;  // kvalues, bytes LE
-    const unsigned s = (unsigned)v & 0x07070707u;
-    const unsigned t = (s | (s >> 4)) & 0x00FF00FFu;
-    const unsigned sel = (t | (t >> 8)) & 0xFFFFu;               // the four 3-bit indices as selector nibbles
-    const unsigned lo = __byte_perm(T0, T1, sel), hi = __byte_perm(T2, T3, sel);
-    const unsigned big = (((unsigned)v >> 3) & 0x01010101u) * 0xFFu;  // 0xFF where bit 3 is set
-    // (not a sign-replicating byte permute: __byte_perm uses only the low 3 bits of each selector nibble)
-    return (int)((hi & big) | (lo & ~big));
+// code(v) of the sub-block's values v < 32 into the orders above.
+template <class F>
+__device__ __forceinline__ void put_nibbles(uint8_t* dst, F code) {  // 16 bytes
+    for (int i = 0; i < 16; ++i) dst[i] = (uint8_t)(code(i) | code(16 + i) << 4);
+}
+template <class F>
+__device__ __forceinline__ void put_nibbles_iq4(uint8_t* dst, F code) {  // 16 bytes
+    for (int i = 0; i < 16; ++i) dst[i] = (uint8_t)(code(2 * i) | code(2 * i + 1) << 4);
+}
+template <class F>
+__device__ __forceinline__ void put_pairs(uint8_t* dst, F code) {  // 8 bytes
+    for (int i = 0; i < 8; ++i) dst[i] = 0;
+    for (int v = 0; v < 32; ++v) dst[4 * (v / 16) + v % 4] |= (uint8_t)(code(v) << (2 * (v / 4 % 4)));
+}
+template <class F>
+__device__ __forceinline__ void put_bits(uint8_t* dst, F bit) {  // 4 bytes
+    for (int i = 0; i < 4; ++i) dst[i] = 0;
+    for (int v = 0; v < 32; ++v) dst[v % 4] |= (uint8_t)(bit(v) << (v / 4));
+}
+__device__ __forceinline__ void copy_bytes(uint8_t* dst, const uint8_t* src, int n) {
+    for (int i = 0; i < n; ++i) dst[i] = src[i];
 }
 
-// ---- 32-value blocks -------------------------------------------------------------------------------------------
+// ---- decode helpers ------------------------------------------------------------------------------------------------
 
-// Q4_0: d f16 | qs[16]; value i = d * ((qs[i % 16] >> 4 (i / 16)) & 15) - 8d.
+__device__ __forceinline__ void nibbles(const int4 v, int (&q)[8]) {
+    const int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        q[i] = w[i] & 0x0F0F0F0F;
+        q[4 + i] = (w[i] >> 4) & 0x0F0F0F0F;
+    }
+}
+// The pairs of h (shifted left by `up` bits within each byte) into q.
+__device__ __forceinline__ void or_pairs(const uint2 h, int up, int (&q)[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] |= (int)((((i < 4 ? h.x : h.y) >> (2 * (i & 3))) & 0x03030303u) << up);
+}
+__device__ __forceinline__ void or_bits(const unsigned h, int up, int (&q)[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] |= (int)(((h >> i) & 0x01010101u) << up);
+}
+
+// The 16-entry IQ4 table (int8) looked up for the 8 nibbles of v (nibble order = value order): per half word, two
+// 8-byte byte permutes (entries 0..7 and 8..15; __byte_perm uses only the low 3 bits of each selector nibble) and a
+// third that takes byte k from the first or the second by bit 3 of index k.
+__device__ __forceinline__ int2 iq4_lookup8(unsigned v) {
+    constexpr unsigned T0 = 0xBFAD9881u, T1 = 0xF6EADDCFu, T2 = 0x26190D01u, T3 = 0x71594535u;  // kvalues, bytes LE
+    const unsigned pick = ((v >> 1) & 0x44444444u) | 0x32103210u;
+    const unsigned lo0 = __byte_perm(T0, T1, v), hi0 = __byte_perm(T2, T3, v);
+    const unsigned lo1 = __byte_perm(T0, T1, v >> 16), hi1 = __byte_perm(T2, T3, v >> 16);
+    return make_int2((int)__byte_perm(lo0, hi0, pick), (int)__byte_perm(lo1, hi1, pick >> 16));
+}
+__device__ __forceinline__ void iq4_codes(const int4 v, int (&q)[8]) {
+    const int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int2 r = iq4_lookup8((unsigned)w[i]);
+        q[2 * i] = r.x;
+        q[2 * i + 1] = r.y;
+    }
+}
+
+// IQ4 file order (value i < 16: low nibble of qs[i], 16 + i: its high nibble) as a code function.
+__device__ __forceinline__ int file_nibble(const uint8_t* qs, int v) { return v < 16 ? qs[v] & 15 : qs[v - 16] >> 4; }
+
+// ---- 32-value blocks (one sub-block each; body and head are the file's fields, IQ4_NL's nibbles reordered) ------
+
+// Q4_0: d f16 | qs[16]; value i = d * ((qs[i % 16] >> 4 (i / 16)) & 15) - 8d. body: qs; head: d.
 struct Q4_0 {
-    static constexpr int ID = QID_Q4_0, BV = 32, BYTES = 18, HEAD_AT = 0, HEAD = 2, BODY = 16;
+    static constexpr int ID = QID_Q4_0, BV = 32, BYTES = 18, HEAD = 2, BODY = 16;
     static constexpr bool PER16 = false, MIN = false;
     struct Raw { int4 qs; float d; };
-    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int) {
-        return {ld16(body), ldh(head)};
+    static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
+        copy_bytes(head + 2 * b, src, 2);
+        copy_bytes(body + 16 * b, src + 2, 16);
+    }
+    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int, int c) {
+        return {ld16(body + 16 * c), ldh(head + 2 * c)};
     }
     static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o) {
-        const int v[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w};
+        nibbles(r.qs, o.q);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            o.q[i] = (int)__vsub4(v[i] & 0x0F0F0F0F, 0x08080808);
-            o.q[4 + i] = (int)__vsub4((v[i] >> 4) & 0x0F0F0F0F, 0x08080808);
-        }
+        for (int i = 0; i < 8; ++i) o.q[i] = (int)__vsub4(o.q[i], 0x08080808);
         o.s[0] = o.s[1] = r.d;
         o.m[0] = o.m[1] = 0.f;
     }
 };
 
-// Q4_1: d, m f16 | qs[16]; value = d * nibble + m.
+// Q4_1: d, m f16 | qs[16]; value = d * nibble + m. body: qs; head: d, m.
 struct Q4_1 {
-    static constexpr int ID = QID_Q4_1, BV = 32, BYTES = 20, HEAD_AT = 0, HEAD = 4, BODY = 16;
+    static constexpr int ID = QID_Q4_1, BV = 32, BYTES = 20, HEAD = 4, BODY = 16;
     static constexpr bool PER16 = false, MIN = true;
     struct Raw { int4 qs; float2 dm; };
-    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int) {
-        return {ld16(body), ldh2(head)};
+    static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
+        copy_bytes(head + 4 * b, src, 4);
+        copy_bytes(body + 16 * b, src + 4, 16);
+    }
+    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int, int c) {
+        return {ld16(body + 16 * c), ldh2(head + 4 * c)};
     }
     static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o) {
-        const int v[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            o.q[i] = v[i] & 0x0F0F0F0F;
-            o.q[4 + i] = (v[i] >> 4) & 0x0F0F0F0F;
-        }
+        nibbles(r.qs, o.q);
         o.s[0] = o.s[1] = r.dm.x;
         o.m[0] = o.m[1] = -r.dm.y;
     }
 };
 
-// Q5_0: d f16 | qh u32 | qs[16]; value i = d * (nibble | bit i of qh << 4) - 16d.
+// Q5_0: d f16 | qh u32 | qs[16]; value i = d * (nibble | bit i of qh << 4) - 16d. body: qh, qs (20 bytes: 4-byte
+// loads); head: d.
 struct Q5_0 {
-    static constexpr int ID = QID_Q5_0, BV = 32, BYTES = 22, HEAD_AT = 0, HEAD = 2, BODY = 20;
+    static constexpr int ID = QID_Q5_0, BV = 32, BYTES = 22, HEAD = 2, BODY = 20;
     static constexpr bool PER16 = false, MIN = false;
     struct Raw { int w[5]; float d; };
-    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int) {
+    static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
+        copy_bytes(head + 2 * b, src, 2);
+        copy_bytes(body + 20 * b, src + 2, 20);
+    }
+    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int, int c) {
         Raw r;
 #pragma unroll
-        for (int i = 0; i < 5; ++i) r.w[i] = ld4(body + 4 * i);
-        r.d = ldh(head);
+        for (int i = 0; i < 5; ++i) r.w[i] = ld4(body + 20 * c + 4 * i);
+        r.d = ldh(head + 2 * c);
         return r;
     }
+    // The low 4 bits of h (bit k) -> bit 0 of byte k (the four shifted copies of a 4-bit value never overlap, so
+    // no carries; the higher bits of h are masked off first, they would).
+    static __device__ __forceinline__ int spread4(unsigned h) { return (int)(((h & 15u) * 0x00204081u) & 0x01010101u); }
     static __device__ __forceinline__ void unpack(const int (&w)[5], int (&q)[8]) {
         const unsigned qh = (unsigned)w[0];
 #pragma unroll
@@ -123,16 +193,20 @@ struct Q5_0 {
     }
 };
 
-// Q5_1: d, m f16 | qh u32 | qs[16]; value = d * (5-bit code) + m.
+// Q5_1: d, m f16 | qh u32 | qs[16]; value = d * (5-bit code) + m. body: qh, qs; head: d, m.
 struct Q5_1 {
-    static constexpr int ID = QID_Q5_1, BV = 32, BYTES = 24, HEAD_AT = 0, HEAD = 4, BODY = 20;
+    static constexpr int ID = QID_Q5_1, BV = 32, BYTES = 24, HEAD = 4, BODY = 20;
     static constexpr bool PER16 = false, MIN = true;
     struct Raw { int w[5]; float2 dm; };
-    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int) {
+    static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
+        copy_bytes(head + 4 * b, src, 4);
+        copy_bytes(body + 20 * b, src + 4, 20);
+    }
+    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int, int c) {
         Raw r;
 #pragma unroll
-        for (int i = 0; i < 5; ++i) r.w[i] = ld4(body + 4 * i);
-        r.dm = ldh2(head);
+        for (int i = 0; i < 5; ++i) r.w[i] = ld4(body + 20 * c + 4 * i);
+        r.dm = ldh2(head + 4 * c);
         return r;
     }
     static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o) {
@@ -142,46 +216,50 @@ struct Q5_1 {
     }
 };
 
-// IQ4_NL: d f16 | qs[16] as Q4_0; value = d * kvalues[nibble].
+// IQ4_NL: d f16 | qs[16] as Q4_0; value = d * kvalues[nibble]. body: the nibbles in IQ4 order; head: d.
 struct IQ4_NL {
-    static constexpr int ID = QID_IQ4_NL, BV = 32, BYTES = 18, HEAD_AT = 0, HEAD = 2, BODY = 16;
+    static constexpr int ID = QID_IQ4_NL, BV = 32, BYTES = 18, HEAD = 2, BODY = 16;
     static constexpr bool PER16 = false, MIN = false;
     using Raw = Q4_0::Raw;
-    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int) {
-        return {ld16(body), ldh(head)};
+    static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
+        copy_bytes(head + 2 * b, src, 2);
+        put_nibbles_iq4(body + 16 * b, [&](int v) { return file_nibble(src + 2, v); });
+    }
+    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int, int c) {
+        return {ld16(body + 16 * c), ldh(head + 2 * c)};
     }
     static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o) {
-        const int v[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            o.q[i] = iq4_lookup(v[i]);
-            o.q[4 + i] = iq4_lookup(v[i] >> 4);
-        }
+        iq4_codes(r.qs, o.q);
         o.s[0] = o.s[1] = r.d;
         o.m[0] = o.m[1] = 0.f;
     }
 };
 
-// ---- 256-value super-blocks (K-quants, IQ4_XS) -------------------------------------------------------------------
+// ---- 256-value super-blocks (K-quants, IQ4_XS): sub-block c = 8 b + j -------------------------------------------
 
 // Q2_K: scales[16] | qs[64] | d, dmin f16. Value v = 128h + 32s + l (h < 2, s < 4, l < 32) is
 // (qs[32h + l] >> 2s) & 3; 16-value group g = v / 16 has scale d * (scales[g] & 15), min dmin * (scales[g] >> 4).
+// body: pairs, 8 bytes per sub-block; head: scales [nb, 16] then d, dmin [nb, 4].
 struct Q2_K {
-    static constexpr int ID = QID_Q2_K, BV = 256, BYTES = 84, HEAD_AT = 80, HEAD = 4, BODY = 80;
+    static constexpr int ID = QID_Q2_K, BV = 256, BYTES = 84, HEAD = 20, BODY = 64;
     static constexpr bool PER16 = true, MIN = true;
-    struct Raw { int4 q0, q1; int sc; float2 dm; };
-    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int j) {
-        const uint8_t* qs = body + 16 + 32 * (j >> 2);
-        return {ld16(qs), ld16(qs + 16), ld4(body + 4 * (j >> 1)), ldh2(head)};
+    struct Raw { uint2 q; unsigned sc; float2 dm; };
+    static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int nb, int b) {
+        for (int j = 0; j < 8; ++j)
+            put_pairs(body + 8 * (8 * b + j), [&](int l) { return (src[16 + 32 * (j >> 2) + l] >> 2 * (j & 3)) & 3; });
+        copy_bytes(head + 16 * b, src, 16);
+        copy_bytes(head + 16 * nb + 4 * b, src + 80, 4);
     }
-    static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o) {
-        const int v[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
-        const int sh = 2 * (j & 3);
+    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int nb, int c) {
+        return {ld8(body + 8 * c), ld2(head + 2 * c), ldh2(head + 16 * nb + 4 * (c >> 3))};
+    }
+    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) o.q[i] = (v[i] >> sh) & 0x03030303;
+        for (int i = 0; i < 8; ++i) o.q[i] = 0;
+        or_pairs(r.q, 0, o.q);
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            const int b = (r.sc >> (8 * (2 * (j & 1) + k))) & 0xFF;
+            const unsigned b = (r.sc >> (8 * k)) & 0xFF;
             o.s[k] = r.dm.x * (float)(b & 15);
             o.m[k] = r.dm.y * (float)(b >> 4);
         }
@@ -191,36 +269,46 @@ struct Q2_K {
 // Q3_K: hmask[32] | qs[64] | scales[12] | d f16. Value v = 128h + 32s + l: low bits (qs[32h + l] >> 2s) & 3, high
 // bit = bit (v / 32) of hmask[l]; code = low + 4 * high - 4. Group g = v / 16 has a 6-bit scale: low 4 bits from
 // scales[g % 8] (nibble g / 8), high 2 from scales[8 + g % 4] (bits 2 (g / 4)); scale = d * (that - 32).
+// body: low pairs [nb, 8 x 8] then high bits [nb, 8 x 4]; head: per sub-block a byte of the two halves' low scale
+// nibbles [nb, 8], per 4 sub-blocks a u16 of their high scale bits (2 per half) [nb, 4], d [nb, 2].
 struct Q3_K {
-    static constexpr int ID = QID_Q3_K, BV = 256, BYTES = 110, HEAD_AT = 108, HEAD = 2, BODY = 108;
+    static constexpr int ID = QID_Q3_K, BV = 256, BYTES = 110, HEAD = 14, BODY = 96;
     static constexpr bool PER16 = true, MIN = false;
-    struct Raw { int hm[8], ql[8], sc[3]; float d; };
-    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int j) {
-        Raw r;
-        const uint8_t* qs = body + 32 + 32 * (j >> 2);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            r.hm[i] = ld4(body + 4 * i);
-            r.ql[i] = ld4(qs + 4 * i);
+    struct Raw { uint2 lo; unsigned hi, s4, s2; float d; };
+    static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int nb, int b) {
+        const uint8_t *hm = src, *qs = src + 32, *sc = src + 96;
+        auto lo4 = [&](int g) { return (sc[g % 8] >> 4 * (g / 8)) & 15; };
+        auto hi2 = [&](int g) { return (sc[8 + g % 4] >> 2 * (g / 4)) & 3; };
+        for (int j = 0; j < 8; ++j) {
+            const int c = 8 * b + j;
+            put_pairs(body + 8 * c, [&](int l) { return (qs[32 * (j >> 2) + l] >> 2 * (j & 3)) & 3; });
+            put_bits(body + 64 * nb + 4 * c, [&](int l) { return (hm[l] >> j) & 1; });
+            head[c] = (uint8_t)(lo4(2 * j) | lo4(2 * j + 1) << 4);
         }
-#pragma unroll
-        for (int i = 0; i < 3; ++i) r.sc[i] = ld4(body + 96 + 4 * i);
-        r.d = ldh(head);
-        return r;
+        for (int p = 0; p < 2; ++p) {
+            unsigned h = 0;
+            for (int j = 4 * p; j < 4 * p + 4; ++j) h |= (unsigned)(hi2(2 * j) | hi2(2 * j + 1) << 2) << 4 * (j & 3);
+            head[8 * nb + 2 * (2 * b + p)] = (uint8_t)h;
+            head[8 * nb + 2 * (2 * b + p) + 1] = (uint8_t)(h >> 8);
+        }
+        copy_bytes(head + 12 * nb + 2 * b, src + 108, 2);
+    }
+    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int nb, int c) {
+        return {ld8(body + 8 * c), (unsigned)ld4(body + 64 * nb + 4 * c), ld1(head + c),
+                ld2(head + 8 * nb + 2 * (c >> 2)), ldh(head + 12 * nb + 2 * (c >> 3))};
     }
     static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o) {
-        const int sh = 2 * (j & 3);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int code = ((r.ql[i] >> sh) & 0x03030303) | (((r.hm[i] >> j) & 0x01010101) << 2);
-            o.q[i] = (int)__vsub4(code, 0x04040404);
-        }
+        for (int i = 0; i < 8; ++i) o.q[i] = 0;
+        or_pairs(r.lo, 0, o.q);
+        or_bits(r.hi, 2, o.q);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o.q[i] = (int)__vsub4(o.q[i], 0x04040404);
+        const unsigned s2 = r.s2 >> (4 * (j & 3));
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            const int g = 2 * j + k;
-            const int lo = ((g & 4 ? r.sc[1] : r.sc[0]) >> (8 * (g & 3) + 4 * (g >> 3))) & 15;  // no dynamic index
-            const int hi = (r.sc[2] >> (8 * (g & 3) + 2 * (g >> 2))) & 3;
-            o.s[k] = r.d * (float)((lo | (hi << 4)) - 32);
+            const int sc = (int)(((r.s4 >> (4 * k)) & 15) | ((s2 >> (2 * k)) & 3) << 4);
+            o.s[k] = r.d * (float)(sc - 32);
             o.m[k] = 0.f;
         }
     }
@@ -228,26 +316,30 @@ struct Q3_K {
 
 // The 6-bit scale and min of sub-block j of Q4_K/Q5_K from their 12 packed bytes (as 3 ints): j < 4: low 6 bits of
 // bytes j and j + 4; j >= 4: low / high nibble of byte j + 4, with bits 4-5 from the top 2 bits of bytes j - 4 / j.
+// Without branches: j is the same in every sub-block a GEMV lane takes, so its selects stay out of the loop.
 __device__ __forceinline__ void k_scale_min(int s0, int s1, int s2, int j, int& sc, int& mn) {
     const int sh = 8 * (j & 3);
-    if (j < 4) {
-        sc = (s0 >> sh) & 63;
-        mn = (s1 >> sh) & 63;
-    } else {
-        sc = ((s2 >> sh) & 15) | (((s0 >> (sh + 6)) & 3) << 4);
-        mn = ((s2 >> (sh + 4)) & 15) | (((s1 >> (sh + 6)) & 3) << 4);
-    }
+    const bool lo = j < 4;
+    const int mask = lo ? 63 : 15, top = lo ? 0 : 3;
+    sc = (((lo ? s0 : s2) >> sh) & mask) | (((s0 >> (sh + 6)) & top) << 4);
+    mn = (((lo ? s1 : s2 >> 4) >> sh) & mask) | (((s1 >> (sh + 6)) & top) << 4);
 }
 
-// Q4_K: d, dmin f16 | scales[12] | qs[128]. Sub-block j's values are the nibbles (j & 1) of qs[32 (j / 2) + l];
-// value = d * sc_j * nibble - dmin * m_j.
+// The nibble of value l of sub-block j in Q4_K/Q5_K's qs[128]: nibble (j & 1) of qs[32 (j / 2) + l].
+__device__ __forceinline__ int k_nibble(const uint8_t* qs, int j, int l) { return (qs[32 * (j >> 1) + l] >> 4 * (j & 1)) & 15; }
+
+// Q4_K: d, dmin f16 | scales[12] | qs[128]; value = d * sc_j * nibble - dmin * m_j. body: nibbles, 16 bytes per
+// sub-block; head: the file's first 16 bytes (d, dmin, scales) per block.
 struct Q4_K {
-    static constexpr int ID = QID_Q4_K, BV = 256, BYTES = 144, HEAD_AT = 0, HEAD = 0, BODY = 144;
+    static constexpr int ID = QID_Q4_K, BV = 256, BYTES = 144, HEAD = 16, BODY = 128;
     static constexpr bool PER16 = false, MIN = true;
-    struct Raw { int4 hdr, q0, q1; };
-    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t*, int j) {
-        const uint8_t* qs = body + 16 + 32 * (j >> 1);
-        return {ld16(body), ld16(qs), ld16(qs + 16)};
+    struct Raw { int4 qs, hdr; };
+    static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
+        for (int j = 0; j < 8; ++j) put_nibbles(body + 16 * (8 * b + j), [&](int l) { return k_nibble(src + 16, j, l); });
+        copy_bytes(head + 16 * b, src, 16);
+    }
+    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int, int c) {
+        return {ld16(body + 16 * c), ld16(head + 16 * (c >> 3))};
     }
     static __device__ __forceinline__ void scales(const int4& hdr, int j, SubBlock& o) {
         const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&hdr.x));
@@ -257,54 +349,63 @@ struct Q4_K {
         o.m[0] = o.m[1] = dm.y * (float)mn;
     }
     static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o) {
-        const int v[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
-        const int sh = 4 * (j & 1);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o.q[i] = (v[i] >> sh) & 0x0F0F0F0F;
+        nibbles(r.qs, o.q);
         scales(r.hdr, j, o);
     }
 };
 
-// Q5_K: d, dmin f16 | scales[12] | qh[32] | qs[128]. As Q4_K, plus bit j of qh[l] as bit 4 of the code.
+// Q5_K: d, dmin f16 | scales[12] | qh[32] | qs[128]. As Q4_K, plus bit j of qh[l] as bit 4 of the code. body:
+// nibbles [nb, 8 x 16] then high bits [nb, 8 x 4]; head as Q4_K.
 struct Q5_K {
-    static constexpr int ID = QID_Q5_K, BV = 256, BYTES = 176, HEAD_AT = 0, HEAD = 0, BODY = 176;
+    static constexpr int ID = QID_Q5_K, BV = 256, BYTES = 176, HEAD = 16, BODY = 160;
     static constexpr bool PER16 = false, MIN = true;
-    struct Raw { int4 hdr, h0, h1, q0, q1; };
-    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t*, int j) {
-        const uint8_t* qs = body + 48 + 32 * (j >> 1);
-        return {ld16(body), ld16(body + 16), ld16(body + 32), ld16(qs), ld16(qs + 16)};
+    struct Raw { int4 qs, hdr; unsigned qh; };
+    static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int nb, int b) {
+        for (int j = 0; j < 8; ++j) {
+            const int c = 8 * b + j;
+            put_nibbles(body + 16 * c, [&](int l) { return k_nibble(src + 48, j, l); });
+            put_bits(body + 128 * nb + 4 * c, [&](int l) { return (src[16 + l] >> j) & 1; });
+        }
+        copy_bytes(head + 16 * b, src, 16);
+    }
+    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int nb, int c) {
+        return {ld16(body + 16 * c), ld16(head + 16 * (c >> 3)), (unsigned)ld4(body + 128 * nb + 4 * c)};
     }
     static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o) {
-        const int v[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
-        const int h[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
-        const int sh = 4 * (j & 1);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o.q[i] = ((v[i] >> sh) & 0x0F0F0F0F) | (((h[i] >> j) & 0x01010101) << 4);
+        nibbles(r.qs, o.q);
+        or_bits(r.qh, 4, o.q);
         Q4_K::scales(r.hdr, j, o);
     }
 };
 
 // Q6_K: ql[128] | qh[64] | scales[16] int8 | d f16. Value v = 128h + 32s + l: low nibble (s / 2) of
 // ql[64h + 32 (s & 1) + l], high 2 bits (qh[32h + l] >> 2s) & 3; code = that - 32; group v / 16 scale d * scales[g].
+// body: low nibbles [nb, 8 x 16] then high pairs [nb, 8 x 8]; head: scales [nb, 16] then d [nb, 2].
 struct Q6_K {
-    static constexpr int ID = QID_Q6_K, BV = 256, BYTES = 210, HEAD_AT = 208, HEAD = 2, BODY = 208;
+    static constexpr int ID = QID_Q6_K, BV = 256, BYTES = 210, HEAD = 18, BODY = 192;
     static constexpr bool PER16 = true, MIN = false;
-    struct Raw { int4 l0, l1, h0, h1; int sc; float d; };
-    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int j) {
-        const uint8_t* ql = body + 64 * (j >> 2) + 32 * (j & 1);
-        const uint8_t* qh = body + 128 + 32 * (j >> 2);
-        return {ld16(ql), ld16(ql + 16), ld16(qh), ld16(qh + 16), ld4(body + 192 + 4 * (j >> 1)), ldh(head)};
+    struct Raw { int4 ql; uint2 qh; unsigned sc; float d; };
+    static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int nb, int b) {
+        for (int j = 0; j < 8; ++j) {
+            const int c = 8 * b + j, h = j >> 2, s = j & 3;
+            put_nibbles(body + 16 * c, [&](int l) { return (src[64 * h + 32 * (s & 1) + l] >> 4 * (s >> 1)) & 15; });
+            put_pairs(body + 128 * nb + 8 * c, [&](int l) { return (src[128 + 32 * h + l] >> 2 * s) & 3; });
+        }
+        copy_bytes(head + 16 * b, src + 192, 16);
+        copy_bytes(head + 16 * nb + 2 * b, src + 208, 2);
     }
-    static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o) {
-        const int l[8] = {r.l0.x, r.l0.y, r.l0.z, r.l0.w, r.l1.x, r.l1.y, r.l1.z, r.l1.w};
-        const int h[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
-        const int s = j & 3, shl = 4 * (s >> 1), shh = 2 * s;
+    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int nb, int c) {
+        return {ld16(body + 16 * c), ld8(body + 128 * nb + 8 * c), ld2(head + 2 * c),
+                ldh(head + 16 * nb + 2 * (c >> 3))};
+    }
+    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o) {
+        nibbles(r.ql, o.q);
+        or_pairs(r.qh, 4, o.q);
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-            o.q[i] = (int)__vsub4(((l[i] >> shl) & 0x0F0F0F0F) | (((h[i] >> shh) & 0x03030303) << 4), 0x20202020);
+        for (int i = 0; i < 8; ++i) o.q[i] = (int)__vsub4(o.q[i], 0x20202020);
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            o.s[k] = r.d * (float)(int8_t)((r.sc >> (8 * (2 * (j & 1) + k))) & 0xFF);
+            o.s[k] = r.d * (float)(int8_t)((r.sc >> (8 * k)) & 0xFF);
             o.m[k] = 0.f;
         }
     }
@@ -312,21 +413,22 @@ struct Q6_K {
 
 // IQ4_XS: d f16 | scales_h u16 | scales_l[4] | qs[128]. Sub-block j: 6-bit scale ls = nibble (j & 1) of
 // scales_l[j / 2] | bits 2j..2j+1 of scales_h << 4; values kvalues[nibble] of qs[16j .. 16j + 15] as IQ4_NL;
-// value = d * (ls - 32) * kvalue.
+// value = d * (ls - 32) * kvalue. body: the nibbles in IQ4 order, 16 bytes per sub-block; head: d, scales_h,
+// scales_l (8 bytes) per block.
 struct IQ4_XS {
-    static constexpr int ID = QID_IQ4_XS, BV = 256, BYTES = 136, HEAD_AT = 0, HEAD = 8, BODY = 128;
+    static constexpr int ID = QID_IQ4_XS, BV = 256, BYTES = 136, HEAD = 8, BODY = 128;
     static constexpr bool PER16 = false, MIN = false;
     struct Raw { int4 qs; uint2 h; };
-    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int j) {
-        return {ld16(body + 16 * j), __ldg(reinterpret_cast<const uint2*>(head))};
+    static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
+        for (int j = 0; j < 8; ++j)
+            put_nibbles_iq4(body + 16 * (8 * b + j), [&](int v) { return file_nibble(src + 8 + 16 * j, v); });
+        copy_bytes(head + 8 * b, src, 8);
+    }
+    static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int, int c) {
+        return {ld16(body + 16 * c), ld8(head + 8 * (c >> 3))};
     }
     static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o) {
-        const int v[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            o.q[i] = iq4_lookup(v[i]);
-            o.q[4 + i] = iq4_lookup(v[i] >> 4);
-        }
+        iq4_codes(r.qs, o.q);
         const float d = __half2float(__ushort_as_half((unsigned short)(r.h.x & 0xFFFF)));
         const int lo = (r.h.y >> (4 * j)) & 15, hi = (r.h.x >> (16 + 2 * j)) & 3;
         o.s[0] = o.s[1] = d * (float)((lo | (hi << 4)) - 32);

@@ -187,9 +187,9 @@ class Q8Matrix:
 
 @dataclass(slots=True)
 class QuantMatrix:
-    """A block type other than Q8_0 (gguf_file.QUANT_BLOCKS) split at load into its integer fields, body
-    [rows, n_blocks * body_bytes] u8, and its f16 fields, head [rows, n_blocks * head_bytes] u8 (None for Q4_K/Q5_K,
-    whose blocks stay whole): the layout of cuda_src/quant_blocks.cuh."""
+    """A block type other than Q8_0 (gguf_file.QUANT_BLOCKS) rewritten at load into per-row planes of its quants,
+    body [rows, n_blocks * body_bytes] u8, and of its scales, head [rows, n_blocks * head_bytes] u8: the layout of
+    cuda_src/quant_blocks.cuh (head None where a type has no head bytes)."""
     type_name: str
     body: DeviceTensor
     head: DeviceTensor | None

@@ -152,6 +152,9 @@ def main() -> None:
                     "prompts and chat: give 0 for a model whose vocabulary cannot tokenize text)")
     ap.add_argument("--bad", type=float, default=0.0, help="share of requests that are issue 22's bad requests")
     ap.add_argument("--load-timeout", type=float, default=600)
+    ap.add_argument("--cache-ram", type=int, default=0, help="-cram of the started server in MiB (default 0: the "
+                    "host prompt cache, llama.cpp's 8192 MiB by default, keeps every overwritten slot's history by "
+                    "design and would read as growth in the memory check)")
     a = ap.parse_args()
     if a.shape and not a.model:
         a.model = make_model(a.shape, "q8_0")
@@ -161,7 +164,8 @@ def main() -> None:
     if a.model:
         port = free_port()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-        server = Server(llamacmp_argv(a.model, port, a.np, a.np * a.ctx_slot, ["--metrics"]), port,
+        server = Server(llamacmp_argv(a.model, port, a.np, a.np * a.ctx_slot,
+                                      ["--metrics", "-cram", str(a.cache_ram)]), port,
                         Path("/tmp/server-stress.log"), env).__enter__()
         server.wait_ready(a.load_timeout)
         a.url = server.url

@@ -41,7 +41,8 @@ def _make(tmp_path: Path, *args: str, nvcc_release: str | None, caps: list[str] 
             (bin_dir / tool).symlink_to(real)
     env = {k: v for k, v in os.environ.items() if k not in ("NVCC", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     env.update(PATH=str(bin_dir), LIBCUDA="/nonexistent/libcuda.so.1")
-    return subprocess.run(["make", "-n", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    # -B: every command, also where this checkout already built the objects (CI builds all-archs first)
+    return subprocess.run(["make", "-n", "-B", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
 
 def _archs(out: str) -> set[str]:

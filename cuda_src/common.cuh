@@ -178,6 +178,32 @@ __device__ __forceinline__ void pdl_wait_producers() {
 #endif
 }
 
+// ---- int8 matmul helpers shared by matmul_q8.cu and matmul_quant.cu ----------------------------------------------
+// Dot product of 16 int8 pairs (four DP4A; IDP.4A in SASS, no tensor core).
+__device__ __forceinline__ int dot16(const int4 a, const int4 b) {
+    int s = __dp4a(a.x, b.x, 0);
+    s = __dp4a(a.y, b.y, s);
+    s = __dp4a(a.z, b.z, s);
+    return __dp4a(a.w, b.w, s);
+}
+
+// 16 bytes global -> shared; `ok` false writes zeros (rows/tokens/blocks past the end). On sm_80+ an asynchronous
+// copy (completed by cp_async_wait before the barrier that publishes the stage).
+__device__ __forceinline__ void copy16(int* dst, const int8_t* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(ok ? 16 : 0));
+#else
+    *reinterpret_cast<int4*>(dst) = ok ? __ldg(reinterpret_cast<const int4*>(src)) : make_int4(0, 0, 0, 0);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::);
+#endif
+}
+
 // Loads of either cache/weight element type as float.
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }

@@ -34,13 +34,6 @@ constexpr int TILE = 64;          // GEMM tile: 64 weight rows x 64 tokens, 256 
 constexpr int GEMM_BK = 4;        // Q8 blocks (of 32) per shared-memory stage
 constexpr int FGEMM_BK = 16;
 
-__device__ __forceinline__ int dot16(const int4 a, const int4 b) {
-    int s = __dp4a(a.x, b.x, 0);
-    s = __dp4a(a.y, b.y, s);
-    s = __dp4a(a.z, b.z, s);
-    return __dp4a(a.w, b.w, s);
-}
-
 // ==== kernels =====================================================================================================
 
 // Up to GEMV_MAX_MATS weight matrices that read the same activations, launched as one grid: the warps are
@@ -497,23 +490,6 @@ struct Gemm2Stage {
     float wd[TILE2][BK2];
     float xd[TILE2][BK2];
 };
-
-// 16 bytes global -> shared; `ok` false writes zeros (rows/tokens/blocks past the end). On sm_80+ an asynchronous
-// copy (completed by cp_async_wait before the barrier that publishes the stage).
-__device__ __forceinline__ void copy16(int* dst, const int8_t* src, bool ok) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(ok ? 16 : 0));
-#else
-    *reinterpret_cast<int4*>(dst) = ok ? __ldg(reinterpret_cast<const int4*>(src)) : make_int4(0, 0, 0, 0);
-#endif
-}
-
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_all;\n" ::);
-#endif
-}
 
 // Weight rows held in registers at once: all 8 on sm_80+ (254 registers, no spill with nvcc 13); on sm_70/75 (the
 // register prefetch of the next stage needs room) two groups of 4, the X block read twice from shared memory.

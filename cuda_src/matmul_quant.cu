@@ -27,13 +27,6 @@ constexpr int QBK = 2;       // sub-blocks of 32 per shared-memory stage
 constexpr int QKP = QBK * 8 + 4;  // row stride in ints (80 B: 16-byte aligned, conflict-free 16-byte reads)
 constexpr int ONES = 0x01010101;
 
-__device__ __forceinline__ int dot16(const int4 a, const int4 b) {
-    int s = __dp4a(a.x, b.x, 0);
-    s = __dp4a(a.y, b.y, s);
-    s = __dp4a(a.z, b.z, s);
-    return __dp4a(a.w, b.w, s);
-}
-
 __device__ __forceinline__ int sum16(const int4 b) { return dot16(make_int4(ONES, ONES, ONES, ONES), b); }
 
 // An int of magnitude < 2^22 as float, exactly (add to the mantissa of 1.5 * 2^23, subtract it again).
@@ -241,21 +234,6 @@ struct QStage {
     float xd[QTILE][QBK];
 };
 
-__device__ __forceinline__ void qcopy16(int* dst, const int8_t* src, bool ok) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(ok ? 16 : 0));
-#else
-    *reinterpret_cast<int4*>(dst) = ok ? __ldg(reinterpret_cast<const int4*>(src)) : make_int4(0, 0, 0, 0);
-#endif
-}
-
-__device__ __forceinline__ void qcp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_all;\n" ::);
-#endif
-}
-
 // The expanded weights times the activations: thread (tx, ty) = (tid % 16, tid / 16) owns rows tx + 16i and tokens
 // ty + 16j (i, j < 8), rows in registers 4 at a time. Per sub-block and output: two 16-code DP4A dots with their
 // half scales, times the activation scale, less the mins times the activation half sums. Stages of QBK sub-blocks,
@@ -289,8 +267,8 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
             const int8_t* sw = wq + (okw ? (size_t)gr * n + (size_t)s * QBK * 32 + lc * 16 : 0);
             const int8_t* sx = xq + (okx ? (size_t)gt * n + (size_t)s * QBK * 32 + lc * 16 : 0);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-            qcopy16(&b.w[r][lc * 4], sw, okw);
-            qcopy16(&b.x[r][lc * 4], sx, okx);
+            copy16(&b.w[r][lc * 4], sw, okw);
+            copy16(&b.x[r][lc * 4], sx, okx);
 #else
             p.w[k] = okw ? __ldg(reinterpret_cast<const int4*>(sw)) : make_int4(0, 0, 0, 0);
             p.x[k] = okx ? __ldg(reinterpret_cast<const int4*>(sx)) : make_int4(0, 0, 0, 0);
@@ -306,7 +284,7 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
     };
     auto publish = [&](QStage& b, const Pending& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        qcp_async_wait();
+        cp_async_wait();
 #else
 #pragma unroll
         for (int k = 0; k < 2; ++k) {

@@ -193,7 +193,7 @@ def rows(tool: str) -> list[tuple[str, str, str, str]]:
     out = []
     for flag in llama_flags(tool):
         per_name = {n: our_state(tool, n) for n in flag.names}
-        states = sorted(set(per_name.values()), key=lambda s: ORDER.index(s[0]))
+        states = sorted(set(per_name.values()), key=lambda s: (ORDER.index(s[0]), s[1]))   # stable across runs
         state, why = states[0]
         if len(states) > 1:             # e.g. --no-context-shift honoured, --context-shift refused
             state = "; ".join(f"{st} ({', '.join(n for n in flag.names if per_name[n][0] == st)})"

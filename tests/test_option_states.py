@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -143,3 +144,18 @@ def test_tokenize_without_model_fails_with_llama_tokenize_message(capsys):
     from llamacmp.cli.tokenize import run
     assert run(["-p", "hello"]) == 1
     assert capsys.readouterr().err == "Error: must specify --model.\n"      # b8462 tokenize.cpp, before the prompt
+
+
+@pytest.mark.skipif(not all(Path(t, "common/arg.cpp").exists() for t in _diff_module().TREES.values()),
+                    reason="llama.cpp b8462 / 0c1e570 sources not in /work/cache/src (see compat/option_table_diff.py)")
+def test_generated_flag_table_does_not_depend_on_the_hash_seed(tmp_path):
+    """A flag whose spellings share a state with different reasons was listed in set order (it changed between runs)."""
+    import subprocess
+    outs = []
+    for seed in ("1", "2", "3"):
+        out = tmp_path / f"cli_{seed}.md"
+        out.write_text((ROOT / "docs/CLI.md").read_text())
+        subprocess.run([sys.executable, str(ROOT / "compat/option_table_diff.py"), "--markdown", str(out)], check=True,
+                       capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        outs.append(out.read_text())
+    assert outs[0] == outs[1] == outs[2] == (ROOT / "docs/CLI.md").read_text()

@@ -164,3 +164,23 @@ def test_a_queued_prep_job_of_a_client_that_left_never_runs(srv, monkeypatch):
             t.join()
     time.sleep(0.3)
     assert ran.count("block") == n and "gone" not in ran
+
+
+def test_a_running_prep_job_of_a_client_that_left_stops(srv, monkeypatch):
+    """A /completion with many prompts is being tokenized when its client leaves: the job stops at the next prompt
+    (prep_cancel.step) instead of tokenizing the rest for nobody (before: all 200 were tokenized)."""
+    tok, encoded = srv.ctx.tokenizer, []
+    real = tok.encode
+
+    def slow_encode(text, *a, **k):
+        if text == "slow":
+            encoded.append(text)
+            time.sleep(0.05)
+        return real(text, *a, **k)
+    monkeypatch.setattr(tok, "encode", slow_encode)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(srv.url + "/completion", json={"prompt": ["slow"] * 200, "n_predict": 1}, timeout=0.5)
+    time.sleep(1.0)                              # noticed within 0.25 s, then at most one more prompt
+    n_after_leave = len(encoded)
+    time.sleep(1.0)
+    assert 0 < n_after_leave < 60 and len(encoded) == n_after_leave

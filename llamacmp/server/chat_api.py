@@ -19,6 +19,7 @@ from .completions import (attach_grammar, finish_reason, make_tasks, probs_json,
                           usage_json)
 from .context import ServerContext, random_id
 from .errors import bad_request
+from .prep_cancel import step
 from .schemas import Fields, gen_params, oai_stop
 from .validate import MAX_N_PROBS
 
@@ -184,6 +185,7 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
         prefill, fmt = last.get("content") or "", "none"
     add_gen = f.bool("add_generation_prompt", True) or bool(prefill)
     text = _render(ctx, messages, add_gen, tools if choice != "none" else None, thinking, kwargs) + prefill
+    step()                              # rendering a long chat took a while: the client may have left
     if media:
         from .vision_input import encode_prompt
         tokens, images = encode_prompt(vision, ctx.tokenizer, text, media)

@@ -13,6 +13,7 @@ from ..engine.tasks import CompletionTask, ErrorResult, FinalResult, GenParams, 
 from . import sse
 from .context import ServerContext, random_id
 from .errors import ApiError, bad_request
+from .prep_cancel import step
 from .schemas import Fields, gen_params, oai_stop, tokenize_prompts
 from .validate import MAX_GRAMMAR_BYTES, MAX_N_PROBS
 
@@ -166,6 +167,7 @@ def attach_grammar(ctx: ServerContext, body: dict, params: GenParams, after_thin
         raise bad_request(f"'{'grammar' if grammar else 'json_schema'}' is larger than {MAX_GRAMMAR_BYTES} bytes")
     if not grammar and schema is None:
         return params
+    step()                              # before compiling, the slowest step of a prep job
     try:
         return replace(params, grammar=ctx.engine.grammars.compile(grammar, schema, after_think))
     except GrammarError as e:

@@ -12,6 +12,7 @@ import os
 import secrets
 import string
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from .. import BUILD_NUMBER
 from ..chat import BuiltinTemplate, ChatTemplate, select_template
 from ..engine.scheduler import Engine, EngineConfig
 from ..params import Params, ServerParams
+from . import prep_cancel
 from .errors import ClientGone
 from .schemas import ServerDefaults
 from .worker import EngineBridge
@@ -55,14 +57,17 @@ class ServerContext:
     prep_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(PREP_THREADS, "llamacmp-prep"))
 
     async def prep(self, fn, *args, request=None):
-        """fn(*args) on the prep pool. With `request`: if its client leaves first, a job still queued never runs
-        (one already running finishes, unseen) and the handler ends with ClientGone."""
-        job = asyncio.get_running_loop().run_in_executor(self.prep_pool, functools.partial(fn, *args))
+        """fn(*args) on the prep pool. With `request`: if its client leaves first, a job still queued never runs, one
+        running stops at its next step (prep_cancel.step) and the handler ends with ClientGone."""
+        left = threading.Event()
+        job = asyncio.get_running_loop().run_in_executor(self.prep_pool,
+                                                         functools.partial(prep_cancel.run, left, fn, *args))
         while request is not None:
             done, _ = await asyncio.wait([job], timeout=0.25)
             if done:
                 break
             if await request.is_disconnected():
+                left.set()
                 job.cancel()
                 raise ClientGone()
         return await job

@@ -12,6 +12,7 @@ from typing import Any
 from ..engine.tasks import GenParams
 from ..sampling import SamplingParams, parse_sampler_letters, parse_sampler_names
 from .errors import bad_request
+from .prep_cancel import step
 from .validate import INT32, MAX_N_PROBS, MAX_STOP_CHARS, MAX_STOPS, ascii_int, finite_float, int_in_range, loads
 
 
@@ -156,7 +157,10 @@ def _is_token(x: Any) -> bool:
 def tokenize_prompts(prompt: Any, tokenizer, n_vocab: int) -> list[list[int]]:
     """A string, a token list, a mixed list, {"prompt_string": ...}, or a list of those (one result each)."""
     if isinstance(prompt, list) and prompt and not any(_is_token(x) for x in prompt):
-        out = [_subprompt(p, tokenizer, n_vocab) for p in prompt]
+        out = []
+        for p in prompt:
+            step()                      # a long list of prompts: stop between them if the client has left
+            out.append(_subprompt(p, tokenizer, n_vocab))
     else:
         out = [_subprompt(prompt, tokenizer, n_vocab)]
     if not out:

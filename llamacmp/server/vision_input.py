@@ -20,6 +20,7 @@ from pathlib import Path
 from ..vision.preprocess import ImageError
 from ..vision.prompt import MEDIA_MARKER, chunk_history, split_prompt
 from .errors import bad_request
+from .prep_cancel import step
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024         # per image, after base64 decoding
 NO_PROJECTOR = ("image input is not supported - hint: if this is unexpected, you may need to provide the mmproj")
@@ -95,6 +96,7 @@ def encode_prompt(vision, tokenizer, text: str, media: list[bytes]) -> tuple[lis
     Tokens are parsed with special tokens and the tokenizer's add_special, as the text-only path does."""
     embs = []
     for i, data in enumerate(media):
+        step()                          # decoding and resizing an image is the slow part: stop between them
         try:
             embs.append(vision.prepare_bytes(data))     # encoded later, on the engine thread (Slot.prefill)
         except ImageError as e:

@@ -2,7 +2,7 @@
 // the integer dot of each 32-value block on the tensor cores (mma.sync s8: m16n8k32 on sm_80+, four m8n8k16 on
 // sm_75; PER16 types take each 16-value half alone: m16n8k16 / two m8n8k16), then scaled and summed in fp32 with
 // the arithmetic of the DP4A GEMMs (matmul_q8.cu gemm2, matmul_quant.cu gemm_quant), in the same block order.
-// Tiles of 128 weight rows x 128 tokens, 8 warps of 64 x 32 outputs; codes staged in shared memory by cp.async
+// Tiles of 128 weight rows x 128 tokens, 16 warps of 32 x 32 outputs; codes staged in shared memory by cp.async
 // (sm_80+; plain loads on sm_75) in a ring of STAGES stages of 2 blocks, read into fragments with ldmatrix; the
 // scales go through registers, stored after the stage's math. compute_70 and older builds have no kernel body
 // here: gemm_mma refuses them (mma_int8_available).
@@ -18,10 +18,16 @@ constexpr int NT = 128;          // tokens per block
 constexpr int BK = 2;            // 32-value blocks per stage
 constexpr int KS = BK * 32 + 16; // bytes per staged row: 80 (16-byte aligned; the 8 rows of one ldmatrix phase
                                  // start in 8 distinct 16-byte bank groups, so no conflicts)
-constexpr int THREADS = 256;
+constexpr int WARPS_M = 4, WARPS_N = 4;            // warps along the rows and the tokens of a tile
+constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+constexpr int WTM = MT / WARPS_M, WTN = NT / WARPS_N;  // a warp's rows and tokens: 32 x 32
+constexpr int MI = WTM / 16, NI = WTN / 8;             // its m16 and n8 tiles
+constexpr int CODE_CHUNKS = MT * BK * 2;             // 16-byte chunks of one operand per stage
+constexpr int SCALE_ITEMS = 2 * MT * BK;             // (row, block) of W then (token, block) of x per stage
+constexpr int SCALE_PER_THREAD = SCALE_ITEMS / THREADS;
 constexpr int DEEP = 4;          // stages where the shared memory allows (sm_80+), else 2
-// One 16-byte code chunk per thread and operand twice per stage, one (row, block) of scales per thread.
-static_assert(MT == NT && THREADS == MT * BK && (MT * BK * 2) % THREADS == 0, "stage loads assume this shape");
+static_assert(MT == NT && CODE_CHUNKS % THREADS == 0 && SCALE_ITEMS % THREADS == 0 && NI % 2 == 0,
+              "stage loads and B fragments assume this shape");
 
 template <int SC, bool MIN>
 struct __align__(16) MmaStage {
@@ -100,9 +106,10 @@ __device__ __forceinline__ void cp_async_wait_pending() {
 #endif
 }
 
-// One thread's share of a stage's scales: row / token tid / 2, block tid % 2 of the stage.
-struct StageScales {
-    float ws0, ws1, wm0, wm1, xd, xs0, xs1;
+// One (row or token, block) of a stage's scales: a weight row's scale(s) and min halves, or a token's scale and
+// half sums.
+struct ScaleItem {
+    float a, b, c, d;
 };
 
 template <int SC, bool MIN, int STAGES>
@@ -112,7 +119,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
     extern __shared__ __align__(16) unsigned char mma_smem[];
     Stage* st = reinterpret_cast<Stage*>(mma_smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wr = (warp & 1) * 64, wt = (warp >> 1) * 32;  // the warp's first row and token in the tile
+    const int wr = (warp % WARPS_M) * WTM, wt = (warp / WARPS_M) * WTN;  // the warp's first row and token
     const int g = lane >> 2, tq = lane & 3;
     const int row0 = blockIdx.x * MT, tok0 = blockIdx.y * NT;
     const int nsub = op.n / 32, nh = op.n / 16, nk = (nsub + BK - 1) / BK;
@@ -120,7 +127,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
     // Codes of stage s: 128 rows x 64 bytes of W and of x, 16 bytes a copy, zeros past the ends.
     auto fetch_codes = [&](int s, Stage& b) {
 #pragma unroll
-        for (int c = tid; c < MT * BK * 2; c += THREADS) {
+        for (int c = tid; c < CODE_CHUNKS; c += THREADS) {
             const int r = c >> 2, q = c & 3, blk = s * BK + (q >> 1);
             const size_t col = (size_t)s * BK * 32 + q * 16;
             const bool okw = row0 + r < op.R && blk < nsub, okx = tok0 + r < op.T && blk < nsub;
@@ -128,53 +135,74 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
             copy16(reinterpret_cast<int*>(&b.x[r][q * 16]), op.xq + (okx ? (size_t)(tok0 + r) * op.n + col : 0), okx);
         }
     };
-    const int sr = tid >> 1, sk = tid & 1;
-    auto load_scales = [&](int s) {
-        StageScales v{};
-        const int blk = s * BK + sk;
-        const bool okw = row0 + sr < op.R && blk < nsub, okx = tok0 + sr < op.T && blk < nsub;
-        if (okw && SC == MMA_Q8) {
-            v.ws0 = __half2float(static_cast<const __half*>(op.ws)[(size_t)(row0 + sr) * nsub + blk]);
-        } else if (okw) {
-            const float2 s2 = reinterpret_cast<const float2*>(static_cast<const float*>(op.ws) +
-                                                              (size_t)(row0 + sr) * nh)[blk];
-            v.ws0 = s2.x;
-            v.ws1 = s2.y;
-        }
-        if (MIN && okw) {
-            const float2 m2 = reinterpret_cast<const float2*>(op.wm + (size_t)(row0 + sr) * nh)[blk];
-            v.wm0 = m2.x;
-            v.wm1 = m2.y;
-        }
-        if (okx) v.xd = op.xd[(size_t)(tok0 + sr) * nsub + blk];
-        if (MIN && okx) {
-            const float2 e2 = reinterpret_cast<const float2*>(op.xs + (size_t)(tok0 + sr) * nh)[blk];
-            v.xs0 = e2.x;
-            v.xs1 = e2.y;
+    // Scale item i: i < MT * BK a weight row's (r, k) = (i / BK, i % BK), else a token's.
+    auto load_item = [&](int s, int i) {
+        ScaleItem v{0.f, 0.f, 0.f, 0.f};
+        const bool w = i < MT * BK;
+        const int r = (w ? i : i - MT * BK) / BK, blk = s * BK + (i % BK);
+        if (blk >= nsub) return v;
+        if (w && row0 + r < op.R) {
+            const size_t row = (size_t)(row0 + r);
+            if (SC == MMA_Q8) {
+                v.a = __half2float(static_cast<const __half*>(op.ws)[row * nsub + blk]);
+            } else {
+                const float2 s2 = reinterpret_cast<const float2*>(static_cast<const float*>(op.ws) + row * nh)[blk];
+                v.a = s2.x;
+                v.b = s2.y;
+            }
+            if (MIN) {
+                const float2 m2 = reinterpret_cast<const float2*>(op.wm + row * nh)[blk];
+                v.c = m2.x;
+                v.d = m2.y;
+            }
+        } else if (!w && tok0 + r < op.T) {
+            const size_t tok = (size_t)(tok0 + r);
+            v.a = op.xd[tok * nsub + blk];
+            if (MIN) {
+                const float2 e2 = reinterpret_cast<const float2*>(op.xs + tok * nh)[blk];
+                v.b = e2.x;
+                v.c = e2.y;
+            }
         }
         return v;
     };
-    auto store_scales = [&](Stage& b, const StageScales& v) {
-        if (SC == MMA_PER16) {
-            b.ws[sr][2 * sk] = v.ws0;
-            b.ws[sr][2 * sk + 1] = v.ws1;
+    auto store_item = [&](Stage& b, int i, const ScaleItem& v) {
+        const bool w = i < MT * BK;
+        const int r = (w ? i : i - MT * BK) / BK, k = i % BK;
+        if (w) {
+            if (SC == MMA_PER16) {
+                b.ws[r][2 * k] = v.a;
+                b.ws[r][2 * k + 1] = v.b;
+            } else {
+                b.ws[r][k] = v.a;
+            }
+            if (MIN) {
+                b.wm[r][2 * k] = v.c;
+                b.wm[r][2 * k + 1] = v.d;
+            }
         } else {
-            b.ws[sr][sk] = v.ws0;
+            b.xd[r][k] = v.a;
+            if (MIN) {
+                b.xs[r][2 * k] = v.b;
+                b.xs[r][2 * k + 1] = v.c;
+            }
         }
-        if (MIN) {
-            b.wm[sr][2 * sk] = v.wm0;
-            b.wm[sr][2 * sk + 1] = v.wm1;
-            b.xs[sr][2 * sk] = v.xs0;
-            b.xs[sr][2 * sk + 1] = v.xs1;
-        }
-        b.xd[sr][sk] = v.xd;
+    };
+    using Scales = ScaleItem[SCALE_PER_THREAD];
+    auto load_scales = [&](int s, Scales& v) {
+#pragma unroll
+        for (int j = 0; j < SCALE_PER_THREAD; ++j) v[j] = load_item(s, tid + j * THREADS);
+    };
+    auto store_scales = [&](Stage& b, const Scales& v) {
+#pragma unroll
+        for (int j = 0; j < SCALE_PER_THREAD; ++j) store_item(b, tid + j * THREADS, v[j]);
     };
 
-    float acc[4][4][4];  // [row tile mi][token tile ni][fragment element]
+    float acc[MI][NI][4];  // [row tile mi][token tile ni][fragment element]
 #pragma unroll
-    for (int mi = 0; mi < 4; ++mi)
+    for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
+        for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
 
@@ -183,9 +211,9 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
     auto compute = [&](const Stage& b) {
 #pragma unroll
         for (int kb = 0; kb < BK; ++kb) {
-            uint32_t bf[4][2];  // [ni][bytes 0-15 / 16-31]
+            uint32_t bf[NI][2];  // [ni][bytes 0-15 / 16-31]
 #pragma unroll
-            for (int nj = 0; nj < 2; ++nj) {
+            for (int nj = 0; nj < NI / 2; ++nj) {
                 uint32_t r[4];
                 ldmatrix_x4(r, &b.x[wt + nj * 16 + (lane & 7) + ((lane >> 4) << 3)][kb * 32 + ((lane >> 3) & 1) * 16]);
                 bf[2 * nj][0] = r[0];
@@ -193,9 +221,9 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
                 bf[2 * nj + 1][0] = r[2];
                 bf[2 * nj + 1][1] = r[3];
             }
-            float sx[4][2], e0[4][2], e1[4][2];  // [ni][token 2t / 2t + 1]
+            float sx[NI][2], e0[NI][2], e1[NI][2];  // [ni][token 2t / 2t + 1]
 #pragma unroll
-            for (int ni = 0; ni < 4; ++ni)
+            for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
                     const int t = wt + ni * 8 + 2 * tq + j;
@@ -204,7 +232,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
                     e1[ni][j] = MIN ? b.xs[t][2 * kb + 1] : 0.f;
                 }
 #pragma unroll
-            for (int mi = 0; mi < 4; ++mi) {
+            for (int mi = 0; mi < MI; ++mi) {
                 uint32_t a[4];
                 ldmatrix_x4(a, &b.w[wr + mi * 16 + (lane & 15)][kb * 32 + (lane >> 4) * 16]);
                 float s0[2], s1[2], m0[2], m1[2];  // [row g / g + 8]
@@ -217,7 +245,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
                     m1[h] = MIN ? b.wm[r][2 * kb + 1] : 0.f;
                 }
 #pragma unroll
-                for (int ni = 0; ni < 4; ++ni) {
+                for (int ni = 0; ni < NI; ++ni) {
                     int d0[4], d1[4];
                     if (SC == MMA_PER16) {
                         mma_k16(d0, a[0], a[1], bf[ni][0]);
@@ -249,7 +277,9 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nk) {
             fetch_codes(s, st[s]);
-            store_scales(st[s], load_scales(s));
+            Scales v;
+            load_scales(s, v);
+            store_scales(st[s], v);
         }
         cp_async_commit();
     }
@@ -257,10 +287,10 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
         cp_async_wait_pending<STAGES - 2>();
         __syncthreads();
         const int f = kt + STAGES - 1;
-        StageScales v{};
+        Scales v;
         if (f < nk) {
             fetch_codes(f, st[f % STAGES]);
-            v = load_scales(f);
+            load_scales(f, v);
         }
         cp_async_commit();
         compute(st[kt % STAGES]);
@@ -268,9 +298,9 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
     }
 
 #pragma unroll
-    for (int mi = 0; mi < 4; ++mi)
+    for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
+        for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = row0 + wr + mi * 16 + g + 8 * (e >> 1), t = tok0 + wt + ni * 8 + 2 * tq + (e & 1);

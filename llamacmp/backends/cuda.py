@@ -302,7 +302,8 @@ class CudaBackend(Backend):
     @property
     def routes(self) -> _routes.Routes:
         """Which unit each op family runs on; matmul_prefill "mma" multiplies the quantized projections of more
-        than 16 tokens (Q8_0 and every expanded block type) with int8 mma.sync (matmul_mma.cu)."""
+        tokens than the GEMV takes (8 or 16; Q8_0 and every expanded block type) with int8 mma.sync
+        (matmul_mma.cu)."""
         return self._routes
 
     @routes.setter

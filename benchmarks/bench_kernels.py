@@ -3,6 +3,7 @@
 come from memory, not cache. Prints a table; `--json PATH` also writes the rows.
 
     python3 benchmarks/bench_kernels.py [--quick] [--matmul-only] [--json out.json]
+    python3 benchmarks/bench_kernels.py --gemm-routes dp4a mma [--json out.json]   (prefill GEMM per route only)
 
 The matmul table times each shape with the v1 kernels and the v2 ones (cmp_matmul_q8_ex) side by side; the
 producer table times the unfused op + quantize against the fused Q8 producers.
@@ -155,8 +156,16 @@ def main(argv=None) -> None:
     ap.add_argument("--gdn-only", action="store_true", help="only the GDN scan vs chunked rows and the argmax")
     ap.add_argument("--attention-only", action="store_true",
                     help="only the attention table (benchmarks/bench_attention.py: old vs new, per KV type)")
+    ap.add_argument("--gemm-routes", nargs="+", choices=tuple(GEMM_ROUTES), default=None,
+                    help="only: the prefill GEMM on the 9B shapes at T = 512 and 4096 with each of these routes "
+                         "(dp4a: the v2 DP4A GEMM, mma: the int8 tensor-core GEMM), TOPS and the ratio to the first")
     args = ap.parse_args(argv)
     be = CudaBackend()
+    if args.gemm_routes:
+        rows_out = []
+        bench_gemm_routes(be, args.gemm_routes, rows_out)
+        _write_json(args.json, rows_out)
+        return
     if args.attention_only:
         try:
             from benchmarks.bench_attention import run as bench_attention_rows
@@ -206,6 +215,30 @@ def main(argv=None) -> None:
         rows_out.append({"what": "attention", "n_kv": n_kv, "L": L, "ms": ms})
     bench_gdn_rows(be, rows_out)
     _write_json(args.json, rows_out)
+
+
+# cmp_matmul_q8_ex kernel bits of each prefill GEMM route (T > 16: the GEMM; the GEMV bits do not matter there)
+GEMM_ROUTES = {"dp4a": 3, "mma": 3 | 256}
+GEMM_SHAPES_9B = [("ffn up", 12288, 4096), ("ffn down", 4096, 12288), ("ssm_out", 4096, 4096)]
+
+
+def bench_gemm_routes(be: CudaBackend, routes: list[str], rows_out: list) -> None:
+    """The prefill GEMM (Q8_0 weights) per route: ms, TOPS (2 * rows * n * T per call), speed-up over routes[0]."""
+    print(f"device: {be.native.device_name()}   date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"{'gemm':<10} {'rows':>6} {'n':>6} {'T':>5} {'route':>6} {'ms':>8} {'TOPS':>7} {'vs ' + routes[0]:>8}")
+    for name, rows, n in GEMM_SHAPES_9B:
+        pool = WeightPool(be, rows, n)
+        for T in (512, 4096):
+            first = None
+            for route in routes:
+                ms = bench_matmul(be, pool, T, GEMM_ROUTES[route])
+                tops = 2.0 * rows * n * T / ms / 1e9
+                first = first or ms
+                print(f"{name:<10} {rows:>6} {n:>6} {T:>5} {route:>6} {ms:>8.3f} {tops:>7.1f} {first / ms:>7.2f}x",
+                      flush=True)
+                rows_out.append({"what": f"gemm {name}", "route": route, "rows": rows, "n": n, "T": T, "ms": ms,
+                                 "TOPS": tops})
+        del pool
 
 
 def bench_gdn_rows(be: CudaBackend, rows_out: list) -> None:

@@ -1,6 +1,6 @@
 """Whole-model prefill (ppN) and decode (tgN) on the CUDA backend, llama-bench style, on a qwen35 GGUF.
 
-    python3 benchmarks/bench_model.py MODEL.gguf [-p 512] [-n 128] [-r 2] [--make-9b]
+    python3 benchmarks/bench_model.py MODEL.gguf [-p 512] [-n 128] [-r 2] [--make-9b] [--prefill-routes dp4a mma]
 
 --make-9b writes MODEL.gguf first (random weights, the real 9B shapes, Q8_0, ~10 GB: run that only on the GPU
 machine) with the real Qwen3.5 vocabulary (248320 tokens and its merges, so that llama.cpp's llama-bench and
@@ -110,6 +110,9 @@ def main(argv=None) -> None:
                     help="only: ppN and greedy graph tgN with the old path (unfused ops, v1 kernels) against the new "
                          "(fused Q8 producers and residual epilogues, v2 GEMV/GEMM), then the v3 GEMV without and "
                          "with PDL, then exit")
+    ap.add_argument("--prefill-routes", nargs="+", choices=("dp4a", "mma"), default=None,
+                    help="only: ppN with each of these prefill GEMM routes (routes.Routes.matmul_prefill: the DP4A "
+                         "GEMM, or the int8 tensor-core GEMM), then exit")
     args = ap.parse_args(argv)
     if args.make_9b and not os.path.exists(args.model):
         t0 = time.time()
@@ -126,6 +129,9 @@ def main(argv=None) -> None:
     n_ctx = max(args.p + [args.n]) + args.n + 8
     if args.compare_kernels:
         compare_kernels(be, cfg, model, args.p, args.n, args.r, n_ctx, wb)
+        return
+    if args.prefill_routes:
+        compare_prefill_routes(be, cfg, model, args.p, args.r, n_ctx, args.prefill_routes)
         return
 
     # warm-up: a short prefill and a few decode steps
@@ -178,6 +184,23 @@ def main(argv=None) -> None:
     be.fuse_projections = True
     print(f"decode (graph, last row): {wb * tps / 1e9:.0f} GB/s of weights streamed; roofline at the measured copy rate "
           f"of 4252 GB/s: {4252e9 / wb:.0f} t/s")
+
+
+def compare_prefill_routes(be: CudaBackend, cfg, model, pp: list[int], reps: int, n_ctx: int,
+                           routes: list[str]) -> None:
+    """ppN of the same loaded model with each prefill GEMM route (a warm-up prefill per route first)."""
+    from dataclasses import replace
+    rng = np.random.default_rng(0)
+    print("| route | test | t/s | ms |")
+    print("| --- | --- | ---: | ---: |")
+    base = be.routes
+    for route in routes:
+        be.routes = replace(base, matmul_prefill=route)
+        time_prefill(be, cfg, model, min(pp), 1, n_ctx, rng)
+        for p in pp:
+            t = time_prefill(be, cfg, model, p, reps, n_ctx, rng)
+            print(f"| {route} | pp{p} | {p / t:.1f} | {1e3 * t:.1f} |", flush=True)
+    be.routes = base
 
 
 def compare_kernels(be: CudaBackend, cfg, model, pp: list[int], n: int, reps: int, n_ctx: int, wb: int) -> None:

@@ -105,8 +105,10 @@ int cmp_matmul_q8_multi(const int8_t* xq, const float* xd, int count, const int8
 // finishes; ignored elsewhere). CMP_MM_GEMV4: v1's warp-per-row GEMV loop with v2's arithmetic, T <= 16, v2's bits
 // (taken over v3 and v2 when set; CMP_MM_GEMV_PDL launches it with PDL too); CMP_MM_GEMV4_EAGER (with GEMV4): the
 // same kernel compiled to issue all of a lane's weight loads before the first DP4A (more registers; same bits).
+// CMP_MM_MMA: the GEMM (T above the GEMV's rows) on the tensor cores (matmul_mma.cu, int8 mma.sync; the "mma"
+// prefill route of issue 20), every T from there; refused where the device runs compute_70-or-older code.
 enum CmpMatmulKernels { CMP_MM_GEMV2 = 1, CMP_MM_GEMM2 = 2, CMP_MM_GEMV3 = 4, CMP_MM_GEMV_PDL = 8, CMP_MM_GEMV4 = 16,
-                        CMP_MM_GEMV4_EAGER = 32 };
+                        CMP_MM_GEMV4_EAGER = 32, CMP_MM_MMA = 256 };
 int cmp_matmul_q8_ex(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
                      float* const* y, const float* const* res, const int* rows, int T, int n, int kernels);
 // y [T, rows] = x [T, n] f32 . W [rows, n]^T, W f32 or f16 (w_dtype: CmpDtype), fp32 accumulation.
@@ -131,11 +133,21 @@ int cmp_quant_repack(int type, const uint8_t* blocks, void* body, void* head, in
 int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int count, const void* const* body,
                      const void* const* head, float* const* y, const float* const* res, const int* rows, int T, int n,
                      void* work, size_t work_bytes);
+// The same with a choice of GEMM: `kernels` 0 (the DP4A GEMM) or CMP_MM_MMA (the expanded weights times the
+// activations on the tensor cores, matmul_mma.cu); the GEMV (T <= 16) is the same either way.
+int cmp_matmul_quant_ex(int type, const int8_t* xq, const float* xd, int count, const void* const* body,
+                        const void* const* head, float* const* y, const float* const* res, const int* rows, int T,
+                        int n, void* work, size_t work_bytes, int kernels);
 // Workspace bytes cmp_matmul_quant needs to take a matrix of `rows` rows in one pass (0 for T <= 16).
 int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* bytes);
 // out [T, D] = dequantized rows table[ids[t]] (table: body, head as above; ids [T] int32 on the device); the values
 // of gguf.quants.dequantize exactly.
 int cmp_embed_quant(int type, const int32_t* ids, const void* body, const void* head, float* out, int T, int D);
+
+// ---- matmul_mma.cu -------------------------------------------------------------------------------------------
+// *yes = 1 where this library's code for the current device has the int8 tensor-core GEMM (compute_75+ code), which
+// CMP_MM_MMA and cmp_matmul_quant_ex's CMP_MM_MMA run on; 0 elsewhere (they refuse there).
+int cmp_mma_available(int* yes);
 
 // ---- elementwise.cu -------------------------------------------------------------------------------------------
 // out [T, D] = table[ids[t]]; Q8 table qs [N, D] int8 + d [N, D/32] f16; ids [T] int32 on the device.

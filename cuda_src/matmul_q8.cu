@@ -10,13 +10,13 @@
 //    v4 (CMP_MM_GEMV4, optionally CMP_MM_GEMV4_EAGER) = v1's GEMV loop with v2's arithmetic, T <= 16, v2's bits.
 //    Optional residual: y = res + x . W^T (the model's residual add fused into the projection's epilogue).
 //  - F32/F16 weights (fixture files): one tiled fp32 GEMM.
-// No tensor-core instruction anywhere (DP4A = IDP.4A in SASS).
+// No tensor-core instruction in this file (DP4A = IDP.4A in SASS); CMP_MM_MMA hands the GEMM to matmul_mma.cu.
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <utility>
 
-#include "common.cuh"
+#include "matmul_mma.cuh"
 
 namespace cmp {
 namespace {
@@ -808,7 +808,7 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
                 GEMV_MAX_MATS);
     CMP_REQUIRE(T >= 0 && n > 0 && n % QK == 0, "cmp_matmul_q8: bad shape T=%d n=%d (n a multiple of 32)", T, n);
     CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL | CMP_MM_GEMV4 |
-                             CMP_MM_GEMV4_EAGER)) == 0,
+                             CMP_MM_GEMV4_EAGER | CMP_MM_MMA)) == 0,
                 "cmp_matmul_q8_ex: unknown kernel bits 0x%x", kernels);
     for (int i = 0; i < count; ++i) CMP_REQUIRE(rows[i] > 0, "cmp_matmul_q8: matrix %d has %d rows", i, rows[i]);
     if (T == 0) return CMP_OK;
@@ -843,6 +843,14 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
         }
         static constexpr auto table = gemv_table(std::make_integer_sequence<int, GEMV_MAX_T>{});
         return table[T - 1](xq, xd, set, total, n);
+    }
+    if (kernels & CMP_MM_MMA) {
+        for (int i = 0; i < count; ++i) {
+            const MmaOperands op{xq, xd, nullptr, wq[i], wd[i], nullptr, res ? res[i] : nullptr, y[i], T, rows[i], n,
+                                 rows[i]};
+            CMP_TRY(gemm_mma(MMA_Q8, false, op));
+        }
+        return CMP_OK;
     }
     // The 128-token tile wastes most of its work below ~96 tokens; the 64x64 one fills the GPU better there.
     const bool big = (kernels & CMP_MM_GEMM2) && T >= GEMM2_MIN_T;

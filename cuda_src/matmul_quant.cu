@@ -11,9 +11,11 @@
 //    buffered shared memory as matmul_q8.cu's v2 GEMM) multiplies that form; the activation half sums times their
 //    scale come from a small kernel first.
 //  - Embedding rows: value = s * code - m per value, in fp32 with the rounding of gguf.quants' dequantize.
-// No tensor-core instruction anywhere (DP4A = IDP.4A in SASS).
+// No tensor-core instruction in this file (DP4A = IDP.4A in SASS); cmp_matmul_quant_ex's CMP_MM_MMA multiplies the
+// expanded weights on the tensor cores instead (matmul_mma.cu).
 #include <algorithm>
 
+#include "matmul_mma.cuh"
 #include "quant_blocks.cuh"
 
 namespace cmp {
@@ -405,7 +407,7 @@ GemmWork split_work(void* work, size_t bytes, int T, int n, int rows) {
 
 template <class Q>
 int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uint8_t* head, float* y, const float* res,
-               int rows, int T, int n, const GemmWork& g) {
+               int rows, int T, int n, const GemmWork& g, bool mma) {
     const int nb = n / Q::BV;
     constexpr int smem = 2 * sizeof(QStage);
     CMP_TRY(check_cuda(cudaFuncSetAttribute(gemm_quant_kernel<Q::PER16, Q::MIN>,
@@ -418,6 +420,11 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
                                                                      head + (size_t)r0 * nb * Q::HEAD, g.wq, g.ws,
                                                                      g.wm, R, n);
         CMP_TRY(check_launch("expand_kernel"));
+        if (mma) {
+            const MmaOperands op{xq, xd, g.xs, g.wq, g.ws, g.wm, res ? res + r0 : nullptr, y + r0, T, R, n, rows};
+            CMP_TRY(gemm_mma(Q::PER16 ? MMA_PER16 : MMA_PER32, Q::MIN, op));
+            continue;
+        }
         gemm_quant_kernel<Q::PER16, Q::MIN><<<dim3(ceil_div(R, QTILE), ceil_div(T, QTILE)), 256, smem, stream()>>>(
             xq, xd, g.xs, g.wq, g.ws, g.wm, res ? res + r0 : nullptr, y + r0, T, R, n, rows);
         CMP_TRY(check_launch("gemm_quant_kernel"));
@@ -428,7 +435,7 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
 template <class Q>
 int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
                  float* const* y, const float* const* res, const int* rows, int T, int n, void* work,
-                 size_t work_bytes) {
+                 size_t work_bytes, bool mma) {
     CMP_REQUIRE(n % Q::BV == 0, "cmp_matmul_quant: n=%d is not a multiple of the type's %d-value blocks", n, Q::BV);
     if (T <= QGEMV_MAX_T) {
         QuantSet set{};
@@ -456,7 +463,7 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
     }
     for (int i = 0; i < count; ++i)
         CMP_TRY(gemm_quant<Q>(xq, xd, static_cast<const uint8_t*>(body[i]), static_cast<const uint8_t*>(head[i]),
-                              y[i], res ? res[i] : nullptr, rows[i], T, n, g));
+                              y[i], res ? res[i] : nullptr, rows[i], T, n, g, mma));
     return CMP_OK;
 }
 
@@ -504,12 +511,20 @@ extern "C" int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* by
 extern "C" int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int count, const void* const* body,
                                 const void* const* head, float* const* y, const float* const* res, const int* rows,
                                 int T, int n, void* work, size_t work_bytes) {
+    return cmp_matmul_quant_ex(type, xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes, 0);
+}
+
+extern "C" int cmp_matmul_quant_ex(int type, const int8_t* xq, const float* xd, int count, const void* const* body,
+                                   const void* const* head, float* const* y, const float* const* res, const int* rows,
+                                   int T, int n, void* work, size_t work_bytes, int kernels) {
+    CMP_REQUIRE((kernels & ~CMP_MM_MMA) == 0, "cmp_matmul_quant_ex: unknown kernel bits 0x%x", kernels);
     CMP_REQUIRE(count >= 1 && count <= QMAX_MATS, "cmp_matmul_quant: %d matrices (1..%d)", count, QMAX_MATS);
     CMP_REQUIRE(T >= 0 && n > 0 && n % 32 == 0, "cmp_matmul_quant: bad shape T=%d n=%d", T, n);
     for (int i = 0; i < count; ++i) CMP_REQUIRE(rows[i] > 0, "cmp_matmul_quant: matrix %d has %d rows", i, rows[i]);
     return dispatch_quant(type, "cmp_matmul_quant", [&](auto q) -> int {
         if (T == 0) return (int)CMP_OK;
-        return matmul_quant<decltype(q)>(xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes);
+        return matmul_quant<decltype(q)>(xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes,
+                                         kernels & CMP_MM_MMA);
     });
 }
 

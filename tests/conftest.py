@@ -27,6 +27,20 @@ def fixture_gguf(tmp_path_factory, tiny_vocab):
     return make
 
 
+@pytest.fixture(params=["dp4a", "mma"])
+def gemm_backend(cuda_backend, request):
+    """cuda_backend with its prefill GEMM route (routes.Routes.matmul_prefill) set to each route in turn: the GEMM
+    tests run once per route against the same reference and tolerance. mma is skipped, saying why, only where the
+    device runs no int8 tensor-core code."""
+    from dataclasses import replace
+    be, saved = cuda_backend, cuda_backend.routes
+    if request.param == "mma" and not be.native.mma_available():
+        pytest.skip("the mma route needs compute capability 7.5+ code for this device (int8 mma.sync)")
+    be.routes = replace(saved, matmul_prefill=request.param)
+    yield be
+    be.routes = saved
+
+
 @pytest.fixture(scope="session")
 def cuda_backend():
     """One CudaBackend for the session, or a skip that says why there is none."""

@@ -15,6 +15,7 @@ from llamacmp.backends.base import StepBatch
 from llamacmp.backends.numpy_ref import NumpyBackend, quantize_q8_blocks
 from llamacmp.config import ModelConfig
 from llamacmp.gguf_file import Q8Tensor
+from llamacmp.lib._native import CMP_MM_MMA
 
 pytestmark = pytest.mark.cuda
 
@@ -42,15 +43,16 @@ MATMUL_SHAPES = [  # (T, rows, n): T covers the GEMV (<= 8) and the tiled GEMM, 
 
 
 @pytest.mark.parametrize("T,rows,n", MATMUL_SHAPES)
-def test_matmul_q8(cuda_backend, T, rows, n):
+def test_matmul_q8(gemm_backend, T, rows, n):
+    be = gemm_backend
     rng = np.random.default_rng(T * 1000 + rows)
     x = rng.standard_normal((T, n)).astype(np.float32) * rng.uniform(0.1, 10, (T, 1)).astype(np.float32)
     ws = [random_q8(rng, rows, n), random_q8(rng, rows + 2, n)]
     ref = REF.matmuls(x, [REF.upload_matrix(w) for w in ws])
-    poison(cuda_backend, (T, rows), (T, rows + 2))
-    got = cuda_backend.matmuls(up(cuda_backend, x), [cuda_backend.upload_matrix(w) for w in ws])
+    poison(be, (T, rows), (T, rows + 2))
+    got = be.matmuls(up(be, x), [be.upload_matrix(w) for w in ws])
     for g, r in zip(got, ref):
-        assert rel(cuda_backend.to_host(g), r) < Q8_TOL
+        assert rel(be.to_host(g), r) < Q8_TOL
 
 
 @pytest.mark.parametrize("T,n", [(1, 32), (3, 96), (17, 4096), (64, 1056)])
@@ -552,12 +554,15 @@ def _q8_set_case(be, rng, T: int, rows: int, n: int):
     return ref, mats, xq, xd
 
 
-@pytest.mark.parametrize("kernels", [0, 1, 2, 3])
+@pytest.mark.parametrize("kernels", [0, 1, 2, 3, CMP_MM_MMA, 3 | CMP_MM_MMA])
 @pytest.mark.parametrize("T,rows,n", Q8_EX_SHAPES)
 def test_matmul_q8_ex_kernels_and_residual(cuda_backend, kernels, T, rows, n):
-    """Every kernel generation (0 = v1, 1 = v2 GEMV, 2 = v2 GEMM, 3 = both) against numpy_ref, two to four
-    matrices in one call (the small ones ride with the big ones), with and without the residual epilogue."""
+    """Every kernel generation (0 = v1, 1 = v2 GEMV, 2 = v2 GEMM, 3 = both; CMP_MM_MMA: the tensor-core GEMM above
+    the GEMV's rows) against numpy_ref, two to four matrices in one call (the small ones ride with the big ones),
+    with and without the residual epilogue."""
     be = cuda_backend
+    if kernels & CMP_MM_MMA and not be.native.mma_available():
+        pytest.skip("CMP_MM_MMA needs compute capability 7.5+ code for this device (int8 mma.sync)")
     rng = np.random.default_rng(T * 7919 + rows + kernels)
     ref, mats, xq, xd = _q8_set_case(be, rng, T, rows, n)
     for g, r in zip(_q8_ex(be, xq, xd, mats, T, n, kernels), ref):
@@ -575,6 +580,63 @@ def test_matmul_q8_ex_rejects_unknown_kernel_bits(cuda_backend):
     xq, xd = be.quantize(up(be, np.ones((1, 32))))
     with pytest.raises(NativeError, match="unknown kernel bits"):
         _q8_ex(be, xq, xd, [m], 1, 32, 64)
+
+
+def test_routes_the_backend_lacks_are_refused_by_name(cuda_backend):
+    from llamacmp.backends.routes import Routes
+    be = cuda_backend
+    saved = be.routes
+    with pytest.raises(ValueError, match="no 'dp2a' route for matmul_prefill"):
+        be.routes = Routes(matmul_prefill="dp2a")
+    with pytest.raises(ValueError, match="no 'mma' route for attn_prefill"):
+        be.routes = Routes(attn_prefill="mma")
+    assert be.routes == saved
+
+
+def test_prefill_route_picks_the_gemm(gemm_backend, monkeypatch):
+    """The route reaches every projection entry point: Q8_0 (fused _q8_project and plain matmuls) and an expanded
+    type (Q4_K) carry CMP_MM_MMA exactly when the route is mma, and the results stay the reference's."""
+    from llamacmp.fixtures.quant_blocks import random_blocks
+    be = gemm_backend
+    calls = []
+    def spy(name, real):
+        def call(*args):
+            calls.append((name, args[-1]))   # the kernel bits
+            return real(*args)
+        return call
+
+    for name in ("cmp_matmul_q8_ex", "cmp_matmul_quant_ex"):
+        monkeypatch.setattr(be.native, name, spy(name, getattr(be.native, name)))
+    rng = np.random.default_rng(3)
+    T, n = 40, 256
+    x = rng.standard_normal((T, n)).astype(np.float32)
+    ws = [random_q8(rng, 65, n), random_blocks("Q4_K", 33, n, rng)]
+    q, d = quantize_q8_blocks(x)   # the device's Q8 activations, bit for bit (test_quantize_matches_reference)
+    xa = (q.reshape(T, -1, 32).astype(np.float64) * d.reshape(T, -1, 1)).reshape(T, n)
+    ref = [xa @ w.dequantize().astype(np.float64).T for w in ws]
+    mats = [be.upload_matrix(w) for w in ws]
+    got = be.matmuls(up(be, x), mats)
+    xq, xd = be.quantize(up(be, x))
+    got_fused = be._q8_project(xq, xd, mats)
+    for g, f, r in zip(got, got_fused, ref):
+        assert rel(be.to_host(g), r) < Q8_TOL and rel(be.to_host(f), r) < Q8_TOL
+    assert {c[0] for c in calls} == {"cmp_matmul_q8_ex", "cmp_matmul_quant_ex"} and len(calls) == 4
+    mma = be.routes.matmul_prefill == "mma"
+    assert all(bool(bits & CMP_MM_MMA) == mma for _, bits in calls), calls
+
+
+def test_mma_gemm_on_the_9b_shapes(cuda_backend):
+    """The tensor-core GEMM at full tile counts (a 9B projection's 4096 columns, 12288 rows, T = 512 in 4 token
+    tiles) against numpy_ref, with the residual epilogue."""
+    be = cuda_backend
+    if not be.native.mma_available():
+        pytest.skip("CMP_MM_MMA needs compute capability 7.5+ code for this device (int8 mma.sync)")
+    rng = np.random.default_rng(9)
+    ref, mats, xq, xd = _q8_set_case(be, rng, 512, 12288, 4096)
+    res = [rng.standard_normal(r.shape).astype(np.float32) for r in ref]
+    got = _q8_ex(be, xq, xd, mats, 512, 4096, 3 | CMP_MM_MMA, [up(be, r) for r in res])
+    for g, r, a in zip(got, ref, res):
+        assert rel(g, r + a) < Q8_TOL
 
 
 # v2 (1), v3 (4; with PDL 13), v4 (16; with PDL 24, its eager build 56): the batch-invariant GEMVs.

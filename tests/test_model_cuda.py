@@ -49,8 +49,11 @@ def models(fixture_gguf, cuda_backend):
 @pytest.mark.parametrize("shape", ["tiny", "small"])
 @pytest.mark.parametrize("dtype", ["f32", "q8_0"])
 @pytest.mark.parametrize("kv_type", ["f16", "f32"])
-def test_logits_match_numpy(models, shape, dtype, kv_type):
+def test_logits_match_numpy(models, gemm_backend, shape, dtype, kv_type):
+    """A 37-token prefill (the Q8 projections on the GEMM of each prefill route: gemm_backend is the backend the
+    models were loaded on) and one decode step, against numpy_ref."""
     ref, dev = models(shape, dtype)
+    assert dev.backend is gemm_backend
     ids = [int(i) for i in np.random.default_rng(11).integers(0, ref.cfg.n_vocab, 37)]
     s_r, s_d = ref.backend.new_state(ref.cfg, 64, kv_type), dev.backend.new_state(dev.cfg, 64, kv_type)
     lr = logits(ref, StepBatch.build([(s_r, ids)], all_logits=True))
@@ -205,6 +208,32 @@ def test_long_prefill_chunked_gdn_equals_scan(models, shape, dtype):
     assert rel(out[True][0], out[False][0]) < 1e-4
     for x, y in zip(out[True][1]["ssm"], out[False][1]["ssm"]):
         assert rel(x, y) < 1e-4
+
+
+@pytest.mark.parametrize("shape,dtype", [("tiny", "q8_0")])
+def test_mma_route_equals_the_dp4a_route(models, shape, dtype):
+    """A 100-token prefill and 3 decode steps with the prefill GEMM on the tensor cores against the DP4A GEMM: the
+    same integer block dots and the same fp32 expression in the same block order, so fp32 rounding at most (1e-3
+    as in the test below leaves room for a different contraction by the compiler)."""
+    from dataclasses import replace
+    _, dev = models(shape, dtype)
+    be, cfg = dev.backend, dev.cfg
+    if not be.native.mma_available():
+        pytest.skip("the mma route needs compute capability 7.5+ code for this device (int8 mma.sync)")
+    ids = [int(i) for i in np.random.default_rng(22).integers(0, cfg.n_vocab, 100)]
+
+    def run(route):
+        saved = be.routes
+        be.routes = replace(saved, matmul_prefill=route)
+        try:
+            st = be.new_state(cfg, 128)
+            out = [logits(dev, StepBatch.build([(st, ids)], all_logits=True))]
+            return out + [logits(dev, StepBatch.build([(st, [t])])) for t in (3, 1, 4)]
+        finally:
+            be.routes = saved
+
+    for a, b in zip(run("mma"), run("dp4a")):
+        assert rel(a, b) < 1e-3
 
 
 @pytest.mark.parametrize("shape,dtype", [("tiny", "q8_0")])

@@ -1,7 +1,11 @@
-"""The default kernels use no tensor-core instruction: the SASS of libcmpkern.so holds no HMMA, IMMA, HGMMA or
-QGMMA (nor the PTX any mma/wmma/wgmma), and it does hold DP4A (IDP.4A). Runs without a GPU: cuobjdump comes from
-the PyPI package nvidia-cuda-cuobjdump (with nvidia-cuda-nvdisasm for -sass), triton's bundled copy, or PATH."""
+"""Tensor-core instructions live only in the kernels of the "mma" prefill route (issue 20: matmul_mma.cu's
+gemm_mma_kernel); every kernel of the default route (routes.DEFAULT: DP4A, FP32) has no HMMA, IMMA, HGMMA or QGMMA
+in its SASS (nor mma/wmma/wgmma in its PTX), and the Q8 kernels do hold DP4A (IDP.4A). Runs without a GPU:
+cuobjdump comes from the PyPI package nvidia-cuda-cuobjdump (with nvidia-cuda-nvdisasm for -sass), triton's bundled
+copy, or PATH."""
 from __future__ import annotations
+
+import re
 
 import pytest
 from sass_tools import TENSOR_CORE_PTX, TENSOR_CORE_SASS, cuobjdump_candidates, run_cuobjdump
@@ -26,21 +30,67 @@ def tool_and_lib():
     return tool, lib
 
 
-def test_sass_has_no_tensor_core_instructions(tool_and_lib):
+MMA_KERNEL = "gemm_mma_kernel"   # the mma route's kernels (matmul_mma.cu); every other kernel is the DP4A/FP32 route's
+
+
+def _sass_functions(sass: str) -> dict[str, str]:
+    """cuobjdump -sass -> {function name: its SASS} (over every architecture in the file: bodies concatenated)."""
+    out: dict[str, str] = {}
+    for f in sass.split("Function : ")[1:]:
+        name, body = f.split("\n", 1)
+        out[name.strip()] = out.get(name.strip(), "") + body
+    return out
+
+
+def _ptx_entries(ptx: str) -> dict[str, str]:
+    """cuobjdump -ptx -> {entry name: its PTX up to the next entry}."""
+    marks = list(re.finditer(r"\.entry\s+(\w+)\s*\(", ptx))
+    return {m.group(1): ptx[m.end():(marks[i + 1].start() if i + 1 < len(marks) else len(ptx))]
+            for i, m in enumerate(marks)}
+
+
+def test_sass_tensor_cores_only_in_the_mma_route(tool_and_lib):
     tool, lib = tool_and_lib
     sass = _dump(tool, "-sass", lib)
-    assert "Function" in sass or "function" in sass, "cuobjdump printed no SASS"
-    hits = sorted(set(TENSOR_CORE_SASS.findall(sass)))
-    assert not hits, f"tensor-core instructions in the SASS: {hits}"
+    funcs = _sass_functions(sass)
+    assert len(funcs) > 50, "cuobjdump printed no SASS functions"
+    hits = {n: sorted(set(TENSOR_CORE_SASS.findall(b))) for n, b in funcs.items() if MMA_KERNEL not in n}
+    hits = {n: h for n, h in hits.items() if h}
+    assert not hits, f"tensor-core instructions outside the mma route's kernels: {sorted(hits.items())[:3]}"
     assert "IDP.4A" in sass, "no DP4A (IDP.4A) in the SASS: the Q8 kernels are not using it"
 
 
-def test_ptx_has_no_mma(tool_and_lib):
+def test_mma_kernels_use_int8_tensor_cores(tool_and_lib):
+    """Every instantiation of the mma route's GEMM (5 weight forms x 2 stage counts) multiplies with IMMA and has no
+    DP4A; in a library with SASS for sm_70 and older only (tools/build_sm70.sh) the kernels are empty (the route is
+    refused there at run time), so they hold no tensor-core instruction either."""
+    tool, lib = tool_and_lib
+    sass = _dump(tool, "-sass", lib)
+    mma = {n: b for n, b in _sass_functions(sass).items() if MMA_KERNEL in n}
+    assert len(mma) >= 10, f"{len(mma)} {MMA_KERNEL} instantiations in the SASS"
+    archs = {int(a) for a in re.findall(r"code for sm_(\d+)", sass)}
+    assert archs, "cuobjdump -sass named no architecture"
+    if max(archs) < 75:
+        hits = sorted({h for b in mma.values() for h in TENSOR_CORE_SASS.findall(b)})
+        assert not hits, f"tensor-core instructions in an sm_{max(archs)} build: {hits}"
+        return
+    lacking = [n for n, b in mma.items() if "IMMA" not in b or "IDP.4A" in b]
+    assert not lacking, f"{MMA_KERNEL} without IMMA or with DP4A: {lacking[:3]}"
+
+
+def test_ptx_mma_only_in_the_mma_route(tool_and_lib):
     tool, lib = tool_and_lib
     ptx = _dump(tool, "-ptx", lib)
-    assert ".target sm_" in ptx and ".entry" in ptx, "cuobjdump -ptx printed no PTX: nothing was checked"
-    hits = sorted(set(TENSOR_CORE_PTX.findall(ptx)))
-    assert not hits, f"matrix instructions in the PTX: {hits}"
+    entries = _ptx_entries(ptx)
+    assert len(entries) > 50, "cuobjdump -ptx printed no PTX entries: nothing was checked"
+    hits = {n: sorted(set(TENSOR_CORE_PTX.findall(b))) for n, b in entries.items() if MMA_KERNEL not in n}
+    hits = {n: h for n, h in hits.items() if h}
+    assert not hits, f"matrix instructions outside the mma route's kernels: {sorted(hits.items())[:3]}"
+    targets = [int(t) for t in re.findall(r"\.target sm_(\d+)", ptx)]
+    mma = [b for n, b in entries.items() if MMA_KERNEL in n]
+    assert mma and targets, "no mma-route entries or no .target in the PTX"
+    # compute_75+ PTX multiplies with mma.sync; compute_70 and older PTX has the kernels empty (refused at run time)
+    assert all(("mma.sync" in b) == (max(targets) >= 75) for b in mma)
 
 
 # The kernels of the block-quantized types (matmul_quant.cu): every instantiation is present and multiplies by DP4A.

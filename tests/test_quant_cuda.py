@@ -42,9 +42,10 @@ def inputs(seed: int, T: int, n: int) -> np.ndarray:
 
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("T", [1, 2, 3, 8, 16, 17, 100, 513])
-def test_matmul(cuda_backend, type_name, T):
-    """GEMV (T <= 16) and GEMM: two matrices of odd row counts in one call; n of 17 blocks (a lane's loop runs past
-    one round of loads) or, for the GEMM sizes, 3 blocks of the 256-value types."""
+def test_matmul(gemm_backend, type_name, T):
+    """GEMV (T <= 16) and GEMM (each prefill route): two matrices of odd row counts in one call; n of 17 blocks (a
+    lane's loop runs past one round of loads) or, for the GEMM sizes, 3 blocks of the 256-value types."""
+    cuda_backend = gemm_backend
     rng = np.random.default_rng(T)
     n = cols_for(type_name, 17 if T <= 16 or QUANT_BLOCKS[type_name][0] == 32 else 3)
     ws = [random_blocks(type_name, r, n, rng) for r in (37, 130)]
@@ -57,14 +58,14 @@ def test_matmul(cuda_backend, type_name, T):
 
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("T", [1, 16, 100])
-def test_residual_multi(cuda_backend, type_name, T):
+def test_residual_multi(gemm_backend, type_name, T):
     """Three matrices of one type in one launch, each with its residual added in the epilogue."""
     rng = np.random.default_rng(100 + T)
     n = cols_for(type_name, 2)
     ws = [random_blocks(type_name, r, n, rng) for r in (1, 33, 65)]
     x = inputs(T, T, n)
     res = [rng.standard_normal((T, w.shape[0])).astype(np.float32) for w in ws]
-    be = cuda_backend
+    be = gemm_backend
     xq, xd = be.quantize(up(be, x))
     got = be._q8_project(xq, xd, [be.upload_matrix(w) for w in ws], [up(be, r) for r in res])
     for g, w, r in zip(got, ws, res):
@@ -72,9 +73,10 @@ def test_residual_multi(cuda_backend, type_name, T):
 
 
 @pytest.mark.parametrize("type_name", TYPES)
-def test_gemm_row_chunks(cuda_backend, type_name, monkeypatch):
+def test_gemm_row_chunks(gemm_backend, type_name, monkeypatch):
     """A workspace smaller than the matrix: the GEMM expands and multiplies 128 rows at a time (300 rows: three
     chunks, the last partial)."""
+    cuda_backend = gemm_backend
     monkeypatch.setattr(cuda_backend, "QUANT_WORK_BYTES", 1)
     rng = np.random.default_rng(5)
     n = cols_for(type_name, 2)
@@ -143,3 +145,6 @@ def test_bad_calls(cuda_backend):
     with pytest.raises(NativeError, match="workspace of 0 bytes is too small"):
         nat.cmp_matmul_quant(w.type_id, xq.ptr, xd.ptr, 1, P(w.body.ptr), P(0), P(y.ptr), None,
                              (ctypes.c_int * 1)(4), 32, 256, 0, 0)
+    with pytest.raises(NativeError, match="unknown kernel bits 0x2"):
+        nat.cmp_matmul_quant_ex(w.type_id, xq.ptr, xd.ptr, 1, P(w.body.ptr), P(0), P(y.ptr), None,
+                                (ctypes.c_int * 1)(4), 32, 256, 0, 0, 2)

@@ -1,4 +1,5 @@
-"""The CUDA backend: every op of base.Backend on libcmpkern.so kernels (DP4A / FP32 / HFMA2, no tensor cores).
+"""The CUDA backend: every op of base.Backend on libcmpkern.so kernels (DP4A / FP32 / HFMA2; tensor cores only on
+the "mma" prefill route of `routes.Routes`, the int8 mma.sync GEMM of matmul_mma.cu).
 
 Tensors live in one arena per device (`DeviceArena`): device memory taken in large chunks up to a cap fixed when
 the backend is made, and handed out through per-size free lists, so the repeated shapes of a forward pass reuse
@@ -23,10 +24,11 @@ from ..lib._native import (CMP_ERR_NOMEM, CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32,
                            cuda_available)
 from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM2, CMP_MM_GEMV2
 from ..lib._native import CMP_MM_GEMV3, CMP_MM_GEMV_PDL
-from ..lib._native import CMP_MM_GEMV4, CMP_MM_GEMV4_EAGER
+from ..lib._native import CMP_MM_GEMV4, CMP_MM_GEMV4_EAGER, CMP_MM_MMA
 from ..lib._native import CMP_KV_TYPES, CMP_QUANT_TYPES
 from .. import kv_layout
 from .arena_sizes import size_class as _size_class
+from . import routes as _routes
 from .base import Backend, Segment, SeqState, StepBatch
 
 __all__ = ["CudaBackend", "CapturedStep", "DeviceTensor", "DeviceArena", "DeviceMemoryError", "QuantMatrix",
@@ -226,7 +228,7 @@ class CudaBackend(Backend):
 
     def __init__(self, device: int = 0, arena_bytes: int | None = None, native: Native | None = None,
                  fuse_projections: bool = True, gdn_chunked: bool = True, fuse_ops: bool = True,
-                 gemv_v2: bool = True, gemm_v2: bool = True):
+                 gemv_v2: bool = True, gemm_v2: bool = True, routes: _routes.Routes = _routes.DEFAULT):
         """arena_bytes: the most device memory this backend may take (default: what is free now, less 512 MiB).
         fuse_projections: Q8 projections of one input share one launch (off only to measure what it saves).
         gdn_chunked: prefill segments of >= GDN_CHUNK tokens use the chunked WY/UT delta-rule kernel (off: the
@@ -235,7 +237,9 @@ class CudaBackend(Backend):
         activations directly, residual adds in the projections' epilogue); off: the unfused kernels.
         gemv_v2, gemm_v2: the fused ops' projections use the v2 GEMV (T <= 16, batch invariant) and the 128x128
         GEMM (T >= 96) of matmul_q8.cu; off: the v1 kernels. All three are attributes that may be flipped later
-        (benchmarks compare old and new; a faulty kernel can be switched off)."""
+        (benchmarks compare old and new; a faulty kernel can be switched off).
+        routes: the unit each op family runs on (routes.Routes; an attribute that may be set later); a route this
+        backend or this device cannot run is refused, naming it."""
         self.fuse_projections = fuse_projections
         self.gdn_chunked = gdn_chunked
         # v2 attention (cmp_attn_prefill / cmp_attn_decode, every KV type); False: the round-1 kernels (f16/f32
@@ -259,6 +263,7 @@ class CudaBackend(Backend):
         self.native = native or Native()
         self.native.cmp_init(device)
         self.device = device
+        self.routes = routes
         self.launch_pdl = True
         free, _total = self.native.mem_info()
         self.arena = DeviceArena(self.native, arena_bytes if arena_bytes is not None else max(free - 512 * _MIB, 0))
@@ -289,6 +294,32 @@ class CudaBackend(Backend):
         t = self.empty(shape, dtype, what)
         self.native.cmp_memset(t.ptr, 0, t.nbytes)
         return t
+
+    # The routes this backend has kernels for, per Routes field (issue 20; the others are refused, not ignored).
+    ROUTES_BUILT = {"matmul_prefill": ("dp4a", "mma"), "matmul_decode": ("dp4a",), "attn_prefill": ("fp32",),
+                    "attn_decode": ("fp32",)}
+
+    @property
+    def routes(self) -> _routes.Routes:
+        """Which unit each op family runs on; matmul_prefill "mma" multiplies the quantized projections of more
+        tokens than the GEMV takes (8 or 16; Q8_0 and every expanded block type) with int8 mma.sync
+        (matmul_mma.cu)."""
+        return self._routes
+
+    @routes.setter
+    def routes(self, r: _routes.Routes) -> None:
+        for field, built in self.ROUTES_BUILT.items():
+            if getattr(r, field) not in built:
+                raise ValueError(f"the CUDA backend has no {getattr(r, field)!r} route for {field} (built: "
+                                 f"{', '.join(built)})")
+        if r.matmul_prefill == "mma" and not self.native.mma_available():
+            raise ValueError(f"the mma route for matmul_prefill needs int8 tensor cores (compute capability 7.5+) "
+                             f"and this library's code for them; device {self.device} runs none (use dp4a)")
+        self._routes = r
+
+    def _gemm_route_bits(self) -> int:
+        """The CmpMatmulKernels bit of the prefill GEMM route (0: DP4A)."""
+        return CMP_MM_MMA if self._routes.matmul_prefill == "mma" else 0
 
     @property
     def launch_pdl(self) -> bool:
@@ -489,6 +520,7 @@ class CudaBackend(Backend):
         if self.gemv_v2 and self.gemv_v4:
             kernels |= CMP_MM_GEMV4 | (CMP_MM_GEMV_PDL if self.gemv_pdl else 0)
             kernels |= CMP_MM_GEMV4_EAGER if self.gemv_v4_eager else 0
+        kernels |= self._gemm_route_bits()
         # A captured decode step launches at most as many rows as the GEMV takes: it computes each row in the
         # single-row order (v2: guaranteed, matmul_q8.cu), so a sequence's logits do not depend on the others.
         step = max(1, min(T, self.GEMV2_MAX_ROWS if self.gemv_v2 else 8)) if self.capturing else max(T, 1)
@@ -530,10 +562,10 @@ class CudaBackend(Backend):
                              self.native.quant_work_bytes(tid, tn, n, 1))
             work_t = self.empty((work_bytes,), "u8", f"the {ws[0].type_name} GEMM workspace")
             work = work_t.ptr
-        self.native.cmp_matmul_quant(
+        self.native.cmp_matmul_quant_ex(
             tid, xq.row_ptr(t0), xd.row_ptr(t0), k, (ctypes.c_void_p * k)(*(w.body.ptr for w in ws)),
             (ctypes.c_void_p * k)(*(w.head_ptr for w in ws)), (ctypes.c_void_p * k)(*(o.row_ptr(t0) for o in outs)),
-            res, (ctypes.c_int * k)(*(w.shape[0] for w in ws)), tn, n, work, work_bytes)
+            res, (ctypes.c_int * k)(*(w.shape[0] for w in ws)), tn, n, work, work_bytes, self._gemm_route_bits())
 
     def _q8_buffers(self, T: int, n: int) -> tuple[DeviceTensor, DeviceTensor]:
         return self.empty((T, n), "i8"), self.empty((T, n // Q8_0_BLOCK), "f32")
@@ -600,12 +632,12 @@ class CudaBackend(Backend):
                 k = len(idx)
                 for t0 in range(0, T, step):
                     tn = min(step, T - t0)
-                    self.native.cmp_matmul_q8_multi(
+                    self.native.cmp_matmul_q8_ex(   # kernels 0: cmp_matmul_q8_multi's v1 kernels
                         xq.row_ptr(t0), xd.row_ptr(t0), k,
                         (ctypes.c_void_p * k)(*(ws[i].qs.ptr for i in idx)),
                         (ctypes.c_void_p * k)(*(ws[i].d.ptr for i in idx)),
-                        (ctypes.c_void_p * k)(*(outs[i].row_ptr(t0) for i in idx)),
-                        (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)), tn, n)
+                        (ctypes.c_void_p * k)(*(outs[i].row_ptr(t0) for i in idx)), None,
+                        (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)), tn, n, self._gemm_route_bits())
         # Dense (f32 / f16) weights: cmp_matmul_dense's GEMV takes up to DENSE_GEMV_MAX_ROWS rows, each summed alone;
         # a captured decode step stays within it for the same batch invariance as the Q8 path above.
         dense_step = max(1, min(T, self.DENSE_GEMV_MAX_ROWS) if self.capturing else T)

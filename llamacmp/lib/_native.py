@@ -74,6 +74,12 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                          "int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int count, "
                          "const void* const* body, const void* const* head, float* const* y, const float* const* res, "
                          "const int* rows, int T, int n, void* work, size_t work_bytes)"),
+    "cmp_matmul_quant_ex": ((_i, _p, _p, _i, _p, _p, _p, _p, _p, _i, _i, _p, _sz, _i),
+                            "int cmp_matmul_quant_ex(int type, const int8_t* xq, const float* xd, int count, "
+                            "const void* const* body, const void* const* head, float* const* y, "
+                            "const float* const* res, const int* rows, int T, int n, void* work, size_t work_bytes, "
+                            "int kernels)"),
+    "cmp_mma_available": ((_p,), "int cmp_mma_available(int* yes)"),
     "cmp_quant_work_bytes": ((_i, _i, _i, _i, _p),
                              "int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* bytes)"),
     "cmp_embed_quant": ((_i, _p, _p, _p, _p, _i, _i),
@@ -194,6 +200,7 @@ CMP_MM_GEMV2, CMP_MM_GEMM2 = 1, 2   # cmp_matmul_q8_ex kernel choices (api.h Cmp
 CMP_MM_GEMV3, CMP_MM_GEMV_PDL = 4, 8   # the same: persistent pipelined GEMV, and its PDL launch (sm_90+)
 CMP_MM_GEMV4 = 16   # the same: v1's warp-per-row GEMV loop with v2's arithmetic (v2's bits, T <= 16)
 CMP_MM_GEMV4_EAGER = 32   # with GEMV4: compiled to issue all of a lane's weight loads before the first DP4A
+CMP_MM_MMA = 256   # the GEMM on the tensor cores (matmul_mma.cu, int8 mma.sync); cmp_matmul_quant_ex takes it too
 # api.h CmpQuantType: the block types other than Q8_0 by GGUF type name (the ggml type ids)
 CMP_QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13,
                    "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23}
@@ -277,6 +284,13 @@ class Native:
         b = ctypes.c_size_t(0)
         self.cmp_quant_work_bytes(type_id, T, n, rows, ctypes.byref(b))
         return b.value
+
+    def mma_available(self) -> bool:
+        """cmp_mma_available: whether the current device runs this library's int8 tensor-core GEMM (compute_75+
+        code)."""
+        yes = ctypes.c_int(0)
+        self.cmp_mma_available(ctypes.byref(yes))
+        return bool(yes.value)
 
     def malloc(self, nbytes: int) -> int:
         p = ctypes.c_void_p(0)

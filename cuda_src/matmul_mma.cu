@@ -1,0 +1,386 @@
+// The tensor-core route of the prefill projections (issue 20): y [T, R] = x [T, n] . W [R, n]^T over int8 codes,
+// the integer dot of each 32-value block on the tensor cores (mma.sync s8: m16n8k32 on sm_80+, four m8n8k16 on
+// sm_75; PER16 types take each 16-value half alone: m16n8k16 / two m8n8k16), then scaled and summed in fp32 with
+// the arithmetic of the DP4A GEMMs (matmul_q8.cu gemm2, matmul_quant.cu gemm_quant), in the same block order.
+// Tiles of 128 weight rows x 128 tokens, 16 warps of 32 x 32 outputs; codes staged in shared memory by cp.async
+// (sm_80+; plain loads on sm_75) in a ring of STAGES stages of 2 blocks, read into fragments with ldmatrix; the
+// scales go through registers, stored after the stage's math. compute_70 and older builds have no kernel body
+// here: gemm_mma refuses them (mma_int8_available).
+#include <atomic>
+
+#include "matmul_mma.cuh"
+
+namespace cmp {
+namespace {
+
+constexpr int MT = 128;          // weight rows per block
+constexpr int NT = 128;          // tokens per block
+constexpr int BK = 2;            // 32-value blocks per stage
+constexpr int KS = BK * 32 + 16; // bytes per staged row: 80 (16-byte aligned; the 8 rows of one ldmatrix phase
+                                 // start in 8 distinct 16-byte bank groups, so no conflicts)
+constexpr int WARPS_M = 4, WARPS_N = 4;            // warps along the rows and the tokens of a tile
+constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+constexpr int WTM = MT / WARPS_M, WTN = NT / WARPS_N;  // a warp's rows and tokens: 32 x 32
+constexpr int MI = WTM / 16, NI = WTN / 8;             // its m16 and n8 tiles
+constexpr int CODE_CHUNKS = MT * BK * 2;             // 16-byte chunks of one operand per stage
+constexpr int SCALE_ITEMS = 2 * MT * BK;             // (row, block) of W then (token, block) of x per stage
+constexpr int SCALE_PER_THREAD = SCALE_ITEMS / THREADS;
+constexpr int DEEP = 4;          // stages where the shared memory allows (sm_80+), else 2
+static_assert(MT == NT && CODE_CHUNKS % THREADS == 0 && SCALE_ITEMS % THREADS == 0 && NI % 2 == 0,
+              "stage loads and B fragments assume this shape");
+
+template <int SC, bool MIN>
+struct __align__(16) MmaStage {
+    int8_t w[MT][KS];
+    int8_t x[NT][KS];
+    float ws[MT][SC == MMA_PER16 ? 2 * BK : BK];   // weight scale per block (per half for PER16)
+    float wm[MIN ? MT : 1][2 * BK];                // weight min per half
+    float xd[NT][BK];                              // activation scale per block
+    float xs[MIN ? NT : 1][2 * BK];                // activation half sum times scale
+};
+
+// An int of magnitude < 2^22 as float, exactly (as dot_to_f32 / i2f of the DP4A GEMMs: no quarter-rate I2F).
+__device__ __forceinline__ float i2f(int s) { return __int_as_float(0x4B400000 + s) - 12582912.f; }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+// Four 8x8 b16 matrices from shared memory: lanes 8i..8i+7 give the row addresses of matrix i, which lands in r[i]
+// (lane l holds row l/4, bytes 4(l%4)..+3 of each).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+#if __CUDA_ARCH__ < 800
+// sm_75: d (row g, tokens 2t, 2t+1) += a (row g, k 4t..4t+3) . b (token g, k 4t..4t+3), 8x8x16.
+__device__ __forceinline__ void mma8(int& d0, int& d1, uint32_t a, uint32_t b) {
+    asm("mma.sync.aligned.m8n8k16.row.col.s32.s8.s8.s32 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+        : "+r"(d0), "+r"(d1)
+        : "r"(a), "r"(b));
+}
+#endif
+
+// d [16 rows x 8 tokens] = a [16 x 32] . b [32 x 8] from zero, in the m16n8k32 fragment layouts: a = ldmatrix of
+// rows 0-7 / 8-15 x bytes 0-15 / 16-31 (a[0] a[1] a[2] a[3]), b = tokens x bytes 0-15 / 16-31; d[0..1] row g,
+// d[2..3] row g + 8, tokens 2t, 2t + 1 (g = lane / 4, t = lane % 4).
+__device__ __forceinline__ void mma_k32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+#else
+    d[0] = d[1] = d[2] = d[3] = 0;
+    mma8(d[0], d[1], a[0], b0);
+    mma8(d[0], d[1], a[2], b1);
+    mma8(d[2], d[3], a[1], b0);
+    mma8(d[2], d[3], a[3], b1);
+#endif
+}
+
+// The same over one 16-value half: a0 = rows 0-7, a1 = rows 8-15 of the half's bytes, b = its tokens' bytes.
+__device__ __forceinline__ void mma_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b), "r"(0));
+#else
+    d[0] = d[1] = d[2] = d[3] = 0;
+    mma8(d[0], d[1], a0, b);
+    mma8(d[2], d[3], a1, b);
+#endif
+}
+#endif  // __CUDA_ARCH__ >= 750
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// Wait until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_pending() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// One (row or token, block) of a stage's scales: a weight row's scale(s) and min halves, or a token's scale and
+// half sums.
+struct ScaleItem {
+    float a, b, c, d;
+};
+
+template <int SC, bool MIN, int STAGES>
+__global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands op) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+    using Stage = MmaStage<SC, MIN>;
+    extern __shared__ __align__(16) unsigned char mma_smem[];
+    Stage* st = reinterpret_cast<Stage*>(mma_smem);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wr = (warp % WARPS_M) * WTM, wt = (warp / WARPS_M) * WTN;  // the warp's first row and token
+    const int g = lane >> 2, tq = lane & 3;
+    const int row0 = blockIdx.x * MT, tok0 = blockIdx.y * NT;
+    const int nsub = op.n / 32, nh = op.n / 16, nk = (nsub + BK - 1) / BK;
+
+    // Codes of stage s: 128 rows x 64 bytes of W and of x, 16 bytes a copy, zeros past the ends.
+    auto fetch_codes = [&](int s, Stage& b) {
+#pragma unroll
+        for (int c = tid; c < CODE_CHUNKS; c += THREADS) {
+            const int r = c >> 2, q = c & 3, blk = s * BK + (q >> 1);
+            const size_t col = (size_t)s * BK * 32 + q * 16;
+            const bool okw = row0 + r < op.R && blk < nsub, okx = tok0 + r < op.T && blk < nsub;
+            copy16(reinterpret_cast<int*>(&b.w[r][q * 16]), op.wq + (okw ? (size_t)(row0 + r) * op.n + col : 0), okw);
+            copy16(reinterpret_cast<int*>(&b.x[r][q * 16]), op.xq + (okx ? (size_t)(tok0 + r) * op.n + col : 0), okx);
+        }
+    };
+    // Scale item i: i < MT * BK a weight row's (r, k) = (i / BK, i % BK), else a token's.
+    auto load_item = [&](int s, int i) {
+        ScaleItem v{0.f, 0.f, 0.f, 0.f};
+        const bool w = i < MT * BK;
+        const int r = (w ? i : i - MT * BK) / BK, blk = s * BK + (i % BK);
+        if (blk >= nsub) return v;
+        if (w && row0 + r < op.R) {
+            const size_t row = (size_t)(row0 + r);
+            if (SC == MMA_Q8) {
+                v.a = __half2float(static_cast<const __half*>(op.ws)[row * nsub + blk]);
+            } else {
+                const float2 s2 = reinterpret_cast<const float2*>(static_cast<const float*>(op.ws) + row * nh)[blk];
+                v.a = s2.x;
+                v.b = s2.y;
+            }
+            if (MIN) {
+                const float2 m2 = reinterpret_cast<const float2*>(op.wm + row * nh)[blk];
+                v.c = m2.x;
+                v.d = m2.y;
+            }
+        } else if (!w && tok0 + r < op.T) {
+            const size_t tok = (size_t)(tok0 + r);
+            v.a = op.xd[tok * nsub + blk];
+            if (MIN) {
+                const float2 e2 = reinterpret_cast<const float2*>(op.xs + tok * nh)[blk];
+                v.b = e2.x;
+                v.c = e2.y;
+            }
+        }
+        return v;
+    };
+    auto store_item = [&](Stage& b, int i, const ScaleItem& v) {
+        const bool w = i < MT * BK;
+        const int r = (w ? i : i - MT * BK) / BK, k = i % BK;
+        if (w) {
+            if (SC == MMA_PER16) {
+                b.ws[r][2 * k] = v.a;
+                b.ws[r][2 * k + 1] = v.b;
+            } else {
+                b.ws[r][k] = v.a;
+            }
+            if (MIN) {
+                b.wm[r][2 * k] = v.c;
+                b.wm[r][2 * k + 1] = v.d;
+            }
+        } else {
+            b.xd[r][k] = v.a;
+            if (MIN) {
+                b.xs[r][2 * k] = v.b;
+                b.xs[r][2 * k + 1] = v.c;
+            }
+        }
+    };
+    using Scales = ScaleItem[SCALE_PER_THREAD];
+    auto load_scales = [&](int s, Scales& v) {
+#pragma unroll
+        for (int j = 0; j < SCALE_PER_THREAD; ++j) v[j] = load_item(s, tid + j * THREADS);
+    };
+    auto store_scales = [&](Stage& b, const Scales& v) {
+#pragma unroll
+        for (int j = 0; j < SCALE_PER_THREAD; ++j) store_item(b, tid + j * THREADS, v[j]);
+    };
+
+    float acc[MI][NI][4];  // [row tile mi][token tile ni][fragment element]
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+
+    // One stage's math: per block kb, per 16-row tile mi and 8-token tile ni, the integer dots on the tensor core,
+    // then per output the DP4A GEMMs' fp32 expression.
+    auto compute = [&](const Stage& b) {
+#pragma unroll
+        for (int kb = 0; kb < BK; ++kb) {
+            uint32_t bf[NI][2];  // [ni][bytes 0-15 / 16-31]
+#pragma unroll
+            for (int nj = 0; nj < NI / 2; ++nj) {
+                uint32_t r[4];
+                ldmatrix_x4(r, &b.x[wt + nj * 16 + (lane & 7) + ((lane >> 4) << 3)][kb * 32 + ((lane >> 3) & 1) * 16]);
+                bf[2 * nj][0] = r[0];
+                bf[2 * nj][1] = r[1];
+                bf[2 * nj + 1][0] = r[2];
+                bf[2 * nj + 1][1] = r[3];
+            }
+            float sx[NI][2], e0[NI][2], e1[NI][2];  // [ni][token 2t / 2t + 1]
+#pragma unroll
+            for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int t = wt + ni * 8 + 2 * tq + j;
+                    sx[ni][j] = b.xd[t][kb];
+                    e0[ni][j] = MIN ? b.xs[t][2 * kb] : 0.f;
+                    e1[ni][j] = MIN ? b.xs[t][2 * kb + 1] : 0.f;
+                }
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi) {
+                uint32_t a[4];
+                ldmatrix_x4(a, &b.w[wr + mi * 16 + (lane & 15)][kb * 32 + (lane >> 4) * 16]);
+                float s0[2], s1[2], m0[2], m1[2];  // [row g / g + 8]
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = wr + mi * 16 + g + 8 * h;
+                    s0[h] = SC == MMA_PER16 ? b.ws[r][2 * kb] : b.ws[r][kb];
+                    s1[h] = SC == MMA_PER16 ? b.ws[r][2 * kb + 1] : 0.f;
+                    m0[h] = MIN ? b.wm[r][2 * kb] : 0.f;
+                    m1[h] = MIN ? b.wm[r][2 * kb + 1] : 0.f;
+                }
+#pragma unroll
+                for (int ni = 0; ni < NI; ++ni) {
+                    int d0[4], d1[4];
+                    if (SC == MMA_PER16) {
+                        mma_k16(d0, a[0], a[1], bf[ni][0]);
+                        mma_k16(d1, a[2], a[3], bf[ni][1]);
+                    } else {
+                        mma_k32(d0, a, bf[ni][0], bf[ni][1]);
+                    }
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int h = e >> 1, j = e & 1;
+                        float& o = acc[mi][ni][e];
+                        if (SC == MMA_Q8) {
+                            o = __fmaf_rn(i2f(d0[e]), __fmul_rn(s0[h], sx[ni][j]), o);
+                        } else {
+                            const float v = SC == MMA_PER16 ? fmaf(s0[h], i2f(d0[e]), s1[h] * i2f(d1[e]))
+                                                            : s0[h] * i2f(d0[e]);
+                            o = fmaf(v, sx[ni][j], o);
+                            if (MIN) o -= fmaf(m0[h], e0[ni][j], m1[h] * e1[ni][j]);
+                        }
+                    }
+                }
+            }
+        }
+    };
+
+    // The ring: stage s lives in slot s % STAGES. A slot is refilled at the top of the iteration after the one that
+    // read it (the barrier in between), its codes by cp.async and its scales stored after this iteration's math.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < nk) {
+            fetch_codes(s, st[s]);
+            Scales v;
+            load_scales(s, v);
+            store_scales(st[s], v);
+        }
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; ++kt) {
+        cp_async_wait_pending<STAGES - 2>();
+        __syncthreads();
+        const int f = kt + STAGES - 1;
+        Scales v;
+        if (f < nk) {
+            fetch_codes(f, st[f % STAGES]);
+            load_scales(f, v);
+        }
+        cp_async_commit();
+        compute(st[kt % STAGES]);
+        if (f < nk) store_scales(st[f % STAGES], v);
+    }
+
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = row0 + wr + mi * 16 + g + 8 * (e >> 1), t = tok0 + wt + ni * 8 + 2 * tq + (e & 1);
+                if (r < op.R && t < op.T) {
+                    const size_t i = (size_t)t * op.ldy + r;
+                    op.y[i] = op.res ? op.res[i] + acc[mi][ni][e] : acc[mi][ni][e];
+                }
+            }
+#endif  // __CUDA_ARCH__ >= 750
+}
+
+template <int SC, bool MIN, int STAGES>
+int launch_stages(const MmaOperands& op) {
+    constexpr int smem = STAGES * (int)sizeof(MmaStage<SC, MIN>);
+    constexpr auto kernel = gemm_mma_kernel<SC, MIN, STAGES>;
+    CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                       "gemm_mma_kernel shared memory"));
+    kernel<<<dim3(ceil_div(op.R, MT), ceil_div(op.T, NT)), THREADS, smem, stream()>>>(op);
+    return check_launch("gemm_mma_kernel");
+}
+
+// DEEP stages where the device lends that much shared memory to a block (sm_80+), else double buffering (sm_75:
+// 64 KB at most).
+template <int SC, bool MIN>
+int launch_form(const MmaOperands& op) {
+    int dev = 0, optin = 0;
+    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
+    CMP_TRY(check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                       "shared memory per block"));
+    constexpr size_t stage = sizeof(MmaStage<SC, MIN>);
+    if ((size_t)optin >= DEEP * stage) return launch_stages<SC, MIN, DEEP>(op);
+    CMP_REQUIRE((size_t)optin >= 2 * stage, "gemm_mma: %zu bytes of shared memory needed, the device lends %d",
+                2 * stage, optin);
+    return launch_stages<SC, MIN, 2>(op);
+}
+
+constexpr int MAX_DEVICES = 64;
+std::atomic<int> g_mma_ok[MAX_DEVICES] = {};   // per device: answer + 1, 0 = not asked yet
+
+}  // namespace
+
+int mma_int8_available(bool* yes) {
+    int dev = 0;
+    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
+    int v = dev < MAX_DEVICES ? g_mma_ok[dev].load(std::memory_order_relaxed) : 0;
+    if (v == 0) {
+        // The code the driver picked for this device was compiled for ptxVersion: a compute_70 build (or its PTX
+        // JIT-compiled on a newer GPU) has empty kernels here.
+        cudaFuncAttributes fa{};
+        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, gemm_mma_kernel<MMA_Q8, false, 2>), "cudaFuncGetAttributes"));
+        v = (fa.ptxVersion >= 75 ? 1 : 0) + 1;
+        if (dev < MAX_DEVICES) g_mma_ok[dev].store(v, std::memory_order_relaxed);
+    }
+    *yes = v == 2;
+    return CMP_OK;
+}
+
+int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op) {
+    CMP_REQUIRE(op.T >= 0 && op.R > 0 && op.n > 0 && op.n % 32 == 0, "gemm_mma: bad shape T=%d R=%d n=%d", op.T, op.R,
+                op.n);
+    bool ok = false;
+    CMP_TRY(mma_int8_available(&ok));
+    CMP_REQUIRE(ok, "the tensor-core GEMM (--hw-route mma) needs int8 mma.sync, compute capability 7.5+ code; "
+                    "this device runs this library's compute_70-or-older code (Volta's f16 HMMA route is not built)");
+    if (op.T == 0) return CMP_OK;
+    switch (scales) {
+        case MMA_Q8: return launch_form<MMA_Q8, false>(op);
+        case MMA_PER32: return mins ? launch_form<MMA_PER32, true>(op) : launch_form<MMA_PER32, false>(op);
+        case MMA_PER16: return mins ? launch_form<MMA_PER16, true>(op) : launch_form<MMA_PER16, false>(op);
+    }
+    return fail(CMP_ERR_ARG, "gemm_mma: unknown scale form %d", (int)scales);
+}
+
+}  // namespace cmp
+
+using namespace cmp;
+
+extern "C" int cmp_mma_available(int* yes) {
+    bool ok = false;
+    CMP_TRY(mma_int8_available(&ok));
+    *yes = ok ? 1 : 0;
+    return CMP_OK;
+}

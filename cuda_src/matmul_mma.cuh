@@ -1,0 +1,32 @@
+// The tensor-core (int8 mma.sync) GEMM of the prefill projections (issue 20's "mma" route), called by matmul_q8.cu
+// for Q8_0 weights and by matmul_quant.cu for the weights it expands to int8 codes; the kernels are in matmul_mma.cu.
+#pragma once
+#include "common.cuh"
+
+namespace cmp {
+
+// How the weight codes are scaled: Q8_0 as repacked (one f16 per 32 values), or matmul_quant.cu's expanded form (an
+// f32 per 16 values; PER32 types write the same scale in both halves and use the first).
+enum MmaScales { MMA_Q8 = 0, MMA_PER32 = 1, MMA_PER16 = 2 };
+
+struct MmaOperands {
+    const int8_t* xq;   // [T, n] activation codes (cmp_quantize_q8)
+    const float* xd;    // [T, n/32] activation scales
+    const float* xs;    // [T, n/16] activation half sums times their scale (with mins only)
+    const int8_t* wq;   // [R, n] weight codes
+    const void* ws;     // [R, n/32] __half (MMA_Q8) or [R, n/16] float
+    const float* wm;    // [R, n/16] weight mins (with mins only)
+    const float* res;   // [T, ldy] added to y, or null
+    float* y;           // [T, ldy], columns [0, R)
+    int T, R, n, ldy;
+};
+
+// y = res + dequant(x) . dequant(W)^T with per-32-value integer dots on the tensor cores, scaled and summed in fp32
+// in the DP4A GEMMs' order and rounding (so the results equal theirs). Fails naming the reason where the device
+// runs code without int8 mma (compute_70 and older).
+int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op);
+
+// Whether this library's code for the current device has the int8 mma kernels (compute_75+ code).
+int mma_int8_available(bool* yes);
+
+}  // namespace cmp

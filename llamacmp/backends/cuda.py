@@ -856,6 +856,12 @@ class CudaBackend(Backend):
     def conv1d_silu(self, x, w, batch, layer):
         C, kernel = w.shape
         out = self.empty(x.shape)
+        if batch.keep_steps:            # speculative verification: every token's state kept on the device
+            for seg in batch.segments:
+                steps = self._steps(seg.state, "conv", layer, seg.length, (kernel - 1, C))
+                self.native.cmp_conv1d_silu_keep(x.row_ptr(seg.start), w.ptr, seg.state.conv[layer].ptr, steps.ptr,
+                                                 out.row_ptr(seg.start), seg.length, C, kernel)
+            return out
         table = self._rows_table(batch, "conv_ptrs")
         if table is not None:
             self.native.cmp_conv1d_silu_rows(x.ptr, w.ptr, table.row_ptr(layer), out.ptr, len(batch.segments), C,
@@ -871,6 +877,14 @@ class CudaBackend(Backend):
         chunked kernel / the scan for every segment (tests compare both against numpy_ref)."""
         K, V, Dk = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_head_dim
         o = self.empty((qkv.shape[0], V * Dk))
+        if batch.keep_steps:            # token by token through the decode step, each state kept (cmp_gdn_keep)
+            for seg in batch.segments:
+                steps = self._steps(seg.state, "ssm", layer, max(seg.length - 1, 1), (V, Dk, Dk))
+                self.native.cmp_gdn_keep(qkv.row_ptr(seg.start), g.row_ptr(seg.start), b.row_ptr(seg.start),
+                                         seg.state.ssm[layer].ptr, steps.ptr, o.row_ptr(seg.start), seg.length, K, V,
+                                         Dk, cfg.rms_eps)
+                seg.state.steps["len"] = seg.length
+            return o
         table = self._rows_table(batch, "ssm_ptrs") if chunked is not True else None
         if table is not None:
             self.native.cmp_gdn_rows(qkv.ptr, g.ptr, b.ptr, table.row_ptr(layer), o.ptr, len(batch.segments), K, V,
@@ -889,6 +903,48 @@ class CudaBackend(Backend):
                         raise
             self.native.cmp_gdn(*args)
         return o
+
+    def _steps(self, state: SeqState, kind: str, layer: int, rows: int, shape: tuple[int, ...]) -> DeviceTensor:
+        """The device buffer [>= rows, *shape] for one layer's per-token states of a keep_steps batch, kept on the
+        state and reused while it is large enough (at most n_max + 1 tokens: the memory plan's spec scratch)."""
+        if state.steps is None:
+            state.steps = {"conv": {}, "ssm": {}, "len": 0}
+        buf = state.steps[kind].get(layer)
+        if buf is None or buf.shape[0] < rows:
+            buf = state.steps[kind][layer] = self.empty((rows,) + shape, "f32", f"the speculative {kind} steps")
+        return buf
+
+    def restore_steps(self, state, k):
+        steps = state.steps
+        n = steps["len"] if steps is not None else 0
+        if not n:
+            raise ValueError("restore_steps: the state ran no keep_steps batch since its last restore")
+        if not 1 <= k <= n:
+            raise ValueError(f"restore_steps: k={k} outside 1..{n} (the batch's tokens)")
+        steps["len"] = 0
+        if k == n:
+            return                      # the states already are the last token's
+        for name in ("conv", "ssm"):
+            for layer, buf in steps[name].items():
+                dst = getattr(state, name)[layer]
+                self.native.cmp_memcpy_d2d(dst.ptr, buf.row_ptr(k - 1), dst.nbytes)
+
+    def concat(self, xs, axis):
+        xs = [x if isinstance(x, DeviceTensor) else self.from_host(np.asarray(x, np.float32)) for x in xs]
+        if axis == 0:
+            out = self.empty((sum(x.shape[0] for x in xs),) + xs[0].shape[1:])
+            row = 0
+            for x in xs:
+                self.native.cmp_memcpy_d2d(out.row_ptr(row), x.ptr, x.nbytes)
+                row += x.shape[0]
+            return out
+        T = xs[0].shape[0]
+        width = sum(x.shape[1] for x in xs)
+        out, col = self.empty((T, width)), 0
+        for x in xs:          # [T, D_i] into columns col .. col + D_i of [T, width]
+            self.native.cmp_memcpy2d_d2d(out.ptr + col * 4, width * 4, x.ptr, x.shape[1] * 4, x.shape[1] * 4, T)
+            col += x.shape[1]
+        return out
 
     # -- sampling ----------------------------------------------------------------------------------------------
     def argmax(self, logits: DeviceTensor, out: DeviceTensor | None = None) -> DeviceTensor:

@@ -253,3 +253,65 @@ def test_file_without_mtp_and_spec_is_refused(fixture_gguf):
     with pytest.raises(SpecUnsupported, match=r"--spec-type draft-mtp: '.*tiny-q8_0-0\.gguf' has no MTP layers"):
         Session(lm, 64, spec=SpecConfig(type="draft-mtp"))
     Session(lm, 64, spec=SpecConfig())        # type none: today's path
+
+
+# -- the server's scheduler ------------------------------------------------------------------------------------------
+
+def _engine_run(lm, spec, requests, oracle_refs=None):
+    """requests: (prompt, GenParams) run together on len(requests) slots -> tokens per request, the engine."""
+    import queue as q_
+    from llamacmp.engine.scheduler import Engine, EngineConfig
+    from llamacmp.engine.tasks import CompletionTask, FinalResult
+    engine = Engine(lm, EngineConfig(n_slots=len(requests), n_ctx_slot=128, spec=spec))
+    if oracle_refs is not None:
+        engine.spec = EngineOracle(engine, oracle_refs)
+    outs = [q_.Queue() for _ in requests]
+    for (prompt, params), out in zip(requests, outs):
+        engine.submit(CompletionTask(prompt, params, out.put))
+    engine.start()
+    try:
+        got = []
+        for out in outs:
+            while not isinstance(r := out.get(timeout=120), FinalResult):
+                assert hasattr(r, "text"), r
+            got.append(r.tokens)
+        return got, engine
+    finally:
+        engine.stop()
+
+
+class EngineOracle(Speculator):
+    """The oracle for the scheduler: a slot's history (its cached tokens + t0) picks its reference continuation."""
+
+    def __init__(self, engine, refs):
+        super().__init__(engine.model, 3)
+        self.engine, self.refs, self.rng = engine, refs, np.random.default_rng(0)
+
+    def draft(self, items):
+        out = super().draft(items)
+        for (st, _, t0), d in zip(items, out):
+            slot = next(s for s in self.engine.slots if s.state is st)
+            hist = list(slot.cache.tokens) + [t0]
+            ref = next((r for r in self.refs if r[:len(hist)] == hist), [])
+            for i in range(len(d)):
+                ok = len(hist) + i < len(ref) and self.rng.random() > 0.3
+                d[i] = ref[len(hist) + i] if ok else int(self.rng.integers(0, 300))
+        return out
+
+
+def test_scheduler_greedy_mtp_on_equals_off(lm):
+    """Three slots generating together, one of them with n_probs (its rows come to the host: it decodes the plain
+    way beside the others' draft-and-verify): every stream equals MTP off, with real and with oracle drafts."""
+    from llamacmp.engine.tasks import GenParams
+    prompts = [lm.tokenizer.encode(p) for p in PROMPTS[:3]]
+    params = [GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=20 + i) for i in range(3)]
+    params[2] = GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=15, n_probs=2)
+    reqs = list(zip(prompts, params))
+    off, _ = _engine_run(lm, None, reqs)
+    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs)
+    assert on == off and engine.spec.n_drafted > 0
+    refs = [p + t for p, t in zip(prompts, off)]
+    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, refs)
+    assert on == off
+    assert engine.spec.n_accepted > 10
+    assert engine.slots[0].mtp.n_accepted > 0 and engine.slots[2].mtp.n_drafted == 0

@@ -220,7 +220,7 @@ class Session:
 
         t0 = now_ms()
         sp, tok0 = self.spec, self.history[-1]
-        drafts = sp.draft([(self.mtp, tok0, self.n_ctx - len(self.history))])[0]
+        drafts = sp.draft([(self.state, self.mtp, tok0)])[0]
         logits, h, (v,) = sp.verify([(self.state, self.mtp, tok0, drafts)])
         j = accept_tokens(self.lm.backend, logits, v, sampler, take)
         sp.commit(v, h, j)

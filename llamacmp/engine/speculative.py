@@ -44,6 +44,8 @@ class MtpSeq:
     h_last: object                                      # [1, D] the target's h at position n_past - 1 (zeros at 0)
     pending: list[int] = field(default_factory=list)    # tokens at positions state.n_past.. not yet run by the head
     pending_h: list = field(default_factory=list)       # tensors of rows [r, D]: h of the position before each
+    n_drafted: int = 0                                  # this sequence's totals (timings draft_n, draft_n_accepted)
+    n_accepted: int = 0
 
 
 @dataclass(slots=True)
@@ -114,20 +116,25 @@ class Speculator:
         ms.h_last = self.be.gather_rows(h, np.asarray([n - 1], np.int32))
 
     # -- one step -----------------------------------------------------------------------------------------------
-    def draft(self, seqs: Sequence[tuple[MtpSeq, int, int]]) -> list[list[int]]:
-        """(head memory, t0, cap) per sequence -> up to min(n_max, cap) drafted tokens each (cap: room left in the
-        context). One MTP forward per round for all sequences; round 0 also runs each one's pending pairs."""
-        be, out = self.be, [[] for _ in seqs]
-        caps = [min(self.n_max, cap) for _, _, cap in seqs]
+    def draft(self, items: Sequence[tuple[SeqState, MtpSeq, int]]) -> list[list[int]]:
+        """(target state, head memory, t0) per sequence, t0 pending at state.n_past -> up to n_max drafted tokens
+        each (fewer where the context ends). One MTP forward per round for all sequences; round 0 also runs each
+        one's pending pairs. A head memory out of step with its target (moved by a checkpoint) starts over."""
+        be, out = self.be, [[] for _ in items]
+        for st, ms, _ in items:
+            if ms.state.n_past + len(ms.pending) != st.n_past:
+                self.reset(ms, st.n_past)
+        seqs = [(ms, t0) for _, ms, t0 in items]
+        caps = [min(self.n_max, st.n_ctx - st.n_past - 1) for st, _, _ in items]
         live = [s for s in range(len(seqs)) if caps[s] > 0]
         if not live:
             return out
-        items = [(seqs[s][0].state, seqs[s][0].pending + [seqs[s][1]]) for s in live]
+        rows = [(seqs[s][0].state, seqs[s][0].pending + [seqs[s][1]]) for s in live]
         h_in = be.concat([x for s in live for x in seqs[s][0].pending_h + [seqs[s][0].h_last]], axis=0)
         for s in live:
             seqs[s][0].pending, seqs[s][0].pending_h = [], []
         while live:
-            batch = StepBatch.build(items)
+            batch = StepBatch.build(rows)
             logits, h_out = self.model.mtp_forward(batch, h_in)
             ids = self._pick(logits)                   # row r drafts for sequence live[r]; None: below p_min
             for r, s in enumerate(live):
@@ -139,10 +146,11 @@ class Speculator:
             # the next round: each drafted token with the head's own output state (llama.cpp's draft() chain)
             h_in = be.gather_rows(h_out, np.asarray([batch.output_rows[r] for r, _ in go], np.int32))
             live = [s for _, s in go]
-            items = [(seqs[s][0].state, [out[s][-1]]) for s in live]
-        for o in out:
+            rows = [(seqs[s][0].state, [out[s][-1]]) for s in live]
+        for o, (_, ms, _) in zip(out, items):
             if len(o) < self.n_min:
                 o.clear()
+            ms.n_drafted += len(o)
         self.n_drafted += sum(len(o) for o in out)
         return out
 
@@ -184,6 +192,7 @@ class Speculator:
         self._push(ms, [v.t0] + v.drafts[:j - 1], self.be.gather_rows(h, np.arange(v.row, v.row + j, dtype=np.int32)),
                    j)
         self.n_accepted += j - 1
+        ms.n_accepted += j - 1
 
 
 # -- acceptance ---------------------------------------------------------------------------------------------------

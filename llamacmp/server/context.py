@@ -124,7 +124,8 @@ class ServerContext:
                            k_type=run.k_type, v_type=run.v_type,
                            cache_ram_mib=self.opts.cache_ram_mib, ctx_checkpoints=self.opts.ctx_checkpoints,
                            checkpoint_every=self.opts.checkpoint_every,
-                           slot_prompt_similarity=self.opts.slot_prompt_similarity)
+                           slot_prompt_similarity=self.opts.slot_prompt_similarity,
+                           spec=getattr(run, "spec", None))   # RunPlan.spec: mtp-engine's --spec-* parsing
         if p.mmproj_path:           # a bad projector fails the start, as llama-server does
             from ..vision.projector import VisionProjector
             self.vision = VisionProjector(p.mmproj_path, lm, min_tokens=p.image_min_tokens,

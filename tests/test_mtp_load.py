@@ -71,3 +71,28 @@ def test_shape_model_plans_the_mtp_tensors():
     names = {t.name for t in tensors}
     assert cfg.n_nextn == 1 and "blk.4.nextn.eh_proj.weight" in names and "blk.4.attn_q.weight" in names
     assert not any(n.startswith("blk.4.") for n in (t.name for t in shape_model("tiny", 100)[0]))
+
+
+def test_memory_plan_counts_the_mtp_block_only_when_it_runs():
+    """Without --spec-type draft-mtp the MTP block is neither uploaded nor planned; with it, its weights, its KV
+    layer and the verification states (n_max + 1 tokens per slot) are."""
+    from llamacmp import memplan
+    tensors, cfg = shape_model("9b", 248320, mtp=True)
+    plain_tensors, _ = shape_model("9b", 248320)
+    off = memplan.plan(tensors, cfg, 4096, 2)
+    assert off.item("weights").nbytes == memplan.plan(plain_tensors, cfg, 4096, 2).item("weights").nbytes
+    on = memplan.plan(tensors, cfg, 4096, 2, spec_n_max=3)
+    mtp_w = sum(memplan.tensor_bytes(t) for t in tensors if t.name.startswith("blk.32."))
+    assert on.item("weights").nbytes - off.item("weights").nbytes == mtp_w > 0
+    kv_layer = memplan.kv_bytes(cfg, 4096, "f16", "f16", 1) * 2
+    assert on.item("KV cache").nbytes - off.item("KV cache").nbytes == kv_layer
+    steps = memplan.spec_steps_bytes(cfg, 3) * 2
+    assert on.item("scratch").nbytes - off.item("scratch").nbytes == steps
+    assert steps >= 2 * 24 * 3 * 32 * 128 * 128 * 4          # 2 slots x 24 GDN layers x 3 states of 2 MiB
+
+
+def test_loading_without_mtp_leaves_the_block_on_disk(mtp_files):
+    from llamacmp.backends.numpy_ref import NumpyBackend
+    from llamacmp.loader import load_model
+    assert load_model(mtp_files[False], NumpyBackend()).model.mtp is not None
+    assert load_model(mtp_files[False], NumpyBackend(), mtp=False).model.mtp is None

@@ -16,7 +16,7 @@ import numpy as np
 from ..sampling import Sampler
 from .decode import Decoder, LogitsRow, draw_tokens
 from .prompt_cache import SlotCache, rewind
-from .speculative import Speculator, accept_tokens
+from .speculative import Speculator, accept_tokens, enabled_spec
 from .turn import Turn
 
 
@@ -80,7 +80,7 @@ class Session:
     @classmethod
     def from_plan(cls, lm, run) -> "Session":
         """The one sequence of a run_plan.RunPlan (context, batch sizes, -ctk / -ctv, --spec-*)."""
-        return cls(lm, run.n_ctx, run.n_batch, run.n_ubatch, run.k_type, run.v_type, spec=getattr(run, "spec", None))
+        return cls(lm, run.n_ctx, run.n_batch, run.n_ubatch, run.k_type, run.v_type, spec=enabled_spec(run))
 
     def __init__(self, lm, n_ctx: int, n_batch: int = 2048, n_ubatch: int = 512, kv_type: str = "f16",
                  v_type: str | None = None, max_checkpoints: int = 2, spec=None):

@@ -32,6 +32,13 @@ _ARGMAX = Sampler(SamplingParams(temp=0.0, seed=0))     # a neutral greedy chain
 DRAFT_TOP_K = 10                                        # llama.cpp's draft sampler (p_min is a top-10 probability)
 
 
+def enabled_spec(run):
+    """A run_plan.RunPlan's spec.SpecConfig when it asks for speculative decoding, else None. (RunPlan.spec comes
+    with the --spec-* parsing; a plan without the field runs as before.)"""
+    spec = getattr(run, "spec", None)
+    return spec if spec is not None and spec.enabled else None
+
+
 class SpecUnsupported(ValueError):
     """The model or the request cannot run speculative decoding; the message names why."""
 
@@ -75,8 +82,8 @@ class Speculator:
     def from_spec(cls, model, spec, path: str = "the model") -> "Speculator":
         """From a spec.SpecConfig (type draft-mtp); a file without MTP layers is refused naming it and the flag."""
         if model.mtp is None and model.cfg.n_nextn:
-            raise SpecUnsupported(f"--spec-type {spec.type}: the MTP head of '{path}' does not run over a layer split "
-                                  "(several GPUs) yet; use one GPU (-sm none) or drop --spec-type")
+            raise SpecUnsupported(f"--spec-type {spec.type}: the MTP head of '{path}' is not loaded (a layer split "
+                                  "over several GPUs does not run it yet: use one GPU, -sm none, or drop --spec-type)")
         if model.mtp is None:
             raise SpecUnsupported(f"--spec-type {spec.type}: '{path}' has no MTP layers "
                                   "(qwen35.nextn_predict_layers); drop --spec-type or use a GGUF with its MTP head")

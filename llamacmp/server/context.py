@@ -20,6 +20,7 @@ from typing import Callable, Optional
 from .. import BUILD_NUMBER
 from ..chat import BuiltinTemplate, ChatTemplate, select_template
 from ..engine.scheduler import Engine, EngineConfig
+from ..engine.speculative import enabled_spec
 from ..params import Params, ServerParams
 from .errors import ClientGone
 from .schemas import ServerDefaults
@@ -111,7 +112,7 @@ class ServerContext:
             memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=out)
         log.info("%s", startup_log.srv("load_model", f"loading model '{p.model}'"))
         with progress.loading(sys.stderr, enabled=log.isEnabledFor(logging.INFO)):
-            lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, out)
+            lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, out, mtp=enabled_spec(run) is not None)
         _log_lines(startup_log.model_lines(lm.gguf, lm.cfg.n_ctx_train))
         self.n_slots, self.n_ctx_slot = run.n_slots, run.n_ctx
         # args.py already read --chat-template-file into chat_template
@@ -125,7 +126,7 @@ class ServerContext:
                            cache_ram_mib=self.opts.cache_ram_mib, ctx_checkpoints=self.opts.ctx_checkpoints,
                            checkpoint_every=self.opts.checkpoint_every,
                            slot_prompt_similarity=self.opts.slot_prompt_similarity,
-                           spec=getattr(run, "spec", None))   # RunPlan.spec: mtp-engine's --spec-* parsing
+                           spec=enabled_spec(run))
         if p.mmproj_path:           # a bad projector fails the start, as llama-server does
             from ..vision.projector import VisionProjector
             self.vision = VisionProjector(p.mmproj_path, lm, min_tokens=p.image_min_tokens,

@@ -226,13 +226,10 @@ def test_sampled_distribution_equals_mtp_off(lm):
         c = Counter()
         s = _session(lm, 3 if spec else None,
                      OracleSpeculator(lm.model, 3, reference, np.random.default_rng(9), 0.5) if spec else None)
-        s.feed(prompt)
-        snap = s.ops.snapshot(s.state, None)
         for seed in range(n):
             s.sync_prompt(prompt)
             g = s.generate(Sampler(SamplingParams(seed=seed + (10**6 if spec else 0), **params)), 3)
             c[tuple(g.tokens)] += 1
-        del snap
         return c
 
     n = 500
@@ -315,3 +312,23 @@ def test_scheduler_greedy_mtp_on_equals_off(lm):
     assert on == off
     assert engine.spec.n_accepted > 10
     assert engine.slots[0].mtp.n_accepted > 0 and engine.slots[2].mtp.n_drafted == 0
+
+
+def test_synthetic_acceptance_hook_and_refusal(lm):
+    """accept_tokens(synth=): the first k drafts are taken whatever the target says, then the target's own draw;
+    the --spec-synth-* flags are refused by name until the drivers pass it."""
+    from llamacmp.engine.speculative import accept_tokens
+    sp = Speculator(lm.model, 3)
+    st, ms = lm.backend.new_state(lm.cfg, 64), sp.new_seq(64)
+    sp.prefill(st, ms, lm.tokenizer.encode(PROMPTS[0]))
+    drafts = [250, 251, 252]                    # ids the random model does not predict
+    logits, h, (v,) = sp.verify([(st, ms, 7, drafts)])
+    got = []
+    j = accept_tokens(lm.backend, logits, v, Sampler(SamplingParams(temp=0.0)), lambda t: got.append(t) or True,
+                      synth=lambda d: 2)
+    assert j == 3 and got[:2] == drafts[:2] and got[2] == int(np.argmax(logits[v.row + 2]))
+    sp.commit(v, h, j)
+    assert st.n_past == len(lm.tokenizer.encode(PROMPTS[0])) + 3
+    for synth in (dict(synth_len=2.0), dict(synth_rates=(0.5, 0.2, 0.1))):
+        with pytest.raises(SpecUnsupported, match="--spec-synth-len / --spec-synth-rates"):
+            Speculator.from_spec(lm.model, SpecConfig(type="draft-mtp", **synth))

@@ -87,6 +87,11 @@ class Speculator:
         if model.mtp is None:
             raise SpecUnsupported(f"--spec-type {spec.type}: '{path}' has no MTP layers "
                                   "(qwen35.nextn_predict_layers); drop --spec-type or use a GGUF with its MTP head")
+        if spec.synth_len is not None or spec.synth_rates:
+            # HOOK: accept_tokens(synth=...) takes the synthetic acceptance once spec.py's function is in; until
+            # the drivers pass it, the flags are refused rather than ignored
+            raise SpecUnsupported("--spec-synth-len / --spec-synth-rates: synthetic acceptance is not wired into "
+                                  "the engine yet")
         return cls(model, spec.n_max, spec.n_min, spec.p_min)
 
     def new_seq(self, n_ctx: int, kv_type: str = "f16", v_type: str | None = None) -> MtpSeq:

@@ -12,6 +12,7 @@ numpy_ref.py implements every op plainly and is the specification; cuda.py must 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -124,6 +125,13 @@ class Backend(ABC):
 
     def synchronize(self) -> None:
         """Wait for the work queued so far (timings). Host backends run synchronously."""
+
+    @contextmanager
+    def decode_order(self):
+        """Within this block every op computes each row of a batch as the decode path computes it (a captured
+        decode step: the same reduction order whatever the batch's size), so a speculative verification of several
+        tokens gives each one its decode's logits bit for bit. Host backends compute rows alone anyway."""
+        yield
 
     def decode_graphs(self, model, capacity: int = 8):
         """engine/decode.py's decode steps captured as graphs (backends/cuda_graphs.py); None: run them eagerly."""

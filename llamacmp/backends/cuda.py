@@ -265,6 +265,21 @@ class CudaBackend(Backend):
         # set by CapturedStep while it records a decode step: attention splits sized for the whole context, Q8
         # projections in launches of at most GEMV_MAX_ROWS rows (both: a row's result independent of the batch)
         self.capturing = False
+        self._decode_order = False      # decode_order(): eager batches computed in the captured step's order
+
+    @property
+    def row_order(self) -> bool:
+        """Rows computed as a captured decode step computes them: Q8 / dense projections in GEMV launches of a few
+        rows (each row alone), attention splits sized for the whole context."""
+        return self.capturing or self._decode_order
+
+    @contextlib.contextmanager
+    def decode_order(self):
+        self._decode_order = True
+        try:
+            yield
+        finally:
+            self._decode_order = False
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def empty(self, shape, dtype: str = "f32", what: str = "an activation") -> DeviceTensor:
@@ -491,7 +506,7 @@ class CudaBackend(Backend):
             kernels |= CMP_MM_GEMV4_EAGER if self.gemv_v4_eager else 0
         # A captured decode step launches at most as many rows as the GEMV takes: it computes each row in the
         # single-row order (v2: guaranteed, matmul_q8.cu), so a sequence's logits do not depend on the others.
-        step = max(1, min(T, self.GEMV2_MAX_ROWS if self.gemv_v2 else 8)) if self.capturing else max(T, 1)
+        step = max(1, min(T, self.GEMV2_MAX_ROWS if self.gemv_v2 else 8)) if self.row_order else max(T, 1)
         for idx in self._launch_groups(ws):
             k = len(idx)
             for t0 in range(0, T, step):
@@ -594,7 +609,7 @@ class CudaBackend(Backend):
             # A captured decode step launches at most GEMV_MAX_ROWS rows at a time: the GEMV computes each row with
             # the single-row reduction order, so a sequence's logits do not depend on which others share the step
             # (the tiled GEMM for more rows sums in another order).
-            step = max(1, min(T, self.GEMV_MAX_ROWS) if self.capturing else T)
+            step = max(1, min(T, self.GEMV_MAX_ROWS) if self.row_order else T)
             for g0 in range(0, len(q8), group):
                 idx = q8[g0:g0 + group]
                 k = len(idx)
@@ -608,7 +623,7 @@ class CudaBackend(Backend):
                         (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)), tn, n)
         # Dense (f32 / f16) weights: cmp_matmul_dense's GEMV takes up to DENSE_GEMV_MAX_ROWS rows, each summed alone;
         # a captured decode step stays within it for the same batch invariance as the Q8 path above.
-        dense_step = max(1, min(T, self.DENSE_GEMV_MAX_ROWS) if self.capturing else T)
+        dense_step = max(1, min(T, self.DENSE_GEMV_MAX_ROWS) if self.row_order else T)
         for i, w in enumerate(ws):
             if isinstance(w, DenseMatrix):
                 for t0 in range(0, T, dense_step):
@@ -688,7 +703,7 @@ class CudaBackend(Backend):
             pos_ptr = pos.row_ptr(seg.start)
             self.native.cmp_kv_write(k.row_ptr(seg.start), v.row_ptr(seg.start), pos_ptr, kc.ptr, vc.ptr, code,
                                      L, Hk, Dh)
-            n_split = self._n_split(L, Hq, Hk, st.n_ctx if self.capturing else st.n_past + L)
+            n_split = self._n_split(L, Hq, Hk, st.n_ctx if self.row_order else st.n_past + L)
             work = self.empty((n_split, L * Hq, Dh + 2), what="attention split-K partials") if n_split > 1 else None
             self.native.cmp_attention(q.row_ptr(seg.start), kc.ptr, vc.ptr, code, pos_ptr, out.row_ptr(seg.start),
                                       work.ptr if work is not None else None, L, Hq, Hk, Dh, 1.0 / math.sqrt(Dh),

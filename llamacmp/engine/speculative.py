@@ -187,7 +187,8 @@ class Speculator:
         batch.keep_steps = True
         segs = [Verified(st, ms, t0, list(d), st.n_past, seg.start)
                 for (st, ms, t0, d), seg in zip(seqs, batch.segments)]
-        logits, h = self.model.forward_hidden(batch)
+        with self.be.decode_order():      # each verified token's logits exactly its decode's (CUDA graphs' order)
+            logits, h = self.model.forward_hidden(batch)
         return logits, h, segs
 
     def commit(self, v: Verified, h, j: int) -> None:

@@ -202,6 +202,10 @@ def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: i
         scratch = p.item("scratch")
         scratch.nbytes += steps
         scratch.detail += f", MTP verification states {steps / MIB:.1f} MiB"
+        logits, rows = p.item("logits"), n_slots * (spec_n_max + 1)    # a verification's every row
+        if not all_logits and rows > n_slots:
+            logits.nbytes = size_class(rows * cfg.n_vocab * 4)
+            logits.detail = f"{rows} row(s) x {cfg.n_vocab} f32 (MTP verification: 1 + {spec_n_max} per slot)"
     return p
 
 

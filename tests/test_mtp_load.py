@@ -89,6 +89,7 @@ def test_memory_plan_counts_the_mtp_block_only_when_it_runs():
     steps = memplan.spec_steps_bytes(cfg, 3) * 2
     assert on.item("scratch").nbytes - off.item("scratch").nbytes == steps
     assert steps >= 2 * 24 * 3 * 32 * 128 * 128 * 4          # 2 slots x 24 GDN layers x 3 states of 2 MiB
+    assert on.item("logits").nbytes >= 2 * 4 * 248320 * 4 > off.item("logits").nbytes   # 1 + 3 rows per slot
 
 
 def test_loading_without_mtp_leaves_the_block_on_disk(mtp_files):

@@ -31,6 +31,9 @@ int cmp_free(void* ptr);
 int cmp_memcpy_h2d(void* dst, const void* src, size_t bytes);
 int cmp_memcpy_d2h(void* dst, const void* src, size_t bytes);   // waits for the stream
 int cmp_memcpy_d2d(void* dst, const void* src, size_t bytes);
+// height rows of width bytes from src (row pitch spitch bytes) to dst (row pitch dpitch): a column block of a
+// row-major matrix (Backend.concat along columns).
+int cmp_memcpy2d_d2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
 int cmp_memset(void* ptr, int value, size_t bytes);
 int cmp_synchronize(void);
 // CUDA graphs of the library stream: begin capturing (relaxed mode: nothing runs until launched), end and
@@ -232,6 +235,16 @@ int cmp_gdn(const float* qkv, const float* g, const float* b, float* state, floa
 // Dk 128: returns CMP_ERR_UNSUPPORTED where the device has less (then use cmp_gdn).
 int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V,
                     int Dk, float eps);
+
+// Speculative verification of one segment: what cmp_conv1d_silu / cmp_gdn compute, each token of the gdn through
+// the decode step's kernel (so every output equals its one-token decode bit for bit), keeping the state after every
+// token t < L-1 in steps (the state itself ends after token L-1, as with the plain calls): conv steps
+// [L, kernel-1, C] (all L written), gdn steps [L-1, V, Dk, Dk] (may be null for L = 1). Rewind to token k: copy
+// steps[k-1] over the state (cmp_memcpy_d2d).
+int cmp_conv1d_silu_keep(const float* x, const float* w, float* state, float* steps, float* out, int L, int C,
+                         int kernel);
+int cmp_gdn_keep(const float* qkv, const float* g, const float* b, float* state, float* steps, float* o, int L, int K,
+                 int V, int Dk, float eps);
 
 // A decode batch of S sequences, one token each (row s of the inputs and outputs), sequence s's state at states[s]
 // (a device array of S device pointers): one launch computing, for every sequence, exactly what cmp_conv1d_silu /

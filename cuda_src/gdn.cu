@@ -18,7 +18,8 @@ __device__ __forceinline__ void conv1d_silu(const float* __restrict__ x,  // [L,
                                             const float* __restrict__ w,  // [C, kernel]
                                             float* __restrict__ state,    // [kernel-1, C]
                                             float* __restrict__ out,      // [L, C]
-                                            int L, int C, int kernel) {
+                                            int L, int C, int kernel,
+                                            float* __restrict__ steps = nullptr) {  // [L, kernel-1, C] or null
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float win[CONV_MAX_K], wc[CONV_MAX_K];
@@ -37,6 +38,11 @@ __device__ __forceinline__ void conv1d_silu(const float* __restrict__ x,  // [L,
 #pragma unroll
         for (int j = 0; j < CONV_MAX_K - 1; ++j)
             if (j < kernel - 1) win[j] = win[j + 1];
+        if (steps != nullptr) {   // speculative verification: the state after token t, for cmp restore
+#pragma unroll
+            for (int j = 0; j < CONV_MAX_K - 1; ++j)
+                if (j < kernel - 1) steps[((size_t)t * (kernel - 1) + j) * C + c] = win[j];
+        }
     }
 #pragma unroll
     for (int j = 0; j < CONV_MAX_K; ++j)
@@ -44,9 +50,9 @@ __device__ __forceinline__ void conv1d_silu(const float* __restrict__ x,  // [L,
 }
 
 __global__ void conv1d_silu_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ state,
-                                   float* __restrict__ out, int L, int C, int kernel) {
+                                   float* __restrict__ out, int L, int C, int kernel, float* __restrict__ steps) {
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
-    conv1d_silu(x, w, state, out, L, C, kernel);
+    conv1d_silu(x, w, state, out, L, C, kernel, steps);
 }
 
 // A decode batch: sequence s = blockIdx.y has one token, row s of x / out, and its own state states[s]; each
@@ -156,11 +162,14 @@ template <int DK>
 constexpr int GDN_STEP_NW = DK >= 64 ? DK / 32 : 1;   // row warps per block
 
 // Block (V head h, 32 value columns), GDN_STEP_NW<DK> warps; threadIdx.x = warp * 32 + lane.
+// state_in / state_out may be the same buffer (a decode step updates in place; not __restrict__ for that): a
+// speculative verification writes each token's state to its own buffer (cmp_gdn_keep).
 template <int DK>
 __device__ __forceinline__ void gdn_step(const float* __restrict__ qkv,  // [C], C = 2*K*DK + V*DK (one token)
                                          const float* __restrict__ g,    // [V] log-decay
                                          const float* __restrict__ b,    // [V] beta
-                                         float* __restrict__ state,      // [V, DK, DK]
+                                         const float* state_in,          // [V, DK, DK]
+                                         float* state_out,               // [V, DK, DK]
                                          float* __restrict__ o,          // [V*DK]
                                          int K, int V, float eps) {
     constexpr int NW = GDN_STEP_NW<DK>, RW = DK / NW;   // rows per warp: 32 (DK >= 64), else DK
@@ -170,7 +179,8 @@ __device__ __forceinline__ void gdn_step(const float* __restrict__ qkv,  // [C],
     const int h = blockIdx.x, kh = h % K, lane = threadIdx.x & 31, w = threadIdx.x >> 5, r0 = w * RW;
     const int j = blockIdx.y * 32 + lane;
     const bool col = j < DK;
-    float* S = state + (size_t)h * DK * DK;
+    const float* S = state_in + (size_t)h * DK * DK;
+    float* S_out = state_out + (size_t)h * DK * DK;
     float s[RW];
 #pragma unroll
     for (int i = 0; i < RW; ++i) s[i] = col ? S[(size_t)(r0 + i) * DK + j] : 0.f;
@@ -216,7 +226,7 @@ __device__ __forceinline__ void gdn_step(const float* __restrict__ qkv,  // [C],
     }
 #pragma unroll
     for (int i = 0; i < RW; ++i)
-        if (col) S[(size_t)(r0 + i) * DK + j] = s[i];
+        if (col) S_out[(size_t)(r0 + i) * DK + j] = s[i];
     if (NW > 1) {
         part_o[w][lane] = out;
         __syncthreads();
@@ -239,7 +249,23 @@ gdn_step_kernel(const float* __restrict__ qkv,  // [1, C]
                 float* __restrict__ o,          // [1, V*DK]
                 int K, int V, float eps) {
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
-    gdn_step<DK>(qkv, g, b, state, o, K, V, eps);
+    gdn_step<DK>(qkv, g, b, state, state, o, K, V, eps);
+}
+
+// One token of a speculative verification: the decode step's arithmetic exactly (so a verified token's output is
+// its decode's, bit for bit), reading the state before the token from state_in and writing the one after it to
+// state_out.
+template <int DK>
+__global__ void __launch_bounds__(32 * GDN_STEP_NW<DK>)
+gdn_step_keep_kernel(const float* __restrict__ qkv,  // [1, C]
+                     const float* __restrict__ g,    // [1, V]
+                     const float* __restrict__ b,    // [1, V]
+                     const float* state_in,          // [V, DK, DK]
+                     float* state_out,               // [V, DK, DK]
+                     float* __restrict__ o,          // [1, V*DK]
+                     int K, int V, float eps) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
+    gdn_step<DK>(qkv, g, b, state_in, state_out, o, K, V, eps);
 }
 
 // A decode batch: sequence s = blockIdx.z has one token (row s of qkv / g / b / o) and its own state states[s]; the
@@ -255,7 +281,7 @@ gdn_step_rows_kernel(const float* __restrict__ qkv,      // [S, C]
                      int K, int V, float eps) {
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const size_t s = blockIdx.z, C = (size_t)(2 * K + V) * DK;
-    gdn_step<DK>(qkv + s * C, g + s * V, b + s * V, states[s], o + s * V * DK, K, V, eps);
+    gdn_step<DK>(qkv + s * C, g + s * V, b + s * V, states[s], states[s], o + s * V * DK, K, V, eps);
 }
 
 // ---- chunked (WY/UT) form ----------------------------------------------------------------------------------------
@@ -483,6 +509,22 @@ int launch_gdn_scan(const float* qkv, const float* g, const float* b, float* sta
                   L, K, V, eps);
 }
 
+// Token t reads the state after token t-1 (the sequence's state for t = 0) and writes steps[t]; the last token writes
+// the sequence's state itself, so without a restore the state is the one after the whole segment, as cmp_gdn's.
+template <int DK>
+int launch_gdn_keep(const float* qkv, const float* g, const float* b, float* state, float* steps, float* o, int L,
+                    int K, int V, float eps) {
+    const size_t C = (size_t)(2 * K + V) * DK, VDD = (size_t)V * DK * DK;
+    for (int t = 0; t < L; ++t) {
+        const float* in = t == 0 ? state : steps + (size_t)(t - 1) * VDD;
+        float* out = t == L - 1 ? state : steps + (size_t)t * VDD;
+        CMP_TRY(launch("gdn_step_keep_kernel", gdn_step_keep_kernel<DK>, dim3(V, ceil_div(DK, 32)),
+                       dim3(32 * GDN_STEP_NW<DK>), 0, qkv + t * C, g + (size_t)t * V, b + (size_t)t * V, in, out,
+                       o + (size_t)t * V * DK, K, V, eps));
+    }
+    return CMP_OK;
+}
+
 template <int DK>
 int launch_gdn_scan_rows(const float* qkv, const float* g, const float* b, float* const* states, float* o, int S, int K,
                          int V, float eps) {
@@ -534,7 +576,27 @@ extern "C" int cmp_conv1d_silu(const float* x, const float* w, float* state, flo
                 "cmp_conv1d_silu: bad shape L=%d C=%d kernel=%d (kernel <= %d)", L, C, kernel, CONV_MAX_K);
     if (L == 0) return CMP_OK;
     return launch("conv1d_silu_kernel", conv1d_silu_kernel, dim3(ceil_div(C, 128)), dim3(128), 0, x, w, state, out, L,
-                  C, kernel);
+                  C, kernel, (float*)nullptr);
+}
+
+extern "C" int cmp_conv1d_silu_keep(const float* x, const float* w, float* state, float* steps, float* out, int L,
+                                    int C, int kernel) {
+    CMP_REQUIRE(L >= 0 && C > 0 && kernel >= 2 && kernel <= CONV_MAX_K && steps != nullptr,
+                "cmp_conv1d_silu_keep: bad shape L=%d C=%d kernel=%d (2 <= kernel <= %d) or no steps buffer", L, C,
+                kernel, CONV_MAX_K);
+    if (L == 0) return CMP_OK;
+    return launch("conv1d_silu_kernel", conv1d_silu_kernel, dim3(ceil_div(C, 128)), dim3(128), 0, x, w, state, out, L,
+                  C, kernel, steps);
+}
+
+extern "C" int cmp_gdn_keep(const float* qkv, const float* g, const float* b, float* state, float* steps, float* o,
+                            int L, int K, int V, int Dk, float eps) {
+    CMP_REQUIRE(L >= 0 && K > 0 && V > 0 && V % K == 0 && (L <= 1 || steps != nullptr),
+                "cmp_gdn_keep: bad shape L=%d K=%d V=%d or no steps buffer", L, K, V);
+    if (L == 0) return CMP_OK;
+    return dispatch_dk(Dk, "cmp_gdn_keep", [&](auto dk) {
+        return launch_gdn_keep<decltype(dk)::value>(qkv, g, b, state, steps, o, L, K, V, eps);
+    });
 }
 
 extern "C" int cmp_gdn(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V,

@@ -127,6 +127,13 @@ extern "C" int cmp_memcpy_d2d(void* dst, const void* src, size_t bytes) {
     return check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()), "cudaMemcpy D2D");
 }
 
+extern "C" int cmp_memcpy2d_d2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                                size_t height) {
+    if (width == 0 || height == 0) return CMP_OK;
+    return check_cuda(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice, stream()),
+                      "cudaMemcpy2D D2D");
+}
+
 extern "C" int cmp_memset(void* ptr, int value, size_t bytes) {
     return check_cuda(cudaMemsetAsync(ptr, value, bytes, stream()), "cudaMemset");
 }

@@ -24,7 +24,7 @@ def uint32(key: str, v) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    n_layer: int
+    n_layer: int                # main layers (block_count minus the MTP layers)
     n_embd: int                 # D
     n_ff: int                   # F
     n_head: int                 # Hq
@@ -42,6 +42,10 @@ class ModelConfig:
     ssm_head_dim: int           # Dk = Dv
     full_attention_interval: int
     tied_embeddings: bool = False
+    # MTP (multi-token prediction) layers stored after the main ones (qwen35.nextn_predict_layers): the GGUF's
+    # block_count is n_layer + n_nextn and the MTP block is blk.{n_layer} (llama.cpp 0c1e570 llama-model.cpp reads
+    # the key into n_layer_nextn; qwen35.cpp's graph_mtp asserts n_layer_nextn == 1 and runs layers[n_layer()]).
+    n_nextn: int = 0
     architecture: str = "qwen35"
     name: str = ""
     attn_layers: tuple[int, ...] = field(init=False)
@@ -63,6 +67,9 @@ class ModelConfig:
             raise ConfigError(f"attention.layer_norm_rms_epsilon must be positive, got {self.rms_eps}")
         if not self.rope_base > 0:
             raise ConfigError(f"rope.freq_base must be positive, got {self.rope_base}")
+        if self.n_nextn not in (0, 1):
+            raise ConfigError(f"nextn_predict_layers {self.n_nextn} is not supported (a qwen35 model has at most one "
+                              "MTP layer, as in llama.cpp)")
         if self.n_ctx_train <= 0:
             raise ConfigError(f"context_length must be positive, got {self.n_ctx_train}")
         # Layer il is full attention iff (il + 1) % interval == 0 (llama.cpp's rule); the rest are GDN.
@@ -78,6 +85,10 @@ class ModelConfig:
     @property
     def ssm_inner(self) -> int:           # V * Dv
         return self.ssm_v_heads * self.ssm_head_dim
+
+    @property
+    def block_count(self) -> int:        # the GGUF's block_count: main layers + MTP layers
+        return self.n_layer + self.n_nextn
 
     def is_attention(self, il: int) -> bool:
         return (il + 1) % self.full_attention_interval == 0
@@ -115,8 +126,13 @@ class ModelConfig:
         if not isinstance(sections, (list, tuple)) or len(sections) > 4:
             raise ConfigError(f"'{p}rope.dimension_sections' must be an array of at most 4 integers")
         name = kv.get("general.name", "")
+        n_nextn = u32("nextn_predict_layers", 0)
+        if n_nextn >= u32("block_count"):
+            raise ConfigError(f"'{p}nextn_predict_layers' {n_nextn} leaves no main layers of "
+                              f"block_count {u32('block_count')}")
         return cls(
-            n_layer=u32("block_count"),
+            n_layer=u32("block_count") - n_nextn,
+            n_nextn=n_nextn,
             n_embd=u32("embedding_length"),
             n_ff=u32("feed_forward_length"),
             n_head=u32("attention.head_count"),

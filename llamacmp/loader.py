@@ -106,8 +106,12 @@ def open_model(path: str | os.PathLike) -> ModelFile:
     return ModelFile(f, cfg)
 
 
-def load_model(source: str | os.PathLike | ModelFile, backend: Backend) -> LoadedModel:
+def load_model(source: str | os.PathLike | ModelFile, backend: Backend, mtp: bool = True) -> LoadedModel:
+    """mtp: upload the file's MTP block, if it has one (False: left on disk, as llama.cpp does without
+    --spec-type draft-mtp; the memory plan then does not count it either)."""
     f, cfg, weights = _open(source)
+    if not mtp:
+        weights.mtp = None
     return LoadedModel(str(f.path), f, cfg, model_class(f.architecture)(cfg, weights, backend), load_tokenizer(f),
                        backend)
 
@@ -125,11 +129,11 @@ def load_split_model(source: str | os.PathLike | ModelFile, backends: list[Backe
 
 
 def load_placed(source: str | os.PathLike | ModelFile, backends: list[Backend], ratios=None, bridge: str = "auto",
-                micro_batch: int = 512, log=None) -> LoadedModel:
+                micro_batch: int = 512, log=None, mtp: bool = True) -> LoadedModel:
     """One backend: load_model; several: load_split_model, with one line per part on `log` (device, layers,
     memory, bridge)."""
     if len(backends) == 1:
-        return load_model(source, backends[0])
+        return load_model(source, backends[0], mtp)
     lm = load_split_model(source, backends, ratios, bridge, micro_batch)
     if log is not None:
         for line in lm.model.describe():

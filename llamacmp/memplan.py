@@ -166,19 +166,47 @@ class Part:
         return self.embed if name == "token_embd.weight" else self.head
 
 
+def is_mtp_tensor(name: str, cfg: ModelConfig) -> bool:
+    """A tensor of the MTP block (blk.{n_layer}.*), uploaded only when speculative decoding runs it."""
+    return cfg.n_nextn > 0 and name.startswith(f"blk.{cfg.n_layer}.")
+
+
+def spec_steps_bytes(cfg: ModelConfig, n_max: int) -> int:
+    """One slot's device scratch of a speculative verification of 1 + n_max tokens (CudaBackend._steps): per GDN
+    layer the conv window after every token and the recurrent state after every token but the last."""
+    conv = size_class((n_max + 1) * (cfg.conv_kernel - 1) * cfg.conv_channels * 4)
+    ssm = size_class(max(n_max, 1) * cfg.ssm_v_heads * cfg.ssm_head_dim * cfg.ssm_head_dim * 4)
+    return len(cfg.gdn_layers) * (conv + ssm)
+
+
 def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: int = 1, k_type: str = "f16",
          v_type: str = "f16", n_ubatch: int = 512, all_logits: bool = False, sparse=None,
-         cap: int | None = None, part: Part | None = None) -> MemoryPlan:
+         cap: int | None = None, part: Part | None = None, spec_n_max: int = 0) -> MemoryPlan:
     """n_ctx: context per slot; sparse: the sparse_attn.SparseConfig in use (adds its per-chunk scratch);
-    part: one device's share of a layer split (None: the whole model)."""
+    part: one device's share of a layer split (None: the whole model); spec_n_max: --spec-draft-n-max with
+    --spec-type draft-mtp (0: off, and the file's MTP block is not uploaded)."""
+    if not spec_n_max:
+        tensors = [t for t in tensors if not is_mtp_tensor(t.name, cfg)]
     if part is not None:
         tensors = [t for t in tensors if part.holds(t.name)]
         attn = sum(1 for il in cfg.attn_layers if il in part.layers)
         gdn = sum(1 for il in cfg.gdn_layers if il in part.layers)
         return _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap, attn, gdn,
                      part.head)
-    return _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap,
-                 len(cfg.attn_layers), len(cfg.gdn_layers), True)
+    p = _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap,
+              len(cfg.attn_layers) + bool(spec_n_max), len(cfg.gdn_layers), True)
+    if spec_n_max:
+        kv = p.item("KV cache")
+        kv.detail += " (the MTP layer's included)"
+        steps = spec_steps_bytes(cfg, spec_n_max) * n_slots
+        scratch = p.item("scratch")
+        scratch.nbytes += steps
+        scratch.detail += f", MTP verification states {steps / MIB:.1f} MiB"
+        logits, rows = p.item("logits"), n_slots * (spec_n_max + 1)    # a verification's every row
+        if not all_logits and rows > n_slots:
+            logits.nbytes = size_class(rows * cfg.n_vocab * 4)
+            logits.detail = f"{rows} row(s) x {cfg.n_vocab} f32 (MTP verification: 1 + {spec_n_max} per slot)"
+    return p
 
 
 def split_parts(tensors: Sequence[TensorDesc], cfg: ModelConfig, ratios: Sequence[float]) -> list[Part]:
@@ -331,8 +359,10 @@ def prepare_device(backend, mf, run, device_mem_cap: int = 0, log=None) -> Memor
     cfg = mf.cfg
     free, arena_cap = memory
     cap = min(arena_cap, free)
+    spec = getattr(run, "spec", None)          # RunPlan.spec (--spec-*), from mtp-engine's parsing
     p = plan(upload_order(tensors_of(mf.gguf), cfg), cfg, run.n_ctx, run.n_slots, run.k_type, run.v_type,
-             run.micro_batch, run.all_logits, backend.sparse, cap)
+             run.micro_batch, run.all_logits, backend.sparse, cap,
+             spec_n_max=spec.n_max if spec is not None and spec.enabled else 0)
     p.cap_from_flag = bool(device_mem_cap) and device_mem_cap <= free
     if log is not None:
         log.write("".join(line + "\n" for line in p.lines()))

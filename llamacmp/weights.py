@@ -52,11 +52,26 @@ class LayerWeights:
 
 
 @dataclass(slots=True)
+class MtpWeights:
+    """The MTP (nextn) block blk.{n_layer}: a full-attention decoder block plus the nextn tensors (llama.cpp
+    0c1e570 qwen35.cpp load_block_mtp). embed / head / head_norm are the model's token_embd / output / output_norm
+    when the file has no nextn.embed_tokens / shared_head_head / shared_head_norm (llama.cpp's fallbacks)."""
+    block: LayerWeights          # attn set, gdn None
+    eh_proj: Matrix              # [D, 2*D]  input [enorm(embed(token)) | hnorm(h)]
+    enorm: np.ndarray            # [D]
+    hnorm: np.ndarray            # [D]
+    head_norm: np.ndarray        # [D]
+    embed: Matrix                # [n_vocab, D]
+    head: Matrix                 # [n_vocab, D]
+
+
+@dataclass(slots=True)
 class ModelWeights:
     token_embd: Matrix           # [n_vocab, D]
     output_norm: np.ndarray      # [D]
     output: Matrix               # [n_vocab, D]  (token_embd when tied)
     layers: list[LayerWeights]
+    mtp: MtpWeights | None = None   # files with qwen35.nextn_predict_layers = 1
 
 
 def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
@@ -66,22 +81,9 @@ def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
     layers = []
     for il in range(cfg.n_layer):
         b = f"blk.{il}."
-        layer = LayerWeights(
-            attn_norm=get.vec(b + "attn_norm.weight", D),
-            post_attention_norm=get.vec(b + "post_attention_norm.weight", D),
-            ffn_gate=get.mat(b + "ffn_gate.weight", F, D),
-            ffn_up=get.mat(b + "ffn_up.weight", F, D),
-            ffn_down=get.mat(b + "ffn_down.weight", D, F),
-        )
+        layer = _block(get, cfg, b)
         if cfg.is_attention(il):
-            layer.attn = AttentionWeights(
-                attn_q=get.mat(b + "attn_q.weight", 2 * cfg.n_head * Dh, D),
-                attn_k=get.mat(b + "attn_k.weight", cfg.n_head_kv * Dh, D),
-                attn_v=get.mat(b + "attn_v.weight", cfg.n_head_kv * Dh, D),
-                attn_output=get.mat(b + "attn_output.weight", D, cfg.n_head * Dh),
-                attn_q_norm=get.vec(b + "attn_q_norm.weight", Dh),
-                attn_k_norm=get.vec(b + "attn_k_norm.weight", Dh),
-            )
+            layer.attn = _attention(get, cfg, b)
         else:
             V = cfg.ssm_v_heads
             layer.gdn = GDNWeights(
@@ -97,11 +99,54 @@ def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
             )
         layers.append(layer)
     token_embd = get.mat("token_embd.weight", cfg.n_vocab, D)
-    return ModelWeights(
+    w = ModelWeights(
         token_embd=token_embd,
         output_norm=get.vec("output_norm.weight", D),
         output=token_embd if tied else get.mat("output.weight", cfg.n_vocab, D),
         layers=layers,
+    )
+    if cfg.n_nextn:
+        w.mtp = _mtp(f, get, cfg, w)
+    return w
+
+
+def _block(get: "_Getter", cfg: ModelConfig, b: str) -> LayerWeights:
+    D, F = cfg.n_embd, cfg.n_ff
+    return LayerWeights(
+        attn_norm=get.vec(b + "attn_norm.weight", D),
+        post_attention_norm=get.vec(b + "post_attention_norm.weight", D),
+        ffn_gate=get.mat(b + "ffn_gate.weight", F, D),
+        ffn_up=get.mat(b + "ffn_up.weight", F, D),
+        ffn_down=get.mat(b + "ffn_down.weight", D, F),
+    )
+
+
+def _attention(get: "_Getter", cfg: ModelConfig, b: str) -> AttentionWeights:
+    D, Dh = cfg.n_embd, cfg.head_dim
+    return AttentionWeights(
+        attn_q=get.mat(b + "attn_q.weight", 2 * cfg.n_head * Dh, D),
+        attn_k=get.mat(b + "attn_k.weight", cfg.n_head_kv * Dh, D),
+        attn_v=get.mat(b + "attn_v.weight", cfg.n_head_kv * Dh, D),
+        attn_output=get.mat(b + "attn_output.weight", D, cfg.n_head * Dh),
+        attn_q_norm=get.vec(b + "attn_q_norm.weight", Dh),
+        attn_k_norm=get.vec(b + "attn_k_norm.weight", Dh),
+    )
+
+
+def _mtp(f: GGUFFile, get: "_Getter", cfg: ModelConfig, w: ModelWeights) -> MtpWeights:
+    D, b = cfg.n_embd, f"blk.{cfg.n_layer}."
+    n = b + "nextn."
+    block = _block(get, cfg, b)
+    block.attn = _attention(get, cfg, b)
+    return MtpWeights(
+        block=block,
+        eh_proj=get.mat(n + "eh_proj.weight", D, 2 * D),
+        enorm=get.vec(n + "enorm.weight", D),
+        hnorm=get.vec(n + "hnorm.weight", D),
+        head_norm=get.vec(n + "shared_head_norm.weight", D) if f.has(n + "shared_head_norm.weight") else w.output_norm,
+        embed=get.mat(n + "embed_tokens.weight", cfg.n_vocab, D) if f.has(n + "embed_tokens.weight") else w.token_embd,
+        head=get.mat(n + "shared_head_head.weight", cfg.n_vocab, D) if f.has(n + "shared_head_head.weight")
+        else w.output,
     )
 
 

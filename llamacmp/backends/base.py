@@ -12,6 +12,7 @@ numpy_ref.py implements every op plainly and is the specification; cuda.py must 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -46,6 +47,9 @@ class SeqState:
     # image of nx x ny tokens takes nx*ny cache rows but max(nx, ny) positions). 0 for text-only sequences;
     # set by vision.prompt when it evaluates an image; StepBatch.build then fills rope_pos.
     rope_shift: int = 0
+    # Backend-private: the conv and SSM states after each token of the last `keep_steps` batch this state ran
+    # (speculative verification), until restore_steps() keeps one of them; None otherwise.
+    steps: object = None
 
 
 @dataclass(slots=True)
@@ -71,6 +75,9 @@ class StepBatch:
     #   token embeddings of `tokens` (an image batch: every row is an image embedding).
     rope_pos: np.ndarray | None = None
     embeddings: np.ndarray | None = None
+    # Speculative verification: conv1d_silu and gdn also keep each segment's state after every token of the
+    # batch (on the backend: nothing crosses to the host), so that Backend.restore_steps can keep the first k.
+    keep_steps: bool = False
 
     @classmethod
     def build(cls, items: Sequence[tuple[SeqState, Sequence[int]]], all_logits: bool = False) -> "StepBatch":
@@ -118,6 +125,13 @@ class Backend(ABC):
 
     def synchronize(self) -> None:
         """Wait for the work queued so far (timings). Host backends run synchronously."""
+
+    @contextmanager
+    def decode_order(self):
+        """Within this block every op computes each row of a batch as the decode path computes it (a captured
+        decode step: the same reduction order whatever the batch's size), so a speculative verification of several
+        tokens gives each one its decode's logits bit for bit. Host backends compute rows alone anyway."""
+        yield
 
     def decode_graphs(self, model, capacity: int = 8):
         """engine/decode.py's decode steps captured as graphs (backends/cuda_graphs.py); None: run them eagerly."""
@@ -181,6 +195,11 @@ class Backend(ABC):
         CPU mul_mat converts src1 to the F16 vec_dot type, then f16 x f16 products summed in f32 or wider.
         F32 weights: plain dots of f32 x and w."""
 
+    def concat(self, xs: Sequence[Tensor], axis: int) -> Tensor:
+        """2-D tensors joined along axis 0 (rows: each [T_i, D] -> [sum T_i, D]) or 1 (columns: each [T, D_i] ->
+        [T, sum D_i]), as ggml_concat. This default copies through the host; a device backend overrides it."""
+        return self.upload_vector(np.concatenate([self.to_host(x) for x in xs], axis=axis))
+
     @abstractmethod
     def add(self, x: Tensor, y: Tensor) -> Tensor:
         """x, y [T, D] -> x + y."""
@@ -233,6 +252,12 @@ class Backend(ABC):
         """qkv [T, C] (after conv), g, b [T, V] -> o [T, V*Dv].
         q, k = L2-normalised per head (eps = rms eps), q scaled by 1/sqrt(Dk); V head h uses K head h % K;
         per token: S = exp(g) S; S += k (b (v - S^T k))^T; o = S^T q. Updates state.ssm[layer]."""
+
+    def restore_steps(self, state: SeqState, k: int) -> None:
+        """After a `keep_steps` batch of L tokens of `state`: make its conv and SSM states those after the first k
+        tokens of that batch (1 <= k <= L; k = L keeps them as they are) and drop the kept per-token states. The
+        KV rows past the kept tokens need no rewind: the caller sets n_past back and later tokens overwrite them."""
+        raise NotImplementedError(f"backend '{self.name}' cannot rewind recurrent state (speculative decoding)")
 
     @abstractmethod
     def gated_rmsnorm(self, o: Tensor, z: Tensor, w: Tensor, eps: float, head_dim: int) -> Tensor:

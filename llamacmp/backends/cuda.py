@@ -270,6 +270,21 @@ class CudaBackend(Backend):
         # set by CapturedStep while it records a decode step: attention splits sized for the whole context, Q8
         # projections in launches of at most GEMV_MAX_ROWS rows (both: a row's result independent of the batch)
         self.capturing = False
+        self._decode_order = False      # decode_order(): eager batches computed in the captured step's order
+
+    @property
+    def row_order(self) -> bool:
+        """Rows computed as a captured decode step computes them: Q8 / dense projections in GEMV launches of a few
+        rows (each row alone), attention splits sized for the whole context."""
+        return self.capturing or self._decode_order
+
+    @contextlib.contextmanager
+    def decode_order(self):
+        self._decode_order = True
+        try:
+            yield
+        finally:
+            self._decode_order = False
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def empty(self, shape, dtype: str = "f32", what: str = "an activation") -> DeviceTensor:
@@ -523,7 +538,7 @@ class CudaBackend(Backend):
         kernels |= self._gemm_route_bits()
         # A captured decode step launches at most as many rows as the GEMV takes: it computes each row in the
         # single-row order (v2: guaranteed, matmul_q8.cu), so a sequence's logits do not depend on the others.
-        step = max(1, min(T, self.GEMV2_MAX_ROWS if self.gemv_v2 else 8)) if self.capturing else max(T, 1)
+        step = max(1, min(T, self.GEMV2_MAX_ROWS if self.gemv_v2 else 8)) if self.row_order else max(T, 1)
         for idx in self._launch_groups(ws):
             k = len(idx)
             for t0 in range(0, T, step):
@@ -626,7 +641,7 @@ class CudaBackend(Backend):
             # A captured decode step launches at most GEMV_MAX_ROWS rows at a time: the GEMV computes each row with
             # the single-row reduction order, so a sequence's logits do not depend on which others share the step
             # (the tiled GEMM for more rows sums in another order).
-            step = max(1, min(T, self.GEMV_MAX_ROWS) if self.capturing else T)
+            step = max(1, min(T, self.GEMV_MAX_ROWS) if self.row_order else T)
             for g0 in range(0, len(q8), group):
                 idx = q8[g0:g0 + group]
                 k = len(idx)
@@ -640,7 +655,7 @@ class CudaBackend(Backend):
                         (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)), tn, n, self._gemm_route_bits())
         # Dense (f32 / f16) weights: cmp_matmul_dense's GEMV takes up to DENSE_GEMV_MAX_ROWS rows, each summed alone;
         # a captured decode step stays within it for the same batch invariance as the Q8 path above.
-        dense_step = max(1, min(T, self.DENSE_GEMV_MAX_ROWS) if self.capturing else T)
+        dense_step = max(1, min(T, self.DENSE_GEMV_MAX_ROWS) if self.row_order else T)
         for i, w in enumerate(ws):
             if isinstance(w, DenseMatrix):
                 for t0 in range(0, T, dense_step):
@@ -720,7 +735,7 @@ class CudaBackend(Backend):
             pos_ptr = pos.row_ptr(seg.start)
             self.native.cmp_kv_write(k.row_ptr(seg.start), v.row_ptr(seg.start), pos_ptr, kc.ptr, vc.ptr, code,
                                      L, Hk, Dh)
-            n_split = self._n_split(L, Hq, Hk, st.n_ctx if self.capturing else st.n_past + L)
+            n_split = self._n_split(L, Hq, Hk, st.n_ctx if self.row_order else st.n_past + L)
             work = self.empty((n_split, L * Hq, Dh + 2), what="attention split-K partials") if n_split > 1 else None
             self.native.cmp_attention(q.row_ptr(seg.start), kc.ptr, vc.ptr, code, pos_ptr, out.row_ptr(seg.start),
                                       work.ptr if work is not None else None, L, Hq, Hk, Dh, 1.0 / math.sqrt(Dh),
@@ -888,6 +903,12 @@ class CudaBackend(Backend):
     def conv1d_silu(self, x, w, batch, layer):
         C, kernel = w.shape
         out = self.empty(x.shape)
+        if batch.keep_steps:            # speculative verification: every token's state kept on the device
+            for seg in batch.segments:
+                steps = self._steps(seg.state, "conv", layer, seg.length, (kernel - 1, C))
+                self.native.cmp_conv1d_silu_keep(x.row_ptr(seg.start), w.ptr, seg.state.conv[layer].ptr, steps.ptr,
+                                                 out.row_ptr(seg.start), seg.length, C, kernel)
+            return out
         table = self._rows_table(batch, "conv_ptrs")
         if table is not None:
             self.native.cmp_conv1d_silu_rows(x.ptr, w.ptr, table.row_ptr(layer), out.ptr, len(batch.segments), C,
@@ -903,6 +924,14 @@ class CudaBackend(Backend):
         chunked kernel / the scan for every segment (tests compare both against numpy_ref)."""
         K, V, Dk = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_head_dim
         o = self.empty((qkv.shape[0], V * Dk))
+        if batch.keep_steps:            # token by token through the decode step, each state kept (cmp_gdn_keep)
+            for seg in batch.segments:
+                steps = self._steps(seg.state, "ssm", layer, max(seg.length - 1, 1), (V, Dk, Dk))
+                self.native.cmp_gdn_keep(qkv.row_ptr(seg.start), g.row_ptr(seg.start), b.row_ptr(seg.start),
+                                         seg.state.ssm[layer].ptr, steps.ptr, o.row_ptr(seg.start), seg.length, K, V,
+                                         Dk, cfg.rms_eps)
+                seg.state.steps["len"] = seg.length
+            return o
         table = self._rows_table(batch, "ssm_ptrs") if chunked is not True else None
         if table is not None:
             self.native.cmp_gdn_rows(qkv.ptr, g.ptr, b.ptr, table.row_ptr(layer), o.ptr, len(batch.segments), K, V,
@@ -921,6 +950,48 @@ class CudaBackend(Backend):
                         raise
             self.native.cmp_gdn(*args)
         return o
+
+    def _steps(self, state: SeqState, kind: str, layer: int, rows: int, shape: tuple[int, ...]) -> DeviceTensor:
+        """The device buffer [>= rows, *shape] for one layer's per-token states of a keep_steps batch, kept on the
+        state and reused while it is large enough (at most n_max + 1 tokens: the memory plan's spec scratch)."""
+        if state.steps is None:
+            state.steps = {"conv": {}, "ssm": {}, "len": 0}
+        buf = state.steps[kind].get(layer)
+        if buf is None or buf.shape[0] < rows:
+            buf = state.steps[kind][layer] = self.empty((rows,) + shape, "f32", f"the speculative {kind} steps")
+        return buf
+
+    def restore_steps(self, state, k):
+        steps = state.steps
+        n = steps["len"] if steps is not None else 0
+        if not n:
+            raise ValueError("restore_steps: the state ran no keep_steps batch since its last restore")
+        if not 1 <= k <= n:
+            raise ValueError(f"restore_steps: k={k} outside 1..{n} (the batch's tokens)")
+        steps["len"] = 0
+        if k == n:
+            return                      # the states already are the last token's
+        for name in ("conv", "ssm"):
+            for layer, buf in steps[name].items():
+                dst = getattr(state, name)[layer]
+                self.native.cmp_memcpy_d2d(dst.ptr, buf.row_ptr(k - 1), dst.nbytes)
+
+    def concat(self, xs, axis):
+        xs = [x if isinstance(x, DeviceTensor) else self.from_host(np.asarray(x, np.float32)) for x in xs]
+        if axis == 0:
+            out = self.empty((sum(x.shape[0] for x in xs),) + xs[0].shape[1:])
+            row = 0
+            for x in xs:
+                self.native.cmp_memcpy_d2d(out.row_ptr(row), x.ptr, x.nbytes)
+                row += x.shape[0]
+            return out
+        T = xs[0].shape[0]
+        width = sum(x.shape[1] for x in xs)
+        out, col = self.empty((T, width)), 0
+        for x in xs:          # [T, D_i] into columns col .. col + D_i of [T, width]
+            self.native.cmp_memcpy2d_d2d(out.ptr + col * 4, width * 4, x.ptr, x.shape[1] * 4, x.shape[1] * 4, T)
+            col += x.shape[1]
+        return out
 
     # -- sampling ----------------------------------------------------------------------------------------------
     def argmax(self, logits: DeviceTensor, out: DeviceTensor | None = None) -> DeviceTensor:

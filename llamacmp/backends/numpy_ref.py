@@ -318,6 +318,9 @@ class NumpyBackend(Backend):
             y = sum(xin[j:j + seg.length] * w[:, j] for j in range(kernel))
             out[rows] = silu(y)
             seg.state.conv[layer][...] = xin[seg.length:]
+            if batch.keep_steps:     # the state after token t is the kernel-1 inputs ending at t: [L, kernel-1, C]
+                steps = _steps(seg.state, "conv", layer)
+                steps[:] = [xin[t + 1:t + kernel].astype(np.float32) for t in range(seg.length)]
         return out
 
     def gdn(self, qkv, g, b, batch, layer, cfg, chunked: bool | None = None):
@@ -329,6 +332,9 @@ class NumpyBackend(Backend):
         out = np.empty((T, V, Dk), np.float32)
         for seg in batch.segments:
             r = slice(seg.start, seg.start + seg.length)
+            if batch.keep_steps:
+                self._gdn_steps(q[r], k[r], v[r], g[r], b[r], seg.state, layer, K, out[r])
+                continue
             use_chunks = seg.length > 1 if chunked is None else chunked
             run = gdn_chunked if use_chunks else gdn_recurrent
             S_all = seg.state.ssm[layer]
@@ -338,6 +344,33 @@ class NumpyBackend(Backend):
                 out[r, h] = o
                 S_all[h] = S
         return out.reshape(T, V * Dk)
+
+    @staticmethod
+    def _gdn_steps(q, k, v, g, b, state, layer, K, out):
+        """One segment token by token (the decode recurrence, so a verified token's output equals its decode),
+        keeping the state [V, Dk, Dv] after every token."""
+        steps = _steps(state, "ssm", layer)
+        S = state.ssm[layer].astype(np.float64)                      # [V, Dk, Dv]
+        for t in range(len(q)):
+            for h in range(S.shape[0]):
+                o, S[h] = gdn_recurrent(q[t:t + 1, h % K], k[t:t + 1, h % K], v[t:t + 1, h],
+                                        g[t:t + 1, h].astype(np.float64), b[t:t + 1, h].astype(np.float64), S[h])
+                out[t, h] = o[0]
+            steps.append(S.astype(np.float32))
+        state.ssm[layer][...] = S
+
+    def restore_steps(self, state, k):
+        steps, state.steps = state.steps, None
+        if steps is None:
+            raise ValueError("restore_steps: the state ran no keep_steps batch since its last restore")
+        for name, per_layer in steps.items():
+            for layer, kept in per_layer.items():
+                if not 1 <= k <= len(kept):
+                    raise ValueError(f"restore_steps: k={k} outside 1..{len(kept)} (the batch's tokens)")
+                getattr(state, name)[layer][...] = kept[k - 1]
+
+    def concat(self, xs, axis):
+        return np.concatenate([np.asarray(x, np.float32) for x in xs], axis=axis)
 
     def gated_rmsnorm(self, o, z, w, eps, head_dim):
         T = len(o)
@@ -399,6 +432,14 @@ class NumpyBackend(Backend):
     def row_to_host(self, logits, row: int) -> np.ndarray:
         """logits [R, N] -> a float32 copy of row `row` [N]."""
         return np.array(logits[row], np.float32)
+
+
+def _steps(state, kind: str, layer: int) -> list:
+    """The list of per-token states of one layer's conv or ssm kept for restore_steps (a fresh one per batch)."""
+    if state.steps is None:
+        state.steps = {"conv": {}, "ssm": {}}
+    state.steps[kind][layer] = []
+    return state.steps[kind][layer]
 
 
 def _q8_matmul(xq: tuple[np.ndarray, np.ndarray], w: RefQ8) -> np.ndarray:

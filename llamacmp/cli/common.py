@@ -11,6 +11,7 @@ from typing import TextIO
 from .. import memplan, progress, sparse_attn
 from ..args import apply_gguf_sampling
 from ..engine.generate import Session, Timings
+from ..engine.speculative import enabled_spec
 from ..params import Params
 from ..run_plan import RunPlan, RunPlanError, check_options, plan_run
 from ..sampling import Sampler
@@ -81,7 +82,8 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
         if len(backends) == 1:       # a layer split plans each part in models/split.py, not here
             memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=None if quiet else err)
         with progress.loading(err, enabled=not p.log_disable):   # llama-cli shows it at every verbosity
-            lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, None if quiet else err)
+            lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, None if quiet else err,
+                             mtp=enabled_spec(run) is not None)
     except memplan.PlanError as e:
         raise CliError(f"error: {e}") from None
     except (GGUFError, OSError) as e:

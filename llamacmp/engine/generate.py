@@ -16,6 +16,7 @@ import numpy as np
 from ..sampling import Sampler
 from .decode import Decoder, LogitsRow, draw_tokens
 from .prompt_cache import SlotCache, rewind
+from .speculative import Speculator, accept_tokens, enabled_spec
 from .turn import Turn
 
 
@@ -78,11 +79,11 @@ class Session:
 
     @classmethod
     def from_plan(cls, lm, run) -> "Session":
-        """The one sequence of a run_plan.RunPlan (context, batch sizes, -ctk / -ctv)."""
-        return cls(lm, run.n_ctx, run.n_batch, run.n_ubatch, run.k_type, run.v_type)
+        """The one sequence of a run_plan.RunPlan (context, batch sizes, -ctk / -ctv, --spec-*)."""
+        return cls(lm, run.n_ctx, run.n_batch, run.n_ubatch, run.k_type, run.v_type, spec=enabled_spec(run))
 
     def __init__(self, lm, n_ctx: int, n_batch: int = 2048, n_ubatch: int = 512, kv_type: str = "f16",
-                 v_type: str | None = None, max_checkpoints: int = 2):
+                 v_type: str | None = None, max_checkpoints: int = 2, spec=None):
         self.lm = lm
         self.n_ctx = n_ctx
         # a layer split takes whole -b batches and pipelines their -ub pieces over its devices (models/split.py)
@@ -96,6 +97,9 @@ class Session:
         self.logits: np.ndarray | LogitsRow | None = None
         self.cache = SlotCache(max_checkpoints)     # checkpoints of the decoded history (its tokens: set on use)
         self._ops = None
+        # --spec-type draft-mtp (spec.SpecConfig): drafts from the model's MTP head, verified in one forward
+        self.spec = Speculator.from_spec(lm.model, spec, lm.path) if spec is not None and spec.enabled else None
+        self.mtp = self.spec.new_seq(n_ctx, self.kv_type, self.v_type) if self.spec else None
 
     @property
     def n_decoded(self) -> int:
@@ -107,8 +111,10 @@ class Session:
         self.decoder.forget(self.state)
         # drop the old caches before making the new ones: the memory plan counts one context (two at -c 262144
         # would not fit a 16 GiB card), and the arena hands the freed blocks straight back
-        self.state = self.logits = None
+        self.state = self.logits = self.mtp = None
         self.state = self.lm.backend.new_state(self.lm.cfg, self.n_ctx, self.kv_type, self.v_type)
+        if self.spec:
+            self.mtp = self.spec.new_seq(self.n_ctx, self.kv_type, self.v_type)
 
     @property
     def ops(self):
@@ -154,7 +160,9 @@ class Session:
     def _decode(self, tokens: list[int], all_logits: bool):
         """-> the backend's logits tensor; a single token goes through the decode path (a CUDA graph)."""
         t0 = now_ms()
-        if len(tokens) == 1 and not all_logits:
+        if self.spec is not None:      # every token also goes through the MTP head (its KV cache)
+            logits = self.spec.prefill(self.state, self.mtp, tokens, all_logits)
+        elif len(tokens) == 1 and not all_logits:
             logits = self.decoder.decode([self.state], tokens)      # advances state.n_past
         else:
             logits = self.decoder.prefill(self.state, tokens, all_logits)
@@ -179,6 +187,8 @@ class Session:
         else:
             rewind(self.ops, self.state, self.cache, point)
             self.history = list(tokens[:point.pos])
+            if self.spec:
+                self.spec.reset(self.mtp, self.state.n_past)
         return self.feed(tokens[point.pos:], checkpoint_at=checkpoint_at)
 
     def sample(self, sampler: Sampler) -> int:
@@ -195,6 +205,29 @@ class Session:
         self.timings.t_sample_ms += now_ms() - t0
         self.timings.n_sample += 1
         return token
+
+    def _speculate(self, sampler: Sampler, turn: Turn, n_predict: int, on_token, on_text) -> None:
+        """One draft-and-verify step from the pending last token; the emitted tokens join the history (the last one
+        pending, as a sampled token is in the plain path)."""
+        def take(tok: int) -> bool:
+            self.history.append(tok)
+            if on_token:
+                on_token(tok)
+            piece = turn.accept(tok)
+            if piece and on_text:
+                on_text(piece)
+            return not turn.stopped and not turn.forced and (n_predict < 0 or turn.n_spent < n_predict)
+
+        t0 = now_ms()
+        sp, tok0 = self.spec, self.history[-1]
+        drafts = sp.draft([(self.state, self.mtp, tok0)])[0]
+        logits, h, (v,) = sp.verify([(self.state, self.mtp, tok0, drafts)])
+        j = accept_tokens(self.lm.backend, logits, v, sampler, take)
+        sp.commit(v, h, j)
+        self.logits = None                 # the pending token's logits come with the next feed or step
+        self.decoder.sync()
+        self.timings.t_eval_ms += now_ms() - t0
+        self.timings.n_eval += j
 
     def generate(self, sampler: Sampler, n_predict: int, stop_strings: tuple[str, ...] = (),
                  on_text: Callable[[str], None] | None = None, special: bool = False,
@@ -213,6 +246,10 @@ class Session:
         while not turn.stopped and (n_predict < 0 or turn.n_spent < n_predict):
             if should_stop():
                 return Generation(turn.text + turn.flush(), turn.generated, "interrupted")
+            if (self.spec is not None and grammar is None and not turn.forced
+                    and self.n_decoded == len(self.history) - 1 < self.n_ctx):
+                self._speculate(sampler, turn, n_predict, on_token, on_text)
+                continue
             if self.n_decoded < len(self.history):     # the last sampled (or injected) tokens
                 try:
                     self.feed([])

@@ -28,6 +28,7 @@ from .decode import Decoder, LogitsRow, draw_tokens
 from .grammar import GrammarCompiler
 from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host, rewind
 from .slot import GENERATE, PREFILL, Slot
+from .speculative import Speculator, accept_tokens
 from .tasks import CancelTask, CompletionTask, EmbedTask, ErrorResult, QueryTask, SlotActionTask
 
 log = logging.getLogger("llamacmp.engine")
@@ -47,6 +48,7 @@ class EngineConfig:
     checkpoint_tail: int = 4             # one this many tokens before the prompt end (llama.cpp PR #20288)
     slot_prompt_similarity: float = 0.10 # -sps
     max_graphs: int = 8                  # CUDA: decode graphs kept (one per set of slots generating together)
+    spec: object = None                  # spec.SpecConfig (--spec-*): draft-mtp runs engine/speculative.py
 
 
 @dataclass(slots=True)
@@ -71,6 +73,10 @@ class Engine:
         self.decoder = Decoder(lm, max_graphs=cfg.max_graphs)
         self.slots = [Slot(i, self.backend.new_state(lm.cfg, cfg.n_ctx_slot, cfg.k_type, cfg.v_type),
                            SlotCache(cfg.ctx_checkpoints)) for i in range(cfg.n_slots)]
+        self.spec = Speculator.from_spec(lm.model, cfg.spec, lm.path) if cfg.spec is not None and cfg.spec.enabled \
+            else None
+        for slot in self.slots if self.spec else ():
+            slot.mtp = self.spec.new_seq(cfg.n_ctx_slot, cfg.k_type, cfg.v_type)
         self.host_cache = HostCache(cfg.cache_ram_mib)
         self.grammars = GrammarCompiler(self.tokenizer)   # used by handlers (compile) and here (matchers)
         self.metrics = EngineMetrics()
@@ -329,6 +335,7 @@ class Engine:
             host = self.host_cache.take(key)     # before saving this slot: that put() may evict entries
             self._save_to_host(slot)
             restore_from_host(self.ops, slot.state, slot.cache, host, host_point)
+            self._spec_reset(slot)
             return host_point
         if point.pos < len(slot.cache.tokens):
             # keep the slot's history in host RAM only when the new prompt drops most of it (llama.cpp's
@@ -344,10 +351,17 @@ class Engine:
         if point.pos == 0 and point.lcp > 0:
             log.info("slot %d: forcing full prompt re-processing due to lack of cache data", slot.id)
         rewind(self.ops, slot.state, slot.cache, point)
+        self._spec_reset(slot)
 
     def _reset(self, slot: Slot) -> None:
         self.ops.reset(slot.state)
         slot.cache.clear()
+        self._spec_reset(slot)
+
+    def _spec_reset(self, slot: Slot) -> None:
+        """The slot's state was moved (rewind, reset, restore): the MTP head's memory of it starts over."""
+        if self.spec is not None:
+            self.spec.reset(slot.mtp, slot.state.n_past)
 
     def _save_to_host(self, slot: Slot) -> None:
         """Before a slot's history is overwritten, keep it in the host-RAM cache (-cram)."""
@@ -374,6 +388,10 @@ class Engine:
         with prompt rows, and prompt chunks never with another slot's: a slot's arithmetic does not depend on
         what the others are doing (a mixed batch would take the tiled GEMM, which sums in another order)."""
         gen = [s for s in self.slots if s.phase == GENERATE]
+        spec = [s for s in gen if self._speculates(s)]
+        if spec:
+            self._speculate(spec)
+            gen = [s for s in gen if s not in spec]
         if gen:
             t0 = time.perf_counter()
             logits = self.decoder.decode([s.state for s in gen], [s.next_token for s in gen])
@@ -387,7 +405,7 @@ class Engine:
                 break
             t0 = time.perf_counter()
             try:
-                logits = s.prefill(self.decoder, chunk)
+                logits = s.prefill(self.decoder, chunk, self.spec)
             except Exception as e:       # e.g. out of device memory for this prompt: fail this request only
                 log.exception("slot %d: prefill failed", s.id)
                 s.task.sink(ErrorResult(s.task.id, s.task.index, f"prompt processing failed: {e}"))
@@ -398,6 +416,59 @@ class Engine:
             self._after_forward([s], [chunk], logits, t0)
             budget -= len(chunk)
             ran = True
+
+    def _speculates(self, slot: Slot) -> bool:
+        """Whether this generating slot takes a draft-and-verify step: MTP on, and nothing that needs each row's
+        logits on the host or a token forced (grammar, n_probs, reasoning budget), no image before it (the head
+        reads text positions only), room for a draft in the context."""
+        p = slot.task.params
+        return (self.spec is not None and slot.grammar is None and not slot.forced and p.n_probs <= 0
+                and not slot.state.rope_shift and slot.state.n_past + 2 <= slot.state.n_ctx)
+
+    def _speculate(self, slots: list[Slot]) -> None:
+        """One draft-and-verify step for these slots: drafts for all in one MTP forward per round, verification
+        of all in one target forward; then each slot's tokens through _emit's rules, and the rewind."""
+        t0 = time.perf_counter()
+        sp = self.spec
+        drafts = sp.draft([(s.state, s.mtp, s.next_token) for s in slots])
+        logits, h, verified = sp.verify([(s.state, s.mtp, s.next_token, d) for s, d in zip(slots, drafts)])
+        self._flush()
+        self.metrics.n_decode_total += 1
+        self.metrics.n_busy_slots_total += len(slots)
+        for slot, v in zip(slots, verified):
+            slot.cache.tokens.append(v.t0)
+            slot.cache.last_logits = None
+            last = [v.t0]
+
+            def take(tok: int, slot=slot, v=v, last=last) -> bool:
+                row = LogitsRow(self.backend, logits, v.row + len(last) - 1)
+                slot.state.n_past = v.pos + len(last)    # as the plain path has it when this token is drawn
+                last.append(tok)
+                return self._emit_one(slot, tok, row)
+            try:
+                j = accept_tokens(self.backend, logits, v, slot.sampler, take)
+            except Exception as e:       # one request's bad settings must not fail its neighbours
+                log.exception("slot %d failed", slot.id)
+                slot.task.sink(ErrorResult(slot.task.id, slot.task.index, f"sampling failed: {e}"))
+                sp.commit(v, h, 1)
+                self._release(slot)
+                continue
+            sp.commit(v, h, j)
+            slot.cache.tokens.extend(v.drafts[:j - 1])
+            self.metrics.t_tokens_generation_total += (time.perf_counter() - t0) * 1e3
+            if slot.stopped:
+                self._finish(slot, LogitsRow(self.backend, logits, v.row + j - 1))
+            else:
+                slot.next_token = last[-1]
+
+    def _emit_one(self, slot: Slot, tok: int, row) -> bool:
+        """_emit's accounting and streaming of one verified token, without finishing the request (the caller
+        rewinds first) -> whether the slot goes on."""
+        text = slot.accept(tok, row, self.cfg.n_ctx_slot)
+        self.metrics.n_tokens_predicted_total += 1
+        if slot.task.params.stream:
+            slot.task.sink(slot.partial(text, tok))
+        return not slot.stopped and not slot.forced
 
     def _chunk_size(self, room: int) -> int:
         """Prompt tokens one slot may add in one forward: n_ubatch; a layer split (models/split.py) takes as many
@@ -593,6 +664,7 @@ class Engine:
                                "file", "invalid_request_error", 400)
         self._save_to_host(slot)
         self.ops.load_host(slot.state, host, None)
+        self._spec_reset(slot)
         slot.cache.clear()
         slot.cache.tokens, slot.cache.last_logits = list(host.tokens), host.logits
         return {"id_slot": slot.id, "filename": task.filename, "n_restored": len(host.tokens), "n_read": n_bytes,

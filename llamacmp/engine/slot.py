@@ -61,6 +61,7 @@ class Slot:
     t_prompt: float = 0.0
     t_gen: float = 0.0
     timings: Timings = field(default_factory=Timings)
+    mtp: object = None                   # speculative.MtpSeq: the MTP head's memory of this slot (--spec-type)
 
     @property
     def busy(self) -> bool:
@@ -151,13 +152,16 @@ class Slot:
                 end = p
         return self.prompt[start:end]
 
-    def prefill(self, decoder, chunk: list[int]):
-        """Run one chunk from next_chunk: text through the decoder, an image's rows through vision/prompt.py.
+    def prefill(self, decoder, chunk: list[int], spec=None):
+        """Run one chunk from next_chunk: text through the decoder (and the MTP head: `spec`, a Speculator), an
+        image's rows through vision/prompt.py (the head does not see images: its memory starts over after one).
         -> the backend's logits of the chunk's last row."""
         img = self.task.images.get(self.state.n_past) if self.task.images else None
         if img is not None:
             from ..vision.prompt import eval_image
             return eval_image(decoder.model, self.state, img)
+        if spec is not None:
+            return spec.prefill(self.state, self.mtp, chunk)
         return decoder.prefill(self.state, chunk)
 
     def prompt_done(self) -> bool:

@@ -22,6 +22,9 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_memcpy_h2d": ((_p, _p, _sz), "int cmp_memcpy_h2d(void* dst, const void* src, size_t bytes)"),
     "cmp_memcpy_d2h": ((_p, _p, _sz), "int cmp_memcpy_d2h(void* dst, const void* src, size_t bytes)"),
     "cmp_memcpy_d2d": ((_p, _p, _sz), "int cmp_memcpy_d2d(void* dst, const void* src, size_t bytes)"),
+    "cmp_memcpy2d_d2d": ((_p, _sz, _p, _sz, _sz, _sz),
+                         "int cmp_memcpy2d_d2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, "
+                         "size_t height)"),
     "cmp_memset": ((_p, _i, _sz), "int cmp_memset(void* ptr, int value, size_t bytes)"),
     "cmp_synchronize": ((), "int cmp_synchronize(void)"),
     "cmp_graph_begin": ((), "int cmp_graph_begin(void)"),
@@ -146,6 +149,12 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_gdn_chunked": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _f),
                         "int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, "
                         "float* o, int L, int K, int V, int Dk, float eps)"),
+    "cmp_conv1d_silu_keep": ((_p, _p, _p, _p, _p, _i, _i, _i),
+                             "int cmp_conv1d_silu_keep(const float* x, const float* w, float* state, float* steps, "
+                             "float* out, int L, int C, int kernel)"),
+    "cmp_gdn_keep": ((_p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _f),
+                     "int cmp_gdn_keep(const float* qkv, const float* g, const float* b, float* state, float* steps, "
+                     "float* o, int L, int K, int V, int Dk, float eps)"),
     "cmp_conv1d_silu_rows": ((_p, _p, _p, _p, _i, _i, _i),
                              "int cmp_conv1d_silu_rows(const float* x, const float* w, float* const* states, "
                              "float* out, int S, int C, int kernel)"),

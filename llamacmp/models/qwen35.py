@@ -1,8 +1,9 @@
 """Qwen3.5 / 3.6 dense hybrid model (GGUF architecture `qwen35`): 3 Gated DeltaNet layers per gated-attention
-layer, each followed by a SwiGLU MLP. Written once against the backend op interface; no kernels here."""
+layer, each followed by a SwiGLU MLP; optionally the MTP (multi-token prediction) head that drafts for speculative
+decoding (engine/speculative.py). Written once against the backend op interface; no kernels here."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..backends.base import Backend, StepBatch
 from ..config import ModelConfig
@@ -25,9 +26,16 @@ class _Layer:
     attn: _Attn | None; gdn: _GDN | None; slot: int   # slot: index into the state's KV or GDN lists
 
 
+@dataclass(slots=True)
+class _Mtp:
+    layer: _Layer           # a full-attention decoder block; its KV cache is slot 0 of an MTP state (mtp_state)
+    eh_proj: object; enorm: object; hnorm: object; head_norm: object; embed: object; head: object
+
+
 class Qwen35Model:
     architecture = "qwen35"
     splits_batches = False     # prompt chunks come cut at -ub (a layer split takes whole -b batches: split.py)
+    mtp: _Mtp | None = None    # the MTP head, when the file has one (speculative decoding: engine/speculative.py)
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend: Backend, layers: range | None = None,
                  embed: bool = True, head: bool = True):
@@ -57,6 +65,18 @@ class Qwen35Model:
                 slot = cfg.gdn_layers.index(il)
             self.layers.append(_Layer(v(lw.attn_norm), v(lw.post_attention_norm),
                                       [m(lw.ffn_gate), m(lw.ffn_up)], m(lw.ffn_down), attn, gdn, slot))
+        self.mtp = self._upload_mtp(weights) if head and weights.mtp is not None else None
+
+    def _upload_mtp(self, weights: ModelWeights) -> _Mtp:
+        """The MTP block; its embedding and LM head are the model's own uploads when the file has no separate ones."""
+        m, v, w = self.be.upload_matrix, self.be.upload_vector, weights.mtp
+        a, b = w.block.attn, w.block
+        layer = _Layer(v(b.attn_norm), v(b.post_attention_norm), [m(b.ffn_gate), m(b.ffn_up)], m(b.ffn_down),
+                       _Attn(m(a.attn_q), m(a.attn_k), m(a.attn_v), m(a.attn_output), v(a.attn_q_norm),
+                             v(a.attn_k_norm)), None, 0)
+        embed = self.token_embd if w.embed is weights.token_embd and self.token_embd is not None else m(w.embed)
+        head = self.output if w.head is weights.output else m(w.head)
+        return _Mtp(layer, m(w.eh_proj), v(w.enorm), v(w.hnorm), v(w.head_norm), embed, head)
 
     def forward(self, batch: StepBatch):
         """Runs the batch, advances every segment's state, returns logits [len(batch.output_rows), N]."""
@@ -64,6 +84,41 @@ class Qwen35Model:
         for seg in batch.segments:
             seg.state.n_past += seg.length
         return self.head(x, batch)
+
+    def forward_hidden(self, batch: StepBatch):
+        """forward, and also the hidden state the MTP head reads: (logits [R, N], h [T, D] = rmsnorm(x, output_norm)
+        for every row). llama.cpp 0c1e570 qwen35.cpp: the main graph's t_h_nextn is build_norm(cur, output_norm)
+        before the LM head, over all rows (embeddings_nextn_masked is false for the target context)."""
+        x = self.run_layers(self.embed(batch), batch, range(len(self.layers)))
+        for seg in batch.segments:
+            seg.state.n_past += seg.length
+        # the logits through the same fused op as forward(), so verified tokens see exactly the decode's logits
+        return self.head(x, batch), self.be.rmsnorm(x, self.output_norm, self.cfg.rms_eps)
+
+    def mtp_state(self, n_ctx: int, kv_type: str = "f16", v_type: str | None = None):
+        """Zeroed memory of the MTP block for one sequence: one attention layer's KV cache, no recurrent state."""
+        cfg = replace(self.cfg, n_layer=1, full_attention_interval=1, n_nextn=0)
+        return self.be.new_state(cfg, n_ctx, kv_type, v_type)
+
+    def mtp_forward(self, batch: StepBatch, h):
+        """The MTP head over `batch` (whose segments hold MTP states from mtp_state), h [T, D] the main model's
+        hidden state (forward_hidden) of the token before each row's token -> (logits [R, N] of batch.output_rows or
+        None when R = 0, h_out [T, D]); advances the MTP states' n_past.
+
+        As llama.cpp 0c1e570 qwen35.cpp graph_mtp: eh_proj(concat(enorm(embed(token)), hnorm(h))) -> one
+        full-attention decoder block (its own KV cache, rotary at the token's position) -> shared_head_norm ->
+        LM head. h_out is that normed state (graph_mtp's t_h_nextn): common/speculative.cpp's draft() feeds it as h
+        of the next draft position, so drafts beyond the first chain on the head's own output."""
+        be, t, eps = self.be, self.mtp, self.cfg.rms_eps
+        e = be.rmsnorm(be.embed(t.embed, batch.tokens), t.enorm, eps)
+        x = be.matmuls(be.concat([e, be.rmsnorm(h, t.hnorm, eps)], axis=1), [t.eh_proj])[0]
+        x = self._mlp(self._attention(x, t.layer, batch), t.layer)
+        for seg in batch.segments:
+            seg.state.n_past += seg.length
+        h_out = be.rmsnorm(x, t.head_norm, eps)
+        if not len(batch.output_rows):
+            return None, h_out
+        return be.matmuls(be.gather_rows(h_out, batch.output_rows), [t.head])[0], h_out
 
     # The three steps of forward, also run separately by a layer split (each on the backend holding its part).
     def embed(self, batch: StepBatch):

@@ -288,11 +288,11 @@ class SplitState(SeqState):
 
 # SeqState fields beyond the tensors and n_past that a part's state mirrors from its sequence before each step.
 _SHARED_STATE_FIELDS = tuple(n for n in getattr(SeqState, "__dataclass_fields__", {})
-                             if n not in ("n_ctx", "k", "v", "conv", "ssm", "n_past", "k_type", "v_type"))
+                             if n not in ("n_ctx", "k", "v", "conv", "ssm", "n_past", "k_type", "v_type", "steps"))
 # StepBatch fields beyond tokens/positions/segments/output_rows/device that hold one row per token (sliced with the
 # micro-batch) -- the vision batches' rope_pos and embeddings where those exist.
 _ROW_FIELDS = tuple(n for n in getattr(StepBatch, "__dataclass_fields__", {})
-                    if n not in ("tokens", "positions", "segments", "output_rows", "device"))
+                    if n not in ("tokens", "positions", "segments", "output_rows", "device", "keep_steps"))
 
 
 def _with_rows(dst: StepBatch, src: StepBatch, rows: slice | None = None) -> StepBatch:
@@ -455,6 +455,7 @@ class SplitStateOps:
 class SplitModel:
     """lm.model for a split: forward(batch) -> host logits [len(batch.output_rows), N], advancing the states."""
     splits_batches = True      # Session hands it whole -b batches; it cuts them into micro_batch pieces itself
+    mtp = None                 # the MTP head does not run over a layer split (engine/speculative.py refuses)
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, backends: Sequence[Backend],
                  ratios: Sequence[float] | None = None, bridge: str = "auto", micro_batch: int = 512):

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 from .. import BUILD_NUMBER
 from ..chat import BuiltinTemplate, ChatTemplate, select_template
 from ..engine.scheduler import Engine, EngineConfig
+from ..engine.speculative import enabled_spec
 from ..params import Params, ServerParams
 from . import prep_cancel
 from .errors import ClientGone
@@ -116,7 +117,7 @@ class ServerContext:
             memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=out)
         log.info("%s", startup_log.srv("load_model", f"loading model '{p.model}'"))
         with progress.loading(sys.stderr, enabled=log.isEnabledFor(logging.INFO)):
-            lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, out)
+            lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, out, mtp=enabled_spec(run) is not None)
         _log_lines(startup_log.model_lines(lm.gguf, lm.cfg.n_ctx_train))
         self.n_slots, self.n_ctx_slot = run.n_slots, run.n_ctx
         # args.py already read --chat-template-file into chat_template
@@ -129,7 +130,8 @@ class ServerContext:
                            k_type=run.k_type, v_type=run.v_type,
                            cache_ram_mib=self.opts.cache_ram_mib, ctx_checkpoints=self.opts.ctx_checkpoints,
                            checkpoint_every=self.opts.checkpoint_every,
-                           slot_prompt_similarity=self.opts.slot_prompt_similarity)
+                           slot_prompt_similarity=self.opts.slot_prompt_similarity,
+                           spec=enabled_spec(run))
         if p.mmproj_path:           # a bad projector fails the start, as llama-server does
             from ..vision.projector import VisionProjector
             self.vision = VisionProjector(p.mmproj_path, lm, min_tokens=p.image_min_tokens,

@@ -1,0 +1,265 @@
+"""Speculative decoding with the model's own MTP head (--spec-type draft-mtp), independent of the driver.
+
+One step for a list of sequences, each with its last sampled token t0 pending at position P (= state.n_past):
+  1. draft   up to n_max tokens per sequence with the MTP head, all sequences in one MTP forward per draft round;
+  2. verify  [t0, d1..dn] of every sequence in one main forward (all logits; the recurrent layers keep their state
+             after each token: StepBatch.keep_steps);
+  3. accept  row by row (accept_tokens): the target's own draw at row i is compared with d(i+1) -- for greedy
+             rows exactly the decode's argmax, for sampled rows the speculative-sampling rule (accept d with
+             probability min(1, p(d)/q(d)), else draw from norm(max(0, p - q))), with q the draft's distribution
+             (a point mass: drafts are the MTP argmax, as llama.cpp's top-k 10 draft sampler takes data[0]), so the
+             output distribution is the sampler chain's own;
+  4. commit  keep the first j verified tokens (Backend.restore_steps; KV rows past them are overwritten later).
+
+How llama.cpp 0c1e570 feeds the head (common/speculative.cpp, common_speculative_impl_draft_mtp): the MTP input at
+position p is the token x_p with the target's hidden state h_(p-1) (the row before; zeros before the first token),
+for every position the target evaluates (process(): prompt included), so the head's own KV cache covers the whole
+sequence. Here those (token, h) pairs wait in MtpSeq.pending until the next draft, whose first MTP forward runs them
+together with (t0, h_(P-1)).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from ..backends.base import SeqState, StepBatch
+from ..sampling import Sampler, SamplingParams
+from .decode import draw_tokens
+
+_ARGMAX = Sampler(SamplingParams(temp=0.0, seed=0))     # a neutral greedy chain: the backend's plain argmax
+DRAFT_TOP_K = 10                                        # llama.cpp's draft sampler (p_min is a top-10 probability)
+
+
+def enabled_spec(run):
+    """A run_plan.RunPlan's spec.SpecConfig when it asks for speculative decoding, else None. (RunPlan.spec comes
+    with the --spec-* parsing; a plan without the field runs as before.)"""
+    spec = getattr(run, "spec", None)
+    return spec if spec is not None and spec.enabled else None
+
+
+class SpecUnsupported(ValueError):
+    """The model or the request cannot run speculative decoding; the message names why."""
+
+
+@dataclass(slots=True)
+class MtpSeq:
+    """One sequence's drafting memory: the MTP block's KV cache and the target's hidden state it is fed with.
+    Invariant: state.n_past + len(pending) == the target sequence's n_past."""
+    state: SeqState                                     # the MTP block's KV cache (Qwen35Model.mtp_state)
+    h_last: object                                      # [1, D] the target's h at position n_past - 1 (zeros at 0)
+    pending: list[int] = field(default_factory=list)    # tokens at positions state.n_past.. not yet run by the head
+    pending_h: list = field(default_factory=list)       # tensors of rows [r, D]: h of the position before each
+    n_drafted: int = 0                                  # this sequence's totals (timings draft_n, draft_n_accepted)
+    n_accepted: int = 0
+
+
+@dataclass(slots=True)
+class Verified:
+    """One sequence's verify segment: t0 and its drafts at positions pos .. pos + len(drafts)."""
+    state: SeqState
+    mtp: MtpSeq
+    t0: int
+    drafts: list[int]
+    pos: int
+    row: int                   # the segment's first row in the verify batch's logits / h
+
+
+class Speculator:
+    """Draft, verify and commit for a model with an MTP head (models/qwen35.py Qwen35Model.mtp)."""
+
+    def __init__(self, model, n_max: int = 3, n_min: int = 0, p_min: float = 0.0):
+        if model.mtp is None:
+            raise SpecUnsupported("the model has no MTP head")
+        if n_max < 1:
+            raise SpecUnsupported(f"--spec-draft-n-max must be at least 1 for draft-mtp, got {n_max}")
+        self.model, self.be = model, model.be
+        self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
+        self.n_drafted = self.n_accepted = 0          # totals, for the draft_n / draft_n_accepted timings
+
+    @classmethod
+    def from_spec(cls, model, spec, path: str = "the model") -> "Speculator":
+        """From a spec.SpecConfig (type draft-mtp); a file without MTP layers is refused naming it and the flag."""
+        if model.mtp is None and model.cfg.n_nextn:
+            raise SpecUnsupported(f"--spec-type {spec.type}: the MTP head of '{path}' is not loaded (a layer split "
+                                  "over several GPUs does not run it yet: use one GPU, -sm none, or drop --spec-type)")
+        if model.mtp is None:
+            raise SpecUnsupported(f"--spec-type {spec.type}: '{path}' has no MTP layers "
+                                  "(qwen35.nextn_predict_layers); drop --spec-type or use a GGUF with its MTP head")
+        if spec.synth_len is not None or spec.synth_rates:
+            # HOOK: accept_tokens(synth=...) takes the synthetic acceptance once spec.py's function is in; until
+            # the drivers pass it, the flags are refused rather than ignored
+            raise SpecUnsupported("--spec-synth-len / --spec-synth-rates: synthetic acceptance is not wired into "
+                                  "the engine yet")
+        return cls(model, spec.n_max, spec.n_min, spec.p_min)
+
+    def new_seq(self, n_ctx: int, kv_type: str = "f16", v_type: str | None = None) -> MtpSeq:
+        return MtpSeq(self.model.mtp_state(n_ctx, kv_type, v_type), self._zeros())
+
+    def _zeros(self):
+        return self.be.upload_vector(np.zeros((1, self.model.cfg.n_embd), np.float32))
+
+    def reset(self, ms: MtpSeq, n_past: int) -> None:
+        """The target state was set to n_past by other means (a prompt-cache checkpoint): the head's memory of it is
+        gone. Drafts get worse until it has seen new tokens; the output does not change (verification decides)."""
+        ms.state.n_past, ms.h_last, ms.pending, ms.pending_h = n_past, self._zeros(), [], []
+
+    # -- prefill ------------------------------------------------------------------------------------------------
+    def prefill(self, state: SeqState, ms: MtpSeq, tokens: Sequence[int], all_logits: bool = False):
+        """The target's forward over a prompt chunk, then the head over the same positions (its KV cache) ->
+        the target's logits, as Decoder.prefill."""
+        if ms.state.n_past + len(ms.pending) != state.n_past:
+            self.reset(ms, state.n_past)
+        logits, h = self.model.forward_hidden(StepBatch.build([(state, list(tokens))], all_logits=all_logits))
+        self._push(ms, list(tokens), h, len(tokens))
+        batch = StepBatch.build([(ms.state, ms.pending)])
+        batch.output_rows = np.zeros(0, np.int32)
+        self.model.mtp_forward(batch, self.be.concat(ms.pending_h, axis=0))
+        ms.pending, ms.pending_h = [], []
+        return logits
+
+    def _push(self, ms: MtpSeq, tokens: list[int], h, n: int) -> None:
+        """tokens entered the target with hidden rows h [>= n, D] (rows 0..n-1 theirs): pair each with the row before."""
+        ms.pending += tokens
+        ms.pending_h.append(ms.h_last)
+        if n > 1:
+            ms.pending_h.append(self.be.gather_rows(h, np.arange(n - 1, dtype=np.int32)))
+        ms.h_last = self.be.gather_rows(h, np.asarray([n - 1], np.int32))
+
+    # -- one step -----------------------------------------------------------------------------------------------
+    def draft(self, items: Sequence[tuple[SeqState, MtpSeq, int]]) -> list[list[int]]:
+        """(target state, head memory, t0) per sequence, t0 pending at state.n_past -> up to n_max drafted tokens
+        each (fewer where the context ends). One MTP forward per round for all sequences; round 0 also runs each
+        one's pending pairs. A head memory out of step with its target (moved by a checkpoint) starts over."""
+        be, out = self.be, [[] for _ in items]
+        for st, ms, _ in items:
+            if ms.state.n_past + len(ms.pending) != st.n_past:
+                self.reset(ms, st.n_past)
+        seqs = [(ms, t0) for _, ms, t0 in items]
+        caps = [min(self.n_max, st.n_ctx - st.n_past - 1) for st, _, _ in items]
+        live = [s for s in range(len(seqs)) if caps[s] > 0]
+        if not live:
+            return out
+        rows = [(seqs[s][0].state, seqs[s][0].pending + [seqs[s][1]]) for s in live]
+        h_in = be.concat([x for s in live for x in seqs[s][0].pending_h + [seqs[s][0].h_last]], axis=0)
+        for s in live:
+            seqs[s][0].pending, seqs[s][0].pending_h = [], []
+        while live:
+            batch = StepBatch.build(rows)
+            logits, h_out = self.model.mtp_forward(batch, h_in)
+            ids = self._pick(logits)                   # row r drafts for sequence live[r]; None: below p_min
+            for r, s in enumerate(live):
+                if ids[r] is not None:
+                    out[s].append(ids[r])
+            go = [(r, s) for r, s in enumerate(live) if ids[r] is not None and len(out[s]) < caps[s]]
+            if not go:
+                break
+            # the next round: each drafted token with the head's own output state (llama.cpp's draft() chain)
+            h_in = be.gather_rows(h_out, np.asarray([batch.output_rows[r] for r, _ in go], np.int32))
+            live = [s for _, s in go]
+            rows = [(seqs[s][0].state, [out[s][-1]]) for s in live]
+        for o, (_, ms, _) in zip(out, items):
+            if len(o) < self.n_min:
+                o.clear()
+            ms.n_drafted += len(o)
+        self.n_drafted += sum(len(o) for o in out)
+        return out
+
+    def _pick(self, logits) -> list[Optional[int]]:
+        """The MTP's argmax per row (on the backend: only ids cross); None where its top-10 probability is below
+        p_min (llama.cpp's draft sampler: top-k 10, then data[0].p compared with p_min)."""
+        R = int(logits.shape[0])
+        ids = draw_tokens(self.be, logits, [_ARGMAX] * R)
+        if self.p_min <= 0.0:
+            return ids
+        out = []
+        for r in range(R):
+            x = np.sort(self.be.row_to_host(logits, r).astype(np.float64))[-DRAFT_TOP_K:]
+            p_top = 1.0 / np.exp(x - x[-1]).sum()
+            out.append(ids[r] if p_top >= self.p_min else None)
+        return out
+
+    def verify(self, seqs: Sequence[tuple[SeqState, MtpSeq, int, list[int]]]):
+        """(target state, head memory, t0, drafts) per sequence -> (logits [T, N] of every row, h [T, D],
+        [Verified]). The target states advance by 1 + len(drafts); commit() sets each back to what it keeps."""
+        batch = StepBatch.build([(st, [t0] + d) for st, _, t0, d in seqs], all_logits=True)
+        batch.keep_steps = True
+        segs = [Verified(st, ms, t0, list(d), st.n_past, seg.start)
+                for (st, ms, t0, d), seg in zip(seqs, batch.segments)]
+        with self.be.decode_order():      # each verified token's logits exactly its decode's (CUDA graphs' order)
+            logits, h = self.model.forward_hidden(batch)
+        return logits, h, segs
+
+    def commit(self, v: Verified, h, j: int) -> None:
+        """Keep the first j (1 <= j <= 1 + len(drafts)) verified tokens: t0 and the drafts before the j-th emitted
+        token (which becomes the next t0). Rewinds the recurrent state and queues the kept tokens for the head."""
+        if not 1 <= j <= len(v.drafts) + 1:
+            raise ValueError(f"commit: j={j} outside 1..{len(v.drafts) + 1}")
+        self.be.restore_steps(v.state, j)
+        v.state.n_past = v.pos + j
+        ms = v.mtp
+        # positions from here on are rewritten from the pending pairs (the drafts' KV rows included); a sequence
+        # that did not draft still holds its earlier pending pairs
+        ms.state.n_past = v.pos - len(ms.pending)
+        self._push(ms, [v.t0] + v.drafts[:j - 1], self.be.gather_rows(h, np.arange(v.row, v.row + j, dtype=np.int32)),
+                   j)
+        self.n_accepted += j - 1
+        ms.n_accepted += j - 1
+
+
+# -- acceptance ---------------------------------------------------------------------------------------------------
+
+def speculative_choice(ids: np.ndarray, p: np.ndarray, d: int, q: dict[int, float], rng: np.random.Generator) -> int:
+    """The standard speculative-sampling rule (Leviathan et al. 2023; Chen et al. 2023): the target distribution
+    p over `ids`, a draft token d drawn from the draft distribution q (token -> probability) -> d with probability
+    min(1, p(d)/q(d)), else a draw from norm(max(0, p - q)). The result is distributed exactly as p."""
+    pd = float(p[ids == d].sum())
+    if rng.random() < min(1.0, pd / q[d]):
+        return int(d)
+    resid = np.maximum(0.0, p - np.asarray([q.get(int(t), 0.0) for t in ids]))
+    return int(ids[rng.choice(len(ids), p=resid / resid.sum())])
+
+
+def history_free_greedy(sampler: Sampler) -> bool:
+    """Greedy with neutral penalties: every verify row's draw is fixed before any token is accepted, so all rows
+    can be drawn at once on the backend (only ids cross)."""
+    p = sampler.params
+    return p.temp <= 0.0 and (p.penalty_last_n == 0 or (p.penalty_repeat == 1.0 and p.penalty_freq == 0.0
+                                                          and p.penalty_present == 0.0))
+
+
+def accept_tokens(be, logits, v: Verified, sampler: Sampler, take: Callable[[int], bool],
+                  synth: Optional[Callable[[Sequence[int]], int]] = None) -> int:
+    """Walk v's verify rows: at row i the target's draw given t0, d1..di; continue while it equals d(i+1). Each
+    emitted token goes to take() (the driver's Turn: it accepts the token into the sampler, so later rows see it
+    in the penalty window); take() returning False stops the walk (the generation ended). -> j, the number of
+    tokens emitted, for Speculator.commit.
+
+    synth: synthetic acceptance for benchmarks (--spec-synth-len / --spec-synth-rates; spec.synth_accepted from
+    mtp-engine): drafts -> how many are accepted, whatever the target says; the target's draw follows them.
+    HOOK: the drivers pass it once spec.py's synthetic function has landed."""
+    n = len(v.drafts)
+    n_synth = synth(v.drafts) if synth is not None else None
+    fixed = None
+    if history_free_greedy(sampler):
+        rows = [None] * int(logits.shape[0])
+        for i in range(n + 1):
+            rows[v.row + i] = sampler
+        fixed = draw_tokens(be, logits, rows)
+    for i in range(n + 1):
+        d = v.drafts[i] if i < n else None
+        if n_synth is not None and i < n_synth:
+            tok = d
+        elif fixed is not None:
+            tok = fixed[v.row + i]
+        else:
+            row = be.row_to_host(logits, v.row + i)
+            if d is None or sampler.params.temp <= 0.0 or n_synth is not None:
+                tok = sampler.sample(row)          # greedy with penalties, the bonus row, or after synthetic ones
+            else:
+                ids, p = sampler.post_sampling_probs(row)
+                tok = speculative_choice(ids, p, d, {d: 1.0}, sampler.rng)   # q: the draft's point mass
+        if not take(tok) or d is None or tok != d:
+            return i + 1
+    return n + 1

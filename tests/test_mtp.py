@@ -1,0 +1,334 @@
+"""MTP speculative decoding on the numpy reference: the head's forward, the recurrent-state rewind, and that
+draft-and-verify changes nothing in the output (greedy: token for token; sampled: in distribution)."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from llamacmp.backends.base import StepBatch
+from llamacmp.backends.numpy_ref import NumpyBackend, rms_normalize, sigmoid, silu
+from llamacmp.engine.generate import Session
+from llamacmp.engine.speculative import Speculator, SpecUnsupported, speculative_choice
+from llamacmp.fixtures.writer import SHAPES, write_model
+from llamacmp.loader import load_model
+from llamacmp.sampling import Sampler, SamplingParams
+from llamacmp.spec import SpecConfig
+from llamacmp.weights import load_weights
+
+PROMPTS = ("def foo(x):", "class Parser:\n    ", "import os\nimport sys\n", "x")
+
+
+@pytest.fixture(scope="module")
+def mtp_path(tmp_path_factory, tiny_vocab):
+    return write_model(tmp_path_factory.mktemp("mtp") / "tiny-mtp.gguf", replace(SHAPES["tiny"], mtp=True), "q8_0",
+                       tiny_vocab)
+
+
+@pytest.fixture(scope="module")
+def lm(mtp_path):
+    return load_model(mtp_path, NumpyBackend())
+
+
+# -- the head's forward -------------------------------------------------------------------------------------------
+
+def test_mtp_forward_matches_a_plain_composition(tmp_path, tiny_vocab):
+    """One token at position 0 (attention over a single key returns its value, so no rotary or softmax enters):
+    the MTP forward equals the formula of llama.cpp's graph_mtp written out with float64 numpy, own head tensors."""
+    path = write_model(tmp_path / "f32.gguf", replace(SHAPES["tiny"], mtp=True, mtp_own=True), "f32", tiny_vocab)
+    lm = load_model(path, NumpyBackend())
+    w = load_weights(lm.gguf, lm.cfg).mtp
+    cfg, eps, tok = lm.cfg, lm.cfg.rms_eps, 7
+    h = np.random.default_rng(1).standard_normal((1, cfg.n_embd)).astype(np.float32)
+
+    def norm(x, g):
+        return rms_normalize(np.asarray(x, np.float64), eps) * g
+
+    b, a = w.block, w.block.attn
+    x = np.concatenate([norm(w.embed[tok][None], w.enorm), norm(h, w.hnorm)], axis=1) @ w.eh_proj.T
+    xn = norm(x, b.attn_norm)
+    qg = (xn @ a.attn_q.T).reshape(cfg.n_head, 2, cfg.head_dim)
+    v = (xn @ a.attn_v.T).reshape(cfg.n_head_kv, cfg.head_dim)
+    o = np.repeat(v, cfg.n_head // cfg.n_head_kv, axis=0) * sigmoid(qg[:, 1])       # softmax over one key = 1
+    x = x + o.reshape(1, -1) @ a.attn_output.T
+    xn = norm(x, b.post_attention_norm)
+    x = x + (silu(xn @ b.ffn_gate.T) * (xn @ b.ffn_up.T)) @ b.ffn_down.T
+    hs = norm(x, w.head_norm)
+    want = hs @ w.head.T
+
+    st = lm.model.mtp_state(8, "f32")       # (an f16 cache would round v)
+    logits, h_out = lm.model.mtp_forward(StepBatch.build([(st, [tok])]), h)
+    assert st.n_past == 1
+    np.testing.assert_allclose(h_out, hs, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(logits[0], want[0], rtol=1e-4, atol=1e-4)
+
+
+def test_mtp_forward_batch_equals_token_by_token(lm):
+    """The head's KV cache: a batch of positions gives what feeding them one at a time gives."""
+    rng = np.random.default_rng(2)
+    toks = [5, 9, 200, 31, 77]
+    h = rng.standard_normal((len(toks), lm.cfg.n_embd)).astype(np.float32)
+    st = lm.model.mtp_state(16)
+    b = StepBatch.build([(st, toks)], all_logits=True)
+    all_logits, all_h = lm.model.mtp_forward(b, h)
+    st2 = lm.model.mtp_state(16)
+    for i, t in enumerate(toks):
+        lg, ho = lm.model.mtp_forward(StepBatch.build([(st2, [t])]), h[i:i + 1])
+        np.testing.assert_allclose(lg[0], all_logits[i], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ho[0], all_h[i], rtol=1e-5, atol=1e-5)
+
+
+# -- rewind of the recurrent state ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_restore_steps_equals_running_only_k_tokens(lm, k):
+    """A keep_steps batch of L tokens then restore_steps(k): conv and ssm states equal those after feeding only
+    the first k tokens (per op: conv1d_silu and gdn both keep theirs); KV rows past n_past are not looked at."""
+    be, cfg = lm.backend, lm.cfg
+    prompt, more = [3, 14, 15, 92], [65, 35, 89, 79]
+    a = be.new_state(cfg, 32)
+    lm.model.forward(StepBatch.build([(a, prompt)]))
+    batch = StepBatch.build([(a, more)], all_logits=True)
+    batch.keep_steps = True
+    lm.model.forward(batch)
+    assert a.steps is not None and len(a.steps["conv"]) == len(cfg.gdn_layers) == len(a.steps["ssm"])
+    be.restore_steps(a, k)
+    a.n_past = len(prompt) + k
+    assert a.steps is None
+    b = be.new_state(cfg, 32)
+    lm.model.forward(StepBatch.build([(b, prompt)]))
+    for t in more[:k]:
+        lm.model.forward(StepBatch.build([(b, [t])]))
+    for name in ("conv", "ssm"):
+        for x, y in zip(getattr(a, name), getattr(b, name)):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+    # and the next token's logits agree
+    la = lm.model.forward(StepBatch.build([(a, [11])]))
+    lb = lm.model.forward(StepBatch.build([(b, [11])]))
+    np.testing.assert_allclose(la, lb, rtol=1e-5, atol=1e-5)
+
+
+def test_restore_steps_refuses_bad_k(lm):
+    be = lm.backend
+    st = be.new_state(lm.cfg, 16)
+    with pytest.raises(ValueError, match="no keep_steps batch"):
+        be.restore_steps(st, 1)
+    batch = StepBatch.build([(st, [1, 2, 3])], all_logits=True)
+    batch.keep_steps = True
+    lm.model.forward(batch)
+    with pytest.raises(ValueError, match="k=4 outside 1..3"):
+        be.restore_steps(st, 4)
+
+
+# -- draft and verify ----------------------------------------------------------------------------------------------
+
+class OracleSpeculator(Speculator):
+    """Runs the real head (its cache bookkeeping), then replaces the drafted ids by the reference continuation
+    with random mistakes, so that long accepted runs, rejections mid-batch and rewinds all happen."""
+
+    def __init__(self, model, n_max, reference, rng, p_wrong=0.3):
+        super().__init__(model, n_max)
+        self.reference, self.rng, self.p_wrong = reference, rng, p_wrong
+        self.history = None
+
+    def draft(self, seqs):
+        out = super().draft(seqs)
+        pos = len(self.history)        # the pending t0 is history[-1]; drafts continue after it
+        for d in out:
+            for i in range(len(d)):
+                ref = self.reference[pos + i] if pos + i < len(self.reference) else 0
+                d[i] = int(self.rng.integers(0, 300)) if self.rng.random() < self.p_wrong else ref
+        return out
+
+
+def _session(lm, n_max=None, oracle=None, n_ctx=128):
+    s = Session(lm, n_ctx, spec=SpecConfig(type="draft-mtp", n_max=n_max) if n_max else None)
+    if oracle is not None:
+        oracle.history = s.history
+        s.spec = oracle
+    return s
+
+
+def _greedy(lm, prompt, n, n_max=None, oracle=None):
+    s = _session(lm, n_max, oracle)
+    s.feed(lm.tokenizer.encode(prompt))
+    return s.generate(Sampler(SamplingParams(temp=0.0)), n).tokens, s
+
+
+@pytest.mark.parametrize("n_max", [1, 2, 3, 4])
+def test_greedy_mtp_on_equals_off(lm, n_max):
+    for prompt in PROMPTS[:2]:
+        off, _ = _greedy(lm, prompt, 24)
+        on, s = _greedy(lm, prompt, 24, n_max)
+        assert on == off, prompt
+        assert s.spec.n_drafted > 0
+
+
+@pytest.mark.parametrize("n_max", [1, 2, 3, 4])
+def test_greedy_with_accepted_drafts_equals_off(lm, n_max):
+    """Drafts that are mostly right (the oracle): several tokens accepted per step, rejections in the middle of
+    a verify batch rewound; the output stays the plain greedy one."""
+    for seed, prompt in enumerate(PROMPTS):
+        off, plain = _greedy(lm, prompt, 30)
+        reference = list(plain.history)
+        oracle = OracleSpeculator(lm.model, n_max, reference, np.random.default_rng(seed))
+        on, s = _greedy(lm, prompt, 30, n_max, oracle)
+        assert on == off, prompt
+        assert s.spec.n_accepted > 5 and s.spec.n_accepted < s.spec.n_drafted
+        assert s.timings.n_eval == plain.timings.n_eval      # tokens through the target, counted as decodes
+
+
+def test_head_cache_equals_one_pass_over_the_accepted_tokens(lm):
+    """After steps with rejections, the head's KV rows hold what one pass over the final sequence gives (each
+    token with the target's hidden state of the token before: llama.cpp's process() pairing)."""
+    prompt = lm.tokenizer.encode(PROMPTS[0])
+    _, plain = _greedy(lm, PROMPTS[0], 20)
+    oracle = OracleSpeculator(lm.model, 3, list(plain.history), np.random.default_rng(5))
+    _, s = _greedy(lm, PROMPTS[0], 20, 3, oracle)
+    toks = s.history[:s.n_decoded]
+    ms = s.mtp
+    n = ms.state.n_past
+    assert n >= len(prompt) and n + len(ms.pending) == s.n_decoded
+    st = lm.backend.new_state(lm.cfg, 128)
+    _, h = lm.model.forward_hidden(StepBatch.build([(st, toks)], all_logits=True))
+    hin = np.concatenate([np.zeros((1, lm.cfg.n_embd), np.float32), h[:-1]])
+    ref = lm.model.mtp_state(128)
+    lm.model.mtp_forward(StepBatch.build([(ref, toks)]), hin)
+    np.testing.assert_allclose(ms.state.k[0][:n].astype(np.float32), ref.k[0][:n].astype(np.float32), atol=2e-3)
+    np.testing.assert_allclose(ms.state.v[0][:n].astype(np.float32), ref.v[0][:n].astype(np.float32), atol=2e-3)
+
+
+def test_speculative_choice_has_the_target_distribution():
+    """The acceptance rule alone, with drafts drawn from a q unlike p: chi-square of 40000 draws against p."""
+    rng = np.random.default_rng(0)
+    ids = np.arange(5)
+    p = np.array([0.4, 0.25, 0.2, 0.1, 0.05])
+    qv = np.array([0.05, 0.1, 0.5, 0.05, 0.3])
+    q = dict(enumerate(qv))
+    n = 40000
+    counts = np.bincount([speculative_choice(ids, p, int(rng.choice(5, p=qv)), q, rng) for _ in range(n)],
+                         minlength=5)
+    chi2 = ((counts - n * p) ** 2 / (n * p)).sum()
+    assert chi2 < 18.5, (counts, chi2)        # 4 degrees of freedom: p = 0.001
+
+
+def test_sampled_distribution_equals_mtp_off(lm):
+    """The first three sampled tokens (top-k 3, temp 1.5) with MTP on (oracle drafts, often right) vs off:
+    chi-square homogeneity test over the joint outcomes."""
+    prompt = lm.tokenizer.encode(PROMPTS[0])
+    params = dict(temp=1.5, top_k=3, top_p=1.0, min_p=0.0)
+    _, plain = _greedy(lm, PROMPTS[0], 6)
+    reference = list(plain.history)
+
+    def draws(spec: bool, n: int) -> Counter:
+        c = Counter()
+        s = _session(lm, 3 if spec else None,
+                     OracleSpeculator(lm.model, 3, reference, np.random.default_rng(9), 0.5) if spec else None)
+        for seed in range(n):
+            s.sync_prompt(prompt)
+            g = s.generate(Sampler(SamplingParams(seed=seed + (10**6 if spec else 0), **params)), 3)
+            c[tuple(g.tokens)] += 1
+        return c
+
+    n = 500
+    a, b = draws(False, n), draws(True, n)
+    keys = [k for k in set(a) | set(b) if a[k] + b[k] >= 10]
+    rest = (n - sum(a[k] for k in keys), n - sum(b[k] for k in keys))
+    table = np.array([[a[k], b[k]] for k in keys] + ([list(rest)] if sum(rest) else []), np.float64)
+    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+    chi2 = ((table - expected) ** 2 / expected).sum()
+    dof = len(table) - 1
+    from scipy.stats import chi2 as chi2_dist
+    assert chi2_dist.sf(chi2, dof) > 1e-3, (chi2, dof, a.most_common(5), b.most_common(5))
+
+
+def test_file_without_mtp_and_spec_is_refused(fixture_gguf):
+    path = fixture_gguf("tiny", "q8_0")
+    lm = load_model(path, NumpyBackend())
+    with pytest.raises(SpecUnsupported, match=r"--spec-type draft-mtp: '.*tiny-q8_0-0\.gguf' has no MTP layers"):
+        Session(lm, 64, spec=SpecConfig(type="draft-mtp"))
+    Session(lm, 64, spec=SpecConfig())        # type none: today's path
+
+
+# -- the server's scheduler ------------------------------------------------------------------------------------------
+
+def _engine_run(lm, spec, requests, oracle_refs=None):
+    """requests: (prompt, GenParams) run together on len(requests) slots -> tokens per request, the engine."""
+    import queue as q_
+    from llamacmp.engine.scheduler import Engine, EngineConfig
+    from llamacmp.engine.tasks import CompletionTask, FinalResult
+    engine = Engine(lm, EngineConfig(n_slots=len(requests), n_ctx_slot=128, spec=spec))
+    if oracle_refs is not None:
+        engine.spec = EngineOracle(engine, oracle_refs)
+    outs = [q_.Queue() for _ in requests]
+    for (prompt, params), out in zip(requests, outs):
+        engine.submit(CompletionTask(prompt, params, out.put))
+    engine.start()
+    try:
+        got = []
+        for out in outs:
+            while not isinstance(r := out.get(timeout=120), FinalResult):
+                assert hasattr(r, "text"), r
+            got.append(r.tokens)
+        return got, engine
+    finally:
+        engine.stop()
+
+
+class EngineOracle(Speculator):
+    """The oracle for the scheduler: a slot's history (its cached tokens + t0) picks its reference continuation."""
+
+    def __init__(self, engine, refs):
+        super().__init__(engine.model, 3)
+        self.engine, self.refs, self.rng = engine, refs, np.random.default_rng(0)
+
+    def draft(self, items):
+        out = super().draft(items)
+        for (st, _, t0), d in zip(items, out):
+            slot = next(s for s in self.engine.slots if s.state is st)
+            hist = list(slot.cache.tokens) + [t0]
+            ref = next((r for r in self.refs if r[:len(hist)] == hist), [])
+            for i in range(len(d)):
+                ok = len(hist) + i < len(ref) and self.rng.random() > 0.3
+                d[i] = ref[len(hist) + i] if ok else int(self.rng.integers(0, 300))
+        return out
+
+
+def test_scheduler_greedy_mtp_on_equals_off(lm):
+    """Three slots generating together, one of them with n_probs (its rows come to the host: it decodes the plain
+    way beside the others' draft-and-verify): every stream equals MTP off, with real and with oracle drafts."""
+    from llamacmp.engine.tasks import GenParams
+    prompts = [lm.tokenizer.encode(p) for p in PROMPTS[:3]]
+    params = [GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=20 + i) for i in range(3)]
+    params[2] = GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=15, n_probs=2)
+    reqs = list(zip(prompts, params))
+    off, _ = _engine_run(lm, None, reqs)
+    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs)
+    assert on == off and engine.spec.n_drafted > 0
+    refs = [p + t for p, t in zip(prompts, off)]
+    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, refs)
+    assert on == off
+    assert engine.spec.n_accepted > 10
+    assert engine.slots[0].mtp.n_accepted > 0 and engine.slots[2].mtp.n_drafted == 0
+
+
+def test_synthetic_acceptance_hook_and_refusal(lm):
+    """accept_tokens(synth=): the first k drafts are taken whatever the target says, then the target's own draw;
+    the --spec-synth-* flags are refused by name until the drivers pass it."""
+    from llamacmp.engine.speculative import accept_tokens
+    sp = Speculator(lm.model, 3)
+    st, ms = lm.backend.new_state(lm.cfg, 64), sp.new_seq(64)
+    sp.prefill(st, ms, lm.tokenizer.encode(PROMPTS[0]))
+    drafts = [250, 251, 252]                    # ids the random model does not predict
+    logits, h, (v,) = sp.verify([(st, ms, 7, drafts)])
+    got = []
+    j = accept_tokens(lm.backend, logits, v, Sampler(SamplingParams(temp=0.0)), lambda t: got.append(t) or True,
+                      synth=lambda d: 2)
+    assert j == 3 and got[:2] == drafts[:2] and got[2] == int(np.argmax(logits[v.row + 2]))
+    sp.commit(v, h, j)
+    assert st.n_past == len(lm.tokenizer.encode(PROMPTS[0])) + 3
+    for synth in (dict(synth_len=2.0), dict(synth_rates=(0.5, 0.2, 0.1))):
+        with pytest.raises(SpecUnsupported, match="--spec-synth-len / --spec-synth-rates"):
+            Speculator.from_spec(lm.model, SpecConfig(type="draft-mtp", **synth))

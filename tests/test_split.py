@@ -9,10 +9,12 @@ import pytest
 from llamacmp.backends.base import StepBatch
 from llamacmp.backends.numpy_ref import NumpyBackend
 from llamacmp.engine.checkpoints import NumpyStateOps
-from llamacmp.engine.generate import Session
+from llamacmp.engine.client import SlotClient
+from llamacmp.engine.sequence import Sequence
+from llamacmp.engine.tasks import GenParams
 from llamacmp.loader import load_model, load_split_model
 from llamacmp.models.split import NumpyHostBridge, SplitModel, assign_layers, choose_bridge
-from llamacmp.sampling import Sampler, SamplingParams
+from llamacmp.sampling import SamplingParams
 
 UB = 8          # micro-batch: a 29-token prompt crosses the split in 4 pieces
 
@@ -80,23 +82,34 @@ def test_numpy_has_only_the_host_bridge():
 
 def test_pipelined_prefill_and_greedy_decode_identical(one, split):
     prompt = _prompt(29)
-    s1 = Session(one, 64, n_batch=64, n_ubatch=UB)          # one backend: 8-token chunks
-    s2 = Session(split, 64, n_batch=64, n_ubatch=UB)        # split: one 29-token batch, pipelined in 8-token pieces
+    s1 = Sequence(one, 64, n_batch=64, n_ubatch=UB)         # one backend: 8-token chunks
+    s2 = Sequence(split, 64, n_batch=64, n_ubatch=UB)       # split: one 29-token batch, pipelined in 8-token pieces
     l1, l2 = np.asarray(s1.feed(prompt)), np.asarray(s2.feed(prompt))
     assert l1.shape == (one.cfg.n_vocab,) and np.array_equal(l1, l2)
     sent = [p.bridge_out.n_sent for p in split.model.parts[:-1]]
     assert sent == [4] * len(sent)                          # every piece crossed every bridge
-    g1 = s1.generate(Sampler(SamplingParams(temp=0.0), frozenset()), 12)
-    g2 = s2.generate(Sampler(SamplingParams(temp=0.0), frozenset()), 12)
-    assert g1.tokens == g2.tokens and len(g1.tokens) == 12
-    assert np.array_equal(np.asarray(s1.logits), np.asarray(s2.logits))
+    for _ in range(12):                                     # greedy decode, token by token
+        tok = int(np.argmax(l1))
+        l1, l2 = np.asarray(s1.feed([tok])), np.asarray(s2.feed([tok]))
+        assert np.array_equal(l1, l2)
     assert s2.state.n_past == s1.state.n_past and all(p.n_past == s2.state.n_past for p in s2.state.parts)
+
+
+def test_cli_client_greedy_identical(one, split):
+    """The CLIs' slot (engine/client.py): the split takes whole -b batches, one backend -ub pieces; same tokens."""
+    from llamacmp.run_plan import RunPlan
+    gens = []
+    for lm in (one, split):
+        c = SlotClient(lm, RunPlan(64, 1, "f16", "f16", 64, UB))
+        c.history = _prompt(29)
+        gens.append(c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), 12)))
+    assert gens[0].tokens == gens[1].tokens and len(gens[0].tokens) == 12
 
 
 def test_all_logits_rows_identical(one, split):
     prompt = _prompt(21, seed=1)
-    a = Session(one, 64, 64, UB).feed(prompt, all_logits=True)
-    b = Session(split, 64, 64, UB).feed(prompt, all_logits=True)
+    a = Sequence(one, 64, 64, UB).feed(prompt, all_logits=True)
+    b = Sequence(split, 64, 64, UB).feed(prompt, all_logits=True)
     assert a.shape == b.shape == (21, one.cfg.n_vocab) and np.array_equal(a, b)
 
 

@@ -26,6 +26,7 @@ from . import slot_log
 from .checkpoints import read_host_state, state_ops_for, write_host_state
 from .decode import Decoder, LogitsRow, draw_tokens
 from .grammar import GrammarCompiler
+from .perf import Perf, now_ms
 from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host, rewind
 from .slot import GENERATE, PREFILL, Slot
 from .tasks import CancelTask, CompletionTask, EmbedTask, ErrorResult, QueryTask, SlotActionTask
@@ -47,6 +48,8 @@ class EngineConfig:
     checkpoint_tail: int = 4             # one this many tokens before the prompt end (llama.cpp PR #20288)
     slot_prompt_similarity: float = 0.10 # -sps
     max_graphs: int = 8                  # CUDA: decode graphs kept (one per set of slots generating together)
+    sync_forwards: bool = False          # wait for each forward before the draw, so that `perf` splits eval and
+                                         # sampling time as llama.cpp's does (the CLIs; the server overlaps them)
 
 
 @dataclass(slots=True)
@@ -74,6 +77,7 @@ class Engine:
         self.host_cache = HostCache(cfg.cache_ram_mib)
         self.grammars = GrammarCompiler(self.tokenizer)   # used by handlers (compile) and here (matchers)
         self.metrics = EngineMetrics()
+        self.perf = Perf()                # llama.cpp's perf counters, over every slot (the CLIs print them)
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: list[CompletionTask] = []
         self._cancelled: set[int] = set()
@@ -154,6 +158,12 @@ class Engine:
             self._die(f"{type(e).__name__}: {e}")
 
     MAX_FAILURES = 3                     # loop failures in a row before the engine gives up
+
+    def run_pending(self) -> None:
+        """Run the loop on the caller's thread until every task submitted so far is answered: a single-sequence
+        tool's way in (engine/client.py), with no engine thread; sinks are called on this thread."""
+        while self._waiting or not self._inbox.empty() or any(s.busy for s in self.slots):
+            self._iterate()
 
     def _iterate(self) -> None:
         busy = any(s.busy for s in self.slots)
@@ -293,7 +303,7 @@ class Engine:
             self._reject(task)
             return
         point = self._resume(slot, task)
-        sampler = Sampler(task.params.sampling, self.tokenizer.eog_ids)
+        sampler = task.params.sampler or Sampler(task.params.sampling, self.tokenizer.eog_ids)
         decoder = self.tokenizer.stream_decoder(special=task.params.special)
         grammar = self.grammars.matcher(task.params.grammar) if task.params.grammar is not None else None
         slot.begin(task, sampler, decoder, self._checkpoint_plan(task, slot.state.n_past), grammar)
@@ -377,6 +387,7 @@ class Engine:
         if gen:
             t0 = time.perf_counter()
             logits = self.decoder.decode([s.state for s in gen], [s.next_token for s in gen])
+            self._book_forward(len(gen), t0)
             self._flush()                # the previous results go out while the device runs this step
             self._after_forward(gen, [[s.next_token] for s in gen], logits, t0)
         budget = self.cfg.n_batch - len(gen)
@@ -394,10 +405,16 @@ class Engine:
                 self._reset(s)
                 self._release(s)
                 continue
+            self._book_forward(len(chunk), t0)
             self._flush()
             self._after_forward([s], [chunk], logits, t0)
             budget -= len(chunk)
             ran = True
+
+    def _book_forward(self, n_tokens: int, t0: float) -> None:
+        if self.cfg.sync_forwards:
+            self.decoder.sync()
+        self.perf.add_forward(n_tokens, (time.perf_counter() - t0) * 1e3)
 
     def _chunk_size(self, room: int) -> int:
         """Prompt tokens one slot may add in one forward: n_ubatch; a layer split (models/split.py) takes as many
@@ -424,7 +441,9 @@ class Engine:
                 if slot.task.params.stream and slot.task.params.return_progress:
                     slot.task.sink(slot.progress())
             want.append(slot.phase == GENERATE or slot.prompt_done())
+        t_draw = now_ms()
         drawn = self._draw([s if w else None for s, w in zip(slots, want)], logits, rows) if any(want) else []
+        self.perf.add_sample(sum(d is not None for d in drawn), now_ms() - t_draw)
         dt = (time.perf_counter() - t0) * 1e3       # after the draw: the device work is done
         for slot, t in zip(slots, toks):
             if slot.phase == PREFILL:
@@ -471,7 +490,9 @@ class Engine:
 
     def _sample(self, slot: Slot, row) -> None:
         """Draw from host logits (a prompt whose logits the cache kept) and emit."""
+        t0 = now_ms()
         tok = None if slot.task.params.n_predict == 0 else slot.draw(row)
+        self.perf.add_sample(int(tok is not None), now_ms() - t0)
         self._emit(slot, tok, row)
 
     def _emit(self, slot: Slot, tok: Optional[int], row) -> None:

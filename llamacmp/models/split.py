@@ -454,7 +454,7 @@ class SplitStateOps:
 
 class SplitModel:
     """lm.model for a split: forward(batch) -> host logits [len(batch.output_rows), N], advancing the states."""
-    splits_batches = True      # Session hands it whole -b batches; it cuts them into micro_batch pieces itself
+    splits_batches = True      # the engine hands it whole -b batches; it cuts them into micro_batch pieces itself
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, backends: Sequence[Backend],
                  ratios: Sequence[float] | None = None, bridge: str = "auto", micro_batch: int = 512):

@@ -163,7 +163,7 @@ def test_two_sequences_in_one_batch_over_the_split(single, fixture_gguf):
 def test_split_decode_graphs_equal_one_gpu_graphs(single, fixture_gguf, bridge):
     """Per-part CUDA graphs (SplitDecodeGraphs) against the single GPU's captured step (CapturedStep): the same
     kernels with the same capture-time attention splits, so identical tokens; two sequences per step."""
-    from llamacmp.backends.cuda import CapturedStep
+    from llamacmp.backends.cuda_graphs import CapturedStep
     one = single("tiny", "q8_0")
     lm = _split(fixture_gguf("tiny", "q8_0", seed=5), (0, 0), bridge)
     try:

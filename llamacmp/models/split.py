@@ -619,7 +619,7 @@ class _PartStep:
         self.x_out = self.logits = None
         # the captured tensors come from an arena of the graph's own (backends/cuda_graphs.py says why: blocks
         # freed after capture must not go to later long-lived tensors that every replay would overwrite)
-        from ..backends.cuda import DeviceArena
+        from ..backends.cuda_memory import DeviceArena
         from ..backends.cuda_graphs import GRAPH_ARENA_CAP, GRAPH_CHUNK
         main = be.arena
         self.arena = DeviceArena(be.native, GRAPH_ARENA_CAP, GRAPH_CHUNK)

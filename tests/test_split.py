@@ -1,4 +1,4 @@
-"""Layer split (models/split.py) on the CPU: numpy backends stand in for devices, NumpyHostBridge for the pinned-host
+"""Layer split (llamacmp/split/) on the CPU: numpy backends stand in for devices, NumpyHostBridge for the pinned-host
 bridge. The split must give bit-identical logits and greedy tokens to one backend (same micro-batch cuts), for
 pipelined prefill, decode, several sequences in one batch and the prompt-cache state operations."""
 from __future__ import annotations
@@ -13,7 +13,10 @@ from llamacmp.engine.client import SlotClient
 from llamacmp.engine.sequence import Sequence
 from llamacmp.engine.tasks import GenParams
 from llamacmp.loader import load_model, load_split_model
-from llamacmp.models.split import NumpyHostBridge, SplitModel, assign_layers, choose_bridge
+from llamacmp.models.qwen35 import Qwen35Model
+from llamacmp.split.bridges import NumpyHostBridge, choose_bridge
+from llamacmp.split.model import SplitModel
+from llamacmp.split.placement import assign_layers
 from llamacmp.sampling import SamplingParams
 
 UB = 8          # micro-batch: a 29-token prompt crosses the split in 4 pieces
@@ -169,9 +172,9 @@ def test_split_needs_two_backends_of_one_kind(one, path):
     from llamacmp.loader import _open
     _f, cfg, weights = _open(path)
     with pytest.raises(ValueError, match="at least two"):
-        SplitModel(cfg, weights, [NumpyBackend()])
+        SplitModel(Qwen35Model, cfg, weights, [NumpyBackend()])
     with pytest.raises(ValueError, match="3 split ratios for 2"):
-        SplitModel(cfg, weights, [NumpyBackend(), NumpyBackend()], ratios=[1, 1, 1])
+        SplitModel(Qwen35Model, cfg, weights, [NumpyBackend(), NumpyBackend()], ratios=[1, 1, 1])
 
 
 # -- flags and device planning ----------------------------------------------------------------------------------------
@@ -265,7 +268,7 @@ def test_server_engine_over_the_split_gives_the_same_tokens(one, split):
 def test_weight_bytes_count_every_tensor_as_stored():
     """A mixed-type file (K-quants, Q8_0, F32 norms): each layer's bytes are its tensors' stored bytes."""
     from llamacmp.fixtures.quant_blocks import random_blocks
-    from llamacmp.models.split import weight_bytes
+    from llamacmp.split.placement import weight_bytes
     from llamacmp.weights import LayerWeights, ModelWeights
     rng = np.random.default_rng(0)
     mat = {t: random_blocks(t, 8, 256, rng) for t in ("Q4_K", "Q6_K", "Q8_0", "IQ4_XS")}

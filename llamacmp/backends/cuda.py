@@ -938,7 +938,7 @@ class CudaBackend(Backend):
         self.native.cmp_attention_full(q.ptr, k.ptr, v.ptr, out.ptr, T, n_heads, head_dim, E, E, E, scale)
         return out
 
-    # -- several devices (models/split.py) ----------------------------------------------------------------------
+    # -- several devices (llamacmp/split/) ----------------------------------------------------------------------
     def activate(self) -> None:
         """Select this backend's device for the calling thread (CUDA's current device is per thread), keeping the
         device's library stream: for a thread that takes over a backend made on another one (the server's engine

@@ -417,7 +417,7 @@ class Engine:
         self.perf.add_forward(n_tokens, (time.perf_counter() - t0) * 1e3)
 
     def _chunk_size(self, room: int) -> int:
-        """Prompt tokens one slot may add in one forward: n_ubatch; a layer split (models/split.py) takes as many
+        """Prompt tokens one slot may add in one forward: n_ubatch; a layer split (llamacmp/split/) takes as many
         whole n_ubatch pieces as fit in `room` (at most n_batch) and pipelines them over its GPUs. The pieces are
         the same n_ubatch cuts either way (from the chunk start, which is the last cut or checkpoint), so a
         slot's arithmetic does not change."""

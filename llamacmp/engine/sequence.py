@@ -1,7 +1,7 @@
 """One sequence fed tokens directly, for scoring: llamacmp-perplexity and the benchmarks that read logits.
 
 Nothing here draws tokens: every generation goes through the scheduler (scheduler.py; the CLIs through client.py).
-Prompts are cut as the engine cuts them: -ub pieces, or whole -b batches for a layer split (models/split.py),
+Prompts are cut as the engine cuts them: -ub pieces, or whole -b batches for a layer split (llamacmp/split/),
 which pipelines their -ub pieces over its devices.
 """
 from __future__ import annotations

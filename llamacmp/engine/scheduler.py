@@ -208,6 +208,8 @@ class Engine:
             log.exception("could not answer a task after the engine stopped")
 
     def _drain(self, block: bool) -> None:
+        if not block and self._inbox.empty():     # the common case mid-generation: no exception raised and caught
+            return
         try:
             item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
         except queue.Empty:

@@ -93,3 +93,21 @@ def test_context_full_stops_as_llama_completion_does(lm):
     c.history = list(range(12))
     with pytest.raises(ContextFull, match="n_ctx 12"):
         c.generate(params(1))
+
+
+def test_no_memory_for_a_checkpoint_costs_the_checkpoint_not_the_turn(lm):
+    """The old CLI Session skipped a checkpoint the device had no room for; the scheduler does too (for the server's
+    slots as well): the turn completes, only the cache point is missing."""
+    c = SlotClient(lm, PLAN)
+    ops = c.engine.ops
+
+    class Full:
+        def __getattr__(self, name):
+            return getattr(ops, name)
+
+        def snapshot(self, state, logits):
+            raise MemoryError("no room")
+    c.engine.ops = Full()
+    c.history = list(PROMPT)
+    assert c.generate(params(4)).tokens == greedy(lm, PROMPT, 4)
+    assert c.engine.slots[0].cache.checkpoints == []

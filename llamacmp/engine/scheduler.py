@@ -439,7 +439,7 @@ class Engine:
             slot.cache.last_logits = None      # a host copy is taken only when a request ends (_finish)
             if slot.phase == PREFILL:
                 if slot.state.n_past in slot.checkpoint_at:
-                    slot.cache.add_checkpoint(self.ops.snapshot(slot.state, row))
+                    self._checkpoint(slot, row)
                 if slot.task.params.stream and slot.task.params.return_progress:
                     slot.task.sink(slot.progress())
             want.append(slot.phase == GENERATE or slot.prompt_done())
@@ -529,9 +529,17 @@ class Engine:
         slot.cache.last_logits = row.host() if isinstance(row, LogitsRow) else np.array(row, np.float32)
         # keep the end of this exchange: a follow-up that appends to prompt + reply resumes here
         if not slot.cache.has_checkpoint(slot.state.n_past) and self.cfg.ctx_checkpoints > 0:
-            slot.cache.add_checkpoint(self.ops.snapshot(slot.state, slot.cache.last_logits))
+            self._checkpoint(slot, slot.cache.last_logits)
         self.metrics.n_tokens_max = max(self.metrics.n_tokens_max, slot.state.n_past)
         self._release(slot)
+
+    def _checkpoint(self, slot: Slot, logits) -> None:
+        """Keep a copy of the slot's state at its position. No device room for the copy (the memory plan does not
+        count checkpoints) costs only a longer re-evaluation later, never the request."""
+        try:
+            slot.cache.add_checkpoint(self.ops.snapshot(slot.state, logits))
+        except MemoryError:
+            log.info("slot %d: no memory for a checkpoint at %d; going on without it", slot.id, slot.state.n_past)
 
     def _release(self, slot: Slot) -> None:
         if slot.task is not None:

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from llamacmp.backends.base import StepBatch
-from llamacmp.backends.cuda import CapturedStep, CudaBackend, Q8Matrix, QuantMatrix
+from llamacmp.backends.cuda import CudaBackend, Q8Matrix, QuantMatrix
+from llamacmp.backends.cuda_graphs import CapturedStep
 from llamacmp.config import ModelConfig
 from llamacmp.gguf_file import GGUFFile
 from llamacmp.models import model_class

@@ -19,7 +19,7 @@ does not lose the others; estimated H200 time with the defaults in brackets):
      of the model measured at pp4096 and scaled linearly                                              [~45 s]
   e  device memory of 9B Q8_0 at -c 262144 under --device-mem-cap 16 (tq3/tq3, then q8_0/tq3): the memory plan,
      the arena, and the device's used memory (cudaMemGetInfo, CUDA context included) after a 2048-token
-     prompt and 16 decode steps through the engine's Session                                            [~50 s]
+     prompt and 16 decode steps through the engine's Sequence                                           [~50 s]
 make_9b writes /tmp/m9b.gguf when it is missing (~60 s, counted in c). Trimmed to fit 5 minutes: perplexity at
 2048 only, retrieval at 3 lengths with --docs 5 (the 95% intervals are wide: +-25 points; the trained model
 retrieves at chance, so answer-token NLL and the KL against f16 dense at the answer positions are the measures
@@ -111,7 +111,7 @@ def part_b(args) -> dict:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import retrieval
     from llamacmp.backends.select import select_backend
-    from llamacmp.engine.generate import Session
+    from llamacmp.engine.sequence import Sequence
     from llamacmp.loader import load_model
     from llamacmp.sparse_attn import SparseConfig
     be = select_backend()
@@ -130,7 +130,7 @@ def part_b(args) -> dict:
         be.sparse_stats = None
         res = {n: retrieval.LengthResult(n) for n in lengths}
         kl = {n: [] for n in lengths}
-        sessions = {n: Session(lm, n, 512, 512, k, v) for n in lengths}
+        sessions = {n: Sequence(lm, n, 512, 512, k, v) for n in lengths}
         t0 = time.perf_counter()
         for i in range(args.ret_docs):
             if time.perf_counter() - t0 > args.ret_seconds_per_config:
@@ -356,7 +356,7 @@ def part_e(args) -> dict:
     from llamacmp import memplan
     from llamacmp.args import parse_args
     from llamacmp.backends.cuda import CudaBackend
-    from llamacmp.engine.generate import Session
+    from llamacmp.engine.sequence import Sequence
     from llamacmp.loader import load_model
     _make_9b_if_missing(args.m9b)
     rows = []
@@ -370,7 +370,7 @@ def part_e(args) -> dict:
             plan = memplan.prepare_device(be, args.m9b, p, args.mem_ctx, 1)
             row["plan_gib"] = plan.total / GIB
             lm = load_model(args.m9b, be)
-            s = Session(lm, args.mem_ctx, 2048, 512, k, v)
+            s = Sequence(lm, args.mem_ctx, 2048, 512, k, v)
             ids = [int(i) % lm.cfg.n_vocab for i in np.random.default_rng(3).integers(0, lm.cfg.n_vocab, 2048)]
             logits = s.feed(ids)
             for _ in range(16):

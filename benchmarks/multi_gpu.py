@@ -51,7 +51,7 @@ def load_one(path: str, device: int):
 
 def load_split(path: str, devices: list[int], ub: int):
     from llamacmp.loader import load_split_model
-    from llamacmp.models.split import make_cuda_backends
+    from llamacmp.split.devices import make_cuda_backends
     return load_split_model(path, make_cuda_backends(devices), None, "host", ub)
 
 

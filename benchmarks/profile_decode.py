@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_model import load, weight_bytes_per_token  # noqa: E402
 
 from llamacmp.backends.base import StepBatch  # noqa: E402
-from llamacmp.backends.cuda import CapturedStep, CudaBackend  # noqa: E402
+from llamacmp.backends.cuda import CudaBackend  # noqa: E402
+from llamacmp.backends.cuda_graphs import CapturedStep  # noqa: E402
 
 
 def kernel_times(trace: Path) -> dict[str, tuple[int, float]]:

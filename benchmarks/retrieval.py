@@ -5,7 +5,7 @@
 
 Each document is the training task of training/corpus.py: filler text of about the target length in tokens with
 `The code for <key> is <4 digits>.` facts at random places, ending with questions about them, each answered;
-the last question is scored. The document is fed through `engine.generate.Session` (the path llamacmp-cli and the
+the last question is scored. The document is fed through `engine.sequence.Sequence` (the forward path llamacmp-cli and the
 server use: the selected backend, the KV cache type given by -ctk/-ctv, -ub tokens per forward), then the answer
 tokens are fed one by one (teacher forcing) and compared with the argmax before each:
   exact    the whole answer is the argmax at every step (= greedy decoding reproduces it),
@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))     # training/ lives at the repository root
 
 from llamacmp.backends.select import select_backend  # noqa: E402
-from llamacmp.engine.generate import Session  # noqa: E402
+from llamacmp.engine.sequence import Sequence  # noqa: E402
 from llamacmp.loader import load_model  # noqa: E402
 from training import corpus  # noqa: E402
 
@@ -91,7 +91,7 @@ def make_doc(tok, n_ctx: int, index: int, seed: int, pairs: int, questions: int,
                        "questions: use a longer length or fewer --pairs / --questions")
 
 
-def score_doc(lm, session: Session, prompt: list[int], answer: list[int]) -> tuple[int, int, float, float]:
+def score_doc(lm, session: Sequence, prompt: list[int], answer: list[int]) -> tuple[int, int, float, float]:
     """(all right, tokens right, summed answer NLL, prefill seconds) with teacher-forced answer tokens."""
     session.reset()
     t0 = time.perf_counter()
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     print(f"model {args.model} ({lm.cfg.n_ctx_train} training context), backend {backend.name}, "
           f"KV {args.cache_type_k}/{args.cache_type_v}, ubatch {args.ubatch_size}", flush=True)
     results = {n: LengthResult(n) for n in lengths}
-    sessions = {n: Session(lm, n, args.ubatch_size, args.ubatch_size, args.cache_type_k, args.cache_type_v)
+    sessions = {n: Sequence(lm, n, args.ubatch_size, args.ubatch_size, args.cache_type_k, args.cache_type_v)
                 for n in lengths}
     ratio, t_start, stopped = [TOKENS_PER_WORD], time.perf_counter(), ""
     for i in range(args.docs):

@@ -18,7 +18,7 @@ from .arg_values import (CACHE_TYPES, ArgError, Unsupported, choice, device_list
                          logit_bias, on_off_auto, process_escapes, read_text, tensor_split, to_bool, to_count,
                          to_float, to_int, to_port, to_seed)
 from .kv_quant import KV_TYPES
-from .models.split import BRIDGES as SPLIT_BRIDGES
+from .split.bridges import BRIDGES as SPLIT_BRIDGES
 from .params import Params, tool_defaults
 from .sampling import parse_sampler_letters, parse_sampler_names
 

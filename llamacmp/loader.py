@@ -118,13 +118,12 @@ def load_model(source: str | os.PathLike | ModelFile, backend: Backend, mtp: boo
 
 def load_split_model(source: str | os.PathLike | ModelFile, backends: list[Backend], ratios=None,
                      bridge: str = "auto", micro_batch: int = 512) -> LoadedModel:
-    """The model's layers split over `backends` (-sm layer): lm.model is a models.split.SplitModel, lm.backend its
-    SplitBackend. ratios: -ts (None: equal); bridge: auto | host | peer; micro_batch: -ub (pipelined prefill)."""
-    from .models.split import SplitModel
+    """The model's layers split over `backends` (-sm layer): lm.model is a split.model.SplitModel of the file's
+    model class, lm.backend its SplitBackend. ratios: -ts (None: equal); bridge: auto | host | peer; micro_batch:
+    -ub (pipelined prefill)."""
+    from .split.model import SplitModel
     f, cfg, weights = _open(source)
-    if f.architecture != "qwen35":
-        raise GGUFError(f"{f.path}: the layer split runs qwen35 models, not '{f.architecture}'")
-    model = SplitModel(cfg, weights, backends, ratios, bridge, micro_batch)
+    model = SplitModel(model_class(f.architecture), cfg, weights, backends, ratios, bridge, micro_batch)
     return LoadedModel(str(f.path), f, cfg, model, load_tokenizer(f), model.backend)
 
 

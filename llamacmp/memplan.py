@@ -210,9 +210,9 @@ def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: i
 
 
 def split_parts(tensors: Sequence[TensorDesc], cfg: ModelConfig, ratios: Sequence[float]) -> list[Part]:
-    """How models/split.py places the layers over len(ratios) devices (assign_layers over each layer's bytes, the
+    """How split/placement.py places the layers over len(ratios) devices (assign_layers over each layer's bytes, the
     embedding on the first device, the head on the last), from the tensor list alone."""
-    from .models.split import assign_layers
+    from .split.placement import assign_layers
     layer_b = [0] * cfg.n_layer
     embd = head = 0
     for t in tensors:

@@ -68,7 +68,7 @@ class Params:
     split_mode: str = "layer"
     main_gpu: int = 0
     devices: tuple[int, ...] | None = None   # -dev: None every visible GPU, () none (numpy reference)
-    split_bridge: str = "auto"          # --split-bridge (models/split.py)
+    split_bridge: str = "auto"          # --split-bridge (llamacmp/split/)
     n_parallel: int = 1
     mmap: bool = True
     mlock: bool = False

@@ -26,7 +26,7 @@ def sources(*folders: str):
         yield from sorted((PKG / folder).glob("*.py"))
 
 
-@pytest.mark.parametrize("path", list(sources("engine", "models", "server", "cli")) + [PKG / "memplan.py"],
+@pytest.mark.parametrize("path", list(sources("engine", "models", "split", "server", "cli")) + [PKG / "memplan.py"],
                          ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_no_backend_name_checks_or_probes(path):
     """No `.name == "cuda"` style test and no getattr(<backend or model>, ...) probe for an undeclared feature."""

@@ -1,7 +1,8 @@
 """The console entry points end to end, as subprocesses, on a tiny random-weight GGUF with the numpy backend.
 
-Expected outputs come from driving the same engine in-process (Session + Sampler), so these tests check the
-tools' plumbing and formats against the engine, and the formats against llama.cpp's.
+Expected outputs come from feeding the model in-process (engine/sequence.py, a plain greedy loop), so these tests
+check the tools' plumbing (the CLIs drive the server's scheduler: engine/client.py) and formats against the model,
+and the formats against llama.cpp's.
 """
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ import numpy as np
 import pytest
 
 from llamacmp.backends.numpy_ref import NumpyBackend
-from llamacmp.engine.generate import Session
+from llamacmp.engine.client import SlotClient
+from llamacmp.engine.sequence import Sequence
+from llamacmp.engine.tasks import GenParams
 from llamacmp.loader import load_model
-from llamacmp.sampling import Sampler, SamplingParams
+from llamacmp.sampling import SamplingParams
 
 TIMEOUT = 180
 
@@ -54,14 +57,19 @@ def lm(model):
 
 
 def greedy_text(lm, prompt: str, n: int, ignore_eos: bool = True) -> tuple[str, list[int]]:
-    s = Session(lm, 4096)
-    ids = lm.tokenizer.encode(prompt, parse_special=True)
-    s.feed(ids)
-    sampler = Sampler(SamplingParams(temp=0, ignore_eos=ignore_eos), lm.tokenizer.eog_ids)
-    for t in ids:
-        sampler.accept(t)
-    g = s.generate(sampler, n, special=False)
-    return g.text, g.tokens
+    """n greedy tokens (fewer at an end-of-generation token unless ignore_eos) fed one by one."""
+    s = Sequence(lm, 4096)
+    logits = s.feed(lm.tokenizer.encode(prompt, parse_special=True))
+    tokens: list[int] = []
+    while len(tokens) < n:
+        x = np.array(logits, np.float32)
+        if ignore_eos:
+            x[list(lm.tokenizer.eog_ids)] = -np.inf
+        tokens.append(int(np.argmax(x)))
+        if tokens[-1] in lm.tokenizer.eog_ids:
+            break
+        logits = s.feed([tokens[-1]])
+    return lm.tokenizer.decode(tokens, special=False), tokens
 
 
 # -- llamacmp-completion ---------------------------------------------------------------------------------------
@@ -250,8 +258,7 @@ def test_perplexity_output_and_value(model, lm, tmp_path):
     nll, count = 0.0, 0
     for i in range(3):
         chunk = toks[i * n_ctx:(i + 1) * n_ctx]
-        s = Session(lm, n_ctx)
-        logits = s.feed(chunk, all_logits=True).astype(np.float64)
+        logits = Sequence(lm, n_ctx).feed(chunk, all_logits=True).astype(np.float64)
         for j in range(n_ctx // 2, n_ctx - 1):
             row = logits[j]
             logz = row.max() + math.log(np.exp(row - row.max()).sum())
@@ -394,21 +401,24 @@ def test_chat_reply_matches_llamacli_with_blank_line_after_start_thinking(tmp_pa
     assert want + b"\n[ Prompt:" in r.stdout
 
 
-def test_session_resumes_from_the_reply_start_checkpoint(lm):
+def test_client_resumes_from_the_reply_start_checkpoint(lm):
     """llama-cli's next turn re-renders the last reply without its reasoning, so the prompt diverges where the reply
-    began: the session resumes from the checkpoint it kept there (as a server slot does) instead of re-evaluating
-    the whole conversation, with the same logits as a fresh session cut the same way."""
+    began: the slot resumes from the checkpoint it kept there (the server's prompt cache) instead of re-evaluating
+    the whole conversation, and draws what a fresh slot cut the same way draws."""
+    from llamacmp.run_plan import RunPlan
+    plan = RunPlan(512, 1, "f16", "f16", 2048, 512)
+    greedy = GenParams(SamplingParams(temp=0, ignore_eos=True), 6)
     first = list(range(20, 80))
     start = 50                                        # where the generation prompt (the reply) begins
-    s = Session(lm, 512)
-    s.sync_prompt(first, checkpoint_at=(start,))
-    s.generate(Sampler(SamplingParams(temp=0, ignore_eos=True)), 6)
+    c = SlotClient(lm, plan)
+    c.history = list(first)
+    assert len(c.generate(greedy, checkpoint_hints=(start,)).tokens) == 6
     second = first[:start] + list(range(200, 230))    # the reply re-rendered, then the next user turn
-    before = s.timings.snapshot()
-    got = np.asarray(s.sync_prompt(second, checkpoint_at=(len(second) - 10,)), np.float32)
-    assert s.timings.since(before).n_p_eval == len(second) - start
-    fresh = Session(lm, 512)
-    want = np.asarray(fresh.sync_prompt(second[:start] + second[start:], checkpoint_at=(start, len(second) - 10)),
-                      np.float32)
-    np.testing.assert_array_equal(got, want)
-    assert s.history == second and s.n_decoded == len(second)
+    c.history = list(second)
+    before = c.perf.snapshot()
+    got = c.generate(greedy)
+    assert c.perf.since(before).n_p_eval == len(second) - start
+    fresh = SlotClient(lm, plan)
+    fresh.history = list(second)
+    assert got.tokens == fresh.generate(greedy, checkpoint_hints=(start,)).tokens
+    assert c.history == second + got.tokens and c.engine.slots[0].state.n_past == len(second) + 5

@@ -10,7 +10,6 @@ import pytest
 
 from llamacmp.backends.numpy_ref import NumpyBackend
 from llamacmp.engine.decode import Decoder, draw_tokens
-from llamacmp.engine.generate import Session
 from llamacmp.engine.scheduler import Engine, EngineConfig
 from llamacmp.engine.tasks import CompletionTask, ErrorResult, FinalResult, GenParams
 from llamacmp.loader import load_model
@@ -148,22 +147,19 @@ def test_concurrent_greedy_streams_equal_alone(lms, shape):
     assert engine.metrics.n_busy_slots_total > engine.metrics.n_decode_total   # steps really were shared
 
 
-def test_session_greedy_on_graphs_equals_reference(lms):
-    """The CLI's Session decodes through a graph and draws on the device: tiny Q8_0 greedy tokens equal the numpy
-    backend's for 32 steps."""
+def test_cli_client_greedy_on_graphs_equals_reference(lms):
+    """The CLIs' slot (engine/client.py) decodes through a graph and draws on the device: tiny Q8_0 greedy tokens
+    equal the numpy backend's for 32 steps."""
+    from llamacmp.engine.client import SlotClient
+    from llamacmp.run_plan import RunPlan
     ref, dev = lms("tiny")
     prompt = [int(t) for t in np.random.default_rng(4).integers(0, ref.cfg.n_vocab, 12)]
     out = []
     for lm in (ref, dev):
-        s = Session(lm, 128)
-        s.feed(prompt)
-        sampler = Sampler(SamplingParams(temp=0.0))
-        toks = []
-        for _ in range(32):
-            toks.append(s.sample(sampler))
-            s.feed([toks[-1]])
-        out.append(toks)
-    assert out[0] == out[1]
+        c = SlotClient(lm, RunPlan(128, 1, "f16", "f16", 2048, 512))
+        c.history = list(prompt)
+        out.append(c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), 32)).tokens)
+    assert len(out[0]) == 32 and out[0] == out[1]
 
 
 @pytest.mark.parametrize("Dk,K,V,S", [(16, 2, 4, 1), (16, 2, 4, 3), (32, 1, 3, 5), (64, 2, 2, 2), (128, 16, 32, 16),

@@ -269,7 +269,8 @@ def test_gated_rmsnorm(cuda_backend, T, V, Dv):
 
 
 def test_out_of_memory_names_the_flag(cuda_backend):
-    from llamacmp.backends.cuda import CudaBackend, DeviceMemoryError
+    from llamacmp.backends.cuda import CudaBackend
+    from llamacmp.backends.cuda_memory import DeviceMemoryError
     be = CudaBackend(arena_bytes=64 << 20, native=cuda_backend.native)
     with pytest.raises(DeviceMemoryError, match=r"KV cache.*-c"):
         be.new_state(cfg_for(), 1 << 20, "f32")

@@ -147,7 +147,7 @@ def test_batch_of_sequences_equals_each_alone_cuda(models, shape, dtype):
 
 @pytest.mark.parametrize("shape,dtype", [("tiny", "q8_0"), ("small", "f32")])
 def test_captured_graph_decode_equals_eager(models, shape, dtype):
-    from llamacmp.backends.cuda import CapturedStep
+    from llamacmp.backends.cuda_graphs import CapturedStep
     _, dev = models(shape, dtype)
     be, cfg = dev.backend, dev.cfg
     rng = np.random.default_rng(4)
@@ -170,7 +170,7 @@ def test_captured_graph_decode_equals_eager(models, shape, dtype):
 def test_greedy_graph_on_device_equals_host_argmax(models, shape, dtype):
     """CapturedStep(greedy=True): the argmax runs in the graph and feeds the next step on the device; the ids
     equal eager decoding with a host argmax."""
-    from llamacmp.backends.cuda import CapturedStep
+    from llamacmp.backends.cuda_graphs import CapturedStep
     _, dev = models(shape, dtype)
     be, cfg = dev.backend, dev.cfg
     prompt = [int(i) for i in np.random.default_rng(8).integers(0, cfg.n_vocab, 7)]

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from llamacmp.backends.base import StepBatch
 from llamacmp.backends.numpy_ref import NumpyBackend, rms_normalize, sigmoid, silu
-from llamacmp.engine.generate import Session
+from llamacmp.engine.client import SlotClient
+from llamacmp.engine.scheduler import Engine, EngineConfig
+from llamacmp.engine.tasks import GenParams
 from llamacmp.engine.speculative import Speculator, SpecUnsupported, speculative_choice
 from llamacmp.fixtures.writer import SHAPES, write_model
 from llamacmp.loader import load_model
@@ -125,45 +128,50 @@ def test_restore_steps_refuses_bad_k(lm):
 # -- draft and verify ----------------------------------------------------------------------------------------------
 
 class OracleSpeculator(Speculator):
-    """Runs the real head (its cache bookkeeping), then replaces the drafted ids by the reference continuation
-    with random mistakes, so that long accepted runs, rejections mid-batch and rewinds all happen."""
+    """Drafts mostly from a reference continuation (the plain greedy output), sometimes a random id: long accepted
+    runs and rejections in the middle of a verify batch. The slot's history (its cached tokens + t0) picks the
+    reference that continues it."""
 
-    def __init__(self, model, n_max, reference, rng, p_wrong=0.3):
-        super().__init__(model, n_max)
-        self.reference, self.rng, self.p_wrong = reference, rng, p_wrong
-        self.history = None
+    def __init__(self, engine, n_max, refs, rng, p_wrong=0.3):
+        super().__init__(engine.model, n_max)
+        self.engine, self.refs, self.rng, self.p_wrong = engine, refs, rng, p_wrong
 
-    def draft(self, seqs):
-        out = super().draft(seqs)
-        pos = len(self.history)        # the pending t0 is history[-1]; drafts continue after it
-        for d in out:
+    def draft(self, items):
+        out = super().draft(items)
+        for (st, _, t0), d in zip(items, out):
+            slot = next(s for s in self.engine.slots if s.state is st)
+            hist = list(slot.cache.tokens) + [t0]
+            ref = next((r for r in self.refs if r[:len(hist)] == hist), [])
             for i in range(len(d)):
-                ref = self.reference[pos + i] if pos + i < len(self.reference) else 0
-                d[i] = int(self.rng.integers(0, 300)) if self.rng.random() < self.p_wrong else ref
+                ok = len(hist) + i < len(ref) and self.rng.random() > self.p_wrong
+                d[i] = ref[len(hist) + i] if ok else int(self.rng.integers(0, 300))
         return out
 
 
-def _session(lm, n_max=None, oracle=None, n_ctx=128):
-    s = Session(lm, n_ctx, spec=SpecConfig(type="draft-mtp", n_max=n_max) if n_max else None)
-    if oracle is not None:
-        oracle.history = s.history
-        s.spec = oracle
-    return s
+def _client(lm, n_max=None, refs=None, seed=0, p_wrong=0.3, n_ctx=128):
+    """The CLIs' one-slot client of the scheduler, MTP on with n_max (oracle drafts when refs are given)."""
+    spec = SpecConfig(type="draft-mtp", n_max=n_max) if n_max else SpecConfig()
+    c = SlotClient(lm, SimpleNamespace(n_ctx=n_ctx, n_batch=2048, micro_batch=512, k_type="f16", v_type="f16",
+                                       spec=spec))
+    if refs is not None:
+        c.engine.spec = OracleSpeculator(c.engine, n_max, refs, np.random.default_rng(seed), p_wrong)
+    return c
 
 
-def _greedy(lm, prompt, n, n_max=None, oracle=None):
-    s = _session(lm, n_max, oracle)
-    s.feed(lm.tokenizer.encode(prompt))
-    return s.generate(Sampler(SamplingParams(temp=0.0)), n).tokens, s
+def _greedy(lm, prompt, n, n_max=None, refs=None, seed=0):
+    """-> (the n greedy tokens after `prompt`, the client)."""
+    c = _client(lm, n_max, refs, seed)
+    c.history = list(lm.tokenizer.encode(prompt))
+    return c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=n)).tokens, c
 
 
 @pytest.mark.parametrize("n_max", [1, 2, 3, 4])
 def test_greedy_mtp_on_equals_off(lm, n_max):
     for prompt in PROMPTS[:2]:
         off, _ = _greedy(lm, prompt, 24)
-        on, s = _greedy(lm, prompt, 24, n_max)
+        on, c = _greedy(lm, prompt, 24, n_max)
         assert on == off, prompt
-        assert s.spec.n_drafted > 0
+        assert c.engine.spec.n_drafted > 0
 
 
 @pytest.mark.parametrize("n_max", [1, 2, 3, 4])
@@ -172,25 +180,24 @@ def test_greedy_with_accepted_drafts_equals_off(lm, n_max):
     a verify batch rewound; the output stays the plain greedy one."""
     for seed, prompt in enumerate(PROMPTS):
         off, plain = _greedy(lm, prompt, 30)
-        reference = list(plain.history)
-        oracle = OracleSpeculator(lm.model, n_max, reference, np.random.default_rng(seed))
-        on, s = _greedy(lm, prompt, 30, n_max, oracle)
+        on, c = _greedy(lm, prompt, 30, n_max, [lm.tokenizer.encode(prompt) + off], seed)
         assert on == off, prompt
-        assert s.spec.n_accepted > 5 and s.spec.n_accepted < s.spec.n_drafted
-        assert s.timings.n_eval == plain.timings.n_eval      # tokens through the target, counted as decodes
+        assert c.engine.spec.n_accepted > 5 and c.engine.spec.n_accepted < c.engine.spec.n_drafted
+        assert c.perf.n_eval == plain.perf.n_eval            # tokens through the target, counted as decodes
 
 
 def test_head_cache_equals_one_pass_over_the_accepted_tokens(lm):
     """After steps with rejections, the head's KV rows hold what one pass over the final sequence gives (each
     token with the target's hidden state of the token before: llama.cpp's process() pairing)."""
     prompt = lm.tokenizer.encode(PROMPTS[0])
-    _, plain = _greedy(lm, PROMPTS[0], 20)
-    oracle = OracleSpeculator(lm.model, 3, list(plain.history), np.random.default_rng(5))
-    _, s = _greedy(lm, PROMPTS[0], 20, 3, oracle)
-    toks = s.history[:s.n_decoded]
-    ms = s.mtp
+    off, _ = _greedy(lm, PROMPTS[0], 20)
+    _, c = _greedy(lm, PROMPTS[0], 20, 3, [prompt + off], seed=5)
+    slot = c.engine.slots[0]
+    n_decoded = slot.state.n_past
+    toks = c.history[:n_decoded]
+    ms = slot.mtp
     n = ms.state.n_past
-    assert n >= len(prompt) and n + len(ms.pending) == s.n_decoded
+    assert n >= len(prompt) and n + len(ms.pending) == n_decoded
     st = lm.backend.new_state(lm.cfg, 128)
     _, h = lm.model.forward_hidden(StepBatch.build([(st, toks)], all_logits=True))
     hin = np.concatenate([np.zeros((1, lm.cfg.n_embd), np.float32), h[:-1]])
@@ -219,18 +226,17 @@ def test_sampled_distribution_equals_mtp_off(lm):
     chi-square homogeneity test over the joint outcomes."""
     prompt = lm.tokenizer.encode(PROMPTS[0])
     params = dict(temp=1.5, top_k=3, top_p=1.0, min_p=0.0)
-    _, plain = _greedy(lm, PROMPTS[0], 6)
-    reference = list(plain.history)
+    off, _ = _greedy(lm, PROMPTS[0], 6)
 
     def draws(spec: bool, n: int) -> Counter:
-        c = Counter()
-        s = _session(lm, 3 if spec else None,
-                     OracleSpeculator(lm.model, 3, reference, np.random.default_rng(9), 0.5) if spec else None)
+        counts = Counter()
+        c = _client(lm, 3, [prompt + off], 9, 0.5) if spec else _client(lm)
         for seed in range(n):
-            s.sync_prompt(prompt)
-            g = s.generate(Sampler(SamplingParams(seed=seed + (10**6 if spec else 0), **params)), 3)
-            c[tuple(g.tokens)] += 1
-        return c
+            c.history = list(prompt)
+            g = c.generate(GenParams(SamplingParams(seed=seed + (10**6 if spec else 0), ignore_eos=True, **params),
+                                     n_predict=3))
+            counts[tuple(g.tokens)] += 1
+        return counts
 
     n = 500
     a, b = draws(False, n), draws(True, n)
@@ -248,8 +254,8 @@ def test_file_without_mtp_and_spec_is_refused(fixture_gguf):
     path = fixture_gguf("tiny", "q8_0")
     lm = load_model(path, NumpyBackend())
     with pytest.raises(SpecUnsupported, match=r"--spec-type draft-mtp: '.*tiny-q8_0-0\.gguf' has no MTP layers"):
-        Session(lm, 64, spec=SpecConfig(type="draft-mtp"))
-    Session(lm, 64, spec=SpecConfig())        # type none: today's path
+        Engine(lm, EngineConfig(n_slots=1, n_ctx_slot=64, spec=SpecConfig(type="draft-mtp")))
+    assert Engine(lm, EngineConfig(n_slots=1, n_ctx_slot=64, spec=SpecConfig())).spec is None   # type none: as today
 
 
 # -- the server's scheduler ------------------------------------------------------------------------------------------
@@ -261,7 +267,7 @@ def _engine_run(lm, spec, requests, oracle_refs=None):
     from llamacmp.engine.tasks import CompletionTask, FinalResult
     engine = Engine(lm, EngineConfig(n_slots=len(requests), n_ctx_slot=128, spec=spec))
     if oracle_refs is not None:
-        engine.spec = EngineOracle(engine, oracle_refs)
+        engine.spec = OracleSpeculator(engine, 3, oracle_refs, np.random.default_rng(0))
     outs = [q_.Queue() for _ in requests]
     for (prompt, params), out in zip(requests, outs):
         engine.submit(CompletionTask(prompt, params, out.put))
@@ -275,25 +281,6 @@ def _engine_run(lm, spec, requests, oracle_refs=None):
         return got, engine
     finally:
         engine.stop()
-
-
-class EngineOracle(Speculator):
-    """The oracle for the scheduler: a slot's history (its cached tokens + t0) picks its reference continuation."""
-
-    def __init__(self, engine, refs):
-        super().__init__(engine.model, 3)
-        self.engine, self.refs, self.rng = engine, refs, np.random.default_rng(0)
-
-    def draft(self, items):
-        out = super().draft(items)
-        for (st, _, t0), d in zip(items, out):
-            slot = next(s for s in self.engine.slots if s.state is st)
-            hist = list(slot.cache.tokens) + [t0]
-            ref = next((r for r in self.refs if r[:len(hist)] == hist), [])
-            for i in range(len(d)):
-                ok = len(hist) + i < len(ref) and self.rng.random() > 0.3
-                d[i] = ref[len(hist) + i] if ok else int(self.rng.integers(0, 300))
-        return out
 
 
 def test_scheduler_greedy_mtp_on_equals_off(lm):

@@ -1,4 +1,4 @@
-"""Layer split (models/split.py) on the CPU: numpy backends stand in for devices, NumpyHostBridge for the pinned-host
+"""Layer split (llamacmp/split/) on the CPU: numpy backends stand in for devices, NumpyHostBridge for the pinned-host
 bridge. The split must give bit-identical logits and greedy tokens to one backend (same micro-batch cuts), for
 pipelined prefill, decode, several sequences in one batch and the prompt-cache state operations."""
 from __future__ import annotations
@@ -9,10 +9,15 @@ import pytest
 from llamacmp.backends.base import StepBatch
 from llamacmp.backends.numpy_ref import NumpyBackend
 from llamacmp.engine.checkpoints import NumpyStateOps
-from llamacmp.engine.generate import Session
+from llamacmp.engine.client import SlotClient
+from llamacmp.engine.sequence import Sequence
+from llamacmp.engine.tasks import GenParams
 from llamacmp.loader import load_model, load_split_model
-from llamacmp.models.split import NumpyHostBridge, SplitModel, assign_layers, choose_bridge
-from llamacmp.sampling import Sampler, SamplingParams
+from llamacmp.models.qwen35 import Qwen35Model
+from llamacmp.split.bridges import NumpyHostBridge, choose_bridge
+from llamacmp.split.model import SplitModel
+from llamacmp.split.placement import assign_layers
+from llamacmp.sampling import SamplingParams
 
 UB = 8          # micro-batch: a 29-token prompt crosses the split in 4 pieces
 
@@ -80,23 +85,34 @@ def test_numpy_has_only_the_host_bridge():
 
 def test_pipelined_prefill_and_greedy_decode_identical(one, split):
     prompt = _prompt(29)
-    s1 = Session(one, 64, n_batch=64, n_ubatch=UB)          # one backend: 8-token chunks
-    s2 = Session(split, 64, n_batch=64, n_ubatch=UB)        # split: one 29-token batch, pipelined in 8-token pieces
+    s1 = Sequence(one, 64, n_batch=64, n_ubatch=UB)         # one backend: 8-token chunks
+    s2 = Sequence(split, 64, n_batch=64, n_ubatch=UB)       # split: one 29-token batch, pipelined in 8-token pieces
     l1, l2 = np.asarray(s1.feed(prompt)), np.asarray(s2.feed(prompt))
     assert l1.shape == (one.cfg.n_vocab,) and np.array_equal(l1, l2)
     sent = [p.bridge_out.n_sent for p in split.model.parts[:-1]]
     assert sent == [4] * len(sent)                          # every piece crossed every bridge
-    g1 = s1.generate(Sampler(SamplingParams(temp=0.0), frozenset()), 12)
-    g2 = s2.generate(Sampler(SamplingParams(temp=0.0), frozenset()), 12)
-    assert g1.tokens == g2.tokens and len(g1.tokens) == 12
-    assert np.array_equal(np.asarray(s1.logits), np.asarray(s2.logits))
+    for _ in range(12):                                     # greedy decode, token by token
+        tok = int(np.argmax(l1))
+        l1, l2 = np.asarray(s1.feed([tok])), np.asarray(s2.feed([tok]))
+        assert np.array_equal(l1, l2)
     assert s2.state.n_past == s1.state.n_past and all(p.n_past == s2.state.n_past for p in s2.state.parts)
+
+
+def test_cli_client_greedy_identical(one, split):
+    """The CLIs' slot (engine/client.py): the split takes whole -b batches, one backend -ub pieces; same tokens."""
+    from llamacmp.run_plan import RunPlan
+    gens = []
+    for lm in (one, split):
+        c = SlotClient(lm, RunPlan(64, 1, "f16", "f16", 64, UB))
+        c.history = _prompt(29)
+        gens.append(c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), 12)))
+    assert gens[0].tokens == gens[1].tokens and len(gens[0].tokens) == 12
 
 
 def test_all_logits_rows_identical(one, split):
     prompt = _prompt(21, seed=1)
-    a = Session(one, 64, 64, UB).feed(prompt, all_logits=True)
-    b = Session(split, 64, 64, UB).feed(prompt, all_logits=True)
+    a = Sequence(one, 64, 64, UB).feed(prompt, all_logits=True)
+    b = Sequence(split, 64, 64, UB).feed(prompt, all_logits=True)
     assert a.shape == b.shape == (21, one.cfg.n_vocab) and np.array_equal(a, b)
 
 
@@ -156,9 +172,9 @@ def test_split_needs_two_backends_of_one_kind(one, path):
     from llamacmp.loader import _open
     _f, cfg, weights = _open(path)
     with pytest.raises(ValueError, match="at least two"):
-        SplitModel(cfg, weights, [NumpyBackend()])
+        SplitModel(Qwen35Model, cfg, weights, [NumpyBackend()])
     with pytest.raises(ValueError, match="3 split ratios for 2"):
-        SplitModel(cfg, weights, [NumpyBackend(), NumpyBackend()], ratios=[1, 1, 1])
+        SplitModel(Qwen35Model, cfg, weights, [NumpyBackend(), NumpyBackend()], ratios=[1, 1, 1])
 
 
 # -- flags and device planning ----------------------------------------------------------------------------------------
@@ -252,7 +268,7 @@ def test_server_engine_over_the_split_gives_the_same_tokens(one, split):
 def test_weight_bytes_count_every_tensor_as_stored():
     """A mixed-type file (K-quants, Q8_0, F32 norms): each layer's bytes are its tensors' stored bytes."""
     from llamacmp.fixtures.quant_blocks import random_blocks
-    from llamacmp.models.split import weight_bytes
+    from llamacmp.split.placement import weight_bytes
     from llamacmp.weights import LayerWeights, ModelWeights
     rng = np.random.default_rng(0)
     mat = {t: random_blocks(t, 8, 256, rng) for t in ("Q4_K", "Q6_K", "Q8_0", "IQ4_XS")}

@@ -1,4 +1,4 @@
-"""Layer split on CUDA (models/split.py): two CudaBackends on the SAME GPU (device 0 twice: two arenas, two threads,
+"""Layer split on CUDA (llamacmp/split/): two CudaBackends on the SAME GPU (device 0 twice: two arenas, two threads,
 two streams) with the forced pinned-host bridge and with the peer path, and on devices 0 and 1 when a second GPU
 is visible. Against one CudaBackend running the same micro-batch cuts eagerly: identical greedy tokens and logits
 within 1e-5 relative (the same kernels on the same inputs; the split only moves x between them). Also the bridge on
@@ -47,7 +47,7 @@ def single(fixture_gguf, cuda_backend):
 
 
 def _split(path, devices, bridge):
-    from llamacmp.models.split import make_cuda_backends
+    from llamacmp.split.devices import make_cuda_backends
     if max(devices) >= _device_count():
         pytest.skip(f"needs CUDA device {max(devices)} ({_device_count()} visible)")
     return load_split_model(path, make_cuda_backends(devices, 2 << 30), bridge=bridge, micro_batch=UB)
@@ -102,8 +102,8 @@ def test_split_equals_one_gpu(single, fixture_gguf, shape, dtype, devices, bridg
 
 @pytest.mark.parametrize("bridge", ["host", "peer"])
 def test_bridge_copies_exactly_and_reuses_slots(cuda_backend, bridge):
-    from llamacmp.models.split import CudaBridge
-    from llamacmp.models.split import make_cuda_backends
+    from llamacmp.split.bridges import CudaBridge
+    from llamacmp.split.devices import make_cuda_backends
     src, dst = make_cuda_backends((0, 0), 1 << 30)
     br = CudaBridge(src, dst, bridge)
     rng = np.random.default_rng(7)
@@ -163,7 +163,7 @@ def test_two_sequences_in_one_batch_over_the_split(single, fixture_gguf):
 def test_split_decode_graphs_equal_one_gpu_graphs(single, fixture_gguf, bridge):
     """Per-part CUDA graphs (SplitDecodeGraphs) against the single GPU's captured step (CapturedStep): the same
     kernels with the same capture-time attention splits, so identical tokens; two sequences per step."""
-    from llamacmp.backends.cuda import CapturedStep
+    from llamacmp.backends.cuda_graphs import CapturedStep
     one = single("tiny", "q8_0")
     lm = _split(fixture_gguf("tiny", "q8_0", seed=5), (0, 0), bridge)
     try:

@@ -8,7 +8,7 @@ import gc
 import numpy as np
 import pytest
 
-from llamacmp.backends.cuda import DeviceArena, DeviceTensor
+from llamacmp.backends.cuda_memory import DeviceArena, DeviceTensor
 from llamacmp.backends.numpy_ref import NumpyBackend
 from llamacmp.fixtures.mmproj_writer import VISION_SHAPES, write_mmproj
 from llamacmp.vision.config import load_mmproj

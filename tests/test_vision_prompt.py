@@ -1,5 +1,5 @@
 """vision/prompt.py and positions.py on their own: chunking around media markers, the placeholder ids that carry
-an image's identity into caches, the M-RoPE position counting, and sync_session's prefix reuse across turns."""
+an image's identity into caches, the M-RoPE position counting, and the CLI slot's prefix reuse across turns."""
 import numpy as np
 import pytest
 
@@ -44,16 +44,22 @@ def test_positions():
                           [10, 11, 12, 0]]
 
 
-def test_sync_session_reuses_the_prefix_across_turns(tmp_path):
+def test_cli_client_reuses_the_prefix_across_turns(tmp_path):
+    """llama-cli with an image: each turn is one task over the whole conversation (prompt_images: placeholder ids
+    and their positions); the second turn resumes after the image and the first turn's tokens and draws what a
+    fresh slot draws."""
     pytest.importorskip("PIL")
     from pathlib import Path
 
     from llamacmp.backends.numpy_ref import NumpyBackend
-    from llamacmp.engine.generate import Session
+    from llamacmp.engine.client import SlotClient
+    from llamacmp.engine.tasks import GenParams
     from llamacmp.fixtures.mmproj_writer import VISION_SHAPES, write_mmproj, write_text_model
     from llamacmp.loader import load_model
+    from llamacmp.run_plan import RunPlan
+    from llamacmp.sampling import SamplingParams
     from llamacmp.vision.projector import VisionProjector
-    from llamacmp.vision.prompt import sync_session
+    from llamacmp.vision.prompt import prompt_images
     be = NumpyBackend()
     lm = load_model(write_text_model(tmp_path / "t.gguf", "tiny", "f32", 4), be)
     proj = VisionProjector(str(write_mmproj(tmp_path / "m.gguf", VISION_SHAPES["tiny"], "f32", 4)), lm)
@@ -61,13 +67,16 @@ def test_sync_session_reuses_the_prefix_across_turns(tmp_path):
     tok = lambda s: lm.tokenizer.encode(s, parse_special=True)          # noqa: E731
     turn1 = split_prompt(f"user: {MEDIA_MARKER} what is it?", [img], tok)
     turn2 = split_prompt(f"user: {MEDIA_MARKER} what is it? assistant: a fox. user: sure?", [img], tok)
-    s = Session(lm, 256, kv_type="f32")
-    sync_session(s, turn1)
-    n1 = s.timings.n_p_eval
-    shift = s.state.rope_shift
-    assert shift == max(img.nx, img.ny) - img.n_tokens
-    got = np.asarray(sync_session(s, turn2), np.float32)
-    assert s.timings.n_p_eval - n1 == len(chunk_history(turn2)) - len(chunk_history(turn1))   # only the new text
-    fresh = Session(lm, 256, kv_type="f32")
-    np.testing.assert_allclose(got, np.asarray(sync_session(fresh, turn2), np.float32), rtol=1e-4, atol=1e-4)
-    assert s.history == fresh.history == chunk_history(turn2)
+    plan, greedy = RunPlan(256, 1, "f32", "f32", 2048, 512), GenParams(SamplingParams(temp=0, ignore_eos=True), 3)
+
+    def turn(client, chunks):
+        client.history, images = prompt_images(chunks)
+        assert list(images) == [len(chunks[0])] and client.history == chunk_history(chunks)
+        return client.generate(greedy, images=images).tokens
+    c = SlotClient(lm, plan)
+    turn(c, turn1)
+    n1 = c.perf.n_p_eval
+    assert c.engine.slots[0].state.rope_shift == max(img.nx, img.ny) - img.n_tokens
+    got = turn(c, turn2)
+    assert c.perf.n_p_eval - n1 == len(chunk_history(turn2)) - len(chunk_history(turn1))   # only the new text
+    assert got == turn(SlotClient(lm, plan), turn2) and len(got) == 3

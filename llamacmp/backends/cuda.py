@@ -1,9 +1,10 @@
 """The CUDA backend: every op of base.Backend on libcmpkern.so kernels (DP4A / FP32 / HFMA2; tensor cores only on
 the "mma" prefill route of `routes.Routes`, the int8 mma.sync GEMM of matmul_mma.cu).
 
-Tensors live in one arena per device (`DeviceArena`): device memory taken in large chunks up to a cap fixed when
+Tensors live in one arena per device (cuda_memory.py): device memory taken in large chunks up to a cap fixed when
 the backend is made, and handed out through per-size free lists, so the repeated shapes of a forward pass reuse
-the same blocks without a cudaMalloc per op. A `DeviceTensor` gives its block back when Python drops it.
+the same blocks without a cudaMalloc per op. Decode steps replay as CUDA graphs (cuda_graphs.py), and prompt-cache
+copies of a sequence's state are cuda_state.py's.
 Numerics follow numpy_ref.py (the specification): fp32 activations and residual, fp32 GDN state, KV f16 or f32,
 Q8_0 weights against Q8 activations with integer dots.
 """
@@ -20,29 +21,22 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..gguf_file import Q8_0_BLOCK, Q8Tensor, QuantTensor
-from ..lib._native import (CMP_ERR_NOMEM, CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, CmpSamplerParams, Native, NativeError,
+from ..lib._native import (CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, CmpSamplerParams, Native, NativeError,
                            cuda_available)
 from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM2, CMP_MM_GEMV2
 from ..lib._native import CMP_MM_GEMV3, CMP_MM_GEMV_PDL
 from ..lib._native import CMP_MM_GEMV4, CMP_MM_GEMV4_EAGER, CMP_MM_MMA
 from ..lib._native import CMP_KV_TYPES, CMP_QUANT_TYPES
 from .. import kv_layout
-from .arena_sizes import size_class as _size_class
 from . import routes as _routes
 from .base import Backend, Segment, SeqState, StepBatch
+from .cuda_graphs import DecodeGraphs
+from .cuda_memory import DTYPES, MIB, DeviceArena, DeviceTensor
+from .cuda_state import CudaStateOps
 
-__all__ = ["CudaBackend", "CapturedStep", "DeviceTensor", "DeviceArena", "DeviceMemoryError", "QuantMatrix",
-           "cuda_available"]
+__all__ = ["CudaBackend", "DenseMatrix", "Q8Matrix", "QuantMatrix", "cuda_available"]
 
-_DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "i8": np.int8, "u8": np.uint8}
 _KV_CODES = {"f32": CMP_F32, "f16": CMP_F16}
-_ALIGN = 256
-_CHUNK = 512 << 20
-_MIB = 1 << 20
-
-
-class DeviceMemoryError(MemoryError):
-    """The arena cannot hold a tensor; the message says what and which command-line flag helps."""
 
 
 def _persistent(method):
@@ -52,128 +46,6 @@ def _persistent(method):
         with self.arena.persistent():
             return method(self, *args, **kwargs)
     return run
-
-
-class DeviceArena:
-    """Device memory of one GPU: chunks cudaMalloc'd on demand up to `cap` bytes, split by bump allocation, with
-    freed blocks kept on free lists by size class."""
-
-    def __init__(self, native: Native, cap: int, chunk: int = _CHUNK):
-        """chunk: bytes cudaMalloc'd at a time (a larger block gets a chunk of its own)."""
-        self.native, self.cap, self.chunk = native, cap, chunk
-        self.chunks: list[int] = []
-        self.reserved = 0           # bytes cudaMalloc'd
-        self.in_use = 0             # bytes handed out
-        self._cur, self._cur_left = 0, 0
-        self._free: dict[int, list[int]] = {}
-        self._exact = False         # inside persistent(): exact (256-aligned) sizes
-
-    @contextlib.contextmanager
-    def persistent(self):
-        """Allocations made inside are long-lived (weights, KV caches, recurrent state): exact sizes. Freed, they
-        still go back to a free list of that size, so a context rebuilt with the same shape reuses them."""
-        prev, self._exact = self._exact, True
-        try:
-            yield
-        finally:
-            self._exact = prev
-
-    def reserve(self, nbytes: int, what: str) -> None:
-        """Take the next `nbytes` in one cudaMalloc (the memory plan's long-lived total), so that the persistent
-        tensors that follow are packed back to back instead of leaving the tail of each 512 MiB chunk unused."""
-        if nbytes > self._cur_left:
-            self._new_chunk(nbytes, what, nbytes)
-
-    def alloc(self, nbytes: int, what: str) -> tuple[int, int]:
-        """-> (device pointer, size class). Raises DeviceMemoryError naming `what`. Inside `persistent()` the
-        size is only 256-aligned (long-lived tensors are never resized, so rounding them up would waste up to 1/8)."""
-        cls = -(-max(nbytes, 1) // _ALIGN) * _ALIGN if self._exact else _size_class(nbytes)
-        free = self._free.get(cls)
-        if free:
-            self.in_use += cls
-            return free.pop(), cls
-        if cls > self._cur_left:
-            self._new_chunk(max(self.chunk, cls), what, cls)
-        ptr = self._cur
-        self._cur += cls
-        self._cur_left -= cls
-        self.in_use += cls
-        return ptr, cls
-
-    def _new_chunk(self, size: int, what: str, need: int) -> None:
-        size = min(size, max(self.cap - self.reserved, need))
-        if self.reserved + size > self.cap:
-            raise self._full(what, need)
-        try:
-            ptr = self.native.malloc(size)
-        except NativeError as e:
-            if e.code != CMP_ERR_NOMEM:
-                raise
-            raise self._full(what, need) from None
-        self.chunks.append(ptr)
-        self.reserved += size
-        self._cur, self._cur_left = ptr, size
-
-    def _full(self, what: str, need: int) -> DeviceMemoryError:
-        return DeviceMemoryError(
-            f"out of device memory: {what} needs {need / _MIB:.1f} MiB with {self.in_use / _MIB:.0f} MiB in use "
-            f"of the {self.cap / _MIB:.0f} MiB arena; use a smaller context (-c), a smaller KV cache format "
-            f"(-ctk q8_0 -ctv tq3, or tq3 for both), fewer parallel slots (-np), a smaller micro-batch (-ub), "
-            f"keep fewer layers on the GPU (-ngl), or raise --device-mem-cap")
-
-    def release(self, ptr: int, cls: int) -> None:
-        self._free.setdefault(cls, []).append(ptr)
-        self.in_use -= cls
-
-    def close(self) -> None:
-        for p in self.chunks:
-            self.native.cmp_free(p)
-        self.chunks.clear()
-        self._free.clear()
-        self.reserved = self.in_use = self._cur_left = 0
-
-
-class DeviceTensor:
-    """A block of the arena seen as a row-major array; gives the block back when dropped."""
-    __slots__ = ("ptr", "shape", "dtype", "_arena", "_cls", "_base")
-
-    def __init__(self, arena: DeviceArena, shape: tuple[int, ...], dtype: str, what: str):
-        self.shape, self.dtype = tuple(int(s) for s in shape), dtype
-        self._arena = None
-        self._base = None           # set on views only: the tensor whose block a view reads
-        self.ptr, self._cls = arena.alloc(max(self.nbytes, 1), what)
-        self._arena = arena
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * np.dtype(_DTYPES[self.dtype]).itemsize
-
-    def row_ptr(self, row: int) -> int:
-        """Address of row `row` along the first axis."""
-        return self.ptr + row * (self.nbytes // self.shape[0])
-
-    def view(self, shape: tuple[int, ...]) -> "DeviceTensor":
-        """The same device bytes as `shape` (same element count, row-major), without a copy. The view holds this
-        tensor (or the tensor this one views), so the block goes back to the arena only when both are dropped."""
-        shape = tuple(int(s) for s in shape)
-        if math.prod(shape) != self.size:
-            raise ValueError(f"view: {self.shape} has {self.size} elements, {shape} needs {math.prod(shape)}")
-        v = DeviceTensor.__new__(DeviceTensor)
-        v.ptr, v.shape, v.dtype, v._cls = self.ptr, shape, self.dtype, self._cls
-        v._arena = None                                   # a view gives nothing back itself
-        v._base = self if self._base is None else self._base
-        return v
-
-    def __del__(self):
-        if self._arena is not None:
-            self._arena.release(self.ptr, self._cls)
-
-    def __repr__(self) -> str:
-        return f"DeviceTensor({self.shape}, {self.dtype}, 0x{self.ptr:x})"
 
 
 @dataclass(slots=True)
@@ -266,7 +138,7 @@ class CudaBackend(Backend):
         self.routes = routes
         self.launch_pdl = True
         free, _total = self.native.mem_info()
-        self.arena = DeviceArena(self.native, arena_bytes if arena_bytes is not None else max(free - 512 * _MIB, 0))
+        self.arena = DeviceArena(self.native, arena_bytes if arena_bytes is not None else max(free - 512 * MIB, 0))
         # set by CapturedStep while it records a decode step: attention splits sized for the whole context, Q8
         # projections in launches of at most GEMV_MAX_ROWS rows (both: a row's result independent of the batch)
         self.capturing = False
@@ -291,8 +163,8 @@ class CudaBackend(Backend):
         return DeviceTensor(self.arena, shape, dtype, what)
 
     def from_host(self, a: np.ndarray, dtype: str | None = None, what: str = "an input") -> DeviceTensor:
-        dtype = dtype or {np.dtype(v): k for k, v in _DTYPES.items()}[a.dtype]
-        a = np.ascontiguousarray(a, dtype=_DTYPES[dtype])
+        dtype = dtype or {np.dtype(v): k for k, v in DTYPES.items()}[a.dtype]
+        a = np.ascontiguousarray(a, dtype=DTYPES[dtype])
         t = self.empty(a.shape, dtype, what)
         if a.nbytes:
             self.native.cmp_memcpy_h2d(t.ptr, a.ctypes.data, a.nbytes)
@@ -300,7 +172,7 @@ class CudaBackend(Backend):
 
     def copy_from_host(self, t: DeviceTensor, a: np.ndarray) -> None:
         """Overwrite all of `t` with `a` (converted to t's dtype; same number of elements)."""
-        a = np.ascontiguousarray(a, dtype=_DTYPES[t.dtype])
+        a = np.ascontiguousarray(a, dtype=DTYPES[t.dtype])
         if a.size != t.size:
             raise ValueError(f"copy_from_host: {a.size} elements into a tensor of {t.size}")
         self.native.cmp_memcpy_h2d(t.ptr, a.ctypes.data, a.nbytes)
@@ -357,7 +229,6 @@ class CudaBackend(Backend):
         self.arena.reserve(nbytes, what)
 
     def state_ops(self):
-        from .cuda_state import CudaStateOps
         return CudaStateOps(self)
 
     def _positions(self, batch: StepBatch) -> DeviceTensor:
@@ -453,7 +324,7 @@ class CudaBackend(Backend):
     def kv_rows_raw(self, t: DeviceTensor, n: int) -> np.ndarray:
         """The first n rows of a KV cache as stored (f32 / f16 values or the quantized bytes): what a host copy
         (prompt cache, slot file) keeps and copies back byte for byte."""
-        out = np.empty((n,) + t.shape[1:], _DTYPES[t.dtype])
+        out = np.empty((n,) + t.shape[1:], DTYPES[t.dtype])
         if out.nbytes:
             self.native.cmp_memcpy_d2h(out.ctypes.data, t.ptr, out.nbytes)
         return out
@@ -470,7 +341,7 @@ class CudaBackend(Backend):
                 "conv": [self.to_host(a) for a in state.conv], "ssm": [self.to_host(a) for a in state.ssm]}
 
     def _rows_to_host(self, t: DeviceTensor, n: int) -> np.ndarray:
-        out = np.empty((n,) + t.shape[1:], _DTYPES[t.dtype])
+        out = np.empty((n,) + t.shape[1:], DTYPES[t.dtype])
         if out.nbytes:
             self.native.cmp_memcpy_d2h(out.ctypes.data, t.ptr, out.nbytes)
         return out.astype(np.float32)
@@ -1093,7 +964,6 @@ class CudaBackend(Backend):
 
     def decode_graphs(self, model, capacity: int = 8):
         """engine/decode.py's decode steps on CUDA graphs (backends/cuda_graphs.DecodeGraphs)."""
-        from .cuda_graphs import DecodeGraphs
         return DecodeGraphs(self, model, capacity)
 
     def ids_to_host(self, ids: DeviceTensor) -> np.ndarray:
@@ -1172,7 +1042,7 @@ class CudaBackend(Backend):
         self.native.cmp_attention_full(q.ptr, k.ptr, v.ptr, out.ptr, T, n_heads, head_dim, E, E, E, scale)
         return out
 
-    # -- several devices (models/split.py) ----------------------------------------------------------------------
+    # -- several devices (llamacmp/split/) ----------------------------------------------------------------------
     def activate(self) -> None:
         """Select this backend's device for the calling thread (CUDA's current device is per thread), keeping the
         device's library stream: for a thread that takes over a backend made on another one (the server's engine
@@ -1187,7 +1057,3 @@ class CudaBackend(Backend):
         if getattr(self, "stream", 0) == 0:
             self.stream = self.native.stream_create()
         self.native.cmp_set_stream(self.stream)
-
-
-
-from .cuda_graphs import CapturedStep  # noqa: E402  (moved there; kept importable from here)

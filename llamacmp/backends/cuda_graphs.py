@@ -29,7 +29,7 @@ import numpy as np
 
 from ..lib._native import NativeError
 from .base import Segment, SeqState, StepBatch
-from .cuda import DeviceArena
+from .cuda_memory import DeviceArena
 
 GRAPH_CHUNK = 16 << 20        # bytes a graph's arena takes at a time
 GRAPH_ARENA_CAP = 1 << 40     # no cap of its own: a failing cudaMalloc is the limit (DeviceMemoryError)

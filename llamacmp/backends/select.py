@@ -88,7 +88,7 @@ def select_backends(p, log: TextIO | None = None) -> tuple[list[Backend], list[f
     if len(devices) == 1:
         be = cuda_backend_or_none(devices[0], getattr(p, "device_mem_cap", 0) or None)
         return [be if be is not None else select_backend(log)], None
-    from ..models.split import make_cuda_backends
+    from ..split.devices import make_cuda_backends
     backends = make_cuda_backends(devices)
     if ratios is None:      # llama.cpp's default: each device's free memory (equal for one GPU listed twice)
         free = {d: b.native.mem_info()[0] for d, b in zip(devices, backends)}

@@ -539,7 +539,7 @@ class Runner:
         from ..backends.base import StepBatch
         first = self._ids(1)[0]
         if self.is_cuda:
-            from ..backends.cuda import CapturedStep
+            from ..backends.cuda_graphs import CapturedStep
             graph = CapturedStep(self.be, self.model, [st], greedy=True)
 
             def step(n: int) -> None:

@@ -15,10 +15,11 @@ from .. import BUILD_NUMBER, __version__
 from ..args import parse_or_exit
 from ..chat import (THINK_END, ReasoningSplitter, TemplateError, reasoning_prefix, reply_start, select_template,
                     thinking_switch)
-from ..engine.generate import ContextFull
+from ..engine.client import ContextFull
+from ..engine.tasks import GenParams
 from ..params import Params
 from .chat_io import make_io
-from .common import CliError, load, make_grammar, make_sampler, new_session, run_tool
+from .common import CliError, load, make_grammar, new_client, run_tool
 
 COMMANDS_HELP = ("available commands:\n"
                  "  /exit or Ctrl+C     stop or exit\n"
@@ -72,7 +73,7 @@ class Chat:
             except MmprojError as e:
                 raise CliError(f"error: failed to load multimodal projector: {e}") from None
         self.tok = self.lm.tokenizer
-        self.session = new_session(self.loaded)
+        self.client = new_client(self.loaded)      # the conversation: a slot of the scheduler
         try:
             self.template = select_template(self.lm.metadata, self.tok.tokens, self.p.chat_template, self.p.use_jinja)
         except TemplateError as e:
@@ -224,50 +225,53 @@ class Chat:
         prompt = self.template.render(self.messages, True, enable_thinking=thinking, extra=extra)
         if self.p.verbose_prompt:
             self.io.write(prompt + "\n\n", "info")
-        before = self.session.timings.snapshot()
+        before = self.client.perf.snapshot()
+        images, hints = {}, ()
+        if self.images:
+            from ..vision.prompt import prompt_images, split_prompt
+            chunks = split_prompt(prompt, self.images, lambda s: self.tok.encode(s, parse_special=True))
+            ids, images = prompt_images(chunks)
+        else:
+            ids = self.tok.encode(prompt, parse_special=True)
+            if not ids:
+                raise CliError("error: input is empty (the chat template rendered nothing)")
+            # a checkpoint where this reply starts: the next turn re-renders it without its reasoning
+            start = reply_start(self.template, lambda s: self.tok.encode(s, parse_special=True), self.messages,
+                                len(ids), enable_thinking=thinking, extra=extra)
+            hints = (start,) if start else ()
+        self.client.history = ids        # the slot resumes from what it holds of these
         try:
-            if self.images:
-                from ..vision.prompt import split_prompt, sync_session
-                chunks = split_prompt(prompt, self.images, lambda s: self.tok.encode(s, parse_special=True))
-                sync_session(self.session, chunks)
-            else:
-                ids = self.tok.encode(prompt, parse_special=True)
-                if not ids:
-                    raise CliError("error: input is empty (the chat template rendered nothing)")
-                # a checkpoint where this reply starts: the next turn re-renders it without its reasoning
-                start = reply_start(self.template, lambda s: self.tok.encode(s, parse_special=True), self.messages,
-                                    len(ids), enable_thinking=thinking, extra=extra)
-                self.session.sync_prompt(ids, checkpoint_at=(start,) if start else ())
+            reply = self.stream_reply(prompt.rstrip().endswith("<think>"), reasoning_prefix(prompt) or "", hints,
+                                      images)
         except ContextFull as e:
             self.io.error(f"Error: {e}\n")
             return
-        reply = self.stream_reply(prompt.rstrip().endswith("<think>"), reasoning_prefix(prompt) or "")
         self.messages.append({"role": "assistant", "content": reply.content})
         self.io.write("\n")
         if self.p.show_timings:
-            t = self.session.timings.since(before)
+            t = self.client.perf.since(before)
             self.io.write(f"\n[ Prompt: {t.prompt_per_second:.1f} t/s | Generation: "
                           f"{t.predicted_per_second:.1f} t/s ]\n", "info")
 
-    def stream_reply(self, thinking_open: bool, lead: str = "") -> Reply:
+    def stream_reply(self, thinking_open: bool, lead: str = "", hints: tuple[int, ...] = (),
+                     images: dict | None = None) -> Reply:
         """One reply, streamed. --reasoning-budget (when the prompt opens <think>): after that many tokens of
         thought the message and </think> are forced in as if sampled (engine/turn.py, as the server does).
         lead: the prompt's text after an open <think>; llama-cli's reasoning starts with it (it parses the
-        prompt's tail with the output), so "[Start thinking]" is followed by a blank line on Qwen3.5."""
+        prompt's tail with the output), so "[Start thinking]" is followed by a blank line on Qwen3.5.
+        hints, images: the prompt's checkpoint hints and images (engine/client.py)."""
         p, reply = self.p, Reply(lead=lead if thinking_open else "")
         # a built-in format (no jinja) has no reasoning: the reply is content as written, as in llama-cli
         splitter = ReasoningSplitter(thinking_open, "none" if self.template.builtin else p.reasoning_format)
-        sampler = make_sampler(p, self.lm)
-        grammar = make_grammar(p, self.lm, after_think=thinking_open)   # constrain the answer, not the thoughts
-        for t in self.session.history:
-            if t >= 0:                     # image rows (negative placeholder ids) are not sampled tokens
-                sampler.accept(t)
+        grammar = make_grammar(p, self.client, after_think=thinking_open)  # the answer, not the thoughts
         budget = p.reasoning_budget if splitter.in_reasoning else -1       # thinking open and shown apart
         end = tuple(self.tok.encode(p.reasoning_budget_message + THINK_END, parse_special=True))
-        self.session.generate(sampler, p.n_predict, tuple(p.antiprompt),
-                              lambda piece: self.show(reply, splitter.push(piece)), p.special,
-                              should_stop=lambda: self.interrupt.flag, stop_window=0, grammar=grammar,
-                              reasoning_budget=budget, reasoning_end=end)
+        # a fresh chain over the prompt each reply (the engine feeds it the prompt's tokens, not image rows)
+        params = GenParams(p.sampling, p.n_predict, stop=list(p.antiprompt), special=p.special, grammar=grammar,
+                           stop_window=0, forced_spend_n_predict=False, reasoning_budget=budget,
+                           reasoning_end=end)
+        self.client.generate(params, on_text=lambda piece: self.show(reply, splitter.push(piece)),
+                             should_stop=lambda: self.interrupt.flag, checkpoint_hints=hints, images=images)
         self.interrupt.take()
         self.show(reply, splitter.flush())
         return reply

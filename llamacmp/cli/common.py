@@ -10,7 +10,8 @@ from typing import TextIO
 
 from .. import memplan, progress, sparse_attn
 from ..args import apply_gguf_sampling
-from ..engine.generate import Session, Timings
+from ..engine.client import EngineError, SlotClient
+from ..engine.perf import Perf
 from ..engine.speculative import enabled_spec
 from ..params import Params
 from ..run_plan import RunPlan, RunPlanError, check_options, plan_run
@@ -79,7 +80,7 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
     try:
         mf = open_model(path)            # the header, parsed once for the run plan, memory plan and loader
         run = plan_run(p, mf.cfg.n_ctx_train)
-        if len(backends) == 1:       # a layer split plans each part in models/split.py, not here
+        if len(backends) == 1:       # a layer split plans each part in llamacmp/split/, not here
             memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=None if quiet else err)
         with progress.loading(err, enabled=not p.log_disable):   # llama-cli shows it at every verbosity
             lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, None if quiet else err,
@@ -99,20 +100,19 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
     return Loaded(lm, run, t_load)
 
 
-def new_session(loaded: Loaded) -> Session:
-    s = Session.from_plan(loaded.lm, loaded.run)
-    s.timings.t_load_ms = loaded.t_load_ms
-    return s
+def new_client(loaded: Loaded) -> SlotClient:
+    """The tool's one sequence: a slot of the scheduler the server uses (engine/client.py)."""
+    return SlotClient(loaded.lm, loaded.run, loaded.t_load_ms)
 
 
-def make_grammar(p: Params, lm, after_think: bool = False):
-    """--grammar / -j compiled once (llguidance); None without them. Bad grammars are the user's error."""
+def make_grammar(p: Params, client: SlotClient, after_think: bool = False):
+    """--grammar / -j compiled (llguidance) for GenParams.grammar; None without them. Bad grammars are the user's
+    error."""
     if not p.grammar and p.json_schema is None:
         return None
-    from ..engine.grammar import GrammarCompiler, GrammarError
+    from ..engine.grammar import GrammarError
     try:
-        compiler = GrammarCompiler(lm.tokenizer)
-        return compiler.matcher(compiler.compile(p.grammar, p.json_schema, after_think))
+        return client.grammars.compile(p.grammar, p.json_schema, after_think)
     except GrammarError as e:
         raise CliError(f"error: {e}") from None
 
@@ -121,7 +121,7 @@ def make_sampler(p: Params, lm) -> Sampler:
     return Sampler(p.sampling, frozenset(lm.tokenizer.eog_ids))
 
 
-def perf_lines(t: Timings, sampler: Sampler | None, now_ms: float) -> str:
+def perf_lines(t: Perf, sampler: Sampler | None, now_ms: float) -> str:
     """llama.cpp's common_perf_print block (sampling, then context figures), same labels and widths."""
     name = "common_perf_print"
     out = []
@@ -164,6 +164,9 @@ def run_tool(main_body) -> int:
         return main_body() or 0
     except CliError as e:
         sys.stderr.write(f"{e}\n")
+        return 1
+    except EngineError as e:             # a failed step or draw: the engine's message
+        sys.stderr.write(f"error: {e}\n")
         return 1
     except TemplateError as e:
         sys.stderr.write(f"error: the chat template failed: {e}\n")

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 
 from ..args import parse_or_exit, process_escapes
 from ..chat import ChatTemplate, TemplateError, select_template
-from ..engine.generate import ContextFull, now_ms
+from ..engine.client import ContextFull
+from ..engine.perf import now_ms
+from ..engine.tasks import GenParams
 from ..params import Params
-from .common import CliError, load, make_grammar, make_sampler, new_session, perf_lines, run_tool
+from .common import CliError, load, make_grammar, make_sampler, new_client, perf_lines, run_tool
 from .lineinput import read_message_simple
 
 
@@ -74,9 +76,9 @@ class Completion:
         self.loaded = load(p)
         self.lm = self.loaded.lm
         self.tok = self.lm.tokenizer
-        self.session = new_session(self.loaded)
-        self.sampler = make_sampler(p, self.lm)
-        self.grammar = make_grammar(p, self.lm)
+        self.client = new_client(self.loaded)           # the one sequence: a slot of the scheduler
+        self.sampler = make_sampler(p, self.lm)           # one chain for the whole session, as llama-completion's
+        self.grammar = make_grammar(p, self.client)
         self.out = sys.stdout
         self.interrupt = Interrupt()
         self.conv: Conversation | None = None
@@ -138,10 +140,10 @@ class Completion:
         ids = self.tok.encode(prompt, parse_special=True, add_special=True)
         if not ids and not self.p.interactive_first:
             raise CliError("input is empty")
-        if len(ids) > self.session.n_ctx - 4:
-            raise CliError(f"main: prompt is too long ({len(ids)} tokens, max {self.session.n_ctx - 4})")
+        if len(ids) > self.client.n_ctx - 4:
+            raise CliError(f"main: prompt is too long ({len(ids)} tokens, max {self.client.n_ctx - 4})")
         self.log(f"sampler seed: {self.sampler.seed}")
-        self.log(f"generate: n_ctx = {self.session.n_ctx}, n_batch = {self.p.n_batch}, "
+        self.log(f"generate: n_ctx = {self.client.n_ctx}, n_batch = {self.p.n_batch}, "
                  f"n_predict = {self.p.n_predict}, n_keep = {self.p.n_keep}")
         if self.p.interactive:
             self.log("== Running in interactive mode. ==\n - Press Ctrl+C to interject at any time.\n"
@@ -154,12 +156,12 @@ class Completion:
         except KeyboardInterrupt:
             # llama-completion's SIGINT exit: a newline, the perf block, status 130
             self.show("\n")
-            sys.stderr.write(perf_lines(self.session.timings, self.sampler, now_ms()))
+            sys.stderr.write(perf_lines(self.client.perf, self.sampler, now_ms()))
             return 130
         finally:
             signal.signal(signal.SIGINT, previous)
         self.show("\n\n")
-        sys.stderr.write(perf_lines(self.session.timings, self.sampler, now_ms()))
+        sys.stderr.write(perf_lines(self.client.perf, self.sampler, now_ms()))
         return 0
 
     def loop(self, ids: list[int]) -> None:
@@ -191,17 +193,17 @@ class Completion:
     def feed(self, ids: list[int]) -> None:
         for t in ids:
             self.sampler.accept(t)           # llama.cpp's penalty window sees the prompt too
-        self.session.feed(ids)
+        self.client.feed(ids)
 
     def generate(self) -> str:
         p = self.p
         # n_remain as llama-completion keeps it: generated and typed tokens both spend it; in interactive mode
         # it refills to -n when spent (and the user gets the turn)
         budget = max(self.n_remain, 0) if p.n_predict >= 0 else -1
-        gen = self.session.generate(self.sampler, budget, tuple(p.antiprompt), None, p.special,
-                                    should_stop=lambda: p.interactive and self.interrupt.take(),
-                                    stop_window=0 if p.interactive else 2,
-                                    on_token=lambda t: self.show_tokens([t]), grammar=self.grammar)
+        params = GenParams(n_predict=budget, stop=list(p.antiprompt), special=p.special, grammar=self.grammar,
+                           stop_window=0 if p.interactive else 2, forced_spend_n_predict=False, sampler=self.sampler)
+        gen = self.client.generate(params, on_token=lambda t: self.show_tokens([t]),
+                                   should_stop=lambda: p.interactive and self.interrupt.take())
         if self.conv is not None:
             self.conv.messages.append({"role": "assistant", "content": self.tok.decode(
                 [t for t in gen.tokens if t not in self.tok.eog_ids], special=False)})
@@ -209,7 +211,7 @@ class Completion:
         if p.interactive and self.n_remain <= 0 and p.n_predict >= 0:
             self.n_remain = p.n_predict
         if gen.stop == "eog" and p.interactive:
-            self.session.history.append(gen.tokens[-1])   # llama.cpp decodes the EOG before the next input
+            self.client.history.append(gen.tokens[-1])   # llama.cpp decodes the EOG before the next input
         if gen.stop == "context":
             sys.stderr.write("\n\nmain: context full and context shift is disabled => stopping\n")
         return gen.stop
@@ -220,7 +222,7 @@ class Completion:
         if stop == "eog" and p.antiprompt and self.conv is None:
             first = self.tok.encode(p.antiprompt[0], parse_special=True)
             self.show(p.antiprompt[0])
-            self.session.history.extend(first)
+            self.client.history.extend(first)
         if stop == "eog":
             self.show("\n")
         if self.conv is not None:

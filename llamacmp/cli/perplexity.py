@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..args import parse_or_exit
+from ..engine.sequence import Sequence
 from ..params import Params
-from .common import CliError, load, new_session, run_tool
+from .common import CliError, load, run_tool
 
 
 @dataclass
@@ -86,14 +87,14 @@ def run(p: Params) -> int:
 
 
 def score_chunks(p: Params, loaded, tokens: np.ndarray, n_ctx: int, n_chunk: int) -> NllSums:
-    session = new_session(loaded)
+    seq = Sequence.from_plan(loaded.lm, loaded.run)
     first = n_ctx // 2
     sums = NllSums()
     for i in range(n_chunk):
         t0 = time.perf_counter()
         chunk = tokens[i * n_ctx:(i + 1) * n_ctx]
-        session.reset()
-        logits = session.feed(chunk.tolist(), all_logits=True)       # [n_ctx, n_vocab]
+        seq.reset()
+        logits = seq.feed(chunk.tolist(), all_logits=True)       # [n_ctx, n_vocab]
         # logits at position j predict token j+1; score positions first .. n_ctx-2
         sums.add(logits[first:n_ctx - 1], chunk[first + 1:])
         if i == 0:

@@ -1,4 +1,4 @@
-"""The decode path shared by the server's scheduler and the CLI's Session: running the model and drawing tokens
+"""The decode path of the scheduler (every generation) and of sequence.py (scoring): running the model and drawing tokens
 with as little as possible crossing from the device.
 
 `Decoder` runs prefill chunks eagerly (one sequence per forward) and decode steps (one token for each of a list

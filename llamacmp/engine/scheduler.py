@@ -26,6 +26,7 @@ from . import slot_log
 from .checkpoints import read_host_state, state_ops_for, write_host_state
 from .decode import Decoder, LogitsRow, draw_tokens
 from .grammar import GrammarCompiler
+from .perf import Perf, now_ms
 from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host, rewind
 from .slot import GENERATE, PREFILL, Slot
 from .speculative import Speculator, accept_tokens
@@ -49,6 +50,8 @@ class EngineConfig:
     slot_prompt_similarity: float = 0.10 # -sps
     max_graphs: int = 8                  # CUDA: decode graphs kept (one per set of slots generating together)
     spec: object = None                  # spec.SpecConfig (--spec-*): draft-mtp runs engine/speculative.py
+    sync_forwards: bool = False          # wait for each forward before the draw, so that `perf` splits eval and
+                                         # sampling time as llama.cpp's does (the CLIs; the server overlaps them)
 
 
 @dataclass(slots=True)
@@ -80,6 +83,7 @@ class Engine:
         self.host_cache = HostCache(cfg.cache_ram_mib)
         self.grammars = GrammarCompiler(self.tokenizer)   # used by handlers (compile) and here (matchers)
         self.metrics = EngineMetrics()
+        self.perf = Perf()                # llama.cpp's perf counters, over every slot (the CLIs print them)
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: list[CompletionTask] = []
         self._cancelled: set[int] = set()
@@ -161,6 +165,12 @@ class Engine:
 
     MAX_FAILURES = 3                     # loop failures in a row before the engine gives up
 
+    def run_pending(self) -> None:
+        """Run the loop on the caller's thread until every task submitted so far is answered: a single-sequence
+        tool's way in (engine/client.py), with no engine thread; sinks are called on this thread."""
+        while self._waiting or not self._inbox.empty() or any(s.busy for s in self.slots):
+            self._iterate()
+
     def _iterate(self) -> None:
         busy = any(s.busy for s in self.slots)
         self._drain(block=not busy and not self._waiting)
@@ -204,6 +214,8 @@ class Engine:
             log.exception("could not answer a task after the engine stopped")
 
     def _drain(self, block: bool) -> None:
+        if not block and self._inbox.empty():     # the common case mid-generation: no exception raised and caught
+            return
         try:
             item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
         except queue.Empty:
@@ -299,7 +311,7 @@ class Engine:
             self._reject(task)
             return
         point = self._resume(slot, task)
-        sampler = Sampler(task.params.sampling, self.tokenizer.eog_ids)
+        sampler = task.params.sampler or Sampler(task.params.sampling, self.tokenizer.eog_ids)
         decoder = self.tokenizer.stream_decoder(special=task.params.special)
         grammar = self.grammars.matcher(task.params.grammar) if task.params.grammar is not None else None
         slot.begin(task, sampler, decoder, self._checkpoint_plan(task, slot.state.n_past), grammar)
@@ -395,6 +407,7 @@ class Engine:
         if gen:
             t0 = time.perf_counter()
             logits = self.decoder.decode([s.state for s in gen], [s.next_token for s in gen])
+            self._book_forward(len(gen), t0)
             self._flush()                # the previous results go out while the device runs this step
             self._after_forward(gen, [[s.next_token] for s in gen], logits, t0)
         budget = self.cfg.n_batch - len(gen)
@@ -412,6 +425,7 @@ class Engine:
                 self._reset(s)
                 self._release(s)
                 continue
+            self._book_forward(len(chunk), t0)
             self._flush()
             self._after_forward([s], [chunk], logits, t0)
             budget -= len(chunk)
@@ -432,6 +446,9 @@ class Engine:
         sp = self.spec
         drafts = sp.draft([(s.state, s.mtp, s.next_token) for s in slots])
         logits, h, verified = sp.verify([(s.state, s.mtp, s.next_token, d) for s, d in zip(slots, drafts)])
+        if self.cfg.sync_forwards:
+            self.decoder.sync()
+        self.perf.add_verified(len(slots), (time.perf_counter() - t0) * 1e3)   # + the accepted drafts, below
         self._flush()
         self.metrics.n_decode_total += 1
         self.metrics.n_busy_slots_total += len(slots)
@@ -454,6 +471,7 @@ class Engine:
                 self._release(slot)
                 continue
             sp.commit(v, h, j)
+            self.perf.add_verified(j - 1, 0.0)
             slot.cache.tokens.extend(v.drafts[:j - 1])
             self.metrics.t_tokens_generation_total += (time.perf_counter() - t0) * 1e3
             if slot.stopped:
@@ -469,9 +487,13 @@ class Engine:
         if slot.task.params.stream:
             slot.task.sink(slot.partial(text, tok))
         return not slot.stopped and not slot.forced
+    def _book_forward(self, n_tokens: int, t0: float) -> None:
+        if self.cfg.sync_forwards:
+            self.decoder.sync()
+        self.perf.add_forward(n_tokens, (time.perf_counter() - t0) * 1e3)
 
     def _chunk_size(self, room: int) -> int:
-        """Prompt tokens one slot may add in one forward: n_ubatch; a layer split (models/split.py) takes as many
+        """Prompt tokens one slot may add in one forward: n_ubatch; a layer split (llamacmp/split/) takes as many
         whole n_ubatch pieces as fit in `room` (at most n_batch) and pipelines them over its GPUs. The pieces are
         the same n_ubatch cuts either way (from the chunk start, which is the last cut or checkpoint), so a
         slot's arithmetic does not change."""
@@ -491,11 +513,13 @@ class Engine:
             slot.cache.last_logits = None      # a host copy is taken only when a request ends (_finish)
             if slot.phase == PREFILL:
                 if slot.state.n_past in slot.checkpoint_at:
-                    slot.cache.add_checkpoint(self.ops.snapshot(slot.state, row))
+                    self._checkpoint(slot, row)
                 if slot.task.params.stream and slot.task.params.return_progress:
                     slot.task.sink(slot.progress())
             want.append(slot.phase == GENERATE or slot.prompt_done())
+        t_draw = now_ms()
         drawn = self._draw([s if w else None for s, w in zip(slots, want)], logits, rows) if any(want) else []
+        self.perf.add_sample(sum(d is not None for d in drawn), now_ms() - t_draw)
         dt = (time.perf_counter() - t0) * 1e3       # after the draw: the device work is done
         for slot, t in zip(slots, toks):
             if slot.phase == PREFILL:
@@ -542,7 +566,9 @@ class Engine:
 
     def _sample(self, slot: Slot, row) -> None:
         """Draw from host logits (a prompt whose logits the cache kept) and emit."""
+        t0 = now_ms()
         tok = None if slot.task.params.n_predict == 0 else slot.draw(row)
+        self.perf.add_sample(int(tok is not None), now_ms() - t0)
         self._emit(slot, tok, row)
 
     def _emit(self, slot: Slot, tok: Optional[int], row) -> None:
@@ -577,9 +603,17 @@ class Engine:
         slot.cache.last_logits = row.host() if isinstance(row, LogitsRow) else np.array(row, np.float32)
         # keep the end of this exchange: a follow-up that appends to prompt + reply resumes here
         if not slot.cache.has_checkpoint(slot.state.n_past) and self.cfg.ctx_checkpoints > 0:
-            slot.cache.add_checkpoint(self.ops.snapshot(slot.state, slot.cache.last_logits))
+            self._checkpoint(slot, slot.cache.last_logits)
         self.metrics.n_tokens_max = max(self.metrics.n_tokens_max, slot.state.n_past)
         self._release(slot)
+
+    def _checkpoint(self, slot: Slot, logits) -> None:
+        """Keep a copy of the slot's state at its position. No device room for the copy (the memory plan does not
+        count checkpoints) costs only a longer re-evaluation later, never the request."""
+        try:
+            slot.cache.add_checkpoint(self.ops.snapshot(slot.state, logits))
+        except MemoryError:
+            log.info("slot %d: no memory for a checkpoint at %d; going on without it", slot.id, slot.state.n_past)
 
     def _release(self, slot: Slot) -> None:
         if slot.task is not None:

@@ -110,17 +110,18 @@ class Slot:
         """Start serving `task`; the cache has already been moved to the resume point (state.n_past)."""
         p = task.params
         self.task = task
-        self.turn = Turn(sampler, decoder, sampler.eog_ids, p.stop, p.n_predict, grammar,
-                         reasoning_budget=p.reasoning_budget, reasoning_end=tuple(p.reasoning_end))
+        self.turn = Turn(sampler, decoder, sampler.eog_ids, p.stop, p.n_predict, grammar, p.stop_window,
+                         p.reasoning_budget, tuple(p.reasoning_end), p.forced_spend_n_predict)
         self.prompt = task.prompt
         self.n_cached = self.state.n_past
         self.checkpoint_at = sorted(p for p in checkpoint_at if self.n_cached < p <= len(self.prompt))
         self.probs, self.next_token = [], -1
         self.timings = Timings(cache_n=self.n_cached)
         self.t_prompt = time.perf_counter()
-        for t in self.prompt:           # the penalty window sees the prompt too, as in llama.cpp
-            if t >= 0:                  # (image rows, negative placeholder ids, are not tokens)
-                sampler.accept(t)
+        if p.sampler is None:           # (a caller's own sampler has seen the prompt already)
+            for t in self.prompt:       # the penalty window sees the prompt too, as in llama.cpp
+                if t >= 0:              # (image rows, negative placeholder ids, are not tokens)
+                    sampler.accept(t)
         self.state.rope_shift = self._rope_shift_at(self.state.n_past)
         self.phase = PREFILL
 

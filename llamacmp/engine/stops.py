@@ -1,5 +1,5 @@
 """Stop strings (llama.cpp's antiprompts / "stop"): where one ends the generated text, and how much of the text's
-end may still grow into one. The server's slots and the CLI's Session both ask here."""
+end may still grow into one. engine/turn.py asks here."""
 from __future__ import annotations
 
 from typing import Sequence

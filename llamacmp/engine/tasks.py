@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ..sampling import SamplingParams
+from ..sampling import Sampler, SamplingParams
+
 
 @dataclass(slots=True)
 class GenParams:
@@ -33,6 +34,11 @@ class GenParams:
     reasoning_budget: int = -1
     reasoning_end: tuple[int, ...] = ()
     grammar: object = None              # engine.grammar.Grammar (compiled at the edge) or None
+    # what the CLIs (engine/client.py) set differently from the server, as llama.cpp's tools differ:
+    stop_window: Optional[int] = None   # llama-completion: stop strings only at the end of the text (turn.py)
+    forced_spend_n_predict: bool = True # llama-cli's -n counts only sampled tokens, not forced ones
+    sampler: Optional[Sampler] = None   # a caller's sampler that lives across requests (llama-completion's one
+                                        # chain); it has seen what it should: the prompt is not fed into it
 
 
 @dataclass(slots=True)

@@ -1,10 +1,11 @@
 """One generation: what each drawn token means -- the sampler's history, the streamed text, stop strings, the
 grammar, the reasoning budget, end of generation and the n_predict limit.
 
-The server's slots (slot.py) and the CLIs' Session (generate.py) both run every token through a Turn, so these
-rules exist once. They differ in one setting only, where llama.cpp's tools do too: the server looks for stop strings
+Every generation is a slot of the scheduler (the server's requests, and the CLIs' turns through client.py), and every
+token goes through a Turn. Tools differ in two settings (GenParams), as llama.cpp's do: the server looks for stop strings
 in all new text and holds back a partial one while streaming (`stop_window` None); llama-completion checks its
-reverse prompts at the end of the text (the last `stop_window` + 1 characters) and prints every piece at once.
+reverse prompts at the end of the text (the last `stop_window` + 1 characters) and prints every piece at once; and
+llama-cli's -n counts sampled tokens only (`forced_spend_n_predict` False), the server's max_tokens forced ones too.
 """
 from __future__ import annotations
 

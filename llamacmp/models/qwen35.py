@@ -39,7 +39,7 @@ class Qwen35Model:
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend: Backend, layers: range | None = None,
                  embed: bool = True, head: bool = True):
-        """layers / embed / head: upload only these parts (default: all). A layer split (models/split.py) holds one
+        """layers / embed / head: upload only these parts (default: all). A layer split (llamacmp/split/) holds one
         model per backend, each with its own layer range; the layers it lacks are None."""
         self.cfg, self.be = cfg, backend
         m, v = backend.upload_matrix, backend.upload_vector

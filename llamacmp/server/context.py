@@ -99,7 +99,7 @@ class ServerContext:
 
     def load(self, backend, ratios=None) -> None:
         """Load the model, build the template and start the engine (runs off the event loop). backend: one backend,
-        or a list (several: a layer split with -ts `ratios`, see models/split.py)."""
+        or a list (several: a layer split with -ts `ratios`, see llamacmp/split/)."""
         import sys
         from .. import memplan, progress, sparse_attn
         from ..log import LineLogger

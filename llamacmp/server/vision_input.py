@@ -18,7 +18,7 @@ import stat
 from pathlib import Path
 
 from ..vision.preprocess import ImageError
-from ..vision.prompt import MEDIA_MARKER, chunk_history, split_prompt
+from ..vision.prompt import MEDIA_MARKER, prompt_images, split_prompt
 from .errors import bad_request
 from .prep_cancel import step
 
@@ -111,11 +111,4 @@ def encode_prompt(vision, tokenizer, text: str, media: list[bytes]) -> tuple[lis
         chunks = split_prompt(text, embs, tok)
     except ValueError as e:
         raise bad_request(str(e)) from None
-    images, pos = {}, 0
-    for c in chunks:
-        if isinstance(c, list):
-            pos += len(c)
-        else:
-            images[pos] = c
-            pos += c.n_tokens
-    return chunk_history(chunks), images
+    return prompt_images(chunks)

@@ -105,35 +105,13 @@ def eval_chunks(model, state: SeqState, chunks: Sequence[Chunk], n_batch: int = 
     return logits
 
 
-def sync_session(session, chunks: Sequence[Chunk]):
-    """Make an engine.generate.Session hold exactly `chunks` (as Session.sync_prompt does for plain tokens),
-    reusing the decoded prefix when its tokens and images match; images go through eval_image. The logits after
-    the last chunk are left in session.logits (a host row)."""
-    from ..engine.generate import ContextFull, now_ms
-    ids = chunk_history(chunks)
-    if len(ids) > session.n_ctx:
-        raise ContextFull(f"context full ({len(ids)} tokens > n_ctx {session.n_ctx})")
-    decoded = session.history[:session.n_decoded]
-    if decoded and len(ids) > len(decoded) and ids[:len(decoded)] == decoded:
-        session.history = list(decoded)
-        start = len(decoded)
-    else:
-        session.reset()
-        start = 0
-    be, pos = session.lm.backend, 0
+def prompt_images(chunks: Sequence[Chunk]) -> tuple[list[int], dict]:
+    """A task's prompt (engine/tasks.py): the token history the chunks leave, and prompt position -> image."""
+    images, pos = {}, 0
     for c in chunks:
-        n = c.n_tokens if isinstance(c, ImageEmbedding) else len(c)
-        if pos + n <= start:
-            pos += n
-            continue
         if isinstance(c, ImageEmbedding):
-            t0 = now_ms()
-            logits = eval_image(session.lm.model, session.state, c)
-            session.history.extend(image_token_ids(c.digest, n))
-            session.logits = be.to_host(logits)[-1]
-            session.timings.t_p_eval_ms += now_ms() - t0
-            session.timings.n_p_eval += n
+            images[pos] = c
+            pos += c.n_tokens
         else:
-            session.feed(list(c[start - pos:]) if pos < start else list(c))
-        pos += n
-    return session.logits
+            pos += len(c)
+    return chunk_history(chunks), images

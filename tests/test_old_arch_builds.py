@@ -92,3 +92,11 @@ def test_ptx_check_sees_newer_instructions():
     assert ptx_above(ptx, 61) == ["cp.async", "match.any.sync"]
     assert ptx_above(ptx, 70) == ["cp.async"]
     assert ptx_above(ptx, 90) == []
+
+
+def test_clang_route_refuses_bad_architectures():
+    """Checked before anything is fetched or compiled."""
+    for args, says in (([], "usage"), (["60"], "bad architecture '60'"), (["61", "sm_70"], "bad architecture 'sm_70'")):
+        r = subprocess.run(["bash", "tools/build_clang_cuda.sh", *args], cwd=ROOT, capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode != 0 and says in r.stderr, (args, r.stderr)

@@ -107,7 +107,8 @@ CFLAGS=(-x cuda --cuda-path="$CUDA_PREFIX" -O3 -std=c++17 -fPIC -Wno-unknown-cud
         -fgpu-flush-denormals-to-zero -fgpu-approx-transcendentals -ffp-contract=fast
         -D__CUDA_ARCH_LIST__="$(IFS=,; echo "${ARCHS[*]/%/0}")")
 for a in "${ARCHS[@]}"; do CFLAGS+=(--cuda-gpu-arch="sm_$a"); done
-CFLAGS+=(--cuda-include-ptx="sm_$LAST")       # PTX of the newest only, as the Makefile's nvcc build
+# PTX of the newest only, as the Makefile's nvcc build (clang's default is PTX for every arch)
+CFLAGS+=(--no-cuda-include-ptx=all --cuda-include-ptx="sm_$LAST")
 mkdir -p "$OBJ"
 export PATH="$CUDA_PREFIX/bin:$PATH"
 pids=()

@@ -41,9 +41,9 @@ OPTS=(-q -o "Dir::Etc::SourceList=$APT/sources.list" -o Dir::Etc::SourceParts=/n
       -o "Dir::State::Lists=$APT/lists" -o "Dir::Cache=$APT/cache" -o APT::Sandbox::User=root)
 apt-get "${OPTS[@]}" update >/dev/null || die "apt-get update of $MIRROR $SUITE non-free failed"
 version=$(apt-cache "${OPTS[@]}" policy nvidia-cuda-toolkit | sed -n 's/ *Candidate: //p')
-case $version in
-    12.*) ;;
-    *) die "$SUITE non-free has nvidia-cuda-toolkit '$version', not a 12.x (set CUDA12_SUITE)" ;;
+case $version in     # the PyPI headers below are 12.4's: they must match the compiler's front end
+    12.4.*) ;;
+    *) die "$SUITE non-free has nvidia-cuda-toolkit '$version', not the 12.4 whose headers this script takes" ;;
 esac
 (cd "$WORK/debs" && rm -f ./*.deb && apt-get "${OPTS[@]}" download nvidia-cuda-toolkit >/dev/null) \
     || die "apt-get download nvidia-cuda-toolkit failed"

@@ -112,14 +112,16 @@ def standin_tree(tree: Path, work: Path) -> Path:
 
 
 def find_cuobjdump() -> str:
-    """cuobjdump: on PATH, in a CUDA toolkit under /usr/local, or the SM70 toolchain's copy (build/sm70/disasm)."""
+    """cuobjdump: on PATH, in a CUDA toolkit under /usr/local, tools/get_cuda12.sh's (build/cuda12/bin) or the
+    clang route's copy (build/clang-cuda-toolchain/disasm)."""
     import glob
+    build = Path(__file__).resolve().parents[1] / "build"
     cands = [shutil.which("cuobjdump"), *sorted(glob.glob("/usr/local/cuda*/bin/cuobjdump"), reverse=True),
-             str(Path(__file__).resolve().parents[1] / "build" / "sm70" / "disasm" / "cuobjdump")]
+             str(build / "cuda12" / "bin" / "cuobjdump"), str(build / "clang-cuda-toolchain" / "disasm" / "cuobjdump")]
     for cand in cands:
         if cand and os.access(cand, os.X_OK):
             return cand
-    raise SystemExit("cuobjdump not found (PATH, /usr/local/cuda*/bin, build/sm70/disasm): "
+    raise SystemExit("cuobjdump not found (PATH, /usr/local/cuda*/bin, build/cuda12/bin, build/clang-cuda-toolchain): "
                      "the stand-in's SASS cannot be checked")
 
 

@@ -166,13 +166,18 @@ sample_kernel(const float* __restrict__ logits,    // [N]
         __syncthreads();
         // Logits of one row mostly share their top bits, so the shared-memory atomics would pile onto a few bins:
         // lanes of a warp that hit the same bin add once through their leader (uniform trip count for the match).
+        // __match_any_sync is sm_70+; sm_61 (Pascal) adds once per lane: the same counts, more atomics.
         for (int base = 0; base < N; base += SAMPLE_NT) {
             const int i = base + tid;
             const unsigned key = i < N ? fkey(work[i]) : 0u;
             const bool in = i < N && (key & mask) == prefix;
             const unsigned bin = in ? (key >> shift) & 255u : 256u + lane;   // out-of-set lanes never match
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 700
+            if (in) atomicAdd(&hist_bins[bin], 1u);
+#else
             const unsigned peers = __match_any_sync(0xffffffffu, bin);
             if (in && lane == __ffs(peers) - 1) atomicAdd(&hist_bins[bin], (unsigned)__popc(peers));
+#endif
         }
         __syncthreads();
         if (tid == 0) {

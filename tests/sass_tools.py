@@ -1,4 +1,5 @@
-"""Finding and running cuobjdump without a GPU, shared by the SASS checks (test_no_tensor_cores, test_sm70_build)."""
+"""Finding and running cuobjdump without a GPU, and what its output may hold, shared by the SASS checks
+(test_no_tensor_cores, test_old_arch_builds)."""
 from __future__ import annotations
 
 import os
@@ -13,13 +14,27 @@ from typing import Iterable, Iterator
 TENSOR_CORE_SASS = re.compile(r"\b(HMMA|IMMA|BMMA|DMMA|HGMMA|IGMMA|QGMMA|BGMMA|OMMA|UTC\w*MMA)\b")
 TENSOR_CORE_PTX = re.compile(r"\b(mma\.sync|wmma\.|wgmma\.|tcgen05\.mma)")
 
+# PTX instructions by the oldest architecture that has them (PTX ISA, "Target ISA notes"): a build for sm_N must
+# hold none of a newer one's (ptxas refuses them too; the check names them).
+PTX_SINCE = {
+    70: re.compile(r"\b(mma\.sync|wmma\.\w+|match\.(any|all)\.sync|nanosleep)\b"),
+    75: re.compile(r"\b(ldmatrix|movmatrix)\b"),
+    80: re.compile(r"\b(cp\.async|redux\.sync|mbarrier|createpolicy|cvt\.\w+\.bf16\w*)\b"),
+    90: re.compile(r"\b(griddepcontrol|wgmma|elect\.sync|setmaxnreg|stmatrix|barrier\.cluster|cp\.async\.bulk)\b"),
+}
+
+
+def ptx_above(ptx: str, arch: int) -> list[str]:
+    """The instructions in `ptx` that architectures newer than `arch` (e.g. 61) introduced."""
+    return sorted({m.group(0) for since, rx in PTX_SINCE.items() if since > arch for m in rx.finditer(ptx)})
+
 
 def cuobjdump_candidates(first: Iterable[Path] = ()) -> Iterator[Path]:
-    """Executable cuobjdump binaries: `first`, then SM70_DISASM_PATH, the PyPI nvidia packages, triton's bundled
-    copy (CUDA 12.8: still disassembles sm_70) and PATH."""
+    """Executable cuobjdump binaries: `first`, then CUDA_DISASM_PATH, the PyPI nvidia packages, triton's bundled
+    copy (CUDA 12.8: still disassembles sm_61 / sm_70) and PATH."""
     def places():
         yield from first
-        for d in os.environ.get("SM70_DISASM_PATH", "").split(os.pathsep):
+        for d in os.environ.get("CUDA_DISASM_PATH", "").split(os.pathsep):
             if d:
                 yield Path(d) / "cuobjdump"
         try:

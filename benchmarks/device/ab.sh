@@ -2,8 +2,8 @@
 # A/B of kernel libraries on the device, in parts (each under the 10-minute limit; the next within 30 s of the last so
 # the machine stays warm). Carry the folder CARRY (default .carry/ab) and .carry/site; CARRY holds snapshot.sh's
 # src.tgz, libcmpkern.so.gz and COMMIT (the library under test), libbefore.so.gz (the one to compare against, e.g.
-# main's), optionally more lib*.so.gz (variants), vocab.pkl.gz and, for part 2, sm70.tgz (tools/build_sm70.sh's
-# libcmpkern.so + libcudart.so.12 of the same commit). Logs go to $OUT.
+# main's), optionally more lib*.so.gz (variants), vocab.pkl.gz and, for part 2, sm70.tgz (`make ptx70`'s
+# build/sm70/libcmpkern.so of the same commit; older ones also held libcudart.so.12). Logs go to $OUT.
 #   bash benchmarks/device/ab.sh 1 [CARRY]   the CUDA test files; decode attention per layer at 32768 / 131072 keys,
 #                                            every library, interleaved; issue 7 part c (whole token at 131072, f16
 #                                            vs tq3), before and after, twice

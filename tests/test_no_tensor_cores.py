@@ -1,6 +1,8 @@
 """The default kernels use no tensor-core instruction: the SASS of libcmpkern.so holds no HMMA, IMMA, HGMMA or
-QGMMA (nor the PTX any mma/wmma/wgmma), and it does hold DP4A (IDP.4A). Runs without a GPU: cuobjdump comes from
-the PyPI package nvidia-cuda-cuobjdump (with nvidia-cuda-nvdisasm for -sass), triton's bundled copy, or PATH."""
+QGMMA (nor the PTX any mma/wmma/wgmma) outside the kernels that exist to use them (TENSOR_CORE_KERNELS: the probe's
+timing kernels), and it does hold DP4A (IDP.4A). Per route (issue 20): the DP2A instantiations of the quantized
+matmuls hold no IDP.4A, the IMAD ones neither IDP.4A nor IDP.2A. Runs without a GPU: cuobjdump comes from the PyPI
+package nvidia-cuda-cuobjdump (with nvidia-cuda-nvdisasm for -sass), triton's bundled copy, or PATH."""
 from __future__ import annotations
 
 import pytest
@@ -26,24 +28,64 @@ def tool_and_lib():
     return tool, lib
 
 
+# Kernels whose job is a tensor-core instruction (name substrings): the probe times int8 mma.sync and f16 HMMA; no
+# route but mma runs any of them.
+TENSOR_CORE_KERNELS = ("probe_imma_kernel", "probe_hmma_kernel")
+
+
+def _sass_functions(tool, lib) -> dict[str, str]:
+    """mangled name -> SASS body, every function of every arch in the library."""
+    sass = _dump(tool, "-sass", lib)
+    assert "Function" in sass, "cuobjdump printed no SASS"
+    out: dict[str, str] = {}
+    for f in sass.split("Function : ")[1:]:
+        name, body = f.split("\n", 1)
+        out[name.strip()] = out.get(name.strip(), "") + body
+    return out
+
+
 def test_sass_has_no_tensor_core_instructions(tool_and_lib):
     tool, lib = tool_and_lib
-    sass = _dump(tool, "-sass", lib)
-    assert "Function" in sass or "function" in sass, "cuobjdump printed no SASS"
-    hits = sorted(set(TENSOR_CORE_SASS.findall(sass)))
-    assert not hits, f"tensor-core instructions in the SASS: {hits}"
-    assert "IDP.4A" in sass, "no DP4A (IDP.4A) in the SASS: the Q8 kernels are not using it"
+    funcs = _sass_functions(tool, lib)
+    hits = sorted({(n, h) for n, b in funcs.items() if not any(k in n for k in TENSOR_CORE_KERNELS)
+                   for h in TENSOR_CORE_SASS.findall(b)})
+    assert not hits, f"tensor-core instructions in the SASS: {hits[:5]}"
+    assert any("IDP.4A" in b for b in funcs.values()), "no DP4A (IDP.4A) in the SASS: the Q8 kernels are not using it"
 
 
 def test_ptx_has_no_mma(tool_and_lib):
     tool, lib = tool_and_lib
     ptx = _dump(tool, "-ptx", lib)
     assert ".target sm_" in ptx and ".entry" in ptx, "cuobjdump -ptx printed no PTX: nothing was checked"
-    hits = sorted(set(TENSOR_CORE_PTX.findall(ptx)))
-    assert not hits, f"matrix instructions in the PTX: {hits}"
+    entries = {e.split("(", 1)[0]: e for e in ptx.split(".entry ")[1:]}
+    hits = sorted({(n, h) for n, e in entries.items() if not any(k in n for k in TENSOR_CORE_KERNELS)
+                   for h in TENSOR_CORE_PTX.findall(e)})
+    assert not hits, f"matrix instructions in the PTX: {hits[:5]}"
 
 
-# The kernels of the block-quantized types (matmul_quant.cu): every instantiation is present and multiplies by DP4A.
+# The route-templated kernels of the quantized matmuls (matmul_q8.cu, matmul_quant.cu): the dot type in the mangled
+# name -> (an instruction each instantiation must hold, instructions none may hold).
+ROUTE_KERNELS = ("gemv4_q8_kernel", "gemm_q8_kernel", "gemm2_q8_kernel", "gemv_quant_kernel", "gemm_quant_kernel",
+                 "half_sums_kernel")
+ROUTE_SASS = {"DotDp4a": ("IDP.4A", ("IDP.2A",)), "DotDp2a": ("IDP.2A", ("IDP.4A",)),
+              "DotImad": ("IMAD", ("IDP.4A", "IDP.2A"))}
+
+
+def test_each_route_uses_only_its_unit(tool_and_lib):
+    tool, lib = tool_and_lib
+    funcs = _sass_functions(tool, lib)
+    for kernel in ROUTE_KERNELS:
+        for dot, (needed, banned) in ROUTE_SASS.items():
+            bodies = {n: b for n, b in funcs.items() if kernel in n and dot in n}
+            assert bodies, f"no {kernel} instantiation for {dot} in the SASS"
+            for name, body in bodies.items():
+                assert needed in body, f"{name}: no {needed}"
+                bad = [op for op in banned if op in body] + TENSOR_CORE_SASS.findall(body)
+                assert not bad, f"{name} ({dot}) holds {bad}"
+
+
+# The kernels of the block-quantized types (matmul_quant.cu): every DP4A-route instantiation is present and
+# multiplies by DP4A (the other routes: test_each_route_uses_only_its_unit).
 QUANT_DP4A_KERNELS = ("gemv_quant_kernel", "gemm_quant_kernel")
 
 
@@ -51,7 +93,7 @@ def test_quant_kernels_use_dp4a(tool_and_lib):
     tool, lib = tool_and_lib
     funcs = _dump(tool, "-sass", lib).split("Function : ")[1:]
     for kernel in QUANT_DP4A_KERNELS:
-        bodies = [f for f in funcs if kernel in f.split("\n", 1)[0]]
+        bodies = [f for f in funcs if kernel in f.split("\n", 1)[0] and "DotDp4a" in f.split("\n", 1)[0]]
         assert bodies, f"no {kernel} in the SASS"
         lacking = [f.split("\n", 1)[0] for f in bodies if "IDP.4A" not in f]
         assert not lacking, f"{kernel} instantiations without DP4A: {lacking[:3]}"

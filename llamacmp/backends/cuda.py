@@ -25,9 +25,11 @@ from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM
 from ..lib._native import CMP_MM_GEMV3, CMP_MM_GEMV_PDL
 from ..lib._native import CMP_MM_GEMV4, CMP_MM_GEMV4_EAGER
 from ..lib._native import CMP_KV_TYPES, CMP_QUANT_TYPES
+from ..lib._native import CMP_DOTS, CMP_MM_GEMM_DOT_SHIFT, CMP_MM_GEMV_DOT_SHIFT
 from .. import kv_layout
 from .arena_sizes import size_class as _size_class
 from .base import Backend, Segment, SeqState, StepBatch
+from .routes import DEFAULT as DEFAULT_ROUTES, Routes
 
 __all__ = ["CudaBackend", "CapturedStep", "DeviceTensor", "DeviceArena", "DeviceMemoryError", "QuantMatrix",
            "cuda_available"]
@@ -256,6 +258,9 @@ class CudaBackend(Backend):
         # v3 + PDL 281.9, v4 + PDL 292.1, v4 eager + PDL 296.5 t/s; the GEMVs at T = 1 stream 61-91% of copy (v3:
         # 51-83%); its CUDA tests (v2's bits, batch invariance T 1..16, PDL in a graph) passed there.
         self.gemv_v4, self.gemv_v4_eager = True, True
+        # Which int8 dot the quantized matmuls use (routes.py; set from the probe or --hw-route at load by
+        # apply_routes): the GEMVs (T <= 16) take routes.matmul_decode, the GEMMs routes.matmul_prefill.
+        self.routes = DEFAULT_ROUTES
         self.native = native or Native()
         self.native.cmp_init(device)
         self.device = device
@@ -303,6 +308,29 @@ class CudaBackend(Backend):
 
     def synchronize(self) -> None:
         self.native.cmp_synchronize()
+
+    # The op families this build runs on tensor cores ("matmul_prefill", "attn_prefill"): none yet (issue 20's
+    # item 2 adds them); a route choosing `mma` elsewhere runs on the int8 dot instead, and says so.
+    TENSOR_CORE_FAMILIES: frozenset = frozenset()
+
+    def pick_routes(self, hw_route: str = "auto") -> list[str]:
+        from . import probe
+        from .routes import RouteError, choose_routes, forced_routes, without_mma
+        self.activate()
+        result = probe.probe_device(self.native)
+        if hw_route == "auto":
+            routes, how = choose_routes(result.rates, result.cc), "probe"
+        else:
+            routes, how = forced_routes(hw_route, result.cc, result.card), f"--hw-route {hw_route}"
+        wanted = {f for f in ("matmul_prefill", "attn_prefill") if getattr(routes, f) == "mma"}
+        if wanted - self.TENSOR_CORE_FAMILIES:
+            if hw_route == "mma":
+                raise RouteError(f"--hw-route mma: this build of libcmpkern.so has no tensor-core kernels for "
+                                 f"{', '.join(sorted(wanted - self.TENSOR_CORE_FAMILIES))} yet")
+            routes = without_mma(routes)
+            how += "; tensor cores chosen, but this build has no tensor-core kernels: int8 dot instead"
+        self.routes, self.probe_report = routes, probe.as_json(result, routes, how)
+        return probe.table_lines(result, routes, how)
 
     def device_memory(self) -> tuple[int, int]:
         return self.native.mem_info()[0], self.arena.cap
@@ -483,7 +511,7 @@ class CudaBackend(Backend):
             if residuals is not None and residuals[i].shape != (T, w.shape[0]):
                 raise ValueError(f"matmul: residual {residuals[i].shape} for an output of {(T, w.shape[0])}")
             outs.append(self.empty((T, w.shape[0])))
-        kernels = (CMP_MM_GEMV2 if self.gemv_v2 else 0) | (CMP_MM_GEMM2 if self.gemm_v2 else 0)
+        kernels = (CMP_MM_GEMV2 if self.gemv_v2 else 0) | (CMP_MM_GEMM2 if self.gemm_v2 else 0) | self._dot_bits()
         if self.gemv_v2 and self.gemv_v3:
             kernels |= CMP_MM_GEMV3 | (CMP_MM_GEMV_PDL if self.gemv_pdl else 0)
         if self.gemv_v2 and self.gemv_v4:
@@ -506,6 +534,13 @@ class CudaBackend(Backend):
                     (ctypes.c_void_p * k)(*(outs[i].row_ptr(t0) for i in idx)), res,
                     (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)), min(step, T - t0), n, kernels)
         return outs
+
+    def _dot_bits(self) -> int:
+        """The routes' int8 dots in cmp_matmul_q8_ex / cmp_matmul_quant's kernel bits (api.h CmpMatmulDotField). A
+        matmul prefill on `mma` has no kernel here yet: apply_routes never sets it (the tensor-core GEMM is issue
+        20's item 2)."""
+        return (CMP_DOTS[self.routes.matmul_decode] << CMP_MM_GEMV_DOT_SHIFT
+                | CMP_DOTS[self.routes.matmul_prefill] << CMP_MM_GEMM_DOT_SHIFT)
 
     def _launch_groups(self, ws: Sequence) -> list[list[int]]:
         """Indices of ws in launches: matrices of one kind (Q8_0, or one block type) together, MAX_FUSED at most
@@ -533,7 +568,7 @@ class CudaBackend(Backend):
         self.native.cmp_matmul_quant(
             tid, xq.row_ptr(t0), xd.row_ptr(t0), k, (ctypes.c_void_p * k)(*(w.body.ptr for w in ws)),
             (ctypes.c_void_p * k)(*(w.head_ptr for w in ws)), (ctypes.c_void_p * k)(*(o.row_ptr(t0) for o in outs)),
-            res, (ctypes.c_int * k)(*(w.shape[0] for w in ws)), tn, n, work, work_bytes)
+            res, (ctypes.c_int * k)(*(w.shape[0] for w in ws)), tn, n, work, work_bytes, self._dot_bits())
 
     def _q8_buffers(self, T: int, n: int) -> tuple[DeviceTensor, DeviceTensor]:
         return self.empty((T, n), "i8"), self.empty((T, n // Q8_0_BLOCK), "f32")
@@ -600,12 +635,12 @@ class CudaBackend(Backend):
                 k = len(idx)
                 for t0 in range(0, T, step):
                     tn = min(step, T - t0)
-                    self.native.cmp_matmul_q8_multi(
+                    self.native.cmp_matmul_q8_ex(    # the v1 kernels (cmp_matmul_q8_multi's) on the routes' dots
                         xq.row_ptr(t0), xd.row_ptr(t0), k,
                         (ctypes.c_void_p * k)(*(ws[i].qs.ptr for i in idx)),
                         (ctypes.c_void_p * k)(*(ws[i].d.ptr for i in idx)),
-                        (ctypes.c_void_p * k)(*(outs[i].row_ptr(t0) for i in idx)),
-                        (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)), tn, n)
+                        (ctypes.c_void_p * k)(*(outs[i].row_ptr(t0) for i in idx)), None,
+                        (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)), tn, n, self._dot_bits())
         # Dense (f32 / f16) weights: cmp_matmul_dense's GEMV takes up to DENSE_GEMV_MAX_ROWS rows, each summed alone;
         # a captured decode step stays within it for the same batch invariance as the Q8 path above.
         dense_step = max(1, min(T, self.DENSE_GEMV_MAX_ROWS) if self.capturing else T)

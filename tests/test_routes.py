@@ -68,6 +68,7 @@ def test_forced_routes_and_refusals():
     with pytest.raises(RouteError, match=r"--hw-route dp4a: Tesla P100 \(compute capability 6.0\)"):
         forced_routes("dp4a", 60, "Tesla P100")
     assert without_mma(Routes("mma", "dp2a", "mma")) == Routes("dp2a", "dp2a", "fp32")
+    assert without_mma(Routes("mma", "dp4a", "mma"), ["attn_prefill"]) == Routes("mma", "dp4a", "fp32")
 
 
 def test_hw_route_flag_parses_and_refuses_bad_values():
@@ -177,6 +178,11 @@ def test_auto_route_without_tensor_core_kernels_says_so(tmp_path, monkeypatch):
     assert "no tensor-core kernels" in lines[-1]
     with pytest.raises(RouteError, match="--hw-route mma: this build of libcmpkern.so has no tensor-core kernels"):
         be.pick_routes("mma")
+    # a build with the tensor-core GEMM but no tensor-core attention: mma for the matmul prefill only
+    be = _fake_cuda_backend("H200")
+    be.TENSOR_CORE_FAMILIES = frozenset({"matmul_prefill"})
+    lines = be.pick_routes("mma")
+    assert be.routes == Routes("mma", "dp4a", "fp32") and "no tensor-core kernels for attn_prefill" in lines[-1]
     be = _fake_cuda_backend("CMP 50HX")
     be.pick_routes("auto")
     assert be.routes == Routes("dp2a", "dp2a", "fp32") and be._dot_bits() == 1 << 8 | 1 << 10

@@ -315,20 +315,21 @@ class CudaBackend(Backend):
 
     def pick_routes(self, hw_route: str = "auto") -> list[str]:
         from . import probe
-        from .routes import RouteError, choose_routes, forced_routes, without_mma
+        from .routes import MMA_FAMILIES, RouteError, choose_routes, forced_routes, without_mma
         self.activate()
         result = probe.probe_device(self.native)
         if hw_route == "auto":
             routes, how = choose_routes(result.rates, result.cc), "probe"
         else:
             routes, how = forced_routes(hw_route, result.cc, result.card), f"--hw-route {hw_route}"
-        wanted = {f for f in ("matmul_prefill", "attn_prefill") if getattr(routes, f) == "mma"}
-        if wanted - self.TENSOR_CORE_FAMILIES:
-            if hw_route == "mma":
+        wanted = {f for f in MMA_FAMILIES if getattr(routes, f) == "mma"}
+        missing = sorted(wanted - self.TENSOR_CORE_FAMILIES)
+        if missing:
+            if hw_route == "mma" and len(missing) == len(wanted):
                 raise RouteError(f"--hw-route mma: this build of libcmpkern.so has no tensor-core kernels for "
-                                 f"{', '.join(sorted(wanted - self.TENSOR_CORE_FAMILIES))} yet")
-            routes = without_mma(routes)
-            how += "; tensor cores chosen, but this build has no tensor-core kernels: int8 dot instead"
+                                 f"{', '.join(missing)} yet")
+            routes = without_mma(routes, missing)
+            how += f"; tensor cores chosen, but this build has no tensor-core kernels for {', '.join(missing)}"
         self.routes, self.probe_report = routes, probe.as_json(result, routes, how)
         return probe.table_lines(result, routes, how)
 
@@ -536,11 +537,12 @@ class CudaBackend(Backend):
         return outs
 
     def _dot_bits(self) -> int:
-        """The routes' int8 dots in cmp_matmul_q8_ex / cmp_matmul_quant's kernel bits (api.h CmpMatmulDotField). A
-        matmul prefill on `mma` has no kernel here yet: apply_routes never sets it (the tensor-core GEMM is issue
-        20's item 2)."""
+        """The routes' int8 dots in cmp_matmul_q8_ex / cmp_matmul_quant's kernel bits (api.h CmpMatmulDotField). With
+        the matmul prefill on `mma` (set by pick_routes only where TENSOR_CORE_FAMILIES has it), a GEMM the
+        tensor-core kernels leave to the int8 kernels runs on DP4A."""
+        prefill = self.routes.matmul_prefill if self.routes.matmul_prefill != "mma" else "dp4a"
         return (CMP_DOTS[self.routes.matmul_decode] << CMP_MM_GEMV_DOT_SHIFT
-                | CMP_DOTS[self.routes.matmul_prefill] << CMP_MM_GEMM_DOT_SHIFT)
+                | CMP_DOTS[prefill] << CMP_MM_GEMM_DOT_SHIFT)
 
     def _launch_groups(self, ws: Sequence) -> list[list[int]]:
         """Indices of ws in launches: matrices of one kind (Q8_0, or one block type) together, MAX_FUSED at most

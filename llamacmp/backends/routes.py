@@ -73,8 +73,11 @@ def _why(route: str) -> str:
             "mma": "the tensor-core prefill (f16 HMMA on sm_70, int8 mma.sync from sm_75) with DP4A decode"}[route]
 
 
-def without_mma(routes: Routes, dot: str | None = None) -> Routes:
-    """`routes` with its tensor-core families on their non-tensor-core route (for a build without tensor-core
-    kernels): the matmul prefill on `dot` (default: the decode route), attention prefill on FP32."""
-    prefill = routes.matmul_prefill if routes.matmul_prefill != "mma" else (dot or routes.matmul_decode)
-    return replace(routes, matmul_prefill=prefill, attn_prefill="fp32")
+MMA_FAMILIES = ("matmul_prefill", "attn_prefill")   # the families a route may put on tensor cores
+
+
+def without_mma(routes: Routes, families=MMA_FAMILIES) -> Routes:
+    """`routes` with those of `families` that chose `mma` moved off tensor cores (a build without their kernels):
+    the matmul prefill onto the decode route's int8 dot, attention prefill onto FP32."""
+    off = {"matmul_prefill": routes.matmul_decode, "attn_prefill": "fp32"}
+    return replace(routes, **{f: off[f] for f in families if getattr(routes, f) == "mma"})

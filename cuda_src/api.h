@@ -133,7 +133,7 @@ int cmp_quant_repack(int type, const uint8_t* blocks, void* body, void* head, in
 // y[i] [T, rows[i]] = (res[i] +) x . W_i^T for `count` (1..4) matrices of one type that share x (xq [T, n] int8,
 // xd [T, n/32] f32: cmp_quantize_q8 output); body/head/y/res: host arrays of device pointers (res NULL or entries
 // NULL: no residual). T <= 16: one GEMV launch whose per-row result does not depend on T (batch invariant). T > 16:
-// DP4A GEMM over weights expanded into `work` (work_bytes of device memory; cmp_quant_work_bytes gives what one
+// int8-dot GEMM over weights expanded into `work` (work_bytes of device memory; cmp_quant_work_bytes gives what one
 // pass over `rows` rows needs, less works in row chunks down to 128 rows).
 // `kernels`: only the dot fields of CmpMatmulKernels (the route of the GEMV and of the GEMM; 0 = DP4A).
 int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int count, const void* const* body,

@@ -1,7 +1,8 @@
 // Projections and embedding rows over the block-quantized weight types other than Q8_0 (quant_blocks.cuh), against
 // the same Q8 activations as matmul_q8.cu (xq [T, n] int8, xd [T, n/32] f32 from cmp_quantize_q8 and the fused
-// producers). Per 32-value sub-block of a weight row and token: two DP4A dots of 16 codes, scaled by the half's
-// scale, less the half's min times the activation half's sum (DP4A with 0x01010101), times the activation scale.
+// producers). Per 32-value sub-block of a weight row and token: two int8 dots of 16 codes (DP4A, or the route's
+// DP2A / IMAD: common.cuh), scaled by the half's scale, less the half's min times the activation half's sum (the
+// dot with 0x01010101), times the activation scale.
 //  - GEMV (T <= 16, decode): warp per weight row, lane l takes sub-blocks l, l + 32, ... in increasing order, loads
 //    of U sub-blocks in flight before their decode; each row's result is the same for every T (batch invariant:
 //    every rounding explicit, tokens never interact, a fixed butterfly sum). Up to 4 matrices of one type per

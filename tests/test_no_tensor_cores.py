@@ -6,7 +6,8 @@ package nvidia-cuda-cuobjdump (with nvidia-cuda-nvdisasm for -sass), triton's bu
 from __future__ import annotations
 
 import pytest
-from sass_tools import TENSOR_CORE_PTX, TENSOR_CORE_SASS, cuobjdump_candidates, run_cuobjdump
+from sass_tools import (TENSOR_CORE_SASS, cuobjdump_candidates, ptx_mma_hits, run_cuobjdump, sass_functions,
+                        tensor_core_hits)
 
 from llamacmp.lib._native import library_path
 
@@ -28,38 +29,27 @@ def tool_and_lib():
     return tool, lib
 
 
-# Kernels whose job is a tensor-core instruction (name substrings): the probe times int8 mma.sync and f16 HMMA; no
-# route but mma runs any of them.
-TENSOR_CORE_KERNELS = ("probe_imma_kernel", "probe_hmma_kernel")
-
-
 def _sass_functions(tool, lib) -> dict[str, str]:
     """mangled name -> SASS body, every function of every arch in the library."""
     sass = _dump(tool, "-sass", lib)
     assert "Function" in sass, "cuobjdump printed no SASS"
-    out: dict[str, str] = {}
-    for f in sass.split("Function : ")[1:]:
-        name, body = f.split("\n", 1)
-        out[name.strip()] = out.get(name.strip(), "") + body
-    return out
+    return sass_functions(sass)
 
 
 def test_sass_has_no_tensor_core_instructions(tool_and_lib):
     tool, lib = tool_and_lib
-    funcs = _sass_functions(tool, lib)
-    hits = sorted({(n, h) for n, b in funcs.items() if not any(k in n for k in TENSOR_CORE_KERNELS)
-                   for h in TENSOR_CORE_SASS.findall(b)})
+    sass = _dump(tool, "-sass", lib)
+    assert "Function" in sass, "cuobjdump printed no SASS"
+    hits = tensor_core_hits(sass)
     assert not hits, f"tensor-core instructions in the SASS: {hits[:5]}"
-    assert any("IDP.4A" in b for b in funcs.values()), "no DP4A (IDP.4A) in the SASS: the Q8 kernels are not using it"
+    assert "IDP.4A" in sass, "no DP4A (IDP.4A) in the SASS: the Q8 kernels are not using it"
 
 
 def test_ptx_has_no_mma(tool_and_lib):
     tool, lib = tool_and_lib
     ptx = _dump(tool, "-ptx", lib)
     assert ".target sm_" in ptx and ".entry" in ptx, "cuobjdump -ptx printed no PTX: nothing was checked"
-    entries = {e.split("(", 1)[0]: e for e in ptx.split(".entry ")[1:]}
-    hits = sorted({(n, h) for n, e in entries.items() if not any(k in n for k in TENSOR_CORE_KERNELS)
-                   for h in TENSOR_CORE_PTX.findall(e)})
+    hits = ptx_mma_hits(ptx)
     assert not hits, f"matrix instructions in the PTX: {hits[:5]}"
 
 

@@ -2,8 +2,9 @@
 driver, library build and boot, and keep the rates in the user cache (a volatile unlock -- CMP 100-210's -- is
 lost at reboot, so a boot makes a new measurement). routes.choose_routes turns the rates into Routes.
 
-One unit's measurement: its kernel at growing step counts until a run takes TARGET_MS (the first, short runs warm
-up the module load), then rate = operations / time. All seven units take well under a second.
+One unit's measurement: an untimed one-step run (the module load), then its kernel at growing step counts until a
+run takes TARGET_MS; rate = operations / time. All seven units take well under a second (estimate: ~10 ms each on
+an H200; not yet measured).
 """
 from __future__ import annotations
 
@@ -35,15 +36,17 @@ class ProbeResult:
 
 
 def measure_unit(native: Native, unit: str) -> float | None:
-    """ops/s of one unit, or None where the library's code on this device lacks it."""
+    """ops/s of one unit, or None where the library's code on this device lacks it. A first run of one step is
+    not timed: it pays the kernel's module load (lazy loading) and would pass for a slow unit."""
+    try:
+        native.probe(unit, 1)
+    except NativeError as e:
+        if e.code == CMP_ERR_UNSUPPORTED:
+            return None
+        raise
     iters = 16
     while True:
-        try:
-            ms, ops = native.probe(unit, iters)
-        except NativeError as e:
-            if e.code == CMP_ERR_UNSUPPORTED:
-                return None
-            raise
+        ms, ops = native.probe(unit, iters)
         if ms >= TARGET_MS or iters >= MAX_ITERS:
             return ops / (ms * 1e-3) if ms > 0 else None
         # aim straight at the target from this run (at most 64x per step: the first run includes warm-up)

@@ -104,7 +104,10 @@ class FakeNative:
         return self.cc, 68, 12080
 
     def cmp_set_device(self, device):
-        pass
+        self.current = device
+
+    def cmp_get_device(self, out):
+        out._obj.value = getattr(self, "current", 0)
 
     def probe(self, unit, iters):
         from llamacmp.lib._native import CMP_ERR_UNSUPPORTED, NativeError

@@ -259,7 +259,7 @@ class CudaBackend(Backend):
         # 51-83%); its CUDA tests (v2's bits, batch invariance T 1..16, PDL in a graph) passed there.
         self.gemv_v4, self.gemv_v4_eager = True, True
         # Which int8 dot the quantized matmuls use (routes.py; set from the probe or --hw-route at load by
-        # apply_routes): the GEMVs (T <= 16) take routes.matmul_decode, the GEMMs routes.matmul_prefill.
+        # pick_routes): the GEMVs (T <= 16) take routes.matmul_decode, the GEMMs routes.matmul_prefill.
         self.routes = DEFAULT_ROUTES
         self.native = native or Native()
         self.native.cmp_init(device)
@@ -316,8 +316,13 @@ class CudaBackend(Backend):
     def pick_routes(self, hw_route: str = "auto") -> list[str]:
         from . import probe
         from .routes import MMA_FAMILIES, RouteError, choose_routes, forced_routes, without_mma
-        self.activate()
-        result = probe.probe_device(self.native)
+        cur = ctypes.c_int(0)
+        self.native.cmp_get_device(ctypes.byref(cur))
+        self.activate()           # the probe times this backend's GPU; the caller's device is put back after
+        try:
+            result = probe.probe_device(self.native)
+        finally:
+            self.native.cmp_set_device(cur.value)
         if hw_route == "auto":
             routes, how = choose_routes(result.rates, result.cc), "probe"
         else:

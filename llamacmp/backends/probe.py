@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,7 +104,7 @@ def probe_device(native: Native, folder: Path | None = None, fresh: bool = False
     rates, seconds = measure(native)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".tmp{os.getpid()}")   # two processes probing at once never share a file
         tmp.write_text(json.dumps({"card": card, "cc": cc, "driver": driver, "rates": rates}, indent=1))
         tmp.replace(path)
     except OSError:

@@ -23,6 +23,7 @@ The block types other than Q8_0 (cmp_matmul_quant, issue 18) and Q8_0 (the defau
 the matrices 4096 x 12288, 12288 x 4096 and 4096 x 4096 (rows x n) of random valid blocks: the GEMV at T = 1, 4, 16
 (chain column as above; GB/s = the type's bytes on the device per second) and the prefill GEMM at T = 512 and 4096
 (TOPS = 2 T rows n / time, eager calls timed by events; quantized types include their per-call weight expansion).
+`--dot dp2a|imad` runs that table on another route's int8 dot (issue 20; llamacmp/backends/routes.py), GEMV and GEMM.
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ import numpy as np
 
 from llamacmp.backends.cuda import CudaBackend
 from llamacmp.lib._native import CMP_MM_GEMM2, CMP_MM_GEMV2, CMP_MM_GEMV3, CMP_MM_GEMV4, CMP_MM_GEMV4_EAGER
-from llamacmp.lib._native import CMP_MM_GEMV_PDL, CMP_QUANT_TYPES
+from llamacmp.lib._native import CMP_DOTS, CMP_MM_GEMM_DOT_SHIFT, CMP_MM_GEMV_DOT_SHIFT, CMP_MM_GEMV_PDL
+from llamacmp.lib._native import CMP_QUANT_TYPES
 
 # (name, [rows of each matrix in the launch], n)
 SETS_9B = [
@@ -153,17 +155,20 @@ class QuantPool:
                        first.body.nbytes + (first.head.nbytes if first.head is not None else 0))
         self.mats = [first] + [be.upload_matrix(w) for _ in range(max(1, -(-pool_bytes // self.wbytes)) - 1)]
 
-    def call(self, be: CudaBackend, i: int, xq, xd, y, T: int, work=None) -> None:
+    def call(self, be: CudaBackend, i: int, xq, xd, y, T: int, work=None, dots: int = 0) -> None:
         m, P, I = self.mats[i % len(self.mats)], ctypes.c_void_p * 1, ctypes.c_int * 1
         if self.type_name == "Q8_0":
             be.native.cmp_matmul_q8_ex(xq.ptr, xd.ptr, 1, P(m.qs.ptr), P(m.d.ptr), P(y.ptr), None, I(self.rows), T,
-                                       self.n, Q8_DEFAULT)
+                                       self.n, Q8_DEFAULT | dots)
         else:
             be.native.cmp_matmul_quant(m.type_id, xq.ptr, xd.ptr, 1, P(m.body.ptr), P(m.head_ptr), P(y.ptr), None,
-                                       I(self.rows), T, self.n, work.ptr if work else 0, work.nbytes if work else 0)
+                                       I(self.rows), T, self.n, work.ptr if work else 0, work.nbytes if work else 0,
+                                       dots)
 
 
-def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, gemm: bool = True) -> list[dict]:
+def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, gemm: bool = True,
+                dot: str = "dp4a") -> list[dict]:
+    dots = CMP_DOTS[dot] << CMP_MM_GEMV_DOT_SHIFT | CMP_DOTS[dot] << CMP_MM_GEMM_DOT_SHIFT
     out = []
     print(f"{'type':<7} {'rows x n':>12} {'MB':>6} {'T':>5} {'us':>9} {'GB/s':>7} {'%copy':>6} {'TOPS':>7}")
     for type_name in types:
@@ -182,19 +187,20 @@ def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, gemm: b
                                          be.QUANT_WORK_BYTES),), "u8")
                 if T <= 16:
                     k = min(reps, max(4, int(3e9 // pool.wbytes)))
-                    us = graph_ms(be, lambda: [pool.call(be, i, xq, xd, y, T) for i in range(k)], k) / k * 1e3
+                    us = graph_ms(be, lambda: [pool.call(be, i, xq, xd, y, T, None, dots) for i in range(k)], k) / k * 1e3
                 else:
-                    pool.call(be, 0, xq, xd, y, T, work)
+                    pool.call(be, 0, xq, xd, y, T, work, dots)
                     samples = []
                     for i in range(3):
                         be.native.cmp_timer_start()
-                        pool.call(be, i, xq, xd, y, T, work)
+                        pool.call(be, i, xq, xd, y, T, work, dots)
                         samples.append(be.native.timer_stop())
                     us = float(np.median(samples)) * 1e3
                 gbs, tops = pool.wbytes / us / 1e3, 2.0 * T * rows * n / us / 1e6
                 print(f"{type_name:<7} {f'{rows}x{n}':>12} {pool.wbytes / 1e6:>6.1f} {T:>5} {us:>9.1f} {gbs:>7.0f} "
                       f"{100 * gbs / bw:>5.0f}% {tops:>7.1f}", flush=True)
-                out.append({"type": type_name, "rows": rows, "n": n, "T": T, "us": us, "GB/s": gbs, "TOPS": tops,
+                out.append({"type": type_name, "dot": dot, "rows": rows, "n": n, "T": T, "us": us, "GB/s": gbs,
+                            "TOPS": tops,
                             "MB": pool.wbytes / 1e6})
             del pool
     return out
@@ -209,7 +215,10 @@ def main(argv=None) -> None:
                     help="with --quant: comma-separated GGUF type names (Q8_0 and the block types)")
     ap.add_argument("--reps", type=int, default=30, help="GEMV calls per captured graph")
     ap.add_argument("--no-gemm", action="store_true", help="with --quant: GEMV only")
+    ap.add_argument("--dot", choices=list(CMP_DOTS), default="dp4a", help="with --quant: the int8 dot route")
     args = ap.parse_args(argv)
+    if args.dot != "dp4a" and not args.quant:
+        ap.error("--dot: only the --quant table runs on other routes (the v1-v4 GEMV table is DP4A)")
     be = CudaBackend()
     bw = copy_bandwidth(be)
     print(f"device: {be.native.device_name()}   date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
@@ -220,7 +229,8 @@ def main(argv=None) -> None:
         unknown = [t for t in types if t != "Q8_0" and t not in CMP_QUANT_TYPES]
         if unknown:
             ap.error(f"--types: unknown type(s) {', '.join(unknown)} (known: Q8_0, {', '.join(CMP_QUANT_TYPES)})")
-        out += bench_quant(be, types, bw, args.reps, not args.no_gemm)
+        print(f"int8 dot route: {args.dot}")
+        out += bench_quant(be, types, bw, args.reps, not args.no_gemm, args.dot)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)

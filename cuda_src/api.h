@@ -108,10 +108,17 @@ int cmp_matmul_q8_multi(const int8_t* xq, const float* xd, int count, const int8
 // finishes; ignored elsewhere). CMP_MM_GEMV4: v1's warp-per-row GEMV loop with v2's arithmetic, T <= 16, v2's bits
 // (taken over v3 and v2 when set; CMP_MM_GEMV_PDL launches it with PDL too); CMP_MM_GEMV4_EAGER (with GEMV4): the
 // same kernel compiled to issue all of a lane's weight loads before the first DP4A (more registers; same bits).
+// The int8 dot unit (the route, llamacmp/backends/routes.py) is a field of the same bits: CMP_MM_GEMV_DOT_SHIFT
+// holds the CmpDot of the GEMV (T <= 16), CMP_MM_GEMM_DOT_SHIFT that of the GEMMs; 0 = DP4A. DP2A and IMAD run on
+// the GEMV of v1 / v4 and on both GEMMs (the v2 / v3 GEMVs are DP4A only: asking for them with another dot fails).
 // CMP_MM_MMA: the GEMM (T above the GEMV's rows) on the tensor cores (matmul_mma.cu, int8 mma.sync; the "mma"
 // prefill route of issue 20), every T from there; refused where the device runs compute_70-or-older code.
 enum CmpMatmulKernels { CMP_MM_GEMV2 = 1, CMP_MM_GEMM2 = 2, CMP_MM_GEMV3 = 4, CMP_MM_GEMV_PDL = 8, CMP_MM_GEMV4 = 16,
-                        CMP_MM_GEMV4_EAGER = 32, CMP_MM_MMA = 256 };
+                        CMP_MM_GEMV4_EAGER = 32, CMP_MM_MMA = 4096 };
+enum CmpMatmulDotField { CMP_MM_GEMV_DOT_SHIFT = 8, CMP_MM_GEMM_DOT_SHIFT = 10 };
+// The int8 dot of a route: DP4A (IDP.4A), DP2A (two IDP.2A on sign-extended 16-bit pairs), IMAD (byte extracts and
+// four integer multiply-adds). The same integers on every route.
+enum CmpDot { CMP_DOT_DP4A = 0, CMP_DOT_DP2A = 1, CMP_DOT_IMAD = 2 };
 int cmp_matmul_q8_ex(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
                      float* const* y, const float* const* res, const int* rows, int T, int n, int kernels);
 // y [T, rows] = x [T, n] f32 . W [rows, n]^T, W f32 or f16 (w_dtype: CmpDtype), fp32 accumulation.
@@ -131,16 +138,12 @@ int cmp_quant_repack(int type, const uint8_t* blocks, void* body, void* head, in
 // y[i] [T, rows[i]] = (res[i] +) x . W_i^T for `count` (1..4) matrices of one type that share x (xq [T, n] int8,
 // xd [T, n/32] f32: cmp_quantize_q8 output); body/head/y/res: host arrays of device pointers (res NULL or entries
 // NULL: no residual). T <= 16: one GEMV launch whose per-row result does not depend on T (batch invariant). T > 16:
-// DP4A GEMM over weights expanded into `work` (work_bytes of device memory; cmp_quant_work_bytes gives what one
+// int8-dot GEMM over weights expanded into `work` (work_bytes of device memory; cmp_quant_work_bytes gives what one
 // pass over `rows` rows needs, less works in row chunks down to 128 rows).
+// `kernels`: only the dot fields of CmpMatmulKernels (the route of the GEMV and of the GEMM; 0 = DP4A).
 int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int count, const void* const* body,
                      const void* const* head, float* const* y, const float* const* res, const int* rows, int T, int n,
-                     void* work, size_t work_bytes);
-// The same with a choice of GEMM: `kernels` 0 (the DP4A GEMM) or CMP_MM_MMA (the expanded weights times the
-// activations on the tensor cores, matmul_mma.cu); the GEMV (T <= 16) is the same either way.
-int cmp_matmul_quant_ex(int type, const int8_t* xq, const float* xd, int count, const void* const* body,
-                        const void* const* head, float* const* y, const float* const* res, const int* rows, int T,
-                        int n, void* work, size_t work_bytes, int kernels);
+                     void* work, size_t work_bytes, int kernels);
 // Workspace bytes cmp_matmul_quant needs to take a matrix of `rows` rows in one pass (0 for T <= 16).
 int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* bytes);
 // out [T, D] = dequantized rows table[ids[t]] (table: body, head as above; ids [T] int32 on the device); the values
@@ -149,7 +152,7 @@ int cmp_embed_quant(int type, const int32_t* ids, const void* body, const void* 
 
 // ---- matmul_mma.cu -------------------------------------------------------------------------------------------
 // *yes = 1 where this library's code for the current device has the int8 tensor-core GEMM (compute_75+ code), which
-// CMP_MM_MMA and cmp_matmul_quant_ex's CMP_MM_MMA run on; 0 elsewhere (they refuse there).
+// cmp_matmul_q8_ex and cmp_matmul_quant run CMP_MM_MMA on; 0 elsewhere (they refuse it there).
 int cmp_mma_available(int* yes);
 
 // ---- elementwise.cu -------------------------------------------------------------------------------------------
@@ -322,6 +325,18 @@ int cmp_sparse_probe(const float* q, const void* kc, int k_type, const int32_t* 
 int cmp_sparse_select(const float* mass, const float* mean, const int32_t* pqb, int32_t* pattern, int32_t* blocks,
                       int32_t* counts, void* work, int Hq, int Hl, int P, int nqb, int nkb, int qb0, int keep,
                       int sink, double total);
+
+// ---- probe.cu: what each unit a route could use runs at on this device (llamacmp/backends/probe.py) --------------
+// The units: the three int8 dot primitives of the matmul routes (common.cuh; codes equal to CmpDot), FP32 FMA,
+// HFMA2, int8 mma.sync (compute_75+ code) and f16 HMMA mma.sync (compute_70+).
+enum CmpProbeUnit { CMP_PROBE_DP4A = 0, CMP_PROBE_DP2A = 1, CMP_PROBE_IMAD = 2, CMP_PROBE_FFMA = 3,
+                    CMP_PROBE_HFMA2 = 4, CMP_PROBE_IMMA = 5, CMP_PROBE_HMMA = 6 };
+// Runs one unit's kernel (`iters` steps per chain, a few blocks per SM) -> its time in *ms and the operations it did
+// in *ops (2 per multiply-add; an int8 dot4 is 8). CMP_ERR_UNSUPPORTED where the library's code on this device
+// lacks the instruction (cmp_last_error says which compute_XX it needs).
+int cmp_probe(int unit, int iters, float* ms, double* ops);
+// The current device: compute capability as 10 * major + minor, multiprocessors, cudaDriverGetVersion.
+int cmp_device_info(int* cc, int* sms, int* driver);
 
 #ifdef __cplusplus
 }

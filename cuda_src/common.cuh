@@ -178,13 +178,64 @@ __device__ __forceinline__ void pdl_wait_producers() {
 #endif
 }
 
+// ---- int8 dot primitives: one per route of the quantized matmuls (llamacmp/backends/routes.py) ----------------
+// Each dot4(a, b, c) = c + the dot product of a's and b's four signed bytes, exactly: every route gives the same
+// integers, so the matmuls give the same bits on every route. They differ in the unit: some cards throttle DP4A
+// (CMP 50HX / 90HX / 170HX: 16x) or their power when they see it (CMP 70HX); docs/ROUTES.md.
+// DP4A: one IDP.4A.
+struct DotDp4a {
+    static __device__ __forceinline__ int dot4(int a, int b, int c) { return __dp4a(a, b, c); }
+};
+
+// prmt.b32 of a with a selector whose nibbles may set the sign-replicate bit (__byte_perm masks that bit off): e.g.
+// a's bytes 0,1 (sel 0x9180) or 2,3 (sel 0xB3A2) as two sign-extended 16-bit halves. Not volatile, so the compiler
+// hoists it out of the loops where a (a weight or activation word) is reused.
+__device__ __forceinline__ int sext_halves(int a, unsigned sel) {
+    int r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(a), "r"(sel));
+    return r;
+}
+
+// DP2A (int16 pairs x int8 pairs, IDP.2A): a widened to two 16-bit pairs, one DP2A on b's low bytes, one on its high.
+struct DotDp2a {
+    static __device__ __forceinline__ int dot4(int a, int b, int c) {
+        return __dp2a_hi(sext_halves(a, 0xB3A2u), b, __dp2a_lo(sext_halves(a, 0x9180u), b, c));
+    }
+};
+
+// IMAD: each byte sign-extended (prmt, sign-replicate selectors), four mad.lo.s32 (IMAD); no DP4A/DP2A instruction
+// for a card to react to. Both in PTX: written as C++ shifts and multiplies the compiler recognises the dot and
+// emits IDP.4A again (nvcc 13, sm_90).
+struct DotImad {
+    static __device__ __forceinline__ int byte(int v, unsigned k) {
+        return sext_halves(v, 0x8880u + 0x1111u * k);   // bytes (k, sign k, sign k, sign k)
+    }
+    static __device__ __forceinline__ int dot4(int a, int b, int c) {
+#pragma unroll
+        for (unsigned k = 0; k < 4; ++k) asm("mad.lo.s32 %0, %1, %2, %0;" : "+r"(c) : "r"(byte(a, k)), "r"(byte(b, k)));
+        return c;
+    }
+};
+
+// The dot type of a CmpDot code (api.h): f(DotDp4a{}) etc.
+template <typename F>
+int dispatch_dot(int dot, const char* what, F&& f) {
+    switch (dot) {
+        case CMP_DOT_DP4A: return f(DotDp4a{});
+        case CMP_DOT_DP2A: return f(DotDp2a{});
+        case CMP_DOT_IMAD: return f(DotImad{});
+        default: return fail(CMP_ERR_ARG, "%s: unknown int8 dot route %d (0 dp4a, 1 dp2a, 2 imad)", what, dot);
+    }
+}
+
 // ---- int8 matmul helpers shared by matmul_q8.cu and matmul_quant.cu ----------------------------------------------
-// Dot product of 16 int8 pairs (four DP4A; IDP.4A in SASS, no tensor core).
+// Dot product of 16 int8 pairs (four dot4 of the route; with DotDp4a four IDP.4A, no tensor core).
+template <class D = DotDp4a>
 __device__ __forceinline__ int dot16(const int4 a, const int4 b) {
-    int s = __dp4a(a.x, b.x, 0);
-    s = __dp4a(a.y, b.y, s);
-    s = __dp4a(a.z, b.z, s);
-    return __dp4a(a.w, b.w, s);
+    int s = D::dot4(a.x, b.x, 0);
+    s = D::dot4(a.y, b.y, s);
+    s = D::dot4(a.z, b.z, s);
+    return D::dot4(a.w, b.w, s);
 }
 
 // 16 bytes global -> shared; `ok` false writes zeros (rows/tokens/blocks past the end). On sm_80+ an asynchronous

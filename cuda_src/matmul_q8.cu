@@ -10,7 +10,8 @@
 //    v4 (CMP_MM_GEMV4, optionally CMP_MM_GEMV4_EAGER) = v1's GEMV loop with v2's arithmetic, T <= 16, v2's bits.
 //    Optional residual: y = res + x . W^T (the model's residual add fused into the projection's epilogue).
 //  - F32/F16 weights (fixture files): one tiled fp32 GEMM.
-// No tensor-core instruction in this file (DP4A = IDP.4A in SASS); CMP_MM_MMA hands the GEMM to matmul_mma.cu.
+// No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =
+// IDP.2A, or IMAD), a template parameter of the kernels that take one, chosen per call by cmp_matmul_*'s kernels bits.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -81,7 +82,8 @@ __device__ __forceinline__ GemvGroup gemv_locate_row(const GemvSet& set, int row
 
 // 64 weight rows x 64 tokens per block; thread (tx, ty) owns rows tx + 16i and tokens ty + 16j (i, j < 4), so the
 // stores along rows are coalesced and the shared-memory reads of W (row stride 33 ints) are conflict-free while
-// those of X are broadcasts. Each stage holds GEMM_BK Q8 blocks of both operands.
+// those of X are broadcasts. Each stage holds GEMM_BK Q8 blocks of both operands. D: the int8 dot (common.cuh).
+template <class D>
 __global__ void __launch_bounds__(256)
 gemm_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
                const float* __restrict__ xd,   // [T, n/32]
@@ -123,7 +125,7 @@ gemm_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
 #pragma unroll
-                    for (int j = 0; j < 4; ++j) s[i][j] = __dp4a(a[i], bb[j], s[i][j]);
+                    for (int j = 0; j < 4; ++j) s[i][j] = D::dot4(a[i], bb[j], s[i][j]);
             }
 #pragma unroll
             for (int i = 0; i < 4; ++i)
@@ -423,7 +425,8 @@ gemv3_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 // take 55 registers at T = 1 (56 with PDL) and issue all 4 weight loads, their scales and the first x chunk and x
 // scale before the first DP4A (9 blocks = 36 warps per SM at most instead of 40; the same loop and arithmetic; at
 // T > 1 far more registers: 68 at T = 2, 117 at T = 8, 197 at T = 16). Which streams faster is for the GPU to say.
-template <int NT, bool PDL, int MIN_BLOCKS>
+// D: the int8 dot of the route (common.cuh; DotDp4a for v1 / v4 as measured above).
+template <int NT, bool PDL, int MIN_BLOCKS, class D = DotDp4a>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MIN_BLOCKS)
 gemv4_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                 const float* __restrict__ xd,   // [NT, n/32]
@@ -465,7 +468,7 @@ gemv4_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 const int4 xv = *reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 16);
-                acc[t] = __fmaf_rn(__int2float_rn(dot16(wv[u], xv)), __fmul_rn(ws[u], xd[(size_t)t * nb + (c >> 1)]),
+                acc[t] = __fmaf_rn(__int2float_rn(dot16<D>(wv[u], xv)), __fmul_rn(ws[u], xd[(size_t)t * nb + (c >> 1)]),
                                    acc[t]);
             }
         }
@@ -505,7 +508,8 @@ constexpr int GEMM2_IH = 1;
 // Q8 block of W touch 16 consecutive rows per warp (conflict-free with the 80-byte stride), those of X two tokens
 // (broadcasts). Per Q8 block and output: 8 DP4A on the whole 32-byte block, one exact int->float, one fma with
 // d_w * d_x. Stages of BK2 blocks are double-buffered: stage s+1 is fetched (cp.async on sm_80+, into registers on
-// sm_70/75) while stage s is multiplied; one barrier per stage.
+// sm_70/75) while stage s is multiplied; one barrier per stage. D: the int8 dot (common.cuh).
+template <class D>
 __global__ void __launch_bounds__(256, 1)
 gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const float* __restrict__ xd,   // [T, n/32]
@@ -597,8 +601,8 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
                     const float sx = cur.xd[ty + 16 * j][kb];
 #pragma unroll
                     for (int ii = 0; ii < NI; ++ii) {
-                        const int d = __dp4a(a[ii][1].w, b1.w, __dp4a(a[ii][1].z, b1.z, __dp4a(a[ii][1].y, b1.y,
-                                      __dp4a(a[ii][1].x, b1.x, dot16(a[ii][0], b0)))));
+                        const int d = D::dot4(a[ii][1].w, b1.w, D::dot4(a[ii][1].z, b1.z, D::dot4(a[ii][1].y, b1.y,
+                                      D::dot4(a[ii][1].x, b1.x, dot16<D>(a[ii][0], b0)))));
                         acc[h * NI + ii][j] = __fmaf_rn(dot_to_f32(d), __fmul_rn(sw[ii], sx), acc[h * NI + ii][j]);
                     }
                 }
@@ -667,10 +671,10 @@ gemm_f_kernel(const float* __restrict__ x,  // [T, n]
 
 using GemvLaunch = int (*)(const int8_t*, const float*, const GemvSet&, int, int);
 
-template <int NT>
+template <int NT, class D>
 int launch_gemv(const int8_t* xq, const float* xd, const GemvSet& set, int total_rows, int n) {
     // v1 is v4 without PDL or a minimum-blocks bound (sm_90: its former kernel's SASS instruction for instruction)
-    gemv4_q8_kernel<NT, false, 0><<<ceil_div(total_rows, GEMV_WARPS), dim3(32, GEMV_WARPS), 0, stream()>>>(xq, xd, set,
+    gemv4_q8_kernel<NT, false, 0, D><<<ceil_div(total_rows, GEMV_WARPS), dim3(32, GEMV_WARPS), 0, stream()>>>(xq, xd, set,
                                                                                                         n);
     return check_launch("gemv4_q8_kernel");
 }
@@ -737,13 +741,13 @@ int launch_gemv3(const int8_t* xq, const float* xd, const GemvSet& set, int n, b
 // the previous kernel (the PDL instantiation waits for it before reading activations).
 using Gemv4Launch = int (*)(const int8_t*, const float*, const GemvSet&, int, bool);
 
-template <int NT, int MIN_BLOCKS>
+template <int NT, int MIN_BLOCKS, class D>
 int launch_gemv4_mb(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
     bool has_pdl = false;
     if (pdl) CMP_TRY(compute90_code(&has_pdl));
     const dim3 grid(ceil_div(set.total, GEMV_WARPS)), block(32, GEMV_WARPS);
     if (!has_pdl) {
-        gemv4_q8_kernel<NT, false, MIN_BLOCKS><<<grid, block, 0, stream()>>>(xq, xd, set, n);
+        gemv4_q8_kernel<NT, false, MIN_BLOCKS, D><<<grid, block, 0, stream()>>>(xq, xd, set, n);
         return check_launch("gemv4_q8_kernel");
     }
     cudaLaunchConfig_t cfg = {};
@@ -756,29 +760,19 @@ int launch_gemv4_mb(const int8_t* xq, const float* xd, const GemvSet& set, int n
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv4_q8_kernel<NT, true, MIN_BLOCKS>, xq, xd, set, n),
+    CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv4_q8_kernel<NT, true, MIN_BLOCKS, D>, xq, xd, set, n),
                        "gemv4_q8_kernel launch"));
     return check_launch("gemv4_q8_kernel");
 }
 
-template <int NT>
-int launch_gemv4(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
-    return launch_gemv4_mb<NT, 0>(xq, xd, set, n, pdl);
-}
-
-template <int NT>
-int launch_gemv4_eager(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
-    return launch_gemv4_mb<NT, 1>(xq, xd, set, n, pdl);
-}
-
-template <int... NT>
+template <class D, int... NT>
 constexpr auto gemv4_table(std::integer_sequence<int, NT...>) {
-    return std::array<Gemv4Launch, sizeof...(NT)>{launch_gemv4<NT + 1>...};
+    return std::array<Gemv4Launch, sizeof...(NT)>{launch_gemv4_mb<NT + 1, 0, D>...};
 }
 
-template <int... NT>
+template <class D, int... NT>
 constexpr auto gemv4_eager_table(std::integer_sequence<int, NT...>) {
-    return std::array<Gemv4Launch, sizeof...(NT)>{launch_gemv4_eager<NT + 1>...};
+    return std::array<Gemv4Launch, sizeof...(NT)>{launch_gemv4_mb<NT + 1, 1, D>...};
 }
 
 template <int... NT>
@@ -786,9 +780,9 @@ constexpr auto gemv3_table(std::integer_sequence<int, NT...>) {
     return std::array<Gemv3Launch, sizeof...(NT)>{launch_gemv3<NT + 1>...};
 }
 
-template <int... NT>
+template <class D, int... NT>
 constexpr auto gemv_table(std::integer_sequence<int, NT...>) {
-    return std::array<GemvLaunch, sizeof...(NT)>{launch_gemv<NT + 1>...};
+    return std::array<GemvLaunch, sizeof...(NT)>{launch_gemv<NT + 1, D>...};
 }
 
 template <int... NT>
@@ -807,9 +801,11 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
     CMP_REQUIRE(count >= 1 && count <= GEMV_MAX_MATS, "cmp_matmul_q8_multi: %d matrices (1..%d)", count,
                 GEMV_MAX_MATS);
     CMP_REQUIRE(T >= 0 && n > 0 && n % QK == 0, "cmp_matmul_q8: bad shape T=%d n=%d (n a multiple of 32)", T, n);
+    constexpr int dot_bits = 3 << CMP_MM_GEMV_DOT_SHIFT | 3 << CMP_MM_GEMM_DOT_SHIFT;
     CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL | CMP_MM_GEMV4 |
-                             CMP_MM_GEMV4_EAGER | CMP_MM_MMA)) == 0,
+                             CMP_MM_GEMV4_EAGER | CMP_MM_MMA | dot_bits)) == 0,
                 "cmp_matmul_q8_ex: unknown kernel bits 0x%x", kernels);
+    const int gemv_dot = kernels >> CMP_MM_GEMV_DOT_SHIFT & 3, gemm_dot = kernels >> CMP_MM_GEMM_DOT_SHIFT & 3;
     for (int i = 0; i < count; ++i) CMP_REQUIRE(rows[i] > 0, "cmp_matmul_q8: matrix %d has %d rows", i, rows[i]);
     if (T == 0) return CMP_OK;
     const bool v2 = kernels & CMP_MM_GEMV2, v3 = kernels & CMP_MM_GEMV3, v4 = kernels & CMP_MM_GEMV4;
@@ -829,10 +825,17 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
         set.total = total;
         set.total_grp = total_grp;
         if (v4) {  // v4 before v3 and v2 (all three give the same bits)
-            static constexpr auto table4 = gemv4_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
-            static constexpr auto table4e = gemv4_eager_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
-            return (kernels & CMP_MM_GEMV4_EAGER ? table4e : table4)[T - 1](xq, xd, set, n, kernels & CMP_MM_GEMV_PDL);
+            return dispatch_dot(gemv_dot, "cmp_matmul_q8_ex", [&](auto dot) {
+                using D = decltype(dot);
+                static constexpr auto table4 = gemv4_table<D>(std::make_integer_sequence<int, GEMV2_MAX_T>{});
+                static constexpr auto table4e = gemv4_eager_table<D>(std::make_integer_sequence<int, GEMV2_MAX_T>{});
+                return (kernels & CMP_MM_GEMV4_EAGER ? table4e : table4)[T - 1](xq, xd, set, n,
+                                                                                kernels & CMP_MM_GEMV_PDL);
+            });
         }
+        CMP_REQUIRE(gemv_dot == CMP_DOT_DP4A || !(v2 || v3),
+                    "cmp_matmul_q8_ex: the v2 / v3 GEMVs are DP4A only (dot route %d asked: use CMP_MM_GEMV4 or v1)",
+                    gemv_dot);
         if (v3) {  // v3 before v2: both bits set means v3 (they give the same bits)
             static constexpr auto table3 = gemv3_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
             return table3[T - 1](xq, xd, set, n, kernels & CMP_MM_GEMV_PDL);
@@ -841,8 +844,10 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
             static constexpr auto table2 = gemv2_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
             return table2[T - 1](xq, xd, set, total, n);
         }
-        static constexpr auto table = gemv_table(std::make_integer_sequence<int, GEMV_MAX_T>{});
-        return table[T - 1](xq, xd, set, total, n);
+        return dispatch_dot(gemv_dot, "cmp_matmul_q8_ex", [&](auto dot) {
+            static constexpr auto table = gemv_table<decltype(dot)>(std::make_integer_sequence<int, GEMV_MAX_T>{});
+            return table[T - 1](xq, xd, set, total, n);
+        });
     }
     if (kernels & CMP_MM_MMA) {
         for (int i = 0; i < count; ++i) {
@@ -854,19 +859,22 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
     }
     // The 128-token tile wastes most of its work below ~96 tokens; the 64x64 one fills the GPU better there.
     const bool big = (kernels & CMP_MM_GEMM2) && T >= GEMM2_MIN_T;
-    for (int i = 0; i < count; ++i) {
-        const float* r = res ? res[i] : nullptr;
-        if (big) {
-            gemm2_q8_kernel<<<dim3(ceil_div(rows[i], TILE2), ceil_div(T, TILE2)), 256, 0, stream()>>>(
-                xq, xd, wq[i], static_cast<const __half*>(wd[i]), r, y[i], T, rows[i], n);
-            CMP_TRY(check_launch("gemm2_q8_kernel"));
-        } else {
-            gemm_q8_kernel<<<dim3(ceil_div(rows[i], TILE), ceil_div(T, TILE)), 256, 0, stream()>>>(
-                xq, xd, wq[i], static_cast<const __half*>(wd[i]), r, y[i], T, rows[i], n);
-            CMP_TRY(check_launch("gemm_q8_kernel"));
+    return dispatch_dot(gemm_dot, "cmp_matmul_q8_ex", [&](auto dot) {
+        using D = decltype(dot);
+        for (int i = 0; i < count; ++i) {
+            const float* r = res ? res[i] : nullptr;
+            if (big) {
+                gemm2_q8_kernel<D><<<dim3(ceil_div(rows[i], TILE2), ceil_div(T, TILE2)), 256, 0, stream()>>>(
+                    xq, xd, wq[i], static_cast<const __half*>(wd[i]), r, y[i], T, rows[i], n);
+                CMP_TRY(check_launch("gemm2_q8_kernel"));
+            } else {
+                gemm_q8_kernel<D><<<dim3(ceil_div(rows[i], TILE), ceil_div(T, TILE)), 256, 0, stream()>>>(
+                    xq, xd, wq[i], static_cast<const __half*>(wd[i]), r, y[i], T, rows[i], n);
+                CMP_TRY(check_launch("gemm_q8_kernel"));
+            }
         }
-    }
-    return CMP_OK;
+        return (int)CMP_OK;
+    });
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Projections and embedding rows over the block-quantized weight types other than Q8_0 (quant_blocks.cuh), against
 // the same Q8 activations as matmul_q8.cu (xq [T, n] int8, xd [T, n/32] f32 from cmp_quantize_q8 and the fused
-// producers). Per 32-value sub-block of a weight row and token: two DP4A dots of 16 codes, scaled by the half's
-// scale, less the half's min times the activation half's sum (DP4A with 0x01010101), times the activation scale.
+// producers). Per 32-value sub-block of a weight row and token: two int8 dots of 16 codes (DP4A, or the route's
+// DP2A / IMAD: common.cuh), scaled by the half's scale, less the half's min times the activation half's sum (the
+// dot with 0x01010101), times the activation scale.
 //  - GEMV (T <= 16, decode): warp per weight row, lane l takes sub-blocks l, l + 32, ... in increasing order, loads
 //    of U sub-blocks in flight before their decode; each row's result is the same for every T (batch invariant:
 //    every rounding explicit, tokens never interact, a fixed butterfly sum). Up to 4 matrices of one type per
@@ -11,8 +12,9 @@
 //    buffered shared memory as matmul_q8.cu's v2 GEMM) multiplies that form; the activation half sums times their
 //    scale come from a small kernel first.
 //  - Embedding rows: value = s * code - m per value, in fp32 with the rounding of gguf.quants' dequantize.
-// No tensor-core instruction in this file (DP4A = IDP.4A in SASS); cmp_matmul_quant_ex's CMP_MM_MMA multiplies the
-// expanded weights on the tensor cores instead (matmul_mma.cu).
+// No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =
+// IDP.2A, or IMAD), a template parameter of the kernels that take one, chosen per call by cmp_matmul_*'s kernels bits;
+// CMP_MM_MMA multiplies the (expanded) weights on the tensor cores instead (matmul_mma.cu).
 #include <algorithm>
 
 #include "matmul_mma.cuh"
@@ -29,20 +31,22 @@ constexpr int QBK = 2;       // sub-blocks of 32 per shared-memory stage
 constexpr int QKP = QBK * 8 + 4;  // row stride in ints (80 B: 16-byte aligned, conflict-free 16-byte reads)
 constexpr int ONES = 0x01010101;
 
-__device__ __forceinline__ int sum16(const int4 b) { return dot16(make_int4(ONES, ONES, ONES, ONES), b); }
+template <class D>
+__device__ __forceinline__ int sum16(const int4 b) { return dot16<D>(make_int4(ONES, ONES, ONES, ONES), b); }
 
 // An int of magnitude < 2^22 as float, exactly (add to the mantissa of 1.5 * 2^23, subtract it again).
 __device__ __forceinline__ float i2f(int s) { return __int_as_float(0x4B400000 + s) - 12582912.f; }
 
 // One sub-block's weighted dot: s0 * dot(codes 0..15, x0) + s1 * dot(16..31, x1) - (m0 * sum(x0) + m1 * sum(x1)),
 // activation scale not applied. Every rounding explicit so that the result is a function of its inputs only.
-template <bool PER16, bool MIN>
+// D: the int8 dot of the route (common.cuh).
+template <bool PER16, bool MIN, class D>
 __device__ __forceinline__ float sub_dot(const int4 w0, const int4 w1, float s0, float s1, float m0, float m1,
                                         const int4 x0, const int4 x1) {
-    const int d0 = dot16(w0, x0), d1 = dot16(w1, x1);
+    const int d0 = dot16<D>(w0, x0), d1 = dot16<D>(w1, x1);
     float v = PER16 ? __fmaf_rn(s0, i2f(d0), __fmul_rn(s1, i2f(d1))) : __fmul_rn(s0, i2f(d0 + d1));
     if (MIN) {
-        const int e0 = sum16(x0), e1 = sum16(x1);
+        const int e0 = sum16<D>(x0), e1 = sum16<D>(x1);
         v = __fsub_rn(v, PER16 ? __fmaf_rn(m0, i2f(e0), __fmul_rn(m1, i2f(e1))) : __fmul_rn(m0, i2f(e0 + e1)));
     }
     return v;
@@ -113,7 +117,7 @@ template <int NT> constexpr int qgemv_min_blocks() { return NT == 1 ? 8 : 1; }
 // kernel lets its PDL consumer launch at once (every kernel launched with PDL waits for this grid before it touches
 // memory), so the next kernel's blocks take the SMs this grid's last wave leaves idle (H200, T = 1: without the
 // early trigger 5-24% slower (Q4_K, Q6_K); launch() uses PDL where cmp_set_pdl is on).
-template <class Q, int NT, int U, int MINB>
+template <class Q, int NT, int U, int MINB, class D>
 __global__ void __launch_bounds__(QGEMV_WARPS * 32, MINB)
 gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                   const float* __restrict__ xd,   // [NT, n/32]
@@ -164,7 +168,7 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 const int4* xv = reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 32);
-                const float v = sub_dot<Q::PER16, Q::MIN>(w0, w1, sb.s[0], sb.s[1], sb.m[0], sb.m[1], __ldg(xv),
+                const float v = sub_dot<Q::PER16, Q::MIN, D>(w0, w1, sb.s[0], sb.s[1], sb.m[0], sb.m[1], __ldg(xv),
                                                          __ldg(xv + 1));
                 acc[t] = __fmaf_rn(v, __ldg(xd + (size_t)t * nsub + c), acc[t]);
             }
@@ -180,17 +184,17 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     }
 }
 
-template <class Q, int NT>
+template <class Q, int NT, class D>
 int launch_gemv_quant(const int8_t* xq, const float* xd, const QuantSet& set, int n) {
-    return launch("gemv_quant_kernel", gemv_quant_kernel<Q, NT, qgemv_unroll<NT>(), qgemv_min_blocks<NT>()>,
+    return launch("gemv_quant_kernel", gemv_quant_kernel<Q, NT, qgemv_unroll<NT>(), qgemv_min_blocks<NT>(), D>,
                   dim3(ceil_div(set.total, QGEMV_WARPS)), dim3(32, QGEMV_WARPS), 0, xq, xd, set, n);
 }
 
-template <class Q, int... NT>
+template <class Q, class D, int... NT>
 int gemv_quant_by_t(int T, const int8_t* xq, const float* xd, const QuantSet& set, int n,
                     std::integer_sequence<int, NT...>) {
     using Fn = int (*)(const int8_t*, const float*, const QuantSet&, int);
-    static constexpr Fn table[] = {launch_gemv_quant<Q, NT + 1>...};
+    static constexpr Fn table[] = {launch_gemv_quant<Q, NT + 1, D>...};
     return table[T - 1](xq, xd, set, n);
 }
 
@@ -198,13 +202,14 @@ int gemv_quant_by_t(int T, const int8_t* xq, const float* xd, const QuantSet& se
 
 // xs [T, n/16] = xd * (sum of the 16 activation codes of each half): exact (an f16-precision scale times an 11-bit
 // integer). Only for types with a min.
+template <class D>
 __global__ void half_sums_kernel(const int8_t* __restrict__ xq,  // [T, n]
                                  const float* __restrict__ xd,   // [T, n/32]
                                  float* __restrict__ xs,         // [T, n/16]
                                  size_t halves) {
     const size_t h = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (h >= halves) return;
-    xs[h] = xd[h >> 1] * (float)sum16(__ldg(reinterpret_cast<const int4*>(xq + 16 * h)));
+    xs[h] = xd[h >> 1] * (float)sum16<D>(__ldg(reinterpret_cast<const int4*>(xq + 16 * h)));
 }
 
 // Thread per (row, sub-block) of rows [0, R) of the chunk: codes wq [R, n] int8, scales ws [R, n/16], mins wm [R, n/16]
@@ -240,7 +245,7 @@ struct QStage {
 // ty + 16j (i, j < 8), rows in registers 4 at a time. Per sub-block and output: two 16-code DP4A dots with their
 // half scales, times the activation scale, less the mins times the activation half sums. Stages of QBK sub-blocks,
 // double-buffered (codes by cp.async on sm_80+; scales through registers), one barrier per stage.
-template <bool PER16, bool MIN>
+template <bool PER16, bool MIN, class D>
 __global__ void __launch_bounds__(256, 1)
 gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
                   const float* __restrict__ xd,   // [T, n/32]
@@ -343,7 +348,7 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
                     const float e0 = MIN ? cur.xs[c][2 * kb] : 0.f, e1 = MIN ? cur.xs[c][2 * kb + 1] : 0.f;
 #pragma unroll
                     for (int ii = 0; ii < 4; ++ii) {
-                        const int d0 = dot16(a[ii][0], b0), d1 = dot16(a[ii][1], b1);
+                        const int d0 = dot16<D>(a[ii][0], b0), d1 = dot16<D>(a[ii][1], b1);
                         const float v = PER16 ? fmaf(s0[ii], i2f(d0), s1[ii] * i2f(d1)) : s0[ii] * i2f(d0 + d1);
                         float& o = acc[4 * h + ii][j];
                         o = fmaf(v, sx, o);
@@ -405,12 +410,12 @@ GemmWork split_work(void* work, size_t bytes, int T, int n, int rows) {
     return g;
 }
 
-template <class Q>
+template <class Q, class D>
 int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uint8_t* head, float* y, const float* res,
                int rows, int T, int n, const GemmWork& g, bool mma) {
     const int nb = n / Q::BV;
     constexpr int smem = 2 * sizeof(QStage);
-    CMP_TRY(check_cuda(cudaFuncSetAttribute(gemm_quant_kernel<Q::PER16, Q::MIN>,
+    CMP_TRY(check_cuda(cudaFuncSetAttribute(gemm_quant_kernel<Q::PER16, Q::MIN, D>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                        "gemm_quant_kernel shared memory"));
     for (int r0 = 0; r0 < rows; r0 += g.chunk) {
@@ -425,14 +430,15 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
             CMP_TRY(gemm_mma(Q::PER16 ? MMA_PER16 : MMA_PER32, Q::MIN, op));
             continue;
         }
-        gemm_quant_kernel<Q::PER16, Q::MIN><<<dim3(ceil_div(R, QTILE), ceil_div(T, QTILE)), 256, smem, stream()>>>(
+        gemm_quant_kernel<Q::PER16, Q::MIN, D><<<dim3(ceil_div(R, QTILE), ceil_div(T, QTILE)), 256, smem, stream()>>>(
             xq, xd, g.xs, g.wq, g.ws, g.wm, res ? res + r0 : nullptr, y + r0, T, R, n, rows);
         CMP_TRY(check_launch("gemm_quant_kernel"));
     }
     return CMP_OK;
 }
 
-template <class Q>
+// D: the int8 dot of this call's path (the GEMV's route for T <= 16, else the GEMM's).
+template <class Q, class D>
 int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
                  float* const* y, const float* const* res, const int* rows, int T, int n, void* work,
                  size_t work_bytes, bool mma) {
@@ -449,7 +455,7 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
         }
         set.count = count;
         set.total = total;
-        return gemv_quant_by_t<Q>(T, xq, xd, set, n, std::make_integer_sequence<int, QGEMV_MAX_T>{});
+        return gemv_quant_by_t<Q, D>(T, xq, xd, set, n, std::make_integer_sequence<int, QGEMV_MAX_T>{});
     }
     int max_rows = 0;
     for (int i = 0; i < count; ++i) max_rows = std::max(max_rows, rows[i]);
@@ -458,12 +464,12 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
                 work_bytes, T, n, half_sums_bytes<Q>(T, n) + 3 * 256 + QTILE * expanded_row_bytes<Q>(n));
     if (Q::MIN) {
         const size_t halves = (size_t)T * (n / 16);
-        half_sums_kernel<<<ceil_div(halves, 256), 256, 0, stream()>>>(xq, xd, g.xs, halves);
+        half_sums_kernel<D><<<ceil_div(halves, 256), 256, 0, stream()>>>(xq, xd, g.xs, halves);
         CMP_TRY(check_launch("half_sums_kernel"));
     }
     for (int i = 0; i < count; ++i)
-        CMP_TRY(gemm_quant<Q>(xq, xd, static_cast<const uint8_t*>(body[i]), static_cast<const uint8_t*>(head[i]),
-                              y[i], res ? res[i] : nullptr, rows[i], T, n, g, mma));
+        CMP_TRY((gemm_quant<Q, D>(xq, xd, static_cast<const uint8_t*>(body[i]), static_cast<const uint8_t*>(head[i]),
+                                  y[i], res ? res[i] : nullptr, rows[i], T, n, g, mma)));
     return CMP_OK;
 }
 
@@ -510,21 +516,19 @@ extern "C" int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* by
 
 extern "C" int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int count, const void* const* body,
                                 const void* const* head, float* const* y, const float* const* res, const int* rows,
-                                int T, int n, void* work, size_t work_bytes) {
-    return cmp_matmul_quant_ex(type, xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes, 0);
-}
-
-extern "C" int cmp_matmul_quant_ex(int type, const int8_t* xq, const float* xd, int count, const void* const* body,
-                                   const void* const* head, float* const* y, const float* const* res, const int* rows,
-                                   int T, int n, void* work, size_t work_bytes, int kernels) {
-    CMP_REQUIRE((kernels & ~CMP_MM_MMA) == 0, "cmp_matmul_quant_ex: unknown kernel bits 0x%x", kernels);
+                                int T, int n, void* work, size_t work_bytes, int kernels) {
     CMP_REQUIRE(count >= 1 && count <= QMAX_MATS, "cmp_matmul_quant: %d matrices (1..%d)", count, QMAX_MATS);
     CMP_REQUIRE(T >= 0 && n > 0 && n % 32 == 0, "cmp_matmul_quant: bad shape T=%d n=%d", T, n);
     for (int i = 0; i < count; ++i) CMP_REQUIRE(rows[i] > 0, "cmp_matmul_quant: matrix %d has %d rows", i, rows[i]);
+    CMP_REQUIRE((kernels & ~(3 << CMP_MM_GEMV_DOT_SHIFT | 3 << CMP_MM_GEMM_DOT_SHIFT | CMP_MM_MMA)) == 0,
+                "cmp_matmul_quant: kernel bits 0x%x (only the dot routes of CmpMatmulDotField and CMP_MM_MMA)", kernels);
+    const int dot = kernels >> (T <= QGEMV_MAX_T ? CMP_MM_GEMV_DOT_SHIFT : CMP_MM_GEMM_DOT_SHIFT) & 3;
     return dispatch_quant(type, "cmp_matmul_quant", [&](auto q) -> int {
         if (T == 0) return (int)CMP_OK;
-        return matmul_quant<decltype(q)>(xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes,
-                                         kernels & CMP_MM_MMA);
+        return dispatch_dot(dot, "cmp_matmul_quant", [&](auto d) {
+            return matmul_quant<decltype(q), decltype(d)>(xq, xd, count, body, head, y, res, rows, T, n, work,
+                                                          work_bytes, (kernels & CMP_MM_MMA) != 0);
+        });
     });
 }
 

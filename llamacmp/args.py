@@ -19,6 +19,7 @@ from .arg_values import (CACHE_TYPES, ArgError, Unsupported, choice, device_list
                          to_float, to_int, to_port, to_seed)
 from .kv_quant import KV_TYPES
 from .split.bridges import BRIDGES as SPLIT_BRIDGES
+from .backends.routes import HW_ROUTES
 from .params import Params, tool_defaults
 from .sampling import parse_sampler_letters, parse_sampler_names
 
@@ -333,6 +334,11 @@ OPTIONS: tuple[Option, ...] = (
     O("--device-mem-cap", value="GiB", dest="device_mem_cap", parse=_mem_cap,
       help="most device memory the model, its KV cache and buffers may take, in GiB (or with a unit: 15500MiB); "
       "the memory plan is checked against it before loading (default: the GPU's free memory less 512 MiB)"),
+    O("--hw-route", value="{auto,dp4a,dp2a,imad,mma}", dest="hw_route", parse=choice("--hw-route", *HW_ROUTES),
+      tools=ALL - {"bench"},
+      help="llamacmp: which unit runs the quantized matmuls (docs/ROUTES.md): auto = what the probe measures fastest\n"
+      "on this card; dp4a, dp2a, imad force that int8 dot for decode and prefill; mma forces tensor cores for the\n"
+      "prefill families only (decode stays dp4a). A route the card cannot run is refused (default: auto)"),
     O("-ts", "--tensor-split", value="N0,N1,N2,...", dest="tensor_split", parse=tensor_split,
       env="LLAMA_ARG_TENSOR_SPLIT", help="fraction of the model to offload to each GPU, comma-separated list of "
       "proportions, e.g. 3,1"),

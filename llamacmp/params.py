@@ -78,6 +78,7 @@ class Params:
     sparse_budget: float = 0.25         # fraction of causal key blocks a head may visit
     sparse_min_len: int = 16384         # chunks seeing fewer keys stay dense
     device_mem_cap: int = 0             # bytes; 0: the GPU's free memory less 512 MiB
+    hw_route: str = "auto"              # --hw-route (llamacmp's own; backends/routes.py): auto = the probe's choice
     warmup: bool = True
     # sampling
     sampling: SamplingParams = field(default_factory=SamplingParams)

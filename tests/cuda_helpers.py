@@ -25,3 +25,30 @@ def poison(be, *shapes):
 def up(be, a):
     """Upload a host array to `be` as f32."""
     return be.from_host(np.asarray(a, np.float32), "f32")
+
+
+INT8_DOTS = ("dp4a", "dp2a", "imad")   # the quantized matmuls' routes (llamacmp/backends/routes.py)
+
+
+class routed:
+    """`with routed(be, "dp2a"):` runs the CUDA backend's quantized matmuls (decode and prefill) on that int8 dot,
+    as --hw-route dp2a does, and puts the backend's routes back after."""
+
+    def __init__(self, be, dot: str):
+        from llamacmp.backends.routes import Routes
+        # a prefill GEMM on the tensor cores (conftest's gemm_backend) stays there: its GEMV takes the dot
+        prefill = "mma" if be.routes.matmul_prefill == "mma" else dot
+        self.be, self.routes = be, Routes(matmul_prefill=prefill, matmul_decode=dot)
+
+    def __enter__(self):
+        self.saved, self.be.routes = self.be.routes, self.routes
+        return self.be
+
+    def __exit__(self, *exc):
+        self.be.routes = self.saved
+
+
+def dot_bits(dot: str) -> int:
+    """cmp_matmul_q8_ex / cmp_matmul_quant kernel bits that put the GEMV and the GEMM on `dot`."""
+    from llamacmp.lib._native import CMP_DOTS, CMP_MM_GEMM_DOT_SHIFT, CMP_MM_GEMV_DOT_SHIFT
+    return CMP_DOTS[dot] << CMP_MM_GEMV_DOT_SHIFT | CMP_DOTS[dot] << CMP_MM_GEMM_DOT_SHIFT

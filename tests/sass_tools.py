@@ -13,6 +13,31 @@ from typing import Iterable, Iterator
 # HGMMA/IGMMA/QGMMA/BGMMA (sm_90 wgmma on fp16, int8, fp8, 1-bit), OMMA and UTC*MMA (sm_100 tcgen05)
 TENSOR_CORE_SASS = re.compile(r"\b(HMMA|IMMA|BMMA|DMMA|HGMMA|IGMMA|QGMMA|BGMMA|OMMA|UTC\w*MMA)\b")
 TENSOR_CORE_PTX = re.compile(r"\b(mma\.sync|wmma\.|wgmma\.|tcgen05\.mma)")
+# Kernels whose job is a tensor-core instruction (name substrings): the probe times int8 mma.sync and f16 HMMA
+# (cuda_src/probe.cu), and the mma route's GEMM (matmul_mma.cu); no route but mma runs any of them.
+TENSOR_CORE_KERNELS = ("probe_imma_kernel", "probe_hmma_kernel", "gemm_mma_kernel")
+
+
+def sass_functions(sass: str) -> dict[str, str]:
+    """cuobjdump -sass text -> mangled name -> its SASS (every arch's copy of the function concatenated)."""
+    out: dict[str, str] = {}
+    for f in sass.split("Function : ")[1:]:
+        name, _, body = f.partition("\n")
+        out[name.strip()] = out.get(name.strip(), "") + body
+    return out
+
+
+def tensor_core_hits(sass: str) -> list[tuple[str, str]]:
+    """(function, opcode) of every tensor-core instruction outside TENSOR_CORE_KERNELS."""
+    return sorted({(n, h) for n, b in sass_functions(sass).items() if not any(k in n for k in TENSOR_CORE_KERNELS)
+                   for h in TENSOR_CORE_SASS.findall(b)})
+
+
+def ptx_mma_hits(ptx: str) -> list[tuple[str, str]]:
+    """(entry, instruction) of every matrix instruction in cuobjdump -ptx text outside TENSOR_CORE_KERNELS."""
+    entries = {e.split("(", 1)[0]: e for e in ptx.split(".entry ")[1:]}
+    return sorted({(n, h) for n, e in entries.items() if not any(k in n for k in TENSOR_CORE_KERNELS)
+                   for h in TENSOR_CORE_PTX.findall(e)})
 
 # PTX instructions by the oldest architecture that has them (PTX ISA, "Target ISA notes"): a build for sm_N must
 # hold none of a newer one's (ptxas refuses them too; the check names them).

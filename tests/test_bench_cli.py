@@ -91,6 +91,7 @@ def test_lists_and_ranges():
     (["-p", "abc"], "error: invalid parameter for argument: -p"),
     (["-o", "xml"], "unknown value for -o"),
     (["-ctk", "bf16"], "not supported"),
+    (["--hw-route", "tensor"], "unknown value for --hw-route"),
 ])
 def test_bad_flags(argv, msg):
     rc, out, err = run(argv)
@@ -101,6 +102,14 @@ def test_kv_types_k_and_v_independent_on_numpy(model):
     rc, out, err = run(["-m", model, "-o", "json", "-ctk", "q8_0", "-ctv", "f16"] + ARGS)
     assert rc == 0, err
     assert {(d["type_k"], d["type_v"]) for d in json.loads(out)} == {("q8_0", "f16")}
+
+
+def test_hw_route_refused_on_numpy(model):
+    """--hw-route is not ignored where nothing can be routed: the numpy backend refuses a forced route."""
+    rc, out, err = run(["-m", model, "--hw-route", "dp2a"] + ARGS)
+    assert rc == 1 and "--hw-route dp2a: the numpy backend has no hardware routes" in err
+    rc, out, err = run(["-m", model, "--hw-route", "auto", "-o", "json"] + ARGS)
+    assert rc == 0 and "llamacmp_probe" not in json.loads(out)[0]
 
 
 def test_missing_model_fails_cleanly(tmp_path):
@@ -115,6 +124,12 @@ def test_cuda_bench_runs(model, cuda_backend):
     assert rc == 0, err
     data = json.loads(out)
     assert all(d["backends"] == "CUDA" and d["avg_ts"] > 0 for d in data)
+    assert "probe:   DP4A int8 dot" in err and "probe: routes (probe" in err      # the table and the choice
+    assert all(d["llamacmp_probe"]["rates_ops_per_s"]["dp4a"] > 0 for d in data)
+    rc, out, err = run(["-m", model, "-o", "json", "-p", "32", "-n", "2", "-r", "1", "--hw-route", "dp2a"])
+    assert rc == 0, err
+    assert json.loads(out)[0]["llamacmp_probe"]["routes"] == {"matmul_prefill": "dp2a", "matmul_decode": "dp2a",
+                                                              "attn_prefill": "fp32", "attn_decode": "fp32"}
     rc, out, err = run(["-m", model, "-p", "16", "-n", "0", "-r", "1", "-ctk", "q8_0"])
     # the tiny fixture's head dim 32 is outside the v2 kernels' (64, 128, 256): a q8_0 cache is refused with
     # the reason and the fix, before any compute

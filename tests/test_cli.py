@@ -197,6 +197,14 @@ def test_device_flags_honoured_or_refused(model):
     assert r.returncode == 0, r.stderr.decode()
 
 
+def test_hw_route_refused_where_nothing_is_routed(model):
+    """--hw-route takes effect on a GPU (tests/test_routes.py, the CUDA tests) and is refused on the numpy backend."""
+    r = run("completion", "-m", model, "-p", "Hi", "-n", "2", "-no-cnv", "-ngl", "0", "--hw-route", "imad")
+    assert r.returncode == 1 and "--hw-route imad: the numpy backend has no hardware routes" in r.stderr.decode()
+    r = run("completion", "-m", model, "-p", "Hi", "-n", "2", "-no-cnv", "-ngl", "0", "--hw-route", "auto")
+    assert r.returncode == 0, r.stderr.decode()
+
+
 def test_quantized_kv_cache_runs(model):
     r = run("completion", "-m", model, "-p", "Hello", "-n", "4", "--temp", "0", "-no-cnv", "--ignore-eos",
             "-ctk", "q8_0", "-ctv", "q4_0")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_helpers import poison, rel, up
+from cuda_helpers import INT8_DOTS, dot_bits, poison, rel, routed, up
 
 from llamacmp.backends.base import StepBatch
 from llamacmp.backends.numpy_ref import NumpyBackend, quantize_q8_blocks
@@ -42,15 +42,18 @@ MATMUL_SHAPES = [  # (T, rows, n): T covers the GEMV (<= 8) and the tiled GEMM, 
 ]
 
 
+@pytest.mark.parametrize("dot", INT8_DOTS)
 @pytest.mark.parametrize("T,rows,n", MATMUL_SHAPES)
-def test_matmul_q8(gemm_backend, T, rows, n):
-    be = gemm_backend
+def test_matmul_q8(gemm_backend, T, rows, n, dot):
+    """The backend's unfused matmuls (v1 kernels) on each route's int8 dot (as --hw-route forces it), with the
+    prefill GEMM on the int8 dot or on the tensor cores (gemm_backend)."""
     rng = np.random.default_rng(T * 1000 + rows)
     x = rng.standard_normal((T, n)).astype(np.float32) * rng.uniform(0.1, 10, (T, 1)).astype(np.float32)
     ws = [random_q8(rng, rows, n), random_q8(rng, rows + 2, n)]
     ref = REF.matmuls(x, [REF.upload_matrix(w) for w in ws])
-    poison(be, (T, rows), (T, rows + 2))
-    got = be.matmuls(up(be, x), [be.upload_matrix(w) for w in ws])
+    poison(gemm_backend, (T, rows), (T, rows + 2))
+    with routed(gemm_backend, dot) as be:
+        got = be.matmuls(up(be, x), [be.upload_matrix(w) for w in ws])
     for g, r in zip(got, ref):
         assert rel(be.to_host(g), r) < Q8_TOL
 
@@ -555,23 +558,41 @@ def _q8_set_case(be, rng, T: int, rows: int, n: int):
     return ref, mats, xq, xd
 
 
+@pytest.mark.parametrize("dot", INT8_DOTS)
 @pytest.mark.parametrize("kernels", [0, 1, 2, 3, CMP_MM_MMA, 3 | CMP_MM_MMA])
 @pytest.mark.parametrize("T,rows,n", Q8_EX_SHAPES)
-def test_matmul_q8_ex_kernels_and_residual(cuda_backend, kernels, T, rows, n):
-    """Every kernel generation (0 = v1, 1 = v2 GEMV, 2 = v2 GEMM, 3 = both; CMP_MM_MMA: the tensor-core GEMM above
-    the GEMV's rows) against numpy_ref, two to four matrices in one call (the small ones ride with the big ones),
-    with and without the residual epilogue."""
+def test_matmul_q8_ex_kernels_and_residual(cuda_backend, kernels, T, rows, n, dot):
+    """Every kernel generation (0 = v1, 1 = v2 GEMV, 2 = v2 GEMM, 3 = both; CMP_MM_MMA: the tensor-core GEMM
+    above the GEMV's rows) against numpy_ref, two to four
+    matrices in one call (the small ones ride with the big ones), with and without the residual epilogue; on each
+    route's int8 dot (the v2 GEMV is DP4A only: the other routes take v4's, bit 16, in its place), whose results
+    equal DP4A's bit for bit (the same integers)."""
     be = cuda_backend
     if kernels & CMP_MM_MMA and not be.native.mma_available():
         pytest.skip("CMP_MM_MMA needs compute capability 7.5+ code for this device (int8 mma.sync)")
     rng = np.random.default_rng(T * 7919 + rows + kernels)
     ref, mats, xq, xd = _q8_set_case(be, rng, T, rows, n)
-    for g, r in zip(_q8_ex(be, xq, xd, mats, T, n, kernels), ref):
+    routed_kernels = kernels if dot == "dp4a" else (kernels & ~1) | (16 if kernels & 1 else 0)
+    got = _q8_ex(be, xq, xd, mats, T, n, routed_kernels | dot_bits(dot))
+    for g, r in zip(got, ref):
         assert rel(g, r) < Q8_TOL
+    for g, d in zip(got, _q8_ex(be, xq, xd, mats, T, n, routed_kernels)):
+        assert np.array_equal(g, d), dot
     res = [rng.standard_normal(r.shape).astype(np.float32) for r in ref]
-    got = _q8_ex(be, xq, xd, mats, T, n, kernels, [up(be, r) for r in res])
+    got = _q8_ex(be, xq, xd, mats, T, n, routed_kernels | dot_bits(dot), [up(be, r) for r in res])
     for g, r, a in zip(got, ref, res):
         assert rel(g, r + a) < Q8_TOL
+
+
+@pytest.mark.parametrize("dot", ["dp2a", "imad"])
+def test_matmul_q8_ex_refuses_other_dots_on_v2_v3_gemv(cuda_backend, dot):
+    from llamacmp.lib._native import NativeError
+    be = cuda_backend
+    m = be.upload_matrix(random_q8(np.random.default_rng(0), 4, 32))
+    xq, xd = be.quantize(up(be, np.ones((1, 32))))
+    for kernels in (1, 4):
+        with pytest.raises(NativeError, match="the v2 / v3 GEMVs are DP4A only"):
+            _q8_ex(be, xq, xd, [m], 1, 32, kernels | dot_bits(dot))
 
 
 def test_matmul_q8_ex_rejects_unknown_kernel_bits(cuda_backend):
@@ -587,8 +608,8 @@ def test_routes_the_backend_lacks_are_refused_by_name(cuda_backend):
     from llamacmp.backends.routes import Routes
     be = cuda_backend
     saved = be.routes
-    with pytest.raises(ValueError, match="no 'dp2a' route for matmul_prefill"):
-        be.routes = Routes(matmul_prefill="dp2a")
+    with pytest.raises(ValueError, match="no 'mma' route for matmul_decode"):
+        be.routes = Routes(matmul_decode="mma")
     with pytest.raises(ValueError, match="no 'mma' route for attn_prefill"):
         be.routes = Routes(attn_prefill="mma")
     assert be.routes == saved
@@ -606,7 +627,7 @@ def test_prefill_route_picks_the_gemm(gemm_backend, monkeypatch):
             return real(*args)
         return call
 
-    for name in ("cmp_matmul_q8_ex", "cmp_matmul_quant_ex"):
+    for name in ("cmp_matmul_q8_ex", "cmp_matmul_quant"):
         monkeypatch.setattr(be.native, name, spy(name, getattr(be.native, name)))
     rng = np.random.default_rng(3)
     T, n = 40, 256
@@ -621,7 +642,7 @@ def test_prefill_route_picks_the_gemm(gemm_backend, monkeypatch):
     got_fused = be._q8_project(xq, xd, mats)
     for g, f, r in zip(got, got_fused, ref):
         assert rel(be.to_host(g), r) < Q8_TOL and rel(be.to_host(f), r) < Q8_TOL
-    assert {c[0] for c in calls} == {"cmp_matmul_q8_ex", "cmp_matmul_quant_ex"} and len(calls) == 4
+    assert {c[0] for c in calls} == {"cmp_matmul_q8_ex", "cmp_matmul_quant"} and len(calls) == 4
     mma = be.routes.matmul_prefill == "mma"
     assert all(bool(bits & CMP_MM_MMA) == mma for _, bits in calls), calls
 
@@ -640,8 +661,11 @@ def test_mma_gemm_on_the_9b_shapes(cuda_backend):
         assert rel(g, r + a) < Q8_TOL
 
 
-# v2 (1), v3 (4; with PDL 13), v4 (16; with PDL 24, its eager build 56): the batch-invariant GEMVs.
-@pytest.mark.parametrize("kernels", [1, 4, 1 | 4 | 8, 16, 16 | 8, 16 | 32 | 8])
+# v2 (1), v3 (4; with PDL 13), v4 (16; with PDL 24, its eager build 56): the batch-invariant GEMVs; v4 also on the
+# other routes' int8 dots.
+@pytest.mark.parametrize("kernels", [1, 4, 1 | 4 | 8, 16, 16 | 8, 16 | 32 | 8,
+                                     16 | dot_bits("dp2a"), 16 | 32 | 8 | dot_bits("dp2a"),
+                                     16 | dot_bits("imad"), 16 | 32 | 8 | dot_bits("imad")])
 @pytest.mark.parametrize("rows,n", [(1, 32), (67, 4096), (129, 1184), (3, 12288), (4097, 2080)])
 def test_gemv_rows_independent_of_batch(cuda_backend, rows, n, kernels):
     """Batch invariance (engine, issue 5): each of 16 activation rows gives bit-identical outputs alone (T = 1) and

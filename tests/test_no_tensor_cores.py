@@ -1,14 +1,15 @@
-"""Tensor-core instructions live only in the kernels of the "mma" prefill route (issue 20: matmul_mma.cu's
-gemm_mma_kernel); every kernel of the default route (routes.DEFAULT: DP4A, FP32) has no HMMA, IMMA, HGMMA or QGMMA
-in its SASS (nor mma/wmma/wgmma in its PTX), and the Q8 kernels do hold DP4A (IDP.4A). Runs without a GPU:
-cuobjdump comes from the PyPI package nvidia-cuda-cuobjdump (with nvidia-cuda-nvdisasm for -sass), triton's bundled
-copy, or PATH."""
+"""The default kernels use no tensor-core instruction: the SASS of libcmpkern.so holds no HMMA, IMMA, HGMMA or
+QGMMA (nor the PTX any mma/wmma/wgmma) outside the kernels that exist to use them (TENSOR_CORE_KERNELS: the probe's
+timing kernels and the mma route's GEMM, matmul_mma.cu), and it does hold DP4A (IDP.4A). Per route (issue 20): the DP2A instantiations of the quantized
+matmuls hold no IDP.4A, the IMAD ones neither IDP.4A nor IDP.2A. Runs without a GPU: cuobjdump comes from the PyPI
+package nvidia-cuda-cuobjdump (with nvidia-cuda-nvdisasm for -sass), triton's bundled copy, or PATH."""
 from __future__ import annotations
 
 import re
 
 import pytest
-from sass_tools import TENSOR_CORE_PTX, TENSOR_CORE_SASS, cuobjdump_candidates, run_cuobjdump
+from sass_tools import (TENSOR_CORE_SASS, cuobjdump_candidates, ptx_mma_hits, run_cuobjdump, sass_functions,
+                        tensor_core_hits)
 
 from llamacmp.lib._native import library_path
 
@@ -30,33 +31,22 @@ def tool_and_lib():
     return tool, lib
 
 
-MMA_KERNEL = "gemm_mma_kernel"   # the mma route's kernels (matmul_mma.cu); every other kernel is the DP4A/FP32 route's
+MMA_KERNEL = "gemm_mma_kernel"   # the mma route's kernel (matmul_mma.cu)
 
 
-def _sass_functions(sass: str) -> dict[str, str]:
-    """cuobjdump -sass -> {function name: its SASS} (over every architecture in the file: bodies concatenated)."""
-    out: dict[str, str] = {}
-    for f in sass.split("Function : ")[1:]:
-        name, body = f.split("\n", 1)
-        out[name.strip()] = out.get(name.strip(), "") + body
-    return out
+def _sass_functions(tool, lib) -> dict[str, str]:
+    """mangled name -> SASS body, every function of every arch in the library."""
+    sass = _dump(tool, "-sass", lib)
+    assert "Function" in sass, "cuobjdump printed no SASS"
+    return sass_functions(sass)
 
 
-def _ptx_entries(ptx: str) -> dict[str, str]:
-    """cuobjdump -ptx -> {entry name: its PTX up to the next entry}."""
-    marks = list(re.finditer(r"\.entry\s+(\w+)\s*\(", ptx))
-    return {m.group(1): ptx[m.end():(marks[i + 1].start() if i + 1 < len(marks) else len(ptx))]
-            for i, m in enumerate(marks)}
-
-
-def test_sass_tensor_cores_only_in_the_mma_route(tool_and_lib):
+def test_sass_has_no_tensor_core_instructions(tool_and_lib):
     tool, lib = tool_and_lib
     sass = _dump(tool, "-sass", lib)
-    funcs = _sass_functions(sass)
-    assert len(funcs) > 50, "cuobjdump printed no SASS functions"
-    hits = {n: sorted(set(TENSOR_CORE_SASS.findall(b))) for n, b in funcs.items() if MMA_KERNEL not in n}
-    hits = {n: h for n, h in hits.items() if h}
-    assert not hits, f"tensor-core instructions outside the mma route's kernels: {sorted(hits.items())[:3]}"
+    assert "Function" in sass, "cuobjdump printed no SASS"
+    hits = tensor_core_hits(sass)
+    assert not hits, f"tensor-core instructions in the SASS: {hits[:5]}"
     assert "IDP.4A" in sass, "no DP4A (IDP.4A) in the SASS: the Q8 kernels are not using it"
 
 
@@ -81,19 +71,40 @@ def test_mma_kernels_use_int8_tensor_cores(tool_and_lib):
 def test_ptx_mma_only_in_the_mma_route(tool_and_lib):
     tool, lib = tool_and_lib
     ptx = _dump(tool, "-ptx", lib)
-    entries = _ptx_entries(ptx)
-    assert len(entries) > 50, "cuobjdump -ptx printed no PTX entries: nothing was checked"
-    hits = {n: sorted(set(TENSOR_CORE_PTX.findall(b))) for n, b in entries.items() if MMA_KERNEL not in n}
-    hits = {n: h for n, h in hits.items() if h}
-    assert not hits, f"matrix instructions outside the mma route's kernels: {sorted(hits.items())[:3]}"
+    assert ".target sm_" in ptx and ".entry" in ptx, "cuobjdump -ptx printed no PTX: nothing was checked"
+    hits = ptx_mma_hits(ptx)
+    assert not hits, f"matrix instructions in the PTX: {hits[:5]}"
+    # the mma route's GEMM: compute_75+ PTX multiplies with mma.sync; compute_70 and older PTX has it empty (refused
+    # at run time)
     targets = [int(t) for t in re.findall(r"\.target sm_(\d+)", ptx)]
-    mma = [b for n, b in entries.items() if MMA_KERNEL in n]
+    mma = [e for e in ptx.split(".entry ")[1:] if MMA_KERNEL in e.split("(", 1)[0]]
     assert mma and targets, "no mma-route entries or no .target in the PTX"
-    # compute_75+ PTX multiplies with mma.sync; compute_70 and older PTX has the kernels empty (refused at run time)
-    assert all(("mma.sync" in b) == (max(targets) >= 75) for b in mma)
+    assert all(("mma.sync" in e) == (max(targets) >= 75) for e in mma)
 
 
-# The kernels of the block-quantized types (matmul_quant.cu): every instantiation is present and multiplies by DP4A.
+# The route-templated kernels of the quantized matmuls (matmul_q8.cu, matmul_quant.cu): the dot type in the mangled
+# name -> (an instruction each instantiation must hold, instructions none may hold).
+ROUTE_KERNELS = ("gemv4_q8_kernel", "gemm_q8_kernel", "gemm2_q8_kernel", "gemv_quant_kernel", "gemm_quant_kernel",
+                 "half_sums_kernel")
+ROUTE_SASS = {"DotDp4a": ("IDP.4A", ("IDP.2A",)), "DotDp2a": ("IDP.2A", ("IDP.4A",)),
+              "DotImad": ("IMAD", ("IDP.4A", "IDP.2A"))}
+
+
+def test_each_route_uses_only_its_unit(tool_and_lib):
+    tool, lib = tool_and_lib
+    funcs = _sass_functions(tool, lib)
+    for kernel in ROUTE_KERNELS:
+        for dot, (needed, banned) in ROUTE_SASS.items():
+            bodies = {n: b for n, b in funcs.items() if kernel in n and dot in n}
+            assert bodies, f"no {kernel} instantiation for {dot} in the SASS"
+            for name, body in bodies.items():
+                assert needed in body, f"{name}: no {needed}"
+                bad = [op for op in banned if op in body] + TENSOR_CORE_SASS.findall(body)
+                assert not bad, f"{name} ({dot}) holds {bad}"
+
+
+# The kernels of the block-quantized types (matmul_quant.cu): every DP4A-route instantiation is present and
+# multiplies by DP4A (the other routes: test_each_route_uses_only_its_unit).
 QUANT_DP4A_KERNELS = ("gemv_quant_kernel", "gemm_quant_kernel")
 
 
@@ -101,7 +112,7 @@ def test_quant_kernels_use_dp4a(tool_and_lib):
     tool, lib = tool_and_lib
     funcs = _dump(tool, "-sass", lib).split("Function : ")[1:]
     for kernel in QUANT_DP4A_KERNELS:
-        bodies = [f for f in funcs if kernel in f.split("\n", 1)[0]]
+        bodies = [f for f in funcs if kernel in f.split("\n", 1)[0] and "DotDp4a" in f.split("\n", 1)[0]]
         assert bodies, f"no {kernel} in the SASS"
         lacking = [f.split("\n", 1)[0] for f in bodies if "IDP.4A" not in f]
         assert not lacking, f"{kernel} instantiations without DP4A: {lacking[:3]}"

@@ -12,7 +12,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from cuda_helpers import poison, rel, up
+from cuda_helpers import INT8_DOTS, poison, rel, routed, up
 
 from llamacmp.backends.numpy_ref import quantize_q8_blocks
 from llamacmp.fixtures.quant_blocks import random_blocks
@@ -40,18 +40,21 @@ def inputs(seed: int, T: int, n: int) -> np.ndarray:
     return (rng.standard_normal((T, n)) * rng.uniform(0.1, 10, (T, 1))).astype(np.float32)
 
 
+@pytest.mark.parametrize("dot", INT8_DOTS)
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("T", [1, 2, 3, 8, 16, 17, 100, 513])
-def test_matmul(gemm_backend, type_name, T):
-    """GEMV (T <= 16) and GEMM (each prefill route): two matrices of odd row counts in one call; n of 17 blocks (a
-    lane's loop runs past one round of loads) or, for the GEMM sizes, 3 blocks of the 256-value types."""
+def test_matmul(gemm_backend, type_name, T, dot):
+    """GEMV (T <= 16) and GEMM: two matrices of odd row counts in one call; n of 17 blocks (a lane's loop runs past
+    one round of loads) or, for the GEMM sizes, 3 blocks of the 256-value types. On each route's int8 dot, with the
+    GEMM on the int8 dot or on the tensor cores (gemm_backend)."""
     cuda_backend = gemm_backend
     rng = np.random.default_rng(T)
     n = cols_for(type_name, 17 if T <= 16 or QUANT_BLOCKS[type_name][0] == 32 else 3)
     ws = [random_blocks(type_name, r, n, rng) for r in (37, 130)]
     x = inputs(T + 7, T, n)
     poison(cuda_backend, (T, 37), (T, 130))
-    got = cuda_backend.matmuls(up(cuda_backend, x), [cuda_backend.upload_matrix(w) for w in ws])
+    with routed(cuda_backend, dot) as be:
+        got = be.matmuls(up(be, x), [be.upload_matrix(w) for w in ws])
     for g, w in zip(got, ws):
         assert rel(cuda_backend.to_host(g), exact(x, w)) < TOL
 
@@ -86,9 +89,11 @@ def test_gemm_row_chunks(gemm_backend, type_name, monkeypatch):
     assert rel(cuda_backend.to_host(got), exact(x, w)) < TOL
 
 
+@pytest.mark.parametrize("dot", INT8_DOTS)
 @pytest.mark.parametrize("type_name", TYPES)
-def test_gemv_batch_invariant(cuda_backend, type_name):
-    """Each row of a T-row GEMV equals, bit for bit, that row alone (T = 1) and within other batch sizes."""
+def test_gemv_batch_invariant(cuda_backend, type_name, dot):
+    """Each row of a T-row GEMV equals, bit for bit, that row alone (T = 1) and within other batch sizes, on each
+    route (whose results equal DP4A's bit for bit: the same integers)."""
     rng = np.random.default_rng(11)
     n = cols_for(type_name, 5)
     w = cuda_backend.upload_matrix(random_blocks(type_name, 67, n, rng))
@@ -96,7 +101,12 @@ def test_gemv_batch_invariant(cuda_backend, type_name):
     be = cuda_backend
 
     def run(rows: np.ndarray) -> np.ndarray:
-        return be.to_host(be.matmuls(up(be, rows), [w])[0])
+        with routed(be, dot):
+            return be.to_host(be.matmuls(up(be, rows), [w])[0])
+
+    if dot != "dp4a":
+        with routed(be, "dp4a"):
+            assert np.array_equal(run(x), be.to_host(be.matmuls(up(be, x), [w])[0]))
 
     alone = np.concatenate([run(x[t:t + 1]) for t in range(16)])
     assert np.array_equal(run(x), alone)
@@ -144,7 +154,7 @@ def test_bad_calls(cuda_backend):
     P = ctypes.c_void_p * 1
     with pytest.raises(NativeError, match="workspace of 0 bytes is too small"):
         nat.cmp_matmul_quant(w.type_id, xq.ptr, xd.ptr, 1, P(w.body.ptr), P(0), P(y.ptr), None,
-                             (ctypes.c_int * 1)(4), 32, 256, 0, 0)
-    with pytest.raises(NativeError, match="unknown kernel bits 0x2"):
-        nat.cmp_matmul_quant_ex(w.type_id, xq.ptr, xd.ptr, 1, P(w.body.ptr), P(0), P(y.ptr), None,
-                                (ctypes.c_int * 1)(4), 32, 256, 0, 0, 2)
+                             (ctypes.c_int * 1)(4), 32, 256, 0, 0, 0)
+    with pytest.raises(NativeError, match="kernel bits 0x2"):
+        nat.cmp_matmul_quant(w.type_id, xq.ptr, xd.ptr, 1, P(w.body.ptr), P(0), P(y.ptr), None,
+                             (ctypes.c_int * 1)(4), 32, 256, 0, 0, 2)

@@ -25,3 +25,14 @@ def test_ptx_patterns():
     assert TENSOR_CORE_PTX.search("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%r1}, ...")
     assert TENSOR_CORE_PTX.search("wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8")
     assert not TENSOR_CORE_PTX.search("dp4a.s32.s32 %r1, %r2, %r3, %r4;")
+
+
+def test_tensor_core_hits_skip_only_the_probe_kernels():
+    from sass_tools import ptx_mma_hits, tensor_core_hits
+    sass = ("\tFunction : _ZN3cmp12_GLOBAL__N_117probe_hmma_kernelEPiii\n  /*0010*/ HMMA.884.F32 R0, R2, R4, R0 ;\n"
+            "\tFunction : _Z14gemm_q8_kernelIN3cmp7DotDp4aEEv\n  /*0010*/ IDP.4A.S8.S8 R0, R1, R2, R0 ;\n"
+            "\tFunction : _Z9bad_kernelv\n  /*0010*/ IMMA.16832.S8.S8 R0, R2, R4, R0 ;\n")
+    assert tensor_core_hits(sass) == [("_Z9bad_kernelv", "IMMA")]
+    ptx = (".entry _ZN3cmp12_GLOBAL__N_117probe_imma_kernelEPiii(\n mma.sync.aligned.m16n8k32 ...\n}\n"
+           ".entry _Z9bad_kernelv(\n wmma.load ...\n}\n")
+    assert ptx_mma_hits(ptx) == [("_Z9bad_kernelv", "wmma.")]

@@ -141,6 +141,17 @@ class Backend(ABC):
         """The prompt cache's copies of this backend's sequence state (backends/state_ops.py's StateOps)."""
         raise NotImplementedError(f"backend '{self.name}' has no state_ops(): prompt-cache checkpoints need it")
 
+    probe_report: dict | None = None   # after pick_routes: the probe's rates and the routes (probe.as_json)
+
+    def pick_routes(self, hw_route: str = "auto") -> list[str]:
+        """Choose which unit runs each op family (routes.py): the probe's choice for `auto`, else the forced
+        --hw-route; -> the lines for the load log. Host backends have no routes: only `auto` is accepted."""
+        if hw_route != "auto":
+            from .routes import RouteError
+            raise RouteError(f"--hw-route {hw_route}: the {self.name} backend has no hardware routes (they choose "
+                             "among the GPU's units; use auto, or run on a GPU)")
+        return []
+
     def device_memory(self) -> tuple[int, int] | None:
         """(free device bytes, the arena's cap) when this backend allocates from a planned device arena, so that
         memplan.py plans and reserves before loading; None: host memory, not planned."""

@@ -27,6 +27,7 @@ from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM
 from ..lib._native import CMP_MM_GEMV3, CMP_MM_GEMV_PDL
 from ..lib._native import CMP_MM_GEMV4, CMP_MM_GEMV4_EAGER, CMP_MM_MMA
 from ..lib._native import CMP_KV_TYPES, CMP_QUANT_TYPES
+from ..lib._native import CMP_DOTS, CMP_MM_GEMM_DOT_SHIFT, CMP_MM_GEMV_DOT_SHIFT
 from .. import kv_layout
 from . import routes as _routes
 from .base import Backend, Segment, SeqState, StepBatch
@@ -135,6 +136,8 @@ class CudaBackend(Backend):
         self.native = native or Native()
         self.native.cmp_init(device)
         self.device = device
+        # Which unit the quantized matmuls use (routes.py; set from the probe or --hw-route at load by pick_routes):
+        # the GEMVs (T <= 16) take routes.matmul_decode, the GEMMs routes.matmul_prefill.
         self.routes = routes
         self.launch_pdl = True
         free, _total = self.native.mem_info()
@@ -183,8 +186,8 @@ class CudaBackend(Backend):
         return t
 
     # The routes this backend has kernels for, per Routes field (issue 20; the others are refused, not ignored).
-    ROUTES_BUILT = {"matmul_prefill": ("dp4a", "mma"), "matmul_decode": ("dp4a",), "attn_prefill": ("fp32",),
-                    "attn_decode": ("fp32",)}
+    ROUTES_BUILT = {"matmul_prefill": ("dp4a", "dp2a", "imad", "mma"), "matmul_decode": ("dp4a", "dp2a", "imad"),
+                    "attn_prefill": ("fp32",), "attn_decode": ("fp32",)}
 
     @property
     def routes(self) -> _routes.Routes:
@@ -204,9 +207,10 @@ class CudaBackend(Backend):
                              f"and this library's code for them; device {self.device} runs none (use dp4a)")
         self._routes = r
 
-    def _gemm_route_bits(self) -> int:
-        """The CmpMatmulKernels bit of the prefill GEMM route (0: DP4A)."""
-        return CMP_MM_MMA if self._routes.matmul_prefill == "mma" else 0
+    def _route_bits(self) -> int:
+        """The routes in cmp_matmul_q8_ex / cmp_matmul_quant's kernel bits: the int8 dots, and CMP_MM_MMA for the
+        prefill GEMM on the tensor cores."""
+        return self._dot_bits() | (CMP_MM_MMA if self._routes.matmul_prefill == "mma" else 0)
 
     @property
     def launch_pdl(self) -> bool:
@@ -221,6 +225,38 @@ class CudaBackend(Backend):
 
     def synchronize(self) -> None:
         self.native.cmp_synchronize()
+
+    @property
+    def TENSOR_CORE_FAMILIES(self) -> frozenset:
+        """The op families this build runs on tensor cores for this device: the prefill GEMM where the library has
+        the mma kernels for it (matmul_mma.cu); a route choosing `mma` elsewhere runs on the int8 dot instead, and
+        says so."""
+        return frozenset({"matmul_prefill"}) if self.native.mma_available() else frozenset()
+
+    def pick_routes(self, hw_route: str = "auto") -> list[str]:
+        from . import probe
+        from .routes import MMA_FAMILIES, RouteError, choose_routes, forced_routes, without_mma
+        cur = ctypes.c_int(0)
+        self.native.cmp_get_device(ctypes.byref(cur))
+        self.activate()           # the probe times this backend's GPU; the caller's device is put back after
+        try:
+            result = probe.probe_device(self.native)
+        finally:
+            self.native.cmp_set_device(cur.value)
+        if hw_route == "auto":
+            routes, how = choose_routes(result.rates, result.cc), "probe"
+        else:
+            routes, how = forced_routes(hw_route, result.cc, result.card), f"--hw-route {hw_route}"
+        wanted = {f for f in MMA_FAMILIES if getattr(routes, f) == "mma"}
+        missing = sorted(wanted - self.TENSOR_CORE_FAMILIES)
+        if missing:
+            if hw_route == "mma" and len(missing) == len(wanted):
+                raise RouteError(f"--hw-route mma: this build of libcmpkern.so has no tensor-core kernels for "
+                                 f"{', '.join(missing)} yet")
+            routes = without_mma(routes, missing)
+            how += f"; tensor cores chosen, but this build has no tensor-core kernels for {', '.join(missing)}"
+        self.routes, self.probe_report = routes, probe.as_json(result, routes, how)
+        return probe.table_lines(result, routes, how)
 
     def device_memory(self) -> tuple[int, int]:
         return self.native.mem_info()[0], self.arena.cap
@@ -400,13 +436,12 @@ class CudaBackend(Backend):
             if residuals is not None and residuals[i].shape != (T, w.shape[0]):
                 raise ValueError(f"matmul: residual {residuals[i].shape} for an output of {(T, w.shape[0])}")
             outs.append(self.empty((T, w.shape[0])))
-        kernels = (CMP_MM_GEMV2 if self.gemv_v2 else 0) | (CMP_MM_GEMM2 if self.gemm_v2 else 0)
+        kernels = (CMP_MM_GEMV2 if self.gemv_v2 else 0) | (CMP_MM_GEMM2 if self.gemm_v2 else 0) | self._route_bits()
         if self.gemv_v2 and self.gemv_v3:
             kernels |= CMP_MM_GEMV3 | (CMP_MM_GEMV_PDL if self.gemv_pdl else 0)
         if self.gemv_v2 and self.gemv_v4:
             kernels |= CMP_MM_GEMV4 | (CMP_MM_GEMV_PDL if self.gemv_pdl else 0)
             kernels |= CMP_MM_GEMV4_EAGER if self.gemv_v4_eager else 0
-        kernels |= self._gemm_route_bits()
         # A captured decode step launches at most as many rows as the GEMV takes: it computes each row in the
         # single-row order (v2: guaranteed, matmul_q8.cu), so a sequence's logits do not depend on the others.
         step = max(1, min(T, self.GEMV2_MAX_ROWS if self.gemv_v2 else 8)) if self.row_order else max(T, 1)
@@ -424,6 +459,14 @@ class CudaBackend(Backend):
                     (ctypes.c_void_p * k)(*(outs[i].row_ptr(t0) for i in idx)), res,
                     (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)), min(step, T - t0), n, kernels)
         return outs
+
+    def _dot_bits(self) -> int:
+        """The routes' int8 dots in cmp_matmul_q8_ex / cmp_matmul_quant's kernel bits (api.h CmpMatmulDotField). With
+        the matmul prefill on `mma` (set by pick_routes only where TENSOR_CORE_FAMILIES has it), a GEMM the
+        tensor-core kernels leave to the int8 kernels runs on DP4A."""
+        prefill = self.routes.matmul_prefill if self.routes.matmul_prefill != "mma" else "dp4a"
+        return (CMP_DOTS[self.routes.matmul_decode] << CMP_MM_GEMV_DOT_SHIFT
+                | CMP_DOTS[prefill] << CMP_MM_GEMM_DOT_SHIFT)
 
     def _launch_groups(self, ws: Sequence) -> list[list[int]]:
         """Indices of ws in launches: matrices of one kind (Q8_0, or one block type) together, MAX_FUSED at most
@@ -448,10 +491,10 @@ class CudaBackend(Backend):
                              self.native.quant_work_bytes(tid, tn, n, 1))
             work_t = self.empty((work_bytes,), "u8", f"the {ws[0].type_name} GEMM workspace")
             work = work_t.ptr
-        self.native.cmp_matmul_quant_ex(
+        self.native.cmp_matmul_quant(
             tid, xq.row_ptr(t0), xd.row_ptr(t0), k, (ctypes.c_void_p * k)(*(w.body.ptr for w in ws)),
             (ctypes.c_void_p * k)(*(w.head_ptr for w in ws)), (ctypes.c_void_p * k)(*(o.row_ptr(t0) for o in outs)),
-            res, (ctypes.c_int * k)(*(w.shape[0] for w in ws)), tn, n, work, work_bytes, self._gemm_route_bits())
+            res, (ctypes.c_int * k)(*(w.shape[0] for w in ws)), tn, n, work, work_bytes, self._route_bits())
 
     def _q8_buffers(self, T: int, n: int) -> tuple[DeviceTensor, DeviceTensor]:
         return self.empty((T, n), "i8"), self.empty((T, n // Q8_0_BLOCK), "f32")
@@ -518,12 +561,12 @@ class CudaBackend(Backend):
                 k = len(idx)
                 for t0 in range(0, T, step):
                     tn = min(step, T - t0)
-                    self.native.cmp_matmul_q8_ex(   # kernels 0: cmp_matmul_q8_multi's v1 kernels
+                    self.native.cmp_matmul_q8_ex(    # the v1 kernels (cmp_matmul_q8_multi's) on the routes' dots
                         xq.row_ptr(t0), xd.row_ptr(t0), k,
                         (ctypes.c_void_p * k)(*(ws[i].qs.ptr for i in idx)),
                         (ctypes.c_void_p * k)(*(ws[i].d.ptr for i in idx)),
                         (ctypes.c_void_p * k)(*(outs[i].row_ptr(t0) for i in idx)), None,
-                        (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)), tn, n, self._gemm_route_bits())
+                        (ctypes.c_int * k)(*(ws[i].shape[0] for i in idx)), tn, n, self._route_bits())
         # Dense (f32 / f16) weights: cmp_matmul_dense's GEMV takes up to DENSE_GEMV_MAX_ROWS rows, each summed alone;
         # a captured decode step stays within it for the same batch invariance as the Q8 path above.
         dense_step = max(1, min(T, self.DENSE_GEMV_MAX_ROWS) if self.row_order else T)

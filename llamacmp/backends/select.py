@@ -74,7 +74,7 @@ def select_backends(p, log: TextIO | None = None) -> tuple[list[Backend], list[f
     log = log or sys.stderr
     cpu_only = p.n_gpu_layers == "0" or p.devices == ()
     if cpu_only:
-        return [select_backend(log, cpu_only=True)], None
+        return _with_routes([select_backend(log, cpu_only=True)], p, log), None
     try:
         from . import cuda
         n_visible = cuda.Native().device_count() if cuda.cuda_available() else 0
@@ -83,14 +83,26 @@ def select_backends(p, log: TextIO | None = None) -> tuple[list[Backend], list[f
     if n_visible == 0:
         if p.devices:
             raise ValueError(f"-dev {','.join(f'CUDA{d}' for d in p.devices)}: no CUDA device is visible")
-        return [select_backend(log)], None
+        return _with_routes([select_backend(log)], p, log), None
     devices, ratios = plan_devices(n_visible, p.devices, p.split_mode, p.main_gpu, p.tensor_split)
     if len(devices) == 1:
         be = cuda_backend_or_none(devices[0], getattr(p, "device_mem_cap", 0) or None)
-        return [be if be is not None else select_backend(log)], None
+        return _with_routes([be if be is not None else select_backend(log)], p, log), None
     from ..split.devices import make_cuda_backends
     backends = make_cuda_backends(devices)
     if ratios is None:      # llama.cpp's default: each device's free memory (equal for one GPU listed twice)
         free = {d: b.native.mem_info()[0] for d, b in zip(devices, backends)}
         ratios = [float(free[d]) for d in devices]
-    return backends, ratios
+    return _with_routes(backends, p, log), ratios
+
+
+def _with_routes(backends: list[Backend], p, log: TextIO) -> list[Backend]:
+    """Each backend's routes from --hw-route (auto: the probe), the table and choice in the load log (unless quiet).
+    RouteError (a ValueError naming the flag) where a backend cannot run the forced route."""
+    quiet = getattr(p, "log_disable", False) or getattr(p, "verbosity", 3) < 2
+    for be in backends:
+        lines = be.pick_routes(getattr(p, "hw_route", "auto"))
+        if not quiet:
+            for line in lines:
+                print(line, file=log)
+    return backends

@@ -38,6 +38,7 @@ import numpy as np
 from .. import BUILD_NUMBER
 from ..arg_values import CACHE_TYPES, Unsupported, choice, to_int
 from ..args import CPU_THREADS, DENSE, DOWNLOAD, FIT, LOADING, PLACEMENT, split_mode, version_text
+from ..backends.routes import HW_ROUTES
 from ..kv_quant import KV_TYPES
 
 OUTPUT_FORMATS = ("md", "json", "jsonl", "csv")
@@ -190,13 +191,16 @@ OPTS: tuple[Opt, ...] = (
         (("-ts", "--tensor-split"), "<ts0/ts1/..>", ONE_GPU), (("-rpc", "--rpc"), "<servers>",
                                                                "ggml-rpc is not supported by llamacmp"),
         (("-embd", "--embeddings"), "<0|1>", "embeddings are not supported by llamacmp-bench"))),
+    Opt(("--hw-route",), "hw_route", "<auto|dp4a|dp2a|imad|mma>", "llamacmp: which unit runs the quantized matmuls "
+        "(docs/ROUTES.md; one value; the probe table and choice go to stderr and the JSON)",
+        choice("--hw-route", *HW_ROUTES)),
     Opt(("--list-devices",), "list_devices", "", "not supported", unsupported="not supported by llamacmp yet: "
         "nvidia-smi -L lists the GPUs"),
 )
 DEFAULTS = {"reps": 5, "delay": 0, "output": "md", "output_err": None, "verbose": False, "progress": False,
             "no_warmup": False, "model": [], "n_prompt": [512], "n_gen": [128], "pg": [], "n_depth": [0],
             "n_batch": [2048], "n_ubatch": [512], "type_k": ["f16"], "type_v": ["f16"], "n_threads": [1],
-            "n_gpu_layers": [99], "flash_attn": ["0"]}
+            "n_gpu_layers": [99], "flash_attn": ["0"], "hw_route": "auto"}
 LIST_KEYS = {"model", "n_prompt", "n_gen", "pg", "n_depth", "n_batch", "n_ubatch", "type_k", "type_v",
              "n_threads", "n_gpu_layers", "flash_attn"}
 DEFAULT_MODEL = "models/7B/ggml-model-q4_0.gguf"
@@ -316,6 +320,7 @@ class Result:
     gpu_info: str
     samples_ns: list[int] = field(default_factory=list)
     test_time: str = ""
+    probe: dict | None = None      # the backend's probe_report (CUDA): rates and routes
 
     @property
     def n_tokens(self) -> int:
@@ -345,6 +350,7 @@ class Result:
             "flash_attn": i.flash_attn, **FIXED_LOADING, "n_prompt": i.n_prompt, "n_gen": i.n_gen, "n_depth": i.n_depth, "test_time": self.test_time,
             "avg_ns": int(avg_ns), "stddev_ns": int(sd_ns), "avg_ts": avg_ts, "stddev_ts": sd_ts,
             "samples_ns": list(self.samples_ns), "samples_ts": self.samples_ts,
+            **({"llamacmp_probe": self.probe} if self.probe else {}),
         }
 
 
@@ -435,7 +441,7 @@ class JsonPrinter:
 
 
 class CsvPrinter:
-    SKIP = ("samples_ns", "samples_ts")
+    SKIP = ("samples_ns", "samples_ts", "llamacmp_probe")
 
     def __init__(self, out: TextIO, s: dict):
         self.out, self.started = out, False
@@ -579,16 +585,24 @@ class Runner:
         return time.perf_counter_ns() - t0
 
 
-def make_backend(ngl: int, err: TextIO):
-    """-> (backend, backend column text, gpu_info)."""
+def make_backend(ngl: int, err: TextIO, hw_route: str = "auto"):
+    """-> (backend, backend column text, gpu_info); the backend's routes picked (--hw-route), the probe table on err."""
     from ..backends.numpy_ref import NumpyBackend
+    from ..backends.routes import RouteError
+    be, text, gpu = NumpyBackend(), "numpy", ""
     if ngl != 0:
         from ..backends.select import cuda_backend_or_none
-        be = cuda_backend_or_none()
-        if be is not None:
-            return be, "CUDA", be.native.device_name()
-        err.write("warning: no CUDA GPU or libcmpkern.so found: using the numpy reference backend (slow)\n")
-    return NumpyBackend(), "numpy", ""
+        cuda = cuda_backend_or_none()
+        if cuda is not None:
+            be, text, gpu = cuda, "CUDA", cuda.native.device_name()
+        else:
+            err.write("warning: no CUDA GPU or libcmpkern.so found: using the numpy reference backend (slow)\n")
+    try:
+        for line in be.pick_routes(hw_route):
+            err.write(line + "\n")
+    except RouteError as e:
+        raise BenchError(f"error: {e}") from None
+    return be, text, gpu
 
 
 def load_runner(path: str, be, is_cuda: bool) -> Runner:
@@ -644,12 +658,13 @@ def _run_all(s: dict, out: TextIO, err: TextIO) -> int:
         key = (inst.model, use_gpu)
         if key not in loaded:
             loaded.clear()                 # one model in memory at a time, as llama-bench
-            be, backend, gpu = make_backend(inst.n_gpu_layers, err)
+            be, backend, gpu = make_backend(inst.n_gpu_layers, err, s["hw_route"])
             loaded[key] = (load_runner(inst.model, be, backend == "CUDA"), backend, gpu)
         runner, backend, gpu = loaded[key]
         if s["progress"]:
             err.write(f"llamacmp-bench: test {n + 1}/{len(insts)}: {inst.name}\n")
-        res = Result(inst, runner.info, backend, gpu, test_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        res = Result(inst, runner.info, backend, gpu, test_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     probe=runner.be.probe_report)
         try:
             if not s["no_warmup"]:
                 runner.run(inst, warmup=True)

@@ -73,15 +73,10 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_quant_repack": ((_i, _p, _p, _p, _i, _i),
                          "int cmp_quant_repack(int type, const uint8_t* blocks, void* body, void* head, int rows, "
                          "int n)"),
-    "cmp_matmul_quant": ((_i, _p, _p, _i, _p, _p, _p, _p, _p, _i, _i, _p, _sz),
+    "cmp_matmul_quant": ((_i, _p, _p, _i, _p, _p, _p, _p, _p, _i, _i, _p, _sz, _i),
                          "int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int count, "
                          "const void* const* body, const void* const* head, float* const* y, const float* const* res, "
-                         "const int* rows, int T, int n, void* work, size_t work_bytes)"),
-    "cmp_matmul_quant_ex": ((_i, _p, _p, _i, _p, _p, _p, _p, _p, _i, _i, _p, _sz, _i),
-                            "int cmp_matmul_quant_ex(int type, const int8_t* xq, const float* xd, int count, "
-                            "const void* const* body, const void* const* head, float* const* y, "
-                            "const float* const* res, const int* rows, int T, int n, void* work, size_t work_bytes, "
-                            "int kernels)"),
+                         "const int* rows, int T, int n, void* work, size_t work_bytes, int kernels)"),
     "cmp_mma_available": ((_p,), "int cmp_mma_available(int* yes)"),
     "cmp_quant_work_bytes": ((_i, _i, _i, _i, _p),
                              "int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* bytes)"),
@@ -194,6 +189,8 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                           "int cmp_sparse_select(const float* mass, const float* mean, const int32_t* pqb, "
                           "int32_t* pattern, int32_t* blocks, int32_t* counts, void* work, int Hq, int Hl, int P, "
                           "int nqb, int nkb, int qb0, int keep, int sink, double total)"),
+    "cmp_probe": ((_i, _i, _p, _p), "int cmp_probe(int unit, int iters, float* ms, double* ops)"),
+    "cmp_device_info": ((_p, _p, _p), "int cmp_device_info(int* cc, int* sms, int* driver)"),
 }
 
 
@@ -209,7 +206,11 @@ CMP_MM_GEMV2, CMP_MM_GEMM2 = 1, 2   # cmp_matmul_q8_ex kernel choices (api.h Cmp
 CMP_MM_GEMV3, CMP_MM_GEMV_PDL = 4, 8   # the same: persistent pipelined GEMV, and its PDL launch (sm_90+)
 CMP_MM_GEMV4 = 16   # the same: v1's warp-per-row GEMV loop with v2's arithmetic (v2's bits, T <= 16)
 CMP_MM_GEMV4_EAGER = 32   # with GEMV4: compiled to issue all of a lane's weight loads before the first DP4A
-CMP_MM_MMA = 256   # the GEMM on the tensor cores (matmul_mma.cu, int8 mma.sync); cmp_matmul_quant_ex takes it too
+CMP_MM_MMA = 4096   # the GEMM on the tensor cores (matmul_mma.cu, int8 mma.sync); cmp_matmul_quant takes it too
+CMP_MM_GEMV_DOT_SHIFT, CMP_MM_GEMM_DOT_SHIFT = 8, 10   # api.h CmpMatmulDotField: where each path's CmpDot goes
+CMP_DOTS = {"dp4a": 0, "dp2a": 1, "imad": 2}   # api.h CmpDot by route name (backends/routes.py)
+# api.h CmpProbeUnit by the probe table's unit names (backends/probe.py)
+CMP_PROBE_UNITS = {"dp4a": 0, "dp2a": 1, "imad": 2, "ffma": 3, "hfma2": 4, "imma": 5, "hmma": 6}
 # api.h CmpQuantType: the block types other than Q8_0 by GGUF type name (the ggml type ids)
 CMP_QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13,
                    "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23}
@@ -342,6 +343,19 @@ class Native:
         n = ctypes.c_int(0)
         self.cmp_attn_decode_splits(n_kv, ctypes.byref(n))
         return n.value
+
+    def probe(self, unit: str, iters: int) -> tuple[float, float]:
+        """cmp_probe: one run of a unit's kernel -> (milliseconds, operations). NativeError (code
+        CMP_ERR_UNSUPPORTED) where the library's code on this device lacks the instruction."""
+        ms, ops = ctypes.c_float(0), ctypes.c_double(0)
+        self.cmp_probe(CMP_PROBE_UNITS[unit], iters, ctypes.byref(ms), ctypes.byref(ops))
+        return ms.value, ops.value
+
+    def device_info(self) -> tuple[int, int, int]:
+        """-> (compute capability as 10 * major + minor, multiprocessors, cudaDriverGetVersion) of the current device."""
+        v = [ctypes.c_int(0) for _ in range(3)]
+        self.cmp_device_info(*(ctypes.byref(x) for x in v))
+        return v[0].value, v[1].value, v[2].value
 
     def timer_stop(self) -> float:
         ms = ctypes.c_float(0)

@@ -77,7 +77,7 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
     t0 = time.perf_counter()
     try:
         mf = open_model(path)            # the header, parsed once for the run plan, memory plan and loader
-        run = plan_run(p, mf.cfg.n_ctx_train)
+        run = plan_run(p, mf.cfg.n_ctx_train, mf)
         if len(backends) == 1:       # a layer split plans each part in models/split.py, not here
             memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=None if quiet else err)
         with progress.loading(err, enabled=not p.log_disable):   # llama-cli shows it at every verbosity

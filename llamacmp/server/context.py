@@ -106,7 +106,7 @@ class ServerContext:
         for be in backends:
             be.sparse = sparse_attn.config_from_params(p)
         mf = open_model(p.model)
-        run = plan_run(p, mf.cfg.n_ctx_train)
+        run = plan_run(p, mf.cfg.n_ctx_train, mf)
         if len(backends) == 1:       # the memory plan of the slots the engine will make (refused here if too big)
             memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=out)
         log.info("%s", startup_log.srv("load_model", f"loading model '{p.model}'"))

@@ -133,6 +133,8 @@ def perf_lines(t: Timings, sampler: Sampler | None, now_ms: float) -> str:
                f"({_per(t.t_p_eval_ms, t.n_p_eval)} ms per token, {_rate(t.t_p_eval_ms, t.n_p_eval)} tokens per second)")
     out.append(f"{name}:        eval time = {t.t_eval_ms:10.2f} ms / {t.n_eval:5d} runs   "
                f"({_per(t.t_eval_ms, t.n_eval)} ms per token, {_rate(t.t_eval_ms, t.n_eval)} tokens per second)")
+    if t.draft.n > 0:   # llamacmp's: llama-completion has no speculative decoding; llama-server's line for drafts
+        out.append(f"{name}: {t.draft.acceptance_line()}")
     out.append(f"{name}:       total time = {total:10.2f} ms / {t.n_p_eval + t.n_eval:5d} tokens")
     out.append(f"{name}: unaccounted time = {unacc:10.2f} ms / {100.0 * unacc / total if total else 0.0:5.1f} %      "
                "(total - sampling - prompt eval - eval) / (total)")

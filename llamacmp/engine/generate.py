@@ -16,6 +16,7 @@ import numpy as np
 from ..sampling import Sampler
 from .decode import Decoder, LogitsRow, draw_tokens
 from .prompt_cache import SlotCache, rewind
+from .tasks import DraftStats
 from .turn import Turn
 
 
@@ -33,6 +34,7 @@ class Timings:
     n_eval: int = 0
     t_sample_ms: float = 0.0
     n_sample: int = 0
+    draft: DraftStats = field(default_factory=DraftStats)    # speculative decoding (the MTP loop counts)
 
     @property
     def prompt_per_second(self) -> float:
@@ -47,11 +49,11 @@ class Timings:
         return Timings(earlier.t_start_ms, self.t_load_ms, self.t_p_eval_ms - earlier.t_p_eval_ms,
                        self.n_p_eval - earlier.n_p_eval, self.t_eval_ms - earlier.t_eval_ms,
                        self.n_eval - earlier.n_eval, self.t_sample_ms - earlier.t_sample_ms,
-                       self.n_sample - earlier.n_sample)
+                       self.n_sample - earlier.n_sample, self.draft.since(earlier.draft))
 
     def snapshot(self) -> "Timings":
         return Timings(self.t_start_ms, self.t_load_ms, self.t_p_eval_ms, self.n_p_eval, self.t_eval_ms,
-                       self.n_eval, self.t_sample_ms, self.n_sample)
+                       self.n_eval, self.t_sample_ms, self.n_sample, self.draft.copy())
 
 
 class ContextFull(Exception):

@@ -61,6 +61,9 @@ class EngineMetrics:
     n_requests_deferred: int = 0
     n_tokens_max: int = 0
     n_prompt_tokens_cached_total: int = 0
+    n_draft_tokens_total: int = 0           # speculative decoding, summed over finished requests
+    n_draft_accepted_total: int = 0
+    n_draft_steps_total: int = 0
 
 
 class Engine:
@@ -502,6 +505,10 @@ class Engine:
             slot.stop_type, f"stopped by limit, n_decoded = {len(slot.generated)}, "
                             f"n_predict = {slot.task.params.n_predict}"))
         slot_log.print_timings(slot.id, slot.task.id, slot.timings)
+        d = slot.timings.draft
+        self.metrics.n_draft_tokens_total += d.n
+        self.metrics.n_draft_accepted_total += d.accepted
+        self.metrics.n_draft_steps_total += d.steps
         # the row's own host copy when it came from the device (one 1 MB copy on the real vocabulary, not three)
         slot.cache.last_logits = row.host() if isinstance(row, LogitsRow) else np.array(row, np.float32)
         # keep the end of this exchange: a follow-up that appends to prompt + reply resumes here

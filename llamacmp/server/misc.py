@@ -178,6 +178,12 @@ METRICS = (  # (type, name, help, how to compute from the engine's snapshot)
     ("counter", "n_tokens_max", "Largest observed n_tokens.", lambda m: m["n_tokens_max"]),
     ("counter", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
      lambda m: m["n_busy_slots_total"] / max(1, m["n_decode_total"])),
+    ("counter", "spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
+     lambda m: m["n_draft_tokens_total"]),
+    ("counter", "spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model",
+     lambda m: m["n_draft_accepted_total"]),
+    ("counter", "spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps",
+     lambda m: m["n_draft_steps_total"]),
     ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
      lambda m: 1e3 * m["n_prompt_tokens_processed_total"] / m["t_prompt_processing_total"]
      if m["t_prompt_processing_total"] else 0.0),

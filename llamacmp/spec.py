@@ -13,7 +13,7 @@ probability and the drafted token is not end-of-generation; the first rejection 
 from __future__ import annotations
 
 import math
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -173,6 +173,27 @@ def synth_accepted(probs: Sequence[float], draft: Sequence[int], eog: Container[
         if not (rng.uniform() < probs[i] and tok not in eog):
             return i
     return len(draft)
+
+
+def synth_acceptor(cfg: SpecConfig, seed: int, eog: Container[int]) -> Callable[[Sequence[int]], int] | None:
+    """For one request: drafts -> how many a synthetic verification accepts, drawing from its own generator
+    seeded with the request's seed (llama-server: the sampling seed, else a random one); None without
+    --spec-synth-*."""
+    if not cfg.synthetic:
+        return None
+    probs = synth_probs(cfg)
+    rng = SynthRng(seed if seed >= 0 else int(np.random.SeedSequence().entropy % (1 << 32)))
+    return lambda draft: synth_accepted(probs, draft, eog, rng)
+
+
+def synth_log_lines(cfg: SpecConfig) -> list[str]:
+    """What llama.cpp logs at start when synthetic acceptance is on (common_speculative_init); [] when off."""
+    rates = synth_rates(cfg)
+    if not rates:
+        return []
+    return ["synthetic speculative acceptance is enabled for benchmarking; generated output is not valid",
+            f"synthetic acceptance: n_max = {len(rates)}, mean length = {synth_mean_len(cfg):.6f}, "
+            f"rates = [{', '.join(f'{r:.6g}' for r in rates)}]"]
 
 
 # -- the model file -------------------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ from llamacmp.arg_values import ArgError, Unsupported
 from llamacmp.args import parse_args
 from llamacmp.loader import open_model
 from llamacmp.run_plan import RunPlanError, check_options, plan_run
-from llamacmp.spec import (SpecConfig, SpecError, SynthRng, has_mtp_head, synth_accepted, synth_mean_len,
+from llamacmp.spec import (SpecConfig, SpecError, SynthRng, has_mtp_head, synth_accepted, synth_acceptor,
+                           synth_log_lines, synth_mean_len,
                            synth_probs, synth_rates)
 
 
@@ -196,3 +197,19 @@ def test_rng_is_std_mt19937_with_libstdcxx_canonical_doubles():
         rng.uniform()
     lo, hi = (int(x) for x in rng._mt.randint(0, 1 << 32, size=2, dtype=np.uint32))
     assert hi == 4123659995             # outputs 9999 and 10000
+
+
+def test_synth_acceptor_per_request():
+    assert synth_acceptor(SpecConfig("draft-mtp"), 1, frozenset()) is None
+    cfg = SpecConfig("draft-mtp", 3, synth_len=2.5)
+    a, b = synth_acceptor(cfg, 9, frozenset({0})), synth_acceptor(cfg, 9, frozenset({0}))
+    seq = [a([5, 6, 7]) for _ in range(50)]
+    assert seq == [b([5, 6, 7]) for _ in range(50)] and set(seq) <= {0, 1, 2, 3} and len(set(seq)) > 1
+    assert synth_acceptor(SpecConfig("draft-mtp", 3, synth_len=4.0), -1, frozenset({0}))([5, 0, 7]) == 1
+
+
+def test_synth_log_lines_are_llama_cpps():
+    assert synth_log_lines(SpecConfig("draft-mtp")) == []
+    lines = synth_log_lines(SpecConfig("draft-mtp", 2, synth_rates=(0.75, 0.5)))
+    assert lines[1] == "synthetic acceptance: n_max = 2, mean length = 2.250000, rates = [0.75, 0.5]"
+    assert "not valid" in lines[0]

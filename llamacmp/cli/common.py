@@ -13,6 +13,7 @@ from ..args import apply_gguf_sampling
 from ..engine.generate import Session, Timings
 from ..params import Params
 from ..run_plan import RunPlan, RunPlanError, check_options, plan_run
+from ..spec import synth_log_lines
 from ..sampling import Sampler
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "data" / "default.gguf"
@@ -78,6 +79,8 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
     try:
         mf = open_model(path)            # the header, parsed once for the run plan, memory plan and loader
         run = plan_run(p, mf.cfg.n_ctx_train, mf)
+        for line in synth_log_lines(run.spec):      # benchmarking only: said however quiet the run is
+            err.write(line + "\n")
         if len(backends) == 1:       # a layer split plans each part in models/split.py, not here
             memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=None if quiet else err)
         with progress.loading(err, enabled=not p.log_disable):   # llama-cli shows it at every verbosity

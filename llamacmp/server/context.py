@@ -99,6 +99,7 @@ class ServerContext:
         from ..log import LineLogger
         from ..loader import load_placed, open_model
         from ..run_plan import plan_run
+        from ..spec import synth_log_lines
         from . import startup_log
         out = LineLogger(log)
         p = self.params
@@ -107,6 +108,8 @@ class ServerContext:
             be.sparse = sparse_attn.config_from_params(p)
         mf = open_model(p.model)
         run = plan_run(p, mf.cfg.n_ctx_train, mf)
+        for line in synth_log_lines(run.spec):
+            log.warning("%s", line)
         if len(backends) == 1:       # the memory plan of the slots the engine will make (refused here if too big)
             memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=out)
         log.info("%s", startup_log.srv("load_model", f"loading model '{p.model}'"))

@@ -278,6 +278,16 @@ def _n_max(s: str) -> int:
     return n
 
 
+def _spec_without_type(p: Params) -> list[str]:
+    """--spec-draft-* settings change nothing while no --spec-type turns drafting on (llama.cpp is silent; we say
+    it, so that a forgotten --spec-type is not mistaken for a slow draft)."""
+    if p.spec.enabled:
+        return []
+    return [f"llamacmp: {o.names[0]} changes nothing here: no --spec-type draft-mtp" for o in SPEC_OPTIONS
+            if o.names[0].startswith("--spec-draft-n") or o.names[0] == "--spec-draft-p-min"
+            if (o.dest or o.names[-1]) in p.user_set]
+
+
 SPEC_OPTIONS: tuple[Option, ...] = (
     O("--spec-type", value="[none|draft-mtp]", parse=parse_spec_type, apply=_add_spec_type, env="LLAMA_ARG_SPEC_TYPE",
       tools=KCS, help="comma-separated list of types of speculative decoding to use (default: none)\nllamacmp runs "
@@ -955,6 +965,7 @@ def parse_args(tool: str, argv: list[str], environ: dict | None = None) -> Parse
         p.input_prefix, p.input_suffix = process_escapes(p.input_prefix), process_escapes(p.input_suffix)
     if p.interactive_first:
         p.interactive = True
+    warnings += _spec_without_type(p)
     if p.chat_template:
         _check_chat_template(p)
     return Parsed(p, "_help" in p.user_set, "_version" in p.user_set, tuple(warnings))

@@ -33,7 +33,8 @@ def test_rows_per_spec_setting_and_pp_once():
 
 @pytest.mark.parametrize("argv,message", [
     (["--spec-type", "ngram-mod"], "--spec-type ngram-mod is not supported"),
-    (["--spec-synth-len", "2"], "need --spec-type draft-mtp"),
+    (["--spec-synth-len", "2"], "--spec-synth-len need --spec-type draft-mtp"),
+    (["--spec-type", "none", "--spec-draft-n-max", "2"], "--spec-draft-n-max need --spec-type draft-mtp"),
     (["--spec-type", "draft-mtp", "--spec-synth-len", "5"], r"within \[1, 4\]"),
     (["--spec-type", "draft-mtp", "--spec-synth-rates", "0.5"], "must contain 3 values, got 1"),
     (["--spec-type", "draft-mtp", "--spec-synth-len", "x"], "invalid parameter for argument: --spec-synth-len"),

@@ -213,3 +213,12 @@ def test_synth_log_lines_are_llama_cpps():
     lines = synth_log_lines(SpecConfig("draft-mtp", 2, synth_rates=(0.75, 0.5)))
     assert lines[1] == "synthetic acceptance: n_max = 2, mean length = 2.250000, rates = [0.75, 0.5]"
     assert "not valid" in lines[0]
+
+
+def test_draft_settings_without_spec_type_say_they_change_nothing():
+    r = parse_args("server", ["--draft-max", "5", "--spec-draft-p-min", "0.5"], {})
+    said = [w for w in r.warnings if "no --spec-type" in w]
+    assert said == ["llamacmp: --spec-draft-n-max changes nothing here: no --spec-type draft-mtp",
+                    "llamacmp: --spec-draft-p-min changes nothing here: no --spec-type draft-mtp"]
+    r = parse_args("server", ["--draft-max", "5", "--spec-type", "draft-mtp"], {})
+    assert not [w for w in r.warnings if "no --spec-type" in w] and r.params.spec.n_max == 5

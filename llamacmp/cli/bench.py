@@ -306,8 +306,11 @@ def parse_bench_args(argv: list[str]) -> dict:
 def spec_configs(s: dict) -> list[SpecConfig]:
     """The --spec-* combinations, each checked as llama.cpp checks its options at start."""
     synth = [(x, ()) for x in s["spec_synth_len"]] + [(None, r) for r in s["spec_synth_rates"]] or [(None, ())]
-    if synth != [(None, ())] and "draft-mtp" not in s["spec_type"]:
-        raise BenchError("error: --spec-synth-len / --spec-synth-rates need --spec-type draft-mtp")
+    if "draft-mtp" not in s["spec_type"]:
+        given = [f"--{k.replace('_', '-').replace('spec-n-max', 'spec-draft-n-max')}" for k in SPEC_KEYS[1:]
+                 if k in s["given"]]
+        if given:
+            raise BenchError(f"error: {', '.join(given)} need --spec-type draft-mtp")
     out = []                            # a "none" row is the MTP-off baseline: no synthetic setting applies
     for t, n, (length, rates) in itertools.product(s["spec_type"], s["spec_n_max"], synth):
         cfg = SpecConfig(t, n, synth_len=length, synth_rates=rates) if t != "none" else SpecConfig()

@@ -121,7 +121,11 @@ def synth_rates(cfg: SpecConfig) -> tuple[float, ...]:
     if not (math.isfinite(length) and 1.0 <= length <= n + 1):
         raise SpecError(f"--spec-synth-len: synthetic acceptance length must be finite and within [1, {n + 1}]")
     p = 1.0 if length == n + 1 else _geometric_p(length - 1.0, n) if length > 1.0 else 0.0
-    return tuple(p ** (i + 1) for i in range(n))
+    rates, r = [], p
+    for _ in range(n):                  # p, p*p, (p*p)*p, ... multiplied in llama.cpp's order
+        rates.append(r)
+        r *= p
+    return tuple(rates)
 
 
 def _geometric_p(target: float, n: int) -> float:

@@ -64,3 +64,19 @@ def test_completion_perf_block_and_turn_figures():
     turn = t.since(before)
     assert (turn.draft.n, turn.draft.accepted, turn.draft.steps) == (9, 5, 3)
     assert before.draft.n == 0                  # the snapshot is a copy, not the live counters
+
+
+def test_server_reports_the_spec_settings_in_effect(fixture_gguf):
+    """/props and each response's generation_settings: b8462's speculative.* fields carry --spec-* when drafting."""
+    from llamacmp.args import parse_args
+    from llamacmp.server.completions import generation_settings
+    from llamacmp.server.context import ServerContext
+    from llamacmp.server.schemas import GenParams
+    from llamacmp.spec import SpecConfig
+    ctx = ServerContext(parse_args("server", ["-m", str(fixture_gguf("tiny", "f32"))], {}).params)
+    off = generation_settings(ctx, GenParams())
+    assert (off["speculative.n_max"], off["speculative.p_min"], off["speculative.type"]) == (0, 0.75, "none")
+    ctx.spec = SpecConfig("draft-mtp", 2, 1, 0.5)
+    on = generation_settings(ctx, GenParams())
+    assert (on["speculative.n_max"], on["speculative.n_min"], on["speculative.p_min"], on["speculative.type"]) == \
+        (2, 1, 0.5, "draft-mtp")

@@ -21,6 +21,7 @@ from .. import BUILD_NUMBER
 from ..chat import BuiltinTemplate, ChatTemplate, select_template
 from ..engine.scheduler import Engine, EngineConfig
 from ..params import Params, ServerParams
+from ..spec import SpecConfig
 from .errors import ClientGone
 from .schemas import ServerDefaults
 from .worker import EngineBridge
@@ -44,6 +45,7 @@ class ServerContext:
     defaults: Optional[ServerDefaults] = None
     n_slots: int = 1
     n_ctx_slot: int = 0
+    spec: SpecConfig = SpecConfig()     # --spec-*, as the run plan checked it
     created: int = field(default_factory=lambda: int(time.time()))
     load_error: str = ""
     vision: object = None               # vision.projector.VisionProjector when -mm is given (read-only per request)
@@ -116,7 +118,7 @@ class ServerContext:
         with progress.loading(sys.stderr, enabled=log.isEnabledFor(logging.INFO)):
             lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, out)
         _log_lines(startup_log.model_lines(lm.gguf, lm.cfg.n_ctx_train))
-        self.n_slots, self.n_ctx_slot = run.n_slots, run.n_ctx
+        self.n_slots, self.n_ctx_slot, self.spec = run.n_slots, run.n_ctx, run.spec
         # args.py already read --chat-template-file into chat_template
         self.template = select_template(lm.metadata, lm.tokenizer.tokens, p.chat_template, p.use_jinja)
         _log_lines(startup_log.context_lines(lm.cfg, run.n_slots, run.n_ctx, run.unified, run.n_batch,

@@ -57,7 +57,7 @@ def props_json(ctx: ServerContext) -> dict:
     tok = ctx.tokenizer
     eos = tok.tokens[tok.eos_id] if tok.eos_id is not None else ""
     bos = tok.tokens[tok.bos_id] if tok.bos_id is not None else ""
-    return {"default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": ctx.n_ctx_slot, "speculative": False,
+    return {"default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": ctx.n_ctx_slot, "speculative": ctx.spec.enabled,
                                             "is_processing": False, "params": params},
             "total_slots": ctx.n_slots, "model_alias": ctx.model_name, "model_path": ctx.params.model,
             "modalities": {"vision": ctx.vision is not None, "audio": False}, "endpoint_slots": ctx.opts.endpoint_slots,

@@ -222,3 +222,20 @@ def test_draft_settings_without_spec_type_say_they_change_nothing():
                     "llamacmp: --spec-draft-p-min changes nothing here: no --spec-type draft-mtp"]
     r = parse_args("server", ["--draft-max", "5", "--spec-type", "draft-mtp"], {})
     assert not [w for w in r.warnings if "no --spec-type" in w] and r.params.spec.n_max == 5
+
+
+# std::uniform_real_distribution<double>(0, 1) over std::mt19937(seed), first four draws, printed with %.17g by this
+# program built with g++ 13 (libstdc++, as llama.cpp's Linux builds):
+#   for (unsigned seed : {0u, 42u, 4294967295u}) { std::mt19937 rng(seed); std::uniform_real_distribution<double>
+#   dist(0.0, 1.0); for (int i = 0; i < 4; ++i) printf("%.17g ", dist(rng)); }
+LIBSTDCXX_DRAWS = {
+    0: (0.59284461651668263, 0.84426574425659828, 0.85794561998982988, 0.84725173738433124),
+    42: (0.79654298428784598, 0.18343478789336848, 0.77969099761266125, 0.59685016158005655),
+    4294967295: (0.11160666544400902, 0.56269337421105781, 0.52632130700839574, 0.77061474201735192),
+}
+
+
+@pytest.mark.parametrize("seed", sorted(LIBSTDCXX_DRAWS))
+def test_draws_equal_libstdcxx_bit_for_bit(seed):
+    rng = SynthRng(seed)
+    assert tuple(rng.uniform() for _ in range(4)) == LIBSTDCXX_DRAWS[seed]

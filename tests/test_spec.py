@@ -239,3 +239,11 @@ LIBSTDCXX_DRAWS = {
 def test_draws_equal_libstdcxx_bit_for_bit(seed):
     rng = SynthRng(seed)
     assert tuple(rng.uniform() for _ in range(4)) == LIBSTDCXX_DRAWS[seed]
+
+
+def test_rates_equal_llama_cpps_bit_for_bit():
+    """common_speculative_synth_rates_resolve's bisection and products, n_max 3, replayed in C++ (g++ 13, %.17g)."""
+    assert synth_rates(SpecConfig("draft-mtp", 3, synth_len=2.5)) == \
+        (0.69141397986095399, 0.47805329154716369, 0.33053272889425339)
+    assert synth_rates(SpecConfig("draft-mtp", 3, synth_len=1.5)) == \
+        (0.3425080314045772, 0.11731175157663884, 0.040180217093137377)

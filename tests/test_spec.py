@@ -247,3 +247,21 @@ def test_rates_equal_llama_cpps_bit_for_bit():
         (0.69141397986095399, 0.47805329154716369, 0.33053272889425339)
     assert synth_rates(SpecConfig("draft-mtp", 3, synth_len=1.5)) == \
         (0.3425080314045772, 0.11731175157663884, 0.040180217093137377)
+
+
+def test_acceptance_counts_equal_llama_servers():
+    """One seeded request through llama-server 0c1e570 per case (compat/gen_synth_goldens.py): replaying its draft
+    schedule (min(n_max, tokens left - 1) drafts per step after the prompt's token, get_n_draft_max) through
+    synth_acceptor gives its draft_n and draft_n_accepted exactly."""
+    import json
+    from pathlib import Path
+    rows = json.loads((Path(__file__).resolve().parents[1] / "compat/goldens/synth_acceptance.json").read_text())
+    assert len(rows) == 5
+    for r in rows:
+        accept = synth_acceptor(SpecConfig("draft-mtp", r["n_max"], synth_len=r["synth_len"]), r["seed"], frozenset())
+        n_decoded, drafted, accepted = 1, 0, 0
+        while n_decoded < r["n_predict"]:
+            k = min(r["n_max"], r["n_predict"] - n_decoded - 1)
+            a = accept(list(range(100, 100 + k))) if k > 0 else 0
+            drafted, accepted, n_decoded = drafted + k, accepted + a, n_decoded + a + 1
+        assert (drafted, accepted) == (r["draft_n"], r["draft_n_accepted"]), r

@@ -25,9 +25,9 @@ MTP speculative decoding (issue 19), llama.cpp 0c1e570 built from its own tree (
 llama-bench has no --spec-* flags (0c1e570 either), so this mode measures the servers: llama-server (DIR/native/bin)
 and llamacmp-server, each started once per setting (MTP off, then MTP on at each synthetic acceptance length; without
 --spec-synth-len at the file's own acceptance) with -np = the most streams, and the same flags. Per setting: the
-decode rate of 1 stream and the aggregate of N concurrent streams (server_vs_llamacpp.measure: greedy, ignore_eos,
-n_predict tokens each, "steady" = while every stream generated), and the mean accepted length from each server's
-/metrics (spec_decode_* counters). Prints the table (llamacmp / llama.cpp, and each engine's MTP-on / MTP-off).
+decode rate of 1 stream (the server's timings.predicted_per_second, median of -r requests) and the aggregate of N
+concurrent streams (server_vs_llamacpp.measure: greedy, ignore_eos, -n tokens each; all tokens over the wall time,
+"steady" in the JSON), and the mean accepted length from each server's /metrics (spec_decode_* counters). Prints the table (llamacmp / llama.cpp, and each engine's MTP-on / MTP-off).
 """
 from __future__ import annotations
 
@@ -250,6 +250,24 @@ def draft_mean_len(url: str) -> float:
     return 1.0 + float(values.get("llamacpp:spec_decode_num_accepted_tokens_total", 0)) / steps if steps else 1.0
 
 
+def single_stream_tps(url: str, prompt: list[int], n: int, reps: int, extra: dict | None) -> float:
+    """The server's own decode rate of one greedy request (timings.predicted_per_second: tokens after the first
+    over their time, the same definition in both servers), median of `reps` after a short warm-up."""
+    import statistics
+    import httpx
+    body = {"prompt": prompt, "temperature": 0, "ignore_eos": True, "cache_prompt": False, **(extra or {})}
+    httpx.post(url + "/completion", json={**body, "n_predict": 8}, timeout=600).raise_for_status()
+    rates = []
+    for _ in range(reps):
+        r = httpx.post(url + "/completion", json={**body, "n_predict": n}, timeout=600)
+        r.raise_for_status()
+        t = r.json()["timings"]
+        if t["predicted_n"] != n:
+            raise RuntimeError(f"{url}: {t['predicted_n']} tokens generated, not {n}")
+        rates.append(float(t["predicted_per_second"]))
+    return statistics.median(rates)
+
+
 def spec_side_by_side(args, llama_server: Path) -> dict:
     """-> {engine: {setting: {"streams": {N: measure()'s figures}, "mean_len": L}}}, each server alone on the GPU."""
     import server_vs_llamacpp as sv
@@ -270,26 +288,27 @@ def spec_side_by_side(args, llama_server: Path) -> dict:
             log = Path(f"/tmp/mtp-{engine}-{label.replace(' ', '_')}.log")
             with sv.Server(argv_of(port, flags), port, log, e) as srv:
                 srv.wait_ready(args.load_timeout)
-                figs = {n: sv.measure(srv.url, texts[:n], args.n_predict, extra) for n in streams}
-                out.setdefault(engine, {})[label] = {
-                    "streams": {n: {k: f[k] for k in ("steady_tps", "wall_tps", "tokens", "per_stream")}
-                                for n, f in figs.items()},
-                    "mean_len": draft_mean_len(srv.url)}
-            print(f"{engine} {label}: " + ", ".join(f"{n} stream(s) {f['steady_tps']:.1f} t/s"
-                                                    for n, f in figs.items()), flush=True)
+                figs = {n: {"tps": single_stream_tps(srv.url, texts[0], int(args.n), int(args.r), extra)}
+                        if n == 1 else {"tps": (m := sv.measure(srv.url, texts[:n], int(args.n), extra))["wall_tps"],
+                                        **{k: m[k] for k in ("steady_tps", "wall_tps", "tokens", "per_stream")}}
+                        for n in streams}
+                out.setdefault(engine, {})[label] = {"streams": figs, "mean_len": draft_mean_len(srv.url)}
+            print(f"{engine} {label}: " + ", ".join(f"{n} stream(s) {f['tps']:.1f} t/s" for n, f in figs.items()),
+                  flush=True)
     return out
 
 
 def spec_table(res: dict) -> str:
-    """One row per (setting, streams): both engines' steady t/s, llamacmp / llama.cpp, each engine's on / off."""
+    """One row per (setting, streams): both engines' t/s (1 stream: the server's decode rate; N: all tokens of N
+    concurrent streams over the wall time), llamacmp / llama.cpp, each engine's MTP on / off."""
     head = ("| setting | streams | llama.cpp t/s | llamacmp t/s | llamacmp / llama.cpp | llama.cpp on/off | "
             "llamacmp on/off | mean len llama.cpp | mean len llamacmp |")
     lines = [head, "|" + "---|" * 9]
     a, b = res["llama.cpp"], res["llamacmp"]
     for label in a:
         for n in a[label]["streams"]:
-            x, y = a[label]["streams"][n]["steady_tps"], b[label]["streams"][n]["steady_tps"]
-            x0, y0 = a["off"]["streams"][n]["steady_tps"], b["off"]["streams"][n]["steady_tps"]
+            x, y = a[label]["streams"][n]["tps"], b[label]["streams"][n]["tps"]
+            x0, y0 = a["off"]["streams"][n]["tps"], b["off"]["streams"][n]["tps"]
             lines.append(f"| {label} | {n} | {x:.1f} | {y:.1f} | {y / x:.2f}x | {x / x0:.2f}x | {y / y0:.2f}x | "
                          f"{a[label]['mean_len']:.2f} | {b[label]['mean_len']:.2f} |")
     return "\n".join(lines)

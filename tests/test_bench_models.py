@@ -151,7 +151,7 @@ def test_mtp_side_by_side_settings_and_table():
     assert side_by_side.spec_settings(a)[1] == ("mtp", ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"])
 
     def fig(t1, t4, mean):
-        return {"streams": {1: {"steady_tps": t1}, 4: {"steady_tps": t4}}, "mean_len": mean}
+        return {"streams": {1: {"tps": t1}, 4: {"tps": t4}}, "mean_len": mean}
     res = {"llama.cpp": {"off": fig(100.0, 300.0, 1.0), "mtp L2.5": fig(150.0, 240.0, 2.5)},
            "llamacmp": {"off": fig(200.0, 600.0, 1.0), "mtp L2.5": fig(340.0, 660.0, 2.4)}}
     rows = side_by_side.spec_table(res).splitlines()[2:]

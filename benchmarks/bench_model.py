@@ -56,9 +56,12 @@ def bench_vocab(vocab_cache: str | None = None):
     return PlaceholderVocab([f"<t{i}>" for i in range(n)], [], [1] * n)
 
 
-def make_9b(path: str, vocab_cache: str | None = None, shape: str = "9b") -> None:
+def make_9b(path: str, vocab_cache: str | None = None, shape: str = "9b", mtp: bool = False) -> None:
+    """mtp: with the MTP block (the writer's Shape.mtp, issue 19)."""
+    from dataclasses import replace
     from llamacmp.fixtures.writer import SHAPES, write_model
-    write_model(path, SHAPES[shape], "q8_0", bench_vocab(vocab_cache), name=f"llamacmp-bench-{shape}-q8_0")
+    s = replace(SHAPES[shape], mtp=True) if mtp else SHAPES[shape]
+    write_model(path, s, "q8_0", bench_vocab(vocab_cache), name=f"llamacmp-bench-{shape}{'-mtp' * mtp}-q8_0")
 
 
 def load(path: str, be: CudaBackend):

@@ -18,6 +18,16 @@ instruction remains. Its build folder is standin-notc/ (the older 610-patched st
 mma.sync MMQ and cuBLAS HGMMA). Prints one table with every tool's t/s and llamacmp's ratio to each llama.cpp build.
 --make-9b writes the model with the real Qwen3.5 vocabulary (--vocab-cache, see bench_model.py): llama-bench refuses
 a file without merges.
+
+MTP speculative decoding (issue 19), llama.cpp 0c1e570 built from its own tree (--build-info 0c1e570:0):
+    python3 benchmarks/side_by_side.py --model M.gguf [--make-9b --mtp] --build-dir DIR --prebuilt \
+           --spec-type draft-mtp --spec-draft-n-max 3 --spec-synth-len 1,1.5,2.5,3.5 [--streams 1,4] [-n 128]
+llama-bench has no --spec-* flags (0c1e570 either), so this mode measures the servers: llama-server (DIR/native/bin)
+and llamacmp-server, each started once per setting (MTP off, then MTP on at each synthetic acceptance length; without
+--spec-synth-len at the file's own acceptance) with -np = the most streams, and the same flags. Per setting: the
+decode rate of 1 stream (the server's timings.predicted_per_second, median of -r requests) and the aggregate of N
+concurrent streams (server_vs_llamacpp.measure: greedy, ignore_eos, -n tokens each; all tokens over the wall time,
+"steady" in the JSON), and the mean accepted length from each server's /metrics (spec_decode_* counters). Prints the table (llamacmp / llama.cpp, and each engine's MTP-on / MTP-off).
 """
 from __future__ import annotations
 
@@ -155,14 +165,18 @@ def check_no_tensor_cores(build: Path) -> int:
     return len(objects)
 
 
-def build_tools(tree: Path, build: Path, targets: list[str], jobs: int, extra_flags: list[str]) -> Path:
-    """Configures (once) and builds the given llama.cpp targets; returns the bin/ folder."""
+def build_tools(tree: Path, build: Path, targets: list[str], jobs: int, extra_flags: list[str],
+                info: str = "49bfddeca:8462") -> Path:
+    """Configures (once) and builds the given llama.cpp targets; returns the bin/ folder. info: COMMIT:NUMBER the
+    binaries report (the trees come without .git)."""
     if all((build / "bin" / t).exists() for t in targets):
         return build / "bin"
+    commit, number = info.split(":")
+    # no prebuilt web UI: it would be downloaded (the GPU machine has no network); the page is not measured
     flags = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90",
              "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-             "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_COMMIT=49bfddeca",
-             "-DLLAMA_BUILD_NUMBER=8462", *extra_flags]
+             "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", f"-DLLAMA_BUILD_COMMIT={commit}",
+             f"-DLLAMA_BUILD_NUMBER={number}", "-DLLAMA_USE_PREBUILT_UI=OFF", *extra_flags]
     if not (build / "build.ninja").exists():
         subprocess.run(["cmake", "-S", str(tree), "-B", str(build), *flags], check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", str(build), "--target", *targets, "-j", str(jobs)],
@@ -170,12 +184,12 @@ def build_tools(tree: Path, build: Path, targets: list[str], jobs: int, extra_fl
     return build / "bin"
 
 
-def build_all(builds: dict[str, tuple[Path, Path, list[str], list[str]]]) -> dict[str, Path]:
+def build_all(builds: dict[str, tuple[Path, Path, list[str], list[str]]], info: str) -> dict[str, Path]:
     """Builds every tree at once: each cmake --build gets all cores (ninja keeps them busy through the few
     long template-instance files that would otherwise leave cores idle at the end of a single build)."""
     jobs = os.cpu_count() or 4
     with ThreadPoolExecutor(len(builds)) as pool:
-        futures = {name: pool.submit(build_tools, src, build, targets, jobs, flags)
+        futures = {name: pool.submit(build_tools, src, build, targets, jobs, flags, info)
                    for name, (src, build, targets, flags) in builds.items()}
         return {name: f.result() for name, f in futures.items()}
 
@@ -217,7 +231,89 @@ def build(args, folders: dict[str, Path]) -> dict[str, Path]:
     if args.standin:
         builds["llama.cpp no-TC stand-in"] = (standin_tree(tree, args.build_dir),
                                               folders["llama.cpp no-TC stand-in"], ["llama-bench"], STANDIN_CMAKE)
-    return build_all(builds)
+    return build_all(builds, args.build_info)
+
+
+# --- MTP speculative decoding through the servers (llama-bench has no --spec-* flags) ------------------------------
+
+def spec_settings(args) -> list[tuple[str, list[str]]]:
+    """(label, server flags): MTP off, then MTP on at each --spec-synth-len (or at the file's own acceptance)."""
+    on = ["--spec-type", args.spec_type, "--spec-draft-n-max", str(args.spec_draft_n_max)]
+    lens = [x for x in args.spec_synth_len.split(",") if x]
+    return [("off", [])] + ([(f"mtp L{x}", on + ["--spec-synth-len", x]) for x in lens] or [("mtp", on)])
+
+
+def draft_mean_len(url: str) -> float:
+    """1 + accepted drafts per verification, from the server's /metrics (0c1e570's spec_decode_* counters)."""
+    import httpx
+    values = dict(line.rsplit(" ", 1) for line in httpx.get(url + "/metrics", timeout=30).text.splitlines()
+                  if line.startswith("llamacpp:spec_decode_"))
+    steps = float(values.get("llamacpp:spec_decode_num_drafts_total", 0))
+    return 1.0 + float(values.get("llamacpp:spec_decode_num_accepted_tokens_total", 0)) / steps if steps else 1.0
+
+
+def single_stream_tps(url: str, prompt: list[int], n: int, reps: int, extra: dict | None) -> float:
+    """The server's own decode rate of one greedy request (timings.predicted_per_second: tokens after the first
+    over their time, the same definition in both servers), median of `reps` after a short warm-up."""
+    import statistics
+    import httpx
+    body = {"prompt": prompt, "temperature": 0, "ignore_eos": True, "cache_prompt": False, **(extra or {})}
+    httpx.post(url + "/completion", json={**body, "n_predict": 8}, timeout=600).raise_for_status()
+    rates = []
+    for _ in range(reps):
+        r = httpx.post(url + "/completion", json={**body, "n_predict": n}, timeout=600)
+        r.raise_for_status()
+        t = r.json()["timings"]
+        if t["predicted_n"] != n:
+            raise RuntimeError(f"{url}: {t['predicted_n']} tokens generated, not {n}")
+        rates.append(float(t["predicted_per_second"]))
+    return statistics.median(rates)
+
+
+def spec_side_by_side(args, llama_server: Path) -> dict:
+    """-> {engine: {setting: {"streams": {N: measure()'s figures}, "mean_len": L}}}, each server alone on the GPU."""
+    import server_vs_llamacpp as sv
+    model = str(args.model)
+    streams = [int(x) for x in args.streams.split(",")]
+    np_, ctx = max(streams), max(streams) * args.ctx_slot
+    texts = sv.prompts(np_, sv.vocab_size(model))
+    ban = {"logit_bias": [[i, False] for i in sv.malformed_utf8_ids(model)]}   # llama-server's streams need it
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(sv.ROOT), os.environ.get("PYTHONPATH")])))
+    engines = {"llama.cpp": (lambda port, flags: sv.llama_server_argv(str(llama_server), model, port, np_, ctx,
+                                                                       flags + ["--metrics"]), None, ban),
+               "llamacmp": (lambda port, flags: sv.llamacmp_argv(model, port, np_, ctx, flags + ["--metrics"]),
+                            env, None)}
+    out: dict = {}
+    for engine, (argv_of, e, extra) in engines.items():
+        for label, flags in spec_settings(args):
+            port = sv.free_port()
+            log = Path(f"/tmp/mtp-{engine}-{label.replace(' ', '_')}.log")
+            with sv.Server(argv_of(port, flags), port, log, e) as srv:
+                srv.wait_ready(args.load_timeout)
+                figs = {n: {"tps": single_stream_tps(srv.url, texts[0], int(args.n), int(args.r), extra)}
+                        if n == 1 else {"tps": (m := sv.measure(srv.url, texts[:n], int(args.n), extra))["wall_tps"],
+                                        **{k: m[k] for k in ("steady_tps", "wall_tps", "tokens", "per_stream")}}
+                        for n in streams}
+                out.setdefault(engine, {})[label] = {"streams": figs, "mean_len": draft_mean_len(srv.url)}
+            print(f"{engine} {label}: " + ", ".join(f"{n} stream(s) {f['tps']:.1f} t/s" for n, f in figs.items()),
+                  flush=True)
+    return out
+
+
+def spec_table(res: dict) -> str:
+    """One row per (setting, streams): both engines' t/s (1 stream: the server's decode rate; N: all tokens of N
+    concurrent streams over the wall time), llamacmp / llama.cpp, each engine's MTP on / off."""
+    head = ("| setting | streams | llama.cpp t/s | llamacmp t/s | llamacmp / llama.cpp | llama.cpp on/off | "
+            "llamacmp on/off | mean len llama.cpp | mean len llamacmp |")
+    lines = [head, "|" + "---|" * 9]
+    a, b = res["llama.cpp"], res["llamacmp"]
+    for label in a:
+        for n in a[label]["streams"]:
+            x, y = a[label]["streams"][n]["tps"], b[label]["streams"][n]["tps"]
+            x0, y0 = a["off"]["streams"][n]["tps"], b["off"]["streams"][n]["tps"]
+            lines.append(f"| {label} | {n} | {x:.1f} | {y:.1f} | {y / x:.2f}x | {x / x0:.2f}x | {y / y0:.2f}x | "
+                         f"{a[label]['mean_len']:.2f} | {b[label]['mean_len']:.2f} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -240,13 +336,32 @@ def main() -> None:
     p.add_argument("-d", default="0", help="depths for a separate tg-only run (0: none), e.g. 32768")
     p.add_argument("-r", default="2")
     p.add_argument("--out", type=Path)
+    p.add_argument("--build-info", default="49bfddeca:8462",
+                   help="COMMIT:NUMBER the llama.cpp build reports (0c1e570:0 for llama-cpp-python 0.3.36's tree)")
+    p.add_argument("--mtp", action="store_true", help="with --make-9b: the model gets an MTP block")
+    p.add_argument("--spec-type", choices=["draft-mtp"],
+                   help="MTP side by side through llama-server and llamacmp-server (see the module help)")
+    p.add_argument("--spec-draft-n-max", type=int, default=3)
+    p.add_argument("--spec-synth-len", default="", help="comma-separated synthetic acceptance lengths")
+    p.add_argument("--streams", default="1,4", help="with --spec-type: concurrent streams per measurement")
+    p.add_argument("--ctx-slot", type=int, default=1024, help="with --spec-type: context per server slot")
+    p.add_argument("--load-timeout", type=float, default=900)
     args = p.parse_args()
+    if args.mtp and not args.make_9b:
+        p.error("--mtp writes the model's MTP block: it needs --make-9b")
+    only_spec = [f"--{k.replace('_', '-')}" for k in ("spec_draft_n_max", "spec_synth_len", "streams", "ctx_slot")
+                 if getattr(args, k) != p.get_default(k)]
+    if only_spec and not args.spec_type:
+        p.error(f"{', '.join(only_spec)}: only with --spec-type draft-mtp (the servers' MTP comparison)")
+    if args.spec_type and "llama-server" not in args.native_targets:
+        args.native_targets += ",llama-server"
     folders = {"llama.cpp native": args.build_dir / "native"}
     if args.standin:
         folders["llama.cpp no-TC stand-in"] = args.build_dir / "standin-notc"
     if args.prebuilt:
         bins = {name: folder / "bin" for name, folder in folders.items()}
-        missing = [str(b / "llama-bench") for b in bins.values() if not (b / "llama-bench").exists()]
+        tool = "llama-server" if args.spec_type else "llama-bench"
+        missing = [str(b / tool) for b in bins.values() if not (b / tool).exists()]
         if missing:
             raise SystemExit(f"--prebuilt: not found: {', '.join(missing)}")
     else:
@@ -261,7 +376,15 @@ def main() -> None:
         raise SystemExit("--model is required unless --build-only")
     if args.make_9b and not args.model.exists():
         from bench_model import make_9b
-        make_9b(str(args.model), args.vocab_cache)
+        make_9b(str(args.model), args.vocab_cache, mtp=args.mtp)
+    if args.spec_type:
+        res = spec_side_by_side(args, bins["llama.cpp native"] / "llama-server")
+        text = spec_table(res)
+        print(text)
+        if args.out:
+            args.out.write_text(text + "\n")
+            args.out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+        return
     # llama-bench runs every -p/-n/-d combination: prompt runs at depth 0, and tg alone at each extra depth.
     common = ["-m", str(args.model), "-r", args.r, "-ngl", "99", "-fa", "1"]
     runs = [["-p", args.p, "-n", args.n, "-d", "0"]]

@@ -22,6 +22,8 @@ from .split.bridges import BRIDGES as SPLIT_BRIDGES
 from .backends.routes import HW_ROUTES
 from .params import Params, tool_defaults
 from .sampling import parse_sampler_letters, parse_sampler_names
+from .spec import parse_synth_len, parse_synth_rates
+from .spec import parse_type as parse_spec_type
 
 ALL = frozenset({"cli", "completion", "server", "perplexity", "bench"})
 KC = frozenset({"cli", "completion"})
@@ -170,7 +172,6 @@ PLACEMENT = ("llamacmp keeps every weight and the KV cache on the GPU (or in num
              "memory, not results, and the memory plan refuses what does not fit")
 LOADING = "llamacmp maps the GGUF read-only with numpy.memmap and copies the weights to the device once"
 DENSE = "the qwen35 models llamacmp runs are dense: there are no expert weights to place"
-SPEC = "speculative decoding (draft model, n-gram, MTP) is not supported by llamacmp yet"
 DOWNLOAD = "llamacmp does not download: download the GGUF and pass -m, or -hf for one already in the local cache"
 PRESET = "this preset downloads a model; " + DOWNLOAD
 ROUTER = "router mode (several models) is not supported by llamacmp: start one server per model with -m"
@@ -183,40 +184,6 @@ CORS = "llamacmp-server answers every origin, as llama-server b8462 did; CORS se
 AGENT = "llama-server's built-in agent tools and MCP servers are not supported by llamacmp"
 NO_VIDEO = "llamacmp takes no video input (--video is refused)"
 PPL_ONLY = "llamacmp-perplexity computes perplexity only; this benchmark is not supported yet"
-SPEC_FLAGS = (  # (names, value hint) of every speculative-decoding option of b8462 and 0c1e570
-    (("--draft", "--draft-n", "--draft-max", "--spec-draft-n-max"), "N"),
-    (("--draft-min", "--draft-n-min", "--spec-draft-n-min"), "N"),
-    (("--draft-p-min", "--spec-draft-p-min"), "P"), (("--spec-draft-p-split", "--draft-p-split"), "P"),
-    (("-cd", "--ctx-size-draft"), "N"), (("-devd", "--device-draft", "--spec-draft-device"), "<dev1,dev2,..>"),
-    (("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"), "N"),
-    (("-cmoed", "--cpu-moe-draft", "--spec-draft-cpu-moe"), ""),
-    (("-ncmoed", "--n-cpu-moe-draft", "--spec-draft-n-cpu-moe", "--spec-draft-ncmoe"), "N"),
-    (("-otd", "--override-tensor-draft", "--spec-draft-override-tensor"), "<pattern>=<buffer type>,..."),
-    (("-td", "--threads-draft", "--spec-draft-threads"), "N"),
-    (("-tbd", "--threads-batch-draft", "--spec-draft-threads-batch"), "N"),
-    (("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"), "<user>/<model>[:quant]"),
-    (("-ctkd", "--cache-type-k-draft", "--spec-draft-type-k"), "TYPE"),
-    (("-ctvd", "--cache-type-v-draft", "--spec-draft-type-v"), "TYPE"),
-    (("--spec-draft-cpu-mask", "-Cd", "--cpu-mask-draft"), "M"),
-    (("--spec-draft-cpu-mask-batch", "-Cbd", "--cpu-mask-batch-draft"), "M"),
-    (("--spec-draft-cpu-range", "-Crd", "--cpu-range-draft"), "lo-hi"),
-    (("--spec-draft-cpu-range-batch", "-Crbd", "--cpu-range-batch-draft"), "lo-hi"),
-    (("--spec-draft-cpu-strict", "--cpu-strict-draft"), "<0|1>"),
-    (("--spec-draft-cpu-strict-batch", "--cpu-strict-batch-draft"), "<0|1>"),
-    (("--spec-draft-poll", "--poll-draft"), "<0|1>"), (("--spec-draft-poll-batch", "--poll-batch-draft"), "<0|1>"),
-    (("--spec-draft-prio", "--prio-draft"), "N"), (("--spec-draft-prio-batch", "--prio-batch-draft"), "N"),
-    (("--spec-draft-backend-sampling", "--no-spec-draft-backend-sampling"), ""),
-    (("--spec-default",), ""), (("--spec-type",), "TYPE"), (("--spec-replace",), "TARGET DRAFT"),
-    (("--spec-synth-len",), "N"), (("--spec-synth-rates",), "RATES"),
-    (("--spec-ngram-size-n",), "N"), (("--spec-ngram-size-m",), "N"), (("--spec-ngram-min-hits",), "N"),
-    (("--spec-ngram-simple-size-n",), "N"), (("--spec-ngram-simple-size-m",), "N"),
-    (("--spec-ngram-simple-min-hits",), "N"), (("--spec-ngram-map-k-size-n",), "N"),
-    (("--spec-ngram-map-k-size-m",), "N"), (("--spec-ngram-map-k-min-hits",), "N"),
-    (("--spec-ngram-map-k4v-size-n",), "N"), (("--spec-ngram-map-k4v-size-m",), "N"),
-    (("--spec-ngram-map-k4v-min-hits",), "N"), (("--spec-ngram-mod-n-match",), "N"),
-    (("--spec-ngram-mod-n-min",), "N"), (("--spec-ngram-mod-n-max",), "N"),
-    (("-lcs", "--lookup-cache-static"), "FNAME"), (("-lcd", "--lookup-cache-dynamic"), "FNAME"),
-)
 
 
 def _noop(*names: str, why: str, value: str = "", tools=ALL, env: str = "", neg: tuple[str, ...] = ()) -> Option:
@@ -281,8 +248,113 @@ def O(*names: str, **kw) -> Option:  # noqa: E743 - short constructor keeps the 
     return Option(names=names, **kw)
 
 
-def _unsup(*names: str, why: str, value: str = "", tools=ALL, env: str = "") -> Option:
-    return Option(names=names, help=why, value=value, tools=tools, env=env, unsupported=why)
+def _unsup(*names: str, why: str, value: str = "", tools=ALL, env: str = "", env_old: str = "") -> Option:
+    return Option(names=names, help=why, value=value, tools=tools, env=env, env_old=env_old, unsupported=why)
+
+
+# -- speculative decoding: 0c1e570's --spec-* names, b8462's --draft-* where 0c1e570 dropped them ------------------
+
+DRAFT_FILES = ("llamacmp drafts only with the model's own MTP head (--spec-type draft-mtp); separate draft model "
+               "files are not supported")
+NGRAM = "n-gram speculative decoding is not supported by llamacmp (--spec-type draft-mtp is)"
+DRAFT_CPU = CPU_THREADS + "; the MTP head runs with the main model"
+
+
+def _set_spec(name: str) -> Callable[[Params, Any], None]:
+    def apply(p: Params, v: Any) -> None:
+        p.spec = replace(p.spec, **{name: v})
+    return apply
+
+
+def _add_spec_type(p: Params, v: str) -> None:
+    """llama.cpp appends each --spec-type list to the types already set: a later `none` turns nothing off."""
+    if v != "none":
+        p.spec = replace(p.spec, type=v)
+
+
+def _n_max(s: str) -> int:
+    n = to_int(s)
+    if n < 0:
+        raise ValueError("invalid value")
+    return n
+
+
+def _spec_without_type(p: Params) -> list[str]:
+    """--spec-draft-* settings change nothing while no --spec-type turns drafting on (llama.cpp is silent; we say
+    it, so that a forgotten --spec-type is not mistaken for a slow draft)."""
+    if p.spec.enabled:
+        return []
+    return [f"llamacmp: {o.names[0]} changes nothing here: no --spec-type draft-mtp" for o in SPEC_OPTIONS
+            if o.names[0].startswith("--spec-draft-n") or o.names[0] == "--spec-draft-p-min"
+            if (o.dest or o.names[-1]) in p.user_set]
+
+
+SPEC_OPTIONS: tuple[Option, ...] = (
+    O("--spec-type", value="[none|draft-mtp]", parse=parse_spec_type, apply=_add_spec_type, env="LLAMA_ARG_SPEC_TYPE",
+      tools=KCS, help="comma-separated list of types of speculative decoding to use (default: none)\nllamacmp runs "
+      "draft-mtp, the model's own multi-token-prediction head; llama.cpp's other types are refused by name"),
+    O("--spec-draft-n-max", "--draft", "--draft-n", "--draft-max", value="N", parse=_n_max, apply=_set_spec("n_max"),
+      env="LLAMA_ARG_SPEC_DRAFT_N_MAX", env_old="LLAMA_ARG_DRAFT_MAX", tools=KCS,
+      help="number of tokens to draft for speculative decoding (default: 3)\n--draft, --draft-n, --draft-max: "
+      "b8462's names (0c1e570 removed them)"),
+    O("--spec-draft-n-min", "--draft-min", "--draft-n-min", value="N", parse=to_int, apply=_set_spec("n_min"),
+      env="LLAMA_ARG_SPEC_DRAFT_N_MIN", env_old="LLAMA_ARG_DRAFT_MIN", tools=KCS,
+      help="minimum number of draft tokens to use for speculative decoding (default: 0)"),
+    O("--spec-draft-p-min", "--draft-p-min", value="P", parse=to_float, apply=_set_spec("p_min"),
+      env="LLAMA_ARG_SPEC_DRAFT_P_MIN", env_old="LLAMA_ARG_DRAFT_P_MIN", tools=KCS,
+      help="minimum speculative decoding probability (greedy) (default: 0.00)"),
+    O("--spec-synth-len", value="L", parse=parse_synth_len, apply=_set_spec("synth_len"),
+      env="LLAMA_ARG_SPEC_SYNTH_LEN", tools=KCS,
+      help="target mean synthetic acceptance length, including the target token (benchmarking only)"),
+    O("--spec-synth-rates", value="P0,P1,...", parse=parse_synth_rates, apply=_set_spec("synth_rates"),
+      env="LLAMA_ARG_SPEC_SYNTH_RATES", tools=KCS,
+      help="comma-separated unconditional per-position synthetic acceptance probabilities (benchmarking only)"),
+    _noop("--spec-draft-p-split", "--draft-p-split", value="P", env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT", tools=KCS,
+          why="llama-server and llama-cli do not read it either (only llama.cpp's tree-speculative example does)"),
+    _noop("--spec-draft-backend-sampling", neg=("--no-spec-draft-backend-sampling",), tools=KCS,
+          env="LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING",
+          why="llamacmp has no separate draft sampler: the engine picks the draft tokens on its own backend"),
+    *(_noop(*names, value=value, tools=KCS, why=DRAFT_CPU) for names, value in (
+        (("--spec-draft-threads", "-td", "--threads-draft"), "N"),
+        (("--spec-draft-threads-batch", "-tbd", "--threads-batch-draft"), "N"),
+        (("--spec-draft-cpu-mask", "-Cd", "--cpu-mask-draft"), "M"),
+        (("--spec-draft-cpu-mask-batch", "-Cbd", "--cpu-mask-batch-draft"), "M"),
+        (("--spec-draft-cpu-range", "-Crd", "--cpu-range-draft"), "lo-hi"),
+        (("--spec-draft-cpu-range-batch", "-Crbd", "--cpu-range-batch-draft"), "lo-hi"),
+        (("--spec-draft-cpu-strict", "--cpu-strict-draft"), "<0|1>"),
+        (("--spec-draft-cpu-strict-batch", "--cpu-strict-batch-draft"), "<0|1>"),
+        (("--spec-draft-poll", "--poll-draft"), "<0|1>"), (("--spec-draft-poll-batch", "--poll-batch-draft"), "<0|1>"),
+        (("--spec-draft-prio", "--prio-draft"), "N"), (("--spec-draft-prio-batch", "--prio-batch-draft"), "N"))),
+    _noop("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", value="N", tools=KCS,
+          env="LLAMA_ARG_N_GPU_LAYERS_DRAFT", why=PLACEMENT),
+    _noop("--spec-draft-override-tensor", "-otd", "--override-tensor-draft", tools=KCS,
+          value="<tensor name pattern>=<buffer type>,...", why=PLACEMENT),
+    _noop("--spec-draft-cpu-moe", "-cmoed", "--cpu-moe-draft", env="LLAMA_ARG_SPEC_DRAFT_CPU_MOE", tools=KCS,
+          why=DENSE),
+    _noop("--spec-draft-n-cpu-moe", "--spec-draft-ncmoe", "-ncmoed", "--n-cpu-moe-draft", value="N", tools=KCS,
+          env="LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE", why=DENSE),
+    *(_default_only(*names, default="f16", value="TYPE", parse=str,
+                    why="llamacmp has no separate KV cache type for the draft")
+      for names in (("--spec-draft-type-k", "-ctkd", "--cache-type-k-draft"),
+                    ("--spec-draft-type-v", "-ctvd", "--cache-type-v-draft"))),
+    _unsup("--spec-draft-model", "-md", "--model-draft", value="FNAME", env="LLAMA_ARG_SPEC_DRAFT_MODEL",
+           env_old="LLAMA_ARG_MODEL_DRAFT", tools=KCS, why=DRAFT_FILES),
+    _unsup("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft", value="<user>/<model>[:quant]",
+           env="LLAMA_ARG_SPEC_DRAFT_HF_REPO", why=DRAFT_FILES),
+    _unsup("-cd", "--ctx-size-draft", value="N", env="LLAMA_ARG_CTX_SIZE_DRAFT", tools=KCS, why=DRAFT_FILES),
+    _unsup("--spec-replace", value="TARGET DRAFT", tools=KCS, why=DRAFT_FILES),
+    _unsup("--spec-draft-device", "-devd", "--device-draft", value="<dev1,dev2,..>", tools=KCS,
+           why="the MTP head runs on the main model's device(s); a separate draft device list is not supported"),
+    _unsup("--spec-default", tools=KCS, why=NGRAM),
+    *(_unsup(name, value="N", tools=KCS, why=NGRAM) for name in (
+        "--spec-ngram-size-n", "--spec-ngram-size-m", "--spec-ngram-min-hits", "--spec-ngram-simple-size-n",
+        "--spec-ngram-simple-size-m", "--spec-ngram-simple-min-hits", "--spec-ngram-map-k-size-n",
+        "--spec-ngram-map-k-size-m", "--spec-ngram-map-k-min-hits", "--spec-ngram-map-k4v-size-n",
+        "--spec-ngram-map-k4v-size-m", "--spec-ngram-map-k4v-min-hits", "--spec-ngram-mod-n-match",
+        "--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max")),
+    _unsup("-lcs", "--lookup-cache-static", value="FNAME", tools=KCS, why=NGRAM),
+    _unsup("-lcd", "--lookup-cache-dynamic", value="FNAME", tools=KCS, why=NGRAM),
+)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -740,9 +812,7 @@ OPTIONS: tuple[Option, ...] = (
            "--fim-qwen-7b-spec", "--fim-qwen-14b-spec", "--fim-qwen-30b-default", tools=S, why=PRESET),
     _unsup("--gpt-oss-20b-default", "--gpt-oss-120b-default", "--vision-gemma-4b-default",
            "--vision-gemma-12b-default", tools=CS, why=PRESET),
-    # speculative decoding (b8462's --draft-* and 0c1e570's --spec-*): refused until MTP lands
-    _unsup("-md", "--model-draft", "--spec-draft-model", value="FNAME", env="LLAMA_ARG_MODEL_DRAFT", why=SPEC),
-    *(_unsup(*names, value=value, why=SPEC) for names, value in SPEC_FLAGS),
+    *SPEC_OPTIONS,
     # known llama.cpp flags we refuse, so that nobody's script silently does something else
     O("-hf", "-hfr", "--hf-repo", value="<user>/<model>[:quant]", dest="hf_repo", parse=str, env="LLAMA_ARG_HF_REPO",
       tools=ALL | TOK, help="Hugging Face model repository; quant is optional, case-insensitive, default to Q4_K_M, "
@@ -901,6 +971,7 @@ def parse_args(tool: str, argv: list[str], environ: dict | None = None) -> Parse
         p.input_prefix, p.input_suffix = process_escapes(p.input_prefix), process_escapes(p.input_suffix)
     if p.interactive_first:
         p.interactive = True
+    warnings += _spec_without_type(p)
     if p.chat_template:
         _check_chat_template(p)
     return Parsed(p, "_help" in p.user_set, "_version" in p.user_set, tuple(warnings))

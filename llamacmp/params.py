@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .sampling import SamplingParams
+from .spec import SpecConfig
 
 TOOLS = ("cli", "completion", "server", "perplexity", "tokenize", "bench")
 
@@ -133,6 +134,8 @@ class Params:
     image: list[str] = field(default_factory=list)   # --image FILE[,FILE] (cli)
     image_min_tokens: int = 0           # --image-min-tokens / --image-max-tokens: 0 = the projector's default
     image_max_tokens: int = 0
+    # speculative decoding (--spec-*; spec.py), checked in run_plan.py
+    spec: SpecConfig = field(default_factory=SpecConfig)
     # llama-server
     server: ServerParams = field(default_factory=ServerParams)
     # bookkeeping: which dests the user set (CLI or env), for the GGUF general.sampling.* rule

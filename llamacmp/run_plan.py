@@ -7,9 +7,15 @@ context the memory plan counts are the ones the engine allocates.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from . import spec
 from .kv_quant import KV_TYPES
 from .params import Params
+from .spec import SpecConfig, SpecError
+
+if TYPE_CHECKING:
+    from .loader import ModelFile
 
 
 class RunPlanError(ValueError):
@@ -26,6 +32,7 @@ class RunPlan:
     n_ubatch: int           # -ub: most prompt tokens one sequence adds in one forward
     unified: bool = False   # server: every slot may use the whole context (-kvu, default with -np auto)
     all_logits: bool = False    # perplexity: every row's logits come back
+    spec: SpecConfig = SpecConfig()     # --spec-*: checked; draft-mtp only with a file that has an MTP head
 
     @property
     def micro_batch(self) -> int:
@@ -45,16 +52,35 @@ def check_options(p: Params) -> None:
     for flag, t in (("--cache-type-k", p.cache_type_k), ("--cache-type-v", p.cache_type_v)):
         if t not in KV_TYPES:
             raise RunPlanError(f"{flag} {t} is not supported: llamacmp's KV caches are {', '.join(KV_TYPES)}")
+    try:
+        spec.check(p.spec)
+    except SpecError as e:
+        raise RunPlanError(str(e)) from None
 
 
-def plan_run(p: Params, n_ctx_train: int) -> RunPlan:
-    """p: the parsed options of any tool; n_ctx_train: the model's training context (what -c 0 means)."""
+def _checked_spec(p: Params, model: ModelFile | None) -> SpecConfig:
+    if not p.spec.enabled:
+        return p.spec
+    if model is None:
+        raise RunPlanError("--spec-type draft-mtp: the run plan needs the model file to check its MTP head")
+    f = model.gguf
+    try:
+        spec.check_model(p.spec, model.path, f.names(), int(f.metadata[f"{f.architecture}.block_count"]))
+    except SpecError as e:
+        raise RunPlanError(str(e)) from None
+    return p.spec
+
+
+def plan_run(p: Params, n_ctx_train: int, model: ModelFile | None = None) -> RunPlan:
+    """p: the parsed options of any tool; n_ctx_train: the model's training context (what -c 0 means); model: the
+    opened file, for what needs its tensors (--spec-type draft-mtp needs an MTP head)."""
     check_options(p)
+    sp = _checked_spec(p, model)
     n_ctx = p.n_ctx if p.n_ctx > 0 else n_ctx_train
     if p.tool != "server":
         return RunPlan(n_ctx, 1, p.cache_type_k, p.cache_type_v, p.n_batch, p.n_ubatch,
-                       all_logits=p.tool == "perplexity")
+                       all_logits=p.tool == "perplexity", spec=sp)
     n_slots = 4 if p.n_parallel < 0 else max(1, p.n_parallel)        # -np auto: 4 slots sharing the context
     unified = p.server.kv_unified if p.server.kv_unified is not None else p.n_parallel < 0
     return RunPlan(n_ctx if unified else max(1, n_ctx // n_slots), n_slots, p.cache_type_k, p.cache_type_v,
-                   p.n_batch, p.n_ubatch, unified)
+                   p.n_batch, p.n_ubatch, unified, spec=sp)

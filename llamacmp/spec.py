@@ -3,10 +3,31 @@
 Only `draft-mtp` (the model's own multi-token-prediction head) is run; other spec types are refused where the
 options are parsed. The `synth_*` fields are llama.cpp's benchmarking knobs (--spec-synth-len / --spec-synth-rates):
 acceptance decided synthetically instead of by comparing tokens, so a run measures the cost of a given acceptance.
+
+The synthetic rule is llama.cpp 0c1e570's (common/speculative.cpp common_speculative_synth_rates_resolve,
+tools/server/server-context.cpp server_sample_and_accept_synth): unconditional per-position rates r_i (given, or
+r_i = p^(i+1) with p chosen so that 1 + sum(r_i) = L), turned into conditional probabilities r_i / r_(i-1); draft
+position i is accepted when a uniform draw from the slot's mt19937 (seeded with the request's seed) is below its
+probability and the drafted token is not end-of-generation; the first rejection ends the run of accepted tokens.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+
+from .arg_values import Unsupported
+
+# every --spec-type name llama.cpp 0c1e570 knows (common_speculative_type_from_name_map)
+KNOWN_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
+               "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+MTP_TENSOR = "blk.{}.nextn.eh_proj.weight"      # llama.cpp's test for an MTP head (common_speculative_types_from_gguf)
+
+
+class SpecError(ValueError):
+    """Settings that cannot run together; the message names the flags."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,3 +42,175 @@ class SpecConfig:
     @property
     def enabled(self) -> bool:
         return self.type != "none"
+
+    @property
+    def synthetic(self) -> bool:
+        return self.synth_len is not None or bool(self.synth_rates)
+
+
+# -- parsing (args.py calls these; ValueError texts are llama.cpp's) ------------------------------------------------
+
+def parse_type(value: str) -> str:
+    """--spec-type a,b,..: "draft-mtp" or "none". An unknown name is llama.cpp's error; a known one llamacmp does
+    not run is refused naming it (args.Unsupported)."""
+    for name in value.split(","):       # in order, as common_speculative_types_from_names
+        if name not in KNOWN_TYPES:
+            raise ValueError(f"unknown speculative type: {name}")
+        if name == "none":               # llama.cpp: "none" ends the list and adds nothing
+            return "none"
+        if name != "draft-mtp":
+            raise Unsupported(f"error: --spec-type {name} is not supported: llamacmp runs only draft-mtp (the "
+                              "model's own multi-token-prediction head); draft models, eagle3, dflash, dspark and "
+                              "n-gram drafting are not supported")
+    return "draft-mtp"
+
+
+def _stod(text: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ValueError("stod") from None
+
+
+def parse_synth_len(value: str) -> float:
+    x = _stod(value)
+    if x == -1.0:                        # llama.cpp's "unset" marker is not a length
+        raise ValueError("invalid value")
+    return x
+
+
+def parse_synth_rates(value: str) -> tuple[float, ...]:
+    return tuple(_stod(x) for x in value.split(","))
+
+
+# -- checks once the options are known (run_plan.py) --------------------------------------------------------------
+
+def check(cfg: SpecConfig) -> SpecConfig:
+    """The combinations llama.cpp refuses when it starts (common_speculative_synth_rates_resolve), same words."""
+    if cfg.synthetic and not cfg.enabled:
+        raise SpecError("--spec-synth-len / --spec-synth-rates need --spec-type draft-mtp (synthetic acceptance "
+                        "requires an initialized speculative decoding context)")
+    if cfg.n_max < 0:
+        raise SpecError(f"--spec-draft-n-max must not be negative, got {cfg.n_max}")
+    if cfg.synthetic:
+        synth_rates(cfg)
+    return cfg
+
+
+def synth_rates(cfg: SpecConfig) -> tuple[float, ...]:
+    """The unconditional probability that draft position i is accepted, i < n_max; () without --spec-synth-*."""
+    if not cfg.synthetic:
+        return ()
+    if cfg.synth_len is not None and cfg.synth_rates:
+        raise SpecError("--spec-synth-len and --spec-synth-rates: synthetic acceptance length and rates are "
+                        "mutually exclusive")
+    n = cfg.n_max
+    if n <= 0:
+        raise SpecError("--spec-synth-*: synthetic acceptance requires at least one speculative token "
+                        "(--spec-draft-n-max >= 1)")
+    if cfg.synth_rates:
+        r = cfg.synth_rates
+        if len(r) != n:
+            raise SpecError(f"--spec-synth-rates: synthetic acceptance rates must contain {n} values, got {len(r)}")
+        if not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in r):
+            raise SpecError("--spec-synth-rates: synthetic acceptance rates must be finite and within [0, 1]")
+        if any(b > a for a, b in zip(r, r[1:])):
+            raise SpecError("--spec-synth-rates: synthetic acceptance rates must be monotonically non-increasing")
+        return r
+    length = cfg.synth_len
+    if not (math.isfinite(length) and 1.0 <= length <= n + 1):
+        raise SpecError(f"--spec-synth-len: synthetic acceptance length must be finite and within [1, {n + 1}]")
+    p = 1.0 if length == n + 1 else _geometric_p(length - 1.0, n) if length > 1.0 else 0.0
+    rates, r = [], p
+    for _ in range(n):                  # p, p*p, (p*p)*p, ... multiplied in llama.cpp's order
+        rates.append(r)
+        r *= p
+    return tuple(rates)
+
+
+def _geometric_p(target: float, n: int) -> float:
+    """p with p + p^2 + .. + p^n = target, by llama.cpp's 32 bisection steps (so the rates match to the bit)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(32):
+        mid = 0.5 * (lo + hi)
+        total, term = 0.0, mid
+        for _ in range(n):
+            total += term
+            term *= mid
+        lo, hi = (mid, hi) if total < target else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def synth_probs(cfg: SpecConfig) -> tuple[float, ...]:
+    """P(accept position i | positions < i accepted) = r_i / r_(i-1), 0 after a rate of 0."""
+    out, prev = [], 1.0
+    for r in synth_rates(cfg):
+        out.append(r / prev if prev > 0.0 else 0.0)
+        prev = r
+    return tuple(out)
+
+
+def synth_mean_len(cfg: SpecConfig) -> float:
+    """1 + sum of the rates: the mean tokens per verification, target token included (llama.cpp logs it)."""
+    return 1.0 + sum(synth_rates(cfg))
+
+
+class SynthRng:
+    """The per-slot generator of llama-server's synthetic acceptance: std::mt19937 seeded with the request's seed
+    and std::uniform_real_distribution<double>(0, 1) as libstdc++ makes it (two 32-bit outputs, low word first,
+    over 2^64), so a seeded run draws the same numbers as llama.cpp's."""
+
+    def __init__(self, seed: int):
+        self._mt = np.random.RandomState(seed & 0xFFFFFFFF)   # int seeding is mt19937's init_genrand
+
+    def uniform(self) -> float:
+        lo, hi = (int(x) for x in self._mt.randint(0, 1 << 32, size=2, dtype=np.uint32))
+        u = float(lo + (hi << 32)) / 2.0 ** 64
+        return u if u < 1.0 else math.nextafter(1.0, 0.0)
+
+
+def synth_accepted(probs: Sequence[float], draft: Sequence[int], eog: Container[int], rng: SynthRng) -> int:
+    """How many leading tokens of `draft` a synthetic verification accepts. probs: synth_probs(cfg), at least
+    len(draft) of them; eog: the end-of-generation ids (a drafted one is never accepted: it would end the
+    generation early). One draw per position looked at, as llama-server's."""
+    for i, tok in enumerate(draft):
+        if not (rng.uniform() < probs[i] and tok not in eog):
+            return i
+    return len(draft)
+
+
+def synth_acceptor(cfg: SpecConfig, seed: int, eog: Container[int]) -> Callable[[Sequence[int]], int] | None:
+    """For one request: drafts -> how many a synthetic verification accepts, drawing from its own generator
+    seeded with the request's seed (llama-server: the sampling seed, else a random one); None without
+    --spec-synth-*."""
+    if not cfg.synthetic:
+        return None
+    probs = synth_probs(cfg)
+    rng = SynthRng(seed if seed >= 0 else int(np.random.SeedSequence().entropy % (1 << 32)))
+    return lambda draft: synth_accepted(probs, draft, eog, rng)
+
+
+def synth_log_lines(cfg: SpecConfig) -> list[str]:
+    """What llama.cpp logs at start when synthetic acceptance is on (common_speculative_init); [] when off."""
+    rates = synth_rates(cfg)
+    if not rates:
+        return []
+    return ["synthetic speculative acceptance is enabled for benchmarking; generated output is not valid",
+            f"synthetic acceptance: n_max = {len(rates)}, mean length = {synth_mean_len(cfg):.6f}, "
+            f"rates = [{', '.join(f'{r:.6g}' for r in rates)}]"]
+
+
+# -- the model file -------------------------------------------------------------------------------------------------
+
+def has_mtp_head(tensor_names: Container[str], block_count: int) -> bool:
+    """llama.cpp's rule: the last block holds nextn.eh_proj."""
+    return block_count > 0 and MTP_TENSOR.format(block_count - 1) in tensor_names
+
+
+def check_model(cfg: SpecConfig, path: str, tensor_names: Container[str], block_count: int) -> None:
+    """--spec-type draft-mtp on a file without an MTP head stops the start, as llama-server 0c1e570 does ("context
+    type MTP requested but model doesn't contain MTP layers", then "failed to create MTP context")."""
+    if cfg.enabled and not has_mtp_head(tensor_names, block_count):
+        raise SpecError(f"--spec-type draft-mtp: the model file '{path}' has no MTP layers (no "
+                        f"{MTP_TENSOR.format(max(0, block_count - 1))}); drop --spec-type or use a GGUF converted "
+                        "with its MTP head")

@@ -138,3 +138,31 @@ def test_tensor_core_detector_sees_mma_and_not_dp4a(tmp_path):
         cubins.append(tmp_path / f"{name}.cubin")
     found = side_by_side.tensor_core_instructions(cubins, tool)
     assert list(found) == [str(cubins[0])] and found[str(cubins[0])].get("HMMA", 0) >= 1
+
+
+def test_mtp_side_by_side_settings_and_table():
+    """side_by_side.py --spec-type: the server flags per setting and the table's ratios (figures made up here)."""
+    import argparse
+    a = argparse.Namespace(spec_type="draft-mtp", spec_draft_n_max=2, spec_synth_len="1,2.5")
+    assert side_by_side.spec_settings(a) == [
+        ("off", []), ("mtp L1", ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2", "--spec-synth-len", "1"]),
+        ("mtp L2.5", ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2", "--spec-synth-len", "2.5"])]
+    a.spec_synth_len = ""
+    assert side_by_side.spec_settings(a)[1] == ("mtp", ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"])
+
+    def fig(t1, t4, mean):
+        return {"streams": {1: {"tps": t1}, 4: {"tps": t4}}, "mean_len": mean}
+    res = {"llama.cpp": {"off": fig(100.0, 300.0, 1.0), "mtp L2.5": fig(150.0, 240.0, 2.5)},
+           "llamacmp": {"off": fig(200.0, 600.0, 1.0), "mtp L2.5": fig(340.0, 660.0, 2.4)}}
+    rows = side_by_side.spec_table(res).splitlines()[2:]
+    assert rows[2] == "| mtp L2.5 | 1 | 150.0 | 340.0 | 2.27x | 1.50x | 1.70x | 2.50 | 2.40 |"
+    assert rows[3] == "| mtp L2.5 | 4 | 240.0 | 660.0 | 2.75x | 0.80x | 1.10x | 2.50 | 2.40 |"
+
+
+def test_side_by_side_refuses_mtp_options_without_spec_type():
+    import subprocess
+    for argv in (["--streams", "1,2"], ["--spec-synth-len", "2"], ["--mtp"]):
+        script = Path(side_by_side.__file__)
+        r = subprocess.run([sys.executable, str(script), "--model", "x.gguf", *argv],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and argv[0] in r.stderr

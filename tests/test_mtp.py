@@ -301,9 +301,10 @@ def test_scheduler_greedy_mtp_on_equals_off(lm):
     assert engine.slots[0].mtp.n_accepted > 0 and engine.slots[2].mtp.n_drafted == 0
 
 
-def test_synthetic_acceptance_hook_and_refusal(lm):
+def test_synthetic_acceptance(lm):
     """accept_tokens(synth=): the first k drafts are taken whatever the target says, then the target's own draw;
-    the --spec-synth-* flags are refused by name until the drivers pass it."""
+    through the engine, --spec-synth-len sets the acceptance (counted in the request's draft timings) and the
+    seeded draws make two runs equal."""
     from llamacmp.engine.speculative import accept_tokens
     sp = Speculator(lm.model, 3)
     st, ms = lm.backend.new_state(lm.cfg, 64), sp.new_seq(64)
@@ -316,6 +317,14 @@ def test_synthetic_acceptance_hook_and_refusal(lm):
     assert j == 3 and got[:2] == drafts[:2] and got[2] == int(np.argmax(logits[v.row + 2]))
     sp.commit(v, h, j)
     assert st.n_past == len(lm.tokenizer.encode(PROMPTS[0])) + 3
-    for synth in (dict(synth_len=2.0), dict(synth_rates=(0.5, 0.2, 0.1))):
-        with pytest.raises(SpecUnsupported, match="--spec-synth-len / --spec-synth-rates"):
-            Speculator.from_spec(lm.model, SpecConfig(type="draft-mtp", **synth))
+    spec = SpecConfig(type="draft-mtp", n_max=3, synth_len=2.5)
+    prompt = lm.tokenizer.encode(PROMPTS[0])
+    params = GenParams(SamplingParams(temp=0.0, seed=7, ignore_eos=True), n_predict=40)
+    runs = [_engine_run(lm, spec, [(prompt, params)]) for _ in range(2)]
+    (a,), engine = runs[0]
+    assert a == runs[1][0][0]
+    d = engine.perf.draft
+    assert d.steps > 5 and d.n == 3 * d.steps
+    assert 1.3 < d.mean_len < 3.7                     # 2.5 on average; a 40-token run is a short sample
+    off, _ = _engine_run(lm, None, [(prompt, params)])
+    assert a != off[0]                                # synthetic: the drafts go out whatever the target says

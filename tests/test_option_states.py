@@ -30,7 +30,7 @@ def test_noop_flags_are_said_once_each():
 
 
 @pytest.mark.parametrize("tool,argv", [
-    ("server", ["--spec-draft-n-max", "4"]), ("cli", ["--draft-max", "8"]), ("server", ["-md", "d.gguf"]),
+    ("server", ["--spec-draft-model", "d.gguf"]), ("cli", ["--spec-ngram-mod-n-max", "8"]), ("server", ["-md", "d.gguf"]),
     ("server", ["--spec-type", "ngram-simple"]), ("completion", ["--override-kv", "a=int:1"]),
     ("server", ["--cors-origins", "x"]), ("server", ["--models-dir", "/m"]), ("server", ["--tools", "all"]),
     ("perplexity", ["--hellaswag"]), ("server", ["--kv-unified-per-slot", "4096"]),
@@ -78,7 +78,7 @@ def test_binary_file_prompt_keeps_crlf(tmp_path):
 
 
 def test_tokenize_takes_the_common_options_and_says_they_do_nothing():
-    r = parse("tokenize", "-m", "x.gguf", "-p", "hi", "-ngl", "99", "-c", "4096", "--spec-draft-n-max", "4")
+    r = parse("tokenize", "-m", "x.gguf", "-p", "hi", "-ngl", "99", "-c", "4096", "-ctkd", "q8_0")
     assert r.params.n_gpu_layers == "auto" and r.params.n_ctx == 0
     assert any("-ngl changes nothing" in w and "tokenizer" in w for w in r.warnings)
 

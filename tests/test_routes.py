@@ -93,9 +93,13 @@ def test_numpy_backend_refuses_a_forced_route():
 class FakeNative:
     """What probe.py and CudaBackend.pick_routes ask of libcmpkern.so, for a card with given rates."""
 
-    def __init__(self, card: str):
+    def __init__(self, card: str, mma: bool = False):
         self.card, (self.cc, self.rates) = card, CARDS[card]
         self.runs, self.loaded = 0, set()
+        self.mma = mma          # whether "the library" has the mma GEMM for this device (cmp_mma_available)
+
+    def mma_available(self):
+        return self.mma
 
     def device_name(self):
         return self.card
@@ -173,8 +177,8 @@ def test_forced_route_sets_the_kernel_bits(tmp_path, monkeypatch, flag, decode, 
 
 
 def test_auto_route_without_tensor_core_kernels_says_so(tmp_path, monkeypatch):
-    """The probe picks mma on an H200, but this build has no tensor-core GEMM yet: DP4A, and the log says why;
-    forcing mma is refused naming the flag."""
+    """The probe picks mma on an H200, but a build without the tensor-core GEMM (a compute_70 PTX JIT-compiled
+    there): DP4A, and the log says why; forcing mma is refused naming the flag."""
     pytest.importorskip("llamacmp.backends.cuda")
     monkeypatch.setattr(probe, "library_build_id", lambda path=None: "b")
     monkeypatch.setenv("LLAMACMP_CACHE", str(tmp_path))
@@ -186,7 +190,7 @@ def test_auto_route_without_tensor_core_kernels_says_so(tmp_path, monkeypatch):
         be.pick_routes("mma")
     # a build with the tensor-core GEMM but no tensor-core attention: mma for the matmul prefill only
     be = _fake_cuda_backend("H200")
-    be.TENSOR_CORE_FAMILIES = frozenset({"matmul_prefill"})
+    be.native.mma = True
     lines = be.pick_routes("mma")
     assert be.routes == Routes("mma", "dp4a", "fp32") and "no tensor-core kernels for attn_prefill" in lines[-1]
     be = _fake_cuda_backend("CMP 50HX")

@@ -325,6 +325,9 @@ def test_metrics(http):
     values = dict(line.split(" ") for line in r.text.splitlines() if not line.startswith("#"))
     assert float(values["llamacpp:tokens_predicted_total"]) >= 2
     assert "llamacpp:requests_processing" in values
+    # 0c1e570's speculative counters: nothing drafted without --spec-type draft-mtp
+    assert values["llamacpp:spec_decode_num_draft_tokens_total"] == "0"
+    assert values["llamacpp:spec_decode_num_drafts_total"] == "0"
 
 
 def test_embeddings_not_supported(http):

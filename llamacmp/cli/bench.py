@@ -16,6 +16,13 @@ the per-token synchronisation llama-bench has). -ngl 0 runs the numpy reference 
 other -ngl keeps every layer on the GPU (llamacmp has no partial offload). -fa is accepted and reported: llamacmp's
 attention is always the fused online-softmax kernel.
 
+Speculative decoding (llamacmp's extension: llama-bench 0c1e570 takes no --spec-* flag): --spec-type none,draft-mtp,
+--spec-draft-n-max N, --spec-synth-len L (lists, like every test flag) and --spec-synth-rates P0,P1,.. (one rate list
+per flag) make tg rows with the model's MTP head drafting (the engine's draft-and-verify loop, greedy; with a
+synthetic length the acceptance is drawn as llama.cpp's --spec-synth-len does, seed 0). Those rows carry a "spec"
+column (md) and spec_* / draft_n / draft_n_accepted fields (json, csv); without --spec-* the output is llama-bench's.
+pp tests do not draft and are run once.
+
 Option parsing: llama-bench has its own parser (list values, ranges, its own usage text) unlike the common option
 table of llama-cli/-server, so this tool keeps its small table here and reuses args.py's value parsers
 (arg_values.to_int, choice) instead of adding rows to llamacmp.args.
@@ -39,7 +46,10 @@ from .. import BUILD_NUMBER
 from ..arg_values import CACHE_TYPES, Unsupported, choice, to_int
 from ..args import CPU_THREADS, DENSE, DOWNLOAD, FIT, LOADING, PLACEMENT, split_mode, version_text
 from ..backends.routes import HW_ROUTES
+from .. import spec
+from ..engine.tasks import DraftStats
 from ..kv_quant import KV_TYPES
+from ..spec import SpecConfig, SpecError, synth_acceptor
 
 OUTPUT_FORMATS = ("md", "json", "jsonl", "csv")
 FILE_TYPES = {0: "all F32", 1: "F16", 7: "Q8_0"}
@@ -127,6 +137,22 @@ def strings(s: str) -> list[str]:
     return [x for x in s.split(",") if x]
 
 
+def spec_types(s: str) -> list[str]:
+    out = []
+    for x in strings(s):
+        if x not in ("none", "draft-mtp"):
+            raise BenchError(f"error: --spec-type {x} is not supported: llamacmp-bench runs none or draft-mtp")
+        out.append(x)
+    return out
+
+
+def floats(s: str) -> list[float]:
+    try:
+        return [float(x) for x in strings(s)]
+    except ValueError:
+        raise ValueError(f"invalid number in '{s}'") from None
+
+
 @dataclass(frozen=True)
 class Opt:
     names: tuple[str, ...]
@@ -196,13 +222,23 @@ OPTS: tuple[Opt, ...] = (
         choice("--hw-route", *HW_ROUTES)),
     Opt(("--list-devices",), "list_devices", "", "not supported", unsupported="not supported by llamacmp yet: "
         "nvidia-smi -L lists the GPUs"),
+    # llamacmp's own (llama-bench has no speculative decoding): tg rows with the MTP head drafting
+    Opt(("--spec-type",), "spec_type", "<none|draft-mtp>", "llamacmp: speculative decoding for tg tests", spec_types),
+    Opt(("--spec-draft-n-max",), "spec_n_max", "<n>", "llamacmp: most tokens drafted per step", int_values),
+    Opt(("--spec-synth-len",), "spec_synth_len", "<L>", "llamacmp: synthetic mean acceptance length (llama.cpp's "
+        "--spec-synth-len)", floats),
+    Opt(("--spec-synth-rates",), "spec_synth_rates", "<P0,P1,...>", "llamacmp: synthetic acceptance rate per draft "
+        "position (one list per flag)", lambda v: [tuple(floats(v))]),
 )
 DEFAULTS = {"reps": 5, "delay": 0, "output": "md", "output_err": None, "verbose": False, "progress": False,
             "no_warmup": False, "model": [], "n_prompt": [512], "n_gen": [128], "pg": [], "n_depth": [0],
             "n_batch": [2048], "n_ubatch": [512], "type_k": ["f16"], "type_v": ["f16"], "n_threads": [1],
-            "n_gpu_layers": [99], "flash_attn": ["0"], "hw_route": "auto"}
+            "n_gpu_layers": [99], "flash_attn": ["0"], "hw_route": "auto", "spec_type": ["none"], "spec_n_max": [3],
+            "spec_synth_len": [], "spec_synth_rates": []}
 LIST_KEYS = {"model", "n_prompt", "n_gen", "pg", "n_depth", "n_batch", "n_ubatch", "type_k", "type_v",
-             "n_threads", "n_gpu_layers", "flash_attn"}
+             "n_threads", "n_gpu_layers", "flash_attn", "spec_type", "spec_n_max", "spec_synth_len",
+             "spec_synth_rates"}
+SPEC_KEYS = ("spec_type", "spec_n_max", "spec_synth_len", "spec_synth_rates")
 DEFAULT_MODEL = "models/7B/ggml-model-q4_0.gguf"
 
 
@@ -259,7 +295,7 @@ def parse_bench_args(argv: list[str]) -> dict:
         else:
             given[opt.key] = value
         i += 2
-    s = {**DEFAULTS, **given, "notes": notes}
+    s = {**DEFAULTS, **given, "notes": notes, "given": set(given)}
     if s["reps"] < 1:
         raise BenchError("error: -r must be at least 1")
     for key in ("n_prompt", "n_gen", "n_depth"):
@@ -267,7 +303,27 @@ def parse_bench_args(argv: list[str]) -> dict:
             raise BenchError(f"error: negative value for {key}")
     if any(v < 1 for v in s["n_batch"] + s["n_ubatch"]):
         raise BenchError("error: -b and -ub must be at least 1")
+    s["spec"] = spec_configs(s)
     return s
+
+
+def spec_configs(s: dict) -> list[SpecConfig]:
+    """The --spec-* combinations, each checked as llama.cpp checks its options at start."""
+    synth = [(x, ()) for x in s["spec_synth_len"]] + [(None, r) for r in s["spec_synth_rates"]] or [(None, ())]
+    if "draft-mtp" not in s["spec_type"]:
+        given = [f"--{k.replace('_', '-').replace('spec-n-max', 'spec-draft-n-max')}" for k in SPEC_KEYS[1:]
+                 if k in s["given"]]
+        if given:
+            raise BenchError(f"error: {', '.join(given)} need --spec-type draft-mtp")
+    out = []                            # a "none" row is the MTP-off baseline: no synthetic setting applies
+    for t, n, (length, rates) in itertools.product(s["spec_type"], s["spec_n_max"], synth):
+        cfg = SpecConfig(t, n, synth_len=length, synth_rates=rates) if t != "none" else SpecConfig()
+        try:
+            spec.check(cfg)
+        except SpecError as e:
+            raise BenchError(f"error: {e}") from None
+        out.append(cfg)
+    return list(dict.fromkeys(out))
 
 
 # -- instances and results ---------------------------------------------------------------------------------------
@@ -285,6 +341,7 @@ class Instance:
     n_threads: int
     n_gpu_layers: int
     flash_attn: str
+    spec: SpecConfig = SpecConfig()      # llamacmp's: tg with the MTP head drafting
 
     @property
     def name(self) -> str:
@@ -308,8 +365,18 @@ def instances(s: dict) -> list[Instance]:
         base = dict(model=m, n_depth=d, n_batch=b, n_ubatch=ub, type_k=tk, type_v=tv, n_threads=nt,
                     n_gpu_layers=ngl, flash_attn=fa)
         tests = [(p, 0) for p in s["n_prompt"] if p > 0] + [(0, n) for n in s["n_gen"] if n > 0] + list(s["pg"])
-        out += [Instance(n_prompt=p, n_gen=n, **base) for p, n in tests]
-    return out
+        out += [Instance(n_prompt=p, n_gen=n, spec=sp if n else SpecConfig(), **base)
+                for p, n in tests for sp in s["spec"]]
+    return list(dict.fromkeys(out))        # a pp test does not draft: once, not once per --spec-* setting
+
+
+def spec_label(cfg: SpecConfig) -> str:
+    """The md "spec" cell: none, or the type with n_max and the synthetic acceptance."""
+    if not cfg.enabled:
+        return "none"
+    synth = f" L{cfg.synth_len:g}" if cfg.synth_len is not None else \
+        f" R{'/'.join(f'{r:g}' for r in cfg.synth_rates)}" if cfg.synth_rates else ""
+    return f"mtp n{cfg.n_max}{synth}"
 
 
 @dataclass
@@ -321,6 +388,7 @@ class Result:
     samples_ns: list[int] = field(default_factory=list)
     test_time: str = ""
     probe: dict | None = None      # the backend's probe_report (CUDA): rates and routes
+    draft: DraftStats = field(default_factory=DraftStats)     # over the timed repetitions (spec rows)
 
     @property
     def n_tokens(self) -> int:
@@ -353,6 +421,15 @@ class Result:
             **({"llamacmp_probe": self.probe} if self.probe else {}),
         }
 
+    def spec_fields(self) -> dict:
+        """llamacmp's fields for --spec-* runs (after llama-bench's, so its keys keep their order)."""
+        sp = self.inst.spec
+        return {"spec_type": sp.type, "spec_draft_n_max": sp.n_max if sp.enabled else 0,
+                "spec_synth_len": sp.synth_len if sp.synth_len is not None else 0.0,
+                "spec_synth_rates": ",".join(f"{r:g}" for r in sp.synth_rates),
+                "draft_n": self.draft.n, "draft_n_accepted": self.draft.accepted,
+                "spec_mean_len": self.draft.mean_len}
+
 
 # llama-bench's JSON/CSV fields for settings llamacmp has one value of (no CPU thread pinning or polling, no MoE,
 # the whole model on the GPU(s), mmap'd GGUF): llama-bench's default values, so that scripts find every key
@@ -376,8 +453,8 @@ def _params_text(n: int) -> str:
 # llama-bench's default, as llama-bench does.
 MD_COLUMNS = {"model": ("model", -30), "size": ("size", 10), "params": ("params", 10), "backend": ("backend", -10),
               "n_gpu_layers": ("ngl", 3), "n_batch": ("n_batch", 7), "n_ubatch": ("n_ubatch", 8),
-              "type_k": ("type_k", 6), "type_v": ("type_v", 6), "flash_attn": ("fa", 4), "test": ("test", 15),
-              "t/s": ("t/s", 20)}
+              "type_k": ("type_k", 6), "type_v": ("type_v", 6), "flash_attn": ("fa", 4), "spec": ("spec", -16),
+              "test": ("test", 15), "t/s": ("t/s", 20)}
 OPTIONAL = ("n_batch", "n_ubatch", "type_k", "type_v", "flash_attn")
 
 
@@ -386,6 +463,7 @@ class MarkdownPrinter:
         self.out = out
         self.cols = ["model", "size", "params", "backend", "n_gpu_layers"]
         self.cols += [c for c in OPTIONAL if any(v != DEFAULTS[c][0] for v in s[c])]
+        self.cols += ["spec"] if spec_given(s) else []
         self.cols += ["test", "t/s"]
 
     def _row(self, cells: list[str]) -> str:
@@ -408,7 +486,7 @@ class MarkdownPrinter:
         cell = {"model": r.info.desc, "size": _size_text(r.info.size), "params": _params_text(r.info.n_params),
                 "backend": r.backend, "n_gpu_layers": str(r.inst.n_gpu_layers), "n_batch": str(r.inst.n_batch),
                 "n_ubatch": str(r.inst.n_ubatch), "type_k": r.inst.type_k, "type_v": r.inst.type_v,
-                "flash_attn": r.inst.flash_attn, "test": r.inst.name,
+                "flash_attn": r.inst.flash_attn, "spec": spec_label(r.inst.spec), "test": r.inst.name,
                 "t/s": f"{f['avg_ts']:.2f} ± {f['stddev_ts']:.2f}"}
         print(self._row([cell[c] for c in self.cols]), file=self.out)
         self.out.flush()
@@ -417,9 +495,18 @@ class MarkdownPrinter:
         print(f"\nbuild: {build_commit()} ({BUILD_NUMBER})", file=self.out)
 
 
+def spec_given(s: dict) -> bool:
+    return any(k in s.get("given", ()) for k in SPEC_KEYS)
+
+
+def row_fields(r: Result, s: dict) -> dict:
+    """llama-bench's fields, and llamacmp's spec fields when --spec-* was given."""
+    return {**r.fields(), **(r.spec_fields() if spec_given(s) else {})}
+
+
 class JsonPrinter:
     def __init__(self, out: TextIO, s: dict, lines: bool = False):
-        self.out, self.lines, self.n = out, lines, 0
+        self.out, self.lines, self.n, self.s = out, lines, 0, s
 
     def header(self) -> None:
         if not self.lines:
@@ -427,9 +514,9 @@ class JsonPrinter:
 
     def row(self, r: Result) -> None:
         if self.lines:
-            print(json.dumps(r.fields()), file=self.out)
+            print(json.dumps(row_fields(r, self.s)), file=self.out)
         else:
-            text = json.dumps(r.fields(), indent=2, ensure_ascii=False)
+            text = json.dumps(row_fields(r, self.s), indent=2, ensure_ascii=False)
             # objects are separated as "},\n  {": the comma goes after the previous one, which ended unterminated
             self.out.write((",\n" if self.n else "") + "\n".join("  " + ln for ln in text.split("\n")))
         self.n += 1
@@ -444,7 +531,7 @@ class CsvPrinter:
     SKIP = ("samples_ns", "samples_ts", "llamacmp_probe")
 
     def __init__(self, out: TextIO, s: dict):
-        self.out, self.started = out, False
+        self.out, self.started, self.s = out, False, s
 
     def header(self) -> None:
         pass                     # the header needs the field names, printed with the first row
@@ -455,7 +542,7 @@ class CsvPrinter:
         return '"' + text.replace('"', '""') + '"'
 
     def row(self, r: Result) -> None:
-        f = {k: v for k, v in r.fields().items() if k not in self.SKIP}
+        f = {k: v for k, v in row_fields(r, self.s).items() if k not in self.SKIP}
         if not self.started:
             print(",".join(f), file=self.out)
             self.started = True
@@ -523,6 +610,8 @@ class Runner:
     info: ModelInfo
     is_cuda: bool
     rng: np.random.Generator
+    path: str = ""
+    mtp_head: bool = False              # the file has an MTP head (spec.has_mtp_head): --spec-type draft-mtp runs
 
     def _ids(self, n: int) -> list[int]:
         return [int(i) for i in self.rng.integers(0, self.cfg.n_vocab, n)]
@@ -531,12 +620,50 @@ class Runner:
         if self.is_cuda:
             self.be.synchronize()
 
-    def _prefill(self, st, n: int, chunk: int) -> None:
+    def _prefill(self, st, n: int, chunk: int, mtp=None) -> None:
+        """n random tokens in chunks; mtp: (Speculator, its sequence), whose head then sees them too."""
         from ..backends.base import StepBatch
         ids = self._ids(n)
         for c0 in range(0, n, chunk):
-            self.model.forward(StepBatch.build([(st, ids[c0:c0 + chunk])]))
+            if mtp is None:
+                self.model.forward(StepBatch.build([(st, ids[c0:c0 + chunk])]))
+            else:
+                mtp[0].prefill(st, mtp[1], ids[c0:c0 + chunk])
         self._sync()
+
+    def _speculator(self, inst: Instance, n_ctx: int):
+        """(the engine's draft-and-verify loop for this model, the sequence's head memory); a file without an MTP
+        head is refused naming it, as llama.cpp refuses --spec-type draft-mtp there."""
+        if not self.mtp_head:
+            raise BenchError(f"error: {inst.name}: --spec-type draft-mtp: the model file '{self.path}' has no MTP "
+                             "layers")
+        from ..engine.speculative import Speculator
+        sp = Speculator.from_spec(self.model, inst.spec, self.path)
+        return sp, sp.new_seq(n_ctx, inst.type_k, inst.type_v)
+
+    def _spec_decoder(self, st, inst: Instance, mtp, draft: DraftStats | None):
+        """-> step(n): n greedy tokens by draft (MTP head) and verify (one forward of the main model), from a
+        random first token; the synthetic acceptance of --spec-synth-* draws with seed 0. draft: counts the
+        drafted and accepted tokens."""
+        from ..engine.speculative import accept_tokens
+        from ..sampling import Sampler, SamplingParams
+        sp, ms = mtp
+        greedy = Sampler(SamplingParams(temp=0.0, seed=0))
+        synth = synth_acceptor(inst.spec, 0, frozenset())
+        first = self._ids(1)[0]
+
+        def step(n: int) -> None:
+            tok, left = first, n
+            while left > 0:
+                drafts = sp.draft([(st, ms, tok)])[0][:left - 1]     # at most left tokens come out of the step
+                logits, h, (v,) = sp.verify([(st, ms, tok, drafts)])
+                out: list[int] = []
+                j = accept_tokens(self.be, logits, v, greedy, lambda t: out.append(t) or len(out) < left, synth)
+                sp.commit(v, h, j)
+                if draft is not None:
+                    draft.count(len(drafts), j - 1)
+                tok, left = out[-1], left - j
+        return step
 
     def _decoder(self, st):
         """-> step(n): n greedy decode steps from a random first token. On CUDA the step graph is captured here
@@ -561,24 +688,32 @@ class Runner:
                 tok = int(np.argmax(self.be.to_host(logits)[-1]))
         return step
 
-    def run(self, inst: Instance, warmup: bool = False) -> int:
+    def run(self, inst: Instance, warmup: bool = False, draft: DraftStats | None = None) -> int:
         """One repetition on a fresh context -> nanoseconds of the timed part (the -d fill and the graph capture
-        are not timed). warmup: a short prompt or one decode step instead, untimed (llama-bench's warm-up)."""
+        are not timed). warmup: a short prompt or one decode step instead, untimed (llama-bench's warm-up; with
+        --spec-type one full draft-and-verify step). draft: the spec rows' counters."""
         chunk = max(1, min(inst.n_batch, inst.n_ubatch))
-        st = self.be.new_state(self.cfg, inst.n_depth + inst.n_prompt + inst.n_gen + 1, inst.type_k, inst.type_v)
+        n_ctx = inst.n_depth + inst.n_prompt + inst.n_gen + 1
+        st = self.be.new_state(self.cfg, n_ctx, inst.type_k, inst.type_v)
+        mtp = self._speculator(inst, n_ctx) if inst.spec.enabled else None
         if inst.n_depth:
-            self._prefill(st, inst.n_depth, chunk)
-        decode = self._decoder(st) if inst.n_gen else None
+            self._prefill(st, inst.n_depth, chunk, mtp)
+        if not inst.n_gen:
+            decode = None
+        elif mtp is not None:
+            decode = self._spec_decoder(st, inst, mtp, None if warmup else draft)
+        else:
+            decode = self._decoder(st)
         if warmup:
             if inst.n_prompt:
-                self._prefill(st, min(inst.n_prompt, chunk), chunk)
+                self._prefill(st, min(inst.n_prompt, chunk), chunk, mtp)
             else:
-                decode(1)
+                decode(min(inst.n_gen, inst.spec.n_max + 1) if mtp is not None else 1)
             return 0
         self._sync()
         t0 = time.perf_counter_ns()
         if inst.n_prompt:
-            self._prefill(st, inst.n_prompt, chunk)
+            self._prefill(st, inst.n_prompt, chunk, mtp)
         if decode is not None:
             decode(inst.n_gen)
         self._sync()
@@ -619,7 +754,8 @@ def load_runner(path: str, be, is_cuda: bool) -> Runner:
     n_params = sum(math.prod(f.info(n).shape) for n in f.names())
     size = int(sum(math.prod(f.info(n).shape) * TYPE_BYTES.get(f.info(n).type_name, 4) for n in f.names()))
     model = model_class(f.architecture)(cfg, load_weights(f, cfg), be)
-    return Runner(be, cfg, model, model_info(f, n_params, size), is_cuda, np.random.default_rng(0))
+    mtp_head = spec.has_mtp_head(f.names(), int(f.metadata.get(f"{f.architecture}.block_count", 0)))
+    return Runner(be, cfg, model, model_info(f, n_params, size), is_cuda, np.random.default_rng(0), path, mtp_head)
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -669,7 +805,7 @@ def _run_all(s: dict, out: TextIO, err: TextIO) -> int:
             if not s["no_warmup"]:
                 runner.run(inst, warmup=True)
             for _ in range(s["reps"]):
-                res.samples_ns.append(max(1, runner.run(inst, warmup=False)))
+                res.samples_ns.append(max(1, runner.run(inst, warmup=False, draft=res.draft)))
                 if s["delay"]:
                     time.sleep(s["delay"])
         except ValueError as e:         # what the backend refuses (a KV type, a context it cannot hold)

@@ -15,6 +15,7 @@ from ..engine.perf import Perf
 from ..engine.speculative import enabled_spec
 from ..params import Params
 from ..run_plan import RunPlan, RunPlanError, check_options, plan_run
+from ..spec import synth_log_lines
 from ..sampling import Sampler
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "data" / "default.gguf"
@@ -79,7 +80,9 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
     t0 = time.perf_counter()
     try:
         mf = open_model(path)            # the header, parsed once for the run plan, memory plan and loader
-        run = plan_run(p, mf.cfg.n_ctx_train)
+        run = plan_run(p, mf.cfg.n_ctx_train, mf)
+        for line in synth_log_lines(run.spec):      # benchmarking only: said however quiet the run is
+            err.write(line + "\n")
         if len(backends) == 1:       # a layer split plans each part in llamacmp/split/, not here
             memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=None if quiet else err)
         with progress.loading(err, enabled=not p.log_disable):   # llama-cli shows it at every verbosity
@@ -135,6 +138,8 @@ def perf_lines(t: Perf, sampler: Sampler | None, now_ms: float) -> str:
                f"({_per(t.t_p_eval_ms, t.n_p_eval)} ms per token, {_rate(t.t_p_eval_ms, t.n_p_eval)} tokens per second)")
     out.append(f"{name}:        eval time = {t.t_eval_ms:10.2f} ms / {t.n_eval:5d} runs   "
                f"({_per(t.t_eval_ms, t.n_eval)} ms per token, {_rate(t.t_eval_ms, t.n_eval)} tokens per second)")
+    if t.draft.n > 0:   # llamacmp's: llama-completion has no speculative decoding; llama-server's line for drafts
+        out.append(f"{name}: {t.draft.acceptance_line()}")
     out.append(f"{name}:       total time = {total:10.2f} ms / {t.n_p_eval + t.n_eval:5d} tokens")
     out.append(f"{name}: unaccounted time = {unacc:10.2f} ms / {100.0 * unacc / total if total else 0.0:5.1f} %      "
                "(total - sampling - prompt eval - eval) / (total)")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+from .tasks import DraftStats
+
 
 def now_ms() -> float:
     return time.perf_counter() * 1e3
@@ -24,6 +26,7 @@ class Perf:
     n_eval: int = 0
     t_sample_ms: float = 0.0
     n_sample: int = 0
+    draft: DraftStats = field(default_factory=DraftStats)    # speculative decoding (the MTP loop counts)
 
     def add_forward(self, n_tokens: int, ms: float) -> None:
         if n_tokens > 1:
@@ -56,7 +59,7 @@ class Perf:
         return Perf(earlier.t_start_ms, self.t_load_ms, self.t_p_eval_ms - earlier.t_p_eval_ms,
                     self.n_p_eval - earlier.n_p_eval, self.t_eval_ms - earlier.t_eval_ms,
                     self.n_eval - earlier.n_eval, self.t_sample_ms - earlier.t_sample_ms,
-                    self.n_sample - earlier.n_sample)
+                    self.n_sample - earlier.n_sample, self.draft.since(earlier.draft))
 
     def snapshot(self) -> "Perf":
-        return replace(self)
+        return replace(self, draft=self.draft.copy())

@@ -29,6 +29,7 @@ from .grammar import GrammarCompiler
 from .perf import Perf, now_ms
 from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host, rewind
 from .slot import GENERATE, PREFILL, Slot
+from ..spec import synth_acceptor
 from .speculative import Speculator, accept_tokens
 from .tasks import CancelTask, CompletionTask, EmbedTask, ErrorResult, QueryTask, SlotActionTask
 
@@ -66,6 +67,9 @@ class EngineMetrics:
     n_requests_deferred: int = 0
     n_tokens_max: int = 0
     n_prompt_tokens_cached_total: int = 0
+    n_draft_tokens_total: int = 0           # speculative decoding, summed over finished requests
+    n_draft_accepted_total: int = 0
+    n_draft_steps_total: int = 0
 
 
 class Engine:
@@ -315,6 +319,8 @@ class Engine:
         decoder = self.tokenizer.stream_decoder(special=task.params.special)
         grammar = self.grammars.matcher(task.params.grammar) if task.params.grammar is not None else None
         slot.begin(task, sampler, decoder, self._checkpoint_plan(task, slot.state.n_past), grammar)
+        # --spec-synth-*: a generator of its own per request, seeded with the request's seed (as llama-server)
+        slot.synth = synth_acceptor(self.cfg.spec, sampler.seed, self.tokenizer.eog_ids) if self.spec else None
         slot.last_used = time.monotonic()
         slot_log.slot_info("launch_slot_with_task", slot.id, task.id, "processing task, is_child = 0")
         slot_log.slot_info("update_slots", slot.id, task.id, f"new prompt, n_ctx_slot = {self.cfg.n_ctx_slot}, "
@@ -463,7 +469,7 @@ class Engine:
                 last.append(tok)
                 return self._emit_one(slot, tok, row)
             try:
-                j = accept_tokens(self.backend, logits, v, slot.sampler, take)
+                j = accept_tokens(self.backend, logits, v, slot.sampler, take, slot.synth)
             except Exception as e:       # one request's bad settings must not fail its neighbours
                 log.exception("slot %d failed", slot.id)
                 slot.task.sink(ErrorResult(slot.task.id, slot.task.index, f"sampling failed: {e}"))
@@ -472,6 +478,8 @@ class Engine:
                 continue
             sp.commit(v, h, j)
             self.perf.add_verified(j - 1, 0.0)
+            for stats in (slot.timings.draft, self.perf.draft):    # j - 1 drafts taken, then the target's token
+                stats.count(len(v.drafts), j - 1)
             slot.cache.tokens.extend(v.drafts[:j - 1])
             self.metrics.t_tokens_generation_total += (time.perf_counter() - t0) * 1e3
             if slot.stopped:
@@ -599,6 +607,10 @@ class Engine:
             slot.stop_type, f"stopped by limit, n_decoded = {len(slot.generated)}, "
                             f"n_predict = {slot.task.params.n_predict}"))
         slot_log.print_timings(slot.id, slot.task.id, slot.timings)
+        d = slot.timings.draft
+        self.metrics.n_draft_tokens_total += d.n
+        self.metrics.n_draft_accepted_total += d.accepted
+        self.metrics.n_draft_steps_total += d.steps
         # the row's own host copy when it came from the device (one 1 MB copy on the real vocabulary, not three)
         slot.cache.last_logits = row.host() if isinstance(row, LogitsRow) else np.array(row, np.float32)
         # keep the end of this exchange: a follow-up that appends to prompt + reply resumes here
@@ -646,7 +658,7 @@ class Engine:
         return None
 
     def _slot_json(self, s: Slot) -> dict:
-        head = {"id": s.id, "n_ctx": self.cfg.n_ctx_slot, "speculative": False, "is_processing": s.busy}
+        head = {"id": s.id, "n_ctx": self.cfg.n_ctx_slot, "speculative": self.spec is not None, "is_processing": s.busy}
         task_id, p = (s.task.id, s.task.params) if s.task else s.last_task or (None, None)
         if p is None:                   # never used: llama-server has no task to describe either
             return head

@@ -62,6 +62,7 @@ class Slot:
     t_gen: float = 0.0
     timings: Timings = field(default_factory=Timings)
     mtp: object = None                   # speculative.MtpSeq: the MTP head's memory of this slot (--spec-type)
+    synth: object = None                 # this request's synthetic acceptance (spec.synth_acceptor), or None
 
     @property
     def busy(self) -> bool:

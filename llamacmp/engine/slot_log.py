@@ -54,6 +54,8 @@ def timings_block(t: Timings) -> str:
 
 def print_timings(slot_id: int, task_id: int, t: Timings) -> None:
     log.info("%s%s", slot_head("print_timings", slot_id, task_id), timings_block(t))
+    if t.draft.n > 0:                   # llama-server 0c1e570 adds this line after a request that drafted
+        slot_info("print_timings", slot_id, task_id, t.draft.acceptance_line())
 
 
 def all_idle() -> None:

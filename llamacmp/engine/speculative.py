@@ -87,11 +87,6 @@ class Speculator:
         if model.mtp is None:
             raise SpecUnsupported(f"--spec-type {spec.type}: '{path}' has no MTP layers "
                                   "(qwen35.nextn_predict_layers); drop --spec-type or use a GGUF with its MTP head")
-        if spec.synth_len is not None or spec.synth_rates:
-            # HOOK: accept_tokens(synth=...) takes the synthetic acceptance once spec.py's function is in; until
-            # the drivers pass it, the flags are refused rather than ignored
-            raise SpecUnsupported("--spec-synth-len / --spec-synth-rates: synthetic acceptance is not wired into "
-                                  "the engine yet")
         return cls(model, spec.n_max, spec.n_min, spec.p_min)
 
     def new_seq(self, n_ctx: int, kv_type: str = "f16", v_type: str | None = None) -> MtpSeq:
@@ -236,9 +231,8 @@ def accept_tokens(be, logits, v: Verified, sampler: Sampler, take: Callable[[int
     in the penalty window); take() returning False stops the walk (the generation ended). -> j, the number of
     tokens emitted, for Speculator.commit.
 
-    synth: synthetic acceptance for benchmarks (--spec-synth-len / --spec-synth-rates; spec.synth_accepted from
-    mtp-engine): drafts -> how many are accepted, whatever the target says; the target's draw follows them.
-    HOOK: the drivers pass it once spec.py's synthetic function has landed."""
+    synth: synthetic acceptance for benchmarks (--spec-synth-len / --spec-synth-rates; spec.synth_acceptor):
+    drafts -> how many are accepted, whatever the target says; the target's draw follows them."""
     n = len(v.drafts)
     n_synth = synth(v.drafts) if synth is not None else None
     fixed = None

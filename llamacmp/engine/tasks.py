@@ -88,12 +88,57 @@ class SlotActionTask:
 # -- results ------------------------------------------------------------------------------------------------
 
 @dataclass(slots=True)
+class DraftStats:
+    """One request's speculative decoding counters, as llama-server 0c1e570's server_slot_stats keeps them."""
+    n: int = 0                          # draft tokens proposed (verified by the main model)
+    accepted: int = 0                   # of those, accepted
+    steps: int = 0                      # verification steps
+    accepted_per_pos: list[int] = field(default_factory=list)   # [i]: steps that accepted draft position i
+
+    def count(self, n_drafted: int, n_accepted: int) -> None:
+        """One verification of `n_drafted` draft tokens of which the first `n_accepted` were accepted."""
+        self.n += n_drafted
+        self.accepted += n_accepted
+        self.steps += 1
+        if len(self.accepted_per_pos) < n_drafted:
+            self.accepted_per_pos += [0] * (n_drafted - len(self.accepted_per_pos))
+        for i in range(n_accepted):
+            self.accepted_per_pos[i] += 1
+
+    def since(self, earlier: "DraftStats") -> "DraftStats":
+        """Counted after `earlier` (a copy()): one turn's figures."""
+        per_pos = [a - (earlier.accepted_per_pos[i] if i < len(earlier.accepted_per_pos) else 0)
+                   for i, a in enumerate(self.accepted_per_pos)]
+        return DraftStats(self.n - earlier.n, self.accepted - earlier.accepted, self.steps - earlier.steps, per_pos)
+
+    def copy(self) -> "DraftStats":
+        return DraftStats(self.n, self.accepted, self.steps, list(self.accepted_per_pos))
+
+    @property
+    def mean_len(self) -> float:
+        """Tokens per verification, the main model's own token included."""
+        return 1.0 + self.accepted / self.steps if self.steps else 1.0
+
+    def to_json(self) -> dict:
+        """The response's timings fields: present only when something was drafted (llama-server's rule)."""
+        return {"draft_n": self.n, "draft_n_accepted": self.accepted} if self.n > 0 else {}
+
+    def acceptance_line(self) -> str:
+        """llama-server 0c1e570's print_timings line for drafts ('' when nothing was drafted)."""
+        if self.n <= 0:
+            return ""
+        return (f"draft acceptance = {self.accepted / self.n:0.5f} ({self.accepted:5d} accepted / {self.n:5d} "
+                f"generated), mean len = {self.mean_len:5.2f}")
+
+
+@dataclass(slots=True)
 class Timings:
     cache_n: int = 0
     prompt_n: int = 0
     prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0
+    draft: DraftStats = field(default_factory=DraftStats)   # speculative decoding (the MTP loop counts)
 
     def to_json(self) -> dict:
         def per(ms: float, n: int) -> tuple[float, float]:
@@ -103,7 +148,7 @@ class Timings:
         return {"cache_n": self.cache_n, "prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms,
                 "prompt_per_token_ms": p_tok, "prompt_per_second": p_sec,
                 "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
-                "predicted_per_token_ms": g_tok, "predicted_per_second": g_sec}
+                "predicted_per_token_ms": g_tok, "predicted_per_second": g_sec, **self.draft.to_json()}
 
 
 @dataclass(slots=True)

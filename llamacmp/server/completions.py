@@ -72,7 +72,7 @@ def _exp(x: float) -> float:
 
 
 def generation_settings(ctx: ServerContext, p: GenParams) -> dict:
-    s = p.sampling
+    s, sp = p.sampling, ctx.spec        # b8462's speculative.* fields, with the --spec-* values when drafting
     return {"seed": s.seed if s.seed >= 0 else 4294967295, "temperature": s.temp, "top_k": s.top_k,
             "top_p": s.top_p, "min_p": s.min_p, "typical_p": s.typ_p, "repeat_last_n": s.penalty_last_n,
             "repeat_penalty": s.penalty_repeat, "presence_penalty": s.penalty_present,
@@ -81,7 +81,8 @@ def generation_settings(ctx: ServerContext, p: GenParams) -> dict:
             "logit_bias": [[t, b if b != float("-inf") else False] for t, b in s.logit_bias.items()],
             "stop": p.stop, "samplers": list(s.samplers), "post_sampling_probs": p.post_sampling_probs,
             "timings_per_token": p.timings_per_token, "n_ctx": ctx.n_ctx_slot, "model": ctx.model_name,
-            "speculative.n_max": 0, "speculative.n_min": 0, "chat_format": "Content-only",
+            "speculative.n_max": sp.n_max if sp.enabled else 0, "speculative.n_min": sp.n_min if sp.enabled else 0,
+            "chat_format": "Content-only",
             "reasoning_format": ctx.params.reasoning_format,
             # llama.cpp reports these too (compat/goldens/server.jsonl); samplers we lack are refused unless at
             # their defaults, so their defaults are the values in effect. dry_penalty_last_n -1 reads as n_ctx.
@@ -90,8 +91,8 @@ def generation_settings(ctx: ServerContext, p: GenParams) -> dict:
             "dry_penalty_last_n": ctx.n_ctx_slot, "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0,
             "mirostat_tau": 5.0, "mirostat_eta": 0.1, "max_tokens": p.n_predict, "n_discard": 0,
             "grammar": "", "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
-            "reasoning_in_content": False, "generation_prompt": "", "speculative.p_min": 0.75,
-            "speculative.type": "none", "speculative.ngram_size_n": 1024, "speculative.ngram_size_m": 1024,
+            "reasoning_in_content": False, "generation_prompt": "",
+            "speculative.p_min": sp.p_min if sp.enabled else 0.75, "speculative.type": sp.type, "speculative.ngram_size_n": 1024, "speculative.ngram_size_m": 1024,
             "speculative.ngram_m_hits": 1024, "backend_sampling": False, "lora": []}
 
 

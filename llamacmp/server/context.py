@@ -24,6 +24,7 @@ from ..engine.scheduler import Engine, EngineConfig
 from ..engine.speculative import enabled_spec
 from ..params import Params, ServerParams
 from . import prep_cancel
+from ..spec import SpecConfig
 from .errors import ClientGone
 from .schemas import ServerDefaults
 from .worker import EngineBridge
@@ -47,6 +48,7 @@ class ServerContext:
     defaults: Optional[ServerDefaults] = None
     n_slots: int = 1
     n_ctx_slot: int = 0
+    spec: SpecConfig = SpecConfig()     # --spec-*, as the run plan checked it
     created: int = field(default_factory=lambda: int(time.time()))
     load_error: str = ""
     vision: object = None               # vision.projector.VisionProjector when -mm is given (read-only per request)
@@ -105,6 +107,7 @@ class ServerContext:
         from ..log import LineLogger
         from ..loader import load_placed, open_model
         from ..run_plan import plan_run
+        from ..spec import synth_log_lines
         from . import startup_log
         out = LineLogger(log)
         p = self.params
@@ -112,14 +115,16 @@ class ServerContext:
         for be in backends:
             be.sparse = sparse_attn.config_from_params(p)
         mf = open_model(p.model)
-        run = plan_run(p, mf.cfg.n_ctx_train)
+        run = plan_run(p, mf.cfg.n_ctx_train, mf)
+        for line in synth_log_lines(run.spec):
+            log.warning("%s", line)
         if len(backends) == 1:       # the memory plan of the slots the engine will make (refused here if too big)
             memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=out)
         log.info("%s", startup_log.srv("load_model", f"loading model '{p.model}'"))
         with progress.loading(sys.stderr, enabled=log.isEnabledFor(logging.INFO)):
             lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, out, mtp=enabled_spec(run) is not None)
         _log_lines(startup_log.model_lines(lm.gguf, lm.cfg.n_ctx_train))
-        self.n_slots, self.n_ctx_slot = run.n_slots, run.n_ctx
+        self.n_slots, self.n_ctx_slot, self.spec = run.n_slots, run.n_ctx, run.spec
         # args.py already read --chat-template-file into chat_template
         self.template = select_template(lm.metadata, lm.tokenizer.tokens, p.chat_template, p.use_jinja)
         _log_lines(startup_log.context_lines(lm.cfg, run.n_slots, run.n_ctx, run.unified, run.n_batch,

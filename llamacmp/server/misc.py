@@ -57,7 +57,7 @@ def props_json(ctx: ServerContext) -> dict:
     tok = ctx.tokenizer
     eos = tok.tokens[tok.eos_id] if tok.eos_id is not None else ""
     bos = tok.tokens[tok.bos_id] if tok.bos_id is not None else ""
-    return {"default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": ctx.n_ctx_slot, "speculative": False,
+    return {"default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": ctx.n_ctx_slot, "speculative": ctx.spec.enabled,
                                             "is_processing": False, "params": params},
             "total_slots": ctx.n_slots, "model_alias": ctx.model_name, "model_path": ctx.params.model,
             "modalities": {"vision": ctx.vision is not None, "audio": False}, "endpoint_slots": ctx.opts.endpoint_slots,
@@ -178,6 +178,12 @@ METRICS = (  # (type, name, help, how to compute from the engine's snapshot)
     ("counter", "n_tokens_max", "Largest observed n_tokens.", lambda m: m["n_tokens_max"]),
     ("counter", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
      lambda m: m["n_busy_slots_total"] / max(1, m["n_decode_total"])),
+    ("counter", "spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
+     lambda m: m["n_draft_tokens_total"]),
+    ("counter", "spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model",
+     lambda m: m["n_draft_accepted_total"]),
+    ("counter", "spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps",
+     lambda m: m["n_draft_steps_total"]),
     ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
      lambda m: 1e3 * m["n_prompt_tokens_processed_total"] / m["t_prompt_processing_total"]
      if m["t_prompt_processing_total"] else 0.0),

@@ -211,6 +211,6 @@ def test_train_mtp_end_to_end_lowers_the_loss(tmp_path, trunk_file, tok):
     head = train_mtp.train(p, trunk_file[0], "t", tmp_path, "cpu", export=True, log_dir=tmp_path)
     log = (tmp_path / "t.log").read_text()
     first = float(log.split("eval step 0: loss ")[1].split()[0])
-    last = float(log.split("final step 40: loss ")[1].split()[0])
+    last = float(log.split("eval step 40: loss ")[1].split()[0])
     assert last < first - 0.5, log
     assert head.exists() and (tmp_path / "trunk-f32-mtp.gguf").exists()

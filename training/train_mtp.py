@@ -81,6 +81,20 @@ def fmt(m: dict[str, float]) -> str:
     return " ".join(f"{k} {v:.4f}" for k, v in m.items())
 
 
+class Best:
+    """The head with the lowest held-out loss so far (float32 on the CPU): many passes over a 3 M-token corpus
+    can overfit a 2 M-parameter head, and the cosine schedule ends by time, not by held-out loss."""
+
+    def __init__(self):
+        self.step, self.metrics, self.state = -1, {"loss": float("inf")}, None
+
+    def update(self, step: int, metrics: dict[str, float], head, log) -> None:
+        log(f"eval step {step}: {fmt(metrics)}")
+        if metrics["loss"] < self.metrics["loss"]:
+            self.step, self.metrics = step, metrics
+            self.state = {k: v.detach().float().cpu().clone() for k, v in head.state_dict().items()}
+
+
 RESERVE_S = 20.0                 # --wall-minutes: kept for the final evaluation and saving after the last step
 
 
@@ -128,7 +142,8 @@ def train(p: MTPPreset, gguf_path: Path, run: str, out: Path, device: str, expor
     opt = torch.optim.AdamW(model.head.parameters(), lr=p.lr, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=device == "cuda")
     gen = torch.Generator(device="cpu").manual_seed(p.seed)
-    log(f"eval step 0: {fmt(evaluate(model, hids, hh, p.batch, device))}")
+    best = Best()
+    best.update(0, evaluate(model, hids, hh, p.batch, device), model.head, log)
     elapsed, step = 0.0, 0
     for step in range(1, p.steps + 1):
         t_step = time.time()
@@ -148,15 +163,17 @@ def train(p: MTPPreset, gguf_path: Path, run: str, out: Path, device: str, expor
                 f"{step * p.batch * p.seq_len / max(elapsed, 1e-9):.0f} tok/s")
         elapsed += time.time() - t_step
         if step % p.eval_every == 0:
-            log(f"eval step {step}: {fmt(evaluate(model, hids, hh, p.batch, device))}")
+            best.update(step, evaluate(model, hids, hh, p.batch, device), model.head, log)
         if elapsed > p.max_minutes * 60:
             log(f"time budget of {p.max_minutes} min reached at step {step}")
             break
-    log(f"final step {step}: {fmt(evaluate(model, hids, hh, p.batch, device))}")
+    if step % p.eval_every:
+        best.update(step, evaluate(model, hids, hh, p.batch, device), model.head, log)
+    log(f"kept the head of step {best.step} (lowest held-out loss): {fmt(best.metrics)}")
     log(f"trained {step} steps, {step * p.batch * p.seq_len / 1e6:.1f} M tokens "
         f"({step * p.batch / len(ids):.1f} passes) in {elapsed / 60:.2f} min of steps")
     head_path = out / "mtp_head.pt"
-    torch.save({k: v.detach().float().cpu() for k, v in model.head.state_dict().items()}, head_path)
+    torch.save(best.state, head_path)
     log(f"saved {head_path}")
     if export:
         export_gguf(head_path, gguf_path, out, log)

@@ -31,10 +31,11 @@ while [[ $# -gt 0 ]]; do
     shift
 done
 
-# the sdist pins the llama.cpp commit; the build number is only what --version prints
+# the sdist pins the llama.cpp commit; the build number is only what `llama-cli --version` prints (0: the sdist's
+# shallow history does not say which b-number 0c1e570 is)
 case "$SDIST_VERSION" in
     0.3.17) EXPECTED_COMMIT=49bfddeca18e62fa3d39114a23e9fcbdf8a22388; BUILD_COMMIT=49bfddeca; BUILD_NUMBER=8462 ;;
-    # the MTP oracle: only the tools the MTP measurements and the goldens' CLI checks use
+    # the MTP oracle (issue 19): the serving, CLI, benchmark and measurement tools, not imatrix / embedding
     0.3.36) EXPECTED_COMMIT=0c1e57098bba43ac29e6e3b677cdceebdd22334f; BUILD_COMMIT=0c1e570; BUILD_NUMBER=0
             [[ "$MODE" == portable ]] || \
                 TARGETS="llama-server llama-cli llama-completion llama-bench llama-quantize llama-tokenize llama-perplexity" ;;

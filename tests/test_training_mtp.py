@@ -113,6 +113,28 @@ def test_mtp_head_is_causal_and_trains_only_the_head(trunk_file, tok):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in m.head.parameters())
 
 
+def test_chained_second_step_is_what_a_kv_cache_would_see(trunk_file, tok):
+    """Draft step 2 at position j + 2 (llama.cpp: the head's own step-1 output as h) must equal a plain causal run
+    over what the MTP KV cache holds then: the step-1 inputs of positions 1..j + 1, then the chained input."""
+    m = head_model(trunk_file[1])
+    ids = torch.tensor([tok.encode(SAMPLE).ids[:20]])
+    with torch.no_grad():
+        h = m.hidden(ids)
+        first, second = m.chained_logits(h, ids)
+        torch.testing.assert_close(first, m.mtp_logits(h, ids), rtol=1e-5, atol=1e-5)
+        emb = m.trunk.model.embed_tokens(ids)
+        a = m.head.inputs(h[:, :-1], emb[:, 1:])
+        o = m.head.block(a, m.rope(a, torch.arange(1, 20)[None]))
+        for j in (0, 7, 17):
+            b = m.head.inputs(o[:, j:j + 1], emb[:, j + 2:j + 3])
+            x = torch.cat([a[:, :j + 1], b], 1)
+            pos = torch.cat([torch.arange(1, j + 2), torch.tensor([j + 2])])[None]
+            want = m.trunk.lm_head(m.head.block(x, m.rope(x, pos)))[:, -1]
+            torch.testing.assert_close(second[:, j], want, rtol=1e-5, atol=1e-5)
+    loss = m.loss(h, ids, chain_weight=0.5)
+    assert loss > m.loss(h, ids)
+
+
 def rms(x, w, eps=1e-6):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
@@ -207,7 +229,7 @@ def test_q8_0_export_quantizes_the_mtp_matrices(tmp_path, tok):
 def test_train_mtp_end_to_end_lowers_the_loss(tmp_path, trunk_file, tok):
     """The test preset on the tiny trunk: states, steps, evaluation, save, export; the held-out loss falls."""
     p = replace(train_mtp.PRESETS["test"], corpus_chars=6000, seq_len=32, steps=40, eval_every=40, lr=5e-3,
-                heldout_tokens=256)
+                heldout_tokens=256, chain_weight=0.5)
     head = train_mtp.train(p, trunk_file[0], "t", tmp_path, "cpu", export=True, log_dir=tmp_path)
     log = (tmp_path / "t.log").read_text()
     first = float(log.split("eval step 0: loss ")[1].split()[0])

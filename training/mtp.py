@@ -43,12 +43,18 @@ class MTPHead(nn.Module):
         self.norm = Qwen3_5RMSNorm(D, eps)
         nn.init.normal_(self.fc.weight, std=cfg.initializer_range)
 
+    def inputs(self, h: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """h: [B, T, D] hidden state (output-normed) at t; embeds: [B, T, D] embedding of x_{t+1} -> [B, T, D]."""
+        return self.fc(torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(h)], dim=-1))
+
+    def block(self, x: torch.Tensor, position_embeddings, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, L, D] -> [B, L, D], the input of the LM head. mask: [B or 1, 1, L, L] bool (True: attend);
+        None: causal."""
+        return self.norm(self.layers[0](x, position_embeddings=position_embeddings, attention_mask=mask))
+
     def forward(self, h: torch.Tensor, embeds: torch.Tensor, position_embeddings) -> torch.Tensor:
-        """h: [B, T, D] trunk hidden (output-normed) at t; embeds: [B, T, D] embedding of x_{t+1};
-        position_embeddings: (cos, sin) of x_{t+1}'s positions. Returns [B, T, D], the input of the LM head."""
-        x = self.fc(torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(h)], dim=-1))
-        x = self.layers[0](x, position_embeddings=position_embeddings)
-        return self.norm(x)
+        """position_embeddings: (cos, sin) of x_{t+1}'s positions. Returns [B, T, D], the input of the LM head."""
+        return self.block(self.inputs(h, embeds), position_embeddings)
 
     def init_from_trunk(self, trunk) -> None:
         """Start the block from the trunk's last full-attention layer and the shared norm from its output norm:
@@ -77,14 +83,48 @@ class MTPModel(nn.Module):
         # x_{t+1} sits at position t + 1, as in llama.cpp's MTP batch (rope is relative: only consistency matters)
         pos = torch.arange(1, ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
         embeds = self.trunk.model.embed_tokens(nxt)
-        pe = self.trunk.model.rotary_emb(embeds, pos[None].expand(3, -1, -1))   # (temporal, h, w) sections: text
-        out = self.head(h[:, :-1].to(embeds.dtype), embeds, pe)
+        out = self.head(h[:, :-1].to(embeds.dtype), embeds, self.rope(embeds, pos))
         return self.trunk.lm_head(out)
 
-    def loss(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Mean next-next-token cross-entropy over the T - 2 positions that have a label."""
-        logits = self.mtp_logits(h, ids)[:, :-1]
-        return nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, 2:].flatten())
+    def rope(self, like: torch.Tensor, pos: torch.Tensor):
+        """(cos, sin) for positions pos [B, L] (the same in the temporal, height and width sections: text)."""
+        return self.trunk.model.rotary_emb(like, pos[None].expand(3, -1, -1))
+
+    def chained_logits(self, h: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft steps 1 and 2 as llama.cpp chains them, teacher-forced: ([B, T - 1, V], [B, T - 2, V]).
+
+        Step 1 (stream A) is mtp_logits: row t, at position t + 1, reads (h_t, x_{t+1}) and predicts x_{t+2}.
+        Step 2 (stream B): llama.cpp feeds the head's own output back as h (common/speculative.cpp draft()), so
+        row t, at position t + 2, reads (A's output o_t, x_{t+2}) and predicts x_{t+3}; its attention sees what
+        the MTP KV cache holds then: stream A's entries of positions <= t + 1, and itself."""
+        B, T = ids.shape
+        dev = ids.device
+        emb = self.trunk.model.embed_tokens(ids)
+        a = self.head.inputs(h[:, :-1].to(emb.dtype), emb[:, 1:])                       # [B, T-1, D]
+        pos_a = torch.arange(1, T, device=dev)
+        o = self.head.block(a, self.rope(a, pos_a.expand(B, -1)))                        # [B, T-1, D]
+        b = self.head.inputs(o[:, :-1], emb[:, 2:])                                      # [B, T-2, D]
+        n_a, n_b = T - 1, T - 2
+        mask = torch.zeros(n_a + n_b, n_a + n_b, dtype=torch.bool, device=dev)
+        mask[:n_a, :n_a] = torch.ones(n_a, n_a, dtype=torch.bool, device=dev).tril()
+        mask[n_a:, :n_a] = torch.ones(n_b, n_a, dtype=torch.bool, device=dev).tril()     # B row t: A rows <= t
+        mask[n_a:, n_a:] = torch.eye(n_b, dtype=torch.bool, device=dev)
+        pos = torch.cat([pos_a, torch.arange(2, T, device=dev)]).expand(B, -1)
+        x = torch.cat([a, b], dim=1)
+        out = self.head.block(x, self.rope(x, pos), mask[None, None])
+        # stream A's rows attend only to A: out[:, :n_a] equals o (recomputed so both steps share one graph)
+        return self.trunk.lm_head(out[:, :n_a]), self.trunk.lm_head(out[:, n_a:])
+
+    def loss(self, h: torch.Tensor, ids: torch.Tensor, chain_weight: float = 0.0) -> torch.Tensor:
+        """Mean next-next-token cross-entropy over the T - 2 positions that have a label; with chain_weight > 0
+        plus chain_weight x the second draft step's cross-entropy (x_{t+3}, chained_logits)."""
+        if chain_weight <= 0:
+            logits = self.mtp_logits(h, ids)[:, :-1]
+            return nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, 2:].flatten())
+        first, second = self.chained_logits(h, ids)
+        ce = nn.functional.cross_entropy
+        return (ce(first[:, :-1].float().flatten(0, 1), ids[:, 2:].flatten())
+                + chain_weight * ce(second[:, :-1].float().flatten(0, 1), ids[:, 3:].flatten()))
 
     @torch.no_grad()
     def metrics(self, h: torch.Tensor, ids: torch.Tensor) -> dict[str, float]:
@@ -95,7 +135,11 @@ class MTPModel(nn.Module):
         target = ids[:, 2:]
         trunk_next = self.trunk.lm_head(h[:, 1:-1].to(logits.dtype)).argmax(-1)       # trunk's guess of x_{t+2}
         pred = logits.argmax(-1)
+        _, second = self.chained_logits(h, ids)
+        pred2 = second[:, :-1].argmax(-1)                                                # x_{t+3}
         return {"loss": nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten()).item(),
                 "acc": (pred == target).float().mean().item(),
                 "agree": (pred == trunk_next).float().mean().item(),
+                # second draft step: accepted when the first is and it equals the trunk's greedy x_{t+3}
+                "agree2": ((pred2 == trunk_next[:, 1:]) & (pred[:, :-1] == trunk_next[:, :-1])).float().mean().item(),
                 "trunk_acc": (trunk_next == target).float().mean().item()}

@@ -36,6 +36,9 @@ class MTPPreset:
     max_minutes: float           # training steps only (lr_at's clock); the cosine ends by then
     heldout_tokens: int          # held-out tokens evaluated (whole windows)
     seed: int = 0
+    # > 0: also train the second draft step as llama.cpp chains it (the head's own output as h; mtp.py
+    # chained_logits), weighted so; 0: the next-next-token loss alone (the run in training/README.md)
+    chain_weight: float = 0.0
 
 
 PRESETS = {
@@ -153,7 +156,7 @@ def train(p: MTPPreset, gguf_path: Path, run: str, out: Path, device: str, expor
         pick = torch.randint(0, len(ids), (p.batch,), generator=gen).to(device)
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
-            loss = model.loss(h[pick], ids[pick])
+            loss = model.loss(h[pick], ids[pick], p.chain_weight)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.head.parameters(), 1.0)
         opt.step()
@@ -199,6 +202,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", help="output folder; default out/<run>")
     ap.add_argument("--steps", type=int, help="override the preset's step count")
     ap.add_argument("--max-minutes", type=float, help="override the preset's time budget (training steps)")
+    ap.add_argument("--chain-weight", type=float, help="weight of the second draft step's loss (default 0: off)")
     ap.add_argument("--wall-minutes", type=float, help="end the whole run by then (the steps get what is left)")
     ap.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     ap.add_argument("--export", action="store_true", help="also write <out>/<gguf stem>-mtp.gguf")
@@ -209,6 +213,7 @@ def main(argv=None) -> None:
     out = Path(args.out) if args.out else REPO / "out" / run
     if args.export_from:
         clash = [f for f, v in (("--steps", args.steps), ("--max-minutes", args.max_minutes),
+                                ("--chain-weight", args.chain_weight is not None),
                                 ("--wall-minutes", args.wall_minutes), ("--device", args.device),
                                 ("--export", args.export)) if v]
         if clash:
@@ -221,6 +226,8 @@ def main(argv=None) -> None:
         p = replace(p, steps=args.steps)
     if args.max_minutes:
         p = replace(p, max_minutes=args.max_minutes)
+    if args.chain_weight is not None:
+        p = replace(p, chain_weight=args.chain_weight)
     from .train import triangular_solve_fix
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     with triangular_solve_fix(device):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Build the llama.cpp reference tools (≈ b8462, commit 49bfddeca) from the llama-cpp-python 0.3.17 sdist.
+# Build the llama.cpp reference tools from a llama-cpp-python sdist: by default 0.3.17 (≈ b8462, commit 49bfddeca),
+# the oracle of every golden; --version 0.3.36 (commit 0c1e570) is the newer one with Qwen3.5 MTP (draft-mtp).
 #
-# Usage: compat/build_llamacpp.sh [--cuda | --portable] [--jobs N]
-#   CPU build (default): $CACHE/llama.cpp-49bfddeca/build-cpu/bin/llama-*
+# Usage: compat/build_llamacpp.sh [--version 0.3.17|0.3.36] [--cuda | --portable] [--jobs N]
+#   CPU build (default): $CACHE/llama.cpp-49bfddeca/build-cpu/bin/llama-*  (0.3.36: llama.cpp-0c1e570/...)
 #   --cuda:              $CACHE/llama.cpp-49bfddeca/build-cuda/bin/llama-*  (sm_90, for the device machine)
 #   --portable:          $CACHE/llama.cpp-49bfddeca/build-portable/bin/llama-quantize alone, to run on another x86-64
 #                        machine (the GPU machine): GGML_NATIVE=OFF (an AVX2/FMA/F16C baseline instead of this CPU's
@@ -14,9 +15,6 @@
 set -euo pipefail
 
 SDIST_VERSION=0.3.17
-EXPECTED_COMMIT=49bfddeca18e62fa3d39114a23e9fcbdf8a22388
-BUILD_COMMIT=49bfddeca
-BUILD_NUMBER=8462
 # llama-imatrix: IQ2_XXS and the other very-low-bit types cannot be quantized without an importance matrix
 TARGETS="llama-cli llama-completion llama-server llama-tokenize llama-perplexity llama-bench llama-embedding llama-quantize llama-imatrix"
 
@@ -24,6 +22,7 @@ MODE=cpu
 JOBS=2
 while [[ $# -gt 0 ]]; do
     case "$1" in
+        --version) SDIST_VERSION="$2"; shift ;;
         --cuda) MODE=cuda ;;
         --portable) MODE=portable; TARGETS=llama-quantize ;;
         --jobs|-j) JOBS="$2"; shift ;;
@@ -31,6 +30,17 @@ while [[ $# -gt 0 ]]; do
     esac
     shift
 done
+
+# the sdist pins the llama.cpp commit; the build number is only what `llama-cli --version` prints (0: the sdist's
+# shallow history does not say which b-number 0c1e570 is)
+case "$SDIST_VERSION" in
+    0.3.17) EXPECTED_COMMIT=49bfddeca18e62fa3d39114a23e9fcbdf8a22388; BUILD_COMMIT=49bfddeca; BUILD_NUMBER=8462 ;;
+    # the MTP oracle (issue 19): the serving, CLI, benchmark and measurement tools, not imatrix / embedding
+    0.3.36) EXPECTED_COMMIT=0c1e57098bba43ac29e6e3b677cdceebdd22334f; BUILD_COMMIT=0c1e570; BUILD_NUMBER=0
+            [[ "$MODE" == portable ]] || \
+                TARGETS="llama-server llama-cli llama-completion llama-bench llama-quantize llama-tokenize llama-perplexity" ;;
+    *) echo "unknown --version $SDIST_VERSION (known: 0.3.17, 0.3.36)" >&2; exit 2 ;;
+esac
 
 CACHE="${LLAMACMP_CACHE:-$HOME/.cache/llamacmp}"
 SRC="$CACHE/llama.cpp-$BUILD_COMMIT"

@@ -55,17 +55,13 @@ def gguf_tensors(sd: dict[str, np.ndarray], cfg) -> dict[str, np.ndarray]:
         out["output.weight"] = sd["lm_head.weight"]
     for il in range(cfg.num_hidden_layers):
         b, h = f"blk.{il}.", f"model.layers.{il}."
+        if cfg.layer_types[il] == "full_attention":
+            out.update(attention_block(sd, h, b))
+            continue
         out[b + "attn_norm.weight"] = 1 + sd[h + "input_layernorm.weight"]
         out[b + "post_attention_norm.weight"] = 1 + sd[h + "post_attention_layernorm.weight"]
         for ours, theirs in (("ffn_gate", "gate_proj"), ("ffn_up", "up_proj"), ("ffn_down", "down_proj")):
             out[b + ours + ".weight"] = sd[h + f"mlp.{theirs}.weight"]
-        if cfg.layer_types[il] == "full_attention":
-            for ours, theirs in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"),
-                                 ("attn_output", "o_proj")):
-                out[b + ours + ".weight"] = sd[h + f"self_attn.{theirs}.weight"]
-            out[b + "attn_q_norm.weight"] = 1 + sd[h + "self_attn.q_norm.weight"]
-            out[b + "attn_k_norm.weight"] = 1 + sd[h + "self_attn.k_norm.weight"]
-            continue
         la = h + "linear_attn."
         qk = 2 * K * cfg.linear_key_head_dim
         qkv, conv = sd[la + "in_proj_qkv.weight"], sd[la + "conv1d.weight"][:, 0, :]
@@ -80,6 +76,79 @@ def gguf_tensors(sd: dict[str, np.ndarray], cfg) -> dict[str, np.ndarray]:
         o = sd[la + "out_proj.weight"]
         out[b + "ssm_out.weight"] = o.reshape(-1, V, Dv)[:, idx].reshape(o.shape)
     return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}
+
+
+def attention_block(sd: dict[str, np.ndarray], h: str, b: str) -> dict[str, np.ndarray]:
+    """One full-attention decoder block, HF prefix `h` (e.g. "model.layers.3.") -> GGUF prefix `b` ("blk.3.")."""
+    out = {b + "attn_norm.weight": 1 + sd[h + "input_layernorm.weight"],
+           b + "post_attention_norm.weight": 1 + sd[h + "post_attention_layernorm.weight"]}
+    for ours, theirs in (("ffn_gate", "gate_proj"), ("ffn_up", "up_proj"), ("ffn_down", "down_proj")):
+        out[b + ours + ".weight"] = sd[h + f"mlp.{theirs}.weight"]
+    for ours, theirs in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"), ("attn_output", "o_proj")):
+        out[b + ours + ".weight"] = sd[h + f"self_attn.{theirs}.weight"]
+    out[b + "attn_q_norm.weight"] = 1 + sd[h + "self_attn.q_norm.weight"]
+    out[b + "attn_k_norm.weight"] = 1 + sd[h + "self_attn.k_norm.weight"]
+    return out
+
+
+# llama.cpp 0c1e570 conversion/qwen.py `_QwenMtpMixin.filter_tensors`: mtp.layers.0.* becomes blk.N.* (N = the
+# trunk's layer count), these four become blk.N.nextn.*; modify_tensors then adds 1 to every `norm.weight`
+# (enorm, hnorm and shared_head_norm included: they are Qwen3.5 (1 + w) RMSNorms too).
+MTP_NEXTN = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm",
+             "norm": "shared_head_norm"}
+
+
+def mtp_tensors(head_sd: dict[str, np.ndarray], il: int) -> dict[str, np.ndarray]:
+    """MTPHead state dict (HF `mtp.*` names without the prefix, float32) -> blk.{il}.* GGUF tensors."""
+    b = f"blk.{il}."
+    out = attention_block(head_sd, "layers.0.", b)
+    for theirs, ours in MTP_NEXTN.items():
+        w = head_sd[theirs + ".weight"]
+        out[f"{b}nextn.{ours}.weight"] = w if theirs == "fc" else 1 + w
+    unused = set(head_sd) - {k for k in head_sd if k.startswith("layers.0.")} - {k + ".weight" for k in MTP_NEXTN}
+    if unused:
+        raise ValueError(f"MTP head tensors with no GGUF name: {sorted(unused)}")
+    return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}
+
+
+def hf_tensors(t: dict[str, np.ndarray], cfg) -> dict[str, np.ndarray]:
+    """The inverse of gguf_tensors: GGUF tensor name -> float32 array (GGUF numpy order) back to the HF state dict.
+
+    Used to load a GGUF whose HF checkpoint is gone (the bundled demo model) into Qwen3_5ForCausalLM. Exact for
+    every permutation; `1 + w` and `-exp(A_log)` round-trip to float32 rounding."""
+    V, K, Dv = cfg.linear_num_value_heads, cfg.linear_num_key_heads, cfg.linear_value_head_dim
+    inv = np.argsort(grouped_to_tiled(V, K))                     # GGUF (tiled) head -> HF (grouped) order
+    rows = lambda x: x.reshape(V, Dv, *x.shape[1:])[inv].reshape(x.shape)     # noqa: E731
+    sd = {"model.embed_tokens.weight": t["token_embd.weight"], "model.norm.weight": t["output_norm.weight"] - 1}
+    if not cfg.tie_word_embeddings:
+        sd["lm_head.weight"] = t["output.weight"]
+    for il in range(cfg.num_hidden_layers):
+        b, h = f"blk.{il}.", f"model.layers.{il}."
+        sd[h + "input_layernorm.weight"] = t[b + "attn_norm.weight"] - 1
+        sd[h + "post_attention_layernorm.weight"] = t[b + "post_attention_norm.weight"] - 1
+        for ours, theirs in (("ffn_gate", "gate_proj"), ("ffn_up", "up_proj"), ("ffn_down", "down_proj")):
+            sd[h + f"mlp.{theirs}.weight"] = t[b + ours + ".weight"]
+        if cfg.layer_types[il] == "full_attention":
+            for ours, theirs in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"),
+                                 ("attn_output", "o_proj")):
+                sd[h + f"self_attn.{theirs}.weight"] = t[b + ours + ".weight"]
+            sd[h + "self_attn.q_norm.weight"] = t[b + "attn_q_norm.weight"] - 1
+            sd[h + "self_attn.k_norm.weight"] = t[b + "attn_k_norm.weight"] - 1
+            continue
+        la = h + "linear_attn."
+        qk = 2 * K * cfg.linear_key_head_dim
+        qkv, conv = t[b + "attn_qkv.weight"], t[b + "ssm_conv1d.weight"]
+        sd[la + "in_proj_qkv.weight"] = np.concatenate([qkv[:qk], rows(qkv[qk:])])
+        sd[la + "in_proj_z.weight"] = rows(t[b + "attn_gate.weight"])
+        sd[la + "in_proj_b.weight"] = t[b + "ssm_beta.weight"][inv]
+        sd[la + "in_proj_a.weight"] = t[b + "ssm_alpha.weight"][inv]
+        sd[la + "conv1d.weight"] = np.concatenate([conv[:qk], rows(conv[qk:])])[:, None, :]
+        sd[la + "dt_bias"] = t[b + "ssm_dt.bias"][inv]
+        sd[la + "A_log"] = np.log(-t[b + "ssm_a"])[inv]
+        sd[la + "norm.weight"] = t[b + "ssm_norm.weight"]
+        o = t[b + "ssm_out.weight"]
+        sd[la + "out_proj.weight"] = o.reshape(-1, V, Dv)[:, inv].reshape(o.shape)
+    return {k: np.ascontiguousarray(v, np.float32) for k, v in sd.items()}
 
 
 def encode(values: np.ndarray, qtype: str) -> np.ndarray:
@@ -115,6 +184,50 @@ def write_gguf(path: str | Path, model, vocab, dtype: str = "f32", name: str = "
         w.write_tensor_data(encode(tensors[spec.name], ggml_type(spec, dtype).name))
     w.close()
     return path
+
+
+MTP_ORDER = ("attn_norm", "post_attention_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm",
+             "attn_k_norm", "ffn_gate", "ffn_up", "ffn_down", "nextn.eh_proj", "nextn.enorm", "nextn.hnorm",
+             "nextn.shared_head_norm")
+FILE_TYPE_QTYPE = {0: "F32", 1: "F16", 7: "Q8_0"}      # general.file_type -> the type of the MTP block's matrices
+
+
+def write_with_mtp(src, head_sd: dict[str, np.ndarray], path: str | Path) -> Path:
+    """`src` (a from_gguf.GGUFModel) plus the MTP block, as llama.cpp 0c1e570's converter lays it out: block_count
+    + 1, `qwen35.nextn_predict_layers = 1`, blk.N.* and blk.N.nextn.* (N = the trunk's block count). Every
+    metadata value and every trunk tensor is copied as stored (the trunk's bytes do not change); the MTP
+    matrices take the file's type (Q8_0 as `Q8Tensor.quantize` = llama-quantize), its vectors stay F32."""
+    import gguf
+    kv = src.kv
+    if kv.get("qwen35.nextn_predict_layers", 0):
+        raise ValueError(f"{src.path} already has an MTP block")
+    file_type = int(kv.get("general.file_type", 0))
+    if file_type not in FILE_TYPE_QTYPE:
+        raise ValueError(f"{src.path}: general.file_type {file_type} is not one of {sorted(FILE_TYPE_QTYPE)}")
+    n_layer = int(kv["qwen35.block_count"])
+    mtp = mtp_tensors(head_sd, n_layer)
+    if {f"blk.{n_layer}.{part}.weight" for part in MTP_ORDER} != set(mtp):
+        raise ValueError(f"MTP tensor set {sorted(mtp)} is not MTP_ORDER")
+    w = gguf.GGUFWriter(str(path), "qwen35")
+    for key, value in kv.items():
+        if key == "general.architecture":       # GGUFWriter writes it
+            continue
+        types = src.kv_types[key]
+        value = n_layer + 1 if key == "qwen35.block_count" else value
+        w.add_key_value(key, value, types[0], types[-1] if types[0] == gguf.GGUFValueType.ARRAY else None)
+        if key == "qwen35.block_count":
+            w.add_uint32("qwen35.nextn_predict_layers", 1)
+    for name, (data, qtype) in src.raw.items():
+        w.add_tensor(name, data, raw_dtype=qtype)
+    for part in MTP_ORDER:
+        name = f"blk.{n_layer}.{part}.weight"
+        qtype = FILE_TYPE_QTYPE[file_type] if mtp[name].ndim == 2 else "F32"
+        w.add_tensor(name, encode(mtp[name], qtype), raw_dtype=gguf.GGMLQuantizationType[qtype])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
 
 
 def load_checkpoint(folder: str | Path):

@@ -56,6 +56,19 @@ def gguf_vocab(tok: Tokenizer) -> Vocab:
                  pad_id=tokens.index(PAD_TOKEN))
 
 
+def from_vocab(v: Vocab) -> Tokenizer:
+    """The inverse of gguf_vocab: a `tokenizers` Tokenizer from a GGUF's arrays (a file whose tokenizer.json is
+    gone). The special tokens must follow the BPE entries, as train_tokenizer lays them out."""
+    n_bpe = len(v.tokens) - len(SPECIAL_TOKENS)
+    if tuple(v.tokens[n_bpe:]) != SPECIAL_TOKENS:
+        raise ValueError(f"the vocabulary does not end with training/tokenizer.py's special tokens {SPECIAL_TOKENS}")
+    tok = new_tokenizer()
+    tok.model = models.BPE(vocab={t: i for i, t in enumerate(v.tokens[:n_bpe])},
+                           merges=[tuple(m.split(" ")) for m in v.merges])
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return tok
+
+
 def _token_type(token: str) -> int:
     if token in USER_DEFINED_TOKENS:
         return USER_DEFINED

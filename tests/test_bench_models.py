@@ -13,6 +13,7 @@ from llamacmp.fixtures import qwen_vocab as qv
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_model  # noqa: E402
+import profile_prefill  # noqa: E402
 import server_vs_llamacpp  # noqa: E402
 import side_by_side  # noqa: E402
 
@@ -138,3 +139,17 @@ def test_tensor_core_detector_sees_mma_and_not_dp4a(tmp_path):
         cubins.append(tmp_path / f"{name}.cubin")
     found = side_by_side.tensor_core_instructions(cubins, tool)
     assert list(found) == [str(cubins[0])] and found[str(cubins[0])].get("HMMA", 0) >= 1
+
+
+@pytest.mark.parametrize("kernel,phase", [
+    ("void cmp::gemm_mma_kernel<0, false, 4, 4>", "gemm"), ("void cmp::gemm2_q8_kernel", "gemm"),
+    ("cmp::expand_kernel<cmp::Q4K>", "gemm"), ("cmp::rmsnorm_q8_kernel", "quantize"),
+    ("void cmp::binary_q8_kernel<0>", "quantize"), ("cmp::gated_rmsnorm_q8_kernel", "quantize"),
+    ("void cmp::attn_prefill_kernel<256>", "attention"), ("cmp::attention_prep_kernel", "attention"),
+    ("cmp::kv_write_q_kernel", "attention"), ("void cmp::gdn_chunked_kernel<128>", "gdn"),
+    ("cmp::conv1d_silu_chunks_kernel", "gdn"), ("cmp::gdn_gates_kernel", "gdn"), ("cmp::embed_q8_kernel", "glue"),
+    ("cmp::rmsnorm_kernel", "glue"), ("cmp::argmax_kernel", "glue")])
+def test_profile_prefill_phases(kernel, phase):
+    """profile_prefill puts each kernel of a prefill in its phase (the producers that quantize activations apart
+    from the projections they feed; the embedding's Q8 gather is glue, not a producer)."""
+    assert profile_prefill.phase_of(kernel) == phase

@@ -1,6 +1,7 @@
 """Where a prefill's time goes, by phase: projection GEMMs, attention, Gated DeltaNet, glue (issue 20 item 5).
 
-    python3 benchmarks/profile_prefill.py MODEL.gguf [-p 512 4096 16384] [--route mma] [--top 12] [--json out.json]
+    python3 benchmarks/profile_prefill.py MODEL.gguf [-p 512 4096 16384] [--route mma] [--attn-route fp32]
+                                          [--top 12] [--json out.json]
 
 For each ppN: one warm-up forward, one timed plainly (wall clock, the logits copied back, as bench_model's ppN), then
 one under torch.profiler's CUDA activity trace (CUPTI sees the library's kernels: one process, one context). Each
@@ -73,11 +74,12 @@ def main(argv=None) -> None:
     ap.add_argument("model")
     ap.add_argument("-p", type=int, nargs="+", default=[512, 4096, 16384])
     ap.add_argument("--route", choices=("dp4a", "mma"), default="mma", help="routes.Routes.matmul_prefill")
+    ap.add_argument("--attn-route", choices=("fp32", "mma"), default="fp32", help="routes.Routes.attn_prefill")
     ap.add_argument("--top", type=int, default=12, help="kernels listed per ppN")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     be = CudaBackend(0)
-    be.routes = replace(be.routes, matmul_prefill=args.route)
+    be.routes = replace(be.routes, matmul_prefill=args.route, attn_prefill=args.attn_route)
     cfg, model = load(args.model, be)
     rng = np.random.default_rng(0)
     print(f"device: {be.native.device_name()}; model {args.model}; prefill route {args.route}; "

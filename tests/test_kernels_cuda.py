@@ -608,8 +608,8 @@ def test_routes_the_backend_lacks_are_refused_by_name(cuda_backend):
     saved = be.routes
     with pytest.raises(ValueError, match="no 'dp2a' route for matmul_prefill"):
         be.routes = Routes(matmul_prefill="dp2a")
-    with pytest.raises(ValueError, match="no 'mma' route for attn_prefill"):
-        be.routes = Routes(attn_prefill="mma")
+    with pytest.raises(ValueError, match="no 'mma' route for attn_decode"):
+        be.routes = Routes(attn_decode="mma")
     assert be.routes == saved
 
 

@@ -1,5 +1,5 @@
-"""Tensor-core instructions live only in the kernels of the "mma" prefill route (issue 20: matmul_mma.cu's
-gemm_mma_kernel); every kernel of the default route (routes.DEFAULT: DP4A, FP32) has no HMMA, IMMA, HGMMA or QGMMA
+"""Tensor-core instructions live only in the kernels of the "mma" prefill routes (issue 20: matmul_mma.cu's
+gemm_mma_kernel, attention_mma.cu's attn_prefill_mma_kernel); every kernel of the default route (routes.DEFAULT: DP4A, FP32) has no HMMA, IMMA, HGMMA or QGMMA
 in its SASS (nor mma/wmma/wgmma in its PTX), and the Q8 kernels do hold DP4A (IDP.4A). Runs without a GPU:
 cuobjdump comes from the PyPI package nvidia-cuda-cuobjdump (with nvidia-cuda-nvdisasm for -sass), triton's bundled
 copy, or PATH."""
@@ -30,7 +30,13 @@ def tool_and_lib():
     return tool, lib
 
 
-MMA_KERNEL = "gemm_mma_kernel"   # the mma route's kernels (matmul_mma.cu); every other kernel is the DP4A/FP32 route's
+MMA_KERNEL = "gemm_mma_kernel"   # the mma GEMM route's kernels (matmul_mma.cu)
+ATTN_MMA_KERNEL = "attn_prefill_mma_kernel"   # the mma attention route's (attention_mma.cu)
+
+
+def _mma_route(name: str) -> bool:
+    """Whether a kernel belongs to an mma route; every other kernel is the DP4A/FP32 routes'."""
+    return MMA_KERNEL in name or ATTN_MMA_KERNEL in name
 
 
 def _sass_functions(sass: str) -> dict[str, str]:
@@ -54,7 +60,7 @@ def test_sass_tensor_cores_only_in_the_mma_route(tool_and_lib):
     sass = _dump(tool, "-sass", lib)
     funcs = _sass_functions(sass)
     assert len(funcs) > 50, "cuobjdump printed no SASS functions"
-    hits = {n: sorted(set(TENSOR_CORE_SASS.findall(b))) for n, b in funcs.items() if MMA_KERNEL not in n}
+    hits = {n: sorted(set(TENSOR_CORE_SASS.findall(b))) for n, b in funcs.items() if not _mma_route(n)}
     hits = {n: h for n, h in hits.items() if h}
     assert not hits, f"tensor-core instructions outside the mma route's kernels: {sorted(hits.items())[:3]}"
     assert "IDP.4A" in sass, "no DP4A (IDP.4A) in the SASS: the Q8 kernels are not using it"
@@ -83,7 +89,7 @@ def test_ptx_mma_only_in_the_mma_route(tool_and_lib):
     ptx = _dump(tool, "-ptx", lib)
     entries = _ptx_entries(ptx)
     assert len(entries) > 50, "cuobjdump -ptx printed no PTX entries: nothing was checked"
-    hits = {n: sorted(set(TENSOR_CORE_PTX.findall(b))) for n, b in entries.items() if MMA_KERNEL not in n}
+    hits = {n: sorted(set(TENSOR_CORE_PTX.findall(b))) for n, b in entries.items() if not _mma_route(n)}
     hits = {n: h for n, h in hits.items() if h}
     assert not hits, f"matrix instructions outside the mma route's kernels: {sorted(hits.items())[:3]}"
     targets = [int(t) for t in re.findall(r"\.target sm_(\d+)", ptx)]
@@ -91,6 +97,24 @@ def test_ptx_mma_only_in_the_mma_route(tool_and_lib):
     assert mma and targets, "no mma-route entries or no .target in the PTX"
     # compute_75+ PTX multiplies with mma.sync; compute_70 and older PTX has the kernels empty (refused at run time)
     assert all(("mma.sync" in b) == (max(targets) >= 75) for b in mma)
+    attn = [b for n, b in entries.items() if ATTN_MMA_KERNEL in n]
+    assert len(attn) == 3, f"{len(attn)} {ATTN_MMA_KERNEL} entries (head dims 64, 128, 256)"
+    # the f16 m16n8k16 shape needs compute_80; older PTX has the kernel empty (refused at run time)
+    assert all(("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in b) == (max(targets) >= 80) for b in attn)
+
+
+def test_attention_mma_kernel_uses_f16_tensor_cores(tool_and_lib):
+    """The mma attention route multiplies with HMMA where the code is sm_80+, and has no instruction at all of the
+    tensor cores in older builds (its kernels are empty there)."""
+    tool, lib = tool_and_lib
+    sass = _dump(tool, "-sass", lib)
+    attn = {n: b for n, b in _sass_functions(sass).items() if ATTN_MMA_KERNEL in n}
+    assert len(attn) == 3, f"{len(attn)} {ATTN_MMA_KERNEL} instantiations in the SASS"
+    archs = {int(a) for a in re.findall(r"code for sm_(\d+)", sass)}
+    if max(archs) < 80:
+        assert not sorted({h for b in attn.values() for h in TENSOR_CORE_SASS.findall(b)})
+        return
+    assert all("HMMA" in b for b in attn.values()), "attn_prefill_mma_kernel without HMMA"
 
 
 # The kernels of the block-quantized types (matmul_quant.cu): every instantiation is present and multiplies by DP4A.

@@ -296,14 +296,16 @@ class CudaBackend(Backend):
         return t
 
     # The routes this backend has kernels for, per Routes field (issue 20; the others are refused, not ignored).
-    ROUTES_BUILT = {"matmul_prefill": ("dp4a", "mma"), "matmul_decode": ("dp4a",), "attn_prefill": ("fp32",),
+    ROUTES_BUILT = {"matmul_prefill": ("dp4a", "mma"), "matmul_decode": ("dp4a",), "attn_prefill": ("fp32", "mma"),
                     "attn_decode": ("fp32",)}
 
     @property
     def routes(self) -> _routes.Routes:
         """Which unit each op family runs on; matmul_prefill "mma" multiplies the quantized projections of more
         tokens than the GEMV takes (8 or 16; Q8_0 and every expanded block type) with int8 mma.sync
-        (matmul_mma.cu)."""
+        (matmul_mma.cu); attn_prefill "mma" runs the dense prefill over f16 K and V caches with f16 mma.sync
+        (attention_mma.cu: Q and the probabilities rounded to f16); the other cache types and block-sparse lists
+        have no tensor-core kernel and keep the fp32 one."""
         return self._routes
 
     @routes.setter
@@ -315,6 +317,10 @@ class CudaBackend(Backend):
         if r.matmul_prefill == "mma" and not self.native.mma_available():
             raise ValueError(f"the mma route for matmul_prefill needs int8 tensor cores (compute capability 7.5+) "
                              f"and this library's code for them; device {self.device} runs none (use dp4a)")
+        if r.attn_prefill == "mma" and not self.native.attn_mma_available():
+            raise ValueError(f"the mma route for attn_prefill needs f16 mma.sync (compute capability 8.0+), this "
+                             f"library's code for it and 99 KB of shared memory per block; device {self.device} "
+                             f"lacks them (use fp32)")
         self._routes = r
 
     def _gemm_route_bits(self) -> int:
@@ -751,6 +757,10 @@ class CudaBackend(Backend):
                 self.native.cmp_attn_decode(q.row_ptr(seg.start), kc.ptr, vc.ptr, kt, vt, pos_ptr,
                                             out.row_ptr(seg.start), work.ptr if work is not None else None, L, Hq,
                                             Hk, Dh, scale, n_split)
+                continue
+            if lists is None and self._routes.attn_prefill == "mma" and st.k_type == st.v_type == "f16":
+                self.native.cmp_attn_prefill_mma(q.row_ptr(seg.start), kc.ptr, vc.ptr, pos_ptr,
+                                                 out.row_ptr(seg.start), L, Hq, Hk, Dh, scale)
                 continue
             blocks = counts = None
             max_blocks = 0

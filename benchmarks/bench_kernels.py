@@ -4,6 +4,7 @@ come from memory, not cache. Prints a table; `--json PATH` also writes the rows.
 
     python3 benchmarks/bench_kernels.py [--quick] [--matmul-only] [--json out.json]
     python3 benchmarks/bench_kernels.py --gemm-routes dp4a mma [--json out.json]   (prefill GEMM per route only)
+    python3 benchmarks/bench_kernels.py --conv-only [--json out.json]                (GDN conv1d + SiLU only)
 
 The matmul table times each shape with the v1 kernels and the v2 ones (cmp_matmul_q8_ex) side by side; the
 producer table times the unfused op + quantize against the fused Q8 producers.
@@ -142,6 +143,16 @@ def bench_gdn(be: CudaBackend, L: int, chunked: bool = False) -> float:
     return timed(be, lambda i: fn(qkv.ptr, g.ptr, b.ptr, S.ptr, o.ptr, L, K, V, Dk, 1e-6), 3)
 
 
+def bench_conv(be: CudaBackend, L: int, C: int = 8192, kernel: int = 4) -> float:
+    """The GDN layers' causal conv1d + SiLU over one L-token segment (cmp_conv1d_silu; 9B: 8192 channels, kernel 4)."""
+    rng = np.random.default_rng(4)
+    x = be.from_host(rng.standard_normal((L, C)).astype(np.float32), "f32")
+    w = be.from_host(rng.standard_normal((C, kernel)).astype(np.float32), "f32")
+    state = be.zeros((kernel - 1, C), "f32", "conv state")
+    out = be.empty((L, C))
+    return timed(be, lambda i: be.native.cmp_conv1d_silu(x.ptr, w.ptr, state.ptr, out.ptr, L, C, kernel), 5)
+
+
 def bench_argmax(be: CudaBackend, R: int, N: int) -> float:
     x = be.from_host(np.random.default_rng(3).standard_normal((R, N)).astype(np.float32), "f32")
     out = be.empty((R,), "i32")
@@ -154,6 +165,7 @@ def main(argv=None) -> None:
     ap.add_argument("--json")
     ap.add_argument("--matmul-only", action="store_true")
     ap.add_argument("--gdn-only", action="store_true", help="only the GDN scan vs chunked rows and the argmax")
+    ap.add_argument("--conv-only", action="store_true", help="only the GDN conv1d + SiLU at L = 1 .. 16384 (9B)")
     ap.add_argument("--attention-only", action="store_true",
                     help="only the attention table (benchmarks/bench_attention.py: old vs new, per KV type)")
     ap.add_argument("--gemm-routes", nargs="+", choices=tuple(GEMM_ROUTES), default=None,
@@ -174,6 +186,15 @@ def main(argv=None) -> None:
         _write_json(args.json, bench_attention_rows(be, args.quick))
         return
     rows_out = []
+    if args.conv_only:
+        print(f"device: {be.native.device_name()}   date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+        for L in (1, 512, 4096, 16384):
+            ms = bench_conv(be, L)
+            gbs = 2 * L * 8192 * 4 / ms / 1e6   # x read + out written
+            print(f"conv1d_silu L={L:<6} C=8192 k=4 {ms * 1e3:>9.1f} us {gbs:>7.0f} GB/s", flush=True)
+            rows_out.append({"what": "conv1d_silu", "L": L, "C": 8192, "ms": ms, "GB/s": gbs})
+        _write_json(args.json, rows_out)
+        return
     if args.gdn_only:
         bench_gdn_rows(be, rows_out)
         _write_json(args.json, rows_out)

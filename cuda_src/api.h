@@ -155,6 +155,15 @@ int cmp_embed_quant(int type, const int32_t* ids, const void* body, const void* 
 // cmp_matmul_q8_ex and cmp_matmul_quant run CMP_MM_MMA on; 0 elsewhere (they refuse it there).
 int cmp_mma_available(int* yes);
 
+// ---- attention_mma.cu -----------------------------------------------------------------------------------------
+// The tensor-core attention prefill (issue 20, attn_prefill route "mma"): what cmp_attn_prefill computes for f16 K
+// and V caches, dense causal (no block lists), with Q (scaled) and the probabilities rounded to f16 for f16
+// mma.sync (fp32 accumulation). Dh in {64, 128, 256}. *yes = 1 where the current device runs it (compute_80+ code
+// and 101376 bytes of shared memory per block); cmp_attn_prefill_mma refuses elsewhere.
+int cmp_attn_mma_available(int* yes);
+int cmp_attn_prefill_mma(const float* q, const void* kc, const void* vc, const int32_t* pos, float* out, int L,
+                         int Hq, int Hk, int Dh, float scale);
+
 // ---- elementwise.cu -------------------------------------------------------------------------------------------
 // out [T, D] = table[ids[t]]; Q8 table qs [N, D] int8 + d [N, D/32] f16; ids [T] int32 on the device.
 int cmp_embed_q8(const int32_t* ids, const int8_t* qs, const void* d, float* out, int T, int D);

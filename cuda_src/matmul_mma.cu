@@ -3,8 +3,11 @@
 // sm_75; PER16 types take each 16-value half alone: m16n8k16 / two m8n8k16), then scaled and summed in fp32 with
 // the arithmetic of the DP4A GEMMs (matmul_q8.cu gemm2, matmul_quant.cu gemm_quant), in the same block order.
 // Tiles of 128 weight rows x 128 tokens, 16 warps of 32 x 32 outputs; codes staged in shared memory by cp.async
-// (sm_80+; plain loads on sm_75) in a ring of STAGES stages of 2 blocks, read into fragments with ldmatrix; the
-// scales go through registers, stored after the stage's math. compute_70 and older builds have no kernel body
+// (sm_80+; plain loads on sm_75) in a ring of stages of WIDE_BK (or 2) blocks, read into fragments with ldmatrix;
+// the scales go through registers, stored after the stage's math. The loop is issue-bound (one warp instruction
+// per clock per scheduler), so it is kept to the epilogue's three FP32 instructions per output and block plus
+// little else: the dots start from a magic bias (no integer-to-float add), rows past the edges read the last row
+// (no row guards), and each thread's source pointers are set once. compute_70 and older builds have no kernel body
 // here: gemm_mma refuses them (mma_int8_available).
 #include <atomic>
 
@@ -13,40 +16,43 @@
 namespace cmp {
 namespace {
 
+#ifndef CMP_MMA_WIDE_BK
+#define CMP_MMA_WIDE_BK 4
+#endif
 constexpr int MT = 128;          // weight rows per block
 constexpr int NT = 128;          // tokens per block
-constexpr int BK = 2;            // 32-value blocks per stage
-constexpr int KS = BK * 32 + 16; // bytes per staged row: 80 (16-byte aligned; the 8 rows of one ldmatrix phase
-                                 // start in 8 distinct 16-byte bank groups, so no conflicts)
+constexpr int WIDE_BK = CMP_MMA_WIDE_BK;  // 32-value blocks per stage where the shared memory allows (sm_80+)
 constexpr int WARPS_M = 4, WARPS_N = 4;            // warps along the rows and the tokens of a tile
 constexpr int THREADS = 32 * WARPS_M * WARPS_N;
 constexpr int WTM = MT / WARPS_M, WTN = NT / WARPS_N;  // a warp's rows and tokens: 32 x 32
 constexpr int MI = WTM / 16, NI = WTN / 8;             // its m16 and n8 tiles
-constexpr int CODE_CHUNKS = MT * BK * 2;             // 16-byte chunks of one operand per stage
-constexpr int SCALE_ITEMS = 2 * MT * BK;             // (row, block) of W then (token, block) of x per stage
-constexpr int SCALE_PER_THREAD = SCALE_ITEMS / THREADS;
-constexpr int DEEP = 4;          // stages where the shared memory allows (sm_80+), else 2
-static_assert(MT == NT && CODE_CHUNKS % THREADS == 0 && SCALE_ITEMS % THREADS == 0 && NI % 2 == 0,
-              "stage loads and B fragments assume this shape");
+static_assert(MT == NT && NI % 2 == 0, "stage loads and B fragments assume this shape");
 
-template <int SC, bool MIN>
+// Bytes per staged row of BK blocks: 16-byte aligned, an odd number of 16-byte groups, so the 8 rows of one
+// ldmatrix phase start in 8 distinct bank groups (no conflicts).
+__host__ __device__ constexpr int row_bytes(int BK) { return BK * 32 + 16; }
+
+// The scales are stored [block][row] so that a thread's two tokens (2t, 2t + 1) are one 8-byte load.
+template <int SC, bool MIN, int BK>
 struct __align__(16) MmaStage {
-    int8_t w[MT][KS];
-    int8_t x[NT][KS];
-    float ws[MT][SC == MMA_PER16 ? 2 * BK : BK];   // weight scale per block (per half for PER16)
-    float wm[MIN ? MT : 1][2 * BK];                // weight min per half
-    float xd[NT][BK];                              // activation scale per block
-    float xs[MIN ? NT : 1][2 * BK];                // activation half sum times scale
+    int8_t w[MT][row_bytes(BK)];
+    int8_t x[NT][row_bytes(BK)];
+    float ws[SC == MMA_PER16 ? 2 * BK : BK][MT];   // weight scale per block (per half for PER16)
+    float wm[MIN ? 2 * BK : 1][MT];                // weight min per half
+    float xd[BK][NT];                              // activation scale per block
+    float xs[MIN ? 2 * BK : 1][NT];                // activation half sum times scale
 };
 
-// An int of magnitude < 2^22 as float, exactly (as dot_to_f32 / i2f of the DP4A GEMMs: no quarter-rate I2F).
-__device__ __forceinline__ float i2f(int s) { return __int_as_float(0x4B400000 + s) - 12582912.f; }
+// The integer dots start from MAGIC instead of 0: the float with MAGIC's bits is 1.5 * 2^23, whose unit in the last
+// place is 1, so for |dot| < 2^22 the bits MAGIC + dot are the float 1.5 * 2^23 + dot exactly, and one FADD gives
+// the dot as float (the DP4A GEMMs' i2f, without its integer add).
+constexpr int MAGIC = 0x4B400000;
+__device__ __forceinline__ float dot_f32(int biased) { return __int_as_float(biased) - 12582912.f; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
 // Four 8x8 b16 matrices from shared memory: lanes 8i..8i+7 give the row addresses of matrix i, which lands in r[i]
 // (lane l holds row l/4, bytes 4(l%4)..+3 of each).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], unsigned s) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(s));
@@ -61,16 +67,16 @@ __device__ __forceinline__ void mma8(int& d0, int& d1, uint32_t a, uint32_t b) {
 }
 #endif
 
-// d [16 rows x 8 tokens] = a [16 x 32] . b [32 x 8] from zero, in the m16n8k32 fragment layouts: a = ldmatrix of
+// d [16 rows x 8 tokens] = MAGIC + a [16 x 32] . b [32 x 8], in the m16n8k32 fragment layouts: a = ldmatrix of
 // rows 0-7 / 8-15 x bytes 0-15 / 16-31 (a[0] a[1] a[2] a[3]), b = tokens x bytes 0-15 / 16-31; d[0..1] row g,
 // d[2..3] row g + 8, tokens 2t, 2t + 1 (g = lane / 4, t = lane % 4).
 __device__ __forceinline__ void mma_k32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if __CUDA_ARCH__ >= 800
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(MAGIC));
 #else
-    d[0] = d[1] = d[2] = d[3] = 0;
+    d[0] = d[1] = d[2] = d[3] = MAGIC;
     mma8(d[0], d[1], a[0], b0);
     mma8(d[0], d[1], a[2], b1);
     mma8(d[2], d[3], a[1], b0);
@@ -83,9 +89,9 @@ __device__ __forceinline__ void mma_k16(int (&d)[4], uint32_t a0, uint32_t a1, u
 #if __CUDA_ARCH__ >= 800
     asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(b), "r"(0));
+        : "r"(a0), "r"(a1), "r"(b), "r"(MAGIC));
 #else
-    d[0] = d[1] = d[2] = d[3] = 0;
+    d[0] = d[1] = d[2] = d[3] = MAGIC;
     mma8(d[0], d[1], a0, b);
     mma8(d[2], d[3], a1, b);
 #endif
@@ -112,10 +118,15 @@ struct ScaleItem {
     float a, b, c, d;
 };
 
-template <int SC, bool MIN, int STAGES>
+template <int SC, bool MIN, int BK, int STAGES>
 __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands op) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
-    using Stage = MmaStage<SC, MIN>;
+    using Stage = MmaStage<SC, MIN, BK>;
+    constexpr int KS = row_bytes(BK);
+    constexpr int ROW_CHUNKS = BK * 2;                          // 16-byte chunks of one staged row
+    constexpr int CODE_PER_THREAD = MT * ROW_CHUNKS / THREADS;  // chunks of each operand a thread copies per stage
+    constexpr int SCALE_PER_THREAD = 2 * MT * BK / THREADS;     // (row, block) of W, then (token, block) of x
+    static_assert(MT * ROW_CHUNKS % THREADS == 0 && 2 * MT * BK % THREADS == 0, "whole loads per thread");
     extern __shared__ __align__(16) unsigned char mma_smem[];
     Stage* st = reinterpret_cast<Stage*>(mma_smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -124,25 +135,36 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
     const int row0 = blockIdx.x * MT, tok0 = blockIdx.y * NT;
     const int nsub = op.n / 32, nh = op.n / 16, nk = (nsub + BK - 1) / BK;
 
-    // Codes of stage s: 128 rows x 64 bytes of W and of x, 16 bytes a copy, zeros past the ends.
-    auto fetch_codes = [&](int s, Stage& b) {
+    // This thread's code copies: chunk q of rows cr + j * (THREADS / ROW_CHUNKS). Rows past R or T read the last
+    // row instead (their outputs are never stored), so only the K tail needs a guard.
+    const int q = tid % ROW_CHUNKS, cr = tid / ROW_CHUNKS;
+    const int8_t* wsrc[CODE_PER_THREAD];
+    const int8_t* xsrc[CODE_PER_THREAD];
 #pragma unroll
-        for (int c = tid; c < CODE_CHUNKS; c += THREADS) {
-            const int r = c >> 2, q = c & 3, blk = s * BK + (q >> 1);
-            const size_t col = (size_t)s * BK * 32 + q * 16;
-            const bool okw = row0 + r < op.R && blk < nsub, okx = tok0 + r < op.T && blk < nsub;
-            copy16(reinterpret_cast<int*>(&b.w[r][q * 16]), op.wq + (okw ? (size_t)(row0 + r) * op.n + col : 0), okw);
-            copy16(reinterpret_cast<int*>(&b.x[r][q * 16]), op.xq + (okx ? (size_t)(tok0 + r) * op.n + col : 0), okx);
+    for (int j = 0; j < CODE_PER_THREAD; ++j) {
+        const int r = cr + j * (THREADS / ROW_CHUNKS);
+        wsrc[j] = op.wq + (size_t)min(row0 + r, op.R - 1) * op.n + q * 16;
+        xsrc[j] = op.xq + (size_t)min(tok0 + r, max(op.T - 1, 0)) * op.n + q * 16;
+    }
+    auto fetch_codes = [&](int s, Stage& b) {
+        const int col = s * BK * 32;
+        const bool ok = col + q * 16 < op.n;
+#pragma unroll
+        for (int j = 0; j < CODE_PER_THREAD; ++j) {
+            const int r = cr + j * (THREADS / ROW_CHUNKS);
+            copy16(reinterpret_cast<int*>(&b.w[r][q * 16]), ok ? wsrc[j] + col : op.wq, ok);
+            copy16(reinterpret_cast<int*>(&b.x[r][q * 16]), ok ? xsrc[j] + col : op.xq, ok);
         }
     };
-    // Scale item i: i < MT * BK a weight row's (r, k) = (i / BK, i % BK), else a token's.
+    // Scale item i: i < MT * BK a weight row's (r, k) = (i / BK, i % BK), else a token's (consecutive threads read
+    // consecutive blocks of one row).
     auto load_item = [&](int s, int i) {
         ScaleItem v{0.f, 0.f, 0.f, 0.f};
         const bool w = i < MT * BK;
         const int r = (w ? i : i - MT * BK) / BK, blk = s * BK + (i % BK);
         if (blk >= nsub) return v;
-        if (w && row0 + r < op.R) {
-            const size_t row = (size_t)(row0 + r);
+        if (w) {
+            const size_t row = (size_t)min(row0 + r, op.R - 1);
             if (SC == MMA_Q8) {
                 v.a = __half2float(static_cast<const __half*>(op.ws)[row * nsub + blk]);
             } else {
@@ -155,8 +177,8 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
                 v.c = m2.x;
                 v.d = m2.y;
             }
-        } else if (!w && tok0 + r < op.T) {
-            const size_t tok = (size_t)(tok0 + r);
+        } else {
+            const size_t tok = (size_t)min(tok0 + r, op.T - 1);
             v.a = op.xd[tok * nsub + blk];
             if (MIN) {
                 const float2 e2 = reinterpret_cast<const float2*>(op.xs + tok * nh)[blk];
@@ -171,20 +193,20 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
         const int r = (w ? i : i - MT * BK) / BK, k = i % BK;
         if (w) {
             if (SC == MMA_PER16) {
-                b.ws[r][2 * k] = v.a;
-                b.ws[r][2 * k + 1] = v.b;
+                b.ws[2 * k][r] = v.a;
+                b.ws[2 * k + 1][r] = v.b;
             } else {
-                b.ws[r][k] = v.a;
+                b.ws[k][r] = v.a;
             }
             if (MIN) {
-                b.wm[r][2 * k] = v.c;
-                b.wm[r][2 * k + 1] = v.d;
+                b.wm[2 * k][r] = v.c;
+                b.wm[2 * k + 1][r] = v.d;
             }
         } else {
-            b.xd[r][k] = v.a;
+            b.xd[k][r] = v.a;
             if (MIN) {
-                b.xs[r][2 * k] = v.b;
-                b.xs[r][2 * k + 1] = v.c;
+                b.xs[2 * k][r] = v.b;
+                b.xs[2 * k + 1][r] = v.c;
             }
         }
     };
@@ -206,43 +228,46 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
 
+    // ldmatrix row addresses of this lane within a stage (shared-window offsets), per operand.
+    const unsigned smem0 = (unsigned)__cvta_generic_to_shared(mma_smem);
+    const unsigned a_off = (unsigned)((wr + (lane & 15)) * KS + (lane >> 4) * 16);
+    const unsigned b_off = (unsigned)(MT * KS + (wt + (lane & 7) + ((lane >> 4) << 3)) * KS + ((lane >> 3) & 1) * 16);
+
     // One stage's math: per block kb, per 16-row tile mi and 8-token tile ni, the integer dots on the tensor core,
     // then per output the DP4A GEMMs' fp32 expression.
-    auto compute = [&](const Stage& b) {
+    auto compute = [&](const Stage& b, unsigned base) {
 #pragma unroll
         for (int kb = 0; kb < BK; ++kb) {
             uint32_t bf[NI][2];  // [ni][bytes 0-15 / 16-31]
 #pragma unroll
             for (int nj = 0; nj < NI / 2; ++nj) {
                 uint32_t r[4];
-                ldmatrix_x4(r, &b.x[wt + nj * 16 + (lane & 7) + ((lane >> 4) << 3)][kb * 32 + ((lane >> 3) & 1) * 16]);
+                ldmatrix_x4(r, base + b_off + nj * 16 * KS + kb * 32);
                 bf[2 * nj][0] = r[0];
                 bf[2 * nj][1] = r[1];
                 bf[2 * nj + 1][0] = r[2];
                 bf[2 * nj + 1][1] = r[3];
             }
-            float sx[NI][2], e0[NI][2], e1[NI][2];  // [ni][token 2t / 2t + 1]
+            float2 sx[NI], e0[NI], e1[NI];  // [ni] tokens 2t, 2t + 1
 #pragma unroll
-            for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int t = wt + ni * 8 + 2 * tq + j;
-                    sx[ni][j] = b.xd[t][kb];
-                    e0[ni][j] = MIN ? b.xs[t][2 * kb] : 0.f;
-                    e1[ni][j] = MIN ? b.xs[t][2 * kb + 1] : 0.f;
-                }
+            for (int ni = 0; ni < NI; ++ni) {
+                const int t = wt + ni * 8 + 2 * tq;
+                sx[ni] = *reinterpret_cast<const float2*>(&b.xd[kb][t]);
+                e0[ni] = MIN ? *reinterpret_cast<const float2*>(&b.xs[2 * kb][t]) : float2{0.f, 0.f};
+                e1[ni] = MIN ? *reinterpret_cast<const float2*>(&b.xs[2 * kb + 1][t]) : float2{0.f, 0.f};
+            }
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi) {
                 uint32_t a[4];
-                ldmatrix_x4(a, &b.w[wr + mi * 16 + (lane & 15)][kb * 32 + (lane >> 4) * 16]);
+                ldmatrix_x4(a, base + a_off + mi * 16 * KS + kb * 32);
                 float s0[2], s1[2], m0[2], m1[2];  // [row g / g + 8]
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int r = wr + mi * 16 + g + 8 * h;
-                    s0[h] = SC == MMA_PER16 ? b.ws[r][2 * kb] : b.ws[r][kb];
-                    s1[h] = SC == MMA_PER16 ? b.ws[r][2 * kb + 1] : 0.f;
-                    m0[h] = MIN ? b.wm[r][2 * kb] : 0.f;
-                    m1[h] = MIN ? b.wm[r][2 * kb + 1] : 0.f;
+                    s0[h] = SC == MMA_PER16 ? b.ws[2 * kb][r] : b.ws[kb][r];
+                    s1[h] = SC == MMA_PER16 ? b.ws[2 * kb + 1][r] : 0.f;
+                    m0[h] = MIN ? b.wm[2 * kb][r] : 0.f;
+                    m1[h] = MIN ? b.wm[2 * kb + 1][r] : 0.f;
                 }
 #pragma unroll
                 for (int ni = 0; ni < NI; ++ni) {
@@ -255,15 +280,19 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
                     }
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int h = e >> 1, j = e & 1;
+                        const int h = e >> 1;
+                        const float sxj = e & 1 ? sx[ni].y : sx[ni].x;
                         float& o = acc[mi][ni][e];
                         if (SC == MMA_Q8) {
-                            o = __fmaf_rn(i2f(d0[e]), __fmul_rn(s0[h], sx[ni][j]), o);
+                            o = __fmaf_rn(dot_f32(d0[e]), __fmul_rn(s0[h], sxj), o);
                         } else {
-                            const float v = SC == MMA_PER16 ? fmaf(s0[h], i2f(d0[e]), s1[h] * i2f(d1[e]))
-                                                            : s0[h] * i2f(d0[e]);
-                            o = fmaf(v, sx[ni][j], o);
-                            if (MIN) o -= fmaf(m0[h], e0[ni][j], m1[h] * e1[ni][j]);
+                            const float v = SC == MMA_PER16 ? fmaf(s0[h], dot_f32(d0[e]), s1[h] * dot_f32(d1[e]))
+                                                            : s0[h] * dot_f32(d0[e]);
+                            o = fmaf(v, sxj, o);
+                            if (MIN) {
+                                const float e0j = e & 1 ? e0[ni].y : e0[ni].x, e1j = e & 1 ? e1[ni].y : e1[ni].x;
+                                o -= fmaf(m0[h], e0j, m1[h] * e1j);
+                            }
                         }
                     }
                 }
@@ -283,18 +312,20 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
         }
         cp_async_commit();
     }
+    int slot = 0;  // kt % STAGES
     for (int kt = 0; kt < nk; ++kt) {
         cp_async_wait_pending<STAGES - 2>();
         __syncthreads();
-        const int f = kt + STAGES - 1;
+        const int f = kt + STAGES - 1, fslot = slot == 0 ? STAGES - 1 : slot - 1;  // f % STAGES
         Scales v;
         if (f < nk) {
-            fetch_codes(f, st[f % STAGES]);
+            fetch_codes(f, st[fslot]);
             load_scales(f, v);
         }
         cp_async_commit();
-        compute(st[kt % STAGES]);
-        if (f < nk) store_scales(st[f % STAGES], v);
+        compute(st[slot], smem0 + slot * (unsigned)sizeof(Stage));
+        if (f < nk) store_scales(st[fslot], v);
+        slot = slot == STAGES - 1 ? 0 : slot + 1;
     }
 
 #pragma unroll
@@ -312,29 +343,31 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
 #endif  // __CUDA_ARCH__ >= 750
 }
 
-template <int SC, bool MIN, int STAGES>
+template <int SC, bool MIN, int BK, int STAGES>
 int launch_stages(const MmaOperands& op) {
-    constexpr int smem = STAGES * (int)sizeof(MmaStage<SC, MIN>);
-    constexpr auto kernel = gemm_mma_kernel<SC, MIN, STAGES>;
+    constexpr int smem = STAGES * (int)sizeof(MmaStage<SC, MIN, BK>);
+    constexpr auto kernel = gemm_mma_kernel<SC, MIN, BK, STAGES>;
     CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                        "gemm_mma_kernel shared memory"));
     kernel<<<dim3(ceil_div(op.R, MT), ceil_div(op.T, NT)), THREADS, smem, stream()>>>(op);
     return check_launch("gemm_mma_kernel");
 }
 
-// DEEP stages where the device lends that much shared memory to a block (sm_80+), else double buffering (sm_75:
-// 64 KB at most).
+// The deepest ring the device's shared memory per block allows: 4 or 3 stages of WIDE_BK blocks (sm_90: 227 KB,
+// sm_80: 163 KB; fewer barriers per block), else 4 or 2 stages of 2 blocks (sm_86/89: 99 KB; sm_75: 64 KB).
 template <int SC, bool MIN>
 int launch_form(const MmaOperands& op) {
     int dev = 0, optin = 0;
     CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
     CMP_TRY(check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
                        "shared memory per block"));
-    constexpr size_t stage = sizeof(MmaStage<SC, MIN>);
-    if ((size_t)optin >= DEEP * stage) return launch_stages<SC, MIN, DEEP>(op);
-    CMP_REQUIRE((size_t)optin >= 2 * stage, "gemm_mma: %zu bytes of shared memory needed, the device lends %d",
-                2 * stage, optin);
-    return launch_stages<SC, MIN, 2>(op);
+    const size_t have = (size_t)optin, wide = sizeof(MmaStage<SC, MIN, WIDE_BK>), narrow = sizeof(MmaStage<SC, MIN, 2>);
+    if (have >= 4 * wide) return launch_stages<SC, MIN, WIDE_BK, 4>(op);
+    if (have >= 3 * wide) return launch_stages<SC, MIN, WIDE_BK, 3>(op);
+    if (have >= 4 * narrow) return launch_stages<SC, MIN, 2, 4>(op);
+    CMP_REQUIRE(have >= 2 * narrow, "gemm_mma: %zu bytes of shared memory needed, the device lends %d", 2 * narrow,
+                optin);
+    return launch_stages<SC, MIN, 2, 2>(op);
 }
 
 constexpr int MAX_DEVICES = 64;
@@ -350,7 +383,7 @@ int mma_int8_available(bool* yes) {
         // The code the driver picked for this device was compiled for ptxVersion: a compute_70 build (or its PTX
         // JIT-compiled on a newer GPU) has empty kernels here.
         cudaFuncAttributes fa{};
-        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, gemm_mma_kernel<MMA_Q8, false, 2>), "cudaFuncGetAttributes"));
+        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, gemm_mma_kernel<MMA_Q8, false, 2, 2>), "cudaFuncGetAttributes"));
         v = (fa.ptxVersion >= 75 ? 1 : 0) + 1;
         if (dev < MAX_DEVICES) g_mma_ok[dev].store(v, std::memory_order_relaxed);
     }

@@ -41,6 +41,19 @@ def gemm_backend(cuda_backend, request):
     be.routes = saved
 
 
+@pytest.fixture(params=["fp32", "mma"])
+def attn_backend(cuda_backend, request):
+    """cuda_backend with its attention prefill route (routes.Routes.attn_prefill) set to each route in turn. mma is
+    skipped, saying why, only where the device runs no f16 tensor-core attention code."""
+    from dataclasses import replace
+    be, saved = cuda_backend, cuda_backend.routes
+    if request.param == "mma" and not be.native.attn_mma_available():
+        pytest.skip("the mma attention route needs compute capability 8.0+ code for this device (f16 mma.sync)")
+    be.routes = replace(saved, attn_prefill=request.param)
+    yield be
+    be.routes = saved
+
+
 @pytest.fixture(scope="session")
 def cuda_backend():
     """One CudaBackend for the session, or a skip that says why there is none."""

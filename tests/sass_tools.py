@@ -14,8 +14,9 @@ from typing import Iterable, Iterator
 TENSOR_CORE_SASS = re.compile(r"\b(HMMA|IMMA|BMMA|DMMA|HGMMA|IGMMA|QGMMA|BGMMA|OMMA|UTC\w*MMA)\b")
 TENSOR_CORE_PTX = re.compile(r"\b(mma\.sync|wmma\.|wgmma\.|tcgen05\.mma)")
 # Kernels whose job is a tensor-core instruction (name substrings): the probe times int8 mma.sync and f16 HMMA
-# (cuda_src/probe.cu), and the mma route's GEMM (matmul_mma.cu); no route but mma runs any of them.
-TENSOR_CORE_KERNELS = ("probe_imma_kernel", "probe_hmma_kernel", "gemm_mma_kernel")
+# (cuda_src/probe.cu), and the mma routes' GEMM and attention (matmul_mma.cu, attention_mma.cu); no route but mma
+# runs any of them.
+TENSOR_CORE_KERNELS = ("probe_imma_kernel", "probe_hmma_kernel", "gemm_mma_kernel", "attn_prefill_mma_kernel")
 
 
 def sass_functions(sass: str) -> dict[str, str]:

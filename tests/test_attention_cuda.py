@@ -20,6 +20,8 @@ pytestmark = pytest.mark.cuda
 
 REF = NumpyBackend()
 TOL = {"f32": 1e-4, "f16": 1e-4, "q8_0": 1e-3, "q4_0": 1e-3, "tq3": 1e-2}
+# The tensor-core prefill (attn_prefill "mma", f16 caches) rounds Q and the probabilities to f16: ~3e-4 typical
+MMA_TOL = 2e-3
 
 
 def cfg_for(Hq, Hk, Dh) -> ModelConfig:
@@ -85,15 +87,41 @@ def test_kv_write_layout(cuda_backend, kv_type, Dh):
 @pytest.mark.parametrize("Hq,Hk,Dh", [(16, 4, 256), (4, 2, 64), (6, 2, 128), (3, 3, 64)])
 @pytest.mark.parametrize("L", [1, 63, 65, 127, 257, 1000])
 @pytest.mark.parametrize("n_past", [0, 100])
-def test_prefill(cuda_backend, monkeypatch, Hq, Hk, Dh, L, n_past):
+def test_prefill(attn_backend, monkeypatch, Hq, Hk, Dh, L, n_past):
+    """Every segment through the prefill kernel of each route (fp32: cmp_attn_prefill; mma: cmp_attn_prefill_mma)."""
     if Dh == 256 and L == 1000 and n_past:
         pytest.skip("covered by the smaller heads (keeps the numpy reference fast)")
-    monkeypatch.setattr(cuda_backend, "DECODE_MAX_L", 0)      # every segment through cmp_attn_prefill
+    cuda_backend = attn_backend
+    monkeypatch.setattr(cuda_backend, "DECODE_MAX_L", 0)      # every segment through the prefill kernel
     rng = np.random.default_rng(L * 31 + Dh + n_past)
     cfg = cfg_for(Hq, Hk, Dh)
     pair = make_pair(cuda_backend, cfg, n_past + L + 3, "f16", "f16", n_past, rng)
     got, ref, _ = run_both(cuda_backend, cfg, [pair], [L], rng)
-    assert rel(got, ref) < TOL["f16"]
+    assert rel(got, ref) < (MMA_TOL if cuda_backend.routes.attn_prefill == "mma" else TOL["f16"])
+
+
+def test_prefill_mma_route_runs_the_tensor_core_kernel(cuda_backend, monkeypatch):
+    """attn_prefill "mma" changes the kernel, not only the name: its f16 rounding gives other bits than the fp32
+    kernel on the same inputs (both within their tolerances of numpy), and an f32 cache keeps the fp32 kernel."""
+    from dataclasses import replace
+    if not cuda_backend.native.attn_mma_available():
+        pytest.skip("the mma attention route needs compute capability 8.0+ code for this device (f16 mma.sync)")
+    monkeypatch.setattr(cuda_backend, "DECODE_MAX_L", 0)
+    cfg = cfg_for(16, 4, 256)
+    outs = {}
+    saved = cuda_backend.routes
+    try:
+        for kv in ("f16", "f32"):
+            for route in ("fp32", "mma"):
+                cuda_backend.routes = replace(saved, attn_prefill=route)
+                rng = np.random.default_rng(77)
+                pair = make_pair(cuda_backend, cfg, 200, kv, kv, 60, rng)
+                outs[kv, route], ref, _ = run_both(cuda_backend, cfg, [pair], [130], rng)
+                assert rel(outs[kv, route], ref) < (MMA_TOL if (kv, route) == ("f16", "mma") else TOL[kv])
+    finally:
+        cuda_backend.routes = saved
+    assert not np.array_equal(outs["f16", "mma"], outs["f16", "fp32"])
+    assert np.array_equal(outs["f32", "mma"], outs["f32", "fp32"])
 
 
 def test_prefill_f32_cache_and_segments(cuda_backend):

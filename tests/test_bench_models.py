@@ -13,6 +13,7 @@ from llamacmp.fixtures import qwen_vocab as qv
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_model  # noqa: E402
+import profile_prefill  # noqa: E402
 import server_vs_llamacpp  # noqa: E402
 import side_by_side  # noqa: E402
 
@@ -166,3 +167,15 @@ def test_side_by_side_refuses_mtp_options_without_spec_type():
         r = subprocess.run([sys.executable, str(script), "--model", "x.gguf", *argv],
                            capture_output=True, text=True)
         assert r.returncode == 2 and argv[0] in r.stderr
+@pytest.mark.parametrize("kernel,phase", [
+    ("void cmp::gemm_mma_kernel<0, false, 4, 4>", "gemm"), ("void cmp::gemm2_q8_kernel", "gemm"),
+    ("cmp::expand_kernel<cmp::Q4K>", "gemm"), ("cmp::rmsnorm_q8_kernel", "quantize"),
+    ("void cmp::binary_q8_kernel<0>", "quantize"), ("cmp::gated_rmsnorm_q8_kernel", "quantize"),
+    ("void cmp::attn_prefill_kernel<256>", "attention"), ("cmp::attention_prep_kernel", "attention"),
+    ("cmp::kv_write_q_kernel", "attention"), ("void cmp::gdn_chunked_kernel<128>", "gdn"),
+    ("cmp::conv1d_silu_chunks_kernel", "gdn"), ("cmp::gdn_gates_kernel", "gdn"), ("cmp::embed_q8_kernel", "glue"),
+    ("cmp::rmsnorm_kernel", "glue"), ("cmp::argmax_kernel", "glue")])
+def test_profile_prefill_phases(kernel, phase):
+    """profile_prefill puts each kernel of a prefill in its phase (the producers that quantize activations apart
+    from the projections they feed; the embedding's Q8 gather is glue, not a producer)."""
+    assert profile_prefill.phase_of(kernel) == phase

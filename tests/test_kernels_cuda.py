@@ -241,6 +241,26 @@ def test_conv1d_silu(cuda_backend, lengths, kernel):
         assert rel(cuda_backend.to_host(s_dev.conv[0]), s_ref.conv[0]) < FP32_TOL
 
 
+@pytest.mark.parametrize("kernel", [4, 2])
+def test_conv1d_silu_chunks_equal_token_steps(cuda_backend, kernel):
+    """A 100-token segment runs in blocks of 32 tokens (cmp_conv1d_silu, conv1d_silu_chunks_kernel); it gives the
+    bits of 100 one-token steps (conv1d_silu_kernel), outputs and final state: the windows read across the chunk
+    boundaries and chunk 0's state hand-over."""
+    be = cuda_backend
+    rng = np.random.default_rng(40 + kernel)
+    cfg = cfg_for(K=2, V=4, Dk=32, kernel=kernel)
+    C, L = cfg.conv_channels, 100
+    ((s_ref, whole),) = _states(be, cfg, 8, "f32", [0], rng)
+    steps = be.new_state(cfg, 8, "f32")
+    be.copy_from_host(steps.conv[0], s_ref.conv[0])
+    x = rng.standard_normal((L, C)).astype(np.float32)
+    w = up(be, rng.standard_normal((C, kernel)).astype(np.float32))
+    got = be.to_host(be.conv1d_silu(up(be, x), w, StepBatch.build([(whole, [0] * L)]), 0))
+    one = [be.to_host(be.conv1d_silu(up(be, x[t:t + 1]), w, StepBatch.build([(steps, [0])]), 0)) for t in range(L)]
+    assert np.array_equal(got, np.concatenate(one))
+    assert np.array_equal(be.to_host(whole.conv[0]), be.to_host(steps.conv[0]))
+
+
 @pytest.mark.parametrize("Dk,K,V", [(16, 2, 4), (32, 1, 3), (128, 2, 4)])
 @pytest.mark.parametrize("lengths", [[1], [7], [1, 65, 2], [130]])
 def test_gdn(cuda_backend, Dk, K, V, lengths):
@@ -610,8 +630,8 @@ def test_routes_the_backend_lacks_are_refused_by_name(cuda_backend):
     saved = be.routes
     with pytest.raises(ValueError, match="no 'mma' route for matmul_decode"):
         be.routes = Routes(matmul_decode="mma")
-    with pytest.raises(ValueError, match="no 'mma' route for attn_prefill"):
-        be.routes = Routes(attn_prefill="mma")
+    with pytest.raises(ValueError, match="no 'mma' route for attn_decode"):
+        be.routes = Routes(attn_decode="mma")
     assert be.routes == saved
 
 

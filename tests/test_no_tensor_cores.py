@@ -1,6 +1,7 @@
 """The default kernels use no tensor-core instruction: the SASS of libcmpkern.so holds no HMMA, IMMA, HGMMA or
 QGMMA (nor the PTX any mma/wmma/wgmma) outside the kernels that exist to use them (TENSOR_CORE_KERNELS: the probe's
-timing kernels and the mma route's GEMM, matmul_mma.cu), and it does hold DP4A (IDP.4A). Per route (issue 20): the DP2A instantiations of the quantized
+timing kernels and the mma routes' GEMM and attention, matmul_mma.cu and
+attention_mma.cu), and it does hold DP4A (IDP.4A). Per route (issue 20): the DP2A instantiations of the quantized
 matmuls hold no IDP.4A, the IMAD ones neither IDP.4A nor IDP.2A. Runs without a GPU: cuobjdump comes from the PyPI
 package nvidia-cuda-cuobjdump (with nvidia-cuda-nvdisasm for -sass), triton's bundled copy, or PATH."""
 from __future__ import annotations
@@ -31,7 +32,8 @@ def tool_and_lib():
     return tool, lib
 
 
-MMA_KERNEL = "gemm_mma_kernel"   # the mma route's kernel (matmul_mma.cu)
+MMA_KERNEL = "gemm_mma_kernel"   # the mma GEMM route's kernel (matmul_mma.cu)
+ATTN_MMA_KERNEL = "attn_prefill_mma_kernel"   # the mma attention route's (attention_mma.cu)
 
 
 def _sass_functions(tool, lib) -> dict[str, str]:
@@ -51,13 +53,13 @@ def test_sass_has_no_tensor_core_instructions(tool_and_lib):
 
 
 def test_mma_kernels_use_int8_tensor_cores(tool_and_lib):
-    """Every instantiation of the mma route's GEMM (5 weight forms x 2 stage counts) multiplies with IMMA and has no
+    """Every instantiation of the mma route's GEMM (5 weight forms x 4 ring shapes) multiplies with IMMA and has no
     DP4A; in a library with SASS for sm_70 and older only (tools/build_sm70.sh) the kernels are empty (the route is
     refused there at run time), so they hold no tensor-core instruction either."""
     tool, lib = tool_and_lib
     sass = _dump(tool, "-sass", lib)
     mma = {n: b for n, b in _sass_functions(sass).items() if MMA_KERNEL in n}
-    assert len(mma) >= 10, f"{len(mma)} {MMA_KERNEL} instantiations in the SASS"
+    assert len(mma) >= 20, f"{len(mma)} {MMA_KERNEL} instantiations in the SASS"
     archs = {int(a) for a in re.findall(r"code for sm_(\d+)", sass)}
     assert archs, "cuobjdump -sass named no architecture"
     if max(archs) < 75:
@@ -80,6 +82,24 @@ def test_ptx_mma_only_in_the_mma_route(tool_and_lib):
     mma = [e for e in ptx.split(".entry ")[1:] if MMA_KERNEL in e.split("(", 1)[0]]
     assert mma and targets, "no mma-route entries or no .target in the PTX"
     assert all(("mma.sync" in e) == (max(targets) >= 75) for e in mma)
+    attn = [e for e in ptx.split(".entry ")[1:] if ATTN_MMA_KERNEL in e.split("(", 1)[0]]
+    assert len(attn) == 3, f"{len(attn)} {ATTN_MMA_KERNEL} entries (head dims 64, 128, 256)"
+    # the f16 m16n8k16 shape needs compute_80; older PTX has the kernel empty (refused at run time)
+    assert all(("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in e) == (max(targets) >= 80) for e in attn)
+
+
+def test_attention_mma_kernel_uses_f16_tensor_cores(tool_and_lib):
+    """The mma attention route multiplies with HMMA where the code is sm_80+, and has no instruction at all of the
+    tensor cores in older builds (its kernels are empty there)."""
+    tool, lib = tool_and_lib
+    sass = _dump(tool, "-sass", lib)
+    attn = {n: b for n, b in sass_functions(sass).items() if ATTN_MMA_KERNEL in n}
+    assert len(attn) == 3, f"{len(attn)} {ATTN_MMA_KERNEL} instantiations in the SASS"
+    archs = {int(a) for a in re.findall(r"code for sm_(\d+)", sass)}
+    if max(archs) < 80:
+        assert not sorted({h for b in attn.values() for h in TENSOR_CORE_SASS.findall(b)})
+        return
+    assert all("HMMA" in b for b in attn.values()), "attn_prefill_mma_kernel without HMMA"
 
 
 # The route-templated kernels of the quantized matmuls (matmul_q8.cu, matmul_quant.cu): the dot type in the mangled

@@ -101,6 +101,9 @@ class FakeNative:
     def mma_available(self):
         return self.mma
 
+    def attn_mma_available(self):
+        return False            # (the attention kernels' f16 mma: not in these tests' "library")
+
     def device_name(self):
         return self.card
 

@@ -187,13 +187,15 @@ class CudaBackend(Backend):
 
     # The routes this backend has kernels for, per Routes field (issue 20; the others are refused, not ignored).
     ROUTES_BUILT = {"matmul_prefill": ("dp4a", "dp2a", "imad", "mma"), "matmul_decode": ("dp4a", "dp2a", "imad"),
-                    "attn_prefill": ("fp32",), "attn_decode": ("fp32",)}
+                    "attn_prefill": ("fp32", "mma"), "attn_decode": ("fp32",)}
 
     @property
     def routes(self) -> _routes.Routes:
         """Which unit each op family runs on; matmul_prefill "mma" multiplies the quantized projections of more
         tokens than the GEMV takes (8 or 16; Q8_0 and every expanded block type) with int8 mma.sync
-        (matmul_mma.cu)."""
+        (matmul_mma.cu); attn_prefill "mma" runs the dense prefill over f16 K and V caches with f16 mma.sync
+        (attention_mma.cu: Q and the probabilities rounded to f16); the other cache types and block-sparse lists
+        have no tensor-core kernel and keep the fp32 one."""
         return self._routes
 
     @routes.setter
@@ -205,6 +207,10 @@ class CudaBackend(Backend):
         if r.matmul_prefill == "mma" and not self.native.mma_available():
             raise ValueError(f"the mma route for matmul_prefill needs int8 tensor cores (compute capability 7.5+) "
                              f"and this library's code for them; device {self.device} runs none (use dp4a)")
+        if r.attn_prefill == "mma" and not self.native.attn_mma_available():
+            raise ValueError(f"the mma route for attn_prefill needs f16 mma.sync (compute capability 8.0+), this "
+                             f"library's code for it and 99 KB of shared memory per block; device {self.device} "
+                             f"lacks them (use fp32)")
         self._routes = r
 
     def _route_bits(self) -> int:
@@ -229,9 +235,11 @@ class CudaBackend(Backend):
     @property
     def TENSOR_CORE_FAMILIES(self) -> frozenset:
         """The op families this build runs on tensor cores for this device: the prefill GEMM where the library has
-        the mma kernels for it (matmul_mma.cu); a route choosing `mma` elsewhere runs on the int8 dot instead, and
+        int8 mma code for it (matmul_mma.cu, compute_75+), the attention prefill where it has f16 mma code
+        (attention_mma.cu, compute_80+); a route choosing `mma` elsewhere runs on the int8 dot / FP32 instead, and
         says so."""
-        return frozenset({"matmul_prefill"}) if self.native.mma_available() else frozenset()
+        return frozenset(f for f, on in (("matmul_prefill", self.native.mma_available()),
+                                         ("attn_prefill", self.native.attn_mma_available())) if on)
 
     def pick_routes(self, hw_route: str = "auto") -> list[str]:
         from . import probe
@@ -680,6 +688,10 @@ class CudaBackend(Backend):
                 self.native.cmp_attn_decode(q.row_ptr(seg.start), kc.ptr, vc.ptr, kt, vt, pos_ptr,
                                             out.row_ptr(seg.start), work.ptr if work is not None else None, L, Hq,
                                             Hk, Dh, scale, n_split)
+                continue
+            if lists is None and self._routes.attn_prefill == "mma" and st.k_type == st.v_type == "f16":
+                self.native.cmp_attn_prefill_mma(q.row_ptr(seg.start), kc.ptr, vc.ptr, pos_ptr,
+                                                 out.row_ptr(seg.start), L, Hq, Hk, Dh, scale)
                 continue
             blocks = counts = None
             max_blocks = 0

@@ -20,7 +20,7 @@ from typing import Mapping
 class Routes:
     matmul_prefill: str = "dp4a"    # quantized GEMM (T > 16): dp4a | dp2a | imad | mma (int8 mma.sync / f16 HMMA)
     matmul_decode: str = "dp4a"     # quantized GEMV (T <= 16): dp4a | dp2a | imad
-    attn_prefill: str = "fp32"      # fp32 (FFMA) | mma
+    attn_prefill: str = "fp32"      # fp32 (FFMA) | mma (f16 mma.sync over f16 caches; others keep fp32)
     attn_decode: str = "fp32"       # fp32
 
 

@@ -78,6 +78,10 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                          "const void* const* body, const void* const* head, float* const* y, const float* const* res, "
                          "const int* rows, int T, int n, void* work, size_t work_bytes, int kernels)"),
     "cmp_mma_available": ((_p,), "int cmp_mma_available(int* yes)"),
+    "cmp_attn_mma_available": ((_p,), "int cmp_attn_mma_available(int* yes)"),
+    "cmp_attn_prefill_mma": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _f),
+                             "int cmp_attn_prefill_mma(const float* q, const void* kc, const void* vc, "
+                             "const int32_t* pos, float* out, int L, int Hq, int Hk, int Dh, float scale)"),
     "cmp_quant_work_bytes": ((_i, _i, _i, _i, _p),
                              "int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* bytes)"),
     "cmp_embed_quant": ((_i, _p, _p, _p, _p, _i, _i),
@@ -300,6 +304,13 @@ class Native:
         code)."""
         yes = ctypes.c_int(0)
         self.cmp_mma_available(ctypes.byref(yes))
+        return bool(yes.value)
+
+    def attn_mma_available(self) -> bool:
+        """cmp_attn_mma_available: whether the current device runs this library's f16 tensor-core attention prefill
+        (compute_80+ code and the shared memory it needs)."""
+        yes = ctypes.c_int(0)
+        self.cmp_attn_mma_available(ctypes.byref(yes))
         return bool(yes.value)
 
     def malloc(self, nbytes: int) -> int:

@@ -316,8 +316,7 @@ template <int SC, bool MIN, int STAGES>
 int launch_stages(const MmaOperands& op) {
     constexpr int smem = STAGES * (int)sizeof(MmaStage<SC, MIN>);
     constexpr auto kernel = gemm_mma_kernel<SC, MIN, STAGES>;
-    CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                       "gemm_mma_kernel shared memory"));
+    CMP_TRY(smem_opt_in("gemm_mma_kernel", kernel, smem));
     kernel<<<dim3(ceil_div(op.R, MT), ceil_div(op.T, NT)), THREADS, smem, stream()>>>(op);
     return check_launch("gemm_mma_kernel");
 }
@@ -326,15 +325,11 @@ int launch_stages(const MmaOperands& op) {
 // 64 KB at most).
 template <int SC, bool MIN>
 int launch_form(const MmaOperands& op) {
-    int dev = 0, optin = 0;
-    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
-    CMP_TRY(check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                       "shared memory per block"));
+    size_t limit = 0;
+    CMP_TRY(smem_limit(&limit));
     constexpr size_t stage = sizeof(MmaStage<SC, MIN>);
-    if ((size_t)optin >= DEEP * stage) return launch_stages<SC, MIN, DEEP>(op);
-    CMP_REQUIRE((size_t)optin >= 2 * stage, "gemm_mma: %zu bytes of shared memory needed, the device lends %d",
-                2 * stage, optin);
-    return launch_stages<SC, MIN, 2>(op);
+    if (limit >= DEEP * stage) return launch_stages<SC, MIN, DEEP>(op);
+    return launch_stages<SC, MIN, 2>(op);   // below 2 stages: launch_stages reports the kernel and its bytes
 }
 
 constexpr int MAX_DEVICES = 64;

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common.cuh"
+#include "smem_plan.h"
 
 namespace cmp {
 namespace {
@@ -145,14 +146,11 @@ __global__ void attention_prep_mrope_kernel(const float* __restrict__ qg,      /
 // 16-byte aligned and S % 32 is an odd multiple of 4: the scores read q and k as float4 (4 head dims per load)
 // and the 8 threads of a quarter-warp hit 8 distinct 16-byte bank groups. Columns Dh..S-1 are zero. The P . V
 // product reads P as float4 (4 keys per load); keys past T have P = 0 and V rows of zeros.
-constexpr int FA_BQ = 64, FA_BK = 64, FA_PS = FA_BK + 4;
-
-__host__ __device__ inline int fa_stride(int Dh) {
-    const int d4 = (Dh + 3) / 4 * 4;
-    return d4 % 8 == 0 ? d4 + 4 : d4;
-}
-
-inline size_t fa_smem_floats(int Dh) { return (size_t)(FA_BQ + FA_BK) * fa_stride(Dh) + (size_t)FA_BQ * FA_PS; }
+using smem::FA_BQ;
+using smem::FA_BK;
+using smem::FA_PS;
+using smem::fa_stride;
+using smem::fa_smem_floats;
 
 template <int NC>
 __global__ void __launch_bounds__(VIS_THREADS)
@@ -275,16 +273,7 @@ template <int NC>
 int launch_attention_full(const float* q, const float* k, const float* v, float* out, int T, int H, int Dh, int ldq,
                           int ldk, int ldv, float scale) {
     const size_t smem = sizeof(float) * fa_smem_floats(Dh);
-    int dev = 0, optin = 0;
-    CMP_TRY(check_cuda(cudaGetDevice(&dev), "attention_full: cudaGetDevice"));
-    CMP_TRY(check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                       "attention_full: shared memory limit"));
-    if ((size_t)optin < smem)
-        return fail(CMP_ERR_UNSUPPORTED, "cmp_attention_full: head dim %d needs %zu B of shared memory per block, "
-                    "this device allows %d B", Dh, smem, optin);
-    CMP_TRY(check_cuda(cudaFuncSetAttribute(attention_full_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)smem),
-                       "attention_full: shared memory opt-in"));
+    CMP_TRY(smem_opt_in("attention_full_kernel", attention_full_kernel<NC>, smem));
     attention_full_kernel<NC><<<dim3(ceil_div(T, FA_BQ), H), VIS_THREADS, smem, stream()>>>(q, k, v, out, T, H, Dh,
                                                                                           ldq, ldk, ldv, scale);
     return check_launch("attention_full_kernel");

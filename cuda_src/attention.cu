@@ -419,7 +419,7 @@ __device__ __forceinline__ LaneReduced lane_reduced(int n, int from, int to, int
     return r;
 }
 
-constexpr int DEC_NW = 4;    // warps per block
+using smem::DEC_NW;          // warps per block
 constexpr int DEC_TK = 64;   // keys per tile
 
 // Block (split, kv head, row t), 128 threads, all G q heads of the kv head (GQA: K/V read once for the group).
@@ -1029,9 +1029,9 @@ int launch_decode(const float* q, const void* kc, const void* vc, int kt, int vt
                   float* work, int L, int Hq, int Hk, float scale, int max_split) {
     const int G = Hq / Hk;
     const bool tq3 = kt == CMP_KV_TQ3 || vt == CMP_KV_TQ3;
-    const size_t smem = std::max(sizeof(float) * DEC_NW * GP * Dh, tq3 ? (size_t)TQ3_PAIR_SMEM : 0);
+    const size_t bytes = smem::attn_decode_bytes(Dh, GP, tq3);
     auto kernel = attn_decode_kernel<Dh, GP>;
-    CMP_TRY(smem_opt_in("attn_decode_kernel", kernel, smem));
+    CMP_TRY(smem_opt_in("attn_decode_kernel", kernel, bytes));
     const dim3 grid(max_split, Hk, L);
     // The L2 prefetch of quantized rows only where L2 holds twice what the resident blocks (at most 4 per SM) ask
     // ahead: a small L2 (6 MB on the CMP 100-210) would evict the rows before their tile reads them.
@@ -1041,7 +1041,7 @@ int launch_decode(const float* q, const void* kc, const void* vc, int kt, int vt
                              (size_t)(vt >= CMP_KV_Q8_0 ? kv_row_bytes(vt, Dh) : 0);
     const size_t resident = std::min((size_t)max_split * Hk * L, (size_t)dev.sms * 4);
     const int prefetch = ahead_row > 0 && 2 * resident * DEC_TK * ahead_row <= (size_t)dev.l2_bytes;
-    CMP_TRY(launch("attn_decode_kernel", kernel, grid, dim3(DEC_NW * 32), smem, q, static_cast<const uint8_t*>(kc),
+    CMP_TRY(launch("attn_decode_kernel", kernel, grid, dim3(DEC_NW * 32), bytes, q, static_cast<const uint8_t*>(kc),
                    static_cast<const uint8_t*>(vc), kt, vt, pos, out, work, L, Hq, Hk, G, scale, prefetch));
     if (max_split == 1) return CMP_OK;
     return launch("attn_decode_merge_kernel", attn_decode_merge_kernel, dim3(L * Hq), dim3(Dh), Dh * sizeof(float),

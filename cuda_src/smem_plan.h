@@ -23,6 +23,20 @@ struct Plan {
     size_t bytes;
 };
 
+// ---- attn_decode_kernel (attention.cu) -----------------------------------------------------------------------------
+// Static arrays (queries, scores: up to 12.6 KB at Dh 256 and 8 heads a group, cuobjdump -res-usage) and dynamic:
+// the warps' partial outputs [DEC_NW][GP*Dh] floats after the key loop, the tq3 pair table during it.
+constexpr int DEC_NW = 4;    // warps per block
+// The tq3 pair table (attention_kv.cuh): 64 level pairs, each held 16 times side by side (8 KB), placed at the
+// first 8 KB boundary of the shared window inside TQ3_PAIR_SMEM bytes.
+constexpr int TQ3_PAIR_SLOTS = 16;
+constexpr int TQ3_PAIR_TABLE_BYTES = 64 * TQ3_PAIR_SLOTS * 8;
+constexpr int TQ3_PAIR_SMEM = 2 * TQ3_PAIR_TABLE_BYTES - 16;   // a 16-byte-aligned start is at most 8 KB - 16 short
+constexpr size_t attn_decode_bytes(int Dh, int GP, bool tq3) {
+    return sizeof(float) * DEC_NW * GP * Dh > (tq3 ? (size_t)TQ3_PAIR_SMEM : 0) ? sizeof(float) * DEC_NW * GP * Dh
+                                                                               : (size_t)TQ3_PAIR_SMEM;
+}
+
 // ---- attn_prefill_kernel (attention.cu) ----------------------------------------------------------------------------
 // Shared: Qt [Dh][rows] + one K or V chunk [PF_DC][PF_BK] + Pt [PF_BK][rows] floats. Fewer rows per block (4 per
 // thread row group, so rows / 4 * 16 threads) only shrink Qt and Pt: each row's arithmetic is the same.

@@ -28,7 +28,8 @@ AROUND = {
     "attention_kernel": "the round-1 attention (attention_v2 off, or head dims outside 64/128/256): "
                         "attn_prefill_kernel runs prefill at 64/128/256",
     "gdn_chunked_kernel": "the backend takes the sequential scan (gdn_scan_kernel, <= 1 KB)",
-    "attention_full_kernel": "the vision tower's attention: refused with its bytes (not yet tiled for sm_61/sm_75)",
+    "attention_full_kernel": "the vision attention at head dim 128 on sm_61 (58 KB; vision towers use 64-80): "
+                             "refused naming its bytes",
 }
 
 
@@ -58,6 +59,9 @@ def test_prompt_processing_and_decode_fit_every_card(table, card):
         assert rows and b <= limit, (card, Dh, rows, b)
         cfg, b = pick(table, "probe_scores_kernel", Dh, limit)   # block-sparse prefill
         assert cfg and b <= limit
+    for Dh in (64, 72, 80):                                       # the vision towers' attention
+        rows, b = pick(table, "attention_full_kernel", Dh, limit)
+        assert rows and b <= limit, (card, Dh, rows, b)
     stages, b = pick(table, "gemm_quant_kernel", 0, limit)
     assert stages and b <= limit
     decode = [r for r in table if r[0].startswith("attn_decode_kernel") and r[2] == limit]
@@ -68,6 +72,7 @@ def test_large_cards_keep_todays_configuration(table):
     for card in ("sm_70", "sm_86", "sm_90"):
         assert [pick(table, "attn_prefill_kernel", Dh, CARDS[card])[0] for Dh in HEAD_DIMS] == [64, 64, 64]
         assert pick(table, "gemm_quant_kernel", 0, CARDS[card])[0] == 2
+        assert [pick(table, "attention_full_kernel", Dh, CARDS[card])[0] for Dh in (64, 72, 80, 128)] == [64] * 4
     assert pick(table, "gdn_chunked_kernel", 128, CARDS["sm_70"])[0] == 1   # 96000 B: Qwen3.5's key dim
 
 
@@ -77,6 +82,7 @@ def test_the_cuda_tests_caps_reach_every_configuration(table):
     assert {pick(table, "attn_prefill_kernel", Dh, lim)[0] for Dh in HEAD_DIMS for lim in caps} == {16, 32, 64}
     assert {pick(table, "attn_prefill_kernel", 256, lim)[0] for lim in caps} == {16, 32, 64}
     assert {pick(table, "gemm_quant_kernel", 0, lim)[0] for lim in caps} == {1, 2}
+    assert {pick(table, "attention_full_kernel", 72, lim)[0] for lim in caps} == {32, 64}
     assert {pick(table, "gdn_chunked_kernel", 128, lim)[0] for lim in caps} == {0, 1}   # the scan fallback too
 
 
@@ -126,9 +132,12 @@ def test_sm61_build_static_plus_dynamic_fits(table):
             if int(m.group(1)) == pick(table, "gemm_quant_kernel", 0, limit)[0]:
                 assert s + pick(table, "gemm_quant_kernel", 0, limit)[1] <= limit, (name, s)
                 checked.add(("gemm_quant_kernel",))
+        elif m := re.search(r"attention_full_kernelILi\d+ELi2E", name):
+            assert s + pick(table, "attention_full_kernel", 80, limit)[1] <= limit, (name, s)
+            checked.add(("attention_full_kernel",))
         elif "probe_scores_kernel" in name:
             assert s + pick(table, "probe_scores_kernel", 256, limit)[1] <= limit, (name, s)
             checked.add(("probe_scores_kernel",))
     assert {("attn_prefill_kernel", Dh) for Dh in HEAD_DIMS} <= checked
     assert {("attn_decode_kernel", Dh, GP) for Dh in HEAD_DIMS for GP in (1, 2, 4, 8)} <= checked
-    assert {("gemm_quant_kernel",), ("probe_scores_kernel",)} <= checked
+    assert {("gemm_quant_kernel",), ("probe_scores_kernel",), ("attention_full_kernel",)} <= checked

@@ -27,11 +27,12 @@ void gdn(size_t limit) { row("gdn_chunked_kernel", DK, limit, gdn_chunked_plan<D
 
 int main() {
     for (size_t limit : LIMITS) {
+        for (int Dh : {64, 72, 80, 128})   // the vision towers' head dims (64-80), and the kernel's largest
+            row("attention_full_kernel", Dh, limit, attention_full_plan(Dh, limit));
         for (int Dh : {64, 128, 256}) {
             row("attn_prefill_kernel", Dh, limit, attn_prefill_plan(Dh, limit));
             row("attention_kernel", Dh, limit, attention_plan(Dh, limit));
             row("probe_scores_kernel", Dh, limit, probe_scores_plan(Dh, limit));
-            row("attention_full_kernel", Dh, limit, attention_full_plan(Dh, limit));
             for (int GP : {1, 2, 4, 8})
                 for (bool tq3 : {false, true}) {
                     const size_t b = attn_decode_bytes(Dh, GP, tq3);

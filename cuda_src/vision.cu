@@ -143,8 +143,8 @@ __global__ void attention_prep_mrope_kernel(const float* __restrict__ qg,      /
 // are 16 lanes of one warp, so the row max and sum are shuffles. Online softmax: running max m and sum l per row,
 // the output rescaled by exp(m_old - m_new).
 // Shared memory (smem::attention_full_bytes): Q tile [16 RA][S] (pre-scaled), one K-or-V tile [64][S] (K is read
-// for the scores, then V overwrites it), P [16 RA][FA_PS]. S = Dh rounded up to 4, plus 4 when that is a multiple of 8, so rows are
-// 16-byte aligned and S % 32 is an odd multiple of 4: the scores read q and k as float4 (4 head dims per load)
+// for the scores, then V overwrites it), P [16 RA][FA_PS]. S = Dh rounded up to 4, plus 4 when that is a multiple
+// of 8, so rows are 16-byte aligned and S % 32 is an odd multiple of 4: the scores read q and k as float4 (4 head dims per load)
 // and the 8 threads of a quarter-warp hit 8 distinct 16-byte bank groups. Columns Dh..S-1 are zero. The P . V
 // product reads P as float4 (4 keys per load); keys past T have P = 0 and V rows of zeros.
 using smem::FA_BK;

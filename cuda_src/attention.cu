@@ -35,12 +35,14 @@ __global__ void kv_write_kernel(const float* __restrict__ k,      // [L, Hk*Dh]
     }
 }
 
-// Block (row tile, kv head, split). The block's rows are r0 .. r0+ATT_ROWS-1 of the flattened (token, head in
-// group) space of this kv head, so the K/V tiles it loads serve every q head of the group (GQA reuse).
-// Lane j of a warp scores key j of the tile against a row (the padded K tile makes that conflict-free); then each
-// lane accumulates DPL = Dh/32 output dims, broadcasting p_j with shuffles.
+// Block (row tile, kv head, split). The block's rows are r0 .. r0+ROWS-1 of the flattened (token, head in group)
+// space of this kv head, so the K/V tiles it loads serve every q head of the group (GQA reuse).
+// Per key tile: (A) lane j of a warp scores key j against each of its rows (the padded K tile makes that
+// conflict-free), online softmax; (B) each lane accumulates DPL = Dh/32 output dims, broadcasting p_j with shuffles.
+// SMALL (smem::attention_plan, where K and V tiles and 16 rows do not fit: head dim 256 below sm_70): 8 rows, and
+// the V tile is loaded over the K tile between (A) and (B). A row's arithmetic is the same either way.
 // n_split > 1: the key range [0, kmax) is cut into n_split pieces; each writes unnormalised acc and (m, l) to work.
-template <int DPL, typename KV>
+template <int DPL, typename KV, bool SMALL>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 attention_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                  const KV* __restrict__ kc,        // [n_ctx, Hk, Dh]
@@ -51,30 +53,31 @@ attention_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                  int L, int Hq, int Hk, float scale, int n_split) {
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     constexpr int Dh = DPL * 32;
+    constexpr int RPW = SMALL ? ATT_RPW / 2 : ATT_RPW, ROWS = ATT_WARPS * RPW;   // query rows per warp, per block
     extern __shared__ float smem[];
-    float* Ks = smem;                         // [ATT_BN][Dh+1]
-    float* Vs = Ks + ATT_BN * (Dh + 1);       // [ATT_BN][Dh]
-    float* Qs = Vs + ATT_BN * Dh;             // [ATT_ROWS][Dh]
+    float* Ks = smem;                                             // [ATT_BN][Dh+1]
+    float* Vs = SMALL ? Ks : Ks + ATT_BN * (Dh + 1);              // [ATT_BN][Dh]
+    float* Qs = Ks + ATT_BN * (Dh + 1) + (SMALL ? 0 : ATT_BN * Dh);   // [ROWS][Dh]
     const int group = Hq / Hk, kvh = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int total = L * group, r0 = blockIdx.x * ATT_ROWS;
+    const int total = L * group, r0 = blockIdx.x * ROWS;
     const int pos0 = pos[0];
 
-    for (int i = threadIdx.x; i < ATT_ROWS * Dh; i += blockDim.x) {
+    for (int i = threadIdx.x; i < ROWS * Dh; i += blockDim.x) {
         const int r = r0 + i / Dh, d = i % Dh;
         float val = 0.f;
         if (r < total) val = q[((size_t)(r / group) * Hq + kvh * group + r % group) * Dh + d] * scale;
         Qs[i] = val;
     }
     // Keys this block may need: up to the last row's position (rows are in token order).
-    const int last = min(r0 + ATT_ROWS, total) - 1;
+    const int last = min(r0 + ROWS, total) - 1;
     const int kmax = pos0 + last / group + 1;
     const int chunk = (kmax + n_split - 1) / n_split;
     const int kbeg = split * chunk, kend = min(kmax, kbeg + chunk);
 
-    float m[ATT_RPW], l[ATT_RPW], acc[ATT_RPW][DPL];
+    float m[RPW], l[RPW], acc[RPW][DPL];
 #pragma unroll
-    for (int i = 0; i < ATT_RPW; ++i) {
+    for (int i = 0; i < RPW; ++i) {
         m[i] = NEG_BIG;
         l[i] = 0.f;
 #pragma unroll
@@ -88,18 +91,22 @@ attention_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
             float kv = 0.f, vv = 0.f;
             if (key < kend) {
                 kv = to_f32(kc[key * kv_row + (size_t)kvh * Dh + d]);
-                vv = to_f32(vc[key * kv_row + (size_t)kvh * Dh + d]);
+                if (!SMALL) vv = to_f32(vc[key * kv_row + (size_t)kvh * Dh + d]);
             }
             Ks[j * (Dh + 1) + d] = kv;
-            Vs[j * Dh + d] = vv;
+            if (!SMALL) Vs[j * Dh + d] = vv;
         }
         __syncthreads();
+        float p[RPW];      // this lane's key's probability for each row
+        bool live[RPW];    // the row has an unmasked key so far (warp-uniform, as are the loop exits below)
 #pragma unroll
-        for (int i = 0; i < ATT_RPW; ++i) {
-            const int r = r0 + warp * ATT_RPW + i;
+        for (int i = 0; i < RPW; ++i) {
+            p[i] = 0.f;
+            live[i] = false;
+            const int r = r0 + warp * RPW + i;
             if (r >= total) break;
             const int qpos = pos0 + r / group;
-            const float* qr = Qs + (warp * ATT_RPW + i) * Dh;
+            const float* qr = Qs + (warp * RPW + i) * Dh;
             const float* kr = Ks + lane * (Dh + 1);
             float s = 0.f;
 #pragma unroll 8
@@ -109,22 +116,35 @@ attention_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
             const float mt = warp_max(s);
             const float m_new = fmaxf(m[i], mt);
             if (m_new <= NEG_BIG) continue;  // every key so far masked for this row
-            const float p = s <= NEG_BIG ? 0.f : __expf(s - m_new);
+            p[i] = s <= NEG_BIG ? 0.f : __expf(s - m_new);
             const float corr = __expf(m[i] - m_new);
-            l[i] = l[i] * corr + warp_sum(p);
+            l[i] = l[i] * corr + warp_sum(p[i]);
             m[i] = m_new;
+            live[i] = true;
 #pragma unroll
             for (int d = 0; d < DPL; ++d) acc[i][d] *= corr;
+        }
+        if (SMALL) {   // V over K, now that every row is scored
+            __syncthreads();
+            for (int i = threadIdx.x; i < ATT_BN * Dh; i += blockDim.x) {
+                const int j = i / Dh, d = i % Dh, key = kt + j;
+                Vs[j * Dh + d] = key < kend ? to_f32(vc[key * kv_row + (size_t)kvh * Dh + d]) : 0.f;
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int i = 0; i < RPW; ++i) {
+            if (!live[i]) continue;
             for (int j = 0; j < ATT_BN; ++j) {
-                const float pj = __shfl_sync(0xffffffffu, p, j);
+                const float pj = __shfl_sync(0xffffffffu, p[i], j);
 #pragma unroll
                 for (int d = 0; d < DPL; ++d) acc[i][d] = fmaf(pj, Vs[j * Dh + lane + 32 * d], acc[i][d]);
             }
         }
     }
 #pragma unroll
-    for (int i = 0; i < ATT_RPW; ++i) {
-        const int r = r0 + warp * ATT_RPW + i;
+    for (int i = 0; i < RPW; ++i) {
+        const int r = r0 + warp * RPW + i;
         if (r >= total) break;
         const int t = r / group, h = kvh * group + r % group;
         if (n_split == 1) {
@@ -169,19 +189,30 @@ __global__ void attention_merge_kernel(const float* __restrict__ work,  // [n_sp
 
 // ==== launchers ===================================================================================================
 
-template <int DPL, typename KV>
-int launch_attention(const float* q, const void* kc, const void* vc, const int32_t* pos, float* out, float* work,
-                     int L, int Hq, int Hk, float scale, int n_split) {
-    constexpr int Dh = DPL * 32;
-    constexpr size_t bytes = smem::attention_plan(Dh, 0).bytes;
-    auto kernel = attention_kernel<DPL, KV>;
+template <int DPL, typename KV, bool SMALL>
+int launch_attention_rows(const float* q, const void* kc, const void* vc, const int32_t* pos, float* out, float* work,
+                          int L, int Hq, int Hk, float scale, int n_split) {
+    constexpr int Dh = DPL * 32, ROWS = SMALL ? smem::ATT_ROWS / 2 : smem::ATT_ROWS;
+    constexpr size_t bytes = smem::attention_bytes(Dh, ROWS);
+    auto kernel = attention_kernel<DPL, KV, SMALL>;
     CMP_TRY(smem_opt_in("attention_kernel", kernel, bytes));
-    const dim3 grid(ceil_div((size_t)L * (Hq / Hk), ATT_ROWS), Hk, n_split);
+    const dim3 grid(ceil_div((size_t)L * (Hq / Hk), ROWS), Hk, n_split);
     CMP_TRY(launch("attention_kernel", kernel, grid, dim3(ATT_WARPS * 32), bytes, q, static_cast<const KV*>(kc),
                    static_cast<const KV*>(vc), pos, out, work, L, Hq, Hk, scale, n_split));
     if (n_split == 1) return CMP_OK;
     return launch("attention_merge_kernel", attention_merge_kernel, dim3(L * Hq), dim3(std::min(Dh, 256)), 0, work,
                   out, L * Hq, Dh, n_split);
+}
+
+// 16 rows per block with separate K and V tiles where they fit, else SMALL (smem::attention_plan).
+template <int DPL, typename KV>
+int launch_attention(const float* q, const void* kc, const void* vc, const int32_t* pos, float* out, float* work,
+                     int L, int Hq, int Hk, float scale, int n_split) {
+    size_t limit = 0;
+    CMP_TRY(smem_limit(&limit));
+    const auto run = smem::attention_plan(DPL * 32, limit).config == smem::ATT_ROWS
+                         ? launch_attention_rows<DPL, KV, false> : launch_attention_rows<DPL, KV, true>;
+    return run(q, kc, vc, pos, out, work, L, Hq, Hk, scale, n_split);
 }
 
 template <typename KV>

@@ -54,12 +54,17 @@ constexpr Plan attn_prefill_plan(int Dh, size_t limit) {
 }
 
 // ---- attention_kernel (attention.cu, the round-1 kernel: f16/f32 caches, head dims 32..256) -------------------------
-// Shared: K tile [ATT_BN][Dh+1] + V tile [ATT_BN][Dh] + Q rows [ATT_ROWS][Dh] floats; one configuration (82 KB at
-// Dh 256, more than sm_61 and sm_75 give: those cards run the v2 prefill kernel above).
+// Shared: K tile [ATT_BN][Dh+1] + V tile [ATT_BN][Dh] + Q rows [rows][Dh] floats with 16 rows (82 KB at Dh 256);
+// where that does not fit, 8 rows and the V tile loaded over the K tile (K tile + Q rows: 40 KB at Dh 256).
 constexpr int ATT_BN = 32, ATT_ROWS = 16;
+constexpr size_t attention_bytes(int Dh, int rows) {
+    return sizeof(float) * ((size_t)ATT_BN * (Dh + 1) + (rows == ATT_ROWS ? (size_t)ATT_BN * Dh : 0) +
+                            (size_t)rows * Dh);
+}
 constexpr Plan attention_plan(int Dh, size_t limit) {
-    const size_t b = sizeof(float) * ((size_t)ATT_BN * (Dh + 1) + (size_t)ATT_BN * Dh + (size_t)ATT_ROWS * Dh);
-    return {b <= limit ? 1 : 0, b};
+    return attention_bytes(Dh, ATT_ROWS) <= limit       ? Plan{ATT_ROWS, attention_bytes(Dh, ATT_ROWS)}
+           : attention_bytes(Dh, ATT_ROWS / 2) <= limit ? Plan{ATT_ROWS / 2, attention_bytes(Dh, ATT_ROWS / 2)}
+                                                        : Plan{0, attention_bytes(Dh, ATT_ROWS / 2)};
 }
 
 // ---- gemm_quant_kernel (matmul_quant.cu, the DP4A GEMM of the expanded block types) --------------------------------

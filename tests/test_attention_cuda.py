@@ -251,7 +251,8 @@ def test_prefill_over_the_cap_names_kernel_and_bytes(cuda_backend, monkeypatch):
 
 # -- the round-1 kernels stay selectable ---------------------------------------------------------------------------
 
-def test_v1_fallback_still_matches(cuda_backend, monkeypatch):
+def test_v1_fallback_still_matches(cuda_backend, smem_cap, monkeypatch):
+    """Also under each older card's shared memory: 8 rows per block, V over K, where 82 KB do not fit (Dh 256)."""
     monkeypatch.setattr(cuda_backend, "attention_v2", False)
     rng = np.random.default_rng(3)
     cfg = cfg_for(16, 4, 256)

@@ -26,6 +26,13 @@ int cmp_init(int device);                                   // select the device
 int cmp_device_count(int* n);
 int cmp_device_name(char* buf, int len);
 int cmp_mem_info(size_t* free_bytes, size_t* total_bytes);
+// Shared memory per block: every kernel that takes more than a few KB picks its configuration (smem_plan.h) from
+// the device's opt-in limit, queried once per device. cmp_set_smem_cap(bytes) lowers that limit for every device of
+// the process (0: each device's own), so that a large GPU runs the configurations of a card with less (tests:
+// 49152 for sm_61, 65536 for sm_75, 98304 for sm_70); a kernel that fits in none is CMP_ERR_UNSUPPORTED naming
+// itself and its bytes. cmp_smem_limit: the current device's limit under the cap.
+int cmp_set_smem_cap(size_t bytes);
+int cmp_smem_limit(size_t* bytes);
 int cmp_malloc(void** ptr, size_t bytes);                   // returns CMP_ERR_NOMEM when it does not fit
 int cmp_free(void* ptr);
 int cmp_memcpy_h2d(void* dst, const void* src, size_t bytes);

@@ -5,14 +5,16 @@
 
 #include "attention_kv.cuh"
 #include "common.cuh"
+#include "smem_plan.h"
 
 namespace cmp {
 namespace {
 
-constexpr int ATT_BN = 32;     // keys per tile: lane j scores key j
+constexpr int ATT_BN = smem::ATT_BN;   // keys per tile: lane j scores key j
 constexpr int ATT_WARPS = 4;
 constexpr int ATT_RPW = 4;     // query rows (query, head) per warp
 constexpr int ATT_ROWS = ATT_WARPS * ATT_RPW;
+static_assert(ATT_ROWS == smem::ATT_ROWS, "smem_plan.h sizes attention_kernel's shared memory");
 constexpr float NEG_BIG = -1e30f;  // "minus infinity" that keeps exp and subtraction finite under fast-math
 
 // ==== kernels =====================================================================================================
@@ -33,12 +35,14 @@ __global__ void kv_write_kernel(const float* __restrict__ k,      // [L, Hk*Dh]
     }
 }
 
-// Block (row tile, kv head, split). The block's rows are r0 .. r0+ATT_ROWS-1 of the flattened (token, head in
-// group) space of this kv head, so the K/V tiles it loads serve every q head of the group (GQA reuse).
-// Lane j of a warp scores key j of the tile against a row (the padded K tile makes that conflict-free); then each
-// lane accumulates DPL = Dh/32 output dims, broadcasting p_j with shuffles.
+// Block (row tile, kv head, split). The block's rows are r0 .. r0+ROWS-1 of the flattened (token, head in group)
+// space of this kv head, so the K/V tiles it loads serve every q head of the group (GQA reuse).
+// Per key tile: (A) lane j of a warp scores key j against each of its rows (the padded K tile makes that
+// conflict-free), online softmax; (B) each lane accumulates DPL = Dh/32 output dims, broadcasting p_j with shuffles.
+// SMALL (smem::attention_plan, where K and V tiles and 16 rows do not fit: head dim 256 below sm_70): 8 rows, and
+// the V tile is loaded over the K tile between (A) and (B). A row's arithmetic is the same either way.
 // n_split > 1: the key range [0, kmax) is cut into n_split pieces; each writes unnormalised acc and (m, l) to work.
-template <int DPL, typename KV>
+template <int DPL, typename KV, bool SMALL>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 attention_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                  const KV* __restrict__ kc,        // [n_ctx, Hk, Dh]
@@ -49,30 +53,31 @@ attention_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                  int L, int Hq, int Hk, float scale, int n_split) {
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     constexpr int Dh = DPL * 32;
+    constexpr int RPW = SMALL ? ATT_RPW / 2 : ATT_RPW, ROWS = ATT_WARPS * RPW;   // query rows per warp, per block
     extern __shared__ float smem[];
-    float* Ks = smem;                         // [ATT_BN][Dh+1]
-    float* Vs = Ks + ATT_BN * (Dh + 1);       // [ATT_BN][Dh]
-    float* Qs = Vs + ATT_BN * Dh;             // [ATT_ROWS][Dh]
+    float* Ks = smem;                                             // [ATT_BN][Dh+1]
+    float* Vs = SMALL ? Ks : Ks + ATT_BN * (Dh + 1);              // [ATT_BN][Dh]
+    float* Qs = Ks + ATT_BN * (Dh + 1) + (SMALL ? 0 : ATT_BN * Dh);   // [ROWS][Dh]
     const int group = Hq / Hk, kvh = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int total = L * group, r0 = blockIdx.x * ATT_ROWS;
+    const int total = L * group, r0 = blockIdx.x * ROWS;
     const int pos0 = pos[0];
 
-    for (int i = threadIdx.x; i < ATT_ROWS * Dh; i += blockDim.x) {
+    for (int i = threadIdx.x; i < ROWS * Dh; i += blockDim.x) {
         const int r = r0 + i / Dh, d = i % Dh;
         float val = 0.f;
         if (r < total) val = q[((size_t)(r / group) * Hq + kvh * group + r % group) * Dh + d] * scale;
         Qs[i] = val;
     }
     // Keys this block may need: up to the last row's position (rows are in token order).
-    const int last = min(r0 + ATT_ROWS, total) - 1;
+    const int last = min(r0 + ROWS, total) - 1;
     const int kmax = pos0 + last / group + 1;
     const int chunk = (kmax + n_split - 1) / n_split;
     const int kbeg = split * chunk, kend = min(kmax, kbeg + chunk);
 
-    float m[ATT_RPW], l[ATT_RPW], acc[ATT_RPW][DPL];
+    float m[RPW], l[RPW], acc[RPW][DPL];
 #pragma unroll
-    for (int i = 0; i < ATT_RPW; ++i) {
+    for (int i = 0; i < RPW; ++i) {
         m[i] = NEG_BIG;
         l[i] = 0.f;
 #pragma unroll
@@ -86,18 +91,22 @@ attention_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
             float kv = 0.f, vv = 0.f;
             if (key < kend) {
                 kv = to_f32(kc[key * kv_row + (size_t)kvh * Dh + d]);
-                vv = to_f32(vc[key * kv_row + (size_t)kvh * Dh + d]);
+                if (!SMALL) vv = to_f32(vc[key * kv_row + (size_t)kvh * Dh + d]);
             }
             Ks[j * (Dh + 1) + d] = kv;
-            Vs[j * Dh + d] = vv;
+            if (!SMALL) Vs[j * Dh + d] = vv;
         }
         __syncthreads();
+        float p[RPW];      // this lane's key's probability for each row
+        bool live[RPW];    // the row has an unmasked key so far (warp-uniform, as are the loop exits below)
 #pragma unroll
-        for (int i = 0; i < ATT_RPW; ++i) {
-            const int r = r0 + warp * ATT_RPW + i;
+        for (int i = 0; i < RPW; ++i) {
+            p[i] = 0.f;
+            live[i] = false;
+            const int r = r0 + warp * RPW + i;
             if (r >= total) break;
             const int qpos = pos0 + r / group;
-            const float* qr = Qs + (warp * ATT_RPW + i) * Dh;
+            const float* qr = Qs + (warp * RPW + i) * Dh;
             const float* kr = Ks + lane * (Dh + 1);
             float s = 0.f;
 #pragma unroll 8
@@ -107,22 +116,35 @@ attention_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
             const float mt = warp_max(s);
             const float m_new = fmaxf(m[i], mt);
             if (m_new <= NEG_BIG) continue;  // every key so far masked for this row
-            const float p = s <= NEG_BIG ? 0.f : __expf(s - m_new);
+            p[i] = s <= NEG_BIG ? 0.f : __expf(s - m_new);
             const float corr = __expf(m[i] - m_new);
-            l[i] = l[i] * corr + warp_sum(p);
+            l[i] = l[i] * corr + warp_sum(p[i]);
             m[i] = m_new;
+            live[i] = true;
 #pragma unroll
             for (int d = 0; d < DPL; ++d) acc[i][d] *= corr;
+        }
+        if (SMALL) {   // V over K, now that every row is scored
+            __syncthreads();
+            for (int i = threadIdx.x; i < ATT_BN * Dh; i += blockDim.x) {
+                const int j = i / Dh, d = i % Dh, key = kt + j;
+                Vs[j * Dh + d] = key < kend ? to_f32(vc[key * kv_row + (size_t)kvh * Dh + d]) : 0.f;
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int i = 0; i < RPW; ++i) {
+            if (!live[i]) continue;
             for (int j = 0; j < ATT_BN; ++j) {
-                const float pj = __shfl_sync(0xffffffffu, p, j);
+                const float pj = __shfl_sync(0xffffffffu, p[i], j);
 #pragma unroll
                 for (int d = 0; d < DPL; ++d) acc[i][d] = fmaf(pj, Vs[j * Dh + lane + 32 * d], acc[i][d]);
             }
         }
     }
 #pragma unroll
-    for (int i = 0; i < ATT_RPW; ++i) {
-        const int r = r0 + warp * ATT_RPW + i;
+    for (int i = 0; i < RPW; ++i) {
+        const int r = r0 + warp * RPW + i;
         if (r >= total) break;
         const int t = r / group, h = kvh * group + r % group;
         if (n_split == 1) {
@@ -167,20 +189,30 @@ __global__ void attention_merge_kernel(const float* __restrict__ work,  // [n_sp
 
 // ==== launchers ===================================================================================================
 
-template <int DPL, typename KV>
-int launch_attention(const float* q, const void* kc, const void* vc, const int32_t* pos, float* out, float* work,
-                     int L, int Hq, int Hk, float scale, int n_split) {
-    constexpr int Dh = DPL * 32;
-    const size_t smem = sizeof(float) * (ATT_BN * (Dh + 1) + ATT_BN * Dh + ATT_ROWS * Dh);
-    auto kernel = attention_kernel<DPL, KV>;
-    CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                       "attention_kernel shared memory"));
-    const dim3 grid(ceil_div((size_t)L * (Hq / Hk), ATT_ROWS), Hk, n_split);
-    CMP_TRY(launch("attention_kernel", kernel, grid, dim3(ATT_WARPS * 32), smem, q, static_cast<const KV*>(kc),
+template <int DPL, typename KV, bool SMALL>
+int launch_attention_rows(const float* q, const void* kc, const void* vc, const int32_t* pos, float* out, float* work,
+                          int L, int Hq, int Hk, float scale, int n_split) {
+    constexpr int Dh = DPL * 32, ROWS = SMALL ? smem::ATT_ROWS / 2 : smem::ATT_ROWS;
+    constexpr size_t bytes = smem::attention_bytes(Dh, ROWS);
+    auto kernel = attention_kernel<DPL, KV, SMALL>;
+    CMP_TRY(smem_opt_in("attention_kernel", kernel, bytes));
+    const dim3 grid(ceil_div((size_t)L * (Hq / Hk), ROWS), Hk, n_split);
+    CMP_TRY(launch("attention_kernel", kernel, grid, dim3(ATT_WARPS * 32), bytes, q, static_cast<const KV*>(kc),
                    static_cast<const KV*>(vc), pos, out, work, L, Hq, Hk, scale, n_split));
     if (n_split == 1) return CMP_OK;
     return launch("attention_merge_kernel", attention_merge_kernel, dim3(L * Hq), dim3(std::min(Dh, 256)), 0, work,
                   out, L * Hq, Dh, n_split);
+}
+
+// 16 rows per block with separate K and V tiles where they fit, else SMALL (smem::attention_plan).
+template <int DPL, typename KV>
+int launch_attention(const float* q, const void* kc, const void* vc, const int32_t* pos, float* out, float* work,
+                     int L, int Hq, int Hk, float scale, int n_split) {
+    size_t limit = 0;
+    CMP_TRY(smem_limit(&limit));
+    const auto run = smem::attention_plan(DPL * 32, limit).config == smem::ATT_ROWS
+                         ? launch_attention_rows<DPL, KV, false> : launch_attention_rows<DPL, KV, true>;
+    return run(q, kc, vc, pos, out, work, L, Hq, Hk, scale, n_split);
 }
 
 template <typename KV>
@@ -418,7 +450,7 @@ __device__ __forceinline__ LaneReduced lane_reduced(int n, int from, int to, int
     return r;
 }
 
-constexpr int DEC_NW = 4;    // warps per block
+using smem::DEC_NW;          // warps per block
 constexpr int DEC_TK = 64;   // keys per tile
 
 // Block (split, kv head, row t), 128 threads, all G q heads of the kv head (GQA: K/V read once for the group).
@@ -761,15 +793,15 @@ __global__ void attn_decode_merge_kernel(const float* __restrict__ work,  // [ma
 }
 
 // ---- prefill: FlashAttention-2 on FP32 FMA -------------------------------------------------------------------------
-constexpr int PF_BR = 64;    // rows (token, q head of the group) per block
-constexpr int PF_BK = 64;    // keys per tile (= the block-sparse block)
-constexpr int PF_DC = 64;    // head dims per shared K/V chunk
-constexpr int PF_NT = 256;
+using smem::PF_BK;   // keys per tile (= the block-sparse block)
+using smem::PF_DC;   // head dims per shared K/V chunk
 
-// Block (row tile, kv head): rows r = t*G + g of the kv head's group (GQA: each K/V tile serves all G heads).
-// Thread (rg = tid/16, kg = tid%16) owns S rows rg*4..+3 x keys kg*4..+3 and O rows rg*4..+3 x dims
-// {c*64 + kg*4 .. +3}. Shared: Qt [Dh][64] (transposed, scaled, tq3-rotated), one 64x64 chunk buffer (K chunk
-// transposed [d][key], or V chunk [key][d]), Pt [64 keys][64 rows]: 96 KB at Dh 256 (sm_70's limit).
+// Block (row tile of BR rows, kv head): rows r = t*G + g of the kv head's group (GQA: each K/V tile serves all G
+// heads); BR * 4 threads. Thread (rg = tid/16, kg = tid%16) owns S rows rg*4..+3 x keys kg*4..+3 and O rows
+// rg*4..+3 x dims {c*64 + kg*4 .. +3}, so a row's arithmetic is the same for every BR. Shared
+// (smem::attn_prefill_bytes): Qt [Dh][BR] (transposed, scaled, tq3-rotated), one 64x64 chunk buffer (K chunk
+// transposed [d][key], or V chunk [key][d]), Pt [64 keys][BR rows]: at Dh 256 96 KB with BR 64 (sm_70 and up),
+// 56 KB with 32 (sm_75), 36 KB with 16 (sm_61); smem::attn_prefill_plan picks the largest BR that fits.
 // Key tiles: dense causal 0 .. last row's block, or the merged block lists of the (at most two) query blocks the
 // tile's tokens fall in; a row ignores a visited block its own query block did not list.
 // Two 96 KB blocks per SM where shared memory allows it (sm_80+: 164-228 KB), so registers are capped at 128; on
@@ -779,8 +811,8 @@ constexpr int PF_NT = 256;
 #else
 #define CMP_PF_MIN_BLOCKS 2
 #endif
-template <int Dh>
-__global__ void __launch_bounds__(PF_NT, CMP_PF_MIN_BLOCKS)
+template <int Dh, int BR>
+__global__ void __launch_bounds__(BR * 4, BR == smem::PF_ROWS_MAX ? CMP_PF_MIN_BLOCKS : 1)
 attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                     const uint8_t* __restrict__ kc,   // [n_ctx, Hk, kbytes]
                     const uint8_t* __restrict__ vc,   // [n_ctx, Hk, vbytes]
@@ -792,30 +824,30 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                     const int32_t* __restrict__ counts,  // [Hk, nqb]
                     int max_blocks) {
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
-    constexpr int NC = Dh / PF_DC;
+    constexpr int NC = Dh / PF_DC, NT = BR * 4;
     extern __shared__ __align__(16) float smem[];
-    float* Qt = smem;                    // [Dh][PF_BR]; at the end the output [PF_BR][Dh]
-    float* buf = Qt + Dh * PF_BR;        // [64 * 64]
-    float* Pt = buf + PF_DC * PF_BK;     // [PF_BK][PF_BR]
-    const int kvh = blockIdx.y, total = L * G, r0 = blockIdx.x * PF_BR;
+    float* Qt = smem;                    // [Dh][BR]; at the end the output [BR][Dh]
+    float* buf = Qt + Dh * BR;           // [64 * 64]
+    float* Pt = buf + PF_DC * PF_BK;     // [PF_BK][BR]
+    const int kvh = blockIdx.y, total = L * G, r0 = blockIdx.x * BR;
     const int tid = threadIdx.x, rg = tid >> 4, kg = tid & 15;
 
     // Q^T: float4 along d from global, transposed into shared (row index fastest: conflict-free stores).
-    for (int i = tid; i < PF_BR * Dh / 4; i += PF_NT) {
-        const int r = i % PF_BR, d4 = i / PF_BR, rr = r0 + r;
+    for (int i = tid; i < BR * Dh / 4; i += NT) {
+        const int r = i % BR, d4 = i / BR, rr = r0 + r;
         float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
         if (rr < total)
             x = *reinterpret_cast<const float4*>(q + ((size_t)(rr / G) * Hq + kvh * G + rr % G) * Dh + d4 * 4);
-        Qt[(d4 * 4 + 0) * PF_BR + r] = x.x * scale;
-        Qt[(d4 * 4 + 1) * PF_BR + r] = x.y * scale;
-        Qt[(d4 * 4 + 2) * PF_BR + r] = x.z * scale;
-        Qt[(d4 * 4 + 3) * PF_BR + r] = x.w * scale;
+        Qt[(d4 * 4 + 0) * BR + r] = x.x * scale;
+        Qt[(d4 * 4 + 1) * BR + r] = x.y * scale;
+        Qt[(d4 * 4 + 2) * BR + r] = x.z * scale;
+        Qt[(d4 * 4 + 3) * BR + r] = x.w * scale;
     }
     __syncthreads();
-    if (k_type == CMP_KV_TQ3) fwht_smem(Qt, PF_BR, Dh, tq3_block(Dh), 1, PF_BR, true, false);
+    if (k_type == CMP_KV_TQ3) fwht_smem(Qt, BR, Dh, tq3_block(Dh), 1, BR, true, false);
 
     const int pos0 = pos[0];
-    const int last_row = min(r0 + PF_BR, total) - 1;
+    const int last_row = min(r0 + BR, total) - 1;
     const int t_first = r0 / G, t_last = last_row / G;
     const int kmax = pos[t_last] + 1;  // keys 0 .. kmax-1 exist
     const int qb_lo = pos[t_first] / PF_BK, qb_hi = pos[t_last] / PF_BK, qb0 = pos0 / PF_BK;
@@ -880,7 +912,7 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
             __syncthreads();   // buf free (previous V chunk consumed)
-            for (int i = tid; i < PF_BK * (PF_DC / 8); i += PF_NT) {
+            for (int i = tid; i < PF_BK * (PF_DC / 8); i += NT) {
                 const int key = i % PF_BK, g8 = i / PF_BK;
                 float x[8];
                 if (k0 + key < kmax) {
@@ -895,7 +927,7 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
             __syncthreads();
 #pragma unroll 8
             for (int d = 0; d < PF_DC; ++d) {
-                const float4 a = *reinterpret_cast<const float4*>(Qt + (c * PF_DC + d) * PF_BR + rg * 4);
+                const float4 a = *reinterpret_cast<const float4*>(Qt + (c * PF_DC + d) * BR + rg * 4);
                 const float4 b = *reinterpret_cast<const float4*>(buf + d * PF_BK + kg * 4);
                 const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
@@ -935,12 +967,12 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            *reinterpret_cast<float4*>(Pt + (kg * 4 + j) * PF_BR + rg * 4) = make_float4(p[0][j], p[1][j], p[2][j], p[3][j]);
+            *reinterpret_cast<float4*>(Pt + (kg * 4 + j) * BR + rg * 4) = make_float4(p[0][j], p[1][j], p[2][j], p[3][j]);
         // O += P V, V streamed in 64-dim chunks
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
             __syncthreads();   // buf free (K chunk / previous V chunk consumed); Pt written
-            for (int i = tid; i < PF_BK * (PF_DC / 8); i += PF_NT) {
+            for (int i = tid; i < PF_BK * (PF_DC / 8); i += NT) {
                 const int key = i / (PF_DC / 8), g8 = i % (PF_DC / 8);
                 float x[8];
                 if (k0 + key < kmax) {
@@ -955,7 +987,7 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
             __syncthreads();
 #pragma unroll 8
             for (int j = 0; j < PF_BK; ++j) {
-                const float4 pa = *reinterpret_cast<const float4*>(Pt + j * PF_BR + rg * 4);
+                const float4 pa = *reinterpret_cast<const float4*>(Pt + j * BR + rg * 4);
                 const float4 vb = *reinterpret_cast<const float4*>(buf + j * PF_DC + kg * 4);
                 const float pv[4] = {pa.x, pa.y, pa.z, pa.w}, vv[4] = {vb.x, vb.y, vb.z, vb.w};
 #pragma unroll
@@ -980,8 +1012,8 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                 make_float4(acc[i][c][0] * inv, acc[i][c][1] * inv, acc[i][c][2] * inv, acc[i][c][3] * inv);
     }
     __syncthreads();
-    if (v_type == CMP_KV_TQ3) fwht_smem(Os, PF_BR, Dh, tq3_block(Dh), Dh, 1, false, true);
-    for (int i = tid; i < PF_BR * Dh / 4; i += PF_NT) {
+    if (v_type == CMP_KV_TQ3) fwht_smem(Os, BR, Dh, tq3_block(Dh), Dh, 1, false, true);
+    for (int i = tid; i < BR * Dh / 4; i += NT) {
         const int r = i / (Dh / 4), d4 = i % (Dh / 4), rr = r0 + r;
         if (rr < total)
             *reinterpret_cast<float4*>(out + ((size_t)(rr / G) * Hq + kvh * G + rr % G) * Dh + d4 * 4) =
@@ -996,24 +1028,31 @@ inline int check_kv_types(const char* fn, int k_type, int v_type, int Dh) {
     return CMP_OK;
 }
 
+template <int Dh, int BR>
+int launch_prefill_rows(const float* q, const void* kc, const void* vc, int kt, int vt, const int32_t* pos,
+                        float* out, int L, int Hq, int Hk, float scale, const int32_t* blocks, const int32_t* counts,
+                        int max_blocks) {
+    constexpr size_t bytes = smem::attn_prefill_bytes(Dh, BR);
+    auto kernel = attn_prefill_kernel<Dh, BR>;
+    CMP_TRY(smem_opt_in("attn_prefill_kernel", kernel, bytes));
+    const int G = Hq / Hk;
+    const dim3 grid(ceil_div((size_t)L * G, BR), Hk);
+    return launch("attn_prefill_kernel", kernel, grid, dim3(BR * 4), bytes, q, static_cast<const uint8_t*>(kc),
+                  static_cast<const uint8_t*>(vc), kt, vt, pos, out, L, Hq, Hk, G, scale, blocks, counts, max_blocks);
+}
+
+// The rows per block that the device's shared memory takes (smem::attn_prefill_plan).
 template <int Dh>
 int launch_prefill(const float* q, const void* kc, const void* vc, int kt, int vt, const int32_t* pos, float* out,
                    int L, int Hq, int Hk, float scale, const int32_t* blocks, const int32_t* counts, int max_blocks) {
-    const size_t smem = sizeof(float) * ((size_t)Dh * PF_BR + PF_DC * PF_BK + PF_BK * PF_BR);
-    int dev = 0, optin = 0;
-    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
-    CMP_TRY(check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                       "cudaDeviceGetAttribute"));
-    if ((size_t)optin < smem)   // sm_75 (64 KB) at Dh 256: the caller may take the round-1 kernel
-        return fail(CMP_ERR_UNSUPPORTED, "cmp_attn_prefill: head dim %d needs %zu B of shared memory per block, "
-                    "the device allows %d", Dh, smem, optin);
-    auto kernel = attn_prefill_kernel<Dh>;
-    CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                       "attn_prefill_kernel shared memory"));
-    const int G = Hq / Hk;
-    const dim3 grid(ceil_div((size_t)L * G, PF_BR), Hk);
-    return launch("attn_prefill_kernel", kernel, grid, dim3(PF_NT), smem, q, static_cast<const uint8_t*>(kc),
-                  static_cast<const uint8_t*>(vc), kt, vt, pos, out, L, Hq, Hk, G, scale, blocks, counts, max_blocks);
+    size_t limit = 0;
+    CMP_TRY(smem_limit(&limit));
+    switch (smem::attn_prefill_plan(Dh, limit).config) {
+        case 64: return launch_prefill_rows<Dh, 64>(q, kc, vc, kt, vt, pos, out, L, Hq, Hk, scale, blocks, counts, max_blocks);
+        case 32: return launch_prefill_rows<Dh, 32>(q, kc, vc, kt, vt, pos, out, L, Hq, Hk, scale, blocks, counts, max_blocks);
+        default:   // 16, or nothing fits: the smallest configuration reports its bytes
+            return launch_prefill_rows<Dh, 16>(q, kc, vc, kt, vt, pos, out, L, Hq, Hk, scale, blocks, counts, max_blocks);
+    }
 }
 
 template <int Dh, int GP>
@@ -1021,10 +1060,9 @@ int launch_decode(const float* q, const void* kc, const void* vc, int kt, int vt
                   float* work, int L, int Hq, int Hk, float scale, int max_split) {
     const int G = Hq / Hk;
     const bool tq3 = kt == CMP_KV_TQ3 || vt == CMP_KV_TQ3;
-    const size_t smem = std::max(sizeof(float) * DEC_NW * GP * Dh, tq3 ? (size_t)TQ3_PAIR_SMEM : 0);
+    const size_t bytes = smem::attn_decode_bytes(Dh, GP, tq3);
     auto kernel = attn_decode_kernel<Dh, GP>;
-    CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                       "attn_decode_kernel shared memory"));
+    CMP_TRY(smem_opt_in("attn_decode_kernel", kernel, bytes));
     const dim3 grid(max_split, Hk, L);
     // The L2 prefetch of quantized rows only where L2 holds twice what the resident blocks (at most 4 per SM) ask
     // ahead: a small L2 (6 MB on the CMP 100-210) would evict the rows before their tile reads them.
@@ -1034,7 +1072,7 @@ int launch_decode(const float* q, const void* kc, const void* vc, int kt, int vt
                              (size_t)(vt >= CMP_KV_Q8_0 ? kv_row_bytes(vt, Dh) : 0);
     const size_t resident = std::min((size_t)max_split * Hk * L, (size_t)dev.sms * 4);
     const int prefetch = ahead_row > 0 && 2 * resident * DEC_TK * ahead_row <= (size_t)dev.l2_bytes;
-    CMP_TRY(launch("attn_decode_kernel", kernel, grid, dim3(DEC_NW * 32), smem, q, static_cast<const uint8_t*>(kc),
+    CMP_TRY(launch("attn_decode_kernel", kernel, grid, dim3(DEC_NW * 32), bytes, q, static_cast<const uint8_t*>(kc),
                    static_cast<const uint8_t*>(vc), kt, vt, pos, out, work, L, Hq, Hk, G, scale, prefetch));
     if (max_split == 1) return CMP_OK;
     return launch("attn_decode_merge_kernel", attn_decode_merge_kernel, dim3(L * Hq), dim3(Dh), Dh * sizeof(float),

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "smem_plan.h"
 
 namespace cmp {
 
@@ -123,8 +124,8 @@ __host__ __device__ __forceinline__ float2 tq3_pair_levels(int e) {
 // The pair table: 64 level pairs, each held 16 times side by side (entry e for lane slot s at byte e * 128 + s * 8)
 // so that the 16 lanes of a half warp, each reading its own slot, hit 16 different bank pairs whatever their codes
 // (8 KB; one 64-bit load gives two values).
-constexpr int TQ3_PAIR_SLOTS = 16;
-constexpr int TQ3_PAIR_TABLE_BYTES = 64 * TQ3_PAIR_SLOTS * 8;
+using smem::TQ3_PAIR_SLOTS;
+using smem::TQ3_PAIR_TABLE_BYTES;
 
 // The 8 levels of the group whose bit-plane bytes are b0, b1, b2, from the pair table: ld(offset) reads the float2 at
 // byte `offset` of the lane's slot (offset = pair index * 128). Two byte permutes put plane p in byte p + 1 of one
@@ -317,7 +318,7 @@ struct KvChunk<CMP_KV_TQ3> {
 // Fill the pair table of KvChunk<CMP_KV_TQ3>::decode in `smem` (TQ3_PAIR_SMEM bytes: the table goes to the first
 // 8 KB boundary of the shared window inside it, so that a lane's slot address ORs with the offsets; every thread of
 // the block takes part, the caller syncs before use) and return the calling lane's slot as a shared-window address.
-constexpr int TQ3_PAIR_SMEM = 2 * TQ3_PAIR_TABLE_BYTES - 16;   // a 16-byte-aligned start is at most 8 KB - 16 short
+using smem::TQ3_PAIR_SMEM;
 __device__ __forceinline__ uint32_t tq3_pairs_init(float* smem) {
     uint32_t a;
     asm("{ .reg .u64 g; cvta.to.shared.u64 g, %1; cvt.u32.u64 %0, g; }" : "=r"(a) : "l"(smem));

@@ -40,8 +40,22 @@ int compute90_code(bool* yes);
 struct DeviceFacts {
     int sms;        // multiprocessors
     int l2_bytes;   // L2 cache size
+    int smem_optin; // shared memory one block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 };
 int device_facts(DeviceFacts* f);
+
+// The shared memory one block may take on the current device: its opt-in limit, or cmp_set_smem_cap's cap where
+// that is lower (tests run the small cards' configurations on a large one). Launchers pick their configuration
+// from it (smem_plan.h).
+int smem_limit(size_t* bytes);
+// Before a launch with `dynamic` bytes of shared memory: the kernel's static plus dynamic shared memory within
+// smem_limit(), else CMP_ERR_UNSUPPORTED naming the kernel and the bytes (nothing runs); then the kernel's opt-in
+// to `dynamic` bytes.
+int smem_check(const char* name, const void* kernel, size_t dynamic);
+template <typename... P>
+int smem_opt_in(const char* name, void (*kernel)(P...), size_t dynamic) {
+    return smem_check(name, reinterpret_cast<const void*>(kernel), dynamic);
+}
 
 // The launch of the small kernels: the stream's next kernel, and with cmp_set_pdl on it may start while the kernel
 // before it drains -- so each kernel launched here calls pdl_wait_producers() before it touches memory (a no-op for

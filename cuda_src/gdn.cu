@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "smem_plan.h"
 
 namespace cmp {
 namespace {
@@ -336,18 +337,10 @@ gdn_step_rows_kernel(const float* __restrict__ qkv,      // [S, C]
 //   G = cumsum(g);  A[t,s] = b_t e^(G_t-G_s) k_t.k_s (s < t);  M[t,s] = e^(G_t-G_s) q_t.k_s (s <= t)
 //   D = (I + A)^-1 diag(b) (V - diag(e^G) K S0)     (forward substitution, 16 lanes per value column)
 //   O = diag(e^G) Q S0 + M D;   S = e^(G_63) S0 + K^T diag(e^(G_63 - G)) D
-constexpr int GDN_CH = 64;    // tokens per chunk (numpy_ref.GDN_CHUNK)
-constexpr int GDN_BV = 16;    // value columns per block
+using smem::GDN_CH;   // tokens per chunk (numpy_ref.GDN_CHUNK)
+using smem::GDN_BV;   // value columns per block
+using smem::GdnChunkLayout;   // the kernel's shared arrays (smem_plan.h, which sizes them)
 constexpr int GDN_NT = 256;   // threads: a 16 x 16 grid (tx, ty) for the products
-
-template <int DK>
-struct GdnChunkLayout {
-    static constexpr int QK = DK + 1;          // row stride of Qs/Ks: rows t and t+1 start in different banks
-    static constexpr int DS = GDN_BV + 1;      // row stride of Ds
-    static constexpr int AS = GDN_CH + 1;      // row stride of As
-    static constexpr int floats = 2 * GDN_CH * QK + DK * GDN_BV + GDN_CH * DS + GDN_CH * AS + 3 * GDN_CH;
-    static constexpr size_t bytes = sizeof(float) * (size_t)floats;   // DK 128: 96000 B (fits sm_70's 96 KiB)
-};
 
 template <int DK>
 __global__ void __launch_bounds__(GDN_NT)
@@ -577,21 +570,12 @@ int launch_gdn_scan_rows(const float* qkv, const float* g, const float* b, float
 
 // The chunked kernel needs GdnChunkLayout<DK>::bytes of shared memory (96000 B at DK 128): more than the 48 KiB
 // default, so the launcher raises the kernel's limit, and reports CMP_ERR_UNSUPPORTED where the device cannot give
-// that much (sm_75: 64 KiB) so that the caller can take the scan instead.
+// that much (sm_75: 64 KiB; sm_61: 48 KiB) so that the caller can take the scan instead.
 template <int DK>
 int launch_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V,
                        float eps) {
     constexpr size_t bytes = GdnChunkLayout<DK>::bytes;
-    int dev = 0, optin = 0;
-    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
-    CMP_TRY(check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                       "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)"));
-    if ((size_t)optin < bytes)
-        return fail(CMP_ERR_UNSUPPORTED, "cmp_gdn_chunked: needs %zu B of shared memory per block, the device gives %d",
-                    bytes, optin);
-    CMP_TRY(check_cuda(cudaFuncSetAttribute(gdn_chunked_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)bytes),
-                       "cudaFuncSetAttribute(gdn_chunked_kernel)"));
+    CMP_TRY(smem_opt_in("gdn_chunked_kernel", gdn_chunked_kernel<DK>, bytes));
     return launch("gdn_chunked_kernel", gdn_chunked_kernel<DK>, dim3(V, DK / GDN_BV), dim3(GDN_NT), bytes, qkv, g, b,
                   state, o, L, K, V, eps);
 }

@@ -347,8 +347,7 @@ template <int SC, bool MIN, int BK, int STAGES>
 int launch_stages(const MmaOperands& op) {
     constexpr int smem = STAGES * (int)sizeof(MmaStage<SC, MIN, BK>);
     constexpr auto kernel = gemm_mma_kernel<SC, MIN, BK, STAGES>;
-    CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                       "gemm_mma_kernel shared memory"));
+    CMP_TRY(smem_opt_in("gemm_mma_kernel", kernel, smem));
     kernel<<<dim3(ceil_div(op.R, MT), ceil_div(op.T, NT)), THREADS, smem, stream()>>>(op);
     return check_launch("gemm_mma_kernel");
 }
@@ -357,17 +356,13 @@ int launch_stages(const MmaOperands& op) {
 // sm_80: 163 KB; fewer barriers per block), else 4 or 2 stages of 2 blocks (sm_86/89: 99 KB; sm_75: 64 KB).
 template <int SC, bool MIN>
 int launch_form(const MmaOperands& op) {
-    int dev = 0, optin = 0;
-    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
-    CMP_TRY(check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                       "shared memory per block"));
-    const size_t have = (size_t)optin, wide = sizeof(MmaStage<SC, MIN, WIDE_BK>), narrow = sizeof(MmaStage<SC, MIN, 2>);
+    size_t have = 0;                    // the device's shared memory per block (or the tests' cap)
+    CMP_TRY(smem_limit(&have));
+    const size_t wide = sizeof(MmaStage<SC, MIN, WIDE_BK>), narrow = sizeof(MmaStage<SC, MIN, 2>);
     if (have >= 4 * wide) return launch_stages<SC, MIN, WIDE_BK, 4>(op);
     if (have >= 3 * wide) return launch_stages<SC, MIN, WIDE_BK, 3>(op);
     if (have >= 4 * narrow) return launch_stages<SC, MIN, 2, 4>(op);
-    CMP_REQUIRE(have >= 2 * narrow, "gemm_mma: %zu bytes of shared memory needed, the device lends %d", 2 * narrow,
-                optin);
-    return launch_stages<SC, MIN, 2, 2>(op);
+    return launch_stages<SC, MIN, 2, 2>(op);   // below 2 stages: smem_opt_in reports the kernel and its bytes
 }
 
 constexpr int MAX_DEVICES = 64;

@@ -19,6 +19,7 @@
 
 #include "matmul_mma.cuh"
 #include "quant_blocks.cuh"
+#include "smem_plan.h"
 
 namespace cmp {
 namespace {
@@ -26,9 +27,10 @@ namespace {
 constexpr int QGEMV_WARPS = 4;
 constexpr int QGEMV_MAX_T = 16;
 constexpr int QMAX_MATS = 4;
-constexpr int QTILE = 128;   // GEMM tile: 128 weight rows x 128 tokens
-constexpr int QBK = 2;       // sub-blocks of 32 per shared-memory stage
-constexpr int QKP = QBK * 8 + 4;  // row stride in ints (80 B: 16-byte aligned, conflict-free 16-byte reads)
+using smem::QTILE;   // GEMM tile: 128 weight rows x 128 tokens
+using smem::QBK;     // sub-blocks of 32 per shared-memory stage
+using smem::QKP;     // row stride in ints
+using smem::QStage;  // one stage of the GEMM's operands (smem_plan.h, which sizes it)
 constexpr int ONES = 0x01010101;
 
 template <class D>
@@ -232,20 +234,13 @@ __global__ void expand_kernel(const uint8_t* __restrict__ body, const uint8_t* _
     if (Q::MIN) reinterpret_cast<float2*>(wm)[i] = make_float2(sb.m[0], sb.m[1]);
 }
 
-struct QStage {
-    int w[QTILE][QKP];
-    int x[QTILE][QKP];
-    float ws[QTILE][2 * QBK];  // per 16 values
-    float wm[QTILE][2 * QBK];
-    float xs[QTILE][2 * QBK];
-    float xd[QTILE][QBK];
-};
-
 // The expanded weights times the activations: thread (tx, ty) = (tid % 16, tid / 16) owns rows tx + 16i and tokens
 // ty + 16j (i, j < 8), rows in registers 4 at a time. Per sub-block and output: two 16-code DP4A dots with their
 // half scales, times the activation scale, less the mins times the activation half sums. Stages of QBK sub-blocks,
-// double-buffered (codes by cp.async on sm_80+; scales through registers), one barrier per stage.
-template <bool PER16, bool MIN, class D>
+// double-buffered (codes by cp.async on sm_80+; scales through registers), one barrier per stage; STAGES 1 where
+// shared memory holds one stage only (smem::gemm_quant_plan: sm_61): the next stage waits in registers while the
+// current one is multiplied, then a second barrier before it overwrites it. The arithmetic is the same.
+template <bool PER16, bool MIN, class D, int STAGES>
 __global__ void __launch_bounds__(256, 1)
 gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
                   const float* __restrict__ xd,   // [T, n/32]
@@ -256,8 +251,13 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
                   const float* __restrict__ res,  // [T, ldy] added to y, or null
                   float* __restrict__ y,          // [T, ldy], columns [0, R)
                   int T, int R, int n, int ldy) {
-    extern __shared__ __align__(16) unsigned char qsmem[];  // QStage[2]: 55 KB, above the 48 KB of static memory
+    extern __shared__ __align__(16) unsigned char qsmem[];  // QStage[STAGES]: 27 KB each
     QStage* st = reinterpret_cast<QStage*>(qsmem);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr bool ASYNC = STAGES > 1;   // cp.async straight into the next stage (one stage: it is being read)
+#else
+    constexpr bool ASYNC = false;
+#endif
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const int row0 = blockIdx.x * QTILE, tok0 = blockIdx.y * QTILE, nsub = n / 32, nh = n / 16;
     const int nstage = (nsub + QBK - 1) / QBK;
@@ -273,13 +273,13 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
             const bool okw = gr < R && blk < nsub, okx = gt < T && blk < nsub;
             const int8_t* sw = wq + (okw ? (size_t)gr * n + (size_t)s * QBK * 32 + lc * 16 : 0);
             const int8_t* sx = xq + (okx ? (size_t)gt * n + (size_t)s * QBK * 32 + lc * 16 : 0);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-            copy16(&b.w[r][lc * 4], sw, okw);
-            copy16(&b.x[r][lc * 4], sx, okx);
-#else
-            p.w[k] = okw ? __ldg(reinterpret_cast<const int4*>(sw)) : make_int4(0, 0, 0, 0);
-            p.x[k] = okx ? __ldg(reinterpret_cast<const int4*>(sx)) : make_int4(0, 0, 0, 0);
-#endif
+            if constexpr (ASYNC) {
+                copy16(&b.w[r][lc * 4], sw, okw);
+                copy16(&b.x[r][lc * 4], sx, okx);
+            } else {
+                p.w[k] = okw ? __ldg(reinterpret_cast<const int4*>(sw)) : make_int4(0, 0, 0, 0);
+                p.x[k] = okx ? __ldg(reinterpret_cast<const int4*>(sx)) : make_int4(0, 0, 0, 0);
+            }
         }
         const int sblk = s * QBK + sk;
         const bool okw = row0 + sr < R && sblk < nsub, okx = tok0 + sr < T && sblk < nsub;
@@ -290,15 +290,15 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
         p.xd = okx ? xd[(size_t)(tok0 + sr) * nsub + sblk] : 0.f;
     };
     auto publish = [&](QStage& b, const Pending& p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        cp_async_wait();
-#else
+        if constexpr (ASYNC) {
+            cp_async_wait();
+        } else {
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            *reinterpret_cast<int4*>(&b.w[lr + 64 * k][lc * 4]) = p.w[k];
-            *reinterpret_cast<int4*>(&b.x[lr + 64 * k][lc * 4]) = p.x[k];
+            for (int k = 0; k < 2; ++k) {
+                *reinterpret_cast<int4*>(&b.w[lr + 64 * k][lc * 4]) = p.w[k];
+                *reinterpret_cast<int4*>(&b.x[lr + 64 * k][lc * 4]) = p.x[k];
+            }
         }
-#endif
         b.ws[sr][2 * sk] = p.ws.x;
         b.ws[sr][2 * sk + 1] = p.ws.y;
         b.wm[sr][2 * sk] = p.wm.x;
@@ -319,8 +319,8 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
     publish(st[0], p);
     __syncthreads();
     for (int s = 0; s < nstage; ++s) {
-        QStage& cur = st[s & 1];
-        QStage& nxt = st[(s & 1) ^ 1];
+        QStage& cur = st[s % STAGES];
+        QStage& nxt = st[(s + 1) % STAGES];
         const bool more = s + 1 < nstage;
         if (more) fetch(s + 1, nxt, p);  // nxt was last read before the previous barrier
 #pragma unroll
@@ -357,6 +357,7 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 }
             }
         }
+        if (STAGES == 1) __syncthreads();   // every thread done with cur before the next stage overwrites it
         if (more) publish(nxt, p);
         __syncthreads();
     }
@@ -410,14 +411,24 @@ GemmWork split_work(void* work, size_t bytes, int T, int n, int rows) {
     return g;
 }
 
+template <bool PER16, bool MIN, class D, int STAGES>
+int launch_gemm_quant(const int8_t* xq, const float* xd, const GemmWork& g, const float* res, float* y, int T, int R,
+                      int n, int ldy) {
+    constexpr size_t bytes = STAGES * sizeof(QStage);
+    auto kernel = gemm_quant_kernel<PER16, MIN, D, STAGES>;
+    CMP_TRY(smem_opt_in("gemm_quant_kernel", kernel, bytes));
+    kernel<<<dim3(ceil_div(R, QTILE), ceil_div(T, QTILE)), 256, bytes, stream()>>>(xq, xd, g.xs, g.wq, g.ws, g.wm,
+                                                                                  res, y, T, R, n, ldy);
+    return check_launch("gemm_quant_kernel");
+}
+
 template <class Q, class D>
 int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uint8_t* head, float* y, const float* res,
                int rows, int T, int n, const GemmWork& g, bool mma) {
     const int nb = n / Q::BV;
-    constexpr int smem = 2 * sizeof(QStage);
-    CMP_TRY(check_cuda(cudaFuncSetAttribute(gemm_quant_kernel<Q::PER16, Q::MIN, D>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                       "gemm_quant_kernel shared memory"));
+    size_t limit = 0;
+    CMP_TRY(smem_limit(&limit));
+    const int stages = smem::gemm_quant_plan(limit).config;   // 2, else 1 (sm_61); 0: the 1-stage error below
     for (int r0 = 0; r0 < rows; r0 += g.chunk) {
         const int R = std::min(g.chunk, rows - r0);
         const size_t subs = (size_t)R * (n / 32);
@@ -430,9 +441,10 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
             CMP_TRY(gemm_mma(Q::PER16 ? MMA_PER16 : MMA_PER32, Q::MIN, op));
             continue;
         }
-        gemm_quant_kernel<Q::PER16, Q::MIN, D><<<dim3(ceil_div(R, QTILE), ceil_div(T, QTILE)), 256, smem, stream()>>>(
-            xq, xd, g.xs, g.wq, g.ws, g.wm, res ? res + r0 : nullptr, y + r0, T, R, n, rows);
-        CMP_TRY(check_launch("gemm_quant_kernel"));
+        const float* rr = res ? res + r0 : nullptr;
+        const auto run = stages == 2 ? launch_gemm_quant<Q::PER16, Q::MIN, D, 2>
+                                    : launch_gemm_quant<Q::PER16, Q::MIN, D, 1>;
+        CMP_TRY(run(xq, xd, g, rr, y + r0, T, R, n, rows));
     }
     return CMP_OK;
 }

@@ -20,6 +20,7 @@ std::atomic<int> g_code90[kMaxDevices] = {};   // compute90_code per device: ans
 std::atomic<bool> g_facts_known[kMaxDevices] = {};
 DeviceFacts g_facts[kMaxDevices] = {};          // written before g_facts_known is set (a racing first call writes
                                                 // the same values)
+std::atomic<size_t> g_smem_cap{0};              // cmp_set_smem_cap: process-wide, 0 = each device's own limit
 
 __global__ void pdl_probe_kernel() {}   // its PTX version is every kernel's: one build, one target list
 
@@ -59,11 +60,33 @@ int device_facts(DeviceFacts* f) {
         DeviceFacts d{};
         CMP_TRY(check_cuda(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev), "SM count"));
         CMP_TRY(check_cuda(cudaDeviceGetAttribute(&d.l2_bytes, cudaDevAttrL2CacheSize, dev), "L2 size"));
+        CMP_TRY(check_cuda(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                           "shared memory per block"));
         g_facts[dev] = d;
         g_facts_known[dev].store(true, std::memory_order_release);
     }
     *f = g_facts[dev];
     return CMP_OK;
+}
+
+int smem_limit(size_t* bytes) {
+    DeviceFacts f{};
+    CMP_TRY(device_facts(&f));
+    const size_t cap = g_smem_cap.load(std::memory_order_relaxed);
+    *bytes = cap && cap < (size_t)f.smem_optin ? cap : (size_t)f.smem_optin;
+    return CMP_OK;
+}
+
+int smem_check(const char* name, const void* kernel, size_t dynamic) {
+    size_t limit = 0;
+    CMP_TRY(smem_limit(&limit));
+    cudaFuncAttributes fa{};
+    CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, kernel), name));
+    if (fa.sharedSizeBytes + dynamic > limit)
+        return fail(CMP_ERR_UNSUPPORTED, "%s needs %zu B of shared memory per block (%zu static + %zu dynamic), the "
+                    "device allows %zu B%s", name, fa.sharedSizeBytes + dynamic, fa.sharedSizeBytes, dynamic, limit,
+                    g_smem_cap.load(std::memory_order_relaxed) ? " (cmp_set_smem_cap)" : "");
+    return check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dynamic), name);
 }
 
 cudaStream_t stream() { return t_stream ? t_stream : g_stream[current_device()]; }
@@ -75,6 +98,16 @@ using namespace cmp;
 // ==== exported ===================================================================================================
 
 extern "C" const char* cmp_last_error(void) { return g_error; }
+
+extern "C" int cmp_set_smem_cap(size_t bytes) {
+    g_smem_cap.store(bytes, std::memory_order_relaxed);
+    return CMP_OK;
+}
+
+extern "C" int cmp_smem_limit(size_t* bytes) {
+    CMP_REQUIRE(bytes, "cmp_smem_limit: null output");
+    return smem_limit(bytes);
+}
 
 extern "C" int cmp_device_count(int* n) { return check_cuda(cudaGetDeviceCount(n), "cudaGetDeviceCount"); }
 

@@ -4,12 +4,13 @@
 // select_chunk) and hands the block lists to cmp_attn_prefill. FP32 throughout, no tensor cores; keys in any cache
 // format through attention_kv.cuh's loader (tq3 keys come rotated, so the group queries are rotated the same way).
 #include "attention_kv.cuh"
+#include "smem_plan.h"
 
 namespace cmp {
 namespace {
 
 constexpr int SP_BLOCK = 64;     // keys per block (sparse_attn.SparseConfig.block, cmp_attn_prefill's blocks)
-constexpr int SP_SUB = 32;       // keys per shared-memory sub-tile: lane j scores key j
+using smem::SP_SUB;              // keys per shared-memory sub-tile: lane j scores key j
 constexpr int SP_WARPS = 4;
 
 // Block (group g, q head h): qg[g, h] = scale * mean of q rows gstart[g] .. gend[g]-1 of head h; rotated like tq3
@@ -317,10 +318,9 @@ extern "C" int cmp_sparse_probe(const float* q, const void* kc, int k_type, cons
     group_queries_kernel<<<dim3(G, Hq), 128, Dh * sizeof(float), stream()>>>(q, gstart, gend, qg, Hq, Dh, scale,
                                                                              k_type);
     CMP_TRY(check_launch("group_queries_kernel"));
-    const size_t smem = (size_t)SP_SUB * (Dh + 1) * sizeof(float);
-    CMP_TRY(check_cuda(cudaFuncSetAttribute(probe_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)smem), "probe_scores_kernel shared memory"));
-    probe_scores_kernel<<<dim3(nkb, Hk), SP_WARPS * 32, smem, stream()>>>(
+    const size_t bytes = smem::probe_scores_plan(Dh, 0).bytes;
+    CMP_TRY(smem_opt_in("probe_scores_kernel", probe_scores_kernel, bytes));
+    probe_scores_kernel<<<dim3(nkb, Hk), SP_WARPS * 32, bytes, stream()>>>(
         qg, static_cast<const uint8_t*>(kc), glimit, part, G, Hq, Hk, Dh, k_type, row_bytes, nkb, n_keys);
     CMP_TRY(check_launch("probe_scores_kernel"));
     probe_mass_kernel<<<dim3(G, Hq), 256, 0, stream()>>>(part, mass, mean, G, nkb);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common.cuh"
+#include "smem_plan.h"
 
 namespace cmp {
 namespace {
@@ -135,26 +136,22 @@ __global__ void attention_prep_mrope_kernel(const float* __restrict__ qg,      /
 
 // ==== full attention ==============================================================================================
 
-// Non-causal softmax(q k^T * scale) v over all T rows, flash style in FP32. Block = 64 queries of one head, 256
-// threads as a 16x16 grid: thread (ty, tx) owns query rows ty + 16a (a < 4) and, for the scores of a 64-key tile,
+// Non-causal softmax(q k^T * scale) v over all T rows, flash style in FP32. Block = 16 * RA queries of one head
+// (RA 4, or 2 where shared memory is short: smem::attention_full_plan), 256 threads as a 16x16 grid: thread
+// (ty, tx) owns query rows ty + 16a (a < RA) and, for the scores of a 64-key tile,
 // keys tx + 16b (b < 4); for the output, head dims tx + 16c (c < NC = ceil(Dh/16)). The 16 threads sharing a row
 // are 16 lanes of one warp, so the row max and sum are shuffles. Online softmax: running max m and sum l per row,
 // the output rescaled by exp(m_old - m_new).
-// Shared memory (fa_smem_floats): Q tile [64][S] (pre-scaled), one K-or-V tile [64][S] (K is read for the scores,
-// then V overwrites it), P [64][FA_PS]. S = Dh rounded up to 4, plus 4 when that is a multiple of 8, so rows are
-// 16-byte aligned and S % 32 is an odd multiple of 4: the scores read q and k as float4 (4 head dims per load)
+// Shared memory (smem::attention_full_bytes): Q tile [16 RA][S] (pre-scaled), one K-or-V tile [64][S] (K is read
+// for the scores, then V overwrites it), P [16 RA][FA_PS]. S = Dh rounded up to 4, plus 4 when that is a multiple
+// of 8, so rows are 16-byte aligned and S % 32 is an odd multiple of 4: the scores read q and k as float4 (4 head dims per load)
 // and the 8 threads of a quarter-warp hit 8 distinct 16-byte bank groups. Columns Dh..S-1 are zero. The P . V
 // product reads P as float4 (4 keys per load); keys past T have P = 0 and V rows of zeros.
-constexpr int FA_BQ = 64, FA_BK = 64, FA_PS = FA_BK + 4;
+using smem::FA_BK;
+using smem::FA_PS;
+using smem::fa_stride;
 
-__host__ __device__ inline int fa_stride(int Dh) {
-    const int d4 = (Dh + 3) / 4 * 4;
-    return d4 % 8 == 0 ? d4 + 4 : d4;
-}
-
-inline size_t fa_smem_floats(int Dh) { return (size_t)(FA_BQ + FA_BK) * fa_stride(Dh) + (size_t)FA_BQ * FA_PS; }
-
-template <int NC>
+template <int NC, int RA>
 __global__ void __launch_bounds__(VIS_THREADS)
 attention_full_kernel(const float* __restrict__ q,  // [T, ldq] (head h at columns h*Dh)
                       const float* __restrict__ k,  // [T, ldk]
@@ -162,20 +159,21 @@ attention_full_kernel(const float* __restrict__ q,  // [T, ldq] (head h at colum
                       float* __restrict__ out,      // [T, H*Dh]
                       int T, int H, int Dh, int ldq, int ldk, int ldv, float scale) {
     extern __shared__ __align__(16) float sm[];
+    constexpr int BQ = 16 * RA;        // queries per block
     const int S = fa_stride(Dh);
-    float* Qs = sm;                    // [64][S]
-    float* KVs = Qs + FA_BQ * S;       // [64][S]
-    float* Ps = KVs + FA_BK * S;       // [64][FA_PS]
+    float* Qs = sm;                    // [BQ][S]
+    float* KVs = Qs + BQ * S;          // [64][S]
+    float* Ps = KVs + FA_BK * S;       // [BQ][FA_PS]
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-    const int q0 = blockIdx.x * FA_BQ, h = blockIdx.y;
+    const int q0 = blockIdx.x * BQ, h = blockIdx.y;
 
-    for (int i = tid; i < FA_BQ * S; i += VIS_THREADS) {
+    for (int i = tid; i < BQ * S; i += VIS_THREADS) {
         const int r = i / S, d = i % S;
         Qs[i] = q0 + r < T && d < Dh ? q[(size_t)(q0 + r) * ldq + (size_t)h * Dh + d] * scale : 0.f;
     }
-    float m[4], l[4], acc[4][NC];
+    float m[RA], l[RA], acc[RA][NC];
 #pragma unroll
-    for (int a = 0; a < 4; ++a) {
+    for (int a = 0; a < RA; ++a) {
         m[a] = -INFINITY;
         l[a] = 0.f;
 #pragma unroll
@@ -189,16 +187,16 @@ attention_full_kernel(const float* __restrict__ q,  // [T, ldq] (head h at colum
             KVs[i] = k0 + r < T && d < Dh ? k[(size_t)(k0 + r) * ldk + (size_t)h * Dh + d] : 0.f;
         }
         __syncthreads();
-        float s[4][4] = {};
+        float s[RA][4] = {};
 #pragma unroll 2
         for (int d = 0; d < Dh; d += 4) {
-            float4 qa[4], kb[4];
+            float4 qa[RA], kb[4];
 #pragma unroll
-            for (int a = 0; a < 4; ++a) qa[a] = *reinterpret_cast<const float4*>(&Qs[(ty + 16 * a) * S + d]);
+            for (int a = 0; a < RA; ++a) qa[a] = *reinterpret_cast<const float4*>(&Qs[(ty + 16 * a) * S + d]);
 #pragma unroll
             for (int b = 0; b < 4; ++b) kb[b] = *reinterpret_cast<const float4*>(&KVs[(tx + 16 * b) * S + d]);
 #pragma unroll
-            for (int a = 0; a < 4; ++a)
+            for (int a = 0; a < RA; ++a)
 #pragma unroll
                 for (int b = 0; b < 4; ++b) {
                     float t = fmaf(qa[a].x, kb[b].x, s[a][b]);
@@ -208,7 +206,7 @@ attention_full_kernel(const float* __restrict__ q,  // [T, ldq] (head h at colum
                 }
         }
 #pragma unroll
-        for (int a = 0; a < 4; ++a) {
+        for (int a = 0; a < RA; ++a) {
             float mx = -INFINITY;
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
@@ -241,16 +239,16 @@ attention_full_kernel(const float* __restrict__ q,  // [T, ldq] (head h at colum
         __syncthreads();
         const int kn = min(FA_BK, T - k0);
         for (int j = 0; j < kn; j += 4) {          // keys kn..j+3 (past T) have P = 0 and V = 0
-            float4 p[4];
+            float4 p[RA];
 #pragma unroll
-            for (int a = 0; a < 4; ++a) p[a] = *reinterpret_cast<const float4*>(&Ps[(ty + 16 * a) * FA_PS + j]);
+            for (int a = 0; a < RA; ++a) p[a] = *reinterpret_cast<const float4*>(&Ps[(ty + 16 * a) * FA_PS + j]);
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
                 float vv[NC];
 #pragma unroll
                 for (int c = 0; c < NC; ++c) vv[c] = tx + 16 * c < Dh ? KVs[(j + jj) * S + tx + 16 * c] : 0.f;
 #pragma unroll
-                for (int a = 0; a < 4; ++a) {
+                for (int a = 0; a < RA; ++a) {
                     const float pa = jj == 0 ? p[a].x : jj == 1 ? p[a].y : jj == 2 ? p[a].z : p[a].w;
 #pragma unroll
                     for (int c = 0; c < NC; ++c) acc[a][c] = fmaf(pa, vv[c], acc[a][c]);
@@ -259,7 +257,7 @@ attention_full_kernel(const float* __restrict__ q,  // [T, ldq] (head h at colum
         }
     }
 #pragma unroll
-    for (int a = 0; a < 4; ++a) {
+    for (int a = 0; a < RA; ++a) {
         const int r = q0 + ty + 16 * a;
         if (r >= T) continue;
         const float inv = 1.f / l[a];
@@ -271,23 +269,25 @@ attention_full_kernel(const float* __restrict__ q,  // [T, ldq] (head h at colum
     }
 }
 
+template <int NC, int RA>
+int launch_attention_full_rows(const float* q, const float* k, const float* v, float* out, int T, int H, int Dh,
+                               int ldq, int ldk, int ldv, float scale) {
+    const size_t bytes = smem::attention_full_bytes(Dh, 16 * RA);
+    CMP_TRY(smem_opt_in("attention_full_kernel", attention_full_kernel<NC, RA>, bytes));
+    attention_full_kernel<NC, RA><<<dim3(ceil_div(T, 16 * RA), H), VIS_THREADS, bytes, stream()>>>(
+        q, k, v, out, T, H, Dh, ldq, ldk, ldv, scale);
+    return check_launch("attention_full_kernel");
+}
+
+// 64 queries per block where shared memory allows, else 32 (smem::attention_full_plan: sm_61 at head dim 64-80).
 template <int NC>
 int launch_attention_full(const float* q, const float* k, const float* v, float* out, int T, int H, int Dh, int ldq,
                           int ldk, int ldv, float scale) {
-    const size_t smem = sizeof(float) * fa_smem_floats(Dh);
-    int dev = 0, optin = 0;
-    CMP_TRY(check_cuda(cudaGetDevice(&dev), "attention_full: cudaGetDevice"));
-    CMP_TRY(check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                       "attention_full: shared memory limit"));
-    if ((size_t)optin < smem)
-        return fail(CMP_ERR_UNSUPPORTED, "cmp_attention_full: head dim %d needs %zu B of shared memory per block, "
-                    "this device allows %d B", Dh, smem, optin);
-    CMP_TRY(check_cuda(cudaFuncSetAttribute(attention_full_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)smem),
-                       "attention_full: shared memory opt-in"));
-    attention_full_kernel<NC><<<dim3(ceil_div(T, FA_BQ), H), VIS_THREADS, smem, stream()>>>(q, k, v, out, T, H, Dh,
-                                                                                          ldq, ldk, ldv, scale);
-    return check_launch("attention_full_kernel");
+    size_t limit = 0;
+    CMP_TRY(smem_limit(&limit));
+    const auto run = smem::attention_full_plan(Dh, limit).config == 64 ? launch_attention_full_rows<NC, 4>
+                                                                       : launch_attention_full_rows<NC, 2>;
+    return run(q, k, v, out, T, H, Dh, ldq, ldk, ldv, scale);
 }
 
 unsigned grid_for(size_t n) { return (unsigned)std::min<size_t>(ceil_div(n, VIS_THREADS), 65535u * 4); }

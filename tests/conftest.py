@@ -54,6 +54,26 @@ def attn_backend(cuda_backend, request):
     be.routes = saved
 
 
+@pytest.fixture(params=["sm61", "sm75", "sm70", "device"])
+def smem_cap(cuda_backend, request):
+    """Every kernel of cuda_backend sized by an older card's shared memory per block (cuda_helpers.SMEM_CAPS, api.h
+    cmp_set_smem_cap) in turn -> the cap (0: the device's own). The mma GEMM route is not tested under sm_61's cap:
+    that card has no int8 mma (the route is refused there); nor the mma attention route under any cap (it needs
+    compute capability 8.0+, whose cards all lend more than the caps)."""
+    from cuda_helpers import SMEM_CAPS
+    params = getattr(request.node, "callspec", None)
+    if request.param == "sm61" and params is not None and params.params.get("gemm_backend") == "mma":
+        pytest.skip("sm_61 runs no int8 mma code: the mma route is refused there")
+    if request.param != "device" and params is not None and params.params.get("attn_backend") == "mma":
+        pytest.skip("the f16 mma attention needs sm_80+, whose cards lend more shared memory than this cap")
+    cap = SMEM_CAPS[request.param]
+    cuda_backend.native.cmp_set_smem_cap(cap)
+    try:
+        yield cap
+    finally:
+        cuda_backend.native.cmp_set_smem_cap(0)
+
+
 @pytest.fixture(scope="session")
 def cuda_backend():
     """One CudaBackend for the session, or a skip that says why there is none."""

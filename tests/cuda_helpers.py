@@ -1,8 +1,14 @@
 """Helpers shared by the CUDA op tests (test_kernels_cuda, test_vision_cuda, test_attention_cuda): the error
-measure they hold kernels to, NaN-poisoned outputs, and uploads."""
+measure they hold kernels to, NaN-poisoned outputs, uploads, and the shared-memory caps of older cards."""
 from __future__ import annotations
 
 import numpy as np
+
+# Shared memory per block of older cards (api.h cmp_set_smem_cap): the CUDA tests of prefill attention, the quant
+# GEMM and the model's logits run under each (conftest.py smem_cap), so that a large GPU runs the configurations
+# those cards pick (cuda_src/smem_plan.h; tests/test_smem_plan.py checks that the caps reach every one). 0: the
+# device's own limit.
+SMEM_CAPS = {"sm61": 48 * 1024, "sm75": 64 * 1024, "sm70": 96 * 1024, "device": 0}
 
 
 def rel(a, b) -> float:

@@ -87,8 +87,9 @@ def test_kv_write_layout(cuda_backend, kv_type, Dh):
 @pytest.mark.parametrize("Hq,Hk,Dh", [(16, 4, 256), (4, 2, 64), (6, 2, 128), (3, 3, 64)])
 @pytest.mark.parametrize("L", [1, 63, 65, 127, 257, 1000])
 @pytest.mark.parametrize("n_past", [0, 100])
-def test_prefill(attn_backend, monkeypatch, Hq, Hk, Dh, L, n_past):
-    """Every segment through the prefill kernel of each route (fp32: cmp_attn_prefill; mma: cmp_attn_prefill_mma)."""
+def test_prefill(attn_backend, smem_cap, monkeypatch, Hq, Hk, Dh, L, n_past):
+    """Every segment through the prefill kernel of each route (fp32: cmp_attn_prefill; mma: cmp_attn_prefill_mma),
+    the fp32 one also sized for older cards' shared memory per block (smem_cap)."""
     if Dh == 256 and L == 1000 and n_past:
         pytest.skip("covered by the smaller heads (keeps the numpy reference fast)")
     cuda_backend = attn_backend
@@ -215,7 +216,7 @@ def test_tq3_small_head_dim(cuda_backend):
 
 @pytest.mark.parametrize("Hq,Hk,Dh,L,n_past", [(16, 4, 256, 300, 100), (4, 2, 64, 513, 0), (6, 2, 128, 200, 64),
                                                (3, 1, 64, 129, 1000)])
-def test_block_sparse_prefill(cuda_backend, Hq, Hk, Dh, L, n_past):
+def test_block_sparse_prefill(cuda_backend, smem_cap, Hq, Hk, Dh, L, n_past):
     be, rng = cuda_backend, np.random.default_rng(L + n_past)
     cfg = cfg_for(Hq, Hk, Dh)
     s_ref, s_dev = make_pair(be, cfg, n_past + L + 2, "f16", "f16", n_past, rng)
@@ -234,9 +235,53 @@ def test_block_sparse_prefill(cuda_backend, Hq, Hk, Dh, L, n_past):
     assert rel(got, dense) > 10 * TOL["f16"]
 
 
+# -- prefill under older cards' shared memory (smem_cap above runs the tests under each) -------------------------
+
+@pytest.mark.parametrize("Dh", [64, 128, 256])
+def test_prefill_rows_per_block_give_the_same_bits(cuda_backend, monkeypatch, Dh):
+    """Fewer rows per block (smem_plan.h: 16 / 32 where shared memory is short) change no row's arithmetic: the
+    output under every cap equals the device's own configuration bit for bit."""
+    from cuda_helpers import SMEM_CAPS
+    monkeypatch.setattr(cuda_backend, "DECODE_MAX_L", 0)
+    cfg = cfg_for(8, 2, Dh)
+    outs = {}
+    for name, cap in SMEM_CAPS.items():
+        rng = np.random.default_rng(Dh)
+        pair = make_pair(cuda_backend, cfg, 300, "q8_0", "f16", 100, rng)
+        cuda_backend.native.cmp_set_smem_cap(cap)
+        try:
+            outs[name] = run_both(cuda_backend, cfg, [pair], [150], rng)[0]
+        finally:
+            cuda_backend.native.cmp_set_smem_cap(0)
+    for name, out in outs.items():
+        np.testing.assert_array_equal(out, outs["device"], err_msg=name)
+
+
+def test_prefill_over_the_cap_names_kernel_and_bytes(cuda_backend, monkeypatch):
+    """Below the smallest configuration (36 KB at Dh 256) nothing runs and the error says which kernel needs how
+    much; the cap is visible through cmp_smem_limit."""
+    from llamacmp.lib._native import CMP_ERR_UNSUPPORTED, NativeError
+    monkeypatch.setattr(cuda_backend, "DECODE_MAX_L", 0)
+    cfg = cfg_for(4, 2, 256)
+    rng = np.random.default_rng(1)
+    pair = make_pair(cuda_backend, cfg, 80, "f16", "f16", 0, rng)
+    own = cuda_backend.native.smem_limit()
+    cuda_backend.native.cmp_set_smem_cap(32 * 1024)
+    try:
+        assert cuda_backend.native.smem_limit() == 32 * 1024
+        with pytest.raises(NativeError) as e:
+            run_both(cuda_backend, cfg, [pair], [70], rng)
+    finally:
+        cuda_backend.native.cmp_set_smem_cap(0)
+    assert cuda_backend.native.smem_limit() == own >= 48 * 1024
+    assert e.value.code == CMP_ERR_UNSUPPORTED
+    assert "attn_prefill_kernel needs 36864 B" in e.value.message and "allows 32768 B" in e.value.message
+
+
 # -- the round-1 kernels stay selectable ---------------------------------------------------------------------------
 
-def test_v1_fallback_still_matches(cuda_backend, monkeypatch):
+def test_v1_fallback_still_matches(cuda_backend, smem_cap, monkeypatch):
+    """Also under each older card's shared memory: 8 rows per block, V over K, where 82 KB do not fit (Dh 256)."""
     monkeypatch.setattr(cuda_backend, "attention_v2", False)
     rng = np.random.default_rng(3)
     cfg = cfg_for(16, 4, 256)

@@ -359,6 +359,27 @@ def test_gdn_chunked_several_segments(cuda_backend):
         assert rel(s, s_ref.ssm[0]) < FP32_TOL
 
 
+def test_gdn_chunked_over_the_cap_names_kernel_and_bytes(cuda_backend):
+    """Under sm_75's 64 KB the chunked kernel (96000 B at Dk 128) does not fit: forced, it says so; by default the
+    backend takes the scan, with the scan's result."""
+    from cuda_helpers import SMEM_CAPS
+    from llamacmp.lib._native import CMP_ERR_UNSUPPORTED, NativeError
+    cfg, pairs, qkv, g, b = _gdn_case(cuda_backend, 128, 2, 4, [100], seed=9)
+    batch = StepBatch.build([(pairs[0][1], [0] * 100)])
+    cuda_backend.native.cmp_set_smem_cap(SMEM_CAPS["sm75"])
+    try:
+        with pytest.raises(NativeError) as e:
+            cuda_backend.gdn(up(cuda_backend, qkv), up(cuda_backend, g), up(cuda_backend, b), batch, 0, cfg,
+                             chunked=True)
+        o_capped, _ = _run_gdn_cuda(cuda_backend, cfg, pairs, [100], qkv, g, b, chunked=None)
+    finally:
+        cuda_backend.native.cmp_set_smem_cap(0)
+    assert e.value.code == CMP_ERR_UNSUPPORTED
+    assert "gdn_chunked_kernel needs 96000 B" in e.value.message and "allows 65536 B" in e.value.message
+    o_scan, _ = _run_gdn_cuda(cuda_backend, cfg, pairs, [100], qkv, g, b, chunked=False)
+    np.testing.assert_array_equal(o_capped, o_scan)
+
+
 def test_gdn_default_switch(cuda_backend):
     """gdn_chunked on (the default) and off give the same result through the default dispatch (L >= 64)."""
     assert cuda_backend.gdn_chunked is True

@@ -46,16 +46,21 @@ def models(fixture_gguf, cuda_backend):
     return get
 
 
-@pytest.mark.parametrize("shape", ["tiny", "small"])
+# prompt tokens of test_logits_match_numpy: on "heads" (Qwen3.5's head dims) past one 64-token GDN chunk
+PROMPT = {"tiny": 37, "small": 37, "heads": 80}
+
+
+@pytest.mark.parametrize("shape", ["tiny", "small", "heads"])
 @pytest.mark.parametrize("dtype", ["f32", "q8_0"])
 @pytest.mark.parametrize("kv_type", ["f16", "f32"])
-def test_logits_match_numpy(models, gemm_backend, shape, dtype, kv_type):
-    """A 37-token prefill (the Q8 projections on the GEMM of each prefill route: gemm_backend is the backend the
-    models were loaded on) and one decode step, against numpy_ref."""
+def test_logits_match_numpy(models, gemm_backend, smem_cap, shape, dtype, kv_type):
+    """A prefill (the Q8 projections on the GEMM of each prefill route: gemm_backend is the backend the models were
+    loaded on; every kernel sized for each older card's shared memory, smem_cap) and one decode step, against
+    numpy_ref."""
     ref, dev = models(shape, dtype)
     assert dev.backend is gemm_backend
-    ids = [int(i) for i in np.random.default_rng(11).integers(0, ref.cfg.n_vocab, 37)]
-    s_r, s_d = ref.backend.new_state(ref.cfg, 64, kv_type), dev.backend.new_state(dev.cfg, 64, kv_type)
+    ids = [int(i) for i in np.random.default_rng(11).integers(0, ref.cfg.n_vocab, PROMPT[shape])]
+    s_r, s_d = ref.backend.new_state(ref.cfg, 96, kv_type), dev.backend.new_state(dev.cfg, 96, kv_type)
     lr = logits(ref, StepBatch.build([(s_r, ids)], all_logits=True))
     ld = logits(dev, StepBatch.build([(s_d, ids)], all_logits=True))
     tol = CHAOTIC_TOL if (shape, dtype) in CHAOTIC else LOGITS_TOL

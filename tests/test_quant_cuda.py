@@ -43,10 +43,13 @@ def inputs(seed: int, T: int, n: int) -> np.ndarray:
 @pytest.mark.parametrize("dot", INT8_DOTS)
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("T", [1, 2, 3, 8, 16, 17, 100, 513])
-def test_matmul(gemm_backend, type_name, T, dot):
-    """GEMV (T <= 16) and GEMM: two matrices of odd row counts in one call; n of 17 blocks (a lane's loop runs past
-    one round of loads) or, for the GEMM sizes, 3 blocks of the 256-value types. On each route's int8 dot, with the
-    GEMM on the int8 dot or on the tensor cores (gemm_backend)."""
+def test_matmul(gemm_backend, smem_cap, type_name, T, dot):
+    """GEMV (T <= 16) and GEMM (each prefill route, under each older card's shared memory: one stage on sm_61): two
+    matrices of odd row counts in one call; n of 17 blocks (a lane's loop runs past one round of loads) or, for the
+    GEMM sizes, 3 blocks of the 256-value types. On each route's int8 dot (the caps on DP4A: they change the tiling,
+    not the dot)."""
+    if smem_cap and dot != "dp4a":
+        pytest.skip("the shared-memory caps change the GEMM's tiling, not its dot: tested on dp4a")
     cuda_backend = gemm_backend
     rng = np.random.default_rng(T)
     n = cols_for(type_name, 17 if T <= 16 or QUANT_BLOCKS[type_name][0] == 32 else 3)
@@ -87,6 +90,24 @@ def test_gemm_row_chunks(gemm_backend, type_name, monkeypatch):
     x = inputs(9, 40, n)
     got = cuda_backend.matmuls(up(cuda_backend, x), [cuda_backend.upload_matrix(w)])[0]
     assert rel(cuda_backend.to_host(got), exact(x, w)) < TOL
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "IQ4_XS"])
+def test_one_stage_gemm_gives_the_same_bits(cuda_backend, type_name):
+    """The DP4A GEMM with one shared stage (sm_61's 48 KB) computes what the double-buffered one does, bit for bit."""
+    from cuda_helpers import SMEM_CAPS
+    rng = np.random.default_rng(21)
+    n = cols_for(type_name, 4 if QUANT_BLOCKS[type_name][0] == 32 else 2)
+    w = cuda_backend.upload_matrix(random_blocks(type_name, 200, n, rng))
+    x = up(cuda_backend, inputs(4, 150, n))
+    out = {}
+    for cap in (SMEM_CAPS["sm61"], 0):
+        cuda_backend.native.cmp_set_smem_cap(cap)
+        try:
+            out[cap] = cuda_backend.to_host(cuda_backend.matmuls(x, [w])[0])
+        finally:
+            cuda_backend.native.cmp_set_smem_cap(0)
+    np.testing.assert_array_equal(out[SMEM_CAPS["sm61"]], out[0])
 
 
 @pytest.mark.parametrize("dot", INT8_DOTS)

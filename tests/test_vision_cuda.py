@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 import pytest
-from cuda_helpers import poison, rel, up
+from cuda_helpers import SMEM_CAPS, poison, rel, up
 
 from llamacmp.backends.base import Segment, SeqState, StepBatch
 from llamacmp.backends.numpy_ref import NumpyBackend
@@ -135,11 +135,18 @@ def test_rope_vision(cuda_backend, T, H, Dh, sections):
     (1, 1, 1), (2, 3, 8), (63, 2, 33), (64, 1, 64), (65, 3, 72), (127, 2, 80), (257, 2, 128), (129, 16, 72),
     (1025, 1, 72),
 ])
-def test_attention_full(cuda_backend, T, H, Dh):
+def test_attention_full(cuda_backend, smem_cap, T, H, Dh):
+    """Under each older card's shared memory (smem_cap): 32 queries per block where 64 do not fit (sm_61 at the
+    vision head dims 64-80); head dim 128 does not fit sm_61 at all and says so."""
     rng = np.random.default_rng(T * 17 + H * 5 + Dh)
     q, k, v = (rng.standard_normal((T, H * Dh)).astype(np.float32) * 2 for _ in range(3))
     scale = 1.0 / math.sqrt(Dh)
     poison(cuda_backend, (T, H * Dh))
+    if smem_cap == SMEM_CAPS["sm61"] and Dh > 80:
+        from llamacmp.lib._native import NativeError
+        with pytest.raises(NativeError, match=r"attention_full_kernel needs 59392 B .* allows 49152 B"):
+            cuda_backend.attention_full(up(cuda_backend, q), up(cuda_backend, k), up(cuda_backend, v), H, Dh, scale)
+        return
     got = cuda_backend.attention_full(up(cuda_backend, q), up(cuda_backend, k), up(cuda_backend, v), H, Dh, scale)
     assert rel(cuda_backend.to_host(got), REF.attention_full(q, k, v, H, Dh, scale)) < FP32_TOL
 

@@ -705,22 +705,12 @@ class CudaBackend(Backend):
                     raise ValueError(f"block lists {blocks.shape} / counts {counts.shape} for {Hk} kv heads and "
                                      f"{nqb} query blocks")
                 max_blocks = blocks.shape[2]
-            try:
-                self.native.cmp_attn_prefill(q.row_ptr(seg.start), kc.ptr, vc.ptr, kt, vt, pos_ptr,
-                                             out.row_ptr(seg.start), L, Hq, Hk, Dh, scale,
-                                             blocks.ptr if blocks is not None else None,
-                                             counts.ptr if counts is not None else None, max_blocks)
-            except NativeError as e:
-                # Too little shared memory (sm_75 at Dh 256; nothing ran): the round-1 kernel reads f16/f32
-                # caches of one type, dense only.
-                if e.code != CMP_ERR_UNSUPPORTED or blocks is not None or st.k_type != st.v_type \
-                        or st.k_type not in _KV_CODES:
-                    raise
-                n_split = self._n_split(L, Hq, Hk, st.n_past + L)
-                work = self.empty((n_split, L * Hq, Dh + 2), what="attention split-K partials") if n_split > 1 else None
-                self.native.cmp_attention(q.row_ptr(seg.start), kc.ptr, vc.ptr, _KV_CODES[st.k_type], pos_ptr,
-                                          out.row_ptr(seg.start), work.ptr if work is not None else None, L, Hq, Hk,
-                                          Dh, scale, n_split)
+            # every head dim fits every card: cmp_attn_prefill takes fewer rows per block where shared memory is
+            # short (smem_plan.h)
+            self.native.cmp_attn_prefill(q.row_ptr(seg.start), kc.ptr, vc.ptr, kt, vt, pos_ptr,
+                                         out.row_ptr(seg.start), L, Hq, Hk, Dh, scale,
+                                         blocks.ptr if blocks is not None else None,
+                                         counts.ptr if counts is not None else None, max_blocks)
         return out
 
     def decode_splits(self, n_kv: int) -> int:

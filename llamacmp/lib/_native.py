@@ -17,6 +17,8 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_device_count": ((_p,), "int cmp_device_count(int* n)"),
     "cmp_device_name": ((_p, _i), "int cmp_device_name(char* buf, int len)"),
     "cmp_mem_info": ((_p, _p), "int cmp_mem_info(size_t* free_bytes, size_t* total_bytes)"),
+    "cmp_set_smem_cap": ((_sz,), "int cmp_set_smem_cap(size_t bytes)"),
+    "cmp_smem_limit": ((_p,), "int cmp_smem_limit(size_t* bytes)"),
     "cmp_malloc": ((_p, _sz), "int cmp_malloc(void** ptr, size_t bytes)"),
     "cmp_free": ((_p,), "int cmp_free(void* ptr)"),
     "cmp_memcpy_h2d": ((_p, _p, _sz), "int cmp_memcpy_h2d(void* dst, const void* src, size_t bytes)"),
@@ -286,6 +288,12 @@ class Native:
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         self.cmp_mem_info(ctypes.byref(free), ctypes.byref(total))
         return free.value, total.value
+
+    def smem_limit(self) -> int:
+        """cmp_smem_limit: the shared memory per block the current device's kernels size themselves by."""
+        b = ctypes.c_size_t(0)
+        self.cmp_smem_limit(ctypes.byref(b))
+        return b.value
 
     def quant_layout(self, type_id: int) -> tuple[int, int, int, int]:
         """-> (values per block, file bytes per block, device body bytes, device head bytes) of a CmpQuantType."""

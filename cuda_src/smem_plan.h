@@ -1,0 +1,129 @@
+// Shared memory per block of the kernels that take more than a fixed few KB, and the configuration each launcher
+// picks under the per-block limit of the device it runs on (smem_limit(): cudaDevAttrMaxSharedMemoryPerBlockOptin,
+// or less under cmp_set_smem_cap). Limits: sm_61 48 KB, sm_75 64 KB, sm_70 96 KB, sm_80 163 KB, sm_90 227 KB.
+// Plain C++ without CUDA: the launchers size their launches from here, and tests/test_smem_plan.py compiles this
+// header on the host (tools/smem_table.cpp) and checks every choice against every card's limit.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define CMP_SMEM_HD __host__ __device__   // also called by the kernel it sizes
+#else
+#define CMP_SMEM_HD
+#endif
+
+namespace cmp {
+namespace smem {
+
+// A launch configuration: the kernel's knob (rows per block, pipeline stages; 0 = nothing fits) and the dynamic
+// shared memory it takes.
+struct Plan {
+    int config;
+    size_t bytes;
+};
+
+// ---- attn_decode_kernel (attention.cu) -----------------------------------------------------------------------------
+// Static arrays (queries, scores: up to 12.6 KB at Dh 256 and 8 heads a group, cuobjdump -res-usage) and dynamic:
+// the warps' partial outputs [DEC_NW][GP*Dh] floats after the key loop, the tq3 pair table during it.
+constexpr int DEC_NW = 4;    // warps per block
+// The tq3 pair table (attention_kv.cuh): 64 level pairs, each held 16 times side by side (8 KB), placed at the
+// first 8 KB boundary of the shared window inside TQ3_PAIR_SMEM bytes.
+constexpr int TQ3_PAIR_SLOTS = 16;
+constexpr int TQ3_PAIR_TABLE_BYTES = 64 * TQ3_PAIR_SLOTS * 8;
+constexpr int TQ3_PAIR_SMEM = 2 * TQ3_PAIR_TABLE_BYTES - 16;   // a 16-byte-aligned start is at most 8 KB - 16 short
+constexpr size_t attn_decode_bytes(int Dh, int GP, bool tq3) {
+    return sizeof(float) * DEC_NW * GP * Dh > (tq3 ? (size_t)TQ3_PAIR_SMEM : 0) ? sizeof(float) * DEC_NW * GP * Dh
+                                                                               : (size_t)TQ3_PAIR_SMEM;
+}
+
+// ---- attn_prefill_kernel (attention.cu) ----------------------------------------------------------------------------
+// Shared: Qt [Dh][rows] + one K or V chunk [PF_DC][PF_BK] + Pt [PF_BK][rows] floats. Fewer rows per block (4 per
+// thread row group, so rows / 4 * 16 threads) only shrink Qt and Pt: each row's arithmetic is the same.
+constexpr int PF_BK = 64;    // keys per tile (= the block-sparse block)
+constexpr int PF_DC = 64;    // head dims per shared K/V chunk
+constexpr int PF_ROWS_MAX = 64, PF_ROWS_MIN = 16;
+constexpr size_t attn_prefill_bytes(int Dh, int rows) {
+    return sizeof(float) * ((size_t)Dh * rows + (size_t)PF_DC * PF_BK + (size_t)PF_BK * rows);
+}
+// The most rows per block (64, 32, 16) that fit: 64 at Dh 256 needs 96 KB (sm_70), 32 56 KB (sm_75), 16 36 KB.
+constexpr Plan attn_prefill_plan(int Dh, size_t limit) {
+    for (int rows = PF_ROWS_MAX; rows >= PF_ROWS_MIN; rows /= 2)
+        if (attn_prefill_bytes(Dh, rows) <= limit) return {rows, attn_prefill_bytes(Dh, rows)};
+    return {0, attn_prefill_bytes(Dh, PF_ROWS_MIN)};
+}
+
+// ---- attention_kernel (attention.cu, the round-1 kernel: f16/f32 caches, head dims 32..256) -------------------------
+// Shared: K tile [ATT_BN][Dh+1] + V tile [ATT_BN][Dh] + Q rows [rows][Dh] floats with 16 rows (82 KB at Dh 256);
+// where that does not fit, 8 rows and the V tile loaded over the K tile (K tile + Q rows: 40 KB at Dh 256).
+constexpr int ATT_BN = 32, ATT_ROWS = 16;
+constexpr size_t attention_bytes(int Dh, int rows) {
+    return sizeof(float) * ((size_t)ATT_BN * (Dh + 1) + (rows == ATT_ROWS ? (size_t)ATT_BN * Dh : 0) +
+                            (size_t)rows * Dh);
+}
+constexpr Plan attention_plan(int Dh, size_t limit) {
+    return attention_bytes(Dh, ATT_ROWS) <= limit       ? Plan{ATT_ROWS, attention_bytes(Dh, ATT_ROWS)}
+           : attention_bytes(Dh, ATT_ROWS / 2) <= limit ? Plan{ATT_ROWS / 2, attention_bytes(Dh, ATT_ROWS / 2)}
+                                                        : Plan{0, attention_bytes(Dh, ATT_ROWS / 2)};
+}
+
+// ---- gemm_quant_kernel (matmul_quant.cu, the DP4A GEMM of the expanded block types) --------------------------------
+constexpr int QTILE = 128;   // GEMM tile: 128 weight rows x 128 tokens
+constexpr int QBK = 2;       // sub-blocks of 32 per shared-memory stage
+constexpr int QKP = QBK * 8 + 4;  // row stride in ints (80 B: 16-byte aligned, conflict-free 16-byte reads)
+struct QStage {
+    int w[QTILE][QKP];
+    int x[QTILE][QKP];
+    float ws[QTILE][2 * QBK];  // per 16 values
+    float wm[QTILE][2 * QBK];
+    float xs[QTILE][2 * QBK];
+    float xd[QTILE][QBK];
+};
+// Two stages (the next one loading while the current one is multiplied: 54 KB) where they fit, else one (27 KB:
+// the next stage waits in registers until the current one is consumed; sm_61).
+constexpr Plan gemm_quant_plan(size_t limit) {
+    return 2 * sizeof(QStage) <= limit ? Plan{2, 2 * sizeof(QStage)}
+                                       : Plan{sizeof(QStage) <= limit ? 1 : 0, sizeof(QStage)};
+}
+
+// ---- gdn_chunked_kernel (gdn.cu) -----------------------------------------------------------------------------------
+// One configuration; where it does not fit the caller takes the sequential scan (gdn_scan_kernel, a few KB).
+constexpr int GDN_CH = 64;    // tokens per chunk (numpy_ref.GDN_CHUNK)
+constexpr int GDN_BV = 16;    // value columns per block
+template <int DK>
+struct GdnChunkLayout {
+    static constexpr int QK = DK + 1;          // row stride of Qs/Ks: rows t and t+1 start in different banks
+    static constexpr int DS = GDN_BV + 1;      // row stride of Ds
+    static constexpr int AS = GDN_CH + 1;      // row stride of As
+    static constexpr int floats = 2 * GDN_CH * QK + DK * GDN_BV + GDN_CH * DS + GDN_CH * AS + 3 * GDN_CH;
+    static constexpr size_t bytes = sizeof(float) * (size_t)floats;   // DK 128: 96000 B (fits sm_70's 96 KiB)
+};
+template <int DK>
+constexpr Plan gdn_chunked_plan(size_t limit) {
+    return {GdnChunkLayout<DK>::bytes <= limit ? 1 : 0, GdnChunkLayout<DK>::bytes};
+}
+
+// ---- attention_full_kernel (vision.cu, the vision tower's attention) ------------------------------------------------
+// Shared: Q tile [rows][S] + one K-or-V tile [FA_BK][S] + P [rows][FA_PS] floats, S = fa_stride(Dh). 32 query rows
+// per block instead of 64 (2 per thread instead of 4) only shrink Q and P: each row's arithmetic is the same.
+constexpr int FA_BK = 64, FA_PS = FA_BK + 4;
+CMP_SMEM_HD constexpr int fa_stride(int Dh) { return (Dh + 3) / 4 * 4 % 8 == 0 ? (Dh + 3) / 4 * 4 + 4 : (Dh + 3) / 4 * 4; }
+constexpr size_t attention_full_bytes(int Dh, int rows) {
+    return sizeof(float) * ((size_t)(rows + FA_BK) * fa_stride(Dh) + (size_t)rows * FA_PS);
+}
+// 64 rows: 51 KB at head dim 64, 55 KB at 72 (sm_75 and up); 32 rows: 34 / 37 KB (sm_61).
+constexpr Plan attention_full_plan(int Dh, size_t limit) {
+    for (int rows = 64; rows >= 32; rows /= 2)
+        if (attention_full_bytes(Dh, rows) <= limit) return {rows, attention_full_bytes(Dh, rows)};
+    return {0, attention_full_bytes(Dh, 32)};
+}
+
+// ---- probe_scores_kernel (sparse.cu): a K sub-tile [SP_SUB][Dh+1] floats ---------------------------------------------
+constexpr int SP_SUB = 32;       // keys per shared-memory sub-tile: lane j scores key j
+constexpr Plan probe_scores_plan(int Dh, size_t limit) {
+    const size_t b = (size_t)SP_SUB * (Dh + 1) * sizeof(float);
+    return {b <= limit ? 1 : 0, b};
+}
+
+}  // namespace smem
+}  // namespace cmp

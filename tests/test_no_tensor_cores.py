@@ -58,7 +58,7 @@ def test_mma_kernels_use_int8_tensor_cores(tool_and_lib):
     refused there at run time), so they hold no tensor-core instruction either."""
     tool, lib = tool_and_lib
     sass = _dump(tool, "-sass", lib)
-    mma = {n: b for n, b in _sass_functions(sass).items() if MMA_KERNEL in n}
+    mma = {n: b for n, b in sass_functions(sass).items() if MMA_KERNEL in n}
     assert len(mma) >= 20, f"{len(mma)} {MMA_KERNEL} instantiations in the SASS"
     archs = {int(a) for a in re.findall(r"code for sm_(\d+)", sass)}
     assert archs, "cuobjdump -sass named no architecture"

@@ -56,12 +56,22 @@ def bench_vocab(vocab_cache: str | None = None):
     return PlaceholderVocab([f"<t{i}>" for i in range(n)], [], [1] * n)
 
 
-def make_9b(path: str, vocab_cache: str | None = None, shape: str = "9b", mtp: bool = False) -> None:
-    """mtp: with the MTP block (the writer's Shape.mtp, issue 19)."""
+def make_9b(path: str, vocab_cache: str | None = None, shape: str = "9b", mtp: bool = False,
+            preset: str | None = None) -> None:
+    """mtp: with the MTP block (the writer's Shape.mtp, issue 19). preset: llama-quantize's type mix of that name
+    (Q4_K_M, Q5_K_M, Q6_K, IQ4_XS; memory_fit.preset_types, checked against llama-quantize --dry-run) with random
+    blocks drawn directly: the same tensor types and bytes as a llama-quantize file of the shape in seconds instead
+    of minutes, for speed runs (benchmarks/device/quant_files.sh makes the llama-quantize files)."""
     from dataclasses import replace
     from llamacmp.fixtures.writer import SHAPES, write_model
     s = replace(SHAPES[shape], mtp=True) if mtp else SHAPES[shape]
-    write_model(path, s, "q8_0", bench_vocab(vocab_cache), name=f"llamacmp-bench-{shape}{'-mtp' * mtp}-q8_0")
+    types = file_type = None
+    if preset:
+        from memory_fit import FILE_TYPES, preset_types
+        types, file_type = preset_types(shape, preset, mtp), FILE_TYPES[preset]
+    kind = (preset or "q8_0").lower()
+    write_model(path, s, "q8_0", bench_vocab(vocab_cache), name=f"llamacmp-bench-{shape}{'-mtp' * mtp}-{kind}",
+                types=types, file_type=file_type)
 
 
 def load(path: str, be: CudaBackend):

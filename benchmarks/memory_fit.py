@@ -27,6 +27,7 @@ order) and use_more_bits(i, n) = i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2:
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import re
 import subprocess
 import sys
@@ -40,6 +41,8 @@ from llamacmp.fixtures.writer import SHAPES, shape_model, tensor_specs  # noqa: 
 from llamacmp.gguf_file import QUANT_BLOCKS  # noqa: E402
 
 N_VOCAB = 248320
+# llama_ftype of each preset (general.file_type)
+FILE_TYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "IQ4_XS": 30, "Q8_0": 7}
 PRESETS = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K", "IQ4_XS": "IQ4_XS", "Q8_0": "Q8_0"}
 FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}
 BLOCK = {**{t: v for t, (v, _) in QUANT_BLOCKS.items()}, "Q8_0": 32}
@@ -72,9 +75,10 @@ def _choose(name: str, layer: int, n_layer: int, preset: str, gqa: int) -> str:
     return base
 
 
-def preset_types(shape_name: str, preset: str) -> dict[str, str]:
-    """Tensor name -> the GGUF type llama-quantize b8462 gives it for `preset` (see the module docstring)."""
-    s = SHAPES[shape_name]
+def preset_types(shape_name: str, preset: str, mtp: bool = False) -> dict[str, str]:
+    """Tensor name -> the GGUF type llama-quantize b8462 gives it for `preset` (see the module docstring); mtp: the
+    shape with its MTP block (blk.{n_layer}), typed by the same rules at its layer index."""
+    s = replace(SHAPES[shape_name], mtp=mtp)
     out = {}
     for t in tensor_specs(s, N_VOCAB):
         if not _quantized(t.name, t.shape):

@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -65,3 +66,23 @@ def test_unknown_case_is_refused(capsys):
     with pytest.raises(SystemExit):
         memory_fit.main(["--case", "27b:IQ2_XXS"])
     assert "preset one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset", ["Q4_K_M", "IQ4_XS"])
+def test_speed_file_of_a_preset_holds_its_types_and_runs(tmp_path, preset):
+    """bench_model.make_9b(preset=...) draws the mix's blocks directly: every tensor gets preset_types' type and its
+    bytes, the file type says the preset, and the model loads and runs to finite logits (q256: every row 256 long)."""
+    from bench_model import make_9b
+    from llamacmp.backends.numpy_ref import NumpyBackend
+    from llamacmp.gguf_file import GGUFFile
+    from llamacmp.engine.sequence import Sequence
+    from llamacmp.loader import load_model
+    path = tmp_path / "m.gguf"
+    make_9b(str(path), shape="q256", preset=preset, mtp=True)
+    want = memory_fit.preset_types("q256", preset, mtp=True)
+    f = GGUFFile(path)
+    got = {name: f.info(name).type_name for name in want}
+    assert got == want and f.metadata["general.file_type"] == memory_fit.FILE_TYPES[preset]
+    assert {"Q6_K", "Q5_K"} & set(want.values())          # the mix, not one type
+    logits = Sequence(load_model(path, NumpyBackend()), n_ctx=16).feed([1, 2, 3], all_logits=True)
+    assert logits.shape[0] == 3 and np.isfinite(logits).all()

@@ -8,7 +8,7 @@
 #                                                            /tmp/TAG into $OUT/TAG.tgz and print progress + log tails
 #
 # A plan (benchmarks/device/plans/*.plan) is one step a line, `name  command` (the command runs with bash from the
-# repository root, PYTHONPATH set to the root and .carry/site); blank lines and # comments are skipped. A step may
+# repository root, PYTHONPATH set to the root, /tmp/site and .carry/site); blank lines and # comments are skipped. A step may
 # wait for a background step's marker: `waitfor NAME` (the runner touches /tmp/TAG/NAME.done after each step). The
 # environment variables the plan needs (models, carries) are set in the plan itself.
 set -u
@@ -21,7 +21,8 @@ if [ "$cmd" = start ]; then
   echo "started $tag (pid $!): bash $0 collect $tag"
 elif [ "$cmd" = _run ]; then
   D=$2
-  export PYTHONPATH=$PWD:$PWD/.carry/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+  # wheels: installed by a plan step into /tmp/site (outside the tree: a later call's copy of the tree cannot touch it)
+  export PYTHONPATH=$PWD:/tmp/site:$PWD/.carry/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
   waitfor() { while [ ! -e "$D/$1.done" ]; do sleep 2; done; }
   export -f waitfor; export D
   stage() { echo "$(date +%T) $*" >> "$D/progress.log"; }

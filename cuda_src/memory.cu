@@ -248,11 +248,6 @@ extern "C" int cmp_stream_create(void** s) {
     return CMP_OK;
 }
 
-extern "C" int cmp_stream_destroy(void* s) {
-    if (t_stream == static_cast<cudaStream_t>(s)) t_stream = nullptr;
-    return check_cuda(cudaStreamDestroy(static_cast<cudaStream_t>(s)), "cudaStreamDestroy");
-}
-
 extern "C" int cmp_set_stream(void* s) {
     t_stream = static_cast<cudaStream_t>(s);
     return CMP_OK;

@@ -139,8 +139,9 @@ class CudaBackend(Backend):
         self.launch_pdl = True
         free, _total = self.native.mem_info()
         self.arena = DeviceArena(self.native, arena_bytes if arena_bytes is not None else max(free - 512 * MIB, 0))
-        # set by CapturedStep while it records a decode step: attention splits sized for the whole context, Q8
-        # projections in launches of at most GEMV_MAX_ROWS rows (both: a row's result independent of the batch)
+        # set by cuda_graphs.RecordedGraph while it records a decode step (and by DecodeGraphs' eager steps):
+        # attention splits sized for the whole context, Q8 projections in launches of at most GEMV_MAX_ROWS rows
+        # (both: a row's result independent of the batch)
         self.capturing = False
         self._decode_order = False      # decode_order(): eager batches computed in the captured step's order
 

@@ -1,5 +1,6 @@
-"""Attention kernel timings with the 9B heads (16 q / 4 kv heads, head dim 256), old (round-1 kernels) vs new
-(v2: FlashAttention-2-style prefill, split-K decode), per KV cache type; also run by
+"""Attention kernel timings with the 9B heads (16 q / 4 kv heads, head dim 256): the v2 kernels
+(FlashAttention-2-style prefill, split-K decode) per KV cache type (the round-1 kernel they replaced at this head
+dim is gone; its figures are in RESULTS.md); also run by
 `python3 benchmarks/bench_kernels.py --attention-only`.
 
     python3 benchmarks/bench_attention.py [--quick] [--json out.json]
@@ -45,23 +46,19 @@ def timed(be: CudaBackend, fn, reps: int, samples: int = 3) -> float:
     return float(np.median(out))
 
 
-def bench_case(be: CudaBackend, n_kv: int, L: int, kt: str, vt: str, v2: bool, reps: int) -> float:
+def bench_case(be: CudaBackend, n_kv: int, L: int, kt: str, vt: str, reps: int) -> float:
     """ms per attention call: L new rows at positions n_kv-L .. n_kv-1 of an n_kv-row cache."""
     cfg = _cfg()
-    be.attention_v2 = v2
-    try:
-        st = be.new_state(cfg, n_kv, kt, vt)
-        rng = np.random.default_rng(1)
-        fill_cache(be, st.k[0], kt, rng)
-        fill_cache(be, st.v[0], vt, rng)
-        st.n_past = n_kv - L
-        q = be.from_host(rng.standard_normal((L, HQ, DH)).astype(np.float32), "f32")
-        k = be.from_host(rng.standard_normal((L, HK, DH)).astype(np.float32), "f32")
-        v = be.from_host(rng.standard_normal((L, HK * DH)).astype(np.float32), "f32")
-        batch = StepBatch.build([(st, [0] * L)])
-        return timed(be, lambda: be.attention(q, k, v, batch, 0, cfg), reps)
-    finally:
-        be.attention_v2 = True
+    st = be.new_state(cfg, n_kv, kt, vt)
+    rng = np.random.default_rng(1)
+    fill_cache(be, st.k[0], kt, rng)
+    fill_cache(be, st.v[0], vt, rng)
+    st.n_past = n_kv - L
+    q = be.from_host(rng.standard_normal((L, HQ, DH)).astype(np.float32), "f32")
+    k = be.from_host(rng.standard_normal((L, HK, DH)).astype(np.float32), "f32")
+    v = be.from_host(rng.standard_normal((L, HK * DH)).astype(np.float32), "f32")
+    batch = StepBatch.build([(st, [0] * L)])
+    return timed(be, lambda: be.attention(q, k, v, batch, 0, cfg), reps)
 
 
 def fill_cache(be: CudaBackend, buf, kv_type: str, rng: np.random.Generator, period: int = 4096) -> None:
@@ -88,28 +85,23 @@ def run(be: CudaBackend, quick: bool = False, decode_only: bool = False, n_kvs: 
     # prefill, causal over the segment itself
     for L in (() if decode_only else (512, 4096, 16384)):
         flops = 4.0 * HQ * DH * (L * (L + 1) / 2)
-        for v2 in (False, True):
-            if not v2 and L > 4096:
-                continue      # the round-1 kernel takes ~0.5 s per call here
-            ms = bench_case(be, L, L, "f16", "f16", v2, 1 if L >= 4096 else 3)
-            tf = flops / ms / 1e9
-            print(f"prefill L={L:<18} {'f16/f16':<10} {'v2' if v2 else 'v1':>4} {ms:>9.3f} {tf:>7.1f} "
-                  f"{100 * tf / fma_peak:>5.0f}% {'':>6} {'':>8}")
-            rows.append({"what": "attn prefill", "L": L, "kv": "f16/f16", "kernels": "v2" if v2 else "v1", "ms": ms,
-                         "TFLOPS": tf})
+        ms = bench_case(be, L, L, "f16", "f16", 1 if L >= 4096 else 3)
+        tf = flops / ms / 1e9
+        print(f"prefill L={L:<18} {'f16/f16':<10} {'v2':>4} {ms:>9.3f} {tf:>7.1f} "
+              f"{100 * tf / fma_peak:>5.0f}% {'':>6} {'':>8}")
+        rows.append({"what": "attn prefill", "L": L, "kv": "f16/f16", "kernels": "v2", "ms": ms, "TFLOPS": tf})
     # decode, one row over n_kv keys, per KV type
     if n_kvs is None:
         n_kvs = (4096, 32768) if quick else (4096, 32768, 131072)
     for n_kv in n_kvs:
         for kt, vt in DECODE_PAIRS:
             bpt = (kv_layout.row_bytes(kt, DH) + kv_layout.row_bytes(vt, DH)) * HK   # per token per layer
-            for v2 in ((False, True) if kt == vt == "f16" else (True,)):
-                ms = bench_case(be, n_kv, 1, kt, vt, v2, 20)
-                gbs = bpt * n_kv / ms / 1e6
-                print(f"decode n_kv={n_kv:<15} {kt + '/' + vt:<10} {'v2' if v2 else 'v1':>4} {ms:>9.4f} {'':>7} "
-                      f"{'':>6} {gbs:>6.0f} {bpt:>8}")
-                rows.append({"what": "attn decode", "n_kv": n_kv, "kv": f"{kt}/{vt}", "kernels": "v2" if v2 else "v1",
-                             "ms": ms, "GB/s": gbs, "bytes/token/layer": bpt})
+            ms = bench_case(be, n_kv, 1, kt, vt, 20)
+            gbs = bpt * n_kv / ms / 1e6
+            print(f"decode n_kv={n_kv:<15} {kt + '/' + vt:<10} {'v2':>4} {ms:>9.4f} {'':>7} "
+                  f"{'':>6} {gbs:>6.0f} {bpt:>8}")
+            rows.append({"what": "attn decode", "n_kv": n_kv, "kv": f"{kt}/{vt}", "kernels": "v2",
+                         "ms": ms, "GB/s": gbs, "bytes/token/layer": bpt})
     decode_summary(rows)
     return rows
 

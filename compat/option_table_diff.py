@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from llamacmp import args as our_args  # noqa: E402
-from llamacmp.cli import bench as our_bench  # noqa: E402
+from llamacmp.cli import bench_options as our_bench  # noqa: E402
 
 TREES = {
     "b8462": os.environ.get("LLAMACPP_B8462", "/work/cache/src/llama_cpp_python-0.3.17/vendor/llama.cpp"),

@@ -53,13 +53,13 @@ int cmp_graph_destroy(void* exec);
 // Timing helpers for benchmarks: event pairs on the library stream. ms = elapsed between the two records.
 int cmp_timer_start(void);
 int cmp_timer_stop(float* ms);
-// Several devices (a layer split, llamacmp/models/split.py). "The stream" above is the calling thread's bound
+// Several devices (a layer split, llamacmp/split/). "The stream" above is the calling thread's bound
 // stream (cmp_set_stream) or, when none is bound, the library stream of the thread's current device (cmp_init
 // creates it). A split part runs on its own thread: cmp_set_device + cmp_stream_create + cmp_set_stream once.
 int cmp_set_device(int device);                             // this thread's current device (cudaSetDevice)
 int cmp_get_device(int* device);
-int cmp_stream_create(void** s);                            // a non-blocking stream on the current device
-int cmp_stream_destroy(void* s);
+int cmp_stream_create(void** s);                            // a non-blocking stream on the current device, for
+                                                            // the process (a backend's stream lives as long)
 int cmp_set_stream(void* s);                                // bind s to this thread; NULL: the device's stream
 // Programmatic dependent launch of the small kernels (norms, gates, conv, scan, sampling) on `device`: 1 lets each
 // start while the kernel before it drains (it waits for it before touching memory); taken only where the code running

@@ -219,13 +219,12 @@ template <typename KV>
 int dispatch_head_dim(int Dh, const float* q, const void* kc, const void* vc, const int32_t* pos, float* out,
                       float* work, int L, int Hq, int Hk, float scale, int n_split) {
     switch (Dh) {
+        // 64, 128, 256: cmp_attn_prefill / cmp_attn_decode (v2), which won there on every KV type
         case 32: return launch_attention<1, KV>(q, kc, vc, pos, out, work, L, Hq, Hk, scale, n_split);
-        case 64: return launch_attention<2, KV>(q, kc, vc, pos, out, work, L, Hq, Hk, scale, n_split);
         case 96: return launch_attention<3, KV>(q, kc, vc, pos, out, work, L, Hq, Hk, scale, n_split);
-        case 128: return launch_attention<4, KV>(q, kc, vc, pos, out, work, L, Hq, Hk, scale, n_split);
         case 192: return launch_attention<6, KV>(q, kc, vc, pos, out, work, L, Hq, Hk, scale, n_split);
-        case 256: return launch_attention<8, KV>(q, kc, vc, pos, out, work, L, Hq, Hk, scale, n_split);
-        default: return fail(CMP_ERR_UNSUPPORTED, "cmp_attention: head dim %d not supported (32/64/96/128/192/256)", Dh);
+        default: return fail(CMP_ERR_UNSUPPORTED, "cmp_attention: head dim %d not supported (32/96/192; 64/128/256: "
+                             "cmp_attn_prefill, cmp_attn_decode)", Dh);
     }
 }
 
@@ -257,7 +256,7 @@ extern "C" int cmp_attention(const float* q, const void* kc, const void* vc, int
 
 // =================================================================================================================
 // v2: quantized KV write, FlashAttention-2-style prefill and split-K decode over every KV type (attention_kv.cuh).
-// The kernels above stay as the fallback (CudaBackend(attention_v2=False)) for f16/f32 caches.
+// The round-1 kernels above take the head dims these do not (32, 96, 192; f16/f32 caches of one type).
 // =================================================================================================================
 namespace cmp {
 namespace {

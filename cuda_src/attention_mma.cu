@@ -203,8 +203,7 @@ int launch_mma(const float* q, const void* kc, const void* vc, const int32_t* po
                float scale) {
     constexpr auto kernel = attn_prefill_mma_kernel<Dh>;
     constexpr size_t smem = fm_smem(Dh);
-    CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                       "attn_prefill_mma_kernel shared memory"));
+    CMP_TRY(smem_opt_in("attn_prefill_mma_kernel", kernel, smem));
     const int G = Hq / Hk;
     return launch("attn_prefill_mma_kernel", kernel, dim3(ceil_div((size_t)L * G, FM_BR), Hk), dim3(FM_NT), smem, q,
                   static_cast<const __half*>(kc), static_cast<const __half*>(vc), pos, out, L, Hq, Hk, G, scale);

@@ -50,7 +50,8 @@ int device_facts(DeviceFacts* f);
 int smem_limit(size_t* bytes);
 // Before a launch with `dynamic` bytes of shared memory: the kernel's static plus dynamic shared memory within
 // smem_limit(), else CMP_ERR_UNSUPPORTED naming the kernel and the bytes (nothing runs); then the kernel's opt-in
-// to `dynamic` bytes.
+// to `dynamic` bytes. The driver is asked once per kernel and device (its static bytes; the opt-in again only when
+// a launch asks more than before), not on every launch.
 int smem_check(const char* name, const void* kernel, size_t dynamic);
 template <typename... P>
 int smem_opt_in(const char* name, void (*kernel)(P...), size_t dynamic) {

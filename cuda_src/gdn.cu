@@ -14,6 +14,21 @@ constexpr int CONV_MAX_K = 8;
 
 // ==== kernels =====================================================================================================
 
+// One token of one channel: the input enters window slot kernel-1, *out = SiLU(sum_j win[j] * wc[j]) (fma in slot
+// order, so every caller computes the same bits), then the window shifts by one, ready for the next token.
+__device__ __forceinline__ void conv1d_silu_step(float (&win)[CONV_MAX_K], const float (&wc)[CONV_MAX_K], float x,
+                                                 float* __restrict__ out, int kernel) {
+    win[kernel - 1 < CONV_MAX_K ? kernel - 1 : 0] = x;
+    float y = 0.f;
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K; ++j)
+        if (j < kernel) y = fmaf(win[j], wc[j], y);
+    *out = siluf_(y);
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K - 1; ++j)
+        if (j < kernel - 1) win[j] = win[j + 1];
+}
+
 // Thread per channel, walking the tokens with the last kernel-1 inputs in registers.
 __device__ __forceinline__ void conv1d_silu(const float* __restrict__ x,  // [L, C]
                                             const float* __restrict__ w,  // [C, kernel]
@@ -30,15 +45,7 @@ __device__ __forceinline__ void conv1d_silu(const float* __restrict__ x,  // [L,
         win[j] = j < kernel - 1 ? state[(size_t)j * C + c] : 0.f;
     }
     for (int t = 0; t < L; ++t) {
-        win[kernel - 1 < CONV_MAX_K ? kernel - 1 : 0] = x[(size_t)t * C + c];
-        float y = 0.f;
-#pragma unroll
-        for (int j = 0; j < CONV_MAX_K; ++j)
-            if (j < kernel) y = fmaf(win[j], wc[j], y);
-        out[(size_t)t * C + c] = siluf_(y);
-#pragma unroll
-        for (int j = 0; j < CONV_MAX_K - 1; ++j)
-            if (j < kernel - 1) win[j] = win[j + 1];
+        conv1d_silu_step(win, wc, x[(size_t)t * C + c], &out[(size_t)t * C + c], kernel);
         if (steps != nullptr) {   // speculative verification: the state after token t, for cmp restore
 #pragma unroll
             for (int j = 0; j < CONV_MAX_K - 1; ++j)
@@ -58,8 +65,8 @@ __global__ void conv1d_silu_kernel(const float* __restrict__ x, const float* __r
 
 // Prefill: block (128 channels, chunk blockIdx.y of CONV_TL tokens), so the tokens run in parallel (one thread per
 // channel walking all L tokens left 64 blocks on the GPU, latency-bound: 9% of a 9B prefill). A thread reads its
-// window's kernel-1 earlier inputs from x, or from the old state before token 0, then walks its chunk with the
-// arithmetic of conv1d_silu (same fma order: the same bits). Only chunk 0 reads the old state, and it writes the
+// window's kernel-1 earlier inputs from x, or from the old state before token 0, then walks its chunk with
+// conv1d_silu's step (conv1d_silu_step: the same bits). Only chunk 0 reads the old state, and it writes the
 // new one (the last kernel-1 inputs: from x, or for a short segment from the old state, slot L + j, read before
 // it is overwritten since slots are written in increasing order), so no block reads what another writes.
 constexpr int CONV_TL = 32;
@@ -81,15 +88,7 @@ __global__ void conv1d_silu_chunks_kernel(const float* __restrict__ x,  // [L, C
         win[j] = j >= kernel - 1 ? 0.f : t >= 0 ? x[(size_t)t * C + c] : state[(size_t)(t + kernel - 1) * C + c];
     }
     for (int t = t0; t < t1; ++t) {
-        win[kernel - 1 < CONV_MAX_K ? kernel - 1 : 0] = x[(size_t)t * C + c];
-        float y = 0.f;
-#pragma unroll
-        for (int j = 0; j < CONV_MAX_K; ++j)
-            if (j < kernel) y = fmaf(win[j], wc[j], y);
-        out[(size_t)t * C + c] = siluf_(y);
-#pragma unroll
-        for (int j = 0; j < CONV_MAX_K - 1; ++j)
-            if (j < kernel - 1) win[j] = win[j + 1];
+        conv1d_silu_step(win, wc, x[(size_t)t * C + c], &out[(size_t)t * C + c], kernel);
     }
     if (blockIdx.y != 0) return;
 #pragma unroll

@@ -1,5 +1,7 @@
 // Device selection, allocation, copies, the library stream and the error slot.
 #include <atomic>
+#include <mutex>
+#include <unordered_map>
 
 #include "common.cuh"
 
@@ -21,6 +23,14 @@ std::atomic<bool> g_facts_known[kMaxDevices] = {};
 DeviceFacts g_facts[kMaxDevices] = {};          // written before g_facts_known is set (a racing first call writes
                                                 // the same values)
 std::atomic<size_t> g_smem_cap{0};              // cmp_set_smem_cap: process-wide, 0 = each device's own limit
+// smem_check per device and kernel: its static shared memory and the dynamic bytes it has opted in to, so a launch
+// asks the driver once per kernel and device (the attribute is per context) instead of twice per launch.
+struct SmemOptIn {
+    size_t static_bytes;
+    size_t dynamic;
+};
+std::mutex g_smem_mu;
+std::unordered_map<const void*, SmemOptIn> g_smem_known[kMaxDevices];
 
 __global__ void pdl_probe_kernel() {}   // its PTX version is every kernel's: one build, one target list
 
@@ -80,13 +90,25 @@ int smem_limit(size_t* bytes) {
 int smem_check(const char* name, const void* kernel, size_t dynamic) {
     size_t limit = 0;
     CMP_TRY(smem_limit(&limit));
-    cudaFuncAttributes fa{};
-    CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, kernel), name));
-    if (fa.sharedSizeBytes + dynamic > limit)
+    std::lock_guard<std::mutex> lock(g_smem_mu);
+    auto& known = g_smem_known[current_device()];
+    auto it = known.find(kernel);
+    if (it == known.end()) {
+        cudaFuncAttributes fa{};
+        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, kernel), name));
+        it = known.emplace(kernel, SmemOptIn{fa.sharedSizeBytes, 0}).first;
+    }
+    SmemOptIn& k = it->second;
+    if (k.static_bytes + dynamic > limit)   // checked every launch: cmp_set_smem_cap may have lowered the limit
         return fail(CMP_ERR_UNSUPPORTED, "%s needs %zu B of shared memory per block (%zu static + %zu dynamic), the "
-                    "device allows %zu B%s", name, fa.sharedSizeBytes + dynamic, fa.sharedSizeBytes, dynamic, limit,
+                    "device allows %zu B%s", name, k.static_bytes + dynamic, k.static_bytes, dynamic, limit,
                     g_smem_cap.load(std::memory_order_relaxed) ? " (cmp_set_smem_cap)" : "");
-    return check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dynamic), name);
+    if (dynamic > k.dynamic) {              // the largest asked so far: a launch with fewer bytes needs no call
+        CMP_TRY(check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dynamic),
+                           name));
+        k.dynamic = dynamic;
+    }
+    return CMP_OK;
 }
 
 cudaStream_t stream() { return t_stream ? t_stream : g_stream[current_device()]; }
@@ -224,11 +246,6 @@ extern "C" int cmp_stream_create(void** s) {
     CMP_TRY(check_cuda(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate"));
     *s = st;
     return CMP_OK;
-}
-
-extern "C" int cmp_stream_destroy(void* s) {
-    if (t_stream == static_cast<cudaStream_t>(s)) t_stream = nullptr;
-    return check_cuda(cudaStreamDestroy(static_cast<cudaStream_t>(s)), "cudaStreamDestroy");
 }
 
 extern "C" int cmp_set_stream(void* s) {

@@ -53,7 +53,7 @@ constexpr Plan attn_prefill_plan(int Dh, size_t limit) {
     return {0, attn_prefill_bytes(Dh, PF_ROWS_MIN)};
 }
 
-// ---- attention_kernel (attention.cu, the round-1 kernel: f16/f32 caches, head dims 32..256) -------------------------
+// ---- attention_kernel (attention.cu, the round-1 kernel: f16/f32 caches, head dims 32, 96, 192) --------------------
 // Shared: K tile [ATT_BN][Dh+1] + V tile [ATT_BN][Dh] + Q rows [rows][Dh] floats with 16 rows (82 KB at Dh 256);
 // where that does not fit, 8 rows and the V tile loaded over the K tile (K tile + Q rows: 40 KB at Dh 256).
 constexpr int ATT_BN = 32, ATT_ROWS = 16;

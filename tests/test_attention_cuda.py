@@ -278,16 +278,19 @@ def test_prefill_over_the_cap_names_kernel_and_bytes(cuda_backend, monkeypatch):
     assert "attn_prefill_kernel needs 36864 B" in e.value.message and "allows 32768 B" in e.value.message
 
 
-# -- the round-1 kernels stay selectable ---------------------------------------------------------------------------
+# -- the round-1 kernel: the head dims the v2 kernels do not take ----------------------------------------------------
 
-def test_v1_fallback_still_matches(cuda_backend, smem_cap, monkeypatch):
-    """Also under each older card's shared memory: 8 rows per block, V over K, where 82 KB do not fit (Dh 256)."""
-    monkeypatch.setattr(cuda_backend, "attention_v2", False)
-    rng = np.random.default_rng(3)
-    cfg = cfg_for(16, 4, 256)
-    pairs = [make_pair(cuda_backend, cfg, 600, "f16", "f16", p, rng) for p in (0, 500)]
+@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+@pytest.mark.parametrize("Dh", [32, 96, 192])
+def test_round1_head_dims_match(cuda_backend, smem_cap, Dh, kv_type):
+    """Prefill (several tiles) and decode (one split and several) of the round-1 kernel, also under each older
+    card's shared memory: at Dh 192 sm_61's 48 KB takes 8 rows per block with V loaded over K."""
+    assert Dh not in cuda_backend.V2_HEAD_DIMS
+    rng = np.random.default_rng(Dh)
+    cfg = cfg_for(8, 2, Dh)
+    pairs = [make_pair(cuda_backend, cfg, 700, kv_type, kv_type, p, rng) for p in (0, 600)]
     got, ref, _ = run_both(cuda_backend, cfg, pairs, [70, 1], rng)
-    assert rel(got, ref) < TOL["f16"]
+    assert rel(got, ref) < TOL[kv_type]
 
 
 # tq3 K and V at Dh 256 (the 9B's cache at 128K): partial and single tiles, one and several splits (128-key chunks

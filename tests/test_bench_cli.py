@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from llamacmp.cli import bench
+from llamacmp.cli import bench, bench_options, bench_rows
 
 ARGS = ["-p", "16", "-n", "4", "-r", "1", "-ngl", "0"]
 FIELDS = {"build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
@@ -78,11 +78,11 @@ def test_depth_names_and_optional_columns(model):
 
 
 def test_lists_and_ranges():
-    s = bench.parse_bench_args(["-p", "1-8*2", "-p", "100", "-n", "0-4+2", "-m", "a.gguf"])
+    s = bench_options.parse_bench_args(["-p", "1-8*2", "-p", "100", "-n", "0-4+2", "-m", "a.gguf"])
     assert s["n_prompt"] == [1, 2, 4, 8, 100] and s["n_gen"] == [0, 2, 4]
-    names = [i.name for i in bench.instances(s)]
+    names = [i.name for i in bench_rows.instances(s)]
     assert names == ["pp1", "pp2", "pp4", "pp8", "pp100", "tg2", "tg4"]
-    assert bench.parse_bench_args([])["reps"] == 5
+    assert bench_options.parse_bench_args([])["reps"] == 5
 
 
 @pytest.mark.parametrize("argv,msg", [

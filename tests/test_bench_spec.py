@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from llamacmp.cli import bench
+from llamacmp.cli import bench, bench_options, bench_rows
 from llamacmp.spec import SpecConfig
 
 
@@ -19,15 +19,15 @@ def run(argv):
 
 
 def test_rows_per_spec_setting_and_pp_once():
-    s = bench.parse_bench_args(["-p", "8", "-n", "4", "--spec-type", "none,draft-mtp", "--spec-synth-len", "1.5,2.5"])
-    got = [(i.name, i.spec) for i in bench.instances(s)]
+    s = bench_options.parse_bench_args(["-p", "8", "-n", "4", "--spec-type", "none,draft-mtp", "--spec-synth-len", "1.5,2.5"])
+    got = [(i.name, i.spec) for i in bench_rows.instances(s)]
     assert got == [("pp8", SpecConfig()), ("tg4", SpecConfig()),
                    ("tg4", SpecConfig("draft-mtp", 3, synth_len=1.5)), ("tg4", SpecConfig("draft-mtp", 3, synth_len=2.5))]
-    s = bench.parse_bench_args(["-p", "0", "-n", "4", "--spec-type", "draft-mtp", "--spec-draft-n-max", "2,3",
+    s = bench_options.parse_bench_args(["-p", "0", "-n", "4", "--spec-type", "draft-mtp", "--spec-draft-n-max", "2,3",
                                 "--spec-synth-len", "2"])
-    assert [i.spec.n_max for i in bench.instances(s)] == [2, 3]
-    with pytest.raises(bench.BenchError, match="must contain 1 values, got 2"):     # every n_max gets the rates
-        bench.parse_bench_args(["-n", "4", "--spec-type", "draft-mtp", "--spec-draft-n-max", "1-2",
+    assert [i.spec.n_max for i in bench_rows.instances(s)] == [2, 3]
+    with pytest.raises(bench_options.BenchError, match="must contain 1 values, got 2"):     # every n_max gets the rates
+        bench_options.parse_bench_args(["-n", "4", "--spec-type", "draft-mtp", "--spec-draft-n-max", "1-2",
                                 "--spec-synth-rates", "0.5,0.5"])
 
 
@@ -40,15 +40,15 @@ def test_rows_per_spec_setting_and_pp_once():
     (["--spec-type", "draft-mtp", "--spec-synth-len", "x"], "invalid parameter for argument: --spec-synth-len"),
 ])
 def test_refusals(argv, message):
-    with pytest.raises(bench.BenchError, match=message):
-        bench.parse_bench_args(argv)
+    with pytest.raises(bench_options.BenchError, match=message):
+        bench_options.parse_bench_args(argv)
 
 
 def test_labels():
-    assert bench.spec_label(SpecConfig()) == "none"
-    assert bench.spec_label(SpecConfig("draft-mtp", 3, synth_len=2.5)) == "mtp n3 L2.5"
-    assert bench.spec_label(SpecConfig("draft-mtp", 2, synth_rates=(0.9, 0.5))) == "mtp n2 R0.9/0.5"
-    assert bench.spec_label(SpecConfig("draft-mtp", 4)) == "mtp n4"
+    assert bench_rows.spec_label(SpecConfig()) == "none"
+    assert bench_rows.spec_label(SpecConfig("draft-mtp", 3, synth_len=2.5)) == "mtp n3 L2.5"
+    assert bench_rows.spec_label(SpecConfig("draft-mtp", 2, synth_rates=(0.9, 0.5))) == "mtp n2 R0.9/0.5"
+    assert bench_rows.spec_label(SpecConfig("draft-mtp", 4)) == "mtp n4"
 
 
 def test_file_without_mtp_head_is_refused_naming_it(fixture_gguf):

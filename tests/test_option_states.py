@@ -10,7 +10,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from llamacmp.args import Unsupported, parse_args
-from llamacmp.cli.bench import BenchError, parse_bench_args
+from llamacmp.cli.bench_options import BenchError, parse_bench_args
 from llamacmp.params import tool_defaults
 from llamacmp.server.listen import listening_address, uvicorn_kwargs, with_prefix
 

@@ -23,6 +23,7 @@ from sass_tools import cuobjdump_candidates
 ROOT = Path(__file__).resolve().parent.parent
 CARDS = {"sm_61": 48 * 1024, "sm_75": 64 * 1024, "sm_70": 96 * 1024, "sm_86": 99 * 1024, "sm_90": 227 * 1024}
 HEAD_DIMS = (64, 128, 256)
+ROUND1_DIMS = (32, 96, 192)   # the round-1 attention kernel's (the v2 kernels take HEAD_DIMS)
 # Kernels that do not fit every card, and what runs there instead.
 AROUND = {
     "gdn_chunked_kernel": "the backend takes the sequential scan (gdn_scan_kernel, <= 1 KB)",
@@ -57,8 +58,9 @@ def test_prompt_processing_and_decode_fit_every_card(table, card):
         assert rows and b <= limit, (card, Dh, rows, b)
         cfg, b = pick(table, "probe_scores_kernel", Dh, limit)   # block-sparse prefill
         assert cfg and b <= limit
-        rows, b = pick(table, "attention_kernel", Dh, limit)     # the round-1 kernel (attention_v2 off)
-        assert rows and b <= limit
+    for Dh in ROUND1_DIMS:
+        rows, b = pick(table, "attention_kernel", Dh, limit)     # the round-1 kernel
+        assert rows and b <= limit, (card, Dh, rows, b)
     for Dh in (64, 72, 80):                                       # the vision towers' attention
         rows, b = pick(table, "attention_full_kernel", Dh, limit)
         assert rows and b <= limit, (card, Dh, rows, b)
@@ -71,7 +73,7 @@ def test_prompt_processing_and_decode_fit_every_card(table, card):
 def test_large_cards_keep_todays_configuration(table):
     for card in ("sm_70", "sm_86", "sm_90"):
         assert [pick(table, "attn_prefill_kernel", Dh, CARDS[card])[0] for Dh in HEAD_DIMS] == [64, 64, 64]
-        assert [pick(table, "attention_kernel", Dh, CARDS[card])[0] for Dh in HEAD_DIMS] == [16, 16, 16]
+        assert [pick(table, "attention_kernel", Dh, CARDS[card])[0] for Dh in ROUND1_DIMS] == [16, 16, 16]
         assert pick(table, "gemm_quant_kernel", 0, CARDS[card])[0] == 2
         assert [pick(table, "attention_full_kernel", Dh, CARDS[card])[0] for Dh in (64, 72, 80, 128)] == [64] * 4
     assert pick(table, "gdn_chunked_kernel", 128, CARDS["sm_70"])[0] == 1   # 96000 B: Qwen3.5's key dim
@@ -83,7 +85,7 @@ def test_the_cuda_tests_caps_reach_every_configuration(table):
     assert {pick(table, "attn_prefill_kernel", Dh, lim)[0] for Dh in HEAD_DIMS for lim in caps} == {16, 32, 64}
     assert {pick(table, "attn_prefill_kernel", 256, lim)[0] for lim in caps} == {16, 32, 64}
     assert {pick(table, "gemm_quant_kernel", 0, lim)[0] for lim in caps} == {1, 2}
-    assert {pick(table, "attention_kernel", 256, lim)[0] for lim in caps} == {8, 16}
+    assert {pick(table, "attention_kernel", 192, lim)[0] for lim in caps} == {8, 16}
     assert {pick(table, "attention_full_kernel", 72, lim)[0] for lim in caps} == {32, 64}
     assert {pick(table, "gdn_chunked_kernel", 128, lim)[0] for lim in caps} == {0, 1}   # the scan fallback too
 
@@ -136,7 +138,7 @@ def test_sm61_build_static_plus_dynamic_fits(table):
                 checked.add(("gemm_quant_kernel",))
         elif m := re.search(r"attention_kernelILi(\d+)E\w*?Lb([01])E", name):   # the round-1 kernel
             Dh, small = 32 * int(m.group(1)), m.group(2) == "1"
-            if Dh in HEAD_DIMS and (pick(table, "attention_kernel", Dh, limit)[0] == 8) == small:
+            if Dh in ROUND1_DIMS and (pick(table, "attention_kernel", Dh, limit)[0] == 8) == small:
                 assert s + pick(table, "attention_kernel", Dh, limit)[1] <= limit, (name, s)
                 checked.add(("attention_kernel", Dh))
         elif m := re.search(r"attention_full_kernelILi\d+ELi2E", name):
@@ -145,6 +147,6 @@ def test_sm61_build_static_plus_dynamic_fits(table):
         elif "probe_scores_kernel" in name:
             assert s + pick(table, "probe_scores_kernel", 256, limit)[1] <= limit, (name, s)
             checked.add(("probe_scores_kernel",))
-    assert {("attn_prefill_kernel", Dh) for Dh in HEAD_DIMS} | {("attention_kernel", Dh) for Dh in HEAD_DIMS} <= checked
+    assert {("attn_prefill_kernel", Dh) for Dh in HEAD_DIMS} | {("attention_kernel", Dh) for Dh in ROUND1_DIMS} <= checked
     assert {("attn_decode_kernel", Dh, GP) for Dh in HEAD_DIMS for GP in (1, 2, 4, 8)} <= checked
     assert {("gemm_quant_kernel",), ("probe_scores_kernel",), ("attention_full_kernel",)} <= checked

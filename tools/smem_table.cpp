@@ -29,9 +29,10 @@ int main() {
     for (size_t limit : LIMITS) {
         for (int Dh : {64, 72, 80, 128})   // the vision towers' head dims (64-80), and the kernel's largest
             row("attention_full_kernel", Dh, limit, attention_full_plan(Dh, limit));
+        for (int Dh : {32, 96, 192})   // the round-1 kernel's head dims (the v2 kernels take the others)
+            row("attention_kernel", Dh, limit, attention_plan(Dh, limit));
         for (int Dh : {64, 128, 256}) {
             row("attn_prefill_kernel", Dh, limit, attn_prefill_plan(Dh, limit));
-            row("attention_kernel", Dh, limit, attention_plan(Dh, limit));
             row("probe_scores_kernel", Dh, limit, probe_scores_plan(Dh, limit));
             for (int GP : {1, 2, 4, 8})
                 for (bool tq3 : {false, true}) {

@@ -66,7 +66,7 @@ case "$1" in
 import sys; sys.path.insert(0, "benchmarks")
 import bench_attention as ba
 from llamacmp.backends.cuda import CudaBackend
-print(ba.bench_case(CudaBackend(), 131072, 1, "tq3", "tq3", True, 1))
+print(ba.bench_case(CudaBackend(), 131072, 1, "tq3", "tq3", 1))
 PY
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   timeout 90 $NCU --clock-control none -k regex:attn_decode_kernel -s 2 -c 1 --set full -o $L/tq3 python3 /tmp/ncu_tq3.py \

@@ -115,9 +115,6 @@ class CudaBackend(Backend):
         backend or this device cannot run is refused, naming it."""
         self.fuse_projections = fuse_projections
         self.gdn_chunked = gdn_chunked
-        # v2 attention (cmp_attn_prefill / cmp_attn_decode, every KV type); False: the round-1 kernels (f16/f32
-        # caches of one type) as the fallback. An attribute that may be flipped (benchmarks compare both).
-        self.attention_v2 = True
         self.fuse_ops, self.gemv_v2, self.gemm_v2 = fuse_ops, gemv_v2, gemm_v2
         # With gemv_v2 on: gemv_v3 runs the v2 GEMV's arithmetic (the same bits) as matmul_q8.cu's persistent,
         # pipelined v3 kernel; gemv_pdl also launches it with programmatic dependent launch on sm_90+ (it starts
@@ -142,8 +139,9 @@ class CudaBackend(Backend):
         self.launch_pdl = True
         free, _total = self.native.mem_info()
         self.arena = DeviceArena(self.native, arena_bytes if arena_bytes is not None else max(free - 512 * MIB, 0))
-        # set by CapturedStep while it records a decode step: attention splits sized for the whole context, Q8
-        # projections in launches of at most GEMV_MAX_ROWS rows (both: a row's result independent of the batch)
+        # set by cuda_graphs.RecordedGraph while it records a decode step (and by DecodeGraphs' eager steps):
+        # attention splits sized for the whole context, Q8 projections in launches of at most GEMV_MAX_ROWS rows
+        # (both: a row's result independent of the batch)
         self.capturing = False
         self._decode_order = False      # decode_order(): eager batches computed in the captured step's order
 
@@ -339,9 +337,6 @@ class CudaBackend(Backend):
         for t in (kv_type, v_type):
             if t not in CMP_KV_TYPES:
                 raise ValueError(f"KV cache type '{t}' is not supported by the CUDA backend ({', '.join(CMP_KV_TYPES)})")
-        if not self.attention_v2 and (v_type != kv_type or kv_type not in _KV_CODES):
-            raise ValueError(f"the round-1 attention kernels need one f16/f32 type for K and V (got -ctk {kv_type} "
-                             f"-ctv {v_type})")
         if (v_type != kv_type or kv_type not in _KV_CODES) and cfg.head_dim not in self.V2_HEAD_DIMS:
             # refused here, before any compute, rather than at the first attention call
             raise ValueError(self._kv_type_head_dim_error(kv_type, v_type, cfg.head_dim))
@@ -626,7 +621,9 @@ class CudaBackend(Backend):
         return q_out, k_out, gate
 
     DECODE_MAX_L = 8               # segments of at most this many tokens take the split-K decode kernel
-    V2_HEAD_DIMS = (64, 128, 256)  # head dims of the v2 kernels (others: the round-1 kernels, f16/f32 only)
+    # Head dims of the v2 kernels (cmp_attn_prefill / cmp_attn_decode, every KV type). The round-1 kernel
+    # (cmp_attention) takes 32, 96 and 192, f16/f32 caches of one type; it lost to v2 at these three.
+    V2_HEAD_DIMS = (64, 128, 256)
 
     def _kv_type_head_dim_error(self, k_type: str, v_type: str, head_dim: int) -> str:
         """What the user reads when a quantized or mixed K/V cache meets a head dim only the round-1 kernels
@@ -641,7 +638,7 @@ class CudaBackend(Backend):
         them a prefill segment asks sparse_lists (when block-sparse prefill is configured)."""
         T, Hq, Dh = q.shape
         Hk = cfg.n_head_kv
-        if self.attention_v2 and Dh in self.V2_HEAD_DIMS:
+        if Dh in self.V2_HEAD_DIMS:
             return self._attention_v2(q, k, v, batch, layer, cfg, block_lists)
         if block_lists is not None and any(b is not None for b in block_lists):
             raise ValueError(f"block-sparse prefill needs the v2 attention kernels (head dim {Dh})")

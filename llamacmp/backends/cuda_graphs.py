@@ -23,7 +23,7 @@ returns are the graph's own buffer: read them before the next replay of that gra
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -33,6 +33,50 @@ from .cuda_memory import DeviceArena
 
 GRAPH_CHUNK = 16 << 20        # bytes a graph's arena takes at a time
 GRAPH_ARENA_CAP = 1 << 40     # no cap of its own: a failing cudaMalloc is the limit (DeviceMemoryError)
+
+
+class RecordedGraph:
+    """A CUDA graph recorded from one Python call, with the arena its tensors come from (the module doc says why a
+    graph has an arena of its own). The one capture mechanism: CapturedStep (a decode step on one device) and the
+    layer split's per-part steps (split/graphs.py) are built on it."""
+
+    def __init__(self, be, record: Callable[[], Any], before: Callable[[], None] | None = None):
+        """be: a CudaBackend. record: issues the launches to capture (be.capturing set: decode-step arguments) and
+        returns what they leave, kept as `out` (tensors of this graph's arena). before: runs first with the graph's
+        arena current and nothing recorded yet (uploads, which a capture cannot hold)."""
+        self.be, self.exec, self.out = be, 0, None
+        main = be.arena
+        self.arena = DeviceArena(be.native, GRAPH_ARENA_CAP, GRAPH_CHUNK)
+        be.arena = self.arena
+        try:
+            if before is not None:
+                before()
+            be.capturing = True
+            be.native.cmp_graph_begin()
+            try:
+                self.out = record()                        # recorded, not run
+            except BaseException:
+                try:
+                    be.native.graph_end()
+                except NativeError:
+                    pass
+                raise
+            self.exec = be.native.graph_end()
+        finally:
+            be.capturing = False
+            be.arena = main
+
+    def launch(self) -> None:
+        self.be.native.cmp_graph_launch(self.exec)
+
+    def __del__(self):
+        if getattr(self, "exec", 0):
+            self.be.native.cmp_graph_destroy(self.exec)
+            self.exec = 0
+        arena = getattr(self, "arena", None)
+        if arena is not None:
+            self.out = None          # blocks of this arena (a block released into a closed arena is harmless)
+            arena.close()
 
 
 class CapturedStep:
@@ -55,30 +99,24 @@ class CapturedStep:
                           [Segment(i, 1, s) for i, s in enumerate(self.states)], self.rows)
         batch.device["cuda_pos"] = self.pos
         saved = [s.n_past for s in self.states]
-        main = be.arena
-        self.arena = DeviceArena(be.native, GRAPH_ARENA_CAP, GRAPH_CHUNK)
-        be.arena = self.arena                              # the captured forward's tensors: see the module doc
-        if getattr(be, "gdn_rows", False) and B > 1:       # uploads cannot be recorded: the state tables go up now
-            be.state_tables(batch)
-            self.tables = (batch.device["conv_ptrs"], batch.device["ssm_ptrs"])
-        be.capturing = True
-        be.native.cmp_graph_begin()
-        try:
-            self.logits = model.forward(batch)             # recorded, not run
+
+        def tables():                                      # uploads cannot be recorded: the state tables go up now
+            if be.gdn_rows and B > 1:
+                be.state_tables(batch)
+
+        def forward():
+            logits = model.forward(batch)
             if greedy:
-                be.argmax(self.logits, out=self.tokens)    # the next replay embeds these ids
-        except BaseException:
-            try:
-                be.native.graph_end()
-            except NativeError:
-                pass
-            raise
+                be.argmax(logits, out=self.tokens)         # the next replay embeds these ids
+            return logits
+
+        try:
+            self.graph = RecordedGraph(be, forward, before=tables)
         finally:
-            be.capturing = False
-            be.arena = main
             for s, n in zip(self.states, saved):
                 s.n_past = n
-        self.exec = be.native.graph_end()
+        self.logits = self.graph.out
+        self.tables = (batch.device.get("conv_ptrs"), batch.device.get("ssm_ptrs"))   # read by every replay
 
     def step(self, tokens: Sequence[int]) -> np.ndarray:
         """Feed one token per state at its n_past; -> logits [B, n_vocab] on the host. Advances every state."""
@@ -100,7 +138,7 @@ class CapturedStep:
             if s.n_past >= s.n_ctx:
                 raise ValueError(f"sequence needs {s.n_past + 1} positions, its context is {s.n_ctx}")
         be.copy_from_host(self.pos, np.asarray([s.n_past for s in self.states], np.int32))
-        be.native.cmp_graph_launch(self.exec)
+        self.graph.launch()
         for s in self.states:
             s.n_past += 1
 
@@ -118,16 +156,6 @@ class CapturedStep:
             raise ValueError("step_greedy needs a CapturedStep made with greedy=True")
         self._launch()
         return self.be.ids_to_host(self.tokens) if read else None
-
-    def __del__(self):
-        if getattr(self, "exec", 0):
-            self.be.native.cmp_graph_destroy(self.exec)
-            self.exec = 0
-        arena = getattr(self, "arena", None)
-        if arena is not None:
-            self.logits = None       # (a block of this arena; releasing it into a closed arena is harmless)
-            arena.close()
-
 
 class DecodeGraphs:
     """The decode steps of an engine or session: one CapturedStep per list of states, most recently used kept.
@@ -172,7 +200,7 @@ class DecodeGraphs:
         if len(tokens) != len(states):
             raise ValueError(f"{len(tokens)} token ids for {len(states)} sequences")
         batch = StepBatch.build([(s, [int(t)]) for s, t in zip(states, tokens)])
-        if getattr(self.be, "gdn_rows", False) and len(states) > 1:
+        if self.be.gdn_rows and len(states) > 1:
             self.be.state_tables(batch)    # the one-launch conv / GDN, as the graph of this list will run them
         self.be.capturing = True       # decode-step arguments (splits for the whole context, GEMV row launches)
         try:

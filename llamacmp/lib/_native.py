@@ -38,7 +38,6 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_set_device": ((_i,), "int cmp_set_device(int device)"),
     "cmp_get_device": ((_p,), "int cmp_get_device(int* device)"),
     "cmp_stream_create": ((_p,), "int cmp_stream_create(void** s)"),
-    "cmp_stream_destroy": ((_p,), "int cmp_stream_destroy(void* s)"),
     "cmp_set_stream": ((_p,), "int cmp_set_stream(void* s)"),
     "cmp_set_pdl": ((_i, _i, _p), "int cmp_set_pdl(int device, int on, int* in_effect)"),
     "cmp_can_access_peer": ((_p, _i, _i), "int cmp_can_access_peer(int* can, int device, int peer)"),

@@ -1,6 +1,6 @@
 """Decode steps over a CUDA split: one captured graph per part and list of states, the hidden state crossing by
-the parts' bridges between the replays (backends/cuda_graphs.py is the one-device version, and says why captured
-tensors come from an arena of the graph's own).
+the parts' bridges between the replays (each part's graph a backends/cuda_graphs.RecordedGraph: the one capture
+mechanism, whose module doc says why captured tensors come from an arena of the graph's own).
 """
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from ..backends.base import Segment, StepBatch
+from ..backends.cuda_graphs import RecordedGraph
 from .bridges import Bridge
 
 
@@ -31,33 +32,14 @@ class _PartStep:
         batch = StepBatch(self.tokens if self.first else pos0, pos0,
                           [Segment(i, 1, s.parts[p]) for i, s in enumerate(states)], self.rows)
         batch.device["cuda_pos"] = self.pos
-        self.x_out = self.logits = None
-        # the captured tensors come from an arena of the graph's own (backends/cuda_graphs.py says why: blocks
-        # freed after capture must not go to later long-lived tensors that every replay would overwrite)
-        from ..backends.cuda_memory import DeviceArena
-        from ..backends.cuda_graphs import GRAPH_ARENA_CAP, GRAPH_CHUNK
-        main = be.arena
-        self.arena = DeviceArena(be.native, GRAPH_ARENA_CAP, GRAPH_CHUNK)
-        be.arena = self.arena
-        be.capturing = True
-        be.native.cmp_graph_begin()
-        try:
+
+        def forward():
             x = model.embed(batch) if self.first else self.x_in
             x = model.run_layers(x, batch, part.layers)
-            if self.last:
-                self.logits = model.head(x, batch)
-            else:
-                self.x_out = x
-        except BaseException:
-            try:
-                be.native.graph_end()
-            except Exception:
-                pass
-            raise
-        finally:
-            be.capturing = False
-            be.arena = main
-        self.exec = be.native.graph_end()
+            return model.head(x, batch) if self.last else x
+
+        self.graph = RecordedGraph(be, forward)
+        self.logits, self.x_out = (self.graph.out, None) if self.last else (None, self.graph.out)
 
     def replay(self, positions: np.ndarray, tokens, inbound: Bridge | None, outbound: Bridge | None):
         be = self.be
@@ -66,20 +48,11 @@ class _PartStep:
         else:
             inbound.recv(out=self.x_in)
         be.copy_from_host(self.pos, positions)
-        be.native.cmp_graph_launch(self.exec)
+        self.graph.launch()
         if outbound is not None:
             outbound.send(self.x_out)
             return None
         return be.to_host(self.logits)
-
-    def __del__(self):
-        if getattr(self, "exec", 0):
-            self.be.native.cmp_graph_destroy(self.exec)
-            self.exec = 0
-        arena = getattr(self, "arena", None)
-        if arena is not None:
-            self.x_out = self.logits = None   # blocks of this arena (released into a closed arena: harmless)
-            arena.close()
 
 
 class SplitDecodeGraphs:

@@ -1,0 +1,187 @@
+"""llamacmp-bench's timed runs: the model loaded on its backend, and one repetition of a pp / tg / pp+tg test
+(with --spec-type, tg by the engine's MTP draft-and-verify loop)."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+import numpy as np
+
+from .. import spec
+from ..engine.tasks import DraftStats
+from ..spec import synth_acceptor
+from .bench_options import BenchError
+from .bench_rows import Instance, ModelInfo
+
+
+FILE_TYPES = {0: "all F32", 1: "F16", 7: "Q8_0"}
+TYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "Q8_0": 34 / 32}      # bytes per element as stored in the GGUF
+
+
+def model_info(f, n_params: int, size: int) -> ModelInfo:
+    arch = f.architecture
+    label = f.metadata.get("general.size_label")
+    if not label:
+        label = f"{n_params / 1e9:.0f}B" if n_params >= 1e9 else f"{n_params / 1e6:.0f}M" if n_params >= 1e6 \
+            else f"{n_params / 1e3:.0f}K"
+    ftype = FILE_TYPES.get(f.metadata.get("general.file_type"), "?")
+    return ModelInfo(f"{arch} {label} {ftype}", size, n_params)
+
+
+@dataclass
+class Runner:
+    """One loaded model on one backend, and the timed tests on it."""
+    be: object
+    cfg: object
+    model: object
+    info: ModelInfo
+    is_cuda: bool
+    rng: np.random.Generator
+    path: str = ""
+    mtp_head: bool = False              # the file has an MTP head (spec.has_mtp_head): --spec-type draft-mtp runs
+
+    def _ids(self, n: int) -> list[int]:
+        return [int(i) for i in self.rng.integers(0, self.cfg.n_vocab, n)]
+
+    def _sync(self) -> None:
+        if self.is_cuda:
+            self.be.synchronize()
+
+    def _prefill(self, st, n: int, chunk: int, mtp=None) -> None:
+        """n random tokens in chunks; mtp: (Speculator, its sequence), whose head then sees them too."""
+        from ..backends.base import StepBatch
+        ids = self._ids(n)
+        for c0 in range(0, n, chunk):
+            if mtp is None:
+                self.model.forward(StepBatch.build([(st, ids[c0:c0 + chunk])]))
+            else:
+                mtp[0].prefill(st, mtp[1], ids[c0:c0 + chunk])
+        self._sync()
+
+    def _speculator(self, inst: Instance, n_ctx: int):
+        """(the engine's draft-and-verify loop for this model, the sequence's head memory); a file without an MTP
+        head is refused naming it, as llama.cpp refuses --spec-type draft-mtp there."""
+        if not self.mtp_head:
+            raise BenchError(f"error: {inst.name}: --spec-type draft-mtp: the model file '{self.path}' has no MTP "
+                             "layers")
+        from ..engine.speculative import Speculator
+        sp = Speculator.from_spec(self.model, inst.spec, self.path)
+        return sp, sp.new_seq(n_ctx, inst.type_k, inst.type_v)
+
+    def _spec_decoder(self, st, inst: Instance, mtp, draft: DraftStats | None):
+        """-> step(n): n greedy tokens by draft (MTP head) and verify (one forward of the main model), from a
+        random first token; the synthetic acceptance of --spec-synth-* draws with seed 0. draft: counts the
+        drafted and accepted tokens."""
+        from ..engine.speculative import accept_tokens
+        from ..sampling import Sampler, SamplingParams
+        sp, ms = mtp
+        greedy = Sampler(SamplingParams(temp=0.0, seed=0))
+        synth = synth_acceptor(inst.spec, 0, frozenset())
+        first = self._ids(1)[0]
+
+        def step(n: int) -> None:
+            tok, left = first, n
+            while left > 0:
+                drafts = sp.draft([(st, ms, tok)])[0][:left - 1]     # at most left tokens come out of the step
+                logits, h, (v,) = sp.verify([(st, ms, tok, drafts)])
+                out: list[int] = []
+                j = accept_tokens(self.be, logits, v, greedy, lambda t: out.append(t) or len(out) < left, synth)
+                sp.commit(v, h, j)
+                if draft is not None:
+                    draft.count(len(drafts), j - 1)
+                tok, left = out[-1], left - j
+        return step
+
+    def _decoder(self, st):
+        """-> step(n): n greedy decode steps from a random first token. On CUDA the step graph is captured here
+        (untimed: the capture runs nothing, and replays read the state's n_past when they run, so a prompt may
+        still be processed between capture and the first step)."""
+        from ..backends.base import StepBatch
+        first = self._ids(1)[0]
+        if self.is_cuda:
+            from ..backends.cuda_graphs import CapturedStep
+            graph = CapturedStep(self.be, self.model, [st], greedy=True)
+
+            def step(n: int) -> None:
+                graph.set_tokens([first])
+                for _ in range(n):
+                    graph.step_greedy()        # one int32 to the host per token: the per-token sync
+            return step
+
+        def step(n: int) -> None:
+            tok = first
+            for _ in range(n):
+                logits = self.model.forward(StepBatch.build([(st, [tok])]))
+                tok = int(np.argmax(self.be.to_host(logits)[-1]))
+        return step
+
+    def run(self, inst: Instance, warmup: bool = False, draft: DraftStats | None = None) -> int:
+        """One repetition on a fresh context -> nanoseconds of the timed part (the -d fill and the graph capture
+        are not timed). warmup: a short prompt or one decode step instead, untimed (llama-bench's warm-up; with
+        --spec-type one full draft-and-verify step). draft: the spec rows' counters."""
+        chunk = max(1, min(inst.n_batch, inst.n_ubatch))
+        n_ctx = inst.n_depth + inst.n_prompt + inst.n_gen + 1
+        st = self.be.new_state(self.cfg, n_ctx, inst.type_k, inst.type_v)
+        mtp = self._speculator(inst, n_ctx) if inst.spec.enabled else None
+        if inst.n_depth:
+            self._prefill(st, inst.n_depth, chunk, mtp)
+        if not inst.n_gen:
+            decode = None
+        elif mtp is not None:
+            decode = self._spec_decoder(st, inst, mtp, None if warmup else draft)
+        else:
+            decode = self._decoder(st)
+        if warmup:
+            if inst.n_prompt:
+                self._prefill(st, min(inst.n_prompt, chunk), chunk, mtp)
+            else:
+                decode(min(inst.n_gen, inst.spec.n_max + 1) if mtp is not None else 1)
+            return 0
+        self._sync()
+        t0 = time.perf_counter_ns()
+        if inst.n_prompt:
+            self._prefill(st, inst.n_prompt, chunk, mtp)
+        if decode is not None:
+            decode(inst.n_gen)
+        self._sync()
+        return time.perf_counter_ns() - t0
+
+
+def make_backend(ngl: int, err: TextIO, hw_route: str = "auto"):
+    """-> (backend, backend column text, gpu_info); the backend's routes picked (--hw-route), the probe table on err."""
+    from ..backends.numpy_ref import NumpyBackend
+    from ..backends.routes import RouteError
+    be, text, gpu = NumpyBackend(), "numpy", ""
+    if ngl != 0:
+        from ..backends.select import cuda_backend_or_none
+        cuda = cuda_backend_or_none()
+        if cuda is not None:
+            be, text, gpu = cuda, "CUDA", cuda.native.device_name()
+        else:
+            err.write("warning: no CUDA GPU or libcmpkern.so found: using the numpy reference backend (slow)\n")
+    try:
+        for line in be.pick_routes(hw_route):
+            err.write(line + "\n")
+    except RouteError as e:
+        raise BenchError(f"error: {e}") from None
+    return be, text, gpu
+
+
+def load_runner(path: str, be, is_cuda: bool) -> Runner:
+    from ..config import ModelConfig
+    from ..gguf_file import GGUFError, GGUFFile
+    from ..models import model_class
+    from ..weights import load_weights
+    try:
+        f = GGUFFile(path)
+    except (OSError, GGUFError) as e:
+        raise BenchError(f"error: failed to load model '{path}': {e}") from None
+    n_vocab = f.info("token_embd.weight").shape[0]
+    cfg = ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight"))
+    n_params = sum(math.prod(f.info(n).shape) for n in f.names())
+    size = int(sum(math.prod(f.info(n).shape) * TYPE_BYTES.get(f.info(n).type_name, 4) for n in f.names()))
+    model = model_class(f.architecture)(cfg, load_weights(f, cfg), be)
+    mtp_head = spec.has_mtp_head(f.names(), int(f.metadata.get(f"{f.architecture}.block_count", 0)))
+    return Runner(be, cfg, model, model_info(f, n_params, size), is_cuda, np.random.default_rng(0), path, mtp_head)

@@ -1,0 +1,80 @@
+"""The two llama.cpp builds the goldens come from, where each one's tools are and where its goldens go.
+
+b8462 (commit 49bfddeca, the llama-cpp-python 0.3.17 sdist) is the first oracle: its goldens sit in compat/goldens/
+and predate this module, so they carry no commit of their own (they stay byte-identical). 0c1e570 (the 0.3.36 sdist,
+current llama.cpp) writes the same file names under compat/goldens/0c1e570/, and every record names its commit.
+`compat/build_llamacpp.sh [--version 0.3.36]` and `compat/build_oracle_tools.sh [--oracle 0c1e570]` build them.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+GOLDENS = Path(__file__).resolve().parent / "goldens"
+CACHE = Path(os.environ.get("LLAMACMP_CACHE", Path.home() / ".cache" / "llamacmp"))
+
+
+@dataclass(frozen=True)
+class Oracle:
+    label: str           # how reports, tests and folder names call it
+    commit: str          # the vendored llama.cpp commit
+    sdist: str           # the llama-cpp-python release that vendors it
+    short: str           # the commit as compat/build_llamacpp.sh names its tree
+
+    @property
+    def tree(self) -> Path:
+        return CACHE / f"llama.cpp-{self.short}"
+
+    @property
+    def bin(self) -> Path:
+        return self.tree / "build-cpu" / "bin"
+
+    def tool(self, name: str) -> Path:
+        return self.bin / name
+
+    @property
+    def goldens(self) -> Path:
+        return GOLDENS if self is B8462 else GOLDENS / self.label
+
+    def golden(self, name: str) -> Path:
+        return self.goldens / name
+
+    def stamp(self, record: dict) -> dict:
+        """The record with the commit it came from (b8462's records never had one; see the module doc)."""
+        return record if self is B8462 else {**record, "oracle": self.commit}
+
+
+B8462 = Oracle("b8462", "49bfddeca18e62fa3d39114a23e9fcbdf8a22388", "llama-cpp-python 0.3.17", "49bfddeca")
+CURRENT = Oracle("0c1e570", "0c1e57098bba43ac29e6e3b677cdceebdd22334f", "llama-cpp-python 0.3.36", "0c1e570")
+ORACLES = {o.label: o for o in (B8462, CURRENT)}
+
+# Goldens that 0c1e570 does not have, and why (tests skip them by these names; a missing file not named here fails).
+NOT_RECORDED: dict[str, dict[str, str]] = {
+    CURRENT.label: {},
+}
+
+
+def add_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--oracle", choices=list(ORACLES), default=B8462.label,
+                        help="the llama.cpp build to record (default b8462; 0c1e570 writes compat/goldens/0c1e570/)")
+
+
+def parse(label: str) -> Oracle:
+    return ORACLES[label]
+
+
+def recorded(name: str) -> list[tuple[Oracle, Path | None, str]]:
+    """(oracle, path of its golden `name` or None, why it is absent) for each oracle, for tests and the report.
+    A golden absent without a reason in NOT_RECORDED is an error: it must be generated or named there."""
+    out = []
+    for o in ORACLES.values():
+        path = o.golden(name)
+        if path.exists():
+            out.append((o, path, ""))
+        elif name in NOT_RECORDED.get(o.label, {}):
+            out.append((o, None, NOT_RECORDED[o.label][name]))
+        else:
+            raise FileNotFoundError(f"{path} is missing and compat/oracles.py NOT_RECORDED gives no reason")
+    return out

@@ -56,6 +56,38 @@ NOT_RECORDED: dict[str, dict[str, str]] = {
 }
 
 
+@dataclass(frozen=True)
+class Divergence:
+    """Cases where the two oracles answer differently and llamacmp matches one of them on purpose (or not yet the
+    other): tests hold llamacmp to the followed oracle's golden there, and check that the oracles still differ."""
+    golden: str                  # the golden file, e.g. "chat_parse.jsonl"
+    cases: tuple[str, ...]       # its case ids
+    follows: str                 # the label of the oracle llamacmp matches
+    why: str
+
+
+_THINKING = ("plain", "think_answer", "think_only", "think_multiline", "tool", "tool_no_text", "two_tools",
+             "content_then_tool")
+DIVERGENCES: list[Divergence] = [
+    Divergence("chat_render.jsonl", tuple(f"content_parts-think{t}-gen{g}" for t in (1, 0) for g in (1, 0)), "b8462",
+               "text content parts: b8462 joins them with a newline before the template runs, 0c1e570 hands the "
+               "list to the template, which concatenates them (as transformers renders it). llamacmp joins with a "
+               "newline as b8462: moving to current is listed in compat/DIFFERENCES.md, not done yet"),
+    Divergence("chat_parse.jsonl", tuple(f"{c}-think1-tools{t}" for c in _THINKING for t in (1, 0)), "b8462",
+               "reasoning_content: b8462 keeps the newline the generation prompt leaves after <think>, 0c1e570 "
+               "strips it. llamacmp keeps it as b8462 (llama-cli's '[Start thinking]' blank line, cli_reply.jsonl, "
+               "depends on it): moving to current is listed in compat/DIFFERENCES.md, not done yet"),
+]
+
+
+def followed(golden: str, case_id: str, oracle: Oracle) -> tuple[Oracle, str]:
+    """The oracle whose answer llamacmp must give for this case (itself unless a Divergence says otherwise)."""
+    for d in DIVERGENCES:
+        if d.golden == golden and case_id in d.cases and d.follows != oracle.label:
+            return ORACLES[d.follows], d.why
+    return oracle, ""
+
+
 def add_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--oracle", choices=list(ORACLES), default=B8462.label,
                         help="the llama.cpp build to record (default b8462; 0c1e570 writes compat/goldens/0c1e570/)")

@@ -25,7 +25,8 @@ def _read(path: Path) -> list[dict]:
 
 def per_oracle(name: str) -> list:
     """pytest params of (oracle, path), id = the oracle's label."""
-    return [pytest.param(o, path, id=o.label, marks=() if path else pytest.mark.skip(reason=f"no {o.label} {name}: {why}"))
+    return [pytest.param(o, path, id=o.label,
+                         marks=() if path else pytest.mark.skip(reason=f"no {o.label} {name}: {why}"))
             for o, path, why in oracles.recorded(name)]
 
 

@@ -1,11 +1,12 @@
-"""Diff llamacmp against llama.cpp ≈ b8462: the committed goldens (no llama.cpp needed), or live.
+"""Diff llamacmp against both llama.cpp oracles (b8462 and current 0c1e570, compat/oracles.py): the committed
+goldens (no llama.cpp needed), or live.
 
     python3 compat/diff.py [--live] [--skip-logits]
 
-Prints a table (area, cases, identical, within tolerance, different) and writes compat/REPORT.md. With --live the
-golden generators are re-run first against the llama.cpp build (compat/build_llamacpp.sh and
-compat/build_oracle_tools.sh), so the comparison is with llama.cpp itself; `git diff compat/goldens` then shows
-whether llama.cpp's answers changed.
+Prints a table (area; per oracle: cases, identical, within tolerance, different) and the cases where the two
+oracles answer differently with the one llamacmp matches, and writes compat/REPORT.md. With --live the b8462 golden
+generators are re-run first against the llama.cpp build (compat/build_llamacpp.sh and compat/build_oracle_tools.sh),
+so the comparison is with llama.cpp itself; `git diff compat/goldens` then shows whether llama.cpp's answers changed.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import oracles
 
 HERE = Path(__file__).resolve().parent
 GOLDENS = HERE / "goldens"
@@ -33,12 +35,15 @@ class Area:
     within: int = 0
     allowed: int = 0          # differences named with their reason in an allow-list: reported, not a failure
     examples: list[str] = field(default_factory=list)
+    matched: dict[str, bool] = field(default_factory=dict)   # case id -> identical or within tolerance
+    missing: str = ""         # why this oracle has no golden for the area
 
     @property
     def different(self) -> int:
         return self.cases - self.identical - self.within
 
-    def add(self, ok: bool, close: bool = False, example: str = "") -> None:
+    def add(self, ok: bool, close: bool = False, example: str = "", case: str = "") -> None:
+        self.matched[case or str(self.cases)] = ok or close
         self.cases += 1
         if ok:
             self.identical += 1
@@ -48,51 +53,84 @@ class Area:
             self.examples.append(example)
 
 
-def _jsonl(name: str) -> list[dict]:
-    return [json.loads(line) for line in (GOLDENS / name).read_text(encoding="utf-8").split("\n") if line.strip()]
+def _jsonl(name: str, oracle: oracles.Oracle = oracles.B8462) -> list[dict]:
+    return [json.loads(line) for line in oracle.golden(name).read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
-def tokenization() -> Area:
+def per_oracle(name: str, golden: str, judge) -> dict[str, Area]:
+    """judge(area, records) for each oracle's golden file; an oracle without it gets an empty area saying why."""
+    out = {}
+    for o, path, why in oracles.recorded(golden):
+        out[o.label] = area = Area(name, missing=why)
+        if path is not None:
+            judge(area, _jsonl(golden, o), o)
+    return out
+
+
+def _follows_other(golden: str, case_id: str, oracle: oracles.Oracle) -> bool:
+    """llamacmp follows the other oracle in this case (compat/oracles.py DIVERGENCES): a difference with a reason."""
+    return oracles.followed(golden, case_id, oracle)[0] is not oracle
+
+
+def b8462_only(area: Area, golden: str) -> dict[str, Area]:
+    """An area whose goldens only b8462 has (oracles.NOT_RECORDED says why 0c1e570 has none)."""
+    return {oracles.B8462.label: area,
+            oracles.CURRENT.label: Area(area.name, missing=oracles.NOT_RECORDED[oracles.CURRENT.label][golden])}
+
+
+def tokenization() -> dict[str, Area]:
     from llamacmp.fixtures.qwen_vocab import load_qwen35_vocab
     from llamacmp.tokenizer import Tokenizer
-    v, area = load_qwen35_vocab(), Area("tokenization")
+    v = load_qwen35_vocab()
     toks = {pre: Tokenizer.from_metadata(v.tokens, v.merges, v.token_types, pre, v.eos_id, v.bos_id, v.add_bos)
             for pre in ("qwen35", "qwen2")}
-    for g in _jsonl("tokenize.jsonl"):
-        ours = toks[g.get("pre", "qwen35")].encode(g["text"], g["parse_special"])
-        area.add(ours == g["ids"], example=repr(g["text"][:60]))
-    return area
+    ours: dict[tuple, list[int]] = {}     # both oracles tokenize the same strings: encode each once
+
+    def judge(area: Area, goldens: list[dict], _oracle) -> None:
+        for g in goldens:
+            key = (g["text"], g["parse_special"], g.get("pre", "qwen35"))
+            if key not in ours:
+                ours[key] = toks[key[2]].encode(g["text"], g["parse_special"])
+            area.add(ours[key] == g["ids"], example=repr(g["text"][:60]), case=repr(key))
+    return per_oracle("tokenization", "tokenize.jsonl", judge)
 
 
-def templates() -> Area:
+def templates() -> dict[str, Area]:
     from llamacmp.chat import ChatTemplate
     tmpl = ChatTemplate((HERE.parent / "llamacmp" / "fixtures" / "qwen35_chat_template.jinja").read_text())
-    area = Area("template renders")
-    for g in _jsonl("chat_render.jsonl"):
-        c = g["case"]
-        ours = tmpl.render(c["messages"], c["add_generation_prompt"], c.get("tools"), c["enable_thinking"])
-        area.add(ours == g["llama.cpp"]["prompt"], example=c["id"])
-    return area
+
+    def judge(area: Area, goldens: list[dict], oracle) -> None:
+        for g in goldens:
+            c = g["case"]
+            ours = tmpl.render(c["messages"], c["add_generation_prompt"], c.get("tools"), c["enable_thinking"])
+            area.add(ours == g["llama.cpp"]["prompt"], example=c["id"], case=c["id"])
+            area.allowed += ours != g["llama.cpp"]["prompt"] and _follows_other("chat_render.jsonl", c["id"], oracle)
+    return per_oracle("template renders", "chat_render.jsonl", judge)
 
 
-def parsing(partial: bool) -> Area:
+def parsing(partial: bool) -> dict[str, Area]:
     """Final outputs must be identical. Partial (streaming) ones differ by design where llama.cpp returns a tool
     call whose arguments are still being written: we return a call once it is closed (compat/DIFFERENCES.md)."""
     from llamacmp.chat import parse_output
-    area = Area("parsed messages (streaming, partial)" if partial else "parsed messages (final)")
-    for g in _jsonl("chat_parse.jsonl"):
-        c = g["case"]
-        for out, want in zip(c["outputs"], g["llama.cpp"]["parsed"]):
-            if out["is_partial"] != partial:
-                continue
-            p = parse_output(out["text"], "auto", c["enable_thinking"], c.get("tools"), partial=partial)
-            calls = [(t["function"]["name"], t["function"]["arguments"]) for t in want.get("tool_calls", [])]
-            text_same = p.content == want["content"] and p.reasoning_content == want.get("reasoning_content", "")
-            ours = [(t.name, t.arguments) for t in p.tool_calls]
-            area.add(text_same and ours == calls, example=c["id"])
-            # The one open call llama.cpp already shows (arguments still being written) is the designed difference.
-            area.allowed += partial and text_same and ours == calls[:len(ours)] and len(calls) == len(ours) + 1
-    return area
+
+    def judge(area: Area, goldens: list[dict], oracle) -> None:
+        for g in goldens:
+            c = g["case"]
+            other = _follows_other("chat_parse.jsonl", c["id"], oracle)
+            for i, (out, want) in enumerate(zip(c["outputs"], g["llama.cpp"]["parsed"])):
+                if out["is_partial"] != partial:
+                    continue
+                p = parse_output(out["text"], "auto", c["enable_thinking"], c.get("tools"), partial=partial)
+                calls = [(t["function"]["name"], t["function"]["arguments"]) for t in want.get("tool_calls", [])]
+                text_same = p.content == want["content"] and p.reasoning_content == want.get("reasoning_content", "")
+                ours = [(t.name, t.arguments) for t in p.tool_calls]
+                area.add(text_same and ours == calls, example=c["id"], case=f"{c['id']}#{i}")
+                # The one open call llama.cpp already shows (arguments still being written) is the designed
+                # difference.
+                designed = partial and text_same and ours == calls[:len(ours)] and len(calls) == len(ours) + 1
+                area.allowed += not (text_same and ours == calls) and (designed or other)
+    name = "parsed messages (streaming, partial)" if partial else "parsed messages (final)"
+    return per_oracle(name, "chat_parse.jsonl", judge)
 
 
 def logits() -> tuple[Area, Area]:
@@ -151,33 +189,39 @@ def quant_perplexity() -> Area:
     return area
 
 
-def server_responses() -> Area:
+def server_responses() -> dict[str, Area]:
     """llamacmp-server (numpy backend, in this process) against llama-server's recorded answers; see
-    tests/test_compat_server.py, whose allow-list names the reason of every deliberate difference and known bug."""
+    tests/test_compat_server.py, whose allow-list names the reason of every deliberate difference and known bug,
+    per oracle. The requests are sent once; each oracle's golden judges the same answers."""
     import httpx
     sys.path.insert(0, str(HERE.parent / "tests"))
     from server_cases import API_KEY, CASES, FIXTURE_NAME, FIXTURE_SEED, SERVER_FLAGS, compare, send
     from server_harness import LiveServer
-    from test_compat_server import ALLOWED
+    from test_compat_server import ALLOWED, unexcused
 
     from llamacmp.fixtures.qwen_vocab import load_qwen35_vocab
     from llamacmp.fixtures.writer import SHAPES, write_model
-    area, by_id = Area("server responses"), {c.id: c for c in CASES}
+    answers = {}
     with tempfile.TemporaryDirectory() as d:
         model = write_model(Path(d) / FIXTURE_NAME, SHAPES["tiny"], "f32", load_qwen35_vocab(), seed=FIXTURE_SEED,
                             name="compat-server")
         with LiveServer(model, *SERVER_FLAGS) as main, \
                 LiveServer(model, *SERVER_FLAGS, "--api-key", API_KEY) as auth:
             urls = {"main": main.url, "auth": auth.url}
-            for want in _jsonl("server.jsonl"):
-                case = by_id[want["id"]]
+            for case in CASES:        # in the goldens' order, as llama.cpp's runs (tests check that order)
                 with httpx.Client(timeout=60) as client:
-                    verdict, problems = compare(want, send(client, urls[case.server], case))
-                why = ALLOWED.get(case.id, ("not allowed",))[0]
-                area.allowed += bool(problems) and case.id in ALLOWED
-                area.add(verdict == "identical", verdict == "within",
-                         f"{case.id} ({problems[0][:60] if problems else ''}; {why[:50]})")
-    return area
+                    answers[case.id] = send(client, urls[case.server], case)
+
+    def judge(area: Area, goldens: list[dict], oracle) -> None:
+        allowed = ALLOWED[oracle.label]
+        for want in goldens:
+            verdict, problems = compare(want, answers[want["id"]])
+            left = unexcused(allowed, want["id"], problems)
+            area.allowed += bool(problems) and not left
+            why = next((allowed[k][0] for k in (want["id"], "*") if k in allowed), "not allowed")
+            area.add(verdict == "identical", verdict == "within",
+                     f"{want['id']} ({(left or problems)[0][:60] if problems else ''}; {why[:50]})", case=want["id"])
+    return per_oracle("server responses", "server.jsonl", judge)
 
 
 def vision() -> tuple[Area, Area]:
@@ -217,19 +261,36 @@ def vision() -> tuple[Area, Area]:
     return emb_area, greedy
 
 
-def report(areas: list[Area]) -> str:
-    lines = ["| area | cases | identical | within tolerance | different |", "|---|---|---|---|---|"]
-    lines += [f"| {a.name} | {a.cases} | {a.identical} | {a.within} | {a.different} |" for a in areas]
-    for a in areas:
-        if a.examples:
-            lines.append(f"\nDifferent in {a.name}" + (f" ({a.allowed} with a reason, see below)" if a.allowed else "")
-                         + ": " + "; ".join(a.examples))
+def report(areas: list[dict[str, Area]]) -> str:
+    labels = list(oracles.ORACLES)
+    head = "| area | " + " | ".join(f"{lb}: cases | identical | within tolerance | different" for lb in labels) + " |"
+    lines = [head, "|---|" + "---|---|---|---|" * len(labels)]
+    for pair in areas:
+        cells = [f"— | — | — | — ({pair[lb].missing[:40]}…)" if pair[lb].missing and not pair[lb].cases else
+                 f"{pair[lb].cases} | {pair[lb].identical} | {pair[lb].within} | {pair[lb].different}" for lb in labels]
+        lines.append(f"| {pair[labels[0]].name} | " + " | ".join(cells) + " |")
+    lines += ["", "Where llamacmp matches one oracle and not the other (same case, both recorded; why: compat/oracles.py "
+              "DIVERGENCES, the per-oracle ALLOWED of tests/test_compat_server.py, and the section on the two oracles "
+              "below):", "", "| area | " + " | ".join(f"matches {lb} only" for lb in labels) + " |",
+              "|---|" + "---|" * len(labels)]
+    for pair in areas:
+        a, b = (pair[lb].matched for lb in labels)
+        both = a.keys() & b.keys()
+        if both:
+            lines.append(f"| {pair[labels[0]].name} | {sum(a[k] and not b[k] for k in both)} | "
+                         f"{sum(b[k] and not a[k] for k in both)} |")
+    for pair in areas:
+        for lb in labels:
+            x = pair[lb]
+            if x.examples:
+                lines.append(f"\nDifferent from {lb} in {x.name}" + (f" ({x.allowed} with a reason, see below)"
+                                                                     if x.allowed else "") + ": " + "; ".join(x.examples))
     return "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--live", action="store_true", help="re-run the golden generators against llama.cpp first")
+    p.add_argument("--live", action="store_true", help="re-run the b8462 golden generators against llama.cpp first")
     p.add_argument("--skip-logits", action="store_true", help="skip the (slow) logits area")
     args = p.parse_args()
     if args.live:
@@ -239,17 +300,21 @@ def main() -> None:
             subprocess.run([sys.executable, str(HERE / gen.split()[0]), *gen.split()[1:]], check=True)
     areas = [tokenization(), templates(), parsing(partial=False), parsing(partial=True), server_responses()]
     if not args.skip_logits:
-        areas += list(logits())
-    areas += [quant_cli(), quant_perplexity()]
-    areas += list(vision())
+        areas += [b8462_only(a, "logits") for a in logits()]
+    areas += [b8462_only(quant_cli(), "cli_quant.jsonl"), b8462_only(quant_perplexity(), "perplexity_quant.json")]
+    areas += [b8462_only(a, "vision") for a in vision()]
     table = report(areas)
     print(table)
     differences = (HERE / "DIFFERENCES.md").read_text() if (HERE / "DIFFERENCES.md").exists() else ""
     (HERE / "REPORT.md").write_text(
-        "# llamacmp vs llama.cpp ≈ b8462 (49bfddeca)\n\nWritten by `python3 compat/diff.py` from the committed goldens "
-        "(tolerances: logits 1e-4 relative for F32 weights, 2e-2 for quantized ones: Q8_0 and the llama-quantize "
-        "fixtures q256-*; greedy steps within tolerance are near ties of < 0.05 in logit; perplexity within 0.1%).\n\n" + table + "\n\n" + differences)
-    sys.exit(1 if any(a.different - a.allowed for a in areas) else 0)
+        f"# llamacmp vs llama.cpp ≈ b8462 ({oracles.B8462.short}) and current llama.cpp ({oracles.CURRENT.label})\n\n"
+        "Written by `python3 compat/diff.py` from the committed goldens (b8462's in compat/goldens/, 0c1e570's in "
+        "compat/goldens/0c1e570/; tolerances: logits 1e-4 relative for F32 weights, 2e-2 for quantized ones: Q8_0 "
+        "and the llama-quantize fixtures q256-*; greedy steps within tolerance are near ties of < 0.05 in logit; "
+        "perplexity within 0.1%). Tokenizer, chat, server and CLI goldens exist for both oracles (the CLI ones are "
+        "checked in tests/test_cli.py); the rest for b8462 only (compat/oracles.py NOT_RECORDED says why).\n\n"
+        + table + "\n\n" + differences)
+    sys.exit(1 if any(a.different - a.allowed for pair in areas for a in pair.values()) else 0)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,19 @@
-"""Generate server goldens from llama-server (≈ b8462) on a fixture GGUF written by our own fixture writer.
+"""Generate server goldens from llama-server on a fixture GGUF written by our own fixture writer.
 
-    python3 compat/gen_server_goldens.py [--llama-server PATH]
+    python3 compat/gen_server_goldens.py [--oracle b8462|0c1e570] [--llama-server PATH]
 
 Writes the fixture (tiny shape, real Qwen3.5 vocabulary and template, seed server_cases.FIXTURE_SEED) to a temporary
 folder, starts two llama-server instances on 127.0.0.1 with free ports (one plain, one with --api-key), sends every
 case in compat/server_cases.py with httpx and writes one record per case to compat/goldens/server.jsonl: status, the
 JSON field tree {path: type} (for event streams: one tree per chunk and the end marker), exact values of the
-deterministic fields and probabilities. Both servers are killed at the end, whatever happens.
+deterministic fields and probabilities, into the oracle's goldens folder (compat/oracles.py). Both servers are
+killed at the end, whatever happens.
 tests/test_compat_server.py regenerates the same fixture and checks llamacmp-server against these records.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -27,11 +27,8 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))    # this checkout's fixture writer
+import oracles  # noqa: E402
 from server_cases import API_KEY, CASES, FIXTURE_NAME, FIXTURE_SEED, SERVER_FLAGS, send  # noqa: E402
-
-CACHE = Path(os.environ.get("LLAMACMP_CACHE", Path.home() / ".cache" / "llamacmp"))
-DEFAULT_SERVER = CACHE / "llama.cpp-49bfddeca" / "build-cpu" / "bin" / "llama-server"
-OUT = HERE / "goldens" / "server.jsonl"
 
 
 def write_fixture(folder: Path) -> Path:
@@ -63,8 +60,11 @@ def wait_ready(base: str, proc: subprocess.Popen, timeout: float = 120) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--llama-server", type=Path, default=DEFAULT_SERVER)
+    oracles.add_argument(p)
+    p.add_argument("--llama-server", type=Path, help="default: the oracle's build")
     args = p.parse_args()
+    oracle = oracles.parse(args.oracle)
+    server = args.llama_server or oracle.tool("llama-server")
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory() as d:
         model = write_fixture(Path(d))
@@ -74,7 +74,7 @@ def main() -> None:
                 port = free_port()
                 log = open(Path(d) / f"{name}.log", "w")
                 procs.append(subprocess.Popen(
-                    [str(args.llama_server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+                    [str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
                      "--no-webui", *SERVER_FLAGS, *extra], stdout=log, stderr=subprocess.STDOUT))
                 bases[name] = f"http://127.0.0.1:{port}"
             for name, proc in zip(bases, procs):
@@ -91,7 +91,8 @@ def main() -> None:
                                 print((Path(d) / f"{name}.log").read_text()[-3000:])
                         raise
                 rec["request"] = asdict(case)
-                lines.append(json.dumps(rec, ensure_ascii=False))
+                # current llama-server names the model by its -m path: the temporary folder becomes {TMP}
+                lines.append(json.dumps(oracle.stamp(rec), ensure_ascii=False).replace(d, "{TMP}"))
                 print(f"{case.id}: {rec['status']}")
         finally:
             for proc in procs:
@@ -101,8 +102,10 @@ def main() -> None:
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-    OUT.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print(f"{len(lines)} cases -> {OUT}")
+    out = oracle.golden("server.jsonl")
+    out.parent.mkdir(exist_ok=True)
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"{len(lines)} cases -> {out}")
 
 
 if __name__ == "__main__":

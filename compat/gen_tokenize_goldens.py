@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tokenizer goldens from llama.cpp's own llama-tokenize, over the real Qwen3.5 vocabulary.
 
-    python compat/gen_tokenize_goldens.py [--bin DIR] [--out compat/goldens/tokenize.jsonl]
+    python compat/gen_tokenize_goldens.py [--oracle b8462|0c1e570] [--bin DIR] [--out FILE]
     python compat/gen_tokenize_goldens.py --unicode-diff   # re-derive tokenizer._UNASSIGNED_IN_LLAMACPP
 
 Steps: write a metadata-only GGUF (architecture qwen35, the rebuilt vocabulary, no tensors: llama-tokenize loads
@@ -10,6 +10,7 @@ parse_special mode. Strings are joined by a separator that is itself a special t
 USER_DEFINED, so it is cut in both modes): llama.cpp tokenizes each raw fragment on its own, so splitting the
 output ids at the separator's id gives exactly the per-string results. The separator text is kept out of the
 corpus. Lines without a "pre" field are for `qwen35`; the first strings are repeated with "pre": "qwen2".
+The default --bin and --out are the oracle's build and its goldens folder (compat/oracles.py).
 Build llama.cpp first with compat/build_llamacpp.sh.
 """
 from __future__ import annotations
@@ -29,11 +30,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import oracles  # noqa: E402
 from llamacmp.fixtures import qwen_vocab as qv  # noqa: E402
 
 SEPARATOR = "</tool_response>"
-CACHE = Path(os.environ.get("LLAMACMP_CACHE", Path.home() / ".cache" / "llamacmp"))
-DEFAULT_TREE = CACHE / "llama.cpp-49bfddeca"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -215,7 +215,7 @@ def _split_ids(ids: list[int], sep_id: int, n: int) -> list[list[int]]:
 N_QWEN2 = 400  # the older `qwen2` pre-tokenizer (no \p{M}) is checked on the first strings of the corpus
 
 
-def generate(bin_dir: Path, out: Path) -> None:
+def generate(bin_dir: Path, out: Path, oracle: oracles.Oracle) -> None:
     vocab = qv.load_qwen35_vocab()
     sep_id = vocab.tokens.index(SEPARATOR)
     texts = corpus()
@@ -230,11 +230,11 @@ def generate(bin_dir: Path, out: Path) -> None:
     n = 0
     with out.open("w", encoding="utf-8") as f:
         for text, a, b in zip(texts, on, off):
-            n += _write(f, {"text": text, "parse_special": True, "ids": a})
+            n += _write(f, oracle.stamp({"text": text, "parse_special": True, "ids": a}))
             if "<" in text or a != b:  # without special-looking text the two modes cannot differ; save space
-                n += _write(f, {"text": text, "parse_special": False, "ids": b})
+                n += _write(f, oracle.stamp({"text": text, "parse_special": False, "ids": b}))
         for text, ids in zip(texts, qwen2):
-            n += _write(f, {"text": text, "parse_special": True, "ids": ids, "pre": "qwen2"})
+            n += _write(f, oracle.stamp({"text": text, "parse_special": True, "ids": ids, "pre": "qwen2"}))
     print(f"wrote {n} goldens ({len(texts)} strings) to {out} ({out.stat().st_size / 1e6:.2f} MB)")
 
 
@@ -274,16 +274,18 @@ def unicode_diff(tree: Path) -> list[tuple[int, int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", type=Path, default=DEFAULT_TREE / "build-cpu" / "bin")
-    ap.add_argument("--out", type=Path, default=REPO / "compat" / "goldens" / "tokenize.jsonl")
+    oracles.add_argument(ap)
+    ap.add_argument("--bin", type=Path, help="default: the oracle's build")
+    ap.add_argument("--out", type=Path, help="default: the oracle's tokenize.jsonl")
     ap.add_argument("--unicode-diff", action="store_true", help="print the remap table for llamacmp/tokenizer.py")
-    ap.add_argument("--tree", type=Path, default=DEFAULT_TREE)
+    ap.add_argument("--tree", type=Path, help="default: the oracle's tree")
     args = ap.parse_args()
+    oracle = oracles.parse(args.oracle)
     if args.unicode_diff:
-        for a, b in unicode_diff(args.tree):
+        for a, b in unicode_diff(args.tree or oracle.tree):
             print(f"(0x{a:X}, 0x{b:X}),")
         return
-    generate(args.bin, args.out)
+    generate(args.bin or oracle.bin, args.out or oracle.golden("tokenize.jsonl"), oracle)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,21 @@
 
 using json = nlohmann::ordered_json;
 
+// Current llama.cpp (0c1e570) takes and returns its own common_json (common/json.h) where b8462 used nlohmann's;
+// the values cross over as JSON text, which both read and write the same way.
+#if __has_include("json.h")
+#include "json.h"
+static common_json theirs(const json & v) { return common_json::parse(v.dump()); }
+static json ours(const common_json & v) { return json::parse(v.dump()); }
+#else
+static const json & theirs(const json & v) { return v; }
+static json ours(const json & v) { return v; }
+#endif
+
 static json run(const common_chat_templates * tmpls, const json & req) {
     common_chat_templates_inputs in;
-    in.messages = common_chat_msgs_parse_oaicompat(req.at("messages"));
-    in.tools = common_chat_tools_parse_oaicompat(req.value("tools", json::array()));
+    in.messages = common_chat_msgs_parse_oaicompat(theirs(req.at("messages")));
+    in.tools = common_chat_tools_parse_oaicompat(theirs(req.value("tools", json::array())));
     in.tool_choice = common_chat_tool_choice_parse_oaicompat(req.value("tool_choice", std::string("auto")));
     in.parallel_tool_calls = req.value("parallel_tool_calls", false);
     in.add_generation_prompt = req.value("add_generation_prompt", true);
@@ -36,7 +47,7 @@ static json run(const common_chat_templates * tmpls, const json & req) {
     json parsed = json::array();
     for (const auto & out : req.value("outputs", json::array())) {
         common_chat_msg msg = common_chat_parse(out.at("text").get<std::string>(), out.value("is_partial", false), pp);
-        parsed.push_back(msg.to_json_oaicompat());
+        parsed.push_back(ours(msg.to_json_oaicompat()));
     }
     return {{"prompt", cp.prompt}, {"format", common_chat_format_name(cp.format)},
             {"generation_prompt", cp.generation_prompt}, {"parsed", parsed}};

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import oracle_goldens
 
 from llamacmp.backends.numpy_ref import NumpyBackend
 from llamacmp.engine.client import SlotClient
@@ -378,12 +379,18 @@ def test_no_model_and_no_bundled_model(tmp_path):
 # -- llama.cpp goldens: compat/compare_cli.py recorded llama-completion / llama-tokenize stdout on this fixture ----
 
 GOLDENS = Path(__file__).resolve().parent.parent / "compat" / "goldens" / "cli.jsonl"
-GOLDEN_ROWS = [json.loads(line) for line in GOLDENS.read_text().splitlines()]
+
+
+def _cli_case(row: dict) -> str:
+    return f"{row['tool']} {row['args']}"
 
 
 @pytest.mark.compat
-@pytest.mark.parametrize("row", GOLDEN_ROWS, ids=[f"{r['tool']} {r['args']}" for r in GOLDEN_ROWS])
-def test_stdout_matches_llamacpp_golden(model, row, tmp_path):
+@pytest.mark.parametrize("oracle,row", oracle_goldens.per_case("cli.jsonl", _cli_case))
+def test_stdout_matches_llamacpp_golden(model, oracle, row, tmp_path):
+    """Both oracles' recordings (b8462, 0c1e570); where they differ, compat/oracles.py DIVERGENCES says which one
+    llamacmp follows."""
+    row = oracle_goldens.expected("cli.jsonl", oracle, _cli_case(row), _cli_case)
     for name, text in row["files"].items():
         (tmp_path / name).write_text(text)
     args = shlex.split(row["args"].replace("{TMP}", str(tmp_path)))

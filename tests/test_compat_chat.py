@@ -1,34 +1,35 @@
 """llamacmp.chat against llama.cpp's own template rendering and output parsing (goldens from
-compat/gen_chat_goldens.py, real Qwen3.5 template)."""
+compat/gen_chat_goldens.py, real Qwen3.5 template), for both oracles (b8462 and 0c1e570: tests/oracle_goldens.py)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from oracle_goldens import expected, jsonl, oracles, per_case
 
 from llamacmp.chat import ChatTemplate, parse_output
 
-GOLDENS = Path(__file__).resolve().parents[1] / "compat" / "goldens"
 TEMPLATE = (Path(__file__).resolve().parents[1] / "llamacmp" / "fixtures" / "qwen35_chat_template.jinja").read_text()
 
 pytestmark = pytest.mark.compat
 
 
-def _load(name: str) -> list[dict]:
-    return [json.loads(line) for line in (GOLDENS / f"{name}.jsonl").read_text().splitlines()]
+def _case_id(rec: dict) -> str:
+    return rec["case"]["id"]
 
 
-RENDER = _load("chat_render")
-PARSE = _load("chat_parse")
+def _golden(name: str, oracle, rec: dict) -> dict:
+    return expected(name, oracle, _case_id(rec), _case_id)
 
 
-def test_enough_goldens():
-    assert len(RENDER) >= 50 and len(PARSE) >= 30
+@pytest.mark.parametrize("oracle", oracles.ORACLES.values(), ids=oracles.ORACLES)
+def test_enough_goldens(oracle):
+    assert len(jsonl(oracle.golden("chat_render.jsonl"))) >= 50 and len(jsonl(oracle.golden("chat_parse.jsonl"))) >= 30
 
 
-@pytest.mark.parametrize("golden", RENDER, ids=[g["case"]["id"] for g in RENDER])
-def test_render_matches_llama_cpp(golden):
+@pytest.mark.parametrize("oracle,rec", per_case("chat_render.jsonl", _case_id))
+def test_render_matches_llama_cpp(oracle, rec):
+    golden = _golden("chat_render.jsonl", oracle, rec)
     case = golden["case"]
     ours = ChatTemplate(TEMPLATE).render(case["messages"], add_generation_prompt=case["add_generation_prompt"],
                                          tools=case.get("tools"), enable_thinking=case["enable_thinking"])
@@ -45,8 +46,9 @@ def _as_message(parsed) -> dict:
     return msg
 
 
-@pytest.mark.parametrize("golden", PARSE, ids=[g["case"]["id"] for g in PARSE])
-def test_final_parse_matches_llama_cpp(golden):
+@pytest.mark.parametrize("oracle,rec", per_case("chat_parse.jsonl", _case_id))
+def test_final_parse_matches_llama_cpp(oracle, rec):
+    golden = _golden("chat_parse.jsonl", oracle, rec)
     case = golden["case"]
     for out, expected in zip(case["outputs"], golden["llama.cpp"]["parsed"]):
         if out["is_partial"]:
@@ -60,10 +62,11 @@ def test_final_parse_matches_llama_cpp(golden):
         assert _as_message(parsed) == expected
 
 
-@pytest.mark.parametrize("golden", PARSE, ids=[g["case"]["id"] for g in PARSE])
-def test_partial_parse_matches_llama_cpp(golden):
+@pytest.mark.parametrize("oracle,rec", per_case("chat_parse.jsonl", _case_id))
+def test_partial_parse_matches_llama_cpp(oracle, rec):
     """While streaming, a partial </think> or <tool_call> is held back as llama.cpp does. The one designed difference:
     llama.cpp already returns a tool call whose arguments are still being written; we return it once closed."""
+    golden = _golden("chat_parse.jsonl", oracle, rec)
     case = golden["case"]
     for out, expected in zip(case["outputs"], golden["llama.cpp"]["parsed"]):
         if not out["is_partial"]:

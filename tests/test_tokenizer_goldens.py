@@ -1,22 +1,22 @@
-"""Our tokenizer against llama.cpp's llama-tokenize on the real Qwen3.5 vocabulary (compat/goldens/tokenize.jsonl,
-written by compat/gen_tokenize_goldens.py). Every case must be identical."""
+"""Our tokenizer against llama.cpp's llama-tokenize on the real Qwen3.5 vocabulary (tokenize.jsonl of each oracle,
+b8462 and 0c1e570, written by compat/gen_tokenize_goldens.py). Every case must be identical."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import pytest
+from oracle_goldens import per_oracle
 
 from llamacmp.fixtures import qwen_vocab as qv
 from llamacmp.tokenizer import Tokenizer
 
 GOLDENS = Path(__file__).resolve().parent.parent / "compat" / "goldens" / "tokenize.jsonl"
+ORACLES = per_oracle("tokenize.jsonl")
 
-pytestmark = pytest.mark.skipif(not GOLDENS.exists(), reason=f"{GOLDENS} is absent (run compat/gen_tokenize_goldens.py)")
 
-
-def _goldens() -> list[dict]:
-    with GOLDENS.open(encoding="utf-8") as f:
+def _goldens(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
@@ -28,16 +28,18 @@ def tokenizers() -> dict[str, Tokenizer]:
             for pre in ("qwen35", "qwen2")}
 
 
-def test_goldens_are_substantial():
-    cases = _goldens()
+@pytest.mark.parametrize("oracle,path", ORACLES)
+def test_goldens_are_substantial(oracle, path):
+    cases = _goldens(path)
     assert len(cases) >= 2000
     assert {c["parse_special"] for c in cases} == {True, False}
     assert {c.get("pre", "qwen35") for c in cases} == {"qwen35", "qwen2"}
 
 
-def test_every_golden_is_identical(tokenizers):
+@pytest.mark.parametrize("oracle,path", ORACLES)
+def test_every_golden_is_identical(tokenizers, oracle, path):
     mismatches = []
-    cases = _goldens()
+    cases = _goldens(path)
     for c in cases:
         pre = c.get("pre", "qwen35")
         ours = tokenizers[pre].encode(c["text"], parse_special=c["parse_special"])
@@ -48,8 +50,9 @@ def test_every_golden_is_identical(tokenizers):
     assert not mismatches, f"{len(mismatches)}/{len(cases)} goldens differ:\n{detail}"
 
 
-def test_goldens_roundtrip_through_decode(tokenizers):
-    for c in _goldens():
+@pytest.mark.parametrize("oracle,path", ORACLES)
+def test_goldens_roundtrip_through_decode(tokenizers, oracle, path):
+    for c in _goldens(path):
         if c["parse_special"]:
             assert tokenizers["qwen35"].decode(c["ids"]) == c["text"]
 

@@ -1,5 +1,5 @@
 """Decode GEMV timings for the 9B shapes (issue 3): µs per call and % of the device-to-device copy rate for the
-v1, v2, v3 and v4 GEMVs of cmp_matmul_q8_ex (v3 and v4 also with their PDL launch), at T = 1, 4, 16.
+v1 and v2 (batch-invariant) GEMVs of cmp_matmul_q8_ex (v2 also with its PDL launch), at T = 1, 4, 16.
 
     python3 benchmarks/bench_gemv.py [--quick] [--json out.json]
 
@@ -19,9 +19,10 @@ GEMV. Two columns:
 
     python3 benchmarks/bench_gemv.py --quant [--types Q4_K,Q6_K] [--no-gemm] [--json out.json]
 
-The block types other than Q8_0 (cmp_matmul_quant, issue 18) and Q8_0 (the default v4 eager + PDL GEMV, v2 GEMM) on
+The block types other than Q8_0 (cmp_matmul_quant, issue 18) and Q8_0 (the default v2 + PDL GEMV, v2 GEMM) on
 the matrices 4096 x 12288, 12288 x 4096 and 4096 x 4096 (rows x n) of random valid blocks: the GEMV at T = 1, 4, 16
-(chain column as above; GB/s = the type's bytes on the device per second) and the prefill GEMM at T = 512 and 4096
+(`--ts 1,2,4,8,16` picks others; chain column as above; GB/s = the type's bytes on the device per second) and the
+prefill GEMM at T = 512 and 4096
 (TOPS = 2 T rows n / time, eager calls timed by events; quantized types include their per-call weight expansion).
 `--dot dp2a|imad` runs that table on another route's int8 dot (issue 20; llamacmp/backends/routes.py), GEMV and GEMM.
 """
@@ -35,7 +36,7 @@ import time
 import numpy as np
 
 from llamacmp.backends.cuda import CudaBackend
-from llamacmp.lib._native import CMP_MM_GEMM2, CMP_MM_GEMV2, CMP_MM_GEMV3, CMP_MM_GEMV4, CMP_MM_GEMV4_EAGER
+from llamacmp.lib._native import CMP_MM_GEMM2, CMP_MM_GEMV2
 from llamacmp.lib._native import CMP_DOTS, CMP_MM_GEMM_DOT_SHIFT, CMP_MM_GEMV_DOT_SHIFT, CMP_MM_GEMV_PDL
 from llamacmp.lib._native import CMP_QUANT_TYPES
 
@@ -49,11 +50,7 @@ SETS_9B = [
     ("ffn down", [4096], 12288),
     ("lm_head", [248320], 4096),
 ]
-KERNELS = [("v1", 0), ("v2", CMP_MM_GEMV2 | CMP_MM_GEMM2), ("v3", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3),
-           ("v3+pdl", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL),
-           ("v4", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV4),   # v1's loop, v2's bits
-           ("v4+pdl", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV4 | CMP_MM_GEMV_PDL),
-           ("v4e+pdl", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV4 | CMP_MM_GEMV4_EAGER | CMP_MM_GEMV_PDL)]
+KERNELS = [("v1", 0), ("v2", CMP_MM_GEMV2 | CMP_MM_GEMM2), ("v2+pdl", CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV_PDL)]
 
 
 def copy_bandwidth(be: CudaBackend, nbytes: int = 2 << 30) -> float:
@@ -139,7 +136,7 @@ def bench_set(be: CudaBackend, ls: LaunchSet, T: int, kernels: int, reps: int) -
 
 
 QUANT_SHAPES = [(4096, 12288), (12288, 4096), (4096, 4096)]   # rows x n
-Q8_DEFAULT = CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV4 | CMP_MM_GEMV4_EAGER | CMP_MM_GEMV_PDL
+Q8_DEFAULT = CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV_PDL
 
 
 class QuantPool:
@@ -167,14 +164,14 @@ class QuantPool:
 
 
 def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, gemm: bool = True,
-                dot: str = "dp4a") -> list[dict]:
+                dot: str = "dp4a", ts: tuple[int, ...] = (1, 4, 16)) -> list[dict]:
     dots = CMP_DOTS[dot] << CMP_MM_GEMV_DOT_SHIFT | CMP_DOTS[dot] << CMP_MM_GEMM_DOT_SHIFT
     out = []
     print(f"{'type':<7} {'rows x n':>12} {'MB':>6} {'T':>5} {'us':>9} {'GB/s':>7} {'%copy':>6} {'TOPS':>7}")
     for type_name in types:
         for rows, n in QUANT_SHAPES:
             pool = QuantPool(be, type_name, rows, n)
-            for T in (1, 4, 16, 512, 4096):
+            for T in (*ts, 512, 4096):
                 if T > 16 and ((rows, n) != (12288, 4096) or not gemm):
                     continue
                 rng = np.random.default_rng(T)
@@ -216,9 +213,10 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=30, help="GEMV calls per captured graph")
     ap.add_argument("--no-gemm", action="store_true", help="with --quant: GEMV only")
     ap.add_argument("--dot", choices=list(CMP_DOTS), default="dp4a", help="with --quant: the int8 dot route")
+    ap.add_argument("--ts", default="1,4,16", help="with --quant: comma-separated GEMV token counts (1..16)")
     args = ap.parse_args(argv)
     if args.dot != "dp4a" and not args.quant:
-        ap.error("--dot: only the --quant table runs on other routes (the v1-v4 GEMV table is DP4A)")
+        ap.error("--dot: only the --quant table runs on other routes (the v1 / v2 GEMV table is DP4A)")
     be = CudaBackend()
     bw = copy_bandwidth(be)
     print(f"device: {be.native.device_name()}   date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
@@ -229,8 +227,11 @@ def main(argv=None) -> None:
         unknown = [t for t in types if t != "Q8_0" and t not in CMP_QUANT_TYPES]
         if unknown:
             ap.error(f"--types: unknown type(s) {', '.join(unknown)} (known: Q8_0, {', '.join(CMP_QUANT_TYPES)})")
+        ts = tuple(int(t) for t in args.ts.split(","))
+        if not all(1 <= t <= 16 for t in ts):
+            ap.error(f"--ts: GEMV token counts are 1..16 (got {args.ts})")
         print(f"int8 dot route: {args.dot}")
-        out += bench_quant(be, types, bw, args.reps, not args.no_gemm, args.dot)
+        out += bench_quant(be, types, bw, args.reps, not args.no_gemm, args.dot, ts)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)
@@ -249,7 +250,7 @@ def main(argv=None) -> None:
                 gb_chain, gb_net = ls.wbytes / chain / 1e3, ls.wbytes / net / 1e3
                 if kname == "v2":
                     ref = chain
-                vs = f"{ref / chain:5.2f}x" if ref and kname.startswith(("v3", "v4")) else ""
+                vs = f"{ref / chain:5.2f}x" if ref and kname != "v2" and kname != "v1" else ""
                 print(f"{name:<18} {ls.wbytes / 1e6:>7.1f} {T:>3} {kname:>6} {chain:>9.1f} "
                       f"{100 * gb_chain / bw:>5.0f}% {net:>9.1f} {100 * gb_net / bw:>5.0f}% {vs:>6}", flush=True)
                 out.append({"what": name, "rows": rows, "n": n, "T": T, "kernels": kname, "chain us": chain,

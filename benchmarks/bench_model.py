@@ -122,8 +122,8 @@ def main(argv=None) -> None:
                     help="also time graph decode with one launch per projection (what fusing them saves)")
     ap.add_argument("--compare-kernels", action="store_true",
                     help="only: ppN and greedy graph tgN with the old path (unfused ops, v1 kernels) against the new "
-                         "(fused Q8 producers and residual epilogues, v2 GEMV/GEMM), then the v3 GEMV without and "
-                         "with PDL, then exit")
+                         "(fused Q8 producers and residual epilogues, v2 GEMV/GEMM), then with the GEMV's and the "
+                         "small kernels' PDL launch, then exit")
     ap.add_argument("--prefill-routes", nargs="+", choices=("dp4a", "mma"), default=None,
                     help="only: ppN with each of these prefill GEMM routes (routes.Routes.matmul_prefill: the DP4A "
                          "GEMM, or the int8 tensor-core GEMM), then exit")
@@ -223,17 +223,14 @@ def compare_kernels(be: CudaBackend, cfg, model, pp: list[int], n: int, reps: in
     rng = np.random.default_rng(0)
     print("| path | test | t/s | ms |")
     print("| --- | --- | ---: | ---: |")
-    # (label, fused ops + v2 kernels, decode GEMV, its PDL launch, PDL launch of the small kernels)
-    paths = (("old: unfused, v1 kernels", False, "", False, False), ("new: fused, v2 kernels", True, "", False, False),
-             ("fused, v3 GEMV", True, "v3", False, False), ("fused, v3 GEMV + PDL", True, "v3", True, False),
-             ("fused, v4 GEMV + PDL", True, "v4", True, False),   # v1's GEMV loop with v2's bits
-             ("fused, v4 eager GEMV + PDL", True, "v4e", True, False),
-             ("fused, v4 eager GEMV + PDL, small kernels PDL", True, "v4e", True, True))
-    saved = be.gemv_v3, be.gemv_pdl, be.gemv_v4, be.gemv_v4_eager, be.launch_pdl
-    for label, on, gemv, pdl, small_pdl in paths:
+    # (label, fused ops + v2 kernels, the GEMV's PDL launch, PDL launch of the small kernels)
+    paths = (("old: unfused, v1 kernels", False, False, False), ("new: fused, v2 kernels", True, False, False),
+             ("fused, v2 kernels, GEMV PDL", True, True, False),
+             ("fused, v2 kernels, GEMV PDL, small kernels PDL", True, True, True))
+    saved = be.gemv_pdl, be.launch_pdl
+    for label, on, pdl, small_pdl in paths:
         be.fuse_ops = be.gemv_v2 = be.gemm_v2 = on
-        be.gemv_v3, be.gemv_pdl, be.gemv_v4, be.gemv_v4_eager = bool(gemv), pdl, gemv in ("v4", "v4e"), gemv == "v4e"
-        be.launch_pdl = small_pdl
+        be.gemv_pdl, be.launch_pdl = pdl, small_pdl
         st = be.new_state(cfg, n_ctx)                     # warm-up of this path
         be.to_host(model.forward(StepBatch.build([(st, list(rng.integers(0, cfg.n_vocab, 128)))])))
         del st
@@ -256,7 +253,7 @@ def compare_kernels(be: CudaBackend, cfg, model, pp: list[int], n: int, reps: in
         t = float(np.median(times))
         print(f"| {label} | tg{n} (greedy graph) | {n / t:.1f} | {1e3 * t / n:.3f}/tok |", flush=True)
     be.fuse_ops = be.gemv_v2 = be.gemm_v2 = True
-    be.gemv_v3, be.gemv_pdl, be.gemv_v4, be.gemv_v4_eager, be.launch_pdl = saved
+    be.gemv_pdl, be.launch_pdl = saved
     print(f"weights per decode token {wb / 1e9:.2f} GB; roofline at 4252 GB/s copy: {4252e9 / wb:.0f} t/s")
 
 

@@ -109,19 +109,16 @@ int cmp_matmul_q8_multi(const int8_t* xq, const float* xd, int count, const int8
 // The same with a choice of kernel generation and an optional residual: y[i] = res[i] + x . W_i^T where res (host
 // array of `count` device pointers [T, rows[i]], entries may be NULL) is not NULL. `kernels`: CmpMatmulKernels bits;
 // 0 = the v1 kernels of cmp_matmul_q8_multi. CMP_MM_GEMV2: GEMV up to T = 16 whose per-row result does not depend
-// on T (batch invariant); CMP_MM_GEMM2: 128x128-tile GEMM from T = 96. CMP_MM_GEMV3: persistent, pipelined GEMV up
-// to T = 16 giving v2's results bit for bit (taken over v2 when both are set); CMP_MM_GEMV_PDL: v3 is launched with
-// programmatic dependent launch where its code is compute_90+ (starts streaming weights while the previous kernel
-// finishes; ignored elsewhere). CMP_MM_GEMV4: v1's warp-per-row GEMV loop with v2's arithmetic, T <= 16, v2's bits
-// (taken over v3 and v2 when set; CMP_MM_GEMV_PDL launches it with PDL too); CMP_MM_GEMV4_EAGER (with GEMV4): the
-// same kernel compiled to issue all of a lane's weight loads before the first DP4A (more registers; same bits).
+// on T (batch invariant); CMP_MM_GEMM2: 128x128-tile GEMM from T = 96; CMP_MM_GEMV_PDL (with GEMV2): the GEMV is
+// launched with programmatic dependent launch where its code is compute_90+ (starts streaming weights while the
+// previous kernel finishes; a plain launch elsewhere). Bit values 4, 16 and 32 (the retired v3 / v4 GEMV choices)
+// are refused as unknown.
 // The int8 dot unit (the route, llamacmp/backends/routes.py) is a field of the same bits: CMP_MM_GEMV_DOT_SHIFT
 // holds the CmpDot of the GEMV (T <= 16), CMP_MM_GEMM_DOT_SHIFT that of the GEMMs; 0 = DP4A. DP2A and IMAD run on
-// the GEMV of v1 / v4 and on both GEMMs (the v2 / v3 GEMVs are DP4A only: asking for them with another dot fails).
+// both GEMVs and both GEMMs.
 // CMP_MM_MMA: the GEMM (T above the GEMV's rows) on the tensor cores (matmul_mma.cu, int8 mma.sync; the "mma"
 // prefill route of issue 20), every T from there; refused where the device runs compute_70-or-older code.
-enum CmpMatmulKernels { CMP_MM_GEMV2 = 1, CMP_MM_GEMM2 = 2, CMP_MM_GEMV3 = 4, CMP_MM_GEMV_PDL = 8, CMP_MM_GEMV4 = 16,
-                        CMP_MM_GEMV4_EAGER = 32, CMP_MM_MMA = 4096 };
+enum CmpMatmulKernels { CMP_MM_GEMV2 = 1, CMP_MM_GEMM2 = 2, CMP_MM_GEMV_PDL = 8, CMP_MM_MMA = 4096 };
 enum CmpMatmulDotField { CMP_MM_GEMV_DOT_SHIFT = 8, CMP_MM_GEMM_DOT_SHIFT = 10 };
 // The int8 dot of a route: DP4A (IDP.4A), DP2A (two IDP.2A on sign-extended 16-bit pairs), IMAD (byte extracts and
 // four integer multiply-adds). The same integers on every route.

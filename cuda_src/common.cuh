@@ -177,7 +177,7 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf
 __device__ __forceinline__ float siluf_(float x) { return x / (1.f + __expf(-x)); }
 
 // ---- programmatic dependent launch (sm_90+; no-ops on older GPUs) -------------------------------------------------
-// A kernel launched with programmatic stream serialization (matmul_q8.cu's v3 GEMV under CMP_MM_GEMV_PDL) may start
+// A kernel launched with programmatic stream serialization (matmul_q8.cu's GEMV under CMP_MM_GEMV_PDL) may start
 // once every block of the kernel before it has called pdl_allow_consumers() or exited; it must call
 // pdl_wait_producers() before it touches anything that kernel (or any earlier one) writes or reads, which returns
 // when those kernels have completed and their writes are visible. Both are no-ops for ordinary launches.

@@ -3,18 +3,18 @@
 //    a warp-per-row DP4A GEMV for small T (decode: bound by reading the weights once), and a tiled DP4A GEMM
 //    for larger T (prefill). Integer dots per 32-block, scaled by d_w * d_x, accumulated in fp32.
 //    Two generations, chosen per call by `kernels` (CMP_MM_* bits of cmp_matmul_q8_ex) so a faulty one can be
-//    switched off: v1 = GEMV for T <= 8 + 64x64 GEMM; v2 = GEMV for T <= 16 with 8 loads in flight per lane and
-//    2 rows per warp when T > 1 (activation loads shared), and a 128x128 GEMM (8x8 outputs per thread, double-
-//    buffered shared memory: cp.async on sm_80+, register prefetch on sm_70/75); v3 (CMP_MM_GEMV3) = v2's GEMV
-//    arithmetic, bit for bit, as a persistent kernel whose warps keep their weight loads in flight across rows;
-//    v4 (CMP_MM_GEMV4, optionally CMP_MM_GEMV4_EAGER) = v1's GEMV loop with v2's arithmetic, T <= 16, v2's bits.
+//    switched off: v1 = GEMV for T <= 8 + 64x64 GEMM; CMP_MM_GEMV2 = the batch-invariant GEMV for T <= 16 (v1's
+//    warp-per-row loop with every rounding explicit, all of a lane's weight loads in flight before the first DP4A;
+//    CMP_MM_GEMV_PDL launches it with programmatic dependent launch on sm_90+), CMP_MM_GEMM2 = a 128x128 GEMM (8x8
+//    outputs per thread, double-buffered shared memory: cp.async on sm_80+, register prefetch on sm_70/75). The
+//    GEMV's earlier versions (v2: two rows per warp, 8 loads per lane; v3: persistent and pipelined; v4 under
+//    v1's launch bound) lost to it on the H200 (benchmarks/RESULTS.md, 2026-11-30 14:18) and were deleted.
 //    Optional residual: y = res + x . W^T (the model's residual add fused into the projection's epilogue).
 //  - F32/F16 weights (fixture files): one tiled fp32 GEMM.
 // No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =
 // IDP.2A, or IMAD), a template parameter of the kernels that take one, chosen per call by cmp_matmul_*'s kernels bits.
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <utility>
 
 #include "matmul_mma.cuh"
@@ -27,8 +27,8 @@ constexpr int GEMV_WARPS = 4;     // rows per block of the GEMV
 #define CMP_GEMV_UNROLL 4
 #endif
 constexpr int GEMV_UNROLL = CMP_GEMV_UNROLL;  // 16-byte weight loads in flight per lane before any arithmetic
-constexpr int GEMV_MAX_T = 8;
-constexpr int GEMV2_MAX_T = 16;   // v2 GEMV up to 16 rows of activations (decode batches), then the GEMM
+constexpr int GEMV_MAX_T = 8;    // v1 GEMV up to 8 rows of activations, then the GEMM
+constexpr int GEMV2_MAX_T = 16;   // the batch-invariant GEMV (CMP_MM_GEMV2) up to 16 (decode batches)
 constexpr int GEMM2_MIN_T = 96;   // v2 GEMM (128-token tile) from this many tokens; the 64x64 tile below
 constexpr int GEMV_MAX_MATS = 4;
 constexpr int TILE = 64;          // GEMM tile: 64 weight rows x 64 tokens, 256 threads, 4x4 outputs each
@@ -46,13 +46,11 @@ struct GemvSet {
     float* y[GEMV_MAX_MATS];          // [T, rows_i]
     const float* res[GEMV_MAX_MATS];  // [T, rows_i] added to y, or null
     int row_end[GEMV_MAX_MATS];       // cumulative rows
-    int grp_end[GEMV_MAX_MATS];       // cumulative row groups (v2: ceil(rows_i / rows per warp))
     int count;
     int total;                        // row_end[count-1], so that no index into the struct is dynamic
-    int total_grp;                    // grp_end[count-1]
 };
 
-// One matrix of a set (compile-time indices into the parameter struct only), and a row or row group's first row in it.
+// One matrix of a set (compile-time indices into the parameter struct only), and a row's index in it.
 struct GemvGroup {
     const int8_t* wq;  // [rows, n]
     const __half* wd;  // [rows, n/32]
@@ -61,7 +59,7 @@ struct GemvGroup {
     int rows, row0;
 };
 
-// The matrix of concatenated row `row` and the row within it (v1 / v4: a warp per row).
+// The matrix of concatenated row `row` and the row within it.
 __device__ __forceinline__ GemvGroup gemv_locate_row(const GemvSet& set, int row) {
     GemvGroup g{set.wq[0], set.wd[0], set.y[0], set.res[0], set.row_end[0], 0};
     int row0 = 0;
@@ -146,289 +144,32 @@ gemm_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
     }
 }
 
-// ---- v2 ------------------------------------------------------------------------------------------------------------
-
 // An int dot of <= 32 int8 pairs (|s| <= 2^19) as float, exactly: add s to the mantissa of 1.5 * 2^23 and subtract
 // it again (one integer and one float add instead of the quarter-rate I2F conversion).
 __device__ __forceinline__ float dot_to_f32(int s) {
     return __int_as_float(0x4B400000 + s) - 12582912.f;
 }
 
-// Rows per warp and 16-byte weight loads in flight per lane and row, by T. T == 1 is bound by the weight stream:
-// one row per warp, all 8 chunks of a 4096-wide row in flight at once. For T > 1 a warp takes two rows so each
-// activation chunk it loads serves both.
-template <int NT> constexpr int gemv2_rows() { return NT == 1 ? 1 : 2; }
-template <int NT> constexpr int gemv2_unroll() { return NT <= 4 ? 8 : 4; }
-
-// One stage of a lane's work on R rows, shared by v2 and v3 (so that v3 computes v2's bits by construction).
-// The loads: chunks c0, c0 + 32, ..., c0 + 32 (U - 1) of each row (zeros past the row's end).
-template <int R, int U>
-__device__ __forceinline__ void gemv2_load(const int4* const (&w)[R], const __half* const (&d)[R], int nchunk, int c0,
-                                           int4 (&wv)[R][U], float (&ws)[R][U]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int c = c0 + 32 * u;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            wv[r][u] = c < nchunk ? __ldg(w[r] + c) : make_int4(0, 0, 0, 0);
-            ws[r][u] = c < nchunk ? __half2float(d[r][c >> 1]) : 0.f;
-        }
-    }
-}
-
-// One stage's products into acc: chunk by chunk in increasing order, T by T, each rounding explicit.
-template <int NT, int R, int U>
-__device__ __forceinline__ void gemv2_accumulate(const int8_t* __restrict__ xq, const float* __restrict__ xd, int n,
-                                                 int c0, const int4 (&wv)[R][U], const float (&ws)[R][U],
-                                                 float (&acc)[R][NT]) {
-    const int nchunk = n / 16, nb = n / QK;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int c = c0 + 32 * u;
-        if (c >= nchunk) break;
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const int4 xv = __ldg(reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 16));
-            const float xs = __ldg(xd + (size_t)t * nb + (c >> 1));
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-                acc[r][t] = __fmaf_rn(dot_to_f32(dot16(wv[r][u], xv)), __fmul_rn(ws[r][u], xs), acc[r][t]);
-        }
-    }
-}
-
-// Warp per group of R rows. Each row's result is the same for every T, R and U (batch invariance, relied on by the
-// engine): lane l accumulates chunks l, l+32, l+64, ... in increasing order with the same explicitly rounded
-// fma(dot, d_w * d_x, acc) (no contraction left to the compiler), and the warp sum is a fixed butterfly.
-// T == 1 asks for 8 blocks (32 warps) per SM on sm_80+ so that a 4096-row matrix (4096 warps) runs in one wave on
-// 132 SMs (the 64-register cap costs a few spills of pointers outside the loop). Not on sm_70/75: clang spills
-// more there and 80 SMs need several waves anyway.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-constexpr int GEMV2_T1_BLOCKS = 1;
-#else
-constexpr int GEMV2_T1_BLOCKS = 8;
-#endif
-template <int NT, int R, int U>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? GEMV2_T1_BLOCKS : 1)
-gemv2_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
-                const float* __restrict__ xd,   // [NT, n/32]
-                const GemvSet set, int n) {
-    int grp = blockIdx.x * GEMV_WARPS + threadIdx.y;
-    if (grp >= set.total_grp) return;
-    const int8_t* wq = set.wq[0];
-    const __half* wd = set.wd[0];
-    float* y = set.y[0];
-    const float* res = set.res[0];
-    int grp0 = 0, rows = set.row_end[0];
-#pragma unroll
-    for (int i = 1; i < GEMV_MAX_MATS; ++i) {
-        if (i < set.count && grp >= set.grp_end[i - 1]) {
-            wq = set.wq[i];
-            wd = set.wd[i];
-            y = set.y[i];
-            res = set.res[i];
-            grp0 = set.grp_end[i - 1];
-            rows = set.row_end[i] - set.row_end[i - 1];
-        }
-    }
-    const int row0 = (grp - grp0) * R;
-    const int lane = threadIdx.x, nchunk = n / 16, nb = n / QK;
-    const int4* w[R];
-    const __half* dw[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int row = min(row0 + r, rows - 1);  // a missing last row re-reads a real one and is not stored
-        w[r] = reinterpret_cast<const int4*>(wq + (size_t)row * n);
-        dw[r] = wd + (size_t)row * nb;
-    }
-    float acc[R][NT];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
-
-    for (int c0 = lane; c0 < nchunk; c0 += 32 * U) {
-        int4 wv[R][U];
-        float ws[R][U];
-        gemv2_load<R, U>(w, dw, nchunk, c0, wv, ws);
-        gemv2_accumulate<NT, R, U>(xq, xd, n, c0, wv, ws, acc);
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int row = row0 + r;
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const float v = warp_sum(acc[r][t]);
-            if (lane == 0 && row < rows) y[(size_t)t * rows + row] = res ? res[(size_t)t * rows + row] + v : v;
-        }
-    }
-}
-
-// ---- v3 ------------------------------------------------------------------------------------------------------------
-
-// Persistent, software-pipelined GEMV (CMP_MM_GEMV3). The grid holds only as many warps as are resident at once; warp w
-// takes row groups w, w + W, w + 2W, ... (W = warps in the grid), each group in stages of U 16-byte chunks per lane,
-// and issues the loads of its next stage (the next group's first stage at a row end) before it multiplies the
-// current one. The weight stream per warp never stops for a reduction, a store, or a block exit and relaunch, which
-// v2 pays once per row (worst where a wave is one row per warp and the ramp and tail are most of the time).
-// Every row is computed exactly as in v2: lane l takes chunks l, l+32, l+64, ... in increasing order with the same
-// fma(dot, d_w * d_x, acc), then the same butterfly warp_sum; so v3 equals v2 bit for bit for every T and keeps its
-// batch invariance (rows per group R is 1 at T = 1 and 2 above, as in v2: rows never interact).
-// On sm_90+ the first two stages' weight loads are issued before pdl_wait_producers (common.cuh): launched with
-// programmatic stream serialization (CMP_MM_GEMV_PDL) the kernel starts while the kernel before it finishes (from
-// its start where that kernel calls pdl_allow_consumers, as quantize.cu's Q8 producers do), and reads the
-// activations and the residual and writes y only after that kernel's results are visible. Without that attribute
-// the wait returns at once.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-constexpr int GEMV3_T1_BLOCKS = 2;
-#else
-constexpr int GEMV3_T1_BLOCKS = 8;
-#endif
-template <int NT> constexpr int gemv3_rows() { return NT == 1 ? 1 : 2; }
-// Chunks per lane and row in one stage. Two stages of R x U 16-byte loads are live per warp: 64 registers at
-// T = 1 (U = 4) ... 32 per row at T = 16 (U = 2), where the activations cost more than the weights.
-template <int NT> constexpr int gemv3_unroll() { return NT <= 4 ? 4 : 2; }
-
-// The matrix of row group `grp` (v2/v3: R rows per group) and the group's first row in it.
-template <int R>
-__device__ __forceinline__ GemvGroup gemv3_locate(const GemvSet& set, int grp) {
-    GemvGroup g{set.wq[0], set.wd[0], set.y[0], set.res[0], set.row_end[0], 0};
-    int grp0 = 0;
-#pragma unroll
-    for (int i = 1; i < GEMV_MAX_MATS; ++i) {
-        if (i < set.count && grp >= set.grp_end[i - 1]) {
-            g.wq = set.wq[i];
-            g.wd = set.wd[i];
-            g.y = set.y[i];
-            g.res = set.res[i];
-            g.rows = set.row_end[i] - set.row_end[i - 1];
-            grp0 = set.grp_end[i - 1];
-        }
-    }
-    g.row0 = (grp - grp0) * R;
-    return g;
-}
-
-// Row pointers of group `grp` (a missing last row re-reads a real one and is not stored, as in v2).
-template <int R>
-__device__ __forceinline__ void gemv3_rows_of(const GemvSet& set, int grp, int n, const int4* (&w)[R],
-                                              const __half* (&d)[R]) {
-    const GemvGroup g = gemv3_locate<R>(set, grp);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int row = min(g.row0 + r, g.rows - 1);
-        w[r] = reinterpret_cast<const int4*>(g.wq + (size_t)row * n);
-        d[r] = g.wd + (size_t)row * (n / QK);
-    }
-}
-
-template <int NT, int R>
-__device__ __forceinline__ void gemv3_store(const GemvSet& set, int grp, float (&acc)[R][NT]) {
-    const GemvGroup g = gemv3_locate<R>(set, grp);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int row = g.row0 + r;
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const float v = warp_sum(acc[r][t]);
-            const size_t i = (size_t)t * g.rows + row;
-            if (threadIdx.x == 0 && row < g.rows) g.y[i] = g.res ? g.res[i] + v : v;
-            acc[r][t] = 0.f;
-        }
-    }
-}
-
-// A warp's position: the row group and stage whose loads were issued last, with that group's row pointers.
-template <int R>
-struct Gemv3Pos {
-    int grp, k;
-    const int4* w[R];
-    const __half* d[R];
-};
-
-// Multiplies stage `at` (loads in wa/sa) after issuing the loads of the warp's next stage into wb/sb; stores the
-// group's rows after its last stage. Returns false after the warp's last stage. FIRST: the warp's first stage,
-// which waits for the producer kernels (PDL) between the loads and the first read of x.
-template <int NT, int R, int U, bool FIRST = false>
-__device__ __forceinline__ bool gemv3_step(const int8_t* __restrict__ xq, const float* __restrict__ xd,
-                                           const GemvSet& set, int n, int spg, Gemv3Pos<R>& at,
-                                           const int4 (&wa)[R][U], const float (&sa)[R][U], int4 (&wb)[R][U],
-                                           float (&sb)[R][U], float (&acc)[R][NT]) {
-    const int lane = threadIdx.x, grp = at.grp, k = at.k;
-    if (++at.k == spg) {
-        at.k = 0;
-        at.grp += gridDim.x * GEMV_WARPS;
-        if (at.grp < set.total_grp) gemv3_rows_of<R>(set, at.grp, n, at.w, at.d);
-    }
-    const bool more = at.grp < set.total_grp;
-    if (more) gemv2_load<R, U>(at.w, at.d, n / 16, lane + at.k * 32 * U, wb, sb);
-    if (FIRST) pdl_wait_producers();  // weights never change; x, res and y belong to the kernels before this one
-    gemv2_accumulate<NT, R, U>(xq, xd, n, lane + k * 32 * U, wa, sa, acc);
-    if (k == spg - 1) gemv3_store<NT, R>(set, grp, acc);
-    return more;
-}
-
-template <int NT, int R, int U>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? GEMV3_T1_BLOCKS : 1)
-gemv3_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
-                const float* __restrict__ xd,   // [NT, n/32]
-                const GemvSet set, int n) {
-    Gemv3Pos<R> at;
-    at.grp = blockIdx.x * GEMV_WARPS + threadIdx.y;
-    at.k = 0;
-    if (at.grp >= set.total_grp) return;
-    const int spg = (n / 16 + 32 * U - 1) / (32 * U);  // stages per row group
-    gemv3_rows_of<R>(set, at.grp, n, at.w, at.d);
-    int4 wa[R][U], wb[R][U];
-    float sa[R][U], sb[R][U];
-    gemv2_load<R, U>(at.w, at.d, n / 16, threadIdx.x, wa, sa);
-    float acc[R][NT];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
-    // Two stage buffers in turn (no register copies between stages); two stages of weights are in flight before
-    // the first read of x.
-    if (!gemv3_step<NT, R, U, true>(xq, xd, set, n, spg, at, wa, sa, wb, sb, acc)) return;
-    while (gemv3_step<NT, R, U>(xq, xd, set, n, spg, at, wb, sb, wa, sa, acc) &&
-           gemv3_step<NT, R, U>(xq, xd, set, n, spg, at, wa, sa, wb, sb, acc)) {
-    }
-}
-
-// ---- v4 ------------------------------------------------------------------------------------------------------------
+// ---- GEMV ----------------------------------------------------------------------------------------------------------
 
 // Warp per weight row: lane l reads 16-byte chunks l, l+32, ... of the row (chunk c is half of Q8 block c/2), so a
 // warp load is 512 contiguous bytes; GEMV_UNROLL such loads are issued before the DP4A work to keep enough bytes in
-// flight; activations (T rows, a few KB) stay in L1/L2. This is v1's loop with v2's arithmetic (CMP_MM_GEMV4,
-// T <= 16); v1 itself (no kernel bits, T <= 8) is gemv4_q8_kernel<NT, false, 0>, whose sm_90 SASS was the former
-// v1 kernel's instruction for instruction at every T = 1..8 (nvcc 13.0, 2026-11-30). What the SASS of the T = 1 kernels shows (sm_90, nvcc
-// 13.0), against the H200's v1 16.9 / v2 18.9 / v3 18.6 us for the 53.8 MB GDN input set:
-//  - v2 (R 1, U 8) under __launch_bounds__(128, 8), a 64-register cap: only the first of its 8 weight loads is
-//    issued before the first DP4A, which waits for it; the other 7 go out after that load returns (two memory
-//    round trips per 4 KB row, the first carrying 512 bytes per warp), 3 of the 8 x-scale loads go out after their
-//    chunk's DP4A (x chunk, then its scale: two dependent cache round trips), and 52 bytes of pointers spill. The
-//    same source without the cap takes 85 registers and issues all 8 weight loads and scales before the first use.
-//  - v1: 47 registers (10 blocks = 40 warps per SM, v2/v3: 32), 3 of its 4 weight loads and all 4 weight scales
-//    before the first DP4A, each x chunk and its scale issued together.
-//  - v3 (64 registers, no spill): the next stage's 4 weight loads are issued before the current stage's DP4As, but
-//    1 of 4 x-scale loads is late and its T = 1 code is 945 instructions to v1's 264 (row switches inline).
-// So this kernel is v1 line for line (warp per row, lane l reads chunks l, l+32, ... GEMV_UNROLL at a time) and
-// only the per-chunk arithmetic is written out so that a row's result does not depend on NT: acc = fma(float(dot),
-// d_w * d_x, acc), each rounding explicit (no contraction left to the compiler), chunks in increasing order per
-// lane, then warp_sum's fixed butterfly. That is v2's arithmetic exactly (the int -> float conversion is exact
-// either way: |dot| <= 2^18), so v4 gives v2's (and v3's) bits for every T. Its SASS for T = 1, 2, 4 and 8 is v1's
-// instruction for instruction (v1's compiled expression already was this fma).
+// flight; activations (T rows, a few KB) stay in L1/L2. The per-chunk arithmetic is written out so that a row's
+// result does not depend on NT: acc = fma(float(dot), d_w * d_x, acc), each rounding explicit (no contraction left
+// to the compiler), chunks in increasing order per lane, then warp_sum's fixed butterfly (batch invariance).
+// v1 (no kernel bits, T <= 8) is gemv_q8_kernel<NT, false, 0>, whose sm_90 SASS was the former v1 kernel's
+// instruction for instruction at every T = 1..8 (nvcc 13.0, 2026-11-30).
 // PDL (template flag, CMP_MM_GEMV_PDL on sm_90+): each lane prefetches its first GEMV_UNROLL weight chunks into L2
-// before pdl_wait_producers, so the weight stream starts while the producer kernel finishes (48 registers; the
-// loop's loads as v1's except that the first x scale goes out after the first DP4A).
-// MIN_BLOCKS: 0 = v1's bound (no minimum). 1 (CMP_MM_GEMV4_EAGER) = __launch_bounds__(128, 1), which lets ptxas
-// take 55 registers at T = 1 (56 with PDL) and issue all 4 weight loads, their scales and the first x chunk and x
-// scale before the first DP4A (9 blocks = 36 warps per SM at most instead of 40; the same loop and arithmetic; at
-// T > 1 far more registers: 68 at T = 2, 117 at T = 8, 197 at T = 16). Which streams faster is for the GPU to say.
-// D: the int8 dot of the route (common.cuh; DotDp4a for v1 / v4 as measured above).
+// before pdl_wait_producers, so the weight stream starts while the producer kernel finishes.
+// MIN_BLOCKS: 0 = v1's bound (no minimum). 1 (CMP_MM_GEMV2) = __launch_bounds__(128, 1), which lets ptxas take 55
+// registers at T = 1 (56 with PDL) and issue all 4 weight loads, their scales and the first x chunk and x scale
+// before the first DP4A (9 blocks = 36 warps per SM at most instead of 40; at T > 1 far more registers: 68 at T = 2,
+// 117 at T = 8, 197 at T = 16). H200, 2026-11-30 (RESULTS.md): tg128 296.5 t/s against 292.1 with v1's bound (both
+// with PDL), 281.9 for v3 + PDL, 262.7 for v2; at T = 1 its GEMVs stream 61-102% of copy, v2's 51-94%.
+// D: the int8 dot of the route (common.cuh).
 template <int NT, bool PDL, int MIN_BLOCKS, class D = DotDp4a>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MIN_BLOCKS)
-gemv4_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
+gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                 const float* __restrict__ xd,   // [NT, n/32]
                 const GemvSet set, int n) {
     const int grow = blockIdx.x * GEMV_WARPS + threadIdx.y;
@@ -673,82 +414,24 @@ using GemvLaunch = int (*)(const int8_t*, const float*, const GemvSet&, int, int
 
 template <int NT, class D>
 int launch_gemv(const int8_t* xq, const float* xd, const GemvSet& set, int total_rows, int n) {
-    // v1 is v4 without PDL or a minimum-blocks bound (sm_90: its former kernel's SASS instruction for instruction)
-    gemv4_q8_kernel<NT, false, 0, D><<<ceil_div(total_rows, GEMV_WARPS), dim3(32, GEMV_WARPS), 0, stream()>>>(xq, xd, set,
-                                                                                                        n);
-    return check_launch("gemv4_q8_kernel");
+    // v1: the GEMV without PDL or a minimum-blocks bound (sm_90: its former kernel's SASS instruction for instruction)
+    gemv_q8_kernel<NT, false, 0, D><<<ceil_div(total_rows, GEMV_WARPS), dim3(32, GEMV_WARPS), 0, stream()>>>(xq, xd,
+                                                                                                       set, n);
+    return check_launch("gemv_q8_kernel");
 }
 
-template <int NT>
-int launch_gemv2(const int8_t* xq, const float* xd, const GemvSet& set, int /*total_rows*/, int n) {
-    gemv2_q8_kernel<NT, gemv2_rows<NT>(), gemv2_unroll<NT>()>
-        <<<ceil_div(set.total_grp, GEMV_WARPS), dim3(32, GEMV_WARPS), 0, stream()>>>(xq, xd, set, n);
-    return check_launch("gemv2_q8_kernel");
-}
-
-// Facts of the current device the v3 launch needs: SMs x resident blocks of one kernel (cached per device and
-// kernel: the queries cost microseconds, paid per eager launch otherwise; a racing first call stores the same value
-// twice), and whether a PDL launch is safe (compute90_code: an sm_70 build JIT-compiled on an H200 has no
-// griddepcontrol.wait in it).
-constexpr int GEMV3_MAX_DEVICES = 64;
-
-// NT is part of the template so that each kernel instance keeps its own cache: the instances share one function
-// pointer type, and a cache keyed by that type alone gave every T the resident-block count of whichever T ran first
-// (T = 16 uses ~3x T = 1's registers, so it was launched with several waves instead of one resident wave).
-template <int NT, typename Kernel>
-int gemv3_device_facts(Kernel kernel, int* resident_blocks, bool* has_pdl) {
-    static std::atomic<int> cache[GEMV3_MAX_DEVICES];  // resident blocks + 1, 0 = not known yet
-    int dev = 0;
-    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
-    int v = dev < GEMV3_MAX_DEVICES ? cache[dev].load(std::memory_order_relaxed) : 0;
-    if (v == 0) {
-        int sms = 0, per_sm = 0;
-        CMP_TRY(check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count"));
-        CMP_TRY(check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV_WARPS * 32, 0),
-                           "gemv3_q8_kernel occupancy"));
-        v = sms * (per_sm > 0 ? per_sm : 1) + 1;
-        if (dev < GEMV3_MAX_DEVICES) cache[dev].store(v, std::memory_order_relaxed);
-    }
-    *resident_blocks = v - 1;
-    return compute90_code(has_pdl);
-}
-
-using Gemv3Launch = int (*)(const int8_t*, const float*, const GemvSet&, int, bool);
-
-// One resident wave of blocks at most (each warp then loops over its row groups); with `pdl` on sm_90+ the launch
-// may overlap the previous kernel (gemv3_q8_kernel waits for it before reading activations).
-template <int NT>
-int launch_gemv3(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
-    constexpr auto kernel = gemv3_q8_kernel<NT, gemv3_rows<NT>(), gemv3_unroll<NT>()>;
-    int resident = 0;
-    bool has_pdl = false;
-    CMP_TRY(gemv3_device_facts<NT>(kernel, &resident, &has_pdl));
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(std::min<unsigned>(ceil_div(set.total_grp, GEMV_WARPS), (unsigned)resident));
-    cfg.blockDim = dim3(32, GEMV_WARPS);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream();
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl && has_pdl ? 1 : 0;
-    CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, kernel, xq, xd, set, n), "gemv3_q8_kernel launch"));
-    return check_launch("gemv3_q8_kernel");
-}
-
-// v4: v1's grid (a warp per row, every row in one launch); with `pdl` and compute_90+ code the launch may overlap
-// the previous kernel (the PDL instantiation waits for it before reading activations).
-using Gemv4Launch = int (*)(const int8_t*, const float*, const GemvSet&, int, bool);
+// The batch-invariant GEMV: v1's grid (a warp per row, every row in one launch); with `pdl` and compute_90+ code the
+// launch may overlap the previous kernel (the PDL instantiation waits for it before reading activations).
+using Gemv2Launch = int (*)(const int8_t*, const float*, const GemvSet&, int, bool);
 
 template <int NT, int MIN_BLOCKS, class D>
-int launch_gemv4_mb(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
+int launch_gemv2(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
     bool has_pdl = false;
     if (pdl) CMP_TRY(compute90_code(&has_pdl));
     const dim3 grid(ceil_div(set.total, GEMV_WARPS)), block(32, GEMV_WARPS);
     if (!has_pdl) {
-        gemv4_q8_kernel<NT, false, MIN_BLOCKS, D><<<grid, block, 0, stream()>>>(xq, xd, set, n);
-        return check_launch("gemv4_q8_kernel");
+        gemv_q8_kernel<NT, false, MIN_BLOCKS, D><<<grid, block, 0, stream()>>>(xq, xd, set, n);
+        return check_launch("gemv_q8_kernel");
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
@@ -760,24 +443,14 @@ int launch_gemv4_mb(const int8_t* xq, const float* xd, const GemvSet& set, int n
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv4_q8_kernel<NT, true, MIN_BLOCKS, D>, xq, xd, set, n),
-                       "gemv4_q8_kernel launch"));
-    return check_launch("gemv4_q8_kernel");
+    CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv_q8_kernel<NT, true, MIN_BLOCKS, D>, xq, xd, set, n),
+                       "gemv_q8_kernel launch"));
+    return check_launch("gemv_q8_kernel");
 }
 
 template <class D, int... NT>
-constexpr auto gemv4_table(std::integer_sequence<int, NT...>) {
-    return std::array<Gemv4Launch, sizeof...(NT)>{launch_gemv4_mb<NT + 1, 0, D>...};
-}
-
-template <class D, int... NT>
-constexpr auto gemv4_eager_table(std::integer_sequence<int, NT...>) {
-    return std::array<Gemv4Launch, sizeof...(NT)>{launch_gemv4_mb<NT + 1, 1, D>...};
-}
-
-template <int... NT>
-constexpr auto gemv3_table(std::integer_sequence<int, NT...>) {
-    return std::array<Gemv3Launch, sizeof...(NT)>{launch_gemv3<NT + 1>...};
+constexpr auto gemv2_table(std::integer_sequence<int, NT...>) {
+    return std::array<Gemv2Launch, sizeof...(NT)>{launch_gemv2<NT + 1, 1, D>...};
 }
 
 template <class D, int... NT>
@@ -785,67 +458,38 @@ constexpr auto gemv_table(std::integer_sequence<int, NT...>) {
     return std::array<GemvLaunch, sizeof...(NT)>{launch_gemv<NT + 1, D>...};
 }
 
-template <int... NT>
-constexpr auto gemv2_table(std::integer_sequence<int, NT...>) {
-    return std::array<GemvLaunch, sizeof...(NT)>{launch_gemv2<NT + 1>...};
-}
-
-// Rows per warp of the v2 GEMV for a run-time T (1..GEMV2_MAX_T).
-constexpr int gemv2_rows_rt(int T) { return T == 1 ? gemv2_rows<1>() : gemv2_rows<2>(); }
-// The row groups are counted once for both GEMVs (matmul_q8_set), so v3 groups rows exactly as v2.
-static_assert(gemv3_rows<1>() == gemv2_rows<1>() && gemv3_rows<2>() == gemv2_rows<2>() &&
-              gemv3_rows<GEMV2_MAX_T>() == gemv2_rows<GEMV2_MAX_T>(), "v2 and v3 GEMV rows per warp differ");
-
 int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
                   float* const* y, const float* const* res, const int* rows, int T, int n, int kernels) {
     CMP_REQUIRE(count >= 1 && count <= GEMV_MAX_MATS, "cmp_matmul_q8_multi: %d matrices (1..%d)", count,
                 GEMV_MAX_MATS);
     CMP_REQUIRE(T >= 0 && n > 0 && n % QK == 0, "cmp_matmul_q8: bad shape T=%d n=%d (n a multiple of 32)", T, n);
     constexpr int dot_bits = 3 << CMP_MM_GEMV_DOT_SHIFT | 3 << CMP_MM_GEMM_DOT_SHIFT;
-    CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV3 | CMP_MM_GEMV_PDL | CMP_MM_GEMV4 |
-                             CMP_MM_GEMV4_EAGER | CMP_MM_MMA | dot_bits)) == 0,
-                "cmp_matmul_q8_ex: unknown kernel bits 0x%x", kernels);
+    CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV_PDL | CMP_MM_MMA | dot_bits)) == 0,
+                "cmp_matmul_q8_ex: unknown kernel bits 0x%x (CMP_MM_GEMV2, CMP_MM_GEMM2, CMP_MM_GEMV_PDL, CMP_MM_MMA and "
+                "the dot fields)", kernels);
     const int gemv_dot = kernels >> CMP_MM_GEMV_DOT_SHIFT & 3, gemm_dot = kernels >> CMP_MM_GEMM_DOT_SHIFT & 3;
     for (int i = 0; i < count; ++i) CMP_REQUIRE(rows[i] > 0, "cmp_matmul_q8: matrix %d has %d rows", i, rows[i]);
     if (T == 0) return CMP_OK;
-    const bool v2 = kernels & CMP_MM_GEMV2, v3 = kernels & CMP_MM_GEMV3, v4 = kernels & CMP_MM_GEMV4;
-    if (T <= (v2 || v3 || v4 ? GEMV2_MAX_T : GEMV_MAX_T)) {
+    const bool v2 = kernels & CMP_MM_GEMV2;
+    if (T <= (v2 ? GEMV2_MAX_T : GEMV_MAX_T)) {
         GemvSet set{};
-        int total = 0, total_grp = 0;
-        const int R = gemv2_rows_rt(T);
+        int total = 0;
         for (int i = 0; i < count; ++i) {
             set.wq[i] = wq[i];
             set.wd[i] = static_cast<const __half*>(wd[i]);
             set.y[i] = y[i];
             set.res[i] = res ? res[i] : nullptr;
             set.row_end[i] = total += rows[i];
-            set.grp_end[i] = total_grp += (rows[i] + R - 1) / R;
         }
         set.count = count;
         set.total = total;
-        set.total_grp = total_grp;
-        if (v4) {  // v4 before v3 and v2 (all three give the same bits)
-            return dispatch_dot(gemv_dot, "cmp_matmul_q8_ex", [&](auto dot) {
-                using D = decltype(dot);
-                static constexpr auto table4 = gemv4_table<D>(std::make_integer_sequence<int, GEMV2_MAX_T>{});
-                static constexpr auto table4e = gemv4_eager_table<D>(std::make_integer_sequence<int, GEMV2_MAX_T>{});
-                return (kernels & CMP_MM_GEMV4_EAGER ? table4e : table4)[T - 1](xq, xd, set, n,
-                                                                                kernels & CMP_MM_GEMV_PDL);
-            });
-        }
-        CMP_REQUIRE(gemv_dot == CMP_DOT_DP4A || !(v2 || v3),
-                    "cmp_matmul_q8_ex: the v2 / v3 GEMVs are DP4A only (dot route %d asked: use CMP_MM_GEMV4 or v1)",
-                    gemv_dot);
-        if (v3) {  // v3 before v2: both bits set means v3 (they give the same bits)
-            static constexpr auto table3 = gemv3_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
-            return table3[T - 1](xq, xd, set, n, kernels & CMP_MM_GEMV_PDL);
-        }
-        if (v2) {
-            static constexpr auto table2 = gemv2_table(std::make_integer_sequence<int, GEMV2_MAX_T>{});
-            return table2[T - 1](xq, xd, set, total, n);
-        }
         return dispatch_dot(gemv_dot, "cmp_matmul_q8_ex", [&](auto dot) {
-            static constexpr auto table = gemv_table<decltype(dot)>(std::make_integer_sequence<int, GEMV_MAX_T>{});
+            using D = decltype(dot);
+            if (v2) {
+                static constexpr auto table2 = gemv2_table<D>(std::make_integer_sequence<int, GEMV2_MAX_T>{});
+                return table2[T - 1](xq, xd, set, n, kernels & CMP_MM_GEMV_PDL);
+            }
+            static constexpr auto table = gemv_table<D>(std::make_integer_sequence<int, GEMV_MAX_T>{});
             return table[T - 1](xq, xd, set, total, n);
         });
     }

@@ -7,10 +7,11 @@
 // fused producers). Per 32-value sub-block of a weight row and token: two int8 dots of 16 codes (DP4A, or the
 // route's DP2A / IMAD: common.cuh), scaled by the half's scale, less the half's min times the activation half's sum
 // (the dot with 0x01010101), times the activation scale.
-//  - GEMV (T <= 16, decode): warp per weight row, lane l takes sub-blocks l, l + 32, ... in increasing order, loads
-//    of U sub-blocks in flight before their decode; each row's result is the same for every T (batch invariant:
-//    every rounding explicit, tokens never interact, a fixed butterfly sum). Up to 4 matrices of one type per
-//    launch, optional residual added in the epilogue.
+//  - GEMV (T <= 16: decode, MTP verification, several slots): warp per weight row (T = 1) or two (T >= 2), lane l
+//    takes sub-blocks l, l + 32, ... in increasing order, several loads in flight; each sub-block decoded once, then
+//    the T tokens' dots from registers (activation half sums once per warp, not per row); each row's result is the
+//    same for every T (batch invariant: every rounding explicit, tokens never interact, a fixed butterfly sum). Up
+//    to 4 matrices of one type per launch, optional residual added in the epilogue.
 //  - GEMM (T > 16, prefill): per chunk of weight rows, an expansion kernel writes int8 codes + an f32 scale and min
 //    per 16 values into the caller's workspace, then one DP4A GEMM (128x128 tiles, 8x8 outputs per thread, double-
 //    buffered shared memory as matmul_q8.cu's v2 GEMM) multiplies that form; the activation half sums times their
@@ -50,6 +51,7 @@ int matmul_quant_dot(DotDp4a, const QuantMatmul& m);  // matmul_quant_dp4a.cu
 int matmul_quant_dot(DotDp2a, const QuantMatmul& m);  // matmul_quant_dp2a.cu
 int matmul_quant_dot(DotImad, const QuantMatmul& m);  // matmul_quant_imad.cu
 
+
 // Rows [0, R) of a chunk of type `type`'s weights (body, head: the chunk's first row) expanded into the GEMM's form:
 // codes wq [R, n] int8, scales ws [R, n/16], mins wm [R, n/16] (MIN types only). matmul_quant.cu.
 int expand_quant(int type, const uint8_t* body, const uint8_t* head, int8_t* wq, float* ws, float* wm, int R, int n);
@@ -71,18 +73,16 @@ __device__ __forceinline__ int sum16(const int4 b) { return dot16<D>(make_int4(O
 // An int of magnitude < 2^22 as float, exactly (add to the mantissa of 1.5 * 2^23, subtract it again).
 __device__ __forceinline__ float i2f(int s) { return __int_as_float(0x4B400000 + s) - 12582912.f; }
 
-// One sub-block's weighted dot: s0 * dot(codes 0..15, x0) + s1 * dot(16..31, x1) - (m0 * sum(x0) + m1 * sum(x1)),
-// activation scale not applied. Every rounding explicit so that the result is a function of its inputs only.
-// D: the int8 dot of the route (common.cuh).
+// One sub-block's weighted dot: s0 * dot(codes 0..15, x0) + s1 * dot(16..31, x1) - (m0 * e0 + m1 * e1), where e0, e1
+// are the activation halves' sums (sum16: a function of the activations only, so the GEMV computes them once for all
+// the rows it holds); activation scale not applied. Every rounding explicit so that the result is a function of its
+// inputs only. D: the int8 dot of the route (common.cuh).
 template <bool PER16, bool MIN, class D>
 __device__ __forceinline__ float sub_dot(const int4 w0, const int4 w1, float s0, float s1, float m0, float m1,
-                                        const int4 x0, const int4 x1) {
+                                        const int4 x0, const int4 x1, int e0, int e1) {
     const int d0 = dot16<D>(w0, x0), d1 = dot16<D>(w1, x1);
     float v = PER16 ? __fmaf_rn(s0, i2f(d0), __fmul_rn(s1, i2f(d1))) : __fmul_rn(s0, i2f(d0 + d1));
-    if (MIN) {
-        const int e0 = sum16<D>(x0), e1 = sum16<D>(x1);
-        v = __fsub_rn(v, PER16 ? __fmaf_rn(m0, i2f(e0), __fmul_rn(m1, i2f(e1))) : __fmul_rn(m0, i2f(e0 + e1)));
-    }
+    if (MIN) v = __fsub_rn(v, PER16 ? __fmaf_rn(m0, i2f(e0), __fmul_rn(m1, i2f(e1))) : __fmul_rn(m0, i2f(e0 + e1)));
     return v;
 }
 
@@ -97,90 +97,133 @@ struct QuantSet {
     int count, total;
 };
 
-// Sub-blocks in flight per lane: 4 at T <= 2, 2 above (T = 4, 16 are compute-bound). The launch bound at T = 1: 8
-// blocks per SM, a 64-register cap that keeps every block of a 4096-row matrix resident in one wave (H200,
-// 2026-12-01, same run: U 4 capped 55-80% of copy on the 9B shapes; U 4 uncapped, 72 registers: 44-76%; U 8 under a
-// 128-register cap: 47-64%; Q4_K and Q6_K).
-template <int NT> constexpr int qgemv_unroll() { return NT <= 2 ? 4 : 2; }
-template <int NT> constexpr int qgemv_min_blocks() { return NT == 1 ? 8 : 1; }
+// Weight row `grow` of a set: the matrix it belongs to and the row within it.
+struct SetRow { int mat, row, rows; };
 
-// Warp per weight row; lane l takes the row's sub-blocks l, l + 32, ... (each a contiguous run of every body plane,
-// so a warp's load of one plane is one contiguous span), U of them loaded before their decode. The first U go out
-// before pdl_wait_producers (weights never change; x, res and y belong to the kernels before this one), and the
-// kernel lets its PDL consumer launch at once (every kernel launched with PDL waits for this grid before it touches
-// memory), so the next kernel's blocks take the SMs this grid's last wave leaves idle (H200, T = 1: without the
-// early trigger 5-24% slower (Q4_K, Q6_K); launch() uses PDL where cmp_set_pdl is on).
-template <class Q, int NT, int U, int MINB, class D>
+__device__ __forceinline__ SetRow locate_row(const QuantSet& set, int grow) {
+    int i = 0;
+#pragma unroll
+    for (int k = 1; k < QMAX_MATS; ++k) i = k < set.count && grow >= set.row_end[k - 1] ? k : i;
+    const int row0 = i ? set.row_end[i - 1] : 0;
+    return {i, grow - row0, set.row_end[i] - row0};
+}
+
+// The GEMV's shape at NT tokens: rows per warp R, sub-blocks in flight per lane and row U, whether a slot is refilled
+// as soon as it is decoded (roll) or all U after the round, and the launch bound's blocks per SM (MINB).
+//  - T = 1 (bound by the weight stream): a row per warp, U = 4 loaded together, 8 blocks per SM, a 64-register cap
+//    that keeps every block of a 4096-row matrix resident in one wave. H200, 2026-12-01, same run: that capped
+//    55-80% of copy on the 9B shapes; U 4 uncapped (72 registers) 44-76%; U 8 under a 128-register cap 47-64% (Q4_K,
+//    Q6_K). Rolling refills need more registers than the cap leaves (ptxas, sm_90: 40-72 bytes of spills), so T = 1
+//    refills by rounds, as that kernel did: the same code.
+//  - T >= 2: two rows per warp, so each activation load, scale and half sum serves both; rolling refills keep 4
+//    loads per lane in flight while the warp multiplies. Without a cap ptxas takes 150-250 registers (it hoists the
+//    activation loads of every token) and 2-3 blocks fit per SM; the caps below (128 registers to T = 8, 168 above)
+//    hold 4 and 3 without spills (ptxas -v, sm_90, Q4_K/Q5_K/Q6_K/IQ4_XS; at T = 16 a 128 cap spilled 88-136 bytes).
+struct QGemvShape { int rows, unroll; bool roll; int min_blocks; };
+template <int NT>
+constexpr QGemvShape qgemv_shape() {
+    return NT == 1 ? QGemvShape{1, 4, false, 8} : NT <= 8 ? QGemvShape{2, 2, true, 4} : QGemvShape{2, 2, true, 3};
+}
+
+// Warp per R weight rows; lane l takes the rows' sub-blocks l, l + 32, ... in increasing order (each a contiguous
+// run of every body plane, so a warp's load of one plane is one contiguous span). Each sub-block's codes and scales
+// are decoded once into registers (and, with ROLL, its slot refilled at once with the load U sub-blocks ahead), then
+// the NT tokens' dots run from those registers: per token the activation codes, their scale and (MIN types) their
+// half sums are read and computed once for the R rows. A row's arithmetic does not depend on R, U or NT (tokens
+// never interact; the same order, roundings and butterfly sum), so each row gets the same bits for every T (batch
+// invariance). The first loads go out before pdl_wait_producers (weights never change; x, res and y belong to the
+// kernels before this one), and the kernel lets its PDL consumer launch at once (every kernel launched with PDL
+// waits for this grid before it touches memory), so the next kernel's blocks take the SMs this grid's last wave
+// leaves idle (H200, T = 1: without the early trigger 5-24% slower (Q4_K, Q6_K); launch() uses PDL where
+// cmp_set_pdl is on).
+template <class Q, int NT, int R, int U, bool ROLL, int MINB, class D>
 __global__ void __launch_bounds__(QGEMV_WARPS * 32, MINB)
 gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                   const float* __restrict__ xd,   // [NT, n/32]
                   const QuantSet set, int n) {
     constexpr int NSUB = Q::BV / 32;
-    const int grow = blockIdx.x * QGEMV_WARPS + threadIdx.y;
-    if (grow >= set.total) return;
-    const uint8_t* body = set.body[0];
-    const uint8_t* head = set.head[0];
-    float* y = set.y[0];
-    const float* res = set.res[0];
-    int row0 = 0, rows = set.row_end[0];
+    const int first = (blockIdx.x * QGEMV_WARPS + threadIdx.y) * R;
+    if (first >= set.total) return;
+    const int lane = threadIdx.x, nb = n / Q::BV, nsub = n / 32, j = lane % NSUB;
+    // A group past the last row re-reads the last row and stores nothing for it. Only the planes stay live through
+    // the loop; the outputs are located again after it (registers: T = 1 runs under a 64-register cap).
+    const uint8_t* body[R];
+    const uint8_t* head[R];
 #pragma unroll
-    for (int i = 1; i < QMAX_MATS; ++i) {
-        if (i < set.count && grow >= set.row_end[i - 1]) {
-            body = set.body[i];
-            head = set.head[i];
-            y = set.y[i];
-            res = set.res[i];
-            row0 = set.row_end[i - 1];
-            rows = set.row_end[i] - row0;
-        }
+    for (int r = 0; r < R; ++r) {
+        const SetRow at = locate_row(set, min(first + r, set.total - 1));
+        body[r] = set.body[at.mat] + (size_t)at.row * nb * Q::BODY;
+        head[r] = set.head[at.mat] + (size_t)at.row * nb * Q::HEAD;
     }
-    const int row = grow - row0, lane = threadIdx.x, nb = n / Q::BV, nsub = n / 32, j = lane % NSUB;
-    body += (size_t)row * nb * Q::BODY;
-    head += (size_t)row * nb * Q::HEAD;
-    typename Q::Raw raw[U];
-    auto fetch = [&](int c0) {
+    typename Q::Raw raw[R][U];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-            if (c0 + 32 * u < nsub) raw[u] = Q::load(body, head, nb, c0 + 32 * u);
-    };
-    fetch(lane);
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            if (lane + 32 * u < nsub) raw[r][u] = Q::load(body[r], head[r], nb, lane + 32 * u);
     pdl_allow_consumers();
     pdl_wait_producers();
-    float acc[NT];
+    float acc[R][NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-    for (int c0 = lane;;) {
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
+    for (int c0 = lane; c0 < nsub; c0 += 32 * U) {
+        if (!ROLL && c0 != lane) {
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (c0 + 32 * u < nsub) raw[r][u] = Q::load(body[r], head[r], nb, c0 + 32 * u);
+        }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + 32 * u;
             if (c >= nsub) break;
-            SubBlock sb;
-            Q::decode(raw[u], j, sb);
-            const int4 w0 = make_int4(sb.q[0], sb.q[1], sb.q[2], sb.q[3]);
-            const int4 w1 = make_int4(sb.q[4], sb.q[5], sb.q[6], sb.q[7]);
+            int4 w0[R], w1[R];
+            float s0[R], s1[R], m0[R], m1[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                SubBlock sb;
+                Q::decode(raw[r][u], j, sb);
+                w0[r] = make_int4(sb.q[0], sb.q[1], sb.q[2], sb.q[3]);
+                w1[r] = make_int4(sb.q[4], sb.q[5], sb.q[6], sb.q[7]);
+                s0[r] = sb.s[0], s1[r] = sb.s[1], m0[r] = sb.m[0], m1[r] = sb.m[1];
+                if (ROLL && c + 32 * U < nsub) raw[r][u] = Q::load(body[r], head[r], nb, c + 32 * U);
+            }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 const int4* xv = reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 32);
-                const float v = sub_dot<Q::PER16, Q::MIN, D>(w0, w1, sb.s[0], sb.s[1], sb.m[0], sb.m[1], __ldg(xv),
-                                                         __ldg(xv + 1));
-                acc[t] = __fmaf_rn(v, __ldg(xd + (size_t)t * nsub + c), acc[t]);
+                const int4 x0 = __ldg(xv), x1 = __ldg(xv + 1);
+                const float sx = __ldg(xd + (size_t)t * nsub + c);
+                const int e0 = Q::MIN ? sum16<D>(x0) : 0, e1 = Q::MIN ? sum16<D>(x1) : 0;
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    acc[r][t] = __fmaf_rn(sub_dot<Q::PER16, Q::MIN, D>(w0[r], w1[r], s0[r], s1[r], m0[r], m1[r], x0,
+                                                                       x1, e0, e1), sx, acc[r][t]);
             }
         }
-        c0 += 32 * U;
-        if (c0 >= nsub) break;
-        fetch(c0);
     }
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)t * rows + row] = res ? res[(size_t)t * rows + row] + v : v;
+    for (int r = 0; r < R; ++r) {
+        if (first + r >= set.total) break;
+        const SetRow at = locate_row(set, first + r);
+        float* y = set.y[at.mat] + at.row;
+        const float* res = set.res[at.mat] ? set.res[at.mat] + at.row : nullptr;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float v = warp_sum(acc[r][t]);
+            if (lane == 0) y[(size_t)t * at.rows] = res ? res[(size_t)t * at.rows] + v : v;
+        }
     }
 }
 
 template <class Q, int NT, class D>
 int launch_gemv_quant(const int8_t* xq, const float* xd, const QuantSet& set, int n) {
-    return launch("gemv_quant_kernel", gemv_quant_kernel<Q, NT, qgemv_unroll<NT>(), qgemv_min_blocks<NT>(), D>,
-                  dim3(ceil_div(set.total, QGEMV_WARPS)), dim3(32, QGEMV_WARPS), 0, xq, xd, set, n);
+    constexpr QGemvShape sh = qgemv_shape<NT>();
+    return launch("gemv_quant_kernel", gemv_quant_kernel<Q, NT, sh.rows, sh.unroll, sh.roll, sh.min_blocks, D>,
+                  dim3(ceil_div(ceil_div(set.total, sh.rows), QGEMV_WARPS)), dim3(32, QGEMV_WARPS), 0, xq, xd, set,
+                  n);
 }
 
 template <class Q, class D, int... NT>
@@ -417,26 +460,31 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
     return CMP_OK;
 }
 
+// The GEMV (1 <= T <= QGEMV_MAX_T) of `count` matrices as one launch.
+template <class Q, class D>
+int gemv_quant(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
+               float* const* y, const float* const* res, const int* rows, int T, int n) {
+    QuantSet set{};
+    int total = 0;
+    for (int i = 0; i < count; ++i) {
+        set.body[i] = static_cast<const uint8_t*>(body[i]);
+        set.head[i] = static_cast<const uint8_t*>(head[i]);
+        set.y[i] = y[i];
+        set.res[i] = res ? res[i] : nullptr;
+        set.row_end[i] = total += rows[i];
+    }
+    set.count = count;
+    set.total = total;
+    return gemv_quant_by_t<Q, D>(T, xq, xd, set, n, std::make_integer_sequence<int, QGEMV_MAX_T>{});
+}
+
 // D: the int8 dot of this call's path (the GEMV's route for T <= 16, else the GEMM's).
 template <class Q, class D>
 int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
                  float* const* y, const float* const* res, const int* rows, int T, int n, void* work,
                  size_t work_bytes, bool mma) {
     CMP_REQUIRE(n % Q::BV == 0, "cmp_matmul_quant: n=%d is not a multiple of the type's %d-value blocks", n, Q::BV);
-    if (T <= QGEMV_MAX_T) {
-        QuantSet set{};
-        int total = 0;
-        for (int i = 0; i < count; ++i) {
-            set.body[i] = static_cast<const uint8_t*>(body[i]);
-            set.head[i] = static_cast<const uint8_t*>(head[i]);
-            set.y[i] = y[i];
-            set.res[i] = res ? res[i] : nullptr;
-            set.row_end[i] = total += rows[i];
-        }
-        set.count = count;
-        set.total = total;
-        return gemv_quant_by_t<Q, D>(T, xq, xd, set, n, std::make_integer_sequence<int, QGEMV_MAX_T>{});
-    }
+    if (T <= QGEMV_MAX_T) return gemv_quant<Q, D>(xq, xd, count, body, head, y, res, rows, T, n);
     int max_rows = 0;
     for (int i = 0; i < count; ++i) max_rows = std::max(max_rows, rows[i]);
     const GemmWork g = split_work<Q>(work, work_bytes, T, n, max_rows);

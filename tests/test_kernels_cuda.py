@@ -604,36 +604,23 @@ def _q8_set_case(be, rng, T: int, rows: int, n: int):
 @pytest.mark.parametrize("T,rows,n", Q8_EX_SHAPES)
 def test_matmul_q8_ex_kernels_and_residual(cuda_backend, kernels, T, rows, n, dot):
     """Every kernel generation (0 = v1, 1 = v2 GEMV, 2 = v2 GEMM, 3 = both; CMP_MM_MMA: the tensor-core GEMM
-    above the GEMV's rows) against numpy_ref, two to four
-    matrices in one call (the small ones ride with the big ones), with and without the residual epilogue; on each
-    route's int8 dot (the v2 GEMV is DP4A only: the other routes take v4's, bit 16, in its place), whose results
-    equal DP4A's bit for bit (the same integers)."""
+    above the GEMV's rows) against numpy_ref, two to four matrices in one call (the small ones ride with the big
+    ones), with and without the residual epilogue; on each route's int8 dot, whose results equal DP4A's bit for bit
+    (the same integers)."""
     be = cuda_backend
     if kernels & CMP_MM_MMA and not be.native.mma_available():
         pytest.skip("CMP_MM_MMA needs compute capability 7.5+ code for this device (int8 mma.sync)")
     rng = np.random.default_rng(T * 7919 + rows + kernels)
     ref, mats, xq, xd = _q8_set_case(be, rng, T, rows, n)
-    routed_kernels = kernels if dot == "dp4a" else (kernels & ~1) | (16 if kernels & 1 else 0)
-    got = _q8_ex(be, xq, xd, mats, T, n, routed_kernels | dot_bits(dot))
+    got = _q8_ex(be, xq, xd, mats, T, n, kernels | dot_bits(dot))
     for g, r in zip(got, ref):
         assert rel(g, r) < Q8_TOL
-    for g, d in zip(got, _q8_ex(be, xq, xd, mats, T, n, routed_kernels)):
+    for g, d in zip(got, _q8_ex(be, xq, xd, mats, T, n, kernels)):
         assert np.array_equal(g, d), dot
     res = [rng.standard_normal(r.shape).astype(np.float32) for r in ref]
-    got = _q8_ex(be, xq, xd, mats, T, n, routed_kernels | dot_bits(dot), [up(be, r) for r in res])
+    got = _q8_ex(be, xq, xd, mats, T, n, kernels | dot_bits(dot), [up(be, r) for r in res])
     for g, r, a in zip(got, ref, res):
         assert rel(g, r + a) < Q8_TOL
-
-
-@pytest.mark.parametrize("dot", ["dp2a", "imad"])
-def test_matmul_q8_ex_refuses_other_dots_on_v2_v3_gemv(cuda_backend, dot):
-    from llamacmp.lib._native import NativeError
-    be = cuda_backend
-    m = be.upload_matrix(random_q8(np.random.default_rng(0), 4, 32))
-    xq, xd = be.quantize(up(be, np.ones((1, 32))))
-    for kernels in (1, 4):
-        with pytest.raises(NativeError, match="the v2 / v3 GEMVs are DP4A only"):
-            _q8_ex(be, xq, xd, [m], 1, 32, kernels | dot_bits(dot))
 
 
 def test_matmul_q8_ex_rejects_unknown_kernel_bits(cuda_backend):
@@ -641,8 +628,9 @@ def test_matmul_q8_ex_rejects_unknown_kernel_bits(cuda_backend):
     be = cuda_backend
     m = be.upload_matrix(random_q8(np.random.default_rng(0), 4, 32))
     xq, xd = be.quantize(up(be, np.ones((1, 32))))
-    with pytest.raises(NativeError, match="unknown kernel bits"):
-        _q8_ex(be, xq, xd, [m], 1, 32, 64)
+    for retired in (4, 16, 32, 64):   # the v3, v4 and v4-eager GEMV bits are gone: refused, not ignored
+        with pytest.raises(NativeError, match="unknown kernel bits"):
+            _q8_ex(be, xq, xd, [m], 1, 32, 1 | retired)
 
 
 def test_routes_the_backend_lacks_are_refused_by_name(cuda_backend):
@@ -702,11 +690,9 @@ def test_mma_gemm_on_the_9b_shapes(cuda_backend):
         assert rel(g, r + a) < Q8_TOL
 
 
-# v2 (1), v3 (4; with PDL 13), v4 (16; with PDL 24, its eager build 56): the batch-invariant GEMVs; v4 also on the
-# other routes' int8 dots.
-@pytest.mark.parametrize("kernels", [1, 4, 1 | 4 | 8, 16, 16 | 8, 16 | 32 | 8,
-                                     16 | dot_bits("dp2a"), 16 | 32 | 8 | dot_bits("dp2a"),
-                                     16 | dot_bits("imad"), 16 | 32 | 8 | dot_bits("imad")])
+# The batch-invariant GEMV (CMP_MM_GEMV2 = 1; its PDL launch 8) on each route's int8 dot.
+@pytest.mark.parametrize("kernels", [1, 1 | 8, 1 | dot_bits("dp2a"), 1 | 8 | dot_bits("dp2a"), 1 | dot_bits("imad"),
+                                     1 | 8 | dot_bits("imad")])
 @pytest.mark.parametrize("rows,n", [(1, 32), (67, 4096), (129, 1184), (3, 12288), (4097, 2080)])
 def test_gemv_rows_independent_of_batch(cuda_backend, rows, n, kernels):
     """Batch invariance (engine, issue 5): each of 16 activation rows gives bit-identical outputs alone (T = 1) and
@@ -728,42 +714,39 @@ def test_gemv_rows_independent_of_batch(cuda_backend, rows, n, kernels):
                 assert np.array_equal(got[m][t], alone[t][m][0]), (T, t, m)
 
 
-# v3 GEMV (CMP_MM_GEMV3 = 4, PDL launch 8): T 1..16; more row groups than an H200 holds resident warps (132 SMs x 32
-# warps at T = 1, x 12 at T = 8), so warps loop over several groups; n with 1, 2, 3 and 12 stages per row and
-# partial last stages (U = 4 chunks per lane for T <= 4, 2 above: n = 1056 is 66 chunks, 2080 is 130, 4128 is 258);
-# small matrices riding with big ones (three matrices at odd T). The same shapes for v4 (CMP_MM_GEMV4 = 16, its eager
-# build 32): v1's warp-per-row loop with v2's arithmetic, partial last groups of GEMV_UNROLL chunks per lane.
-GEMV3_SHAPES = [(1, 1, 32), (1, 4097, 1024), (1, 20011, 64), (1, 4231, 4128), (2, 3, 96), (3, 31, 1184),
+# The batch-invariant GEMV (CMP_MM_GEMV2 = 1, PDL launch 8): T 1..16; more rows than an H200 holds resident warps;
+# n with 1, 2, 3 and 12 rounds of GEMV_UNROLL chunks per lane and partial last rounds (n = 1056 is 66 chunks, 2080
+# is 130, 4128 is 258); small matrices riding with big ones (three matrices at odd T).
+GEMV_SHAPES = [(1, 1, 32), (1, 4097, 1024), (1, 20011, 64), (1, 4231, 4128), (2, 3, 96), (3, 31, 1184),
                 (4, 5003, 1056), (5, 129, 64), (7, 65, 12288), (8, 3203, 2080), (11, 8191, 256), (13, 2, 4128),
                 (16, 257, 256), (16, 6007, 1056)]
 
 
-@pytest.mark.parametrize("T,rows,n", GEMV3_SHAPES)
-def test_gemv3_and_v4_equal_v2_and_reference(cuda_backend, T, rows, n):
-    """The v3 and v4 GEMVs (alone, with the v2 bit, with PDL, v4's eager build, with every bit: v4 is taken first)
-    against numpy_ref (Q8_TOL) and against the v2 GEMV bit for bit (same per-row arithmetic), with and without the
-    residual epilogue."""
+@pytest.mark.parametrize("T,rows,n", GEMV_SHAPES)
+def test_gemv_matches_reference_with_and_without_pdl(cuda_backend, T, rows, n):
+    """The batch-invariant GEMV (alone, with its PDL launch, with the GEMM bit too) against numpy_ref (Q8_TOL), each
+    launch giving the plain launch's bits, with and without the residual epilogue."""
     be = cuda_backend
     rng = np.random.default_rng(T * 104729 + rows + n)
     ref, mats, xq, xd = _q8_set_case(be, rng, T, rows, n)
     res = [rng.standard_normal(r.shape).astype(np.float32) for r in ref]
     res_d = [up(be, r) for r in res]
-    v2, v2_res = _q8_ex(be, xq, xd, mats, T, n, 1), _q8_ex(be, xq, xd, mats, T, n, 1, res_d)
-    for kernels in (4, 1 | 4, 1 | 2 | 4 | 8, 16, 16 | 8, 16 | 32, 16 | 32 | 8, 1 | 2 | 4 | 8 | 16):
+    plain, plain_res = _q8_ex(be, xq, xd, mats, T, n, 1), _q8_ex(be, xq, xd, mats, T, n, 1, res_d)
+    for kernels in (1, 1 | 8, 1 | 2 | 8):
         got = _q8_ex(be, xq, xd, mats, T, n, kernels)
         got_res = _q8_ex(be, xq, xd, mats, T, n, kernels, res_d)
-        for g, gr, r, a, o, o_res in zip(got, got_res, ref, res, v2, v2_res):
+        for g, gr, r, a, o, o_res in zip(got, got_res, ref, res, plain, plain_res):
             assert rel(g, r) < Q8_TOL, kernels
             assert rel(gr, r + a) < Q8_TOL, kernels
             assert np.array_equal(g, o) and np.array_equal(gr, o_res), kernels
 
 
-@pytest.mark.parametrize("kernels", [1 | 4 | 8, 1 | 16 | 8, 1 | 16 | 32 | 8])
+@pytest.mark.parametrize("kernels", [1 | 8, 1 | 2 | 8])
 @pytest.mark.parametrize("T,rows,n", [(1, 4096, 4096), (3, 1031, 2080)])
-def test_gemv3_pdl_in_graph_reads_the_fresh_inputs(cuda_backend, T, rows, n, kernels):
-    """A captured graph: residual add, quantize, then the v3 (or v4) GEMV launched with PDL (it starts during
-    quantize and must wait for it). Replayed on new inputs each time, it gives exactly what the eager v2 GEMV gives
-    on them (stale activations or residuals from the previous replay would differ)."""
+def test_gemv_pdl_in_graph_reads_the_fresh_inputs(cuda_backend, T, rows, n, kernels):
+    """A captured graph: residual add, quantize, then the GEMV launched with PDL (it starts during quantize and must
+    wait for it). Replayed on new inputs each time, it gives exactly what the eager plain launch gives on them
+    (stale activations or residuals from the previous replay would differ)."""
     import ctypes
     be = cuda_backend
     rng = np.random.default_rng(rows + T)
@@ -899,38 +882,3 @@ def test_fused_backend_ops_match_numpy(cuda_backend, T):
         be.fuse_ops, be.gemv_v2, be.gemm_v2 = saved
     for g, r, o_ in zip(new, ref, old):
         assert rel(g, r) < Q8_TOL and rel(g, o_) < Q8_TOL
-
-
-@pytest.mark.parametrize("T", [1, 7, 16])
-def test_backend_gemv_v4_switch_gives_the_v3_bits(cuda_backend, T):
-    """CudaBackend.gemv_v4 (and gemv_v4_eager, the default) route the fused ops' projections to the v4 GEMV: the same
-    bits as the v3 path (gemv_v4 off; the same arithmetic), and close to numpy_ref."""
-    be = cuda_backend
-    rng = np.random.default_rng(T + 77)
-    D, F = 288, 1056
-    x = rng.standard_normal((T, D)).astype(np.float32)
-    nw = rng.uniform(0.5, 1.5, D).astype(np.float32)
-    w_in = [random_q8(rng, r, D) for r in (F, 33)]
-    w_down = random_q8(rng, D, F)
-    gate = rng.standard_normal((T, F)).astype(np.float32)
-
-    def run(bk, host):
-        u = (lambda a: a) if host else (lambda a: up(bk, a))
-        h = (lambda t: t) if host else bk.to_host
-        outs = bk.rmsnorm_matmuls(u(x), u(nw), 1e-6, [bk.upload_matrix(w) for w in w_in])
-        outs.append(bk.matmul_add(u(gate), bk.upload_matrix(w_down), u(x)))
-        return [h(t) for t in outs]
-
-    ref = run(REF, True)
-    saved = be.gemv_v4, be.gemv_v4_eager
-    try:
-        be.gemv_v4, be.gemv_v4_eager = False, False
-        v3 = run(be, False)
-        be.gemv_v4 = True
-        v4 = run(be, False)
-        be.gemv_v4_eager = True
-        v4e = run(be, False)
-    finally:
-        be.gemv_v4, be.gemv_v4_eager = saved
-    for g, e, d, r in zip(v4, v4e, v3, ref):
-        assert np.array_equal(g, d) and np.array_equal(e, d) and rel(g, r) < Q8_TOL

@@ -14,8 +14,9 @@ one 16-byte activation chunk and one f32 activation scale):
   stl/ldl        local-memory stores / loads (spills)
   instrs         SASS instructions of the whole kernel
 --diff A B prints whether two kernels' SASS is the same instruction for instruction (names are substrings of the
-mangled names, e.g. gemv3_q8_kernelILi1E and gemv4_q8_kernelILi1ELb0ELi0; v1 is gemv4_q8_kernel<NT, false, 0>).
-The 2026-11-30 findings (v2's 64-register cap leaves 1 of 8 weight loads in flight) are in matmul_q8.cu's v4 comment.
+mangled names, e.g. gemv_q8_kernelILi1ELb0ELi0 (v1 is gemv_q8_kernel<NT, false, 0>, the batch-invariant GEMV
+gemv_q8_kernel<NT, PDL, 1>). The 2026-11-30 findings on the retired v2 / v3 GEMVs (v2's 64-register cap left 1 of 8
+weight loads in flight) are in benchmarks/RESULTS.md and git history (matmul_q8.cu before the retirement).
 """
 from __future__ import annotations
 
@@ -29,9 +30,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_KERNELS = ["gemv2_q8_kernelILi1E", "gemv3_q8_kernelILi1E",
-                   "gemv4_q8_kernelILi1ELb0ELi0", "gemv4_q8_kernelILi1ELb1ELi0", "gemv4_q8_kernelILi1ELb0ELi1",
-                   "gemv4_q8_kernelILi1ELb1ELi1"]
+DEFAULT_KERNELS = ["gemv_q8_kernelILi1ELb0ELi0", "gemv_q8_kernelILi1ELb0ELi1", "gemv_q8_kernelILi1ELb1ELi1"]
 INSTR = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
 

@@ -24,8 +24,7 @@ from ..gguf_file import Q8_0_BLOCK, Q8Tensor, QuantTensor
 from ..lib._native import (CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, CmpSamplerParams, Native, NativeError,
                            cuda_available)
 from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM2, CMP_MM_GEMV2
-from ..lib._native import CMP_MM_GEMV3, CMP_MM_GEMV_PDL
-from ..lib._native import CMP_MM_GEMV4, CMP_MM_GEMV4_EAGER, CMP_MM_MMA
+from ..lib._native import CMP_MM_GEMV_PDL, CMP_MM_MMA
 from ..lib._native import CMP_KV_TYPES, CMP_QUANT_TYPES
 from ..lib._native import CMP_DOTS, CMP_MM_GEMM_DOT_SHIFT, CMP_MM_GEMV_DOT_SHIFT
 from .. import kv_layout
@@ -116,20 +115,11 @@ class CudaBackend(Backend):
         self.fuse_projections = fuse_projections
         self.gdn_chunked = gdn_chunked
         self.fuse_ops, self.gemv_v2, self.gemm_v2 = fuse_ops, gemv_v2, gemm_v2
-        # With gemv_v2 on: gemv_v3 runs the v2 GEMV's arithmetic (the same bits) as matmul_q8.cu's persistent,
-        # pipelined v3 kernel; gemv_pdl also launches it with programmatic dependent launch on sm_90+ (it starts
-        # streaming weights while the previous kernel finishes; below sm_90 a plain launch). H200, 2026-11-30:
-        # tg128 v2 263.2, v3 272.8, v3 + PDL 284.9 t/s, the PDL-in-a-graph test passing (benchmarks/RESULTS.md).
-        # Attributes that may be flipped like the ones above.
-        self.gemv_v3, self.gemv_pdl = True, True
-        # With gemv_v2 on: gemv_v4 takes the GEMV (T <= 16) instead of v3: v1's warp-per-row loop (whose SASS at
-        # T = 1 keeps 3 of 4 weight loads in flight before the first use, where v2's keeps 1 of 8) with v2's
-        # arithmetic, so the same bits as v2/v3 (batch invariant); gemv_pdl launches it with PDL too.
-        # gemv_v4_eager: its build with all 4 weight loads per lane in flight before the first DP4A (55 registers
-        # at T = 1 instead of 47; same bits). H200, 2026-11-30 14:20 (one run, benchmarks/RESULTS.md): tg128
-        # v3 + PDL 281.9, v4 + PDL 292.1, v4 eager + PDL 296.5 t/s; the GEMVs at T = 1 stream 61-91% of copy (v3:
-        # 51-83%); its CUDA tests (v2's bits, batch invariance T 1..16, PDL in a graph) passed there.
-        self.gemv_v4, self.gemv_v4_eager = True, True
+        # With gemv_v2 on: gemv_pdl launches the GEMV with programmatic dependent launch on sm_90+ (it starts
+        # streaming weights while the previous kernel finishes; below sm_90 a plain launch). An attribute that may
+        # be flipped like the ones above. (The v3 / v4 GEMV switches are gone: v3 and v4 under v1's launch bound
+        # lost to the GEMV kept, benchmarks/RESULTS.md 2026-11-30 14:18.)
+        self.gemv_pdl = True
         self.native = native or Native()
         self.native.cmp_init(device)
         self.device = device
@@ -440,11 +430,8 @@ class CudaBackend(Backend):
                 raise ValueError(f"matmul: residual {residuals[i].shape} for an output of {(T, w.shape[0])}")
             outs.append(self.empty((T, w.shape[0])))
         kernels = (CMP_MM_GEMV2 if self.gemv_v2 else 0) | (CMP_MM_GEMM2 if self.gemm_v2 else 0) | self._route_bits()
-        if self.gemv_v2 and self.gemv_v3:
-            kernels |= CMP_MM_GEMV3 | (CMP_MM_GEMV_PDL if self.gemv_pdl else 0)
-        if self.gemv_v2 and self.gemv_v4:
-            kernels |= CMP_MM_GEMV4 | (CMP_MM_GEMV_PDL if self.gemv_pdl else 0)
-            kernels |= CMP_MM_GEMV4_EAGER if self.gemv_v4_eager else 0
+        if self.gemv_v2 and self.gemv_pdl:
+            kernels |= CMP_MM_GEMV_PDL
         # A captured decode step launches at most as many rows as the GEMV takes: it computes each row in the
         # single-row order (v2: guaranteed, matmul_q8.cu), so a sequence's logits do not depend on the others.
         step = max(1, min(T, self.GEMV2_MAX_ROWS if self.gemv_v2 else 8)) if self.row_order else max(T, 1)

@@ -208,9 +208,7 @@ CMP_F32, CMP_F16 = 0, 1
 # api.h CmpKvType: the KV cache types by llamacmp name (f32/f16 equal CmpDtype's codes)
 CMP_KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2, "q4_0": 3, "tq3": 4}
 CMP_MM_GEMV2, CMP_MM_GEMM2 = 1, 2   # cmp_matmul_q8_ex kernel choices (api.h CmpMatmulKernels)
-CMP_MM_GEMV3, CMP_MM_GEMV_PDL = 4, 8   # the same: persistent pipelined GEMV, and its PDL launch (sm_90+)
-CMP_MM_GEMV4 = 16   # the same: v1's warp-per-row GEMV loop with v2's arithmetic (v2's bits, T <= 16)
-CMP_MM_GEMV4_EAGER = 32   # with GEMV4: compiled to issue all of a lane's weight loads before the first DP4A
+CMP_MM_GEMV_PDL = 8   # the same: with GEMV2, its launch with programmatic dependent launch (sm_90+)
 CMP_MM_MMA = 4096   # the GEMM on the tensor cores (matmul_mma.cu, int8 mma.sync); cmp_matmul_quant takes it too
 CMP_MM_GEMV_DOT_SHIFT, CMP_MM_GEMM_DOT_SHIFT = 8, 10   # api.h CmpMatmulDotField: where each path's CmpDot goes
 CMP_DOTS = {"dp4a": 0, "dp2a": 1, "imad": 2}   # api.h CmpDot by route name (backends/routes.py)

@@ -137,6 +137,11 @@ class Backend(ABC):
         """engine/decode.py's decode steps captured as graphs (backends/cuda_graphs.py); None: run them eagerly."""
         return None
 
+    def spec_graphs(self, model, n_max: int, capacity: int = 8):
+        """engine/speculative.py's MTP draft rounds and verify forwards captured as graphs (backends/spec_graphs.py:
+        draft(), verify()); None: the Speculator runs them eagerly."""
+        return None
+
     def state_ops(self):
         """The prompt cache's copies of this backend's sequence state (backends/state_ops.py's StateOps)."""
         raise NotImplementedError(f"backend '{self.name}' has no state_ops(): prompt-cache checkpoints need it")

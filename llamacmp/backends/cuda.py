@@ -142,6 +142,7 @@ class CudaBackend(Backend):
         self.launch_pdl = True
         free, _total = self.native.mem_info()
         self.arena = DeviceArena(self.native, arena_bytes if arena_bytes is not None else max(free - 512 * MIB, 0))
+        self._state_arena = self.arena  # (a graph's capture swaps self.arena; per-token states outlive graphs)
         # set by CapturedStep while it records a decode step: attention splits sized for the whole context, Q8
         # projections in launches of at most GEMV_MAX_ROWS rows (both: a row's result independent of the batch)
         self.capturing = False
@@ -874,7 +875,12 @@ class CudaBackend(Backend):
             state.steps = {"conv": {}, "ssm": {}, "len": 0}
         buf = state.steps[kind].get(layer)
         if buf is None or buf.shape[0] < rows:
-            buf = state.steps[kind][layer] = self.empty((rows,) + shape, "f32", f"the speculative {kind} steps")
+            # From the backend's own arena even while a verify graph is captured (spec_graphs.py): the buffer lives
+            # with the state. It never shrinks, and the Speculator's batches never exceed the n_max + 1 rows a
+            # captured verify bakes in, so a graph's pointers stay valid.
+            with self._state_arena.persistent():
+                buf = state.steps[kind][layer] = DeviceTensor(self._state_arena, (rows,) + shape, "f32",
+                                                              f"the speculative {kind} steps")
         return buf
 
     def restore_steps(self, state, k):
@@ -1010,6 +1016,11 @@ class CudaBackend(Backend):
     def decode_graphs(self, model, capacity: int = 8):
         """engine/decode.py's decode steps on CUDA graphs (backends/cuda_graphs.DecodeGraphs)."""
         return DecodeGraphs(self, model, capacity)
+
+    def spec_graphs(self, model, n_max: int, capacity: int = 8):
+        """engine/speculative.py's draft rounds and verify forwards on CUDA graphs (backends/spec_graphs.py)."""
+        from .spec_graphs import SpecGraphs
+        return SpecGraphs(self, model, n_max, capacity)
 
     def ids_to_host(self, ids: DeviceTensor) -> np.ndarray:
         """int32 [R] device ids -> host (waits for the stream)."""

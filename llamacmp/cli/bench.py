@@ -651,6 +651,7 @@ class Runner:
         greedy = Sampler(SamplingParams(temp=0.0, seed=0))
         synth = synth_acceptor(inst.spec, 0, frozenset())
         first = self._ids(1)[0]
+        sp.prepare([(st, ms)])      # CUDA graphs captured here, untimed, as _decoder's (nothing runs)
 
         def step(n: int) -> None:
             tok, left = first, n
@@ -693,7 +694,8 @@ class Runner:
         are not timed). warmup: a short prompt or one decode step instead, untimed (llama-bench's warm-up; with
         --spec-type one full draft-and-verify step). draft: the spec rows' counters."""
         chunk = max(1, min(inst.n_batch, inst.n_ubatch))
-        n_ctx = inst.n_depth + inst.n_prompt + inst.n_gen + 1
+        # + n_max: room for a full verify at the last step, so the spec rows replay graphs to the end
+        n_ctx = inst.n_depth + inst.n_prompt + inst.n_gen + 1 + (inst.spec.n_max if inst.spec.enabled else 0)
         st = self.be.new_state(self.cfg, n_ctx, inst.type_k, inst.type_v)
         mtp = self._speculator(inst, n_ctx) if inst.spec.enabled else None
         if inst.n_depth:

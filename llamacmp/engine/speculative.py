@@ -16,6 +16,11 @@ position p is the token x_p with the target's hidden state h_(p-1) (the row befo
 for every position the target evaluates (process(): prompt included), so the head's own KV cache covers the whole
 sequence. Here those (token, h) pairs wait in MtpSeq.pending until the next draft, whose first MTP forward runs them
 together with (t0, h_(P-1)).
+
+On a backend that captures graphs (Backend.spec_graphs: backends/spec_graphs.py) the draft rounds and the verify
+forward are replayed CUDA graphs, with the argmax on the device and only ids crossing, whenever their shape is the
+graph's: n_max drafts for every sequence (no p_min cut, room in the context). Otherwise, and on the numpy reference,
+they run eagerly (graphs=False forces that). Both give each verified token its decode's logits.
 """
 from __future__ import annotations
 
@@ -64,12 +69,14 @@ class Verified:
     drafts: list[int]
     pos: int
     row: int                   # the segment's first row in the verify batch's logits / h
+    greedy: Optional[list[int]] = None   # the argmax of rows row .. row + len(drafts), drawn on the device (graphs)
 
 
 class Speculator:
     """Draft, verify and commit for a model with an MTP head (models/qwen35.py Qwen35Model.mtp)."""
 
-    def __init__(self, model, n_max: int = 3, n_min: int = 0, p_min: float = 0.0):
+    def __init__(self, model, n_max: int = 3, n_min: int = 0, p_min: float = 0.0, graphs: bool = True):
+        """graphs: replay captured draft / verify graphs where the backend has them (False: always eager)."""
         if model.mtp is None:
             raise SpecUnsupported("the model has no MTP head")
         if n_max < 1:
@@ -77,6 +84,7 @@ class Speculator:
         self.model, self.be = model, model.be
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         self.n_drafted = self.n_accepted = 0          # totals, for the draft_n / draft_n_accepted timings
+        self.graphs = model.be.spec_graphs(model, n_max) if graphs else None
 
     @classmethod
     def from_spec(cls, model, spec, path: str = "the model") -> "Speculator":
@@ -131,6 +139,8 @@ class Speculator:
         for st, ms, _ in items:
             if ms.state.n_past + len(ms.pending) != st.n_past:
                 self.reset(ms, st.n_past)
+        if self._graphed([st for st, _, _ in items]) and self.p_min <= 0.0:
+            return self._count(self._draft_graph(items), items)
         seqs = [(ms, t0) for _, ms, t0 in items]
         caps = [min(self.n_max, st.n_ctx - st.n_past - 1) for st, _, _ in items]
         live = [s for s in range(len(seqs)) if caps[s] > 0]
@@ -154,12 +164,28 @@ class Speculator:
             h_in = be.gather_rows(h_out, np.asarray([batch.output_rows[r] for r, _ in go], np.int32))
             live = [s for _, s in go]
             rows = [(seqs[s][0].state, [out[s][-1]]) for s in live]
+        return self._count(out, items)
+
+    def _count(self, out: list[list[int]], items) -> list[list[int]]:
         for o, (_, ms, _) in zip(out, items):
             if len(o) < self.n_min:
                 o.clear()
             ms.n_drafted += len(o)
         self.n_drafted += sum(len(o) for o in out)
         return out
+
+    def _graphed(self, states: Sequence[SeqState]) -> bool:
+        """Whether these sequences' step has the captured graphs' shape: graphs, and room for t0 and n_max drafts."""
+        return self.graphs is not None and all(st.n_past + self.n_max + 1 <= st.n_ctx for st in states)
+
+    def _draft_graph(self, items) -> list[list[int]]:
+        """draft() on the backend's captured rounds: each sequence's pending pairs and (t0, h_last) as round 0,
+        n_max rounds in one replay -> n_max ids per sequence."""
+        toks = [ms.pending + [t0] for _, ms, t0 in items]
+        hs = [ms.pending_h + [ms.h_last] for _, ms, _ in items]
+        for _, ms, _ in items:
+            ms.pending, ms.pending_h = [], []
+        return self.graphs.draft([ms.state for _, ms, _ in items], toks, hs)
 
     def _pick(self, logits) -> list[Optional[int]]:
         """The MTP's argmax per row (on the backend: only ids cross); None where its top-10 probability is below
@@ -178,6 +204,8 @@ class Speculator:
     def verify(self, seqs: Sequence[tuple[SeqState, MtpSeq, int, list[int]]]):
         """(target state, head memory, t0, drafts) per sequence -> (logits [T, N] of every row, h [T, D],
         [Verified]). The target states advance by 1 + len(drafts); commit() sets each back to what it keeps."""
+        if self._graphed([st for st, _, _, _ in seqs]) and all(len(d) <= self.n_max for _, _, _, d in seqs):
+            return self._verify_graph(seqs)
         batch = StepBatch.build([(st, [t0] + d) for st, _, t0, d in seqs], all_logits=True)
         batch.keep_steps = True
         segs = [Verified(st, ms, t0, list(d), st.n_past, seg.start)
@@ -185,6 +213,31 @@ class Speculator:
         with self.be.decode_order():      # each verified token's logits exactly its decode's (CUDA graphs' order)
             logits, h = self.model.forward_hidden(batch)
         return logits, h, segs
+
+    def _verify_graph(self, seqs):
+        """verify() on the backend's captured forward of 1 + n_max tokens per sequence; each Verified carries its
+        rows' device argmax. Fewer drafts are padded with t0: the padding rows come after the real ones (causal
+        attention, recurrent order), so they change none of them; commit() keeps at most the real ones, and the KV
+        rows they wrote lie past the kept positions, rewritten before anything reads them."""
+        T = self.n_max + 1
+        pos = [st.n_past for st, _, _, _ in seqs]
+        toks = [[t0] + d + [t0] * (self.n_max - len(d)) for _, _, t0, d in seqs]
+        logits, h, ids = self.graphs.verify([st for st, _, _, _ in seqs], toks)
+        segs = [Verified(st, ms, t0, list(d), p, i * T, [int(x) for x in ids[i * T:i * T + len(d) + 1]])
+                for i, ((st, ms, t0, d), p) in enumerate(zip(seqs, pos))]
+        return logits, h, segs
+
+    def prepare(self, seqs: Sequence[tuple[SeqState, MtpSeq]]) -> None:
+        """Capture the graphs a step of these sequences replays (the verify forward, the draft rounds for every
+        catch-up length) now rather than at their first step: a benchmark keeps the captures out of its timing.
+        Nothing runs. No graphs on this backend: nothing to do."""
+        if self.graphs is not None:
+            self.graphs.prepare([st for st, _ in seqs], [ms.state for _, ms in seqs])
+
+    def forget(self, state: SeqState) -> None:
+        """Drop the captured graphs that hold `state` (a target or MTP state being replaced)."""
+        if self.graphs is not None:
+            self.graphs.forget(state)
 
     def commit(self, v: Verified, h, j: int) -> None:
         """Keep the first j (1 <= j <= 1 + len(drafts)) verified tokens: t0 and the drafts before the j-th emitted
@@ -235,18 +288,20 @@ def accept_tokens(be, logits, v: Verified, sampler: Sampler, take: Callable[[int
     drafts -> how many are accepted, whatever the target says; the target's draw follows them."""
     n = len(v.drafts)
     n_synth = synth(v.drafts) if synth is not None else None
-    fixed = None
+    fixed = None                           # the target's draw at each of v's rows, when fixed before acceptance
     if history_free_greedy(sampler):
-        rows = [None] * int(logits.shape[0])
-        for i in range(n + 1):
-            rows[v.row + i] = sampler
-        fixed = draw_tokens(be, logits, rows)
+        fixed = v.greedy
+        if fixed is None or len(fixed) < n + 1:
+            rows = [None] * int(logits.shape[0])
+            for i in range(n + 1):
+                rows[v.row + i] = sampler
+            fixed = draw_tokens(be, logits, rows)[v.row:v.row + n + 1]
     for i in range(n + 1):
         d = v.drafts[i] if i < n else None
         if n_synth is not None and i < n_synth:
             tok = d
         elif fixed is not None:
-            tok = fixed[v.row + i]
+            tok = fixed[i]
         else:
             row = be.row_to_host(logits, v.row + i)
             if d is None or sampler.params.temp <= 0.0 or n_synth is not None:

@@ -94,6 +94,10 @@ class SplitBackend:
     def synchronize(self) -> None:
         pass
 
+    def spec_graphs(self, model, n_max: int, capacity: int = 8):
+        """None: a layer split does not run the MTP head (engine/speculative.py refuses it)."""
+        return None
+
     def decode_graphs(self, model, capacity: int = 8):
         """engine/decode.py's decode steps on one CUDA graph per part (SplitDecodeGraphs); None on numpy parts
         (the decoder then runs steps eagerly)."""

@@ -1,0 +1,242 @@
+"""MTP draft-and-verify (engine/speculative.py) on CUDA graphs: the head's draft rounds and the target's verify
+forward each recorded once and replayed, as backends/cuda_graphs.py does for the plain decode step. An eager
+verify of a 9B model costs ~10 ms of Python and launches, a replayed one about a decode step (~3 ms).
+
+CapturedDraft: the MTP head for a fixed list of sequences, all n_max rounds in one graph. Round 0 runs each
+sequence's catch-up rows (its pending (token, h) pairs, then t0 with h_last); its last row's logits are argmaxed on
+the device into round 0's ids, and every later round embeds the previous round's ids and chains on the head's own
+output state, with no host round trip between rounds. The catch-up lengths are part of the graph's shape (1 ..
+n_max + 2 rows: one more than the tokens the previous step kept), so a list of sequences has a few draft graphs.
+
+CapturedVerify: the target's forward over [t0, d1 .. dn] of each sequence, n = n_max (fixed per graph), with
+StepBatch.keep_steps on, the hidden state the head reads, and the argmax of every row on the device. The host
+uploads the token ids and positions, replays, and reads back only the ids; the logits and h stay in the graph's
+buffers (valid until its next replay) for sampled rows, commit() and a request's last row.
+
+Numerics: both are captured with CudaBackend.capturing set, the same row order as the decode step and as the eager
+verify's decode_order(), so each verified token's logits are its decode's bit for bit (greedy output with MTP on
+equals MTP off: tests/test_mtp_cuda.py runs it with graphs on and off). The per-token recurrent states a verify
+keeps live on each state (CudaBackend._steps, from the backend's own arena, never a graph's); restore_steps stays
+eager. Memory: as CapturedStep, each graph's intermediates come from an arena of its own.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Sequence
+
+import numpy as np
+
+from ..lib._native import NativeError
+from .base import Segment, SeqState, StepBatch
+from .cuda_graphs import GRAPH_ARENA_CAP, GRAPH_CHUNK
+from .cuda_memory import DeviceArena
+
+
+def _rows(t, start: int, n: int):
+    """Rows start .. start + n - 1 of t (a view: a captured kernel's input or output slice)."""
+    v = t.view(t.shape)
+    v.ptr = t.row_ptr(start)
+    v.shape = (n,) + t.shape[1:]
+    return v
+
+
+class _Captured:
+    """Records `body()` into a CUDA graph with the forward's tensors from an arena of the graph's own; the states'
+    n_past (and keep_steps lengths) are put back, since nothing ran."""
+
+    def _capture(self, states: Sequence[SeqState], body) -> None:
+        be = self.be
+        saved = [(s.n_past, s.steps["len"] if s.steps is not None else None) for s in states]
+        main = be.arena
+        self.arena = DeviceArena(be.native, GRAPH_ARENA_CAP, GRAPH_CHUNK)
+        be.arena = self.arena
+        be.capturing = True
+        be.native.cmp_graph_begin()
+        try:
+            body()
+        except BaseException:
+            try:
+                be.native.graph_end()
+            except NativeError:
+                pass
+            raise
+        finally:
+            be.capturing = False
+            be.arena = main
+            for s, (n, steps) in zip(states, saved):
+                s.n_past = n
+                if s.steps is not None:
+                    s.steps["len"] = steps or 0
+        self.exec = be.native.graph_end()
+
+    def __del__(self):
+        if getattr(self, "exec", 0):
+            self.be.native.cmp_graph_destroy(self.exec)
+            self.exec = 0
+        arena = getattr(self, "arena", None)
+        if arena is not None:
+            self.outputs = None      # (blocks of this arena; releasing them into a closed arena is harmless)
+            arena.close()
+
+
+class CapturedDraft(_Captured):
+    """n rounds of the MTP head for MTP states `states` whose round 0 has `lengths` rows each (see module doc)."""
+
+    def __init__(self, be, model, states: Sequence[SeqState], lengths: Sequence[int], n: int):
+        self.be, self.states, self.lengths, self.n = be, list(states), list(lengths), n
+        B, R0, D = len(self.states), sum(self.lengths), model.cfg.n_embd
+        last = np.cumsum(self.lengths) - 1
+        self.tok0 = be.from_host(np.zeros(R0, np.int32), "i32", "draft graph token ids")
+        self.pos = be.from_host(np.zeros(R0 + (n - 1) * B, np.int32), "i32", "draft graph positions")
+        self.h0 = be.empty((R0, D), "f32", "draft graph hidden input")
+        self.ids = be.empty((n * B,), "i32", "draft graph ids")              # round r at rows r*B .. r*B + B-1
+        self.last = be.from_host(last.astype(np.int32), "i32", "draft graph round-0 rows")
+        self.one = be.from_host(np.arange(B, dtype=np.int32), "i32", "draft graph rows")
+        self._capture(self.states, lambda: self._record(model))
+
+    def _record(self, model) -> None:
+        be, B, R0 = self.be, len(self.states), self.tok0.shape[0]
+        segs, start = [], 0
+        for st, L in zip(self.states, self.lengths):
+            segs.append(Segment(start, L, st))
+            start += L
+        batch = StepBatch(self.tok0, np.zeros(R0, np.int32), segs, self.last)
+        batch.device["cuda_pos"] = _rows(self.pos, 0, R0)
+        logits, h = model.mtp_forward(batch, self.h0)
+        be.argmax(logits, out=_rows(self.ids, 0, B))
+        h = be.gather_rows(h, self.last)                                    # [B, D] each sequence's last row
+        for r in range(1, self.n):
+            batch = StepBatch(_rows(self.ids, (r - 1) * B, B), np.zeros(B, np.int32),
+                              [Segment(i, 1, st) for i, st in enumerate(self.states)], self.one)
+            batch.device["cuda_pos"] = _rows(self.pos, R0 + (r - 1) * B, B)
+            logits, h = model.mtp_forward(batch, h)
+            be.argmax(logits, out=_rows(self.ids, r * B, B))
+        self.outputs = h
+
+    def run(self, tokens: Sequence[int], h_parts: Sequence) -> list[list[int]]:
+        """tokens [R0]: every sequence's catch-up ids; h_parts: device tensors [r_i, D] whose rows, in order, are
+        h0 [R0, D] -> n drafted ids per sequence (the only bytes that cross). Advances the MTP states."""
+        be, B, R0 = self.be, len(self.states), self.tok0.shape[0]
+        if len(tokens) != R0 or sum(x.shape[0] for x in h_parts) != R0:
+            raise ValueError(f"draft graph of {R0} catch-up rows fed {len(tokens)} ids and "
+                             f"{sum(x.shape[0] for x in h_parts)} hidden rows")
+        for s, L in zip(self.states, self.lengths):
+            if s.n_past + L + self.n - 1 > s.n_ctx:
+                raise ValueError(f"draft needs {s.n_past + L + self.n - 1} positions, the context is {s.n_ctx}")
+        row = 0
+        for x in h_parts:                     # the pairs' h rows live in separate tensors: gathered by d2d copies
+            be.native.cmp_memcpy_d2d(self.h0.row_ptr(row), x.ptr, x.nbytes)
+            row += x.shape[0]
+        p0 = [s.n_past for s in self.states]
+        pos = [p + i for p, L in zip(p0, self.lengths) for i in range(L)]
+        pos += [p + L - 1 + r for r in range(1, self.n) for p, L in zip(p0, self.lengths)]
+        be.copy_from_host(self.tok0, np.asarray(tokens, np.int32))
+        be.copy_from_host(self.pos, np.asarray(pos, np.int32))
+        be.native.cmp_graph_launch(self.exec)
+        for s, L in zip(self.states, self.lengths):
+            s.n_past += L + self.n - 1
+        ids = be.ids_to_host(self.ids).reshape(self.n, B)
+        return [ids[:, i].tolist() for i in range(B)]
+
+
+class CapturedVerify(_Captured):
+    """The target's forward over 1 + n tokens of each of `states`, keep_steps on, every row argmaxed."""
+
+    def __init__(self, be, model, states: Sequence[SeqState], n: int):
+        self.be, self.states, self.T = be, list(states), n + 1
+        R = len(self.states) * self.T
+        self.tokens = be.from_host(np.zeros(R, np.int32), "i32", "verify graph token ids")
+        self.pos = be.from_host(np.zeros(R, np.int32), "i32", "verify graph positions")
+        self.rows = be.from_host(np.arange(R, dtype=np.int32), "i32", "verify graph output rows")
+        self.greedy = be.empty((R,), "i32", "verify graph argmax ids")
+        self._capture(self.states, lambda: self._record(model))
+
+    def _record(self, model) -> None:
+        T, R = self.T, self.tokens.shape[0]
+        batch = StepBatch(self.tokens, np.zeros(R, np.int32),
+                          [Segment(i * T, T, st) for i, st in enumerate(self.states)], self.rows)
+        batch.keep_steps = True
+        batch.device["cuda_pos"] = self.pos
+        logits, h = model.forward_hidden(batch)
+        self.be.argmax(logits, out=self.greedy)
+        self.outputs = (logits, h)
+
+    def run(self, tokens: Sequence[Sequence[int]]):
+        """tokens: [t0, d1 .. dn] per state -> (logits [B*T, N], h [B*T, D] on the device, the argmax of every row
+        [B*T] on the host). Advances every state by T and leaves its per-token states for restore_steps."""
+        be, T = self.be, self.T
+        if len(tokens) != len(self.states) or any(len(t) != T for t in tokens):
+            raise ValueError(f"verify graph of {len(self.states)} sequences x {T} tokens fed "
+                             f"{[len(t) for t in tokens]}")
+        for s in self.states:
+            if s.n_past + T > s.n_ctx:
+                raise ValueError(f"sequence needs {s.n_past + T} positions, its context is {s.n_ctx}")
+        be.copy_from_host(self.tokens, np.asarray([t for ts in tokens for t in ts], np.int32))
+        be.copy_from_host(self.pos, np.asarray([s.n_past + i for s in self.states for i in range(T)], np.int32))
+        be.native.cmp_graph_launch(self.exec)
+        for s in self.states:
+            s.n_past += T
+            s.steps["len"] = T
+        return self.outputs[0], self.outputs[1], be.ids_to_host(self.greedy)
+
+
+class SpecGraphs:
+    """The draft and verify graphs of one Speculator (n = n_max drafts per sequence), most recently used kept:
+    keyed by the states' identities (a graph holds its states, so an id is not reused while it is cached) and,
+    for drafts, the catch-up lengths."""
+
+    def __init__(self, be, model, n_max: int, capacity: int = 8):
+        if capacity < 1 or n_max < 1:
+            raise ValueError(f"SpecGraphs needs n_max >= 1 and capacity >= 1 (got {n_max}, {capacity})")
+        self.be, self.model, self.n, self.capacity = be, model, n_max, capacity
+        self._draft: OrderedDict[tuple, CapturedDraft] = OrderedDict()
+        self._verify: OrderedDict[tuple, CapturedVerify] = OrderedDict()
+        self.n_captured = self.n_replayed = 0
+
+    def _get(self, cache: OrderedDict, key: tuple, make, room: int):
+        g = cache.get(key)
+        if g is None:
+            while len(cache) >= room:
+                cache.popitem(last=False)
+            g = cache[key] = make()
+            self.n_captured += 1
+        else:
+            cache.move_to_end(key)
+            self.n_replayed += 1
+        return g
+
+    def draft(self, states: Sequence[SeqState], tokens: Sequence[Sequence[int]], h_parts: Sequence[Sequence]):
+        """MTP states, each one's catch-up ids and their h tensors -> n_max drafted ids per sequence."""
+        lengths = tuple(len(t) for t in tokens)
+        key = tuple(id(s) for s in states) + lengths
+        # a list of sequences has up to n_max + 2 catch-up shapes per sequence
+        g = self._get(self._draft, key, lambda: CapturedDraft(self.be, self.model, states, lengths, self.n),
+                      self.capacity * (self.n + 2))
+        return g.run([t for ts in tokens for t in ts], [x for xs in h_parts for x in xs])
+
+    def verify(self, states: Sequence[SeqState], tokens: Sequence[Sequence[int]]):
+        """[t0, d1 .. d_n_max] per target state -> (logits, h, argmax ids) of CapturedVerify.run."""
+        key = tuple(id(s) for s in states)
+        g = self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, self.n), self.capacity)
+        return g.run(tokens)
+
+    def prepare(self, states: Sequence[SeqState], mtp_states: Sequence[SeqState]) -> None:
+        """Capture the verify graph of `states` and the draft graphs of `mtp_states` for every catch-up length
+        (all sequences at the same length: 1 .. n_max + 2 rows). Capturing runs nothing."""
+        key = tuple(id(s) for s in states)
+        self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, self.n), self.capacity)
+        for L in range(1, self.n + 3):
+            lengths = (L,) * len(mtp_states)
+            self._get(self._draft, tuple(id(s) for s in mtp_states) + lengths,
+                      lambda: CapturedDraft(self.be, self.model, mtp_states, lengths, self.n),
+                      self.capacity * (self.n + 2))
+
+    def forget(self, state: SeqState) -> None:
+        """Drop every graph that holds `state` (its owner is replacing it)."""
+        for cache in (self._draft, self._verify):
+            for key in [k for k in cache if id(state) in k]:
+                del cache[key]
+
+    def clear(self) -> None:
+        self._draft.clear()
+        self._verify.clear()

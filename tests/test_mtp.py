@@ -148,19 +148,59 @@ class OracleSpeculator(Speculator):
         return out
 
 
-def _client(lm, n_max=None, refs=None, seed=0, p_wrong=0.3, n_ctx=128):
-    """The CLIs' one-slot client of the scheduler, MTP on with n_max (oracle drafts when refs are given)."""
+class EagerSpecGraphs:
+    """backends/spec_graphs.SpecGraphs' contract run eagerly on any backend, so that the Speculator's graph path
+    (n_max drafts chained on the head's argmax, a verify of exactly 1 + n_max rows with padding, the rows' argmax
+    handed to accept_tokens) is tested on the numpy reference; tests/test_mtp_cuda.py runs the real graphs."""
+
+    def __init__(self, model, n: int):
+        self.model, self.be, self.n = model, model.be, n
+        self.n_draft = self.n_verify = 0
+
+    def draft(self, states, tokens, h_parts):
+        be, model = self.be, self.model
+        batch = StepBatch.build(list(zip(states, tokens)))
+        logits, h = model.mtp_forward(batch, be.concat([x for xs in h_parts for x in xs], axis=0))
+        out = [[int(np.argmax(r))] for r in be.to_host(logits)]
+        h = be.gather_rows(h, batch.output_rows)
+        for _ in range(self.n - 1):
+            logits, h = model.mtp_forward(StepBatch.build([(s, [o[-1]]) for s, o in zip(states, out)]), h)
+            for o, r in zip(out, be.to_host(logits)):
+                o.append(int(np.argmax(r)))
+        self.n_draft += 1
+        return out
+
+    def verify(self, states, tokens):
+        assert all(len(t) == self.n + 1 for t in tokens), tokens
+        batch = StepBatch.build(list(zip(states, tokens)), all_logits=True)
+        batch.keep_steps = True
+        logits, h = self.model.forward_hidden(batch)
+        self.n_verify += 1
+        return logits, h, np.argmax(self.be.to_host(logits), axis=1).astype(np.int32)
+
+    def prepare(self, states, mtp_states):
+        pass
+
+    def forget(self, state):
+        pass
+
+
+def _client(lm, n_max=None, refs=None, seed=0, p_wrong=0.3, n_ctx=128, graphs=None):
+    """The CLIs' one-slot client of the scheduler, MTP on with n_max (oracle drafts when refs are given).
+    graphs: None the backend's own (CUDA graphs on CUDA), False none (eager), "eager-double" EagerSpecGraphs."""
     spec = SpecConfig(type="draft-mtp", n_max=n_max) if n_max else SpecConfig()
     c = SlotClient(lm, SimpleNamespace(n_ctx=n_ctx, n_batch=2048, micro_batch=512, k_type="f16", v_type="f16",
                                        spec=spec))
     if refs is not None:
         c.engine.spec = OracleSpeculator(c.engine, n_max, refs, np.random.default_rng(seed), p_wrong)
+    if c.engine.spec is not None and graphs is not None:
+        c.engine.spec.graphs = EagerSpecGraphs(lm.model, n_max) if graphs == "eager-double" else None
     return c
 
 
-def _greedy(lm, prompt, n, n_max=None, refs=None, seed=0):
+def _greedy(lm, prompt, n, n_max=None, refs=None, seed=0, graphs=None, n_ctx=128):
     """-> (the n greedy tokens after `prompt`, the client)."""
-    c = _client(lm, n_max, refs, seed)
+    c = _client(lm, n_max, refs, seed, n_ctx=n_ctx, graphs=graphs)
     c.history = list(lm.tokenizer.encode(prompt))
     return c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=n)).tokens, c
 
@@ -184,6 +224,53 @@ def test_greedy_with_accepted_drafts_equals_off(lm, n_max):
         assert on == off, prompt
         assert c.engine.spec.n_accepted > 5 and c.engine.spec.n_accepted < c.engine.spec.n_drafted
         assert c.perf.n_eval == plain.perf.n_eval            # tokens through the target, counted as decodes
+
+
+@pytest.mark.parametrize("n_max", [1, 3, 4])
+def test_graph_path_greedy_equals_off(lm, n_max):
+    """The Speculator's graph path (EagerSpecGraphs standing in for the CUDA graphs) with the real head and with
+    oracle drafts: token for token the plain greedy output; and the graphs were what ran."""
+    for seed, prompt in enumerate(PROMPTS[:3]):
+        off, _ = _greedy(lm, prompt, 24)
+        on, c = _greedy(lm, prompt, 24, n_max, graphs="eager-double")
+        g = c.engine.spec.graphs
+        assert on == off, prompt
+        assert g.n_draft > 0 and g.n_verify > 0
+        assert c.engine.spec.n_drafted == n_max * g.n_draft          # every graph draft gives n_max ids
+        on, c = _greedy(lm, prompt, 24, n_max, [lm.tokenizer.encode(prompt) + off], seed, graphs="eager-double")
+        assert on == off, prompt
+        assert c.engine.spec.n_accepted > 0 and c.engine.spec.graphs.n_verify > 0
+
+
+P_MIN_CUTS = 0.15     # the random head's top-10 probability is above it at some rows, below at others
+
+
+def test_graph_path_pads_short_drafts_and_leaves_graphs_at_the_context_end(lm):
+    """Drafts cut by p_min are verified by the graph of 1 + n_max rows (padded); near the end of the context (no
+    room for 1 + n_max rows) the step runs eagerly: the output is the plain greedy one either way."""
+    prompt = PROMPTS[1]
+    n_ctx = len(lm.tokenizer.encode(prompt)) + 30
+    off, _ = _greedy(lm, prompt, 29, n_ctx=n_ctx)
+    c = _client(lm, 3, n_ctx=n_ctx)
+    sp = c.engine.spec = Speculator(lm.model, 3, p_min=P_MIN_CUTS)
+    for slot in c.engine.slots:
+        slot.mtp = sp.new_seq(n_ctx)
+    sp.graphs = g = EagerSpecGraphs(lm.model, 3)
+    graphed = []                                       # the fewest real drafts of each verify the graph ran
+
+    def verify(seqs, verify=sp.verify):
+        n0 = g.n_verify
+        out = verify(seqs)
+        if g.n_verify > n0:
+            graphed.append(min(len(d) for *_, d in seqs))
+        return out
+    sp.verify = verify
+    c.history = list(lm.tokenizer.encode(prompt))
+    on = c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=29)).tokens
+    assert on == off
+    assert 0 < g.n_verify < c.engine.perf.draft.steps  # the last steps ran eagerly
+    assert min(graphed) < 3 and max(graphed) == 3      # padded and full graph verifies
+    assert g.n_draft == 0                              # p_min needs each row's top-10 on the host: eager drafts
 
 
 def test_head_cache_equals_one_pass_over_the_accepted_tokens(lm):

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..backends.base import SeqState, StepBatch
 from ..sampling import Sampler, SamplingParams
-from .decode import draw_tokens
+from .decode import draw_tokens, plan_row
 
 _ARGMAX = Sampler(SamplingParams(temp=0.0, seed=0))     # a neutral greedy chain: the backend's plain argmax
 DRAFT_TOP_K = 10                                        # llama.cpp's draft sampler (p_min is a top-10 probability)
@@ -277,6 +277,18 @@ def history_free_greedy(sampler: Sampler) -> bool:
                                                           and p.penalty_present == 0.0))
 
 
+def _plain_argmax(be, logits, v: Verified, sampler: Sampler) -> Optional[list[int]]:
+    """v's rows' device argmax (a captured verify's) when it is this greedy sampler's draw: the default chain, no
+    bias but lowered ids (ignore_eos, bans) none of which it landed on -> the draws, else None (draw_tokens)."""
+    ids = v.greedy
+    if ids is None or len(ids) < len(v.drafts) + 1:
+        return None
+    plan = plan_row(sampler, int(logits.shape[-1]), be.SAMPLE_MAX_K, be.SAMPLE_MAX_WINDOW)
+    if plan.kind != "argmax" or (plan.lowered and any(plan.lowered.get(t, 0.0) < 0.0 for t in ids)):
+        return None
+    return ids[:len(v.drafts) + 1]
+
+
 def accept_tokens(be, logits, v: Verified, sampler: Sampler, take: Callable[[int], bool],
                   synth: Optional[Callable[[Sequence[int]], int]] = None) -> int:
     """Walk v's verify rows: at row i the target's draw given t0, d1..di; continue while it equals d(i+1). Each
@@ -290,8 +302,8 @@ def accept_tokens(be, logits, v: Verified, sampler: Sampler, take: Callable[[int
     n_synth = synth(v.drafts) if synth is not None else None
     fixed = None                           # the target's draw at each of v's rows, when fixed before acceptance
     if history_free_greedy(sampler):
-        fixed = v.greedy
-        if fixed is None or len(fixed) < n + 1:
+        fixed = _plain_argmax(be, logits, v, sampler)
+        if fixed is None:
             rows = [None] * int(logits.shape[0])
             for i in range(n + 1):
                 rows[v.row + i] = sampler

@@ -155,10 +155,16 @@ class EagerSpecGraphs:
 
     def __init__(self, model, n: int):
         self.model, self.be, self.n = model, model.be, n
-        self.n_draft = self.n_verify = 0
+        self.n_draft = self.n_verify = self.n_declined = 0
+        self._asked = set()
 
     def draft(self, states, tokens, h_parts):
         be, model = self.be, self.model
+        key = tuple(id(s) for s in states) + tuple(len(t) for t in tokens)
+        if len(states) > 1 and key not in self._asked:      # SpecGraphs captures a shape of several the 2nd time
+            self._asked.add(key)
+            self.n_declined += 1
+            return None
         batch = StepBatch.build(list(zip(states, tokens)))
         logits, h = model.mtp_forward(batch, be.concat([x for xs in h_parts for x in xs], axis=0))
         out = [[int(np.argmax(r))] for r in be.to_host(logits)]
@@ -347,14 +353,17 @@ def test_file_without_mtp_and_spec_is_refused(fixture_gguf):
 
 # -- the server's scheduler ------------------------------------------------------------------------------------------
 
-def _engine_run(lm, spec, requests, oracle_refs=None):
-    """requests: (prompt, GenParams) run together on len(requests) slots -> tokens per request, the engine."""
+def _engine_run(lm, spec, requests, oracle_refs=None, graphs=None):
+    """requests: (prompt, GenParams) run together on len(requests) slots -> tokens per request, the engine.
+    graphs: as _client's."""
     import queue as q_
     from llamacmp.engine.scheduler import Engine, EngineConfig
     from llamacmp.engine.tasks import CompletionTask, FinalResult
     engine = Engine(lm, EngineConfig(n_slots=len(requests), n_ctx_slot=128, spec=spec))
     if oracle_refs is not None:
         engine.spec = OracleSpeculator(engine, 3, oracle_refs, np.random.default_rng(0))
+    if engine.spec is not None and graphs is not None:
+        engine.spec.graphs = EagerSpecGraphs(lm.model, engine.spec.n_max) if graphs == "eager-double" else None
     outs = [q_.Queue() for _ in requests]
     for (prompt, params), out in zip(requests, outs):
         engine.submit(CompletionTask(prompt, params, out.put))
@@ -370,22 +379,33 @@ def _engine_run(lm, spec, requests, oracle_refs=None):
         engine.stop()
 
 
-def test_scheduler_greedy_mtp_on_equals_off(lm):
+@pytest.mark.parametrize("graphs", [None, "eager-double"])
+def test_scheduler_greedy_mtp_on_equals_off(lm, graphs):
     """Three slots generating together, one of them with n_probs (its rows come to the host: it decodes the plain
-    way beside the others' draft-and-verify): every stream equals MTP off, with real and with oracle drafts."""
+    way beside the others' draft-and-verify): every stream equals MTP off, with real and with oracle drafts; also
+    on the graph path (several sequences per draft and verify graph, draft shapes declined the first time)."""
+    scheduler_greedy_on_equals_off(lm, graphs)
+
+
+def scheduler_greedy_on_equals_off(lm, graphs):
+    """(also run on CUDA by tests/test_mtp_cuda.py)"""
     from llamacmp.engine.tasks import GenParams
     prompts = [lm.tokenizer.encode(p) for p in PROMPTS[:3]]
     params = [GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=20 + i) for i in range(3)]
     params[2] = GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=15, n_probs=2)
     reqs = list(zip(prompts, params))
     off, _ = _engine_run(lm, None, reqs)
-    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs)
+    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, graphs=graphs)
     assert on == off and engine.spec.n_drafted > 0
+    g = engine.spec.graphs
+    if graphs == "eager-double":
+        assert g.n_declined > 0 and g.n_draft > 0 and g.n_verify > 0
     refs = [p + t for p, t in zip(prompts, off)]
-    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, refs)
+    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, refs, graphs=graphs)
     assert on == off
     assert engine.spec.n_accepted > 10
     assert engine.slots[0].mtp.n_accepted > 0 and engine.slots[2].mtp.n_drafted == 0
+    return engine
 
 
 def test_synthetic_acceptance(lm):

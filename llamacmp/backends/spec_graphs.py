@@ -6,7 +6,9 @@ CapturedDraft: the MTP head for a fixed list of sequences, all n_max rounds in o
 sequence's catch-up rows (its pending (token, h) pairs, then t0 with h_last); its last row's logits are argmaxed on
 the device into round 0's ids, and every later round embeds the previous round's ids and chains on the head's own
 output state, with no host round trip between rounds. The catch-up lengths are part of the graph's shape (1 ..
-n_max + 2 rows: one more than the tokens the previous step kept), so a list of sequences has a few draft graphs.
+n_max + 2 rows: one more than the tokens the previous step kept), so one sequence has n_max + 2 draft graphs and
+several have a graph per combination of lengths: a combination is captured the second time it is asked for (the
+first runs eagerly), so that slots whose lengths rarely repeat do not capture a graph every step.
 
 CapturedVerify: the target's forward over [t0, d1 .. dn] of each sequence, n = n_max (fixed per graph), with
 StepBatch.keep_steps on, the hidden state the head reads, and the argmax of every row on the device. The host
@@ -191,7 +193,8 @@ class SpecGraphs:
         self.be, self.model, self.n, self.capacity = be, model, n_max, capacity
         self._draft: OrderedDict[tuple, CapturedDraft] = OrderedDict()
         self._verify: OrderedDict[tuple, CapturedVerify] = OrderedDict()
-        self.n_captured = self.n_replayed = 0
+        self._asked: OrderedDict[tuple, None] = OrderedDict()     # draft shapes asked for once, not captured yet
+        self.n_captured = self.n_replayed = self.n_declined = 0
 
     def _get(self, cache: OrderedDict, key: tuple, make, room: int):
         g = cache.get(key)
@@ -206,9 +209,17 @@ class SpecGraphs:
         return g
 
     def draft(self, states: Sequence[SeqState], tokens: Sequence[Sequence[int]], h_parts: Sequence[Sequence]):
-        """MTP states, each one's catch-up ids and their h tensors -> n_max drafted ids per sequence."""
+        """MTP states, each one's catch-up ids and their h tensors -> n_max drafted ids per sequence; None (nothing
+        ran) for a shape asked for the first time: the caller drafts eagerly."""
         lengths = tuple(len(t) for t in tokens)
         key = tuple(id(s) for s in states) + lengths
+        if key not in self._draft and len(states) > 1 and key not in self._asked:
+            self._asked[key] = None
+            while len(self._asked) > 64 * self.capacity:
+                self._asked.popitem(last=False)
+            self.n_declined += 1
+            return None
+        self._asked.pop(key, None)
         # a list of sequences has up to n_max + 2 catch-up shapes per sequence
         g = self._get(self._draft, key, lambda: CapturedDraft(self.be, self.model, states, lengths, self.n),
                       self.capacity * (self.n + 2))

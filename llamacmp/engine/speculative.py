@@ -140,7 +140,9 @@ class Speculator:
             if ms.state.n_past + len(ms.pending) != st.n_past:
                 self.reset(ms, st.n_past)
         if self._graphed([st for st, _, _ in items]) and self.p_min <= 0.0:
-            return self._count(self._draft_graph(items), items)
+            got = self._draft_graph(items)
+            if got is not None:
+                return self._count(got, items)
         seqs = [(ms, t0) for _, ms, t0 in items]
         caps = [min(self.n_max, st.n_ctx - st.n_past - 1) for st, _, _ in items]
         live = [s for s in range(len(seqs)) if caps[s] > 0]
@@ -180,12 +182,14 @@ class Speculator:
 
     def _draft_graph(self, items) -> list[list[int]]:
         """draft() on the backend's captured rounds: each sequence's pending pairs and (t0, h_last) as round 0,
-        n_max rounds in one replay -> n_max ids per sequence."""
+        n_max rounds in one replay -> n_max ids per sequence; None where the graphs decline the shape (nothing ran)."""
         toks = [ms.pending + [t0] for _, ms, t0 in items]
         hs = [ms.pending_h + [ms.h_last] for _, ms, _ in items]
-        for _, ms, _ in items:
-            ms.pending, ms.pending_h = [], []
-        return self.graphs.draft([ms.state for _, ms, _ in items], toks, hs)
+        out = self.graphs.draft([ms.state for _, ms, _ in items], toks, hs)
+        if out is not None:
+            for _, ms, _ in items:
+                ms.pending, ms.pending_h = [], []
+        return out
 
     def _pick(self, logits) -> list[Optional[int]]:
         """The MTP's argmax per row (on the backend: only ids cross); None where its top-10 probability is below

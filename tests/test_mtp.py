@@ -187,9 +187,6 @@ class EagerSpecGraphs:
     def prepare(self, states, mtp_states):
         pass
 
-    def forget(self, state):
-        pass
-
 
 def _client(lm, n_max=None, refs=None, seed=0, p_wrong=0.3, n_ctx=128, graphs=None):
     """The CLIs' one-slot client of the scheduler, MTP on with n_max (oracle drafts when refs are given).

@@ -241,13 +241,3 @@ class SpecGraphs:
             self._get(self._draft, tuple(id(s) for s in mtp_states) + lengths,
                       lambda: CapturedDraft(self.be, self.model, mtp_states, lengths, self.n),
                       self.capacity * (self.n + 2))
-
-    def forget(self, state: SeqState) -> None:
-        """Drop every graph that holds `state` (its owner is replacing it)."""
-        for cache in (self._draft, self._verify):
-            for key in [k for k in cache if id(state) in k]:
-                del cache[key]
-
-    def clear(self) -> None:
-        self._draft.clear()
-        self._verify.clear()

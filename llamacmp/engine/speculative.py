@@ -238,11 +238,6 @@ class Speculator:
         if self.graphs is not None:
             self.graphs.prepare([st for st, _ in seqs], [ms.state for _, ms in seqs])
 
-    def forget(self, state: SeqState) -> None:
-        """Drop the captured graphs that hold `state` (a target or MTP state being replaced)."""
-        if self.graphs is not None:
-            self.graphs.forget(state)
-
     def commit(self, v: Verified, h, j: int) -> None:
         """Keep the first j (1 <= j <= 1 + len(drafts)) verified tokens: t0 and the drafts before the j-th emitted
         token (which becomes the next t0). Rewinds the recurrent state and queues the kept tokens for the head."""

@@ -18,9 +18,10 @@ sequence. Here those (token, h) pairs wait in MtpSeq.pending until the next draf
 together with (t0, h_(P-1)).
 
 On a backend that captures graphs (Backend.spec_graphs: backends/spec_graphs.py) the draft rounds and the verify
-forward are replayed CUDA graphs, with the argmax on the device and only ids crossing, whenever their shape is the
-graph's: n_max drafts for every sequence (no p_min cut, room in the context). Otherwise, and on the numpy reference,
-they run eagerly (graphs=False forces that). Both give each verified token its decode's logits.
+forward are replayed CUDA graphs, with the argmax on the device and only ids crossing, while the context has room
+for 1 + n_max rows per sequence: the draft when it runs all n_max rounds (no p_min, which reads each row's top-10
+on the host), the verify with fewer drafts padded to n_max. Otherwise, and on the numpy reference, they run eagerly
+(graphs=False forces that). Both give each verified token its decode's logits.
 """
 from __future__ import annotations
 
@@ -180,7 +181,7 @@ class Speculator:
         """Whether these sequences' step has the captured graphs' shape: graphs, and room for t0 and n_max drafts."""
         return self.graphs is not None and all(st.n_past + self.n_max + 1 <= st.n_ctx for st in states)
 
-    def _draft_graph(self, items) -> list[list[int]]:
+    def _draft_graph(self, items) -> Optional[list[list[int]]]:
         """draft() on the backend's captured rounds: each sequence's pending pairs and (t0, h_last) as round 0,
         n_max rounds in one replay -> n_max ids per sequence; None where the graphs decline the shape (nothing ran)."""
         toks = [ms.pending + [t0] for _, ms, t0 in items]

@@ -34,6 +34,7 @@ from .base import Backend, Segment, SeqState, StepBatch
 from .cuda_graphs import DecodeGraphs
 from .cuda_memory import DTYPES, MIB, DeviceArena, DeviceTensor
 from .cuda_state import CudaStateOps
+from .spec_graphs import SpecGraphs
 
 __all__ = ["CudaBackend", "DenseMatrix", "Q8Matrix", "QuantMatrix", "cuda_available"]
 
@@ -878,9 +879,8 @@ class CudaBackend(Backend):
             # From the backend's own arena even while a verify graph is captured (spec_graphs.py): the buffer lives
             # with the state. It never shrinks, and the Speculator's batches never exceed the n_max + 1 rows a
             # captured verify bakes in, so a graph's pointers stay valid.
-            with self._state_arena.persistent():
-                buf = state.steps[kind][layer] = DeviceTensor(self._state_arena, (rows,) + shape, "f32",
-                                                              f"the speculative {kind} steps")
+            buf = state.steps[kind][layer] = DeviceTensor(self._state_arena, (rows,) + shape, "f32",
+                                                          f"the speculative {kind} steps")
         return buf
 
     def restore_steps(self, state, k):
@@ -1019,7 +1019,6 @@ class CudaBackend(Backend):
 
     def spec_graphs(self, model, n_max: int, capacity: int = 8):
         """engine/speculative.py's draft rounds and verify forwards on CUDA graphs (backends/spec_graphs.py)."""
-        from .spec_graphs import SpecGraphs
         return SpecGraphs(self, model, n_max, capacity)
 
     def ids_to_host(self, ids: DeviceTensor) -> np.ndarray:

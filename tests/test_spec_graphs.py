@@ -75,7 +75,7 @@ def test_prepare_captures_what_the_steps_ask_for(graphs):
 
 
 def test_least_recently_used_goes_first(graphs):
-    g = graphs(n_max=1, capacity=1)              # room for 1 verify graph, 3 draft graphs
+    g = graphs(n_max=1, capacity=1)              # room for 1 verify graph, 2 * (1 + 2) draft graphs
     s1, s2 = _states(2)
     g.verify([s1], [[1, 2]])
     g.verify([s2], [[1, 2]])
@@ -83,12 +83,14 @@ def test_least_recently_used_goes_first(graphs):
     assert FakeVerify.made == [1, 1, 1]          # s1's graph was dropped for s2's, then captured again
     for L in (1, 2, 3, 1):
         g.draft([s1], [[0] * L], [[None]])
-    assert FakeDraft.made == [(1,), (2,), (3,)]
+    for L in (1, 2, 3):
+        g.draft([s2], [[0] * L], [[None]])
+    assert FakeDraft.made == [(1,), (2,), (3,)] * 2
     g.draft([s1], [[0] * 3], [[None]])
-    assert len(FakeDraft.made) == 3
-    g.draft([s2], [[0]], [[None]])             # a fourth shape: the least recently used (length 2) goes
+    assert len(FakeDraft.made) == 6
+    g.draft([s1], [[0] * 4], [[None]])         # a seventh shape: the least recently used (s1's length 2) goes
     g.draft([s1], [[0] * 2], [[None]])
-    assert FakeDraft.made[-2:] == [(1,), (2,)]
+    assert FakeDraft.made[-2:] == [(4,), (2,)]
 
 
 def test_bad_sizes_are_refused(graphs):

@@ -191,6 +191,9 @@ class SpecGraphs:
         if capacity < 1 or n_max < 1:
             raise ValueError(f"SpecGraphs needs n_max >= 1 and capacity >= 1 (got {n_max}, {capacity})")
         self.be, self.model, self.n, self.capacity = be, model, n_max, capacity
+        # verify graphs: `capacity` lists of sequences; draft graphs: every catch-up length of one list twice over
+        # (each graph holds an arena of at least GRAPH_CHUNK, outside the memory plan like the decode graphs')
+        self.draft_room = 2 * (n_max + 2)
         self._draft: OrderedDict[tuple, CapturedDraft] = OrderedDict()
         self._verify: OrderedDict[tuple, CapturedVerify] = OrderedDict()
         self._asked: OrderedDict[tuple, None] = OrderedDict()     # draft shapes asked for once, not captured yet
@@ -220,9 +223,8 @@ class SpecGraphs:
             self.n_declined += 1
             return None
         self._asked.pop(key, None)
-        # a list of sequences has up to n_max + 2 catch-up shapes per sequence
         g = self._get(self._draft, key, lambda: CapturedDraft(self.be, self.model, states, lengths, self.n),
-                      self.capacity * (self.n + 2))
+                      self.draft_room)
         return g.run([t for ts in tokens for t in ts], [x for xs in h_parts for x in xs])
 
     def verify(self, states: Sequence[SeqState], tokens: Sequence[Sequence[int]]):
@@ -239,5 +241,4 @@ class SpecGraphs:
         for L in range(1, self.n + 3):
             lengths = (L,) * len(mtp_states)
             self._get(self._draft, tuple(id(s) for s in mtp_states) + lengths,
-                      lambda: CapturedDraft(self.be, self.model, mtp_states, lengths, self.n),
-                      self.capacity * (self.n + 2))
+                      lambda: CapturedDraft(self.be, self.model, mtp_states, lengths, self.n), self.draft_room)

@@ -1,60 +1,14 @@
-// Projections and embedding rows over the block-quantized weight types other than Q8_0 (quant_blocks.cuh), against
-// the same Q8 activations as matmul_q8.cu (xq [T, n] int8, xd [T, n/32] f32 from cmp_quantize_q8 and the fused
-// producers). Per 32-value sub-block of a weight row and token: two int8 dots of 16 codes (DP4A, or the route's
-// DP2A / IMAD: common.cuh), scaled by the half's scale, less the half's min times the activation half's sum (the
-// dot with 0x01010101), times the activation scale.
-//  - GEMV (T <= 16, decode): warp per weight row, lane l takes sub-blocks l, l + 32, ... in increasing order, loads
-//    of U sub-blocks in flight before their decode; each row's result is the same for every T (batch invariant:
-//    every rounding explicit, tokens never interact, a fixed butterfly sum). Up to 4 matrices of one type per
-//    launch, optional residual added in the epilogue.
-//  - GEMM (T > 16, prefill): per chunk of weight rows, an expansion kernel writes int8 codes + an f32 scale and min
-//    per 16 values into the caller's workspace, then one DP4A GEMM (128x128 tiles, 8x8 outputs per thread, double-
-//    buffered shared memory as matmul_q8.cu's v2 GEMM) multiplies that form; the activation half sums times their
-//    scale come from a small kernel first.
+// Entry points of the projections and embedding rows over the block-quantized weight types other than Q8_0
+// (quant_blocks.cuh): layout, repack, workspace size, embedding, the weight expansion of the GEMM path, and
+// cmp_matmul_quant, which hands the call to its dot route's translation unit (matmul_quant.cuh has the GEMV / GEMM
+// kernels and what they compute; matmul_quant_dp4a.cu, _dp2a.cu, _imad.cu instantiate them, compiled in parallel).
 //  - Embedding rows: value = s * code - m per value, in fp32 with the rounding of gguf.quants' dequantize.
-// No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =
-// IDP.2A, or IMAD), a template parameter of the kernels that take one, chosen per call by cmp_matmul_*'s kernels bits;
-// CMP_MM_MMA multiplies the (expanded) weights on the tensor cores instead (matmul_mma.cu).
-#include <algorithm>
-
-#include "matmul_mma.cuh"
-#include "quant_blocks.cuh"
-#include "smem_plan.h"
+#include "matmul_quant.cuh"
 
 namespace cmp {
 namespace {
 
-constexpr int QGEMV_WARPS = 4;
-constexpr int QGEMV_MAX_T = 16;
-constexpr int QMAX_MATS = 4;
-using smem::QTILE;   // GEMM tile: 128 weight rows x 128 tokens
-using smem::QBK;     // sub-blocks of 32 per shared-memory stage
-using smem::QKP;     // row stride in ints
-using smem::QStage;  // one stage of the GEMM's operands (smem_plan.h, which sizes it)
-constexpr int ONES = 0x01010101;
-
-template <class D>
-__device__ __forceinline__ int sum16(const int4 b) { return dot16<D>(make_int4(ONES, ONES, ONES, ONES), b); }
-
-// An int of magnitude < 2^22 as float, exactly (add to the mantissa of 1.5 * 2^23, subtract it again).
-__device__ __forceinline__ float i2f(int s) { return __int_as_float(0x4B400000 + s) - 12582912.f; }
-
-// One sub-block's weighted dot: s0 * dot(codes 0..15, x0) + s1 * dot(16..31, x1) - (m0 * sum(x0) + m1 * sum(x1)),
-// activation scale not applied. Every rounding explicit so that the result is a function of its inputs only.
-// D: the int8 dot of the route (common.cuh).
-template <bool PER16, bool MIN, class D>
-__device__ __forceinline__ float sub_dot(const int4 w0, const int4 w1, float s0, float s1, float m0, float m1,
-                                        const int4 x0, const int4 x1) {
-    const int d0 = dot16<D>(w0, x0), d1 = dot16<D>(w1, x1);
-    float v = PER16 ? __fmaf_rn(s0, i2f(d0), __fmul_rn(s1, i2f(d1))) : __fmul_rn(s0, i2f(d0 + d1));
-    if (MIN) {
-        const int e0 = sum16<D>(x0), e1 = sum16<D>(x1);
-        v = __fsub_rn(v, PER16 ? __fmaf_rn(m0, i2f(e0), __fmul_rn(m1, i2f(e1))) : __fmul_rn(m0, i2f(e0 + e1)));
-    }
-    return v;
-}
-
-// ---- repack and embedding -----------------------------------------------------------------------------------------
+// ---- repack, embedding and expansion --------------------------------------------------------------------------------
 
 // Thread per file block: its fields into the row's planes (quant_blocks.cuh layout).
 template <class Q>
@@ -95,125 +49,6 @@ __global__ void embed_quant_kernel(const int32_t* __restrict__ ids,   // [T]
     }
 }
 
-// ---- GEMV ---------------------------------------------------------------------------------------------------------
-
-struct QuantSet {
-    const uint8_t* body[QMAX_MATS];  // [rows_i, nb * BODY]
-    const uint8_t* head[QMAX_MATS];  // [rows_i, nb * HEAD]
-    float* y[QMAX_MATS];             // [T, rows_i]
-    const float* res[QMAX_MATS];     // [T, rows_i] added to y, or null
-    int row_end[QMAX_MATS];          // cumulative rows
-    int count, total;
-};
-
-// Sub-blocks in flight per lane: 4 at T <= 2, 2 above (T = 4, 16 are compute-bound). The launch bound at T = 1: 8
-// blocks per SM, a 64-register cap that keeps every block of a 4096-row matrix resident in one wave (H200,
-// 2026-12-01, same run: U 4 capped 55-80% of copy on the 9B shapes; U 4 uncapped, 72 registers: 44-76%; U 8 under a
-// 128-register cap: 47-64%; Q4_K and Q6_K).
-template <int NT> constexpr int qgemv_unroll() { return NT <= 2 ? 4 : 2; }
-template <int NT> constexpr int qgemv_min_blocks() { return NT == 1 ? 8 : 1; }
-
-// Warp per weight row; lane l takes the row's sub-blocks l, l + 32, ... (each a contiguous run of every body plane,
-// so a warp's load of one plane is one contiguous span), U of them loaded before their decode. The first U go out
-// before pdl_wait_producers (weights never change; x, res and y belong to the kernels before this one), and the
-// kernel lets its PDL consumer launch at once (every kernel launched with PDL waits for this grid before it touches
-// memory), so the next kernel's blocks take the SMs this grid's last wave leaves idle (H200, T = 1: without the
-// early trigger 5-24% slower (Q4_K, Q6_K); launch() uses PDL where cmp_set_pdl is on).
-template <class Q, int NT, int U, int MINB, class D>
-__global__ void __launch_bounds__(QGEMV_WARPS * 32, MINB)
-gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
-                  const float* __restrict__ xd,   // [NT, n/32]
-                  const QuantSet set, int n) {
-    constexpr int NSUB = Q::BV / 32;
-    const int grow = blockIdx.x * QGEMV_WARPS + threadIdx.y;
-    if (grow >= set.total) return;
-    const uint8_t* body = set.body[0];
-    const uint8_t* head = set.head[0];
-    float* y = set.y[0];
-    const float* res = set.res[0];
-    int row0 = 0, rows = set.row_end[0];
-#pragma unroll
-    for (int i = 1; i < QMAX_MATS; ++i) {
-        if (i < set.count && grow >= set.row_end[i - 1]) {
-            body = set.body[i];
-            head = set.head[i];
-            y = set.y[i];
-            res = set.res[i];
-            row0 = set.row_end[i - 1];
-            rows = set.row_end[i] - row0;
-        }
-    }
-    const int row = grow - row0, lane = threadIdx.x, nb = n / Q::BV, nsub = n / 32, j = lane % NSUB;
-    body += (size_t)row * nb * Q::BODY;
-    head += (size_t)row * nb * Q::HEAD;
-    typename Q::Raw raw[U];
-    auto fetch = [&](int c0) {
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-            if (c0 + 32 * u < nsub) raw[u] = Q::load(body, head, nb, c0 + 32 * u);
-    };
-    fetch(lane);
-    pdl_allow_consumers();
-    pdl_wait_producers();
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-    for (int c0 = lane;;) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + 32 * u;
-            if (c >= nsub) break;
-            SubBlock sb;
-            Q::decode(raw[u], j, sb);
-            const int4 w0 = make_int4(sb.q[0], sb.q[1], sb.q[2], sb.q[3]);
-            const int4 w1 = make_int4(sb.q[4], sb.q[5], sb.q[6], sb.q[7]);
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                const int4* xv = reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 32);
-                const float v = sub_dot<Q::PER16, Q::MIN, D>(w0, w1, sb.s[0], sb.s[1], sb.m[0], sb.m[1], __ldg(xv),
-                                                         __ldg(xv + 1));
-                acc[t] = __fmaf_rn(v, __ldg(xd + (size_t)t * nsub + c), acc[t]);
-            }
-        }
-        c0 += 32 * U;
-        if (c0 >= nsub) break;
-        fetch(c0);
-    }
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)t * rows + row] = res ? res[(size_t)t * rows + row] + v : v;
-    }
-}
-
-template <class Q, int NT, class D>
-int launch_gemv_quant(const int8_t* xq, const float* xd, const QuantSet& set, int n) {
-    return launch("gemv_quant_kernel", gemv_quant_kernel<Q, NT, qgemv_unroll<NT>(), qgemv_min_blocks<NT>(), D>,
-                  dim3(ceil_div(set.total, QGEMV_WARPS)), dim3(32, QGEMV_WARPS), 0, xq, xd, set, n);
-}
-
-template <class Q, class D, int... NT>
-int gemv_quant_by_t(int T, const int8_t* xq, const float* xd, const QuantSet& set, int n,
-                    std::integer_sequence<int, NT...>) {
-    using Fn = int (*)(const int8_t*, const float*, const QuantSet&, int);
-    static constexpr Fn table[] = {launch_gemv_quant<Q, NT + 1, D>...};
-    return table[T - 1](xq, xd, set, n);
-}
-
-// ---- GEMM (T > QGEMV_MAX_T) ----------------------------------------------------------------------------------------
-
-// xs [T, n/16] = xd * (sum of the 16 activation codes of each half): exact (an f16-precision scale times an 11-bit
-// integer). Only for types with a min.
-template <class D>
-__global__ void half_sums_kernel(const int8_t* __restrict__ xq,  // [T, n]
-                                 const float* __restrict__ xd,   // [T, n/32]
-                                 float* __restrict__ xs,         // [T, n/16]
-                                 size_t halves) {
-    const size_t h = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (h >= halves) return;
-    xs[h] = xd[h >> 1] * (float)sum16<D>(__ldg(reinterpret_cast<const int4*>(xq + 16 * h)));
-}
-
 // Thread per (row, sub-block) of rows [0, R) of the chunk: codes wq [R, n] int8, scales ws [R, n/16], mins wm [R, n/16]
 // (MIN types only).
 template <class Q>
@@ -234,258 +69,17 @@ __global__ void expand_kernel(const uint8_t* __restrict__ body, const uint8_t* _
     if (Q::MIN) reinterpret_cast<float2*>(wm)[i] = make_float2(sb.m[0], sb.m[1]);
 }
 
-// The expanded weights times the activations: thread (tx, ty) = (tid % 16, tid / 16) owns rows tx + 16i and tokens
-// ty + 16j (i, j < 8), rows in registers 4 at a time. Per sub-block and output: two 16-code DP4A dots with their
-// half scales, times the activation scale, less the mins times the activation half sums. Stages of QBK sub-blocks,
-// double-buffered (codes by cp.async on sm_80+; scales through registers), one barrier per stage; STAGES 1 where
-// shared memory holds one stage only (smem::gemm_quant_plan: sm_61): the next stage waits in registers while the
-// current one is multiplied, then a second barrier before it overwrites it. The arithmetic is the same.
-template <bool PER16, bool MIN, class D, int STAGES>
-__global__ void __launch_bounds__(256, 1)
-gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
-                  const float* __restrict__ xd,   // [T, n/32]
-                  const float* __restrict__ xs,   // [T, n/16] (MIN)
-                  const int8_t* __restrict__ wq,  // [R, n]
-                  const float* __restrict__ ws,   // [R, n/16]
-                  const float* __restrict__ wm,   // [R, n/16] (MIN)
-                  const float* __restrict__ res,  // [T, ldy] added to y, or null
-                  float* __restrict__ y,          // [T, ldy], columns [0, R)
-                  int T, int R, int n, int ldy) {
-    extern __shared__ __align__(16) unsigned char qsmem[];  // QStage[STAGES]: 27 KB each
-    QStage* st = reinterpret_cast<QStage*>(qsmem);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    constexpr bool ASYNC = STAGES > 1;   // cp.async straight into the next stage (one stage: it is being read)
-#else
-    constexpr bool ASYNC = false;
-#endif
-    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-    const int row0 = blockIdx.x * QTILE, tok0 = blockIdx.y * QTILE, nsub = n / 32, nh = n / 16;
-    const int nstage = (nsub + QBK - 1) / QBK;
-    const int lr = tid >> 2, lc = tid & 3;  // code chunk p: row lr + 64p, 16-byte chunk lc of the stage's 64 bytes
-    const int sr = tid >> 1, sk = tid & 1;  // scale loads: row sr, sub-block sk of the stage
-
-    struct Pending { int4 w[2], x[2]; float2 ws, wm, xs; float xd; };
-    auto fetch = [&](int s, QStage& b, Pending& p) {
-        const int blk = s * QBK + (lc >> 1);
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const int r = lr + 64 * k, gr = row0 + r, gt = tok0 + r;
-            const bool okw = gr < R && blk < nsub, okx = gt < T && blk < nsub;
-            const int8_t* sw = wq + (okw ? (size_t)gr * n + (size_t)s * QBK * 32 + lc * 16 : 0);
-            const int8_t* sx = xq + (okx ? (size_t)gt * n + (size_t)s * QBK * 32 + lc * 16 : 0);
-            if constexpr (ASYNC) {
-                copy16(&b.w[r][lc * 4], sw, okw);
-                copy16(&b.x[r][lc * 4], sx, okx);
-            } else {
-                p.w[k] = okw ? __ldg(reinterpret_cast<const int4*>(sw)) : make_int4(0, 0, 0, 0);
-                p.x[k] = okx ? __ldg(reinterpret_cast<const int4*>(sx)) : make_int4(0, 0, 0, 0);
-            }
-        }
-        const int sblk = s * QBK + sk;
-        const bool okw = row0 + sr < R && sblk < nsub, okx = tok0 + sr < T && sblk < nsub;
-        const float2 z = make_float2(0.f, 0.f);
-        p.ws = okw ? reinterpret_cast<const float2*>(ws + (size_t)(row0 + sr) * nh)[sblk] : z;
-        p.wm = MIN && okw ? reinterpret_cast<const float2*>(wm + (size_t)(row0 + sr) * nh)[sblk] : z;
-        p.xs = MIN && okx ? reinterpret_cast<const float2*>(xs + (size_t)(tok0 + sr) * nh)[sblk] : z;
-        p.xd = okx ? xd[(size_t)(tok0 + sr) * nsub + sblk] : 0.f;
-    };
-    auto publish = [&](QStage& b, const Pending& p) {
-        if constexpr (ASYNC) {
-            cp_async_wait();
-        } else {
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                *reinterpret_cast<int4*>(&b.w[lr + 64 * k][lc * 4]) = p.w[k];
-                *reinterpret_cast<int4*>(&b.x[lr + 64 * k][lc * 4]) = p.x[k];
-            }
-        }
-        b.ws[sr][2 * sk] = p.ws.x;
-        b.ws[sr][2 * sk + 1] = p.ws.y;
-        b.wm[sr][2 * sk] = p.wm.x;
-        b.wm[sr][2 * sk + 1] = p.wm.y;
-        b.xs[sr][2 * sk] = p.xs.x;
-        b.xs[sr][2 * sk + 1] = p.xs.y;
-        b.xd[sr][sk] = p.xd;
-    };
-
-    float acc[8][8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
-
-    Pending p;
-    fetch(0, st[0], p);
-    publish(st[0], p);
-    __syncthreads();
-    for (int s = 0; s < nstage; ++s) {
-        QStage& cur = st[s % STAGES];
-        QStage& nxt = st[(s + 1) % STAGES];
-        const bool more = s + 1 < nstage;
-        if (more) fetch(s + 1, nxt, p);  // nxt was last read before the previous barrier
-#pragma unroll
-        for (int kb = 0; kb < QBK; ++kb) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {  // 4 weight rows in registers at a time
-                int4 a[4][2];
-                float s0[4], s1[4], m0[4], m1[4];
-#pragma unroll
-                for (int ii = 0; ii < 4; ++ii) {
-                    const int r = tx + 16 * (4 * h + ii);
-                    a[ii][0] = *reinterpret_cast<const int4*>(&cur.w[r][kb * 8]);
-                    a[ii][1] = *reinterpret_cast<const int4*>(&cur.w[r][kb * 8 + 4]);
-                    s0[ii] = cur.ws[r][2 * kb];
-                    s1[ii] = cur.ws[r][2 * kb + 1];
-                    m0[ii] = MIN ? cur.wm[r][2 * kb] : 0.f;
-                    m1[ii] = MIN ? cur.wm[r][2 * kb + 1] : 0.f;
-                }
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const int c = ty + 16 * j;
-                    const int4 b0 = *reinterpret_cast<const int4*>(&cur.x[c][kb * 8]);
-                    const int4 b1 = *reinterpret_cast<const int4*>(&cur.x[c][kb * 8 + 4]);
-                    const float sx = cur.xd[c][kb];
-                    const float e0 = MIN ? cur.xs[c][2 * kb] : 0.f, e1 = MIN ? cur.xs[c][2 * kb + 1] : 0.f;
-#pragma unroll
-                    for (int ii = 0; ii < 4; ++ii) {
-                        const int d0 = dot16<D>(a[ii][0], b0), d1 = dot16<D>(a[ii][1], b1);
-                        const float v = PER16 ? fmaf(s0[ii], i2f(d0), s1[ii] * i2f(d1)) : s0[ii] * i2f(d0 + d1);
-                        float& o = acc[4 * h + ii][j];
-                        o = fmaf(v, sx, o);
-                        if (MIN) o -= fmaf(m0[ii], e0, m1[ii] * e1);
-                    }
-                }
-            }
-        }
-        if (STAGES == 1) __syncthreads();   // every thread done with cur before the next stage overwrites it
-        if (more) publish(nxt, p);
-        __syncthreads();
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int t = tok0 + ty + 16 * j;
-        if (t >= T) continue;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int r = row0 + tx + 16 * i;
-            if (r < R) y[(size_t)t * ldy + r] = res ? res[(size_t)t * ldy + r] + acc[i][j] : acc[i][j];
-        }
-    }
-}
-
-// Workspace of the GEMM path: the activation half sums (MIN types), then per chunk of rows the expanded weights.
-struct GemmWork {
-    float* xs;
-    int8_t* wq;
-    float* ws;
-    float* wm;
-    int chunk;  // rows per chunk (a multiple of QTILE), 0 when the workspace is too small
-};
-
-constexpr size_t align256(size_t b) { return (b + 255) / 256 * 256; }
-
-template <class Q>
-size_t expanded_row_bytes(int n) { return (size_t)n + (size_t)(n / 16) * 4 * (Q::MIN ? 2 : 1); }
-
-template <class Q>
-size_t half_sums_bytes(int T, int n) { return Q::MIN ? align256((size_t)T * (n / 16) * 4) : 0; }
-
-template <class Q>
-GemmWork split_work(void* work, size_t bytes, int T, int n, int rows) {
-    GemmWork g{};
-    const size_t xsb = half_sums_bytes<Q>(T, n);
-    if (bytes < xsb) return g;
-    const size_t per_row = expanded_row_bytes<Q>(n);
-    size_t chunk = (bytes - xsb - 3 * 256) / per_row / QTILE * QTILE;
-    chunk = std::min(chunk, (size_t)(rows + QTILE - 1) / QTILE * QTILE);
-    if (chunk == 0) return g;
-    uint8_t* p = static_cast<uint8_t*>(work);
-    g.xs = reinterpret_cast<float*>(p);
-    p += xsb;
-    g.wq = reinterpret_cast<int8_t*>(p);
-    p += align256(chunk * n);
-    g.ws = reinterpret_cast<float*>(p);
-    p += align256(chunk * (n / 16) * 4);
-    g.wm = Q::MIN ? reinterpret_cast<float*>(p) : nullptr;
-    g.chunk = (int)chunk;
-    return g;
-}
-
-template <bool PER16, bool MIN, class D, int STAGES>
-int launch_gemm_quant(const int8_t* xq, const float* xd, const GemmWork& g, const float* res, float* y, int T, int R,
-                      int n, int ldy) {
-    constexpr size_t bytes = STAGES * sizeof(QStage);
-    auto kernel = gemm_quant_kernel<PER16, MIN, D, STAGES>;
-    CMP_TRY(smem_opt_in("gemm_quant_kernel", kernel, bytes));
-    kernel<<<dim3(ceil_div(R, QTILE), ceil_div(T, QTILE)), 256, bytes, stream()>>>(xq, xd, g.xs, g.wq, g.ws, g.wm,
-                                                                                  res, y, T, R, n, ldy);
-    return check_launch("gemm_quant_kernel");
-}
-
-template <class Q, class D>
-int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uint8_t* head, float* y, const float* res,
-               int rows, int T, int n, const GemmWork& g, bool mma) {
-    const int nb = n / Q::BV;
-    size_t limit = 0;
-    CMP_TRY(smem_limit(&limit));
-    const int stages = smem::gemm_quant_plan(limit).config;   // 2, else 1 (sm_61); 0: the 1-stage error below
-    for (int r0 = 0; r0 < rows; r0 += g.chunk) {
-        const int R = std::min(g.chunk, rows - r0);
-        const size_t subs = (size_t)R * (n / 32);
-        expand_kernel<Q><<<ceil_div(subs, 256), 256, 0, stream()>>>(body + (size_t)r0 * nb * Q::BODY,
-                                                                     head + (size_t)r0 * nb * Q::HEAD, g.wq, g.ws,
-                                                                     g.wm, R, n);
-        CMP_TRY(check_launch("expand_kernel"));
-        if (mma) {
-            const MmaOperands op{xq, xd, g.xs, g.wq, g.ws, g.wm, res ? res + r0 : nullptr, y + r0, T, R, n, rows};
-            CMP_TRY(gemm_mma(Q::PER16 ? MMA_PER16 : MMA_PER32, Q::MIN, op));
-            continue;
-        }
-        const float* rr = res ? res + r0 : nullptr;
-        const auto run = stages == 2 ? launch_gemm_quant<Q::PER16, Q::MIN, D, 2>
-                                    : launch_gemm_quant<Q::PER16, Q::MIN, D, 1>;
-        CMP_TRY(run(xq, xd, g, rr, y + r0, T, R, n, rows));
-    }
-    return CMP_OK;
-}
-
-// D: the int8 dot of this call's path (the GEMV's route for T <= 16, else the GEMM's).
-template <class Q, class D>
-int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
-                 float* const* y, const float* const* res, const int* rows, int T, int n, void* work,
-                 size_t work_bytes, bool mma) {
-    CMP_REQUIRE(n % Q::BV == 0, "cmp_matmul_quant: n=%d is not a multiple of the type's %d-value blocks", n, Q::BV);
-    if (T <= QGEMV_MAX_T) {
-        QuantSet set{};
-        int total = 0;
-        for (int i = 0; i < count; ++i) {
-            set.body[i] = static_cast<const uint8_t*>(body[i]);
-            set.head[i] = static_cast<const uint8_t*>(head[i]);
-            set.y[i] = y[i];
-            set.res[i] = res ? res[i] : nullptr;
-            set.row_end[i] = total += rows[i];
-        }
-        set.count = count;
-        set.total = total;
-        return gemv_quant_by_t<Q, D>(T, xq, xd, set, n, std::make_integer_sequence<int, QGEMV_MAX_T>{});
-    }
-    int max_rows = 0;
-    for (int i = 0; i < count; ++i) max_rows = std::max(max_rows, rows[i]);
-    const GemmWork g = split_work<Q>(work, work_bytes, T, n, max_rows);
-    CMP_REQUIRE(g.chunk > 0, "cmp_matmul_quant: a workspace of %zu bytes is too small for T=%d n=%d (need %zu)",
-                work_bytes, T, n, half_sums_bytes<Q>(T, n) + 3 * 256 + QTILE * expanded_row_bytes<Q>(n));
-    if (Q::MIN) {
-        const size_t halves = (size_t)T * (n / 16);
-        half_sums_kernel<D><<<ceil_div(halves, 256), 256, 0, stream()>>>(xq, xd, g.xs, halves);
-        CMP_TRY(check_launch("half_sums_kernel"));
-    }
-    for (int i = 0; i < count; ++i)
-        CMP_TRY((gemm_quant<Q, D>(xq, xd, static_cast<const uint8_t*>(body[i]), static_cast<const uint8_t*>(head[i]),
-                                  y[i], res ? res[i] : nullptr, rows[i], T, n, g, mma)));
-    return CMP_OK;
-}
-
 }  // namespace
+
+int expand_quant(int type, const uint8_t* body, const uint8_t* head, int8_t* wq, float* ws, float* wm, int R, int n) {
+    return dispatch_quant(type, "cmp_matmul_quant", [&](auto q) -> int {
+        using Q = decltype(q);
+        const size_t subs = (size_t)R * (n / 32);
+        expand_kernel<Q><<<ceil_div(subs, 256), 256, 0, stream()>>>(body, head, wq, ws, wm, R, n);
+        return check_launch("expand_kernel");
+    });
+}
+
 }  // namespace cmp
 
 using namespace cmp;
@@ -535,12 +129,13 @@ extern "C" int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int
     CMP_REQUIRE((kernels & ~(3 << CMP_MM_GEMV_DOT_SHIFT | 3 << CMP_MM_GEMM_DOT_SHIFT | CMP_MM_MMA)) == 0,
                 "cmp_matmul_quant: kernel bits 0x%x (only the dot routes of CmpMatmulDotField and CMP_MM_MMA)", kernels);
     const int dot = kernels >> (T <= QGEMV_MAX_T ? CMP_MM_GEMV_DOT_SHIFT : CMP_MM_GEMM_DOT_SHIFT) & 3;
-    return dispatch_quant(type, "cmp_matmul_quant", [&](auto q) -> int {
+    // The type is checked here first (an unknown one fails even at T = 0); the route's translation unit dispatches
+    // on it again to its instantiation.
+    return dispatch_quant(type, "cmp_matmul_quant", [&](auto) -> int {
         if (T == 0) return (int)CMP_OK;
-        return dispatch_dot(dot, "cmp_matmul_quant", [&](auto d) {
-            return matmul_quant<decltype(q), decltype(d)>(xq, xd, count, body, head, y, res, rows, T, n, work,
-                                                          work_bytes, (kernels & CMP_MM_MMA) != 0);
-        });
+        const QuantMatmul m{type, xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes,
+                            (kernels & CMP_MM_MMA) != 0};
+        return dispatch_dot(dot, "cmp_matmul_quant", [&](auto d) { return matmul_quant_dot(d, m); });
     });
 }
 
@@ -554,3 +149,4 @@ extern "C" int cmp_embed_quant(int type, const int32_t* ids, const void* body, c
                       static_cast<const uint8_t*>(body), static_cast<const uint8_t*>(head), out, D);
     });
 }
+

@@ -6,7 +6,9 @@ matmuls hold no IDP.4A, the IMAD ones neither IDP.4A nor IDP.2A. Runs without a 
 package nvidia-cuda-cuobjdump (with nvidia-cuda-nvdisasm for -sass), triton's bundled copy, or PATH."""
 from __future__ import annotations
 
+import functools
 import re
+from pathlib import Path
 
 import pytest
 from sass_tools import (TENSOR_CORE_SASS, cuobjdump_candidates, ptx_mma_hits, run_cuobjdump, sass_functions,
@@ -16,7 +18,14 @@ from llamacmp.lib._native import library_path
 
 
 def _dump(tool, flag: str, lib) -> str:
-    r = run_cuobjdump(tool, flag, lib)
+    """cuobjdump's text, once per (tool, flag, library) for the whole module: six tests read the same dump, which
+    for a library of every CUDA 13 architecture is hundreds of MB and minutes of the 2-core CI's time."""
+    return _dump_once(str(tool), flag, str(lib))
+
+
+@functools.lru_cache(maxsize=2)
+def _dump_once(tool: str, flag: str, lib: str) -> str:
+    r = run_cuobjdump(Path(tool), flag, Path(lib))
     assert r.returncode == 0, f"{tool} {flag} failed: {r.stderr[-2000:]}"
     return r.stdout
 
@@ -58,7 +67,7 @@ def test_mma_kernels_use_int8_tensor_cores(tool_and_lib):
     refused there at run time), so they hold no tensor-core instruction either."""
     tool, lib = tool_and_lib
     sass = _dump(tool, "-sass", lib)
-    mma = {n: b for n, b in _sass_functions(sass).items() if MMA_KERNEL in n}
+    mma = {n: b for n, b in sass_functions(sass).items() if MMA_KERNEL in n}
     assert len(mma) >= 20, f"{len(mma)} {MMA_KERNEL} instantiations in the SASS"
     archs = {int(a) for a in re.findall(r"code for sm_(\d+)", sass)}
     assert archs, "cuobjdump -sass named no architecture"

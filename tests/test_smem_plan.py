@@ -130,7 +130,7 @@ def test_sm61_build_static_plus_dynamic_fits(table):
                 _, b = pick(table, f"attn_decode_kernel<{Dh},{GP}>{tq3}", Dh, limit)
                 assert s + b <= limit, (name, s, b)
             checked.add(("attn_decode_kernel", Dh, GP))
-        elif m := re.search(r"gemm_quant_kernelILb[01]ELb[01]ELi(\d)E", name):
+        elif m := re.search(r"gemm_quant_kernelILb[01]ELb[01]E(?:NS_\d+Dot\w+?E)?Li(\d)E", name):   # <PER16, MIN, D, STAGES>
             if int(m.group(1)) == pick(table, "gemm_quant_kernel", 0, limit)[0]:
                 assert s + pick(table, "gemm_quant_kernel", 0, limit)[1] <= limit, (name, s)
                 checked.add(("gemm_quant_kernel",))

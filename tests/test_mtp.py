@@ -14,6 +14,7 @@ from llamacmp.backends.numpy_ref import NumpyBackend, rms_normalize, sigmoid, si
 from llamacmp.engine.client import SlotClient
 from llamacmp.engine.scheduler import Engine, EngineConfig
 from llamacmp.engine.tasks import GenParams
+from llamacmp.engine.draft_policy import DraftPolicy
 from llamacmp.engine.speculative import Speculator, SpecUnsupported, speculative_choice
 from llamacmp.fixtures.writer import SHAPES, write_model
 from llamacmp.loader import load_model
@@ -136,8 +137,8 @@ class OracleSpeculator(Speculator):
         super().__init__(engine.model, n_max)
         self.engine, self.refs, self.rng, self.p_wrong = engine, refs, rng, p_wrong
 
-    def draft(self, items):
-        out = super().draft(items)
+    def draft(self, items, n=None):
+        out = super().draft(items, n)
         for (st, _, t0), d in zip(items, out):
             slot = next(s for s in self.engine.slots if s.state is st)
             hist = list(slot.cache.tokens) + [t0]
@@ -156,11 +157,14 @@ class EagerSpecGraphs:
     def __init__(self, model, n: int):
         self.model, self.be, self.n = model, model.be, n
         self.n_draft = self.n_verify = self.n_declined = 0
+        self.lengths = []                                   # the draft length of each draft and verify
         self._asked = set()
 
-    def draft(self, states, tokens, h_parts):
-        be, model = self.be, self.model
-        key = tuple(id(s) for s in states) + tuple(len(t) for t in tokens)
+    def draft(self, states, tokens, h_parts, n=None):
+        be, model, n = self.be, self.model, n or self.n
+        assert 1 <= n <= self.n and all(len(t) <= n + 2 for t in tokens), (n, tokens)   # the graphs' shapes
+        self.lengths.append(n)
+        key = (n,) + tuple(id(s) for s in states) + tuple(len(t) for t in tokens)
         if len(states) > 1 and key not in self._asked:      # SpecGraphs captures a shape of several the 2nd time
             self._asked.add(key)
             self.n_declined += 1
@@ -169,7 +173,7 @@ class EagerSpecGraphs:
         logits, h = model.mtp_forward(batch, be.concat([x for xs in h_parts for x in xs], axis=0))
         out = [[int(np.argmax(r))] for r in be.to_host(logits)]
         h = be.gather_rows(h, batch.output_rows)
-        for _ in range(self.n - 1):
+        for _ in range(n - 1):
             logits, h = model.mtp_forward(StepBatch.build([(s, [o[-1]]) for s, o in zip(states, out)]), h)
             for o, r in zip(out, be.to_host(logits)):
                 o.append(int(np.argmax(r)))
@@ -177,20 +181,22 @@ class EagerSpecGraphs:
         return out
 
     def verify(self, states, tokens):
-        assert all(len(t) == self.n + 1 for t in tokens), tokens
+        assert len({len(t) for t in tokens}) == 1 and len(tokens[0]) <= self.n + 1, tokens
+        self.lengths.append(len(tokens[0]) - 1)
         batch = StepBatch.build(list(zip(states, tokens)), all_logits=True)
         batch.keep_steps = True
         logits, h = self.model.forward_hidden(batch)
         self.n_verify += 1
         return logits, h, np.argmax(self.be.to_host(logits), axis=1).astype(np.int32)
 
-    def prepare(self, states, mtp_states):
+    def prepare(self, states, mtp_states, lengths=None):
         pass
 
 
-def _client(lm, n_max=None, refs=None, seed=0, p_wrong=0.3, n_ctx=128, graphs=None):
+def _client(lm, n_max=None, refs=None, seed=0, p_wrong=0.3, n_ctx=128, graphs=None, adaptive=False):
     """The CLIs' one-slot client of the scheduler, MTP on with n_max (oracle drafts when refs are given).
-    graphs: None the backend's own (CUDA graphs on CUDA), False none (eager), "eager-double" EagerSpecGraphs."""
+    graphs: None the backend's own (CUDA graphs on CUDA), False none (eager), "eager-double" EagerSpecGraphs.
+    adaptive: the draft policy chooses each round's length (False: n_max every round, as these tests count)."""
     spec = SpecConfig(type="draft-mtp", n_max=n_max) if n_max else SpecConfig()
     c = SlotClient(lm, SimpleNamespace(n_ctx=n_ctx, n_batch=2048, micro_batch=512, k_type="f16", v_type="f16",
                                        spec=spec))
@@ -198,6 +204,8 @@ def _client(lm, n_max=None, refs=None, seed=0, p_wrong=0.3, n_ctx=128, graphs=No
         c.engine.spec = OracleSpeculator(c.engine, n_max, refs, np.random.default_rng(seed), p_wrong)
     if c.engine.spec is not None and graphs is not None:
         c.engine.spec.graphs = EagerSpecGraphs(lm.model, n_max) if graphs == "eager-double" else None
+    if c.engine.spec is not None and not adaptive:
+        c.engine.spec.policy = None
     return c
 
 
@@ -255,15 +263,15 @@ def test_graph_path_pads_short_drafts_and_leaves_graphs_at_the_context_end(lm):
     n_ctx = len(lm.tokenizer.encode(prompt)) + 30
     off, _ = _greedy(lm, prompt, 29, n_ctx=n_ctx)
     c = _client(lm, 3, n_ctx=n_ctx)
-    sp = c.engine.spec = Speculator(lm.model, 3, p_min=P_MIN_CUTS)
+    sp = c.engine.spec = Speculator(lm.model, 3, p_min=P_MIN_CUTS, adaptive=False)
     for slot in c.engine.slots:
         slot.mtp = sp.new_seq(n_ctx)
     sp.graphs = g = EagerSpecGraphs(lm.model, 3)
     graphed = []                                       # the fewest real drafts of each verify the graph ran
 
-    def verify(seqs, verify=sp.verify):
+    def verify(seqs, n=None, verify=sp.verify):
         n0 = g.n_verify
-        out = verify(seqs)
+        out = verify(seqs, n)
         if g.n_verify > n0:
             graphed.append(min(len(d) for *_, d in seqs))
         return out
@@ -295,6 +303,64 @@ def test_head_cache_equals_one_pass_over_the_accepted_tokens(lm):
     lm.model.mtp_forward(StepBatch.build([(ref, toks)]), hin)
     np.testing.assert_allclose(ms.state.k[0][:n].astype(np.float32), ref.k[0][:n].astype(np.float32), atol=2e-3)
     np.testing.assert_allclose(ms.state.v[0][:n].astype(np.float32), ref.v[0][:n].astype(np.float32), atol=2e-3)
+
+
+class ScriptedPolicy(DraftPolicy):
+    """A draft policy whose rounds follow a script of lengths (0: plain), cycled: plain runs of several rounds
+    (so the heads catch up over more rows than a draft graph takes), then each draft length."""
+
+    def __init__(self, n_max, script=(0, 0, 0, 0, 0, 0, 3, 0, 1, 2, 0, 0, 3, 3)):
+        super().__init__(n_max)
+        self.script, self.i = script, 0
+
+    def choose(self, accs):
+        self.i += 1
+        return min(self.script[(self.i - 1) % len(self.script)], self.n_max)
+
+
+@pytest.mark.parametrize("graphs", [None, "eager-double"])
+def test_plain_rounds_keep_the_head_in_step(lm, graphs):
+    """Rounds that decode plainly (the policy's choice) feed the head the target's hidden states: after a run of
+    plain, short and full rounds the head's KV rows are still one pass over the sequence, and the output is the
+    plain greedy one. On the graph path every draft's catch-up fits a draft graph (EagerSpecGraphs asserts it)."""
+    prompt = lm.tokenizer.encode(PROMPTS[0])
+    off, _ = _greedy(lm, PROMPTS[0], 40)
+    c = _client(lm, 3, [prompt + off], 5, graphs=graphs, adaptive=True)
+    c.engine.spec.policy = ScriptedPolicy(3)
+    c.history = list(prompt)
+    on = c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=40)).tokens
+    assert on == off
+    if graphs:
+        assert set(c.engine.spec.graphs.lengths) == {1, 2, 3}
+    assert c.engine.spec.policy.costs.plain and c.engine.spec.policy.costs.verify    # both kinds were timed
+    slot = c.engine.slots[0]
+    toks, ms = c.history[:slot.state.n_past], slot.mtp
+    n = ms.state.n_past
+    assert n >= len(prompt) + 20 and n + len(ms.pending) == len(toks)
+    st = lm.backend.new_state(lm.cfg, 128)
+    _, h = lm.model.forward_hidden(StepBatch.build([(st, toks)], all_logits=True))
+    ref = lm.model.mtp_state(128)
+    lm.model.mtp_forward(StepBatch.build([(ref, toks)]), np.concatenate([np.zeros((1, lm.cfg.n_embd), np.float32),
+                                                                         h[:-1]]))
+    np.testing.assert_allclose(ms.state.k[0][:n].astype(np.float32), ref.k[0][:n].astype(np.float32), atol=2e-3)
+
+
+@pytest.mark.parametrize("graphs", [None, "eager-double"])
+def test_adaptive_scheduler_greedy_on_equals_off(lm, graphs):
+    """Four slots with adaptive drafting (its own measured costs): the random head's drafts are rejected, so the
+    rounds go plain after the first few and probe now and then; the oracle's are mostly accepted and keep
+    drafting. Every stream equals MTP off either way."""
+    prompts = [lm.tokenizer.encode(p) for p in PROMPTS]
+    params = [GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=40 + 3 * i) for i in range(4)]
+    reqs = list(zip(prompts, params))
+    off, _ = _engine_run(lm, None, reqs)
+    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, graphs=graphs, adaptive=True)
+    pol = engine.spec.policy
+    assert on == off
+    assert pol.n_plain > pol.n_spec and pol.n_probes > 0 and 4 in pol.costs.plain
+    refs = [p + t for p, t in zip(prompts, off)]
+    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, refs, graphs=graphs, adaptive=True)
+    assert on == off and engine.spec.n_accepted > 20
 
 
 def test_speculative_choice_has_the_target_distribution():
@@ -350,9 +416,9 @@ def test_file_without_mtp_and_spec_is_refused(fixture_gguf):
 
 # -- the server's scheduler ------------------------------------------------------------------------------------------
 
-def _engine_run(lm, spec, requests, oracle_refs=None, graphs=None):
+def _engine_run(lm, spec, requests, oracle_refs=None, graphs=None, adaptive=False, costs=None):
     """requests: (prompt, GenParams) run together on len(requests) slots -> tokens per request, the engine.
-    graphs: as _client's."""
+    graphs, adaptive: as _client's; costs: the policy's cost table (draft_policy.CostTable) to start from."""
     import queue as q_
     from llamacmp.engine.scheduler import Engine, EngineConfig
     from llamacmp.engine.tasks import CompletionTask, FinalResult
@@ -361,6 +427,10 @@ def _engine_run(lm, spec, requests, oracle_refs=None, graphs=None):
         engine.spec = OracleSpeculator(engine, 3, oracle_refs, np.random.default_rng(0))
     if engine.spec is not None and graphs is not None:
         engine.spec.graphs = EagerSpecGraphs(lm.model, engine.spec.n_max) if graphs == "eager-double" else None
+    if engine.spec is not None and not adaptive:
+        engine.spec.policy = None
+    elif engine.spec is not None and costs is not None:
+        engine.spec.policy.costs = costs
     outs = [q_.Queue() for _ in requests]
     for (prompt, params), out in zip(requests, outs):
         engine.submit(CompletionTask(prompt, params, out.put))

@@ -1013,9 +1013,9 @@ class CudaBackend(Backend):
         self.native.cmp_memcpy_d2h(out.ctypes.data, logits.ptr + row * N * 4, out.nbytes)
         return out
 
-    def decode_graphs(self, model, capacity: int = 8):
+    def decode_graphs(self, model, capacity: int = 8, hidden: bool = False):
         """engine/decode.py's decode steps on CUDA graphs (backends/cuda_graphs.DecodeGraphs)."""
-        return DecodeGraphs(self, model, capacity)
+        return DecodeGraphs(self, model, capacity, hidden)
 
     def spec_graphs(self, model, n_max: int, capacity: int = 8):
         """engine/speculative.py's draft rounds and verify forwards on CUDA graphs (backends/spec_graphs.py)."""

@@ -183,17 +183,18 @@ class CapturedVerify(_Captured):
 
 
 class SpecGraphs:
-    """The draft and verify graphs of one Speculator (n = n_max drafts per sequence), most recently used kept:
-    keyed by the states' identities (a graph holds its states, so an id is not reused while it is cached) and,
-    for drafts, the catch-up lengths."""
+    """The draft and verify graphs of one Speculator (n = 1 .. n_max drafts per sequence: the draft length is chosen
+    per round, engine/draft_policy.py), most recently used kept: keyed by the draft length, the states' identities
+    (a graph holds its states, so an id is not reused while it is cached) and, for drafts, the catch-up lengths."""
 
     def __init__(self, be, model, n_max: int, capacity: int = 8):
         if capacity < 1 or n_max < 1:
             raise ValueError(f"SpecGraphs needs n_max >= 1 and capacity >= 1 (got {n_max}, {capacity})")
         self.be, self.model, self.n, self.capacity = be, model, n_max, capacity
-        # verify graphs: `capacity` lists of sequences; draft graphs: every catch-up length of one list twice over
-        # (each graph holds an arena of at least GRAPH_CHUNK, outside the memory plan like the decode graphs')
-        self.draft_room = 2 * (n_max + 2)
+        # verify graphs: `capacity` lists of sequences per length; draft graphs: every catch-up length of one list
+        # and every draft length, twice over (each graph holds an arena of at least GRAPH_CHUNK, outside the memory
+        # plan like the decode graphs')
+        self.draft_room = 2 * sum(n + 2 for n in range(1, n_max + 1))
         self._draft: OrderedDict[tuple, CapturedDraft] = OrderedDict()
         self._verify: OrderedDict[tuple, CapturedVerify] = OrderedDict()
         self._asked: OrderedDict[tuple, None] = OrderedDict()     # draft shapes asked for once, not captured yet
@@ -211,11 +212,19 @@ class SpecGraphs:
             self.n_replayed += 1
         return g
 
-    def draft(self, states: Sequence[SeqState], tokens: Sequence[Sequence[int]], h_parts: Sequence[Sequence]):
-        """MTP states, each one's catch-up ids and their h tensors -> n_max drafted ids per sequence; None (nothing
-        ran) for a shape asked for the first time: the caller drafts eagerly."""
+    def _length(self, n) -> int:
+        n = self.n if n is None else n
+        if not 1 <= n <= self.n:
+            raise ValueError(f"draft length {n} outside 1 .. {self.n}")
+        return n
+
+    def draft(self, states: Sequence[SeqState], tokens: Sequence[Sequence[int]], h_parts: Sequence[Sequence],
+              n: int | None = None):
+        """MTP states, each one's catch-up ids and their h tensors -> n (default n_max) drafted ids per sequence;
+        None (nothing ran) for a shape asked for the first time: the caller drafts eagerly."""
+        n = self._length(n)
         lengths = tuple(len(t) for t in tokens)
-        key = tuple(id(s) for s in states) + lengths
+        key = (n,) + tuple(id(s) for s in states) + lengths
         if key not in self._draft and len(states) > 1 and key not in self._asked:
             self._asked[key] = None
             while len(self._asked) > 64 * self.capacity:
@@ -223,22 +232,30 @@ class SpecGraphs:
             self.n_declined += 1
             return None
         self._asked.pop(key, None)
-        g = self._get(self._draft, key, lambda: CapturedDraft(self.be, self.model, states, lengths, self.n),
+        g = self._get(self._draft, key, lambda: CapturedDraft(self.be, self.model, states, lengths, n),
                       self.draft_room)
         return g.run([t for ts in tokens for t in ts], [x for xs in h_parts for x in xs])
 
     def verify(self, states: Sequence[SeqState], tokens: Sequence[Sequence[int]]):
-        """[t0, d1 .. d_n_max] per target state -> (logits, h, argmax ids) of CapturedVerify.run."""
-        key = tuple(id(s) for s in states)
-        g = self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, self.n), self.capacity)
+        """[t0, d1 .. dn] per target state (n <= n_max, the same for all) -> (logits, h, argmax ids) of
+        CapturedVerify.run."""
+        n = self._length(len(tokens[0]) - 1 if tokens else None)
+        key = (n,) + tuple(id(s) for s in states)
+        g = self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, n),
+                      self.capacity * self.n)
         return g.run(tokens)
 
-    def prepare(self, states: Sequence[SeqState], mtp_states: Sequence[SeqState]) -> None:
+    def prepare(self, states: Sequence[SeqState], mtp_states: Sequence[SeqState],
+                lengths: Sequence[int] | None = None) -> None:
         """Capture the verify graph of `states` and the draft graphs of `mtp_states` for every catch-up length
-        (all sequences at the same length: 1 .. n_max + 2 rows). Capturing runs nothing."""
-        key = tuple(id(s) for s in states)
-        self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, self.n), self.capacity)
-        for L in range(1, self.n + 3):
-            lengths = (L,) * len(mtp_states)
-            self._get(self._draft, tuple(id(s) for s in mtp_states) + lengths,
-                      lambda: CapturedDraft(self.be, self.model, mtp_states, lengths, self.n), self.draft_room)
+        (all sequences at the same length: 1 .. n + 2 rows), for each draft length n in `lengths` (default
+        n_max). Capturing runs nothing."""
+        for n in lengths or (self.n,):
+            n = self._length(n)
+            key = (n,) + tuple(id(s) for s in states)
+            self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, n),
+                      self.capacity * self.n)
+            for L in range(1, n + 3):
+                cl = (L,) * len(mtp_states)
+                self._get(self._draft, (n,) + tuple(id(s) for s in mtp_states) + cl,
+                          lambda: CapturedDraft(self.be, self.model, mtp_states, cl, n), self.draft_room)

@@ -1,0 +1,157 @@
+"""Whether a round drafts, and how many tokens: the MTP draft length per round (0: a plain decode step) from the
+engine's own measured costs and each sequence's measured acceptance (engine/speculative.py asks before each round).
+
+Model. A round of S sequences that each draft n tokens costs spec(S, n) = draft(S, n) + verify(S, n) seconds and
+yields sum_i E_i(n) tokens, where E(n) = 1 + a + a^2 + .. + a^n for a sequence whose next draft is accepted with
+probability a once the one before it was (llama.cpp's synthetic rates have this form too). A plain step of the same
+S sequences costs plain(S) and yields S tokens. The round takes the n with the most tokens per second; all
+sequences draft the same n or none draft (one verify forward of S*(n+1) rows, one graph per list and n).
+
+The costs are wall-clock seconds the engine measured itself (CostTable: an EMA per S and n, from rounds that neither
+captured a graph nor ran a graph's shape eagerly), so the choice follows the card, the model and the context
+length rather than constants. A cost not measured yet is estimated from the measured ones (draft rounds scale with
+n, the verify is linear in its rows per sequence between the plain step at 1 and the measured lengths); with
+nothing measured for S yet, the round explores: it drafts n_max until a spec round is measured, then steps plainly
+until a plain step is.
+
+Probes. While drafting does not pay, every `gap` plain rounds one round drafts the smallest n anyway, so that the
+acceptance is measured again (a prompt's later text may be easier). A probe that does not bring drafting back
+doubles the gap (PROBE_MIN .. PROBE_MAX rounds); one that does resets it. The sequences' heads keep up meanwhile:
+plain steps feed them the target's hidden states (Speculator.observe_plain), so a probe drafts as well as a round
+in a run of drafting would.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+DECAY = 0.9                # per round: the acceptance counts' memory (~10 rounds)
+PRIOR = (1.0, 2.0)         # (accepted, tried) before anything is seen: a = 0.5, so a new sequence drafts
+EMA = 0.25                 # weight of a new timing in the cost table
+PROBE_MIN, PROBE_MAX = 8, 64
+
+
+@dataclass(slots=True)
+class Acceptance:
+    """One sequence's recent acceptance: decayed counts of draft positions accepted and tried."""
+    accepted: float = PRIOR[0]
+    tried: float = PRIOR[1]
+
+    @property
+    def rate(self) -> float:
+        """a: P(draft i accepted | draft i - 1 was)."""
+        return self.accepted / self.tried if self.tried > 0 else 0.0
+
+    def update(self, n_drafted: int, n_accepted: int) -> None:
+        """A verify of n_drafted drafts accepted the first n_accepted: that many positions succeeded, and one more
+        was tried (the first rejection) unless all were accepted."""
+        if n_drafted <= 0:
+            return
+        self.accepted = DECAY * self.accepted + n_accepted
+        self.tried = DECAY * self.tried + min(n_accepted + 1, n_drafted)
+
+    def expected(self, n: int) -> float:
+        """E(n): tokens a round drafting n yields for this sequence, the target's own token included."""
+        a = self.rate
+        return sum(a ** i for i in range(n + 1))
+
+
+@dataclass
+class CostTable:
+    """Measured seconds per round: plain[S], draft[(S, n)], verify[(S, n)] (EMA)."""
+    plain: dict = field(default_factory=dict)
+    draft: dict = field(default_factory=dict)
+    verify: dict = field(default_factory=dict)
+
+    @staticmethod
+    def _add(table: dict, key, seconds: float) -> None:
+        old = table.get(key)
+        table[key] = seconds if old is None else old + EMA * (seconds - old)
+
+    def add_plain(self, S: int, seconds: float) -> None:
+        self._add(self.plain, S, seconds)
+
+    def add_spec(self, S: int, n: int, t_draft: float, t_verify: float) -> None:
+        self._add(self.draft, (S, n), t_draft)
+        self._add(self.verify, (S, n), t_verify)
+
+    def plain_cost(self, S: int) -> Optional[float]:
+        return self.plain.get(S)
+
+    def spec_cost(self, S: int, n: int) -> Optional[float]:
+        """draft + verify of S sequences drafting n: measured, else estimated from this S's other lengths (draft
+        rounds cost alike; the verify is linear in its rows per sequence, through the plain step at one row);
+        None when no spec round of S sequences was measured."""
+        known = sorted(m for s, m in self.verify if s == S)
+        if not known:
+            return None
+        d = self.draft.get((S, n))
+        if d is None:
+            m = min(known, key=lambda m: abs(m - n))
+            d = self.draft[(S, m)] * n / m
+        v = self.verify.get((S, n))
+        if v is None:
+            v = self._interpolate(S, n, known)
+        return d + v
+
+    def _interpolate(self, S: int, n: int, known: list[int]) -> float:
+        """verify(S, n) on the line through the two measured points nearest n (the plain step as n = 0)."""
+        pts = [(m, self.verify[(S, m)]) for m in known]
+        if S in self.plain:
+            pts.append((0, self.plain[S]))
+        if len(pts) == 1:
+            return pts[0][1]
+        (x0, y0), (x1, y1) = sorted(sorted(pts, key=lambda p: abs(p[0] - n))[:2])
+        return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+
+
+class DraftPolicy:
+    """choose() -> the draft length of the next round; the caller reports what ran (record_*) and each
+    sequence's acceptance (Acceptance.update). Counters: rounds drafted, plain, probes."""
+
+    def __init__(self, n_max: int, n_min: int = 0, costs: Optional[CostTable] = None):
+        self.n_max = n_max
+        # drafts shorter than n_min are dropped (--spec-draft-n-min), so a round never asks for fewer
+        self.lengths = range(min(max(1, n_min), n_max), n_max + 1)
+        self.costs = costs if costs is not None else CostTable()
+        self.gap, self.since, self.probing = PROBE_MIN, 0, False
+        self.n_spec = self.n_plain = self.n_probes = 0
+
+    def choose(self, accs: Sequence[Acceptance]) -> int:
+        """accs: the acceptance of each sequence in the round -> n (0: a plain step)."""
+        n = self._best(accs)
+        if self.probing:                          # the round after a probe: did it bring drafting back?
+            self.probing = False
+            self.gap = PROBE_MIN if n else min(2 * self.gap, PROBE_MAX)
+        if n == 0:
+            self.since += 1
+            if self.since >= self.gap:
+                self.probing = True
+                self.n_probes += 1
+                n = self.lengths[0]
+        if n:
+            self.since = 0
+            self.n_spec += 1
+        else:
+            self.n_plain += 1
+        return n
+
+    def _best(self, accs: Sequence[Acceptance]) -> int:
+        S, c = len(accs), self.costs
+        if any(c.spec_cost(S, n) is None for n in self.lengths):
+            return self.n_max                     # explore: measure a spec round of S sequences first
+        plain = c.plain_cost(S)
+        if plain is None:
+            return 0                              # then a plain step of them
+        best, rate = 0, S / plain
+        for n in self.lengths:
+            r = sum(a.expected(n) for a in accs) / c.spec_cost(S, n)
+            if r > rate:
+                best, rate = n, r
+        return best
+
+    @property
+    def share(self) -> float:
+        """The fraction of rounds that drafted."""
+        total = self.n_spec + self.n_plain
+        return self.n_spec / total if total else 0.0

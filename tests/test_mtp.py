@@ -347,9 +347,9 @@ def test_plain_rounds_keep_the_head_in_step(lm, graphs):
 
 @pytest.mark.parametrize("graphs", [None, "eager-double"])
 def test_adaptive_scheduler_greedy_on_equals_off(lm, graphs):
-    """Four slots with adaptive drafting (its own measured costs): the random head's drafts are rejected, so the
-    rounds go plain after the first few and probe now and then; the oracle's are mostly accepted and keep
-    drafting. Every stream equals MTP off either way."""
+    """Four slots with adaptive drafting (its own measured costs): the random head's drafts are rejected, so
+    rounds go plain; the oracle's are mostly accepted and keep drafting. Every stream equals MTP off either way.
+    (How often each kind runs depends on this machine's timings: tests/test_draft_policy.py checks the choices.)"""
     prompts = [lm.tokenizer.encode(p) for p in PROMPTS]
     params = [GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=40 + 3 * i) for i in range(4)]
     reqs = list(zip(prompts, params))
@@ -357,7 +357,7 @@ def test_adaptive_scheduler_greedy_on_equals_off(lm, graphs):
     on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, graphs=graphs, adaptive=True)
     pol = engine.spec.policy
     assert on == off
-    assert pol.n_plain > pol.n_spec and pol.n_probes > 0 and 4 in pol.costs.plain
+    assert pol.n_plain > 0 and pol.n_spec > 0 and 4 in pol.costs.plain and any(S == 4 for S, _ in pol.costs.verify)
     refs = [p + t for p, t in zip(prompts, off)]
     on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, refs, graphs=graphs, adaptive=True)
     assert on == off and engine.spec.n_accepted > 20

@@ -19,8 +19,11 @@ attention is always the fused online-softmax kernel.
 Speculative decoding (llamacmp's extension: llama-bench 0c1e570 takes no --spec-* flag): --spec-type none,draft-mtp,
 --spec-draft-n-max N, --spec-synth-len L (lists, like every test flag) and --spec-synth-rates P0,P1,.. (one rate list
 per flag) make tg rows with the model's MTP head drafting (the engine's draft-and-verify loop, greedy; with a
-synthetic length the acceptance is drawn as llama.cpp's --spec-synth-len does, seed 0). Those rows carry a "spec"
-column (md) and spec_* / draft_n / draft_n_accepted fields (json, csv); without --spec-* the output is llama-bench's.
+synthetic length the acceptance is drawn as llama.cpp's --spec-synth-len does, seed 0). The loop drafts adaptively
+as the server does (engine/draft_policy.py: plain steps where drafting does not pay, probes now and then; the
+repetitions of a row share its cost table, the warm-up included). Those rows carry a "spec" column (md: the setting,
+then the mean tokens per verify "len" and the share of rounds that drafted "dr") and spec_* / draft_n /
+draft_n_accepted / spec_draft_share / spec_probes fields (json, csv); without --spec-* the output is llama-bench's.
 pp tests do not draft and are run once.
 
 Option parsing: llama-bench has its own parser (list values, ranges, its own usage text) unlike the common option
@@ -370,6 +373,24 @@ def instances(s: dict) -> list[Instance]:
     return list(dict.fromkeys(out))        # a pp test does not draft: once, not once per --spec-* setting
 
 
+@dataclass
+class SpecUse:
+    """How a spec row's timed repetitions drafted (the draft policy's rounds)."""
+    spec: int = 0           # rounds that drafted (probes included)
+    plain: int = 0          # plain decode steps
+    probes: int = 0
+
+    def add(self, policy) -> None:
+        if policy is not None:
+            self.spec += policy.n_spec
+            self.plain += policy.n_plain
+            self.probes += policy.n_probes
+
+    @property
+    def share(self) -> float:
+        return self.spec / (self.spec + self.plain) if self.spec + self.plain else 0.0
+
+
 def spec_label(cfg: SpecConfig) -> str:
     """The md "spec" cell: none, or the type with n_max and the synthetic acceptance."""
     if not cfg.enabled:
@@ -389,6 +410,7 @@ class Result:
     test_time: str = ""
     probe: dict | None = None      # the backend's probe_report (CUDA): rates and routes
     draft: DraftStats = field(default_factory=DraftStats)     # over the timed repetitions (spec rows)
+    use: SpecUse = field(default_factory=SpecUse)             # their rounds: drafted, plain, probes
 
     @property
     def n_tokens(self) -> int:
@@ -428,7 +450,15 @@ class Result:
                 "spec_synth_len": sp.synth_len if sp.synth_len is not None else 0.0,
                 "spec_synth_rates": ",".join(f"{r:g}" for r in sp.synth_rates),
                 "draft_n": self.draft.n, "draft_n_accepted": self.draft.accepted,
-                "spec_mean_len": self.draft.mean_len}
+                "spec_mean_len": self.draft.mean_len, "spec_draft_share": self.use.share,
+                "spec_probes": self.use.probes}
+
+    def spec_cell(self) -> str:
+        """The md "spec" cell: the setting, and for a drafting row what it measured."""
+        label = spec_label(self.inst.spec)
+        if not self.inst.spec.enabled or not self.inst.n_gen:
+            return label
+        return f"{label} len {self.draft.mean_len:.2f} dr {100 * self.use.share:.0f}%"
 
 
 # llama-bench's JSON/CSV fields for settings llamacmp has one value of (no CPU thread pinning or polling, no MoE,
@@ -453,7 +483,7 @@ def _params_text(n: int) -> str:
 # llama-bench's default, as llama-bench does.
 MD_COLUMNS = {"model": ("model", -30), "size": ("size", 10), "params": ("params", 10), "backend": ("backend", -10),
               "n_gpu_layers": ("ngl", 3), "n_batch": ("n_batch", 7), "n_ubatch": ("n_ubatch", 8),
-              "type_k": ("type_k", 6), "type_v": ("type_v", 6), "flash_attn": ("fa", 4), "spec": ("spec", -16),
+              "type_k": ("type_k", 6), "type_v": ("type_v", 6), "flash_attn": ("fa", 4), "spec": ("spec", -30),
               "test": ("test", 15), "t/s": ("t/s", 20)}
 OPTIONAL = ("n_batch", "n_ubatch", "type_k", "type_v", "flash_attn")
 
@@ -486,7 +516,7 @@ class MarkdownPrinter:
         cell = {"model": r.info.desc, "size": _size_text(r.info.size), "params": _params_text(r.info.n_params),
                 "backend": r.backend, "n_gpu_layers": str(r.inst.n_gpu_layers), "n_batch": str(r.inst.n_batch),
                 "n_ubatch": str(r.inst.n_ubatch), "type_k": r.inst.type_k, "type_v": r.inst.type_v,
-                "flash_attn": r.inst.flash_attn, "spec": spec_label(r.inst.spec), "test": r.inst.name,
+                "flash_attn": r.inst.flash_attn, "spec": r.spec_cell(), "test": r.inst.name,
                 "t/s": f"{f['avg_ts']:.2f} ± {f['stddev_ts']:.2f}"}
         print(self._row([cell[c] for c in self.cols]), file=self.out)
         self.out.flush()
@@ -612,6 +642,7 @@ class Runner:
     rng: np.random.Generator
     path: str = ""
     mtp_head: bool = False              # the file has an MTP head (spec.has_mtp_head): --spec-type draft-mtp runs
+    costs: dict = field(default_factory=dict)   # spec rows: the draft policy's CostTable per setting and depth
 
     def _ids(self, n: int) -> list[int]:
         return [int(i) for i in self.rng.integers(0, self.cfg.n_vocab, n)]
@@ -637,27 +668,44 @@ class Runner:
         if not self.mtp_head:
             raise BenchError(f"error: {inst.name}: --spec-type draft-mtp: the model file '{self.path}' has no MTP "
                              "layers")
+        from ..engine.draft_policy import CostTable
         from ..engine.speculative import Speculator
-        sp = Speculator.from_spec(self.model, inst.spec, self.path)
+        costs = self.costs.setdefault((inst.spec, inst.n_depth, inst.type_k, inst.type_v), CostTable())
+        sp = Speculator.from_spec(self.model, inst.spec, self.path, costs)
         return sp, sp.new_seq(n_ctx, inst.type_k, inst.type_v)
 
     def _spec_decoder(self, st, inst: Instance, mtp, draft: DraftStats | None):
-        """-> step(n): n greedy tokens by draft (MTP head) and verify (one forward of the main model), from a
-        random first token; the synthetic acceptance of --spec-synth-* draws with seed 0. draft: counts the
-        drafted and accepted tokens."""
+        """-> step(n): n greedy tokens by draft (MTP head) and verify (one forward of the main model) or a plain
+        step, as the draft policy chooses each round (the engine's loop), from a random first token; the synthetic
+        acceptance of --spec-synth-* draws with seed 0. draft: counts the drafted and accepted tokens."""
+        from types import SimpleNamespace
+        from ..engine.decode import Decoder, draw_tokens
         from ..engine.speculative import accept_tokens
         from ..sampling import Sampler, SamplingParams
         sp, ms = mtp
         greedy = Sampler(SamplingParams(temp=0.0, seed=0))
         synth = synth_acceptor(inst.spec, 0, frozenset())
         first = self._ids(1)[0]
+        dec = Decoder(SimpleNamespace(model=self.model, backend=self.be), max_graphs=1, hidden=True)
         sp.prepare([(st, ms)])      # CUDA graphs captured here, untimed, as _decoder's (nothing runs)
+        dec.prepare([st])
+
+        def plain(tok: int) -> int:
+            t0, events = time.perf_counter(), dec.events
+            logits, h = dec.decode_hidden([st], [tok])
+            nxt = draw_tokens(self.be, logits, [greedy])[0]          # (the id crossing waits for the step)
+            sp.observe_plain([(st, ms, tok, 0)], h, time.perf_counter() - t0 if dec.events == events else None)
+            return nxt
 
         def step(n: int) -> None:
             tok, left = first, n
             while left > 0:
-                drafts = sp.draft([(st, ms, tok)])[0][:left - 1]     # at most left tokens come out of the step
-                logits, h, (v,) = sp.verify([(st, ms, tok, drafts)])
+                k = sp.plan([ms])
+                if k == 0:
+                    tok, left = plain(tok), left - 1
+                    continue
+                drafts = sp.draft([(st, ms, tok)], k)[0][:left - 1]     # at most left tokens come out of the step
+                logits, h, (v,) = sp.verify([(st, ms, tok, drafts)], k)
                 out: list[int] = []
                 j = accept_tokens(self.be, logits, v, greedy, lambda t: out.append(t) or len(out) < left, synth)
                 sp.commit(v, h, j)
@@ -689,10 +737,11 @@ class Runner:
                 tok = int(np.argmax(self.be.to_host(logits)[-1]))
         return step
 
-    def run(self, inst: Instance, warmup: bool = False, draft: DraftStats | None = None) -> int:
+    def run(self, inst: Instance, warmup: bool = False, draft: DraftStats | None = None,
+            use: SpecUse | None = None) -> int:
         """One repetition on a fresh context -> nanoseconds of the timed part (the -d fill and the graph capture
         are not timed). warmup: a short prompt or one decode step instead, untimed (llama-bench's warm-up; with
-        --spec-type one full draft-and-verify step). draft: the spec rows' counters."""
+        --spec-type one full draft-and-verify step). draft, use: the spec rows' counters."""
         chunk = max(1, min(inst.n_batch, inst.n_ubatch))
         # + n_max: room for a full verify at the last step, so the spec rows replay graphs to the end
         n_ctx = inst.n_depth + inst.n_prompt + inst.n_gen + 1 + (inst.spec.n_max if inst.spec.enabled else 0)
@@ -719,7 +768,10 @@ class Runner:
         if decode is not None:
             decode(inst.n_gen)
         self._sync()
-        return time.perf_counter_ns() - t0
+        ns = time.perf_counter_ns() - t0
+        if mtp is not None and use is not None:
+            use.add(mtp[0].policy)
+        return ns
 
 
 def make_backend(ngl: int, err: TextIO, hw_route: str = "auto"):
@@ -807,7 +859,7 @@ def _run_all(s: dict, out: TextIO, err: TextIO) -> int:
             if not s["no_warmup"]:
                 runner.run(inst, warmup=True)
             for _ in range(s["reps"]):
-                res.samples_ns.append(max(1, runner.run(inst, warmup=False, draft=res.draft)))
+                res.samples_ns.append(max(1, runner.run(inst, warmup=False, draft=res.draft, use=res.use)))
                 if s["delay"]:
                     time.sleep(s["delay"])
         except ValueError as e:         # what the backend refuses (a KV type, a context it cannot hold)

@@ -18,7 +18,8 @@ Probes. While drafting does not pay, every `gap` plain rounds one round drafts t
 acceptance is measured again (a prompt's later text may be easier). A probe that does not bring drafting back
 doubles the gap (PROBE_MIN .. PROBE_MAX rounds); one that does resets it. The sequences' heads keep up meanwhile:
 plain steps feed them the target's hidden states (Speculator.observe_plain), so a probe drafts as well as a round
-in a run of drafting would.
+in a run of drafting would. The other way round, after PROBE_MAX drafting rounds in a row one round steps plainly,
+so that the plain cost is measured again too (a slow first timing must not keep drafting on for good).
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from typing import Optional, Sequence
 
 DECAY = 0.9                # per round: the acceptance counts' memory (~10 rounds)
 PRIOR = (1.0, 2.0)         # (accepted, tried) before anything is seen: a = 0.5, so a new sequence drafts
-EMA = 0.25                 # weight of a new timing in the cost table
+EMA_DOWN, EMA_UP = 0.8, 0.1   # weight of a new timing below / above the table's: the noise of a wall-clock timing
+                              # is mostly added time (another process, a collection), so a slow one moves it less
 PROBE_MIN, PROBE_MAX = 8, 64
 
 
@@ -66,7 +68,8 @@ class CostTable:
     @staticmethod
     def _add(table: dict, key, seconds: float) -> None:
         old = table.get(key)
-        table[key] = seconds if old is None else old + EMA * (seconds - old)
+        w = EMA_DOWN if old is None or seconds < old else EMA_UP
+        table[key] = seconds if old is None else old + w * (seconds - old)
 
     def add_plain(self, S: int, seconds: float) -> None:
         self._add(self.plain, S, seconds)
@@ -115,6 +118,7 @@ class DraftPolicy:
         self.lengths = range(min(max(1, n_min), n_max), n_max + 1)
         self.costs = costs if costs is not None else CostTable()
         self.gap, self.since, self.probing = PROBE_MIN, 0, False
+        self.drafted = 0                          # drafting rounds in a row
         self.n_spec = self.n_plain = self.n_probes = 0
 
     def choose(self, accs: Sequence[Acceptance]) -> int:
@@ -129,10 +133,14 @@ class DraftPolicy:
                 self.probing = True
                 self.n_probes += 1
                 n = self.lengths[0]
+        elif self.drafted >= PROBE_MAX:
+            n = 0                                 # refresh the plain cost
         if n:
             self.since = 0
+            self.drafted += 1
             self.n_spec += 1
         else:
+            self.drafted = 0
             self.n_plain += 1
         return n
 

@@ -323,16 +323,9 @@ def test_plain_rounds_keep_the_head_in_step(lm, graphs):
     """Rounds that decode plainly (the policy's choice) feed the head the target's hidden states: after a run of
     plain, short and full rounds the head's KV rows are still one pass over the sequence, and the output is the
     plain greedy one. On the graph path every draft's catch-up fits a draft graph (EagerSpecGraphs asserts it)."""
-    prompt = lm.tokenizer.encode(PROMPTS[0])
-    off, _ = _greedy(lm, PROMPTS[0], 40)
-    c = _client(lm, 3, [prompt + off], 5, graphs=graphs, adaptive=True)
-    c.engine.spec.policy = ScriptedPolicy(3)
-    c.history = list(prompt)
-    on = c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=40)).tokens
-    assert on == off
+    c, prompt = plain_rounds_on_equals_off(lm, graphs)
     if graphs:
         assert set(c.engine.spec.graphs.lengths) == {1, 2, 3}
-    assert c.engine.spec.policy.costs.plain and c.engine.spec.policy.costs.verify    # both kinds were timed
     slot = c.engine.slots[0]
     toks, ms = c.history[:slot.state.n_past], slot.mtp
     n = ms.state.n_past
@@ -345,8 +338,25 @@ def test_plain_rounds_keep_the_head_in_step(lm, graphs):
     np.testing.assert_allclose(ms.state.k[0][:n].astype(np.float32), ref.k[0][:n].astype(np.float32), atol=2e-3)
 
 
+def plain_rounds_on_equals_off(lm, graphs):
+    """(also run on CUDA by tests/test_mtp_cuda.py) -> the client, the prompt's ids."""
+    prompt = lm.tokenizer.encode(PROMPTS[0])
+    off, _ = _greedy(lm, PROMPTS[0], 40)
+    c = _client(lm, 3, [prompt + off], 5, graphs=graphs, adaptive=True)
+    c.engine.spec.policy = ScriptedPolicy(3)
+    c.history = list(prompt)
+    on = c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=40)).tokens
+    assert on == off
+    assert c.engine.spec.policy.costs.plain and c.engine.spec.policy.costs.verify    # both kinds were timed
+    return c, prompt
+
+
 @pytest.mark.parametrize("graphs", [None, "eager-double"])
 def test_adaptive_scheduler_greedy_on_equals_off(lm, graphs):
+    adaptive_scheduler_on_equals_off(lm, graphs)
+
+
+def adaptive_scheduler_on_equals_off(lm, graphs):
     """Four slots with adaptive drafting (its own measured costs): the random head's drafts are rejected, so
     rounds go plain; the oracle's are mostly accepted and keep drafting. Every stream equals MTP off either way.
     (How often each kind runs depends on this machine's timings: tests/test_draft_policy.py checks the choices.)"""
@@ -361,6 +371,7 @@ def test_adaptive_scheduler_greedy_on_equals_off(lm, graphs):
     refs = [p + t for p, t in zip(prompts, off)]
     on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, refs, graphs=graphs, adaptive=True)
     assert on == off and engine.spec.n_accepted > 20
+    return engine
 
 
 def test_speculative_choice_has_the_target_distribution():

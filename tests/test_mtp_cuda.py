@@ -15,7 +15,8 @@ from llamacmp.backends.spec_graphs import SpecGraphs
 from llamacmp.engine.speculative import Speculator
 from llamacmp.fixtures.writer import SHAPES, write_model
 from llamacmp.loader import load_model
-from test_mtp import PROMPTS, _greedy, scheduler_greedy_on_equals_off
+from test_mtp import (PROMPTS, _greedy, adaptive_scheduler_on_equals_off, plain_rounds_on_equals_off,
+                      scheduler_greedy_on_equals_off)
 
 pytestmark = pytest.mark.cuda
 
@@ -127,6 +128,47 @@ def test_scheduler_greedy_mtp_graphs_cuda(lms):
     _, dev = lms("small")
     engine = scheduler_greedy_on_equals_off(dev, None)
     assert isinstance(engine.spec.graphs, SpecGraphs) and engine.spec.graphs.n_replayed > 0
+
+
+def test_plain_rounds_through_the_hidden_decode_graph_cuda(lms):
+    """Adaptive drafting's plain rounds (a scripted policy: runs of plain steps, then drafts of 3, 1, 2) on the
+    CUDA graphs: the decode graph that also gives the hidden state, draft and verify graphs of every length; the
+    output equals MTP off."""
+    _, dev = lms("small")
+    c, _ = plain_rounds_on_equals_off(dev, None)
+    g, dg = c.engine.spec.graphs, c.engine.decoder.graphs
+    assert isinstance(g, SpecGraphs) and {key[0] for key in g._verify} == {1, 2, 3}
+    assert dg.hidden and dg.n_replayed > 0
+
+
+def test_adaptive_scheduler_cuda(lms):
+    """Four slots drafting adaptively on the CUDA graphs (the policy's own timings): every stream = MTP off."""
+    _, dev = lms("small")
+    engine = adaptive_scheduler_on_equals_off(dev, None)
+    assert engine.spec.graphs.n_replayed > 0
+
+
+def test_hidden_decode_graph_gives_the_decode_logits_cuda(lms):
+    """A decode graph made with hidden=True: the logits bit for bit the plain graph's (twin states), h the
+    eager forward_hidden's."""
+    from llamacmp.engine.decode import Decoder
+    _, dev = lms("small")
+    be = dev.backend
+    plain, hidden = Decoder(dev, max_graphs=1), Decoder(dev, max_graphs=1, hidden=True)
+    prompt = dev.tokenizer.encode(PROMPTS[0])
+    twins = []
+    for _ in range(3):
+        st = be.new_state(dev.cfg, 64)
+        dev.model.forward(StepBatch.build([(st, prompt)]))
+        twins.append(st)
+    for tok in (11, 12, 13):                       # eager, captured, replayed
+        la = be.to_host(plain.decode([twins[0]], [tok]))
+        lb, h = hidden.decode_hidden([twins[1]], [tok])
+        np.testing.assert_array_equal(be.to_host(lb), la)
+        with be.decode_order():
+            _, h_ref = dev.model.forward_hidden(StepBatch.build([(twins[2], [tok])]))
+        assert rel(be.to_host(h), be.to_host(h_ref)) < 1e-5
+    assert hidden.graphs.n_replayed > 0
 
 
 def _prefilled(lm, sp, prompt, n_ctx=64):

@@ -30,11 +30,14 @@ def test_acceptance_counts_the_tried_positions():
 def test_cost_table_measures_and_estimates():
     c = CostTable()
     assert c.spec_cost(1, 3) is None and c.plain_cost(1) is None
-    c.add_spec(1, 3, 0.6, 1.3)
+    c.add_spec(1, 3, 1.9)
     assert c.spec_cost(1, 3) == pytest.approx(1.9)
-    assert c.spec_cost(1, 1) == pytest.approx(0.2 + 1.3)          # no plain step yet: the measured verify
+    assert c.spec_cost(1, 1) == pytest.approx(1.9)                # no plain step yet: the one measured length
     c.add_plain(1, 1.0)
-    assert c.spec_cost(1, 1) == pytest.approx(0.2 + 1.1)          # verify on the line (0, 1.0) - (3, 1.3)
+    assert c.spec_cost(1, 1) == pytest.approx(1.3)                # on the line (0, 1.0) - (3, 1.9)
+    c.add_spec(1, 1, 1.4)
+    assert c.spec_cost(1, 1) == pytest.approx(1.4) and c.spec_cost(1, 2) == pytest.approx(1.65)   # (1, 1.4) - (3, 1.9)
+    assert c.spec_cost(1, 4) == pytest.approx(2.15)               # beyond: the line through the two nearest
     assert c.spec_cost(2, 1) is None                              # another number of sequences: not known
     c.add_plain(1, 2.0)
     assert c.plain_cost(1) == pytest.approx(1.1)                  # EMA: a slower timing moves it by a tenth
@@ -58,9 +61,9 @@ def _simulate(p: float, n_max: int, S: int, truth: dict, tokens: int, seed: int 
             spent += truth["plain"][S]
             made += S
             continue
-        t_draft, t_verify = n * truth["draft"][S], truth["verify"][(S, n)]
-        pol.costs.add_spec(S, n, t_draft, t_verify)
-        spent += t_draft + t_verify
+        t = n * truth["draft"][S] + truth["verify"][(S, n)]
+        pol.costs.add_spec(S, n, t)
+        spent += t
         for a in accs:
             k = 0
             while k < n and rng.random() < p:
@@ -91,7 +94,7 @@ def test_a_slow_first_plain_timing_is_measured_again():
     pol, acc = DraftPolicy(3), Acceptance(0.0, 10.0)
     pol.costs.add_plain(1, 10 * PLAIN)
     for n in (1, 2, 3):
-        pol.costs.add_spec(1, n, n * ONE["draft"][1], ONE["verify"][(1, n)])
+        pol.costs.add_spec(1, n, n * ONE["draft"][1] + ONE["verify"][(1, n)])
     chosen = []
     for _ in range(5 * PROBE_MAX):
         n = pol.choose([acc])
@@ -127,7 +130,7 @@ def test_probes_bring_drafting_back():
             if n == 0:
                 pol.costs.add_plain(1, truth["plain"][1])
                 continue
-            pol.costs.add_spec(1, n, n * truth["draft"][1], truth["verify"][(1, n)])
+            pol.costs.add_spec(1, n, n * truth["draft"][1] + truth["verify"][(1, n)])
             k = 0
             while k < n and rng.random() < p:
                 k += 1
@@ -164,7 +167,7 @@ def test_one_stream_with_acceptance_among_four_counts_each():
     for S in (4,):
         pol.costs.add_plain(S, FOUR_DRAFTING_PAYS["plain"][S])
         for n in range(1, 4):
-            pol.costs.add_spec(S, n, n * FOUR_DRAFTING_PAYS["draft"][S], FOUR_DRAFTING_PAYS["verify"][(S, n)])
+            pol.costs.add_spec(S, n, n * FOUR_DRAFTING_PAYS["draft"][S] + FOUR_DRAFTING_PAYS["verify"][(S, n)])
     dead, good = Acceptance(0.0, 10.0), Acceptance(9.5, 10.0)
     assert pol.choose([dead] * 4) == 0
     assert pol.choose([good] * 3 + [dead]) == 3               # three good streams pay for the fourth's rows

@@ -137,6 +137,9 @@ class OracleSpeculator(Speculator):
         super().__init__(engine.model, n_max)
         self.engine, self.refs, self.rng, self.p_wrong = engine, refs, rng, p_wrong
 
+    def _step_graph(self, items, n):
+        return None                  # the drafts are replaced on the host: draft() and verify() one after the other
+
     def draft(self, items, n=None):
         out = super().draft(items, n)
         for (st, _, t0), d in zip(items, out):
@@ -179,6 +182,12 @@ class EagerSpecGraphs:
                 o.append(int(np.argmax(r)))
         self.n_draft += 1
         return out
+
+    def step(self, states, mtp_states, t0s, tokens, h_parts, n):
+        drafts = self.draft(mtp_states, tokens, h_parts, n)
+        if drafts is None:
+            return None
+        return (drafts,) + self.verify(states, [[t0] + d for t0, d in zip(t0s, drafts)])
 
     def verify(self, states, tokens):
         assert len({len(t) for t in tokens}) == 1 and len(tokens[0]) <= self.n + 1, tokens
@@ -347,7 +356,7 @@ def plain_rounds_on_equals_off(lm, graphs):
     c.history = list(prompt)
     on = c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=40)).tokens
     assert on == off
-    assert c.engine.spec.policy.costs.plain and c.engine.spec.policy.costs.verify    # both kinds were timed
+    assert c.engine.spec.policy.costs.plain and c.engine.spec.policy.costs.spec    # both kinds were timed
     return c, prompt
 
 
@@ -367,7 +376,7 @@ def adaptive_scheduler_on_equals_off(lm, graphs):
     on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, graphs=graphs, adaptive=True)
     pol = engine.spec.policy
     assert on == off
-    assert pol.n_plain > 0 and pol.n_spec > 0 and 4 in pol.costs.plain and any(S == 4 for S, _ in pol.costs.verify)
+    assert pol.n_plain > 0 and pol.n_spec > 0 and 4 in pol.costs.plain and any(S == 4 for S, _ in pol.costs.spec)
     refs = [p + t for p, t in zip(prompts, off)]
     on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, refs, graphs=graphs, adaptive=True)
     assert on == off and engine.spec.n_accepted > 20

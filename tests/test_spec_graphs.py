@@ -104,6 +104,7 @@ class FakeBackend:
     def __init__(self, ids):
         self.uploads, self.copies, self.launches, self.ids, self.destroyed = {}, [], 0, ids, []
         self.native = SimpleNamespace(cmp_memcpy_d2d=lambda dst, src, n: self.copies.append((dst, src, n)),
+                                      cmp_memcpy2d_d2d=lambda *a: self.copies.append(a),
                                       cmp_graph_launch=self._launch, cmp_graph_destroy=self.destroyed.append)
 
     def _launch(self, exec_):
@@ -169,3 +170,41 @@ def test_verify_replay_feeds_every_row_and_keeps_the_steps():
     be = g.be
     del g
     assert be.destroyed == [1]                   # the graph goes with its object
+
+
+def test_verify_after_a_draft_takes_its_ids_on_the_device():
+    """launch_after: t0 per sequence uploaded, the draft's round-major ids copied into each sequence's rows 1 .. n
+    on the device (one 2-D copy per round), then the replay as run(); a draft of another shape is refused."""
+    g = spec_graphs.CapturedVerify.__new__(spec_graphs.CapturedVerify)
+    g.be = FakeBackend([4, 5, 6, 7, 8, 9])
+    g.states = [SimpleNamespace(n_past=3, n_ctx=64, steps={"len": 0}),
+                SimpleNamespace(n_past=8, n_ctx=64, steps={"len": 0})]
+    g.T, g.exec, g.outputs = 3, 1, ("logits", "h")
+    g.tokens, g.pos, g.greedy = FakeTensor("tokens", (6,), 100), FakeTensor("pos", (6,)), FakeTensor("greedy", (6,))
+    draft = SimpleNamespace(states=[None, None], n=2, ids=FakeTensor("ids", (4,), 500))   # [r0: s0 s1, r1: s0 s1]
+    logits, h, ids = g.launch_after([7, 8], draft)
+    assert (logits, h, list(ids)) == ("logits", "h", [4, 5, 6, 7, 8, 9])
+    assert g.be.uploads == {"tokens": [7, 0, 0, 8, 0, 0], "pos": [3, 4, 5, 8, 9, 10]}
+    # round r: B = 2 ids of 4 bytes from ids[r * B] to tokens[1 + r], tokens[T + 1 + r] (pitch 4 * T)
+    assert g.be.copies == [(104, 12, 500, 4, 4, 2), (108, 12, 508, 4, 4, 2)]
+    assert [(s.n_past, s.steps["len"]) for s in g.states] == [(6, 3), (11, 3)] and g.be.launches == 1
+    with pytest.raises(ValueError, match="after a draft of 2 x 3"):
+        g.launch_after([7, 8], SimpleNamespace(states=[None, None], n=3, ids=None))
+
+
+def test_step_runs_the_draft_and_the_verify_graph_of_its_length(graphs, monkeypatch):
+    """SpecGraphs.step: the draft graph launched, the verify of the same length after it, the draft's ids read
+    last; a shape of several sequences asked for the first time is declined (None) before anything runs."""
+    calls = []
+    monkeypatch.setattr(FakeDraft, "launch", lambda self, tokens, h: calls.append(("draft", self.n, tuple(tokens))),
+                        raising=False)
+    monkeypatch.setattr(FakeDraft, "read", lambda self: calls.append(("read",)) or [[1] * self.n for _ in self.lengths],
+                        raising=False)
+    monkeypatch.setattr(FakeVerify, "launch_after",
+                        lambda self, t0s, d: calls.append(("verify", d.n, tuple(t0s))) or ("l", "h", [0]), raising=False)
+    g = graphs(n_max=3)
+    st, ms = _states(1)[0], _states(1)[0]
+    assert g.step([st], [ms], [7], [[5, 7]], [[None, None]], 2) == ([[1, 1]], "l", "h", [0])
+    assert calls == [("draft", 2, (5, 7)), ("verify", 2, (7,)), ("read",)]
+    a, b = _states(2)
+    assert g.step([a, b], [a, b], [1, 2], [[1], [2]], [[None], [None]], 3) is None and len(calls) == 3

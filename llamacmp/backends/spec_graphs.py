@@ -118,7 +118,13 @@ class CapturedDraft(_Captured):
     def run(self, tokens: Sequence[int], h_parts: Sequence) -> list[list[int]]:
         """tokens [R0]: every sequence's catch-up ids; h_parts: device tensors [r_i, D] whose rows, in order, are
         h0 [R0, D] -> n drafted ids per sequence (the only bytes that cross). Advances the MTP states."""
-        be, B, R0 = self.be, len(self.states), self.tok0.shape[0]
+        self.launch(tokens, h_parts)
+        return self.read()
+
+    def launch(self, tokens: Sequence[int], h_parts: Sequence) -> None:
+        """run() without reading the ids back: they stay in self.ids (round r of sequence i at r * B + i) for a
+        verify replay to take on the device (CapturedVerify.launch_after)."""
+        be, R0 = self.be, self.tok0.shape[0]
         if len(tokens) != R0 or sum(x.shape[0] for x in h_parts) != R0:
             raise ValueError(f"draft graph of {R0} catch-up rows fed {len(tokens)} ids and "
                              f"{sum(x.shape[0] for x in h_parts)} hidden rows")
@@ -137,8 +143,11 @@ class CapturedDraft(_Captured):
         be.native.cmp_graph_launch(self.exec)
         for s, L in zip(self.states, self.lengths):
             s.n_past += L + self.n - 1
-        ids = be.ids_to_host(self.ids).reshape(self.n, B)
-        return [ids[:, i].tolist() for i in range(B)]
+
+    def read(self) -> list[list[int]]:
+        """The last replay's n ids per sequence (waits for it)."""
+        ids = self.be.ids_to_host(self.ids).reshape(self.n, len(self.states))
+        return [ids[:, i].tolist() for i in range(len(self.states))]
 
 
 class CapturedVerify(_Captured):
@@ -166,14 +175,35 @@ class CapturedVerify(_Captured):
     def run(self, tokens: Sequence[Sequence[int]]):
         """tokens: [t0, d1 .. dn] per state -> (logits [B*T, N], h [B*T, D] on the device, the argmax of every row
         [B*T] on the host). Advances every state by T and leaves its per-token states for restore_steps."""
-        be, T = self.be, self.T
-        if len(tokens) != len(self.states) or any(len(t) != T for t in tokens):
-            raise ValueError(f"verify graph of {len(self.states)} sequences x {T} tokens fed "
+        if len(tokens) != len(self.states) or any(len(t) != self.T for t in tokens):
+            raise ValueError(f"verify graph of {len(self.states)} sequences x {self.T} tokens fed "
                              f"{[len(t) for t in tokens]}")
+        self._check_room()
+        self.be.copy_from_host(self.tokens, np.asarray([t for ts in tokens for t in ts], np.int32))
+        return self._launch()
+
+    def launch_after(self, t0s: Sequence[int], draft: "CapturedDraft"):
+        """run() of [t0, the draft's n ids] per state, the ids taken from the draft graph's buffer on the device
+        (copied after its replay on the same stream): the host does not wait for the draft. -> as run()."""
+        be, T, B = self.be, self.T, len(self.states)
+        if len(t0s) != B or len(draft.states) != B or draft.n != T - 1:
+            raise ValueError(f"verify graph of {B} sequences x {T} tokens after a draft of {len(draft.states)} "
+                             f"x {draft.n} with {len(t0s)} first tokens")
+        self._check_room()
+        tokens = np.zeros(B * T, np.int32)
+        tokens[::T] = t0s
+        be.copy_from_host(self.tokens, tokens)
+        for r in range(draft.n):               # round r's B ids (contiguous) -> row 1 + r of each sequence's T
+            be.native.cmp_memcpy2d_d2d(self.tokens.row_ptr(1 + r), 4 * T, draft.ids.row_ptr(r * B), 4, 4, B)
+        return self._launch()
+
+    def _check_room(self) -> None:
         for s in self.states:
-            if s.n_past + T > s.n_ctx:
-                raise ValueError(f"sequence needs {s.n_past + T} positions, its context is {s.n_ctx}")
-        be.copy_from_host(self.tokens, np.asarray([t for ts in tokens for t in ts], np.int32))
+            if s.n_past + self.T > s.n_ctx:
+                raise ValueError(f"sequence needs {s.n_past + self.T} positions, its context is {s.n_ctx}")
+
+    def _launch(self):
+        be, T = self.be, self.T
         be.copy_from_host(self.pos, np.asarray([s.n_past + i for s in self.states for i in range(T)], np.int32))
         be.native.cmp_graph_launch(self.exec)
         for s in self.states:
@@ -222,7 +252,26 @@ class SpecGraphs:
               n: int | None = None):
         """MTP states, each one's catch-up ids and their h tensors -> n (default n_max) drafted ids per sequence;
         None (nothing ran) for a shape asked for the first time: the caller drafts eagerly."""
+        g = self._draft_graph(states, tokens, self._length(n))
+        return None if g is None else g.run([t for ts in tokens for t in ts], [x for xs in h_parts for x in xs])
+
+    def step(self, states: Sequence[SeqState], mtp_states: Sequence[SeqState], t0s: Sequence[int],
+             tokens: Sequence[Sequence[int]], h_parts: Sequence[Sequence], n: int):
+        """draft() then verify() of [t0, the drafts] per target state, the drafted ids passed on the device: the
+        host waits once, after the verify, instead of once per graph (the Python between them left the GPU
+        idle). -> (drafts, logits, h, argmax ids) as draft() and verify(); None (nothing ran) where draft()
+        declines the shape."""
         n = self._length(n)
+        d = self._draft_graph(mtp_states, tokens, n)
+        if d is None:
+            return None
+        v = self._verify_graph(states, n)
+        d.launch([t for ts in tokens for t in ts], [x for xs in h_parts for x in xs])
+        logits, h, ids = v.launch_after(t0s, d)
+        return d.read(), logits, h, ids
+
+    def _draft_graph(self, states, tokens, n: int):
+        """The draft graph of these MTP states, catch-up lengths and n; None when declined (see draft())."""
         lengths = tuple(len(t) for t in tokens)
         key = (n,) + tuple(id(s) for s in states) + lengths
         if key not in self._draft and len(states) > 1 and key not in self._asked:
@@ -232,18 +281,18 @@ class SpecGraphs:
             self.n_declined += 1
             return None
         self._asked.pop(key, None)
-        g = self._get(self._draft, key, lambda: CapturedDraft(self.be, self.model, states, lengths, n),
-                      self.draft_room)
-        return g.run([t for ts in tokens for t in ts], [x for xs in h_parts for x in xs])
+        return self._get(self._draft, key, lambda: CapturedDraft(self.be, self.model, states, lengths, n),
+                         self.draft_room)
 
     def verify(self, states: Sequence[SeqState], tokens: Sequence[Sequence[int]]):
         """[t0, d1 .. dn] per target state (n <= n_max, the same for all) -> (logits, h, argmax ids) of
         CapturedVerify.run."""
-        n = self._length(len(tokens[0]) - 1 if tokens else None)
+        return self._verify_graph(states, self._length(len(tokens[0]) - 1 if tokens else None)).run(tokens)
+
+    def _verify_graph(self, states, n: int):
         key = (n,) + tuple(id(s) for s in states)
-        g = self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, n),
-                      self.capacity * self.n)
-        return g.run(tokens)
+        return self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, n),
+                         self.capacity * self.n)
 
     def prepare(self, states: Sequence[SeqState], mtp_states: Sequence[SeqState],
                 lengths: Sequence[int] | None = None) -> None:

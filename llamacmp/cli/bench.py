@@ -704,13 +704,12 @@ class Runner:
                 if k == 0:
                     tok, left = plain(tok), left - 1
                     continue
-                drafts = sp.draft([(st, ms, tok)], k)[0][:left - 1]     # at most left tokens come out of the step
-                logits, h, (v,) = sp.verify([(st, ms, tok, drafts)], k)
+                (drafts,), logits, h, (v,) = sp.step([(st, ms, tok)], k)
                 out: list[int] = []
                 j = accept_tokens(self.be, logits, v, greedy, lambda t: out.append(t) or len(out) < left, synth)
                 sp.commit(v, h, j)
                 if draft is not None:
-                    draft.count(len(drafts), j - 1)
+                    draft.count(min(len(drafts), left - 1), j - 1)    # (drafts past the last token: not counted)
                 tok, left = out[-1], left - j
         return step
 

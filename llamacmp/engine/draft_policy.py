@@ -1,18 +1,17 @@
 """Whether a round drafts, and how many tokens: the MTP draft length per round (0: a plain decode step) from the
 engine's own measured costs and each sequence's measured acceptance (engine/speculative.py asks before each round).
 
-Model. A round of S sequences that each draft n tokens costs spec(S, n) = draft(S, n) + verify(S, n) seconds and
-yields sum_i E_i(n) tokens, where E(n) = 1 + a + a^2 + .. + a^n for a sequence whose next draft is accepted with
+Model. A round of S sequences that each draft n tokens costs spec(S, n) seconds (n draft rounds, the verify of
+S * (n + 1) rows, the host's work between) and yields sum_i E_i(n) tokens, where E(n) = 1 + a + a^2 + .. + a^n for a sequence whose next draft is accepted with
 probability a once the one before it was (llama.cpp's synthetic rates have this form too). A plain step of the same
 S sequences costs plain(S) and yields S tokens. The round takes the n with the most tokens per second; all
 sequences draft the same n or none draft (one verify forward of S*(n+1) rows, one graph per list and n).
 
 The costs are wall-clock seconds the engine measured itself (CostTable: an EMA per S and n, from rounds that neither
 captured a graph nor ran a graph's shape eagerly), so the choice follows the card, the model and the context
-length rather than constants. A cost not measured yet is estimated from the measured ones (draft rounds scale with
-n, the verify is linear in its rows per sequence between the plain step at 1 and the measured lengths); with
-nothing measured for S yet, the round explores: it drafts n_max until a spec round is measured, then steps plainly
-until a plain step is.
+length rather than constants. A length not measured yet is estimated on the line through the measured ones and the
+plain step as n = 0 (draft rounds and verify rows both grow linearly with n); with nothing measured for S yet, the
+round explores: it drafts n_max until a spec round is measured, then steps plainly until a plain step is.
 
 Probes. While drafting does not pay, every `gap` plain rounds one round drafts the smallest n anyway, so that the
 acceptance is measured again (a prompt's later text may be easier). A probe that does not bring drafting back
@@ -60,10 +59,10 @@ class Acceptance:
 
 @dataclass
 class CostTable:
-    """Measured seconds per round: plain[S], draft[(S, n)], verify[(S, n)] (EMA)."""
+    """Measured seconds per round (EMA): plain[S] a plain step of S sequences, spec[(S, n)] a round of S sequences
+    drafting n each."""
     plain: dict = field(default_factory=dict)
-    draft: dict = field(default_factory=dict)
-    verify: dict = field(default_factory=dict)
+    spec: dict = field(default_factory=dict)
 
     @staticmethod
     def _add(table: dict, key, seconds: float) -> None:
@@ -74,32 +73,20 @@ class CostTable:
     def add_plain(self, S: int, seconds: float) -> None:
         self._add(self.plain, S, seconds)
 
-    def add_spec(self, S: int, n: int, t_draft: float, t_verify: float) -> None:
-        self._add(self.draft, (S, n), t_draft)
-        self._add(self.verify, (S, n), t_verify)
+    def add_spec(self, S: int, n: int, seconds: float) -> None:
+        self._add(self.spec, (S, n), seconds)
 
     def plain_cost(self, S: int) -> Optional[float]:
         return self.plain.get(S)
 
     def spec_cost(self, S: int, n: int) -> Optional[float]:
-        """draft + verify of S sequences drafting n: measured, else estimated from this S's other lengths (draft
-        rounds cost alike; the verify is linear in its rows per sequence, through the plain step at one row);
-        None when no spec round of S sequences was measured."""
-        known = sorted(m for s, m in self.verify if s == S)
-        if not known:
+        """A round of S sequences drafting n: measured, else on the line through the two known points nearest n
+        (this S's measured lengths, its plain step as n = 0); None when no spec round of S was measured."""
+        if (S, n) in self.spec:
+            return self.spec[(S, n)]
+        pts = [(m, t) for (s, m), t in self.spec.items() if s == S]
+        if not pts:
             return None
-        d = self.draft.get((S, n))
-        if d is None:
-            m = min(known, key=lambda m: abs(m - n))
-            d = self.draft[(S, m)] * n / m
-        v = self.verify.get((S, n))
-        if v is None:
-            v = self._interpolate(S, n, known)
-        return d + v
-
-    def _interpolate(self, S: int, n: int, known: list[int]) -> float:
-        """verify(S, n) on the line through the two measured points nearest n (the plain step as n = 0)."""
-        pts = [(m, self.verify[(S, m)]) for m in known]
         if S in self.plain:
             pts.append((0, self.plain[S]))
         if len(pts) == 1:

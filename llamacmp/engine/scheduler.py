@@ -464,8 +464,7 @@ class Engine:
         verification of all in one target forward; then each slot's tokens through _emit's rules, and the rewind."""
         t0 = time.perf_counter()
         sp = self.spec
-        drafts = sp.draft([(s.state, s.mtp, s.next_token) for s in slots], n)
-        logits, h, verified = sp.verify([(s.state, s.mtp, s.next_token, d) for s, d in zip(slots, drafts)], n)
+        _, logits, h, verified = sp.step([(s.state, s.mtp, s.next_token) for s in slots], n)
         if self.cfg.sync_forwards:
             self.decoder.sync()
         self.perf.add_verified(len(slots), (time.perf_counter() - t0) * 1e3)   # + the accepted drafts, below

@@ -99,7 +99,7 @@ class Speculator:
         self.n_drafted = self.n_accepted = 0          # totals, for the draft_n / draft_n_accepted timings
         self.graphs = model.be.spec_graphs(model, n_max) if graphs else None
         self.policy = DraftPolicy(n_max, n_min, costs) if adaptive else None
-        self._round = None                            # (S, n, draft seconds, clean) of the draft awaiting its verify
+        self._round = None                            # (S, n, start, clean) of the draft awaiting its verify
 
     @classmethod
     def from_spec(cls, model, spec, path: str = "the model", costs: Optional[CostTable] = None) -> "Speculator":
@@ -189,15 +189,55 @@ class Speculator:
         n = self.n_max if n is None else n
         t_start, events = time.perf_counter(), self._events()
         out = self._draft(items, n)
-        self._round = (len(items), n, time.perf_counter() - t_start, events == self._events())
+        self._round = (len(items), n, t_start, events == self._events())
         return out
 
-    def _draft(self, items, n: int) -> list[list[int]]:
-        be, out = self.be, [[] for _ in items]
+    def step(self, items: Sequence[tuple[SeqState, MtpSeq, int]], n: Optional[int] = None):
+        """draft() then verify() of what was drafted -> (drafts, logits, h, [Verified]). On the graph path the
+        two graphs run back to back with the drafted ids passed on the device (SpecGraphs.step): the host waits
+        once per round."""
+        n = self.n_max if n is None else n
+        if self._graphed([st for st, _, _ in items], n) and self.p_min <= 0.0:
+            t_start, events = time.perf_counter(), self._events()
+            got = self._step_graph(items, n)
+            if got is not None:
+                self._timed(len(items), n, t_start, events == self._events())
+                return got
+        drafts = self.draft(items, n)
+        return (drafts,) + self.verify([(st, ms, t0, d) for (st, ms, t0), d in zip(items, drafts)], n)
+
+    def _step_graph(self, items, n: int):
+        self._heads_in_step(items, n)
+        pos = [st.n_past for st, _, _ in items]
+        got = self.graphs.step([st for st, _, _ in items], [ms.state for _, ms, _ in items], [t0 for *_, t0 in items],
+                               [ms.pending + [t0] for _, ms, t0 in items],
+                               [ms.pending_h + [ms.h_last] for _, ms, _ in items], n)
+        if got is None:
+            return None
+        drafts, logits, h, ids = got
+        for _, ms, _ in items:
+            ms.pending, ms.pending_h = [], []
+        self._count(drafts, items)
+        T = n + 1
+        segs = [Verified(st, ms, t0, list(d), p, i * T, [int(x) for x in ids[i * T:i * T + len(d) + 1]])
+                for i, ((st, ms, t0), d, p) in enumerate(zip(items, drafts, pos))]
+        return drafts, logits, h, segs
+
+    def _timed(self, S: int, n: int, t_start: float, clean: bool) -> None:
+        """A round of S sequences drafting n took since t_start: into the cost table if nothing was captured."""
+        if self.policy is not None and clean:
+            self.policy.costs.add_spec(S, n, time.perf_counter() - t_start)
+
+    def _heads_in_step(self, items, n: int) -> None:
+        """Heads out of step with their targets (moved by a checkpoint) start over; long catch-ups run now."""
         for st, ms, _ in items:
             if ms.state.n_past + len(ms.pending) != st.n_past:
                 self.reset(ms, st.n_past)
         self._catch_up([ms for _, ms, _ in items], n)
+
+    def _draft(self, items, n: int) -> list[list[int]]:
+        be, out = self.be, [[] for _ in items]
+        self._heads_in_step(items, n)
         if self._graphed([st for st, _, _ in items], n) and self.p_min <= 0.0:
             got = self._draft_graph(items, n)
             if got is not None:
@@ -270,13 +310,12 @@ class Speculator:
         or fewer -> (logits [T, N] of every row, h [T, D], [Verified]). The target states advance by
         1 + len(drafts); commit() sets each back to what it keeps. Times the round (draft + verify) for the policy."""
         n = self.n_max if n is None else n
-        t_start, events = time.perf_counter(), self._events()
+        events = self._events()
         out = self._verify(seqs, n)
         if self.policy is not None and self._round is not None and self._round[:2] == (len(seqs), n):
             self.be.synchronize()          # (a replayed verify has waited already: its ids came back)
-            _, _, t_draft, clean = self._round
-            if clean and events == self._events() and not self._eager:
-                self.policy.costs.add_spec(len(seqs), n, t_draft, time.perf_counter() - t_start)
+            _, _, t_round, clean = self._round
+            self._timed(len(seqs), n, t_round, clean and events == self._events() and not self._eager)
         self._round, self._eager = None, False
         return out
 

@@ -229,3 +229,29 @@ def test_draft_graph_equals_eager_draft(lms, n_max):
         graphed.commit(vb, hb, keep)
         t0 = int(np.argmax(be.to_host(la)[keep - 1]))
     assert graphed.graphs.n_captured >= 2
+
+
+@pytest.mark.parametrize("n_max", [1, 3])
+@pytest.mark.parametrize("B", [1, 2])
+def test_fused_step_equals_draft_then_verify_cuda(lms, n_max, B):
+    """Speculator.step on the graphs (the drafted ids passed to the verify on the device, one 2-D copy per round)
+    against draft() then verify() on twin sequences: the same drafts, logits bit for bit, the same row argmax."""
+    _, dev = lms("small")
+    be = dev.backend
+    split, fused = Speculator(dev.model, n_max), Speculator(dev.model, n_max)
+    a = [_prefilled(dev, split, p) for p in PROMPTS[:B]]
+    b = [_prefilled(dev, fused, p) for p in PROMPTS[:B]]
+    fused.prepare(b)                  # every catch-up shape of these sequences captured: no eager fallback
+    t0s = [17] * B
+    for keep in (1, n_max + 1):
+        da = split.draft([(st, ms, t) for (st, ms), t in zip(a, t0s)])
+        la, ha, va = split.verify([(st, ms, t, d) for (st, ms), t, d in zip(a, t0s, da)])
+        replayed = fused.graphs.n_replayed
+        db, lb, hb, vb = fused.step([(st, ms, t) for (st, ms), t in zip(b, t0s)])
+        assert fused.graphs.n_replayed == replayed + 2          # the draft and the verify graph
+        assert db == da and [v.greedy for v in vb] == [v.greedy for v in va]
+        np.testing.assert_array_equal(be.to_host(lb), be.to_host(la))
+        for x, y in zip(va, vb):
+            split.commit(x, ha, keep)
+            fused.commit(y, hb, keep)
+        t0s = [v.greedy[keep - 1] for v in va]

@@ -137,7 +137,7 @@ class OracleSpeculator(Speculator):
         super().__init__(engine.model, n_max)
         self.engine, self.refs, self.rng, self.p_wrong = engine, refs, rng, p_wrong
 
-    def _step_graph(self, items, n):
+    def _step_graph(self, items, n, while_running=None):
         return None                  # the drafts are replaced on the host: draft() and verify() one after the other
 
     def draft(self, items, n=None):
@@ -183,11 +183,14 @@ class EagerSpecGraphs:
         self.n_draft += 1
         return out
 
-    def step(self, states, mtp_states, t0s, tokens, h_parts, n):
+    def step(self, states, mtp_states, t0s, tokens, h_parts, n, while_running=None):
         drafts = self.draft(mtp_states, tokens, h_parts, n)
         if drafts is None:
             return None
-        return (drafts,) + self.verify(states, [[t0] + d for t0, d in zip(t0s, drafts)])
+        out = self.verify(states, [[t0] + d for t0, d in zip(t0s, drafts)])
+        if while_running is not None:
+            while_running()
+        return (drafts,) + out
 
     def verify(self, states, tokens):
         assert len({len(t) for t in tokens}) == 1 and len(tokens[0]) <= self.n + 1, tokens
@@ -278,9 +281,9 @@ def test_graph_path_pads_short_drafts_and_leaves_graphs_at_the_context_end(lm):
     sp.graphs = g = EagerSpecGraphs(lm.model, 3)
     graphed = []                                       # the fewest real drafts of each verify the graph ran
 
-    def verify(seqs, n=None, verify=sp.verify):
+    def verify(seqs, n=None, while_running=None, verify=sp.verify):
         n0 = g.n_verify
-        out = verify(seqs, n)
+        out = verify(seqs, n, while_running)
         if g.n_verify > n0:
             graphed.append(min(len(d) for *_, d in seqs))
         return out

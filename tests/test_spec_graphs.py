@@ -182,7 +182,8 @@ def test_verify_after_a_draft_takes_its_ids_on_the_device():
     g.T, g.exec, g.outputs = 3, 1, ("logits", "h")
     g.tokens, g.pos, g.greedy = FakeTensor("tokens", (6,), 100), FakeTensor("pos", (6,)), FakeTensor("greedy", (6,))
     draft = SimpleNamespace(states=[None, None], n=2, ids=FakeTensor("ids", (4,), 500))   # [r0: s0 s1, r1: s0 s1]
-    logits, h, ids = g.launch_after([7, 8], draft)
+    g.launch_after([7, 8], draft)
+    logits, h, ids = g.read()
     assert (logits, h, list(ids)) == ("logits", "h", [4, 5, 6, 7, 8, 9])
     assert g.be.uploads == {"tokens": [7, 0, 0, 8, 0, 0], "pos": [3, 4, 5, 8, 9, 10]}
     # round r: B = 2 ids of 4 bytes from ids[r * B] to tokens[1 + r], tokens[T + 1 + r] (pitch 4 * T)
@@ -200,11 +201,14 @@ def test_step_runs_the_draft_and_the_verify_graph_of_its_length(graphs, monkeypa
                         raising=False)
     monkeypatch.setattr(FakeDraft, "read", lambda self: calls.append(("read",)) or [[1] * self.n for _ in self.lengths],
                         raising=False)
-    monkeypatch.setattr(FakeVerify, "launch_after",
-                        lambda self, t0s, d: calls.append(("verify", d.n, tuple(t0s))) or ("l", "h", [0]), raising=False)
+    monkeypatch.setattr(FakeVerify, "launch_after", lambda self, t0s, d: calls.append(("verify", d.n, tuple(t0s))),
+                        raising=False)
+    monkeypatch.setattr(FakeVerify, "read", lambda self: calls.append(("verify read",)) or ("l", "h", [0]),
+                        raising=False)
     g = graphs(n_max=3)
     st, ms = _states(1)[0], _states(1)[0]
-    assert g.step([st], [ms], [7], [[5, 7]], [[None, None]], 2) == ([[1, 1]], "l", "h", [0])
-    assert calls == [("draft", 2, (5, 7)), ("verify", 2, (7,)), ("read",)]
+    assert g.step([st], [ms], [7], [[5, 7]], [[None, None]], 2, lambda: calls.append(("meanwhile",))) == \
+        ([[1, 1]], "l", "h", [0])
+    assert calls == [("draft", 2, (5, 7)), ("verify", 2, (7,)), ("meanwhile",), ("verify read",), ("read",)]
     a, b = _states(2)
-    assert g.step([a, b], [a, b], [1, 2], [[1], [2]], [[None], [None]], 3) is None and len(calls) == 3
+    assert g.step([a, b], [a, b], [1, 2], [[1], [2]], [[None], [None]], 3) is None and len(calls) == 5

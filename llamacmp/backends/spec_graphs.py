@@ -180,11 +180,16 @@ class CapturedVerify(_Captured):
                              f"{[len(t) for t in tokens]}")
         self._check_room()
         self.be.copy_from_host(self.tokens, np.asarray([t for ts in tokens for t in ts], np.int32))
-        return self._launch()
+        self._launch()
+        return self.read()
 
-    def launch_after(self, t0s: Sequence[int], draft: "CapturedDraft"):
-        """run() of [t0, the draft's n ids] per state, the ids taken from the draft graph's buffer on the device
-        (copied after its replay on the same stream): the host does not wait for the draft. -> as run()."""
+    def read(self):
+        """-> (logits, h on the device, the argmax of every row on the host: waits for the replay)."""
+        return self.outputs[0], self.outputs[1], self.be.ids_to_host(self.greedy)
+
+    def launch_after(self, t0s: Sequence[int], draft: "CapturedDraft") -> None:
+        """run() of [t0, the draft's n ids] per state without reading back, the ids taken from the draft graph's
+        buffer on the device (copied after its replay on the same stream): the host waits for neither."""
         be, T, B = self.be, self.T, len(self.states)
         if len(t0s) != B or len(draft.states) != B or draft.n != T - 1:
             raise ValueError(f"verify graph of {B} sequences x {T} tokens after a draft of {len(draft.states)} "
@@ -195,7 +200,7 @@ class CapturedVerify(_Captured):
         be.copy_from_host(self.tokens, tokens)
         for r in range(draft.n):               # round r's B ids (contiguous) -> row 1 + r of each sequence's T
             be.native.cmp_memcpy2d_d2d(self.tokens.row_ptr(1 + r), 4 * T, draft.ids.row_ptr(r * B), 4, 4, B)
-        return self._launch()
+        self._launch()
 
     def _check_room(self) -> None:
         for s in self.states:
@@ -209,7 +214,6 @@ class CapturedVerify(_Captured):
         for s in self.states:
             s.n_past += T
             s.steps["len"] = T
-        return self.outputs[0], self.outputs[1], be.ids_to_host(self.greedy)
 
 
 class SpecGraphs:
@@ -256,18 +260,22 @@ class SpecGraphs:
         return None if g is None else g.run([t for ts in tokens for t in ts], [x for xs in h_parts for x in xs])
 
     def step(self, states: Sequence[SeqState], mtp_states: Sequence[SeqState], t0s: Sequence[int],
-             tokens: Sequence[Sequence[int]], h_parts: Sequence[Sequence], n: int):
+             tokens: Sequence[Sequence[int]], h_parts: Sequence[Sequence], n: int, while_running=None):
         """draft() then verify() of [t0, the drafts] per target state, the drafted ids passed on the device: the
         host waits once, after the verify, instead of once per graph (the Python between them left the GPU
-        idle). -> (drafts, logits, h, argmax ids) as draft() and verify(); None (nothing ran) where draft()
-        declines the shape."""
+        idle); while_running() is called while both run (the server sends the last step's results then).
+        -> (drafts, logits, h, argmax ids) as draft() and verify(); None (nothing ran) where draft() declines
+        the shape."""
         n = self._length(n)
         d = self._draft_graph(mtp_states, tokens, n)
         if d is None:
             return None
         v = self._verify_graph(states, n)
         d.launch([t for ts in tokens for t in ts], [x for xs in h_parts for x in xs])
-        logits, h, ids = v.launch_after(t0s, d)
+        v.launch_after(t0s, d)
+        if while_running is not None:
+            while_running()
+        logits, h, ids = v.read()
         return d.read(), logits, h, ids
 
     def _draft_graph(self, states, tokens, n: int):

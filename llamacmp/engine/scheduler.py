@@ -464,11 +464,11 @@ class Engine:
         verification of all in one target forward; then each slot's tokens through _emit's rules, and the rewind."""
         t0 = time.perf_counter()
         sp = self.spec
-        _, logits, h, verified = sp.step([(s.state, s.mtp, s.next_token) for s in slots], n)
+        # the previous results go out while the device runs the round (timed with it, as a plain step's flush)
+        _, logits, h, verified = sp.step([(s.state, s.mtp, s.next_token) for s in slots], n, self._flush)
         if self.cfg.sync_forwards:
             self.decoder.sync()
         self.perf.add_verified(len(slots), (time.perf_counter() - t0) * 1e3)   # + the accepted drafts, below
-        self._flush()
         self.metrics.n_decode_total += 1
         self.metrics.n_busy_slots_total += len(slots)
         for slot, v in zip(slots, verified):

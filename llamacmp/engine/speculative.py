@@ -192,26 +192,33 @@ class Speculator:
         self._round = (len(items), n, t_start, events == self._events())
         return out
 
-    def step(self, items: Sequence[tuple[SeqState, MtpSeq, int]], n: Optional[int] = None):
+    def step(self, items: Sequence[tuple[SeqState, MtpSeq, int]], n: Optional[int] = None,
+             while_running: Optional[Callable[[], None]] = None):
         """draft() then verify() of what was drafted -> (drafts, logits, h, [Verified]). On the graph path the
         two graphs run back to back with the drafted ids passed on the device (SpecGraphs.step): the host waits
-        once per round."""
+        once per round, and calls while_running() (host work of the driver's: the server's flush of the last
+        results) while the device runs them; elsewhere it is called after the verify. It is part of the round's
+        timing either way, as a plain step's flush is part of the plain step's."""
         n = self.n_max if n is None else n
         if self._graphed([st for st, _, _ in items], n) and self.p_min <= 0.0:
             t_start, events = time.perf_counter(), self._events()
-            got = self._step_graph(items, n)
+            got = self._step_graph(items, n, while_running)
             if got is not None:
                 self._timed(len(items), n, t_start, events == self._events())
                 return got
         drafts = self.draft(items, n)
-        return (drafts,) + self.verify([(st, ms, t0, d) for (st, ms, t0), d in zip(items, drafts)], n)
+        if while_running is not None:       # (inside the round's timing: verify() records it at its end)
+            out = self.verify([(st, ms, t0, d) for (st, ms, t0), d in zip(items, drafts)], n, while_running)
+        else:
+            out = self.verify([(st, ms, t0, d) for (st, ms, t0), d in zip(items, drafts)], n)
+        return (drafts,) + out
 
-    def _step_graph(self, items, n: int):
+    def _step_graph(self, items, n: int, while_running=None):
         self._heads_in_step(items, n)
         pos = [st.n_past for st, _, _ in items]
         got = self.graphs.step([st for st, _, _ in items], [ms.state for _, ms, _ in items], [t0 for *_, t0 in items],
                                [ms.pending + [t0] for _, ms, t0 in items],
-                               [ms.pending_h + [ms.h_last] for _, ms, _ in items], n)
+                               [ms.pending_h + [ms.h_last] for _, ms, _ in items], n, while_running)
         if got is None:
             return None
         drafts, logits, h, ids = got
@@ -305,13 +312,17 @@ class Speculator:
             out.append(ids[r] if p_top >= self.p_min else None)
         return out
 
-    def verify(self, seqs: Sequence[tuple[SeqState, MtpSeq, int, list[int]]], n: Optional[int] = None):
+    def verify(self, seqs: Sequence[tuple[SeqState, MtpSeq, int, list[int]]], n: Optional[int] = None,
+               while_running: Optional[Callable[[], None]] = None):
         """(target state, head memory, t0, drafts) per sequence, drafts of this round's length n (default n_max)
         or fewer -> (logits [T, N] of every row, h [T, D], [Verified]). The target states advance by
-        1 + len(drafts); commit() sets each back to what it keeps. Times the round (draft + verify) for the policy."""
+        1 + len(drafts); commit() sets each back to what it keeps. Times the round (draft + verify, and
+        while_running(), called after the verify) for the policy."""
         n = self.n_max if n is None else n
         events = self._events()
         out = self._verify(seqs, n)
+        if while_running is not None:
+            while_running()
         if self.policy is not None and self._round is not None and self._round[:2] == (len(seqs), n):
             self.be.synchronize()          # (a replayed verify has waited already: its ids came back)
             _, _, t_round, clean = self._round

@@ -255,3 +255,19 @@ def test_fused_step_equals_draft_then_verify_cuda(lms, n_max, B):
             split.commit(x, ha, keep)
             fused.commit(y, hb, keep)
         t0s = [v.greedy[keep - 1] for v in va]
+
+
+def test_bench_mtp_rows_cuda(tmp_path, tiny_vocab, cuda_backend):
+    """llamacmp-bench's MTP rows on the GPU: plain rounds through the greedy step graph that also gives h, drafted
+    rounds through SpecGraphs.step; at length n_max + 1 every draft is accepted and most rounds draft."""
+    import io
+    import json
+    from llamacmp.cli import bench
+    path = write_model(tmp_path / "small-mtp.gguf", replace(SHAPES["small"], mtp=True), "q8_0", tiny_vocab)
+    out, err = io.StringIO(), io.StringIO()
+    rc = bench.main(["-m", str(path), "-p", "0", "-n", "64", "-r", "2", "-o", "json", "--spec-type", "draft-mtp",
+                     "--spec-synth-len", "1,4"], out, err)
+    assert rc == 0, err.getvalue()
+    never, always = json.loads(out.getvalue())
+    assert never["draft_n_accepted"] == 0 and never["spec_mean_len"] == 1.0
+    assert always["draft_n_accepted"] == always["draft_n"] > 0 and always["spec_draft_share"] > 0.5

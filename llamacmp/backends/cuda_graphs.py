@@ -178,16 +178,6 @@ class DecodeGraphs:
             self.n_replayed += 1
         return graph.run(tokens), graph.h
 
-    def prepare(self, states: Sequence[SeqState]) -> None:
-        """Capture the step of this list of states now (a benchmark keeps the capture out of its timing)."""
-        key = tuple(id(s) for s in states)
-        if key not in self._graphs:
-            while len(self._graphs) >= self.capacity:
-                self._graphs.popitem(last=False)
-            self._graphs[key] = CapturedStep(self.be, self.model, states, hidden=self.hidden)
-            self.n_captured += 1
-        self._last = key
-
     def _eager(self, states: Sequence[SeqState], tokens: Sequence[int]):
         """The step a graph would run, run eagerly: the same kernels with the same arguments."""
         if len(tokens) != len(states):

@@ -686,16 +686,26 @@ class Runner:
         greedy = Sampler(SamplingParams(temp=0.0, seed=0))
         synth = synth_acceptor(inst.spec, 0, frozenset())
         first = self._ids(1)[0]
-        dec = Decoder(SimpleNamespace(model=self.model, backend=self.be), max_graphs=1, hidden=True)
         sp.prepare([(st, ms)])      # CUDA graphs captured here, untimed, as _decoder's (nothing runs)
-        dec.prepare([st])
+        if self.is_cuda:            # plain rounds: _decoder's greedy step graph, also giving the head's input h
+            from ..backends.cuda_graphs import CapturedStep
+            graph = CapturedStep(self.be, self.model, [st], greedy=True, hidden=True)
 
-        def plain(tok: int) -> int:
-            t0, events = time.perf_counter(), dec.events
-            logits, h = dec.decode_hidden([st], [tok])
-            nxt = draw_tokens(self.be, logits, [greedy])[0]          # (the id crossing waits for the step)
-            sp.observe_plain([(st, ms, tok, 0)], h, time.perf_counter() - t0 if dec.events == events else None)
-            return nxt
+            def plain(tok: int) -> int:
+                t0 = time.perf_counter()
+                graph.set_tokens([tok])
+                nxt = int(graph.step_greedy()[0])                   # (the id crossing waits for the step)
+                sp.observe_plain([(st, ms, tok, 0)], graph.h, time.perf_counter() - t0)
+                return nxt
+        else:
+            dec = Decoder(SimpleNamespace(model=self.model, backend=self.be), graphs=False, hidden=True)
+
+            def plain(tok: int) -> int:
+                t0 = time.perf_counter()
+                logits, h = dec.decode_hidden([st], [tok])
+                nxt = draw_tokens(self.be, logits, [greedy])[0]
+                sp.observe_plain([(st, ms, tok, 0)], h, time.perf_counter() - t0)
+                return nxt
 
         def step(n: int) -> None:
             tok, left = first, n

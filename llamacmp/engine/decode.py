@@ -204,10 +204,6 @@ class Decoder:
         g = self.graphs
         return 0 if g is None else getattr(g, "n_captured", 0) + getattr(g, "n_eager", 0)
 
-    def prepare(self, states: Sequence[SeqState]) -> None:
-        """Capture the step graph of this list now (nothing runs); no graphs: nothing to do."""
-        if self.graphs is not None:
-            self.graphs.prepare(states)
 
     def sync(self) -> None:
         """Wait for the device (timings); nothing to wait for on the host backend."""

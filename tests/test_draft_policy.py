@@ -180,3 +180,18 @@ def test_n_min_bounds_the_lengths():
     _, _, _, chosen = _simulate(0.4, 3, 1, ONE, 256, n_min=2)
     assert 1 not in chosen
     assert list(DraftPolicy(3, n_min=5).lengths) == [3]        # more than n_max: only n_max drafts
+
+
+def test_slots_that_cannot_draft_count_against_a_drafting_round():
+    """A slot that must step plainly (grammar, n_probs) makes a drafting round two forwards (the round and its
+    plain step apart): one good drafting slot beside three such slots steps plainly with them."""
+    pol, good = DraftPolicy(3), Acceptance(9.5, 10.0)
+    for n in (1, 2, 3):
+        pol.costs.add_spec(1, n, n * ONE["draft"][1] + ONE["verify"][(1, n)])
+    pol.costs.add_plain(1, PLAIN)
+    assert pol.choose([good]) == 3
+    assert pol.choose([good], others=3) == 0                  # plain(4) not measured yet: explore it
+    pol.costs.add_plain(4, 1.1 * PLAIN)
+    assert pol.choose([good], others=3) == 3                  # plain(3) apart not measured yet: draft to see it
+    pol.costs.add_plain(3, 1.08 * PLAIN)
+    assert pol.choose([good], others=3) == 0                  # (3.71 + 3) / 2.95 < 4 / 1.1

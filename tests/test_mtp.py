@@ -325,7 +325,7 @@ class ScriptedPolicy(DraftPolicy):
         super().__init__(n_max)
         self.script, self.i = script, 0
 
-    def choose(self, accs):
+    def choose(self, accs, others=0):
         self.i += 1
         return min(self.script[(self.i - 1) % len(self.script)], self.n_max)
 

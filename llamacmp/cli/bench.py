@@ -695,7 +695,8 @@ class Runner:
                 t0 = time.perf_counter()
                 graph.set_tokens([tok])
                 nxt = int(graph.step_greedy()[0])                   # (the id crossing waits for the step)
-                sp.observe_plain([(st, ms, tok, 0)], graph.h, time.perf_counter() - t0)
+                sp.time_plain(1, time.perf_counter() - t0)
+                sp.observe_plain([(st, ms, tok, 0)], graph.h)
                 return nxt
         else:
             dec = Decoder(SimpleNamespace(model=self.model, backend=self.be), graphs=False, hidden=True)
@@ -704,7 +705,8 @@ class Runner:
                 t0 = time.perf_counter()
                 logits, h = dec.decode_hidden([st], [tok])
                 nxt = draw_tokens(self.be, logits, [greedy])[0]
-                sp.observe_plain([(st, ms, tok, 0)], h, time.perf_counter() - t0)
+                sp.time_plain(1, time.perf_counter() - t0)
+                sp.observe_plain([(st, ms, tok, 0)], h)
                 return nxt
 
         def step(n: int) -> None:

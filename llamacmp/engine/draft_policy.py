@@ -108,9 +108,10 @@ class DraftPolicy:
         self.drafted = 0                          # drafting rounds in a row
         self.n_spec = self.n_plain = self.n_probes = 0
 
-    def choose(self, accs: Sequence[Acceptance]) -> int:
-        """accs: the acceptance of each sequence in the round -> n (0: a plain step)."""
-        n = self._best(accs)
+    def choose(self, accs: Sequence[Acceptance], others: int = 0) -> int:
+        """accs: the acceptance of each sequence that may draft this round; others: sequences that step plainly
+        either way (a drafting round runs their step apart, a plain one with the rest) -> n (0: a plain step)."""
+        n = self._best(accs, others)
         if self.probing:                          # the round after a probe: did it bring drafting back?
             self.probing = False
             self.gap = PROBE_MIN if n else min(2 * self.gap, PROBE_MAX)
@@ -131,16 +132,16 @@ class DraftPolicy:
             self.n_plain += 1
         return n
 
-    def _best(self, accs: Sequence[Acceptance]) -> int:
+    def _best(self, accs: Sequence[Acceptance], others: int) -> int:
         S, c = len(accs), self.costs
         if any(c.spec_cost(S, n) is None for n in self.lengths):
             return self.n_max                     # explore: measure a spec round of S sequences first
-        plain = c.plain_cost(S)
-        if plain is None:
-            return 0                              # then a plain step of them
-        best, rate = 0, S / plain
+        plain, apart = c.plain_cost(S + others), c.plain_cost(others) if others else 0.0
+        if plain is None or apart is None:
+            return 0 if plain is None else self.n_max   # then a plain step of them (and of the others alone)
+        best, rate = 0, (S + others) / plain
         for n in self.lengths:
-            r = sum(a.expected(n) for a in accs) / c.spec_cost(S, n)
+            r = (sum(a.expected(n) for a in accs) + others) / (c.spec_cost(S, n) + apart)
             if r > rate:
                 best, rate = n, r
         return best

@@ -408,7 +408,7 @@ class Engine:
         what the others are doing (a mixed batch would take the tiled GEMM, which sums in another order)."""
         gen = [s for s in self.slots if s.phase == GENERATE]
         spec = [s for s in gen if self._speculates(s)]
-        n = self.spec.plan([s.mtp for s in spec]) if spec else 0    # this round's draft length (0: plain)
+        n = self.spec.plan([s.mtp for s in spec], len(gen) - len(spec)) if spec else 0   # the draft length (0: plain)
         if n:
             self._speculate(spec, n)
             gen = [s for s in gen if s not in spec]
@@ -417,8 +417,8 @@ class Engine:
             logits, h = self.decoder.decode_hidden([s.state for s in gen], [s.next_token for s in gen])
             self._book_forward(len(gen), t0)
             self._flush()                # the previous results go out while the device runs this step
-            if spec:
-                self._observe_plain(gen, spec, h, t0, events)
+            if self.spec is not None:
+                self._observe_plain(gen, [] if n else spec, h, t0, events)
             self._after_forward(gen, [[s.next_token] for s in gen], logits, t0)
         budget = self.cfg.n_batch - len(gen)
         ran = bool(gen)
@@ -450,14 +450,13 @@ class Engine:
                 and not slot.state.rope_shift and slot.state.n_past + 2 <= slot.state.n_ctx)
 
     def _observe_plain(self, gen: list[Slot], spec: list[Slot], h, t0: float, events: int) -> None:
-        """The drafting slots took a plain step (the policy's choice) in `gen`'s decode: their heads queue it. The
-        step is timed for the policy when it held exactly those slots and captured nothing (the wait for the
-        device comes after the flush, which overlaps it)."""
-        timed = len(gen) == len(spec) and self.decoder.events == events
-        if timed:
+        """`gen`'s plain decode step ran: the draft policy's timing of a plain step of that many slots (unless it
+        captured a graph or ran a graphed list eagerly; the wait for the device comes after the flush, which
+        overlaps it), and the heads of the slots in `spec` (which could have drafted) queue it."""
+        if self.decoder.events == events:
             self.decoder.sync()
-        self.spec.observe_plain([(s.state, s.mtp, s.next_token, i) for i, s in enumerate(gen) if s in spec], h,
-                                time.perf_counter() - t0 if timed else None)
+            self.spec.time_plain(len(gen), time.perf_counter() - t0)
+        self.spec.observe_plain([(s.state, s.mtp, s.next_token, i) for i, s in enumerate(gen) if s in spec], h)
 
     def _speculate(self, slots: list[Slot], n: int) -> None:
         """One draft-and-verify step of n drafts for these slots: drafts for all in one MTP forward per round,

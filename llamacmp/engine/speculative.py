@@ -25,8 +25,8 @@ host), the verify with fewer drafts padded to n. Otherwise, and on the numpy ref
 
 Adaptive drafting (engine/draft_policy.py): before each round the driver asks plan() for the draft length n of
 this round, 0 meaning a plain decode step (the driver's own, through its decode graph). The Speculator times its
-draft and verify, the driver times its plain steps (observe_plain, which also feeds the heads the target's hidden
-states of those steps), and commit() counts each sequence's acceptance; the policy picks the n with the most tokens
+draft and verify, the driver times its plain steps (time_plain) and feeds the heads the target's hidden states of
+those steps (observe_plain), and commit() counts each sequence's acceptance; the policy picks the n with the most tokens
 per second from those figures. adaptive=False drafts n_max every round (llama.cpp's behaviour).
 """
 from __future__ import annotations
@@ -146,22 +146,24 @@ class Speculator:
         ms.h_last = self.be.gather_rows(h, np.asarray([n - 1], np.int32))
 
     # -- adaptive drafting -------------------------------------------------------------------------------------
-    def plan(self, seqs: Sequence[MtpSeq]) -> int:
+    def plan(self, seqs: Sequence[MtpSeq], others: int = 0) -> int:
         """The draft length of the next round of these sequences (0: the driver runs a plain step, then
-        observe_plain). Always n_max without adaptive drafting."""
-        return self.policy.choose([ms.acc for ms in seqs]) if self.policy is not None else self.n_max
+        observe_plain); `others`: sequences that step plainly in any case (a drafting round then runs their plain
+        step apart). Always n_max without adaptive drafting."""
+        return self.policy.choose([ms.acc for ms in seqs], others) if self.policy is not None else self.n_max
 
-    def observe_plain(self, items: Sequence[tuple[SeqState, MtpSeq, int, int]], h,
-                      seconds: Optional[float] = None) -> None:
+    def observe_plain(self, items: Sequence[tuple[SeqState, MtpSeq, int, int]], h) -> None:
         """A plain step ran token t of each (target state, head memory, t, row) at that row of its hidden state
-        h [B, D] (Decoder.decode_hidden): the head queues (t, h of the row before) for its next draft. seconds: the
-        step's wall time for the cost table (None: not a clean timing, e.g. a graph was captured)."""
+        h [B, D] (Decoder.decode_hidden): the head queues (t, h of the row before) for its next draft."""
         for st, ms, t, i in items:
             if ms.state.n_past + len(ms.pending) != st.n_past - 1:
                 self.reset(ms, st.n_past - 1)
             self._push(ms, [int(t)], self.be.gather_rows(h, np.asarray([i], np.int32)), 1)
-        if seconds is not None and self.policy is not None:
-            self.policy.costs.add_plain(len(items), seconds)
+
+    def time_plain(self, rows: int, seconds: float) -> None:
+        """A plain step of `rows` sequences took `seconds` (the driver's clean timing: nothing captured)."""
+        if self.policy is not None:
+            self.policy.costs.add_plain(rows, seconds)
 
     def _catch_up(self, seqs: Sequence[MtpSeq], n: int) -> None:
         """Run the head over the pending pairs of sequences whose catch-up (pending + t0) is longer than a draft

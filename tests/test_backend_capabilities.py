@@ -63,7 +63,7 @@ def test_state_ops_live_with_their_backend():
 def test_defaults_mean_a_host_backend():
     be = NumpyBackend()
     assert be.device is None and be.arena is None and not be.captures_graphs
-    assert be.device_memory() is None and be.decode_graphs(None) is None
+    assert be.device_memory() is None and be.decode_graphs(None) is None and be.spec_graphs(None, 3) is None
     be.activate(), be.bind_thread(), be.synchronize()          # no-ops, declared on base.Backend
     assert Backend.state_ops is not NumpyBackend.state_ops
 

@@ -14,6 +14,7 @@ from llamacmp.backends.numpy_ref import NumpyBackend, rms_normalize, sigmoid, si
 from llamacmp.engine.client import SlotClient
 from llamacmp.engine.scheduler import Engine, EngineConfig
 from llamacmp.engine.tasks import GenParams
+from llamacmp.engine.draft_policy import DraftPolicy
 from llamacmp.engine.speculative import Speculator, SpecUnsupported, speculative_choice
 from llamacmp.fixtures.writer import SHAPES, write_model
 from llamacmp.loader import load_model
@@ -136,8 +137,11 @@ class OracleSpeculator(Speculator):
         super().__init__(engine.model, n_max)
         self.engine, self.refs, self.rng, self.p_wrong = engine, refs, rng, p_wrong
 
-    def draft(self, items):
-        out = super().draft(items)
+    def _step_graph(self, items, n, while_running=None):
+        return None                  # the drafts are replaced on the host: draft() and verify() one after the other
+
+    def draft(self, items, n=None):
+        out = super().draft(items, n)
         for (st, _, t0), d in zip(items, out):
             slot = next(s for s in self.engine.slots if s.state is st)
             hist = list(slot.cache.tokens) + [t0]
@@ -148,19 +152,78 @@ class OracleSpeculator(Speculator):
         return out
 
 
-def _client(lm, n_max=None, refs=None, seed=0, p_wrong=0.3, n_ctx=128):
-    """The CLIs' one-slot client of the scheduler, MTP on with n_max (oracle drafts when refs are given)."""
+class EagerSpecGraphs:
+    """backends/spec_graphs.SpecGraphs' contract run eagerly on any backend, so that the Speculator's graph path
+    (n_max drafts chained on the head's argmax, a verify of exactly 1 + n_max rows with padding, the rows' argmax
+    handed to accept_tokens) is tested on the numpy reference; tests/test_mtp_cuda.py runs the real graphs."""
+
+    def __init__(self, model, n: int):
+        self.model, self.be, self.n = model, model.be, n
+        self.n_draft = self.n_verify = self.n_declined = 0
+        self.lengths = []                                   # the draft length of each draft and verify
+        self._asked = set()
+
+    def draft(self, states, tokens, h_parts, n=None):
+        be, model, n = self.be, self.model, n or self.n
+        assert 1 <= n <= self.n and all(len(t) <= n + 2 for t in tokens), (n, tokens)   # the graphs' shapes
+        self.lengths.append(n)
+        key = (n,) + tuple(id(s) for s in states) + tuple(len(t) for t in tokens)
+        if len(states) > 1 and key not in self._asked:      # SpecGraphs captures a shape of several the 2nd time
+            self._asked.add(key)
+            self.n_declined += 1
+            return None
+        batch = StepBatch.build(list(zip(states, tokens)))
+        logits, h = model.mtp_forward(batch, be.concat([x for xs in h_parts for x in xs], axis=0))
+        out = [[int(np.argmax(r))] for r in be.to_host(logits)]
+        h = be.gather_rows(h, batch.output_rows)
+        for _ in range(n - 1):
+            logits, h = model.mtp_forward(StepBatch.build([(s, [o[-1]]) for s, o in zip(states, out)]), h)
+            for o, r in zip(out, be.to_host(logits)):
+                o.append(int(np.argmax(r)))
+        self.n_draft += 1
+        return out
+
+    def step(self, states, mtp_states, t0s, tokens, h_parts, n, while_running=None):
+        drafts = self.draft(mtp_states, tokens, h_parts, n)
+        if drafts is None:
+            return None
+        out = self.verify(states, [[t0] + d for t0, d in zip(t0s, drafts)])
+        if while_running is not None:
+            while_running()
+        return (drafts,) + out
+
+    def verify(self, states, tokens):
+        assert len({len(t) for t in tokens}) == 1 and len(tokens[0]) <= self.n + 1, tokens
+        self.lengths.append(len(tokens[0]) - 1)
+        batch = StepBatch.build(list(zip(states, tokens)), all_logits=True)
+        batch.keep_steps = True
+        logits, h = self.model.forward_hidden(batch)
+        self.n_verify += 1
+        return logits, h, np.argmax(self.be.to_host(logits), axis=1).astype(np.int32)
+
+    def prepare(self, states, mtp_states, lengths=None):
+        pass
+
+
+def _client(lm, n_max=None, refs=None, seed=0, p_wrong=0.3, n_ctx=128, graphs=None, adaptive=False):
+    """The CLIs' one-slot client of the scheduler, MTP on with n_max (oracle drafts when refs are given).
+    graphs: None the backend's own (CUDA graphs on CUDA), False none (eager), "eager-double" EagerSpecGraphs.
+    adaptive: the draft policy chooses each round's length (False: n_max every round, as these tests count)."""
     spec = SpecConfig(type="draft-mtp", n_max=n_max) if n_max else SpecConfig()
     c = SlotClient(lm, SimpleNamespace(n_ctx=n_ctx, n_batch=2048, micro_batch=512, k_type="f16", v_type="f16",
                                        spec=spec))
     if refs is not None:
         c.engine.spec = OracleSpeculator(c.engine, n_max, refs, np.random.default_rng(seed), p_wrong)
+    if c.engine.spec is not None and graphs is not None:
+        c.engine.spec.graphs = EagerSpecGraphs(lm.model, n_max) if graphs == "eager-double" else None
+    if c.engine.spec is not None and not adaptive:
+        c.engine.spec.policy = None
     return c
 
 
-def _greedy(lm, prompt, n, n_max=None, refs=None, seed=0):
+def _greedy(lm, prompt, n, n_max=None, refs=None, seed=0, graphs=None, n_ctx=128):
     """-> (the n greedy tokens after `prompt`, the client)."""
-    c = _client(lm, n_max, refs, seed)
+    c = _client(lm, n_max, refs, seed, n_ctx=n_ctx, graphs=graphs)
     c.history = list(lm.tokenizer.encode(prompt))
     return c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=n)).tokens, c
 
@@ -186,6 +249,53 @@ def test_greedy_with_accepted_drafts_equals_off(lm, n_max):
         assert c.perf.n_eval == plain.perf.n_eval            # tokens through the target, counted as decodes
 
 
+@pytest.mark.parametrize("n_max", [1, 3, 4])
+def test_graph_path_greedy_equals_off(lm, n_max):
+    """The Speculator's graph path (EagerSpecGraphs standing in for the CUDA graphs) with the real head and with
+    oracle drafts: token for token the plain greedy output; and the graphs were what ran."""
+    for seed, prompt in enumerate(PROMPTS[:3]):
+        off, _ = _greedy(lm, prompt, 24)
+        on, c = _greedy(lm, prompt, 24, n_max, graphs="eager-double")
+        g = c.engine.spec.graphs
+        assert on == off, prompt
+        assert g.n_draft > 0 and g.n_verify > 0
+        assert c.engine.spec.n_drafted == n_max * g.n_draft          # every graph draft gives n_max ids
+        on, c = _greedy(lm, prompt, 24, n_max, [lm.tokenizer.encode(prompt) + off], seed, graphs="eager-double")
+        assert on == off, prompt
+        assert c.engine.spec.n_accepted > 0 and c.engine.spec.graphs.n_verify > 0
+
+
+P_MIN_CUTS = 0.15     # the random head's top-10 probability is above it at some rows, below at others
+
+
+def test_graph_path_pads_short_drafts_and_leaves_graphs_at_the_context_end(lm):
+    """Drafts cut by p_min are verified by the graph of 1 + n_max rows (padded); near the end of the context (no
+    room for 1 + n_max rows) the step runs eagerly: the output is the plain greedy one either way."""
+    prompt = PROMPTS[1]
+    n_ctx = len(lm.tokenizer.encode(prompt)) + 30
+    off, _ = _greedy(lm, prompt, 29, n_ctx=n_ctx)
+    c = _client(lm, 3, n_ctx=n_ctx)
+    sp = c.engine.spec = Speculator(lm.model, 3, p_min=P_MIN_CUTS, adaptive=False)
+    for slot in c.engine.slots:
+        slot.mtp = sp.new_seq(n_ctx)
+    sp.graphs = g = EagerSpecGraphs(lm.model, 3)
+    graphed = []                                       # the fewest real drafts of each verify the graph ran
+
+    def verify(seqs, n=None, while_running=None, verify=sp.verify):
+        n0 = g.n_verify
+        out = verify(seqs, n, while_running)
+        if g.n_verify > n0:
+            graphed.append(min(len(d) for *_, d in seqs))
+        return out
+    sp.verify = verify
+    c.history = list(lm.tokenizer.encode(prompt))
+    on = c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=29)).tokens
+    assert on == off
+    assert 0 < g.n_verify < c.engine.perf.draft.steps  # the last steps ran eagerly
+    assert min(graphed) < 3 and max(graphed) == 3      # padded and full graph verifies
+    assert g.n_draft == 0                              # p_min needs each row's top-10 on the host: eager drafts
+
+
 def test_head_cache_equals_one_pass_over_the_accepted_tokens(lm):
     """After steps with rejections, the head's KV rows hold what one pass over the final sequence gives (each
     token with the target's hidden state of the token before: llama.cpp's process() pairing)."""
@@ -205,6 +315,75 @@ def test_head_cache_equals_one_pass_over_the_accepted_tokens(lm):
     lm.model.mtp_forward(StepBatch.build([(ref, toks)]), hin)
     np.testing.assert_allclose(ms.state.k[0][:n].astype(np.float32), ref.k[0][:n].astype(np.float32), atol=2e-3)
     np.testing.assert_allclose(ms.state.v[0][:n].astype(np.float32), ref.v[0][:n].astype(np.float32), atol=2e-3)
+
+
+class ScriptedPolicy(DraftPolicy):
+    """A draft policy whose rounds follow a script of lengths (0: plain), cycled: plain runs of several rounds
+    (so the heads catch up over more rows than a draft graph takes), then each draft length."""
+
+    def __init__(self, n_max, script=(0, 0, 0, 0, 0, 0, 3, 0, 1, 2, 0, 0, 3, 3)):
+        super().__init__(n_max)
+        self.script, self.i = script, 0
+
+    def choose(self, accs, others=0):
+        self.i += 1
+        return min(self.script[(self.i - 1) % len(self.script)], self.n_max)
+
+
+@pytest.mark.parametrize("graphs", [None, "eager-double"])
+def test_plain_rounds_keep_the_head_in_step(lm, graphs):
+    """Rounds that decode plainly (the policy's choice) feed the head the target's hidden states: after a run of
+    plain, short and full rounds the head's KV rows are still one pass over the sequence, and the output is the
+    plain greedy one. On the graph path every draft's catch-up fits a draft graph (EagerSpecGraphs asserts it)."""
+    c, prompt = plain_rounds_on_equals_off(lm, graphs)
+    if graphs:
+        assert set(c.engine.spec.graphs.lengths) == {1, 2, 3}
+    slot = c.engine.slots[0]
+    toks, ms = c.history[:slot.state.n_past], slot.mtp
+    n = ms.state.n_past
+    assert n >= len(prompt) + 20 and n + len(ms.pending) == len(toks)
+    st = lm.backend.new_state(lm.cfg, 128)
+    _, h = lm.model.forward_hidden(StepBatch.build([(st, toks)], all_logits=True))
+    ref = lm.model.mtp_state(128)
+    lm.model.mtp_forward(StepBatch.build([(ref, toks)]), np.concatenate([np.zeros((1, lm.cfg.n_embd), np.float32),
+                                                                         h[:-1]]))
+    np.testing.assert_allclose(ms.state.k[0][:n].astype(np.float32), ref.k[0][:n].astype(np.float32), atol=2e-3)
+
+
+def plain_rounds_on_equals_off(lm, graphs):
+    """(also run on CUDA by tests/test_mtp_cuda.py) -> the client, the prompt's ids."""
+    prompt = lm.tokenizer.encode(PROMPTS[0])
+    off, _ = _greedy(lm, PROMPTS[0], 40)
+    c = _client(lm, 3, [prompt + off], 5, graphs=graphs, adaptive=True)
+    c.engine.spec.policy = ScriptedPolicy(3)
+    c.history = list(prompt)
+    on = c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=40)).tokens
+    assert on == off
+    assert c.engine.spec.policy.costs.plain and c.engine.spec.policy.costs.spec    # both kinds were timed
+    return c, prompt
+
+
+@pytest.mark.parametrize("graphs", [None, "eager-double"])
+def test_adaptive_scheduler_greedy_on_equals_off(lm, graphs):
+    adaptive_scheduler_on_equals_off(lm, graphs)
+
+
+def adaptive_scheduler_on_equals_off(lm, graphs):
+    """Four slots with adaptive drafting (its own measured costs): the random head's drafts are rejected, so
+    rounds go plain; the oracle's are mostly accepted and keep drafting. Every stream equals MTP off either way.
+    (How often each kind runs depends on this machine's timings: tests/test_draft_policy.py checks the choices.)"""
+    prompts = [lm.tokenizer.encode(p) for p in PROMPTS]
+    params = [GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=40 + 3 * i) for i in range(4)]
+    reqs = list(zip(prompts, params))
+    off, _ = _engine_run(lm, None, reqs)
+    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, graphs=graphs, adaptive=True)
+    pol = engine.spec.policy
+    assert on == off
+    assert pol.n_plain > 0 and pol.n_spec > 0 and 4 in pol.costs.plain and any(S == 4 for S, _ in pol.costs.spec)
+    refs = [p + t for p, t in zip(prompts, off)]
+    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, refs, graphs=graphs, adaptive=True)
+    assert on == off and engine.spec.n_accepted > 20
+    return engine
 
 
 def test_speculative_choice_has_the_target_distribution():
@@ -260,14 +439,21 @@ def test_file_without_mtp_and_spec_is_refused(fixture_gguf):
 
 # -- the server's scheduler ------------------------------------------------------------------------------------------
 
-def _engine_run(lm, spec, requests, oracle_refs=None):
-    """requests: (prompt, GenParams) run together on len(requests) slots -> tokens per request, the engine."""
+def _engine_run(lm, spec, requests, oracle_refs=None, graphs=None, adaptive=False, costs=None):
+    """requests: (prompt, GenParams) run together on len(requests) slots -> tokens per request, the engine.
+    graphs, adaptive: as _client's; costs: the policy's cost table (draft_policy.CostTable) to start from."""
     import queue as q_
     from llamacmp.engine.scheduler import Engine, EngineConfig
     from llamacmp.engine.tasks import CompletionTask, FinalResult
     engine = Engine(lm, EngineConfig(n_slots=len(requests), n_ctx_slot=128, spec=spec))
     if oracle_refs is not None:
         engine.spec = OracleSpeculator(engine, 3, oracle_refs, np.random.default_rng(0))
+    if engine.spec is not None and graphs is not None:
+        engine.spec.graphs = EagerSpecGraphs(lm.model, engine.spec.n_max) if graphs == "eager-double" else None
+    if engine.spec is not None and not adaptive:
+        engine.spec.policy = None
+    elif engine.spec is not None and costs is not None:
+        engine.spec.policy.costs = costs
     outs = [q_.Queue() for _ in requests]
     for (prompt, params), out in zip(requests, outs):
         engine.submit(CompletionTask(prompt, params, out.put))
@@ -283,22 +469,33 @@ def _engine_run(lm, spec, requests, oracle_refs=None):
         engine.stop()
 
 
-def test_scheduler_greedy_mtp_on_equals_off(lm):
+@pytest.mark.parametrize("graphs", [None, "eager-double"])
+def test_scheduler_greedy_mtp_on_equals_off(lm, graphs):
     """Three slots generating together, one of them with n_probs (its rows come to the host: it decodes the plain
-    way beside the others' draft-and-verify): every stream equals MTP off, with real and with oracle drafts."""
+    way beside the others' draft-and-verify): every stream equals MTP off, with real and with oracle drafts; also
+    on the graph path (several sequences per draft and verify graph, draft shapes declined the first time)."""
+    scheduler_greedy_on_equals_off(lm, graphs)
+
+
+def scheduler_greedy_on_equals_off(lm, graphs):
+    """(also run on CUDA by tests/test_mtp_cuda.py)"""
     from llamacmp.engine.tasks import GenParams
     prompts = [lm.tokenizer.encode(p) for p in PROMPTS[:3]]
     params = [GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=20 + i) for i in range(3)]
     params[2] = GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=15, n_probs=2)
     reqs = list(zip(prompts, params))
     off, _ = _engine_run(lm, None, reqs)
-    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs)
+    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, graphs=graphs)
     assert on == off and engine.spec.n_drafted > 0
+    g = engine.spec.graphs
+    if graphs == "eager-double":
+        assert g.n_declined > 0 and g.n_draft > 0 and g.n_verify > 0
     refs = [p + t for p, t in zip(prompts, off)]
-    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, refs)
+    on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, refs, graphs=graphs)
     assert on == off
     assert engine.spec.n_accepted > 10
     assert engine.slots[0].mtp.n_accepted > 0 and engine.slots[2].mtp.n_drafted == 0
+    return engine
 
 
 def test_synthetic_acceptance(lm):

@@ -1,5 +1,6 @@
 """MTP speculative decoding on the CUDA backend against the numpy reference: the rewind kernels (conv and gdn with
-per-token states kept on the device), concat, the head's forward, and greedy output with MTP on == off."""
+per-token states kept on the device), concat, the head's forward, the captured draft and verify graphs
+(backends/spec_graphs.py) against their eager runs, and greedy output with MTP on == off, graphs on and off."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -10,9 +11,12 @@ import pytest
 from cuda_helpers import rel, up
 from llamacmp.backends.base import StepBatch
 from llamacmp.backends.numpy_ref import NumpyBackend
+from llamacmp.backends.spec_graphs import SpecGraphs
+from llamacmp.engine.speculative import Speculator
 from llamacmp.fixtures.writer import SHAPES, write_model
 from llamacmp.loader import load_model
-from test_mtp import PROMPTS, _greedy
+from test_mtp import (PROMPTS, _greedy, adaptive_scheduler_on_equals_off, plain_rounds_on_equals_off,
+                      scheduler_greedy_on_equals_off)
 
 pytestmark = pytest.mark.cuda
 
@@ -80,15 +84,190 @@ def test_mtp_forward_equals_numpy(lms):
     assert rel(out[1][0], out[0][0]) < 2e-2 and rel(out[1][1], out[0][1]) < 2e-2
 
 
+def _check_graphs(c, graphs: bool) -> None:
+    """The Speculator ran the captured graphs (graphs on) or had none (off): the parametrization is not vacuous."""
+    g = c.engine.spec.graphs
+    if graphs:
+        assert isinstance(g, SpecGraphs) and g.n_captured > 0 and g.n_replayed > 0
+    else:
+        assert g is None
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
 @pytest.mark.parametrize("n_max", [1, 2, 3, 4])
-def test_greedy_mtp_on_equals_off_cuda(lms, n_max):
+def test_greedy_mtp_on_equals_off_cuda(lms, n_max, graphs):
     """Token for token on the CUDA backend, with the real head and with oracle drafts (long accepted runs,
-    rejections mid-batch rewound on the device)."""
+    rejections mid-batch rewound on the device); draft and verify as CUDA graphs or eager."""
     _, dev = lms("small")
+    mode = None if graphs else False
     for seed, prompt in enumerate(PROMPTS):
         off, _ = _greedy(dev, prompt, 40)
-        on, _ = _greedy(dev, prompt, 40, n_max)
+        on, c = _greedy(dev, prompt, 40, n_max, graphs=mode)
         assert on == off, prompt
-        on, c = _greedy(dev, prompt, 40, n_max, [dev.tokenizer.encode(prompt) + off], seed)
+        _check_graphs(c, graphs)
+        on, c = _greedy(dev, prompt, 40, n_max, [dev.tokenizer.encode(prompt) + off], seed, graphs=mode)
         assert on == off, prompt
         assert c.engine.spec.n_accepted > 0
+        _check_graphs(c, graphs)
+
+
+def test_greedy_mtp_graphs_to_the_context_end_cuda(lms):
+    """A context that ends mid-generation: graph steps while 1 + n_max rows fit, eager ones after; = MTP off."""
+    _, dev = lms("small")
+    prompt = PROMPTS[1]
+    n_ctx = len(dev.tokenizer.encode(prompt)) + 30
+    off, _ = _greedy(dev, prompt, 29, n_ctx=n_ctx)
+    on, c = _greedy(dev, prompt, 29, 3, [dev.tokenizer.encode(prompt) + off], n_ctx=n_ctx)
+    assert on == off
+    _check_graphs(c, True)
+
+
+def test_scheduler_greedy_mtp_graphs_cuda(lms):
+    """Three slots (one of them with n_probs, decoding the plain way): draft and verify graphs of several
+    sequences, draft shapes captured the second time; every stream equals MTP off."""
+    _, dev = lms("small")
+    engine = scheduler_greedy_on_equals_off(dev, None)
+    assert isinstance(engine.spec.graphs, SpecGraphs) and engine.spec.graphs.n_replayed > 0
+
+
+def test_plain_rounds_through_the_hidden_decode_graph_cuda(lms):
+    """Adaptive drafting's plain rounds (a scripted policy: runs of plain steps, then drafts of 3, 1, 2) on the
+    CUDA graphs: the decode graph that also gives the hidden state, draft and verify graphs of every length; the
+    output equals MTP off."""
+    _, dev = lms("small")
+    c, _ = plain_rounds_on_equals_off(dev, None)
+    g, dg = c.engine.spec.graphs, c.engine.decoder.graphs
+    assert isinstance(g, SpecGraphs) and {key[0] for key in g._verify} == {1, 2, 3}
+    assert dg.hidden and dg.n_replayed > 0
+
+
+def test_adaptive_scheduler_cuda(lms):
+    """Four slots drafting adaptively on the CUDA graphs (the policy's own timings): every stream = MTP off."""
+    _, dev = lms("small")
+    engine = adaptive_scheduler_on_equals_off(dev, None)
+    assert engine.spec.graphs.n_replayed > 0
+
+
+def test_hidden_decode_graph_gives_the_decode_logits_cuda(lms):
+    """A decode graph made with hidden=True: the logits bit for bit the plain graph's (twin states), h the
+    eager forward_hidden's."""
+    from llamacmp.engine.decode import Decoder
+    _, dev = lms("small")
+    be = dev.backend
+    plain, hidden = Decoder(dev, max_graphs=1), Decoder(dev, max_graphs=1, hidden=True)
+    prompt = dev.tokenizer.encode(PROMPTS[0])
+    twins = []
+    for _ in range(3):
+        st = be.new_state(dev.cfg, 64)
+        dev.model.forward(StepBatch.build([(st, prompt)]))
+        twins.append(st)
+    for tok in (11, 12, 13):                       # eager, captured, replayed
+        la = be.to_host(plain.decode([twins[0]], [tok]))
+        lb, h = hidden.decode_hidden([twins[1]], [tok])
+        np.testing.assert_array_equal(be.to_host(lb), la)
+        with be.decode_order():
+            _, h_ref = dev.model.forward_hidden(StepBatch.build([(twins[2], [tok])]))
+        assert rel(be.to_host(h), be.to_host(h_ref)) < 1e-5
+    assert hidden.graphs.n_replayed > 0
+
+
+def _prefilled(lm, sp, prompt, n_ctx=64):
+    st, ms = lm.backend.new_state(lm.cfg, n_ctx), sp.new_seq(n_ctx)
+    sp.prefill(st, ms, lm.tokenizer.encode(prompt))
+    return st, ms
+
+
+@pytest.mark.parametrize("n_max", [1, 3])
+def test_verify_graph_equals_eager_verify(lms, n_max):
+    """The captured verify against Speculator's eager one (decode_order) on twin states, over two steps (the second
+    replay at other positions, after a rewind): logits and h bit for bit, the device argmax = the logits' argmax,
+    the recurrent states after restore_steps equal."""
+    _, dev = lms("small")
+    be = dev.backend
+    eager, graphed = Speculator(dev.model, n_max, graphs=False), Speculator(dev.model, n_max)
+    a, b = _prefilled(dev, eager, PROMPTS[0]), _prefilled(dev, graphed, PROMPTS[0])
+    rng = np.random.default_rng(n_max)
+    for k in (1, n_max + 1):                      # keep 1 token (rewind n_max), then all
+        t0, drafts = int(rng.integers(0, 300)), [int(x) for x in rng.integers(0, 300, n_max)]
+        la, ha, (va,) = eager.verify([(a[0], a[1], t0, drafts)])
+        lb, hb, (vb,) = graphed.verify([(b[0], b[1], t0, drafts)])
+        assert va.greedy is None and vb.greedy is not None
+        la, lb = be.to_host(la), be.to_host(lb)
+        np.testing.assert_array_equal(lb, la)
+        np.testing.assert_array_equal(be.to_host(hb), be.to_host(ha))
+        assert vb.greedy == [int(i) for i in np.argmax(la, axis=1)]
+        eager.commit(va, ha, k)
+        graphed.commit(vb, hb, k)
+        assert a[0].n_past == b[0].n_past
+        sa, sb = be.state_to_host(a[0]), be.state_to_host(b[0])
+        for name in ("conv", "ssm"):
+            for x, y in zip(sa[name], sb[name]):
+                np.testing.assert_array_equal(y, x)
+    assert graphed.graphs.n_captured == 1 and graphed.graphs.n_replayed == 1
+
+
+@pytest.mark.parametrize("n_max", [1, 3, 4])
+def test_draft_graph_equals_eager_draft(lms, n_max):
+    """The captured draft rounds against the eager ones on twin sequences, over steps whose catch-up lengths
+    differ (each its own graph): the same drafted ids, the head's KV cache rows equal."""
+    _, dev = lms("small")
+    be = dev.backend
+    eager, graphed = Speculator(dev.model, n_max, graphs=False), Speculator(dev.model, n_max)
+    a, b = _prefilled(dev, eager, PROMPTS[2]), _prefilled(dev, graphed, PROMPTS[2])
+    t0 = 17
+    for keep in (1, n_max + 1, 2 if n_max > 1 else 1):
+        da = eager.draft([(a[0], a[1], t0)])
+        db = graphed.draft([(b[0], b[1], t0)])
+        assert db == da and len(db[0]) == n_max
+        assert a[1].state.n_past == b[1].state.n_past
+        n = a[1].state.n_past
+        ka, kb = be.state_to_host(a[1].state), be.state_to_host(b[1].state)
+        np.testing.assert_array_equal(kb["k"][0][:n], ka["k"][0][:n])
+        la, ha, (va,) = eager.verify([(a[0], a[1], t0, da[0])])
+        lb, hb, (vb,) = graphed.verify([(b[0], b[1], t0, db[0])])
+        eager.commit(va, ha, keep)
+        graphed.commit(vb, hb, keep)
+        t0 = int(np.argmax(be.to_host(la)[keep - 1]))
+    assert graphed.graphs.n_captured >= 2
+
+
+@pytest.mark.parametrize("n_max", [1, 3])
+@pytest.mark.parametrize("B", [1, 2])
+def test_fused_step_equals_draft_then_verify_cuda(lms, n_max, B):
+    """Speculator.step on the graphs (the drafted ids passed to the verify on the device, one 2-D copy per round)
+    against draft() then verify() on twin sequences: the same drafts, logits bit for bit, the same row argmax."""
+    _, dev = lms("small")
+    be = dev.backend
+    split, fused = Speculator(dev.model, n_max), Speculator(dev.model, n_max)
+    a = [_prefilled(dev, split, p) for p in PROMPTS[:B]]
+    b = [_prefilled(dev, fused, p) for p in PROMPTS[:B]]
+    fused.prepare(b)                  # every catch-up shape of these sequences captured: no eager fallback
+    t0s = [17] * B
+    for keep in (1, n_max + 1):
+        da = split.draft([(st, ms, t) for (st, ms), t in zip(a, t0s)])
+        la, ha, va = split.verify([(st, ms, t, d) for (st, ms), t, d in zip(a, t0s, da)])
+        replayed = fused.graphs.n_replayed
+        db, lb, hb, vb = fused.step([(st, ms, t) for (st, ms), t in zip(b, t0s)])
+        assert fused.graphs.n_replayed == replayed + 2          # the draft and the verify graph
+        assert db == da and [v.greedy for v in vb] == [v.greedy for v in va]
+        np.testing.assert_array_equal(be.to_host(lb), be.to_host(la))
+        for x, y in zip(va, vb):
+            split.commit(x, ha, keep)
+            fused.commit(y, hb, keep)
+        t0s = [v.greedy[keep - 1] for v in va]
+
+
+def test_bench_mtp_rows_cuda(tmp_path, tiny_vocab, cuda_backend):
+    """llamacmp-bench's MTP rows on the GPU: plain rounds through the greedy step graph that also gives h, drafted
+    rounds through SpecGraphs.step; at length n_max + 1 every draft is accepted and most rounds draft."""
+    import io
+    import json
+    from llamacmp.cli import bench
+    path = write_model(tmp_path / "small-mtp.gguf", replace(SHAPES["small"], mtp=True), "q8_0", tiny_vocab)
+    out, err = io.StringIO(), io.StringIO()
+    rc = bench.main(["-m", str(path), "-p", "0", "-n", "64", "-r", "2", "-o", "json", "--spec-type", "draft-mtp",
+                     "--spec-synth-len", "1,4"], out, err)
+    assert rc == 0, err.getvalue()
+    never, always = json.loads(out.getvalue())
+    assert never["draft_n_accepted"] == 0 and never["spec_mean_len"] == 1.0
+    assert always["draft_n_accepted"] == always["draft_n"] > 0 and always["spec_draft_share"] > 0.5

@@ -133,8 +133,14 @@ class Backend(ABC):
         tokens gives each one its decode's logits bit for bit. Host backends compute rows alone anyway."""
         yield
 
-    def decode_graphs(self, model, capacity: int = 8):
-        """engine/decode.py's decode steps captured as graphs (backends/cuda_graphs.py); None: run them eagerly."""
+    def decode_graphs(self, model, capacity: int = 8, hidden: bool = False):
+        """engine/decode.py's decode steps captured as graphs (backends/cuda_graphs.py; hidden: each step also
+        gives the hidden state the MTP head reads); None: run them eagerly."""
+        return None
+
+    def spec_graphs(self, model, n_max: int, capacity: int = 8):
+        """engine/speculative.py's MTP draft rounds and verify forwards captured as graphs (backends/spec_graphs.py:
+        draft(), verify()); None: the Speculator runs them eagerly."""
         return None
 
     def state_ops(self):

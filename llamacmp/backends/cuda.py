@@ -33,6 +33,7 @@ from .base import Backend, Segment, SeqState, StepBatch
 from .cuda_graphs import DecodeGraphs
 from .cuda_memory import DTYPES, MIB, DeviceArena, DeviceTensor
 from .cuda_state import CudaStateOps
+from .spec_graphs import SpecGraphs
 
 __all__ = ["CudaBackend", "DenseMatrix", "Q8Matrix", "QuantMatrix", "cuda_available"]
 
@@ -129,6 +130,7 @@ class CudaBackend(Backend):
         self.launch_pdl = True
         free, _total = self.native.mem_info()
         self.arena = DeviceArena(self.native, arena_bytes if arena_bytes is not None else max(free - 512 * MIB, 0))
+        self._state_arena = self.arena  # (a graph's capture swaps self.arena; per-token states outlive graphs)
         # set by cuda_graphs.RecordedGraph while it records a decode step (and by DecodeGraphs' eager steps):
         # attention splits sized for the whole context, Q8 projections in launches of at most GEMV_MAX_ROWS rows
         # (both: a row's result independent of the batch)
@@ -858,7 +860,11 @@ class CudaBackend(Backend):
             state.steps = {"conv": {}, "ssm": {}, "len": 0}
         buf = state.steps[kind].get(layer)
         if buf is None or buf.shape[0] < rows:
-            buf = state.steps[kind][layer] = self.empty((rows,) + shape, "f32", f"the speculative {kind} steps")
+            # From the backend's own arena even while a verify graph is captured (spec_graphs.py): the buffer lives
+            # with the state. It never shrinks, and the Speculator's batches never exceed the n_max + 1 rows a
+            # captured verify bakes in, so a graph's pointers stay valid.
+            buf = state.steps[kind][layer] = DeviceTensor(self._state_arena, (rows,) + shape, "f32",
+                                                          f"the speculative {kind} steps")
         return buf
 
     def restore_steps(self, state, k):
@@ -991,9 +997,13 @@ class CudaBackend(Backend):
         self.native.cmp_memcpy_d2h(out.ctypes.data, logits.ptr + row * N * 4, out.nbytes)
         return out
 
-    def decode_graphs(self, model, capacity: int = 8):
+    def decode_graphs(self, model, capacity: int = 8, hidden: bool = False):
         """engine/decode.py's decode steps on CUDA graphs (backends/cuda_graphs.DecodeGraphs)."""
-        return DecodeGraphs(self, model, capacity)
+        return DecodeGraphs(self, model, capacity, hidden)
+
+    def spec_graphs(self, model, n_max: int, capacity: int = 8):
+        """engine/speculative.py's draft rounds and verify forwards on CUDA graphs (backends/spec_graphs.py)."""
+        return SpecGraphs(self, model, n_max, capacity)
 
     def ids_to_host(self, ids: DeviceTensor) -> np.ndarray:
         """int32 [R] device ids -> host (waits for the stream)."""

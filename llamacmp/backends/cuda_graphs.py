@@ -87,10 +87,13 @@ class CapturedStep:
     the states' whole context at capture time.
     """
 
-    def __init__(self, be, model, states: Sequence[SeqState], greedy: bool = False):
+    def __init__(self, be, model, states: Sequence[SeqState], greedy: bool = False, hidden: bool = False):
         """be: a CudaBackend. greedy: also capture the argmax of the logits into the graph's own token-id input,
-        so that `step_greedy` feeds each step's greedy token to the next with nothing but the position uploaded."""
+        so that `step_greedy` feeds each step's greedy token to the next with nothing but the position uploaded.
+        hidden: also the hidden state the MTP head reads (forward_hidden; the logits are the same op's), in
+        self.h [B, D] after each replay."""
         self.be, self.model, self.states, self.greedy = be, model, list(states), greedy
+        self.h = None
         B = len(self.states)
         self.tokens = be.from_host(np.zeros(B, np.int32), "i32", "graph token ids")
         self.pos = be.from_host(np.asarray([s.n_past for s in self.states], np.int32), "i32", "graph positions")
@@ -105,17 +108,17 @@ class CapturedStep:
                 be.state_tables(batch)
 
         def forward():
-            logits = model.forward(batch)
+            logits, h = model.forward_hidden(batch) if hidden else (model.forward(batch), None)
             if greedy:
                 be.argmax(logits, out=self.tokens)         # the next replay embeds these ids
-            return logits
+            return logits, h
 
         try:
             self.graph = RecordedGraph(be, forward, before=tables)
         finally:
             for s, n in zip(self.states, saved):
                 s.n_past = n
-        self.logits = self.graph.out
+        self.logits, self.h = self.graph.out
         self.tables = (batch.device.get("conv_ptrs"), batch.device.get("ssm_ptrs"))   # read by every replay
 
     def step(self, tokens: Sequence[int]) -> np.ndarray:
@@ -165,10 +168,11 @@ class DecodeGraphs:
     a list that lasts one step (slots joining and leaving under churn) runs eagerly with the same kernels and
     arguments (CudaBackend.capturing set), so eager and replayed steps give the same numbers."""
 
-    def __init__(self, be, model, capacity: int = 8):
+    def __init__(self, be, model, capacity: int = 8, hidden: bool = False):
+        """hidden: every step also gives the hidden state the MTP head reads (step_hidden)."""
         if capacity < 1:
             raise ValueError(f"DecodeGraphs needs room for at least one graph (capacity {capacity})")
-        self.be, self.model, self.capacity = be, model, capacity
+        self.be, self.model, self.capacity, self.hidden = be, model, capacity, hidden
         # keyed by the states' identities: a graph holds its states, so an id cannot be reused while it is cached
         self._graphs: OrderedDict[tuple[int, ...], CapturedStep] = OrderedDict()
         self._last: tuple[int, ...] = ()      # the list of the previous step
@@ -177,6 +181,10 @@ class DecodeGraphs:
     def step(self, states: Sequence[SeqState], tokens: Sequence[int]):
         """One token for each state at its n_past -> logits [len(states), n_vocab] on the device (valid until the
         next step or eager forward reuses the arena). Advances every state."""
+        return self.step_hidden(states, tokens)[0]
+
+    def step_hidden(self, states: Sequence[SeqState], tokens: Sequence[int]):
+        """step -> (logits, h [len(states), D] or None unless made with hidden=True), both valid as the logits."""
         key = tuple(id(s) for s in states)
         graph = self._graphs.get(key)
         if graph is None and key != self._last:
@@ -187,13 +195,13 @@ class DecodeGraphs:
         if graph is None:
             while len(self._graphs) >= self.capacity:
                 self._graphs.popitem(last=False)
-            graph = CapturedStep(self.be, self.model, states)
+            graph = CapturedStep(self.be, self.model, states, hidden=self.hidden)
             self._graphs[key] = graph
             self.n_captured += 1
         else:
             self._graphs.move_to_end(key)
             self.n_replayed += 1
-        return graph.run(tokens)
+        return graph.run(tokens), graph.h
 
     def _eager(self, states: Sequence[SeqState], tokens: Sequence[int]):
         """The step a graph would run, run eagerly: the same kernels with the same arguments."""
@@ -204,7 +212,7 @@ class DecodeGraphs:
             self.be.state_tables(batch)    # the one-launch conv / GDN, as the graph of this list will run them
         self.be.capturing = True       # decode-step arguments (splits for the whole context, GEMV row launches)
         try:
-            return self.model.forward(batch)
+            return self.model.forward_hidden(batch) if self.hidden else (self.model.forward(batch), None)
         finally:
             self.be.capturing = False
 

@@ -19,8 +19,11 @@ attention is always the fused online-softmax kernel.
 Speculative decoding (llamacmp's extension: llama-bench 0c1e570 takes no --spec-* flag): --spec-type none,draft-mtp,
 --spec-draft-n-max N, --spec-synth-len L (lists, like every test flag) and --spec-synth-rates P0,P1,.. (one rate list
 per flag) make tg rows with the model's MTP head drafting (the engine's draft-and-verify loop, greedy; with a
-synthetic length the acceptance is drawn as llama.cpp's --spec-synth-len does, seed 0). Those rows carry a "spec"
-column (md) and spec_* / draft_n / draft_n_accepted fields (json, csv); without --spec-* the output is llama-bench's.
+synthetic length the acceptance is drawn as llama.cpp's --spec-synth-len does, seed 0). The loop drafts adaptively
+as the server does (engine/draft_policy.py: plain steps where drafting does not pay, probes now and then; the
+repetitions of a row share its cost table, the warm-up included). Those rows carry a "spec" column (md: the setting,
+then the mean tokens per verify "len" and the share of rounds that drafted "dr") and spec_* / draft_n /
+draft_n_accepted / spec_draft_share / spec_probes fields (json, csv); without --spec-* the output is llama-bench's.
 pp tests do not draft and are run once.
 
 Option parsing: llama-bench has its own parser (list values, ranges, its own usage text) unlike the common option
@@ -95,7 +98,7 @@ def _run_all(s: dict, out: TextIO, err: TextIO) -> int:
             if not s["no_warmup"]:
                 runner.run(inst, warmup=True)
             for _ in range(s["reps"]):
-                res.samples_ns.append(max(1, runner.run(inst, warmup=False, draft=res.draft)))
+                res.samples_ns.append(max(1, runner.run(inst, warmup=False, draft=res.draft, use=res.use)))
                 if s["delay"]:
                     time.sleep(s["delay"])
         except ValueError as e:         # what the backend refuses (a KV type, a context it cannot hold)

@@ -6,7 +6,7 @@ from typing import TextIO
 
 from .. import BUILD_NUMBER
 from .bench_options import DEFAULTS, SPEC_KEYS
-from .bench_rows import Result, build_commit, spec_label
+from .bench_rows import Result, build_commit
 
 
 def _size_text(n: int) -> str:
@@ -21,7 +21,7 @@ def _params_text(n: int) -> str:
 # llama-bench's default, as llama-bench does.
 MD_COLUMNS = {"model": ("model", -30), "size": ("size", 10), "params": ("params", 10), "backend": ("backend", -10),
               "n_gpu_layers": ("ngl", 3), "n_batch": ("n_batch", 7), "n_ubatch": ("n_ubatch", 8),
-              "type_k": ("type_k", 6), "type_v": ("type_v", 6), "flash_attn": ("fa", 4), "spec": ("spec", -16),
+              "type_k": ("type_k", 6), "type_v": ("type_v", 6), "flash_attn": ("fa", 4), "spec": ("spec", -30),
               "test": ("test", 15), "t/s": ("t/s", 20)}
 OPTIONAL = ("n_batch", "n_ubatch", "type_k", "type_v", "flash_attn")
 
@@ -54,7 +54,7 @@ class MarkdownPrinter:
         cell = {"model": r.info.desc, "size": _size_text(r.info.size), "params": _params_text(r.info.n_params),
                 "backend": r.backend, "n_gpu_layers": str(r.inst.n_gpu_layers), "n_batch": str(r.inst.n_batch),
                 "n_ubatch": str(r.inst.n_ubatch), "type_k": r.inst.type_k, "type_v": r.inst.type_v,
-                "flash_attn": r.inst.flash_attn, "spec": spec_label(r.inst.spec), "test": r.inst.name,
+                "flash_attn": r.inst.flash_attn, "spec": r.spec_cell(), "test": r.inst.name,
                 "t/s": f"{f['avg_ts']:.2f} ± {f['stddev_ts']:.2f}"}
         print(self._row([cell[c] for c in self.cols]), file=self.out)
         self.out.flush()

@@ -57,6 +57,24 @@ def instances(s: dict) -> list[Instance]:
     return list(dict.fromkeys(out))        # a pp test does not draft: once, not once per --spec-* setting
 
 
+@dataclass
+class SpecUse:
+    """How a spec row's timed repetitions drafted (the draft policy's rounds)."""
+    spec: int = 0           # rounds that drafted (probes included)
+    plain: int = 0          # plain decode steps
+    probes: int = 0
+
+    def add(self, policy) -> None:
+        if policy is not None:
+            self.spec += policy.n_spec
+            self.plain += policy.n_plain
+            self.probes += policy.n_probes
+
+    @property
+    def share(self) -> float:
+        return self.spec / (self.spec + self.plain) if self.spec + self.plain else 0.0
+
+
 def spec_label(cfg: SpecConfig) -> str:
     """The md "spec" cell: none, or the type with n_max and the synthetic acceptance."""
     if not cfg.enabled:
@@ -76,6 +94,7 @@ class Result:
     test_time: str = ""
     probe: dict | None = None      # the backend's probe_report (CUDA): rates and routes
     draft: DraftStats = field(default_factory=DraftStats)     # over the timed repetitions (spec rows)
+    use: SpecUse = field(default_factory=SpecUse)             # their rounds: drafted, plain, probes
 
     @property
     def n_tokens(self) -> int:
@@ -115,7 +134,15 @@ class Result:
                 "spec_synth_len": sp.synth_len if sp.synth_len is not None else 0.0,
                 "spec_synth_rates": ",".join(f"{r:g}" for r in sp.synth_rates),
                 "draft_n": self.draft.n, "draft_n_accepted": self.draft.accepted,
-                "spec_mean_len": self.draft.mean_len}
+                "spec_mean_len": self.draft.mean_len, "spec_draft_share": self.use.share,
+                "spec_probes": self.use.probes}
+
+    def spec_cell(self) -> str:
+        """The md "spec" cell: the setting, and for a drafting row what it measured."""
+        label = spec_label(self.inst.spec)
+        if not self.inst.spec.enabled or not self.inst.n_gen:
+            return label
+        return f"{label} len {self.draft.mean_len:.2f} dr {100 * self.use.share:.0f}%"
 
 
 # llama-bench's JSON/CSV fields for settings llamacmp has one value of (no CPU thread pinning or polling, no MoE,

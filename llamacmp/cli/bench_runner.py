@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TextIO
 
 import numpy as np
@@ -13,7 +13,7 @@ from .. import spec
 from ..engine.tasks import DraftStats
 from ..spec import synth_acceptor
 from .bench_options import BenchError
-from .bench_rows import Instance, ModelInfo
+from .bench_rows import Instance, ModelInfo, SpecUse
 
 
 FILE_TYPES = {0: "all F32", 1: "F16", 7: "Q8_0"}
@@ -41,6 +41,7 @@ class Runner:
     rng: np.random.Generator
     path: str = ""
     mtp_head: bool = False              # the file has an MTP head (spec.has_mtp_head): --spec-type draft-mtp runs
+    costs: dict = field(default_factory=dict)   # spec rows: the draft policy's CostTable per setting and depth
 
     def _ids(self, n: int) -> list[int]:
         return [int(i) for i in self.rng.integers(0, self.cfg.n_vocab, n)]
@@ -66,31 +67,60 @@ class Runner:
         if not self.mtp_head:
             raise BenchError(f"error: {inst.name}: --spec-type draft-mtp: the model file '{self.path}' has no MTP "
                              "layers")
+        from ..engine.draft_policy import CostTable
         from ..engine.speculative import Speculator
-        sp = Speculator.from_spec(self.model, inst.spec, self.path)
+        costs = self.costs.setdefault((inst.spec, inst.n_depth, inst.type_k, inst.type_v), CostTable())
+        sp = Speculator.from_spec(self.model, inst.spec, self.path, costs)
         return sp, sp.new_seq(n_ctx, inst.type_k, inst.type_v)
 
     def _spec_decoder(self, st, inst: Instance, mtp, draft: DraftStats | None):
-        """-> step(n): n greedy tokens by draft (MTP head) and verify (one forward of the main model), from a
-        random first token; the synthetic acceptance of --spec-synth-* draws with seed 0. draft: counts the
-        drafted and accepted tokens."""
+        """-> step(n): n greedy tokens by draft (MTP head) and verify (one forward of the main model) or a plain
+        step, as the draft policy chooses each round (the engine's loop), from a random first token; the synthetic
+        acceptance of --spec-synth-* draws with seed 0. draft: counts the drafted and accepted tokens."""
+        from types import SimpleNamespace
+        from ..engine.decode import Decoder, draw_tokens
         from ..engine.speculative import accept_tokens
         from ..sampling import Sampler, SamplingParams
         sp, ms = mtp
         greedy = Sampler(SamplingParams(temp=0.0, seed=0))
         synth = synth_acceptor(inst.spec, 0, frozenset())
         first = self._ids(1)[0]
+        sp.prepare([(st, ms)])      # CUDA graphs captured here, untimed, as _decoder's (nothing runs)
+        if self.is_cuda:            # plain rounds: _decoder's greedy step graph, also giving the head's input h
+            from ..backends.cuda_graphs import CapturedStep
+            graph = CapturedStep(self.be, self.model, [st], greedy=True, hidden=True)
+
+            def plain(tok: int) -> int:
+                t0 = time.perf_counter()
+                graph.set_tokens([tok])
+                nxt = int(graph.step_greedy()[0])                   # (the id crossing waits for the step)
+                sp.time_plain(1, time.perf_counter() - t0)
+                sp.observe_plain([(st, ms, tok, 0)], graph.h)
+                return nxt
+        else:
+            dec = Decoder(SimpleNamespace(model=self.model, backend=self.be), graphs=False, hidden=True)
+
+            def plain(tok: int) -> int:
+                t0 = time.perf_counter()
+                logits, h = dec.decode_hidden([st], [tok])
+                nxt = draw_tokens(self.be, logits, [greedy])[0]
+                sp.time_plain(1, time.perf_counter() - t0)
+                sp.observe_plain([(st, ms, tok, 0)], h)
+                return nxt
 
         def step(n: int) -> None:
             tok, left = first, n
             while left > 0:
-                drafts = sp.draft([(st, ms, tok)])[0][:left - 1]     # at most left tokens come out of the step
-                logits, h, (v,) = sp.verify([(st, ms, tok, drafts)])
+                k = sp.plan([ms])
+                if k == 0:
+                    tok, left = plain(tok), left - 1
+                    continue
+                (drafts,), logits, h, (v,) = sp.step([(st, ms, tok)], k)
                 out: list[int] = []
                 j = accept_tokens(self.be, logits, v, greedy, lambda t: out.append(t) or len(out) < left, synth)
                 sp.commit(v, h, j)
                 if draft is not None:
-                    draft.count(len(drafts), j - 1)
+                    draft.count(min(len(drafts), left - 1), j - 1)    # (drafts past the last token: not counted)
                 tok, left = out[-1], left - j
         return step
 
@@ -117,12 +147,14 @@ class Runner:
                 tok = int(np.argmax(self.be.to_host(logits)[-1]))
         return step
 
-    def run(self, inst: Instance, warmup: bool = False, draft: DraftStats | None = None) -> int:
+    def run(self, inst: Instance, warmup: bool = False, draft: DraftStats | None = None,
+            use: SpecUse | None = None) -> int:
         """One repetition on a fresh context -> nanoseconds of the timed part (the -d fill and the graph capture
         are not timed). warmup: a short prompt or one decode step instead, untimed (llama-bench's warm-up; with
-        --spec-type one full draft-and-verify step). draft: the spec rows' counters."""
+        --spec-type one full draft-and-verify step). draft, use: the spec rows' counters."""
         chunk = max(1, min(inst.n_batch, inst.n_ubatch))
-        n_ctx = inst.n_depth + inst.n_prompt + inst.n_gen + 1
+        # + n_max: room for a full verify at the last step, so the spec rows replay graphs to the end
+        n_ctx = inst.n_depth + inst.n_prompt + inst.n_gen + 1 + (inst.spec.n_max if inst.spec.enabled else 0)
         st = self.be.new_state(self.cfg, n_ctx, inst.type_k, inst.type_v)
         mtp = self._speculator(inst, n_ctx) if inst.spec.enabled else None
         if inst.n_depth:
@@ -146,7 +178,10 @@ class Runner:
         if decode is not None:
             decode(inst.n_gen)
         self._sync()
-        return time.perf_counter_ns() - t0
+        ns = time.perf_counter_ns() - t0
+        if mtp is not None and use is not None:
+            use.add(mtp[0].policy)
+        return ns
 
 
 def make_backend(ngl: int, err: TextIO, hw_route: str = "auto"):

@@ -162,9 +162,11 @@ class Decoder:
     """Runs the model: `prefill` one sequence's chunk eagerly, `decode` one token for each of several sequences
     (on CUDA through DecodeGraphs). Both return the backend's logits tensor, valid until the next call."""
 
-    def __init__(self, lm, graphs: bool = True, max_graphs: int = 8):
-        self.model, self.be = lm.model, lm.backend
-        self.graphs = self.be.decode_graphs(self.model, max_graphs) if graphs else None
+    def __init__(self, lm, graphs: bool = True, max_graphs: int = 8, hidden: bool = False):
+        """hidden: decode_hidden() is used (MTP drafting: the head reads the target's hidden state of plain steps
+        too); its graphs then also give that state."""
+        self.model, self.be, self.hidden = lm.model, lm.backend, hidden
+        self.graphs = self.be.decode_graphs(self.model, max_graphs, hidden) if graphs else None
 
     def prefill(self, state: SeqState, tokens: Sequence[int], all_logits: bool = False):
         """tokens at state.n_past.. -> logits [1, N] of the last (or [len(tokens), N] of every) token."""
@@ -174,18 +176,34 @@ class Decoder:
         """One token per state -> logits [len(states), N]. Pass the states in a stable order (graphs are per list).
         Sequences that follow an image (rope_shift != 0: rotary position != cache row) decode eagerly: a captured
         graph rotates at the cache rows it uploads."""
+        return self.decode_hidden(states, tokens)[0]
+
+    def decode_hidden(self, states: Sequence[SeqState], tokens: Sequence[int]):
+        """decode -> (logits, h [len(states), D]: the hidden state the MTP head reads; None unless made with
+        hidden=True). The logits are decode's to the bit (the same fused head op)."""
         if self.graphs is not None and not any(getattr(s, "rope_shift", 0) for s in states):
             for s in states:
                 if s.n_past + 1 > s.n_ctx:
                     raise ValueError(f"sequence needs {s.n_past + 1} positions, its context is {s.n_ctx}")
             try:
-                return self.graphs.step(states, tokens)
+                if self.hidden:
+                    return self.graphs.step_hidden(states, tokens)
+                return self.graphs.step(states, tokens), None
             except (ValueError, MemoryError):
                 raise
             except Exception as e:   # a capture the device refuses: nothing ran, the states did not move
                 log.warning("decode graphs off (capturing a step failed: %s); decoding eagerly", e)
                 self.graphs = None
-        return self.model.forward(StepBatch.build([(s, [int(t)]) for s, t in zip(states, tokens)]))
+        batch = StepBatch.build([(s, [int(t)]) for s, t in zip(states, tokens)])
+        return self.model.forward_hidden(batch) if self.hidden else (self.model.forward(batch), None)
+
+    @property
+    def events(self) -> int:
+        """Graph captures and eager steps of graphed lists so far: a step during which they changed is not timed
+        (engine/draft_policy.py)."""
+        g = self.graphs
+        return 0 if g is None else getattr(g, "n_captured", 0) + getattr(g, "n_eager", 0)
+
 
     def sync(self) -> None:
         """Wait for the device (timings); nothing to wait for on the host backend."""

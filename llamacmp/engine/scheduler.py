@@ -77,11 +77,12 @@ class Engine:
         self.lm, self.cfg = lm, cfg
         self.model, self.backend, self.tokenizer = lm.model, lm.backend, lm.tokenizer
         self.ops = state_ops_for(self.backend)
-        self.decoder = Decoder(lm, max_graphs=cfg.max_graphs)
-        self.slots = [Slot(i, self.backend.new_state(lm.cfg, cfg.n_ctx_slot, cfg.k_type, cfg.v_type),
-                           SlotCache(cfg.ctx_checkpoints)) for i in range(cfg.n_slots)]
         self.spec = Speculator.from_spec(lm.model, cfg.spec, lm.path) if cfg.spec is not None and cfg.spec.enabled \
             else None
+        # with MTP on, plain steps also give the hidden state the heads read (adaptive drafting: plain rounds)
+        self.decoder = Decoder(lm, max_graphs=cfg.max_graphs, hidden=self.spec is not None)
+        self.slots = [Slot(i, self.backend.new_state(lm.cfg, cfg.n_ctx_slot, cfg.k_type, cfg.v_type),
+                           SlotCache(cfg.ctx_checkpoints)) for i in range(cfg.n_slots)]
         for slot in self.slots if self.spec else ():
             slot.mtp = self.spec.new_seq(cfg.n_ctx_slot, cfg.k_type, cfg.v_type)
         self.host_cache = HostCache(cfg.cache_ram_mib)
@@ -407,14 +408,17 @@ class Engine:
         what the others are doing (a mixed batch would take the tiled GEMM, which sums in another order)."""
         gen = [s for s in self.slots if s.phase == GENERATE]
         spec = [s for s in gen if self._speculates(s)]
-        if spec:
-            self._speculate(spec)
+        n = self.spec.plan([s.mtp for s in spec], len(gen) - len(spec)) if spec else 0   # the draft length (0: plain)
+        if n:
+            self._speculate(spec, n)
             gen = [s for s in gen if s not in spec]
         if gen:
-            t0 = time.perf_counter()
-            logits = self.decoder.decode([s.state for s in gen], [s.next_token for s in gen])
+            t0, events = time.perf_counter(), self.decoder.events
+            logits, h = self.decoder.decode_hidden([s.state for s in gen], [s.next_token for s in gen])
             self._book_forward(len(gen), t0)
             self._flush()                # the previous results go out while the device runs this step
+            if self.spec is not None:
+                self._observe_plain(gen, [] if n else spec, h, t0, events)
             self._after_forward(gen, [[s.next_token] for s in gen], logits, t0)
         budget = self.cfg.n_batch - len(gen)
         ran = bool(gen)
@@ -445,17 +449,25 @@ class Engine:
         return (self.spec is not None and slot.grammar is None and not slot.forced and p.n_probs <= 0
                 and not slot.state.rope_shift and slot.state.n_past + 2 <= slot.state.n_ctx)
 
-    def _speculate(self, slots: list[Slot]) -> None:
-        """One draft-and-verify step for these slots: drafts for all in one MTP forward per round, verification
-        of all in one target forward; then each slot's tokens through _emit's rules, and the rewind."""
+    def _observe_plain(self, gen: list[Slot], spec: list[Slot], h, t0: float, events: int) -> None:
+        """`gen`'s plain decode step ran: the draft policy's timing of a plain step of that many slots (unless it
+        captured a graph or ran a graphed list eagerly; the wait for the device comes after the flush, which
+        overlaps it), and the heads of the slots in `spec` (which could have drafted) queue it."""
+        if self.decoder.events == events:
+            self.decoder.sync()
+            self.spec.time_plain(len(gen), time.perf_counter() - t0)
+        self.spec.observe_plain([(s.state, s.mtp, s.next_token, i) for i, s in enumerate(gen) if s in spec], h)
+
+    def _speculate(self, slots: list[Slot], n: int) -> None:
+        """One draft-and-verify step of n drafts for these slots: drafts for all in one MTP forward per round,
+        verification of all in one target forward; then each slot's tokens through _emit's rules, and the rewind."""
         t0 = time.perf_counter()
         sp = self.spec
-        drafts = sp.draft([(s.state, s.mtp, s.next_token) for s in slots])
-        logits, h, verified = sp.verify([(s.state, s.mtp, s.next_token, d) for s, d in zip(slots, drafts)])
+        # the previous results go out while the device runs the round (timed with it, as a plain step's flush)
+        _, logits, h, verified = sp.step([(s.state, s.mtp, s.next_token) for s in slots], n, self._flush)
         if self.cfg.sync_forwards:
             self.decoder.sync()
         self.perf.add_verified(len(slots), (time.perf_counter() - t0) * 1e3)   # + the accepted drafts, below
-        self._flush()
         self.metrics.n_decode_total += 1
         self.metrics.n_busy_slots_total += len(slots)
         for slot, v in zip(slots, verified):

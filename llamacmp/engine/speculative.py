@@ -16,9 +16,22 @@ position p is the token x_p with the target's hidden state h_(p-1) (the row befo
 for every position the target evaluates (process(): prompt included), so the head's own KV cache covers the whole
 sequence. Here those (token, h) pairs wait in MtpSeq.pending until the next draft, whose first MTP forward runs them
 together with (t0, h_(P-1)).
+
+On a backend that captures graphs (Backend.spec_graphs: backends/spec_graphs.py) the draft rounds and the verify
+forward are replayed CUDA graphs, with the argmax on the device and only ids crossing, while the context has room
+for 1 + n rows per sequence: the draft when it runs all n rounds (no p_min, which reads each row's top-10 on the
+host), the verify with fewer drafts padded to n. Otherwise, and on the numpy reference, they run eagerly
+(graphs=False forces that). Both give each verified token its decode's logits.
+
+Adaptive drafting (engine/draft_policy.py): before each round the driver asks plan() for the draft length n of
+this round, 0 meaning a plain decode step (the driver's own, through its decode graph). The Speculator times its
+draft and verify, the driver times its plain steps (time_plain) and feeds the heads the target's hidden states of
+those steps (observe_plain), and commit() counts each sequence's acceptance; the policy picks the n with the most tokens
+per second from those figures. adaptive=False drafts n_max every round (llama.cpp's behaviour).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -26,7 +39,8 @@ import numpy as np
 
 from ..backends.base import SeqState, StepBatch
 from ..sampling import Sampler, SamplingParams
-from .decode import draw_tokens
+from .decode import draw_tokens, plan_row
+from .draft_policy import Acceptance, CostTable, DraftPolicy
 
 _ARGMAX = Sampler(SamplingParams(temp=0.0, seed=0))     # a neutral greedy chain: the backend's plain argmax
 DRAFT_TOP_K = 10                                        # llama.cpp's draft sampler (p_min is a top-10 probability)
@@ -53,6 +67,7 @@ class MtpSeq:
     pending_h: list = field(default_factory=list)       # tensors of rows [r, D]: h of the position before each
     n_drafted: int = 0                                  # this sequence's totals (timings draft_n, draft_n_accepted)
     n_accepted: int = 0
+    acc: Acceptance = field(default_factory=Acceptance)  # recent acceptance (draft_policy: when drafting pays)
 
 
 @dataclass(slots=True)
@@ -64,12 +79,17 @@ class Verified:
     drafts: list[int]
     pos: int
     row: int                   # the segment's first row in the verify batch's logits / h
+    greedy: Optional[list[int]] = None   # the argmax of rows row .. row + len(drafts), drawn on the device (graphs)
 
 
 class Speculator:
     """Draft, verify and commit for a model with an MTP head (models/qwen35.py Qwen35Model.mtp)."""
 
-    def __init__(self, model, n_max: int = 3, n_min: int = 0, p_min: float = 0.0):
+    def __init__(self, model, n_max: int = 3, n_min: int = 0, p_min: float = 0.0, graphs: bool = True,
+                 adaptive: bool = True, costs: Optional[CostTable] = None):
+        """graphs: replay captured draft / verify graphs where the backend has them (False: always eager).
+        adaptive: choose each round's draft length (0: plain) from measured costs (draft_policy), else always
+        n_max; costs: a cost table to start from (a benchmark's repetitions share one)."""
         if model.mtp is None:
             raise SpecUnsupported("the model has no MTP head")
         if n_max < 1:
@@ -77,9 +97,12 @@ class Speculator:
         self.model, self.be = model, model.be
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         self.n_drafted = self.n_accepted = 0          # totals, for the draft_n / draft_n_accepted timings
+        self.graphs = model.be.spec_graphs(model, n_max) if graphs else None
+        self.policy = DraftPolicy(n_max, n_min, costs) if adaptive else None
+        self._round = None                            # (S, n, start, clean) of the draft awaiting its verify
 
     @classmethod
-    def from_spec(cls, model, spec, path: str = "the model") -> "Speculator":
+    def from_spec(cls, model, spec, path: str = "the model", costs: Optional[CostTable] = None) -> "Speculator":
         """From a spec.SpecConfig (type draft-mtp); a file without MTP layers is refused naming it and the flag."""
         if model.mtp is None and model.cfg.n_nextn:
             raise SpecUnsupported(f"--spec-type {spec.type}: the MTP head of '{path}' is not loaded (a layer split "
@@ -87,7 +110,7 @@ class Speculator:
         if model.mtp is None:
             raise SpecUnsupported(f"--spec-type {spec.type}: '{path}' has no MTP layers "
                                   "(qwen35.nextn_predict_layers); drop --spec-type or use a GGUF with its MTP head")
-        return cls(model, spec.n_max, spec.n_min, spec.p_min)
+        return cls(model, spec.n_max, spec.n_min, spec.p_min, costs=costs)
 
     def new_seq(self, n_ctx: int, kv_type: str = "f16", v_type: str | None = None) -> MtpSeq:
         return MtpSeq(self.model.mtp_state(n_ctx, kv_type, v_type), self._zeros())
@@ -122,17 +145,115 @@ class Speculator:
             ms.pending_h.append(self.be.gather_rows(h, np.arange(n - 1, dtype=np.int32)))
         ms.h_last = self.be.gather_rows(h, np.asarray([n - 1], np.int32))
 
+    # -- adaptive drafting -------------------------------------------------------------------------------------
+    def plan(self, seqs: Sequence[MtpSeq], others: int = 0) -> int:
+        """The draft length of the next round of these sequences (0: the driver runs a plain step, then
+        observe_plain); `others`: sequences that step plainly in any case (a drafting round then runs their plain
+        step apart). Always n_max without adaptive drafting."""
+        return self.policy.choose([ms.acc for ms in seqs], others) if self.policy is not None else self.n_max
+
+    def observe_plain(self, items: Sequence[tuple[SeqState, MtpSeq, int, int]], h) -> None:
+        """A plain step ran token t of each (target state, head memory, t, row) at that row of its hidden state
+        h [B, D] (Decoder.decode_hidden): the head queues (t, h of the row before) for its next draft."""
+        for st, ms, t, i in items:
+            if ms.state.n_past + len(ms.pending) != st.n_past - 1:
+                self.reset(ms, st.n_past - 1)
+            self._push(ms, [int(t)], self.be.gather_rows(h, np.asarray([i], np.int32)), 1)
+
+    def time_plain(self, rows: int, seconds: float) -> None:
+        """A plain step of `rows` sequences took `seconds` (the driver's clean timing: nothing captured)."""
+        if self.policy is not None:
+            self.policy.costs.add_plain(rows, seconds)
+
+    def _catch_up(self, seqs: Sequence[MtpSeq], n: int) -> None:
+        """Run the head over the pending pairs of sequences whose catch-up (pending + t0) is longer than a draft
+        graph takes (n + 2 rows: after plain steps), without its LM head, as prefill() does."""
+        long = [ms for ms in seqs if len(ms.pending) > n + 1]
+        if not long:
+            return
+        batch = StepBatch.build([(ms.state, ms.pending) for ms in long])
+        batch.output_rows = np.zeros(0, np.int32)
+        self.model.mtp_forward(batch, self.be.concat([x for ms in long for x in ms.pending_h], axis=0))
+        for ms in long:
+            ms.pending, ms.pending_h = [], []
+
+    def _events(self) -> int:
+        """Graph captures and declined shapes so far: a round during which they changed is not timed."""
+        g = self.graphs
+        return 0 if g is None else getattr(g, "n_captured", 0) + getattr(g, "n_declined", 0)
+
     # -- one step -----------------------------------------------------------------------------------------------
-    def draft(self, items: Sequence[tuple[SeqState, MtpSeq, int]]) -> list[list[int]]:
-        """(target state, head memory, t0) per sequence, t0 pending at state.n_past -> up to n_max drafted tokens
-        each (fewer where the context ends). One MTP forward per round for all sequences; round 0 also runs each
-        one's pending pairs. A head memory out of step with its target (moved by a checkpoint) starts over."""
-        be, out = self.be, [[] for _ in items]
+    def draft(self, items: Sequence[tuple[SeqState, MtpSeq, int]], n: Optional[int] = None) -> list[list[int]]:
+        """(target state, head memory, t0) per sequence, t0 pending at state.n_past -> up to n (default n_max)
+        drafted tokens each (fewer where the context ends). One MTP forward per round for all sequences; round 0
+        also runs each one's pending pairs. A head memory out of step with its target (moved by a checkpoint)
+        starts over."""
+        n = self.n_max if n is None else n
+        t_start, events = time.perf_counter(), self._events()
+        out = self._draft(items, n)
+        self._round = (len(items), n, t_start, events == self._events())
+        return out
+
+    def step(self, items: Sequence[tuple[SeqState, MtpSeq, int]], n: Optional[int] = None,
+             while_running: Optional[Callable[[], None]] = None):
+        """draft() then verify() of what was drafted -> (drafts, logits, h, [Verified]). On the graph path the
+        two graphs run back to back with the drafted ids passed on the device (SpecGraphs.step): the host waits
+        once per round, and calls while_running() (host work of the driver's: the server's flush of the last
+        results) while the device runs them; elsewhere it is called after the verify. It is part of the round's
+        timing either way, as a plain step's flush is part of the plain step's."""
+        n = self.n_max if n is None else n
+        if self._graphed([st for st, _, _ in items], n) and self.p_min <= 0.0:
+            t_start, events = time.perf_counter(), self._events()
+            got = self._step_graph(items, n, while_running)
+            if got is not None:
+                self._timed(len(items), n, t_start, events == self._events())
+                return got
+        drafts = self.draft(items, n)
+        if while_running is not None:       # (inside the round's timing: verify() records it at its end)
+            out = self.verify([(st, ms, t0, d) for (st, ms, t0), d in zip(items, drafts)], n, while_running)
+        else:
+            out = self.verify([(st, ms, t0, d) for (st, ms, t0), d in zip(items, drafts)], n)
+        return (drafts,) + out
+
+    def _step_graph(self, items, n: int, while_running=None):
+        self._heads_in_step(items, n)
+        pos = [st.n_past for st, _, _ in items]
+        got = self.graphs.step([st for st, _, _ in items], [ms.state for _, ms, _ in items], [t0 for *_, t0 in items],
+                               [ms.pending + [t0] for _, ms, t0 in items],
+                               [ms.pending_h + [ms.h_last] for _, ms, _ in items], n, while_running)
+        if got is None:
+            return None
+        drafts, logits, h, ids = got
+        for _, ms, _ in items:
+            ms.pending, ms.pending_h = [], []
+        self._count(drafts, items)
+        T = n + 1
+        segs = [Verified(st, ms, t0, list(d), p, i * T, [int(x) for x in ids[i * T:i * T + len(d) + 1]])
+                for i, ((st, ms, t0), d, p) in enumerate(zip(items, drafts, pos))]
+        return drafts, logits, h, segs
+
+    def _timed(self, S: int, n: int, t_start: float, clean: bool) -> None:
+        """A round of S sequences drafting n took since t_start: into the cost table if nothing was captured."""
+        if self.policy is not None and clean:
+            self.policy.costs.add_spec(S, n, time.perf_counter() - t_start)
+
+    def _heads_in_step(self, items, n: int) -> None:
+        """Heads out of step with their targets (moved by a checkpoint) start over; long catch-ups run now."""
         for st, ms, _ in items:
             if ms.state.n_past + len(ms.pending) != st.n_past:
                 self.reset(ms, st.n_past)
+        self._catch_up([ms for _, ms, _ in items], n)
+
+    def _draft(self, items, n: int) -> list[list[int]]:
+        be, out = self.be, [[] for _ in items]
+        self._heads_in_step(items, n)
+        if self._graphed([st for st, _, _ in items], n) and self.p_min <= 0.0:
+            got = self._draft_graph(items, n)
+            if got is not None:
+                return self._count(got, items)
+        self._eager = self.graphs is not None and self.p_min <= 0.0     # graphs declined (p_min drafts eagerly)
         seqs = [(ms, t0) for _, ms, t0 in items]
-        caps = [min(self.n_max, st.n_ctx - st.n_past - 1) for st, _, _ in items]
+        caps = [min(n, st.n_ctx - st.n_past - 1) for st, _, _ in items]
         live = [s for s in range(len(seqs)) if caps[s] > 0]
         if not live:
             return out
@@ -154,11 +275,29 @@ class Speculator:
             h_in = be.gather_rows(h_out, np.asarray([batch.output_rows[r] for r, _ in go], np.int32))
             live = [s for _, s in go]
             rows = [(seqs[s][0].state, [out[s][-1]]) for s in live]
+        return self._count(out, items)
+
+    def _count(self, out: list[list[int]], items) -> list[list[int]]:
         for o, (_, ms, _) in zip(out, items):
             if len(o) < self.n_min:
                 o.clear()
             ms.n_drafted += len(o)
         self.n_drafted += sum(len(o) for o in out)
+        return out
+
+    def _graphed(self, states: Sequence[SeqState], n: int) -> bool:
+        """Whether these sequences' step has the captured graphs' shape: graphs, and room for t0 and n drafts."""
+        return self.graphs is not None and all(st.n_past + n + 1 <= st.n_ctx for st in states)
+
+    def _draft_graph(self, items, n: int) -> Optional[list[list[int]]]:
+        """draft() on the backend's captured rounds: each sequence's pending pairs and (t0, h_last) as round 0,
+        n rounds in one replay -> n ids per sequence; None where the graphs decline the shape (nothing ran)."""
+        toks = [ms.pending + [t0] for _, ms, t0 in items]
+        hs = [ms.pending_h + [ms.h_last] for _, ms, _ in items]
+        out = self.graphs.draft([ms.state for _, ms, _ in items], toks, hs, n)
+        if out is not None:
+            for _, ms, _ in items:
+                ms.pending, ms.pending_h = [], []
         return out
 
     def _pick(self, logits) -> list[Optional[int]]:
@@ -175,9 +314,30 @@ class Speculator:
             out.append(ids[r] if p_top >= self.p_min else None)
         return out
 
-    def verify(self, seqs: Sequence[tuple[SeqState, MtpSeq, int, list[int]]]):
-        """(target state, head memory, t0, drafts) per sequence -> (logits [T, N] of every row, h [T, D],
-        [Verified]). The target states advance by 1 + len(drafts); commit() sets each back to what it keeps."""
+    def verify(self, seqs: Sequence[tuple[SeqState, MtpSeq, int, list[int]]], n: Optional[int] = None,
+               while_running: Optional[Callable[[], None]] = None):
+        """(target state, head memory, t0, drafts) per sequence, drafts of this round's length n (default n_max)
+        or fewer -> (logits [T, N] of every row, h [T, D], [Verified]). The target states advance by
+        1 + len(drafts); commit() sets each back to what it keeps. Times the round (draft + verify, and
+        while_running(), called after the verify) for the policy."""
+        n = self.n_max if n is None else n
+        events = self._events()
+        out = self._verify(seqs, n)
+        if while_running is not None:
+            while_running()
+        if self.policy is not None and self._round is not None and self._round[:2] == (len(seqs), n):
+            self.be.synchronize()          # (a replayed verify has waited already: its ids came back)
+            _, _, t_round, clean = self._round
+            self._timed(len(seqs), n, t_round, clean and events == self._events() and not self._eager)
+        self._round, self._eager = None, False
+        return out
+
+    _eager = False                       # this round ran a step eagerly although graphs exist (not timed)
+
+    def _verify(self, seqs, n: int):
+        if self._graphed([st for st, _, _, _ in seqs], n) and all(len(d) <= n for _, _, _, d in seqs):
+            return self._verify_graph(seqs, n)
+        self._eager = self.graphs is not None
         batch = StepBatch.build([(st, [t0] + d) for st, _, t0, d in seqs], all_logits=True)
         batch.keep_steps = True
         segs = [Verified(st, ms, t0, list(d), st.n_past, seg.start)
@@ -185,6 +345,27 @@ class Speculator:
         with self.be.decode_order():      # each verified token's logits exactly its decode's (CUDA graphs' order)
             logits, h = self.model.forward_hidden(batch)
         return logits, h, segs
+
+    def _verify_graph(self, seqs, n: int):
+        """verify() on the backend's captured forward of 1 + n tokens per sequence; each Verified carries its
+        rows' device argmax. Fewer drafts are padded with t0: the padding rows come after the real ones (causal
+        attention, recurrent order), so they change none of them; commit() keeps at most the real ones, and the KV
+        rows they wrote lie past the kept positions, rewritten before anything reads them."""
+        T = n + 1
+        pos = [st.n_past for st, _, _, _ in seqs]
+        toks = [[t0] + d + [t0] * (n - len(d)) for _, _, t0, d in seqs]
+        logits, h, ids = self.graphs.verify([st for st, _, _, _ in seqs], toks)
+        segs = [Verified(st, ms, t0, list(d), p, i * T, [int(x) for x in ids[i * T:i * T + len(d) + 1]])
+                for i, ((st, ms, t0, d), p) in enumerate(zip(seqs, pos))]
+        return logits, h, segs
+
+    def prepare(self, seqs: Sequence[tuple[SeqState, MtpSeq]]) -> None:
+        """Capture the graphs a step of these sequences replays (the verify forward, the draft rounds for every
+        catch-up length) now rather than at their first step: a benchmark keeps the captures out of its timing.
+        Nothing runs. No graphs on this backend: nothing to do."""
+        if self.graphs is not None:
+            lengths = self.policy.lengths if self.policy is not None else (self.n_max,)
+            self.graphs.prepare([st for st, _ in seqs], [ms.state for _, ms in seqs], lengths)
 
     def commit(self, v: Verified, h, j: int) -> None:
         """Keep the first j (1 <= j <= 1 + len(drafts)) verified tokens: t0 and the drafts before the j-th emitted
@@ -201,6 +382,7 @@ class Speculator:
                    j)
         self.n_accepted += j - 1
         ms.n_accepted += j - 1
+        ms.acc.update(len(v.drafts), j - 1)
 
 
 # -- acceptance ---------------------------------------------------------------------------------------------------
@@ -224,6 +406,18 @@ def history_free_greedy(sampler: Sampler) -> bool:
                                                           and p.penalty_present == 0.0))
 
 
+def _plain_argmax(be, logits, v: Verified, sampler: Sampler) -> Optional[list[int]]:
+    """v's rows' device argmax (a captured verify's) when it is this greedy sampler's draw: the default chain, no
+    bias but lowered ids (ignore_eos, bans) none of which it landed on -> the draws, else None (draw_tokens)."""
+    ids = v.greedy
+    if ids is None or len(ids) < len(v.drafts) + 1:
+        return None
+    plan = plan_row(sampler, int(logits.shape[-1]), be.SAMPLE_MAX_K, be.SAMPLE_MAX_WINDOW)
+    if plan.kind != "argmax" or (plan.lowered and any(plan.lowered.get(t, 0.0) < 0.0 for t in ids)):
+        return None
+    return ids[:len(v.drafts) + 1]
+
+
 def accept_tokens(be, logits, v: Verified, sampler: Sampler, take: Callable[[int], bool],
                   synth: Optional[Callable[[Sequence[int]], int]] = None) -> int:
     """Walk v's verify rows: at row i the target's draw given t0, d1..di; continue while it equals d(i+1). Each
@@ -235,18 +429,20 @@ def accept_tokens(be, logits, v: Verified, sampler: Sampler, take: Callable[[int
     drafts -> how many are accepted, whatever the target says; the target's draw follows them."""
     n = len(v.drafts)
     n_synth = synth(v.drafts) if synth is not None else None
-    fixed = None
+    fixed = None                           # the target's draw at each of v's rows, when fixed before acceptance
     if history_free_greedy(sampler):
-        rows = [None] * int(logits.shape[0])
-        for i in range(n + 1):
-            rows[v.row + i] = sampler
-        fixed = draw_tokens(be, logits, rows)
+        fixed = _plain_argmax(be, logits, v, sampler)
+        if fixed is None:
+            rows = [None] * int(logits.shape[0])
+            for i in range(n + 1):
+                rows[v.row + i] = sampler
+            fixed = draw_tokens(be, logits, rows)[v.row:v.row + n + 1]
     for i in range(n + 1):
         d = v.drafts[i] if i < n else None
         if n_synth is not None and i < n_synth:
             tok = d
         elif fixed is not None:
-            tok = fixed[v.row + i]
+            tok = fixed[i]
         else:
             row = be.row_to_host(logits, v.row + i)
             if d is None or sampler.params.temp <= 0.0 or n_synth is not None:

@@ -116,7 +116,7 @@ class Qwen35Model:
         for seg in batch.segments:
             seg.state.n_past += seg.length
         h_out = be.rmsnorm(x, t.head_norm, eps)
-        if not len(batch.output_rows):
+        if not batch.output_rows.shape[0]:     # (a captured draft's rows are a device tensor)
             return None, h_out
         return be.matmuls(be.gather_rows(h_out, batch.output_rows), [t.head])[0], h_out
 

@@ -94,9 +94,16 @@ class SplitBackend:
     def synchronize(self) -> None:
         pass
 
-    def decode_graphs(self, model, capacity: int = 8):
+    def spec_graphs(self, model, n_max: int, capacity: int = 8):
+        """None: a layer split does not run the MTP head (engine/speculative.py refuses it)."""
+        return None
+
+    def decode_graphs(self, model, capacity: int = 8, hidden: bool = False):
         """engine/decode.py's decode steps on one CUDA graph per part (SplitDecodeGraphs); None on numpy parts
-        (the decoder then runs steps eagerly)."""
+        (the decoder then runs steps eagerly). hidden (the MTP head's input) is not given by a split, which does
+        not run the head."""
+        if hidden:
+            raise ValueError("decode_graphs(hidden=True): a layer split does not run the MTP head")
         if not self.parts[0].backend.captures_graphs:
             return None
         return SplitDecodeGraphs(model, capacity)

@@ -1,0 +1,58 @@
+"""llamacmp-server alone, MTP off against on, at 1 and N concurrent streams (issue 19: with 4 streams MTP on must
+never be slower than off; the scheduler's draft policy steps plainly where batching wins). Per setting a fresh
+server (-np = the most streams), as benchmarks/side_by_side.py's spec mode measures llamacmp (same helpers):
+1 stream: the server's decode rate; N: all tokens of N concurrent greedy streams over the wall time.
+    python3 benchmarks/mtp_streams.py --model M.gguf --spec-synth-len 1,2.5 [--streams 1,4] [-n 128] [--out F.md]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import server_vs_llamacpp as sv  # noqa: E402
+from side_by_side import draft_mean_len, single_stream_tps, spec_settings  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--spec-type", default="draft-mtp", choices=["draft-mtp"])
+    p.add_argument("--spec-draft-n-max", type=int, default=3)
+    p.add_argument("--spec-synth-len", default="", help="comma-separated synthetic acceptance lengths")
+    p.add_argument("--streams", default="1,4")
+    p.add_argument("--ctx-slot", type=int, default=1024)
+    p.add_argument("-n", type=int, default=128)
+    p.add_argument("-r", type=int, default=2, help="single-stream repetitions (median)")
+    p.add_argument("--load-timeout", type=float, default=900)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    streams = [int(x) for x in args.streams.split(",")]
+    np_ = max(streams)
+    texts = sv.prompts(np_, sv.vocab_size(args.model))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(sv.ROOT), os.environ.get("PYTHONPATH")])))
+    rows = {}
+    for label, flags in spec_settings(args):
+        port = sv.free_port()
+        log = Path(f"/tmp/mtp-streams-{label.replace(' ', '_')}.log")
+        with sv.Server(sv.llamacmp_argv(args.model, port, np_, np_ * args.ctx_slot, flags + ["--metrics"]), port,
+                       log, env) as srv:
+            srv.wait_ready(args.load_timeout)
+            rows[label] = ({n: single_stream_tps(srv.url, texts[0], args.n, args.r, None) if n == 1
+                            else sv.measure(srv.url, texts[:n], args.n)["wall_tps"] for n in streams},
+                           draft_mean_len(srv.url))
+        print(f"{label}: " + ", ".join(f"{n} stream(s) {t:.1f} t/s" for n, t in rows[label][0].items()), flush=True)
+    lines = ["| setting | streams | t/s | on / off | mean len |", "|---|---:|---:|---:|---:|"]
+    for label, (tps, mean_len) in rows.items():
+        for n, t in tps.items():
+            lines.append(f"| {label} | {n} | {t:.1f} | {t / rows['off'][0][n]:.3f} | {mean_len:.2f} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

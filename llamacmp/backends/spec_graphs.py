@@ -1,0 +1,292 @@
+"""MTP draft-and-verify (engine/speculative.py) on CUDA graphs: the head's draft rounds and the target's verify
+forward each recorded once and replayed, as backends/cuda_graphs.py does for the plain decode step. An eager
+verify of a 9B model costs ~10 ms of Python and launches, a replayed one about a decode step (~3 ms).
+
+CapturedDraft: the MTP head for a fixed list of sequences, all n_max rounds in one graph. Round 0 runs each
+sequence's catch-up rows (its pending (token, h) pairs, then t0 with h_last); its last row's logits are argmaxed on
+the device into round 0's ids, and every later round embeds the previous round's ids and chains on the head's own
+output state, with no host round trip between rounds. The catch-up lengths are part of the graph's shape (1 ..
+n_max + 2 rows: one more than the tokens the previous step kept), so one sequence has n_max + 2 draft graphs and
+several have a graph per combination of lengths: a combination is captured the second time it is asked for (the
+first runs eagerly), so that slots whose lengths rarely repeat do not capture a graph every step.
+
+CapturedVerify: the target's forward over [t0, d1 .. dn] of each sequence, n = n_max (fixed per graph), with
+StepBatch.keep_steps on, the hidden state the head reads, and the argmax of every row on the device. The host
+uploads the token ids and positions, replays, and reads back only the ids; the logits and h stay in the graph's
+buffers (valid until its next replay) for sampled rows, commit() and a request's last row.
+
+Numerics: both are captured with CudaBackend.capturing set, the same row order as the decode step and as the eager
+verify's decode_order(), so each verified token's logits are its decode's bit for bit (greedy output with MTP on
+equals MTP off: tests/test_mtp_cuda.py runs it with graphs on and off). The per-token recurrent states a verify
+keeps live on each state (CudaBackend._steps, from the backend's own arena, never a graph's); restore_steps stays
+eager. Memory: as CapturedStep, each graph's intermediates come from an arena of its own.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Sequence
+
+import numpy as np
+
+from .base import Segment, SeqState, StepBatch
+from .cuda_graphs import RecordedGraph
+
+
+def _rows(t, start: int, n: int):
+    """Rows start .. start + n - 1 of t (a view: a captured kernel's input or output slice)."""
+    v = t.view(t.shape)
+    v.ptr = t.row_ptr(start)
+    v.shape = (n,) + t.shape[1:]
+    return v
+
+
+class _Captured:
+    """Records `body()` as a cuda_graphs.RecordedGraph (the one capture mechanism: an arena of the graph's own);
+    the states' n_past (and keep_steps lengths) are put back, since nothing ran."""
+
+    def _capture(self, states: Sequence[SeqState], body) -> None:
+        saved = [(s.n_past, s.steps["len"] if s.steps is not None else None) for s in states]
+        try:
+            self.graph = RecordedGraph(self.be, body)
+        finally:
+            for s, (n, steps) in zip(states, saved):
+                s.n_past = n
+                if s.steps is not None:
+                    s.steps["len"] = steps or 0
+
+
+class CapturedDraft(_Captured):
+    """n rounds of the MTP head for MTP states `states` whose round 0 has `lengths` rows each (see module doc)."""
+
+    def __init__(self, be, model, states: Sequence[SeqState], lengths: Sequence[int], n: int):
+        self.be, self.states, self.lengths, self.n = be, list(states), list(lengths), n
+        B, R0, D = len(self.states), sum(self.lengths), model.cfg.n_embd
+        last = np.cumsum(self.lengths) - 1
+        self.tok0 = be.from_host(np.zeros(R0, np.int32), "i32", "draft graph token ids")
+        self.pos = be.from_host(np.zeros(R0 + (n - 1) * B, np.int32), "i32", "draft graph positions")
+        self.h0 = be.empty((R0, D), "f32", "draft graph hidden input")
+        self.ids = be.empty((n * B,), "i32", "draft graph ids")              # round r at rows r*B .. r*B + B-1
+        self.last = be.from_host(last.astype(np.int32), "i32", "draft graph round-0 rows")
+        self.one = be.from_host(np.arange(B, dtype=np.int32), "i32", "draft graph rows")
+        self._capture(self.states, lambda: self._record(model))
+
+    def _record(self, model) -> None:
+        be, B, R0 = self.be, len(self.states), self.tok0.shape[0]
+        segs, start = [], 0
+        for st, L in zip(self.states, self.lengths):
+            segs.append(Segment(start, L, st))
+            start += L
+        batch = StepBatch(self.tok0, np.zeros(R0, np.int32), segs, self.last)
+        batch.device["cuda_pos"] = _rows(self.pos, 0, R0)
+        logits, h = model.mtp_forward(batch, self.h0)
+        be.argmax(logits, out=_rows(self.ids, 0, B))
+        h = be.gather_rows(h, self.last)                                    # [B, D] each sequence's last row
+        for r in range(1, self.n):
+            batch = StepBatch(_rows(self.ids, (r - 1) * B, B), np.zeros(B, np.int32),
+                              [Segment(i, 1, st) for i, st in enumerate(self.states)], self.one)
+            batch.device["cuda_pos"] = _rows(self.pos, R0 + (r - 1) * B, B)
+            logits, h = model.mtp_forward(batch, h)
+            be.argmax(logits, out=_rows(self.ids, r * B, B))
+        self.outputs = h
+
+    def run(self, tokens: Sequence[int], h_parts: Sequence) -> list[list[int]]:
+        """tokens [R0]: every sequence's catch-up ids; h_parts: device tensors [r_i, D] whose rows, in order, are
+        h0 [R0, D] -> n drafted ids per sequence (the only bytes that cross). Advances the MTP states."""
+        self.launch(tokens, h_parts)
+        return self.read()
+
+    def launch(self, tokens: Sequence[int], h_parts: Sequence) -> None:
+        """run() without reading the ids back: they stay in self.ids (round r of sequence i at r * B + i) for a
+        verify replay to take on the device (CapturedVerify.launch_after)."""
+        be, R0 = self.be, self.tok0.shape[0]
+        if len(tokens) != R0 or sum(x.shape[0] for x in h_parts) != R0:
+            raise ValueError(f"draft graph of {R0} catch-up rows fed {len(tokens)} ids and "
+                             f"{sum(x.shape[0] for x in h_parts)} hidden rows")
+        for s, L in zip(self.states, self.lengths):
+            if s.n_past + L + self.n - 1 > s.n_ctx:
+                raise ValueError(f"draft needs {s.n_past + L + self.n - 1} positions, the context is {s.n_ctx}")
+        row = 0
+        for x in h_parts:                     # the pairs' h rows live in separate tensors: gathered by d2d copies
+            be.native.cmp_memcpy_d2d(self.h0.row_ptr(row), x.ptr, x.nbytes)
+            row += x.shape[0]
+        p0 = [s.n_past for s in self.states]
+        pos = [p + i for p, L in zip(p0, self.lengths) for i in range(L)]
+        pos += [p + L - 1 + r for r in range(1, self.n) for p, L in zip(p0, self.lengths)]
+        be.copy_from_host(self.tok0, np.asarray(tokens, np.int32))
+        be.copy_from_host(self.pos, np.asarray(pos, np.int32))
+        self.graph.launch()
+        for s, L in zip(self.states, self.lengths):
+            s.n_past += L + self.n - 1
+
+    def read(self) -> list[list[int]]:
+        """The last replay's n ids per sequence (waits for it)."""
+        ids = self.be.ids_to_host(self.ids).reshape(self.n, len(self.states))
+        return [ids[:, i].tolist() for i in range(len(self.states))]
+
+
+class CapturedVerify(_Captured):
+    """The target's forward over 1 + n tokens of each of `states`, keep_steps on, every row argmaxed."""
+
+    def __init__(self, be, model, states: Sequence[SeqState], n: int):
+        self.be, self.states, self.T = be, list(states), n + 1
+        R = len(self.states) * self.T
+        self.tokens = be.from_host(np.zeros(R, np.int32), "i32", "verify graph token ids")
+        self.pos = be.from_host(np.zeros(R, np.int32), "i32", "verify graph positions")
+        self.rows = be.from_host(np.arange(R, dtype=np.int32), "i32", "verify graph output rows")
+        self.greedy = be.empty((R,), "i32", "verify graph argmax ids")
+        self._capture(self.states, lambda: self._record(model))
+
+    def _record(self, model) -> None:
+        T, R = self.T, self.tokens.shape[0]
+        batch = StepBatch(self.tokens, np.zeros(R, np.int32),
+                          [Segment(i * T, T, st) for i, st in enumerate(self.states)], self.rows)
+        batch.keep_steps = True
+        batch.device["cuda_pos"] = self.pos
+        logits, h = model.forward_hidden(batch)
+        self.be.argmax(logits, out=self.greedy)
+        self.outputs = (logits, h)
+
+    def run(self, tokens: Sequence[Sequence[int]]):
+        """tokens: [t0, d1 .. dn] per state -> (logits [B*T, N], h [B*T, D] on the device, the argmax of every row
+        [B*T] on the host). Advances every state by T and leaves its per-token states for restore_steps."""
+        if len(tokens) != len(self.states) or any(len(t) != self.T for t in tokens):
+            raise ValueError(f"verify graph of {len(self.states)} sequences x {self.T} tokens fed "
+                             f"{[len(t) for t in tokens]}")
+        self._check_room()
+        self.be.copy_from_host(self.tokens, np.asarray([t for ts in tokens for t in ts], np.int32))
+        self._launch()
+        return self.read()
+
+    def read(self):
+        """-> (logits, h on the device, the argmax of every row on the host: waits for the replay)."""
+        return self.outputs[0], self.outputs[1], self.be.ids_to_host(self.greedy)
+
+    def launch_after(self, t0s: Sequence[int], draft: "CapturedDraft") -> None:
+        """run() of [t0, the draft's n ids] per state without reading back, the ids taken from the draft graph's
+        buffer on the device (copied after its replay on the same stream): the host waits for neither."""
+        be, T, B = self.be, self.T, len(self.states)
+        if len(t0s) != B or len(draft.states) != B or draft.n != T - 1:
+            raise ValueError(f"verify graph of {B} sequences x {T} tokens after a draft of {len(draft.states)} "
+                             f"x {draft.n} with {len(t0s)} first tokens")
+        self._check_room()
+        tokens = np.zeros(B * T, np.int32)
+        tokens[::T] = t0s
+        be.copy_from_host(self.tokens, tokens)
+        for r in range(draft.n):               # round r's B ids (contiguous) -> row 1 + r of each sequence's T
+            be.native.cmp_memcpy2d_d2d(self.tokens.row_ptr(1 + r), 4 * T, draft.ids.row_ptr(r * B), 4, 4, B)
+        self._launch()
+
+    def _check_room(self) -> None:
+        for s in self.states:
+            if s.n_past + self.T > s.n_ctx:
+                raise ValueError(f"sequence needs {s.n_past + self.T} positions, its context is {s.n_ctx}")
+
+    def _launch(self):
+        be, T = self.be, self.T
+        be.copy_from_host(self.pos, np.asarray([s.n_past + i for s in self.states for i in range(T)], np.int32))
+        self.graph.launch()
+        for s in self.states:
+            s.n_past += T
+            s.steps["len"] = T
+
+
+class SpecGraphs:
+    """The draft and verify graphs of one Speculator (n = 1 .. n_max drafts per sequence: the draft length is chosen
+    per round, engine/draft_policy.py), most recently used kept: keyed by the draft length, the states' identities
+    (a graph holds its states, so an id is not reused while it is cached) and, for drafts, the catch-up lengths."""
+
+    def __init__(self, be, model, n_max: int, capacity: int = 8):
+        if capacity < 1 or n_max < 1:
+            raise ValueError(f"SpecGraphs needs n_max >= 1 and capacity >= 1 (got {n_max}, {capacity})")
+        self.be, self.model, self.n, self.capacity = be, model, n_max, capacity
+        # verify graphs: `capacity` lists of sequences per length; draft graphs: every catch-up length of one list
+        # and every draft length, twice over (each graph holds an arena of at least GRAPH_CHUNK, outside the memory
+        # plan like the decode graphs')
+        self.draft_room = 2 * sum(n + 2 for n in range(1, n_max + 1))
+        self._draft: OrderedDict[tuple, CapturedDraft] = OrderedDict()
+        self._verify: OrderedDict[tuple, CapturedVerify] = OrderedDict()
+        self._asked: OrderedDict[tuple, None] = OrderedDict()     # draft shapes asked for once, not captured yet
+        self.n_captured = self.n_replayed = self.n_declined = 0
+
+    def _get(self, cache: OrderedDict, key: tuple, make, room: int):
+        g = cache.get(key)
+        if g is None:
+            while len(cache) >= room:
+                cache.popitem(last=False)
+            g = cache[key] = make()
+            self.n_captured += 1
+        else:
+            cache.move_to_end(key)
+            self.n_replayed += 1
+        return g
+
+    def _length(self, n) -> int:
+        n = self.n if n is None else n
+        if not 1 <= n <= self.n:
+            raise ValueError(f"draft length {n} outside 1 .. {self.n}")
+        return n
+
+    def draft(self, states: Sequence[SeqState], tokens: Sequence[Sequence[int]], h_parts: Sequence[Sequence],
+              n: int | None = None):
+        """MTP states, each one's catch-up ids and their h tensors -> n (default n_max) drafted ids per sequence;
+        None (nothing ran) for a shape asked for the first time: the caller drafts eagerly."""
+        g = self._draft_graph(states, tokens, self._length(n))
+        return None if g is None else g.run([t for ts in tokens for t in ts], [x for xs in h_parts for x in xs])
+
+    def step(self, states: Sequence[SeqState], mtp_states: Sequence[SeqState], t0s: Sequence[int],
+             tokens: Sequence[Sequence[int]], h_parts: Sequence[Sequence], n: int, while_running=None):
+        """draft() then verify() of [t0, the drafts] per target state, the drafted ids passed on the device: the
+        host waits once, after the verify, instead of once per graph (the Python between them left the GPU
+        idle); while_running() is called while both run (the server sends the last step's results then).
+        -> (drafts, logits, h, argmax ids) as draft() and verify(); None (nothing ran) where draft() declines
+        the shape."""
+        n = self._length(n)
+        d = self._draft_graph(mtp_states, tokens, n)
+        if d is None:
+            return None
+        v = self._verify_graph(states, n)
+        d.launch([t for ts in tokens for t in ts], [x for xs in h_parts for x in xs])
+        v.launch_after(t0s, d)
+        if while_running is not None:
+            while_running()
+        logits, h, ids = v.read()
+        return d.read(), logits, h, ids
+
+    def _draft_graph(self, states, tokens, n: int):
+        """The draft graph of these MTP states, catch-up lengths and n; None when declined (see draft())."""
+        lengths = tuple(len(t) for t in tokens)
+        key = (n,) + tuple(id(s) for s in states) + lengths
+        if key not in self._draft and len(states) > 1 and key not in self._asked:
+            self._asked[key] = None
+            while len(self._asked) > 64 * self.capacity:
+                self._asked.popitem(last=False)
+            self.n_declined += 1
+            return None
+        self._asked.pop(key, None)
+        return self._get(self._draft, key, lambda: CapturedDraft(self.be, self.model, states, lengths, n),
+                         self.draft_room)
+
+    def verify(self, states: Sequence[SeqState], tokens: Sequence[Sequence[int]]):
+        """[t0, d1 .. dn] per target state (n <= n_max, the same for all) -> (logits, h, argmax ids) of
+        CapturedVerify.run."""
+        return self._verify_graph(states, self._length(len(tokens[0]) - 1 if tokens else None)).run(tokens)
+
+    def _verify_graph(self, states, n: int):
+        key = (n,) + tuple(id(s) for s in states)
+        return self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, n),
+                         self.capacity * self.n)
+
+    def prepare(self, states: Sequence[SeqState], mtp_states: Sequence[SeqState],
+                lengths: Sequence[int] | None = None) -> None:
+        """Capture the verify graph of `states` and the draft graphs of `mtp_states` for every catch-up length
+        (all sequences at the same length: 1 .. n + 2 rows), for each draft length n in `lengths` (default
+        n_max). Capturing runs nothing."""
+        for n in lengths or (self.n,):
+            n = self._length(n)
+            key = (n,) + tuple(id(s) for s in states)
+            self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, n),
+                      self.capacity * self.n)
+            for L in range(1, n + 3):
+                cl = (L,) * len(mtp_states)
+                self._get(self._draft, (n,) + tuple(id(s) for s in mtp_states) + cl,
+                          lambda: CapturedDraft(self.be, self.model, mtp_states, cl, n), self.draft_room)

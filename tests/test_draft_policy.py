@@ -1,0 +1,197 @@
+"""engine/draft_policy.py on the CPU: acceptance counts, the cost table's estimates, and the policy's choices
+against simulated engines whose true costs are fake tables (an H200-like single stream, four streams where
+batching wins and where drafting still pays), with synthetic geometric acceptance as --spec-synth-len draws it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamacmp.engine.draft_policy import PROBE_MAX, PROBE_MIN, Acceptance, CostTable, DraftPolicy
+
+# seconds per round, shaped like the 9B Q8_0 on the H200 (plain 3.2 ms; a draft round ~0.19 steps; verify at
+# T = n + 1 rows per sequence ~1.1 / 1.2 / 1.3 steps)
+PLAIN = 3.2e-3
+ONE = {"plain": {1: PLAIN}, "draft": {1: 0.19 * PLAIN}, "verify": {(1, n): (1.0 + 0.1 * n) * PLAIN
+                                                                   for n in range(1, 5)}}
+
+
+def test_acceptance_counts_the_tried_positions():
+    a = Acceptance(0.0, 0.0)
+    a.update(3, 1)                      # draft 1 accepted, draft 2 rejected, draft 3 never compared
+    assert (a.accepted, a.tried) == (1.0, 2.0) and a.rate == 0.5
+    a.update(3, 3)                      # all three accepted: nothing was rejected
+    assert a.accepted == pytest.approx(0.9 + 3) and a.tried == pytest.approx(1.8 + 3)
+    a.update(0, 0)                      # nothing drafted: nothing learnt
+    assert a.tried == pytest.approx(4.8)
+    assert Acceptance(1.0, 2.0).expected(3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert Acceptance(0.0, 5.0).expected(3) == 1.0
+
+
+def test_cost_table_measures_and_estimates():
+    c = CostTable()
+    assert c.spec_cost(1, 3) is None and c.plain_cost(1) is None
+    c.add_spec(1, 3, 1.9)
+    assert c.spec_cost(1, 3) == pytest.approx(1.9)
+    assert c.spec_cost(1, 1) == pytest.approx(1.9)                # no plain step yet: the one measured length
+    c.add_plain(1, 1.0)
+    assert c.spec_cost(1, 1) == pytest.approx(1.3)                # on the line (0, 1.0) - (3, 1.9)
+    c.add_spec(1, 1, 1.4)
+    assert c.spec_cost(1, 1) == pytest.approx(1.4) and c.spec_cost(1, 2) == pytest.approx(1.65)   # (1, 1.4) - (3, 1.9)
+    assert c.spec_cost(1, 4) == pytest.approx(2.15)               # beyond: the line through the two nearest
+    assert c.spec_cost(2, 1) is None                              # another number of sequences: not known
+    c.add_plain(1, 2.0)
+    assert c.plain_cost(1) == pytest.approx(1.1)                  # EMA: a slower timing moves it by a tenth
+    c.add_plain(1, 0.1)
+    assert c.plain_cost(1) == pytest.approx(0.3)                  # a faster one by 0.8 of the way
+
+
+def _simulate(p: float, n_max: int, S: int, truth: dict, tokens: int, seed: int = 0, n_min: int = 0):
+    """A fake engine: each round asks the policy, 'runs' it at the true cost (which it reports as measured),
+    and accepts drafts as --spec-synth-len does (each with probability p once the one before was) -> (tokens
+    per second, plain tokens per second, the policy, the draft lengths chosen)."""
+    rng = np.random.default_rng(seed)
+    pol, accs = DraftPolicy(n_max, n_min), [Acceptance() for _ in range(S)]
+    made = spent = 0.0
+    chosen = []
+    while made < tokens:
+        n = pol.choose(accs)
+        chosen.append(n)
+        if n == 0:
+            pol.costs.add_plain(S, truth["plain"][S])
+            spent += truth["plain"][S]
+            made += S
+            continue
+        t = n * truth["draft"][S] + truth["verify"][(S, n)]
+        pol.costs.add_spec(S, n, t)
+        spent += t
+        for a in accs:
+            k = 0
+            while k < n and rng.random() < p:
+                k += 1
+            a.update(n, k)
+            made += k + 1
+    return made / spent, S / truth["plain"][S], pol, chosen
+
+
+def test_acceptance_zero_costs_under_five_percent_and_probes():
+    rate, plain, pol, chosen = _simulate(0.0, 3, 1, ONE, 128)
+    assert rate >= 0.95 * plain
+    assert pol.n_probes >= 2 and chosen.count(0) > 0.9 * len(chosen)
+    rate, plain, pol, _ = _simulate(0.0, 3, 1, ONE, 4096)
+    assert rate >= 0.985 * plain and pol.gap == PROBE_MAX        # failed probes back off to every 64 rounds
+
+
+def test_high_acceptance_drafts_n_max_and_wins():
+    rate, plain, pol, chosen = _simulate(0.9, 3, 1, ONE, 512)
+    assert chosen[-50:].count(3) >= 49 and pol.share > 0.95       # (a plain step every PROBE_MAX rounds)
+    ideal = (1 + 0.9 + 0.81 + 0.729) / (1.3 + 3 * 0.19)           # tokens per plain-step time at n = 3
+    assert rate > 0.95 * ideal * plain
+
+
+def test_a_slow_first_plain_timing_is_measured_again():
+    """Drafting rounds at low acceptance look cheaper than a plain step timed once at 10x its cost (a collection
+    during the step); after PROBE_MAX drafting rounds one plain step is timed again, and the rounds go plain."""
+    pol, acc = DraftPolicy(3), Acceptance(0.0, 10.0)
+    pol.costs.add_plain(1, 10 * PLAIN)
+    for n in (1, 2, 3):
+        pol.costs.add_spec(1, n, n * ONE["draft"][1] + ONE["verify"][(1, n)])
+    chosen = []
+    for _ in range(5 * PROBE_MAX):
+        n = pol.choose([acc])
+        chosen.append(n)
+        if n == 0:
+            pol.costs.add_plain(1, PLAIN)
+        else:
+            acc.update(n, 0)
+    assert chosen[:PROBE_MAX] == [1] * PROBE_MAX and chosen[PROBE_MAX] == 0      # (refreshes: 10x -> 2.8x -> 1.36x -> 1.07x)
+    assert chosen[-PROBE_MAX:].count(0) > PROBE_MAX - 5                          # (probes)
+
+
+def test_middling_acceptance_picks_the_length_that_pays():
+    """At a = 0.4 one draft pays a little (1.4 tokens for 1.29 steps), three do not (1.62 for 1.87): the rounds
+    draft one or, where the estimate dips below the break-even 0.29 (it is ~10 trials' worth), step plainly
+    until a probe brings drafting back; never slower than plain."""
+    rate, plain, _, chosen = _simulate(0.4, 3, 1, ONE, 2048, seed=1)
+    late = chosen[len(chosen) // 2:]
+    assert late.count(1) > 0.1 * len(late) and late.count(3) + late.count(2) < 0.05 * len(late)
+    assert rate >= 0.99 * plain
+
+
+def test_probes_bring_drafting_back():
+    """Acceptance 0, then 0.9 (text the head predicts well): a probe finds it and drafting resumes."""
+    truth = ONE
+    pol, acc = DraftPolicy(3), Acceptance()
+    for p, rounds in ((0.0, 300), (0.9, 300)):
+        rng = np.random.default_rng(0)
+        chosen = []
+        for _ in range(rounds):
+            n = pol.choose([acc])
+            chosen.append(n)
+            if n == 0:
+                pol.costs.add_plain(1, truth["plain"][1])
+                continue
+            pol.costs.add_spec(1, n, n * truth["draft"][1] + truth["verify"][(1, n)])
+            k = 0
+            while k < n and rng.random() < p:
+                k += 1
+            acc.update(n, k)
+        if p == 0.0:
+            assert chosen[-100:].count(0) > 95 and pol.gap == PROBE_MAX
+    first = next(i for i, n in enumerate(chosen) if n)
+    assert first <= PROBE_MAX and chosen[-100:].count(3) > 90 and pol.gap == PROBE_MIN
+
+
+# four streams: a plain step of 4 rows costs little more than one of 1 (the weights are read once), a verify of
+# 4 x (n + 1) rows much more (the quantized GEMV is no longer bandwidth-bound)
+FOUR_BATCHING_WINS = {"plain": {4: 1.1 * PLAIN}, "draft": {4: 0.22 * PLAIN},
+                      "verify": {(4, n): (1.1 + 0.45 * n) * PLAIN for n in range(1, 4)}}
+FOUR_DRAFTING_PAYS = {"plain": {4: 1.1 * PLAIN}, "draft": {4: 0.22 * PLAIN},
+                      "verify": {(4, n): (1.1 + 0.12 * n) * PLAIN for n in range(1, 4)}}
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 0.7])
+def test_four_streams_never_slower_than_batching(p):
+    rate, plain, pol, chosen = _simulate(p, 3, 4, FOUR_BATCHING_WINS, 2048)
+    assert rate >= 0.97 * plain
+    assert chosen[len(chosen) // 2:].count(0) > 0.9 * len(chosen[len(chosen) // 2:])
+
+
+def test_four_streams_draft_where_it_pays():
+    rate, plain, pol, chosen = _simulate(0.8, 3, 4, FOUR_DRAFTING_PAYS, 2048)
+    assert pol.share > 0.9 and rate > 1.5 * plain
+
+
+def test_one_stream_with_acceptance_among_four_counts_each():
+    """All-or-none per round: the round's tokens are every sequence's expected ones."""
+    pol = DraftPolicy(3)
+    for S in (4,):
+        pol.costs.add_plain(S, FOUR_DRAFTING_PAYS["plain"][S])
+        for n in range(1, 4):
+            pol.costs.add_spec(S, n, n * FOUR_DRAFTING_PAYS["draft"][S] + FOUR_DRAFTING_PAYS["verify"][(S, n)])
+    dead, good = Acceptance(0.0, 10.0), Acceptance(9.5, 10.0)
+    assert pol.choose([dead] * 4) == 0
+    assert pol.choose([good] * 3 + [dead]) == 3               # three good streams pay for the fourth's rows
+    assert pol.choose([good] + [dead] * 3) == 0               # one does not
+
+
+def test_n_min_bounds_the_lengths():
+    pol = DraftPolicy(3, n_min=2)
+    assert list(pol.lengths) == [2, 3]
+    _, _, _, chosen = _simulate(0.4, 3, 1, ONE, 256, n_min=2)
+    assert 1 not in chosen
+    assert list(DraftPolicy(3, n_min=5).lengths) == [3]        # more than n_max: only n_max drafts
+
+
+def test_slots_that_cannot_draft_count_against_a_drafting_round():
+    """A slot that must step plainly (grammar, n_probs) makes a drafting round two forwards (the round and its
+    plain step apart): one good drafting slot beside three such slots steps plainly with them."""
+    pol, good = DraftPolicy(3), Acceptance(9.5, 10.0)
+    for n in (1, 2, 3):
+        pol.costs.add_spec(1, n, n * ONE["draft"][1] + ONE["verify"][(1, n)])
+    pol.costs.add_plain(1, PLAIN)
+    assert pol.choose([good]) == 3
+    assert pol.choose([good], others=3) == 0                  # plain(4) not measured yet: explore it
+    pol.costs.add_plain(4, 1.1 * PLAIN)
+    assert pol.choose([good], others=3) == 3                  # plain(3) apart not measured yet: draft to see it
+    pol.costs.add_plain(3, 1.08 * PLAIN)
+    assert pol.choose([good], others=3) == 0                  # (3.71 + 3) / 2.95 < 4 / 1.1

@@ -1,0 +1,222 @@
+"""backends/spec_graphs.SpecGraphs' bookkeeping on the host (the graphs themselves run in tests/test_mtp_cuda.py):
+which shapes are captured when, that prepare() captures exactly the shapes a step of those sequences asks for,
+and the least recently used graph goes first."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from llamacmp.backends import spec_graphs
+from llamacmp.backends.spec_graphs import SpecGraphs
+
+
+class FakeDraft:
+    made: list = []
+
+    def __init__(self, be, model, states, lengths, n):
+        self.lengths, self.n = tuple(lengths), n
+        FakeDraft.made.append(self.lengths)
+
+    def run(self, tokens, h_parts):
+        return [[0] * self.n for _ in self.lengths]
+
+
+class FakeVerify:
+    made: list = []
+
+    def __init__(self, be, model, states, n):
+        FakeVerify.made.append(len(states))
+
+    def run(self, tokens):
+        return "logits", "h", [0] * sum(len(t) for t in tokens)
+
+
+@pytest.fixture
+def graphs(monkeypatch):
+    monkeypatch.setattr(spec_graphs, "CapturedDraft", FakeDraft)
+    monkeypatch.setattr(spec_graphs, "CapturedVerify", FakeVerify)
+    FakeDraft.made, FakeVerify.made = [], []
+    return lambda n_max=3, capacity=8: SpecGraphs(object(), object(), n_max, capacity)
+
+
+def _states(n):
+    return [SimpleNamespace(n_past=0, n_ctx=64) for _ in range(n)]
+
+
+def test_one_sequence_captures_at_once_and_replays(graphs):
+    g = graphs()
+    (ms,) = _states(1)
+    assert g.draft([ms], [[1, 2]], [[None]]) == [[0, 0, 0]]
+    assert g.draft([ms], [[1, 2]], [[None]]) == [[0, 0, 0]]
+    assert FakeDraft.made == [(2,)] and g.n_captured == 1 and g.n_replayed == 1 and g.n_declined == 0
+
+
+def test_several_sequences_capture_a_shape_the_second_time(graphs):
+    g = graphs()
+    a, b = _states(2)
+    assert g.draft([a, b], [[1], [1, 2]], [[None], [None]]) is None          # first ask: the caller drafts eagerly
+    assert g.draft([a, b], [[1, 2, 3], [1]], [[None], [None]]) is None       # another shape
+    assert g.draft([a, b], [[1], [1, 2]], [[None], [None]]) == [[0] * 3] * 2
+    assert FakeDraft.made == [(1, 2)] and g.n_declined == 2
+
+
+def test_prepare_captures_what_the_steps_ask_for(graphs):
+    """The benchmark's captures happen before its timing: no step of the prepared sequences captures again."""
+    g = graphs(n_max=3)
+    st, ms = _states(1)[0], _states(1)[0]
+    g.prepare([st], [ms])
+    made = g.n_captured
+    assert made == 1 + 5 and sorted(FakeDraft.made) == [(L,) for L in range(1, 6)]
+    for L in range(1, 6):                                   # every catch-up length a step can have: 1 .. n_max + 2
+        g.draft([ms], [[7] * L], [[None]])
+    g.verify([st], [[1, 2, 3, 4]])
+    assert g.n_captured == made
+
+
+def test_least_recently_used_goes_first(graphs):
+    g = graphs(n_max=1, capacity=1)              # room for 1 verify graph, 2 * (1 + 2) draft graphs
+    s1, s2 = _states(2)
+    g.verify([s1], [[1, 2]])
+    g.verify([s2], [[1, 2]])
+    g.verify([s1], [[1, 2]])
+    assert FakeVerify.made == [1, 1, 1]          # s1's graph was dropped for s2's, then captured again
+    for L in (1, 2, 3, 1):
+        g.draft([s1], [[0] * L], [[None]])
+    for L in (1, 2, 3):
+        g.draft([s2], [[0] * L], [[None]])
+    assert FakeDraft.made == [(1,), (2,), (3,)] * 2
+    g.draft([s1], [[0] * 3], [[None]])
+    assert len(FakeDraft.made) == 6
+    g.draft([s1], [[0] * 4], [[None]])         # a seventh shape: the least recently used (s1's length 2) goes
+    g.draft([s1], [[0] * 2], [[None]])
+    assert FakeDraft.made[-2:] == [(4,), (2,)]
+
+
+def test_bad_sizes_are_refused(graphs):
+    with pytest.raises(ValueError, match="n_max >= 1 and capacity >= 1"):
+        graphs(n_max=0)
+
+
+class FakeBackend:
+    """What CapturedDraft.run / CapturedVerify.run ask of the backend, recorded: uploads, copies, launches."""
+
+    def __init__(self, ids):
+        self.uploads, self.copies, self.launches, self.ids, self.destroyed = {}, [], 0, ids, []
+        self.native = SimpleNamespace(cmp_memcpy_d2d=lambda dst, src, n: self.copies.append((dst, src, n)),
+                                      cmp_memcpy2d_d2d=lambda *a: self.copies.append(a),
+                                      cmp_graph_launch=self._launch, cmp_graph_destroy=self.destroyed.append)
+
+    def _launch(self, exec_):
+        self.launches += 1
+
+    def copy_from_host(self, t, a):
+        self.uploads[t.name] = [int(x) for x in a]
+
+    def ids_to_host(self, t):
+        import numpy as np
+        return np.asarray(self.ids, np.int32)
+
+
+def recorded(be):
+    """A RecordedGraph as captured (exec 1, no arena): the fake backend records its launches and its destruction."""
+    from llamacmp.backends.cuda_graphs import RecordedGraph
+    g = RecordedGraph.__new__(RecordedGraph)
+    g.be, g.exec, g.out, g.arena = be, 1, None, None
+    return g
+
+
+class FakeTensor:
+    def __init__(self, name, shape, ptr=0, row_bytes=4):
+        self.name, self.shape, self.ptr, self.row_bytes = name, shape, ptr, row_bytes
+
+    @property
+    def nbytes(self):
+        return self.shape[0] * self.row_bytes
+
+    def row_ptr(self, r):
+        return self.ptr + r * self.row_bytes
+
+
+def test_draft_replay_feeds_the_recorded_layout():
+    """Round 0's rows per sequence at n_past .., round r's row of each sequence at (its t0's position) + r, the
+    ids read back round-major; the head states advance by their rows + n - 1; a context too short is refused."""
+    g = spec_graphs.CapturedDraft.__new__(spec_graphs.CapturedDraft)
+    B, n, lengths = 2, 3, [2, 1]
+    g.be = FakeBackend([10, 20, 11, 21, 12, 22])                         # round r: [seq 0, seq 1]
+    g.states = [SimpleNamespace(n_past=5, n_ctx=64), SimpleNamespace(n_past=9, n_ctx=64)]
+    g.lengths, g.n, g.graph = lengths, n, recorded(g.be)
+    g.tok0, g.pos = FakeTensor("tok0", (3,)), FakeTensor("pos", (3 + (n - 1) * B,))
+    g.h0, g.ids = FakeTensor("h0", (3, 8), 1000, 32), FakeTensor("ids", (n * B,))
+    h = [FakeTensor("h_a", (1, 8), 5000, 32), FakeTensor("h_b", (1, 8), 6000, 32), FakeTensor("h_c", (1, 8), 7000, 32)]
+    assert g.run([1, 2, 3], h) == [[10, 11, 12], [20, 21, 22]]
+    assert g.be.uploads == {"tok0": [1, 2, 3], "pos": [5, 6, 9, 7, 10, 8, 11]}
+    assert g.be.copies == [(1000, 5000, 32), (1032, 6000, 32), (1064, 7000, 32)]
+    assert [s.n_past for s in g.states] == [5 + 2 + 2, 9 + 1 + 2] and g.be.launches == 1
+    g.states[1].n_ctx = 14                                           # 12 + 1 + 2 positions do not fit
+    with pytest.raises(ValueError, match="draft needs 15 positions, the context is 14"):
+        g.run([1, 2, 3], h)
+    assert g.be.launches == 1
+    with pytest.raises(ValueError, match="3 catch-up rows fed 2 ids"):
+        g.run([1, 2], h)
+
+
+def test_verify_replay_feeds_every_row_and_keeps_the_steps():
+    g = spec_graphs.CapturedVerify.__new__(spec_graphs.CapturedVerify)
+    g.be = FakeBackend([4, 5, 6, 7, 8, 9])
+    g.states = [SimpleNamespace(n_past=3, n_ctx=64, steps={"len": 0}),
+                SimpleNamespace(n_past=8, n_ctx=64, steps={"len": 0})]
+    g.T, g.graph, g.outputs = 3, recorded(g.be), ("logits", "h")
+    g.tokens, g.pos = FakeTensor("tokens", (6,)), FakeTensor("pos", (6,))
+    g.greedy = FakeTensor("greedy", (6,))
+    logits, h, ids = g.run([[1, 2, 3], [4, 5, 6]])
+    assert (logits, h, list(ids)) == ("logits", "h", [4, 5, 6, 7, 8, 9])
+    assert g.be.uploads == {"tokens": [1, 2, 3, 4, 5, 6], "pos": [3, 4, 5, 8, 9, 10]}
+    assert [(s.n_past, s.steps["len"]) for s in g.states] == [(6, 3), (11, 3)]
+    with pytest.raises(ValueError, match=r"2 sequences x 3 tokens fed \[3, 2\]"):
+        g.run([[1, 2, 3], [4, 5]])
+    be = g.be
+    del g
+    assert be.destroyed == [1]                   # the graph goes with its object
+
+
+def test_verify_after_a_draft_takes_its_ids_on_the_device():
+    """launch_after: t0 per sequence uploaded, the draft's round-major ids copied into each sequence's rows 1 .. n
+    on the device (one 2-D copy per round), then the replay as run(); a draft of another shape is refused."""
+    g = spec_graphs.CapturedVerify.__new__(spec_graphs.CapturedVerify)
+    g.be = FakeBackend([4, 5, 6, 7, 8, 9])
+    g.states = [SimpleNamespace(n_past=3, n_ctx=64, steps={"len": 0}),
+                SimpleNamespace(n_past=8, n_ctx=64, steps={"len": 0})]
+    g.T, g.graph, g.outputs = 3, recorded(g.be), ("logits", "h")
+    g.tokens, g.pos, g.greedy = FakeTensor("tokens", (6,), 100), FakeTensor("pos", (6,)), FakeTensor("greedy", (6,))
+    draft = SimpleNamespace(states=[None, None], n=2, ids=FakeTensor("ids", (4,), 500))   # [r0: s0 s1, r1: s0 s1]
+    g.launch_after([7, 8], draft)
+    logits, h, ids = g.read()
+    assert (logits, h, list(ids)) == ("logits", "h", [4, 5, 6, 7, 8, 9])
+    assert g.be.uploads == {"tokens": [7, 0, 0, 8, 0, 0], "pos": [3, 4, 5, 8, 9, 10]}
+    # round r: B = 2 ids of 4 bytes from ids[r * B] to tokens[1 + r], tokens[T + 1 + r] (pitch 4 * T)
+    assert g.be.copies == [(104, 12, 500, 4, 4, 2), (108, 12, 508, 4, 4, 2)]
+    assert [(s.n_past, s.steps["len"]) for s in g.states] == [(6, 3), (11, 3)] and g.be.launches == 1
+    with pytest.raises(ValueError, match="after a draft of 2 x 3"):
+        g.launch_after([7, 8], SimpleNamespace(states=[None, None], n=3, ids=None))
+
+
+def test_step_runs_the_draft_and_the_verify_graph_of_its_length(graphs, monkeypatch):
+    """SpecGraphs.step: the draft graph launched, the verify of the same length after it, the draft's ids read
+    last; a shape of several sequences asked for the first time is declined (None) before anything runs."""
+    calls = []
+    monkeypatch.setattr(FakeDraft, "launch", lambda self, tokens, h: calls.append(("draft", self.n, tuple(tokens))),
+                        raising=False)
+    monkeypatch.setattr(FakeDraft, "read", lambda self: calls.append(("read",)) or [[1] * self.n for _ in self.lengths],
+                        raising=False)
+    monkeypatch.setattr(FakeVerify, "launch_after", lambda self, t0s, d: calls.append(("verify", d.n, tuple(t0s))),
+                        raising=False)
+    monkeypatch.setattr(FakeVerify, "read", lambda self: calls.append(("verify read",)) or ("l", "h", [0]),
+                        raising=False)
+    g = graphs(n_max=3)
+    st, ms = _states(1)[0], _states(1)[0]
+    assert g.step([st], [ms], [7], [[5, 7]], [[None, None]], 2, lambda: calls.append(("meanwhile",))) == \
+        ([[1, 1]], "l", "h", [0])
+    assert calls == [("draft", 2, (5, 7)), ("verify", 2, (7,)), ("meanwhile",), ("verify read",), ("read",)]
+    a, b = _states(2)
+    assert g.step([a, b], [a, b], [1, 2], [[1], [2]], [[None], [None]], 3) is None and len(calls) == 5

@@ -180,7 +180,7 @@ def test_forced_route_sets_the_kernel_bits(tmp_path, monkeypatch, flag, decode, 
 
 
 def test_auto_route_without_tensor_core_kernels_says_so(tmp_path, monkeypatch):
-    """The probe picks mma on an H200, but a build without the tensor-core GEMM (a compute_70 PTX JIT-compiled
+    """The probe picks mma on an H200, but a build without the tensor-core GEMM (a compute_61 PTX JIT-compiled
     there): DP4A, and the log says why; forcing mma is refused naming the flag."""
     pytest.importorskip("llamacmp.backends.cuda")
     monkeypatch.setattr(probe, "library_build_id", lambda path=None: "b")

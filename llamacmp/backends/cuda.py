@@ -284,7 +284,7 @@ class CudaBackend(Backend):
         if missing:
             if hw_route == "mma" and len(missing) == len(wanted):
                 raise RouteError(f"--hw-route mma: this build of libcmpkern.so has no tensor-core kernels for "
-                                 f"{', '.join(missing)} yet")
+                                 f"{', '.join(missing)} on this device (its code is older than compute_70)")
             routes = without_mma(routes, missing)
             how += f"; tensor cores chosen, but this build has no tensor-core kernels for {', '.join(missing)}"
         self.routes, self.probe_report = routes, probe.as_json(result, routes, how)

@@ -116,9 +116,13 @@ int cmp_matmul_q8_multi(const int8_t* xq, const float* xd, int count, const int8
 // The int8 dot unit (the route, llamacmp/backends/routes.py) is a field of the same bits: CMP_MM_GEMV_DOT_SHIFT
 // holds the CmpDot of the GEMV (T <= 16), CMP_MM_GEMM_DOT_SHIFT that of the GEMMs; 0 = DP4A. DP2A and IMAD run on
 // both GEMVs and both GEMMs.
-// CMP_MM_MMA: the GEMM (T above the GEMV's rows) on the tensor cores (matmul_mma.cu, int8 mma.sync; the "mma"
-// prefill route of issue 20), every T from there; refused where the device runs compute_70-or-older code.
-enum CmpMatmulKernels { CMP_MM_GEMV2 = 1, CMP_MM_GEMM2 = 2, CMP_MM_GEMV_PDL = 8, CMP_MM_MMA = 4096 };
+// CMP_MM_MMA: the GEMM (T above the GEMV's rows) on the tensor cores (the "mma" prefill route of issue 20), every T
+// from there: int8 mma.sync (matmul_mma.cu) where the device runs compute_75+ code, else Volta's f16 HMMA GEMM
+// (matmul_hmma.cu, compute_70 code); refused where the device runs older code. CMP_MM_MMA_F16 (with CMP_MM_MMA):
+// Volta's GEMM on any card of compute capability 7.0+ (slow on newer ones: for the tests); the results of both equal
+// the DP4A GEMMs' within fp32 rounding.
+enum CmpMatmulKernels { CMP_MM_GEMV2 = 1, CMP_MM_GEMM2 = 2, CMP_MM_GEMV_PDL = 8, CMP_MM_MMA = 4096,
+                        CMP_MM_MMA_F16 = 8192 };
 enum CmpMatmulDotField { CMP_MM_GEMV_DOT_SHIFT = 8, CMP_MM_GEMM_DOT_SHIFT = 10 };
 // The int8 dot of a route: DP4A (IDP.4A), DP2A (two IDP.2A on sign-extended 16-bit pairs), IMAD (byte extracts and
 // four integer multiply-adds). The same integers on every route.
@@ -144,7 +148,8 @@ int cmp_quant_repack(int type, const uint8_t* blocks, void* body, void* head, in
 // NULL: no residual). T <= 16: one GEMV launch whose per-row result does not depend on T (batch invariant). T > 16:
 // int8-dot GEMM over weights expanded into `work` (work_bytes of device memory; cmp_quant_work_bytes gives what one
 // pass over `rows` rows needs, less works in row chunks down to 128 rows).
-// `kernels`: only the dot fields of CmpMatmulKernels (the route of the GEMV and of the GEMM; 0 = DP4A).
+// `kernels`: only the dot fields of CmpMatmulKernels (the route of the GEMV and of the GEMM; 0 = DP4A), CMP_MM_MMA
+// and CMP_MM_MMA_F16.
 int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int count, const void* const* body,
                      const void* const* head, float* const* y, const float* const* res, const int* rows, int T, int n,
                      void* work, size_t work_bytes, int kernels);
@@ -155,9 +160,15 @@ int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* bytes);
 int cmp_embed_quant(int type, const int32_t* ids, const void* body, const void* head, float* out, int T, int D);
 
 // ---- matmul_mma.cu -------------------------------------------------------------------------------------------
-// *yes = 1 where this library's code for the current device has the int8 tensor-core GEMM (compute_75+ code), which
-// cmp_matmul_q8_ex and cmp_matmul_quant run CMP_MM_MMA on; 0 elsewhere (they refuse it there).
+// *yes = 1 where this library's code for the current device has a tensor-core GEMM (int8 mma.sync from compute_75
+// code, Volta's f16 HMMA from compute_70), which cmp_matmul_q8_ex and cmp_matmul_quant run CMP_MM_MMA on; 0
+// elsewhere (they refuse it there).
 int cmp_mma_available(int* yes);
+
+// ---- matmul_hmma.cu ------------------------------------------------------------------------------------------
+// *yes = 1 where this library's code for the current device has Volta's f16 HMMA GEMM (compute_70+ code), which
+// CMP_MM_MMA runs on compute_70 code and CMP_MM_MMA_F16 everywhere.
+int cmp_hmma_available(int* yes);
 
 // ---- attention_mma.cu -----------------------------------------------------------------------------------------
 // The tensor-core attention prefill (issue 20, attn_prefill route "mma"): what cmp_attn_prefill computes for f16 K

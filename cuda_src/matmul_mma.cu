@@ -8,7 +8,7 @@
 // per clock per scheduler), so it is kept to the epilogue's three FP32 instructions per output and block plus
 // little else: the dots start from a magic bias (no integer-to-float add), rows past the edges read the last row
 // (no row guards), and each thread's source pointers are set once. compute_70 and older builds have no kernel body
-// here: gemm_mma refuses them (mma_int8_available).
+// here: gemm_mma hands their calls to Volta's f16 HMMA GEMM (matmul_hmma.cu), which refuses code below compute_70.
 #include <atomic>
 
 #include "matmul_mma.cuh"
@@ -386,13 +386,12 @@ int mma_int8_available(bool* yes) {
     return CMP_OK;
 }
 
-int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op) {
+int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op, bool f16) {
     CMP_REQUIRE(op.T >= 0 && op.R > 0 && op.n > 0 && op.n % 32 == 0, "gemm_mma: bad shape T=%d R=%d n=%d", op.T, op.R,
                 op.n);
     bool ok = false;
     CMP_TRY(mma_int8_available(&ok));
-    CMP_REQUIRE(ok, "the tensor-core GEMM (--hw-route mma) needs int8 mma.sync, compute capability 7.5+ code; "
-                    "this device runs this library's compute_70-or-older code (Volta's f16 HMMA route is not built)");
+    if (f16 || !ok) return gemm_hmma(scales, mins, op);   // Volta's code (compute_70), or asked for
     if (op.T == 0) return CMP_OK;
     switch (scales) {
         case MMA_Q8: return launch_form<MMA_Q8, false>(op);
@@ -407,8 +406,9 @@ int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op) {
 using namespace cmp;
 
 extern "C" int cmp_mma_available(int* yes) {
-    bool ok = false;
-    CMP_TRY(mma_int8_available(&ok));
-    *yes = ok ? 1 : 0;
+    bool int8 = false, f16 = false;
+    CMP_TRY(mma_int8_available(&int8));
+    CMP_TRY(hmma_available(&f16));
+    *yes = int8 || f16 ? 1 : 0;
     return CMP_OK;
 }

@@ -22,11 +22,17 @@ struct MmaOperands {
 };
 
 // y = res + dequant(x) . dequant(W)^T with per-32-value integer dots on the tensor cores, scaled and summed in fp32
-// in the DP4A GEMMs' order and rounding (so the results equal theirs). Fails naming the reason where the device
-// runs code without int8 mma (compute_70 and older).
-int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op);
+// in the DP4A GEMMs' order and rounding (so the results equal theirs): int8 mma.sync where the device runs
+// compute_75+ code, else (Volta) or with f16 set the f16 HMMA GEMM of matmul_hmma.cu. Fails naming the reason where
+// the device runs code without mma.sync (older than compute_70).
+int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op, bool f16);
 
 // Whether this library's code for the current device has the int8 mma kernels (compute_75+ code).
 int mma_int8_available(bool* yes);
+
+// Volta's GEMM (matmul_hmma.cu): the same operands and results on f16 m8n8k4 mma.sync (compute_70+ code; on newer
+// cards too, where it is slow: for the tests). hmma_available: whether the device's code has it.
+int gemm_hmma(MmaScales scales, bool mins, const MmaOperands& op);
+int hmma_available(bool* yes);
 
 }  // namespace cmp

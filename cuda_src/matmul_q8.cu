@@ -464,9 +464,10 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
                 GEMV_MAX_MATS);
     CMP_REQUIRE(T >= 0 && n > 0 && n % QK == 0, "cmp_matmul_q8: bad shape T=%d n=%d (n a multiple of 32)", T, n);
     constexpr int dot_bits = 3 << CMP_MM_GEMV_DOT_SHIFT | 3 << CMP_MM_GEMM_DOT_SHIFT;
-    CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV_PDL | CMP_MM_MMA | dot_bits)) == 0,
-                "cmp_matmul_q8_ex: unknown kernel bits 0x%x (CMP_MM_GEMV2, CMP_MM_GEMM2, CMP_MM_GEMV_PDL, CMP_MM_MMA and "
-                "the dot fields)", kernels);
+    CMP_REQUIRE((kernels & ~(CMP_MM_GEMV2 | CMP_MM_GEMM2 | CMP_MM_GEMV_PDL | CMP_MM_MMA | CMP_MM_MMA_F16 |
+                             dot_bits)) == 0,
+                "cmp_matmul_q8_ex: unknown kernel bits 0x%x (CMP_MM_GEMV2, CMP_MM_GEMM2, CMP_MM_GEMV_PDL, CMP_MM_MMA, "
+                "CMP_MM_MMA_F16 and the dot fields)", kernels);
     const int gemv_dot = kernels >> CMP_MM_GEMV_DOT_SHIFT & 3, gemm_dot = kernels >> CMP_MM_GEMM_DOT_SHIFT & 3;
     for (int i = 0; i < count; ++i) CMP_REQUIRE(rows[i] > 0, "cmp_matmul_q8: matrix %d has %d rows", i, rows[i]);
     if (T == 0) return CMP_OK;
@@ -497,7 +498,7 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
         for (int i = 0; i < count; ++i) {
             const MmaOperands op{xq, xd, nullptr, wq[i], wd[i], nullptr, res ? res[i] : nullptr, y[i], T, rows[i], n,
                                  rows[i]};
-            CMP_TRY(gemm_mma(MMA_Q8, false, op));
+            CMP_TRY(gemm_mma(MMA_Q8, false, op, kernels & CMP_MM_MMA_F16));
         }
         return CMP_OK;
     }

@@ -126,15 +126,17 @@ extern "C" int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int
     CMP_REQUIRE(count >= 1 && count <= QMAX_MATS, "cmp_matmul_quant: %d matrices (1..%d)", count, QMAX_MATS);
     CMP_REQUIRE(T >= 0 && n > 0 && n % 32 == 0, "cmp_matmul_quant: bad shape T=%d n=%d", T, n);
     for (int i = 0; i < count; ++i) CMP_REQUIRE(rows[i] > 0, "cmp_matmul_quant: matrix %d has %d rows", i, rows[i]);
-    CMP_REQUIRE((kernels & ~(3 << CMP_MM_GEMV_DOT_SHIFT | 3 << CMP_MM_GEMM_DOT_SHIFT | CMP_MM_MMA)) == 0,
-                "cmp_matmul_quant: kernel bits 0x%x (only the dot routes of CmpMatmulDotField and CMP_MM_MMA)", kernels);
+    constexpr int known = 3 << CMP_MM_GEMV_DOT_SHIFT | 3 << CMP_MM_GEMM_DOT_SHIFT | CMP_MM_MMA | CMP_MM_MMA_F16;
+    CMP_REQUIRE((kernels & ~known) == 0,
+                "cmp_matmul_quant: kernel bits 0x%x (only the dot routes of CmpMatmulDotField, CMP_MM_MMA and "
+                "CMP_MM_MMA_F16)", kernels);
     const int dot = kernels >> (T <= QGEMV_MAX_T ? CMP_MM_GEMV_DOT_SHIFT : CMP_MM_GEMM_DOT_SHIFT) & 3;
     // The type is checked here first (an unknown one fails even at T = 0); the route's translation unit dispatches
     // on it again to its instantiation.
     return dispatch_quant(type, "cmp_matmul_quant", [&](auto) -> int {
         if (T == 0) return (int)CMP_OK;
         const QuantMatmul m{type, xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes,
-                            (kernels & CMP_MM_MMA) != 0};
+                            (kernels & CMP_MM_MMA) != 0, (kernels & CMP_MM_MMA_F16) != 0};
         return dispatch_dot(dot, "cmp_matmul_quant", [&](auto d) { return matmul_quant_dot(d, m); });
     });
 }

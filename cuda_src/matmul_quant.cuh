@@ -44,6 +44,7 @@ struct QuantMatmul {
     void* work;                // the GEMM's workspace (cmp_quant_work_bytes)
     size_t work_bytes;
     bool mma;                  // CMP_MM_MMA: the GEMM on the tensor cores
+    bool mma_f16;              // CMP_MM_MMA_F16: there on Volta's f16 HMMA GEMM
 };
 
 // The call on one dot route, each defined in its own translation unit (the file named).
@@ -438,7 +439,7 @@ int launch_gemm_quant(const int8_t* xq, const float* xd, const GemmWork& g, cons
 
 template <class Q, class D>
 int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uint8_t* head, float* y, const float* res,
-               int rows, int T, int n, const GemmWork& g, bool mma) {
+               int rows, int T, int n, const GemmWork& g, bool mma, bool mma_f16) {
     const int nb = n / Q::BV;
     size_t limit = 0;
     CMP_TRY(smem_limit(&limit));
@@ -449,7 +450,7 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
                              g.wm, R, n));
         if (mma) {
             const MmaOperands op{xq, xd, g.xs, g.wq, g.ws, g.wm, res ? res + r0 : nullptr, y + r0, T, R, n, rows};
-            CMP_TRY(gemm_mma(Q::PER16 ? MMA_PER16 : MMA_PER32, Q::MIN, op));
+            CMP_TRY(gemm_mma(Q::PER16 ? MMA_PER16 : MMA_PER32, Q::MIN, op, mma_f16));
             continue;
         }
         const float* rr = res ? res + r0 : nullptr;
@@ -482,7 +483,7 @@ int gemv_quant(const int8_t* xq, const float* xd, int count, const void* const* 
 template <class Q, class D>
 int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
                  float* const* y, const float* const* res, const int* rows, int T, int n, void* work,
-                 size_t work_bytes, bool mma) {
+                 size_t work_bytes, bool mma, bool mma_f16) {
     CMP_REQUIRE(n % Q::BV == 0, "cmp_matmul_quant: n=%d is not a multiple of the type's %d-value blocks", n, Q::BV);
     if (T <= QGEMV_MAX_T) return gemv_quant<Q, D>(xq, xd, count, body, head, y, res, rows, T, n);
     int max_rows = 0;
@@ -497,7 +498,7 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
     }
     for (int i = 0; i < count; ++i)
         CMP_TRY((gemm_quant<Q, D>(xq, xd, static_cast<const uint8_t*>(body[i]), static_cast<const uint8_t*>(head[i]),
-                                  y[i], res ? res[i] : nullptr, rows[i], T, n, g, mma)));
+                                  y[i], res ? res[i] : nullptr, rows[i], T, n, g, mma, mma_f16)));
     return CMP_OK;
 }
 
@@ -507,7 +508,7 @@ template <class D>
 int matmul_quant_route(const QuantMatmul& m) {
     return dispatch_quant(m.type, "cmp_matmul_quant", [&](auto q) {
         return matmul_quant<decltype(q), D>(m.xq, m.xd, m.count, m.body, m.head, m.y, m.res, m.rows, m.T, m.n, m.work,
-                                            m.work_bytes, m.mma);
+                                            m.work_bytes, m.mma, m.mma_f16);
     });
 }
 

@@ -44,10 +44,24 @@ def route_fixture(name: str, field: str, routes: list[str], mma_available: str, 
     return pytest.fixture(fixture, name=name, params=routes)
 
 
-gemm_backend = route_fixture(
-    "gemm_backend", "matmul_prefill", ["dp4a", "mma"], "mma_available",
-    "the mma route needs compute capability 7.5+ code for this device (int8 mma.sync)",
-    "cuda_backend with each prefill GEMM route (routes.Routes.matmul_prefill) in turn.")
+@pytest.fixture(params=["dp4a", "mma", "hmma"])
+def gemm_backend(cuda_backend, request):
+    """cuda_backend with its prefill GEMM route (routes.Routes.matmul_prefill) set to each route in turn: the GEMM
+    tests run once per route against the same reference and tolerance. mma: the device's tensor-core GEMM (int8
+    mma.sync from compute_75 code, Volta's f16 HMMA on compute_70); hmma: Volta's forced (CudaBackend.mma_gemm) on
+    any card, so that an H200 runs it. Skipped, saying why, only where the device runs no such code."""
+    from dataclasses import replace
+    be, saved = cuda_backend, cuda_backend.routes
+    if request.param == "mma" and not be.native.mma_available():
+        pytest.skip("the mma route needs compute capability 7.0+ code for this device (mma.sync)")
+    if request.param == "hmma" and not be.native.hmma_available():
+        pytest.skip("Volta's f16 HMMA GEMM needs compute capability 7.0+ code for this device (mma.sync m8n8k4)")
+    be.routes = replace(saved, matmul_prefill="dp4a" if request.param == "dp4a" else "mma")
+    be.mma_gemm = "hmma" if request.param == "hmma" else "auto"
+    yield be
+    be.routes, be.mma_gemm = saved, "auto"
+
+
 attn_backend = route_fixture(
     "attn_backend", "attn_prefill", ["fp32", "mma"], "attn_mma_available",
     "the mma attention route needs compute capability 8.0+ code for this device (f16 mma.sync)",
@@ -62,8 +76,8 @@ def smem_cap(cuda_backend, request):
     compute capability 8.0+, whose cards all lend more than the caps)."""
     from cuda_helpers import SMEM_CAPS
     params = getattr(request.node, "callspec", None)
-    if request.param == "sm61" and params is not None and params.params.get("gemm_backend") == "mma":
-        pytest.skip("sm_61 runs no int8 mma code: the mma route is refused there")
+    if request.param == "sm61" and params is not None and params.params.get("gemm_backend") in ("mma", "hmma"):
+        pytest.skip("sm_61 runs no mma.sync code: the mma route is refused there")
     if request.param != "device" and params is not None and params.params.get("attn_backend") == "mma":
         pytest.skip("the f16 mma attention needs sm_80+, whose cards lend more shared memory than this cap")
     cap = SMEM_CAPS[request.param]

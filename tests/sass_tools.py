@@ -14,9 +14,28 @@ from typing import Iterable, Iterator
 TENSOR_CORE_SASS = re.compile(r"\b(HMMA|IMMA|BMMA|DMMA|HGMMA|IGMMA|QGMMA|BGMMA|OMMA|UTC\w*MMA)\b")
 TENSOR_CORE_PTX = re.compile(r"\b(mma\.sync|wmma\.|wgmma\.|tcgen05\.mma)")
 # Kernels whose job is a tensor-core instruction (name substrings): the probe times int8 mma.sync and f16 HMMA
-# (cuda_src/probe.cu), and the mma routes' GEMM and attention (matmul_mma.cu, attention_mma.cu); no route but mma
-# runs any of them.
-TENSOR_CORE_KERNELS = ("probe_imma_kernel", "probe_hmma_kernel", "gemm_mma_kernel", "attn_prefill_mma_kernel")
+# (cuda_src/probe.cu), and the mma routes' GEMMs and attention (matmul_mma.cu, Volta's matmul_hmma.cu,
+# attention_mma.cu); no route but mma runs any of them.
+TENSOR_CORE_KERNELS = ("probe_imma_kernel", "probe_hmma_kernel", "gemm_mma_kernel", "gemm_hmma_kernel",
+                       "attn_prefill_mma_kernel")
+HMMA_GEMM_KERNEL = "gemm_hmma_kernel"   # Volta's GEMM: 5 instantiations (Q8_0, PER32 +- mins, PER16 +- mins)
+# Volta's only mma.sync shape in SASS: HMMA.884 (sm_70 and sm_75 run it on the tensor cores; sm_80+ emulate the
+# PTX m8n8k4 with shuffles and FFMA, no tensor-core instruction)
+HMMA_884_ARCHS = (70, 75)
+
+
+def hmma_gemm_findings(sass: str) -> list[str]:
+    """What is wrong with Volta's GEMM in cuobjdump -sass text (every arch's copy of each function concatenated):
+    fewer than 5 instantiations; where the SASS is for sm_70 or sm_75, one without HMMA.884; where it is older
+    than sm_70, one with any tensor-core instruction (its body is empty there)."""
+    funcs = {n: b for n, b in sass_functions(sass).items() if HMMA_GEMM_KERNEL in n}
+    archs = {int(a) for a in re.findall(r"code for sm_(\d+)", sass)}
+    found = [] if len(funcs) >= 5 else [f"{len(funcs)} {HMMA_GEMM_KERNEL} instantiations in the SASS"]
+    if archs & set(HMMA_884_ARCHS):
+        found += [f"{n}: no HMMA.884" for n, b in funcs.items() if "HMMA.884" not in b]
+    if archs and max(archs) < 70:
+        found += [f"{n}: {h} below sm_70" for n, b in funcs.items() for h in TENSOR_CORE_SASS.findall(b)]
+    return found
 
 
 def sass_functions(sass: str) -> dict[str, str]:

@@ -15,7 +15,7 @@ from llamacmp.backends.base import StepBatch
 from llamacmp.backends.numpy_ref import NumpyBackend, quantize_q8_blocks
 from llamacmp.config import ModelConfig
 from llamacmp.gguf_file import Q8Tensor
-from llamacmp.lib._native import CMP_MM_MMA
+from llamacmp.lib._native import CMP_MM_MMA, CMP_MM_MMA_F16
 
 pytestmark = pytest.mark.cuda
 
@@ -672,8 +672,8 @@ def test_prefill_route_picks_the_gemm(gemm_backend, monkeypatch):
     for g, f, r in zip(got, got_fused, ref):
         assert rel(be.to_host(g), r) < Q8_TOL and rel(be.to_host(f), r) < Q8_TOL
     assert {c[0] for c in calls} == {"cmp_matmul_q8_ex", "cmp_matmul_quant"} and len(calls) == 4
-    mma = be.routes.matmul_prefill == "mma"
-    assert all(bool(bits & CMP_MM_MMA) == mma for _, bits in calls), calls
+    mma, f16 = be.routes.matmul_prefill == "mma", be.mma_gemm == "hmma"   # f16: Volta's GEMM forced (gemm_backend)
+    assert all(bool(bits & CMP_MM_MMA) == mma and bool(bits & CMP_MM_MMA_F16) == f16 for _, bits in calls), calls
 
 
 def test_mma_gemm_on_the_9b_shapes(cuda_backend):

@@ -1,6 +1,6 @@
 """The default kernels use no tensor-core instruction: the SASS of libcmpkern.so holds no HMMA, IMMA, HGMMA or
 QGMMA (nor the PTX any mma/wmma/wgmma) outside the kernels that exist to use them (TENSOR_CORE_KERNELS: the probe's
-timing kernels and the mma routes' GEMM and attention, matmul_mma.cu and
+timing kernels and the mma routes' GEMMs and attention, matmul_mma.cu, matmul_hmma.cu (Volta's) and
 attention_mma.cu), and it does hold DP4A (IDP.4A). Per route (issue 20): the DP2A instantiations of the quantized
 matmuls hold no IDP.4A, the IMAD ones neither IDP.4A nor IDP.2A. Runs without a GPU: cuobjdump comes from the PyPI
 package nvidia-cuda-cuobjdump (with nvidia-cuda-nvdisasm for -sass), triton's bundled copy, or PATH."""
@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 import pytest
-from sass_tools import (TENSOR_CORE_SASS, cuobjdump_candidates, ptx_mma_hits, run_cuobjdump, sass_functions,
-                        tensor_core_hits)
+from sass_tools import (HMMA_GEMM_KERNEL, TENSOR_CORE_SASS, cuobjdump_candidates, hmma_gemm_findings, ptx_mma_hits,
+                        run_cuobjdump, sass_functions, tensor_core_hits)
 
 from llamacmp.lib._native import library_path
 
@@ -95,6 +95,19 @@ def test_ptx_mma_only_in_the_mma_route(tool_and_lib):
     assert len(attn) == 3, f"{len(attn)} {ATTN_MMA_KERNEL} entries (head dims 64, 128, 256)"
     # the f16 m16n8k16 shape needs compute_80; older PTX has the kernel empty (refused at run time)
     assert all(("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in e) == (max(targets) >= 80) for e in attn)
+
+
+def test_volta_gemm_uses_hmma_884(tool_and_lib):
+    """Volta's GEMM (matmul_hmma.cu): HMMA.884 in every instantiation of the sm_70 / sm_75 SASS (sm_80+ have no
+    m8n8k4 unit: there ptxas emulates it), none below sm_70; its PTX holds m8n8k4 from compute_70 on, nothing older.
+    `make ptx70`'s build: tests/test_old_arch_builds.py."""
+    tool, lib = tool_and_lib
+    assert not hmma_gemm_findings(_dump(tool, "-sass", lib))
+    ptx = _dump(tool, "-ptx", lib)
+    targets = [int(t) for t in re.findall(r"\.target sm_(\d+)", ptx)]
+    hmma = [e for e in ptx.split(".entry ")[1:] if HMMA_GEMM_KERNEL in e.split("(", 1)[0]]
+    assert hmma and targets, "no Volta GEMM entries or no .target in the PTX"
+    assert all(("mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32" in e) == (max(targets) >= 70) for e in hmma)
 
 
 def test_attention_mma_kernel_uses_f16_tensor_cores(tool_and_lib):

@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from sass_tools import cuobjdump_candidates, ptx_above, run_cuobjdump, tensor_core_hits
+from sass_tools import cuobjdump_candidates, hmma_gemm_findings, ptx_above, run_cuobjdump, tensor_core_hits
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = (61, 70)
@@ -84,6 +84,16 @@ def test_sass_is_the_arch_dp4a_without_tensor_cores(arch_lib):
     assert not found, f"tensor-core instructions in the sm_{arch} build: {found[:5]}"
     missing = [k for k in KERNELS if k not in sass]
     assert not missing, f"kernels missing from the sm_{arch} build: {missing}"
+
+
+def test_volta_gemm_is_hmma_884_on_sm70_and_absent_on_sm61(arch_lib):
+    """sm_70: every instantiation of Volta's GEMM multiplies with HMMA.884 (m8n8k4, f32 accumulation); sm_61: its
+    bodies are empty (no mma.sync below sm_70: test_ptx_targets_the_arch_with_nothing_newer checks the PTX)."""
+    arch, lib = arch_lib
+    sass = _dump("-sass", lib, arch)
+    assert not hmma_gemm_findings(sass)
+    if arch == 70:
+        assert "HMMA.884.F32.F32" in sass
 
 
 def test_ptx_check_sees_newer_instructions():

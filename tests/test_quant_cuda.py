@@ -4,7 +4,10 @@ makes (numpy_ref.quantize_q8_blocks, equal to cmp_quantize_q8 bit for bit: test_
 blocks of every type (fixtures/quant_blocks.py), odd row counts, GEMV (T <= 16) and GEMM (T > 16) sizes.
 
 Tolerance: relative L2 error 2e-6. The kernels' only error is fp32 rounding (per sub-block products, then sums over
-n / 32 sub-blocks); a wrong bit in a decoder moves the result by ~1e-2 and more.
+n / 32 sub-blocks); a wrong bit in a decoder moves the result by ~1e-2 and more. The same holds for the tensor-core
+GEMMs, Volta's f16 HMMA one included (matmul_hmma.cu: the int8 codes as f16 are exact, each block's dot summed in
+the f32 accumulator is the exact integer); a fragment-layout mistake there moves results by O(1), and rounding its
+operands to f16 instead of using the codes by ~1e-4.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from cuda_helpers import INT8_DOTS, poison, rel, routed, up
 
 from llamacmp.backends.numpy_ref import quantize_q8_blocks
 from llamacmp.fixtures.quant_blocks import random_blocks
-from llamacmp.gguf_file import QUANT_BLOCKS
+from llamacmp.gguf_file import QUANT_BLOCKS, Q8Tensor
 
 pytestmark = pytest.mark.cuda
 
@@ -29,6 +32,10 @@ def exact(x: np.ndarray, w) -> np.ndarray:
     q, d = quantize_q8_blocks(x)
     xa = (q.reshape(x.shape[0], -1, 32).astype(np.float64) * d.reshape(x.shape[0], -1, 1)).reshape(x.shape)
     return xa @ w.dequantize().astype(np.float64).T
+
+
+def random_q8(rng, rows: int, cols: int) -> Q8Tensor:
+    return Q8Tensor.quantize(rng.standard_normal((rows, cols)).astype(np.float32))
 
 
 def cols_for(type_name: str, blocks: int) -> int:
@@ -133,6 +140,64 @@ def test_gemv_batch_invariant(cuda_backend, type_name, dot):
     assert np.array_equal(run(x), alone)
     for T in (2, 3, 7, 9):
         assert np.array_equal(run(x[:T]), alone[:T]), T
+
+
+@pytest.fixture
+def volta(cuda_backend):
+    """cuda_backend with the prefill GEMM on Volta's f16 HMMA kernel (matmul_hmma.cu), forced on any card of
+    compute_70+ code (CudaBackend.mma_gemm), as an unlocked CMP 100-210 or a V100 runs it under --hw-route mma."""
+    from dataclasses import replace
+    be, saved = cuda_backend, cuda_backend.routes
+    if not be.native.hmma_available():
+        pytest.skip("Volta's f16 HMMA GEMM needs compute capability 7.0+ code for this device (mma.sync m8n8k4)")
+    be.routes, be.mma_gemm = replace(saved, matmul_prefill="mma"), "hmma"
+    yield be
+    be.routes, be.mma_gemm = saved, "auto"
+
+
+@pytest.mark.parametrize("type_name", TYPES + ["Q8_0"])
+@pytest.mark.parametrize("T", [17, 100, 512])
+def test_volta_gemm(volta, type_name, T):
+    """Volta's GEMM on fresh random blocks of every type (and Q8_0), odd row counts (one partial row tile, one past
+    a tile), 1 to 4 token tiles, against the int8 routes' reference and tolerance: each block's (PER16: half's)
+    dot is the same integer (int8 codes and their products are exact in f16, their sums of < 2^19 exact in the f32
+    accumulator), scaled and summed in fp32 as the DP4A GEMM does, so only fp32 rounding differs."""
+    rng = np.random.default_rng(1000 + T)
+    values = 32 if type_name == "Q8_0" else QUANT_BLOCKS[type_name][0]
+    n = values * (7 if values == 32 else 2)
+    make = (lambda r: random_q8(rng, r, n)) if type_name == "Q8_0" else (lambda r: random_blocks(type_name, r, n, rng))
+    ws = [make(r) for r in (37, 131)]
+    x = inputs(T, T, n)
+    poison(volta, (T, 37), (T, 131))
+    got = volta.matmuls(up(volta, x), [volta.upload_matrix(w) for w in ws])
+    for g, w in zip(got, ws):
+        assert rel(volta.to_host(g), exact(x, w)) < TOL
+
+
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K"])
+def test_volta_gemm_is_the_kernel_that_runs(volta, type_name):
+    """mma_gemm "hmma" changes the kernel, not only a name (its results equal the int8 kernel's up to fp32
+    rounding): under a shared-memory cap too small for it the refusal (smem_opt_in, before anything runs) names
+    gemm_hmma_kernel; uncapped the same call runs and matches the reference."""
+    from llamacmp.lib._native import NativeError
+    be, rng = volta, np.random.default_rng(7)
+    n = 256
+    w = random_q8(rng, 40, n) if type_name == "Q8_0" else random_blocks(type_name, 40, n, rng)
+    x = inputs(2, 64, n)
+    m = be.upload_matrix(w)
+    be.native.cmp_set_smem_cap(8 * 1024)
+    try:
+        with pytest.raises(NativeError, match="gemm_hmma_kernel"):
+            be.matmuls(up(be, x), [m])
+    finally:
+        be.native.cmp_set_smem_cap(0)
+    assert rel(be.to_host(be.matmuls(up(be, x), [m])[0]), exact(x, w)) < TOL
+
+
+def test_volta_gemm_field_refuses_unknown_kinds(cuda_backend):
+    with pytest.raises(ValueError, match="mma_gemm 'wmma': not one of auto, hmma"):
+        cuda_backend.mma_gemm = "wmma"
+    assert cuda_backend.mma_gemm == "auto"
 
 
 @pytest.mark.parametrize("type_name", TYPES)

@@ -180,7 +180,7 @@ def test_forced_route_sets_the_kernel_bits(tmp_path, monkeypatch, flag, decode, 
 
 
 def test_auto_route_without_tensor_core_kernels_says_so(tmp_path, monkeypatch):
-    """The probe picks mma on an H200, but a build without the tensor-core GEMM (a compute_70 PTX JIT-compiled
+    """The probe picks mma on an H200, but a build without the tensor-core GEMM (a compute_61 PTX JIT-compiled
     there): DP4A, and the log says why; forcing mma is refused naming the flag."""
     pytest.importorskip("llamacmp.backends.cuda")
     monkeypatch.setattr(probe, "library_build_id", lambda path=None: "b")
@@ -199,3 +199,26 @@ def test_auto_route_without_tensor_core_kernels_says_so(tmp_path, monkeypatch):
     be = _fake_cuda_backend("CMP 50HX")
     be.pick_routes("auto")
     assert be.routes == Routes("dp2a", "dp2a", "fp32") and be._dot_bits() == 1 << 8 | 1 << 10
+
+
+def test_volta_picks_its_hmma_gemm(tmp_path, monkeypatch):
+    """An unlocked CMP 100-210 (or a V100) with a build holding Volta's f16 HMMA GEMM (cmp_mma_available is true
+    for its compute_70 code): the probe's HMMA rate puts the matmul prefill on mma, the attention prefill (no sm_70
+    kernel) stays FP32 and the log says why; --hw-route mma is accepted the same way. The throttled card keeps DP4A
+    (its HMMA measures ~1/7 of DP4A)."""
+    pytest.importorskip("llamacmp.backends.cuda")
+    from llamacmp.lib._native import CMP_MM_MMA, CMP_MM_MMA_F16
+    monkeypatch.setattr(probe, "library_build_id", lambda path=None: "b")
+    monkeypatch.setenv("LLAMACMP_CACHE", str(tmp_path))
+    for flag in ("auto", "mma"):
+        be = _fake_cuda_backend("CMP 100-210 unlocked")
+        be.native.mma = True
+        lines = be.pick_routes(flag)
+        assert be.routes == Routes("mma", "dp4a", "fp32")
+        assert "no tensor-core kernels for attn_prefill" in lines[-1] and "matmul prefill mma" in lines[-1]
+        be._mma_gemm = "auto"     # (object.__new__ skipped __init__) the device's own GEMM: no forcing bit
+        assert be._route_bits() & (CMP_MM_MMA | CMP_MM_MMA_F16) == CMP_MM_MMA
+    be = _fake_cuda_backend("CMP 100-210")
+    be.native.mma = True
+    be.pick_routes("auto")
+    assert be.routes == Routes("dp4a", "dp4a", "fp32")

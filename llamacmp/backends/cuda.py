@@ -1,5 +1,6 @@
 """The CUDA backend: every op of base.Backend on libcmpkern.so kernels (DP4A / FP32 / HFMA2; tensor cores only on
-the "mma" prefill route of `routes.Routes`, the int8 mma.sync GEMM of matmul_mma.cu).
+the "mma" prefill route of `routes.Routes`: the int8 mma.sync GEMM of matmul_mma.cu, on Volta the f16 HMMA GEMM of
+matmul_hmma.cu).
 
 Tensors live in one arena per device (cuda_memory.py): device memory taken in large chunks up to a cap fixed when
 the backend is made, and handed out through per-size free lists, so the repeated shapes of a forward pass reuse
@@ -24,7 +25,7 @@ from ..gguf_file import Q8_0_BLOCK, Q8Tensor, QuantTensor
 from ..lib._native import (CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, CmpSamplerParams, Native, NativeError,
                            cuda_available)
 from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM2, CMP_MM_GEMV2
-from ..lib._native import CMP_MM_GEMV_PDL, CMP_MM_MMA
+from ..lib._native import CMP_MM_GEMV_PDL, CMP_MM_MMA, CMP_MM_MMA_F16
 from ..lib._native import CMP_KV_TYPES, CMP_QUANT_TYPES
 from ..lib._native import CMP_DOTS, CMP_MM_GEMM_DOT_SHIFT, CMP_MM_GEMV_DOT_SHIFT
 from .. import kv_layout
@@ -127,6 +128,7 @@ class CudaBackend(Backend):
         # Which unit the quantized matmuls use (routes.py; set from the probe or --hw-route at load by pick_routes):
         # the GEMVs (T <= 16) take routes.matmul_decode, the GEMMs routes.matmul_prefill.
         self.routes = routes
+        self.mma_gemm = "auto"
         self.launch_pdl = True
         free, _total = self.native.mem_info()
         self.arena = DeviceArena(self.native, arena_bytes if arena_bytes is not None else max(free - 512 * MIB, 0))
@@ -182,8 +184,8 @@ class CudaBackend(Backend):
     @property
     def routes(self) -> _routes.Routes:
         """Which unit each op family runs on; matmul_prefill "mma" multiplies the quantized projections of more
-        tokens than the GEMV takes (8 or 16; Q8_0 and every expanded block type) with int8 mma.sync
-        (matmul_mma.cu); attn_prefill "mma" runs the dense prefill over f16 K and V caches with f16 mma.sync
+        tokens than the GEMV takes (8 or 16; Q8_0 and every expanded block type) on the tensor cores (mma_gemm:
+        int8 mma.sync, matmul_mma.cu; Volta's f16 HMMA, matmul_hmma.cu); attn_prefill "mma" runs the dense prefill over f16 K and V caches with f16 mma.sync
         (attention_mma.cu: Q and the probabilities rounded to f16); the other cache types and block-sparse lists
         have no tensor-core kernel and keep the fp32 one."""
         return self._routes
@@ -195,18 +197,39 @@ class CudaBackend(Backend):
                 raise ValueError(f"the CUDA backend has no {getattr(r, field)!r} route for {field} (built: "
                                  f"{', '.join(built)})")
         if r.matmul_prefill == "mma" and not self.native.mma_available():
-            raise ValueError(f"the mma route for matmul_prefill needs int8 tensor cores (compute capability 7.5+) "
-                             f"and this library's code for them; device {self.device} runs none (use dp4a)")
+            raise ValueError(f"the mma route for matmul_prefill needs tensor cores (int8 mma.sync from compute "
+                             f"capability 7.5, f16 HMMA on 7.0) and this library's code for them; device "
+                             f"{self.device} runs none (use dp4a)")
         if r.attn_prefill == "mma" and not self.native.attn_mma_available():
             raise ValueError(f"the mma route for attn_prefill needs f16 mma.sync (compute capability 8.0+), this "
                              f"library's code for it and 99 KB of shared memory per block; device {self.device} "
                              f"lacks them (use fp32)")
         self._routes = r
 
+    MMA_GEMMS = ("auto", "hmma")
+
+    @property
+    def mma_gemm(self) -> str:
+        """Which tensor-core GEMM the mma prefill route runs: "auto" the int8 mma.sync one where the device runs
+        compute_75+ code, else (compute_70: V100, CMP 100-210) Volta's f16 HMMA one; "hmma" Volta's on any card
+        whose code is compute_70+ (slow past sm_75: for the tests, which run it against the same reference)."""
+        return self._mma_gemm
+
+    @mma_gemm.setter
+    def mma_gemm(self, kind: str) -> None:
+        if kind not in self.MMA_GEMMS:
+            raise ValueError(f"mma_gemm {kind!r}: not one of {', '.join(self.MMA_GEMMS)}")
+        if kind == "hmma" and not self.native.hmma_available():
+            raise ValueError(f"mma_gemm 'hmma': device {self.device} runs no compute_70+ code of this library "
+                             f"(f16 HMMA mma.sync)")
+        self._mma_gemm = kind
+
     def _route_bits(self) -> int:
         """The routes in cmp_matmul_q8_ex / cmp_matmul_quant's kernel bits: the int8 dots, and CMP_MM_MMA for the
-        prefill GEMM on the tensor cores."""
-        return self._dot_bits() | (CMP_MM_MMA if self._routes.matmul_prefill == "mma" else 0)
+        prefill GEMM on the tensor cores (with CMP_MM_MMA_F16 where mma_gemm asks for Volta's)."""
+        if self._routes.matmul_prefill != "mma":
+            return self._dot_bits()
+        return self._dot_bits() | CMP_MM_MMA | (CMP_MM_MMA_F16 if self._mma_gemm == "hmma" else 0)
 
     @property
     def launch_pdl(self) -> bool:
@@ -225,7 +248,8 @@ class CudaBackend(Backend):
     @property
     def TENSOR_CORE_FAMILIES(self) -> frozenset:
         """The op families this build runs on tensor cores for this device: the prefill GEMM where the library has
-        int8 mma code for it (matmul_mma.cu, compute_75+), the attention prefill where it has f16 mma code
+        int8 mma code for it (matmul_mma.cu, compute_75+) or Volta's f16 HMMA code (matmul_hmma.cu, compute_70),
+        the attention prefill where it has f16 mma code
         (attention_mma.cu, compute_80+); a route choosing `mma` elsewhere runs on the int8 dot / FP32 instead, and
         says so."""
         return frozenset(f for f, on in (("matmul_prefill", self.native.mma_available()),
@@ -250,7 +274,7 @@ class CudaBackend(Backend):
         if missing:
             if hw_route == "mma" and len(missing) == len(wanted):
                 raise RouteError(f"--hw-route mma: this build of libcmpkern.so has no tensor-core kernels for "
-                                 f"{', '.join(missing)} yet")
+                                 f"{', '.join(missing)} on this device (its code is older than compute_70)")
             routes = without_mma(routes, missing)
             how += f"; tensor cores chosen, but this build has no tensor-core kernels for {', '.join(missing)}"
         self.routes, self.probe_report = routes, probe.as_json(result, routes, how)

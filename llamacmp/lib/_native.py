@@ -79,6 +79,7 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                          "const void* const* body, const void* const* head, float* const* y, const float* const* res, "
                          "const int* rows, int T, int n, void* work, size_t work_bytes, int kernels)"),
     "cmp_mma_available": ((_p,), "int cmp_mma_available(int* yes)"),
+    "cmp_hmma_available": ((_p,), "int cmp_hmma_available(int* yes)"),
     "cmp_attn_mma_available": ((_p,), "int cmp_attn_mma_available(int* yes)"),
     "cmp_attn_prefill_mma": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _f),
                              "int cmp_attn_prefill_mma(const float* q, const void* kc, const void* vc, "
@@ -209,7 +210,8 @@ CMP_F32, CMP_F16 = 0, 1
 CMP_KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2, "q4_0": 3, "tq3": 4}
 CMP_MM_GEMV2, CMP_MM_GEMM2 = 1, 2   # cmp_matmul_q8_ex kernel choices (api.h CmpMatmulKernels)
 CMP_MM_GEMV_PDL = 8   # the same: with GEMV2, its launch with programmatic dependent launch (sm_90+)
-CMP_MM_MMA = 4096   # the GEMM on the tensor cores (matmul_mma.cu, int8 mma.sync); cmp_matmul_quant takes it too
+CMP_MM_MMA = 4096   # the GEMM on the tensor cores (int8 mma.sync, Volta: f16 HMMA); cmp_matmul_quant takes it too
+CMP_MM_MMA_F16 = 8192   # with CMP_MM_MMA: Volta's f16 HMMA GEMM (matmul_hmma.cu) on any card of sm_70+ code
 CMP_MM_GEMV_DOT_SHIFT, CMP_MM_GEMM_DOT_SHIFT = 8, 10   # api.h CmpMatmulDotField: where each path's CmpDot goes
 CMP_DOTS = {"dp4a": 0, "dp2a": 1, "imad": 2}   # api.h CmpDot by route name (backends/routes.py)
 # api.h CmpProbeUnit by the probe table's unit names (backends/probe.py)
@@ -305,10 +307,17 @@ class Native:
         return b.value
 
     def mma_available(self) -> bool:
-        """cmp_mma_available: whether the current device runs this library's int8 tensor-core GEMM (compute_75+
-        code)."""
+        """cmp_mma_available: whether the current device runs one of this library's tensor-core GEMMs (int8 mma.sync
+        from compute_75 code, Volta's f16 HMMA from compute_70)."""
         yes = ctypes.c_int(0)
         self.cmp_mma_available(ctypes.byref(yes))
+        return bool(yes.value)
+
+    def hmma_available(self) -> bool:
+        """cmp_hmma_available: whether the current device runs this library's Volta f16 HMMA GEMM (compute_70+
+        code; CMP_MM_MMA_F16 forces it on newer cards)."""
+        yes = ctypes.c_int(0)
+        self.cmp_hmma_available(ctypes.byref(yes))
         return bool(yes.value)
 
     def attn_mma_available(self) -> bool:

@@ -81,10 +81,11 @@ class Divergence:
 _THINKING = ("plain", "think_answer", "think_only", "think_multiline", "tool", "tool_no_text", "two_tools",
              "content_then_tool")
 DIVERGENCES: list[Divergence] = [
-    Divergence("chat_render.jsonl", tuple(f"content_parts-think{t}-gen{g}" for t in (1, 0) for g in (1, 0)), "b8462",
+    Divergence("chat_render.jsonl", tuple(f"content_parts-think{t}-gen{g}" for t in (1, 0) for g in (1, 0)),
+               "0c1e570",
                "text content parts: b8462 joins them with a newline before the template runs, 0c1e570 hands the "
-               "list to the template, which concatenates them (as transformers renders it). llamacmp joins with a "
-               "newline as b8462: moving to current is listed in compat/DIFFERENCES.md, not done yet"),
+               "list to a template that reads typed content, and the Qwen3.5 one concatenates them (as "
+               "transformers renders it). llamacmp follows 0c1e570 (compat/DIFFERENCES.md)"),
     Divergence("chat_parse.jsonl", tuple(f"{c}-think1-tools{t}" for c in _THINKING for t in (1, 0)), "b8462",
                "reasoning_content: b8462 keeps the newline the generation prompt leaves after <think>, 0c1e570 "
                "strips it. llamacmp keeps it as b8462 (llama-cli's '[Start thinking]' blank line, cli_reply.jsonl, "

@@ -333,8 +333,8 @@ def main() -> None:
         "Written by `python3 compat/diff.py` from the committed goldens (b8462's in compat/goldens/, 0c1e570's in "
         "compat/goldens/0c1e570/; tolerances: logits 1e-4 relative for F32 weights, 2e-2 for quantized ones: Q8_0 "
         "and the llama-quantize fixtures q256-*; greedy steps within tolerance are near ties of < 0.05 in logit; "
-        "perplexity within 0.1%). Tokenizer, chat, server and CLI goldens exist for both oracles (the CLI ones are "
-        "checked in tests/test_cli.py); the rest for b8462 only (compat/oracles.py NOT_RECORDED says why).\n\n"
+        "perplexity within 0.1%). Tokenizer, chat, server, CLI and logits goldens exist for both oracles (the CLI "
+        "ones are checked in tests/test_cli.py); the rest for b8462 only (compat/oracles.py NOT_RECORDED says why).\n\n"
         + table + "\n\n" + differences)
     sys.exit(1 if any(a.different - a.allowed for pair in areas for a in pair.values()) else 0)
 

@@ -501,7 +501,7 @@ def test_return_progress(http):
     assert first["choices"][0]["delta"]["role"] == "assistant" and "prompt_progress" in first
 
 
-# -- /props chat_template_caps and /detokenize type errors, as llama-server b8462 answers ----------------------------------
+# -- /props chat_template_caps (as llama-server 0c1e570) and /detokenize type errors (as b8462) -------------------
 
 def test_props_chat_template_caps(http):
     """The caps llama-server 0c1e570 reports for the Qwen3.5 template (measured on the compat fixture): tool-call

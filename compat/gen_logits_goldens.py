@@ -1,10 +1,11 @@
-"""Generate logits goldens from llama.cpp (≈ b8462) on fixture GGUFs written by our own fixture writer.
+"""Generate logits goldens from llama.cpp (b8462, or 0c1e570) on fixture GGUFs written by our own fixture writer.
 
-    python3 compat/gen_logits_goldens.py [--llama-logits PATH]
+    python3 compat/gen_logits_goldens.py [--oracle b8462|0c1e570] [--llama-logits PATH] [--only NAME ...]
 
 For each case (shape x weight type, real Qwen3.5 vocabulary) it writes the fixture to a temporary folder, runs
 compat/llama_logits (built against the compat llama.cpp tree by compat/build_llamacpp.sh) and stores the top-20
-logits of every prompt position and a 64-token greedy continuation in compat/goldens/logits/<case>.json.
+logits of every prompt position and a 64-token greedy continuation in the oracle's logits/<case>.json
+(compat/goldens/logits/, or compat/goldens/0c1e570/logits/; the oracle's own llama_logits by default).
 tests/test_compat_logits.py regenerates the same fixture (same writer, same seed) and checks the numpy forward.
 The quantized cases (q256-*) use the committed files that llama-quantize made (compat/make_quant_fixtures.py, tiny
 vocabulary) instead of a regenerated fixture.
@@ -13,21 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import tempfile
 from pathlib import Path
 
 import numpy as np
+import oracles
 
 from llamacmp.fixtures.qwen_vocab import NORMAL, load_qwen35_vocab, tiny_vocab
 from llamacmp.fixtures.writer import SHAPES, write_model
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-OUT = HERE / "goldens" / "logits"
-CACHE = Path(os.environ.get("LLAMACMP_CACHE", Path.home() / ".cache" / "llamacmp"))
-DEFAULT_TOOL = CACHE / "llama.cpp-49bfddeca" / "build-cpu" / "bin" / "llama_logits"
 
 # F32 files are compared with an f32 KV cache (the 1e-4 check); Q8_0 files with llama.cpp's default f16 cache.
 CASES = [
@@ -75,7 +73,7 @@ def fixture_path(case: dict, folder: Path, vocab) -> Path:
                        seed=case["seed"], name=f"compat-{case['name']}")
 
 
-def run_case(case: dict, tool: Path, vocab, folder: Path) -> dict:
+def run_case(case: dict, tool: Path, vocab, folder: Path, oracle: oracles.Oracle = oracles.B8462) -> dict:
     model = fixture_path(case, folder, vocab)
     ids = case_prompt(case)
     ids_file = folder / "ids.txt"
@@ -86,24 +84,28 @@ def run_case(case: dict, tool: Path, vocab, folder: Path) -> dict:
     logits = np.fromfile(f"{prefix}.logits", np.float32).reshape(len(ids), -1)
     top = np.argsort(-logits, axis=1)[:, :TOP]
     greedy = [int(x) for x in Path(f"{prefix}.greedy").read_text().split()]
-    return {**case, "prompt": ids, "top_ids": top.tolist(),
-            "top_logits": np.take_along_axis(logits, top, 1).round(6).tolist(), "greedy": greedy,
-            "source": "llama.cpp 49bfddeca (llama-cpp-python 0.3.17 sdist), CPU, compat/llama_logits.cpp"}
+    return oracle.stamp({**case, "prompt": ids, "top_ids": top.tolist(),
+                         "top_logits": np.take_along_axis(logits, top, 1).round(6).tolist(), "greedy": greedy,
+                         "source": f"llama.cpp {oracle.short} ({oracle.sdist} sdist), CPU, compat/llama_logits.cpp"})
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--llama-logits", type=Path, default=DEFAULT_TOOL)
+    oracles.add_argument(p)
+    p.add_argument("--llama-logits", type=Path, help="default: the oracle's build (compat/oracles.py)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="only these cases (default all)")
     args = p.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
+    oracle = oracles.parse(args.oracle)
+    tool = args.llama_logits or oracle.tool("llama_logits")
+    out = oracle.golden("logits")
+    out.mkdir(parents=True, exist_ok=True)
     vocab = load_qwen35_vocab()
     with tempfile.TemporaryDirectory() as d:
         for case in CASES:
             if args.only and case["name"] not in args.only:
                 continue
-            golden = run_case(case, args.llama_logits, vocab, Path(d))
-            (OUT / f"{case['name']}.json").write_text(json.dumps(golden))
+            golden = run_case(case, tool, vocab, Path(d), oracle)
+            (out / f"{case['name']}.json").write_text(json.dumps(golden))
             print(f"{case['name']}: greedy {golden['greedy'][:8]}...")
 
 

@@ -53,9 +53,6 @@ ORACLES = {o.label: o for o in (B8462, CURRENT)}
 # Goldens that 0c1e570 does not have, and why (tests skip them by these names; a missing file not named here fails).
 NOT_RECORDED: dict[str, dict[str, str]] = {
     CURRENT.label: {
-        "cli.jsonl": "not recorded yet: llama-completion 0c1e570 loses stdout at exit under load, so compare_cli.py "
-                     "now needs 3 agreeing runs per case, too slow on the shared 2-core machine this time",
-        "logits": "not generated yet (llama_logits builds against 0c1e570; the 18 cases take long on 2 cores)",
         "cli_quant.jsonl": "not generated yet (gen_quant_file_goldens.py has no --oracle yet)",
         "perplexity_quant.json": "not generated yet (needs the demo model requantized by 0c1e570's llama-quantize)",
         "vision": "llama_mtmd does not build against 0c1e570 (mtmd_helper_bitmap_init_from_file changed)",
@@ -81,10 +78,11 @@ class Divergence:
 _THINKING = ("plain", "think_answer", "think_only", "think_multiline", "tool", "tool_no_text", "two_tools",
              "content_then_tool")
 DIVERGENCES: list[Divergence] = [
-    Divergence("chat_render.jsonl", tuple(f"content_parts-think{t}-gen{g}" for t in (1, 0) for g in (1, 0)), "b8462",
+    Divergence("chat_render.jsonl", tuple(f"content_parts-think{t}-gen{g}" for t in (1, 0) for g in (1, 0)),
+               "0c1e570",
                "text content parts: b8462 joins them with a newline before the template runs, 0c1e570 hands the "
-               "list to the template, which concatenates them (as transformers renders it). llamacmp joins with a "
-               "newline as b8462: moving to current is listed in compat/DIFFERENCES.md, not done yet"),
+               "list to a template that reads typed content, and the Qwen3.5 one concatenates them (as "
+               "transformers renders it). llamacmp follows 0c1e570 (compat/DIFFERENCES.md)"),
     Divergence("chat_parse.jsonl", tuple(f"{c}-think1-tools{t}" for c in _THINKING for t in (1, 0)), "b8462",
                "reasoning_content: b8462 keeps the newline the generation prompt leaves after <think>, 0c1e570 "
                "strips it. llamacmp keeps it as b8462 (llama-cli's '[Start thinking]' blank line, cli_reply.jsonl, "

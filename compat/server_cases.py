@@ -99,8 +99,8 @@ CASES: list[Case] = [
     Case("err_context_overflow", "POST", "/completion", {"prompt": LONG_PROMPT, "n_predict": 4, **G}),
     Case("err_chat_context_overflow", "POST", "/v1/chat/completions",
          {"messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 4, **G}),
-    # a wrong-typed optional field falls back to its default in llama.cpp (n_predict "four" would generate until the
-    # context is full, so the cheap n_probs is the one asked about)
+    # a wrong-typed generation parameter: b8462 falls back to its default (n_predict "four" would generate until the
+    # context is full, so the cheap n_probs is the one asked about), 0c1e570 answers 400 naming the field
     Case("wrong_type_n_probs", "POST", "/completion", {"prompt": "Hello", "n_predict": 3, "n_probs": "two", **G}),
     Case("err_messages_not_array", "POST", "/v1/chat/completions", {"messages": "Hi", **G}),
     Case("err_missing_prompt", "POST", "/completion", {"n_predict": 4}),

@@ -146,6 +146,11 @@ def _comma_list(s: str) -> list[str]:
     return [x for x in s.split(",") if x]
 
 
+def _alias_set(s: str) -> list[str]:
+    """--alias as llama.cpp 0c1e570 keeps it: a set (sorted) of the stripped names; the first names the model."""
+    return sorted({x.strip() for x in s.split(",") if x.strip()})
+
+
 def _add_images(p: Params, files: list[str]) -> None:
     p.image.extend(files)
 
@@ -578,7 +583,7 @@ OPTIONS: tuple[Option, ...] = (
       "(default: none)"),
     O("--api-key-file", value="FNAME", parse=str, apply=_add_api_key_file, tools=S,
       help="path to file containing API keys (default: none)"),
-    O("-a", "--alias", value="STRING", dest="server.aliases", parse=_comma_list, env="LLAMA_ARG_ALIAS", tools=S,
+    O("-a", "--alias", value="STRING", dest="server.aliases", parse=_alias_set, env="LLAMA_ARG_ALIAS", tools=S,
       help="set model name aliases, comma-separated (to be used by API)"),
     O("-to", "--timeout", value="N", dest="server.timeout", parse=to_int, env="LLAMA_ARG_TIMEOUT", tools=S,
       help="server read/write timeout in seconds (default: 600)"),

@@ -5,6 +5,7 @@ Independent of any CLI or server: both take `ChatTemplate.render(...)` and `pars
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -83,9 +84,11 @@ def make_environment() -> ImmutableSandboxedEnvironment:
 
 # -- messages and rendering ------------------------------------------------------------------------------------------
 
-def normalize_messages(messages: list[dict]) -> list[dict]:
+def normalize_messages(messages: list[dict], typed_content: bool = False) -> list[dict]:
     """llama.cpp's rewrites before rendering: developer -> system, null content -> "", tool-call arguments given
-    as JSON strings -> objects (the Qwen3.5 template iterates them with |items)."""
+    as JSON strings -> objects (the Qwen3.5 template iterates them with |items). A list of text parts reaches a
+    template that reads typed content as it is (current llama.cpp, 0c1e570, and transformers: the Qwen3.5 template
+    concatenates the parts); any other template gets them joined with newlines (llama.cpp b8462 did that always)."""
     out = []
     for m in messages:
         m = dict(m)
@@ -93,8 +96,8 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
             m["role"] = "system"
         if m.get("content") is None:
             m["content"] = ""
-        elif isinstance(m["content"], list) and all(p.get("type") == "text" for p in m["content"]):
-            # llama.cpp joins text parts with newlines before the template sees them
+        elif (isinstance(m["content"], list) and all(p.get("type") == "text" for p in m["content"])
+              and not typed_content):
             m["content"] = "\n".join(p.get("text", "") for p in m["content"])
         if m.get("tool_calls"):
             m["tool_calls"] = [_with_object_arguments(tc) for tc in m["tool_calls"]]
@@ -136,6 +139,14 @@ class ChatTemplate:
             return tokens[i] if tokens is not None and i is not None and 0 <= i < len(tokens) else ""
         return cls(source, tok("tokenizer.ggml.bos_token_id"), tok("tokenizer.ggml.eos_token_id"))
 
+    @functools.cached_property
+    def typed_content(self) -> bool:
+        """Whether text parts reach the template unjoined: llama.cpp 0c1e570 joins them only for a template that
+        takes string content and does not read a content list (its caps)."""
+        from .server.template_caps import template_caps      # lazy: the probes render the template a few times
+        caps = template_caps(self.source)
+        return caps["supports_typed_content"] or not caps["supports_string_content"]
+
     @property
     def supports_thinking(self) -> bool:
         """Detected the way llama.cpp does it in spirit: does enable_thinking change the rendering?"""
@@ -147,8 +158,8 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
                enable_thinking: bool = True, extra: dict | None = None) -> str:
-        ctx = {"messages": normalize_messages(messages), "add_generation_prompt": add_generation_prompt,
-               "bos_token": self.bos_token, "eos_token": self.eos_token, "enable_thinking": enable_thinking}
+        ctx = {"messages": normalize_messages(messages, self.typed_content),
+               "add_generation_prompt": add_generation_prompt, "bos_token": self.bos_token, "eos_token": self.eos_token, "enable_thinking": enable_thinking}
         # extra (chat_template_kwargs) adds variables; it may not replace the template's inputs or its helpers
         taken = [k for k in extra or {} if k != "enable_thinking" and (k in ctx or k in RENDER_NAMES
                                                                        or k in self._template.globals)]

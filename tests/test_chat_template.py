@@ -151,3 +151,11 @@ def test_thinking_switches():
     assert thinking_switch("/no_think first, then /think") is True
     assert thinking_switch("no switch here") is None
     assert thinking_switch("path/no_thinking") is None
+
+
+def test_text_parts_joined_only_for_templates_that_take_strings_alone():
+    """llama.cpp 0c1e570: text parts stay a list for a template that reads typed content (the Qwen3.5 one
+    concatenates them); a template that only prints content as a string gets them joined with newlines."""
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert "user\nab<|im_end|>" in ChatTemplate(TEMPLATE_PATH.read_text()).render(parts)
+    assert ChatTemplate(CHATML_TEMPLATE).render(parts) == "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n"

@@ -1,4 +1,7 @@
-"""The numpy forward against llama.cpp's logits and greedy continuations (goldens in compat/goldens/logits)."""
+"""The numpy forward against llama.cpp's logits and greedy continuations, for both oracles (b8462 in
+compat/goldens/logits, 0c1e570 in compat/goldens/0c1e570/logits: compat/oracles.py), within the same tolerances.
+Our forward runs once per case and is judged against each oracle's golden (they usually share the prompt and the
+greedy tokens)."""
 from __future__ import annotations
 
 import json
@@ -13,10 +16,23 @@ from llamacmp.backends.numpy_ref import NumpyBackend
 from llamacmp.loader import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLDENS = sorted((ROOT / "compat" / "goldens" / "logits").glob("*.json"))
 sys.path.insert(0, str(ROOT / "compat"))
+import oracles  # noqa: E402
 
 pytestmark = pytest.mark.compat
+
+
+def _params() -> list:
+    """(oracle, golden path) ordered by case, so that one case's oracles run one after the other (see _ours)."""
+    by_case, skipped = {}, []
+    for o, folder, why in oracles.recorded("logits"):
+        if folder is None:
+            skipped.append(pytest.param(o, None, id=o.label, marks=pytest.mark.skip(reason=f"no {o.label} logits: "
+                                                                                          f"{why}")))
+            continue
+        for p in sorted(folder.glob("*.json")):
+            by_case.setdefault(p.stem, []).append(pytest.param(o, p, id=f"{o.label}-{p.stem}"))
+    return [p for case in sorted(by_case) for p in by_case[case]] + skipped
 
 
 @pytest.fixture(scope="module")
@@ -25,31 +41,51 @@ def real_vocab():
     return load_qwen35_vocab()
 
 
-def test_goldens_are_present():
+@pytest.mark.parametrize("oracle", oracles.ORACLES.values(), ids=oracles.ORACLES)
+def test_goldens_are_present(oracle):
     from gen_logits_goldens import CASES
-    missing = {c["name"] for c in CASES} - {p.stem for p in GOLDENS}
-    assert not missing, f"no golden for {sorted(missing)}: run compat/gen_logits_goldens.py --only ..."
+    [(_, folder, why)] = [r for r in oracles.recorded("logits") if r[0] is oracle]
+    if folder is None:
+        pytest.skip(f"no {oracle.label} logits: {why}")
+    missing = {c["name"] for c in CASES} - {p.stem for p in folder.glob("*.json")}
+    assert not missing, f"no golden for {sorted(missing)}: run compat/gen_logits_goldens.py --oracle " \
+                        f"{oracle.label} --only ..."
 
 
-@pytest.mark.parametrize("golden_path", GOLDENS, ids=[p.stem for p in GOLDENS])
-def test_logits_and_greedy_match_llama_cpp(golden_path, real_vocab, tmp_path):
-    from gen_logits_goldens import NEAR_TIE, TOLERANCE, fixture_path, tolerance_class
+_last: dict = {}      # the last case's forward: (key, prompt logits, per greedy step (max logit, logit of the token))
+
+
+def _ours(golden: dict, vocab, tmp_path: Path):
+    from gen_logits_goldens import fixture_path
+    key = (golden["name"], tuple(golden["prompt"]), tuple(golden["greedy"]), golden["kv"])
+    if _last.get("key") != key:
+        lm = load_model(fixture_path(golden, tmp_path, vocab), NumpyBackend())
+        state = lm.backend.new_state(lm.cfg, len(golden["prompt"]) + len(golden["greedy"]) + 1, golden["kv"])
+        logits = lm.model.forward(StepBatch.build([(state, golden["prompt"])], all_logits=True))  # [n_prompt, vocab]
+        # teacher-forced on llama.cpp's greedy tokens, so that one near tie cannot derail the rest
+        step_logits, steps = logits[-1], []
+        for want in golden["greedy"]:
+            steps.append((float(step_logits.max()), float(step_logits[want]), int(step_logits.argmax())))
+            step_logits = lm.model.forward(StepBatch.build([(state, [want])]))[0]
+        _last.clear()
+        _last.update(key=key, logits=logits, steps=steps)
+    return _last["logits"], _last["steps"]
+
+
+@pytest.mark.parametrize("oracle,golden_path", _params())
+def test_logits_and_greedy_match_llama_cpp(oracle, golden_path, real_vocab, tmp_path):
+    from gen_logits_goldens import NEAR_TIE, TOLERANCE, tolerance_class
     golden = json.loads(golden_path.read_text())
     tol, near_tie = TOLERANCE[tolerance_class(golden["dtype"])], NEAR_TIE[tolerance_class(golden["dtype"])]
-    lm = load_model(fixture_path(golden, tmp_path, real_vocab), NumpyBackend())
-    state = lm.backend.new_state(lm.cfg, len(golden["prompt"]) + len(golden["greedy"]) + 1, golden["kv"])
-    logits = lm.model.forward(StepBatch.build([(state, golden["prompt"])], all_logits=True))
+    logits, steps = _ours(golden, real_vocab, tmp_path)
     top_ids, top_vals = np.array(golden["top_ids"]), np.array(golden["top_logits"])
     ours = np.take_along_axis(logits, top_ids, 1)
     rel = np.linalg.norm(ours - top_vals) / np.linalg.norm(top_vals)
-    assert rel < tol, f"top-20 logits differ from llama.cpp by {rel:.2e} relative"
+    assert rel < tol, f"top-20 logits differ from llama.cpp {oracle.label} by {rel:.2e} relative"
     decided = top_vals[:, 0] - top_vals[:, 1] > near_tie
     assert np.array_equal(logits.argmax(1)[decided], top_ids[decided, 0])
-    # Greedy, teacher-forced on llama.cpp's tokens so that one near tie cannot derail the rest: at every step
-    # our argmax must be llama.cpp's token unless our own margin between the two is a near tie.
-    step_logits = logits[-1]
-    for i, want in enumerate(golden["greedy"]):
-        margin = step_logits.max() - step_logits[want]
-        assert margin <= near_tie, f"greedy step {i}: we prefer {int(step_logits.argmax())}, " \
-                                                   f"llama.cpp chose {want} (margin {margin:.3g})"
-        step_logits = lm.model.forward(StepBatch.build([(state, [want])]))[0]
+    # at every greedy step our argmax must be llama.cpp's token unless our own margin between the two is a near tie
+    for i, (want, (best, got, ours_id)) in enumerate(zip(golden["greedy"], steps)):
+        margin = best - got
+        assert margin <= near_tie, f"greedy step {i}: we prefer {ours_id}, llama.cpp {oracle.label} chose {want} " \
+                                   f"(margin {margin:.3g})"

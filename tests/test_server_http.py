@@ -57,6 +57,15 @@ def test_models(http):
         meta = body["data"][0]["meta"]
         assert meta["n_vocab"] > 256 and meta["n_embd"] == 64 and meta["n_params"] > 0
         assert body["models"][0]["details"]["format"] == "gguf"
+        # as llama-server 0c1e570: the slot's context, the file type's name, the name among the aliases
+        assert meta["n_ctx"] == 2048 and meta["ftype"] == "all F32"
+        assert body["data"][0]["aliases"] == ["tiny.gguf"]
+
+
+def test_models_aliases_as_a_sorted_set(model):
+    with LiveServer(model, "-c", "512", "-np", "1", "--alias", "zeta, alpha,zeta") as s:
+        data = httpx.get(s.url + "/v1/models").json()["data"][0]
+        assert data["aliases"] == ["alpha", "zeta"] and data["id"] == "alpha"    # as 0c1e570: the set's first
 
 
 def test_props(http):
@@ -64,6 +73,10 @@ def test_props(http):
     assert p["total_slots"] == 2 and p["default_generation_settings"]["n_ctx"] == 2048
     assert "<|im_start|>" in p["chat_template"] and p["eos_token"] == "<|im_end|>"
     assert p["endpoint_metrics"] is True and p["build_info"].startswith("b8462")
+    # fields llama-server 0c1e570 added, as they are true here: no video input, images at llamacmp's media marker
+    # (a fixed one; 0c1e570 draws a random one per start), no MCP CORS proxy
+    assert p["model_ftype"] == "all F32" and p["modalities"] == {"vision": False, "video": False, "audio": False}
+    assert p["media_marker"] == "<__media__>" and p["cors_proxy_enabled"] is False
     r = http.post("/props", json={})
     assert r.status_code == 501 and err(r)["type"] == "not_supported_error"
 
@@ -129,11 +142,27 @@ def test_completion_stream_order(http):
     assert "".join(c["content"] for c in chunks) == whole["content"]
 
 
-def test_completion_server_default_n_predict_and_wrong_types(http):
-    # a wrong-typed field falls back to its default (-n 16 here), as llama.cpp's json_value does
-    b = http.post("/completion", json={"prompt": "Hi", "n_predict": "5", "temperature": 0, "top_k": "x",
-                                       "stream": "yes"}).json()
+@pytest.mark.parametrize("field,value,want,got", [("n_probs", "two", "number", "string"),
+                                                   ("n_predict", "5", "number", "string"),
+                                                   ("max_tokens", [5], "number", "array"),
+                                                   ("temperature", True, "number", "boolean"),
+                                                   ("stream", "yes", "boolean", "string"),
+                                                   ("cache_prompt", 1, "boolean", "number")])
+def test_completion_wrong_types_are_refused_as_current_llama_cpp(http, field, value, want, got):
+    """llama-server 0c1e570 types its generation parameters: 400 naming the field (b8462 used the default)."""
+    r = http.post("/completion", json={"prompt": "Hi", field: value})
+    assert r.status_code == 400 and err(r) == {
+        "code": 400, "type": "invalid_request_error",
+        "message": f"Field '{field}': [json.exception.type_error.302] type must be {want}, but is {got}"}
+
+
+def test_completion_server_default_n_predict_and_nulls(http):
+    # null means absent: the server's defaults (-n 16 here, top_k 40); only the first n_predict name given is read
+    b = http.post("/completion", json={"prompt": "Hi", "n_predict": None, "temperature": 0, "top_k": None}).json()
     assert b["tokens_predicted"] == 16 and b["generation_settings"]["top_k"] == 40
+    b = http.post("/completion", json={"prompt": "Hi", "max_tokens": 3, "n_predict": None, "temperature": 0,
+                                       "id_slot": "any"}).json()
+    assert b["tokens_predicted"] == 3          # id_slot stays lenient in 0c1e570 too (json_value)
 
 
 def test_prompt_forms(http):
@@ -286,6 +315,18 @@ def test_chat_logprobs_and_prefill(http):
     assert r["choices"][0]["finish_reason"] == "length"
 
 
+def test_text_content_parts_reach_the_template_as_current_llama_cpp(http):
+    """0c1e570 hands text parts to a template that reads typed content, and the Qwen3.5 one concatenates them (b8462
+    joined them with a newline first): compat/goldens/0c1e570/chat_render.jsonl content_parts-*."""
+    parts = [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]
+    r = http.post("/apply-template", json={"messages": [{"role": "user", "content": parts}]})
+    assert r.json()["prompt"].startswith("<|im_start|>user\npart onepart two<|im_end|>\n")
+    # the /think switch is still seen in a message given as parts
+    r = http.post("/apply-template", json={"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Hi "}, {"type": "text", "text": "/no_think"}]}]})
+    assert r.json()["prompt"].endswith("<think>\n\n</think>\n\n")
+
+
 def test_apply_template_and_tokenize(http):
     prompt = http.post("/apply-template", json={"messages": [{"role": "user", "content": "Hi"}]}).json()["prompt"]
     assert prompt.startswith("<|im_start|>user\nHi<|im_end|>") and prompt.endswith("<|im_start|>assistant\n<think>\n")
@@ -349,7 +390,11 @@ def test_cors(http):
 def test_auth_and_disabled_endpoints(model):
     with LiveServer(model, "-c", "512", "-np", "1", "--api-key", "secret", "--no-slots") as s:
         with httpx.Client(base_url=s.url) as c:
-            assert c.get("/health").status_code == 200 and c.get("/v1/models").status_code == 200
+            assert c.get("/health").status_code == 200
+            # the model lists need the key too, as in llama-server 0c1e570 (b8462 served them to anyone)
+            for path in ("/v1/models", "/models"):
+                assert c.get(path).status_code == 401
+                assert c.get(path, headers={"Authorization": "Bearer secret"}).status_code == 200
             r = c.post("/completion", json={"prompt": "x", "n_predict": 1})
             assert r.status_code == 401 and err(r) == {"code": 401, "message": "Invalid API Key",
                                                        "type": "authentication_error"}
@@ -456,16 +501,18 @@ def test_return_progress(http):
     assert first["choices"][0]["delta"]["role"] == "assistant" and "prompt_progress" in first
 
 
-# -- /props chat_template_caps and /detokenize type errors, as llama-server b8462 answers ----------------------------------
+# -- /props chat_template_caps (as llama-server 0c1e570) and /detokenize type errors (as b8462) -------------------
 
 def test_props_chat_template_caps(http):
-    """The caps llama-server reports for the Qwen3.5 template (measured with b8462's llama-server on the compat
-    fixture): every field read, tool-call arguments read as objects, no typed content parts."""
+    """The caps llama-server 0c1e570 reports for the Qwen3.5 template (measured on the compat fixture): tool-call
+    arguments read as objects, content parts read as a list, earlier turns' reasoning not printed, no reasoning
+    effort. (b8462 said supports_typed_content false and supports_preserve_reasoning true, and had no
+    supports_reasoning_effort.)"""
     caps = http.get("/props").json()["chat_template_caps"]
     assert caps == {"supports_object_arguments": True, "supports_parallel_tool_calls": True,
-                    "supports_preserve_reasoning": True, "supports_string_content": True,
-                    "supports_system_role": True, "supports_tool_calls": True, "supports_tools": True,
-                    "supports_typed_content": False}
+                    "supports_preserve_reasoning": False, "supports_reasoning_effort": False,
+                    "supports_string_content": True, "supports_system_role": True, "supports_tool_calls": True,
+                    "supports_tools": True, "supports_typed_content": True}
     assert list(caps) == sorted(caps)                  # std::map order
 
 

@@ -159,7 +159,9 @@ def test_api_key(tmp_path):
     with LiveServer(model, "-c", "1024", "-np", "1", "--api-key", "k1,k2") as s:
         good = openai.OpenAI(base_url=s.url + "/v1", api_key="k2", max_retries=0)
         bad = openai.OpenAI(base_url=s.url + "/v1", api_key="nope", max_retries=0)
-        assert list(bad.models.list())          # /v1/models is public
+        with pytest.raises(openai.AuthenticationError):
+            list(bad.models.list())             # as llama-server 0c1e570 (b8462: /v1/models was public)
+        assert list(good.models.list())
         with pytest.raises(openai.AuthenticationError) as e:
             bad.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=1)
         assert e.value.status_code == 401

@@ -176,6 +176,6 @@ def test_completion_multimodal_data_and_slots(server, client):
 
 def test_props_and_models_say_vision(server):
     props = httpx.get(server.url + "/props", timeout=30).json()
-    assert props["modalities"] == {"vision": True, "audio": False}
+    assert props["modalities"] == {"vision": True, "video": False, "audio": False}
     models = httpx.get(server.url + "/v1/models", timeout=30).json()
     assert models["models"][0]["capabilities"] == ["completion", "multimodal"]

@@ -28,7 +28,8 @@ from .worker import ClientGone
 
 log = logging.getLogger("llamacmp.server")
 
-PUBLIC_PATHS = {"/health", "/v1/health", "/models", "/v1/models", "/api/tags", *PAGE_PATHS}
+# what answers without the API key: llama-server 0c1e570's list (b8462 also let the model lists through)
+PUBLIC_PATHS = {"/health", "/v1/health", *PAGE_PATHS}
 LOADING = ApiError("Loading model", "unavailable_error")
 INVALID_KEY = ApiError("Invalid API Key", "authentication_error")
 MAX_BODY = 32 * 1024 * 1024              # bytes; a larger request gets 413 before it is read

@@ -102,16 +102,19 @@ def _check_tools(tools) -> list[dict]:
 
 
 def _text_content(content, media: list | None = None, media_path: str = "", where: str = "content"):
+    """A message's content, checked: a string, a list of text parts (the template decides how to join them:
+    chat.normalize_messages), or, with images, one string as llama.cpp 0c1e570 builds it: text parts joined with
+    newlines, none around the media markers."""
     if content is None or isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad_request("Expected 'content' to be a string or an array")
-    parts = []
+    parts, texts = [], []
     for j, p in enumerate(content):
         kind = p.get("type") if isinstance(p, dict) else None
         if kind == "image_url":
             from .vision_input import content_part_marker
-            parts.append(content_part_marker(p, media, media_path))
+            parts.append((True, content_part_marker(p, media, media_path)))
             continue
         if kind == "input_audio":
             raise bad_request("audio input is not supported - hint: if this is unexpected, you may need to provide "
@@ -120,8 +123,21 @@ def _text_content(content, media: list | None = None, media_path: str = "", wher
             raise bad_request("unsupported content[].type")
         if not isinstance(p.get("text", ""), str):
             raise bad_request(f"'{where}[{j}].text' must be a string")
-        parts.append(p.get("text", ""))
-    return "".join(parts)
+        parts.append((False, p.get("text", "")))
+        texts.append({"type": "text", "text": p.get("text", "")})
+    if len(texts) == len(parts):
+        return texts
+    out, after_marker = "", False
+    for is_marker, text in parts:
+        if not is_marker and out and not after_marker:
+            out += "\n"
+        out, after_marker = out + text, is_marker
+    return out
+
+
+def content_text(content) -> str:
+    """The text of a checked content (_text_content), its parts concatenated."""
+    return content if isinstance(content, str) else "".join(p["text"] for p in content or [])
 
 
 def _tool_choice(body: dict) -> str:
@@ -151,8 +167,8 @@ def _enable_thinking(ctx: ServerContext, kwargs: dict, messages: list[dict]) -> 
         if isinstance(v, str):
             raise bad_request('invalid type for "enable_thinking" (expected boolean, got string)')
         return bool(v)
-    users = [m for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
-    switch = thinking_switch(users[-1]["content"]) if users else None
+    users = [m for m in messages if m.get("role") == "user" and m.get("content") is not None]
+    switch = thinking_switch(content_text(users[-1]["content"])) if users else None
     if switch is not None and ctx.params.reasoning == "auto":
         return switch
     return ctx.params.enable_thinking and ctx.template.supports_thinking
@@ -182,7 +198,7 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
             raise bad_request("Cannot have 2 or more assistant messages at the end of the list.")
         if thinking:
             raise bad_request("Assistant response prefill is incompatible with enable_thinking.")
-        prefill, fmt = last.get("content") or "", "none"
+        prefill, fmt = content_text(last.get("content")) or "", "none"
     add_gen = f.bool("add_generation_prompt", True) or bool(prefill)
     text = _render(ctx, messages, add_gen, tools if choice != "none" else None, thinking, kwargs) + prefill
     step()                              # rendering a long chat took a while: the client may have left

@@ -7,18 +7,21 @@ import time
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from ..engine.tasks import ErrorResult
+from ..gguf_file import file_type_name
+from ..vision.prompt import MEDIA_MARKER
 from .completions import generation_settings
 from .context import ServerContext
 from .errors import ApiError, bad_request, not_supported
 from .schemas import Fields
-from .validate import ascii_int
+from .validate import ascii_int, json_type
 
 
 def models_json(ctx: ServerContext) -> dict:
     name = ctx.model_name
     cfg, gguf = ctx.lm.cfg, ctx.lm.gguf
-    meta = {"vocab_type": 2, "n_vocab": cfg.n_vocab, "n_ctx_train": cfg.n_ctx_train, "n_embd": cfg.n_embd,
-            "n_params": _n_params(ctx), "size": _file_size(gguf)}
+    meta = {"vocab_type": 2, "n_vocab": cfg.n_vocab, "n_ctx": ctx.n_ctx_slot, "n_ctx_train": cfg.n_ctx_train,
+            "n_embd": cfg.n_embd, "n_params": _n_params(ctx), "size": _file_size(gguf),
+            "ftype": file_type_name(gguf.metadata)}
     return {"models": [{"name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
                         "description": "", "tags": [""],
                         "capabilities": ["completion", "multimodal"] if ctx.vision is not None else ["completion"],
@@ -26,7 +29,8 @@ def models_json(ctx: ServerContext) -> dict:
                         "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
                                     "parameter_size": "", "quantization_level": ""}}],
             "object": "list",
-            "data": [{"id": name, "aliases": list(ctx.opts.aliases), "tags": [], "object": "model",
+            # 0c1e570: the aliases (a sorted set, args.py), the model's name when none was given
+            "data": [{"id": name, "aliases": list(ctx.opts.aliases) or [name], "tags": [], "object": "model",
                       "created": int(time.time()), "owned_by": "llamacpp", "meta": meta}]}
 
 
@@ -59,13 +63,16 @@ def props_json(ctx: ServerContext) -> dict:
     bos = tok.tokens[tok.bos_id] if tok.bos_id is not None else ""
     return {"default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": ctx.n_ctx_slot, "speculative": ctx.spec.enabled,
                                             "is_processing": False, "params": params},
-            "total_slots": ctx.n_slots, "model_alias": ctx.model_name, "model_path": ctx.params.model,
-            "modalities": {"vision": ctx.vision is not None, "audio": False}, "endpoint_slots": ctx.opts.endpoint_slots,
+            "total_slots": ctx.n_slots, "model_alias": ctx.model_name,
+            "model_ftype": file_type_name(ctx.lm.gguf.metadata), "model_path": ctx.params.model,
+            "modalities": {"vision": ctx.vision is not None, "video": False, "audio": False},
+            "media_marker": MEDIA_MARKER, "endpoint_slots": ctx.opts.endpoint_slots,
             "endpoint_props": ctx.opts.endpoint_props, "endpoint_metrics": ctx.opts.endpoint_metrics,
             "webui": ctx.opts.webui, "webui_settings": {},
             "ui": ctx.opts.webui, "ui_settings": {}, "chat_template": ctx.template.source,
             "chat_template_caps": _template_caps(ctx),
-            "bos_token": bos, "eos_token": eos, "build_info": ctx.build_info, "is_sleeping": False}
+            "bos_token": bos, "eos_token": eos, "build_info": ctx.build_info, "is_sleeping": False,
+            "cors_proxy_enabled": False}       # --webui-mcp-proxy is refused: no proxy
 
 
 def _template_caps(ctx: ServerContext) -> dict:
@@ -96,17 +103,6 @@ def tokenize(ctx: ServerContext, body: dict) -> Response:
     return JSONResponse({"tokens": out})
 
 
-def _json_type(v) -> str:
-    """nlohmann::json's type_name() of a parsed JSON value."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(v), "object")
-
-
 def detokenize(ctx: ServerContext, body: dict) -> Response:
     """As llama-server: no "tokens" gives empty content; numbers convert as it converts them (1.5 -> 1, true -> 1).
     A non-array, or an element that is not a number or a boolean, gets nlohmann::json's type_error text as
@@ -117,11 +113,11 @@ def detokenize(ctx: ServerContext, body: dict) -> Response:
         return JSONResponse({"content": ""})
     toks = body["tokens"]
     if not isinstance(toks, list):
-        raise bad_request(f"[json.exception.type_error.302] type must be array, but is {_json_type(toks)}")
+        raise bad_request(f"[json.exception.type_error.302] type must be array, but is {json_type(toks)}")
     ids = []
     for t in toks:
         if not isinstance(t, (bool, int, float)):
-            raise bad_request(f"[json.exception.type_error.302] type must be number, but is {_json_type(t)}")
+            raise bad_request(f"[json.exception.type_error.302] type must be number, but is {json_type(t)}")
         try:
             ids.append(int(t))
         except (OverflowError, ValueError):      # NaN / Infinity (Python's parser accepts them)

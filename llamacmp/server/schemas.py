@@ -1,7 +1,9 @@
 """Request bodies -> typed objects, once, at the edge.
 
-llama.cpp's rule (json_value): a field given with the wrong JSON type is not an error, it falls back to its
-default. Numbers convert between int and float; a bool is not a number; null means "absent".
+llama.cpp's rules: the generation parameters of /completion and the chat endpoints (0c1e570's schema,
+tools/server/server-schema.cpp) are typed: a wrong JSON type is a 400 naming the field (b8462 fell back to the
+default there). Other fields (json_value) fall back to their default when the type is wrong. Either way numbers
+convert between int and float, a bool is not a number, and null means "absent".
 """
 from __future__ import annotations
 
@@ -13,14 +15,22 @@ from ..engine.tasks import GenParams
 from ..sampling import SamplingParams, parse_sampler_letters, parse_sampler_names
 from .errors import bad_request
 from .prep_cancel import step
-from .validate import INT32, MAX_N_PROBS, MAX_STOP_CHARS, MAX_STOPS, ascii_int, finite_float, int_in_range, loads
+from .validate import (INT32, MAX_N_PROBS, MAX_STOP_CHARS, MAX_STOPS, ascii_int, finite_float, int_in_range,
+                       json_type, loads)
 
 
 class Fields:
-    """Lenient typed reads of a JSON object."""
+    """Typed reads of a JSON object: lenient (a wrong type gives the default), or strict (a 400 naming it)."""
 
-    def __init__(self, body: Any):
+    def __init__(self, body: Any, strict: bool = False):
         self.body = body if isinstance(body, dict) else {}
+        self.strict = strict
+
+    def _wrong_type(self, key: str, v: Any, want: str) -> None:
+        """llama-server 0c1e570's answer to a typed field given another type; null counts as absent."""
+        if self.strict and v is not None:
+            raise bad_request(f"Field '{key}': [json.exception.type_error.302] type must be {want}, "
+                              f"but is {json_type(v)}")
 
     def has(self, key: str) -> bool:
         return self.body.get(key) is not None
@@ -33,18 +43,23 @@ class Fields:
         """A wrong type falls back to the default; a number outside [lo, hi] (int32 unless said) is a 400."""
         v = self.body.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+            self._wrong_type(key, v, "number")
             return default
         return int_in_range(key, v, lo, hi)
 
     def float(self, key: str, default: float) -> float:
         v = self.body.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
+            self._wrong_type(key, v, "number")
             return default
         return finite_float(key, v)
 
     def bool(self, key: str, default: bool) -> bool:
         v = self.body.get(key)
-        return v if isinstance(v, bool) else default
+        if not isinstance(v, bool):
+            self._wrong_type(key, v, "boolean")
+            return default
+        return v
 
     def str(self, key: str, default: str = "") -> str:
         v = self.body.get(key)
@@ -80,7 +95,7 @@ _REFUSED = (("mirostat", 0), ("dry_multiplier", 0.0), ("xtc_probability", 0.0), 
 
 
 def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenParams:
-    f = Fields(body)
+    f = Fields(body, strict=True)       # 0c1e570's schema: every number and bool read here is typed (but id_slot)
     s = d.sampling
     for key, default in _REFUSED:
         if f.float(key, default) != default:
@@ -98,7 +113,9 @@ def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenPar
         samplers=_samplers(f, s.samplers), ignore_eos=f.bool("ignore_eos", s.ignore_eos),
         logit_bias={**s.logit_bias, **parse_logit_bias(f.raw("logit_bias"), tokenizer, n_vocab)})
     # llama.cpp: n_predict, else max_completion_tokens (OpenAI's newer name), else max_tokens
-    n_predict = f.int("n_predict", f.int("max_completion_tokens", f.int("max_tokens", d.n_predict)))
+    # (only the first of the three names given is read, type-checked included)
+    given = next((k for k in ("n_predict", "max_completion_tokens", "max_tokens") if f.has(k)), "n_predict")
+    n_predict = f.int(given, d.n_predict)
     temp = sampling.temp if sampling.temp >= TEMP_MIN else 0.0    # the limit of a vanishing temperature: greedy
     stop = [x for x in f.list("stop", list(d.stop)) if isinstance(x, str)] if f.has("stop") else list(d.stop)
     if len(stop) > MAX_STOPS or any(len(x) > MAX_STOP_CHARS for x in stop):
@@ -106,7 +123,7 @@ def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenPar
     return GenParams(
         sampling=replace(sampling, temp=temp), n_predict=n_predict, n_keep=f.int("n_keep", d.n_keep), stop=stop,
         n_probs=max(0, f.int("n_probs", 0, hi=MAX_N_PROBS)), post_sampling_probs=f.bool("post_sampling_probs", False),
-        cache_prompt=f.bool("cache_prompt", d.cache_prompt), id_slot=f.int("id_slot", -1),
+        cache_prompt=f.bool("cache_prompt", d.cache_prompt), id_slot=Fields(body).int("id_slot", -1),
         return_tokens=f.bool("return_tokens", False), timings_per_token=f.bool("timings_per_token", False),
         return_progress=f.bool("return_progress", False),
         special=d.special, t_max_predict_ms=f.int("t_max_predict_ms", 0), stream=f.bool("stream", False))

@@ -107,6 +107,17 @@ def _check_text(s: str, path, what: str) -> None:
         raise bad_request(f"{where} holds a lone surrogate (\\ud800-\\udfff): not valid Unicode") from None
 
 
+def json_type(v) -> str:
+    """nlohmann::json's type_name() of a parsed JSON value (llama-server's type errors name it)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(v), "object")
+
+
 def ascii_int(s: str) -> int | None:
     """A decimal integer written in ASCII digits (llama.cpp's std::stoi), else None."""
     return int(s) if _DECIMAL.fullmatch(s) and len(s) <= 20 else None

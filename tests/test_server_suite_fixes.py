@@ -1,6 +1,7 @@
 """Server behaviours llama.cpp's own server test suite (tools/server/tests, b8462) checks, each as llama-server has
 it: max_completion_tokens, image parts without a projector, exceed_context_size_error, CORS header names, /slots
-of a never-used slot, response_format schemas, post-sampling probabilities at temperature 0."""
+of a never-used slot, response_format schemas, post-sampling probabilities at temperature 0, model aliases and
+tags."""
 from __future__ import annotations
 
 import sys
@@ -18,7 +19,8 @@ MSGS = [{"role": "user", "content": "What is the best book"}]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model = write_tiny_model(tmp_path_factory.mktemp("m") / "tiny.gguf")
-    with LiveServer(model, "-c", "256", "-np", "2", "--no-jinja") as s:
+    with LiveServer(model, "-c", "256", "-np", "2", "--no-jinja", "-a", "tiny-2, fim,code,fim",
+                    "--tags", "chat,fim,small") as s:
         yield s
 
 
@@ -33,6 +35,14 @@ def test_slots_of_never_used_slot(server):
     post(server, "/completion", {"prompt": "Hi", "n_predict": 1})
     used = [s for s in httpx.get(server.url + "/slots").json() if "params" in s]
     assert len(used) == 1 and used[0]["next_token"][0]["n_decoded"] == 1
+
+
+def test_model_aliases_and_tags(server):
+    # llama-server keeps both in a std::set: stripped, unique, sorted; the first alias is the model's id
+    model, = httpx.get(server.url + "/models").json()["data"]
+    assert model["aliases"] == ["code", "fim", "tiny-2"] and model["id"] == "code"
+    assert model["tags"] == ["chat", "fim", "small"]
+    assert post(server, "/completion", {"prompt": "Hi", "n_predict": 1}).json()["model"] == "code"
 
 
 def test_max_completion_tokens(server):

@@ -26,7 +26,7 @@ def models_json(ctx: ServerContext) -> dict:
                         "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
                                     "parameter_size": "", "quantization_level": ""}}],
             "object": "list",
-            "data": [{"id": name, "aliases": list(ctx.opts.aliases), "tags": [], "object": "model",
+            "data": [{"id": name, "aliases": list(ctx.opts.aliases), "tags": list(ctx.opts.tags), "object": "model",
                       "created": int(time.time()), "owned_by": "llamacpp", "meta": meta}]}
 
 

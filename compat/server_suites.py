@@ -4,7 +4,7 @@ per-test table.
 
     python3 compat/server_suites.py [--suite b8462|0c1e570|both] [--server llama|llamacmp|both]
                                     [--model FILE] [--files test_basic.py ...] [-k EXPR] [-x] [--timeout S]
-                                    [--work DIR] [--table FILE]
+                                    [--work DIR [--resume]] [--table FILE]
 
 Each run copies the suite's `tools/server/tests` to a scratch tree (their tests read ../../../models, which is
 linked) and runs their pytest there with compat/suite_plugin.py, which points every model preset at --model
@@ -13,8 +13,10 @@ download (compat/suite_na.py, with reasons). The binary is named through their L
 llama-server built by compat/build_llamacpp.sh for that suite's commit, or a launcher for this checkout's
 llamacmp-server. Nothing else in their harness changes.
 
-Writes <work>/<suite>-<server>.jsonl (one outcome per test), <work>/<suite>-<server>.log (pytest's output) and
-the table (markdown; --table, default <work>/table.md): test id, llama.cpp's result, llamacmp's result, reason.
+Writes <work>/<suite>-<server>.jsonl (one outcome per test, as each test ends), <work>/<suite>-<server>.log
+(pytest's output) and the table (markdown; --table, default <work>/table.md): test id, llama.cpp's result,
+llamacmp's result, reason.
+A run stops at --timeout with the outcomes it has; --resume with the same --work runs the rest.
 Needs the harness's requirements (requests, wget, prometheus_client, aiohttp, openai, filelock) importable by
 this Python (a venv with --system-site-packages works).
 """
@@ -94,23 +96,26 @@ def free_port() -> int:
 
 
 def run_suite(suite: str, server: str, binary: Path, model: Path, work: Path, selection: list[str],
-              timeout: int) -> dict[str, dict]:
-    """Runs the suite's pytest on one server; returns test id -> {"outcome", "reason"}."""
+              timeout: int, resume: bool) -> dict[str, dict]:
+    """Runs the suite's pytest on one server; returns test id -> {"id", "outcome", "reason"}. resume: keep the
+    outcomes <work> has from an earlier run and run only the tests without one."""
     tree = work / f"tree-{suite}-{server}"
     tests = tree / "tools" / "server" / "tests"
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(suite_tests(suite), tests)
     (tree / "models").symlink_to(SUITES[suite][0] / "models")
     results = work / f"{suite}-{server}.jsonl"
-    results.unlink(missing_ok=True)
+    if not resume:
+        results.unlink(missing_ok=True)
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(ROOT / "compat"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "PYTHONDONTWRITEBYTECODE": "1", "LLAMA_SERVER_BIN_PATH": str(binary), "LLAMACMP_SUITE_MODEL": str(model),
-           "LLAMACMP_SUITE_RESULTS": str(results), "LLAMA_CACHE": str(work / "llama-cache"),
+           "LLAMACMP_SUITE_RESULTS": str(results), "LLAMACMP_SUITE_RESUME": "1" if resume else "0",
+           "LLAMA_CACHE": str(work / "llama-cache"),
            "PORT": str(free_port())}
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "suite_plugin", *selection]
     # its own session, so that a run stopped at the time limit takes the servers it started along with it
-    with open(work / f"{suite}-{server}.log", "w") as log:
+    with open(work / f"{suite}-{server}.log", "a" if resume else "w") as log:
         proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
@@ -148,9 +153,15 @@ def table(suite: str, runs: dict[str, dict[str, dict]]) -> str:
     for t in ids:
         theirs, ours = runs.get("llama", {}).get(t), runs.get("llamacmp", {}).get(t)
         reason = next((e["reason"] for e in (theirs, ours) if e and label(e) in ("n/a", "skipped")), "")
+        if label(theirs) == "passed" and ours and label(ours) != "passed":
+            reason = f"llamacmp: {ours['reason']}"
         cells = [label(theirs) if "llama" in runs else "-", label(ours) if "llamacmp" in runs else "-"]
-        lines.append(f"| `{t}` | {cells[0]} | {cells[1]} | {reason.replace('|', '/')} |")
+        lines.append(f"| `{t}` | {cells[0]} | {cells[1]} | {_cell(reason)} |")
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ").replace("`", "'")
 
 
 def gaps(runs: dict[str, dict[str, dict]]) -> list[str]:
@@ -173,6 +184,8 @@ def main() -> None:
     ap.add_argument("-x", action="store_true", help="stop each run at its first failure")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per suite x server run")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the outcomes in --work from an earlier run and run only the tests without one")
     ap.add_argument("--table", type=Path, default=None, help="markdown table (default: <work>/table.md)")
     args = ap.parse_args()
 
@@ -195,7 +208,8 @@ def main() -> None:
         runs = {}
         for server in servers:
             binary = llama_server(suite, args.llama_server) if server == "llama" else launcher(work)
-            runs[server] = run_suite(suite, server, binary, args.model.resolve(), work, selection, args.timeout)
+            runs[server] = run_suite(suite, server, binary, args.model.resolve(), work, selection, args.timeout,
+                                     args.resume)
             print(f"[server_suites] {suite} on {server}: {dict(counts(runs[server]))}", flush=True)
         missing = gaps(runs)
         print(f"[server_suites] {suite}: {len(missing)} pass on llama-server and not on llamacmp-server"

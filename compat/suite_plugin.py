@@ -8,7 +8,7 @@ else:
   - tests that need what the local model or this offline machine cannot give (another architecture, an adapter,
     a draft model, a projector, a download) are skipped as "not applicable: <reason>" (suite_na.py).
 Each test's outcome goes to LLAMACMP_SUITE_RESULTS as one JSON line when it ends, so a run stopped at its time
-limit keeps what it had."""
+limit keeps what it had (and with LLAMACMP_SUITE_RESUME=1 the next run leaves those tests out)."""
 from __future__ import annotations
 
 import json
@@ -38,6 +38,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("LLAMACMP_SUITE_RESUME") == "1" and os.path.exists(os.environ["LLAMACMP_SUITE_RESULTS"]):
+        # a run stopped at its time limit goes on from where it stopped: what has an outcome already is left out
+        with open(os.environ["LLAMACMP_SUITE_RESULTS"]) as f:
+            done = {json.loads(line)["id"] for line in f}
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid in done])
+        items[:] = [i for i in items if i.nodeid not in done]
     for item in items:
         if reason := not_applicable(item.nodeid):
             item.add_marker(pytest.mark.skip(reason=f"not applicable: {reason}"))
@@ -50,11 +56,19 @@ def pytest_runtest_logreport(report):
     # one test has up to three reports (setup, call, teardown); the worst one is the test's outcome
     entry = _outcomes.setdefault(report.nodeid, {"id": report.nodeid, "outcome": "passed", "reason": ""})
     if report.failed:
-        entry["outcome"] = "failed" if report.when == "call" else "error"
-        entry["reason"] = report.longreprtext.strip().splitlines()[-1][:300] if report.longreprtext else ""
+        if entry["outcome"] not in ("failed", "error"):       # the first failure is the one to read
+            entry["outcome"] = "failed" if report.when == "call" else "error"
+            entry["reason"] = _last_error_line(report.longreprtext)
     elif report.skipped and entry["outcome"] == "passed":
         entry["outcome"] = "skipped"
-        entry["reason"] = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        entry["reason"] = reason.removeprefix("Skipped: ")
     if report.when == "teardown":
         with open(os.environ["LLAMACMP_SUITE_RESULTS"], "a") as f:
             f.write(json.dumps(entry) + "\n")
+
+
+def _last_error_line(text: str) -> str:
+    """The assertion or exception pytest printed last ('E   ...'), short enough for a table cell."""
+    errors = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
+    return (errors[-1] if errors else text.strip().splitlines()[-1] if text.strip() else "")[:200]

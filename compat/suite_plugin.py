@@ -54,7 +54,8 @@ _outcomes: dict[str, dict] = {}
 
 def pytest_runtest_logreport(report):
     # one test has up to three reports (setup, call, teardown); the worst one is the test's outcome
-    entry = _outcomes.setdefault(report.nodeid, {"id": report.nodeid, "outcome": "passed", "reason": ""})
+    entry = _outcomes.setdefault(report.nodeid, {"id": report.nodeid, "outcome": "passed", "reason": "", "s": 0.0})
+    entry["s"] = round(entry["s"] + report.duration, 2)
     if report.failed:
         if entry["outcome"] not in ("failed", "error"):       # the first failure is the one to read
             entry["outcome"] = "failed" if report.when == "call" else "error"

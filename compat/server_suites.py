@@ -72,6 +72,17 @@ def llama_server(suite: str, override: Path | None) -> Path:
     return path
 
 
+def files_in(suite: str, files: list[str]) -> list[str]:
+    """The --files this suite has (the two suites' files differ), as pytest paths; all of unit/ by default."""
+    unit = suite_tests(suite) / "unit"
+    absent = [f for f in files if not (unit / f).is_file()]
+    if absent:
+        print(f"[server_suites] {suite} has no {', '.join(absent)}", flush=True)
+        if len(absent) == len(files):
+            raise Missing(f"none of {', '.join(files)} is in {unit}")
+    return [f"unit/{f}" for f in files if f not in absent] or ["unit"]
+
+
 def check_harness() -> None:
     absent = [m for m in HARNESS_NEEDS if importlib.util.find_spec(m) is None]
     if absent:
@@ -200,11 +211,11 @@ def main() -> None:
         raise Missing(f"no model at {args.model}")
     work = args.work or Path(tempfile.mkdtemp(prefix="llamacmp-suites-"))
     work.mkdir(parents=True, exist_ok=True)
-    selection = [f"unit/{f}" for f in args.files] or ["unit"]
-    selection += (["-k", args.k] if args.k else []) + (["-x"] if args.x else [])
+    options = (["-k", args.k] if args.k else []) + (["-x"] if args.x else [])
 
     sections = []
     for suite in suites:
+        selection = files_in(suite, args.files) + options
         runs = {}
         for server in servers:
             binary = llama_server(suite, args.llama_server) if server == "llama" else launcher(work)

@@ -1,7 +1,7 @@
 """Server behaviours llama.cpp's own server test suite (tools/server/tests, b8462) checks, each as llama-server has
 it: max_completion_tokens, image parts without a projector, exceed_context_size_error, CORS header names, /slots
 of a never-used slot, response_format schemas, post-sampling probabilities at temperature 0, model aliases and
-tags."""
+tags; and as llama-server 0c1e570 has them: the input_tokens routes, the "__verbose" debug field."""
 from __future__ import annotations
 
 import sys
@@ -43,6 +43,35 @@ def test_model_aliases_and_tags(server):
     assert model["aliases"] == ["code", "fim", "tiny-2"] and model["id"] == "code"
     assert model["tags"] == ["chat", "fim", "small"]
     assert post(server, "/completion", {"prompt": "Hi", "n_predict": 1}).json()["model"] == "code"
+
+
+def test_input_tokens_routes(server):
+    n = post(server, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 1}).json()["usage"]["prompt_tokens"]
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        assert post(server, path, {"messages": MSGS}).json() == {"input_tokens": n}
+    for path in ("/responses/input_tokens", "/v1/responses/input_tokens"):
+        assert post(server, path, {"input": MSGS[0]["content"]}).json() == {"input_tokens": n}
+    assert post(server, "/v1/responses/input_tokens", {}).status_code == 400
+
+
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", {"messages": MSGS}),
+                                        ("/v1/completions", {"prompt": "What is the best book"})])
+def test_verbose_field(server, path, body):
+    body = {**body, "max_tokens": 2, "temperature": 0}
+    plain = post(server, path, body).json()
+    assert "__verbose" not in plain and "__verbose" not in post(server, path, {**body, "verbose": False}).json()
+    r = post(server, path, {**body, "verbose": True}).json()
+    native = r["__verbose"]
+    assert "What is the best book" in native["prompt"] and native["tokens_predicted"] == 2
+    assert native["tokens_evaluated"] == r["usage"]["prompt_tokens"] and native["stop"] is True
+
+
+def test_verbose_server_adds_the_field_by_default(tmp_path):
+    model = write_tiny_model(tmp_path / "tiny.gguf")
+    with LiveServer(model, "-c", "256", "--no-jinja", "-v") as s:
+        body = {"messages": MSGS, "max_tokens": 1}
+        assert "__verbose" in post(s, "/v1/chat/completions", body).json()
+        assert "__verbose" not in post(s, "/v1/chat/completions", {**body, "verbose": False}).json()
 
 
 def test_max_completion_tokens(server):

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from ..chat import THINK_END, ParsedMessage, TemplateError, parse_output, reply_start, thinking_switch
 from ..engine.tasks import FinalResult, GenParams, PartialResult
 from .completions import (attach_grammar, finish_reason, make_tasks, probs_json, raise_first_error, start_stream,
-                          usage_json)
+                          usage_json, verbose_json)
 from .context import ServerContext, random_id
 from .errors import bad_request
 from .prep_cancel import step
@@ -349,7 +349,8 @@ async def handle_chat(ctx: ServerContext, request: Request, body: dict) -> Respo
     usage = usage_json(results[0]) if len(results) == 1 else _merged_usage(results)
     return JSONResponse({"choices": choices, "created": created, "model": ctx.model_name,
                          "system_fingerprint": ctx.build_info, "object": "chat.completion", "usage": usage,
-                         "id": cid, "timings": results[-1].timings.to_json()})
+                         "id": cid, "timings": results[-1].timings.to_json(),
+                         **verbose_json(ctx, body, results[0], params)})
 
 
 def _merged_usage(results: list[FinalResult]) -> dict:
@@ -390,6 +391,12 @@ async def _stream_chat(ctx, request, tasks, cp: ChatPrompt, params: GenParams, c
         out[-1]["timings"] = r.timings.to_json()
         return out
     return await start_stream(ctx, tasks, to_chunks, done=True, request=request)
+
+
+async def handle_input_tokens(ctx: ServerContext, body: dict) -> Response:
+    """/chat/completions/input_tokens (0c1e570): the prompt's token count, nothing generated."""
+    cp = await ctx.prep(build_prompt, ctx, body)
+    return JSONResponse({"input_tokens": len(cp.tokens)})
 
 
 async def handle_apply_template(ctx: ServerContext, body: dict) -> Response:

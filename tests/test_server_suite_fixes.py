@@ -1,7 +1,8 @@
 """Server behaviours llama.cpp's own server test suite (tools/server/tests, b8462) checks, each as llama-server has
 it: max_completion_tokens, image parts without a projector, exceed_context_size_error, CORS header names, /slots
 of a never-used slot, response_format schemas, post-sampling probabilities at temperature 0, model aliases and
-tags; and as llama-server 0c1e570 has them: the input_tokens routes, the "__verbose" debug field."""
+tags; and as llama-server 0c1e570 has them: the input_tokens routes, the "__verbose" debug field,
+continue_final_message."""
 from __future__ import annotations
 
 import sys
@@ -72,6 +73,22 @@ def test_verbose_server_adds_the_field_by_default(tmp_path):
         body = {"messages": MSGS, "max_tokens": 1}
         assert "__verbose" in post(s, "/v1/chat/completions", body).json()
         assert "__verbose" not in post(s, "/v1/chat/completions", {**body, "verbose": False}).json()
+
+
+def test_continue_final_message(server):
+    chat = MSGS + [{"role": "assistant", "content": "Whill"}]
+    body = {"messages": chat, "add_generation_prompt": False, "continue_final_message": True}
+    prompt = post(server, "/apply-template", body).json()["prompt"]
+    assert prompt.endswith("Whill") and prompt == post(server, "/apply-template", {"messages": chat}).json()["prompt"]
+    both = post(server, "/chat/completions", {**body, "add_generation_prompt": True, "max_tokens": 1})
+    assert both.status_code == 400 and "Cannot set both" in both.json()["error"]["message"]
+    assert post(server, "/chat/completions", {"messages": chat, "continue_final_message": True}).status_code == 400
+    r = post(server, "/apply-template", {**body, "continue_final_message": "reasoning_content"})
+    assert r.status_code == 400 and "reasoning_content" in r.json()["error"]["message"]
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "1", "function": {
+        "name": "f", "arguments": "{}"}}]}
+    r = post(server, "/apply-template", {**body, "messages": MSGS + [call]})
+    assert r.status_code == 400 and "tool calls" in r.json()["error"]["message"]
 
 
 def test_max_completion_tokens(server):

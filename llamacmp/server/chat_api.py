@@ -176,7 +176,11 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
     if ctx.template.builtin:
         fmt = "none"            # llama.cpp's non-jinja path parses the reply as plain content
     prefill = ""
-    if messages and messages[-1].get("role") == "assistant" and getattr(ctx.params, "prefill_assistant", True):
+    continuation = _continuation(body)
+    if messages and messages[-1].get("role") == "assistant" and (
+            continuation or getattr(ctx.params, "prefill_assistant", True)):
+        if messages[-1].get("tool_calls"):
+            raise bad_request("Cannot continue an assistant message that contains tool calls.")
         last = messages.pop()
         if messages and messages[-1].get("role") == "assistant":
             raise bad_request("Cannot have 2 or more assistant messages at the end of the list.")
@@ -194,6 +198,19 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
     tokens = ctx.tokenizer.encode(text, parse_special=True, add_special=True)
     return ChatPrompt(text, tokens, _reply_start(ctx, messages, tools, thinking, kwargs, tokens), tools,
                       bool(tools) and choice != "none", fmt, text.rstrip().endswith("<think>"), choice)
+
+
+def _continuation(body: dict) -> bool:
+    """continue_final_message (0c1e570; vLLM's name for the assistant prefill): true or "content" continue the
+    last assistant message's content, which then must not come with add_generation_prompt (true by default)."""
+    value = body.get("continue_final_message")
+    if value == "reasoning_content":
+        raise bad_request("continue_final_message \"reasoning_content\" is not supported by llamacmp: "
+                          "only the content of the last assistant message can be continued")
+    on = value is True or value == "content"
+    if on and Fields(body).bool("add_generation_prompt", True):
+        raise bad_request("Cannot set both add_generation_prompt and continue_final_message to true.")
+    return on
 
 
 def _render(ctx, messages, add_gen, tools, thinking, kwargs) -> str:

@@ -4,7 +4,7 @@ per-test table.
 
     python3 compat/server_suites.py [--suite b8462|0c1e570|both] [--server llama|llamacmp|both]
                                     [--model FILE] [--files test_basic.py ...] [-k EXPR] [-x] [--timeout S]
-                                    [--work DIR [--resume]] [--table FILE]
+                                    [--work DIR [--resume | --report]] [--table FILE]
 
 Each run copies the suite's `tools/server/tests` to a scratch tree (their tests read ../../../models, which is
 linked) and runs their pytest there with compat/suite_plugin.py, which points every model preset at --model
@@ -137,7 +137,7 @@ def run_suite(suite: str, server: str, binary: Path, model: Path, work: Path, se
             log.write(f"\n[server_suites] stopped after {timeout} s\n")
     if not results.exists():
         raise SystemExit(f"server_suites: {suite} on {server} ran no test (see {work / f'{suite}-{server}.log'})")
-    return {e["id"]: e for e in map(json.loads, results.read_text().splitlines())}
+    return load(results)
 
 
 def label(entry: dict | None) -> str:
@@ -183,6 +183,25 @@ def gaps(runs: dict[str, dict[str, dict]]) -> list[str]:
     return sorted(t for t, e in theirs.items() if label(e) == "passed" and t in ours and label(ours[t]) != "passed")
 
 
+def load(path: Path) -> dict[str, dict]:
+    """An outcome file; a test listed twice (a run resumed after a change) keeps its last outcome."""
+    return {e["id"]: e for e in map(json.loads, path.read_text().splitlines())}
+
+
+def report(work: Path | None, suites: list[str], servers: list[str], out: Path | None) -> None:
+    if work is None:
+        raise SystemExit("server_suites: --report needs --work (the folder of an earlier run)")
+    sections = []
+    for suite in suites:
+        runs = {s: load(work / f"{suite}-{s}.jsonl") for s in servers if (work / f"{suite}-{s}.jsonl").exists()}
+        if runs:
+            sections.append(table(suite, runs))
+            print(f"[server_suites] {suite}: {len(gaps(runs))} pass on llama-server and not on llamacmp-server"
+                  + "".join(f"\n  {t}" for t in gaps(runs)))
+    (out or work / "table.md").write_text("\n\n".join(sections) + "\n")
+    print(f"[server_suites] table: {out or work / 'table.md'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--suite", choices=["b8462", "0c1e570", "both"], default="both")
@@ -198,10 +217,13 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true",
                     help="keep the outcomes in --work from an earlier run and run only the tests without one")
     ap.add_argument("--table", type=Path, default=None, help="markdown table (default: <work>/table.md)")
+    ap.add_argument("--report", action="store_true", help="run nothing: the table from the outcomes in --work")
     args = ap.parse_args()
 
     suites = ["b8462", "0c1e570"] if args.suite == "both" else [args.suite]
     servers = ["llama", "llamacmp"] if args.server == "both" else [args.server]
+    if args.report:
+        return report(args.work, suites, servers, args.table)
     for suite in suites:          # everything missing is named before anything runs
         suite_tests(suite)
         if "llama" in servers:

@@ -63,6 +63,15 @@ def test_table_marks_the_gaps():
     assert server_suites.gaps(runs) == [] and "| `a` | passed | not run |" in server_suites.table("b8462", runs)
 
 
+def test_report_reads_earlier_outcomes(tmp_path):
+    line = '{"id": "unit/test_a.py::test_x", "outcome": "%s", "reason": "%s", "s": 1.0}\n'
+    (tmp_path / "b8462-llama.jsonl").write_text(line % ("passed", ""))
+    (tmp_path / "b8462-llamacmp.jsonl").write_text(line % ("failed", "assert 1") + line % ("passed", ""))
+    r = run_tool("--suite", "b8462", "--work", str(tmp_path), "--report")
+    assert r.returncode == 0 and "b8462: 0 pass on llama-server and not on llamacmp-server" in r.stdout
+    assert "| `unit/test_a.py::test_x` | passed | passed |  |" in (tmp_path / "table.md").read_text()   # last wins
+
+
 HARNESS = [m for m in server_suites.HARNESS_NEEDS if importlib.util.find_spec(m) is None]
 
 

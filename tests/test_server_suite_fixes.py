@@ -5,6 +5,7 @@ tags; and as llama-server 0c1e570 has them: the input_tokens routes, the "__verb
 continue_final_message."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -89,6 +90,15 @@ def test_continue_final_message(server):
         "name": "f", "arguments": "{}"}}]}
     r = post(server, "/apply-template", {**body, "messages": MSGS + [call]})
     assert r.status_code == 400 and "tool calls" in r.json()["error"]["message"]
+
+
+def test_several_host_addresses_are_refused_naming_the_flag():
+    # llama-server 0c1e570 listens on each address of "--host a,b"; llamacmp refuses before loading the model
+    r = subprocess.run([sys.executable, "-m", "llamacmp.server.app", "-m", "unused.gguf", "--host", "127.0.0.1,::1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+        "error: --host 127.0.0.1,::1: listening on several addresses is not supported by llamacmp yet; "
+        "give one address")
 
 
 def test_max_completion_tokens(server):

@@ -84,6 +84,8 @@ def test_continue_final_message(server):
     both = post(server, "/chat/completions", {**body, "add_generation_prompt": True, "max_tokens": 1})
     assert both.status_code == 400 and "Cannot set both" in both.json()["error"]["message"]
     assert post(server, "/chat/completions", {"messages": chat, "continue_final_message": True}).status_code == 400
+    r = post(server, "/apply-template", {**body, "continue_final_message": "x"})
+    assert r.status_code == 400 and "continue_final_message must be" in r.json()["error"]["message"]
     r = post(server, "/apply-template", {**body, "continue_final_message": "reasoning_content"})
     assert r.status_code == 400 and "reasoning_content" in r.json()["error"]["message"]
     call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "1", "function": {

@@ -204,6 +204,8 @@ def _continuation(body: dict) -> bool:
     """continue_final_message (0c1e570; vLLM's name for the assistant prefill): true or "content" continue the
     last assistant message's content, which then must not come with add_generation_prompt (true by default)."""
     value = body.get("continue_final_message")
+    if not (value is None or isinstance(value, bool) or value in ("content", "reasoning_content")):
+        raise bad_request('continue_final_message must be a boolean, "content" or "reasoning_content"')
     if value == "reasoning_content":
         raise bad_request("continue_final_message \"reasoning_content\" is not supported by llamacmp: "
                           "only the content of the last assistant message can be continued")

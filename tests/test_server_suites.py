@@ -47,6 +47,10 @@ def test_not_applicable_table():
     assert not_applicable("unit/test_slot_save.py::test_slot_save_restore_with_image")
     assert not_applicable("unit/test_slot_save.py::test_slot_save_restore") == ""
     assert not_applicable("unit/test_basic.py::test_server_props") == ""
+    assert not_applicable("unit/test_router.py::test_router_unload_model").startswith("router mode loads")
+    # router mode itself needs no download: these run
+    assert not_applicable("unit/test_router.py::test_router_props") == ""
+    assert not_applicable("unit/test_router.py::test_router_chat_completion_stream[non-existent/model-False]") == ""
 
 
 def test_table_marks_the_gaps():

@@ -146,8 +146,8 @@ def _comma_list(s: str) -> list[str]:
     return [x for x in s.split(",") if x]
 
 
-def _alias_set(s: str) -> list[str]:
-    """--alias as llama.cpp 0c1e570 keeps it: a set (sorted) of the stripped names; the first names the model."""
+def _name_set(s: str) -> list[str]:
+    # llama.cpp keeps aliases and tags in a std::set: stripped, unique, sorted (the first alias names the model)
     return sorted({x.strip() for x in s.split(",") if x.strip()})
 
 
@@ -583,7 +583,7 @@ OPTIONS: tuple[Option, ...] = (
       "(default: none)"),
     O("--api-key-file", value="FNAME", parse=str, apply=_add_api_key_file, tools=S,
       help="path to file containing API keys (default: none)"),
-    O("-a", "--alias", value="STRING", dest="server.aliases", parse=_alias_set, env="LLAMA_ARG_ALIAS", tools=S,
+    O("-a", "--alias", value="STRING", dest="server.aliases", parse=_name_set, env="LLAMA_ARG_ALIAS", tools=S,
       help="set model name aliases, comma-separated (to be used by API)"),
     O("-to", "--timeout", value="N", dest="server.timeout", parse=to_int, env="LLAMA_ARG_TIMEOUT", tools=S,
       help="server read/write timeout in seconds (default: 600)"),
@@ -750,7 +750,8 @@ OPTIONS: tuple[Option, ...] = (
                   why="llamacmp keeps the model loaded (-1 = never sleep)"),
     _default_only("--sse-ping-interval", default="-1", parse=to_int, tools=S,
                   why="llamacmp-server sends no SSE pings (-1 = disabled; llama-server's default is 30)"),
-    _noop("--tags", value="STRING", tools=S, why="informational in llama.cpp as well; llamacmp shows no model tags"),
+    O("--tags", value="STRING", dest="server.tags", parse=_name_set, env="LLAMA_ARG_TAGS", tools=S,
+      help="set model tags, comma-separated (informational, not used for routing)"),
     _noop("--mtmd-batch-max-tokens", value="N", tools=S, why="llamacmp encodes each image whole"),
     _unsup("--reuse-port", tools=S, why="SO_REUSEPORT listening is not supported by llamacmp"),
     _unsup("--cors-origins", value="ORIGINS", tools=S, why=CORS),

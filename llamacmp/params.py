@@ -18,7 +18,8 @@ class ServerParams:
     host: str = "127.0.0.1"             # a path ending in .sock: a UNIX socket
     port: int = 8080
     api_keys: list[str] = field(default_factory=list)
-    aliases: list[str] = field(default_factory=list)
+    aliases: list[str] = field(default_factory=list)     # sorted: the first names the model, as llama-server
+    tags: list[str] = field(default_factory=list)        # informational: listed by /models
     endpoint_metrics: bool = False
     endpoint_slots: bool = True
     endpoint_props: bool = False

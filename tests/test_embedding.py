@@ -94,6 +94,20 @@ def test_pooling_none(model_path):
         assert len(rows) > 1 and abs(np.linalg.norm(rows[0]) - 1) > 1e-3     # per token, not normalized
 
 
+@pytest.mark.parametrize("pooling, longest", [("last", -1), ("mean", 0)])
+def test_input_must_fit_a_slot(model_path, pooling, longest):
+    # as llama-server: 'last' pooling leaves room for one more token (>= n_ctx is refused), the others fill the slot
+    with LiveServer(model_path, "--embeddings", "--pooling", pooling, "-c", "128", "-np", "2") as s:
+        n_ctx = httpx.get(s.url + "/slots").json()[0]["n_ctx"]
+        ok = httpx.post(s.url + "/embedding", json={"content": [[9] * (n_ctx + longest)]}, timeout=60)
+        assert ok.status_code == 200
+        r = httpx.post(s.url + "/v1/embeddings", json={"input": ["hi", [9] * (n_ctx + longest + 1)]}, timeout=60)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["type"] == "exceed_context_size_error"
+        assert err["n_prompt_tokens"] == n_ctx + longest + 1 and err["n_ctx"] == n_ctx
+        assert f"({n_ctx} tokens)" in err["message"]
+
+
 # -- against llama.cpp b8462's llama-embedding (compat/gen_embedding_goldens.py) -------------------------------------
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "compat" / "goldens" / "embeddings.json").read_text())

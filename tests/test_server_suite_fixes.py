@@ -1,8 +1,11 @@
 """Server behaviours llama.cpp's own server test suite (tools/server/tests, b8462) checks, each as llama-server has
 it: max_completion_tokens, image parts without a projector, exceed_context_size_error, CORS header names, /slots
-of a never-used slot, response_format schemas, post-sampling probabilities at temperature 0."""
+of a never-used slot, response_format schemas, post-sampling probabilities at temperature 0, model aliases and
+tags; and as llama-server 0c1e570 has them: the input_tokens routes, the "__verbose" debug field,
+continue_final_message."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +21,8 @@ MSGS = [{"role": "user", "content": "What is the best book"}]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model = write_tiny_model(tmp_path_factory.mktemp("m") / "tiny.gguf")
-    with LiveServer(model, "-c", "256", "-np", "2", "--no-jinja") as s:
+    with LiveServer(model, "-c", "256", "-np", "2", "--no-jinja", "-a", "tiny-2, fim,code,fim",
+                    "--tags", "chat,fim,small") as s:
         yield s
 
 
@@ -33,6 +37,70 @@ def test_slots_of_never_used_slot(server):
     post(server, "/completion", {"prompt": "Hi", "n_predict": 1})
     used = [s for s in httpx.get(server.url + "/slots").json() if "params" in s]
     assert len(used) == 1 and used[0]["next_token"][0]["n_decoded"] == 1
+
+
+def test_model_aliases_and_tags(server):
+    # llama-server keeps both in a std::set: stripped, unique, sorted; the first alias is the model's id
+    model, = httpx.get(server.url + "/models").json()["data"]
+    assert model["aliases"] == ["code", "fim", "tiny-2"] and model["id"] == "code"
+    assert model["tags"] == ["chat", "fim", "small"]
+    assert post(server, "/completion", {"prompt": "Hi", "n_predict": 1}).json()["model"] == "code"
+
+
+def test_input_tokens_routes(server):
+    n = post(server, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 1}).json()["usage"]["prompt_tokens"]
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        assert post(server, path, {"messages": MSGS}).json() == {"input_tokens": n}
+    for path in ("/responses/input_tokens", "/v1/responses/input_tokens"):
+        assert post(server, path, {"input": MSGS[0]["content"]}).json() == {"input_tokens": n}
+    assert post(server, "/v1/responses/input_tokens", {}).status_code == 400
+
+
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", {"messages": MSGS}),
+                                        ("/v1/completions", {"prompt": "What is the best book"})])
+def test_verbose_field(server, path, body):
+    body = {**body, "max_tokens": 2, "temperature": 0}
+    plain = post(server, path, body).json()
+    assert "__verbose" not in plain and "__verbose" not in post(server, path, {**body, "verbose": False}).json()
+    r = post(server, path, {**body, "verbose": True}).json()
+    native = r["__verbose"]
+    assert "What is the best book" in native["prompt"] and native["tokens_predicted"] == 2
+    assert native["tokens_evaluated"] == r["usage"]["prompt_tokens"] and native["stop"] is True
+
+
+def test_verbose_server_adds_the_field_by_default(tmp_path):
+    model = write_tiny_model(tmp_path / "tiny.gguf")
+    with LiveServer(model, "-c", "256", "--no-jinja", "-v") as s:
+        body = {"messages": MSGS, "max_tokens": 1}
+        assert "__verbose" in post(s, "/v1/chat/completions", body).json()
+        assert "__verbose" not in post(s, "/v1/chat/completions", {**body, "verbose": False}).json()
+
+
+def test_continue_final_message(server):
+    chat = MSGS + [{"role": "assistant", "content": "Whill"}]
+    body = {"messages": chat, "add_generation_prompt": False, "continue_final_message": True}
+    prompt = post(server, "/apply-template", body).json()["prompt"]
+    assert prompt.endswith("Whill") and prompt == post(server, "/apply-template", {"messages": chat}).json()["prompt"]
+    both = post(server, "/chat/completions", {**body, "add_generation_prompt": True, "max_tokens": 1})
+    assert both.status_code == 400 and "Cannot set both" in both.json()["error"]["message"]
+    assert post(server, "/chat/completions", {"messages": chat, "continue_final_message": True}).status_code == 400
+    r = post(server, "/apply-template", {**body, "continue_final_message": "x"})
+    assert r.status_code == 400 and "continue_final_message must be" in r.json()["error"]["message"]
+    r = post(server, "/apply-template", {**body, "continue_final_message": "reasoning_content"})
+    assert r.status_code == 400 and "reasoning_content" in r.json()["error"]["message"]
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "1", "function": {
+        "name": "f", "arguments": "{}"}}]}
+    r = post(server, "/apply-template", {**body, "messages": MSGS + [call]})
+    assert r.status_code == 400 and "tool calls" in r.json()["error"]["message"]
+
+
+def test_several_host_addresses_are_refused_naming_the_flag():
+    # llama-server 0c1e570 listens on each address of "--host a,b"; llamacmp refuses before loading the model
+    r = subprocess.run([sys.executable, "-m", "llamacmp.server.app", "-m", "unused.gguf", "--host", "127.0.0.1,::1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+        "error: --host 127.0.0.1,::1: listening on several addresses is not supported by llamacmp yet; "
+        "give one address")
 
 
 def test_max_completion_tokens(server):

@@ -162,6 +162,12 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def count_tokens(request: Request):
         return await anthropic.handle_count_tokens(ctx, await read_body(request))
 
+    async def chat_input_tokens(request: Request):
+        return await chat_api.handle_input_tokens(ctx, await read_body(request))
+
+    async def responses_input_tokens(request: Request):
+        return await chat_api.handle_input_tokens(ctx, responses.to_chat_body(await read_body(request)))
+
     async def oai_responses(request: Request):
         return await responses.handle_responses(ctx, request, await read_body(request))
 
@@ -211,7 +217,9 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     _post(app, ["/chat/completions", "/v1/chat/completions"], chat, "chat")
     _post(app, ["/v1/messages"], messages, "object")
     _post(app, ["/v1/messages/count_tokens"], count_tokens, "object")
+    _post(app, ["/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"], chat_input_tokens, "chat")
     _post(app, ["/v1/responses", "/responses"], oai_responses, "object")
+    _post(app, ["/responses/input_tokens", "/v1/responses/input_tokens"], responses_input_tokens, "object")
     _post(app, ["/infill"], fim, "object")
     _post(app, ["/apply-template"], apply_template, "chat")
     _post(app, ["/tokenize"], tokenize, "tokenize")

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from ..chat import THINK_END, ParsedMessage, TemplateError, parse_output, reply_start, thinking_switch
 from ..engine.tasks import FinalResult, GenParams, PartialResult
 from .completions import (attach_grammar, finish_reason, make_tasks, probs_json, raise_first_error, start_stream,
-                          usage_json)
+                          usage_json, verbose_json)
 from .context import ServerContext, random_id
 from .errors import bad_request
 from .prep_cancel import step
@@ -192,7 +192,11 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
     if ctx.template.builtin:
         fmt = "none"            # llama.cpp's non-jinja path parses the reply as plain content
     prefill = ""
-    if messages and messages[-1].get("role") == "assistant" and getattr(ctx.params, "prefill_assistant", True):
+    continuation = _continuation(body)
+    if messages and messages[-1].get("role") == "assistant" and (
+            continuation or getattr(ctx.params, "prefill_assistant", True)):
+        if messages[-1].get("tool_calls"):
+            raise bad_request("Cannot continue an assistant message that contains tool calls.")
         last = messages.pop()
         if messages and messages[-1].get("role") == "assistant":
             raise bad_request("Cannot have 2 or more assistant messages at the end of the list.")
@@ -210,6 +214,21 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
     tokens = ctx.tokenizer.encode(text, parse_special=True, add_special=True)
     return ChatPrompt(text, tokens, _reply_start(ctx, messages, tools, thinking, kwargs, tokens), tools,
                       bool(tools) and choice != "none", fmt, text.rstrip().endswith("<think>"), choice)
+
+
+def _continuation(body: dict) -> bool:
+    """continue_final_message (0c1e570; vLLM's name for the assistant prefill): true or "content" continue the
+    last assistant message's content, which then must not come with add_generation_prompt (true by default)."""
+    value = body.get("continue_final_message")
+    if not (value is None or isinstance(value, bool) or value in ("content", "reasoning_content")):
+        raise bad_request('continue_final_message must be a boolean, "content" or "reasoning_content"')
+    if value == "reasoning_content":
+        raise bad_request("continue_final_message \"reasoning_content\" is not supported by llamacmp: "
+                          "only the content of the last assistant message can be continued")
+    on = value is True or value == "content"
+    if on and Fields(body).bool("add_generation_prompt", True):
+        raise bad_request("Cannot set both add_generation_prompt and continue_final_message to true.")
+    return on
 
 
 def _render(ctx, messages, add_gen, tools, thinking, kwargs) -> str:
@@ -365,7 +384,8 @@ async def handle_chat(ctx: ServerContext, request: Request, body: dict) -> Respo
     usage = usage_json(results[0]) if len(results) == 1 else _merged_usage(results)
     return JSONResponse({"choices": choices, "created": created, "model": ctx.model_name,
                          "system_fingerprint": ctx.build_info, "object": "chat.completion", "usage": usage,
-                         "id": cid, "timings": results[-1].timings.to_json()})
+                         "id": cid, "timings": results[-1].timings.to_json(),
+                         **verbose_json(ctx, body, results[0], params)})
 
 
 def _merged_usage(results: list[FinalResult]) -> dict:
@@ -406,6 +426,12 @@ async def _stream_chat(ctx, request, tasks, cp: ChatPrompt, params: GenParams, c
         out[-1]["timings"] = r.timings.to_json()
         return out
     return await start_stream(ctx, tasks, to_chunks, done=True, request=request)
+
+
+async def handle_input_tokens(ctx: ServerContext, body: dict) -> Response:
+    """/chat/completions/input_tokens (0c1e570): the prompt's token count, nothing generated."""
+    cp = await ctx.prep(build_prompt, ctx, body)
+    return JSONResponse({"input_tokens": len(cp.tokens)})
 
 
 async def handle_apply_template(ctx: ServerContext, body: dict) -> Response:

@@ -109,6 +109,14 @@ def native_final(ctx: ServerContext, r: FinalResult, p: GenParams, response_fiel
     return nested_fields(response_fields, res) if response_fields else res
 
 
+def verbose_json(ctx: ServerContext, body: dict, r: FinalResult, p: GenParams) -> dict:
+    """llama-server's "__verbose" debug field of a non-streamed OpenAI-shaped answer: the native /completion
+    result (rendered prompt, settings, timings), when the request's "verbose" (0c1e570) or the server's -v asks."""
+    if Fields(body).bool("verbose", ctx.params.verbosity > 9):
+        return {"__verbose": native_final(ctx, r, p, [])}
+    return {}
+
+
 def native_partial(ctx: ServerContext, r: PartialResult, p: GenParams) -> dict:
     res = {"index": r.index, "content": r.text, "tokens": r.tokens, "stop": False, "id_slot": r.id_slot,
            "tokens_predicted": r.n_predicted, "tokens_evaluated": r.n_prompt}
@@ -239,7 +247,8 @@ async def handle_oai_completion(ctx: ServerContext, request: Request, body: dict
     usage = _sum_usage(results)
     return JSONResponse({"choices": choices, "created": created, "model": ctx.model_name,
                          "system_fingerprint": ctx.build_info, "object": "text_completion", "usage": usage,
-                         "id": cid, "timings": results[-1].timings.to_json()})
+                         "id": cid, "timings": results[-1].timings.to_json(),
+                         **verbose_json(ctx, body, results[0], params)})
 
 
 def _oai_cmpl_chunk(ctx, r, params: GenParams, cid: str, created: int) -> dict:

@@ -35,6 +35,8 @@ async def handle_embeddings(ctx: ServerContext, body: dict, oai: bool) -> Respon
     norm = body.get("embd_normalize", opts.embd_normalize)
     if isinstance(norm, bool) or not isinstance(norm, int):
         raise bad_request("embd_normalize must be an integer")
+    for p in prompts:
+        _check_context(ctx, len(p), opts.pooling)
     result = await ctx.bridge.embed(prompts, opts.pooling, norm)
     if isinstance(result, ErrorResult):
         raise ApiError(result.message, result.type)
@@ -45,6 +47,19 @@ async def handle_embeddings(ctx: ServerContext, body: dict, oai: bool) -> Respon
     n = sum(len(p) for p in prompts)
     return JSONResponse({"model": ctx.model_name, "object": "list", "usage": {"prompt_tokens": n, "total_tokens": n},
                          "data": data})
+
+
+def _check_context(ctx: ServerContext, n: int, pooling: str) -> None:
+    """Each input must fit one slot's context, as llama-server checks it per input (the message depends on whether
+    its pooling lets the input be split into batches: only 'last' does). llamacmp has no per-ubatch limit: it
+    runs a long input in ubatch chunks."""
+    if pooling == "last" and n >= ctx.n_ctx_slot:
+        message = f"request ({n} tokens) exceeds the available context size ({ctx.n_ctx_slot} tokens), try increasing it"
+    elif pooling != "last" and n > ctx.n_ctx_slot:
+        message = f"input ({n} tokens) is larger than the max context size ({ctx.n_ctx_slot} tokens). skipping"
+    else:
+        return
+    raise ApiError(message, "exceed_context_size_error", {"n_prompt_tokens": n, "n_ctx": ctx.n_ctx_slot})
 
 
 def _encoded(v: list[float]) -> str:

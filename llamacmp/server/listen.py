@@ -6,8 +6,12 @@ from ..params import Params
 
 
 def uvicorn_kwargs(p: Params) -> dict:
-    """host/port (or uds for a host ending in .sock) and the TLS files; ValueError when only one of them is given."""
+    """host/port (or uds for a host ending in .sock) and the TLS files; ValueError when only one of them is given
+    or when --host lists several addresses."""
     s = p.server
+    if "," in s.host:       # llama-server 0c1e570 listens on each; b8462 and llamacmp on one
+        raise ValueError(f"--host {s.host}: listening on several addresses is not supported by llamacmp yet; "
+                         "give one address")
     kw: dict = {"uds": s.host} if s.host.endswith(".sock") else {"host": s.host, "port": s.port}
     if bool(s.ssl_key_file) != bool(s.ssl_cert_file):
         raise ValueError("--ssl-key-file and --ssl-cert-file must be given together")

@@ -29,8 +29,9 @@ def models_json(ctx: ServerContext) -> dict:
                         "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
                                     "parameter_size": "", "quantization_level": ""}}],
             "object": "list",
-            # 0c1e570: the aliases (a sorted set, args.py), the model's name when none was given
-            "data": [{"id": name, "aliases": list(ctx.opts.aliases) or [name], "tags": [], "object": "model",
+            # 0c1e570: the aliases (a sorted set, args.py), the model's name when none was given; --tags as given
+            "data": [{"id": name, "aliases": list(ctx.opts.aliases) or [name], "tags": list(ctx.opts.tags),
+                      "object": "model",
                       "created": int(time.time()), "owned_by": "llamacpp", "meta": meta}]}
 
 

@@ -1,0 +1,95 @@
+"""compat/server_suites.py: llama.cpp's own server test suite run against llamacmp-server (a few of its tests, from
+the sdist tree when this machine has it), its refusals when a tree, a build or a harness module is missing, and
+the not-applicable table."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "compat"))
+import server_suites  # noqa: E402
+from suite_na import not_applicable  # noqa: E402
+
+TOOL = [sys.executable, str(ROOT / "compat" / "server_suites.py")]
+
+
+def run_tool(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*TOOL, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+def test_missing_suite_tree_is_named(tmp_path):
+    r = run_tool("--suite", "b8462", "--server", "llamacmp", LLAMACMP_SDIST_SRC=str(tmp_path))
+    assert r.returncode != 0 and r.stdout == ""
+    assert f"the b8462 suite is not at {tmp_path}/llama_cpp_python-0.3.17" in r.stderr
+    assert "pip download --no-deps --no-binary :all: llama-cpp-python==0.3.17" in r.stderr
+
+
+@pytest.mark.skipif(not server_suites.SUITES["0c1e570"][0].is_dir(), reason="llama-cpp-python 0.3.36 sdist tree "
+                    f"absent ({server_suites.SUITES['0c1e570'][0]})")
+def test_missing_llama_server_build_is_named(tmp_path):
+    r = run_tool("--suite", "0c1e570", "--server", "both", LLAMACMP_CACHE=str(tmp_path))
+    assert r.returncode != 0
+    assert f"no llama-server at {tmp_path}/llama.cpp-0c1e570/build-cpu/bin/llama-server" in r.stderr
+    assert "compat/build_llamacpp.sh --version 0.3.36" in r.stderr
+
+
+def test_not_applicable_table():
+    assert not_applicable("unit/test_vision_api.py::test_vision_chat_completion[False-x]").startswith("needs a vision")
+    assert "draft model" in not_applicable("unit/test_speculative.py::test_with_and_without_draft")
+    assert not_applicable("unit/test_slot_save.py::test_slot_save_restore_with_image")
+    assert not_applicable("unit/test_slot_save.py::test_slot_save_restore") == ""
+    assert not_applicable("unit/test_basic.py::test_server_props") == ""
+    assert not_applicable("unit/test_router.py::test_router_unload_model").startswith("router mode loads")
+    # router mode itself needs no download: these run
+    assert not_applicable("unit/test_router.py::test_router_props") == ""
+    assert not_applicable("unit/test_router.py::test_router_chat_completion_stream[non-existent/model-False]") == ""
+
+
+def test_table_marks_the_gaps():
+    runs = {"llama": {"a": {"id": "a", "outcome": "passed", "reason": ""},
+                      "b": {"id": "b", "outcome": "skipped", "reason": "not applicable: needs x"}},
+            "llamacmp": {"a": {"id": "a", "outcome": "failed", "reason": "assert 1 == 2"},
+                         "b": {"id": "b", "outcome": "skipped", "reason": "not applicable: needs x"}}}
+    text = server_suites.table("b8462", runs)
+    assert "| llama | 1 | 0 | 0 | 0 | 1 | 2 |" in text and "| llamacmp | 0 | 1 | 0 | 0 | 1 | 2 |" in text
+    assert "| `a` | passed | failed | llamacmp: assert 1 == 2 |" in text
+    assert "| `b` | n/a | n/a | not applicable: needs x |" in text
+    assert server_suites.gaps(runs) == ["a"]
+    del runs["llamacmp"]["a"]                   # not run on llamacmp (a run stopped at its time limit): no gap
+    assert server_suites.gaps(runs) == [] and "| `a` | passed | not run |" in server_suites.table("b8462", runs)
+
+
+def test_report_reads_earlier_outcomes(tmp_path):
+    line = '{"id": "unit/test_a.py::test_x", "outcome": "%s", "reason": "%s", "s": 1.0}\n'
+    (tmp_path / "b8462-llama.jsonl").write_text(line % ("passed", ""))
+    (tmp_path / "b8462-llamacmp.jsonl").write_text(line % ("failed", "assert 1") + line % ("passed", ""))
+    r = run_tool("--suite", "b8462", "--work", str(tmp_path), "--report")
+    assert r.returncode == 0 and "b8462: 0 pass on llama-server and not on llamacmp-server" in r.stdout
+    assert "| `unit/test_a.py::test_x` | passed | passed |  |" in (tmp_path / "table.md").read_text()   # last wins
+
+
+HARNESS = [m for m in server_suites.HARNESS_NEEDS if importlib.util.find_spec(m) is None]
+
+
+@pytest.mark.skipif(not server_suites.SUITES["b8462"][0].is_dir(), reason="llama-cpp-python 0.3.17 sdist tree "
+                    f"absent ({server_suites.SUITES['b8462'][0]})")
+@pytest.mark.skipif(bool(HARNESS), reason=f"the suite's harness needs {', '.join(HARNESS)}")
+def test_a_few_suite_tests_pass_on_llamacmp(tmp_path):
+    # their test_basic.py, demo model, llamacmp-server on the numpy backend: 15 s (30 s on a loaded machine)
+    r = run_tool("--suite", "b8462", "--server", "llamacmp", "--files", "test_basic.py",
+                 "--work", str(tmp_path), "--timeout", "100")
+    assert r.returncode == 0, r.stderr
+    results = {e["id"]: e for e in map(json.loads, (tmp_path / "b8462-llamacmp.jsonl").read_text().splitlines())}
+    assert results["unit/test_basic.py::test_load_split_model"]["reason"].startswith("not applicable: loads a model")
+    passed = {t for t, e in results.items() if e["outcome"] == "passed"}
+    assert {"unit/test_basic.py::test_server_props", "unit/test_basic.py::test_server_model_aliases_and_tags",
+            "unit/test_basic.py::test_no_webui"} <= passed
+    assert "| `unit/test_basic.py::test_server_props` | - | passed |" in (tmp_path / "table.md").read_text()

@@ -269,5 +269,7 @@ def test_bench_mtp_rows_cuda(tmp_path, tiny_vocab, cuda_backend):
                      "--spec-synth-len", "1,4"], out, err)
     assert rc == 0, err.getvalue()
     never, always = json.loads(out.getvalue())
-    assert never["draft_n_accepted"] == 0 and never["spec_mean_len"] == 1.0
-    assert always["draft_n_accepted"] == always["draft_n"] > 0 and always["spec_draft_share"] > 0.5
+    # (the rows in the messages: this test failed once on the H200, 2026-12-02, with no output kept to say why)
+    assert never["draft_n_accepted"] == 0 and never["spec_mean_len"] == 1.0, never
+    assert always["draft_n_accepted"] == always["draft_n"] > 0, always
+    assert always["spec_draft_share"] > 0.5, always

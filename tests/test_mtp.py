@@ -140,8 +140,8 @@ class OracleSpeculator(Speculator):
     def _step_graph(self, items, n, while_running=None):
         return None                  # the drafts are replaced on the host: draft() and verify() one after the other
 
-    def draft(self, items, n=None):
-        out = super().draft(items, n)
+    def draft(self, items, n=None, graphs=True):
+        out = super().draft(items, n, graphs)
         for (st, _, t0), d in zip(items, out):
             slot = next(s for s in self.engine.slots if s.state is st)
             hist = list(slot.cache.tokens) + [t0]
@@ -525,3 +525,21 @@ def test_synthetic_acceptance(lm):
     assert 1.3 < d.mean_len < 3.7                     # 2.5 on average; a 40-token run is a short sample
     off, _ = _engine_run(lm, None, [(prompt, params)])
     assert a != off[0]                                # synthetic: the drafts go out whatever the target says
+
+
+def test_an_eager_round_of_a_declined_shape_is_timed(lm):
+    """Two sequences whose shape of catch-up lengths the graphs decline run their round eagerly, and that round's
+    time goes into the draft policy's cost table: with several slots most shapes are new, and rounds left untimed
+    kept the policy exploring (drafting n_max) where batching won (the H200's 4 streams, 2026-12-02)."""
+    sp = Speculator(lm.model, 3)
+    sp.graphs = g = EagerSpecGraphs(lm.model, 3)
+    items = []
+    for p in PROMPTS[:2]:
+        st, ms = lm.backend.new_state(lm.cfg, 96), sp.new_seq(96)
+        toks = lm.tokenizer.encode(p)
+        sp.prefill(st, ms, toks[:-1])
+        items.append((st, ms, toks[-1]))
+    assert sp.policy.costs.spec_cost(2, 3) is None
+    sp.step(items, 3)
+    assert g.n_declined == 1 and g.n_draft == 0          # declined, so the round ran eagerly
+    assert sp.policy.costs.spec_cost(2, 3) is not None   # and was timed

@@ -7,9 +7,9 @@ probability a once the one before it was (llama.cpp's synthetic rates have this 
 S sequences costs plain(S) and yields S tokens. The round takes the n with the most tokens per second; all
 sequences draft the same n or none draft (one verify forward of S*(n+1) rows, one graph per list and n).
 
-The costs are wall-clock seconds the engine measured itself (CostTable: an EMA per S and n, from rounds that neither
-captured a graph nor ran a graph's shape eagerly), so the choice follows the card, the model and the context
-length rather than constants. A length not measured yet is estimated on the line through the measured ones and the
+The costs are wall-clock seconds the engine measured itself (CostTable: an EMA per S and n, from every round that
+did not capture a graph; eager rounds count, being what a shape of catch-up lengths seen once costs), so the choice
+follows the card, the model and the context length rather than constants. A length not measured yet is estimated on the line through the measured ones and the
 plain step as n = 0 (draft rounds and verify rows both grow linearly with n); with nothing measured for S yet, the
 round explores: it drafts n_max until a spec round is measured, then steps plainly until a plain step is.
 

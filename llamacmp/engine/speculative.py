@@ -178,19 +178,26 @@ class Speculator:
             ms.pending, ms.pending_h = [], []
 
     def _events(self) -> int:
-        """Graph captures and declined shapes so far: a round during which they changed is not timed."""
+        """Graph captures so far: a round during which one was captured is not timed (a one-off cost). A round
+        that runs eagerly (a shape of catch-up lengths declined, p_min) is timed: with several slots their lengths
+        vary from round to round, so eager rounds are what drafting costs there, and leaving them out made the
+        policy draft where batching won (4 streams at 0.82x of MTP off on the H200, 2026-12-02)."""
         g = self.graphs
-        return 0 if g is None else getattr(g, "n_captured", 0) + getattr(g, "n_declined", 0)
+        return 0 if g is None else getattr(g, "n_captured", 0)
+
+    def _declined(self) -> int:
+        return 0 if self.graphs is None else getattr(self.graphs, "n_declined", 0)
 
     # -- one step -----------------------------------------------------------------------------------------------
-    def draft(self, items: Sequence[tuple[SeqState, MtpSeq, int]], n: Optional[int] = None) -> list[list[int]]:
+    def draft(self, items: Sequence[tuple[SeqState, MtpSeq, int]], n: Optional[int] = None,
+              graphs: bool = True) -> list[list[int]]:
         """(target state, head memory, t0) per sequence, t0 pending at state.n_past -> up to n (default n_max)
         drafted tokens each (fewer where the context ends). One MTP forward per round for all sequences; round 0
         also runs each one's pending pairs. A head memory out of step with its target (moved by a checkpoint)
-        starts over."""
+        starts over. graphs=False: eagerly, even where a draft graph could be captured."""
         n = self.n_max if n is None else n
         t_start, events = time.perf_counter(), self._events()
-        out = self._draft(items, n)
+        out = self._draft(items, n, graphs)
         self._round = (len(items), n, t_start, events == self._events())
         return out
 
@@ -203,12 +210,16 @@ class Speculator:
         timing either way, as a plain step's flush is part of the plain step's."""
         n = self.n_max if n is None else n
         if self._graphed([st for st, _, _ in items], n) and self.p_min <= 0.0:
-            t_start, events = time.perf_counter(), self._events()
+            t_start, events, declined = time.perf_counter(), self._events(), self._declined()
             got = self._step_graph(items, n, while_running)
             if got is not None:
                 self._timed(len(items), n, t_start, events == self._events())
                 return got
-        drafts = self.draft(items, n)
+            # a shape of catch-up lengths seen for the first time drafts eagerly this round (asking the graphs
+            # again from draft() would capture it at once: every new shape of several slots a capture)
+            drafts = self.draft(items, n, graphs=self._declined() == declined)
+        else:
+            drafts = self.draft(items, n)
         if while_running is not None:       # (inside the round's timing: verify() records it at its end)
             out = self.verify([(st, ms, t0, d) for (st, ms, t0), d in zip(items, drafts)], n, while_running)
         else:
@@ -244,14 +255,13 @@ class Speculator:
                 self.reset(ms, st.n_past)
         self._catch_up([ms for _, ms, _ in items], n)
 
-    def _draft(self, items, n: int) -> list[list[int]]:
+    def _draft(self, items, n: int, graphs: bool = True) -> list[list[int]]:
         be, out = self.be, [[] for _ in items]
         self._heads_in_step(items, n)
-        if self._graphed([st for st, _, _ in items], n) and self.p_min <= 0.0:
+        if graphs and self._graphed([st for st, _, _ in items], n) and self.p_min <= 0.0:
             got = self._draft_graph(items, n)
             if got is not None:
                 return self._count(got, items)
-        self._eager = self.graphs is not None and self.p_min <= 0.0     # graphs declined (p_min drafts eagerly)
         seqs = [(ms, t0) for _, ms, t0 in items]
         caps = [min(n, st.n_ctx - st.n_past - 1) for st, _, _ in items]
         live = [s for s in range(len(seqs)) if caps[s] > 0]
@@ -328,16 +338,13 @@ class Speculator:
         if self.policy is not None and self._round is not None and self._round[:2] == (len(seqs), n):
             self.be.synchronize()          # (a replayed verify has waited already: its ids came back)
             _, _, t_round, clean = self._round
-            self._timed(len(seqs), n, t_round, clean and events == self._events() and not self._eager)
-        self._round, self._eager = None, False
+            self._timed(len(seqs), n, t_round, clean and events == self._events())
+        self._round = None
         return out
-
-    _eager = False                       # this round ran a step eagerly although graphs exist (not timed)
 
     def _verify(self, seqs, n: int):
         if self._graphed([st for st, _, _, _ in seqs], n) and all(len(d) <= n for _, _, _, d in seqs):
             return self._verify_graph(seqs, n)
-        self._eager = self.graphs is not None
         batch = StepBatch.build([(st, [t0] + d) for st, _, t0, d in seqs], all_logits=True)
         batch.keep_steps = True
         segs = [Verified(st, ms, t0, list(d), st.n_past, seg.start)

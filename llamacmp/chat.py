@@ -9,13 +9,13 @@ import functools
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Iterator
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from . import chat_builtin
+# the sandbox and TemplateError: jinja_env.py (shared with template_caps.py without an import cycle)
+from .jinja_env import TemplateError, _date_context, make_environment  # noqa: F401 (TemplateError: chat's API)
 
 THINK_START, THINK_END = "<think>", "</think>"
 TOOL_START, TOOL_END = "<tool_call>", "</tool_call>"
@@ -28,58 +28,6 @@ CHATML_TEMPLATE = ("{%- for message in messages -%}{{- '<|im_start|>' + message.
 
 # the variables render() passes besides messages & co (chat_template_kwargs may not replace them either)
 RENDER_NAMES = ("tools", "add_generation_prompt", "bos_token", "eos_token", "messages")
-
-
-class TemplateError(Exception):
-    """The template raised (raise_exception) or failed to render; the message says which."""
-
-
-# -- helpers real templates call ------------------------------------------------------------------------------------
-
-def _raise_exception(message: str) -> None:
-    raise TemplateError(message)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
-            sort_keys: bool = False) -> str:
-    """HF transformers' tojson: no HTML escaping (jinja's own would turn < into \\u003c), keys kept in order."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=tuple(separators) if separators else None, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-def _date_context() -> dict:
-    """The variables llama.cpp gives every template besides the messages (Llama 3.x reads date_string)."""
-    now = datetime.now()
-    return {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
-
-
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """The sandbox, with `*` and `**` checked before they run: jinja folds constant expressions when it compiles
-    a template, so `{{ 'x' * 2000000000 }}` in a GGUF's template would allocate 2 GB at load (and `9 ** 9 ** 9`
-    never end); at render time the same goes for client data."""
-    intercepted_binops = frozenset({"*", "**"})
-    MAX_ITEMS = 1 << 24                  # characters or elements a repetition may make
-
-    def call_binop(self, context, operator, left, right):
-        if operator == "*":
-            for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > self.MAX_ITEMS:
-                    raise TemplateError(f"chat template: a repetition of {len(seq) * n} items is too large")
-        elif isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 256:
-            raise TemplateError(f"chat template: {left} ** {right} is too large")
-        return super().call_binop(context, operator, left, right)
-
-
-def make_environment() -> ImmutableSandboxedEnvironment:
-    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
 
 
 # -- messages and rendering ------------------------------------------------------------------------------------------

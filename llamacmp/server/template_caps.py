@@ -14,7 +14,7 @@ from typing import Any
 
 import jinja2.runtime
 
-from ..chat import _tojson, make_environment
+from ..jinja_env import _tojson, make_environment
 
 _TOOLS = [{"name": "tool", "type": "function",
            "function": {"name": "tool1", "description": "Tool description",

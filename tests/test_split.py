@@ -14,7 +14,7 @@ from llamacmp.engine.sequence import Sequence
 from llamacmp.engine.tasks import GenParams
 from llamacmp.loader import load_model, load_split_model
 from llamacmp.models.qwen35 import Qwen35Model
-from llamacmp.split.bridges import NumpyHostBridge, choose_bridge
+from llamacmp.split.bridges import CudaBridge, NumpyHostBridge, choose_bridge
 from llamacmp.split.model import SplitModel
 from llamacmp.split.placement import assign_layers
 from llamacmp.sampling import SamplingParams
@@ -79,6 +79,68 @@ def test_numpy_has_only_the_host_bridge():
         choose_bridge(a, b, "peer")
     with pytest.raises(ValueError, match="--split-bridge must be"):
         choose_bridge(a, b, "pcie")
+
+
+class _Buf:
+    """A device tensor or host block as the bridge sees it: an address, a size, a shape."""
+    def __init__(self, ptr, shape, nbytes):
+        self.ptr, self.shape, self.nbytes = ptr, tuple(shape), nbytes
+
+
+class _RecordingNative:
+    """The native calls CudaBridge makes, recorded: which events and pinned blocks live, in what order they go."""
+    def __init__(self):
+        self.next, self.calls = 0x1000, []
+        self.events, self.hosts = set(), set()
+
+    def _new(self, pool):
+        self.next += 16
+        pool.add(self.next)
+        return self.next
+
+    def event_create(self):
+        return self._new(self.events)
+
+    def host_alloc(self, nbytes):
+        return self._new(self.hosts)
+
+    def cmp_event_destroy(self, e):
+        assert e in self.events, "destroyed twice or never made"
+        self.events.remove(e)
+        self.calls.append(("destroy", e))
+
+    def cmp_host_free(self, p):
+        self.hosts.remove(p)
+
+    def __getattr__(self, name):          # copies, records, waits: only their order matters here
+        return lambda *args: self.calls.append((name, *args[:1]))
+
+
+class _FakeDevice:
+    def __init__(self, native, device):
+        self.native, self.device = native, device
+
+    def empty(self, shape, dtype, what):
+        return _Buf(self.native._new(set()), shape, int(np.prod(shape)) * 4)
+
+
+@pytest.mark.parametrize("mode", ["host", "peer"])
+def test_cuda_bridge_close_destroys_its_events(mode):
+    """A CudaBridge makes one event per slot and side (filled, emptied) as it goes; close() waits for each and
+    destroys it, and frees the pinned slots: a split that is closed (or whose bridge is remade) leaks nothing."""
+    nat = _RecordingNative()
+    br = CudaBridge(_FakeDevice(nat, 0), _FakeDevice(nat, 1), mode)
+    for T in (1, 5, 3):
+        br.send(_Buf(0x10, (T, 8), T * 32))
+        br.recv()
+    made = set(nat.events)
+    assert len(made) == 2 * br.n_slots and not any(c[0] == "destroy" for c in nat.calls)
+    br.close()
+    assert not nat.events and not nat.hosts
+    for e in made:                           # each one waited for before it goes
+        assert nat.calls.index(("cmp_event_synchronize", e)) < nat.calls.index(("destroy", e))
+    br.close()                                # a second close has nothing left to release
+    assert sum(c[0] == "destroy" for c in nat.calls) == len(made)
 
 
 # -- identical results ------------------------------------------------------------------------------------------------

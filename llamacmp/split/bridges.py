@@ -162,14 +162,20 @@ class CudaBridge(Bridge):
         return out
 
     def close(self) -> None:
-        """On the sending part's thread: free the pinned slots, give the staging blocks back to its arena (after the
-        copies in flight are done)."""
+        """On the sending part's thread: once the copies in flight are done, destroy the slots' events (cudaEventDestroy
+        takes an event of either device), free the pinned slots and give the staging blocks back to its arena."""
+        nat = self.native
         for e in self.written + self.read:
             if e:
-                self.native.cmp_event_synchronize(e)
+                nat.cmp_event_synchronize(e)
+        for e in self.written + self.read:
+            if e:
+                nat.cmp_event_destroy(e)
         for p in self.host:
             if p:
-                self.native.cmp_host_free(p)
+                nat.cmp_host_free(p)
+        self.written = [0] * self.n_slots
+        self.read = [0] * self.n_slots
         self.host = [0] * self.n_slots
         self.stage = [None] * self.n_slots
         self.cap = [0] * self.n_slots

@@ -6,8 +6,6 @@
 // row), P rounded to f16 straight from the S fragments into the A operand of O += P V (V through ldmatrix.trans).
 // The f16 rounding of Q and P is the difference from the fp32 kernel (as in llama.cpp's FlashAttention); the
 // tests allow 2e-3 for it. Dense causal only: other KV types and block-sparse lists run attn_prefill_kernel.
-#include <atomic>
-
 #include "common.cuh"
 
 namespace cmp {
@@ -209,24 +207,16 @@ int launch_mma(const float* q, const void* kc, const void* vc, const int32_t* po
                   static_cast<const __half*>(kc), static_cast<const __half*>(vc), pos, out, L, Hq, Hk, G, scale);
 }
 
-constexpr int MAX_DEVICES = 64;
-std::atomic<int> g_fm_ok[MAX_DEVICES] = {};   // per device: answer + 1, 0 = not asked yet
+PerDevice g_fm_code;   // attn_mma_available's code half
 
+// compute_75-or-older code (or its PTX JIT-compiled on a newer GPU) has the kernels empty; and the device must lend
+// the largest head dim's tile (its opt-in limit, as device_facts knows it; not the tests' smem cap).
 int attn_mma_available(bool* yes) {
-    int dev = 0;
-    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
-    int v = dev < MAX_DEVICES ? g_fm_ok[dev].load(std::memory_order_relaxed) : 0;
-    if (v == 0) {
-        // compute_75-or-older code (or its PTX JIT-compiled on a newer GPU) has empty kernels here
-        cudaFuncAttributes fa{};
-        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, attn_prefill_mma_kernel<64>), "cudaFuncGetAttributes"));
-        int optin = 0;
-        CMP_TRY(check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                           "shared memory per block"));
-        v = (fa.ptxVersion >= 80 && (size_t)optin >= fm_smem(256) ? 1 : 0) + 1;
-        if (dev < MAX_DEVICES) g_fm_ok[dev].store(v, std::memory_order_relaxed);
-    }
-    *yes = v == 2;
+    bool code = false;
+    CMP_TRY(code_at_least(attn_prefill_mma_kernel<64>, 80, g_fm_code, &code));
+    DeviceFacts f{};
+    if (code) CMP_TRY(device_facts(&f));
+    *yes = code && (size_t)f.smem_optin >= fm_smem(256);
     return CMP_OK;
 }
 

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <atomic>
 #include <utility>
 
 #include "api.h"
@@ -31,9 +32,26 @@ inline int check_launch(const char* kernel) { return check_cuda(cudaGetLastError
 // Whether launch() asks for programmatic dependent launch on the current device (cmp_set_pdl).
 bool pdl_on();
 
-// Whether this library's kernels run as compute_90+ code on the current device (the SASS or PTX the driver picked
-// for it; a compute_70 build JIT-compiled on a newer GPU does not): programmatic dependent launch needs it. One
-// query per device, cached (it costs microseconds, which eager launches would pay every time).
+// One cached answer per device (devices 0..63; one beyond is asked every time): the answer + 1, 0 = not asked yet.
+// A racing first ask stores the same answer.
+struct PerDevice {
+    static constexpr int kDevices = 64;
+    std::atomic<int> v[kDevices] = {};
+};
+
+// Whether the code the driver picked for `kernel` on the current device was compiled for PTX version `min_ptx` or
+// newer (cudaFuncAttributes::ptxVersion, major * 10 + minor: 75 = compute_75). A build for an older target, or its
+// PTX JIT-compiled on a newer GPU, has the newer kernels compiled empty (#if __CUDA_ARCH__ >= ...), so what a
+// device can run is a property of the code it got, not of the device. Asked once per device, kept in `cache` (the
+// query costs microseconds, which eager launches would pay every time).
+int code_at_least(const void* kernel, int min_ptx, PerDevice& cache, bool* yes);
+template <typename... P>
+int code_at_least(void (*kernel)(P...), int min_ptx, PerDevice& cache, bool* yes) {
+    return code_at_least(reinterpret_cast<const void*>(kernel), min_ptx, cache, yes);
+}
+
+// Whether this library's kernels run as compute_90+ code on the current device: programmatic dependent launch needs
+// it (code_at_least of a probe kernel: one build, one target list, so its PTX version is every kernel's).
 int compute90_code(bool* yes);
 
 // Fixed facts of the current device that launchers size grids and prefetches by, queried once per device.

@@ -12,8 +12,6 @@
 // quad-pair q multiplies rows 8 (q & 1) .. +7 by tokens 8 (q >> 1) .. +7 of a 16 x 16 tile. The instruction is
 // valid PTX from sm_70 (on sm_80+ emulated and slow, but correct: how the tests run it on an H200); code older than
 // compute_70 has no kernel body here and gemm_hmma refuses it.
-#include <atomic>
-
 #include "matmul_mma.cuh"
 
 namespace cmp {
@@ -252,25 +250,12 @@ int launch(const MmaOperands& op) {
     return check_launch("gemm_hmma_kernel");
 }
 
-constexpr int MAX_DEVICES = 64;
-std::atomic<int> g_hmma_ok[MAX_DEVICES] = {};   // per device: answer + 1, 0 = not asked yet
+PerDevice g_hmma_code;   // hmma_available
 
 }  // namespace
 
-int hmma_available(bool* yes) {
-    int dev = 0;
-    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
-    int v = dev < MAX_DEVICES ? g_hmma_ok[dev].load(std::memory_order_relaxed) : 0;
-    if (v == 0) {
-        // The code the driver picked for this device: an sm_61 build has an empty kernel here.
-        cudaFuncAttributes fa{};
-        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, gemm_hmma_kernel<MMA_Q8, false>), "cudaFuncGetAttributes"));
-        v = (fa.ptxVersion >= 70 ? 1 : 0) + 1;
-        if (dev < MAX_DEVICES) g_hmma_ok[dev].store(v, std::memory_order_relaxed);
-    }
-    *yes = v == 2;
-    return CMP_OK;
-}
+// An sm_61 build has the kernel empty.
+int hmma_available(bool* yes) { return code_at_least(gemm_hmma_kernel<MMA_Q8, false>, 70, g_hmma_code, yes); }
 
 int gemm_hmma(MmaScales scales, bool mins, const MmaOperands& op) {
     bool ok = false;

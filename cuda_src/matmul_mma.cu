@@ -9,8 +9,6 @@
 // little else: the dots start from a magic bias (no integer-to-float add), rows past the edges read the last row
 // (no row guards), and each thread's source pointers are set once. compute_70 and older builds have no kernel body
 // here: gemm_mma hands their calls to Volta's f16 HMMA GEMM (matmul_hmma.cu), which refuses code below compute_70.
-#include <atomic>
-
 #include "matmul_mma.cuh"
 
 namespace cmp {
@@ -365,26 +363,12 @@ int launch_form(const MmaOperands& op) {
     return launch_stages<SC, MIN, 2, 2>(op);   // below 2 stages: smem_opt_in reports the kernel and its bytes
 }
 
-constexpr int MAX_DEVICES = 64;
-std::atomic<int> g_mma_ok[MAX_DEVICES] = {};   // per device: answer + 1, 0 = not asked yet
+PerDevice g_mma_code;   // mma_int8_available
 
 }  // namespace
 
-int mma_int8_available(bool* yes) {
-    int dev = 0;
-    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
-    int v = dev < MAX_DEVICES ? g_mma_ok[dev].load(std::memory_order_relaxed) : 0;
-    if (v == 0) {
-        // The code the driver picked for this device was compiled for ptxVersion: a compute_70 build (or its PTX
-        // JIT-compiled on a newer GPU) has empty kernels here.
-        cudaFuncAttributes fa{};
-        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, gemm_mma_kernel<MMA_Q8, false, 2, 2>), "cudaFuncGetAttributes"));
-        v = (fa.ptxVersion >= 75 ? 1 : 0) + 1;
-        if (dev < MAX_DEVICES) g_mma_ok[dev].store(v, std::memory_order_relaxed);
-    }
-    *yes = v == 2;
-    return CMP_OK;
-}
+// A compute_70 build (or its PTX JIT-compiled on a newer GPU) has the int8 kernels empty.
+int mma_int8_available(bool* yes) { return code_at_least(gemm_mma_kernel<MMA_Q8, false, 2, 2>, 75, g_mma_code, yes); }
 
 int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op, bool f16) {
     CMP_REQUIRE(op.T >= 0 && op.R > 0 && op.n > 0 && op.n % 32 == 0, "gemm_mma: bad shape T=%d R=%d n=%d", op.T, op.R,

@@ -18,7 +18,7 @@ cudaEvent_t g_t0[kMaxDevices] = {}, g_t1[kMaxDevices] = {};
 thread_local cudaStream_t t_stream = nullptr;   // this thread's bound stream; null: its device's library stream
 // cmp_set_pdl per device: process-wide like the streams (every thread of a device launches the same way).
 std::atomic<bool> g_pdl[kMaxDevices] = {};
-std::atomic<int> g_code90[kMaxDevices] = {};   // compute90_code per device: answer + 1, 0 = not asked yet
+PerDevice g_code90;                             // compute90_code
 std::atomic<bool> g_facts_known[kMaxDevices] = {};
 DeviceFacts g_facts[kMaxDevices] = {};          // written before g_facts_known is set (a racing first call writes
                                                 // the same values)
@@ -51,18 +51,22 @@ int fail(int code, const char* fmt, ...) {
 
 bool pdl_on() { return g_pdl[current_device()].load(std::memory_order_relaxed); }
 
-int compute90_code(bool* yes) {
-    const int dev = current_device();
-    int v = g_code90[dev].load(std::memory_order_relaxed);
+int code_at_least(const void* kernel, int min_ptx, PerDevice& cache, bool* yes) {
+    int dev = 0;
+    CMP_TRY(check_cuda(cudaGetDevice(&dev), "cudaGetDevice"));
+    const bool cached = dev >= 0 && dev < PerDevice::kDevices;
+    int v = cached ? cache.v[dev].load(std::memory_order_relaxed) : 0;
     if (v == 0) {
         cudaFuncAttributes fa{};
-        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, pdl_probe_kernel), "cudaFuncGetAttributes(pdl_probe_kernel)"));
-        v = (fa.ptxVersion >= 90 ? 1 : 0) + 1;
-        g_code90[dev].store(v, std::memory_order_relaxed);
+        CMP_TRY(check_cuda(cudaFuncGetAttributes(&fa, kernel), "cudaFuncGetAttributes"));
+        v = (fa.ptxVersion >= min_ptx ? 1 : 0) + 1;
+        if (cached) cache.v[dev].store(v, std::memory_order_relaxed);
     }
     *yes = v == 2;
     return CMP_OK;
 }
+
+int compute90_code(bool* yes) { return code_at_least(pdl_probe_kernel, 90, g_code90, yes); }
 
 int device_facts(DeviceFacts* f) {
     const int dev = current_device();

@@ -129,8 +129,6 @@ enum CmpMatmulDotField { CMP_MM_GEMV_DOT_SHIFT = 8, CMP_MM_GEMM_DOT_SHIFT = 10 }
 enum CmpDot { CMP_DOT_DP4A = 0, CMP_DOT_DP2A = 1, CMP_DOT_IMAD = 2 };
 int cmp_matmul_q8_ex(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
                      float* const* y, const float* const* res, const int* rows, int T, int n, int kernels);
-// y [T, rows] = x [T, n] f32 . W [rows, n]^T, W f32 or f16 (w_dtype: CmpDtype), fp32 accumulation.
-int cmp_matmul_f(const float* x, const void* w, int w_dtype, float* y, int T, int rows, int n);
 
 // ---- matmul_quant.cu ------------------------------------------------------------------------------------------
 // The GGUF block types other than Q8_0, by ggml type id. On the device a matrix is the file's blocks rewritten into

@@ -33,7 +33,6 @@ constexpr int GEMM2_MIN_T = 96;   // v2 GEMM (128-token tile) from this many tok
 constexpr int GEMV_MAX_MATS = 4;
 constexpr int TILE = 64;          // GEMM tile: 64 weight rows x 64 tokens, 256 threads, 4x4 outputs each
 constexpr int GEMM_BK = 4;        // Q8 blocks (of 32) per shared-memory stage
-constexpr int FGEMM_BK = 16;
 
 // ==== kernels =====================================================================================================
 
@@ -364,50 +363,6 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
     }
 }
 
-// fp32 GEMM over f32 or f16 weights, same thread layout as gemm_q8_kernel; any n.
-template <typename W>
-__global__ void __launch_bounds__(256)
-gemm_f_kernel(const float* __restrict__ x,  // [T, n]
-              const W* __restrict__ w,      // [rows, n]
-              float* __restrict__ y,        // [T, rows]
-              int T, int rows, int n) {
-    __shared__ float Ws[TILE][FGEMM_BK + 1], Xs[TILE][FGEMM_BK + 1];
-    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-    const int row0 = blockIdx.x * TILE, tok0 = blockIdx.y * TILE;
-    float acc[4][4] = {};
-    for (int k0 = 0; k0 < n; k0 += FGEMM_BK) {
-        for (int i = tid; i < TILE * FGEMM_BK; i += 256) {
-            const int r = i / FGEMM_BK, k = i % FGEMM_BK, gk = k0 + k;
-            Ws[r][k] = (row0 + r < rows && gk < n) ? to_f32(w[(size_t)(row0 + r) * n + gk]) : 0.f;
-            Xs[r][k] = (tok0 + r < T && gk < n) ? x[(size_t)(tok0 + r) * n + gk] : 0.f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int k = 0; k < FGEMM_BK; ++k) {
-            float a[4], bb[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) a[i] = Ws[tx + 16 * i][k];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) bb[j] = Xs[ty + 16 * j][k];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], bb[j], acc[i][j]);
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int t = tok0 + ty + 16 * j;
-        if (t >= T) continue;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = row0 + tx + 16 * i;
-            if (r < rows) y[(size_t)t * rows + r] = acc[i][j];
-        }
-    }
-}
-
 // ==== launchers ===================================================================================================
 
 using GemvLaunch = int (*)(const int8_t*, const float*, const GemvSet&, int, int);
@@ -541,15 +496,4 @@ extern "C" int cmp_matmul_q8_ex(const int8_t* xq, const float* xd, int count, co
                                 const void* const* wd, float* const* y, const float* const* res, const int* rows,
                                 int T, int n, int kernels) {
     return matmul_q8_set(xq, xd, count, wq, wd, y, res, rows, T, n, kernels);
-}
-
-extern "C" int cmp_matmul_f(const float* x, const void* w, int w_dtype, float* y, int T, int rows, int n) {
-    CMP_REQUIRE(T >= 0 && rows > 0 && n > 0, "cmp_matmul_f: bad shape T=%d rows=%d n=%d", T, rows, n);
-    if (T == 0) return CMP_OK;
-    return dispatch_dtype(w_dtype, [&](auto tag) {
-        using W = decltype(tag);
-        gemm_f_kernel<W><<<dim3(ceil_div(rows, TILE), ceil_div(T, TILE)), 256, 0, stream()>>>(
-            x, static_cast<const W*>(w), y, T, rows, n);
-        return check_launch("gemm_f_kernel");
-    });
 }

@@ -97,8 +97,6 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_gated_rmsnorm_q8": ((_p, _p, _p, _p, _p, _i, _i, _i, _f),
                              "int cmp_gated_rmsnorm_q8(const float* o, const float* z, const float* w, int8_t* q, "
                              "float* d, int T, int V, int Dv, float eps)"),
-    "cmp_matmul_f": ((_p, _p, _i, _p, _i, _i, _i),
-                     "int cmp_matmul_f(const float* x, const void* w, int w_dtype, float* y, int T, int rows, int n)"),
     "cmp_embed_q8": ((_p, _p, _p, _p, _i, _i),
                      "int cmp_embed_q8(const int32_t* ids, const int8_t* qs, const void* d, float* out, int T, int D)"),
     "cmp_embed_f": ((_p, _p, _i, _p, _i, _i),

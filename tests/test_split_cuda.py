@@ -197,6 +197,28 @@ def test_split_decode_graphs_equal_one_gpu_graphs(single, fixture_gguf, bridge):
         _close(lm)
 
 
+def test_split_decode_graphs_upload_the_state_tables(fixture_gguf):
+    """A split decode graph of several sequences runs the one-launch conv / GDN (CudaBackend.gdn_rows) as
+    CapturedStep's does: each part's capture got the state pointer tables first (a capture cannot upload them; without
+    them it records one launch per sequence and layer), and they hold the sequences' conv / ssm addresses."""
+    lm = _split(fixture_gguf("tiny", "q8_0", seed=5), (0, 0), "host")
+    graphs = lm.backend.decode_graphs(lm.model, 2)
+    try:
+        sts = [lm.backend.new_state(lm.cfg, 64) for _ in range(3)]
+        graphs.step(sts, [1, 2, 3])
+        (steps,) = graphs._graphs.values()
+        for p, (part, step) in enumerate(zip(lm.model.parts, steps)):
+            for table, attr in zip(step.tables, ("conv", "ssm")):
+                assert table is not None, (p, attr)
+                got = part.call(part.backend.to_host, table).astype(np.uint8).view(np.uint64)
+                want = np.array([[t.ptr for t in per_seq] for per_seq in zip(*(getattr(s, attr) for s in sts))],
+                                np.uint64)
+                assert np.array_equal(got, want), (p, attr)
+    finally:
+        graphs.clear()
+        _close(lm)
+
+
 @pytest.mark.parametrize("bridge", ["host", "peer"])
 def test_completion_cli_over_a_split_equals_one_gpu(cuda_backend, fixture_gguf, bridge):
     """llamacmp-completion end to end: -dev CUDA0,CUDA0 (two split parts on one GPU) prints the same greedy text

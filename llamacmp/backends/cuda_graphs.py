@@ -79,6 +79,15 @@ class RecordedGraph:
             arena.close()
 
 
+def upload_state_tables(be, batch: StepBatch) -> None:
+    """Before a decode step of several sequences is recorded (or run eagerly as its graph would run it): the state
+    pointer tables of the one-launch conv / GDN (CudaBackend.state_tables) into batch.device. A capture cannot upload
+    them itself; without them a recorded step falls back to one launch per sequence and layer (the same numbers,
+    2 x S launches per GDN layer). A graph holds the tables for as long as it replays."""
+    if be.gdn_rows and len(batch.segments) > 1:
+        be.state_tables(batch)
+
+
 class CapturedStep:
     """One decode step (one new token for each of the given states) captured once as a CUDA graph and replayed.
 
@@ -103,10 +112,6 @@ class CapturedStep:
         batch.device["cuda_pos"] = self.pos
         saved = [s.n_past for s in self.states]
 
-        def tables():                                      # uploads cannot be recorded: the state tables go up now
-            if be.gdn_rows and B > 1:
-                be.state_tables(batch)
-
         def forward():
             logits, h = model.forward_hidden(batch) if hidden else (model.forward(batch), None)
             if greedy:
@@ -114,7 +119,7 @@ class CapturedStep:
             return logits, h
 
         try:
-            self.graph = RecordedGraph(be, forward, before=tables)
+            self.graph = RecordedGraph(be, forward, before=lambda: upload_state_tables(be, batch))
         finally:
             for s, n in zip(self.states, saved):
                 s.n_past = n
@@ -208,8 +213,7 @@ class DecodeGraphs:
         if len(tokens) != len(states):
             raise ValueError(f"{len(tokens)} token ids for {len(states)} sequences")
         batch = StepBatch.build([(s, [int(t)]) for s, t in zip(states, tokens)])
-        if self.be.gdn_rows and len(states) > 1:
-            self.be.state_tables(batch)    # the one-launch conv / GDN, as the graph of this list will run them
+        upload_state_tables(self.be, batch)    # the one-launch conv / GDN, as the graph of this list will run them
         self.be.capturing = True       # decode-step arguments (splits for the whole context, GEMV row launches)
         try:
             return self.model.forward_hidden(batch) if self.hidden else (self.model.forward(batch), None)

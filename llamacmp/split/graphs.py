@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from ..backends.base import Segment, StepBatch
-from ..backends.cuda_graphs import RecordedGraph
+from ..backends.cuda_graphs import RecordedGraph, upload_state_tables
 from .bridges import Bridge
 
 
@@ -38,8 +38,11 @@ class _PartStep:
             x = model.run_layers(x, batch, part.layers)
             return model.head(x, batch) if self.last else x
 
-        self.graph = RecordedGraph(be, forward)
+        # the one-launch conv / GDN tables go up before the capture, as CapturedStep's (every part state holds every
+        # layer's tensors, so a part's table has all GDN layers' rows; it reads only its own)
+        self.graph = RecordedGraph(be, forward, before=lambda: upload_state_tables(be, batch))
         self.logits, self.x_out = (self.graph.out, None) if self.last else (None, self.graph.out)
+        self.tables = (batch.device.get("conv_ptrs"), batch.device.get("ssm_ptrs"))   # read by every replay
 
     def replay(self, positions: np.ndarray, tokens, inbound: Bridge | None, outbound: Bridge | None):
         be = self.be

@@ -27,23 +27,6 @@ def fixture_gguf(tmp_path_factory, tiny_vocab):
     return make
 
 
-def route_fixture(name: str, field: str, routes: list[str], mma_available: str, why: str, doc: str):
-    """A fixture `name`: cuda_backend with its route field (routes.Routes.<field>) set to each of `routes` in turn, so
-    the tests using it run once per route against the same reference and tolerance. "mma" is skipped, saying `why`,
-    only where be.native.<mma_available>() says the device runs no such tensor-core code."""
-    def fixture(cuda_backend, request):
-        from dataclasses import replace
-        be, saved = cuda_backend, cuda_backend.routes
-        if request.param == "mma" and not getattr(be.native, mma_available)():
-            pytest.skip(why)
-        be.routes = replace(saved, **{field: request.param})
-        yield be
-        be.routes = saved
-
-    fixture.__doc__ = doc
-    return pytest.fixture(fixture, name=name, params=routes)
-
-
 @pytest.fixture(params=["dp4a", "mma", "hmma"])
 def gemm_backend(cuda_backend, request):
     """cuda_backend with its prefill GEMM route (routes.Routes.matmul_prefill) set to each route in turn: the GEMM
@@ -62,10 +45,18 @@ def gemm_backend(cuda_backend, request):
     be.routes, be.mma_gemm = saved, "auto"
 
 
-attn_backend = route_fixture(
-    "attn_backend", "attn_prefill", ["fp32", "mma"], "attn_mma_available",
-    "the mma attention route needs compute capability 8.0+ code for this device (f16 mma.sync)",
-    "cuda_backend with each attention prefill route (routes.Routes.attn_prefill) in turn.")
+@pytest.fixture(params=["fp32", "mma"])
+def attn_backend(cuda_backend, request):
+    """cuda_backend with its attention prefill route (routes.Routes.attn_prefill) set to each route in turn: the
+    attention tests run once per route against the same reference and tolerance. mma is skipped, saying why, only
+    where the device runs no such code."""
+    from dataclasses import replace
+    be, saved = cuda_backend, cuda_backend.routes
+    if request.param == "mma" and not be.native.attn_mma_available():
+        pytest.skip("the mma attention route needs compute capability 8.0+ code for this device (f16 mma.sync)")
+    be.routes = replace(saved, attn_prefill=request.param)
+    yield be
+    be.routes = saved
 
 
 @pytest.fixture(params=["sm61", "sm75", "sm70", "device"])

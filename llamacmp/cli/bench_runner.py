@@ -90,23 +90,23 @@ class Runner:
             from ..backends.cuda_graphs import CapturedStep
             graph = CapturedStep(self.be, self.model, [st], greedy=True, hidden=True)
 
-            def plain(tok: int) -> int:
-                t0 = time.perf_counter()
+            def greedy_step(tok: int):
                 graph.set_tokens([tok])
-                nxt = int(graph.step_greedy()[0])                   # (the id crossing waits for the step)
-                sp.time_plain(1, time.perf_counter() - t0)
-                sp.observe_plain([(st, ms, tok, 0)], graph.h)
-                return nxt
+                return int(graph.step_greedy()[0]), graph.h      # (the id crossing waits for the step)
         else:
             dec = Decoder(SimpleNamespace(model=self.model, backend=self.be), graphs=False, hidden=True)
 
-            def plain(tok: int) -> int:
-                t0 = time.perf_counter()
+            def greedy_step(tok: int):
                 logits, h = dec.decode_hidden([st], [tok])
-                nxt = draw_tokens(self.be, logits, [greedy])[0]
-                sp.time_plain(1, time.perf_counter() - t0)
-                sp.observe_plain([(st, ms, tok, 0)], h)
-                return nxt
+                return draw_tokens(self.be, logits, [greedy])[0], h
+
+        def plain(tok: int) -> int:
+            """One plain step, timed for the draft policy, whose head then sees its hidden state."""
+            t0 = time.perf_counter()
+            nxt, h = greedy_step(tok)
+            sp.time_plain(1, time.perf_counter() - t0)
+            sp.observe_plain([(st, ms, tok, 0)], h)
+            return nxt
 
         def step(n: int) -> None:
             tok, left = first, n

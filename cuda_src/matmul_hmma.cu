@@ -263,12 +263,9 @@ int gemm_hmma(MmaScales scales, bool mins, const MmaOperands& op) {
     CMP_REQUIRE(ok, "the f16 tensor-core GEMM (--hw-route mma on Volta) needs mma.sync, compute capability 7.0+ "
                     "code; this device runs this library's older code");
     if (op.T == 0) return CMP_OK;
-    switch (scales) {
-        case MMA_Q8: return launch<MMA_Q8, false>(op);
-        case MMA_PER32: return mins ? launch<MMA_PER32, true>(op) : launch<MMA_PER32, false>(op);
-        case MMA_PER16: return mins ? launch<MMA_PER16, true>(op) : launch<MMA_PER16, false>(op);
-    }
-    return fail(CMP_ERR_ARG, "gemm_hmma: unknown scale form %d", (int)scales);
+    return dispatch_scales(scales, mins, "gemm_hmma", [&](auto sc, auto min) {
+        return launch<decltype(sc)::value, decltype(min)::value>(op);
+    });
 }
 
 }  // namespace cmp

@@ -377,12 +377,9 @@ int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op, bool f16) {
     CMP_TRY(mma_int8_available(&ok));
     if (f16 || !ok) return gemm_hmma(scales, mins, op);   // Volta's code (compute_70), or asked for
     if (op.T == 0) return CMP_OK;
-    switch (scales) {
-        case MMA_Q8: return launch_form<MMA_Q8, false>(op);
-        case MMA_PER32: return mins ? launch_form<MMA_PER32, true>(op) : launch_form<MMA_PER32, false>(op);
-        case MMA_PER16: return mins ? launch_form<MMA_PER16, true>(op) : launch_form<MMA_PER16, false>(op);
-    }
-    return fail(CMP_ERR_ARG, "gemm_mma: unknown scale form %d", (int)scales);
+    return dispatch_scales(scales, mins, "gemm_mma", [&](auto sc, auto min) {
+        return launch_form<decltype(sc)::value, decltype(min)::value>(op);
+    });
 }
 
 }  // namespace cmp

@@ -1,6 +1,8 @@
 // The tensor-core (int8 mma.sync) GEMM of the prefill projections (issue 20's "mma" route), called by matmul_q8.cu
 // for Q8_0 weights and by matmul_quant.cu for the weights it expands to int8 codes; the kernels are in matmul_mma.cu.
 #pragma once
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace cmp {
@@ -20,6 +22,20 @@ struct MmaOperands {
     float* y;           // [T, ldy], columns [0, R)
     int T, R, n, ldy;
 };
+
+// The scale form and mins as compile-time values for a launcher templated on them: f(sc, min) with sc a
+// std::integral_constant<int, form> and min a std::bool_constant (MMA_Q8 has no mins: always false). The one switch
+// of both GEMMs (gemm_mma, gemm_hmma); `what` names the caller in the error for an unknown form.
+template <typename F>
+int dispatch_scales(MmaScales scales, bool mins, const char* what, F&& f) {
+    auto with_mins = [&](auto sc) { return mins ? f(sc, std::true_type{}) : f(sc, std::false_type{}); };
+    switch (scales) {
+        case MMA_Q8: return f(std::integral_constant<int, MMA_Q8>{}, std::false_type{});
+        case MMA_PER32: return with_mins(std::integral_constant<int, MMA_PER32>{});
+        case MMA_PER16: return with_mins(std::integral_constant<int, MMA_PER16>{});
+    }
+    return fail(CMP_ERR_ARG, "%s: unknown scale form %d", what, (int)scales);
+}
 
 // y = res + dequant(x) . dequant(W)^T with per-32-value integer dots on the tensor cores, scaled and summed in fp32
 // in the DP4A GEMMs' order and rounding (so the results equal theirs): int8 mma.sync where the device runs

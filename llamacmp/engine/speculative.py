@@ -376,16 +376,18 @@ class Speculator:
             lengths = self.policy.lengths if self.policy is not None else (self.n_max,)
             self.graphs.prepare([st for st, _ in seqs], [ms.state for _, ms in seqs], lengths, catch_ups)
 
-    def start(self, state: SeqState, ms: MtpSeq) -> None:
+    def start(self, state: SeqState, ms: MtpSeq, alone: bool) -> None:
         """A request starts on this sequence (a server slot). Its acceptance starts from the prior, as a new
         sequence's does (the slot's last request says little about this text; each llamacmp-bench repetition
-        starts so too). The graphs of its first round and of its probes (one sequence, every draft length, a
-        catch-up of one row: the head has run the prompt, or caught up after plain steps) are captured now, in
-        the prompt's time, instead of in its decode, where the bench never pays them (prepare, untimed): a
-        likely part of MTP's cost at acceptance 0 through the server (13% against the bench's 4.9%, H200,
-        2026-12-02; not yet measured after). A slot keeps them while the LRU does; other shapes are captured at
-        first use."""
+        starts so too). alone (no other slot busy: its rounds will be of one sequence): the graphs of its first
+        round and of its probes (every draft length, a catch-up of one row: the head has run the prompt, or caught
+        up after plain steps) are captured now, in the prompt's time, instead of in its decode, where the bench
+        never pays them (prepare, untimed): a likely part of MTP's cost at acceptance 0 through the server (13%
+        against the bench's 4.9%, H200, 2026-12-02; not yet measured after). A slot keeps them while the LRU does.
+        With other slots busy the rounds are of several sequences, whose shapes are captured at first use."""
         ms.acc = Acceptance()
+        if not alone:
+            return
         try:
             self.prepare([(state, ms)], catch_ups=(1,))
         except MemoryError as e:        # (DeviceMemoryError is one) the rounds capture at first use, or run eagerly

@@ -161,8 +161,9 @@ __device__ __forceinline__ float dot_to_f32(int s) {
 // butterfly (batch invariance).
 // R = 2 (the batch-invariant GEMV at T >= 2): each activation chunk and its scale, loaded from L1 once per token,
 // serve both rows. At R = 1 a warp issues T 16-byte activation loads per 16-byte weight chunk: at T = 4, ~25 L1
-// wavefronts per 512 weight bytes, against the ~28 clocks an SM's share of HBM takes to deliver them on the H200,
-// so L1 throughput, not the weight stream, bounds it (T = 4 took 1.33x T = 1's time, 2026-12-02); R = 2 makes it ~15.
+// wavefronts per 512 weight bytes (an estimate, not profiled), against the ~28 clocks an SM's share of HBM takes to
+// deliver them on the H200, so L1 throughput likely bounds it rather than the weight stream (T = 4 took 1.33x
+// T = 1's time, 2026-12-02); R = 2 makes it ~15. (The deleted two-rows-per-warp v2 lost at T = 1, where R stays 1.)
 // v1 (no kernel bits, T <= 8) is gemv_q8_kernel<NT, 1, false, 0>, whose sm_90 SASS was the former v1 kernel's
 // instruction for instruction at every T = 1..8 (nvcc 13.0, 2026-11-30). With R (2026-12-02, cuobjdump): every R = 1
 // instantiation keeps its instruction count and its loop's SASS at T = 1 (only the prologue's order moved, both

@@ -419,10 +419,10 @@ class Engine:
             logits, h = self.decoder.decode_hidden([s.state for s in gen], [s.next_token for s in gen])
             self._book_forward(len(gen), t0)
             self._flush()                # the previous results go out while the device runs this step
-            drawn = None
+            timing = None
             if self.spec is not None:
-                drawn = self._observe_plain(gen, [] if n else spec, h, t0, events)
-            self._after_forward(gen, [[s.next_token] for s in gen], logits, t0, drawn)
+                timing = self._observe_plain(gen, [] if n else spec, h, t0, events)
+            self._after_forward(gen, [[s.next_token] for s in gen], logits, t0, timing)
         budget = self.cfg.n_batch - len(gen)
         ran = bool(gen)
         for s in sorted((s for s in self.slots if s.phase == PREFILL), key=lambda s: s.task.id):

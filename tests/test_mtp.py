@@ -631,6 +631,11 @@ def test_request_start_captures_the_slots_graphs(lm):
     engine.spec.graphs = g = EagerSpecGraphs(lm.model, 3)
     _serve(engine, [(lm.tokenizer.encode(p), params) for p in PROMPTS[:2]], together=True)
     assert len(g.prepared) == 1                  # the first of two requests started together
+    g.prepared.clear()
+    engine = Engine(lm, EngineConfig(n_slots=1, n_ctx_slot=128, spec=SpecConfig(type="draft-mtp", n_max=3)))
+    engine.spec.graphs = g
+    _serve(engine, [(lm.tokenizer.encode(PROMPTS[0]), replace(params, n_probs=2))])
+    assert g.prepared == []                      # its rows come to the host: it never drafts
 
 
 def test_plain_step_timing_covers_the_draw(lm, monkeypatch):

@@ -322,8 +322,9 @@ class Engine:
         slot.begin(task, sampler, decoder, self._checkpoint_plan(task, slot.state.n_past), grammar)
         # --spec-synth-*: a generator of its own per request, seeded with the request's seed (as llama-server)
         slot.synth = synth_acceptor(self.cfg.spec, sampler.seed, self.tokenizer.eog_ids) if self.spec else None
-        if self.spec is not None:
-            self.spec.start(slot.state, slot.mtp, alone=not any(s.busy for s in self.slots if s is not slot))
+        if self.spec is not None:      # (graphs only for a slot that will draft, and alone: see Speculator.start)
+            alone = self._speculates(slot) and not any(s.busy for s in self.slots if s is not slot)
+            self.spec.start(slot.state, slot.mtp, alone)
         slot.last_used = time.monotonic()
         slot_log.slot_info("launch_slot_with_task", slot.id, task.id, "processing task, is_child = 0")
         slot_log.slot_info("update_slots", slot.id, task.id, f"new prompt, n_ctx_slot = {self.cfg.n_ctx_slot}, "

@@ -4,7 +4,8 @@
 //    for larger T (prefill). Integer dots per 32-block, scaled by d_w * d_x, accumulated in fp32.
 //    Two generations, chosen per call by `kernels` (CMP_MM_* bits of cmp_matmul_q8_ex) so a faulty one can be
 //    switched off: v1 = GEMV for T <= 8 + 64x64 GEMM; CMP_MM_GEMV2 = the batch-invariant GEMV for T <= 16 (v1's
-//    warp-per-row loop with every rounding explicit, all of a lane's weight loads in flight before the first DP4A;
+//    warp-per-row loop with every rounding explicit, all of a lane's weight loads in flight before the first DP4A,
+//    two rows per warp at T >= 2 so that each activation load serves both;
 //    CMP_MM_GEMV_PDL launches it with programmatic dependent launch on sm_90+), CMP_MM_GEMM2 = a 128x128 GEMM (8x8
 //    outputs per thread, double-buffered shared memory: cp.async on sm_80+, register prefetch on sm_70/75). The
 //    GEMV's earlier versions (v2: two rows per warp, 8 loads per lane; v3: persistent and pipelined; v4 under
@@ -151,72 +152,100 @@ __device__ __forceinline__ float dot_to_f32(int s) {
 
 // ---- GEMV ----------------------------------------------------------------------------------------------------------
 
-// Warp per weight row: lane l reads 16-byte chunks l, l+32, ... of the row (chunk c is half of Q8 block c/2), so a
-// warp load is 512 contiguous bytes; GEMV_UNROLL such loads are issued before the DP4A work to keep enough bytes in
-// flight; activations (T rows, a few KB) stay in L1/L2. The per-chunk arithmetic is written out so that a row's
-// result does not depend on NT: acc = fma(float(dot), d_w * d_x, acc), each rounding explicit (no contraction left
-// to the compiler), chunks in increasing order per lane, then warp_sum's fixed butterfly (batch invariance).
-// v1 (no kernel bits, T <= 8) is gemv_q8_kernel<NT, false, 0>, whose sm_90 SASS was the former v1 kernel's
-// instruction for instruction at every T = 1..8 (nvcc 13.0, 2026-11-30).
+// Warp per R weight rows: lane l reads 16-byte chunks l, l+32, ... of each row (chunk c is half of Q8 block c/2), so
+// a warp load is 512 contiguous bytes; GEMV_UNROLL such loads (GEMV_UNROLL / R per row) are issued before the DP4A
+// work to keep enough bytes in flight; activations (T rows, a few KB) stay in L1/L2. The per-chunk arithmetic is
+// written out so that a row's result depends on neither NT nor R: acc = fma(float(dot), d_w * d_x, acc), each
+// rounding explicit (no contraction left to the compiler), chunks in increasing order per lane, then warp_sum's fixed
+// butterfly (batch invariance).
+// R = 2 (the batch-invariant GEMV at T >= 2): each activation chunk and its scale, loaded from L1 once per token,
+// serve both rows. At R = 1 a warp issues T 16-byte activation loads per 16-byte weight chunk: at T = 4, ~25 L1
+// wavefronts per 512 weight bytes (an estimate, not profiled), against the ~28 clocks an SM's share of HBM takes to
+// deliver them on the H200, so L1 throughput likely bounds it rather than the weight stream (T = 4 took 1.33x
+// T = 1's time, 2026-12-02); R = 2 makes it ~15. (The deleted two-rows-per-warp v2 lost at T = 1, where R stays 1.)
+// v1 (no kernel bits, T <= 8) is gemv_q8_kernel<NT, 1, false, 0>, whose sm_90 SASS was the former v1 kernel's
+// instruction for instruction at every T = 1..8 (nvcc 13.0, 2026-11-30). With R (2026-12-02, cuobjdump): every R = 1
+// instantiation keeps its instruction count and its loop's SASS at T = 1 (only the prologue's order moved, both
+// GEMVs); at T >= 2 the v1 kernel's instructions are rescheduled. R = 2 takes 93-108 registers at T = 2..4, 146
+// at T = 8, 225 at T = 16, no spills: 4 blocks per SM at T = 4 (5 at R = 1), 2 KB of weights in flight per warp.
 // PDL (template flag, CMP_MM_GEMV_PDL on sm_90+): each lane prefetches its first GEMV_UNROLL weight chunks into L2
 // before pdl_wait_producers, so the weight stream starts while the producer kernel finishes.
 // MIN_BLOCKS: 0 = v1's bound (no minimum). 1 (CMP_MM_GEMV2) = __launch_bounds__(128, 1), which lets ptxas take 55
 // registers at T = 1 (56 with PDL) and issue all 4 weight loads, their scales and the first x chunk and x scale
 // before the first DP4A (9 blocks = 36 warps per SM at most instead of 40; at T > 1 far more registers: 68 at T = 2,
-// 117 at T = 8, 197 at T = 16). H200, 2026-11-30 (RESULTS.md): tg128 296.5 t/s against 292.1 with v1's bound (both
-// with PDL), 281.9 for v3 + PDL, 262.7 for v2; at T = 1 its GEMVs stream 61-102% of copy, v2's 51-94%.
+// 117 at T = 8, 197 at T = 16, with R = 1). H200, 2026-11-30 (RESULTS.md): tg128 296.5 t/s against 292.1 with v1's
+// bound (both with PDL), 281.9 for v3 + PDL, 262.7 for v2; at T = 1 its GEMVs stream 61-102% of copy, v2's 51-94%.
 // D: the int8 dot of the route (common.cuh).
-template <int NT, bool PDL, int MIN_BLOCKS, class D = DotDp4a>
+template <int NT, int R, bool PDL, int MIN_BLOCKS, class D = DotDp4a>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MIN_BLOCKS)
 gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                 const float* __restrict__ xd,   // [NT, n/32]
                 const GemvSet set, int n) {
-    const int grow = blockIdx.x * GEMV_WARPS + threadIdx.y;
+    static_assert(R >= 1 && GEMV_UNROLL % R == 0, "a warp's rows share GEMV_UNROLL loads per lane");
+    constexpr int U = GEMV_UNROLL / R;  // 16-byte loads in flight per lane and row
+    const int grow = (blockIdx.x * GEMV_WARPS + threadIdx.y) * R;
     if (grow >= set.total) return;
-    const GemvGroup g = gemv_locate_row(set, grow);
-    const int row = g.row0, rows = g.rows;
-    float* y = g.y;
-    const float* res = g.res;
     const int lane = threadIdx.x, nchunk = n / 16, nb = n / QK;
-    const int4* w = reinterpret_cast<const int4*>(g.wq + (size_t)row * n);
-    const __half* dw = g.wd + (size_t)row * nb;
+    GemvGroup g[R];
+    const int4* w[R];
+    const __half* dw[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {  // a row past the end (an odd total) reads the warp's first row and stores nothing
+        g[i] = gemv_locate_row(set, i == 0 || grow + i < set.total ? grow + i : grow);
+        w[i] = reinterpret_cast<const int4*>(g[i].wq + (size_t)g[i].row0 * n);
+        dw[i] = g[i].wd + (size_t)g[i].row0 * nb;
+    }
     if (PDL) {
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int c = lane + 32 * u;
-            if (c < nchunk) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w + c));
+#pragma unroll
+            for (int i = 0; i < R; ++i)
+                if (c < nchunk) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w[i] + c));
         }
         pdl_wait_producers();  // weights never change; x, res and y belong to the kernels before this one
     }
-    float acc[NT];
+    float acc[R][NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[i][t] = 0.f;
 
-    for (int c0 = lane; c0 < nchunk; c0 += 32 * GEMV_UNROLL) {
-        int4 wv[GEMV_UNROLL];
-        float ws[GEMV_UNROLL];
+    for (int c0 = lane; c0 < nchunk; c0 += 32 * U) {
+        int4 wv[R][U];
+        float ws[R][U];
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int c = c0 + 32 * u;
-            wv[u] = c < nchunk ? __ldg(w + c) : make_int4(0, 0, 0, 0);
-            ws[u] = c < nchunk ? __half2float(dw[c >> 1]) : 0.f;
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                wv[i][u] = c < nchunk ? __ldg(w[i] + c) : make_int4(0, 0, 0, 0);
+                ws[i][u] = c < nchunk ? __half2float(dw[i][c >> 1]) : 0.f;
+            }
         }
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int c = c0 + 32 * u;
             if (c >= nchunk) break;
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 const int4 xv = *reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 16);
-                acc[t] = __fmaf_rn(__int2float_rn(dot16<D>(wv[u], xv)), __fmul_rn(ws[u], xd[(size_t)t * nb + (c >> 1)]),
-                                   acc[t]);
+                const float sx = xd[(size_t)t * nb + (c >> 1)];
+#pragma unroll
+                for (int i = 0; i < R; ++i)
+                    acc[i][t] = __fmaf_rn(__int2float_rn(dot16<D>(wv[i][u], xv)), __fmul_rn(ws[i][u], sx), acc[i][t]);
             }
         }
     }
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)t * rows + row] = res ? res[(size_t)t * rows + row] + v : v;
+    for (int i = 0; i < R; ++i) {
+        if (i > 0 && grow + i >= set.total) break;
+        const int row = g[i].row0, rows = g[i].rows;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float v = warp_sum(acc[i][t]);
+            if (lane == 0) g[i].y[(size_t)t * rows + row] = g[i].res ? g[i].res[(size_t)t * rows + row] + v : v;
+        }
     }
 }
 
@@ -370,22 +399,24 @@ using GemvLaunch = int (*)(const int8_t*, const float*, const GemvSet&, int, int
 template <int NT, class D>
 int launch_gemv(const int8_t* xq, const float* xd, const GemvSet& set, int total_rows, int n) {
     // v1: the GEMV without PDL or a minimum-blocks bound (sm_90: its former kernel's SASS instruction for instruction)
-    gemv_q8_kernel<NT, false, 0, D><<<ceil_div(total_rows, GEMV_WARPS), dim3(32, GEMV_WARPS), 0, stream()>>>(xq, xd,
-                                                                                                       set, n);
+    gemv_q8_kernel<NT, 1, false, 0, D><<<ceil_div(total_rows, GEMV_WARPS), dim3(32, GEMV_WARPS), 0, stream()>>>(
+        xq, xd, set, n);
     return check_launch("gemv_q8_kernel");
 }
 
-// The batch-invariant GEMV: v1's grid (a warp per row, every row in one launch); with `pdl` and compute_90+ code the
-// launch may overlap the previous kernel (the PDL instantiation waits for it before reading activations).
+// The batch-invariant GEMV: every row in one launch, a warp per row at T = 1 (v1's grid) and per two rows above
+// (gemv_q8_kernel's R); with `pdl` and compute_90+ code the launch may overlap the previous kernel (the PDL
+// instantiation waits for it before reading activations).
 using Gemv2Launch = int (*)(const int8_t*, const float*, const GemvSet&, int, bool);
 
 template <int NT, int MIN_BLOCKS, class D>
 int launch_gemv2(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
     bool has_pdl = false;
     if (pdl) CMP_TRY(compute90_code(&has_pdl));
-    const dim3 grid(ceil_div(set.total, GEMV_WARPS)), block(32, GEMV_WARPS);
+    constexpr int R = NT == 1 ? 1 : 2;
+    const dim3 grid(ceil_div(set.total, GEMV_WARPS * R)), block(32, GEMV_WARPS);
     if (!has_pdl) {
-        gemv_q8_kernel<NT, false, MIN_BLOCKS, D><<<grid, block, 0, stream()>>>(xq, xd, set, n);
+        gemv_q8_kernel<NT, R, false, MIN_BLOCKS, D><<<grid, block, 0, stream()>>>(xq, xd, set, n);
         return check_launch("gemv_q8_kernel");
     }
     cudaLaunchConfig_t cfg = {};
@@ -398,7 +429,7 @@ int launch_gemv2(const int8_t* xq, const float* xd, const GemvSet& set, int n, b
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv_q8_kernel<NT, true, MIN_BLOCKS, D>, xq, xd, set, n),
+    CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv_q8_kernel<NT, R, true, MIN_BLOCKS, D>, xq, xd, set, n),
                        "gemv_q8_kernel launch"));
     return check_launch("gemv_q8_kernel");
 }

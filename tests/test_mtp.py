@@ -162,6 +162,7 @@ class EagerSpecGraphs:
         self.n_draft = self.n_verify = self.n_declined = 0
         self.lengths = []                                   # the draft length of each draft and verify
         self._asked = set()
+        self.prepared = []                                  # prepare()'s arguments
 
     def draft(self, states, tokens, h_parts, n=None):
         be, model, n = self.be, self.model, n or self.n
@@ -201,8 +202,8 @@ class EagerSpecGraphs:
         self.n_verify += 1
         return logits, h, np.argmax(self.be.to_host(logits), axis=1).astype(np.int32)
 
-    def prepare(self, states, mtp_states, lengths=None):
-        pass
+    def prepare(self, states, mtp_states, lengths=None, catch_ups=None):
+        self.prepared.append((list(states), list(mtp_states), tuple(lengths or ()), catch_ups))
 
 
 def _client(lm, n_max=None, refs=None, seed=0, p_wrong=0.3, n_ctx=128, graphs=None, adaptive=False):
@@ -543,3 +544,112 @@ def test_an_eager_round_of_a_declined_shape_is_timed(lm):
     sp.step(items, 3)
     assert g.n_declined == 1 and g.n_draft == 0          # declined, so the round ran eagerly
     assert sp.policy.costs.spec_cost(2, 3) is not None   # and was timed
+
+
+# -- the server's rounds as the bench's (issue 19: MTP at acceptance 0 cost 13% through the server, 4.9% in the bench)
+
+def _fixed_costs(monkeypatch):
+    """Every cost known and fixed (a plain step 1, a round drafting n 1.05 + 0.3 n), so that the draft policy's
+    choices depend only on the acceptance and its probes; -> the list each choice goes into: (the policy, n, the
+    acceptance rates it saw)."""
+    from llamacmp.engine.draft_policy import CostTable
+    monkeypatch.setattr(CostTable, "plain_cost", lambda self, S: 1.0 * S)
+    monkeypatch.setattr(CostTable, "spec_cost", lambda self, S, n: S * (1.05 + 0.3 * n))
+    seen, choose = [], DraftPolicy.choose
+
+    def record(self, accs, others=0):
+        n = choose(self, accs, others)
+        seen.append((self, n, [a.rate for a in accs]))     # (the policy itself: an id could be reused)
+        return n
+    monkeypatch.setattr(DraftPolicy, "choose", record)
+    return seen
+
+
+def test_scheduler_drafts_when_the_bench_does(lm, mtp_path, monkeypatch):
+    """Acceptance 0 (--spec-synth-len 1): the scheduler's rounds for one request are the bench loop's, round for
+    round: one draft from the prior, then plain steps with probes every 8, 16, 32 rounds. A second request on the
+    same slot starts from the prior again, as each bench repetition does."""
+    import io
+    from llamacmp.cli import bench
+    seen, N = _fixed_costs(monkeypatch), 64
+    rc = bench.main(["-m", str(mtp_path), "-p", "0", "-n", str(N), "-r", "1", "-ngl", "0", "--spec-type",
+                     "draft-mtp", "--spec-synth-len", "1"], out=io.StringIO(), err=io.StringIO())
+    assert rc == 0
+    timed = seen[-1][0]                                  # (the warm-up repetition has a policy of its own)
+    bench_rounds = [n for p, n, _ in seen if p is timed]
+    seen.clear()
+    spec = SpecConfig(type="draft-mtp", n_max=3, synth_len=1.0)
+    prompt = lm.tokenizer.encode(PROMPTS[0])
+    params = GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=N + 1)   # (the first from the prompt)
+    engine = Engine(lm, EngineConfig(n_slots=1, n_ctx_slot=128, spec=spec))
+    server_rounds = _serve(engine, [(prompt, params)] * 2)
+    first = [n for _, n, _ in seen[:N]]
+    assert first == bench_rounds
+    assert [i for i, n in enumerate(first) if n] == [0, 8, 24, 56]     # the prior's draft, then probes
+    assert seen[N][2] == [0.5] and seen[N - 1][2][0] < 0.2             # request 2 starts at the prior
+    assert server_rounds == [N + 1, N + 1]
+
+
+def _serve(engine, requests, together: bool = False) -> list[int]:
+    """Run requests one after the other (together: all submitted at once) on the engine's thread -> the number of
+    tokens each generated."""
+    import queue as q_
+    from llamacmp.engine.tasks import CompletionTask, FinalResult
+    engine.start()
+    try:
+        outs = [q_.Queue() for _ in requests]
+        got = []
+        for i, ((prompt, params), out) in enumerate(zip(requests, outs)):
+            engine.submit(CompletionTask(prompt, params, out.put))
+            if together and i < len(requests) - 1:
+                continue
+            for o in outs[len(got):i + 1]:
+                while not isinstance(r := o.get(timeout=120), FinalResult):
+                    assert hasattr(r, "text"), r
+                got.append(len(r.tokens))
+        return got
+    finally:
+        engine.stop()
+
+
+def test_request_start_captures_the_slots_graphs(lm):
+    """A request's first round and its probes replay graphs captured when the request started (in its prompt
+    time), not in the middle of its decode: the bench captures them before its timing. Only for a slot that starts
+    alone: beside busy slots the rounds are of several sequences (their shapes are captured at first use)."""
+    class Watched(EagerSpecGraphs):
+        def draft(self, states, tokens, h_parts, n=None):
+            assert any(mtp == list(states) for _, mtp, _, _ in self.prepared), "a draft before its graphs"
+            return super().draft(states, tokens, h_parts, n)
+    engine = Engine(lm, EngineConfig(n_slots=2, n_ctx_slot=128, spec=SpecConfig(type="draft-mtp", n_max=3)))
+    engine.spec.graphs = g = Watched(lm.model, 3)
+    params = GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=12)
+    _serve(engine, [(lm.tokenizer.encode(PROMPTS[0]), params)])
+    slot = next(s for s in engine.slots if s.cache.tokens)
+    assert g.prepared == [([slot.state], [slot.mtp.state], (1, 2, 3), (1,))]
+    assert g.n_draft > 0
+    engine = Engine(lm, EngineConfig(n_slots=2, n_ctx_slot=128, spec=SpecConfig(type="draft-mtp", n_max=3)))
+    engine.spec.graphs = g = EagerSpecGraphs(lm.model, 3)
+    _serve(engine, [(lm.tokenizer.encode(p), params) for p in PROMPTS[:2]], together=True)
+    assert len(g.prepared) == 1                  # the first of two requests started together
+    g.prepared.clear()
+    engine = Engine(lm, EngineConfig(n_slots=1, n_ctx_slot=128, spec=SpecConfig(type="draft-mtp", n_max=3)))
+    engine.spec.graphs = g
+    _serve(engine, [(lm.tokenizer.encode(PROMPTS[0]), replace(params, n_probs=2))])
+    assert g.prepared == []                      # its rows come to the host: it never drafts
+
+
+def test_plain_step_timing_covers_the_draw(lm, monkeypatch):
+    """The policy's plain-step time ends when the ids are on the host, as a drafting round's (its argmax is in
+    its graph) and the bench's plain step's do: a slow draw shows in it."""
+    from llamacmp.engine import scheduler
+    draw = scheduler.draw_tokens
+
+    def slow(*a, **k):
+        import time
+        time.sleep(0.05)
+        return draw(*a, **k)
+    monkeypatch.setattr(scheduler, "draw_tokens", slow)
+    engine = Engine(lm, EngineConfig(n_slots=1, n_ctx_slot=128, spec=SpecConfig(type="draft-mtp", n_max=3)))
+    params = GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=8)
+    _serve(engine, [(lm.tokenizer.encode(PROMPTS[0]), params)])
+    assert engine.spec.policy.costs.plain[1] >= 0.05

@@ -74,6 +74,21 @@ def test_prepare_captures_what_the_steps_ask_for(graphs):
     assert g.n_captured == made
 
 
+def test_prepare_of_some_catch_ups_keeps_what_it_holds(graphs):
+    """The server's request start (Speculator.start): each draft length's verify and its one-row catch-up draft;
+    a second prepare of the same slot captures nothing and counts no replay."""
+    g = graphs(n_max=3)
+    st, ms = _states(1)[0], _states(1)[0]
+    g.prepare([st], [ms], (1, 2, 3), catch_ups=(1,))
+    assert g.n_captured == 3 + 3 and FakeDraft.made == [(1,)] * 3 and FakeVerify.made == [1] * 3
+    g.prepare([st], [ms], (1, 2, 3), catch_ups=(1,))
+    assert (g.n_captured, g.n_replayed) == (6, 0)
+    g.draft([ms], [[7]], [[None]], 2)
+    assert (g.n_captured, g.n_replayed) == (6, 1)
+    with pytest.raises(ValueError, match="catch-up length 6 outside 1 .. 5"):
+        g.prepare([st], [ms], (3,), catch_ups=(6,))
+
+
 def test_least_recently_used_goes_first(graphs):
     g = graphs(n_max=1, capacity=1)              # room for 1 verify graph, 2 * (1 + 2) draft graphs
     s1, s2 = _states(2)

@@ -277,16 +277,24 @@ class SpecGraphs:
                          self.capacity * self.n)
 
     def prepare(self, states: Sequence[SeqState], mtp_states: Sequence[SeqState],
-                lengths: Sequence[int] | None = None) -> None:
-        """Capture the verify graph of `states` and the draft graphs of `mtp_states` for every catch-up length
-        (all sequences at the same length: 1 .. n + 2 rows), for each draft length n in `lengths` (default
-        n_max). Capturing runs nothing."""
+                lengths: Sequence[int] | None = None, catch_ups: Sequence[int] | None = None) -> None:
+        """Capture the verify graph of `states` and the draft graphs of `mtp_states` for each catch-up length in
+        `catch_ups` (all sequences at the same length; default every one, 1 .. n + 2 rows), for each draft length
+        n in `lengths` (default n_max). Graphs already held are kept, not counted as replays; capturing runs
+        nothing."""
         for n in lengths or (self.n,):
             n = self._length(n)
-            key = (n,) + tuple(id(s) for s in states)
-            self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, n),
-                      self.capacity * self.n)
-            for L in range(1, n + 3):
+            self._have(self._verify, (n,) + tuple(id(s) for s in states),
+                       lambda: CapturedVerify(self.be, self.model, states, n), self.capacity * self.n)
+            for L in catch_ups or range(1, n + 3):
+                if not 1 <= L <= n + 2:
+                    raise ValueError(f"catch-up length {L} outside 1 .. {n + 2}")
                 cl = (L,) * len(mtp_states)
-                self._get(self._draft, (n,) + tuple(id(s) for s in mtp_states) + cl,
-                          lambda: CapturedDraft(self.be, self.model, mtp_states, cl, n), self.draft_room)
+                self._have(self._draft, (n,) + tuple(id(s) for s in mtp_states) + cl,
+                           lambda: CapturedDraft(self.be, self.model, mtp_states, cl, n), self.draft_room)
+
+    def _have(self, cache: OrderedDict, key: tuple, make, room: int) -> None:
+        if key in cache:
+            cache.move_to_end(key)
+        else:
+            self._get(cache, key, make, room)

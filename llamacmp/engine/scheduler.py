@@ -322,6 +322,9 @@ class Engine:
         slot.begin(task, sampler, decoder, self._checkpoint_plan(task, slot.state.n_past), grammar)
         # --spec-synth-*: a generator of its own per request, seeded with the request's seed (as llama-server)
         slot.synth = synth_acceptor(self.cfg.spec, sampler.seed, self.tokenizer.eog_ids) if self.spec else None
+        if self.spec is not None:      # (graphs only for a slot that will draft, and alone: see Speculator.start)
+            alone = self._speculates(slot) and not any(s.busy for s in self.slots if s is not slot)
+            self.spec.start(slot.state, slot.mtp, alone)
         slot.last_used = time.monotonic()
         slot_log.slot_info("launch_slot_with_task", slot.id, task.id, "processing task, is_child = 0")
         slot_log.slot_info("update_slots", slot.id, task.id, f"new prompt, n_ctx_slot = {self.cfg.n_ctx_slot}, "
@@ -417,9 +420,10 @@ class Engine:
             logits, h = self.decoder.decode_hidden([s.state for s in gen], [s.next_token for s in gen])
             self._book_forward(len(gen), t0)
             self._flush()                # the previous results go out while the device runs this step
+            timing = None
             if self.spec is not None:
-                self._observe_plain(gen, [] if n else spec, h, t0, events)
-            self._after_forward(gen, [[s.next_token] for s in gen], logits, t0)
+                timing = self._observe_plain(gen, [] if n else spec, h, t0, events)
+            self._after_forward(gen, [[s.next_token] for s in gen], logits, t0, timing)
         budget = self.cfg.n_batch - len(gen)
         ran = bool(gen)
         for s in sorted((s for s in self.slots if s.phase == PREFILL), key=lambda s: s.task.id):
@@ -449,14 +453,17 @@ class Engine:
         return (self.spec is not None and slot.grammar is None and not slot.forced and p.n_probs <= 0
                 and not slot.state.rope_shift and slot.state.n_past + 2 <= slot.state.n_ctx)
 
-    def _observe_plain(self, gen: list[Slot], spec: list[Slot], h, t0: float, events: int) -> None:
-        """`gen`'s plain decode step ran: the draft policy's timing of a plain step of that many slots (unless it
-        captured a graph or ran a graphed list eagerly; the wait for the device comes after the flush, which
-        overlaps it), and the heads of the slots in `spec` (which could have drafted) queue it."""
-        if self.decoder.events == events:
-            self.decoder.sync()
-            self.spec.time_plain(len(gen), time.perf_counter() - t0)
+    def _observe_plain(self, gen: list[Slot], spec: list[Slot], h, t0: float, events: int):
+        """`gen`'s plain decode step was launched: the heads of the slots in `spec` (which could have drafted)
+        queue it -> what _after_forward calls once the step's tokens are drawn: the draft policy's timing of a plain
+        step of that many slots (None when the step captured a graph or ran a graphed list eagerly). The timing
+        ends when the ids are on the host, as a drafting round's does (its argmax is in its graph) and as the
+        bench's plain step's (one graph with its argmax, one wait); it used to wait for the device before the
+        draw, a second host wait a step with the device idle between."""
         self.spec.observe_plain([(s.state, s.mtp, s.next_token, i) for i, s in enumerate(gen) if s in spec], h)
+        if self.decoder.events != events:
+            return None
+        return lambda: self.spec.time_plain(len(gen), time.perf_counter() - t0)
 
     def _speculate(self, slots: list[Slot], n: int) -> None:
         """One draft-and-verify step of n drafts for these slots: drafts for all in one MTP forward per round,
@@ -522,8 +529,9 @@ class Engine:
             return ub
         return ub * max(1, min(room, self.cfg.n_batch) // ub)
 
-    def _after_forward(self, slots: list[Slot], toks: list[list[int]], logits, t0: float) -> None:
-        """Book the step, then draw every row that wants a token in one go on the backend (row i is slots[i])."""
+    def _after_forward(self, slots: list[Slot], toks: list[list[int]], logits, t0: float, drawn_hook=None) -> None:
+        """Book the step, then draw every row that wants a token in one go on the backend (row i is slots[i]);
+        drawn_hook: called right after the draw (the draft policy's plain-step timing)."""
         self.metrics.n_decode_total += 1
         self.metrics.n_busy_slots_total += len(slots)
         rows = [LogitsRow(self.backend, logits, r) for r in range(len(slots))]
@@ -539,6 +547,8 @@ class Engine:
             want.append(slot.phase == GENERATE or slot.prompt_done())
         t_draw = now_ms()
         drawn = self._draw([s if w else None for s, w in zip(slots, want)], logits, rows) if any(want) else []
+        if drawn_hook is not None:
+            drawn_hook()
         self.perf.add_sample(sum(d is not None for d in drawn), now_ms() - t_draw)
         dt = (time.perf_counter() - t0) * 1e3       # after the draw: the device work is done
         for slot, t in zip(slots, toks):

@@ -31,6 +31,7 @@ per second from those figures. adaptive=False drafts n_max every round (llama.cp
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
@@ -42,6 +43,7 @@ from ..sampling import Sampler, SamplingParams
 from .decode import draw_tokens, plan_row
 from .draft_policy import Acceptance, CostTable, DraftPolicy
 
+log = logging.getLogger("llamacmp.engine")
 _ARGMAX = Sampler(SamplingParams(temp=0.0, seed=0))     # a neutral greedy chain: the backend's plain argmax
 DRAFT_TOP_K = 10                                        # llama.cpp's draft sampler (p_min is a top-10 probability)
 
@@ -366,13 +368,30 @@ class Speculator:
                 for i, ((st, ms, t0, d), p) in enumerate(zip(seqs, pos))]
         return logits, h, segs
 
-    def prepare(self, seqs: Sequence[tuple[SeqState, MtpSeq]]) -> None:
-        """Capture the graphs a step of these sequences replays (the verify forward, the draft rounds for every
-        catch-up length) now rather than at their first step: a benchmark keeps the captures out of its timing.
-        Nothing runs. No graphs on this backend: nothing to do."""
+    def prepare(self, seqs: Sequence[tuple[SeqState, MtpSeq]], catch_ups: Optional[Sequence[int]] = None) -> None:
+        """Capture the graphs a step of these sequences replays (the verify forward, the draft rounds for each
+        catch-up length in `catch_ups`, default every one) now rather than at their first step: a benchmark keeps
+        the captures out of its timing. Nothing runs. No graphs on this backend: nothing to do."""
         if self.graphs is not None:
             lengths = self.policy.lengths if self.policy is not None else (self.n_max,)
-            self.graphs.prepare([st for st, _ in seqs], [ms.state for _, ms in seqs], lengths)
+            self.graphs.prepare([st for st, _ in seqs], [ms.state for _, ms in seqs], lengths, catch_ups)
+
+    def start(self, state: SeqState, ms: MtpSeq, alone: bool) -> None:
+        """A request starts on this sequence (a server slot). Its acceptance starts from the prior, as a new
+        sequence's does (the slot's last request says little about this text; each llamacmp-bench repetition
+        starts so too). alone (no other slot busy: its rounds will be of one sequence): the graphs of its first
+        round and of its probes (every draft length, a catch-up of one row: the head has run the prompt, or caught
+        up after plain steps) are captured now, in the prompt's time, instead of in its decode, where the bench
+        never pays them (prepare, untimed): a likely part of MTP's cost at acceptance 0 through the server (13%
+        against the bench's 4.9%, H200, 2026-12-02; not yet measured after). A slot keeps them while the LRU does.
+        With other slots busy the rounds are of several sequences, whose shapes are captured at first use."""
+        ms.acc = Acceptance()
+        if not alone:
+            return
+        try:
+            self.prepare([(state, ms)], catch_ups=(1,))
+        except MemoryError as e:        # (DeviceMemoryError is one) the rounds capture at first use, or run eagerly
+            log.info("MTP graphs not captured ahead (%s); captured at first use", e)
 
     def commit(self, v: Verified, h, j: int) -> None:
         """Keep the first j (1 <= j <= 1 + len(drafts)) verified tokens: t0 and the drafts before the j-th emitted

@@ -6,9 +6,10 @@ CapturedDraft: the MTP head for a fixed list of sequences, all n_max rounds in o
 sequence's catch-up rows (its pending (token, h) pairs, then t0 with h_last); its last row's logits are argmaxed on
 the device into round 0's ids, and every later round embeds the previous round's ids and chains on the head's own
 output state, with no host round trip between rounds. The catch-up lengths are part of the graph's shape (1 ..
-n_max + 2 rows: one more than the tokens the previous step kept), so one sequence has n_max + 2 draft graphs and
-several have a graph per combination of lengths: a combination is captured the second time it is asked for (the
-first runs eagerly), so that slots whose lengths rarely repeat do not capture a graph every step.
+n_max + 2 rows: one more than the tokens the previous step kept), so one sequence has n_max + 2 draft graphs;
+several sequences come with one row each (the Speculator runs their pending pairs first), and a list of several
+is captured the second time it is asked for (the first runs eagerly), so that slot lists that rarely repeat do
+not capture a graph every step.
 
 CapturedVerify: the target's forward over [t0, d1 .. dn] of each sequence, n = n_max (fixed per graph), with
 StepBatch.keep_steps on, the hidden state the head reads, and the argmax of every row on the device. The host

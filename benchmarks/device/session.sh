@@ -37,7 +37,11 @@ elif [ "$cmd" = _run ]; then
   stage all-done; touch "$D/all.done"
 elif [ "$cmd" = collect ]; then
   tag=${2:?tag}; D=/tmp/$tag; end=$(( $(date +%s) + ${3:-540} ))
-  while [ "$(date +%s)" -lt $end ] && [ ! -e "$D/all.done" ]; do sleep 3; done
+  # packed every ~30 s too: a call cut short (the session's device budget spent) still brings back the logs so far
+  n=0
+  while [ "$(date +%s)" -lt $end ] && [ ! -e "$D/all.done" ]; do
+    sleep 3; n=$((n + 1)); [ $((n % 10)) -eq 0 ] && tar czf "${OUT:-/tmp}/$tag.tgz" -C /tmp "$tag" 2>/dev/null
+  done
   tar czf "${OUT:-/tmp}/$tag.tgz" -C /tmp "$tag" 2>/dev/null
   cat "$D/progress.log"
   for f in "$D"/*.log; do case $f in */progress.log|*/runner.log) continue;; esac; echo "== $(basename "$f")"; tail -8 "$f"; done

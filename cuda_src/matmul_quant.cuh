@@ -7,11 +7,13 @@
 // fused producers). Per 32-value sub-block of a weight row and token: two int8 dots of 16 codes (DP4A, or the
 // route's DP2A / IMAD: common.cuh), scaled by the half's scale, less the half's min times the activation half's sum
 // (the dot with 0x01010101), times the activation scale.
-//  - GEMV (T <= 16: decode, MTP verification, several slots): warp per weight row (T = 1) or two (T >= 2), lane l
-//    takes sub-blocks l, l + 32, ... in increasing order, several loads in flight; each sub-block decoded once, then
-//    the T tokens' dots from registers (activation half sums once per warp, not per row); each row's result is the
-//    same for every T (batch invariant: every rounding explicit, tokens never interact, a fixed butterfly sum). Up
-//    to 4 matrices of one type per launch, optional residual added in the epilogue.
+//  - GEMV (T <= 16: decode, MTP verification, several slots): warp per two weight rows, lane l takes sub-blocks l,
+//    l + 32, ... in increasing order, several loads in flight; each sub-block decoded once, then the T tokens' dots
+//    from registers (activation loads and half sums once per warp, not per row); each row's result is the same for
+//    every T (batch invariant: every rounding explicit, tokens never interact, a fixed butterfly sum). Up to 4
+//    matrices of one type per launch, optional residual added in the epilogue. T = 1 (decode) is bound by the
+//    weight stream and, on 4-bit types, by instruction issue as much (qgemv_shape below has the arithmetic): rows of
+//    up to 4096 values go out as one round of loads per lane, longer rows as a rolling stream.
 //  - GEMM (T > 16, prefill): per chunk of weight rows, an expansion kernel writes int8 codes + an f32 scale and min
 //    per 16 values into the caller's workspace, then one DP4A GEMM (128x128 tiles, 8x8 outputs per thread, double-
 //    buffered shared memory as matmul_q8.cu's v2 GEMM) multiplies that form; the activation half sums times their
@@ -111,20 +113,33 @@ __device__ __forceinline__ SetRow locate_row(const QuantSet& set, int grow) {
 
 // The GEMV's shape at NT tokens: rows per warp R, sub-blocks in flight per lane and row U, whether a slot is refilled
 // as soon as it is decoded (roll) or all U after the round, and the launch bound's blocks per SM (MINB).
-//  - T = 1 (bound by the weight stream): a row per warp, U = 4 loaded together, 8 blocks per SM, a 64-register cap
-//    that keeps every block of a 4096-row matrix resident in one wave. H200, 2026-12-01, same run: that capped
-//    55-80% of copy on the 9B shapes; U 4 uncapped (72 registers) 44-76%; U 8 under a 128-register cap 47-64% (Q4_K,
-//    Q6_K). Rolling refills need more registers than the cap leaves (ptxas, sm_90: 40-72 bytes of spills), so T = 1
-//    refills by rounds, as that kernel did: the same code.
+//  - T = 1 (decode): two rows per warp as T >= 2. Why, from sm_90 SASS (static counts, nvcc 13.0) and the H200's
+//    rate: streaming 4.3 TB/s over 132 SMs at ~1.98 GHz is ~16.4 bytes per SM-cycle, and a 4096-wide Q4_K row is
+//    2304 bytes, so a kernel spending N warp-instructions per row needs N / 140 of the SM's 4 issue slots per cycle.
+//    The earlier T = 1 kernel (a row per warp, U = 4, 8 blocks per SM under a 64-register cap: 44-77% of copy on
+//    the 9B shapes, H200 2026-12-02) spent ~465 per row (3.3 issue slots per cycle at the roofline): the activation
+//    loads and half sums (3 loads + 8 DP4A per sub-block), the row lookup, the addresses and the reduction were all
+//    per row. Shared by two rows it is ~365. Rows of at most QGEMV_ROUND sub-blocks (n <= 4096 for every type: all
+//    of the 9B's projections but FFN down) load every sub-block of both rows at once (U = 4: 16 loads of 16 bytes
+//    per lane before the first use, no refill code), 4 blocks per SM under the 128-register cap, so 32 rows per SM
+//    are in flight (64 KB of codes) and a 4096-row matrix is one wave (512 blocks, 528 slots), as it was. Longer
+//    rows (FFN down, n = 12288: three rounds, each waiting out the full latency in the earlier kernel) roll:
+//    U = 2, each slot refilled as soon as it is decoded, 5 blocks per SM (102 registers), ~40 KB per SM kept in
+//    flight. Neither spills on sm_90 for any type (ptxas -v). Earlier T = 1 measurements (H200, 2026-12-01): at a
+//    row per warp, 7 blocks per SM instead of 8 (72 registers, a second wave on 4096-row matrices) cost 25-30%,
+//    U = 8 under a 128 cap (two waves) 10-30%: the one-wave rule above comes from there.
 //  - T >= 2: two rows per warp, so each activation load, scale and half sum serves both; rolling refills keep 4
 //    loads per lane in flight while the warp multiplies. Without a cap ptxas takes 150-250 registers (it hoists the
 //    activation loads of every token) and 2-3 blocks fit per SM; the caps below (128 registers to T = 8, 168 above)
 //    hold 4 and 3 without spills (ptxas -v, sm_90, Q4_K/Q5_K/Q6_K/IQ4_XS; at T = 16 a 128 cap spilled 88-136 bytes).
 struct QGemvShape { int rows, unroll; bool roll; int min_blocks; };
-template <int NT>
+template <int NT, bool LONG>
 constexpr QGemvShape qgemv_shape() {
-    return NT == 1 ? QGemvShape{1, 4, false, 8} : NT <= 8 ? QGemvShape{2, 2, true, 4} : QGemvShape{2, 2, true, 3};
+    if (NT == 1) return LONG ? QGemvShape{2, 2, true, 5} : QGemvShape{2, 4, false, 4};
+    return NT <= 8 ? QGemvShape{2, 2, true, 4} : QGemvShape{2, 2, true, 3};
 }
+// T = 1 rows longer than this many sub-blocks (one round of the short-row shape: 32 lanes x 4) take the LONG shape.
+constexpr int QGEMV_ROUND = 32 * qgemv_shape<1, false>().unroll;
 
 // Warp per R weight rows; lane l takes the rows' sub-blocks l, l + 32, ... in increasing order (each a contiguous
 // run of every body plane, so a warp's load of one plane is one contiguous span). Each sub-block's codes and scales
@@ -147,7 +162,7 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     if (first >= set.total) return;
     const int lane = threadIdx.x, nb = n / Q::BV, nsub = n / 32, j = lane % NSUB;
     // A group past the last row re-reads the last row and stores nothing for it. Only the planes stay live through
-    // the loop; the outputs are located again after it (registers: T = 1 runs under a 64-register cap).
+    // the loop; the outputs are located again after it (registers: every shape runs under a cap).
     const uint8_t* body[R];
     const uint8_t* head[R];
 #pragma unroll
@@ -157,11 +172,15 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
         head[r] = set.head[at.mat] + (size_t)at.row * nb * Q::HEAD;
     }
     typename Q::Raw raw[R][U];
+    // Slot u of every row <- sub-block c; a round's loads from c0 (the lane's first sub-block of the round).
+    auto fetch_round = [&](int c0) {
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+        for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-            if (lane + 32 * u < nsub) raw[r][u] = Q::load(body[r], head[r], nb, lane + 32 * u);
+            for (int r = 0; r < R; ++r)
+                if (c0 + 32 * u < nsub) raw[r][u] = Q::load(body[r], head[r], nb, c0 + 32 * u);
+    };
+    fetch_round(lane);
     pdl_allow_consumers();
     pdl_wait_producers();
     float acc[R][NT];
@@ -170,13 +189,10 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
     for (int c0 = lane; c0 < nsub; c0 += 32 * U) {
-        if (!ROLL && c0 != lane) {
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-#pragma unroll
-                for (int r = 0; r < R; ++r)
-                    if (c0 + 32 * u < nsub) raw[r][u] = Q::load(body[r], head[r], nb, c0 + 32 * u);
-        }
+        if (!ROLL && c0 != lane) fetch_round(c0);
+        // ROLL: whether the next round has any sub-block (else no refill code runs: one round per row at n = 4096,
+        // U = 4) and whether it is whole (no per-lane bound check); both warp-uniform.
+        const bool next_any = c0 - lane + 32 * U < nsub, next_full = c0 - lane + 64 * U <= nsub;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + 32 * u;
@@ -190,7 +206,8 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                 w0[r] = make_int4(sb.q[0], sb.q[1], sb.q[2], sb.q[3]);
                 w1[r] = make_int4(sb.q[4], sb.q[5], sb.q[6], sb.q[7]);
                 s0[r] = sb.s[0], s1[r] = sb.s[1], m0[r] = sb.m[0], m1[r] = sb.m[1];
-                if (ROLL && c + 32 * U < nsub) raw[r][u] = Q::load(body[r], head[r], nb, c + 32 * U);
+                if (ROLL && next_any && (next_full || c + 32 * U < nsub))
+                    raw[r][u] = Q::load(body[r], head[r], nb, c + 32 * U);
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
@@ -219,12 +236,19 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     }
 }
 
-template <class Q, int NT, class D>
-int launch_gemv_quant(const int8_t* xq, const float* xd, const QuantSet& set, int n) {
-    constexpr QGemvShape sh = qgemv_shape<NT>();
+template <class Q, int NT, bool LONG, class D>
+int launch_gemv_shape(const int8_t* xq, const float* xd, const QuantSet& set, int n) {
+    constexpr QGemvShape sh = qgemv_shape<NT, LONG>();
     return launch("gemv_quant_kernel", gemv_quant_kernel<Q, NT, sh.rows, sh.unroll, sh.roll, sh.min_blocks, D>,
                   dim3(ceil_div(ceil_div(set.total, sh.rows), QGEMV_WARPS)), dim3(32, QGEMV_WARPS), 0, xq, xd, set,
                   n);
+}
+
+template <class Q, int NT, class D>
+int launch_gemv_quant(const int8_t* xq, const float* xd, const QuantSet& set, int n) {
+    if constexpr (NT == 1)
+        if (n / 32 > QGEMV_ROUND) return launch_gemv_shape<Q, 1, true, D>(xq, xd, set, n);
+    return launch_gemv_shape<Q, NT, false, D>(xq, xd, set, n);
 }
 
 template <class Q, class D, int... NT>

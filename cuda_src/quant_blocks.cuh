@@ -320,9 +320,9 @@ struct Q3_K {
 __device__ __forceinline__ void k_scale_min(int s0, int s1, int s2, int j, int& sc, int& mn) {
     const int sh = 8 * (j & 3);
     const bool lo = j < 4;
-    const int mask = lo ? 63 : 15, top = lo ? 0 : 3;
-    sc = (((lo ? s0 : s2) >> sh) & mask) | (((s0 >> (sh + 6)) & top) << 4);
-    mn = (((lo ? s1 : s2 >> 4) >> sh) & mask) | (((s1 >> (sh + 6)) & top) << 4);
+    const int mask = lo ? 63 : 15, top = lo ? 0 : 0x30;   // top: bits 6-7 of a byte shifted down to bits 4-5
+    sc = (((lo ? s0 : s2) >> sh) & mask) | ((s0 >> (sh + 2)) & top);
+    mn = (((lo ? s1 : s2 >> 4) >> sh) & mask) | ((s1 >> (sh + 2)) & top);
 }
 
 // The nibble of value l of sub-block j in Q4_K/Q5_K's qs[128]: nibble (j & 1) of qs[32 (j / 2) + l].

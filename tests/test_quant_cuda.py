@@ -117,13 +117,15 @@ def test_one_stage_gemm_gives_the_same_bits(cuda_backend, type_name):
     np.testing.assert_array_equal(out[SMEM_CAPS["sm61"]], out[0])
 
 
+@pytest.mark.parametrize("long_rows", [False, True])
 @pytest.mark.parametrize("dot", INT8_DOTS)
 @pytest.mark.parametrize("type_name", TYPES)
-def test_gemv_batch_invariant(cuda_backend, type_name, dot):
+def test_gemv_batch_invariant(cuda_backend, type_name, dot, long_rows):
     """Each row of a T-row GEMV equals, bit for bit, that row alone (T = 1) and within other batch sizes, on each
-    route (whose results equal DP4A's bit for bit: the same integers)."""
+    route (whose results equal DP4A's bit for bit: the same integers). long_rows: n = 4352, 136 sub-blocks, more
+    than T = 1's one round of loads (128), so T = 1 runs its rolling kernel (matmul_quant.cuh, QGEMV_ROUND)."""
     rng = np.random.default_rng(11)
-    n = cols_for(type_name, 5)
+    n = 4352 if long_rows else cols_for(type_name, 5)
     w = cuda_backend.upload_matrix(random_blocks(type_name, 67, n, rng))
     x = inputs(3, 16, n)
     be = cuda_backend

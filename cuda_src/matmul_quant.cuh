@@ -13,7 +13,8 @@
 //    every T (batch invariant: every rounding explicit, tokens never interact, a fixed butterfly sum). Up to 4
 //    matrices of one type per launch, optional residual added in the epilogue. T = 1 (decode) is bound by the
 //    weight stream and, on 4-bit types, by instruction issue as much (qgemv_shape below has the arithmetic): rows of
-//    up to 4096 values go out as one round of loads per lane, longer rows as a rolling stream.
+//    up to 4096 values go out as one round of loads per lane, longer rows as a rolling stream; below T = 6 the code
+//    bias of Q4_0 / Q5_0 / Q3_K / Q6_K comes off the integer dots, not off each code (gemv_quant_kernel's BIAS).
 //  - GEMM (T > 16, prefill): per chunk of weight rows, an expansion kernel writes int8 codes + an f32 scale and min
 //    per 16 values into the caller's workspace, then one DP4A GEMM (128x128 tiles, 8x8 outputs per thread, double-
 //    buffered shared memory as matmul_q8.cu's v2 GEMM) multiplies that form; the activation half sums times their
@@ -79,11 +80,12 @@ __device__ __forceinline__ float i2f(int s) { return __int_as_float(0x4B400000 +
 // One sub-block's weighted dot: s0 * dot(codes 0..15, x0) + s1 * dot(16..31, x1) - (m0 * e0 + m1 * e1), where e0, e1
 // are the activation halves' sums (sum16: a function of the activations only, so the GEMV computes them once for all
 // the rows it holds); activation scale not applied. Every rounding explicit so that the result is a function of its
-// inputs only. D: the int8 dot of the route (common.cuh).
-template <bool PER16, bool MIN, class D>
+// inputs only. BIAS: w0, w1 are the codes as stored (decode_biased), and dot(code - BIAS, x) = dot(code, x) - BIAS *
+// e is the same integer. D: the int8 dot of the route (common.cuh).
+template <bool PER16, bool MIN, int BIAS, class D>
 __device__ __forceinline__ float sub_dot(const int4 w0, const int4 w1, float s0, float s1, float m0, float m1,
                                         const int4 x0, const int4 x1, int e0, int e1) {
-    const int d0 = dot16<D>(w0, x0), d1 = dot16<D>(w1, x1);
+    const int d0 = dot16<D>(w0, x0) - BIAS * e0, d1 = dot16<D>(w1, x1) - BIAS * e1;
     float v = PER16 ? __fmaf_rn(s0, i2f(d0), __fmul_rn(s1, i2f(d1))) : __fmul_rn(s0, i2f(d0 + d1));
     if (MIN) v = __fsub_rn(v, PER16 ? __fmaf_rn(m0, i2f(e0), __fmul_rn(m1, i2f(e1))) : __fmul_rn(m0, i2f(e0 + e1)));
     return v;
@@ -158,6 +160,12 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                   const float* __restrict__ xd,   // [NT, n/32]
                   const QuantSet set, int n) {
     constexpr int NSUB = Q::BV / 32;
+    // A type's code bias (Q4_0, Q5_0, Q3_K, Q6_K) comes off the integer dots (BIAS times the activation half sums:
+    // 8 DP4A per token and sub-block, shared by the R rows) rather than off each code (unbias: 24 instructions per
+    // row and sub-block on sm_90) where that is cheaper, NT < 3 R; the same integers either way. SUMS: the kernel
+    // needs the half sums (for the mins or the bias).
+    constexpr int BIAS = NT * 8 < R * 24 ? Q::BIAS : 0;
+    constexpr bool SUMS = Q::MIN || BIAS != 0;
     const int first = (blockIdx.x * QGEMV_WARPS + threadIdx.y) * R;
     if (first >= set.total) return;
     const int lane = threadIdx.x, nb = n / Q::BV, nsub = n / 32, j = lane % NSUB;
@@ -202,7 +210,8 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 SubBlock sb;
-                Q::decode(raw[r][u], j, sb);
+                if constexpr (BIAS != 0) Q::decode_biased(raw[r][u], j, sb);
+                else Q::decode(raw[r][u], j, sb);
                 w0[r] = make_int4(sb.q[0], sb.q[1], sb.q[2], sb.q[3]);
                 w1[r] = make_int4(sb.q[4], sb.q[5], sb.q[6], sb.q[7]);
                 s0[r] = sb.s[0], s1[r] = sb.s[1], m0[r] = sb.m[0], m1[r] = sb.m[1];
@@ -214,11 +223,11 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                 const int4* xv = reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 32);
                 const int4 x0 = __ldg(xv), x1 = __ldg(xv + 1);
                 const float sx = __ldg(xd + (size_t)t * nsub + c);
-                const int e0 = Q::MIN ? sum16<D>(x0) : 0, e1 = Q::MIN ? sum16<D>(x1) : 0;
+                const int e0 = SUMS ? sum16<D>(x0) : 0, e1 = SUMS ? sum16<D>(x1) : 0;
 #pragma unroll
                 for (int r = 0; r < R; ++r)
-                    acc[r][t] = __fmaf_rn(sub_dot<Q::PER16, Q::MIN, D>(w0[r], w1[r], s0[r], s1[r], m0[r], m1[r], x0,
-                                                                       x1, e0, e1), sx, acc[r][t]);
+                    acc[r][t] = __fmaf_rn(sub_dot<Q::PER16, Q::MIN, BIAS, D>(w0[r], w1[r], s0[r], s1[r], m0[r], m1[r],
+                                                                             x0, x1, e0, e1), sx, acc[r][t]);
             }
         }
     }

@@ -18,9 +18,11 @@
 // A decoder gives, for sub-block c of a row (j = c % (BV / 32) its index in the block), the 32 codes as int8 in
 // value order (8 ints, 4 values each), a float scale per 16-value half s[2] and a float min per half m[2], so that
 // value = s * code - m exactly (s and m are an f16 times a small integer: exact in fp32). PER16: the two halves
-// have their own scales (Q2_K, Q3_K, Q6_K); MIN: the type has a min (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K). Decoding is
-// split into load (the raw registers, so that a lane's loads of several sub-blocks are in flight together) and
-// decode (integer unpacking). repack writes file block b of a row (src: its BYTES bytes) into the row's planes.
+// have their own scales (Q2_K, Q3_K, Q6_K); MIN: the type has a min (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K); BIAS: the codes
+// are stored with that offset (Q4_0 8, Q5_0 16, Q3_K 4, Q6_K 32), which decode takes off and decode_biased leaves
+// on. Decoding is split into load (the raw registers, so that a lane's loads of several sub-blocks are in flight
+// together) and decode (integer unpacking). repack writes file block b of a row (src: its BYTES bytes) into the
+// row's planes.
 #pragma once
 #include "common.cuh"
 
@@ -91,6 +93,12 @@ __device__ __forceinline__ void or_bits(const unsigned h, int up, int (&q)[8]) {
     for (int i = 0; i < 8; ++i) q[i] |= (int)(((h >> i) & 0x01010101u) << up);
 }
 
+// A decoder's codes with the type's bias taken off each byte (decode_biased gives them as stored, 0..2 BIAS - 1).
+__device__ __forceinline__ void unbias(SubBlock& o, int bias) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o.q[i] = (int)__vsub4(o.q[i], (unsigned)bias * 0x01010101u);
+}
+
 // The 16-entry IQ4 table (int8) looked up for the 8 nibbles of v (nibble order = value order): per half word, two
 // 8-byte byte permutes (entries 0..7 and 8..15; __byte_perm uses only the low 3 bits of each selector nibble) and a
 // third that takes byte k from the first or the second by bit 3 of index k.
@@ -118,7 +126,7 @@ __device__ __forceinline__ int file_nibble(const uint8_t* qs, int v) { return v 
 
 // Q4_0: d f16 | qs[16]; value i = d * ((qs[i % 16] >> 4 (i / 16)) & 15) - 8d. body: qs; head: d.
 struct Q4_0 {
-    static constexpr int ID = QID_Q4_0, BV = 32, BYTES = 18, HEAD = 2, BODY = 16;
+    static constexpr int ID = QID_Q4_0, BV = 32, BYTES = 18, HEAD = 2, BODY = 16, BIAS = 8;
     static constexpr bool PER16 = false, MIN = false;
     struct Raw { int4 qs; float d; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
@@ -128,18 +136,20 @@ struct Q4_0 {
     static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int, int c) {
         return {ld16(body + 16 * c), ldh(head + 2 * c)};
     }
-    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o) {
+    static __device__ __forceinline__ void decode_biased(const Raw& r, int, SubBlock& o) {
         nibbles(r.qs, o.q);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o.q[i] = (int)__vsub4(o.q[i], 0x08080808);
         o.s[0] = o.s[1] = r.d;
         o.m[0] = o.m[1] = 0.f;
+    }
+    static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o) {
+        decode_biased(r, j, o);
+        unbias(o, BIAS);
     }
 };
 
 // Q4_1: d, m f16 | qs[16]; value = d * nibble + m. body: qs; head: d, m.
 struct Q4_1 {
-    static constexpr int ID = QID_Q4_1, BV = 32, BYTES = 20, HEAD = 4, BODY = 16;
+    static constexpr int ID = QID_Q4_1, BV = 32, BYTES = 20, HEAD = 4, BODY = 16, BIAS = 0;
     static constexpr bool PER16 = false, MIN = true;
     struct Raw { int4 qs; float2 dm; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
@@ -159,7 +169,7 @@ struct Q4_1 {
 // Q5_0: d f16 | qh u32 | qs[16]; value i = d * (nibble | bit i of qh << 4) - 16d. body: qh, qs (20 bytes: 4-byte
 // loads); head: d.
 struct Q5_0 {
-    static constexpr int ID = QID_Q5_0, BV = 32, BYTES = 22, HEAD = 2, BODY = 20;
+    static constexpr int ID = QID_Q5_0, BV = 32, BYTES = 22, HEAD = 2, BODY = 20, BIAS = 16;
     static constexpr bool PER16 = false, MIN = false;
     struct Raw { int w[5]; float d; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
@@ -184,18 +194,20 @@ struct Q5_0 {
             q[4 + i] = ((w[1 + i] >> 4) & 0x0F0F0F0F) | (spread4(qh >> (16 + 4 * i)) << 4);
         }
     }
-    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o) {
+    static __device__ __forceinline__ void decode_biased(const Raw& r, int, SubBlock& o) {
         unpack(r.w, o.q);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o.q[i] = (int)__vsub4(o.q[i], 0x10101010);
         o.s[0] = o.s[1] = r.d;
         o.m[0] = o.m[1] = 0.f;
+    }
+    static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o) {
+        decode_biased(r, j, o);
+        unbias(o, BIAS);
     }
 };
 
 // Q5_1: d, m f16 | qh u32 | qs[16]; value = d * (5-bit code) + m. body: qh, qs; head: d, m.
 struct Q5_1 {
-    static constexpr int ID = QID_Q5_1, BV = 32, BYTES = 24, HEAD = 4, BODY = 20;
+    static constexpr int ID = QID_Q5_1, BV = 32, BYTES = 24, HEAD = 4, BODY = 20, BIAS = 0;
     static constexpr bool PER16 = false, MIN = true;
     struct Raw { int w[5]; float2 dm; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
@@ -218,7 +230,7 @@ struct Q5_1 {
 
 // IQ4_NL: d f16 | qs[16] as Q4_0; value = d * kvalues[nibble]. body: the nibbles in IQ4 order; head: d.
 struct IQ4_NL {
-    static constexpr int ID = QID_IQ4_NL, BV = 32, BYTES = 18, HEAD = 2, BODY = 16;
+    static constexpr int ID = QID_IQ4_NL, BV = 32, BYTES = 18, HEAD = 2, BODY = 16, BIAS = 0;
     static constexpr bool PER16 = false, MIN = false;
     using Raw = Q4_0::Raw;
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
@@ -241,7 +253,7 @@ struct IQ4_NL {
 // (qs[32h + l] >> 2s) & 3; 16-value group g = v / 16 has scale d * (scales[g] & 15), min dmin * (scales[g] >> 4).
 // body: pairs, 8 bytes per sub-block; head: scales [nb, 16] then d, dmin [nb, 4].
 struct Q2_K {
-    static constexpr int ID = QID_Q2_K, BV = 256, BYTES = 84, HEAD = 20, BODY = 64;
+    static constexpr int ID = QID_Q2_K, BV = 256, BYTES = 84, HEAD = 20, BODY = 64, BIAS = 0;
     static constexpr bool PER16 = true, MIN = true;
     struct Raw { uint2 q; unsigned sc; float2 dm; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int nb, int b) {
@@ -272,7 +284,7 @@ struct Q2_K {
 // body: low pairs [nb, 8 x 8] then high bits [nb, 8 x 4]; head: per sub-block a byte of the two halves' low scale
 // nibbles [nb, 8], per 4 sub-blocks a u16 of their high scale bits (2 per half) [nb, 4], d [nb, 2].
 struct Q3_K {
-    static constexpr int ID = QID_Q3_K, BV = 256, BYTES = 110, HEAD = 14, BODY = 96;
+    static constexpr int ID = QID_Q3_K, BV = 256, BYTES = 110, HEAD = 14, BODY = 96, BIAS = 4;
     static constexpr bool PER16 = true, MIN = false;
     struct Raw { uint2 lo; unsigned hi, s4, s2; float d; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int nb, int b) {
@@ -297,13 +309,11 @@ struct Q3_K {
         return {ld8(body + 8 * c), (unsigned)ld4(body + 64 * nb + 4 * c), ld1(head + c),
                 ld2(head + 8 * nb + 2 * (c >> 2)), ldh(head + 12 * nb + 2 * (c >> 3))};
     }
-    static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o) {
+    static __device__ __forceinline__ void decode_biased(const Raw& r, int j, SubBlock& o) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) o.q[i] = 0;
         or_pairs(r.lo, 0, o.q);
         or_bits(r.hi, 2, o.q);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o.q[i] = (int)__vsub4(o.q[i], 0x04040404);
         const unsigned s2 = r.s2 >> (4 * (j & 3));
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
@@ -311,6 +321,10 @@ struct Q3_K {
             o.s[k] = r.d * (float)(sc - 32);
             o.m[k] = 0.f;
         }
+    }
+    static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o) {
+        decode_biased(r, j, o);
+        unbias(o, BIAS);
     }
 };
 
@@ -331,7 +345,7 @@ __device__ __forceinline__ int k_nibble(const uint8_t* qs, int j, int l) { retur
 // Q4_K: d, dmin f16 | scales[12] | qs[128]; value = d * sc_j * nibble - dmin * m_j. body: nibbles, 16 bytes per
 // sub-block; head: the file's first 16 bytes (d, dmin, scales) per block.
 struct Q4_K {
-    static constexpr int ID = QID_Q4_K, BV = 256, BYTES = 144, HEAD = 16, BODY = 128;
+    static constexpr int ID = QID_Q4_K, BV = 256, BYTES = 144, HEAD = 16, BODY = 128, BIAS = 0;
     static constexpr bool PER16 = false, MIN = true;
     struct Raw { int4 qs, hdr; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
@@ -357,7 +371,7 @@ struct Q4_K {
 // Q5_K: d, dmin f16 | scales[12] | qh[32] | qs[128]. As Q4_K, plus bit j of qh[l] as bit 4 of the code. body:
 // nibbles [nb, 8 x 16] then high bits [nb, 8 x 4]; head as Q4_K.
 struct Q5_K {
-    static constexpr int ID = QID_Q5_K, BV = 256, BYTES = 176, HEAD = 16, BODY = 160;
+    static constexpr int ID = QID_Q5_K, BV = 256, BYTES = 176, HEAD = 16, BODY = 160, BIAS = 0;
     static constexpr bool PER16 = false, MIN = true;
     struct Raw { int4 qs, hdr; unsigned qh; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int nb, int b) {
@@ -382,7 +396,7 @@ struct Q5_K {
 // ql[64h + 32 (s & 1) + l], high 2 bits (qh[32h + l] >> 2s) & 3; code = that - 32; group v / 16 scale d * scales[g].
 // body: low nibbles [nb, 8 x 16] then high pairs [nb, 8 x 8]; head: scales [nb, 16] then d [nb, 2].
 struct Q6_K {
-    static constexpr int ID = QID_Q6_K, BV = 256, BYTES = 210, HEAD = 18, BODY = 192;
+    static constexpr int ID = QID_Q6_K, BV = 256, BYTES = 210, HEAD = 18, BODY = 192, BIAS = 32;
     static constexpr bool PER16 = true, MIN = false;
     struct Raw { int4 ql; uint2 qh; unsigned sc; float d; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int nb, int b) {
@@ -398,16 +412,18 @@ struct Q6_K {
         return {ld16(body + 16 * c), ld8(body + 128 * nb + 8 * c), ld2(head + 2 * c),
                 ldh(head + 16 * nb + 2 * (c >> 3))};
     }
-    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o) {
+    static __device__ __forceinline__ void decode_biased(const Raw& r, int, SubBlock& o) {
         nibbles(r.ql, o.q);
         or_pairs(r.qh, 4, o.q);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o.q[i] = (int)__vsub4(o.q[i], 0x20202020);
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
             o.s[k] = r.d * (float)(int8_t)((r.sc >> (8 * k)) & 0xFF);
             o.m[k] = 0.f;
         }
+    }
+    static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o) {
+        decode_biased(r, j, o);
+        unbias(o, BIAS);
     }
 };
 
@@ -416,7 +432,7 @@ struct Q6_K {
 // value = d * (ls - 32) * kvalue. body: the nibbles in IQ4 order, 16 bytes per sub-block; head: d, scales_h,
 // scales_l (8 bytes) per block.
 struct IQ4_XS {
-    static constexpr int ID = QID_IQ4_XS, BV = 256, BYTES = 136, HEAD = 8, BODY = 128;
+    static constexpr int ID = QID_IQ4_XS, BV = 256, BYTES = 136, HEAD = 8, BODY = 128, BIAS = 0;
     static constexpr bool PER16 = false, MIN = false;
     struct Raw { int4 qs; uint2 h; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {

@@ -121,7 +121,7 @@ __device__ __forceinline__ SetRow locate_row(const QuantSet& set, int grow) {
 //    The earlier T = 1 kernel (a row per warp, U = 4, 8 blocks per SM under a 64-register cap: 44-77% of copy on
 //    the 9B shapes, H200 2026-12-02) spent ~465 per row (3.3 issue slots per cycle at the roofline): the activation
 //    loads and half sums (3 loads + 8 DP4A per sub-block), the row lookup, the addresses and the reduction were all
-//    per row. Shared by two rows it is ~365. Rows of at most QGEMV_ROUND sub-blocks (n <= 4096 for every type: all
+//    per row. Shared by two rows it is ~360. Rows of at most QGEMV_ROUND sub-blocks (n <= 4096 for every type: all
 //    of the 9B's projections but FFN down) load every sub-block of both rows at once (U = 4: 16 loads of 16 bytes
 //    per lane before the first use, no refill code), 4 blocks per SM under the 128-register cap, so 32 rows per SM
 //    are in flight (64 KB of codes) and a 4096-row matrix is one wave (512 blocks, 528 slots), as it was. Longer

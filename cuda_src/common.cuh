@@ -216,7 +216,9 @@ __device__ __forceinline__ void pdl_wait_producers() {
 // integers, so the matmuls give the same bits on every route. They differ in the unit: some cards throttle DP4A
 // (CMP 50HX / 90HX / 170HX: 16x) or their power when they see it (CMP 70HX); docs/ROUTES.md.
 // DP4A: one IDP.4A.
+// OPS: SASS instructions per dot4 (what a kernel weighs when it trades dots against other work).
 struct DotDp4a {
+    static constexpr int OPS = 1;
     static __device__ __forceinline__ int dot4(int a, int b, int c) { return __dp4a(a, b, c); }
 };
 
@@ -231,6 +233,7 @@ __device__ __forceinline__ int sext_halves(int a, unsigned sel) {
 
 // DP2A (int16 pairs x int8 pairs, IDP.2A): a widened to two 16-bit pairs, one DP2A on b's low bytes, one on its high.
 struct DotDp2a {
+    static constexpr int OPS = 4;
     static __device__ __forceinline__ int dot4(int a, int b, int c) {
         return __dp2a_hi(sext_halves(a, 0xB3A2u), b, __dp2a_lo(sext_halves(a, 0x9180u), b, c));
     }
@@ -240,6 +243,7 @@ struct DotDp2a {
 // for a card to react to. Both in PTX: written as C++ shifts and multiplies the compiler recognises the dot and
 // emits IDP.4A again (nvcc 13, sm_90).
 struct DotImad {
+    static constexpr int OPS = 8;
     static __device__ __forceinline__ int byte(int v, unsigned k) {
         return sext_halves(v, 0x8880u + 0x1111u * k);   // bytes (k, sign k, sign k, sign k)
     }

@@ -13,7 +13,7 @@
 //    every T (batch invariant: every rounding explicit, tokens never interact, a fixed butterfly sum). Up to 4
 //    matrices of one type per launch, optional residual added in the epilogue. T = 1 (decode) is bound by the
 //    weight stream and, on 4-bit types, by instruction issue as much (qgemv_shape below has the arithmetic): rows of
-//    up to 4096 values go out as one round of loads per lane, longer rows as a rolling stream; below T = 6 the code
+//    up to 4096 values go out as one round of loads per lane, longer rows as a rolling stream; at small T the code
 //    bias of Q4_0 / Q5_0 / Q3_K / Q6_K comes off the integer dots, not off each code (gemv_quant_kernel's BIAS).
 //  - GEMM (T > 16, prefill): per chunk of weight rows, an expansion kernel writes int8 codes + an f32 scale and min
 //    per 16 values into the caller's workspace, then one DP4A GEMM (128x128 tiles, 8x8 outputs per thread, double-
@@ -161,10 +161,10 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                   const QuantSet set, int n) {
     constexpr int NSUB = Q::BV / 32;
     // A type's code bias (Q4_0, Q5_0, Q3_K, Q6_K) comes off the integer dots (BIAS times the activation half sums:
-    // 8 DP4A per token and sub-block, shared by the R rows) rather than off each code (unbias: 24 instructions per
-    // row and sub-block on sm_90) where that is cheaper, NT < 3 R; the same integers either way. SUMS: the kernel
-    // needs the half sums (for the mins or the bias).
-    constexpr int BIAS = NT * 8 < R * 24 ? Q::BIAS : 0;
+    // 8 dot4 per token and sub-block, shared by the R rows) rather than off each code (unbias: 24 instructions per
+    // row and sub-block on sm_90) where that is cheaper: NT < 3 R on DP4A (T <= 5), T = 1 on DP2A, never on IMAD
+    // (D::OPS); the same integers either way. SUMS: the kernel needs the half sums (for the mins or the bias).
+    constexpr int BIAS = NT * 8 * D::OPS < R * 24 ? Q::BIAS : 0;
     constexpr bool SUMS = Q::MIN || BIAS != 0;
     const int first = (blockIdx.x * QGEMV_WARPS + threadIdx.y) * R;
     if (first >= set.total) return;

@@ -99,15 +99,25 @@ __device__ __forceinline__ void unbias(SubBlock& o, int bias) {
     for (int i = 0; i < 8; ++i) o.q[i] = (int)__vsub4(o.q[i], (unsigned)bias * 0x01010101u);
 }
 
+// prmt.b32 in PTX's default mode: byte k of the result is byte (s_k & 7) of b:a, where s_k is selector nibble k of
+// s's low 16 bits, or that byte's sign bit replicated where bit 3 of s_k is set. (__byte_perm clears bit 3 of every
+// nibble first: one more instruction per call, sm_90 SASS.)
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned s) {
+    unsigned r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+    return r;
+}
+
 // The 16-entry IQ4 table (int8) looked up for the 8 nibbles of v (nibble order = value order): per half word, two
-// 8-byte byte permutes (entries 0..7 and 8..15; __byte_perm uses only the low 3 bits of each selector nibble) and a
-// third that takes byte k from the first or the second by bit 3 of index k.
+// 8-byte byte permutes (entries 0..7 by the nibble itself: where bit 3 is set the byte is sign garbage, never picked;
+// entries 8..15 by the nibble less bit 3) and a third that takes byte k from the first or the second by bit 3 of
+// index k (pick: selectors 0..7 only).
 __device__ __forceinline__ int2 iq4_lookup8(unsigned v) {
     constexpr unsigned T0 = 0xBFAD9881u, T1 = 0xF6EADDCFu, T2 = 0x26190D01u, T3 = 0x71594535u;  // kvalues, bytes LE
-    const unsigned pick = ((v >> 1) & 0x44444444u) | 0x32103210u;
-    const unsigned lo0 = __byte_perm(T0, T1, v), hi0 = __byte_perm(T2, T3, v);
-    const unsigned lo1 = __byte_perm(T0, T1, v >> 16), hi1 = __byte_perm(T2, T3, v >> 16);
-    return make_int2((int)__byte_perm(lo0, hi0, pick), (int)__byte_perm(lo1, hi1, pick >> 16));
+    const unsigned low3 = v & 0x77777777u, pick = ((v >> 1) & 0x44444444u) | 0x32103210u;
+    const unsigned lo0 = prmt(T0, T1, v), hi0 = prmt(T2, T3, low3);
+    const unsigned lo1 = prmt(T0, T1, v >> 16), hi1 = prmt(T2, T3, low3 >> 16);
+    return make_int2((int)prmt(lo0, hi0, pick), (int)prmt(lo1, hi1, pick >> 16));
 }
 __device__ __forceinline__ void iq4_codes(const int4 v, int (&q)[8]) {
     const int w[4] = {v.x, v.y, v.z, v.w};

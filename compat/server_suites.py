@@ -4,6 +4,7 @@ per-test table.
 
     python3 compat/server_suites.py [--suite b8462|0c1e570|both] [--server llama|llamacmp|both]
                                     [--model FILE] [--files test_basic.py ...] [-k EXPR] [-x] [--timeout S]
+                                    [--test-limit S]
                                     [--work DIR [--resume | --report]] [--table FILE]
 
 Each run copies the suite's `tools/server/tests` to a scratch tree (their tests read ../../../models, which is
@@ -16,7 +17,9 @@ llamacmp-server. Nothing else in their harness changes.
 Writes <work>/<suite>-<server>.jsonl (one outcome per test, as each test ends), <work>/<suite>-<server>.log
 (pytest's output) and the table (markdown; --table, default <work>/table.md): test id, llama.cpp's result,
 llamacmp's result, reason.
-A run stops at --timeout with the outcomes it has; --resume with the same --work runs the rest.
+A run stops at --timeout with the outcomes it has; --resume with the same --work runs the rest. --test-limit fails
+a single test that runs longer ("runner time limit"), so that one stuck test does not use up the run.
+Tests marked `slow` are not applicable, as their tests.sh leaves them out unless SLOW_TESTS=1.
 Needs the harness's requirements (requests, wget, prometheus_client, aiohttp, openai, filelock) importable by
 this Python (a venv with --system-site-packages works).
 """
@@ -107,7 +110,7 @@ def free_port() -> int:
 
 
 def run_suite(suite: str, server: str, binary: Path, model: Path, work: Path, selection: list[str],
-              timeout: int, resume: bool) -> dict[str, dict]:
+              timeout: int, resume: bool, test_limit: int = 0) -> dict[str, dict]:
     """Runs the suite's pytest on one server; returns test id -> {"id", "outcome", "reason"}. resume: keep the
     outcomes <work> has from an earlier run and run only the tests without one."""
     tree = work / f"tree-{suite}-{server}"
@@ -122,7 +125,7 @@ def run_suite(suite: str, server: str, binary: Path, model: Path, work: Path, se
            "PYTHONPATH": os.pathsep.join([str(ROOT / "compat"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "PYTHONDONTWRITEBYTECODE": "1", "LLAMA_SERVER_BIN_PATH": str(binary), "LLAMACMP_SUITE_MODEL": str(model),
            "LLAMACMP_SUITE_RESULTS": str(results), "LLAMACMP_SUITE_RESUME": "1" if resume else "0",
-           "LLAMA_CACHE": str(work / "llama-cache"),
+           "LLAMA_CACHE": str(work / "llama-cache"), "LLAMACMP_SUITE_TEST_LIMIT": str(test_limit),
            "PORT": str(free_port())}
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "suite_plugin", *selection]
     # its own session, so that a run stopped at the time limit takes the servers it started along with it
@@ -213,6 +216,8 @@ def main() -> None:
     ap.add_argument("-k", default="", help="pytest -k expression")
     ap.add_argument("-x", action="store_true", help="stop each run at its first failure")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per suite x server run")
+    ap.add_argument("--test-limit", type=int, default=0,
+                    help="seconds one test may run before it fails as 'runner time limit' (default: no limit)")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the outcomes in --work from an earlier run and run only the tests without one")
@@ -242,7 +247,7 @@ def main() -> None:
         for server in servers:
             binary = llama_server(suite, args.llama_server) if server == "llama" else launcher(work)
             runs[server] = run_suite(suite, server, binary, args.model.resolve(), work, selection, args.timeout,
-                                     args.resume)
+                                     args.resume, args.test_limit)
             print(f"[server_suites] {suite} on {server}: {dict(counts(runs[server]))}", flush=True)
         missing = gaps(runs)
         print(f"[server_suites] {suite}: {len(missing)} pass on llama-server and not on llamacmp-server"

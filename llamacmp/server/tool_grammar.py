@@ -6,8 +6,11 @@ cannot answer in prose. Here that grammar is GBNF for the format chat.py parses:
 
     <tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>
 
-one call, or several separated by a newline when `parallel_tool_calls` is true. NAME is one of the tools;
-each ARG one of that tool's parameters (any order; a value holds no `</`, the start of a closing tag).
+one call, or several separated by a newline when `parallel_tool_calls` is true. NAME is one of the tools. As in
+llama.cpp (0c1e570's tagged-argument parser, common/chat-auto-parser-generator.cpp), the schema's `required`
+parameters come first, each once, in the order `properties` lists them, then any of the optional ones in any
+order; without that a model could call with `{}` and skip what the tool needs. A value holds no `</` (the start
+of a closing tag); unlike llama.cpp, a non-string value is not held to its JSON schema.
 """
 from __future__ import annotations
 
@@ -20,11 +23,15 @@ def _lit(text: str) -> str:
 
 def _function_rule(i: int, tool: dict) -> list[str]:
     fn = tool.get("function", tool)
-    props = (fn.get("parameters") or {}).get("properties") or {}
-    params = [f"p{i}x{j}" for j in range(len(props))]
+    schema = fn.get("parameters") or {}
+    props = list(schema.get("properties") or {})
+    required = set(schema.get("required") or ()) & set(props)
+    rule = {arg: f"p{i}x{j}" for j, arg in enumerate(props)}
+    optional = [rule[a] for a in props if a not in required]
+    body = [rule[a] for a in props if a in required] + ([f"({' | '.join(optional)})*"] if optional else [])
     rules = [f"f{i} ::= {_lit('<function=' + str(fn.get('name', '')) + '>' + chr(10))} "
-             + (f"({' | '.join(params)})* " if params else "") + _lit("</function>")]
-    for name, arg in zip(params, props):
+             + "".join(b + " " for b in body) + _lit("</function>")]
+    for arg, name in rule.items():
         rules.append(f"{name} ::= {_lit('<parameter=' + arg + '>' + chr(10))} value {_lit(chr(10) + '</parameter>' + chr(10))}")
     return rules
 

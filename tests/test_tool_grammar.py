@@ -1,11 +1,12 @@
 """tool_choice "required": the grammar's sentences are tool calls whose required parameters are all there (as
 llama.cpp 0c1e570's tagged-argument parser builds them). llama.cpp's server suite caught a call with `{}` for a tool
-whose schema requires `success` (test_tool_call.py::test_completion_with_required_tool_tiny_fast[Qwen3-Coder-*])."""
+whose schema requires `success`, and then, with free text as its value, a call never closed in 1024 tokens
+(test_tool_call.py::test_completion_with_required_tool_tiny_fast[Qwen3-Coder-*]): a boolean is JSON now."""
 from __future__ import annotations
 
 import pytest
 
-from llamacmp.server.tool_grammar import required_tool_call_grammar
+from llamacmp.server.tool_grammar import may_be_string, required_tool_call_grammar
 
 llguidance = pytest.importorskip("llguidance")
 
@@ -21,15 +22,16 @@ class _Bytes:
         return list(text.encode() if isinstance(text, str) else text)
 
 
-def accepts(gbnf: str, text: str) -> bool:
+def accepts(lark: str, text: str) -> bool:
     tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
-    m = llguidance.LLMatcher(tok, llguidance.grammar_from("gbnf", gbnf))
+    m = llguidance.LLMatcher(tok, llguidance.grammar_from("lark", lark))
     return m.consume_tokens(list(text.encode())) and not m.is_error() and m.is_accepting()
 
 
-def tool(name: str, props: list[str], required: list[str]) -> dict:
+def tool(name: str, props: list[str] | dict, required: list[str]) -> dict:
+    schemas = props if isinstance(props, dict) else {p: {"type": "string"} for p in props}
     return {"type": "function", "function": {"name": name, "parameters": {
-        "type": "object", "properties": {p: {"type": "string"} for p in props}, "required": required}}}
+        "type": "object", "properties": schemas, "required": required}}}
 
 
 def call(name: str, *args: tuple[str, str]) -> str:
@@ -58,3 +60,23 @@ def test_no_required_parameters_allows_an_empty_call():
     assert accepts(g, call("ping"))
     assert accepts(g, call("f") + "\n" + call("f", ("x", "1")))
     assert not accepts(g, "Sure, here you go")                # prose instead of a call
+
+
+def test_a_value_that_cannot_be_a_string_is_json_of_its_schema():
+    t = tool("test", {"success": {"type": "boolean", "const": True}, "n": {"type": "integer"},
+                      "note": {"type": "string"}}, ["success"])
+    g = required_tool_call_grammar([t], parallel=False)
+    assert accepts(g, call("test", ("success", "true"), ("n", "42"), ("note", "free <b> text\nover lines")))
+    assert not accepts(g, call("test", ("success", "false")))          # const true
+    assert not accepts(g, call("test", ("success", "yes, it worked")))  # the free text that never closed
+    assert not accepts(g, call("test", ("success", "true"), ("n", "4.5")))
+    untyped = required_tool_call_grammar([t], parallel=False, typed=False)
+    assert accepts(untyped, call("test", ("success", "yes, it worked")))
+
+
+@pytest.mark.parametrize("schema, text", [
+    ({"type": "string"}, True), ({}, True), ({"type": ["integer", "string"]}, True), ({"enum": ["a", "b"]}, True),
+    ({"anyOf": [{"type": "null"}, {"type": "string"}]}, True), ({"type": "number"}, False), ({"enum": [1, 2]}, False),
+    ({"const": True}, False), ({"type": "object"}, False), ({"anyOf": [{"type": "integer"}]}, False)])
+def test_which_values_are_text(schema, text):
+    assert may_be_string(schema) is text

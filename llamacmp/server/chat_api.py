@@ -345,9 +345,17 @@ def with_required_tool_call(ctx: ServerContext, body: dict, cp: ChatPrompt, para
     """tool_choice "required": the answer (after any reasoning) must be tool calls, by grammar as in llama.cpp."""
     if params.grammar is not None:
         raise bad_request('tool_choice "required" cannot be combined with response_format or json_schema')
+    from ..engine.grammar import GrammarError
     from .tool_grammar import required_tool_call_grammar
-    gbnf = required_tool_call_grammar(cp.tools, Fields(body).bool("parallel_tool_calls", False))
-    return attach_grammar(ctx, {"grammar": gbnf}, params, after_think=cp.thinking_open)
+    parallel = Fields(body).bool("parallel_tool_calls", False)
+    step()                              # before compiling, the slowest step of a prep job
+    for typed in (True, False):         # a parameter schema llguidance cannot compile: free-text values, not a 400
+        try:
+            return replace(params, grammar=ctx.engine.grammars.compile(
+                required_tool_call_grammar(cp.tools, parallel, typed), after_think=cp.thinking_open, syntax="lark"))
+        except GrammarError as e:
+            error = e
+    raise bad_request(str(error))
 
 
 def prepare_chat(ctx: ServerContext, body: dict) -> tuple[ChatPrompt, GenParams, list]:

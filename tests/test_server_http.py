@@ -369,6 +369,11 @@ def test_metrics(http):
     # 0c1e570's speculative counters: nothing drafted without --spec-type draft-mtp
     assert values["llamacpp:spec_decode_num_draft_tokens_total"] == "0"
     assert values["llamacpp:spec_decode_num_drafts_total"] == "0"
+    # 0c1e570 (its test_metrics.py): a cached-prompt counter, the busy-slots average as a gauge, and the start-time
+    # header named as llama-server writes it (their harness reads headers into a plain dict)
+    assert "# TYPE llamacpp:prompt_tokens_cached_total counter" in r.text
+    assert "# TYPE llamacpp:n_busy_slots_per_decode gauge" in r.text
+    assert b"Process-Start-Time-Unix" in dict(r.headers.raw)
 
 
 def test_embeddings_not_supported(http):

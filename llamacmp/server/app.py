@@ -35,10 +35,10 @@ INVALID_KEY = ApiError("Invalid API Key", "authentication_error")
 MAX_BODY = 32 * 1024 * 1024              # bytes; a larger request gets 413 before it is read
 
 
-def _cors_case(name: bytes, value: bytes) -> tuple[bytes, bytes]:
-    """Starlette lowercases header names; llama-server writes the CORS ones capitalized, and clients that read
-    headers into a plain dict (llama.cpp's own test harness) look them up that way."""
-    if name.startswith(b"access-control-"):
+def _llama_case(name: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """Starlette lowercases header names; llama-server writes its own (CORS, /metrics' Process-Start-Time-Unix)
+    capitalized, and clients that read headers into a plain dict (llama.cpp's own test harness) look them up so."""
+    if name.startswith(b"access-control-") or name == b"process-start-time-unix":
         name = b"-".join(w.capitalize() for w in name.split(b"-"))
     return name, value
 
@@ -59,7 +59,7 @@ class Gate:
         async def send_cors(message):
             if message["type"] == "http.response.start":
                 extra = [(b"Access-Control-Allow-Origin", cors["Access-Control-Allow-Origin"].encode("latin-1"))]
-                message = {**message, "headers": [_cors_case(k, v) for k, v in message.get("headers", [])] + extra}
+                message = {**message, "headers": [_llama_case(k, v) for k, v in message.get("headers", [])] + extra}
             await send(message)
         early = self._early_response(scope, headers)
         if early is not None:

@@ -211,3 +211,16 @@ def test_tool_choice_required_refuses_a_second_constraint(jinja_server):
     body = {"messages": MSGS, "tools": [PING], "tool_choice": "required",
             "response_format": {"type": "json_object"}}
     assert post(jinja_server, "/v1/chat/completions", body).status_code == 400
+
+
+# -- generation_settings.logit_bias ------------------------------------------------------------------------------------
+
+def test_logit_bias_listed_as_llama_server_with_ignore_eos(server):
+    """llama-server lists the biases in effect as {"bias", "token"} (-inf as null) and, with ignore_eos, appends every
+    end-of-generation token at -inf (0c1e570 test_ignore_eos.py); without it only the request's own."""
+    body = {"prompt": "Hi", "n_predict": 1, "logit_bias": [[5, 2.0], [6, False]]}
+    plain = post(server, "/completion", body).json()["generation_settings"]["logit_bias"]
+    assert plain == [{"bias": 2.0, "token": 5}, {"bias": None, "token": 6}]
+    eos = post(server, "/completion", {**body, "ignore_eos": True}).json()["generation_settings"]["logit_bias"]
+    assert eos[:2] == plain and len(eos) > 2
+    assert all(e["bias"] is None for e in eos[2:])

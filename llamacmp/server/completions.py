@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import replace
 from typing import AsyncIterator
@@ -71,6 +72,15 @@ def _exp(x: float) -> float:
     return math.exp(x)
 
 
+def logit_bias_json(s, tokenizer) -> list[dict]:
+    """As llama-server lists the biases in effect: {"bias", "token"} objects, -inf written as null (nlohmann::json
+    writes non-finite numbers so), and with ignore_eos every end-of-generation token after the request's own."""
+    biases = list(s.logit_bias.items())
+    if s.ignore_eos:
+        biases += [(t, float("-inf")) for t in sorted(tokenizer.eog_ids)]
+    return [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in biases]
+
+
 def generation_settings(ctx: ServerContext, p: GenParams) -> dict:
     s, sp = p.sampling, ctx.spec        # b8462's speculative.* fields, with the --spec-* values when drafting
     return {"seed": s.seed if s.seed >= 0 else 4294967295, "temperature": s.temp, "top_k": s.top_k,
@@ -78,7 +88,7 @@ def generation_settings(ctx: ServerContext, p: GenParams) -> dict:
             "repeat_penalty": s.penalty_repeat, "presence_penalty": s.penalty_present,
             "frequency_penalty": s.penalty_freq, "min_keep": s.min_keep, "n_predict": p.n_predict,
             "n_keep": p.n_keep, "n_probs": p.n_probs, "stream": p.stream, "ignore_eos": s.ignore_eos,
-            "logit_bias": [[t, b if b != float("-inf") else False] for t, b in s.logit_bias.items()],
+            "logit_bias": logit_bias_json(s, ctx.tokenizer),
             "stop": p.stop, "samplers": list(s.samplers), "post_sampling_probs": p.post_sampling_probs,
             "timings_per_token": p.timings_per_token, "n_ctx": ctx.n_ctx_slot, "model": ctx.model_name,
             "speculative.n_max": sp.n_max if sp.enabled else 0, "speculative.n_min": sp.n_min if sp.enabled else 0,

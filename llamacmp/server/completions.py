@@ -72,13 +72,12 @@ def _exp(x: float) -> float:
     return math.exp(x)
 
 
-def logit_bias_json(s, tokenizer) -> list[dict]:
+def logit_bias_json(biases: dict[int, float], banned: frozenset[int] | tuple = ()) -> list[dict]:
     """As llama-server lists the biases in effect: {"bias", "token"} objects, -inf written as null (nlohmann::json
-    writes non-finite numbers so), and with ignore_eos every end-of-generation token after the request's own."""
-    biases = list(s.logit_bias.items())
-    if s.ignore_eos:
-        biases += [(t, float("-inf")) for t in sorted(tokenizer.eog_ids)]
-    return [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in biases]
+    writes non-finite numbers so); `banned` (with ignore_eos: every end-of-generation token) follows at -inf, as
+    llama-server appends those to the request's own."""
+    pairs = list(biases.items()) + [(t, float("-inf")) for t in sorted(banned)]
+    return [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in pairs]
 
 
 def generation_settings(ctx: ServerContext, p: GenParams) -> dict:
@@ -88,7 +87,7 @@ def generation_settings(ctx: ServerContext, p: GenParams) -> dict:
             "repeat_penalty": s.penalty_repeat, "presence_penalty": s.penalty_present,
             "frequency_penalty": s.penalty_freq, "min_keep": s.min_keep, "n_predict": p.n_predict,
             "n_keep": p.n_keep, "n_probs": p.n_probs, "stream": p.stream, "ignore_eos": s.ignore_eos,
-            "logit_bias": logit_bias_json(s, ctx.tokenizer),
+            "logit_bias": logit_bias_json(s.logit_bias, ctx.tokenizer.eog_ids if s.ignore_eos else ()),
             "stop": p.stop, "samplers": list(s.samplers), "post_sampling_probs": p.post_sampling_probs,
             "timings_per_token": p.timings_per_token, "n_ctx": ctx.n_ctx_slot, "model": ctx.model_name,
             "speculative.n_max": sp.n_max if sp.enabled else 0, "speculative.n_min": sp.n_min if sp.enabled else 0,

@@ -554,3 +554,20 @@ def test_detokenize_converts_numbers_as_llama_server(http):
     assert http.post("/detokenize", json={"tokens": [1.5]}).json()["content"] == one     # truncated
     assert http.post("/detokenize", json={"tokens": [True]}).json()["content"] == one
     assert http.post("/detokenize", json={}).json() == {"content": ""}
+
+
+def test_metrics_count_what_the_responses_report(http):
+    """/metrics' prompt counters add up the responses' timings (0c1e570 test_metrics_prompt_processed_and_cached): a
+    repeated prompt is served from the cache, whole, and its cached tokens are counted too."""
+    def counters() -> dict[str, float]:
+        text = http.get("/metrics").text
+        return {k: float(v) for k, v in (ln.split(" ") for ln in text.splitlines() if not ln.startswith("#"))}
+    before = counters()
+    body = {"prompt": "the quick brown fox jumps over the lazy dog", "n_predict": 2, "id_slot": 0}
+    timings = [http.post("/completion", json=body).json()["timings"] for _ in range(2)]
+    after = counters()
+    assert timings[1]["cache_n"] > 0
+    assert after["llamacpp:prompt_tokens_cached_total"] - before["llamacpp:prompt_tokens_cached_total"] == \
+        sum(t["cache_n"] for t in timings)
+    assert after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"] == \
+        sum(t["prompt_n"] for t in timings)

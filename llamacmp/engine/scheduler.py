@@ -329,8 +329,14 @@ class Engine:
         slot_log.slot_info("update_slots", slot.id, task.id,
                            f"n_tokens = {point.pos}, memory_seq_rm [{point.pos}, end)")
         if point.logits is not None:     # the whole prompt is cached with its logits: sample right away
-            slot.finish_prompt_timing()
+            self._prompt_done(slot)
             self._sample(slot, point.logits)
+
+    def _prompt_done(self, slot: Slot) -> None:
+        """The prompt is evaluated (or was all in the cache): its timings close and /metrics counts what the cache
+        gave, on both paths (a fully cached prompt was left out of prompt_tokens_cached_total before)."""
+        slot.finish_prompt_timing()
+        self.metrics.n_prompt_tokens_cached_total += slot.n_cached
 
     def _reject(self, task: CompletionTask) -> None:
         if not task.prompt:
@@ -554,8 +560,7 @@ class Engine:
                 if slot.phase == PREFILL:
                     slot_log.slot_info("update_slots", slot.id, slot.task.id, "prompt processing done, "
                                        f"n_tokens = {slot.state.n_past}, batch.n_tokens = {len(t)}")
-                    slot.finish_prompt_timing()
-                    self.metrics.n_prompt_tokens_cached_total += slot.n_cached
+                    self._prompt_done(slot)
                 self._emit(slot, tok, row)
             except Exception as e:       # one request's bad settings must not fail its neighbours
                 log.exception("slot %d failed", slot.id)

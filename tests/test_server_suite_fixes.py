@@ -36,7 +36,10 @@ def test_slots_of_never_used_slot(server):
     assert [sorted(s) for s in slots] == [["id", "is_processing", "n_ctx", "speculative"]] * 2
     post(server, "/completion", {"prompt": "Hi", "n_predict": 1})
     used = [s for s in httpx.get(server.url + "/slots").json() if "params" in s]
-    assert len(used) == 1 and used[0]["next_token"][0]["n_decoded"] == 1
+    # the finished task's budget does not stay on the idle slot (0c1e570 test_metrics_slots_idle_after_completion;
+    # b8462 showed n_decoded 1 here until the next task)
+    assert len(used) == 1 and used[0]["next_token"][0]["n_decoded"] == 0 and used[0]["next_token"][0]["n_remain"] == -1
+    assert used[0]["params"]["n_predict"] == 1
 
 
 def test_model_aliases_and_tags(server):

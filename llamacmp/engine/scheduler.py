@@ -684,12 +684,20 @@ class Engine:
                            "temperature": p.sampling.temp, "top_k": p.sampling.top_k, "top_p": p.sampling.top_p,
                            "min_p": p.sampling.min_p, "seed": p.sampling.seed, "stream": p.stream,
                            "cache_prompt": p.cache_prompt},
-                "next_token": [{"has_next_token": s.busy, "has_new_line": "\n" in s.text,
-                                "n_remain": (p.n_predict - len(s.generated)) if p.n_predict >= 0 else -1,
-                                "n_decoded": len(s.generated)}],
+                "next_token": [self._next_token_json(s, p)],
                 "prompt": self.tokenizer.decode([t for t in (s.prompt if s.busy else s.cache.tokens) if t >= 0]),
                 "generated": s.text,
                 "n_tokens_cached": len(s.cache.tokens), "n_checkpoints": len(s.cache.checkpoints)}
+
+    @staticmethod
+    def _next_token_json(s: Slot, p) -> dict:
+        """A slot's generation state; an idle one shows none, as llama-server 0c1e570 resets a slot when it
+        releases it (b8462 kept the finished task's n_remain and n_decoded until the next task)."""
+        if not s.busy:
+            return {"has_next_token": False, "has_new_line": False, "n_remain": -1, "n_decoded": 0}
+        return {"has_next_token": True, "has_new_line": "\n" in s.text,
+                "n_remain": (p.n_predict - len(s.generated)) if p.n_predict >= 0 else -1,
+                "n_decoded": len(s.generated)}
 
     def _slot_action(self, task: SlotActionTask):
         """erase, save (to task.filepath), restore (from it); the handler has checked the file name."""

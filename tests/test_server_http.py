@@ -506,6 +506,20 @@ def test_return_progress(http):
     assert first["choices"][0]["delta"]["role"] == "assistant" and "prompt_progress" in first
 
 
+def test_progress_starts_at_the_cache_and_carries_timings(http):
+    """As llama-server: the first update comes before anything is evaluated (processed == cache), and with
+    timings_per_token every update carries the prompt's timings so far (0c1e570 test_metrics.py)."""
+    r = http.post("/completion", json={"prompt": "The quick brown fox " * 60, "n_predict": 2, "stream": True,
+                                       "return_progress": True, "cache_prompt": False, "timings_per_token": True})
+    updates = [c for c in map(json.loads, sse_lines(r.text)) if "prompt_progress" in c]
+    first = updates[0]
+    assert len(updates) > 1 and first["prompt_progress"]["processed"] == first["prompt_progress"]["cache"]
+    assert (first["timings"]["prompt_n"], first["timings"]["prompt_ms"], first["timings"]["predicted_n"]) == (0, 0, 0)
+    ms = [u["timings"]["prompt_ms"] for u in updates]
+    assert ms == sorted(ms) and ms[-1] > 0
+    assert updates[-1]["timings"]["prompt_n"] == updates[-1]["prompt_progress"]["processed"]
+
+
 # -- /props chat_template_caps (as llama-server 0c1e570) and /detokenize type errors (as b8462) -------------------
 
 def test_props_chat_template_caps(http):

@@ -328,6 +328,8 @@ class Engine:
                            f"n_keep = {task.params.n_keep}, task.n_tokens = {len(task.prompt)}")
         slot_log.slot_info("update_slots", slot.id, task.id,
                            f"n_tokens = {point.pos}, memory_seq_rm [{point.pos}, end)")
+        if task.params.stream and task.params.return_progress:
+            task.sink(slot.progress())  # llama-server's first update: nothing evaluated yet, processed == cache
         if point.logits is not None:     # the whole prompt is cached with its logits: sample right away
             self._prompt_done(slot)
             self._sample(slot, point.logits)

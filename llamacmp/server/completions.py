@@ -272,6 +272,8 @@ def _oai_cmpl_chunk(ctx, r, params: GenParams, cid: str, created: int) -> dict:
         chunk["usage"] = usage_json(r)      # llama.cpp's last /v1/completions chunk always carries usage
         chunk["timings"] = r.timings.to_json()
     elif r.progress is not None:
+        if r.timings is not None:
+            chunk["timings"] = r.timings.to_json()
         chunk["prompt_progress"] = r.progress
     return chunk
 

@@ -417,7 +417,8 @@ async def _stream_chat(ctx, request, tasks, cp: ChatPrompt, params: GenParams, c
         tr = trackers[r.index]
         if isinstance(r, PartialResult) and r.progress is not None:
             timings = {"timings": r.timings.to_json()} if r.timings is not None else {}
-            return [{**chunk(r.index, {"role": "assistant", "content": None}), **timings, "prompt_progress": r.progress}]
+            return [{**chunk(r.index, {"role": "assistant", "content": None}), **timings,
+                     "prompt_progress": r.progress}]
         if isinstance(r, PartialResult):
             out = [chunk(r.index, {"role": "assistant", "content": None})] if r.n_predicted == 1 else []
             out += [chunk(r.index, d) for d in tr.push(r.text)]

@@ -388,7 +388,7 @@ def test_cors(http):
     r = http.options("/v1/chat/completions", headers={"Origin": "http://example.test"})
     assert r.status_code == 200 and r.text == ""
     assert r.headers["access-control-allow-origin"] == "http://example.test"
-    assert r.headers["access-control-allow-methods"] == "GET, POST"
+    assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"     # 0c1e570 (b8462: GET, POST)
     assert http.get("/health", headers={"Origin": "http://a.b"}).headers["access-control-allow-origin"] == "http://a.b"
 
 

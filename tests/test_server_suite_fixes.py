@@ -138,6 +138,8 @@ def test_cors_header_names_as_llama_server(server):
     assert {"Access-Control-Allow-Origin", "Access-Control-Allow-Credentials", "Access-Control-Allow-Methods",
             "Access-Control-Allow-Headers"} <= names
     assert r.headers["access-control-allow-origin"] == "web.mydomain.fr"
+    # 0c1e570's --cors-methods default (b8462 answered "GET, POST")
+    assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
 
 
 @pytest.mark.parametrize("rf", [{"type": "json_object", "schema": 123},

@@ -68,9 +68,10 @@ class Gate:
 
     def _early_response(self, scope, headers: dict) -> Response | None:
         if scope["method"] == "OPTIONS":
+            # 0c1e570's defaults of --cors-methods / --cors-headers (b8462 allowed "GET, POST")
             return Response("", media_type="text/html", headers={
-                "Access-Control-Allow-Credentials": "true", "Access-Control-Allow-Methods": "GET, POST",
-                "Access-Control-Allow-Headers": "*"})
+                "Access-Control-Allow-Credentials": "true",
+                "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS", "Access-Control-Allow-Headers": "*"})
         if not self.ctx.ready:
             return error_response(LOADING)
         path = scope["path"]

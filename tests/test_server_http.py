@@ -392,6 +392,14 @@ def test_cors(http):
     assert http.get("/health", headers={"Origin": "http://a.b"}).headers["access-control-allow-origin"] == "http://a.b"
 
 
+def test_cors_proxy_is_disabled(http):
+    # llama-server 0c1e570's answer without --webui-mcp-proxy (its test_proxy.py::test_mcp_no_proxy); not a 404
+    for method in ("GET", "POST"):
+        r = http.request(method, "/cors-proxy?url=http://example.com")
+        assert r.status_code == 403 and r.json()["error"] == {"message": "this feature is disabled",
+                                                                "type": "feature_disabled"}
+
+
 def test_auth_and_disabled_endpoints(model):
     with LiveServer(model, "-c", "512", "-np", "1", "--api-key", "secret", "--no-slots") as s:
         with httpx.Client(base_url=s.url) as c:

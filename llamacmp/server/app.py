@@ -209,6 +209,11 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def rerank(request: Request):
         raise not_supported("This server does not support reranking. Start it with `--reranking`")
 
+    async def cors_proxy():
+        # llama-server 0c1e570 without --webui-mcp-proxy (which llamacmp refuses: it fetches nothing for the page)
+        return JSONResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}},
+                            status_code=403)
+
     for p in ("/health", "/v1/health"):
         app.add_api_route(p, health, methods=["GET"])
     for p in ("/models", "/v1/models"):
@@ -232,6 +237,7 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=ctx.opts.endpoint_metrics)
     _post(app, ["/embedding", "/embeddings", "/v1/embeddings"], embeddings, "object", listed=ctx.opts.embedding)
     _post(app, ["/rerank", "/reranking", "/v1/rerank", "/v1/reranking"], rerank, "object", listed=False)
+    app.add_api_route("/cors-proxy", cors_proxy, methods=["GET", "POST"], include_in_schema=False)
     add_page_routes(app, ctx.opts)
 
 

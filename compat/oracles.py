@@ -57,7 +57,6 @@ NOT_RECORDED: dict[str, dict[str, str]] = {
         "perplexity_quant.json": "not generated yet (needs the demo model requantized by 0c1e570's llama-quantize)",
         "vision": "llama_mtmd does not build against 0c1e570 (mtmd_helper_bitmap_init_from_file changed)",
         "embeddings.json": "0c1e570's build has no llama-embedding target yet",
-        "quant_blocks.npz": "not generated yet (ggml_quants builds against 0c1e570)",
         "bench_json_keys.json": "recorded by hand from llama-bench b8462, no generator",
         "quant_mix.json": "recorded by hand from llama-quantize b8462 --dry-run, no generator",
     },

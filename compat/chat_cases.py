@@ -80,6 +80,8 @@ OUTPUTS = {
     "tool_no_text": "ok\n</think>\n\n" + TOOL_XML,
     "two_tools": "Both.\n</think>\n\n" + TOOL_XML + "\n" + TOOL_XML2,
     "content_then_tool": "Let me see.\n</think>\n\nChecking now.\n\n" + TOOL_XML2,
+    # whitespace the model writes at the start of its reasoning (0c1e570 drops it with the prompt's newline)
+    "think_lead_space": "\n \tIndented thought\n</think>\n\nAnswer",
 }
 
 

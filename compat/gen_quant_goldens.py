@@ -1,6 +1,6 @@
-"""Generate the block-quantization goldens from ggml (llama.cpp b8462, the CPU build on x86-64).
+"""Generate the block-quantization goldens from ggml (llama.cpp's CPU build on x86-64, b8462 or 0c1e570).
 
-    python3 compat/gen_quant_goldens.py [--tool PATH]
+    python3 compat/gen_quant_goldens.py [--oracle b8462|0c1e570] [--tool PATH]
 
 Two checks need ggml's own numbers (tests/test_quant_goldens.py):
 - dequantization: random valid blocks of every type llamacmp loads (llamacmp.fixtures.quant_blocks, at three
@@ -10,25 +10,23 @@ Two checks need ggml's own numbers (tests/test_quant_goldens.py):
   as its mul_mat does to the activations;
 - the dot products: the amplitude-1 weight rows of every type against those activation rows, by the CPU backend's
   vec_dot after from_float to the type's vec_dot_type (float32 accumulation, so tests allow its rounding).
-The tool is compat/ggml_quants.cpp, built by compat/build_oracle_tools.sh. Output: compat/goldens/quant_blocks.npz.
+The tool is compat/ggml_quants.cpp, built by compat/build_oracle_tools.sh [--oracle 0c1e570]. Output: the oracle's
+quant_blocks.npz (compat/goldens/, or compat/goldens/0c1e570/; compat/oracles.py). The inputs are the same for both
+oracles (fixed seeds), so the two files differ only where ggml's answers do.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import tempfile
 from pathlib import Path
 
 import numpy as np
+import oracles
 
 from llamacmp.fixtures.quant_blocks import random_blocks
 from llamacmp.gguf_file import QUANT_BLOCKS
 
-HERE = Path(__file__).parent
-OUT = HERE / "goldens" / "quant_blocks.npz"
-CACHE = Path(os.environ.get("LLAMACMP_CACHE", Path.home() / ".cache" / "llamacmp"))
-DEFAULT_TOOL = CACHE / "llama.cpp-49bfddeca" / "build-cpu" / "bin" / "ggml_quants"
 
 WEIGHT_TYPES = [*QUANT_BLOCKS, "Q8_0"]
 ACTIVATION_TYPES = ["Q8_0", "Q8_1", "Q8_K"]
@@ -70,8 +68,11 @@ def activation_rows(seed: int) -> np.ndarray:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tool", type=Path, default=DEFAULT_TOOL)
+    oracles.add_argument(ap)
+    ap.add_argument("--tool", type=Path, default=None, help="default: the oracle's build of ggml_quants")
     args = ap.parse_args(argv)
+    oracle = oracles.parse(args.oracle)
+    args.tool = args.tool or oracle.tool("ggml_quants")
     if not args.tool.exists():
         raise SystemExit(f"{args.tool} missing: run compat/build_llamacpp.sh and compat/build_oracle_tools.sh")
     golden: dict[str, np.ndarray] = {}
@@ -91,9 +92,10 @@ def main(argv=None) -> None:
         for type_name in ACTIVATION_TYPES:
             raw = run(args.tool, "from_float", type_name, x.tobytes(), folder)
             golden[f"quant_{type_name}"] = np.frombuffer(raw, np.uint8).reshape(x.shape[0], -1)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(OUT, **golden)
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
+    out = oracle.golden("quant_blocks.npz")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out, **golden)
+    print(f"wrote {out} ({out.stat().st_size} bytes)")
 
 
 if __name__ == "__main__":

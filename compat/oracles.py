@@ -57,8 +57,6 @@ NOT_RECORDED: dict[str, dict[str, str]] = {
         "perplexity_quant.json": "not generated yet (needs the demo model requantized by 0c1e570's llama-quantize)",
         "vision": "llama_mtmd does not build against 0c1e570 (mtmd_helper_bitmap_init_from_file changed)",
         "embeddings.json": "0c1e570's build has no llama-embedding target yet",
-        "quant_blocks.npz": "not generated yet (ggml_quants builds against 0c1e570)",
-        "cli_reply.jsonl": "recorded by hand from llama-cli b8462, no generator",
         "bench_json_keys.json": "recorded by hand from llama-bench b8462, no generator",
         "quant_mix.json": "recorded by hand from llama-quantize b8462 --dry-run, no generator",
     },
@@ -76,17 +74,18 @@ class Divergence:
 
 
 _THINKING = ("plain", "think_answer", "think_only", "think_multiline", "tool", "tool_no_text", "two_tools",
-             "content_then_tool")
+             "content_then_tool", "think_lead_space")
 DIVERGENCES: list[Divergence] = [
     Divergence("chat_render.jsonl", tuple(f"content_parts-think{t}-gen{g}" for t in (1, 0) for g in (1, 0)),
                "0c1e570",
                "text content parts: b8462 joins them with a newline before the template runs, 0c1e570 hands the "
                "list to a template that reads typed content, and the Qwen3.5 one concatenates them (as "
                "transformers renders it). llamacmp follows 0c1e570 (compat/DIFFERENCES.md)"),
-    Divergence("chat_parse.jsonl", tuple(f"{c}-think1-tools{t}" for c in _THINKING for t in (1, 0)), "b8462",
-               "reasoning_content: b8462 keeps the newline the generation prompt leaves after <think>, 0c1e570 "
-               "strips it. llamacmp keeps it as b8462 (llama-cli's '[Start thinking]' blank line, cli_reply.jsonl, "
-               "depends on it): moving to current is listed in compat/DIFFERENCES.md, not done yet"),
+    Divergence("chat_parse.jsonl", tuple(f"{c}-think1-tools{t}" for c in _THINKING for t in (1, 0)), "0c1e570",
+               "reasoning_content: b8462 keeps the newline the generation prompt leaves after <think> (and any "
+               "whitespace the model writes there), 0c1e570 drops all of it. llamacmp follows 0c1e570; llama-cli "
+               "0c1e570 writes the blank line after '[Start thinking]' itself, so the CLI's output is unchanged "
+               "(compat/DIFFERENCES.md)"),
 ]
 
 

@@ -4,7 +4,8 @@ per-test table.
 
     python3 compat/server_suites.py [--suite b8462|0c1e570|both] [--server llama|llamacmp|both]
                                     [--model FILE] [--files test_basic.py ...] [-k EXPR] [-x] [--timeout S]
-                                    [--work DIR [--resume | --report]] [--table FILE]
+                                    [--test-limit S]
+                                    [--work DIR [--resume | --retry-gaps | --report]] [--table FILE]
 
 Each run copies the suite's `tools/server/tests` to a scratch tree (their tests read ../../../models, which is
 linked) and runs their pytest there with compat/suite_plugin.py, which points every model preset at --model
@@ -16,7 +17,12 @@ llamacmp-server. Nothing else in their harness changes.
 Writes <work>/<suite>-<server>.jsonl (one outcome per test, as each test ends), <work>/<suite>-<server>.log
 (pytest's output) and the table (markdown; --table, default <work>/table.md): test id, llama.cpp's result,
 llamacmp's result, reason.
-A run stops at --timeout with the outcomes it has; --resume with the same --work runs the rest.
+A run stops at --timeout with the outcomes it has; --resume with the same --work runs the rest. --test-limit fails
+a single test that runs longer ("runner time limit"), so that one stuck test does not use up the run.
+Tests marked `slow` are not applicable, as their tests.sh leaves them out unless SLOW_TESTS=1. --retry-gaps runs
+again, on llamacmp-server, the tests of --work that pass on llama-server and not on llamacmp-server (after a fix);
+their new outcomes are appended, and the last one counts.
+b8462's test_tool_call.py binds port 8081 whatever $PORT says: run one b8462 suite at a time on a machine.
 Needs the harness's requirements (requests, wget, prometheus_client, aiohttp, openai, filelock) importable by
 this Python (a venv with --system-site-packages works).
 """
@@ -107,26 +113,27 @@ def free_port() -> int:
 
 
 def run_suite(suite: str, server: str, binary: Path, model: Path, work: Path, selection: list[str],
-              timeout: int, resume: bool) -> dict[str, dict]:
+              timeout: int, resume: bool, test_limit: int = 0, keep: bool = False) -> dict[str, dict]:
     """Runs the suite's pytest on one server; returns test id -> {"id", "outcome", "reason"}. resume: keep the
-    outcomes <work> has from an earlier run and run only the tests without one."""
+    outcomes <work> has from an earlier run and run only the tests without one; keep: keep them and run the
+    selection whatever its outcomes (--retry-gaps)."""
     tree = work / f"tree-{suite}-{server}"
     tests = tree / "tools" / "server" / "tests"
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(suite_tests(suite), tests)
     (tree / "models").symlink_to(SUITES[suite][0] / "models")
     results = work / f"{suite}-{server}.jsonl"
-    if not resume:
+    if not (resume or keep):
         results.unlink(missing_ok=True)
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(ROOT / "compat"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "PYTHONDONTWRITEBYTECODE": "1", "LLAMA_SERVER_BIN_PATH": str(binary), "LLAMACMP_SUITE_MODEL": str(model),
            "LLAMACMP_SUITE_RESULTS": str(results), "LLAMACMP_SUITE_RESUME": "1" if resume else "0",
-           "LLAMA_CACHE": str(work / "llama-cache"),
+           "LLAMA_CACHE": str(work / "llama-cache"), "LLAMACMP_SUITE_TEST_LIMIT": str(test_limit),
            "PORT": str(free_port())}
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "suite_plugin", *selection]
     # its own session, so that a run stopped at the time limit takes the servers it started along with it
-    with open(work / f"{suite}-{server}.log", "a" if resume else "w") as log:
+    with open(work / f"{suite}-{server}.log", "a" if resume or keep else "w") as log:
         proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
@@ -202,6 +209,21 @@ def report(work: Path | None, suites: list[str], servers: list[str], out: Path |
     print(f"[server_suites] table: {out or work / 'table.md'}")
 
 
+def retry_gaps(args, suites: list[str]) -> None:
+    if args.work is None:
+        raise SystemExit("server_suites: --retry-gaps needs --work (the folder of an earlier run)")
+    check_harness()
+    for suite in suites:
+        runs = {s: load(args.work / f"{suite}-{s}.jsonl") for s in ("llama", "llamacmp")
+                if (args.work / f"{suite}-{s}.jsonl").exists()}
+        ids = gaps(runs)
+        print(f"[server_suites] {suite}: retrying {len(ids)} tests on llamacmp-server", flush=True)
+        if ids:
+            run_suite(suite, "llamacmp", launcher(args.work), args.model.resolve(), args.work, ids, args.timeout,
+                      False, args.test_limit, keep=True)
+    report(args.work, suites, ["llama", "llamacmp"], args.table)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--suite", choices=["b8462", "0c1e570", "both"], default="both")
@@ -213,9 +235,13 @@ def main() -> None:
     ap.add_argument("-k", default="", help="pytest -k expression")
     ap.add_argument("-x", action="store_true", help="stop each run at its first failure")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per suite x server run")
+    ap.add_argument("--test-limit", type=int, default=0,
+                    help="seconds one test may run before it fails as 'runner time limit' (default: no limit)")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the outcomes in --work from an earlier run and run only the tests without one")
+    ap.add_argument("--retry-gaps", action="store_true",
+                    help="run again on llamacmp-server the tests of --work it fails and llama-server passes")
     ap.add_argument("--table", type=Path, default=None, help="markdown table (default: <work>/table.md)")
     ap.add_argument("--report", action="store_true", help="run nothing: the table from the outcomes in --work")
     args = ap.parse_args()
@@ -224,6 +250,8 @@ def main() -> None:
     servers = ["llama", "llamacmp"] if args.server == "both" else [args.server]
     if args.report:
         return report(args.work, suites, servers, args.table)
+    if args.retry_gaps:
+        return retry_gaps(args, suites)
     for suite in suites:          # everything missing is named before anything runs
         suite_tests(suite)
         if "llama" in servers:
@@ -242,7 +270,7 @@ def main() -> None:
         for server in servers:
             binary = llama_server(suite, args.llama_server) if server == "llama" else launcher(work)
             runs[server] = run_suite(suite, server, binary, args.model.resolve(), work, selection, args.timeout,
-                                     args.resume)
+                                     args.resume, args.test_limit)
             print(f"[server_suites] {suite} on {server}: {dict(counts(runs[server]))}", flush=True)
         missing = gaps(runs)
         print(f"[server_suites] {suite}: {len(missing)} pass on llama-server and not on llamacmp-server"

@@ -6,13 +6,17 @@ else:
     their conftest runs once only to download every preset's model, becomes a no-op: the model is local (and
     load_all starts every preset, so one preset a server refuses would fail every test of the session).
   - tests that need what the local model or this offline machine cannot give (another architecture, an adapter,
-    a draft model, a projector, a download) are skipped as "not applicable: <reason>" (suite_na.py).
+    a draft model, a projector, a download) are skipped as "not applicable: <reason>" (suite_na.py), and so are
+    the tests marked `slow`, which their tests.sh leaves out (`-m "not slow"`) unless SLOW_TESTS=1.
+  - with LLAMACMP_SUITE_TEST_LIMIT=S a test still running after S seconds fails with "runner time limit", so that
+    one stuck test cannot use up a whole run (their teardown then stops its server).
 Each test's outcome goes to LLAMACMP_SUITE_RESULTS as one JSON line when it ends, so a run stopped at its time
 limit keeps what it had (and with LLAMACMP_SUITE_RESUME=1 the next run leaves those tests out)."""
 from __future__ import annotations
 
 import json
 import os
+import signal
 
 import pytest
 
@@ -45,8 +49,32 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=[i for i in items if i.nodeid in done])
         items[:] = [i for i in items if i.nodeid not in done]
     for item in items:
-        if reason := not_applicable(item.nodeid):
+        if reason := not_applicable(item.nodeid) or (item.get_closest_marker("slow") and SLOW):
             item.add_marker(pytest.mark.skip(reason=f"not applicable: {reason}"))
+
+
+SLOW = ("marked slow: their tests.sh runs `-m 'not slow'` unless SLOW_TESTS=1, which first downloads the real "
+        "models these tests load (scripts/fetch_server_test_models.py)")
+
+
+class RunnerTimeLimit(Exception):
+    """Raised in a test that outlived LLAMACMP_SUITE_TEST_LIMIT (ours, not their harness's)."""
+
+
+def _time_limit(signum, frame):
+    raise RunnerTimeLimit(f"runner time limit: still running after {os.environ['LLAMACMP_SUITE_TEST_LIMIT']} s")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    limit = int(os.environ.get("LLAMACMP_SUITE_TEST_LIMIT", "0"))
+    if limit:
+        signal.signal(signal.SIGALRM, _time_limit)
+        signal.alarm(limit)
+    try:
+        return (yield)
+    finally:
+        signal.alarm(0)
 
 
 _outcomes: dict[str, dict] = {}

@@ -18,6 +18,7 @@ from . import chat_builtin
 from .jinja_env import TemplateError, _date_context, make_environment  # noqa: F401 (TemplateError: chat's API)
 
 THINK_START, THINK_END = "<think>", "</think>"
+C_SPACE = " \t\n\v\f\r"     # C's isspace(), which llama.cpp's parsers skip (str.strip() also takes Unicode spaces)
 TOOL_START, TOOL_END = "<tool_call>", "</tool_call>"
 
 # The template llama.cpp falls back to when a model has none (chatml).
@@ -211,20 +212,18 @@ GENERATION_PROMPT_NO_THINK = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 GENERATION_PROMPT = "<|im_start|>assistant\n<think>\n"     # Qwen3.5's, thinking on
 
 
-def reasoning_prefix(generation_prompt: str) -> str | None:
-    """What the generation prompt already said inside an open <think> (Qwen3.5: "\n"), or None when it does not
-    end inside one. llama.cpp parses prompt tail + output, so that text starts reasoning_content."""
+def reasoning_open(generation_prompt: str) -> bool:
+    """Whether the generation prompt ends inside an open <think> (Qwen3.5's with thinking on: "<think>\n")."""
     start = generation_prompt.rfind(THINK_START)
-    if start < 0 or generation_prompt.find(THINK_END, start) >= 0:
-        return None
-    return generation_prompt[start + len(THINK_START):]
+    return start >= 0 and generation_prompt.find(THINK_END, start) < 0
 
 
 def split_reasoning(text: str, reasoning_format: str = "auto", thinking_open: bool = True,
                     generation_prompt: str | None = None, partial: bool = False) -> tuple[str, str]:
     """(reasoning, content) as llama.cpp's Qwen3.5 parser returns them. llama.cpp parses generation prompt + output:
-    reasoning is raw between the tags (so it starts with the template's newline after <think>) and content is what
-    follows </think> with its leading whitespace dropped. When the prompt already closed an empty think block
+    reasoning is what lies between the tags with its leading whitespace dropped (the template's newline after
+    <think> and any the model writes; 0c1e570, current llama.cpp: b8462 kept it all) and content is what follows
+    </think> with its leading whitespace dropped. When the prompt already closed an empty think block
     (thinking disabled), the whole output is content, leading whitespace dropped likewise. `thinking_open` picks
     Qwen3.5's prompt ("<think>\n" open, or closed when False); a given generation_prompt decides instead.
     `partial` (output still streaming): a tail that may become </think> is held back, as llama.cpp does. `none` keeps everything in content; deepseek-legacy keeps the tags in content as well as filling reasoning."""
@@ -234,19 +233,19 @@ def split_reasoning(text: str, reasoning_format: str = "auto", thinking_open: bo
         generation_prompt = GENERATION_PROMPT if thinking_open else GENERATION_PROMPT_NO_THINK
     if generation_prompt.rstrip().endswith(THINK_END):
         return "", text.lstrip()
-    prefix = reasoning_prefix(generation_prompt)
     body = text
-    if prefix is None:
+    if not reasoning_open(generation_prompt):
         if not body.startswith(THINK_START):
             return "", text
-        prefix, body = "", body[len(THINK_START):]
+        body = body[len(THINK_START):]
     if THINK_END not in body:
         if partial:
             body = body[:len(body) - _partial_suffix(body, THINK_END)]
-        reasoning, content = prefix + body, ""        # still thinking when generation stopped
+        reasoning, content = body, ""        # still thinking when generation stopped
     else:
-        head, content = body.split(THINK_END, 1)
-        reasoning, content = prefix + head, content.lstrip()
+        reasoning, content = body.split(THINK_END, 1)
+        content = content.lstrip()
+    reasoning = reasoning.lstrip(C_SPACE)
     if not reasoning.strip():
         reasoning = ""          # an empty think block (budget 0, thinking closed at once) is no reasoning at all
     if reasoning_format == "deepseek-legacy":
@@ -346,8 +345,8 @@ class ReasoningSplitter:
                 out, self.buf = self.buf, ""
                 yield "content", out
                 return
-            if self.at_start:
-                stripped = self.buf.lstrip("\n")
+            if self.at_start:              # reasoning starts at its first non-space, as in split_reasoning
+                stripped = self.buf.lstrip(C_SPACE)
                 if not stripped:
                     self.buf = ""
                     return

@@ -399,19 +399,18 @@ def test_stdout_matches_llamacpp_golden(model, oracle, row, tmp_path):
     assert r.stdout == base64.b64decode(row["stdout_b64"])
 
 
-REPLY_GOLDEN = json.loads((GOLDENS.parent / "cli_reply.jsonl").read_text().splitlines()[0])
-
-
 @pytest.mark.compat
-def test_chat_reply_matches_llamacli_with_blank_line_after_start_thinking(tmp_path):
-    """llama-cli b8462 on the real-vocabulary fixture (recorded in compat/goldens/cli_reply.jsonl): its reasoning
-    starts with the "\\n" the generation prompt left inside <think>, so "[Start thinking]" is followed by a blank
-    line; the greedy reply then matches byte for byte."""
+@pytest.mark.parametrize("oracle,path", oracle_goldens.per_oracle("cli_reply.jsonl"))
+def test_chat_reply_matches_llamacli_with_blank_line_after_start_thinking(oracle, path, tmp_path):
+    """llama-cli on the real-vocabulary fixture (compat/goldens/[0c1e570/]cli_reply.jsonl), the same bytes in both
+    oracles: "[Start thinking]" is followed by a blank line (b8462: the "\\n" its reasoning kept from the prompt's
+    "<think>\\n"; 0c1e570: written by the CLI, the reasoning stripped) and the greedy reply matches byte for byte."""
     from llamacmp.fixtures import qwen_vocab, writer
+    golden = oracle_goldens.jsonl(path)[0]
     model = writer.write_model(tmp_path / "rv.gguf", writer.SHAPES["tiny"], "f32", qwen_vocab.load_qwen35_vocab())
-    r = run("cli", "-m", str(model), *shlex.split(REPLY_GOLDEN["args"]))
+    r = run("cli", "-m", str(model), *shlex.split(golden["args"]))
     assert r.returncode == 0, r.stderr.decode()
-    want = base64.b64decode(REPLY_GOLDEN["segment_b64"])
+    want = base64.b64decode(golden["segment_b64"])
     assert want.startswith(b"\n> Hello\n\n[Start thinking]\n\n")
     assert want + b"\n[ Prompt:" in r.stdout
 

@@ -147,3 +147,17 @@ def test_embd_normalize_flag_sets_the_servers_default(golden_model):
         np.testing.assert_allclose(got, raw_mean, rtol=0, atol=1e-3)
         unit = httpx.post(s.url + "/v1/embeddings", json={"input": case["prompt"], "embd_normalize": 2}).json()
         np.testing.assert_allclose(unit["data"][0]["embedding"], raw_mean / np.linalg.norm(raw_mean), atol=1e-3)
+
+
+def test_openai_content_parts_input(model_path):
+    """llama-server 0c1e570 takes {"content": [parts]} as an input: its text parts joined, the same vector as the
+    string (their test_embedding.py); media without a projector and unknown part types are refused."""
+    with LiveServer(model_path, "--embeddings", "--pooling", "last") as s:
+        parts = {"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}
+        r = httpx.post(s.url + "/v1/embeddings", json={"input": ["hello world", parts]})
+        assert r.status_code == 200
+        data = r.json()["data"]
+        assert data[0]["embedding"] == data[1]["embedding"]
+        for bad in ({"content": "string"}, {"content": [{"type": "unknown"}]},
+                    {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}):
+            assert httpx.post(s.url + "/v1/embeddings", json={"input": bad}).status_code == 400

@@ -369,6 +369,11 @@ def test_metrics(http):
     # 0c1e570's speculative counters: nothing drafted without --spec-type draft-mtp
     assert values["llamacpp:spec_decode_num_draft_tokens_total"] == "0"
     assert values["llamacpp:spec_decode_num_drafts_total"] == "0"
+    # 0c1e570 (its test_metrics.py): a cached-prompt counter, the busy-slots average as a gauge, and the start-time
+    # header named as llama-server writes it (their harness reads headers into a plain dict)
+    assert "# TYPE llamacpp:prompt_tokens_cached_total counter" in r.text
+    assert "# TYPE llamacpp:n_busy_slots_per_decode gauge" in r.text
+    assert b"Process-Start-Time-Unix" in dict(r.headers.raw)
 
 
 def test_embeddings_not_supported(http):
@@ -383,8 +388,16 @@ def test_cors(http):
     r = http.options("/v1/chat/completions", headers={"Origin": "http://example.test"})
     assert r.status_code == 200 and r.text == ""
     assert r.headers["access-control-allow-origin"] == "http://example.test"
-    assert r.headers["access-control-allow-methods"] == "GET, POST"
+    assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"     # 0c1e570 (b8462: GET, POST)
     assert http.get("/health", headers={"Origin": "http://a.b"}).headers["access-control-allow-origin"] == "http://a.b"
+
+
+def test_cors_proxy_is_disabled(http):
+    # llama-server 0c1e570's answer without --webui-mcp-proxy (its test_proxy.py::test_mcp_no_proxy); not a 404
+    for method in ("GET", "POST"):
+        r = http.request(method, "/cors-proxy?url=http://example.com")
+        assert r.status_code == 403 and r.json()["error"] == {"message": "this feature is disabled",
+                                                                "type": "feature_disabled"}
 
 
 def test_auth_and_disabled_endpoints(model):
@@ -501,6 +514,20 @@ def test_return_progress(http):
     assert first["choices"][0]["delta"]["role"] == "assistant" and "prompt_progress" in first
 
 
+def test_progress_starts_at_the_cache_and_carries_timings(http):
+    """As llama-server: the first update comes before anything is evaluated (processed == cache), and with
+    timings_per_token every update carries the prompt's timings so far (0c1e570 test_metrics.py)."""
+    r = http.post("/completion", json={"prompt": "The quick brown fox " * 60, "n_predict": 2, "stream": True,
+                                       "return_progress": True, "cache_prompt": False, "timings_per_token": True})
+    updates = [c for c in map(json.loads, sse_lines(r.text)) if "prompt_progress" in c]
+    first = updates[0]
+    assert len(updates) > 1 and first["prompt_progress"]["processed"] == first["prompt_progress"]["cache"]
+    assert (first["timings"]["prompt_n"], first["timings"]["prompt_ms"], first["timings"]["predicted_n"]) == (0, 0, 0)
+    ms = [u["timings"]["prompt_ms"] for u in updates]
+    assert ms == sorted(ms) and ms[-1] > 0
+    assert updates[-1]["timings"]["prompt_n"] == updates[-1]["prompt_progress"]["processed"]
+
+
 # -- /props chat_template_caps (as llama-server 0c1e570) and /detokenize type errors (as b8462) -------------------
 
 def test_props_chat_template_caps(http):
@@ -549,3 +576,20 @@ def test_detokenize_converts_numbers_as_llama_server(http):
     assert http.post("/detokenize", json={"tokens": [1.5]}).json()["content"] == one     # truncated
     assert http.post("/detokenize", json={"tokens": [True]}).json()["content"] == one
     assert http.post("/detokenize", json={}).json() == {"content": ""}
+
+
+def test_metrics_count_what_the_responses_report(http):
+    """/metrics' prompt counters add up the responses' timings (0c1e570 test_metrics_prompt_processed_and_cached): a
+    repeated prompt is served from the cache, whole, and its cached tokens are counted too."""
+    def counters() -> dict[str, float]:
+        text = http.get("/metrics").text
+        return {k: float(v) for k, v in (ln.split(" ") for ln in text.splitlines() if not ln.startswith("#"))}
+    before = counters()
+    body = {"prompt": "the quick brown fox jumps over the lazy dog", "n_predict": 2, "id_slot": 0}
+    timings = [http.post("/completion", json=body).json()["timings"] for _ in range(2)]
+    after = counters()
+    assert timings[1]["cache_n"] > 0
+    assert after["llamacpp:prompt_tokens_cached_total"] - before["llamacpp:prompt_tokens_cached_total"] == \
+        sum(t["cache_n"] for t in timings)
+    assert after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"] == \
+        sum(t["prompt_n"] for t in timings)

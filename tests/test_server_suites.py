@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "compat"))
 import server_suites  # noqa: E402
 from suite_na import not_applicable  # noqa: E402
+from suite_plugin import SLOW  # noqa: E402
 
 TOOL = [sys.executable, str(ROOT / "compat" / "server_suites.py")]
 
@@ -93,3 +94,59 @@ def test_a_few_suite_tests_pass_on_llamacmp(tmp_path):
     assert {"unit/test_basic.py::test_server_props", "unit/test_basic.py::test_server_model_aliases_and_tags",
             "unit/test_basic.py::test_no_webui"} <= passed
     assert "| `unit/test_basic.py::test_server_props` | - | passed |" in (tmp_path / "table.md").read_text()
+
+
+FAKE_TESTS = '''
+import os, time, pytest
+def test_ok():
+    pass
+@pytest.mark.slow
+def test_slow():
+    pass
+def test_stuck():
+    time.sleep(60)
+def test_flaky():
+    assert os.path.exists(os.environ["FAKE_FLAG"])
+'''
+FAKE_UTILS = '''
+class ServerPreset:
+    @staticmethod
+    def tinyllama2():
+        return object()
+    @staticmethod
+    def router():
+        return object()
+    @staticmethod
+    def load_all():
+        raise AssertionError("the plugin makes load_all a no-op")
+'''
+
+
+@pytest.mark.skipif(bool(HARNESS), reason=f"the suite's harness needs {', '.join(HARNESS)}")
+def test_slow_marker_time_limit_and_retry_gaps(tmp_path):
+    """On a stand-in suite tree: a test marked slow is n/a (their tests.sh's default), --test-limit fails a stuck
+    test instead of waiting, and --retry-gaps runs again only what llama-server passed and llamacmp did not."""
+    tests = tmp_path / "src" / "llama_cpp_python-0.3.17" / "vendor" / "llama.cpp" / "tools" / "server" / "tests"
+    (tests / "unit").mkdir(parents=True)
+    (tests / "unit" / "test_fake.py").write_text(FAKE_TESTS)
+    (tests / "utils.py").write_text(FAKE_UTILS)
+    (tests / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
+    work, flag = tmp_path / "work", tmp_path / "flag"
+    env = {"LLAMACMP_SDIST_SRC": str(tmp_path / "src"), "FAKE_FLAG": str(flag)}
+    r = run_tool("--suite", "b8462", "--server", "llamacmp", "--work", str(work), "--test-limit", "3", **env)
+    assert r.returncode == 0, r.stderr
+    first = server_suites.load(work / "b8462-llamacmp.jsonl")
+    outcome = {t.split("::")[1]: (e["outcome"], e["reason"]) for t, e in first.items()}
+    assert outcome["test_ok"][0] == "passed" and outcome["test_flaky"][0] == "failed"
+    assert outcome["test_slow"] == ("skipped", "not applicable: " + SLOW)
+    assert outcome["test_stuck"][0] == "failed" and "runner time limit" in outcome["test_stuck"][1]
+    (work / "b8462-llama.jsonl").write_text("".join(
+        json.dumps({"id": t, "outcome": "failed" if "stuck" in t else e["outcome"] if "slow" in t else "passed",
+                    "reason": ""}) + "\n" for t, e in first.items()))
+    flag.touch()
+    r = run_tool("--retry-gaps", "--suite", "b8462", "--work", str(work), "--test-limit", "3", **env)
+    assert r.returncode == 0, r.stderr
+    assert "b8462: retrying 1 tests on llamacmp-server" in r.stdout
+    assert "b8462: 0 pass on llama-server and not on llamacmp-server" in r.stdout
+    lines = (work / "b8462-llamacmp.jsonl").read_text().splitlines()
+    assert len(lines) == 5 and json.loads(lines[-1])["id"].endswith("test_flaky")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from llamacmp.cli.common import perf_lines
 from llamacmp.engine import slot_log
 from llamacmp.engine.perf import Perf
@@ -81,3 +83,14 @@ def test_server_reports_the_spec_settings_in_effect(fixture_gguf):
     on = generation_settings(ctx, GenParams())
     assert (on["speculative.n_max"], on["speculative.n_min"], on["speculative.p_min"], on["speculative.type"]) == \
         (2, 1, 0.5, "draft-mtp")
+
+
+def test_generation_rate_is_over_decode_steps():
+    """llama-server 0c1e570 (its test_metrics.py): the first token costs no decode step, so the rate of n tokens is
+    over n - 1 steps and one token has none (b8462 divided by the tokens)."""
+    one = Timings(prompt_n=4, prompt_ms=10.0, predicted_n=1, predicted_ms=0.5).to_json()
+    assert one["predicted_per_second"] == 0.0 and one["predicted_per_token_ms"] == 0.0
+    j = Timings(prompt_n=4, prompt_ms=10.0, predicted_n=16, predicted_ms=30.0).to_json()
+    assert j["predicted_per_second"] == pytest.approx(500.0) and j["predicted_per_token_ms"] == 2.0
+    assert "(    2.00 ms per token,   500.00 tokens per second)" in slot_log.timings_block(
+        Timings(predicted_n=16, predicted_ms=30.0))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import BUILD_NUMBER, __version__
 from ..args import parse_or_exit
-from ..chat import (THINK_END, ReasoningSplitter, TemplateError, reasoning_prefix, reply_start, select_template,
+from ..chat import (THINK_END, ReasoningSplitter, TemplateError, reply_start, select_template,
                     thinking_switch)
 from ..engine.client import ContextFull
 from ..engine.tasks import GenParams
@@ -50,7 +50,6 @@ class Reply:
     content: str = ""
     reasoning: str = ""
     in_thinking: bool = False
-    lead: str = ""                   # what the generation prompt wrote inside <think> (Qwen3.5: "\n")
 
 
 @dataclass
@@ -241,8 +240,7 @@ class Chat:
             hints = (start,) if start else ()
         self.client.history = ids        # the slot resumes from what it holds of these
         try:
-            reply = self.stream_reply(prompt.rstrip().endswith("<think>"), reasoning_prefix(prompt) or "", hints,
-                                      images)
+            reply = self.stream_reply(prompt.rstrip().endswith("<think>"), hints, images)
         except ContextFull as e:
             self.io.error(f"Error: {e}\n")
             return
@@ -253,14 +251,11 @@ class Chat:
             self.io.write(f"\n[ Prompt: {t.prompt_per_second:.1f} t/s | Generation: "
                           f"{t.predicted_per_second:.1f} t/s ]\n", "info")
 
-    def stream_reply(self, thinking_open: bool, lead: str = "", hints: tuple[int, ...] = (),
-                     images: dict | None = None) -> Reply:
+    def stream_reply(self, thinking_open: bool, hints: tuple[int, ...] = (), images: dict | None = None) -> Reply:
         """One reply, streamed. --reasoning-budget (when the prompt opens <think>): after that many tokens of
         thought the message and </think> are forced in as if sampled (engine/turn.py, as the server does).
-        lead: the prompt's text after an open <think>; llama-cli's reasoning starts with it (it parses the
-        prompt's tail with the output), so "[Start thinking]" is followed by a blank line on Qwen3.5.
         hints, images: the prompt's checkpoint hints and images (engine/client.py)."""
-        p, reply = self.p, Reply(lead=lead if thinking_open else "")
+        p, reply = self.p, Reply()
         # a built-in format (no jinja) has no reasoning: the reply is content as written, as in llama-cli
         splitter = ReasoningSplitter(thinking_open, "none" if self.template.builtin else p.reasoning_format)
         grammar = make_grammar(p, self.client, after_think=thinking_open)  # the answer, not the thoughts
@@ -286,7 +281,9 @@ class Chat:
                 self.io.write(text)
             else:
                 if not reply.in_thinking and not reply.reasoning:
-                    self.io.write("[Start thinking]\n" + reply.lead, "reasoning")
+                    # llama-cli 0c1e570 writes the blank line itself (tools/cli/cli-ui.h); b8462 printed the
+                    # reasoning's leading "\n" there, which the parser now strips (chat.split_reasoning)
+                    self.io.write("[Start thinking]\n\n", "reasoning")
                 reply.in_thinking = True
                 reply.reasoning += text
                 self.io.write(text, "reasoning")

@@ -67,7 +67,9 @@ class GrammarCompiler:
             self._ll = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_VocabForLlg(self._tokenizer)))
         return self._ll
 
-    def compile(self, grammar: str = "", json_schema: Optional[dict] = None, after_think: bool = False) -> Grammar:
+    def compile(self, grammar: str = "", json_schema: Optional[dict] = None, after_think: bool = False,
+                syntax: str = "gbnf") -> Grammar:
+        """grammar: text in `syntax`, "gbnf" (the API's) or "lark" (llguidance's, for grammars of our own)."""
         self._lltokenizer()
         import llguidance
         try:
@@ -77,7 +79,7 @@ class GrammarCompiler:
                 text = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(json_schema),
                                                                      defaults={"whitespace_flexible": False})
             else:
-                text = llguidance.grammar_from("gbnf", grammar)
+                text = llguidance.grammar_from(syntax, grammar)
         except (ValueError, RuntimeError) as e:
             raise GrammarError(f"failed to parse grammar: {e}") from None
         message = llguidance.LLMatcher.validate_grammar(text, self._ll)   # "" when valid

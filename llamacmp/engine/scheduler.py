@@ -331,9 +331,17 @@ class Engine:
                            f"n_keep = {task.params.n_keep}, task.n_tokens = {len(task.prompt)}")
         slot_log.slot_info("update_slots", slot.id, task.id,
                            f"n_tokens = {point.pos}, memory_seq_rm [{point.pos}, end)")
+        if task.params.stream and task.params.return_progress:
+            task.sink(slot.progress())  # llama-server's first update: nothing evaluated yet, processed == cache
         if point.logits is not None:     # the whole prompt is cached with its logits: sample right away
-            slot.finish_prompt_timing()
+            self._prompt_done(slot)
             self._sample(slot, point.logits)
+
+    def _prompt_done(self, slot: Slot) -> None:
+        """The prompt is evaluated (or was all in the cache): its timings close and /metrics counts what the cache
+        gave, on both paths (a fully cached prompt was left out of prompt_tokens_cached_total before)."""
+        slot.finish_prompt_timing()
+        self.metrics.n_prompt_tokens_cached_total += slot.n_cached
 
     def _reject(self, task: CompletionTask) -> None:
         if not task.prompt:
@@ -564,8 +572,7 @@ class Engine:
                 if slot.phase == PREFILL:
                     slot_log.slot_info("update_slots", slot.id, slot.task.id, "prompt processing done, "
                                        f"n_tokens = {slot.state.n_past}, batch.n_tokens = {len(t)}")
-                    slot.finish_prompt_timing()
-                    self.metrics.n_prompt_tokens_cached_total += slot.n_cached
+                    self._prompt_done(slot)
                 self._emit(slot, tok, row)
             except Exception as e:       # one request's bad settings must not fail its neighbours
                 log.exception("slot %d failed", slot.id)
@@ -689,12 +696,20 @@ class Engine:
                            "temperature": p.sampling.temp, "top_k": p.sampling.top_k, "top_p": p.sampling.top_p,
                            "min_p": p.sampling.min_p, "seed": p.sampling.seed, "stream": p.stream,
                            "cache_prompt": p.cache_prompt},
-                "next_token": [{"has_next_token": s.busy, "has_new_line": "\n" in s.text,
-                                "n_remain": (p.n_predict - len(s.generated)) if p.n_predict >= 0 else -1,
-                                "n_decoded": len(s.generated)}],
+                "next_token": [self._next_token_json(s, p)],
                 "prompt": self.tokenizer.decode([t for t in (s.prompt if s.busy else s.cache.tokens) if t >= 0]),
                 "generated": s.text,
                 "n_tokens_cached": len(s.cache.tokens), "n_checkpoints": len(s.cache.checkpoints)}
+
+    @staticmethod
+    def _next_token_json(s: Slot, p) -> dict:
+        """A slot's generation state; an idle one shows none, as llama-server 0c1e570 resets a slot when it
+        releases it (b8462 kept the finished task's n_remain and n_decoded until the next task)."""
+        if not s.busy:
+            return {"has_next_token": False, "has_new_line": False, "n_remain": -1, "n_decoded": 0}
+        return {"has_next_token": True, "has_new_line": "\n" in s.text,
+                "n_remain": (p.n_predict - len(s.generated)) if p.n_predict >= 0 else -1,
+                "n_decoded": len(s.generated)}
 
     def _slot_action(self, task: SlotActionTask):
         """erase, save (to task.filepath), restore (from it); the handler has checked the file name."""

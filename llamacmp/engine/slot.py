@@ -208,10 +208,16 @@ class Slot:
                              timings)
 
     def progress(self) -> PartialResult:
+        """A prompt_progress update; with timings_per_token it carries the prompt's timings so far, as
+        llama-server 0c1e570's (0 ms before the first batch is evaluated)."""
         t = self.task
+        elapsed = (time.perf_counter() - self.t_prompt) * 1e3
         info = {"total": len(self.prompt), "cache": self.n_cached, "processed": self.state.n_past,
-                "time_ms": (time.perf_counter() - self.t_prompt) * 1e3}
-        return PartialResult(t.id, t.index, self.id, "", [], [], 0, len(self.prompt), None, info)
+                "time_ms": elapsed}
+        n = self.state.n_past - self.n_cached
+        timings = Timings(cache_n=self.n_cached, prompt_n=n, prompt_ms=elapsed if n > 0 else 0.0) \
+            if t.params.timings_per_token else None
+        return PartialResult(t.id, t.index, self.id, "", [], [], 0, len(self.prompt), timings, info)
 
     def final(self) -> FinalResult:
         t = self.task

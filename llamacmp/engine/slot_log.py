@@ -47,8 +47,8 @@ def timings_block(t: Timings) -> str:
             f"prompt eval time = {t.prompt_ms:10.2f} ms / {t.prompt_n:5d} tokens ({_per_token(t.prompt_ms, t.prompt_n):8.2f}"
             f" ms per token, {_per_second(t.prompt_ms, t.prompt_n):8.2f} tokens per second)\n"
             f"       eval time = {t.predicted_ms:10.2f} ms / {t.predicted_n:5d} tokens "
-            f"({_per_token(t.predicted_ms, t.predicted_n):8.2f} ms per token, "
-            f"{_per_second(t.predicted_ms, t.predicted_n):8.2f} tokens per second)\n"
+            f"({_per_token(t.predicted_ms, t.gen_steps):8.2f} ms per token, "
+            f"{_per_second(t.predicted_ms, t.gen_steps):8.2f} tokens per second)\n"
             f"      total time = {t.prompt_ms + t.predicted_ms:10.2f} ms / {t.prompt_n + t.predicted_n:5d} tokens")
 
 

@@ -140,11 +140,17 @@ class Timings:
     predicted_ms: float = 0.0
     draft: DraftStats = field(default_factory=DraftStats)   # speculative decoding (the MTP loop counts)
 
+    @property
+    def gen_steps(self) -> int:
+        """The decode steps of the generation, which its rates divide by as llama-server 0c1e570's (b8462: the
+        tokens): the first token comes from the prompt's last logits and costs none, so one token has no rate."""
+        return max(0, self.predicted_n - 1)
+
     def to_json(self) -> dict:
         def per(ms: float, n: int) -> tuple[float, float]:
             return (ms / n if n else 0.0), (1e3 * n / ms if ms > 0 else 0.0)
         p_tok, p_sec = per(self.prompt_ms, self.prompt_n)
-        g_tok, g_sec = per(self.predicted_ms, self.predicted_n)
+        g_tok, g_sec = per(self.predicted_ms, self.gen_steps)
         return {"cache_n": self.cache_n, "prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms,
                 "prompt_per_token_ms": p_tok, "prompt_per_second": p_sec,
                 "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,

@@ -35,10 +35,10 @@ INVALID_KEY = ApiError("Invalid API Key", "authentication_error")
 MAX_BODY = 32 * 1024 * 1024              # bytes; a larger request gets 413 before it is read
 
 
-def _cors_case(name: bytes, value: bytes) -> tuple[bytes, bytes]:
-    """Starlette lowercases header names; llama-server writes the CORS ones capitalized, and clients that read
-    headers into a plain dict (llama.cpp's own test harness) look them up that way."""
-    if name.startswith(b"access-control-"):
+def _llama_case(name: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """Starlette lowercases header names; llama-server writes its own (CORS, /metrics' Process-Start-Time-Unix)
+    capitalized, and clients that read headers into a plain dict (llama.cpp's own test harness) look them up so."""
+    if name.startswith(b"access-control-") or name == b"process-start-time-unix":
         name = b"-".join(w.capitalize() for w in name.split(b"-"))
     return name, value
 
@@ -59,7 +59,7 @@ class Gate:
         async def send_cors(message):
             if message["type"] == "http.response.start":
                 extra = [(b"Access-Control-Allow-Origin", cors["Access-Control-Allow-Origin"].encode("latin-1"))]
-                message = {**message, "headers": [_cors_case(k, v) for k, v in message.get("headers", [])] + extra}
+                message = {**message, "headers": [_llama_case(k, v) for k, v in message.get("headers", [])] + extra}
             await send(message)
         early = self._early_response(scope, headers)
         if early is not None:
@@ -68,9 +68,10 @@ class Gate:
 
     def _early_response(self, scope, headers: dict) -> Response | None:
         if scope["method"] == "OPTIONS":
+            # 0c1e570's defaults of --cors-methods / --cors-headers (b8462 allowed "GET, POST")
             return Response("", media_type="text/html", headers={
-                "Access-Control-Allow-Credentials": "true", "Access-Control-Allow-Methods": "GET, POST",
-                "Access-Control-Allow-Headers": "*"})
+                "Access-Control-Allow-Credentials": "true",
+                "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS", "Access-Control-Allow-Headers": "*"})
         if not self.ctx.ready:
             return error_response(LOADING)
         path = scope["path"]
@@ -208,6 +209,11 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def rerank(request: Request):
         raise not_supported("This server does not support reranking. Start it with `--reranking`")
 
+    async def cors_proxy():
+        # llama-server 0c1e570 without --webui-mcp-proxy (which llamacmp refuses: it fetches nothing for the page)
+        return JSONResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}},
+                            status_code=403)
+
     for p in ("/health", "/v1/health"):
         app.add_api_route(p, health, methods=["GET"])
     for p in ("/models", "/v1/models"):
@@ -231,6 +237,7 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=ctx.opts.endpoint_metrics)
     _post(app, ["/embedding", "/embeddings", "/v1/embeddings"], embeddings, "object", listed=ctx.opts.embedding)
     _post(app, ["/rerank", "/reranking", "/v1/rerank", "/v1/reranking"], rerank, "object", listed=False)
+    app.add_api_route("/cors-proxy", cors_proxy, methods=["GET", "POST"], include_in_schema=False)
     add_page_routes(app, ctx.opts)
 
 

@@ -345,9 +345,17 @@ def with_required_tool_call(ctx: ServerContext, body: dict, cp: ChatPrompt, para
     """tool_choice "required": the answer (after any reasoning) must be tool calls, by grammar as in llama.cpp."""
     if params.grammar is not None:
         raise bad_request('tool_choice "required" cannot be combined with response_format or json_schema')
+    from ..engine.grammar import GrammarError
     from .tool_grammar import required_tool_call_grammar
-    gbnf = required_tool_call_grammar(cp.tools, Fields(body).bool("parallel_tool_calls", False))
-    return attach_grammar(ctx, {"grammar": gbnf}, params, after_think=cp.thinking_open)
+    parallel = Fields(body).bool("parallel_tool_calls", False)
+    step()                              # before compiling, the slowest step of a prep job
+    for typed in (True, False):         # a parameter schema llguidance cannot compile: free-text values, not a 400
+        try:
+            return replace(params, grammar=ctx.engine.grammars.compile(
+                required_tool_call_grammar(cp.tools, parallel, typed), after_think=cp.thinking_open, syntax="lark"))
+        except GrammarError as e:
+            error = e
+    raise bad_request(str(error))
 
 
 def prepare_chat(ctx: ServerContext, body: dict) -> tuple[ChatPrompt, GenParams, list]:
@@ -408,7 +416,9 @@ async def _stream_chat(ctx, request, tasks, cp: ChatPrompt, params: GenParams, c
     def to_chunks(r) -> list[dict]:
         tr = trackers[r.index]
         if isinstance(r, PartialResult) and r.progress is not None:
-            return [{**chunk(r.index, {"role": "assistant", "content": None}), "prompt_progress": r.progress}]
+            timings = {"timings": r.timings.to_json()} if r.timings is not None else {}
+            return [{**chunk(r.index, {"role": "assistant", "content": None}), **timings,
+                     "prompt_progress": r.progress}]
         if isinstance(r, PartialResult):
             out = [chunk(r.index, {"role": "assistant", "content": None})] if r.n_predicted == 1 else []
             out += [chunk(r.index, d) for d in tr.push(r.text)]

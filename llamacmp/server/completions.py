@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import replace
 from typing import AsyncIterator
@@ -71,6 +72,14 @@ def _exp(x: float) -> float:
     return math.exp(x)
 
 
+def logit_bias_json(biases: dict[int, float], banned: frozenset[int] | tuple = ()) -> list[dict]:
+    """As llama-server lists the biases in effect: {"bias", "token"} objects, -inf written as null (nlohmann::json
+    writes non-finite numbers so); `banned` (with ignore_eos: every end-of-generation token) follows at -inf, as
+    llama-server appends those to the request's own."""
+    pairs = list(biases.items()) + [(t, float("-inf")) for t in sorted(banned)]
+    return [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in pairs]
+
+
 def generation_settings(ctx: ServerContext, p: GenParams) -> dict:
     s, sp = p.sampling, ctx.spec        # b8462's speculative.* fields, with the --spec-* values when drafting
     return {"seed": s.seed if s.seed >= 0 else 4294967295, "temperature": s.temp, "top_k": s.top_k,
@@ -78,7 +87,7 @@ def generation_settings(ctx: ServerContext, p: GenParams) -> dict:
             "repeat_penalty": s.penalty_repeat, "presence_penalty": s.penalty_present,
             "frequency_penalty": s.penalty_freq, "min_keep": s.min_keep, "n_predict": p.n_predict,
             "n_keep": p.n_keep, "n_probs": p.n_probs, "stream": p.stream, "ignore_eos": s.ignore_eos,
-            "logit_bias": [[t, b if b != float("-inf") else False] for t, b in s.logit_bias.items()],
+            "logit_bias": logit_bias_json(s.logit_bias, ctx.tokenizer.eog_ids if s.ignore_eos else ()),
             "stop": p.stop, "samplers": list(s.samplers), "post_sampling_probs": p.post_sampling_probs,
             "timings_per_token": p.timings_per_token, "n_ctx": ctx.n_ctx_slot, "model": ctx.model_name,
             "speculative.n_max": sp.n_max if sp.enabled else 0, "speculative.n_min": sp.n_min if sp.enabled else 0,
@@ -263,6 +272,8 @@ def _oai_cmpl_chunk(ctx, r, params: GenParams, cid: str, created: int) -> dict:
         chunk["usage"] = usage_json(r)      # llama.cpp's last /v1/completions chunk always carries usage
         chunk["timings"] = r.timings.to_json()
     elif r.progress is not None:
+        if r.timings is not None:
+            chunk["timings"] = r.timings.to_json()
         chunk["prompt_progress"] = r.progress
     return chunk
 

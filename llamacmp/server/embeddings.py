@@ -29,6 +29,7 @@ async def handle_embeddings(ctx: ServerContext, body: dict, oai: bool) -> Respon
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise bad_request("The format to return the embeddings in. Can be either float or base64")
+    prompt = [_content_text(p) for p in prompt] if isinstance(prompt, list) else _content_text(prompt)
     prompts = await ctx.prep(tokenize_prompts, prompt, ctx.tokenizer, ctx.n_vocab)
     if any(not p for p in prompts):
         raise bad_request("Input content cannot be empty")
@@ -47,6 +48,28 @@ async def handle_embeddings(ctx: ServerContext, body: dict, oai: bool) -> Respon
     n = sum(len(p) for p in prompts)
     return JSONResponse({"model": ctx.model_name, "object": "list", "usage": {"prompt_tokens": n, "total_tokens": n},
                          "data": data})
+
+
+_MEDIA = {"image_url": "image", "input_audio": "audio", "input_video": "video", "video_url": "video"}
+
+
+def _content_text(entry):
+    """An input entry as llama-server 0c1e570 reads it: {"content": [OpenAI content parts]} is the text of its parts
+    joined with nothing (tokenized as a string prompt); anything else is left to tokenize_prompts. This server
+    embeds no media (llama-server's words when it has no projector)."""
+    if not (isinstance(entry, dict) and "content" in entry):
+        return entry
+    parts = entry["content"]
+    if not isinstance(parts, list):
+        raise bad_request('"content" must be an array')
+    for part in parts:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _MEDIA:
+            raise bad_request(f"{_MEDIA[kind]} input is not supported - hint: if this is unexpected, you may need "
+                              "to provide the mmproj")
+        if kind != "text":
+            raise bad_request("unsupported content[].type")
+    return "".join(p.get("text") if isinstance(p.get("text"), str) else "" for p in parts)
 
 
 def _check_context(ctx: ServerContext, n: int, pooling: str) -> None:

@@ -163,32 +163,39 @@ async def slot_action(ctx: ServerContext, id_slot: str, action: str, body: dict)
     return JSONResponse(r)
 
 
-METRICS = (  # (type, name, help, how to compute from the engine's snapshot)
-    ("counter", "prompt_tokens_total", "Number of prompt tokens processed.",
+METRICS = (  # (type, name, help, how to compute from the engine's snapshot): llama-server 0c1e570's list and order
+    ("counter", "prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
      lambda m: m["n_prompt_tokens_processed_total"]),
-    ("counter", "prompt_seconds_total", "Prompt process time", lambda m: m["t_prompt_processing_total"] / 1e3),
-    ("counter", "tokens_predicted_total", "Number of generation tokens processed.",
+    ("counter", "prompt_tokens_cached_total", "Number of prompt tokens reused from the cache",
+     lambda m: m["n_prompt_tokens_cached_total"]),
+    ("counter", "prompt_seconds_total", "Total time spent processing prompts",
+     lambda m: m["t_prompt_processing_total"] / 1e3),
+    ("counter", "tokens_predicted_total", "Number of generation tokens processed",
      lambda m: m["n_tokens_predicted_total"]),
-    ("counter", "tokens_predicted_seconds_total", "Predict process time",
+    ("counter", "tokens_predicted_seconds_total", "Total time spent generating tokens",
      lambda m: m["t_tokens_generation_total"] / 1e3),
-    ("counter", "n_decode_total", "Total number of llama_decode() calls", lambda m: m["n_decode_total"]),
-    ("counter", "n_tokens_max", "Largest observed n_tokens.", lambda m: m["n_tokens_max"]),
-    ("counter", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
-     lambda m: m["n_busy_slots_total"] / max(1, m["n_decode_total"])),
+    ("counter", "n_decode_total",
+     "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
+     lambda m: m["n_decode_total"]),
+    ("counter", "n_tokens_max", "Largest observed sequence length (prompt + generation)",
+     lambda m: m["n_tokens_max"]),
     ("counter", "spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
      lambda m: m["n_draft_tokens_total"]),
     ("counter", "spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model",
      lambda m: m["n_draft_accepted_total"]),
     ("counter", "spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps",
      lambda m: m["n_draft_steps_total"]),
-    ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
+    ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s",
      lambda m: 1e3 * m["n_prompt_tokens_processed_total"] / m["t_prompt_processing_total"]
      if m["t_prompt_processing_total"] else 0.0),
-    ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s.",
+    ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s",
      lambda m: 1e3 * m["n_tokens_predicted_total"] / m["t_tokens_generation_total"]
      if m["t_tokens_generation_total"] else 0.0),
-    ("gauge", "requests_processing", "Number of requests processing.", lambda m: m["requests_processing"]),
-    ("gauge", "requests_deferred", "Number of requests deferred.", lambda m: m["requests_deferred"]),
+    ("gauge", "requests_processing", "Number of requests processing", lambda m: m["requests_processing"]),
+    ("gauge", "requests_deferred", "Number of requests deferred", lambda m: m["requests_deferred"]),
+    # b8462 listed it among the counters; an average is a gauge (0c1e570)
+    ("gauge", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+     lambda m: m["n_busy_slots_total"] / max(1, m["n_decode_total"])),
 )
 
 

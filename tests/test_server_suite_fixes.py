@@ -97,13 +97,22 @@ def test_continue_final_message(server):
     assert r.status_code == 400 and "tool calls" in r.json()["error"]["message"]
 
 
-def test_several_host_addresses_are_refused_naming_the_flag():
-    # llama-server 0c1e570 listens on each address of "--host a,b"; llamacmp refuses before loading the model
-    r = subprocess.run([sys.executable, "-m", "llamacmp.server.app", "-m", "unused.gguf", "--host", "127.0.0.1,::1"],
+def test_several_host_addresses_are_each_listened_on(tmp_path):
+    """--host 127.0.0.1,::1: a server on each address, as llama-server 0c1e570 (its test_basic.py
+    test_server_multiple_addresses); a UNIX socket in the list is refused naming the flag."""
+    from server_harness import ServerProcess
+    model = write_tiny_model(tmp_path / "tiny.gguf")
+    with ServerProcess(model, tmp_path / "log.txt", "--host", "127.0.0.1,::1", "--api-key", "k") as s:
+        for host in ("127.0.0.1", "[::1]"):
+            base = f"http://{host}:{s.port}"
+            assert httpx.get(base + "/health", timeout=30).status_code == 200
+            r = httpx.post(base + "/completion", json={"prompt": "Hi", "n_predict": 1},
+                           headers={"Authorization": "Bearer k"}, timeout=60)
+            assert r.status_code == 200
+        assert f"http://127.0.0.1:{s.port}, http://[::1]:{s.port}" in s.log()
+    r = subprocess.run([sys.executable, "-m", "llamacmp.server.app", "-m", "unused.gguf", "--host", "a.sock,::1"],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
-        "error: --host 127.0.0.1,::1: listening on several addresses is not supported by llamacmp yet; "
-        "give one address")
+    assert r.returncode == 1 and "--host a.sock,::1: a UNIX socket cannot be listed" in r.stderr
 
 
 def test_max_completion_tokens(server):

@@ -262,7 +262,7 @@ def _load_in_background(ctx: ServerContext, address: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
-    from .listen import listening_address, uvicorn_kwargs, with_prefix
+    from .listen import listen_sockets, listening_address, uvicorn_kwargs, with_prefix
     from ..args import parse_or_exit
     from ..args import version_text
     from ..log import setup_python_logging
@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1)
     try:
         kw = uvicorn_kwargs(params)
-    except ValueError as e:
+        sockets = listen_sockets(params)
+    except (ValueError, OSError) as e:
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(1) from None
     if params.n_parallel < 0:
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
         server.should_exit = True
     ctx.on_fatal = engine_failed
     _load_in_background(ctx, listening_address(params))
-    server.run()
+    server.run(sockets=sockets)
     if ctx.engine is not None:
         ctx.engine.stop()
         if ctx.engine.failed:

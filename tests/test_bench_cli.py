@@ -145,3 +145,21 @@ def test_json_keys_are_llama_bench_b8462s(model):
     rc, out, err = run(["-m", str(model), "-p", "8", "-n", "0", "-r", "1", "-o", "json"])
     assert rc == 0, err
     assert list(json.loads(out)[0]) == golden["keys"]
+
+
+def test_model_column_and_size_of_a_block_quantized_file(tmp_path, tiny_vocab):
+    """A llama-quantize-style mix: the model column names the file type as llama-bench does ("Q4_0") and the size
+    is the tensors' bytes as stored (it used to count 4 bytes per value of any type but F16/BF16/Q8_0, and print
+    "?" for every file type but F32/F16/Q8_0: a 9B Q4_K_M file showed as "9B ?" of 33.36 GiB)."""
+    from llamacmp.fixtures.writer import SHAPES, tensor_specs, write_model
+    from llamacmp.gguf_file import GGUFFile
+    names = [s.name for s in tensor_specs(SHAPES["tiny"], len(tiny_vocab.tokens))]
+    types = {n: "Q4_0" for n in names if ".ffn_" in n and n.endswith(".weight") and "norm" not in n}
+    path = write_model(tmp_path / "q4.gguf", SHAPES["tiny"], "q8_0", tiny_vocab, types=types, file_type=2)
+    rc, out, err = run(["-m", str(path), "-o", "json"] + ARGS)
+    assert rc == 0, err
+    f = GGUFFile(str(path))
+    row = json.loads(out)[0]
+    assert row["model_type"].endswith(" Q4_0")
+    assert row["model_size"] == sum(f.nbytes(n) for n in f.names()) < 1.2 * path.stat().st_size
+    assert {f.info(n).type_name for n in types} == {"Q4_0"}

@@ -10,14 +10,12 @@ from typing import TextIO
 import numpy as np
 
 from .. import spec
+from ..gguf_file import file_type_name
 from ..engine.tasks import DraftStats
 from ..spec import synth_acceptor
 from .bench_options import BenchError
 from .bench_rows import Instance, ModelInfo, SpecUse
 
-
-FILE_TYPES = {0: "all F32", 1: "F16", 7: "Q8_0"}
-TYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "Q8_0": 34 / 32}      # bytes per element as stored in the GGUF
 
 
 def model_info(f, n_params: int, size: int) -> ModelInfo:
@@ -26,8 +24,7 @@ def model_info(f, n_params: int, size: int) -> ModelInfo:
     if not label:
         label = f"{n_params / 1e9:.0f}B" if n_params >= 1e9 else f"{n_params / 1e6:.0f}M" if n_params >= 1e6 \
             else f"{n_params / 1e3:.0f}K"
-    ftype = FILE_TYPES.get(f.metadata.get("general.file_type"), "?")
-    return ModelInfo(f"{arch} {label} {ftype}", size, n_params)
+    return ModelInfo(f"{arch} {label} {file_type_name(f.metadata)}", size, n_params)
 
 
 @dataclass
@@ -216,7 +213,7 @@ def load_runner(path: str, be, is_cuda: bool) -> Runner:
     n_vocab = f.info("token_embd.weight").shape[0]
     cfg = ModelConfig.from_metadata(f.metadata, n_vocab=n_vocab, tied=not f.has("output.weight"))
     n_params = sum(math.prod(f.info(n).shape) for n in f.names())
-    size = int(sum(math.prod(f.info(n).shape) * TYPE_BYTES.get(f.info(n).type_name, 4) for n in f.names()))
+    size = sum(f.nbytes(n) for n in f.names())          # as stored, as llama-bench's model size
     model = model_class(f.architecture)(cfg, load_weights(f, cfg), be)
     mtp_head = spec.has_mtp_head(f.names(), int(f.metadata.get(f"{f.architecture}.block_count", 0)))
     return Runner(be, cfg, model, model_info(f, n_params, size), is_cuda, np.random.default_rng(0), path, mtp_head)

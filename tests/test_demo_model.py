@@ -128,3 +128,10 @@ def test_cli_without_model_drafts_with_the_demo_head_and_keeps_greedy_text(tmp_p
     err_off = off.stderr.decode()
     assert f"no -m given: using the bundled demo model {dm.BUNDLED_MODEL}" in err_off   # MTP off: default.gguf
     assert "draft acceptance" not in err_off
+
+
+def test_cli_says_why_when_the_cache_cannot_be_written(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")                         # $LLAMACMP_CACHE/demo cannot be made under a file
+    r = completion("-p", "def ", "-n", "1", "--spec-type", "draft-mtp", cache=blocked)
+    assert r.returncode == 1 and "error: cannot write the demo model with its MTP head" in r.stderr.decode()

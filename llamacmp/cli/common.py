@@ -45,6 +45,9 @@ def resolve_model(p: Params, err: TextIO) -> str:
             path = with_mtp_head()
         except DemoModelError as e:
             raise CliError(f"error: {e}") from None
+        except OSError as e:             # the user cache is not writable, the disk is full, ...
+            raise CliError(f"error: cannot write the demo model with its MTP head to the user cache "
+                           f"($LLAMACMP_CACHE): {e}") from None
         err.write(f"no -m given: using the bundled demo model with its MTP head {path} "
                   f"({BUNDLED_MODEL.name} + {BUNDLED_MTP_HEAD.name})\n")
         return str(path)

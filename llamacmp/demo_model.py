@@ -106,14 +106,15 @@ def join(trunk: Path, head: Path, out: Path) -> Path:
 
 
 def joined_is_valid(path: Path, trunk: Path, head: Path) -> bool:
-    """A cached join is whole (it was renamed into place) and has the trunk's then the head's tensor names."""
+    """A cached join has the trunk's then the head's tensor names, and the file holds its last tensor's bytes
+    (a join is renamed into place whole; this catches a file damaged since)."""
     import gguf
     try:
-        names = [t.name for t in gguf.GGUFReader(str(path)).tensors]
+        got = gguf.GGUFReader(str(path)).tensors
     except (OSError, ValueError):
         return False
     want = [t.name for r in (gguf.GGUFReader(str(trunk)), gguf.GGUFReader(str(head))) for t in r.tensors]
-    return names == want
+    return [t.name for t in got] == want and path.stat().st_size >= got[-1].data_offset + got[-1].n_bytes
 
 
 def with_mtp_head(trunk: Path = BUNDLED_MODEL, head: Path = BUNDLED_MTP_HEAD, cache: Path | None = None) -> Path:

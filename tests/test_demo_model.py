@@ -102,7 +102,10 @@ def test_cached_join_is_reused_and_a_broken_one_rewritten(tmp_path):
     first = dm.with_mtp_head(cache=tmp_path)
     stamp = first.stat().st_mtime_ns
     assert dm.with_mtp_head(cache=tmp_path) == first and first.stat().st_mtime_ns == stamp
-    first.write_bytes(first.read_bytes()[:1000])               # a file cut short (written by hand, not by join)
+    whole = first.read_bytes()
+    for cut in (1000, len(whole) - 1):                         # a file cut short in its header, in its last tensor
+        first.write_bytes(whole[:cut])
+        assert not dm.joined_is_valid(first, dm.BUNDLED_MODEL, dm.BUNDLED_MTP_HEAD)
     again = dm.with_mtp_head(cache=tmp_path)
     assert again == first and again.stat().st_size > 20_000_000 and [p.name for p in tmp_path.rglob("*")] == [
         "demo", first.name]                                    # no temporary file left behind

@@ -5,10 +5,10 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TextIO
 
 from .. import memplan, progress, sparse_attn
+from ..demo_model import BUNDLED_MODEL, BUNDLED_MTP_HEAD, DemoModelError, with_mtp_head
 from ..args import apply_gguf_sampling
 from ..engine.client import EngineError, SlotClient
 from ..engine.perf import Perf
@@ -17,8 +17,6 @@ from ..params import Params
 from ..run_plan import RunPlan, RunPlanError, check_options, plan_run
 from ..spec import synth_log_lines
 from ..sampling import Sampler
-
-BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "data" / "default.gguf"
 
 
 class CliError(Exception):
@@ -37,9 +35,22 @@ class Loaded:
 
 
 def resolve_model(p: Params, err: TextIO) -> str:
-    """-m, else the bundled demo model (said on stderr), else llama.cpp's error."""
+    """-m, else the bundled demo model (said on stderr), else llama.cpp's error. With --spec-type draft-mtp the demo
+    model is joined with its trained MTP head (demo_model.py); without, it stays default.gguf, the file llama.cpp
+    b8462 loads too."""
     if p.model:
         return p.model
+    if p.spec.enabled and BUNDLED_MODEL.exists() and BUNDLED_MTP_HEAD.exists():
+        try:
+            path = with_mtp_head()
+        except DemoModelError as e:
+            raise CliError(f"error: {e}") from None
+        except OSError as e:             # the user cache is not writable, the disk is full, ...
+            raise CliError(f"error: cannot write the demo model with its MTP head to the user cache "
+                           f"($LLAMACMP_CACHE): {e}") from None
+        err.write(f"no -m given: using the bundled demo model with its MTP head {path} "
+                  f"({BUNDLED_MODEL.name} + {BUNDLED_MTP_HEAD.name})\n")
+        return str(path)
     if BUNDLED_MODEL.exists():
         err.write(f"no -m given: using the bundled demo model {BUNDLED_MODEL}\n")
         return str(BUNDLED_MODEL)

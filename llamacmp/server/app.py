@@ -21,6 +21,7 @@ from .access_log import AccessLog
 from .context import ServerContext
 from .embeddings import handle_embeddings
 from .errors import ApiError, error_response, not_supported
+from .gcp import add_gcp_routes, gcp_env
 from .openapi_bodies import body_doc, slot_action_query
 from .schemas import parse_json_body
 from .webui import PAGE_PATHS, StaticPathError, add_page_routes
@@ -239,6 +240,9 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     _post(app, ["/rerank", "/reranking", "/v1/rerank", "/v1/reranking"], rerank, "object", listed=False)
     app.add_api_route("/cors-proxy", cors_proxy, methods=["GET", "POST"], include_in_schema=False)
     add_page_routes(app, ctx.opts)
+    env = gcp_env()
+    if env is not None:                 # last: its names map to every route above
+        add_gcp_routes(app, env, health)
 
 
 # -- main ------------------------------------------------------------------------------------------------------------
@@ -260,6 +264,19 @@ def _load_in_background(ctx: ServerContext, address: str) -> None:
     threading.Thread(target=run, name="llamacmp-loader", daemon=True).start()
 
 
+def _gcp_port(params) -> None:
+    """Vertex AI tells the container its port in AIP_HTTP_PORT: it wins over --port, as in llama-server."""
+    env = gcp_env()
+    if env is None:
+        return
+    log.info("Google Cloud Platform compat: health route = %s, predict route = %s, port = %d",
+             env.health_route, env.predict_route, env.port)
+    if params.server.port != env.port:
+        log.warning("Google Cloud Platform compat: overriding server port %d with AIP_HTTP_PORT %d",
+                    params.server.port, env.port)
+    params.server.port = env.port
+
+
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
     from .listen import listen_sockets, listening_address, uvicorn_kwargs, with_prefix
@@ -273,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     if not params.model:
         sys.stderr.write("error: no model given (-m FNAME)\n")
         raise SystemExit(1)
+    _gcp_port(params)
     try:
         kw = uvicorn_kwargs(params)
         sockets = listen_sockets(params)
@@ -284,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     ctx = ServerContext(params)
     try:
         app = with_prefix(create_app(ctx), params.server.api_prefix)
-    except StaticPathError as e:
+    except (StaticPathError, ValueError) as e:      # ValueError: AIP_PREDICT_ROUTE names one of our routes
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(1) from None
     # SIGTERM / Ctrl-C: stop accepting, give requests in flight up to --timeout seconds, then cancel them

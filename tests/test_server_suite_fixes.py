@@ -97,6 +97,16 @@ def test_continue_final_message(server):
     assert r.status_code == 400 and "tool calls" in r.json()["error"]["message"]
 
 
+def test_prefill_text_parts_joined_as_0c1e570(server):
+    # 0c1e570 test_chat_template_assistant_prefill[prefill1]: common_chat_msg::render_content's blank line between
+    # text parts, none before the first non-empty one (b8462's test expected them concatenated)
+    for parts, joined in ((["Wh", "ill"], "Wh\n\nill"), (["", "Wh", "", "ill"], "Wh\n\n\n\nill")):
+        last = {"role": "assistant", "content": [{"type": "text", "text": t} for t in parts]}
+        prompt = post(server, "/apply-template", {"messages": MSGS + [last]}).json()["prompt"]
+        assert prompt.endswith(joined)
+        assert prompt.count(joined) == 1
+
+
 def test_several_host_addresses_are_each_listened_on(tmp_path):
     """--host 127.0.0.1,::1: a server on each address, as llama-server 0c1e570 (its test_basic.py
     test_server_multiple_addresses); a UNIX socket in the list is refused naming the flag."""

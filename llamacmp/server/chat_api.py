@@ -140,6 +140,17 @@ def content_text(content) -> str:
     return content if isinstance(content, str) else "".join(p["text"] for p in content or [])
 
 
+def _prefill_text(content) -> str:
+    """The assistant prefill's text as llama.cpp 0c1e570 continues it (common_chat_msg::render_content): text
+    parts joined with a blank line, none before the first non-empty text (b8462 concatenated them)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    text = ""
+    for p in content:
+        text += ("\n\n" if text else "") + p["text"]
+    return text
+
+
 def _tool_choice(body: dict) -> str:
     v = body.get("tool_choice", "auto")
     if not isinstance(v, str):
@@ -202,7 +213,7 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
             raise bad_request("Cannot have 2 or more assistant messages at the end of the list.")
         if thinking:
             raise bad_request("Assistant response prefill is incompatible with enable_thinking.")
-        prefill, fmt = content_text(last.get("content")) or "", "none"
+        prefill, fmt = _prefill_text(last.get("content")), "none"
     add_gen = f.bool("add_generation_prompt", True) or bool(prefill)
     text = _render(ctx, messages, add_gen, tools if choice != "none" else None, thinking, kwargs) + prefill
     step()                              # rendering a long chat took a while: the client may have left

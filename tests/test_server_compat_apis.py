@@ -103,6 +103,25 @@ def test_responses(srv, tool_srv):
     assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
 
 
+def test_responses_stream_telemetry(srv):
+    """0c1e570 test_responses_stream_with_llama_telemetry: return_progress creates the response at the first
+    progress update, each update is a response.in_progress event with prompt_progress; timings_per_token puts
+    timings on the last event of each update; response.completed always has them."""
+    body = {"input": "This is a test" * 10, "max_output_tokens": 4, "stream": True,
+            "chat_template_kwargs": {"enable_thinking": False}}
+    ev = events(httpx.post(srv.url + "/v1/responses", json={**body, "return_progress": True,
+                                                            "timings_per_token": True}).text)
+    assert [e for e, _ in ev[:2]] == ["response.created", "response.in_progress"]
+    progress = [d for e, d in ev if "prompt_progress" in d]
+    assert progress and progress[0] is ev[1][1] and all(d["type"] == "response.in_progress" for d in progress)
+    assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"] > 0
+    assert any(e == "response.output_text.delta" and "timings" in d for e, d in ev)
+    assert "prompt_per_second" in ev[-1][1]["timings"] and ev[-1][0] == "response.completed"
+    plain = events(httpx.post(srv.url + "/v1/responses", json=body).text)
+    assert not any("prompt_progress" in d for _, d in plain)
+    assert [e for e, d in plain if "timings" in d] == ["response.completed"]
+
+
 def test_infill(srv):
     r = httpx.post(srv.url + "/infill", json={"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n",
                                               "input_extra": [{"filename": "util.py", "text": "X = 1\n"}],

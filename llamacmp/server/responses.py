@@ -113,61 +113,74 @@ async def handle_responses(ctx: ServerContext, request: Request, body: dict) -> 
 
 
 class _Events:
+    """The response.* events of one streamed answer. As llama-server 0c1e570: the response is created at the first
+    prompt-progress update (return_progress) or the first token; a progress update is a response.in_progress event
+    carrying `prompt_progress`; the last event of each update carries `timings` with timings_per_token, and
+    response.completed always does."""
+
     def __init__(self, ctx: ServerContext, cp, ids: dict):
         self.ctx, self.cp, self.ids, self.tracker = ctx, cp, ids, DeltaTracker(cp)
         self.started: set[str] = set()
+        self.created = False
 
     def __call__(self, r) -> list[str]:
-        if isinstance(r, PartialResult) and r.progress is not None:
-            return []                    # these APIs have no prompt-progress event
+        partial = isinstance(r, PartialResult)
+        progress = r.progress if partial else None
         out = []
-        if isinstance(r, PartialResult) and r.n_predicted == 1:
+        if partial and not self.created and (progress is not None or r.n_predicted == 1):
+            self.created = True
             head = {"id": self.ids["response"], "object": "response", "created_at": int(time.time()),
                     "status": "in_progress", "model": self.ctx.model_name, "output": []}
-            out += [sse.event("response.created", {"type": "response.created", "response": head}),
-                    sse.event("response.in_progress", {"type": "response.in_progress", "response": head})]
-        final = isinstance(r, FinalResult)
-        for d in self.tracker.push("" if final else r.text, final=final):
-            out += self._delta(d)
+            out += [("response.created", {"type": "response.created", "response": head}),
+                    ("response.in_progress", {"type": "response.in_progress", "response": head})]
+        elif progress is not None:
+            out.append(("response.in_progress", {"type": "response.in_progress", "response": {
+                "id": self.ids["response"], "object": "response", "status": "in_progress"}}))
+        final = not partial
+        if progress is None:
+            for d in self.tracker.push("" if final else r.text, final=final):
+                out += self._delta(d)
         if final:
             out += self._done(r)
-        return out
+        if out and r.timings is not None:
+            out[-1][1]["timings"] = r.timings.to_json()
+        if out and progress is not None:
+            out[-1][1]["prompt_progress"] = progress
+        return [sse.event(name, data) for name, data in out]
 
-    def _delta(self, d: dict) -> list[str]:
+    def _delta(self, d: dict) -> list[tuple[str, dict]]:
         out = []
         if "reasoning_content" in d:
             if "reasoning" not in self.started:
                 self.started.add("reasoning")
-                out.append(sse.event("response.output_item.added", {"type": "response.output_item.added", "item": {
+                out.append(("response.output_item.added", {"type": "response.output_item.added", "item": {
                     "id": self.ids["reasoning"], "summary": [], "type": "reasoning", "content": [],
                     "encrypted_content": "", "status": "in_progress"}}))
-            out.append(sse.event("response.reasoning_text.delta", {"type": "response.reasoning_text.delta",
-                                                                   "item_id": self.ids["reasoning"],
-                                                                   "delta": d["reasoning_content"]}))
+            out.append(("response.reasoning_text.delta", {"type": "response.reasoning_text.delta",
+                                                          "item_id": self.ids["reasoning"],
+                                                          "delta": d["reasoning_content"]}))
         if "content" in d:
             if "message" not in self.started:
                 self.started.add("message")
-                out.append(sse.event("response.output_item.added", {"type": "response.output_item.added", "item": {
+                out.append(("response.output_item.added", {"type": "response.output_item.added", "item": {
                     "content": [], "id": self.ids["message"], "role": "assistant", "status": "in_progress",
                     "type": "message"}}))
-                out.append(sse.event("response.content_part.added", {
+                out.append(("response.content_part.added", {
                     "type": "response.content_part.added", "item_id": self.ids["message"],
                     "part": {"type": "output_text", "text": ""}}))
-            out.append(sse.event("response.output_text.delta", {"type": "response.output_text.delta",
-                                                                "item_id": self.ids["message"],
-                                                                "delta": d["content"]}))
+            out.append(("response.output_text.delta", {"type": "response.output_text.delta",
+                                                       "item_id": self.ids["message"], "delta": d["content"]}))
         for call in d.get("tool_calls", []):
             item = {"type": "function_call", "status": "in_progress", "arguments": "", "call_id": "fc_" + call["id"],
                     "name": call["function"]["name"]}
-            out.append(sse.event("response.output_item.added", {"type": "response.output_item.added", "item": item}))
-            out.append(sse.event("response.function_call_arguments.delta", {
+            out.append(("response.output_item.added", {"type": "response.output_item.added", "item": item}))
+            out.append(("response.function_call_arguments.delta", {
                 "type": "response.function_call_arguments.delta", "item_id": item["call_id"],
                 "delta": call["function"]["arguments"]}))
         return out
 
-    def _done(self, r: FinalResult) -> list[str]:
+    def _done(self, r: FinalResult) -> list[tuple[str, dict]]:
         items = output_items(parse_reply(self.cp, self.tracker.text), self.ids)
-        out = [sse.event("response.output_item.done", {"type": "response.output_item.done", "item": it})
-               for it in items]
+        out = [("response.output_item.done", {"type": "response.output_item.done", "item": it}) for it in items]
         resp = response_json(self.ctx, self.ids["response"], r, items)
-        return out + [sse.event("response.completed", {"type": "response.completed", "response": resp})]
+        return out + [("response.completed", {"type": "response.completed", "response": resp})]

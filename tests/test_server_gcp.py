@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from server_harness import LiveServer, ServerProcess, free_port, write_tiny_model  # noqa: E402
 
-from llamacmp.server.gcp import gcp_env, request_format  # noqa: E402
+from llamacmp.server.gcp import add_gcp_routes, gcp_env, request_format  # noqa: E402
 
 CHAT = {"max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": "Say hello"}]}
 
@@ -44,6 +44,16 @@ def test_env_off_unless_prediction_mode():
     assert gcp_env({}) is None and gcp_env({"AIP_MODE": "x"}) is None
     env = gcp_env({"AIP_MODE": "PREDICTION", "AIP_PREDICT_ROUTE": "v1/endpoints/e:predict"})
     assert (env.predict_route, env.health_route, env.port) == ("/v1/endpoints/e:predict", "", 8080)
+
+
+def test_predict_route_must_not_shadow_a_route():
+    # llama-server exits with "AIP_PREDICT_ROUTE=... conflicts with an existing llama-server route"
+    from fastapi import FastAPI
+    app = FastAPI()
+    app.add_api_route("/health", lambda: {}, methods=["GET"])
+    env = gcp_env({"AIP_MODE": "PREDICTION", "AIP_PREDICT_ROUTE": "/health"})
+    with pytest.raises(ValueError, match="AIP_PREDICT_ROUTE=/health conflicts"):
+        add_gcp_routes(app, env, lambda: {})
 
 
 def test_predict_runs_each_instance_through_its_route(server):

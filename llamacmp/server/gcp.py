@@ -73,7 +73,7 @@ def add_gcp_routes(app: FastAPI, env: GcpEnv, health) -> None:
         app.add_api_route(env.health_route, health, methods=["GET"], include_in_schema=False)
 
     async def predict(request: Request):
-        from .app import read_body
+        from .app import read_body     # app.py imports this module
         data = await read_body(request)
         if not isinstance(data, dict):
             raise bad_request("request body must be a JSON object")

@@ -53,7 +53,7 @@ def test_predict_route_must_not_shadow_a_route():
     app.add_api_route("/health", lambda: {}, methods=["GET"])
     env = gcp_env({"AIP_MODE": "PREDICTION", "AIP_PREDICT_ROUTE": "/health"})
     with pytest.raises(ValueError, match="AIP_PREDICT_ROUTE=/health conflicts"):
-        add_gcp_routes(app, env, lambda: {})
+        add_gcp_routes(app, env, lambda: {}, read_body=None)
 
 
 def test_predict_runs_each_instance_through_its_route(server):

@@ -242,7 +242,7 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     add_page_routes(app, ctx.opts)
     env = gcp_env()
     if env is not None:                 # last: its names map to every route above
-        add_gcp_routes(app, env, health)
+        add_gcp_routes(app, env, health, read_body)
 
 
 # -- main ------------------------------------------------------------------------------------------------------------

@@ -56,9 +56,10 @@ def request_format(path: str) -> str:
     return out
 
 
-def add_gcp_routes(app: FastAPI, env: GcpEnv, health) -> None:
+def add_gcp_routes(app: FastAPI, env: GcpEnv, health, read_body) -> None:
     """Call after every other route: the names map to the routes registered so far, the first one winning a
-    shared name ("completions": /completions, llama.cpp's own shape, before /v1/completions)."""
+    shared name ("completions": /completions, llama.cpp's own shape, before /v1/completions). health: the /health
+    handler; read_body: app.py's body reader (its size limit), passed in so that this module does not import app."""
     routes: dict[str, tuple[str, str]] = {}          # name or path -> (path, method)
     for r in app.routes:
         methods = getattr(r, "methods", None)
@@ -73,7 +74,6 @@ def add_gcp_routes(app: FastAPI, env: GcpEnv, health) -> None:
         app.add_api_route(env.health_route, health, methods=["GET"], include_in_schema=False)
 
     async def predict(request: Request):
-        from .app import read_body     # app.py imports this module
         data = await read_body(request)
         if not isinstance(data, dict):
             raise bad_request("request body must be a JSON object")

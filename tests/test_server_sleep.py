@@ -102,3 +102,19 @@ def test_a_failed_reload_is_a_503_naming_the_cause_and_the_next_request_retries(
         os.rename(tmp_path / "gone.gguf", model)
         assert _answer(c) == awake
         assert c.get("/health").status_code == 200
+
+
+def _gauge(c: httpx.Client, name: str) -> float:
+    line = next(ln for ln in c.get("/metrics").text.splitlines() if ln.startswith(f"llamacpp:{name} "))
+    return float(line.split()[1])
+
+
+def test_metrics_gauges_cover_the_window_since_the_last_scrape_and_a_scrape_does_not_wake():
+    with LiveServer(DEMO, "-c", "256", "-np", "1", "--metrics", "--sleep-idle-seconds", "1") as s, \
+            httpx.Client(base_url=s.url, timeout=60) as c:
+        _answer(c)
+        _wait_for_sleep(c)
+        assert _gauge(c, "predicted_tokens_seconds") > 0      # the last generation's window
+        assert _gauge(c, "predicted_tokens_seconds") == 0     # nothing ran since the previous scrape
+        assert _gauge(c, "prompt_tokens_seconds") == 0
+        assert _sleeping(c)

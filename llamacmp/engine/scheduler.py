@@ -85,6 +85,7 @@ class Engine:
         self._build_model_parts()
         self.grammars = GrammarCompiler(self.tokenizer)   # used by handlers (compile) and here (matchers)
         self.metrics = EngineMetrics()
+        self._metrics_mark: dict = {}     # the WINDOW counters at the last /metrics scrape
         self.perf = Perf()                # llama.cpp's perf counters, over every slot (the CLIs print them)
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: list[CompletionTask] = []
@@ -180,6 +181,9 @@ class Engine:
         except BaseException as e:       # never a silent death: every request is answered, /health says so
             self._die(f"{type(e).__name__}: {e}")
 
+    # the counters the throughput gauges of /metrics read, per window between two scrapes
+    WINDOW = ("n_prompt_tokens_processed_total", "t_prompt_processing_total", "n_tokens_predicted_total",
+              "t_tokens_generation_total")
     MAX_FAILURES = 3                     # loop failures in a row before the engine gives up
 
     def run_pending(self) -> None:
@@ -752,7 +756,12 @@ class Engine:
             return [self._slot_json(s) for s in self.slots]
         if kind == "metrics":
             m = self.metrics
-            return {**{k: getattr(m, k) for k in m.__slots__},
+            now = {k: getattr(m, k) for k in m.__slots__}
+            # the throughput gauges cover the window since the previous scrape (0c1e570's metrics buckets, reset by
+            # each scrape): nothing ran since -- e.g. asleep -- reads 0
+            window = {f"window_{k}": now[k] - self._metrics_mark.get(k, 0) for k in self.WINDOW}
+            self._metrics_mark = {k: now[k] for k in self.WINDOW}
+            return {**now, **window,
                     "requests_processing": sum(s.busy for s in self.slots),
                     "requests_deferred": len(self._waiting),
                     "host_cache_bytes": self.host_cache.nbytes, "host_cache_entries": len(self.host_cache.entries)}

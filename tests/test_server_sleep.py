@@ -3,6 +3,7 @@ and the slots with their prompt caches; the next request that needs the model lo
 and is answered as an awake server would answer it. On the numpy backend with the demo model."""
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -52,7 +53,8 @@ def test_without_the_flag_the_server_stays_awake():
         assert not _sleeping(c) and s.ctx.lm.model is not None
 
 
-def test_sleeps_frees_the_model_and_wakes_with_the_same_answer():
+def test_sleeps_frees_the_model_and_wakes_with_the_same_answer(caplog):
+    caplog.set_level(logging.INFO, logger="llamacmp.engine")
     with LiveServer(DEMO, "-c", "256", "-np", "2", "--metrics", "--sleep-idle-seconds", "1") as s, \
             httpx.Client(base_url=s.url, timeout=60) as c:
         awake = _answer(c)
@@ -64,8 +66,10 @@ def test_sleeps_frees_the_model_and_wakes_with_the_same_answer():
         assert c.get("/models").json()["data"][0]["id"] == s.ctx.model_name
         assert "llamacpp:tokens_predicted_total 8" in c.get("/metrics").text
         assert _sleeping(c)
+        assert "srv  handle_sleep: server is entering sleeping state" in caplog.messages
         assert _answer(c) == awake                                      # same greedy answer from a reloaded model
         assert not _sleeping(c) and s.ctx.lm.model is not None
+        assert "srv  handle_sleep: server is exiting sleeping state" in caplog.messages
         _wait_for_sleep(c)
         assert c.post("/tokenize", json={"content": "Hello"}).status_code == 200    # every other route wakes it
         assert not _sleeping(c)
@@ -118,3 +122,17 @@ def test_metrics_gauges_cover_the_window_since_the_last_scrape_and_a_scrape_does
         assert _gauge(c, "predicted_tokens_seconds") == 0     # nothing ran since the previous scrape
         assert _gauge(c, "prompt_tokens_seconds") == 0
         assert _sleeping(c)
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_arena_gives_its_memory_back_while_asleep(cuda_backend):
+    from llamacmp.backends.cuda import CudaBackend
+    be = CudaBackend(arena_bytes=2 << 30, native=cuda_backend.native)     # its own arena: closed while asleep
+    with LiveServer(DEMO, "-c", "256", "-np", "2", "--sleep-idle-seconds", "1", backend=be) as s, \
+            httpx.Client(base_url=s.url, timeout=120) as c:
+        awake = _answer(c)
+        assert be.arena.reserved > 0
+        _wait_for_sleep(c)
+        assert be.arena.reserved == 0 and be.arena.in_use == 0
+        assert _answer(c) == awake
+        assert be.arena.reserved > 0 and not _sleeping(c)

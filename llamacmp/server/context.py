@@ -168,7 +168,9 @@ class Reloader:
         from ..loader import load_placed, open_model
         p = self.params
         mf = open_model(p.model)        # the file may have changed or gone: refused here with the load error
-        if len(self.backends) == 1:
+        # the plan again, and its reservation, when the arena gave its memory back; an arena that kept its chunks
+        # (a tensor outlived the sleep, see CudaBackend.release_memory) has the model's blocks in its free lists
+        if len(self.backends) == 1 and not getattr(self.backends[0].arena, "reserved", 0):
             memplan.prepare_device(self.backends[0], mf, self.run, p.device_mem_cap)
         return load_placed(mf, self.backends, self.ratios, p.split_bridge, p.n_ubatch,
                            mtp=enabled_spec(self.run) is not None)

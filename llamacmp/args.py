@@ -234,6 +234,13 @@ def _api_prefix(s: str) -> str:
     return s.rstrip("/")
 
 
+def _sleep_seconds(s: str) -> int:
+    n = to_int(s)
+    if n == 0 or n < -1:             # 0c1e570's words (common/arg.cpp)
+        raise ValueError("invalid value: cannot be 0 or less than -1")
+    return n
+
+
 def _min_step(s: str) -> int:
     n = to_int(s)
     if n < 0:
@@ -746,8 +753,9 @@ OPTIONS: tuple[Option, ...] = (
     _unsup("--no-cache-idle-slots", tools=S, why="llamacmp's prompt cache always takes an idle slot's state"),
     _unsup("--kv-unified-per-slot", value="N", tools=S, why="a per-slot context limit is not supported by llamacmp "
            "yet: size the context with -c and the slots with -np"),
-    _default_only("--sleep-idle-seconds", default="-1", parse=to_int, tools=S,
-                  why="llamacmp keeps the model loaded (-1 = never sleep)"),
+    O("--sleep-idle-seconds", value="SECONDS", dest="server.sleep_idle_seconds", parse=_sleep_seconds, tools=S,
+      help="number of seconds of idleness after which the server will sleep: the model, its device memory and "
+      "the slots' prompt caches are freed and loaded again by the next request (default: -1; -1 = disabled)"),
     _default_only("--sse-ping-interval", default="-1", parse=to_int, tools=S,
                   why="llamacmp-server sends no SSE pings (-1 = disabled; llama-server's default is 30)"),
     O("--tags", value="STRING", dest="server.tags", parse=_name_set, env="LLAMA_ARG_TAGS", tools=S,

@@ -29,6 +29,7 @@ class ServerParams:
     cache_ram_mib: int = 8192           # -1: no limit, 0: off
     ctx_checkpoints: int = 32
     checkpoint_every: int = 8192        # -1: off
+    sleep_idle_seconds: int = -1        # --sleep-idle-seconds: free the model after this long idle (-1: never)
     slot_prompt_similarity: float = 0.10
     cont_batching: bool = True
     kv_unified: bool | None = None      # None: on when -np is auto

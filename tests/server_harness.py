@@ -34,12 +34,12 @@ def free_port() -> int:
 
 
 class LiveServer:
-    def __init__(self, model: Path, *flags: str):
+    def __init__(self, model: Path, *flags: str, backend=None):
         self.port = free_port()
         params = parse_args("server", ["-m", str(model), "--port", str(self.port), *flags]).params
         self.ctx = ServerContext(params)
         self.app = create_app(self.ctx)
-        self.ctx.load(NumpyBackend())
+        self.ctx.load(backend or NumpyBackend())
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

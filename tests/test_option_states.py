@@ -59,8 +59,6 @@ def test_default_only_flags():
         parse("completion", "--rope-freq-base", "10000")
     with pytest.raises(Unsupported, match="--rope-scaling yarn"):
         parse("server", "--rope-scaling", "yarn")
-    with pytest.raises(Unsupported, match="--sleep-idle-seconds"):
-        parse("server", "--sleep-idle-seconds", "60")
 
 
 def test_flags_that_take_effect():

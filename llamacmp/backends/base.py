@@ -167,6 +167,10 @@ class Backend(ABC):
         """Take the long-lived part of the memory plan in one piece (only asked when device_memory() is not None)."""
         raise NotImplementedError(f"backend '{self.name}' does not plan device memory")
 
+    def release_memory(self) -> None:
+        """Give back the device memory that no tensor holds any more (the server's sleep, after it dropped the model
+        and the slots). Host backends: nothing to do, the dropped arrays are freed by Python."""
+
     # -- memory -------------------------------------------------------------------------------------------
     @abstractmethod
     def upload_matrix(self, w) -> Weight:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import logging
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -285,6 +286,17 @@ class CudaBackend(Backend):
 
     def reserve_persistent(self, nbytes: int, what: str) -> None:
         self.arena.reserve(nbytes, what)
+
+    def release_memory(self) -> None:
+        """The arena's chunks go back to the driver (cudaFree) only when no block is in use: a tensor still alive
+        (an -mm projector's weights) would otherwise point into freed memory; then the chunks stay and one line
+        says how much."""
+        if self.arena.in_use:
+            logging.getLogger("llamacmp.engine").warning(
+                "sleeping: %.0f MiB of device memory are still in use, the arena keeps its %.0f MiB",
+                self.arena.in_use / MIB, self.arena.reserved / MIB)
+            return
+        self.arena.close()
 
     def state_ops(self):
         return CudaStateOps(self)

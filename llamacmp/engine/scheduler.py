@@ -31,7 +31,7 @@ from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host, 
 from .slot import GENERATE, PREFILL, Slot
 from ..spec import synth_acceptor
 from .speculative import Speculator, accept_tokens
-from .tasks import CancelTask, CompletionTask, EmbedTask, ErrorResult, QueryTask, SlotActionTask
+from .tasks import CancelTask, CompletionTask, EmbedTask, ErrorResult, QueryTask, SlotActionTask, WakeTask
 
 log = logging.getLogger("llamacmp.engine")
 
@@ -53,6 +53,7 @@ class EngineConfig:
     spec: object = None                  # spec.SpecConfig (--spec-*): draft-mtp runs engine/speculative.py
     sync_forwards: bool = False          # wait for each forward before the draw, so that `perf` splits eval and
                                          # sampling time as llama.cpp's does (the CLIs; the server overlaps them)
+    sleep_idle_s: float = -1             # --sleep-idle-seconds: free the model after this long idle (-1: never)
 
 
 @dataclass(slots=True)
@@ -73,21 +74,18 @@ class EngineMetrics:
 
 
 class Engine:
-    def __init__(self, lm, cfg: EngineConfig):
-        self.lm, self.cfg = lm, cfg
-        self.model, self.backend, self.tokenizer = lm.model, lm.backend, lm.tokenizer
-        self.ops = state_ops_for(self.backend)
-        self.spec = Speculator.from_spec(lm.model, cfg.spec, lm.path) if cfg.spec is not None and cfg.spec.enabled \
-            else None
-        # with MTP on, plain steps also give the hidden state the heads read (adaptive drafting: plain rounds)
-        self.decoder = Decoder(lm, max_graphs=cfg.max_graphs, hidden=self.spec is not None)
-        self.slots = [Slot(i, self.backend.new_state(lm.cfg, cfg.n_ctx_slot, cfg.k_type, cfg.v_type),
-                           SlotCache(cfg.ctx_checkpoints)) for i in range(cfg.n_slots)]
-        for slot in self.slots if self.spec else ():
-            slot.mtp = self.spec.new_seq(cfg.n_ctx_slot, cfg.k_type, cfg.v_type)
-        self.host_cache = HostCache(cfg.cache_ram_mib)
+    def __init__(self, lm, cfg: EngineConfig, reloader=None):
+        """reloader (--sleep-idle-seconds): `.release()` frees the backend memory the model left, `.load()` loads
+        the model again from the same file with the same plan (a LoadedModel)."""
+        self.lm, self.cfg, self.tokenizer = lm, cfg, lm.tokenizer
+        self._reloader = reloader
+        self.sleeping = False             # the model is released (--sleep-idle-seconds): /props is_sleeping
+        self.wake_error = ""              # why the last reload failed ("" if it did not): /health says so
+        self._last_task = time.monotonic()
+        self._build_model_parts()
         self.grammars = GrammarCompiler(self.tokenizer)   # used by handlers (compile) and here (matchers)
         self.metrics = EngineMetrics()
+        self._metrics_mark: dict = {}     # the WINDOW counters at the last /metrics scrape
         self.perf = Perf()                # llama.cpp's perf counters, over every slot (the CLIs print them)
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: list[CompletionTask] = []
@@ -100,6 +98,21 @@ class Engine:
         self._submit_lock = threading.Lock()
         self.failed = ""                  # why the engine stopped for good ("" while it runs); see _die
         self._on_fatal: list = []
+
+    def _build_model_parts(self) -> None:
+        """Everything that holds the model or backend memory: made at start and again on waking from sleep."""
+        lm, cfg = self.lm, self.cfg
+        self.model, self.backend = lm.model, lm.backend
+        self.ops = state_ops_for(self.backend)
+        self.spec = Speculator.from_spec(lm.model, cfg.spec, lm.path) if cfg.spec is not None and cfg.spec.enabled \
+            else None
+        # with MTP on, plain steps also give the hidden state the heads read (adaptive drafting: plain rounds)
+        self.decoder = Decoder(lm, max_graphs=cfg.max_graphs, hidden=self.spec is not None)
+        self.slots = [Slot(i, self.backend.new_state(lm.cfg, cfg.n_ctx_slot, cfg.k_type, cfg.v_type),
+                           SlotCache(cfg.ctx_checkpoints)) for i in range(cfg.n_slots)]
+        for slot in self.slots if self.spec else ():
+            slot.mtp = self.spec.new_seq(cfg.n_ctx_slot, cfg.k_type, cfg.v_type)
+        self.host_cache = HostCache(cfg.cache_ram_mib)
 
     # -- thread-safe API (called from HTTP handlers) ----------------------------------------------------------
     def new_task_id(self) -> int:
@@ -168,6 +181,9 @@ class Engine:
         except BaseException as e:       # never a silent death: every request is answered, /health says so
             self._die(f"{type(e).__name__}: {e}")
 
+    # the counters the throughput gauges of /metrics read, per window between two scrapes
+    WINDOW = ("n_prompt_tokens_processed_total", "t_prompt_processing_total", "n_tokens_predicted_total",
+              "t_tokens_generation_total")
     MAX_FAILURES = 3                     # loop failures in a row before the engine gives up
 
     def run_pending(self) -> None:
@@ -186,8 +202,55 @@ class Engine:
             except Exception as e:  # a failed step must not take the server down: fail its requests
                 log.exception("engine step failed")
                 self._fail_busy_slots(f"engine error: {e}")
+            self._last_task = time.monotonic()
         if not any(s.busy for s in self.slots):    # else the next step's launch flushes them
             self._flush()
+            if self._should_sleep():
+                self._sleep()
+
+    # -- sleeping (--sleep-idle-seconds) ------------------------------------------------------------------------
+    def _should_sleep(self) -> bool:
+        idle = self.cfg.sleep_idle_s
+        return (idle > 0 and self._reloader is not None and not self.sleeping and not self._waiting and self._inbox.empty()
+                and time.monotonic() - self._last_task >= idle)
+
+    def _sleep(self) -> None:
+        """Release the model, its backend memory and the slots with their prompt caches (slot and host-RAM caches:
+        a request after waking evaluates its prompt from the start). The tokenizer and the metrics stay."""
+        # llama-server 0c1e570's two lines (server-queue.cpp, server-context.cpp)
+        log.info("que  %12s: entering sleeping state", "start_loop")
+        log.info("%s", slot_log.srv("handle_sleep", "server is entering sleeping state"))
+        self.sleeping = True
+        self.slots, self.host_cache = [], HostCache(self.cfg.cache_ram_mib)
+        self.model = self.spec = self.decoder = self.ops = None
+        self.lm.model = None
+        import gc
+        gc.collect()                     # device blocks go back to the arena when their tensors are collected
+        self._reloader.release()
+
+    def _wake(self) -> bool:
+        """Load the model again; False (and wake_error set, the engine still asleep) if that failed: the next
+        task tries again."""
+        log.info("que  %12s: exiting sleeping state", "start_loop")
+        log.info("%s", slot_log.srv("handle_sleep", "server is exiting sleeping state"))
+        try:
+            fresh = self._reloader.load()
+            self.lm.model, self.lm.backend, self.lm.gguf = fresh.model, fresh.backend, fresh.gguf
+            self._build_model_parts()
+            self.backend.activate()
+        except Exception as e:
+            log.exception("could not load the model again after sleeping")
+            self.lm.model = self.model = None
+            self.slots = []
+            self._reloader.release()
+            self.wake_error = f"could not load the model again after sleeping: {type(e).__name__}: {e}"
+            return False
+        self.sleeping, self.wake_error = False, ""
+        self._last_task = time.monotonic()
+        return True
+
+    def _needs_model(self, item) -> bool:
+        return not (isinstance(item, CancelTask) or isinstance(item, QueryTask) and item.kind == "metrics")
 
     def _die(self, reason: str) -> None:
         log.critical("engine stopped: %s", reason)
@@ -207,6 +270,12 @@ class Engine:
         finally:
             for fn in self._on_fatal:
                 fn(self.failed)
+
+    def _answer_unloaded(self, task) -> None:
+        sink = getattr(task, "sink", None)
+        if sink is not None:
+            sink(ErrorResult(getattr(task, "id", 0), getattr(task, "index", 0), self.wake_error,
+                             "unavailable_error", 503))
 
     def _answer_dead(self, task) -> None:
         sink = getattr(task, "sink", None)
@@ -244,7 +313,14 @@ class Engine:
                 sink(ErrorResult(getattr(item, "id", 0), 0, f"{type(e).__name__}: {e}"))
 
     def _handle_one(self, item) -> None:
-        if isinstance(item, CompletionTask):
+        if self._needs_model(item):      # a metrics scrape neither wakes the engine nor keeps it awake
+            self._last_task = time.monotonic()
+            if self.sleeping and not self._wake():
+                self._answer_unloaded(item)
+                return
+        if isinstance(item, WakeTask):
+            item.sink(None)
+        elif isinstance(item, CompletionTask):
             self._waiting.append(item)
         elif isinstance(item, CancelTask):
             self._cancel(item.task_id)
@@ -680,7 +756,12 @@ class Engine:
             return [self._slot_json(s) for s in self.slots]
         if kind == "metrics":
             m = self.metrics
-            return {**{k: getattr(m, k) for k in m.__slots__},
+            now = {k: getattr(m, k) for k in m.__slots__}
+            # the throughput gauges cover the window since the previous scrape (0c1e570's metrics buckets, reset by
+            # each scrape): nothing ran since -- e.g. asleep -- reads 0
+            window = {f"window_{k}": now[k] - self._metrics_mark.get(k, 0) for k in self.WINDOW}
+            self._metrics_mark = {k: now[k] for k in self.WINDOW}
+            return {**now, **window,
                     "requests_processing": sum(s.busy for s in self.slots),
                     "requests_deferred": len(self._waiting),
                     "host_cache_bytes": self.host_cache.nbytes, "host_cache_entries": len(self.host_cache.entries)}

@@ -67,6 +67,13 @@ class QueryTask:
 
 
 @dataclass(slots=True)
+class WakeTask:
+    """Wake a sleeping engine (--sleep-idle-seconds) before a route that needs the model: `sink` gets None once the
+    model is back, or an ErrorResult naming why it could not be loaded again."""
+    sink: Callable[[object], None]
+
+
+@dataclass(slots=True)
 class EmbedTask:
     """/embedding, /v1/embeddings: each prompt's `embedding` field (embedding.py), or an ErrorResult."""
     prompts: list[list[int]]

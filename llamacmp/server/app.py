@@ -31,6 +31,9 @@ log = logging.getLogger("llamacmp.server")
 
 # what answers without the API key: llama-server 0c1e570's list (b8462 also let the model lists through)
 PUBLIC_PATHS = {"/health", "/v1/health", *PAGE_PATHS}
+# what a sleeping server (--sleep-idle-seconds) answers without loading its model, as llama-server 0c1e570's
+# create_response(true) routes (GET /props, the web page); every other route waits for the model to be back
+SLEEP_PATHS = {"/health", "/v1/health", "/metrics", "/models", "/v1/models", *PAGE_PATHS}
 LOADING = ApiError("Loading model", "unavailable_error")
 INVALID_KEY = ApiError("Invalid API Key", "authentication_error")
 MAX_BODY = 32 * 1024 * 1024              # bytes; a larger request gets 413 before it is read
@@ -63,9 +66,20 @@ class Gate:
                 message = {**message, "headers": [_llama_case(k, v) for k, v in message.get("headers", [])] + extra}
             await send(message)
         early = self._early_response(scope, headers)
+        if early is None:
+            early = await self._wake(scope)
         if early is not None:
             return await early(scope, receive, send_cors)
         await self.app(scope, receive, send_cors)
+
+    async def _wake(self, scope) -> Response | None:
+        """A route that needs the model waits while a sleeping engine loads it again; a failed load is a 503
+        naming the cause."""
+        path = scope["path"]
+        if not self.ctx.engine.sleeping or path in SLEEP_PATHS or (path == "/props" and scope["method"] == "GET"):
+            return None
+        r = await self.ctx.bridge.wake()
+        return None if r is None else error_response(ApiError(r.message, "unavailable_error"))
 
     def _early_response(self, scope, headers: dict) -> Response | None:
         if scope["method"] == "OPTIONS":
@@ -144,6 +158,8 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def health():
         if ctx.engine.failed:            # the engine thread stopped for good: the process is on its way out
             raise ApiError(f"the engine has stopped: {ctx.engine.failed}", "unavailable_error")
+        if ctx.engine.wake_error:        # asleep and the model could not be loaded again (the next request retries)
+            raise ApiError(ctx.engine.wake_error, "unavailable_error")
         return {"status": "ok"}
 
     async def models():

@@ -136,12 +136,12 @@ class ServerContext:
                            cache_ram_mib=self.opts.cache_ram_mib, ctx_checkpoints=self.opts.ctx_checkpoints,
                            checkpoint_every=self.opts.checkpoint_every,
                            slot_prompt_similarity=self.opts.slot_prompt_similarity,
-                           spec=enabled_spec(run))
+                           spec=enabled_spec(run), sleep_idle_s=self.opts.sleep_idle_seconds)
         if p.mmproj_path:           # a bad projector fails the start, as llama-server does
             from ..vision.projector import VisionProjector
             self.vision = VisionProjector(p.mmproj_path, lm, min_tokens=p.image_min_tokens,
                                           max_tokens=p.image_max_tokens)
-        engine = Engine(lm, cfg)
+        engine = Engine(lm, cfg, Reloader(p, backends, ratios, run) if cfg.sleep_idle_s > 0 else None)
         _log_lines(startup_log.slot_lines(run.n_slots, run.n_ctx, self.opts.cache_ram_mib))
         _log_lines(startup_log.template_lines(self.template, p.chat_template, p.chat_template_file,
                                               p.enable_thinking and self.template.supports_thinking))
@@ -152,6 +152,32 @@ class ServerContext:
         self.engine = engine            # last: from here on the server answers
         log.info("model loaded: %s, %d slots, n_ctx_slot %d, -ctk %s -ctv %s", p.model, run.n_slots, run.n_ctx,
                  run.k_type, run.v_type)
+
+
+@dataclass
+class Reloader:
+    """What the engine needs to sleep (--sleep-idle-seconds): load the model again from the same file with the same
+    plan as at start, and give the backends' memory back while it sleeps. Called on the engine thread."""
+    params: Params
+    backends: list
+    ratios: object
+    run: object
+
+    def load(self):
+        from .. import memplan
+        from ..loader import load_placed, open_model
+        p = self.params
+        mf = open_model(p.model)        # the file may have changed or gone: refused here with the load error
+        # the plan again, and its reservation, when the arena gave its memory back; an arena that kept its chunks
+        # (a tensor outlived the sleep, see CudaBackend.release_memory) has the model's blocks in its free lists
+        if len(self.backends) == 1 and not getattr(self.backends[0].arena, "reserved", 0):
+            memplan.prepare_device(self.backends[0], mf, self.run, p.device_mem_cap)
+        return load_placed(mf, self.backends, self.ratios, p.split_bridge, p.n_ubatch,
+                           mtp=enabled_spec(self.run) is not None)
+
+    def release(self) -> None:
+        for be in self.backends:
+            be.release_memory()
 
 
 def _log_lines(lines: list[str]) -> None:

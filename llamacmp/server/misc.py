@@ -72,7 +72,7 @@ def props_json(ctx: ServerContext) -> dict:
             "webui": ctx.opts.webui, "webui_settings": {},
             "ui": ctx.opts.webui, "ui_settings": {}, "chat_template": ctx.template.source,
             "chat_template_caps": _template_caps(ctx),
-            "bos_token": bos, "eos_token": eos, "build_info": ctx.build_info, "is_sleeping": False,
+            "bos_token": bos, "eos_token": eos, "build_info": ctx.build_info, "is_sleeping": ctx.engine.sleeping,
             "cors_proxy_enabled": False}       # --webui-mcp-proxy is refused: no proxy
 
 
@@ -185,12 +185,13 @@ METRICS = (  # (type, name, help, how to compute from the engine's snapshot): ll
      lambda m: m["n_draft_accepted_total"]),
     ("counter", "spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps",
      lambda m: m["n_draft_steps_total"]),
+    # averaged over the window since the previous scrape, as 0c1e570 (b8462: since the server started)
     ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s",
-     lambda m: 1e3 * m["n_prompt_tokens_processed_total"] / m["t_prompt_processing_total"]
-     if m["t_prompt_processing_total"] else 0.0),
+     lambda m: 1e3 * m["window_n_prompt_tokens_processed_total"] / m["window_t_prompt_processing_total"]
+     if m["window_t_prompt_processing_total"] else 0.0),
     ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s",
-     lambda m: 1e3 * m["n_tokens_predicted_total"] / m["t_tokens_generation_total"]
-     if m["t_tokens_generation_total"] else 0.0),
+     lambda m: 1e3 * m["window_n_tokens_predicted_total"] / m["window_t_tokens_generation_total"]
+     if m["window_t_tokens_generation_total"] else 0.0),
     ("gauge", "requests_processing", "Number of requests processing", lambda m: m["requests_processing"]),
     ("gauge", "requests_deferred", "Number of requests deferred", lambda m: m["requests_deferred"]),
     # b8462 listed it among the counters; an average is a gauge (0c1e570)

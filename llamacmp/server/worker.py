@@ -12,7 +12,8 @@ from typing import AsyncIterator
 from starlette.requests import Request
 
 from ..engine.scheduler import Engine
-from ..engine.tasks import CompletionTask, EmbedTask, ErrorResult, FinalResult, QueryTask, SlotActionTask
+from ..engine.tasks import (CompletionTask, EmbedTask, ErrorResult, FinalResult, QueryTask, SlotActionTask,
+                            WakeTask)
 from .errors import ApiError
 
 
@@ -140,6 +141,11 @@ class EngineBridge:
         if isinstance(r, ErrorResult):
             raise ApiError(r.message, r.type, r.extra)
         return r
+
+    async def wake(self) -> ErrorResult | None:
+        """Wait until a sleeping engine has its model back (as long as the load takes); an ErrorResult if the load
+        failed."""
+        return await self._ask(WakeTask, timeout=None)
 
     async def embed(self, prompts: list[list[int]], pooling: str, norm: int) -> object:
         return await self._ask(lambda sink: EmbedTask(prompts, pooling, norm, sink), timeout=None)

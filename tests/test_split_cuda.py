@@ -197,7 +197,7 @@ def test_split_decode_graphs_equal_one_gpu_graphs(single, fixture_gguf, bridge):
         _close(lm)
 
 
-def test_split_decode_graphs_upload_the_state_tables(fixture_gguf):
+def test_split_decode_graphs_upload_the_state_tables(cuda_backend, fixture_gguf):
     """A split decode graph of several sequences runs the one-launch conv / GDN (CudaBackend.gdn_rows) as
     CapturedStep's does: each part's capture got the state pointer tables first (a capture cannot upload them; without
     them it records one launch per sequence and layer), and they hold the sequences' conv / ssm addresses."""

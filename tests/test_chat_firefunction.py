@@ -98,3 +98,37 @@ def test_qwen_xml_unchanged_by_default():
     msg = parse_output(text, tools=TOOLS, generation_prompt="")
     assert msg.tool_calls == [ToolCall("special_function", '{"arg1":1}')]
     assert parse_output(text, tools=TOOLS, generation_prompt="", tool_format=FIREFUNCTION_V2).tool_calls == []
+
+
+# -- the server: the template picks the format for the whole request ------------------------------------------------
+
+def test_stream_deltas_give_content_then_the_calls():
+    from llamacmp.server.chat_api import ChatPrompt, DeltaTracker
+    cp = ChatPrompt("", [], 0, TOOLS, True, "auto", False, tool_format=FIREFUNCTION_V2)
+    tracker = DeltaTracker(cp)
+    reply = 'Checking. functools[{"name": "special_function", "arguments": {"arg1": 1}}]'
+    deltas = [d for i in range(0, len(reply), 5) for d in tracker.push(reply[i:i + 5])] + tracker.push("", final=True)
+    assert "".join(d.get("content", "") for d in deltas) == "Checking."
+    calls = [d["tool_calls"][0]["function"] for d in deltas if "tool_calls" in d]
+    assert calls == [{"name": "special_function", "arguments": '{"arg1": 1}'}]
+
+
+@pytest.fixture(scope="module")
+def fire_server(tmp_path_factory):
+    from server_harness import LiveServer, write_tiny_model
+    model = write_tiny_model(tmp_path_factory.mktemp("m") / "tiny.gguf")
+    with LiveServer(model, "-c", "2048", "-np", "1", "--chat-template-file", str(FIRE_PATH)) as s:
+        yield s
+
+
+def test_server_renders_functions_and_refuses_required(fire_server):
+    import httpx
+    msgs = [{"role": "user", "content": "What is today?"}]
+    r = httpx.post(fire_server.url + "/apply-template", json={"messages": msgs, "tools": TOOLS}, timeout=60)
+    assert r.status_code == 200
+    prompt = r.json()["prompt"]
+    assert datetime.date.today().strftime("%b %d %Y") in prompt and '"name": "special_function"' in prompt
+    # the required-call grammar writes Qwen3.5 XML, which this template's replies are not read as
+    r = httpx.post(fire_server.url + "/v1/chat/completions", timeout=60,
+                   json={"messages": msgs, "tools": TOOLS, "tool_choice": "required", "max_tokens": 4})
+    assert r.status_code == 400 and "firefunction-v2" in r.json()["error"]["message"]

@@ -121,14 +121,19 @@ def fire_server(tmp_path_factory):
         yield s
 
 
-def test_server_renders_functions_and_refuses_required(fire_server):
+def test_server_renders_functions_and_requires_functools_calls(fire_server):
     import httpx
     msgs = [{"role": "user", "content": "What is today?"}]
     r = httpx.post(fire_server.url + "/apply-template", json={"messages": msgs, "tools": TOOLS}, timeout=60)
     assert r.status_code == 200
     prompt = r.json()["prompt"]
     assert datetime.date.today().strftime("%b %d %Y") in prompt and '"name": "special_function"' in prompt
-    # the required-call grammar writes Qwen3.5 XML, which this template's replies are not read as
-    r = httpx.post(fire_server.url + "/v1/chat/completions", timeout=60,
-                   json={"messages": msgs, "tools": TOOLS, "tool_choice": "required", "max_tokens": 4})
-    assert r.status_code == 400 and "firefunction-v2" in r.json()["error"]["message"]
+    # "required": the grammar writes this template's functools[...] (the tiny model alone would write anything)
+    ping = {"type": "function", "function": {"name": "ping", "parameters": {
+        "type": "object", "properties": {}, "additionalProperties": False}}}
+    r = httpx.post(fire_server.url + "/v1/chat/completions", timeout=120,
+                   json={"messages": msgs, "tools": [ping], "tool_choice": "required", "max_tokens": 64})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert [c["function"] for c in choice["message"]["tool_calls"]] == [{"name": "ping", "arguments": "{}"}]

@@ -364,17 +364,15 @@ def with_required_tool_call(ctx: ServerContext, body: dict, cp: ChatPrompt, para
     """tool_choice "required": the answer (after any reasoning) must be tool calls, by grammar as in llama.cpp."""
     if params.grammar is not None:
         raise bad_request('tool_choice "required" cannot be combined with response_format or json_schema')
-    if cp.tool_format is not QWEN_XML:        # the grammar below writes Qwen3.5's XML calls
-        raise bad_request(f'tool_choice "required" is not supported by llamacmp for {cp.tool_format.name} '
-                          'templates (only for Qwen3.5\'s XML tool calls)')
     from ..engine.grammar import GrammarError
-    from .tool_grammar import required_tool_call_grammar
+    from .tool_grammar import REQUIRED_GRAMMARS
+    grammar_of = REQUIRED_GRAMMARS[cp.tool_format.name]     # the calls as the template's model writes them
     parallel = Fields(body).bool("parallel_tool_calls", False)
     step()                              # before compiling, the slowest step of a prep job
     for typed in (True, False):         # a parameter schema llguidance cannot compile: free-text values, not a 400
         try:
             return replace(params, grammar=ctx.engine.grammars.compile(
-                required_tool_call_grammar(cp.tools, parallel, typed), after_think=cp.thinking_open, syntax="lark"))
+                grammar_of(cp.tools, parallel, typed), after_think=cp.thinking_open, syntax="lark"))
         except GrammarError as e:
             error = e
     raise bad_request(str(error))

@@ -9,7 +9,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jinja2
 
@@ -89,6 +89,10 @@ class ChatTemplate:
         return cls(source, tok("tokenizer.ggml.bos_token_id"), tok("tokenizer.ggml.eos_token_id"))
 
     @functools.cached_property
+    def tool_format(self) -> "ToolFormat":
+        return tool_format_of(self.source)
+
+    @functools.cached_property
     def typed_content(self) -> bool:
         """Whether text parts reach the template unjoined: llama.cpp 0c1e570 joins them only for a template that
         takes string content and does not read a content list (its caps)."""
@@ -115,7 +119,8 @@ class ChatTemplate:
         if taken:
             raise TemplateError(f"chat_template_kwargs.{taken[0]} may not override the template's own "
                                 f"'{taken[0]}'")
-        ctx = {**_date_context(), **(extra or {}), **ctx}      # kwargs may set date_string / datetime
+        # kwargs may set date_string / datetime (and the format's inputs, FireFunction's functions)
+        ctx = {**_date_context(), **self.tool_format.context(tools), **(extra or {}), **ctx}
         if tools:
             ctx["tools"] = tools
         try:
@@ -300,17 +305,70 @@ def parse_tool_calls(text: str, tools: list[dict] | None = None) -> tuple[str, l
     return text[:first], calls
 
 
+FUNCTOOLS = "functools["
+
+
+def parse_functools(text: str, partial: bool = False) -> tuple[str, list[ToolCall]]:
+    """FireFunction v2's calls: `CONTENT functools[{"name": N, "arguments": {...}}, ...]`, the whole rest of the
+    reply one JSON array (the template writes past calls so; there is no closing marker). Returns (content before
+    the marker, calls). Output that is not such an array after the marker (bad JSON, an entry without a string
+    name, text after the `]`) is no call: the whole reply stays content. While streaming (`partial`), an
+    unfinished array is held back rather than shown as content."""
+    at = text.find(FUNCTOOLS)
+    if at < 0:
+        return text, []
+    try:
+        items, end = json.JSONDecoder().raw_decode(text, at + len(FUNCTOOLS) - 1)
+    except json.JSONDecodeError:
+        return (text[:at].rstrip(), []) if partial else (text, [])
+    if text[end:].strip() or not isinstance(items, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("name"), str) for i in items):
+        return text, []
+    return text[:at].rstrip(), [ToolCall(i["name"], _arguments_text(i.get("arguments", {}))) for i in items]
+
+
+def _arguments_text(arguments: Any) -> str:
+    """OpenAI's arguments string: a model that wrote them as a JSON string already has it."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How a template's model writes tool calls: chosen from the template text (tool_format_of), it supplies the
+    template's extra inputs and parses the reply. `marker` starts the calls (a reply tail that may become it is
+    held back while streaming)."""
+    name: str
+    marker: str
+    parse: Callable[[str, list[dict], bool], tuple[str, list[ToolCall]]]
+    context: Callable[[list[dict] | None], dict]
+
+
+QWEN_XML = ToolFormat("qwen3.5-xml", TOOL_START, lambda text, tools, partial: parse_tool_calls(text, tools),
+                      lambda tools: {})
+# the template reads `functions` (the tool specs, as JSON) and says so: "Available functions as JSON spec:"
+FIREFUNCTION_V2 = ToolFormat("firefunction-v2", " " + FUNCTOOLS,
+                             lambda text, tools, partial: parse_functools(text, partial),
+                             lambda tools: {"functions": json.dumps(tools, ensure_ascii=False, indent=2)
+                                            if tools else ""})
+
+
+def tool_format_of(source: str) -> ToolFormat:
+    """FireFunction v2's template writes past calls as ` functools[...]`; every other template is read as
+    Qwen3.5's XML (the models llamacmp runs)."""
+    return FIREFUNCTION_V2 if "' functools['" in source else QWEN_XML
+
+
 def parse_output(text: str, reasoning_format: str = "auto", thinking_open: bool = True,
                  tools: list[dict] | None = None, generation_prompt: str | None = None,
-                 partial: bool = False) -> ParsedMessage:
+                 partial: bool = False, tool_format: ToolFormat = QWEN_XML) -> ParsedMessage:
     """Model output (after the generation prompt) -> reasoning_content, content and typed tool calls.
     `partial`: the output is still streaming (a tool call is only returned once it is closed)."""
     reasoning, content = split_reasoning(text, reasoning_format, thinking_open, generation_prompt, partial)
     calls: list[ToolCall] = []
     if tools:
-        content, calls = parse_tool_calls(content, tools)
-        if partial and not calls:           # a tail that may become <tool_call> is held back, as llama.cpp does
-            content = content[:len(content) - _partial_suffix(content, TOOL_START)]
+        content, calls = tool_format.parse(content, tools, partial)
+        if partial and not calls:           # a tail that may become the call marker is held back, as llama.cpp does
+            content = content[:len(content) - _partial_suffix(content, tool_format.marker)]
     return ParsedMessage(content, reasoning, calls)
 
 

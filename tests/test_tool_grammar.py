@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from llamacmp.server.tool_grammar import may_be_string, required_tool_call_grammar
+from llamacmp.server.tool_grammar import may_be_string, required_functools_grammar, required_tool_call_grammar
 
 llguidance = pytest.importorskip("llguidance")
 
@@ -80,3 +80,18 @@ def test_a_value_that_cannot_be_a_string_is_json_of_its_schema():
     ({"const": True}, False), ({"type": "object"}, False), ({"anyOf": [{"type": "integer"}]}, False)])
 def test_which_values_are_text(schema, text):
     assert may_be_string(schema) is text
+
+
+def test_functools_grammar_is_firefunction_calls():
+    tools = [tool("f", {"n": {"type": "integer"}}, ["n"]), tool("g", [], [])]
+    one = required_functools_grammar(tools, parallel=False)
+    assert accepts(one, ' functools[{"name": "f", "arguments": {"n": 3}}]')
+    assert accepts(one, ' functools[{"name": "g", "arguments": {}}]')
+    assert not accepts(one, ' functools[{"name": "f", "arguments": {"n": "x"}}]')     # held to the schema
+    assert not accepts(one, ' functools[{"name": "f", "arguments": {}}]')             # n is required
+    assert not accepts(one, ' functools[{"name": "h", "arguments": {}}]')             # not a tool
+    assert not accepts(one, 'Sure. functools[{"name": "g", "arguments": {}}]')         # nothing but calls
+    two = ' functools[{"name": "g", "arguments": {}}, {"name": "f", "arguments": {"n": 1}}]'
+    assert not accepts(one, two) and accepts(required_functools_grammar(tools, parallel=True), two)
+    untyped = required_functools_grammar(tools, parallel=False, typed=False)
+    assert accepts(untyped, ' functools[{"name": "f", "arguments": {"n": "x"}}]')

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..chat import THINK_END, ParsedMessage, TemplateError, parse_output, reply_start, thinking_switch
+from ..chat import (QWEN_XML, THINK_END, ParsedMessage, TemplateError, ToolFormat, parse_output, reply_start,
+                    thinking_switch)
 from ..engine.tasks import FinalResult, GenParams, PartialResult
 from .completions import (attach_grammar, finish_reason, make_tasks, probs_json, raise_first_error, start_stream,
                           usage_json, verbose_json)
@@ -38,6 +39,7 @@ class ChatPrompt:
     thinking_open: bool                  # the prompt ends inside <think>: the reply starts as reasoning
     tool_choice: str = "auto"
     images: dict = field(default_factory=dict)   # prompt position -> vision ImageEmbedding (this request's own)
+    tool_format: ToolFormat = QWEN_XML   # how the template's model writes calls (chat.tool_format_of)
 
 
 # -- request -> prompt ---------------------------------------------------------------------------------------------
@@ -221,10 +223,16 @@ def build_prompt(ctx: ServerContext, body: dict) -> ChatPrompt:
         from .vision_input import encode_prompt
         tokens, images = encode_prompt(vision, ctx.tokenizer, text, media)
         return ChatPrompt(text, tokens, 0, tools, bool(tools) and choice != "none", fmt,
-                          text.rstrip().endswith("<think>"), choice, images)
+                          text.rstrip().endswith("<think>"), choice, images, _tool_format(ctx))
     tokens = ctx.tokenizer.encode(text, parse_special=True, add_special=True)
     return ChatPrompt(text, tokens, _reply_start(ctx, messages, tools, thinking, kwargs, tokens), tools,
-                      bool(tools) and choice != "none", fmt, text.rstrip().endswith("<think>"), choice)
+                      bool(tools) and choice != "none", fmt, text.rstrip().endswith("<think>"), choice,
+                      tool_format=_tool_format(ctx))
+
+
+def _tool_format(ctx: ServerContext) -> ToolFormat:
+    """A built-in (non-jinja) template takes no tools, so its replies are never parsed for calls."""
+    return QWEN_XML if ctx.template.builtin else ctx.template.tool_format
 
 
 def _continuation(body: dict) -> bool:
@@ -271,7 +279,7 @@ def chat_gen_params(ctx: ServerContext, body: dict, stream: bool, has_tools: boo
 
 def parse_reply(cp: ChatPrompt, text: str, partial: bool = False) -> ParsedMessage:
     return parse_output(text, cp.reasoning_format, cp.thinking_open, cp.tools if cp.parse_tools else None,
-                        partial=partial)
+                        partial=partial, tool_format=cp.tool_format)
 
 
 def message_json(msg: ParsedMessage, ids: list[str]) -> dict:
@@ -357,13 +365,14 @@ def with_required_tool_call(ctx: ServerContext, body: dict, cp: ChatPrompt, para
     if params.grammar is not None:
         raise bad_request('tool_choice "required" cannot be combined with response_format or json_schema')
     from ..engine.grammar import GrammarError
-    from .tool_grammar import required_tool_call_grammar
+    from .tool_grammar import REQUIRED_GRAMMARS
+    grammar_of = REQUIRED_GRAMMARS[cp.tool_format.name]     # the calls as the template's model writes them
     parallel = Fields(body).bool("parallel_tool_calls", False)
     step()                              # before compiling, the slowest step of a prep job
     for typed in (True, False):         # a parameter schema llguidance cannot compile: free-text values, not a 400
         try:
             return replace(params, grammar=ctx.engine.grammars.compile(
-                required_tool_call_grammar(cp.tools, parallel, typed), after_think=cp.thinking_open, syntax="lark"))
+                grammar_of(cp.tools, parallel, typed), after_think=cp.thinking_open, syntax="lark"))
         except GrammarError as e:
             error = e
     raise bad_request(str(error))

@@ -1,4 +1,5 @@
-"""`tool_choice: "required"`: a grammar that lets the reply be nothing but Qwen3.5 XML tool calls.
+"""`tool_choice: "required"`: a grammar that lets the reply be nothing but tool calls, in the format the template
+chose (chat.ToolFormat): Qwen3.5's XML (below) or FireFunction v2's ` functools[...]` (required_functools_grammar).
 
 llama.cpp enforces "required" the same way: its chat format builds a grammar from the request's tools and, when a
 call is required, applies it from the first token of the answer (not lazily on a trigger word), so the model
@@ -72,3 +73,22 @@ def required_tool_call_grammar(tools: list[dict], parallel: bool, typed: bool = 
     for i, tool in enumerate(tools):
         rules += _function_rules(i, tool, typed)
     return "\n".join(rules) + "\n"
+
+
+def required_functools_grammar(tools: list[dict], parallel: bool, typed: bool = True) -> str:
+    """FireFunction v2's form of the same (chat.FIREFUNCTION_V2): ` functools[` then one call, or several separated
+    by ", " when parallel, then `]`; a call is `{"name": NAME, "arguments": ARGS}` as its template writes past
+    calls, ARGS JSON held to the tool's parameter schema (any object when typed is False)."""
+    calls = 'call (", " call)*' if parallel else "call"
+    rules = [f'start: {_lit(" functools[")} {calls} "]"',
+             "call: " + " | ".join(f"f{i}" for i in range(len(tools)))]
+    for i, tool in enumerate(tools):
+        fn = tool.get("function", tool)
+        schema = (fn.get("parameters") or {"type": "object"}) if typed else {"type": "object"}
+        head = '{"name": ' + json.dumps(str(fn.get("name", "")), ensure_ascii=False) + ', "arguments": '
+        rules += [f'f{i}: {_lit(head)} a{i} "}}"', f"a{i}: %json {json.dumps(schema, ensure_ascii=False)}"]
+    return "\n".join(rules) + "\n"
+
+
+# chat.ToolFormat.name -> the grammar of a reply that is nothing but calls in that format
+REQUIRED_GRAMMARS = {"qwen3.5-xml": required_tool_call_grammar, "firefunction-v2": required_functools_grammar}

@@ -95,3 +95,20 @@ def test_functools_grammar_is_firefunction_calls():
     assert not accepts(one, two) and accepts(required_functools_grammar(tools, parallel=True), two)
     untyped = required_functools_grammar(tools, parallel=False, typed=False)
     assert accepts(untyped, ' functools[{"name": "f", "arguments": {"n": "x"}}]')
+
+
+def test_json_values_are_compact_so_a_call_closes():
+    """llguidance's JSON takes any white space by default, so a sampled small model could pad `{ }` or `[1,  2]`
+    until max_tokens and never close the call (the CI run of 2438538 saw finish_reason "length" in
+    test_chat_firefunction): values are compact, json.dumps' separators, in both formats."""
+    ping = {"type": "function", "function": {"name": "ping", "parameters": {
+        "type": "object", "properties": {"n": {"type": "array", "items": {"type": "integer"}}},
+        "additionalProperties": False}}}
+    fire = required_functools_grammar([ping], parallel=False)
+    assert accepts(fire, ' functools[{"name": "ping", "arguments": {"n": [1, 2]}}]')
+    for padded in ('{ }', '{"n": [1,  2]}', '{\n"n": [1, 2]}', '{"n" : [1, 2]}'):
+        assert not accepts(fire, ' functools[{"name": "ping", "arguments": ' + padded + '}]'), padded
+    xml = required_tool_call_grammar([tool("f", {"n": {"type": "array", "items": {"type": "integer"}}}, ["n"])],
+                                     parallel=False)
+    assert accepts(xml, call("f", ("n", "[1, 2]")))
+    assert not accepts(xml, call("f", ("n", "[1,   2]")))

@@ -22,6 +22,17 @@ import json
 _TEXT_VALUE = 'VALUE: (/[^<]/ | "<" /[^\\/]/)*'
 
 
+def _json(schema: dict) -> str:
+    """A Lark `%json` of the schema with compact white space (json.dumps' ", " and ": ", nothing else): llguidance's
+    JSON is white-space flexible by default, so a model could pad a value with blanks until its token budget ran out
+    and never close the call (llama.cpp's JSON grammars bound white space the same way). A schema's own x-guidance
+    options are kept."""
+    schema = schema if isinstance(schema, dict) else {}          # (the schema `true`: anything)
+    compact = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    return "%json " + json.dumps({**schema, "x-guidance": {**compact, **schema.get("x-guidance", {})}},
+                                 ensure_ascii=False)
+
+
 def _lit(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)      # a Lark string literal: JSON's quoting of \\n and "
 
@@ -44,7 +55,7 @@ def _parameter_rules(name: str, arg: str, schema: dict, typed: bool) -> list[str
     open_, close = _lit(f"<parameter={arg}>\n"), _lit("\n</parameter>\n")
     if not typed or may_be_string(schema):
         return [f"{name}: {name.upper()}", f"{name.upper()}: {open_} VALUE {close}"]
-    return [f"{name}: {open_} {name}_json {close}", f"{name}_json: %json {json.dumps(schema, ensure_ascii=False)}"]
+    return [f"{name}: {open_} {name}_json {close}", f"{name}_json: {_json(schema)}"]
 
 
 def _function_rules(i: int, tool: dict, typed: bool) -> list[str]:
@@ -86,7 +97,7 @@ def required_functools_grammar(tools: list[dict], parallel: bool, typed: bool = 
         fn = tool.get("function", tool)
         schema = (fn.get("parameters") or {"type": "object"}) if typed else {"type": "object"}
         head = '{"name": ' + json.dumps(str(fn.get("name", "")), ensure_ascii=False) + ', "arguments": '
-        rules += [f'f{i}: {_lit(head)} a{i} "}}"', f"a{i}: %json {json.dumps(schema, ensure_ascii=False)}"]
+        rules += [f'f{i}: {_lit(head)} a{i} "}}"', f"a{i}: {_json(schema)}"]
     return "\n".join(rules) + "\n"
 
 

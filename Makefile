@@ -5,6 +5,8 @@
 #   make CUDA_ARCH=70    one arch (e.g. a CMP 100-210 rig); NVCC=path picks the compiler
 #   make ptx61, ptx70    build/sm61 (sm70)/libcmpkern.so: that arch's SASS + PTX, to test the old cards' build (the
 #                        suite runs it on a newer GPU through the driver's JIT: LLAMACMP_LIB=build/sm61/libcmpkern.so)
+#   make device-lib      build/lean90/libcmpkern.so: sm_90 SASS only, no line info (~16 MB instead of 49), small enough
+#                        to carry to the lent H200 (benchmarks/device/README.md) instead of building it there
 #   make test            the test suite (GPU tests run only where a GPU is present)
 # tools/cuda_archs.sh picks the route: NVCC if it can target the archs; else a CUDA 12.x nvcc (/usr/local/cuda-12*,
 # or build/cuda12 from tools/get_cuda12.sh); else clang 19 (tools/build_clang_cuda.sh); else it says what to install.
@@ -64,10 +66,15 @@ $(OBJDIR)/%.o: cuda_src/%.cu $(HDR)
 clang-lib:
 	CLANG_CUDA_LIB=$(LIB) bash tools/build_clang_cuda.sh $(ARCHS)
 
+device-lib:
+	$(MAKE) --no-print-directory -j$(JOBS) lib ARCHS=90 OBJDIR=build/obj-90-lean LIB=build/lean90/libcmpkern.so \
+	    GENCODE="-gencode arch=compute_90,code=sm_90" \
+	    NVFLAGS="-O3 -std=c++17 -Xcompiler -fPIC --use_fast_math -Xptxas -O3 -gencode arch=compute_90,code=sm_90"
+
 test:
 	python3 -m pytest -q
 
 clean:
-	rm -rf $(LIB) build/obj-* build/clang-obj-* build/sm61 build/sm70
+	rm -rf $(LIB) build/obj-* build/clang-obj-* build/sm61 build/sm70 build/lean90
 
-.PHONY: all all-archs lib test clean ptx61 ptx70 clang-lib
+.PHONY: all all-archs lib test clean ptx61 ptx70 clang-lib device-lib

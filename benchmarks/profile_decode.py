@@ -1,6 +1,6 @@
 """Where a decode token's time goes, kernel by kernel (issue 3: the tg gap's measured cause).
 
-    python3 benchmarks/profile_decode.py MODEL.gguf [-n 64] [--depth 512] [--top 30]
+    python3 benchmarks/profile_decode.py MODEL.gguf [-n 64] [--depth 512] [--top 30] [--no-pdl]
 
 Replays the greedy decode graph (as llamacmp-bench's tg) under torch.profiler's CUDA activity trace (CUPTI sees the
 library's kernels too: one process, one context) and prints, per kernel name, launches and device µs per token,
@@ -46,10 +46,15 @@ def main(argv=None) -> None:
     ap.add_argument("-n", type=int, default=64, help="tokens profiled")
     ap.add_argument("--depth", type=int, default=512, help="tokens in the context before the profiled ones")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="launch without programmatic dependent launch: spans no longer overlap, so the wall time "
+                         "minus their sum is the token's idle gaps (the token itself runs a little slower)")
     args = ap.parse_args(argv)
     from torch.profiler import ProfilerActivity, profile
 
     be = CudaBackend(0)
+    if args.no_pdl:
+        be.gemv_pdl = be.launch_pdl = False
     cfg, model = load(args.model, be)
     rng = np.random.default_rng(0)
     st = be.new_state(cfg, args.depth + 2 * args.n + 8)   # 2 warm-up steps, n timed plainly, n profiled
@@ -79,7 +84,8 @@ def main(argv=None) -> None:
     print(f"device: {be.native.device_name()}; model {args.model}; depth {args.depth}; {args.n} tokens; "
           f"weights {weight_bytes_per_token(model) / 1e9:.2f} GB/token")
     print(f"token: {1e3 * wall_plain:.3f} ms unprofiled ({1 / wall_plain:.1f} t/s), {1e3 * wall:.3f} ms profiled; "
-          f"kernel spans sum to {spans:.0f} µs in {launches:.0f} launches (overlapping where launched with PDL)")
+          f"kernel spans sum to {spans:.0f} µs in {launches:.0f} launches "
+          + ("(no PDL: the rest of the wall time is idle gaps)" if args.no_pdl else "(overlapping where launched with PDL)"))
     print("| kernel | launches/token | µs/token (spans) | % of the spans' sum | µs/launch |")
     print("|---|---:|---:|---:|---:|")
     for name, (c, us) in sorted(times.items(), key=lambda kv: -kv[1][1])[:args.top]:

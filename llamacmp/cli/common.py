@@ -1,6 +1,7 @@
 """What every CLI tool does the same way: find and load the model, build the sampler, print llama.cpp's perf lines."""
 from __future__ import annotations
 
+import io
 import os
 import sys
 import time
@@ -96,9 +97,11 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
             err.write(line + "\n")
         if len(backends) == 1:       # a layer split plans each part in llamacmp/split/, not here
             memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=None if quiet else err)
+        parts_log = io.StringIO()    # a split's per-part lines, written after the 'Loading model... done' line
         with progress.loading(err, enabled=not p.log_disable):   # llama-cli shows it at every verbosity
-            lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, None if quiet else err,
+            lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, None if quiet else parts_log,
                              mtp=enabled_spec(run) is not None)
+        err.write(parts_log.getvalue())
     except memplan.PlanError as e:
         raise CliError(f"error: {e}") from None
     except (GGUFError, OSError) as e:

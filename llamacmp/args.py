@@ -21,6 +21,7 @@ from .kv_quant import KV_TYPES
 from .split.bridges import BRIDGES as SPLIT_BRIDGES
 from .backends.routes import HW_ROUTES
 from .params import Params, tool_defaults
+from .server.agent.mcp_config import McpConfig, parse_mcp_text
 from .sampling import parse_sampler_letters, parse_sampler_names
 from .spec import parse_synth_len, parse_synth_rates
 from .spec import parse_type as parse_spec_type
@@ -186,7 +187,7 @@ DRY_OFF = "DRY is off (--dry-multiplier takes only 0 in llamacmp), so this setti
 CLI_ONE_CONVERSATION = ("llamacmp-cli keeps one conversation's state; context checkpoints and the prompt cache are "
                         "llamacmp-server's")
 CORS = "llamacmp-server answers every origin, as llama-server b8462 did; CORS settings are not supported yet"
-AGENT = "llama-server's built-in agent tools and MCP servers are not supported by llamacmp"
+AGENT = "llama-server's built-in agent tools are not supported by llamacmp (its MCP servers are)"
 NO_VIDEO = "llamacmp takes no video input (--video is refused)"
 PPL_ONLY = "llamacmp-perplexity computes perplexity only; this benchmark is not supported yet"
 
@@ -232,6 +233,19 @@ def _api_prefix(s: str) -> str:
     if s and not s.startswith("/"):
         raise ValueError(f"--api-prefix must start with '/', got {s}")
     return s.rstrip("/")
+
+
+def _mcp_json(s: str) -> McpConfig:
+    return parse_mcp_text(s, "--mcp-servers-json")
+
+
+def _mcp_file(path: str) -> McpConfig:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ValueError(f"failed to open MCP config file: {path} ({e.strerror})") from None
+    return parse_mcp_text(text, path)
 
 
 def _sleep_seconds(s: str) -> int:
@@ -770,8 +784,12 @@ OPTIONS: tuple[Option, ...] = (
     _unsup("--tools-runtime", value="RUNTIME", tools=S, why=AGENT),
     _unsup("-ag", "--agent", tools=S, why=AGENT),
     _noop("-no-ag", "--no-agent", tools=S, why="the default: no built-in agent tools"),
-    _unsup("--mcp-servers-config", value="FNAME", tools=S, why=AGENT),
-    _unsup("--mcp-servers-json", value="JSON", tools=S, why=AGENT),
+    O("--mcp-servers-config", value="PATH", dest="server.mcp_file", parse=_mcp_file, tools=S,
+      env="LLAMA_ARG_MCP_SERVERS_CONFIG", help="experimental: path to JSON file with MCP server definitions "
+      "(Cursor-compatible format) - do not enable in untrusted environments (default: none)"),
+    O("--mcp-servers-json", value="JSON", dest="server.mcp_json", parse=_mcp_json, tools=S,
+      env="LLAMA_ARG_MCP_SERVERS_JSON", help="experimental: inline JSON with MCP server definitions "
+      "(Cursor-compatible format) - do not enable in untrusted environments (default: none)"),
     _unsup("--spm-infill", tools=S, why="llamacmp builds infill prompts prefix/suffix/middle only"),
     _unsup("--models-dir", value="PATH", tools=S, why=ROUTER),
     _unsup("--models-preset", value="PATH", tools=S, why=ROUTER),
@@ -849,14 +867,16 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
-# llama-server's web page settings, its MCP proxy and reranking: refused by name
+# llama-server's web page settings and reranking (refused by name), its MCP proxy
 OPTIONS += (
     _unsup("--webui-config", "--ui-config", value="JSON", env="LLAMA_ARG_UI_CONFIG", tools=S,
            why="settings for llama.cpp's own web page are not supported: llamacmp serves a page of its own"),
     _unsup("--webui-config-file", "--ui-config-file", value="PATH", env="LLAMA_ARG_UI_CONFIG_FILE", tools=S,
            why="settings for llama.cpp's own web page are not supported: llamacmp serves a page of its own"),
-    _unsup("--webui-mcp-proxy", "--ui-mcp-proxy", tools=S, why=AGENT),
-    _noop("--no-webui-mcp-proxy", "--no-ui-mcp-proxy", tools=S, why="the default: no MCP proxy"),
+    O("--ui-mcp-proxy", "--webui-mcp-proxy", dest="server.ui_mcp_proxy", neg=("--no-ui-mcp-proxy",
+      "--no-webui-mcp-proxy"), env="LLAMA_ARG_UI_MCP_PROXY", tools=S, help="experimental: whether to enable MCP "
+      "CORS proxy (/cors-proxy fetches any http(s) URL a client names) - do not enable in untrusted environments "
+      "(default: disabled)"),
     _unsup("--rerank", "--reranking", env="LLAMA_ARG_RERANKING", tools=S,
            why="reranking is not supported by llamacmp yet"),
 )

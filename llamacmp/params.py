@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .sampling import SamplingParams
+from .server.agent.mcp_config import McpConfig
 from .spec import SpecConfig
 
 TOOLS = ("cli", "completion", "server", "perplexity", "tokenize", "bench")
@@ -44,6 +45,9 @@ class ServerParams:
     embedding: bool = False             # --embeddings: /embedding and /v1/embeddings answer
     pooling: str = "none"               # --pooling none|mean|cls|last (qwen35 GGUFs name none: llama.cpp's default)
     embd_normalize: int = 2             # --embd-normalize: a request's embd_normalize when it gives none
+    mcp_file: McpConfig = field(default_factory=McpConfig)    # --mcp-servers-config (server/agent/mcp_config.py)
+    mcp_json: McpConfig = field(default_factory=McpConfig)    # --mcp-servers-json
+    ui_mcp_proxy: bool = False          # --webui-mcp-proxy: /cors-proxy fetches URLs for the page (cors_proxy.py)
 
 
 @dataclass(slots=True)

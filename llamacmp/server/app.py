@@ -19,6 +19,7 @@ from . import anthropic, chat_api, completions, infill, misc, responses
 from ..engine import slot_log
 from .access_log import AccessLog
 from .context import ServerContext
+from .cors_proxy import handle as cors_proxy_handle
 from .embeddings import handle_embeddings
 from .errors import ApiError, error_response, not_supported
 from .gcp import add_gcp_routes, gcp_env
@@ -226,8 +227,10 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def rerank(request: Request):
         raise not_supported("This server does not support reranking. Start it with `--reranking`")
 
-    async def cors_proxy():
-        # llama-server 0c1e570 without --webui-mcp-proxy (which llamacmp refuses: it fetches nothing for the page)
+    async def cors_proxy(request: Request):
+        if ctx.opts.ui_mcp_proxy:
+            return await cors_proxy_handle(request)
+        # llama-server 0c1e570 without --webui-mcp-proxy
         return JSONResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}},
                             status_code=403)
 

@@ -83,12 +83,17 @@ def _error(message: str, type_: str, status: int) -> Response:
 
 
 class ToolRegistry:
-    """The enabled tools, in order; `runtime` gives the --tools-runtime spec a call runs in when it names none
-    (called once per call: a spawned container may have been replaced)."""
+    """The enabled tools, in order. `runtime` (runtime.py; None without --tools-runtime): its spec() names the
+    isolate a call runs in when the request names none (asked once per call: a spawned container may have been
+    replaced); close() at shutdown releases it."""
 
-    def __init__(self, tools: list, runtime: Callable[[], str] | None = None):
+    def __init__(self, tools: list, runtime=None):
         self.tools = list(tools)
         self.runtime = runtime
+
+    def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.close()
 
     def add_routes(self, app) -> None:
         app.add_api_route("/tools", self.handle_get, methods=["GET"], include_in_schema=bool(self.tools))
@@ -132,7 +137,7 @@ class ToolRegistry:
             if headers.get(header):
                 params[key] = headers[header]
         if "runtime" not in params and self.runtime is not None:
-            params["runtime"] = self.runtime()
+            params["runtime"] = self.runtime.spec()
         return self._find(name, stream), params, stream
 
     def _find(self, name: str, stream: bool) -> Tool:

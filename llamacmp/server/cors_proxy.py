@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .errors import ApiError
 
@@ -42,6 +42,16 @@ class Target:
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.scheme}://{host}:{self.port}{self.path}"
+
+
+def add_route(app, opts) -> None:
+    """GET and POST /cors-proxy; without --webui-mcp-proxy, llama-server's 403 feature_disabled."""
+    async def cors_proxy(request: Request) -> Response:
+        if opts.ui_mcp_proxy:
+            return await handle(request)
+        return JSONResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}},
+                            status_code=403)
+    app.add_api_route("/cors-proxy", cors_proxy, methods=["GET", "POST"], include_in_schema=False)
 
 
 def parse_target(url: str) -> Target:

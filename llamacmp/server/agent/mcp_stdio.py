@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -62,7 +63,7 @@ class StdioTransport:
             self._proc = _SPAWNER.submit(subprocess.Popen, [self.cfg.command, *self.cfg.args],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                          env=env, cwd=self.cfg.cwd or None, start_new_session=True,
-                                         preexec_fn=_die_with_parent).result()
+                                         preexec_fn=functools.partial(_die_with_parent, os.getpid())).result()
         except (OSError, subprocess.SubprocessError) as e:
             self.last_error = f"failed to spawn '{self.cfg.command}': {e}"
             log.warning("MCP '%s': %s", self.name, self.last_error)
@@ -299,6 +300,10 @@ _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") el
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
+    """In the forked child, before exec. If the server already died between fork and prctl, the signal would never
+    come: the child then sees another parent and exits."""
     if _LIBC is not None:
         _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)

@@ -261,7 +261,7 @@ class ExecShellCommand(BuiltinTool):
     def invoke(self, params: dict, stream: Callable[[str], bool] | None = None) -> dict:
         command = param(params, "command", str)
         timeout = min(param(params, "timeout", int, 10), EXEC_MAX_TIMEOUT)
-        max_output = min(param(params, "max_output_size", int, EXEC_MAX_OUTPUT), EXEC_MAX_OUTPUT)
+        max_output = max(0, min(param(params, "max_output_size", int, EXEC_MAX_OUTPUT), EXEC_MAX_OUTPUT))
         io = make_io(params)
         args = ["sh", "-c", command]
         if stream is None:

@@ -155,9 +155,15 @@ class ToolRegistry:
         alive = threading.Event()
         alive.set()
 
+        def hand_over(item: dict) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:          # the event loop is closed: the server is stopping
+                alive.clear()
+
         def push(chunk: str) -> bool:
-            if chunk:
-                loop.call_soon_threadsafe(queue.put_nowait, {"chunk": chunk})
+            if chunk and alive.is_set():
+                hand_over({"chunk": chunk})
             return alive.is_set()
 
         def run() -> None:
@@ -166,7 +172,7 @@ class ToolRegistry:
                 tool.invoke(params, push)
             except Exception as e:
                 done["error"] = str(e) or type(e).__name__
-            loop.call_soon_threadsafe(queue.put_nowait, done)
+            hand_over(done)
 
         async def events():
             try:

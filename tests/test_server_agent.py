@@ -360,3 +360,43 @@ def test_options_check_their_values():
     assert r.params.server.tools == ["read_file"] and r.params.server.cors_origins == "*"
     r = parse_args("server", ["--tools", "all", "-no-ag"], {})
     assert r.params.server.tools == [] and r.params.server.cors_origins == "*" and r.warnings == ()
+
+
+def test_stream_stops_the_command_when_the_client_leaves(tools, tmp_path):
+    pidfile = tmp_path / "pid"
+    body = {"tool": "exec_shell_command", "stream": True,
+            "params": {"command": f"echo $$ > {pidfile}; while true; do echo x; sleep 0.05; done", "timeout": 60}}
+    with tools.stream("POST", "/tools", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break                               # one chunk seen: leave
+    pid = int(pidfile.read_text())
+    deadline = time.time() + 10
+    while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
+        time.sleep(0.05)
+    alive = os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split()[2]
+    assert not alive, "the shell kept running after its client left"
+
+
+def test_tools_runtime_spawns_owns_and_removes_a_container(tmp_path):
+    """--tools-runtime docker:<image> with a fake `docker`: `run --rm -i --cidfile F <image> sh` writes an id and
+    waits on stdin; calls then go through `docker exec <that id>`; stopping the server ends the container."""
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    log = tmp_path / "argv.log"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n'
+                    'if [ "$1" = run ]; then echo cid42 > "$5"; cat > /dev/null; echo stopped >> ' f'{log}; exit 0; fi\n'
+                    'shift\n[ "$1" = -i ] && shift\nshift\nexec "$@"\n')
+    fake.chmod(0o755)
+    env_path = os.environ["PATH"]
+    os.environ["PATH"] = f"{fake.parent}:{env_path}"
+    try:
+        with RouterServer("--tools", "exec_shell_command", "--tools-runtime", "docker:busybox") as http:
+            got = ok(http, "exec_shell_command", {"command": "echo inside"})
+            assert got["plain_text_response"].startswith("inside\n")
+    finally:
+        os.environ["PATH"] = env_path
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("run --rm -i --cidfile ") and calls[0].endswith(" busybox sh")
+    assert any(c.startswith("exec -i cid42 timeout 10s sh -c echo inside") for c in calls)
+    assert calls[-1] == "stopped"

@@ -76,7 +76,8 @@ def sse(text: str) -> list[dict]:
 def test_tools_are_off_without_the_flag(tmp_path):
     with LiveServer(write_tiny_model(tmp_path / "tiny.gguf"), "-c", "512") as s, \
             httpx.Client(base_url=s.url) as http:
-        for r in (http.get("/tools"), http.post("/tools", json={"tool": "read_file", "params": {"path": "/etc/hostname"}})):
+        call_it = {"tool": "read_file", "params": {"path": "/etc/hostname"}}
+        for r in (http.get("/tools"), http.post("/tools", json=call_it)):
             assert r.status_code == 403
             assert r.json() == {"error": {"message": "this feature is disabled", "type": "feature_disabled"}}
 
@@ -97,6 +98,8 @@ def test_request_errors(tools):
     assert r.status_code == 400 and r.json()["type"] == "invalid_request_error"
     r = tools.post("/tools", json={"tool": "read_file", "params": {}})
     assert r.status_code == 400 and "path" in r.json()["message"]
+    r = tools.post("/tools", json={"tool": "read_file", "params": "x"})
+    assert r.status_code == 400 and r.json()["message"] == '"params" must be an object'
     r = tools.post("/tools", json={"tool": "read_file", "params": {"path": "x", "start_line": "2"}})
     assert r.status_code == 400 and "start_line" in r.json()["message"]
     r = tools.post("/tools", json={"tool": "read_file", "params": {"path": "x"}, "stream": True})
@@ -385,7 +388,7 @@ def test_tools_runtime_spawns_owns_and_removes_a_container(tmp_path):
     fake.parent.mkdir()
     log = tmp_path / "argv.log"
     fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n'
-                    'if [ "$1" = run ]; then echo cid42 > "$5"; cat > /dev/null; echo stopped >> ' f'{log}; exit 0; fi\n'
+                    f'if [ "$1" = run ]; then echo cid42 > "$5"; cat > /dev/null; echo stopped >> {log}; exit 0; fi\n'
                     'shift\n[ "$1" = -i ] && shift\nshift\nexec "$@"\n')
     fake.chmod(0o755)
     env_path = os.environ["PATH"]

@@ -7,6 +7,7 @@ is a 400 naming it, where llama-server silently used the default."""
 from __future__ import annotations
 
 import base64
+import os
 import re
 from typing import Callable
 
@@ -350,7 +351,6 @@ class GetInfo(BuiltinTool):
         return _fn(self.name, "Returns runtime info: the OS name/version and the current working directory", {})
 
     def invoke(self, params: dict, stream=None) -> dict:
-        import os
         io = make_io(params)
         res = io.run(["uname", "-a"], INFO_MAX, INFO_TIMEOUT)
         os_info = res.output.strip() if res.exit_code == 0 and not res.timed_out else "unknown"

@@ -131,7 +131,9 @@ class ToolRegistry:
         if not isinstance(stream, bool):
             raise ToolParamError("\"stream\" must be a boolean")
         params = body.get("params", {})
-        params = dict(params) if isinstance(params, dict) else {}
+        if not isinstance(params, dict):
+            raise ToolParamError("\"params\" must be an object")
+        params = dict(params)
         for header, key in HEADER_PARAMS:         # the model cannot set these: only the client's headers do
             params.pop(key, None)
             if headers.get(header):

@@ -180,9 +180,8 @@ LOADING = "llamacmp maps the GGUF read-only with numpy.memmap and copies the wei
 DENSE = "the qwen35 models llamacmp runs are dense: there are no expert weights to place"
 DOWNLOAD = "llamacmp does not download: download the GGUF and pass -m, or -hf for one already in the local cache"
 PRESET = "this preset downloads a model; " + DOWNLOAD
-ROUTER_LOADS = ("llamacmp's router mode (no -m) loads no model yet: a request naming one gets llama-server's "
-                "'model not found'; start one server per model with -m")
-ROUTER = "router mode's model sources are not supported by llamacmp: " + ROUTER_LOADS
+ROUTER = ("llamacmp's router mode (no -m) loads no model yet: a request naming one gets llama-server's "
+          "'model not found'; start one server per model with -m")
 FIT = ("llamacmp never adjusts unset options to fit: its memory plan checks -c, -ctk/-ctv, -np and -ub before "
        "loading and refuses with what to change (docs/CLI.md)")
 DRY_OFF = "DRY is off (--dry-multiplier takes only 0 in llamacmp), so this setting changes nothing"
@@ -852,11 +851,11 @@ OPTIONS: tuple[Option, ...] = (
     _unsup("--models-preset", value="PATH", tools=S, why=ROUTER),
     O("--models-max", value="N", dest="server.models_max", parse=to_int, env="LLAMA_ARG_MODELS_MAX", tools=S,
       help="for router server, maximum number of models to load simultaneously (default: 4, 0 = unlimited)\n"
-      f"llamacmp: reported by the router's /props; {ROUTER_LOADS}"),
+      f"llamacmp: reported by the router's /props; {ROUTER}"),
     O("--models-autoload", dest="server.models_autoload", neg=("--no-models-autoload",),
       env="LLAMA_ARG_MODELS_AUTOLOAD", tools=S,
       help="for router server, whether to automatically load models (default: enabled)\n"
-      f"llamacmp: reported by the router's /props; {ROUTER_LOADS}"),
+      f"llamacmp: reported by the router's /props; {ROUTER}"),
     _unsup("--lora-init-without-apply", tools=S, why="LoRA adapters are not supported by llamacmp yet"),
     # chat and reasoning (0c1e570)
     O("--reasoning-effort", value="LEVEL", parse=str, apply=_set_reasoning_effort, tools=KCS,

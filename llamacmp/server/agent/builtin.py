@@ -7,6 +7,7 @@ is a 400 naming it, where llama-server silently used the default."""
 from __future__ import annotations
 
 import base64
+import os
 import re
 from typing import Callable
 
@@ -261,7 +262,7 @@ class ExecShellCommand(BuiltinTool):
     def invoke(self, params: dict, stream: Callable[[str], bool] | None = None) -> dict:
         command = param(params, "command", str)
         timeout = min(param(params, "timeout", int, 10), EXEC_MAX_TIMEOUT)
-        max_output = min(param(params, "max_output_size", int, EXEC_MAX_OUTPUT), EXEC_MAX_OUTPUT)
+        max_output = max(0, min(param(params, "max_output_size", int, EXEC_MAX_OUTPUT), EXEC_MAX_OUTPUT))
         io = make_io(params)
         args = ["sh", "-c", command]
         if stream is None:
@@ -350,7 +351,6 @@ class GetInfo(BuiltinTool):
         return _fn(self.name, "Returns runtime info: the OS name/version and the current working directory", {})
 
     def invoke(self, params: dict, stream=None) -> dict:
-        import os
         io = make_io(params)
         res = io.run(["uname", "-a"], INFO_MAX, INFO_TIMEOUT)
         os_info = res.output.strip() if res.exit_code == 0 and not res.timed_out else "unknown"

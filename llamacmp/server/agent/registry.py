@@ -141,7 +141,9 @@ class ToolRegistry:
         if not isinstance(stream, bool):
             raise ToolParamError("\"stream\" must be a boolean")
         params = body.get("params", {})
-        params = dict(params) if isinstance(params, dict) else {}
+        if not isinstance(params, dict):
+            raise ToolParamError("\"params\" must be an object")
+        params = dict(params)
         for header, key in HEADER_PARAMS:         # the model cannot set these: only the client's headers do
             params.pop(key, None)
             if headers.get(header):
@@ -165,9 +167,15 @@ class ToolRegistry:
         alive = threading.Event()
         alive.set()
 
+        def hand_over(item: dict) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:          # the event loop is closed: the server is stopping
+                alive.clear()
+
         def push(chunk: str) -> bool:
-            if chunk:
-                loop.call_soon_threadsafe(queue.put_nowait, {"chunk": chunk})
+            if chunk and alive.is_set():
+                hand_over({"chunk": chunk})
             return alive.is_set()
 
         def run() -> None:
@@ -176,7 +184,7 @@ class ToolRegistry:
                 tool.invoke(params, push)
             except Exception as e:
                 done["error"] = str(e) or type(e).__name__
-            loop.call_soon_threadsafe(queue.put_nowait, done)
+            hand_over(done)
 
         async def events():
             try:

@@ -7,7 +7,6 @@ a silent fallback to the host."""
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 import shlex
 import time
@@ -55,7 +54,7 @@ class HostIO:
         self.cwd = cwd
 
     def resolve(self, path: str) -> str:
-        p = os.path.expanduser(path) if path.startswith("~") else path
+        p = os.path.expanduser(path) if path == "~" or path.startswith(("~/", "~\\")) else path   # not ~user
         if not os.path.isabs(p):
             p = os.path.join(self.cwd or os.getcwd(), p)
         return os.path.normpath(p)     # no "." or ".." reaches git or the client

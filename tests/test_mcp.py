@@ -80,6 +80,38 @@ def test_options_parse_the_config(tmp_path):
     assert parse_args("server", ["-m", "m.gguf"]).params.server.ui_mcp_proxy is False
 
 
+def test_agent_flags_and_the_cors_default():
+    from llamacmp.args import parse_args
+
+    def server(*argv, env=None):
+        return parse_args("server", ["-m", "m.gguf", *argv], env or {}).params.server
+    s = server("-ag")
+    assert s.tools == ["all"] and s.ui_mcp_proxy is True and s.cors_origins == "localhost"
+    s = server("-ag", "-no-ag")
+    assert s.tools == [] and s.ui_mcp_proxy is False
+    assert server(env={"LLAMA_ARG_AGENT": "0"}).ui_mcp_proxy is False
+    assert server(env={"LLAMA_ARG_AGENT": "1"}).ui_mcp_proxy is True
+    # an MCP flag narrows the CORS default even when it names no server; --cors-origins wins
+    assert server("--mcp-servers-json", "{}").cors_origins == "localhost"
+    assert server("--mcp-servers-json", "{}", "--cors-origins", "*").cors_origins == "*"
+    assert server("--webui-mcp-proxy").cors_origins == "*"       # the proxy alone does not (llama-server)
+
+
+def test_start_tools_appends_mcp_tools_after_the_builtins():
+    from llamacmp.args import parse_args
+    from llamacmp.server.agent.setup import start_tools
+    cfg = json.dumps({"mcpServers": {"get": {"command": sys.executable, "args": [SERVER]}}})
+    opts = parse_args("server", ["-m", "m.gguf", "--tools", "get_info", "--mcp-servers-json", cfg], {}).params.server
+    reg = start_tools(opts)
+    try:
+        names = [t.name for t in reg.tools]
+        assert names[0] == "get_info" and reg.tools[0].type() != "mcp"
+        assert names.count("get_info") == 1 and "get_echo" in names     # the MCP get_info collided: skipped
+        assert all(t.type() == "mcp" for t in reg.tools[1:])
+    finally:
+        reg.close()
+
+
 @pytest.mark.parametrize("argv", [["--mcp-servers-json", "not valid json"],
                                   ["--mcp-servers-config", "/nonexistent/path.json"]])
 def test_bad_config_refuses_to_start(argv):
@@ -152,7 +184,7 @@ def test_respawn_after_crash_and_fail_once():
 def test_notifications_and_noise_are_skipped():
     m = manager(cfg("n", "--noise"))
     try:
-        assert len(m.tools()) == 10
+        assert len(m.tools()) == 11
         assert m.call_tool("n", "notify", {"message": "burst"}) == {"plain_text_response": "echo: burst"}
         for i in range(20):
             assert m.call_tool("n", "echo", {"message": f"m{i}"}) == {"plain_text_response": f"echo: m{i}"}

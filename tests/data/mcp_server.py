@@ -10,6 +10,7 @@ env {name}            -> the value of environment variable <name>, and the worki
 spawn {}              -> starts a grandchild that inherits the pipes and sleeps; answers its pid
 is_error {}           -> a result with isError
 pid {}                -> this process's pid
+info {}               -> "mcp info"
 
 Flags: --noise (writes stderr lines and a non-JSON stdout line before each reply), --no-tools-list (answers
 tools/list with an error), --hang-init (never answers initialize).
@@ -36,6 +37,7 @@ TOOLS = [
     {"name": "spawn", "description": "Starts a grandchild", "inputSchema": OBJ},
     {"name": "is_error", "description": "Answers isError", "inputSchema": OBJ},
     {"name": "pid", "description": "This process's pid"},
+    {"name": "info", "description": "Named so that server 'get' offers get_info, a built-in's name"},
 ]
 
 
@@ -68,6 +70,8 @@ def call(name, args):
         return {"content": [{"type": "text", "text": "bad input"}], "isError": True}
     if name == "pid":
         return text(str(os.getpid()))
+    if name == "info":
+        return text("mcp info")
     raise KeyError(name)
 
 

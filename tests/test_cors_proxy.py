@@ -1,5 +1,6 @@
 """--webui-mcp-proxy: /cors-proxy against a loopback target that records what reaches it
-(llamacmp/server/cors_proxy.py). Only what llama-server 0c1e570's proxy sends goes out, and only to http(s) URLs without a password."""
+(llamacmp/server/cors_proxy.py). Only what llama-server 0c1e570's proxy sends goes out, and only to http(s) URLs
+without a password."""
 from __future__ import annotations
 
 import threading

@@ -71,8 +71,11 @@ class StdioTransport:
         for fd in (self._proc.stdin.fileno(), self._proc.stdout.fileno(), self._proc.stderr.fileno()):
             os.set_blocking(fd, False)
         self._running = True
-        self._threads = [threading.Thread(target=self._read_stdout, name=f"mcp-{self.name}-out", daemon=True),
-                         threading.Thread(target=self._read_stderr, name=f"mcp-{self.name}-err", daemon=True)]
+        out, err = self._proc.stdout.fileno(), self._proc.stderr.fileno()
+        self._threads = [threading.Thread(target=self._read_stdout, args=(out,), name=f"mcp-{self.name}-out",
+                                          daemon=True),
+                         threading.Thread(target=self._read_stderr, args=(err,), name=f"mcp-{self.name}-err",
+                                          daemon=True)]
         for t in self._threads:
             t.start()
         return True
@@ -197,9 +200,9 @@ class StdioTransport:
             data = data[n:]
         return True
 
-    def _read_stdout(self) -> None:
+    def _read_stdout(self, fd: int) -> None:
         try:
-            for line in _lines_of(self._proc.stdout.fileno(), lambda: self._running):
+            for line in _lines_of(fd, lambda: self._running):
                 with self._cond:
                     self._lines.append(line)
                     self._cond.notify_all()
@@ -208,8 +211,8 @@ class StdioTransport:
                 self._running = False   # EOF: the child exited (or closed stdout); a later call respawns it
                 self._cond.notify_all()
 
-    def _read_stderr(self) -> None:
-        for line in _lines_of(self._proc.stderr.fileno(), lambda: self._running):
+    def _read_stderr(self, fd: int) -> None:
+        for line in _lines_of(fd, lambda: self._running):
             log.debug("MCP '%s' stderr: %s", self.name, line)
             self._err_tail = (self._err_tail + line + "\n")[-ERR_TAIL:]
 

@@ -73,13 +73,16 @@ def sse(text: str) -> list[dict]:
 
 # -- the registry: listing, errors, off by default -------------------------------------------------------------------
 
-def test_tools_are_off_without_the_flag(tmp_path):
-    with LiveServer(write_tiny_model(tmp_path / "tiny.gguf"), "-c", "512") as s, \
-            httpx.Client(base_url=s.url) as http:
-        call_it = {"tool": "read_file", "params": {"path": "/etc/hostname"}}
+def test_tools_are_off_without_the_flag_on_a_model_server_too(tmp_path):
+    model = write_tiny_model(tmp_path / "tiny.gguf")
+    (tmp_path / "f.txt").write_text("content")
+    call_it = {"tool": "read_file", "params": {"path": str(tmp_path / "f.txt")}}
+    with LiveServer(model, "-c", "512") as s, httpx.Client(base_url=s.url) as http:
         for r in (http.get("/tools"), http.post("/tools", json=call_it)):
             assert r.status_code == 403
             assert r.json() == {"error": {"message": "this feature is disabled", "type": "feature_disabled"}}
+    with LiveServer(model, "-c", "512", "--tools", "read_file") as s, httpx.Client(base_url=s.url) as http:
+        assert http.post("/tools", json=call_it).json() == {"plain_text_response": "content\n"}
 
 
 def test_tools_flag_names_the_tools_listed_in_llama_servers_order():

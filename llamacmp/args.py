@@ -21,6 +21,7 @@ from .kv_quant import KV_TYPES
 from .split.bridges import BRIDGES as SPLIT_BRIDGES
 from .backends.routes import HW_ROUTES
 from .params import Params, tool_defaults
+from .server.agent.mcp_config import McpConfig, parse_mcp_text
 from .sampling import parse_sampler_letters, parse_sampler_names
 from .spec import parse_synth_len, parse_synth_rates
 from .spec import parse_type as parse_spec_type
@@ -179,14 +180,13 @@ LOADING = "llamacmp maps the GGUF read-only with numpy.memmap and copies the wei
 DENSE = "the qwen35 models llamacmp runs are dense: there are no expert weights to place"
 DOWNLOAD = "llamacmp does not download: download the GGUF and pass -m, or -hf for one already in the local cache"
 PRESET = "this preset downloads a model; " + DOWNLOAD
-ROUTER = "router mode (several models) is not supported by llamacmp: start one server per model with -m"
+ROUTER = ("llamacmp's router mode (no -m) loads no model yet: a request naming one gets llama-server's "
+          "'model not found'; start one server per model with -m")
 FIT = ("llamacmp never adjusts unset options to fit: its memory plan checks -c, -ctk/-ctv, -np and -ub before "
        "loading and refuses with what to change (docs/CLI.md)")
 DRY_OFF = "DRY is off (--dry-multiplier takes only 0 in llamacmp), so this setting changes nothing"
 CLI_ONE_CONVERSATION = ("llamacmp-cli keeps one conversation's state; context checkpoints and the prompt cache are "
                         "llamacmp-server's")
-CORS = "llamacmp-server answers every origin, as llama-server b8462 did; CORS settings are not supported yet"
-AGENT = "llama-server's built-in agent tools and MCP servers are not supported by llamacmp"
 NO_VIDEO = "llamacmp takes no video input (--video is refused)"
 PPL_ONLY = "llamacmp-perplexity computes perplexity only; this benchmark is not supported yet"
 
@@ -232,6 +232,56 @@ def _api_prefix(s: str) -> str:
     if s and not s.startswith("/"):
         raise ValueError(f"--api-prefix must start with '/', got {s}")
     return s.rstrip("/")
+
+
+def _mcp_json(s: str) -> McpConfig:
+    return parse_mcp_text(s, "--mcp-servers-json")
+
+
+def _mcp_file(path: str) -> McpConfig:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ValueError(f"failed to open MCP config file: {path} ({e.strerror})") from None
+    return parse_mcp_text(text, path)
+
+
+def _tool_names(s: str) -> list[str]:
+    from .server.agent.builtin import NAMES        # the names are checked here, not when the server starts
+    names = [x.strip() for x in s.split(",") if x.strip()]
+    for name in names:
+        if name != "all" and name not in NAMES:
+            raise ValueError(f"unknown tool \"{name}\". available tools: {', '.join(NAMES)}")
+    return names
+
+
+def _tools_runtime(s: str) -> str:
+    from .server.agent.runtime import check_spec
+    return check_spec(s)
+
+
+def _agent(p: Params, v) -> None:
+    """-ag: every built-in tool and the MCP CORS proxy (--cors-origins is narrowed after parsing, _cors_default)."""
+    if not v:                           # LLAMA_ARG_AGENT=0
+        return _no_agent(p, v)
+    p.server.tools, p.server.ui_mcp_proxy = ["all"], True
+
+
+def _no_agent(p: Params, v) -> None:
+    p.server.tools.clear()
+    p.server.ui_mcp_proxy = False
+
+
+def _cors_default(p: Params) -> list[str]:
+    """Tools or MCP servers enabled and no --cors-origins: only localhost pages may call the server (0c1e570's
+    common/arg.cpp; an MCP flag counts when given, even if it names no server)."""
+    mcp = "server.mcp_file" in p.user_set or "server.mcp_json" in p.user_set
+    if p.tool != "server" or not (p.server.tools or mcp) or "server.cors_origins" in p.user_set:
+        return []
+    p.server.cors_origins = "localhost"
+    return ["warn: server tools or MCP servers are enabled, using localhost as default CORS origin (change via "
+            "--cors-origins)"]
 
 
 def _sleep_seconds(s: str) -> int:
@@ -762,21 +812,50 @@ OPTIONS: tuple[Option, ...] = (
       help="set model tags, comma-separated (informational, not used for routing)"),
     _noop("--mtmd-batch-max-tokens", value="N", tools=S, why="llamacmp encodes each image whole"),
     _unsup("--reuse-port", tools=S, why="SO_REUSEPORT listening is not supported by llamacmp"),
-    _unsup("--cors-origins", value="ORIGINS", tools=S, why=CORS),
-    _unsup("--cors-methods", value="METHODS", tools=S, why=CORS),
-    _unsup("--cors-headers", value="HEADERS", tools=S, why=CORS),
-    _unsup("--cors-credentials", "--no-cors-credentials", tools=S, why=CORS),
-    _unsup("--tools", value="TOOL1,TOOL2,...", tools=S, why=AGENT),
-    _unsup("--tools-runtime", value="RUNTIME", tools=S, why=AGENT),
-    _unsup("-ag", "--agent", tools=S, why=AGENT),
-    _noop("-no-ag", "--no-agent", tools=S, why="the default: no built-in agent tools"),
-    _unsup("--mcp-servers-config", value="FNAME", tools=S, why=AGENT),
-    _unsup("--mcp-servers-json", value="JSON", tools=S, why=AGENT),
+    O("--cors-origins", value="ORIGINS", dest="server.cors_origins", parse=str, env="LLAMA_ARG_CORS_ORIGINS",
+      tools=S, help="comma-separated list of allowed origins for CORS (default: *)\nif set to special value "
+      "'localhost', reflect the Origin header only if it is localhost"),
+    O("--cors-methods", value="METHODS", dest="server.cors_methods", parse=str, env="LLAMA_ARG_CORS_METHODS",
+      tools=S, help="comma-separated list of allowed methods for CORS (default: GET, POST, DELETE, OPTIONS)"),
+    O("--cors-headers", value="HEADERS", dest="server.cors_headers", parse=str, env="LLAMA_ARG_CORS_HEADERS",
+      tools=S, help="comma-separated list of allowed headers for CORS (default: *)"),
+    O("--cors-credentials", dest="server.cors_credentials", neg=("--no-cors-credentials",),
+      env="LLAMA_ARG_CORS_CREDENTIALS", tools=S, help="whether to allow credentials for CORS (default: enabled)\n"
+      "note: if this is enabled and --cors-origins is set to * (default), the Origin header will be echoed back, "
+      "and credentials will always be allowed"),
+    O("--tools", value="TOOL1,TOOL2,...", dest="server.tools", parse=_tool_names, env="LLAMA_ARG_TOOLS", tools=S,
+      help="experimental: whether to enable built-in tools for AI agents - do not enable in untrusted environments "
+      "(default: no tools)\nspecify \"all\" to enable all tools\navailable tools: read_file, file_glob_search, "
+      "grep_search, exec_shell_command, write_file, edit_file, get_info\nnote: for security reasons, this will "
+      "limit --cors-origins to localhost by default"),
+    O("--tools-runtime", value="OPTION", dest="server.tools_runtime", parse=_tools_runtime,
+      env="LLAMA_ARG_TOOLS_RUNTIME", tools=S,
+      help="experimental: run tools in a separate runtime environment (default: none, use host environment)\n"
+      "available options:\n  'docker:<image>', 'podman:<image>': spin up a new container and reuse it for all "
+      "invocations, clean up on server exit\n  'docker-container:<id>', 'podman-container:<id>': use an existing "
+      "container by ID, won't stop on server exit\n  'ssh:<target>': run tools on a remote POSIX host over SSH, "
+      "key-based auth and a trusted host key are required"),
+    O("-ag", "--agent", dest="_agent", apply=_agent, env="LLAMA_ARG_AGENT", tools=S,
+      help="whether to enable CORS proxy and all built-in tools - do not enable in untrusted environments (default: "
+      "disabled)\nnote: for security reasons, this will limit --cors-origins to localhost by default"),
+    O("-no-ag", "--no-agent", dest="_no_agent", apply=_no_agent, tools=S,
+      help="no built-in agent tools (clears --tools) and no MCP CORS proxy: the default"),
+    O("--mcp-servers-config", value="PATH", dest="server.mcp_file", parse=_mcp_file, tools=S,
+      env="LLAMA_ARG_MCP_SERVERS_CONFIG", help="experimental: path to JSON file with MCP server definitions "
+      "(Cursor-compatible format) - do not enable in untrusted environments (default: none)"),
+    O("--mcp-servers-json", value="JSON", dest="server.mcp_json", parse=_mcp_json, tools=S,
+      env="LLAMA_ARG_MCP_SERVERS_JSON", help="experimental: inline JSON with MCP server definitions "
+      "(Cursor-compatible format) - do not enable in untrusted environments (default: none)"),
     _unsup("--spm-infill", tools=S, why="llamacmp builds infill prompts prefix/suffix/middle only"),
     _unsup("--models-dir", value="PATH", tools=S, why=ROUTER),
     _unsup("--models-preset", value="PATH", tools=S, why=ROUTER),
-    _unsup("--models-max", value="N", tools=S, why=ROUTER),
-    _unsup("--models-autoload", "--no-models-autoload", tools=S, why=ROUTER),
+    O("--models-max", value="N", dest="server.models_max", parse=to_int, env="LLAMA_ARG_MODELS_MAX", tools=S,
+      help="for router server, maximum number of models to load simultaneously (default: 4, 0 = unlimited)\n"
+      f"llamacmp: reported by the router's /props; {ROUTER}"),
+    O("--models-autoload", dest="server.models_autoload", neg=("--no-models-autoload",),
+      env="LLAMA_ARG_MODELS_AUTOLOAD", tools=S,
+      help="for router server, whether to automatically load models (default: enabled)\n"
+      f"llamacmp: reported by the router's /props; {ROUTER}"),
     _unsup("--lora-init-without-apply", tools=S, why="LoRA adapters are not supported by llamacmp yet"),
     # chat and reasoning (0c1e570)
     O("--reasoning-effort", value="LEVEL", parse=str, apply=_set_reasoning_effort, tools=KCS,
@@ -849,14 +928,16 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
-# llama-server's web page settings, its MCP proxy and reranking: refused by name
+# llama-server's web page settings and reranking (refused by name), its MCP proxy
 OPTIONS += (
     _unsup("--webui-config", "--ui-config", value="JSON", env="LLAMA_ARG_UI_CONFIG", tools=S,
            why="settings for llama.cpp's own web page are not supported: llamacmp serves a page of its own"),
     _unsup("--webui-config-file", "--ui-config-file", value="PATH", env="LLAMA_ARG_UI_CONFIG_FILE", tools=S,
            why="settings for llama.cpp's own web page are not supported: llamacmp serves a page of its own"),
-    _unsup("--webui-mcp-proxy", "--ui-mcp-proxy", tools=S, why=AGENT),
-    _noop("--no-webui-mcp-proxy", "--no-ui-mcp-proxy", tools=S, why="the default: no MCP proxy"),
+    O("--ui-mcp-proxy", "--webui-mcp-proxy", dest="server.ui_mcp_proxy", neg=("--no-ui-mcp-proxy",
+      "--no-webui-mcp-proxy"), env="LLAMA_ARG_UI_MCP_PROXY", tools=S, help="experimental: whether to enable MCP "
+      "CORS proxy (/cors-proxy fetches any http(s) URL a client names) - do not enable in untrusted environments "
+      "(default: disabled)"),
     _unsup("--rerank", "--reranking", env="LLAMA_ARG_RERANKING", tools=S,
            why="reranking is not supported by llamacmp yet"),
 )
@@ -986,6 +1067,7 @@ def parse_args(tool: str, argv: list[str], environ: dict | None = None) -> Parse
     if p.interactive_first:
         p.interactive = True
     warnings += _spec_without_type(p)
+    warnings += _cors_default(p)
     if p.chat_template:
         _check_chat_template(p)
     return Parsed(p, "_help" in p.user_set, "_version" in p.user_set, tuple(warnings))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .sampling import SamplingParams
+from .server.agent.mcp_config import McpConfig
 from .spec import SpecConfig
 
 TOOLS = ("cli", "completion", "server", "perplexity", "tokenize", "bench")
@@ -44,6 +45,18 @@ class ServerParams:
     embedding: bool = False             # --embeddings: /embedding and /v1/embeddings answer
     pooling: str = "none"               # --pooling none|mean|cls|last (qwen35 GGUFs name none: llama.cpp's default)
     embd_normalize: int = 2             # --embd-normalize: a request's embd_normalize when it gives none
+    # CORS (server/cors.py); --tools without --cors-origins narrows the origins to "localhost" (args.py)
+    cors_origins: str = "*"             # "*", "localhost" (reflect a localhost Origin only) or the header's value
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True       # with "*": the request's Origin is echoed back
+    tools: list[str] = field(default_factory=list)      # --tools: built-in agent tools (server/agent/builtin.py)
+    tools_runtime: str = ""             # --tools-runtime: where they run (server/agent/runtime.py)
+    models_max: int = 4                 # router mode (no -m, server/router.py): reported by its /props
+    models_autoload: bool = True
+    mcp_file: McpConfig = field(default_factory=McpConfig)    # --mcp-servers-config (server/agent/mcp_config.py)
+    mcp_json: McpConfig = field(default_factory=McpConfig)    # --mcp-servers-json
+    ui_mcp_proxy: bool = False          # --webui-mcp-proxy: /cors-proxy fetches URLs for the page (cors_proxy.py)
 
 
 @dataclass(slots=True)

@@ -18,7 +18,12 @@ from starlette.responses import JSONResponse, Response
 from . import anthropic, chat_api, completions, infill, misc, responses
 from ..engine import slot_log
 from .access_log import AccessLog
+from .agent.builtin import build_tools
+from .agent.registry import ToolRegistry
+from .agent.setup import start_tools
 from .context import ServerContext
+from .cors import CorsPolicy
+from .cors_proxy import add_route as add_cors_proxy_route
 from .embeddings import handle_embeddings
 from .errors import ApiError, error_response, not_supported
 from .gcp import add_gcp_routes, gcp_env
@@ -51,18 +56,20 @@ class Gate:
     """Pure ASGI middleware, in llama.cpp's order: CORS header, OPTIONS answered blank, 503 while loading,
     API key check, then the body size limit. (Pure ASGI so that streaming and disconnects pass through.)"""
 
-    def __init__(self, app, ctx: ServerContext):
+    def __init__(self, app, ctx):
+        """ctx: a ServerContext, or the router's (router.py: no engine, always ready)."""
         self.app, self.ctx = app, ctx
+        self.cors = CorsPolicy.from_opts(ctx.opts)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        cors = {"Access-Control-Allow-Origin": headers.get("origin", "")}
+        allow = self.cors.allow_origin(headers.get("origin", ""))
 
         async def send_cors(message):
             if message["type"] == "http.response.start":
-                extra = [(b"Access-Control-Allow-Origin", cors["Access-Control-Allow-Origin"].encode("latin-1"))]
+                extra = [] if allow is None else [(b"Access-Control-Allow-Origin", allow.encode("latin-1"))]
                 message = {**message, "headers": [_llama_case(k, v) for k, v in message.get("headers", [])] + extra}
             await send(message)
         early = self._early_response(scope, headers)
@@ -76,17 +83,15 @@ class Gate:
         """A route that needs the model waits while a sleeping engine loads it again; a failed load is a 503
         naming the cause."""
         path = scope["path"]
-        if not self.ctx.engine.sleeping or path in SLEEP_PATHS or (path == "/props" and scope["method"] == "GET"):
+        if (self.ctx.engine is None or not self.ctx.engine.sleeping or path in SLEEP_PATHS
+                or (path == "/props" and scope["method"] == "GET")):
             return None
         r = await self.ctx.bridge.wake()
         return None if r is None else error_response(ApiError(r.message, "unavailable_error"))
 
     def _early_response(self, scope, headers: dict) -> Response | None:
         if scope["method"] == "OPTIONS":
-            # 0c1e570's defaults of --cors-methods / --cors-headers (b8462 allowed "GET, POST")
-            return Response("", media_type="text/html", headers={
-                "Access-Control-Allow-Credentials": "true",
-                "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS", "Access-Control-Allow-Headers": "*"})
+            return Response("", media_type="text/html", headers=self.cors.preflight_headers())
         if not self.ctx.ready:
             return error_response(LOADING)
         path = scope["path"]
@@ -116,9 +121,11 @@ async def read_body(request: Request) -> dict:
     return parse_json_body(b"".join(chunks))
 
 
-def create_app(ctx: ServerContext) -> FastAPI:
+def create_app(ctx: ServerContext, tools: ToolRegistry | None = None) -> FastAPI:
+    """tools: the /tools registry (agent/setup.py's start_tools); None: --tools' built-ins with no runtime."""
     app = FastAPI(title="llamacmp-server", version=ctx.build_info, docs_url=None, redoc_url=None)
     _install_error_handlers(app)
+    (tools or ToolRegistry(build_tools(ctx.opts.tools))).add_routes(app)
     _add_routes(app, ctx)
     app.add_middleware(Gate, ctx=ctx)
     app.add_middleware(AccessLog)       # outermost: it sees every answer, the gate's early ones too
@@ -226,11 +233,6 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def rerank(request: Request):
         raise not_supported("This server does not support reranking. Start it with `--reranking`")
 
-    async def cors_proxy():
-        # llama-server 0c1e570 without --webui-mcp-proxy (which llamacmp refuses: it fetches nothing for the page)
-        return JSONResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}},
-                            status_code=403)
-
     for p in ("/health", "/v1/health"):
         app.add_api_route(p, health, methods=["GET"])
     for p in ("/models", "/v1/models"):
@@ -254,7 +256,7 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=ctx.opts.endpoint_metrics)
     _post(app, ["/embedding", "/embeddings", "/v1/embeddings"], embeddings, "object", listed=ctx.opts.embedding)
     _post(app, ["/rerank", "/reranking", "/v1/rerank", "/v1/reranking"], rerank, "object", listed=False)
-    app.add_api_route("/cors-proxy", cors_proxy, methods=["GET", "POST"], include_in_schema=False)
+    add_cors_proxy_route(app, ctx.opts)
     add_page_routes(app, ctx.opts)
     env = gcp_env()
     if env is not None:                 # last: its names map to every route above
@@ -296,6 +298,7 @@ def _gcp_port(params) -> None:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
     from .listen import listen_sockets, listening_address, uvicorn_kwargs, with_prefix
+    from .serve import ToolServer
     from ..args import parse_or_exit
     from ..args import version_text
     from ..log import setup_python_logging
@@ -304,8 +307,8 @@ def main(argv: list[str] | None = None) -> None:
     number, built = version_text().splitlines()
     log.info("build: %s %s", number.removeprefix("version: "), built.removeprefix("built "))   # llama.cpp's line
     if not params.model:
-        sys.stderr.write("error: no model given (-m FNAME)\n")
-        raise SystemExit(1)
+        from .router import main as router_main      # no -m: llama-server's router mode (router.py)
+        return router_main(params)
     _gcp_port(params)
     try:
         kw = uvicorn_kwargs(params)
@@ -317,20 +320,24 @@ def main(argv: list[str] | None = None) -> None:
         log.info("main: n_parallel is set to auto, using n_parallel = 4 and kv_unified = true")
     ctx = ServerContext(params)
     try:
-        app = with_prefix(create_app(ctx), params.server.api_prefix)
-    except (StaticPathError, ValueError) as e:      # ValueError: AIP_PREDICT_ROUTE names one of our routes
+        tools = start_tools(params.server)
+        app = with_prefix(create_app(ctx, tools), params.server.api_prefix)
+    except (StaticPathError, ValueError, RuntimeError) as e:   # ValueError: AIP_PREDICT_ROUTE names our route
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(1) from None
     # SIGTERM / Ctrl-C: stop accepting, give requests in flight up to --timeout seconds, then cancel them
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=params.server.timeout,
-                                           timeout_graceful_shutdown=params.server.timeout, **kw))
+    server = ToolServer(uvicorn.Config(app, log_level="warning", timeout_keep_alive=params.server.timeout,
+                                       timeout_graceful_shutdown=params.server.timeout, **kw), tools)
 
     def engine_failed(reason: str) -> None:
         sys.stderr.write(f"error: the engine has stopped: {reason}\n")
         server.should_exit = True
     ctx.on_fatal = engine_failed
     _load_in_background(ctx, listening_address(params))
-    server.run(sockets=sockets)
+    try:
+        server.run(sockets=sockets)
+    finally:
+        tools.close()
     if ctx.engine is not None:
         ctx.engine.stop()
         if ctx.engine.failed:

@@ -73,7 +73,7 @@ def props_json(ctx: ServerContext) -> dict:
             "ui": ctx.opts.webui, "ui_settings": {}, "chat_template": ctx.template.source,
             "chat_template_caps": _template_caps(ctx),
             "bos_token": bos, "eos_token": eos, "build_info": ctx.build_info, "is_sleeping": ctx.engine.sleeping,
-            "cors_proxy_enabled": False}       # --webui-mcp-proxy is refused: no proxy
+            "cors_proxy_enabled": ctx.opts.ui_mcp_proxy}       # --webui-mcp-proxy
 
 
 def _template_caps(ctx: ServerContext) -> dict:

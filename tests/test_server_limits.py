@@ -12,7 +12,7 @@ import pytest
 
 from llamacmp.engine.stops import partial_stop_len
 from llamacmp.server import misc
-from llamacmp.server.app import MAX_BODY
+from llamacmp.server.gate import MAX_BODY
 from llamacmp.server.errors import ApiError
 from llamacmp.server.validate import MAX_GRAMMAR_BYTES, MAX_N_PROBS, MAX_STOP_CHARS, MAX_STOPS
 from llamacmp.server.vision_input import image_url_bytes

@@ -11,7 +11,6 @@ import logging
 import os
 import secrets
 import string
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor

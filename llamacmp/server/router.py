@@ -18,7 +18,7 @@ from ..params import Params, ServerParams
 from .access_log import AccessLog
 from .agent.registry import ToolRegistry
 from .agent.setup import start_tools
-from .app import Gate, _install_error_handlers, read_body
+from .gate import Gate, install_error_handlers, read_body
 from .cors_proxy import add_route as add_cors_proxy_route
 from .errors import ApiError, bad_request, not_supported
 from .webui import StaticPathError, add_page_routes
@@ -70,7 +70,7 @@ def props_json(ctx: RouterContext) -> dict:
 
 def create_router_app(ctx: RouterContext, tools: ToolRegistry) -> FastAPI:
     app = FastAPI(title="llamacmp-server (router)", version=ctx.build_info, docs_url=None, redoc_url=None)
-    _install_error_handlers(app)
+    install_error_handlers(app)
     tools.add_routes(app)
     _add_routes(app, ctx)
     add_cors_proxy_route(app, ctx.opts)

@@ -144,12 +144,6 @@ gemm_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
     }
 }
 
-// An int dot of <= 32 int8 pairs (|s| <= 2^19) as float, exactly: add s to the mantissa of 1.5 * 2^23 and subtract
-// it again (one integer and one float add instead of the quarter-rate I2F conversion).
-__device__ __forceinline__ float dot_to_f32(int s) {
-    return __int_as_float(0x4B400000 + s) - 12582912.f;
-}
-
 // ---- GEMV ----------------------------------------------------------------------------------------------------------
 
 // Warp per R weight rows: lane l reads 16-byte chunks l, l+32, ... of each row (chunk c is half of Q8 block c/2), so
@@ -267,6 +261,7 @@ struct Gemm2Stage {
 // register prefetch of the next stage needs room) two groups of 4, the X block read twice from shared memory.
 // Known cost: clang 19 for sm_70 still spills ~280 B per thread (about 90 local accesses per 1024 DP4A in the
 // loop; splitting further did not change it): unmeasured on Volta; CudaBackend(gemm_v2=False) keeps the v1 GEMM.
+// nvcc 12.4 for sm_70 (tools/get_cuda12.sh) does not spill it: 254 registers, 0 bytes (2026-12-02).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 constexpr int GEMM2_IH = 2;
 #else
@@ -278,6 +273,19 @@ constexpr int GEMM2_IH = 1;
 // (broadcasts). Per Q8 block and output: 8 DP4A on the whole 32-byte block, one exact int->float, one fma with
 // d_w * d_x. Stages of BK2 blocks are double-buffered: stage s+1 is fetched (cp.async on sm_80+, into registers on
 // sm_70/75) while stage s is multiplied; one barrier per stage. D: the int8 dot (common.cuh).
+// The loop's SASS (DotDp4a, one stage = 2 blocks = 1024 IDP.4A per thread; tools: cuobjdump -sass, the loop between
+// the backward branch and its target; 2026-12-02, issue 20 item 5):
+//   before: sm_90 (nvcc 13.0) 1707 instructions: IDP 1024, IADD3 140, FADD / FMUL / FFMA 128 each, LDS 84, ~75
+//           of per-row guards and addresses; sm_70 (nvcc 12.4) 1718: the same shape, IMAD 16.
+//   now:    sm_90 1560 (IDP 1024, I2FP 128, FMUL 128, FFMA 128, LDS 84, 68 other); sm_70 1588 (I2F for I2FP,
+//           IMAD 13). 254 registers, no spills on both (ptxas -v).
+// What bounds it is the FMA pipe, not issue: IDP.4A, FADD/FMUL/FFMA and IMAD share it (common.cuh, chain_to_f32),
+// 2 cycles per warp instruction each, so on Volta the FP32 epilogue costs what a dot costs. FMA-pipe instructions
+// per 1024 IDP: 1424 before (72% of the DP4A rate at best), 1293 now (79%). The rest of the count change (the IADD3
+// of the old int->float, the per-row guards: a row or token past the end now reads the last one and stores
+// nothing) is issue slots only. What stays: FMUL d_w * d_x and the FFMA per output and block (the arithmetic is the
+// numpy reference's order), so 80% is this kernel's ceiling on Volta; beyond it needs fewer fp32 operations per
+// dot (e.g. two blocks' integer dots combined before scaling), which changes the results.
 template <class D>
 __global__ void __launch_bounds__(256, 1)
 gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
@@ -296,27 +304,37 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
     const int lr = tid >> 2, lc = tid & 3;         // chunk p: row lr + 64p, chunk lc (16 bytes = 4 ints)
     const int sr = tid >> 1, sk = tid & 1;         // scale: row sr, block sk of the stage
 
+    // Per-thread sources, set once: a row past `rows` (a token past T) reads the last one instead (its outputs are
+    // never stored), so only the K tail (the last stage's second block when nb is odd) needs a guard.
+    const int8_t* srcw[2];
+    const int8_t* srcx[2];
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        srcw[p] = wq + (size_t)min(row0 + lr + 64 * p, rows - 1) * n + lc * 16;
+        srcx[p] = xq + (size_t)min(tok0 + lr + 64 * p, T - 1) * n + lc * 16;
+    }
+    const __half* srcwd = wd + (size_t)min(row0 + sr, rows - 1) * nb + sk;
+    const float* srcxd = xd + (size_t)min(tok0 + sr, T - 1) * nb + sk;
+
     auto fetch = [&](int s, Gemm2Stage& b, int4 (&pw)[2], int4 (&px)[2], float& pwd, float& pxd) {
-        const int blk = s * BK2 + (lc >> 1);  // the Q8 block this chunk lies in
+        const bool ok = s * BK2 + (lc >> 1) < nb;            // the Q8 block this thread's chunks lie in exists
+        const size_t off = ok ? (size_t)s * BK2 * QK : 0;    // (else an in-bounds address, zeros written)
 #pragma unroll
         for (int p = 0; p < 2; ++p) {
-            const int r = lr + 64 * p, gr = row0 + r, gt = tok0 + r;
-            const bool okw = gr < rows && blk < nb, okx = gt < T && blk < nb;
-            const int8_t* sw = wq + (okw ? (size_t)gr * n + (size_t)s * BK2 * QK + lc * 16 : 0);
-            const int8_t* sx = xq + (okx ? (size_t)gt * n + (size_t)s * BK2 * QK + lc * 16 : 0);
+            const int r = lr + 64 * p;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-            copy16(&b.w[r][lc * 4], sw, okw);
-            copy16(&b.x[r][lc * 4], sx, okx);
+            copy16(&b.w[r][lc * 4], srcw[p] + off, ok);
+            copy16(&b.x[r][lc * 4], srcx[p] + off, ok);
             (void)pw; (void)px;
 #else
-            (void)b;
-            pw[p] = okw ? __ldg(reinterpret_cast<const int4*>(sw)) : make_int4(0, 0, 0, 0);
-            px[p] = okx ? __ldg(reinterpret_cast<const int4*>(sx)) : make_int4(0, 0, 0, 0);
+            (void)b; (void)r;
+            pw[p] = ok ? __ldg(reinterpret_cast<const int4*>(srcw[p] + off)) : make_int4(0, 0, 0, 0);
+            px[p] = ok ? __ldg(reinterpret_cast<const int4*>(srcx[p] + off)) : make_int4(0, 0, 0, 0);
 #endif
         }
-        const int sblk = s * BK2 + sk;
-        pwd = (row0 + sr < rows && sblk < nb) ? __half2float(wd[(size_t)(row0 + sr) * nb + sblk]) : 0.f;
-        pxd = (tok0 + sr < T && sblk < nb) ? xd[(size_t)(tok0 + sr) * nb + sblk] : 0.f;
+        const bool oks = s * BK2 + sk < nb;
+        pwd = oks ? __half2float(srcwd[s * BK2]) : 0.f;
+        pxd = oks ? srcxd[s * BK2] : 0.f;
     };
     auto publish = [&](Gemm2Stage& b, const int4 (&pw)[2], const int4 (&px)[2], float pwd, float pxd) {
 #if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)
@@ -370,9 +388,8 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
                     const float sx = cur.xd[ty + 16 * j][kb];
 #pragma unroll
                     for (int ii = 0; ii < NI; ++ii) {
-                        const int d = D::dot4(a[ii][1].w, b1.w, D::dot4(a[ii][1].z, b1.z, D::dot4(a[ii][1].y, b1.y,
-                                      D::dot4(a[ii][1].x, b1.x, dot16<D>(a[ii][0], b0)))));
-                        acc[h * NI + ii][j] = __fmaf_rn(dot_to_f32(d), __fmul_rn(sw[ii], sx), acc[h * NI + ii][j]);
+                        const int d = dot16<D>(a[ii][1], b1, dot16<D>(a[ii][0], b0, dot_chain_init()));
+                        acc[h * NI + ii][j] = __fmaf_rn(chain_to_f32(d), __fmul_rn(sw[ii], sx), acc[h * NI + ii][j]);
                     }
                 }
             }

@@ -279,11 +279,12 @@ __device__ __forceinline__ int dot16(const int4 a, const int4 b, int c = 0) {
 // is the value the block's dot chain starts from, chain_to_f32() turns the chain's end into the float of the dot.
 // Two exact forms, the same float: the conversion instruction (I2F on sm_70/75, I2FP.F32.S32 on sm_86+), or a chain
 // that starts from 0x4B400000 (the bits of 1.5 * 2^23: the end's bits are the float 1.5 * 2^23 + dot) and one FADD.
-// The conversion by default: IDP.4A shares its issue pipe with FP32 arithmetic (Volta and GA100: the FMA pipe;
-// sm_86+/sm_90: FMAheavy, beside an FP32-only FMAlite), the conversion runs on another (XU on sm_70: 16 per SM and
-// clock, 8 per 8 IDP.4A here; ALU on sm_86+). Per Q8 block and output the FMA pipe then carries 8 IDP.4A + FMUL +
-// FFMA instead of + FADD as well: a ceiling of 80% of the DP4A rate on Volta instead of 73%. CMP_GEMM_FADD_I2F=1
-// builds the FADD form (one FMA-pipe instruction per dot more, no conversion) for an A/B.
+// The conversion by default: IDP.4A issues to the same pipe as FP32 arithmetic (NVIDIA's description: GA100's FMA
+// pipe takes IMAD, IDP and FP32; on GH100 FMAheavy takes those and FMAlite FP32 only; Volta's equal FP32 and DP4A
+// rates, 64 per SM and clock, fit one shared FMA pipe there too: not measured here), the conversion runs on another
+// (XU on sm_70: 16 per SM and clock, one per 8 IDP.4A here; I2FP on the ALU on sm_86+). Per Q8 block and output the
+// FMA pipe then carries 8 IDP.4A + FMUL + FFMA without the FADD: a ceiling of 80% of the DP4A rate on Volta instead
+// of 73%. CMP_GEMM_FADD_I2F=1 builds the FADD form (one FMA-pipe instruction per dot more, no conversion): an A/B.
 #ifndef CMP_GEMM_FADD_I2F
 #define CMP_GEMM_FADD_I2F 0
 #endif

@@ -260,11 +260,12 @@ constexpr int GEMM2_IH = 1;
 #endif
 
 // Thread (tx, ty) = (tid % 16, tid / 16) owns rows tx + 16i and tokens ty + 16j (i, j < 8): its 16-byte reads of a
-// Q8 block of W touch 16 consecutive rows per warp (conflict-free: an odd stride in 16-byte units), those of X two tokens
-// (broadcasts). Per Q8 block and output: 8 DP4A on the whole 32-byte block, one exact int->float, one fma with
-// d_w * d_x. Stages of BK blocks (4 or 2: smem::gemm2_q8_plan) are double-buffered: stage s+1 is fetched (cp.async
-// on sm_80+, into registers on sm_70/75) while stage s is multiplied; one barrier per stage. Every output gets its
-// blocks' terms in increasing block order for either BK, so both give the same bits. D: the int8 dot (common.cuh).
+// Q8 block of W touch 16 consecutive rows per warp (conflict-free: the row stride is odd in 16-byte units), those of
+// X two tokens (broadcasts). Per Q8 block and output: 8 DP4A on the whole 32-byte block, one exact int->float, one
+// fma with d_w * d_x. Stages of BK blocks (4 or 2: smem::gemm2_q8_plan) are double-buffered: stage s+1 is fetched
+// (cp.async on sm_80+, into registers on sm_70/75) while stage s is multiplied; one barrier per stage. Every output
+// gets its blocks' terms in increasing block order for either BK, so both give the same bits. D: the int8 dot
+// (common.cuh).
 // The loop's SASS (DotDp4a, one stage = 2 blocks = 1024 IDP.4A per thread; tools: cuobjdump -sass, the loop between
 // the backward branch and its target; 2026-12-02, issue 20 item 5):
 //   before: sm_90 (nvcc 13.0) 1707 instructions: IDP 1024, IADD3 140, FADD / FMUL / FFMA 128 each, LDS 84, ~75

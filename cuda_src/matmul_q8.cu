@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "matmul_mma.cuh"
+#include "smem_plan.h"
 
 namespace cmp {
 namespace {
@@ -144,12 +145,6 @@ gemm_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
     }
 }
 
-// An int dot of <= 32 int8 pairs (|s| <= 2^19) as float, exactly: add s to the mantissa of 1.5 * 2^23 and subtract
-// it again (one integer and one float add instead of the quarter-rate I2F conversion).
-__device__ __forceinline__ float dot_to_f32(int s) {
-    return __int_as_float(0x4B400000 + s) - 12582912.f;
-}
-
 // ---- GEMV ----------------------------------------------------------------------------------------------------------
 
 // Warp per R weight rows: lane l reads 16-byte chunks l, l+32, ... of each row (chunk c is half of Q8 block c/2), so
@@ -249,24 +244,15 @@ gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     }
 }
 
-constexpr int TILE2 = 128;       // v2 GEMM tile: 128 weight rows x 128 tokens, 256 threads, 8x8 outputs each
-constexpr int BK2 = 2;           // Q8 blocks (of 32) per shared-memory stage: 64 bytes of each row
-constexpr int KI2 = BK2 * 8;     // ints per row per stage
-constexpr int KP2 = KI2 + 4;     // row stride in ints: 80 B keeps 16-byte alignment and makes the 16-byte reads of
-                                 // 8 consecutive rows land on disjoint banks
-
-// One stage of the operands in shared memory (one of two buffers).
-struct Gemm2Stage {
-    int w[TILE2][KP2];
-    int x[TILE2][KP2];
-    float wd[TILE2][BK2];
-    float xd[TILE2][BK2];
-};
+constexpr int TILE2 = smem::G2TILE;  // v2 GEMM tile: 128 weight rows x 128 tokens, 256 threads, 8x8 outputs each
+template <int BK>
+using Gemm2Stage = smem::G2Stage<BK>;  // one stage of BK Q8 blocks of both operands (smem_plan.h), two buffers
 
 // Weight rows held in registers at once: all 8 on sm_80+ (254 registers, no spill with nvcc 13); on sm_70/75 (the
 // register prefetch of the next stage needs room) two groups of 4, the X block read twice from shared memory.
 // Known cost: clang 19 for sm_70 still spills ~280 B per thread (about 90 local accesses per 1024 DP4A in the
 // loop; splitting further did not change it): unmeasured on Volta; CudaBackend(gemm_v2=False) keeps the v1 GEMM.
+// nvcc 12.4 for sm_70 (tools/get_cuda12.sh) does not spill it: 254 registers, 0 bytes (2026-12-02).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 constexpr int GEMM2_IH = 2;
 #else
@@ -274,11 +260,28 @@ constexpr int GEMM2_IH = 1;
 #endif
 
 // Thread (tx, ty) = (tid % 16, tid / 16) owns rows tx + 16i and tokens ty + 16j (i, j < 8): its 16-byte reads of a
-// Q8 block of W touch 16 consecutive rows per warp (conflict-free with the 80-byte stride), those of X two tokens
-// (broadcasts). Per Q8 block and output: 8 DP4A on the whole 32-byte block, one exact int->float, one fma with
-// d_w * d_x. Stages of BK2 blocks are double-buffered: stage s+1 is fetched (cp.async on sm_80+, into registers on
-// sm_70/75) while stage s is multiplied; one barrier per stage. D: the int8 dot (common.cuh).
-template <class D>
+// Q8 block of W touch 16 consecutive rows per warp (conflict-free: the row stride is odd in 16-byte units), those of
+// X two tokens (broadcasts). Per Q8 block and output: 8 DP4A on the whole 32-byte block, one exact int->float, one
+// fma with d_w * d_x. Stages of BK blocks (4 or 2: smem::gemm2_q8_plan) are double-buffered: stage s+1 is fetched
+// (cp.async on sm_80+, into registers on sm_70/75) while stage s is multiplied; one barrier per stage. Every output
+// gets its blocks' terms in increasing block order for either BK, so both give the same bits. D: the int8 dot
+// (common.cuh).
+// The loop's SASS (DotDp4a, one stage = 2 blocks = 1024 IDP.4A per thread; tools: cuobjdump -sass, the loop between
+// the backward branch and its target; 2026-12-02, issue 20 item 5):
+//   before: sm_90 (nvcc 13.0) 1707 instructions: IDP 1024, IADD3 140, FADD / FMUL / FFMA 128 each, LDS 84, ~75
+//           of per-row guards and addresses; sm_70 (nvcc 12.4) 1718: the same shape, IMAD 16.
+//   now:    sm_90 1560 (IDP 1024, I2FP 128, FMUL 128, FFMA 128, LDS 84, 68 other); sm_70 1588 (I2F for I2FP,
+//           IMAD 13). 254 registers, no spills on both (ptxas -v). sm_90 with 4-block stages: 3075 per 2048 IDP
+//           (1537 per 1024: LDS 149, the loader's addresses once per 4 blocks) and half the barriers; 254
+//           registers, no spill; the loop is 49 KB of code (an instruction-cache risk the A/B measures).
+// What bounds it is the FMA pipe, not issue: IDP.4A, FADD/FMUL/FFMA and IMAD share it (common.cuh, chain_to_f32),
+// 2 cycles per warp instruction each, so on Volta the FP32 epilogue costs what a dot costs. FMA-pipe instructions
+// per 1024 IDP: 1424 before (72% of the DP4A rate at best), 1293 now (79%). The rest of the count change (the IADD3
+// of the old int->float, the per-row guards: a row or token past the end now reads the last one and stores
+// nothing) is issue slots only. What stays: FMUL d_w * d_x and the FFMA per output and block (the arithmetic is the
+// numpy reference's order), so 80% is this kernel's ceiling on Volta; beyond it needs fewer fp32 operations per
+// dot (e.g. two blocks' integer dots combined before scaling), which changes the results.
+template <class D, int BK>
 __global__ void __launch_bounds__(256, 1)
 gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const float* __restrict__ xd,   // [T, n/32]
@@ -287,50 +290,68 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const float* __restrict__ res,  // [T, rows] added to y, or null
                 float* __restrict__ y,          // [T, rows]
                 int T, int rows, int n) {
-    __shared__ __align__(16) Gemm2Stage st[2];
+    static_assert(BK == 2 || BK == 4, "stages of 2 or 4 Q8 blocks");
+    using Stage = Gemm2Stage<BK>;
+    extern __shared__ __align__(16) unsigned char g2smem[];   // Stage[2]
+    Stage* st = reinterpret_cast<Stage*>(g2smem);
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const int row0 = blockIdx.x * TILE2, tok0 = blockIdx.y * TILE2, nb = n / QK;
-    const int nstage = (nb + BK2 - 1) / BK2;
-    // Loader roles: 512 16-byte chunks per operand per stage (128 rows x 4), two per thread; consecutive threads
-    // take consecutive chunks of one row, so a warp reads 8 whole 64-byte row segments. Scales: one per thread.
-    const int lr = tid >> 2, lc = tid & 3;         // chunk p: row lr + 64p, chunk lc (16 bytes = 4 ints)
-    const int sr = tid >> 1, sk = tid & 1;         // scale: row sr, block sk of the stage
-
-    auto fetch = [&](int s, Gemm2Stage& b, int4 (&pw)[2], int4 (&px)[2], float& pwd, float& pxd) {
-        const int blk = s * BK2 + (lc >> 1);  // the Q8 block this chunk lies in
+    const int nstage = (nb + BK - 1) / BK;
+    // Loader roles: 128 rows x 2 BK 16-byte chunks per operand per stage, BK per thread; consecutive threads take
+    // consecutive chunks of one row, so a warp reads whole 32 BK-byte row segments. Scales: BK / 2 per thread.
+    constexpr int CPR = 2 * BK, RSTEP = 256 / CPR, SPT = BK / 2;
+    const int lr = tid / CPR, lc = tid % CPR;     // chunk p: row lr + RSTEP p, chunk lc (16 bytes = 4 ints)
+    const int sr = tid >> 1, sk = (tid & 1) * SPT;  // scales: row sr, blocks sk .. sk + SPT - 1 of the stage
+    // Per-thread sources, set once: a row past `rows` (a token past T) reads the last one instead (its outputs are
+    // never stored), so only the K tail (the last stage's blocks past nb) needs a guard.
+    const int8_t* srcw[BK];
+    const int8_t* srcx[BK];
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
-            const int r = lr + 64 * p, gr = row0 + r, gt = tok0 + r;
-            const bool okw = gr < rows && blk < nb, okx = gt < T && blk < nb;
-            const int8_t* sw = wq + (okw ? (size_t)gr * n + (size_t)s * BK2 * QK + lc * 16 : 0);
-            const int8_t* sx = xq + (okx ? (size_t)gt * n + (size_t)s * BK2 * QK + lc * 16 : 0);
+    for (int p = 0; p < BK; ++p) {
+        srcw[p] = wq + (size_t)min(row0 + lr + RSTEP * p, rows - 1) * n + lc * 16;
+        srcx[p] = xq + (size_t)min(tok0 + lr + RSTEP * p, T - 1) * n + lc * 16;
+    }
+    const __half* srcwd = wd + (size_t)min(row0 + sr, rows - 1) * nb + sk;
+    const float* srcxd = xd + (size_t)min(tok0 + sr, T - 1) * nb + sk;
+
+    struct Pending { int4 w[BK], x[BK]; float wd[SPT], xd[SPT]; };  // sm_70/75: the next stage in registers
+    auto fetch = [&](int s, Stage& b, Pending& pd) {
+        const bool ok = s * BK + (lc >> 1) < nb;             // the Q8 block this thread's chunks lie in exists
+        const size_t off = ok ? (size_t)s * BK * QK : 0;     // (else an in-bounds address, zeros written)
+#pragma unroll
+        for (int p = 0; p < BK; ++p) {
+            const int r = lr + RSTEP * p;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-            copy16(&b.w[r][lc * 4], sw, okw);
-            copy16(&b.x[r][lc * 4], sx, okx);
-            (void)pw; (void)px;
+            copy16(&b.w[r][lc * 4], srcw[p] + off, ok);
+            copy16(&b.x[r][lc * 4], srcx[p] + off, ok);
 #else
-            (void)b;
-            pw[p] = okw ? __ldg(reinterpret_cast<const int4*>(sw)) : make_int4(0, 0, 0, 0);
-            px[p] = okx ? __ldg(reinterpret_cast<const int4*>(sx)) : make_int4(0, 0, 0, 0);
+            (void)b; (void)r;
+            pd.w[p] = ok ? __ldg(reinterpret_cast<const int4*>(srcw[p] + off)) : make_int4(0, 0, 0, 0);
+            pd.x[p] = ok ? __ldg(reinterpret_cast<const int4*>(srcx[p] + off)) : make_int4(0, 0, 0, 0);
 #endif
         }
-        const int sblk = s * BK2 + sk;
-        pwd = (row0 + sr < rows && sblk < nb) ? __half2float(wd[(size_t)(row0 + sr) * nb + sblk]) : 0.f;
-        pxd = (tok0 + sr < T && sblk < nb) ? xd[(size_t)(tok0 + sr) * nb + sblk] : 0.f;
+#pragma unroll
+        for (int q = 0; q < SPT; ++q) {
+            const bool oks = s * BK + sk + q < nb;
+            pd.wd[q] = oks ? __half2float(srcwd[s * BK + q]) : 0.f;
+            pd.xd[q] = oks ? srcxd[s * BK + q] : 0.f;
+        }
     };
-    auto publish = [&](Gemm2Stage& b, const int4 (&pw)[2], const int4 (&px)[2], float pwd, float pxd) {
+    auto publish = [&](Stage& b, const Pending& pd) {
 #if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
-            *reinterpret_cast<int4*>(&b.w[lr + 64 * p][lc * 4]) = pw[p];
-            *reinterpret_cast<int4*>(&b.x[lr + 64 * p][lc * 4]) = px[p];
+        for (int p = 0; p < BK; ++p) {
+            *reinterpret_cast<int4*>(&b.w[lr + RSTEP * p][lc * 4]) = pd.w[p];
+            *reinterpret_cast<int4*>(&b.x[lr + RSTEP * p][lc * 4]) = pd.x[p];
         }
 #else
-        (void)pw; (void)px;
         cp_async_wait();
 #endif
-        b.wd[sr][sk] = pwd;
-        b.xd[sr][sk] = pxd;
+#pragma unroll
+        for (int q = 0; q < SPT; ++q) {
+            b.wd[sr][sk + q] = pd.wd[q];
+            b.xd[sr][sk + q] = pd.xd[q];
+        }
     };
 
     float acc[8][8];
@@ -339,18 +360,17 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
 
-    int4 pw[2], px[2];
-    float pwd, pxd;
-    fetch(0, st[0], pw, px, pwd, pxd);
-    publish(st[0], pw, px, pwd, pxd);
+    Pending pd;
+    fetch(0, st[0], pd);
+    publish(st[0], pd);
     __syncthreads();
     for (int s = 0; s < nstage; ++s) {
-        Gemm2Stage& cur = st[s & 1];
-        Gemm2Stage& nxt = st[(s & 1) ^ 1];
+        Stage& cur = st[s & 1];
+        Stage& nxt = st[(s & 1) ^ 1];
         const bool more = s + 1 < nstage;
-        if (more) fetch(s + 1, nxt, pw, px, pwd, pxd);  // nxt was last read before the previous barrier
+        if (more) fetch(s + 1, nxt, pd);  // nxt was last read before the previous barrier
 #pragma unroll
-        for (int kb = 0; kb < BK2; ++kb) {
+        for (int kb = 0; kb < BK; ++kb) {
 #pragma unroll
             for (int h = 0; h < GEMM2_IH; ++h) {  // GEMM2_IH groups of 8 / GEMM2_IH weight rows in registers
                 constexpr int NI = 8 / GEMM2_IH;
@@ -370,14 +390,13 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
                     const float sx = cur.xd[ty + 16 * j][kb];
 #pragma unroll
                     for (int ii = 0; ii < NI; ++ii) {
-                        const int d = D::dot4(a[ii][1].w, b1.w, D::dot4(a[ii][1].z, b1.z, D::dot4(a[ii][1].y, b1.y,
-                                      D::dot4(a[ii][1].x, b1.x, dot16<D>(a[ii][0], b0)))));
-                        acc[h * NI + ii][j] = __fmaf_rn(dot_to_f32(d), __fmul_rn(sw[ii], sx), acc[h * NI + ii][j]);
+                        const int d = dot16<D>(a[ii][1], b1, dot16<D>(a[ii][0], b0, dot_chain_init()));
+                        acc[h * NI + ii][j] = __fmaf_rn(chain_to_f32(d), __fmul_rn(sw[ii], sx), acc[h * NI + ii][j]);
                     }
                 }
             }
         }
-        if (more) publish(nxt, pw, px, pwd, pxd);
+        if (more) publish(nxt, pd);
         __syncthreads();
     }
 #pragma unroll
@@ -393,6 +412,33 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
 }
 
 // ==== launchers ===================================================================================================
+
+template <class D, int BK>
+int launch_gemm2(const int8_t* xq, const float* xd, const int8_t* wq, const void* wd, const float* res, float* y,
+                 int T, int rows, int n) {
+    constexpr size_t bytes = 2 * sizeof(Gemm2Stage<BK>);
+    auto kernel = gemm2_q8_kernel<D, BK>;
+    CMP_TRY(smem_opt_in("gemm2_q8_kernel", kernel, bytes));
+    kernel<<<dim3(ceil_div(rows, TILE2), ceil_div(T, TILE2)), 256, bytes, stream()>>>(
+        xq, xd, wq, static_cast<const __half*>(wd), res, y, T, rows, n);
+    return check_launch("gemm2_q8_kernel");
+}
+
+// Whether the v2 GEMM takes stages of 4 blocks here: smem::gemm2_q8_plan says they fit, and the code the device
+// runs is compute_80+ (cp.async; sm_70/75's register-staged copy keeps 2). Asked once per device (code_at_least).
+// CMP_GEMM2_WIDE=0 builds a library that keeps 2-block stages everywhere (an A/B of the stage width).
+#ifndef CMP_GEMM2_WIDE
+#define CMP_GEMM2_WIDE 1
+#endif
+PerDevice g_gemm2_code;
+int gemm2_wide(bool* yes) {
+    size_t limit = 0;
+    CMP_TRY(smem_limit(&limit));
+    bool async = false;
+    CMP_TRY(code_at_least(gemm2_q8_kernel<DotDp4a, 4>, 80, g_gemm2_code, &async));
+    *yes = CMP_GEMM2_WIDE && async && smem::gemm2_q8_plan(limit).config == 4;
+    return CMP_OK;
+}
 
 using GemvLaunch = int (*)(const int8_t*, const float*, const GemvSet&, int, int);
 
@@ -490,14 +536,17 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
     }
     // The 128-token tile wastes most of its work below ~96 tokens; the 64x64 one fills the GPU better there.
     const bool big = (kernels & CMP_MM_GEMM2) && T >= GEMM2_MIN_T;
+    bool wide = false;
+    if (big) CMP_TRY(gemm2_wide(&wide));
     return dispatch_dot(gemm_dot, "cmp_matmul_q8_ex", [&](auto dot) {
         using D = decltype(dot);
         for (int i = 0; i < count; ++i) {
             const float* r = res ? res[i] : nullptr;
             if (big) {
-                gemm2_q8_kernel<D><<<dim3(ceil_div(rows[i], TILE2), ceil_div(T, TILE2)), 256, 0, stream()>>>(
-                    xq, xd, wq[i], static_cast<const __half*>(wd[i]), r, y[i], T, rows[i], n);
-                CMP_TRY(check_launch("gemm2_q8_kernel"));
+                // 4-block stages on DP4A only: DP2A / IMAD's byte unpacking needs the registers (spills at 4)
+                constexpr int WIDE = D::OPS == 1 ? 4 : 2;
+                CMP_TRY((wide ? launch_gemm2<D, WIDE> : launch_gemm2<D, 2>)(xq, xd, wq[i], wd[i], r, y[i], T,
+                                                                             rows[i], n));
             } else {
                 gemm_q8_kernel<D><<<dim3(ceil_div(rows[i], TILE), ceil_div(T, TILE)), 256, 0, stream()>>>(
                     xq, xd, wq[i], static_cast<const __half*>(wd[i]), r, y[i], T, rows[i], n);

@@ -288,6 +288,16 @@ __global__ void half_sums_kernel(const int8_t* __restrict__ xq,  // [T, n]
 // double-buffered (codes by cp.async on sm_80+; scales through registers), one barrier per stage; STAGES 1 where
 // shared memory holds one stage only (smem::gemm_quant_plan: sm_61): the next stage waits in registers while the
 // current one is multiplied, then a second barrier before it overwrites it. The arithmetic is the same.
+// The loop's SASS per 2-stage (1024 IDP.4A per thread; 2026-12-02, issue 20 item 5; sm_90 nvcc 13.0 / sm_70 nvcc
+// 12.4), before -> now (the int->float by the conversion, chain_to_f32 in common.cuh; rows past the end read the
+// last one, only the K tail guarded):
+//   Q4_K form (MIN):   2144 / 2155 -> 2008 / 2007 instructions; FMA-pipe ones (IDP, FADD/FMUL/FFMA, IMAD) on
+//                      sm_70 1810 -> 1680: a ceiling of 57% -> 61% of the DP4A rate. The min term (FMUL + FFMA +
+//                      FADD per output and sub-block) is most of what stays; sm_70 spills 12 B -> none.
+//   Q6_K form (PER16): 2092 / 2107 -> 1819 / 1830; sm_70 FMA pipe 1680 -> 1416 (61% -> 72%), 256 I2F on the XU
+//                      (16 per SM and clock on Volta: ~70% busy at that rate); sm_70 spills 0 -> 24 B (3 LDL).
+//   Q4_0 form:         1716 / - -> 1572 (sm_90).
+// Registers 227-255 (one block of 256 threads per SM, as before).
 template <bool PER16, bool MIN, class D, int STAGES>
 __global__ void __launch_bounds__(256, 1)
 gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
@@ -313,29 +323,41 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
     const int sr = tid >> 1, sk = tid & 1;  // scale loads: row sr, sub-block sk of the stage
 
     struct Pending { int4 w[2], x[2]; float2 ws, wm, xs; float xd; };
+    // Per-thread sources, set once: a row past R (a token past T) reads the last one instead (its outputs are never
+    // stored), so only the K tail (the last stage's second sub-block when nsub is odd) needs a guard.
+    const int8_t* srcw[2];
+    const int8_t* srcx[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        srcw[k] = wq + (size_t)min(row0 + lr + 64 * k, R - 1) * n + lc * 16;
+        srcx[k] = xq + (size_t)min(tok0 + lr + 64 * k, T - 1) * n + lc * 16;
+    }
+    const size_t srow = (size_t)min(row0 + sr, R - 1), stok = (size_t)min(tok0 + sr, T - 1);
+    const float2* srcws = reinterpret_cast<const float2*>(ws + srow * nh) + sk;
+    const float2* srcwm = reinterpret_cast<const float2*>((MIN ? wm : ws) + srow * nh) + sk;
+    const float2* srcxs = reinterpret_cast<const float2*>((MIN ? xs : ws) + stok * nh) + sk;
+    const float* srcxd = xd + stok * nsub + sk;
     auto fetch = [&](int s, QStage& b, Pending& p) {
-        const int blk = s * QBK + (lc >> 1);
+        const bool ok = s * QBK + (lc >> 1) < nsub;          // the sub-block this thread's chunks lie in exists
+        const size_t off = ok ? (size_t)s * QBK * 32 : 0;     // (else an in-bounds address, zeros written)
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            const int r = lr + 64 * k, gr = row0 + r, gt = tok0 + r;
-            const bool okw = gr < R && blk < nsub, okx = gt < T && blk < nsub;
-            const int8_t* sw = wq + (okw ? (size_t)gr * n + (size_t)s * QBK * 32 + lc * 16 : 0);
-            const int8_t* sx = xq + (okx ? (size_t)gt * n + (size_t)s * QBK * 32 + lc * 16 : 0);
+            const int r = lr + 64 * k;
             if constexpr (ASYNC) {
-                copy16(&b.w[r][lc * 4], sw, okw);
-                copy16(&b.x[r][lc * 4], sx, okx);
+                copy16(&b.w[r][lc * 4], srcw[k] + off, ok);
+                copy16(&b.x[r][lc * 4], srcx[k] + off, ok);
             } else {
-                p.w[k] = okw ? __ldg(reinterpret_cast<const int4*>(sw)) : make_int4(0, 0, 0, 0);
-                p.x[k] = okx ? __ldg(reinterpret_cast<const int4*>(sx)) : make_int4(0, 0, 0, 0);
+                (void)b; (void)r;
+                p.w[k] = ok ? __ldg(reinterpret_cast<const int4*>(srcw[k] + off)) : make_int4(0, 0, 0, 0);
+                p.x[k] = ok ? __ldg(reinterpret_cast<const int4*>(srcx[k] + off)) : make_int4(0, 0, 0, 0);
             }
         }
-        const int sblk = s * QBK + sk;
-        const bool okw = row0 + sr < R && sblk < nsub, okx = tok0 + sr < T && sblk < nsub;
+        const bool oks = s * QBK + sk < nsub;
         const float2 z = make_float2(0.f, 0.f);
-        p.ws = okw ? reinterpret_cast<const float2*>(ws + (size_t)(row0 + sr) * nh)[sblk] : z;
-        p.wm = MIN && okw ? reinterpret_cast<const float2*>(wm + (size_t)(row0 + sr) * nh)[sblk] : z;
-        p.xs = MIN && okx ? reinterpret_cast<const float2*>(xs + (size_t)(tok0 + sr) * nh)[sblk] : z;
-        p.xd = okx ? xd[(size_t)(tok0 + sr) * nsub + sblk] : 0.f;
+        p.ws = oks ? srcws[s * QBK] : z;
+        p.wm = MIN && oks ? srcwm[s * QBK] : z;
+        p.xs = MIN && oks ? srcxs[s * QBK] : z;
+        p.xd = oks ? srcxd[s * QBK] : 0.f;
     };
     auto publish = [&](QStage& b, const Pending& p) {
         if constexpr (ASYNC) {
@@ -396,8 +418,11 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
                     const float e0 = MIN ? cur.xs[c][2 * kb] : 0.f, e1 = MIN ? cur.xs[c][2 * kb + 1] : 0.f;
 #pragma unroll
                     for (int ii = 0; ii < 4; ++ii) {
-                        const int d0 = dot16<D>(a[ii][0], b0), d1 = dot16<D>(a[ii][1], b1);
-                        const float v = PER16 ? fmaf(s0[ii], i2f(d0), s1[ii] * i2f(d1)) : s0[ii] * i2f(d0 + d1);
+                        // PER16: a dot chain per half; else one chain over the sub-block (the integer d0 + d1)
+                        const int d0 = dot16<D>(a[ii][0], b0, dot_chain_init());
+                        const int d1 = dot16<D>(a[ii][1], b1, PER16 ? dot_chain_init() : d0);
+                        const float v = PER16 ? fmaf(s0[ii], chain_to_f32(d0), s1[ii] * chain_to_f32(d1))
+                                              : s0[ii] * chain_to_f32(d1);
                         float& o = acc[4 * h + ii][j];
                         o = fmaf(v, sx, o);
                         if (MIN) o -= fmaf(m0[ii], e0, m1[ii] * e1);

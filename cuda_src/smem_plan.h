@@ -67,6 +67,25 @@ constexpr Plan attention_plan(int Dh, size_t limit) {
                                                         : Plan{0, attention_bytes(Dh, ATT_ROWS / 2)};
 }
 
+// ---- gemm2_q8_kernel (matmul_q8.cu, the Q8_0 DP4A GEMM) ---------------------------------------------------------
+// Two stages of BK Q8 blocks each: 128 weight rows and 128 tokens of codes (row stride BK * 8 + 4 ints: 16-byte
+// aligned, and 8 consecutive rows' 16-byte reads on disjoint banks since the stride in 16-byte units is odd) and
+// their scales. 4 blocks per stage (80 KB, one barrier per 4 blocks) where that fits, else 2 (45 KB, every card);
+// the launcher takes 4 only where the kernel's code has cp.async (sm_80+: the register-staged copy of sm_70/75
+// holds a whole stage in registers, and at 4 blocks sm_70 spills 72 B where 2 spill none; nvcc 12.4).
+constexpr int G2TILE = 128;
+template <int BK>
+struct G2Stage {
+    static constexpr int KP = BK * 8 + 4;
+    int w[G2TILE][KP];
+    int x[G2TILE][KP];
+    float wd[G2TILE][BK];
+    float xd[G2TILE][BK];
+};
+constexpr Plan gemm2_q8_plan(size_t limit) {
+    return 2 * sizeof(G2Stage<4>) <= limit ? Plan{4, 2 * sizeof(G2Stage<4>)} : Plan{2, 2 * sizeof(G2Stage<2>)};
+}
+
 // ---- gemm_quant_kernel (matmul_quant.cu, the DP4A GEMM of the expanded block types) --------------------------------
 constexpr int QTILE = 128;   // GEMM tile: 128 weight rows x 128 tokens
 constexpr int QBK = 2;       // sub-blocks of 32 per shared-memory stage

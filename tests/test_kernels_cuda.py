@@ -623,6 +623,29 @@ def test_matmul_q8_ex_kernels_and_residual(cuda_backend, kernels, T, rows, n, do
         assert rel(g, r + a) < Q8_TOL
 
 
+@pytest.mark.parametrize("T,rows,n", [(96, 127, 96), (97, 129, 1184), (130, 255, 320), (200, 130, 2080)])
+def test_gemm2_stage_widths_give_the_same_bits(cuda_backend, T, rows, n):
+    """The v2 Q8_0 GEMM's stages of 4 blocks (sm_80+ code where 80 KB fit: smem::gemm2_q8_plan) and of 2 (under
+    sm_75's 64 KB cap, and sm_61's 48 KB) give the same bits: the same dots and, per output, the same block order.
+    Block counts 3, 37, 10, 65: the last stage holds 3, 1, 2 and 1 of its 4 blocks; against numpy_ref too."""
+    from cuda_helpers import SMEM_CAPS
+    be = cuda_backend
+    rng = np.random.default_rng(T + rows + n)
+    ref, mats, xq, xd = _q8_set_case(be, rng, T, rows, n)
+    out = {}
+    for cap in (SMEM_CAPS["sm61"], SMEM_CAPS["sm75"], 0):
+        be.native.cmp_set_smem_cap(cap)
+        try:
+            out[cap] = _q8_ex(be, xq, xd, mats, T, n, 2)   # CMP_MM_GEMM2, DP4A
+        finally:
+            be.native.cmp_set_smem_cap(0)
+    for g, r in zip(out[0], ref):
+        assert rel(g, r) < Q8_TOL
+    for cap in (SMEM_CAPS["sm61"], SMEM_CAPS["sm75"]):
+        for a, b in zip(out[cap], out[0]):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_matmul_q8_ex_rejects_unknown_kernel_bits(cuda_backend):
     from llamacmp.lib._native import NativeError
     be = cuda_backend

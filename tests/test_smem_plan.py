@@ -66,6 +66,8 @@ def test_prompt_processing_and_decode_fit_every_card(table, card):
         assert rows and b <= limit, (card, Dh, rows, b)
     stages, b = pick(table, "gemm_quant_kernel", 0, limit)
     assert stages and b <= limit
+    bk, b = pick(table, "gemm2_q8_kernel", 0, limit)
+    assert bk in (2, 4) and b <= limit
     decode = [r for r in table if r[0].startswith("attn_decode_kernel") and r[2] == limit]
     assert len(decode) == 3 * 4 * 2 and all(c and b <= limit for _, _, _, c, b in decode)
 
@@ -75,6 +77,7 @@ def test_large_cards_keep_todays_configuration(table):
         assert [pick(table, "attn_prefill_kernel", Dh, CARDS[card])[0] for Dh in HEAD_DIMS] == [64, 64, 64]
         assert [pick(table, "attention_kernel", Dh, CARDS[card])[0] for Dh in ROUND1_DIMS] == [16, 16, 16]
         assert pick(table, "gemm_quant_kernel", 0, CARDS[card])[0] == 2
+        assert pick(table, "gemm2_q8_kernel", 0, CARDS[card])[0] == 4   # the launcher: 2 on sm_70's code
         assert [pick(table, "attention_full_kernel", Dh, CARDS[card])[0] for Dh in (64, 72, 80, 128)] == [64] * 4
     assert pick(table, "gdn_chunked_kernel", 128, CARDS["sm_70"])[0] == 1   # 96000 B: Qwen3.5's key dim
 
@@ -85,6 +88,7 @@ def test_the_cuda_tests_caps_reach_every_configuration(table):
     assert {pick(table, "attn_prefill_kernel", Dh, lim)[0] for Dh in HEAD_DIMS for lim in caps} == {16, 32, 64}
     assert {pick(table, "attn_prefill_kernel", 256, lim)[0] for lim in caps} == {16, 32, 64}
     assert {pick(table, "gemm_quant_kernel", 0, lim)[0] for lim in caps} == {1, 2}
+    assert {pick(table, "gemm2_q8_kernel", 0, lim)[0] for lim in caps} == {2, 4}
     assert {pick(table, "attention_kernel", 192, lim)[0] for lim in caps} == {8, 16}
     assert {pick(table, "attention_full_kernel", 72, lim)[0] for lim in caps} == {32, 64}
     assert {pick(table, "gdn_chunked_kernel", 128, lim)[0] for lim in caps} == {0, 1}   # the scan fallback too

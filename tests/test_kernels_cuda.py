@@ -824,7 +824,7 @@ def _q8_to_host(be, q, d):
     return _i8_rows(be, q, 0, q.shape[0]), be.to_host(d)
 
 
-@pytest.mark.parametrize("T,D", [(1, 32), (3, 96), (7, 4096), (17, 1056), (2, 2080)])
+@pytest.mark.parametrize("T,D", [(1, 32), (3, 96), (7, 4096), (17, 1056), (2, 2080), (1, 5120), (2, 8224)])
 def test_rmsnorm_q8_equals_rmsnorm_then_quantize(cuda_backend, T, D):
     be = cuda_backend
     rng = np.random.default_rng(D + T)

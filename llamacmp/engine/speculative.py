@@ -211,6 +211,13 @@ class Speculator:
         results) while the device runs them; elsewhere it is called after the verify. It is part of the round's
         timing either way, as a plain step's flush is part of the plain step's."""
         n = self.n_max if n is None else n
+        events = self._events()
+        out = self._step(items, n, while_running)
+        if self._events() != events:
+            self._tally(len(items), "captures")
+        return out
+
+    def _step(self, items, n: int, while_running):
         if self._graphed([st for st, _, _ in items], n) and self.p_min <= 0.0:
             t_start, events, declined = time.perf_counter(), self._events(), self._declined()
             got = self._step_graph(items, n, while_running)
@@ -219,14 +226,29 @@ class Speculator:
                 return got
             # a shape of catch-up lengths seen for the first time drafts eagerly this round (asking the graphs
             # again from draft() would capture it at once: every new shape of several slots a capture)
-            drafts = self.draft(items, n, graphs=self._declined() == declined)
+            eager = self._declined() != declined
+            drafts = self.draft(items, n, graphs=not eager)
+            if eager:
+                self._tally(len(items), "eager")
         else:
+            if self.graphs is not None:
+                self._tally(len(items), "eager")
             drafts = self.draft(items, n)
         if while_running is not None:       # (inside the round's timing: verify() records it at its end)
             out = self.verify([(st, ms, t0, d) for (st, ms, t0), d in zip(items, drafts)], n, while_running)
         else:
             out = self.verify([(st, ms, t0, d) for (st, ms, t0), d in zip(items, drafts)], n)
         return (drafts,) + out
+
+    def _tally(self, S: int, kind: str) -> None:
+        if self.policy is not None:
+            self.policy.count(S, kind)
+
+    def round_counts(self) -> dict[int, dict[str, int]]:
+        """Per number of sequences in a round: the policy's decisions (DraftPolicy.count: drafted, plain, probes,
+        explored, skipped) and what the drafting rounds cost beyond a replay (captures, eager); {} without
+        adaptive drafting. A copy (the server's metrics read it from another thread)."""
+        return {} if self.policy is None else {S: dict(row) for S, row in sorted(self.policy.counts.items())}
 
     def _step_graph(self, items, n: int, while_running=None):
         self._heads_in_step(items, n)

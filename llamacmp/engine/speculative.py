@@ -160,7 +160,11 @@ class Speculator:
         for st, ms, t, i in items:
             if ms.state.n_past + len(ms.pending) != st.n_past - 1:
                 self.reset(ms, st.n_past - 1)
-            self._push(ms, [int(t)], self.be.gather_rows(h, np.asarray([i], np.int32)), 1)
+            # _push of one row, without its second gather (of row 0 of this fresh one-row copy): a plain step of
+            # S sequences pays S gathers, not 2S (each an index upload and a launch)
+            ms.pending.append(int(t))
+            ms.pending_h.append(ms.h_last)
+            ms.h_last = self.be.gather_rows(h, np.asarray([i], np.int32))
 
     def time_plain(self, rows: int, seconds: float) -> None:
         """A plain step of `rows` sequences took `seconds` (the driver's clean timing: nothing captured)."""

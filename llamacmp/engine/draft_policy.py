@@ -144,7 +144,7 @@ class DraftPolicy:
         self.gap, self.since, self.probing = PROBE_MIN, 0, False
         self.drafted = 0                          # drafting rounds in a row
         self.n_spec = self.n_plain = self.n_probes = 0
-        self.counts: dict[int, dict[str, int]] = {}   # per S: RoundCounts kinds (count(); Speculator adds its own)
+        self.counts: dict[int, dict[str, int]] = {}   # per S: rounds by kind (count())
         self._explored = False                    # the last _best explored (nothing measured for S)
 
     def count(self, S: int, kind: str, k: int = 1) -> None:
@@ -199,8 +199,10 @@ class DraftPolicy:
         return (S * (n + 1) + others) / (self._floor(S, n) + apart) > (S + others) / plain
 
     def _floor(self, S: int, n: int) -> float:
-        """The least a round of S > 1 sequences drafting n can cost: its measured or estimated cost where known,
-        never below CostTable.spec_floor (an estimate on the line from one measured length can be)."""
+        """What a round of S > 1 sequences drafting n costs: measured, else its estimate but never below
+        CostTable.spec_floor (an estimate on the line from one measured length can be)."""
+        if (S, n) in self.costs.spec:
+            return self.costs.spec[(S, n)]
         known = self.costs.spec_cost(S, n)
         return max(self.costs.spec_floor(S, n), known if known is not None else 0.0)
 

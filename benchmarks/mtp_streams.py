@@ -1,7 +1,10 @@
 """llamacmp-server alone, MTP off against on, at 1 and N concurrent streams (issue 19: with 4 streams MTP on must
 never be slower than off; the scheduler's draft policy steps plainly where batching wins). Per setting a fresh
 server (-np = the most streams), as benchmarks/side_by_side.py's spec mode measures llamacmp (same helpers):
-1 stream: the server's decode rate; N: all tokens of N concurrent greedy streams over the wall time.
+1 stream: the server's decode rate; N: all tokens of N concurrent greedy streams over the wall time. Under the
+table, per setting and stream count, the draft policy's rounds by number of sequences in a round (the server's
+llamacmp:spec_rounds_total counters over that measurement, warm-ups included): drafted / plain / probes /
+explored / skipped, and the drafting rounds' graph captures and eager rounds.
     python3 benchmarks/mtp_streams.py --model M.gguf --spec-synth-len 1,2.5 [--streams 1,4] [-n 128] [--out F.md]
 """
 from __future__ import annotations
@@ -14,6 +17,33 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import server_vs_llamacpp as sv  # noqa: E402
 from side_by_side import draft_mean_len, single_stream_tps, spec_settings  # noqa: E402
+
+
+def spec_rounds(url: str) -> dict[tuple[int, str], int]:
+    """The server's llamacmp:spec_rounds_total counters -> {(S, kind): rounds} ({} with MTP off)."""
+    import httpx
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("llamacmp:spec_rounds_total{"):
+            labels, value = line[len("llamacmp:spec_rounds_total{"):].rsplit("} ", 1)
+            kv = dict(part.split("=", 1) for part in labels.split(","))
+            out[(int(kv["seqs"].strip('"')), kv["kind"].strip('"'))] = int(float(value))
+    return out
+
+
+def rounds_text(before: dict, after: dict) -> str:
+    """What ran between two spec_rounds() readings, per number of sequences: 'S=4: plain 120, probes 2, ...'."""
+    diff = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+    return "; ".join(f"S={S}: " + ", ".join(f"{kind} {n}" for (s, kind), n in sorted(diff.items()) if s == S)
+                     for S in sorted({S for S, _ in diff})) or "-"
+
+
+def measure_streams(url: str, texts, n: int, args) -> tuple[float, str]:
+    """t/s of n streams (1: the decode rate) and the policy's rounds during that measurement."""
+    before = spec_rounds(url)
+    tps = (single_stream_tps(url, texts[0], args.n, args.r, None) if n == 1
+           else sv.measure(url, texts[:n], args.n)["wall_tps"])
+    return tps, rounds_text(before, spec_rounds(url))
 
 
 def main() -> None:
@@ -40,14 +70,17 @@ def main() -> None:
         with sv.Server(sv.llamacmp_argv(args.model, port, np_, np_ * args.ctx_slot, flags + ["--metrics"]), port,
                        log, env) as srv:
             srv.wait_ready(args.load_timeout)
-            rows[label] = ({n: single_stream_tps(srv.url, texts[0], args.n, args.r, None) if n == 1
-                            else sv.measure(srv.url, texts[:n], args.n)["wall_tps"] for n in streams},
-                           draft_mean_len(srv.url))
+            got = {n: measure_streams(srv.url, texts, n, args) for n in streams}
+            rows[label] = ({n: t for n, (t, _) in got.items()}, draft_mean_len(srv.url),
+                           {n: r for n, (_, r) in got.items()})
         print(f"{label}: " + ", ".join(f"{n} stream(s) {t:.1f} t/s" for n, t in rows[label][0].items()), flush=True)
     lines = ["| setting | streams | t/s | on / off | mean len |", "|---|---:|---:|---:|---:|"]
-    for label, (tps, mean_len) in rows.items():
+    for label, (tps, mean_len, _) in rows.items():
         for n, t in tps.items():
             lines.append(f"| {label} | {n} | {t:.1f} | {t / rows['off'][0][n]:.3f} | {mean_len:.2f} |")
+    lines += ["", "Draft policy rounds per number of sequences in a round (llamacmp:spec_rounds_total):"]
+    lines += [f"- {label}, {n} stream(s): {text}" for label, (_, _, rounds) in rows.items() if label != "off"
+              for n, text in rounds.items()]
     text = "\n".join(lines)
     print(text)
     if args.out:

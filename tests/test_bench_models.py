@@ -179,3 +179,18 @@ def test_profile_prefill_phases(kernel, phase):
     """profile_prefill puts each kernel of a prefill in its phase (the producers that quantize activations apart
     from the projections they feed; the embedding's Q8 gather is glue, not a producer)."""
     assert profile_prefill.phase_of(kernel) == phase
+
+
+def test_mtp_streams_reads_the_policy_round_counters(monkeypatch):
+    """benchmarks/mtp_streams.py reads the server's llamacmp:spec_rounds_total lines (server/misc.py writes them)
+    and prints what ran during one measurement."""
+    import types
+    import httpx
+    import mtp_streams
+    from llamacmp.server.misc import spec_round_lines
+    text = "\n".join(["llamacpp:n_decode_total 5"] + spec_round_lines({1: {"drafted": 3}, 4: {"plain": 120,
+                                                                                               "probes": 2}}))
+    monkeypatch.setattr(httpx, "get", lambda url, timeout: types.SimpleNamespace(text=text))
+    got = mtp_streams.spec_rounds("http://x")
+    assert got == {(1, "drafted"): 3, (4, "plain"): 120, (4, "probes"): 2}
+    assert mtp_streams.rounds_text({(4, "plain"): 20}, got) == "S=1: drafted 3; S=4: plain 100, probes 2"

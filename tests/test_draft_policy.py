@@ -195,3 +195,99 @@ def test_slots_that_cannot_draft_count_against_a_drafting_round():
     assert pol.choose([good], others=3) == 3                  # plain(3) apart not measured yet: draft to see it
     pol.costs.add_plain(3, 1.08 * PLAIN)
     assert pol.choose([good], others=3) == 0                  # (3.71 + 3) / 2.95 < 4 / 1.1
+
+
+def _gemv(R: int) -> float:
+    """A forward of R rows shaped like the 9B Q8_0 on the H200: 1.18x one row at 4 rows, ~3x at 16 (convex)."""
+    return PLAIN * (1 + 0.06 * (R - 1) if R <= 4 else 1.18 + (R - 4) * (3 - 1.18) / 12)
+
+
+def _ramp(p: float, forward, schedule, seed: int = 0):
+    """Requests arriving one by one, as a server's: (S, rounds) phases. A spec round of S > 1 sequences of a shape
+    (S, n) run for the first time drafts eagerly and captures its verify graph, the second captures the draft
+    graph (neither timed: speculative.py), later ones replay -> (tokens per second over MTP off's, the policy)."""
+    rng = np.random.default_rng(seed)
+    pol, accs, seen = DraftPolicy(3), [], {}
+    made = spent = off = 0.0
+    for S, rounds in schedule:
+        accs += [Acceptance() for _ in range(S - len(accs))]
+        for _ in range(rounds):
+            off += forward(S)
+            n = pol.choose(accs[:S])
+            if n == 0:
+                pol.costs.add_plain(S, forward(S))
+                spent, made = spent + forward(S), made + S
+                continue
+            k = seen[(S, n)] = seen.get((S, n), 0 if S > 1 else 2) + 1
+            t = n * 0.2 * forward(S) + forward(S * (n + 1))
+            t += (n * 0.2 * forward(S) + 5 * PLAIN) if k == 1 else 5 * PLAIN if k == 2 else 0.0
+            if k > 2:
+                pol.costs.add_spec(S, n, t)
+            spent += t
+            for a in accs[:S]:
+                j = 0
+                while j < n and rng.random() < p:
+                    j += 1
+                a.update(n, j)
+                made += j + 1
+    return made / spent / (sum(S * r for S, r in schedule) / off), pol
+
+
+RAMP = [(1, 6), (2, 6), (3, 6), (4, 128)]
+
+
+@pytest.mark.parametrize("p", [0.0, 0.6, 0.8])
+def test_streams_arriving_do_not_explore_drafting_that_cannot_win(p):
+    """Four requests arriving one by one where a verify of S(n+1) rows costs far more than a plain step of S: the
+    policy explores at S = 1 only; at S = 2..4 the best case (spec round of one sequence + the plain secant's
+    slope per added row) loses, so no shape of several sequences is ever run (the old policy explored n_max at
+    each S, then probed n = 1 at S = 4: 0.71..0.76 of MTP off here)."""
+    rate, pol = _ramp(p, _gemv, RAMP)
+    assert rate >= 0.98
+    for S in (2, 3, 4):
+        assert pol.counts[S].get("drafted", 0) == 0 and pol.counts[S]["skipped"] > 0
+        assert "probes" not in pol.counts[S]
+    assert pol.counts[4]["plain"] == 128 and pol.counts[1]["explored"] == 1
+
+
+def test_streams_arriving_still_draft_where_it_pays():
+    """The same arrival where rows are cheap (a forward of 16 rows 1.3x one): S = 4 explores and drafts."""
+    rate, pol = _ramp(0.8, lambda R: PLAIN * (1 + 0.02 * (R - 1)), RAMP)
+    assert pol.counts[4]["explored"] >= 1 and pol.counts[4]["drafted"] > 100 and rate > 1.25
+
+
+def test_spec_floor_bounds_a_round_of_more_sequences():
+    c = CostTable()
+    c.add_plain(1, 1.0)
+    c.add_plain(4, 1.3)
+    assert c.rows_floor(3) == pytest.approx(1.0) and c.rows_floor(4) == pytest.approx(1.3)
+    assert c.rows_floor(8) == pytest.approx(1.3 + 4 * 0.1)          # the secant (1, 1.0) - (4, 1.3) on to 8 rows
+    assert c.spec_floor(4, 1) == pytest.approx(1.7)                 # nothing of fewer sequences: the verify's rows
+    c.add_spec(1, 1, 1.5)
+    assert c.spec_floor(4, 1) == pytest.approx(1.5 + 2 * 0.3)       # + (n + 1)(plain(4) - plain(1))
+    assert c.spec_floor(4, 3) == pytest.approx(max(1.3 + 12 * 0.1, 2.5 + 4 * 0.3))   # (1, 3) on the line: 2.5
+
+
+def test_probes_of_several_sequences_wait_for_a_measured_round():
+    """At S > 1 a probe of a shape never run is skipped (exploring decides from the acceptance each round); once a
+    round of S was measured, probes run as at S = 1, unless even full acceptance could not win."""
+    pol, acc = DraftPolicy(3), Acceptance(0.0, 10.0)
+    pol.costs.add_plain(4, _gemv(4))
+    assert [pol.choose([acc] * 4) for _ in range(200)] == [0] * 200 and pol.n_probes == 0
+    pol.costs.add_spec(4, 1, _gemv(8))
+    chosen = [pol.choose([acc] * 4) for _ in range(200)]
+    assert pol.n_probes >= 2 and chosen.count(1) == pol.n_probes == pol.counts[4]["probes"]
+    pol.costs.add_spec(4, 1, 10 * PLAIN)
+    pol.costs.spec[(4, 1)] = 10 * PLAIN                             # 8 tokens in 10 plain steps: never wins
+    before = pol.n_probes
+    assert [pol.choose([acc] * 4) for _ in range(200)] == [0] * 200 and pol.n_probes == before
+
+
+def test_counts_per_number_of_sequences():
+    pol, good = DraftPolicy(3), Acceptance(9.5, 10.0)
+    assert pol.choose([good]) == 3                                  # explore
+    pol.costs.add_spec(1, 3, 1.5 * PLAIN)
+    assert pol.choose([good]) == 0                                  # plain(1) not measured yet
+    pol.costs.add_plain(1, PLAIN)
+    assert pol.choose([good]) == 3
+    assert pol.counts == {1: {"explored": 1, "drafted": 2, "plain": 1}}

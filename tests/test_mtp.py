@@ -380,10 +380,14 @@ def adaptive_scheduler_on_equals_off(lm, graphs):
     on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, graphs=graphs, adaptive=True)
     pol = engine.spec.policy
     assert on == off
-    assert pol.n_plain > 0 and pol.n_spec > 0 and 4 in pol.costs.plain and any(S == 4 for S, _ in pol.costs.spec)
+    assert pol.n_plain > 0 and pol.n_spec > 0 and 4 in pol.costs.plain
+    # four slots explored drafting, or the best case measured so far said it could not win (draft_policy)
+    assert any(S == 4 for S, _ in pol.costs.spec) or pol.counts[4].get("skipped", 0) > 0
     refs = [p + t for p, t in zip(prompts, off)]
     on, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, refs, graphs=graphs, adaptive=True)
-    assert on == off and engine.spec.n_accepted > 20
+    # (the oracle's drafts are accepted where rounds draft: surely while one slot decodes alone; with several,
+    # only where this machine's timings let a round of S sequences win, which numpy's rows-linear costs rarely do)
+    assert on == off and engine.spec.n_accepted > 5
     return engine
 
 
@@ -440,9 +444,10 @@ def test_file_without_mtp_and_spec_is_refused(fixture_gguf):
 
 # -- the server's scheduler ------------------------------------------------------------------------------------------
 
-def _engine_run(lm, spec, requests, oracle_refs=None, graphs=None, adaptive=False, costs=None):
+def _engine_run(lm, spec, requests, oracle_refs=None, graphs=None, adaptive=False, costs=None, policy=None):
     """requests: (prompt, GenParams) run together on len(requests) slots -> tokens per request, the engine.
-    graphs, adaptive: as _client's; costs: the policy's cost table (draft_policy.CostTable) to start from."""
+    graphs, adaptive: as _client's; costs: the policy's cost table (draft_policy.CostTable) to start from;
+    policy: a DraftPolicy to use instead (adaptive)."""
     import queue as q_
     from llamacmp.engine.scheduler import Engine, EngineConfig
     from llamacmp.engine.tasks import CompletionTask, FinalResult
@@ -455,6 +460,8 @@ def _engine_run(lm, spec, requests, oracle_refs=None, graphs=None, adaptive=Fals
         engine.spec.policy = None
     elif engine.spec is not None and costs is not None:
         engine.spec.policy.costs = costs
+    if engine.spec is not None and policy is not None:
+        engine.spec.policy = policy
     outs = [q_.Queue() for _ in requests]
     for (prompt, params), out in zip(requests, outs):
         engine.submit(CompletionTask(prompt, params, out.put))
@@ -684,3 +691,26 @@ def test_plain_step_timing_covers_the_draw(lm, monkeypatch):
     params = GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=8)
     _serve(engine, [(lm.tokenizer.encode(PROMPTS[0]), params)])
     assert engine.spec.policy.costs.plain[1] >= 0.05
+
+
+def test_round_counts_reach_the_metrics(lm):
+    """Speculator.round_counts: per number of sequences, the policy's decisions and the drafting rounds that ran
+    eagerly (a shape of several sequences seen for the first time); the server's metrics snapshot carries them
+    and /metrics prints them as llamacmp:spec_rounds_total{seqs,kind}."""
+    from llamacmp.engine.tasks import GenParams
+    from llamacmp.server.misc import spec_round_lines
+    prompts = [lm.tokenizer.encode(p) for p in PROMPTS[:3]]
+    reqs = [(p, GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=20)) for p in prompts]
+    pol = ScriptedPolicy(3)
+    _, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, graphs="eager-double", policy=pol)
+    counts = engine.spec.round_counts()
+    assert sum(row.get("eager", 0) for row in counts.values()) == engine.spec.graphs.n_declined > 0
+    assert all(S > 1 for S, row in counts.items() if "eager" in row)      # (one sequence's shapes never decline)
+    assert engine._query("metrics")["spec_rounds"] == counts
+    counts[3]["drafted"] = 5
+    lines = spec_round_lines(counts)
+    assert lines[1] == "# TYPE llamacmp:spec_rounds_total counter"
+    assert 'llamacmp:spec_rounds_total{seqs="3",kind="drafted"} 5' in lines
+    assert spec_round_lines({}) == []
+    engine.spec.policy = None
+    assert engine.spec.round_counts() == {}

@@ -19,6 +19,21 @@ doubles the gap (PROBE_MIN .. PROBE_MAX rounds); one that does resets it. The se
 plain steps feed them the target's hidden states (Speculator.observe_plain), so a probe drafts as well as a round
 in a run of drafting would. The other way round, after PROBE_MAX drafting rounds in a row one round steps plainly,
 so that the plain cost is measured again too (a slow first timing must not keep drafting on for good).
+
+Several sequences. Exploring S > 1 costs more than at S = 1 (each new shape is an eager round, then a graph
+capture, then the timed round; a verify of S * (n + 1) rows is no longer bandwidth-bound), and it rarely wins:
+on the H200 a 9B Q8_0 GEMV of 4 rows costs 1.18x one row, of 16 rows ~3x. So at S > 1 a plain step of S is
+measured first, then only the lengths whose best case beats it are explored, the one with the best best case
+(not n_max), and only where that best case beats the plain step by EXPLORE_MARGIN. The best case divides the
+expected tokens by a floor under spec(S, n) from what is measured:
+  - a forward's cost is convex in its rows (flat while bandwidth-bound, then rising), so the verify of S(n+1)
+    rows costs at least the plain costs' secant extrapolated there (CostTable.rows_floor);
+  - a spec round of S' < S sequences drafting n (measured, or estimated as spec_cost does), plus
+    (n + 1) (plain(S) - plain(S')): the S - S' more
+    sequences add (S - S')(n + 1) verify rows, each at least the plain secant's slope (convexity again).
+No length passing: the round steps plainly. Probes at S > 1 run only where a spec round of S was measured (else
+exploring already decides each round from the current acceptance) and only when the round would win were every
+draft accepted. S = 1 explores and probes as before.
 """
 from __future__ import annotations
 
@@ -30,6 +45,8 @@ PRIOR = (1.0, 2.0)         # (accepted, tried) before anything is seen: a = 0.5,
 EMA_DOWN, EMA_UP = 0.8, 0.1   # weight of a new timing below / above the table's: the noise of a wall-clock timing
                               # is mostly added time (another process, a collection), so a slow one moves it less
 PROBE_MIN, PROBE_MAX = 8, 64
+EXPLORE_MARGIN = 1.25      # S > 1: explore only where the best case beats a plain step by this much (a new shape
+                           # costs an eager round and two graph captures, ~a dozen plain steps on the H200)
 
 
 @dataclass(slots=True)
@@ -79,6 +96,26 @@ class CostTable:
     def plain_cost(self, S: int) -> Optional[float]:
         return self.plain.get(S)
 
+    def rows_floor(self, rows: int) -> float:
+        """A lower bound on one forward of `rows` rows from the measured plain steps (0.0: none measured): the
+        most expensive measured step of at most that many rows, or a secant of two of them extrapolated to
+        `rows` (a forward's cost is convex in its rows)."""
+        pts = sorted((r, t) for r, t in self.plain.items() if r <= rows)
+        best = max((t for _, t in pts), default=0.0)
+        for i, (r0, t0) in enumerate(pts):
+            for r1, t1 in pts[i + 1:]:
+                best = max(best, t1 + (rows - r1) * (t1 - t0) / (r1 - r0))
+        return best
+
+    def spec_floor(self, S: int, n: int) -> float:
+        """A lower bound on a round of S sequences drafting n (module docstring: the verify's rows, and a
+        measured round of fewer sequences plus the plain secant's slope times the added rows)."""
+        best = self.rows_floor(S * (n + 1))
+        plain = self.plain.get(S)
+        for s in {s for s, _ in self.spec if s < S and s in self.plain and plain is not None}:
+            best = max(best, self.spec_cost(s, n) + (n + 1) * (plain - self.plain[s]))
+        return best
+
     def spec_cost(self, S: int, n: int) -> Optional[float]:
         """A round of S sequences drafting n: measured, else on the line through the two known points nearest n
         (this S's measured lengths, its plain step as n = 0); None when no spec round of S was measured."""
@@ -107,19 +144,33 @@ class DraftPolicy:
         self.gap, self.since, self.probing = PROBE_MIN, 0, False
         self.drafted = 0                          # drafting rounds in a row
         self.n_spec = self.n_plain = self.n_probes = 0
+        self.counts: dict[int, dict[str, int]] = {}   # per S: rounds by kind (count())
+        self._explored = False                    # the last _best explored (nothing measured for S)
+
+    def count(self, S: int, kind: str, k: int = 1) -> None:
+        """Per number of sequences S: rounds 'drafted', 'plain', 'probes', 'explored' (drafted with nothing
+        measured for S), 'skipped' (plain where exploring could not win); the Speculator adds 'captures' (rounds
+        that captured a graph) and 'eager' (drafting rounds run eagerly though graphs exist)."""
+        row = self.counts.setdefault(S, {})
+        row[kind] = row.get(kind, 0) + k
 
     def choose(self, accs: Sequence[Acceptance], others: int = 0) -> int:
         """accs: the acceptance of each sequence that may draft this round; others: sequences that step plainly
         either way (a drafting round runs their step apart, a plain one with the rest) -> n (0: a plain step)."""
+        S = len(accs)
+        self._explored = False
         n = self._best(accs, others)
+        if self._explored:
+            self.count(S, "explored")
         if self.probing:                          # the round after a probe: did it bring drafting back?
             self.probing = False
             self.gap = PROBE_MIN if n else min(2 * self.gap, PROBE_MAX)
         if n == 0:
             self.since += 1
-            if self.since >= self.gap:
+            if self.since >= self.gap and self._may_win(S, self.lengths[0], others):
                 self.probing = True
                 self.n_probes += 1
+                self.count(S, "probes")
                 n = self.lengths[0]
         elif self.drafted >= PROBE_MAX:
             n = 0                                 # refresh the plain cost
@@ -130,20 +181,68 @@ class DraftPolicy:
         else:
             self.drafted = 0
             self.n_plain += 1
+        self.count(S, "drafted" if n else "plain")
         return n
+
+    def _may_win(self, S: int, n: int, others: int) -> bool:
+        """Whether a probe of S sequences drafting n may run: S = 1 always; S > 1 only once a spec round of S was
+        measured (before that, exploring decides from the current acceptance each round: a probe of a shape
+        never run would pay an eager round and captures to learn what the bound already says), and only if the
+        round could beat a plain step were every draft accepted."""
+        if S == 1:
+            return True
+        if not any(s == S for s, _ in self.costs.spec):
+            return False
+        plain, apart = self.costs.plain_cost(S + others), self.costs.plain_cost(others) if others else 0.0
+        if plain is None or apart is None:
+            return True
+        return (S * (n + 1) + others) / (self._floor(S, n) + apart) > (S + others) / plain
+
+    def _floor(self, S: int, n: int) -> float:
+        """What a round of S > 1 sequences drafting n costs: measured, else its estimate but never below
+        CostTable.spec_floor (an estimate on the line from one measured length can be)."""
+        if (S, n) in self.costs.spec:
+            return self.costs.spec[(S, n)]
+        known = self.costs.spec_cost(S, n)
+        return max(self.costs.spec_floor(S, n), known if known is not None else 0.0)
 
     def _best(self, accs: Sequence[Acceptance], others: int) -> int:
         S, c = len(accs), self.costs
         if any(c.spec_cost(S, n) is None for n in self.lengths):
+            if S > 1:
+                return self._explore(accs, others)
+            self._explored = True
             return self.n_max                     # explore: measure a spec round of S sequences first
         plain, apart = c.plain_cost(S + others), c.plain_cost(others) if others else 0.0
         if plain is None or apart is None:
             return 0 if plain is None else self.n_max   # then a plain step of them (and of the others alone)
         best, rate = 0, (S + others) / plain
         for n in self.lengths:
-            r = (sum(a.expected(n) for a in accs) + others) / (c.spec_cost(S, n) + apart)
+            cost = c.spec_cost(S, n) if S == 1 else self._floor(S, n)
+            r = (sum(a.expected(n) for a in accs) + others) / (cost + apart)
             if r > rate:
                 best, rate = n, r
+        return best
+
+    def _explore(self, accs: Sequence[Acceptance], others: int) -> int:
+        """Nothing measured for S > 1 sequences drafting: a plain step of them first (and of the others alone),
+        then the length whose best case (expected tokens over spec_floor) beats it most; none: plain ('skipped')."""
+        S, c = len(accs), self.costs
+        plain = c.plain_cost(S + others)
+        if plain is None:
+            return 0
+        apart = c.rows_floor(others) if others else 0.0     # (a lower bound: the others' step is not measured yet)
+        best, rate = 0, (S + others) / plain
+        for n in self.lengths:
+            r = (sum(a.expected(n) for a in accs) + others) / (self._floor(S, n) + apart)
+            if r > rate:
+                best, rate = n, r
+        if best and rate < EXPLORE_MARGIN * (S + others) / plain:
+            best = 0                              # a best case this close cannot pay back the new shape's cost
+        if best:
+            self._explored = True
+        else:
+            self.count(S, "skipped")
         return best
 
     @property

@@ -762,6 +762,7 @@ class Engine:
             window = {f"window_{k}": now[k] - self._metrics_mark.get(k, 0) for k in self.WINDOW}
             self._metrics_mark = {k: now[k] for k in self.WINDOW}
             return {**now, **window,
+                    "spec_rounds": self.spec.round_counts() if self.spec is not None else {},
                     "requests_processing": sum(s.busy for s in self.slots),
                     "requests_deferred": len(self._waiting),
                     "host_cache_bytes": self.host_cache.nbytes, "host_cache_entries": len(self.host_cache.entries)}

@@ -160,7 +160,11 @@ class Speculator:
         for st, ms, t, i in items:
             if ms.state.n_past + len(ms.pending) != st.n_past - 1:
                 self.reset(ms, st.n_past - 1)
-            self._push(ms, [int(t)], self.be.gather_rows(h, np.asarray([i], np.int32)), 1)
+            # _push of one row, without its second gather (of row 0 of this fresh one-row copy): a plain step of
+            # S sequences pays S gathers, not 2S (each an index upload and a launch)
+            ms.pending.append(int(t))
+            ms.pending_h.append(ms.h_last)
+            ms.h_last = self.be.gather_rows(h, np.asarray([i], np.int32))
 
     def time_plain(self, rows: int, seconds: float) -> None:
         """A plain step of `rows` sequences took `seconds` (the driver's clean timing: nothing captured)."""
@@ -211,6 +215,13 @@ class Speculator:
         results) while the device runs them; elsewhere it is called after the verify. It is part of the round's
         timing either way, as a plain step's flush is part of the plain step's."""
         n = self.n_max if n is None else n
+        events = self._events()
+        out = self._step(items, n, while_running)
+        if self._events() != events:
+            self._tally(len(items), "captures")
+        return out
+
+    def _step(self, items, n: int, while_running):
         if self._graphed([st for st, _, _ in items], n) and self.p_min <= 0.0:
             t_start, events, declined = time.perf_counter(), self._events(), self._declined()
             got = self._step_graph(items, n, while_running)
@@ -219,14 +230,29 @@ class Speculator:
                 return got
             # a shape of catch-up lengths seen for the first time drafts eagerly this round (asking the graphs
             # again from draft() would capture it at once: every new shape of several slots a capture)
-            drafts = self.draft(items, n, graphs=self._declined() == declined)
+            eager = self._declined() != declined
+            drafts = self.draft(items, n, graphs=not eager)
+            if eager:
+                self._tally(len(items), "eager")
         else:
+            if self.graphs is not None:
+                self._tally(len(items), "eager")
             drafts = self.draft(items, n)
         if while_running is not None:       # (inside the round's timing: verify() records it at its end)
             out = self.verify([(st, ms, t0, d) for (st, ms, t0), d in zip(items, drafts)], n, while_running)
         else:
             out = self.verify([(st, ms, t0, d) for (st, ms, t0), d in zip(items, drafts)], n)
         return (drafts,) + out
+
+    def _tally(self, S: int, kind: str) -> None:
+        if self.policy is not None:
+            self.policy.count(S, kind)
+
+    def round_counts(self) -> dict[int, dict[str, int]]:
+        """Per number of sequences in a round: the policy's decisions (DraftPolicy.count: drafted, plain, probes,
+        explored, skipped) and what the drafting rounds cost beyond a replay (captures, eager); {} without
+        adaptive drafting. A copy (the server's metrics read it from another thread)."""
+        return {} if self.policy is None else {S: dict(row) for S, row in sorted(self.policy.counts.items())}
 
     def _step_graph(self, items, n: int, while_running=None):
         self._heads_in_step(items, n)

@@ -200,6 +200,17 @@ METRICS = (  # (type, name, help, how to compute from the engine's snapshot): ll
 )
 
 
+def spec_round_lines(counts: dict) -> list[str]:
+    """llamacmp-only (compat/DIFFERENCES.md): the MTP draft policy's rounds per number of sequences S and kind
+    (Speculator.round_counts), one sample each; nothing when no round has run with adaptive drafting."""
+    if not counts:
+        return []
+    name = "llamacmp:spec_rounds_total"
+    return ([f"# HELP {name} Speculative (llamacmp): rounds by number of sequences and the draft policy's decision",
+             f"# TYPE {name} counter"]
+            + [f'{name}{{seqs="{S}",kind="{kind}"}} {n}' for S, row in counts.items() for kind, n in row.items()])
+
+
 async def metrics(ctx: ServerContext) -> Response:
     if not ctx.opts.endpoint_metrics:
         raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
@@ -208,5 +219,6 @@ async def metrics(ctx: ServerContext) -> Response:
     for kind, name, help_text, value in METRICS:
         lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
                   f"llamacpp:{name} {value(m)}"]
+    lines += spec_round_lines(m.get("spec_rounds") or {})
     return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4",
                              headers={"Process-Start-Time-Unix": str(ctx.created)})

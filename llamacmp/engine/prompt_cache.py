@@ -111,8 +111,8 @@ class HostCache:
         """An entry can give back the whole state after `tokens`: the same tokens, or a longer history starting
         with them that has a checkpoint there (a copy of it would be a duplicate)."""
         n = len(tokens)
-        return any(common_prefix(e.tokens, tokens) == n and (len(e.tokens) == n or any(c.pos == n for c in e.checkpoints))
-                   for e in self.entries.values())
+        return any(common_prefix(e.tokens, tokens) == n
+                   and (len(e.tokens) == n or any(c.pos == n for c in e.checkpoints)) for e in self.entries.values())
 
     def put(self, host: HostState) -> bool:
         """Keep `host`; False when it was not kept (cache off, empty, or larger than the limit)."""

@@ -397,7 +397,8 @@ class Engine:
             if self._save_to_host(slot):
                 slot_log.slot_debug("process_single_task", slot.id, -1, "__TEST_TAG_CACHE_IDLE_SLOT__")
             if self.cfg.kv_unified and slot.cache.tokens:
-                slot_log.slot_debug("prompt_clear", slot.id, -1, f"clearing prompt with {len(slot.cache.tokens)} tokens")
+                slot_log.slot_debug("prompt_clear", slot.id, -1,
+                                    f"clearing prompt with {len(slot.cache.tokens)} tokens")
                 self._reset(slot)
 
     def _pick_slot(self, task: CompletionTask) -> Optional[Slot]:

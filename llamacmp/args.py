@@ -798,9 +798,10 @@ OPTIONS: tuple[Option, ...] = (
     O("-cms", "--checkpoint-min-step", value="N", dest="server.checkpoint_every", parse=_min_step,
       env="LLAMA_ARG_CHECKPOINT_MIN_STEP", tools=S,
       help="minimum spacing between context checkpoints in tokens (default: 8192): llamacmp's checkpoint spacing"),
-    _noop("--cache-idle-slots", env="LLAMA_ARG_CACHE_IDLE_SLOTS", tools=S,
-          why="the default: llamacmp's prompt cache takes a slot's state when the slot is reused"),
-    _unsup("--no-cache-idle-slots", tools=S, why="llamacmp's prompt cache always takes an idle slot's state"),
+    O("--cache-idle-slots", dest="server.cache_idle_slots", neg=("--no-cache-idle-slots",),
+      env="LLAMA_ARG_CACHE_IDLE_SLOTS", tools=S,
+      help="save idle slots to the prompt cache on new task, and clear them when using unified KV (default: "
+      "enabled, requires cache-ram)"),
     _unsup("--kv-unified-per-slot", value="N", tools=S, why="a per-slot context limit is not supported by llamacmp "
            "yet: size the context with -c and the slots with -np"),
     O("--sleep-idle-seconds", value="SECONDS", dest="server.sleep_idle_seconds", parse=_sleep_seconds, tools=S,

@@ -107,11 +107,19 @@ class HostCache:
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self.entries.values())
 
-    def put(self, host: HostState) -> None:
+    def holds(self, tokens: list[int]) -> bool:
+        """An entry can give back the whole state after `tokens`: the same tokens, or a longer history starting
+        with them that has a checkpoint there (a copy of it would be a duplicate)."""
+        n = len(tokens)
+        return any(common_prefix(e.tokens, tokens) == n
+                   and (len(e.tokens) == n or any(c.pos == n for c in e.checkpoints)) for e in self.entries.values())
+
+    def put(self, host: HostState) -> bool:
+        """Keep `host`; False when it was not kept (cache off, empty, or larger than the limit)."""
         if not self.enabled or not host.tokens:
-            return
+            return False
         if self.limit is not None and host.nbytes > self.limit:
-            return
+            return False
         # a held prompt that is a prefix of the new one is now redundant
         for key in [k for k, e in self.entries.items() if common_prefix(e.tokens, host.tokens) == len(e.tokens)]:
             del self.entries[key]
@@ -119,6 +127,7 @@ class HostCache:
         self._next += 1
         while self.limit is not None and self.nbytes > self.limit:
             self.entries.popitem(last=False)
+        return True
 
     def best(self, prompt: list[int]) -> tuple[Optional[int], ResumePoint]:
         best_key, best = None, ResumePoint(0, None, None, 0)

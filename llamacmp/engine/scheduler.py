@@ -54,6 +54,8 @@ class EngineConfig:
     sync_forwards: bool = False          # wait for each forward before the draw, so that `perf` splits eval and
                                          # sampling time as llama.cpp's does (the CLIs; the server overlaps them)
     sleep_idle_s: float = -1             # --sleep-idle-seconds: free the model after this long idle (-1: never)
+    cache_idle_slots: bool = False       # --cache-idle-slots: a launch saves the idle slots to the host cache ...
+    kv_unified: bool = False             # ... and, with -kvu, clears them (llama-server's 0c1e570 behaviour)
 
 
 @dataclass(slots=True)
@@ -98,6 +100,7 @@ class Engine:
         self._submit_lock = threading.Lock()
         self.failed = ""                  # why the engine stopped for good ("" while it runs); see _die
         self._on_fatal: list = []
+        self._init_idle_slots()
 
     def _build_model_parts(self) -> None:
         """Everything that holds the model or backend memory: made at start and again on waking from sleep."""
@@ -113,6 +116,19 @@ class Engine:
         for slot in self.slots if self.spec else ():
             slot.mtp = self.spec.new_seq(cfg.n_ctx_slot, cfg.k_type, cfg.v_type)
         self.host_cache = HostCache(cfg.cache_ram_mib)
+
+    def _init_idle_slots(self) -> None:
+        """--cache-idle-slots needs the host cache to save into: without one it is turned off, with llama-server's
+        warning; its debug line says the feature is on (0c1e570's test suite reads it)."""
+        if not self.cfg.cache_idle_slots:
+            return
+        if not self.host_cache.enabled:
+            log.warning("%s", slot_log.srv("init", "--cache-idle-slots requires --cache-ram, disabling"))
+            self.cfg.cache_idle_slots = False
+            return
+        what = "saved to prompt cache and cleared" if self.cfg.kv_unified else "saved to prompt cache"
+        slot_log.srv_debug("init", f"idle slots will be {what} upon starting a new task")
+        slot_log.srv_debug("init", "__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__")
 
     # -- thread-safe API (called from HTTP handlers) ----------------------------------------------------------
     def new_task_id(self) -> int:
@@ -357,6 +373,8 @@ class Engine:
                     still.append(task)
                     continue
                 self._load_prompt(slot, task)
+                if slot.busy:
+                    self._cache_idle_slots()
             except Exception as e:
                 log.exception("failed to start task %d", task.id)
                 task.sink(ErrorResult(task.id, task.index, str(e), "server_error", 500))
@@ -364,6 +382,24 @@ class Engine:
                     self._release(slot)
         self.metrics.n_requests_deferred = len(still)
         self._waiting = still
+
+    def _cache_idle_slots(self) -> None:
+        """--cache-idle-slots, after a task is launched: each idle slot's state goes to the host cache (unless
+        held there already), and with -kvu the slot is cleared, as llama-server 0c1e570 does. Clearing frees no
+        device memory here (each slot keeps its own buffers); it makes the next request find that history in
+        the host cache, as llama-server's does."""
+        if not self.cfg.cache_idle_slots:
+            return
+        for slot in self.slots:
+            if slot.busy:
+                continue
+            slot_log.slot_debug("process_single_task", slot.id, -1, "saving idle slot to prompt cache")
+            if self._save_to_host(slot):
+                slot_log.slot_debug("process_single_task", slot.id, -1, "__TEST_TAG_CACHE_IDLE_SLOT__")
+            if self.cfg.kv_unified and slot.cache.tokens:
+                slot_log.slot_debug("prompt_clear", slot.id, -1,
+                                    f"clearing prompt with {len(slot.cache.tokens)} tokens")
+                self._reset(slot)
 
     def _pick_slot(self, task: CompletionTask) -> Optional[Slot]:
         """id_slot when given; else the idle slot sharing the longest prefix (similarity > -sps), else LRU."""
@@ -438,20 +474,34 @@ class Engine:
         point = slot.cache.plan(task.prompt)
         key, host_point = self.host_cache.best(task.prompt) if self.host_cache.enabled else (None, point)
         if key is not None and host_point.pos > point.pos:
+            t0 = self._cache_update_begins()
             host = self.host_cache.take(key)     # before saving this slot: that put() may evict entries
             self._save_to_host(slot)
             restore_from_host(self.ops, slot.state, slot.cache, host, host_point)
             self._spec_reset(slot)
+            self._cache_update_ends(t0)
             return host_point
         if point.pos < len(slot.cache.tokens):
             # keep the slot's history in host RAM only when the new prompt drops most of it (llama.cpp's
             # f_keep < 0.5): a rollback to a checkpoint inside the shared prefix (an agent's next turn, whose
             # re-rendered reply differs in its last tokens) must not copy the whole context and every checkpoint
             # to the host each turn -- that copy grew with the context (issue 21)
-            if point.lcp < len(slot.cache.tokens) // 2:
+            if point.lcp < len(slot.cache.tokens) // 2 and self.host_cache.enabled:
+                t0 = self._cache_update_begins()
                 self._save_to_host(slot)
+                self._cache_update_ends(t0)
             self._rewind(slot, point)
         return point
+
+    @staticmethod
+    def _cache_update_begins() -> float:
+        """llama-server's trace lines around a host-cache save/load when a slot is picked (get_available_slot)."""
+        slot_log.srv_debug("get_available_slot", "updating prompt cache")
+        return time.perf_counter()
+
+    @staticmethod
+    def _cache_update_ends(t0: float) -> None:
+        slot_log.srv_debug("get_available_slot", f"prompt cache update took {(time.perf_counter() - t0) * 1e3:.2f} ms")
 
     def _rewind(self, slot: Slot, point: ResumePoint) -> None:
         if point.pos == 0 and point.lcp > 0:
@@ -469,11 +519,13 @@ class Engine:
         if self.spec is not None:
             self.spec.reset(slot.mtp, slot.state.n_past)
 
-    def _save_to_host(self, slot: Slot) -> None:
-        """Before a slot's history is overwritten, keep it in the host-RAM cache (-cram)."""
+    def _save_to_host(self, slot: Slot) -> bool:
+        """Before a slot's history is overwritten, keep it in the host-RAM cache (-cram); False when nothing was
+        stored (no cache, a short history, or one the cache can already resume in full)."""
         c = slot.cache
-        if self.host_cache.enabled and len(c.tokens) >= 16:
-            self.host_cache.put(self.ops.save_host(slot.state, c.tokens, c.last_logits, list(c.checkpoints)))
+        if not self.host_cache.enabled or len(c.tokens) < 16 or self.host_cache.holds(c.tokens):
+            return False
+        return self.host_cache.put(self.ops.save_host(slot.state, c.tokens, c.last_logits, list(c.checkpoints)))
 
     def _checkpoint_plan(self, task: CompletionTask, start: int) -> list[int]:
         """Positions to snapshot during prefill: hints from the handler (e.g. where the reply starts), a few

@@ -26,6 +26,12 @@ def slot_info(func: str, slot_id: int, task_id: int, msg: str) -> None:
     log.info("%s%s", slot_head(func, slot_id, task_id), msg)
 
 
+def srv_debug(func: str, msg: str) -> None:
+    """llama-server's SRV_DBG / SRV_TRC lines: shown at -v (llamacmp's DEBUG covers both of its levels)."""
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s", srv(func, msg))
+
+
 def slot_debug(func: str, slot_id: int, task_id: int, msg: str) -> None:
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s%s", slot_head(func, slot_id, task_id), msg)

@@ -135,7 +135,8 @@ class ServerContext:
                            cache_ram_mib=self.opts.cache_ram_mib, ctx_checkpoints=self.opts.ctx_checkpoints,
                            checkpoint_every=self.opts.checkpoint_every,
                            slot_prompt_similarity=self.opts.slot_prompt_similarity,
-                           spec=enabled_spec(run), sleep_idle_s=self.opts.sleep_idle_seconds)
+                           spec=enabled_spec(run), sleep_idle_s=self.opts.sleep_idle_seconds,
+                           cache_idle_slots=self.opts.cache_idle_slots, kv_unified=run.unified)
         if p.mmproj_path:           # a bad projector fails the start, as llama-server does
             from ..vision.projector import VisionProjector
             self.vision = VisionProjector(p.mmproj_path, lm, min_tokens=p.image_min_tokens,

@@ -28,7 +28,8 @@ class ServerParams:
     threads_http: int = -1
     cache_prompt: bool = True
     cache_ram_mib: int = 8192           # -1: no limit, 0: off
-    cache_idle_slots: bool = True       # --cache-idle-slots: on a launch, idle slots go to the -cram cache
+    cache_idle_slots: bool = False      # --cache-idle-slots: on a launch, idle slots go to the -cram cache (off by
+                                        # default here, unlike llama-server: see args.py)
     ctx_checkpoints: int = 32
     checkpoint_every: int = 8192        # -1: off
     sleep_idle_seconds: int = -1        # --sleep-idle-seconds: free the model after this long idle (-1: never)

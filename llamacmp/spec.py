@@ -38,6 +38,7 @@ class SpecConfig:
     p_min: float = 0.0                    # --spec-draft-p-min: stop drafting below this draft probability
     synth_len: float | None = None        # --spec-synth-len L: mean accepted length (benchmarks only)
     synth_rates: tuple[float, ...] = ()   # --spec-synth-rates P0,P1,..: acceptance probability per draft position
+    draft_vocab: int = 0                  # --spec-draft-vocab N: drafts only among token ids < N (0: all)
 
     @property
     def enabled(self) -> bool:
@@ -92,6 +93,9 @@ def check(cfg: SpecConfig) -> SpecConfig:
                         "requires an initialized speculative decoding context)")
     if cfg.n_max < 0:
         raise SpecError(f"--spec-draft-n-max must not be negative, got {cfg.n_max}")
+    if cfg.draft_vocab < 0:
+        raise SpecError(f"--spec-draft-vocab must be 1 .. n_vocab, or 0 for the whole vocabulary, got "
+                        f"{cfg.draft_vocab}")
     if cfg.synthetic:
         synth_rates(cfg)
     return cfg

@@ -211,6 +211,13 @@ def has_mtp_head(tensor_names: Container[str], block_count: int) -> bool:
     return block_count > 0 and MTP_TENSOR.format(block_count - 1) in tensor_names
 
 
+def check_draft_vocab(cfg: SpecConfig, n_vocab: int) -> None:
+    """--spec-draft-vocab N drafts among the first N token ids: N above the model's vocabulary stops the start."""
+    if cfg.draft_vocab > n_vocab:
+        raise SpecError(f"--spec-draft-vocab {cfg.draft_vocab}: must be 1 .. {n_vocab} (the vocabulary), or 0 for "
+                        "all of it")
+
+
 def check_model(cfg: SpecConfig, path: str, tensor_names: Container[str], block_count: int) -> None:
     """--spec-type draft-mtp on a file without an MTP head stops the start, as llama-server 0c1e570 does ("context
     type MTP requested but model doesn't contain MTP layers", then "failed to create MTP context")."""

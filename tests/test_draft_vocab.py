@@ -145,3 +145,16 @@ def test_bench_rows_per_draft_vocab(lm):
     assert f"mtp n3 V{K} len" in out.getvalue()
     with pytest.raises(bench_options.BenchError, match="--spec-draft-vocab need --spec-type draft-mtp"):
         bench_options.parse_bench_args(["-n", "4", "--spec-draft-vocab", "100"])
+
+
+def test_run_plan_refuses_a_draft_vocab_above_the_vocabulary(lm):
+    """The tools' start (run_plan) names the flag and the vocabulary before anything loads."""
+    from llamacmp.loader import open_model
+    from llamacmp.run_plan import RunPlanError, plan_run
+    mf = open_model(lm.path)
+    n = mf.cfg.n_vocab
+    p = parse_args("server", ["--spec-type", "draft-mtp", "--spec-draft-vocab", str(n + 1)], {}).params
+    with pytest.raises(RunPlanError, match=rf"--spec-draft-vocab {n + 1}: must be 1 \.\. {n} \(the vocabulary\)"):
+        plan_run(p, 128, mf)
+    p = parse_args("server", ["--spec-type", "draft-mtp", "--spec-draft-vocab", str(n)], {}).params
+    assert plan_run(p, 128, mf).spec.draft_vocab == n

@@ -347,7 +347,7 @@ def _spec_without_type(p: Params) -> list[str]:
     if p.spec.enabled:
         return []
     return [f"llamacmp: {o.names[0]} changes nothing here: no --spec-type draft-mtp" for o in SPEC_OPTIONS
-            if o.names[0].startswith("--spec-draft-n") or o.names[0] == "--spec-draft-p-min"
+            if o.names[0].startswith("--spec-draft-n") or o.names[0] in ("--spec-draft-p-min", "--spec-draft-vocab")
             if (o.dest or o.names[-1]) in p.user_set]
 
 
@@ -365,6 +365,11 @@ SPEC_OPTIONS: tuple[Option, ...] = (
     O("--spec-draft-p-min", "--draft-p-min", value="P", parse=to_float, apply=_set_spec("p_min"),
       env="LLAMA_ARG_SPEC_DRAFT_P_MIN", env_old="LLAMA_ARG_DRAFT_P_MIN", tools=KCS,
       help="minimum speculative decoding probability (greedy) (default: 0.00)"),
+    O("--spec-draft-vocab", value="N", parse=_n_max, apply=_set_spec("draft_vocab"),
+      env="LLAMA_ARG_SPEC_DRAFT_VOCAB", tools=KCS,
+      help="llamacmp: the MTP draft proposes only token ids 0..N-1 (BPE ids are roughly most frequent first), so "
+      "each draft step reads N rows of the LM head instead of all; the verify keeps the full vocabulary, so "
+      "outputs do not change, only acceptance may (default: 0 = the whole vocabulary)"),
     O("--spec-synth-len", value="L", parse=parse_synth_len, apply=_set_spec("synth_len"),
       env="LLAMA_ARG_SPEC_SYNTH_LEN", tools=KCS,
       help="target mean synthetic acceptance length, including the target token (benchmarking only)"),

@@ -66,6 +66,7 @@ def _checked_spec(p: Params, model: ModelFile | None) -> SpecConfig:
     f = model.gguf
     try:
         spec.check_model(p.spec, model.path, f.names(), int(f.metadata[f"{f.architecture}.block_count"]))
+        spec.check_draft_vocab(p.spec, model.cfg.n_vocab)
     except SpecError as e:
         raise RunPlanError(str(e)) from None
     return p.spec

@@ -38,6 +38,7 @@ class SpecConfig:
     p_min: float = 0.0                    # --spec-draft-p-min: stop drafting below this draft probability
     synth_len: float | None = None        # --spec-synth-len L: mean accepted length (benchmarks only)
     synth_rates: tuple[float, ...] = ()   # --spec-synth-rates P0,P1,..: acceptance probability per draft position
+    draft_vocab: int = 0                  # --spec-draft-vocab N: drafts only among token ids < N (0: all)
 
     @property
     def enabled(self) -> bool:
@@ -92,6 +93,9 @@ def check(cfg: SpecConfig) -> SpecConfig:
                         "requires an initialized speculative decoding context)")
     if cfg.n_max < 0:
         raise SpecError(f"--spec-draft-n-max must not be negative, got {cfg.n_max}")
+    if cfg.draft_vocab < 0:
+        raise SpecError(f"--spec-draft-vocab must be 1 .. n_vocab, or 0 for the whole vocabulary, got "
+                        f"{cfg.draft_vocab}")
     if cfg.synthetic:
         synth_rates(cfg)
     return cfg
@@ -205,6 +209,13 @@ def synth_log_lines(cfg: SpecConfig) -> list[str]:
 def has_mtp_head(tensor_names: Container[str], block_count: int) -> bool:
     """llama.cpp's rule: the last block holds nextn.eh_proj."""
     return block_count > 0 and MTP_TENSOR.format(block_count - 1) in tensor_names
+
+
+def check_draft_vocab(cfg: SpecConfig, n_vocab: int) -> None:
+    """--spec-draft-vocab N drafts among the first N token ids: N above the model's vocabulary stops the start."""
+    if cfg.draft_vocab > n_vocab:
+        raise SpecError(f"--spec-draft-vocab {cfg.draft_vocab}: must be 1 .. {n_vocab} (the vocabulary), or 0 for "
+                        "all of it")
 
 
 def check_model(cfg: SpecConfig, path: str, tensor_names: Container[str], block_count: int) -> None:

@@ -178,6 +178,11 @@ class Backend(ABC):
         type gguf_file loads: the file's blocks), as loaded from the GGUF."""
 
     @abstractmethod
+    def row_prefix(self, w: Weight, n: int) -> Weight:
+        """The first n rows of an uploaded matrix w [out, in] -> [n, in]: a view of w's memory (every layout keeps
+        a row's bytes together, rows in order), so the MTP draft's reduced vocabulary costs no memory."""
+
+    @abstractmethod
     def upload_vector(self, w: np.ndarray) -> Tensor:
         """w: any-shape float32 (norm weights, conv kernels, per-head params)."""
 

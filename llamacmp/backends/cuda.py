@@ -51,6 +51,15 @@ def _persistent(method):
     return run
 
 
+def _first_rows(t: DeviceTensor, n: int) -> DeviceTensor:
+    """Rows 0 .. n-1 of t, a view (holding t's block)."""
+    if not 0 < n <= t.shape[0]:
+        raise ValueError(f"row prefix of {n} rows of a tensor of {t.shape[0]}")
+    v = t.view(t.shape)
+    v.shape = (n,) + t.shape[1:]
+    return v
+
+
 @dataclass(slots=True)
 class Q8Matrix:
     """Q8_0 weights repacked at load: qs [rows, cols] int8 (16-byte aligned rows) and d [rows, cols/32] f16."""
@@ -354,6 +363,14 @@ class CudaBackend(Backend):
             self.native.cmp_quant_repack(tid, staging.ptr, body.row_ptr(r0), head.row_ptr(r0) if head else 0,
                                          len(piece), cols)
         return QuantMatrix(w.type_name, body, head, (rows, cols))
+
+    def row_prefix(self, w, n: int):
+        if isinstance(w, Q8Matrix):
+            return Q8Matrix(_first_rows(w.qs, n), _first_rows(w.d, n))
+        if isinstance(w, QuantMatrix):
+            head = _first_rows(w.head, n) if w.head is not None else None
+            return QuantMatrix(w.type_name, _first_rows(w.body, n), head, (n, w.shape[1]))
+        return DenseMatrix(_first_rows(w.w, n))
 
     @_persistent
     def upload_vector(self, w):

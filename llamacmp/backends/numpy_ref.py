@@ -156,6 +156,13 @@ class NumpyBackend(Backend):
             return np.ascontiguousarray(w)            # F16 weights stay f16: matmuls rounds x to f16 for them
         return np.ascontiguousarray(w, dtype=np.float32)
 
+    def row_prefix(self, w, n: int):
+        if isinstance(w, RefQ8):
+            return RefQ8(w.q[:n], w.d[:n])
+        if isinstance(w, RefQuant):
+            return RefQuant(QuantTensor(w.tensor.type_name, w.tensor.blocks[:n]))
+        return w[:n]
+
     def upload_vector(self, w):
         return np.ascontiguousarray(w, dtype=np.float32)
 

@@ -188,16 +188,18 @@ OPTS: tuple[Opt, ...] = (
         "--spec-synth-len)", floats),
     Opt(("--spec-synth-rates",), "spec_synth_rates", "<P0,P1,...>", "llamacmp: synthetic acceptance rate per draft "
         "position (one list per flag)", lambda v: [tuple(floats(v))]),
+    Opt(("--spec-draft-vocab",), "spec_draft_vocab", "<n>", "llamacmp: the MTP draft proposes only token ids "
+        "0..n-1 (0: the whole vocabulary)", int_values),
 )
 DEFAULTS = {"reps": 5, "delay": 0, "output": "md", "output_err": None, "verbose": False, "progress": False,
             "no_warmup": False, "model": [], "n_prompt": [512], "n_gen": [128], "pg": [], "n_depth": [0],
             "n_batch": [2048], "n_ubatch": [512], "type_k": ["f16"], "type_v": ["f16"], "n_threads": [1],
             "n_gpu_layers": [99], "flash_attn": ["0"], "hw_route": "auto", "spec_type": ["none"], "spec_n_max": [3],
-            "spec_synth_len": [], "spec_synth_rates": []}
+            "spec_synth_len": [], "spec_synth_rates": [], "spec_draft_vocab": [0]}
 LIST_KEYS = {"model", "n_prompt", "n_gen", "pg", "n_depth", "n_batch", "n_ubatch", "type_k", "type_v",
              "n_threads", "n_gpu_layers", "flash_attn", "spec_type", "spec_n_max", "spec_synth_len",
-             "spec_synth_rates"}
-SPEC_KEYS = ("spec_type", "spec_n_max", "spec_synth_len", "spec_synth_rates")
+             "spec_synth_rates", "spec_draft_vocab"}
+SPEC_KEYS = ("spec_type", "spec_n_max", "spec_synth_len", "spec_synth_rates", "spec_draft_vocab")
 DEFAULT_MODEL = "models/7B/ggml-model-q4_0.gguf"
 
 
@@ -275,8 +277,9 @@ def spec_configs(s: dict) -> list[SpecConfig]:
         if given:
             raise BenchError(f"error: {', '.join(given)} need --spec-type draft-mtp")
     out = []                            # a "none" row is the MTP-off baseline: no synthetic setting applies
-    for t, n, (length, rates) in itertools.product(s["spec_type"], s["spec_n_max"], synth):
-        cfg = SpecConfig(t, n, synth_len=length, synth_rates=rates) if t != "none" else SpecConfig()
+    for t, n, (length, rates), v in itertools.product(s["spec_type"], s["spec_n_max"], synth,
+                                                      s["spec_draft_vocab"]):
+        cfg = SpecConfig(t, n, synth_len=length, synth_rates=rates, draft_vocab=v) if t != "none" else SpecConfig()
         try:
             spec.check(cfg)
         except SpecError as e:

@@ -81,7 +81,8 @@ def spec_label(cfg: SpecConfig) -> str:
         return "none"
     synth = f" L{cfg.synth_len:g}" if cfg.synth_len is not None else \
         f" R{'/'.join(f'{r:g}' for r in cfg.synth_rates)}" if cfg.synth_rates else ""
-    return f"mtp n{cfg.n_max}{synth}"
+    vocab = f" V{cfg.draft_vocab}" if cfg.draft_vocab else ""
+    return f"mtp n{cfg.n_max}{synth}{vocab}"
 
 
 @dataclass
@@ -133,6 +134,7 @@ class Result:
         return {"spec_type": sp.type, "spec_draft_n_max": sp.n_max if sp.enabled else 0,
                 "spec_synth_len": sp.synth_len if sp.synth_len is not None else 0.0,
                 "spec_synth_rates": ",".join(f"{r:g}" for r in sp.synth_rates),
+                "spec_draft_vocab": sp.draft_vocab if sp.enabled else 0,
                 "draft_n": self.draft.n, "draft_n_accepted": self.draft.accepted,
                 "spec_mean_len": self.draft.mean_len, "spec_draft_share": self.use.share,
                 "spec_probes": self.use.probes}

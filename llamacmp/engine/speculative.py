@@ -112,6 +112,10 @@ class Speculator:
         if model.mtp is None:
             raise SpecUnsupported(f"--spec-type {spec.type}: '{path}' has no MTP layers "
                                   "(qwen35.nextn_predict_layers); drop --spec-type or use a GGUF with its MTP head")
+        try:
+            model.set_draft_vocab(spec.draft_vocab)      # before cls(): the draft graphs capture the head it sets
+        except ValueError as e:
+            raise SpecUnsupported(str(e)) from None
         return cls(model, spec.n_max, spec.n_min, spec.p_min, costs=costs)
 
     def new_seq(self, n_ctx: int, kv_type: str = "f16", v_type: str | None = None) -> MtpSeq:

@@ -30,6 +30,7 @@ class _Layer:
 class _Mtp:
     layer: _Layer           # a full-attention decoder block; its KV cache is slot 0 of an MTP state (mtp_state)
     eh_proj: object; enorm: object; hnorm: object; head_norm: object; embed: object; head: object
+    draft_head: object = None   # the head's first rows, the draft vocabulary (set_draft_vocab); None: all of head
 
 
 class Qwen35Model:
@@ -118,7 +119,18 @@ class Qwen35Model:
         h_out = be.rmsnorm(x, t.head_norm, eps)
         if not batch.output_rows.shape[0]:     # (a captured draft's rows are a device tensor)
             return None, h_out
-        return be.matmuls(be.gather_rows(h_out, batch.output_rows), [t.head])[0], h_out
+        head = t.head if t.draft_head is None else t.draft_head
+        return be.matmuls(be.gather_rows(h_out, batch.output_rows), [head])[0], h_out
+
+    def set_draft_vocab(self, n: int) -> None:
+        """--spec-draft-vocab: the MTP head proposes only token ids 0 .. n-1 (0: the whole vocabulary). BPE ids come
+        in merge order, roughly most frequent first, so this prefix keeps most drafts while the head reads n rows of
+        the LM head instead of all (the verify keeps the full head: outputs do not change, only acceptance may).
+        Draft graphs captured after this call use the prefix."""
+        rows = self.mtp.head.shape[0]
+        if not 0 <= n <= rows:
+            raise ValueError(f"--spec-draft-vocab {n}: must be 1 .. {rows} (the vocabulary), or 0 for all of it")
+        self.mtp.draft_head = None if n in (0, rows) else self.be.row_prefix(self.mtp.head, n)
 
     # The three steps of forward, also run separately by a layer split (each on the backend holding its part).
     def embed(self, batch: StepBatch):

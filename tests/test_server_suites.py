@@ -104,14 +104,34 @@ def test_llama_from_reads_the_llama_column_of_a_written_table(tmp_path):
     assert r.returncode != 0 and f"no table at {tmp_path / 'x.md'}" in r.stderr
     (tmp_path / "x.md").write_text("### b8462\n")
     r = run_tool("--suite", "b8462", "--server", "llamacmp", "--llama-from", str(tmp_path / "x.md"))
-    assert r.returncode != 0 and "has no llama.cpp outcomes for b8462" in r.stderr
+    assert r.returncode != 0 and "has no llama outcomes under '### b8462'" in r.stderr
+    r = run_tool("--suite", "b8462", "--llamacmp-from", str(written))
+    assert r.returncode != 0 and "--llamacmp-from is for --report" in r.stderr
+
+
+def test_the_committed_table_reads_back_whole(tmp_path):
+    """Both columns of compat/server_suites_table.md, read back, make the same table again (counts, cells and
+    reasons): so --llama-from / --llamacmp-from lose nothing of it."""
     committed = ROOT / "compat" / "server_suites_table.md"
-    for suite in ("b8462", "0c1e570"):
-        count_row = next(line for line in committed.read_text().split(f"### {suite}")[1].splitlines()
-                         if line.startswith("| llama |"))
-        c = server_suites.counts(server_suites.from_table(committed, suite))
-        assert count_row == "| llama | " + " | ".join(str(c[k]) for k in server_suites.RESULTS) + \
-            f" | {sum(c.values())} |"
+    sections = [server_suites.table(suite, {s: server_suites.from_table(committed, suite, s)
+                                            for s in ("llama", "llamacmp")}) for suite in ("b8462", "0c1e570")]
+    assert "\n\n".join(sections) + "\n" == committed.read_text()
+
+
+def test_llamacmp_from_keeps_the_outcomes_run_again(tmp_path):
+    old = {"a": {"id": "a", "outcome": "passed", "reason": ""}, "b": {"id": "b", "outcome": "passed", "reason": ""}}
+    ours = {"a": {"id": "a", "outcome": "failed", "reason": "assert 1"}, "b": old["b"]}
+    written = tmp_path / "old.md"
+    written.write_text(server_suites.table("0c1e570", {"llama": old, "llamacmp": ours}) + "\n")
+    assert server_suites.from_table(written, "0c1e570", "llamacmp") == ours     # a gap's reason, unprefixed
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "0c1e570-llamacmp.jsonl").write_text(json.dumps({**ours["a"], "outcome": "passed", "reason": ""}) + "\n")
+    r = run_tool("--suite", "0c1e570", "--work", str(work), "--report", "--llama-from", str(written),
+                 "--llamacmp-from", str(written))
+    assert r.returncode == 0, r.stderr
+    assert "0c1e570: 0 pass on llama-server" in r.stdout
+    assert "| llamacmp | 2 | 0 | 0 | 0 | 0 | 2 |" in (work / "table.md").read_text()
 
 
 HARNESS = [m for m in server_suites.HARNESS_NEEDS if importlib.util.find_spec(m) is None]

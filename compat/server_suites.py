@@ -4,7 +4,8 @@ per-test table.
 
     python3 compat/server_suites.py [--suite b8462|0c1e570|both] [--server llama|llamacmp|both]
                                     [--model FILE] [--files test_basic.py ...] [-k EXPR] [-x] [--timeout S]
-                                    [--test-limit S]
+                                    [--test-limit S] [--llama-from TABLE.md]
+                                    [--llamacmp-from TABLE.md (with --report)]
                                     [--work DIR [--resume | --retry-gaps | --report]] [--table FILE]
 
 Each run copies the suite's `tools/server/tests` to a scratch tree (their tests read ../../../models, which is
@@ -22,6 +23,10 @@ a single test that runs longer ("runner time limit"), so that one stuck test doe
 Tests marked `slow` are not applicable, as their tests.sh leaves them out unless SLOW_TESTS=1. --retry-gaps runs
 again, on llamacmp-server, the tests of --work that pass on llama-server and not on llamacmp-server (after a fix);
 their new outcomes are appended, and the last one counts.
+--llama-from TABLE.md takes llama-server's outcomes from a table this tool wrote (the committed
+compat/server_suites_table.md) instead of running it or reading <work>: for a machine without a llama-server build,
+where only llamacmp-server's half is run again. --report --llamacmp-from TABLE.md takes llamacmp-server's outcomes
+from such a table too, those in <work> replacing theirs: a table refreshed for the files run again.
 b8462's test_tool_call.py binds port 8081 whatever $PORT says: run one b8462 suite at a time on a machine.
 Needs the harness's requirements (requests, wget, prometheus_client, aiohttp, openai, filelock) importable by
 this Python (a venv with --system-site-packages works).
@@ -32,6 +37,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -190,17 +196,64 @@ def gaps(runs: dict[str, dict[str, dict]]) -> list[str]:
     return sorted(t for t, e in theirs.items() if label(e) == "passed" and t in ours and label(ours[t]) != "passed")
 
 
+TABLE_ROW = re.compile(r"^\| `(?P<id>.+)` \| (?P<llama>[a-z/ -]+) \| (?P<llamacmp>[a-z/ -]+) "
+                       r"\| (?P<reason>[^|]*?) ?\|$")
+
+
+def from_table(path: Path, suite: str, server: str = "llama") -> dict[str, dict]:
+    """One server's outcomes in a table written by table(): its column of the suite's section, as run_suite's
+    entries. A reason is kept where the table shows that server's (its n/a and skips; llamacmp's gaps);
+    "not run" and "-" are no outcome. The id is the backquoted cell up to the last three cells (an id may hold
+    "|", a reason never does)."""
+    if not path.is_file():
+        raise Missing(f"no table at {path} (--{server}-from names a table this tool wrote)")
+    section, run = None, {}
+    for line in path.read_text().splitlines():
+        if line.startswith("### "):
+            section = line[4:].strip()
+        elif section == suite and (row := TABLE_ROW.match(line)):
+            if (result := row[server]) not in ("not run", "-"):
+                run[row["id"]] = entry(path, row, server, result)
+    if not run:
+        raise SystemExit(f"server_suites: {path} has no {server} outcomes under '### {suite}'")
+    return run
+
+
+def entry(path: Path, row: re.Match, server: str, result: str) -> dict:
+    if result not in RESULTS:
+        raise SystemExit(f"server_suites: {path}: unknown {server} result {result!r} for {row['id']}")
+    reason = row["reason"]
+    if server == "llamacmp" and reason.startswith("llamacmp: "):
+        reason = reason[len("llamacmp: "):]          # a gap's: table() wrote llamacmp's reason with this prefix
+    elif result not in ("n/a", "skipped"):
+        reason = ""                                   # the table shows no reason of a failure but a gap's
+    return {"id": row["id"], "outcome": "skipped" if result == "n/a" else result, "reason": reason}
+
+
+def runs_of(work: Path, suite: str, servers: list[str], llama_from: Path | None,
+            llamacmp_from: Path | None = None) -> dict[str, dict[str, dict]]:
+    """The outcomes in <work> per server; llama-server's from --llama-from's table when given; with
+    --llamacmp-from, llamacmp-server's from that table, those in <work> (run again since) replacing theirs."""
+    runs = {s: load(work / f"{suite}-{s}.jsonl") for s in servers if (work / f"{suite}-{s}.jsonl").exists()}
+    if llama_from:
+        runs = {"llama": from_table(llama_from, suite), **{s: r for s, r in runs.items() if s != "llama"}}
+    if llamacmp_from:
+        runs["llamacmp"] = {**from_table(llamacmp_from, suite, "llamacmp"), **runs.get("llamacmp", {})}
+    return runs
+
+
 def load(path: Path) -> dict[str, dict]:
     """An outcome file; a test listed twice (a run resumed after a change) keeps its last outcome."""
     return {e["id"]: e for e in map(json.loads, path.read_text().splitlines())}
 
 
-def report(work: Path | None, suites: list[str], servers: list[str], out: Path | None) -> None:
+def report(work: Path | None, suites: list[str], servers: list[str], out: Path | None,
+           llama_from: Path | None = None, llamacmp_from: Path | None = None) -> None:
     if work is None:
         raise SystemExit("server_suites: --report needs --work (the folder of an earlier run)")
     sections = []
     for suite in suites:
-        runs = {s: load(work / f"{suite}-{s}.jsonl") for s in servers if (work / f"{suite}-{s}.jsonl").exists()}
+        runs = runs_of(work, suite, servers, llama_from, llamacmp_from)
         if runs:
             sections.append(table(suite, runs))
             print(f"[server_suites] {suite}: {len(gaps(runs))} pass on llama-server and not on llamacmp-server"
@@ -214,14 +267,12 @@ def retry_gaps(args, suites: list[str]) -> None:
         raise SystemExit("server_suites: --retry-gaps needs --work (the folder of an earlier run)")
     check_harness()
     for suite in suites:
-        runs = {s: load(args.work / f"{suite}-{s}.jsonl") for s in ("llama", "llamacmp")
-                if (args.work / f"{suite}-{s}.jsonl").exists()}
-        ids = gaps(runs)
+        ids = gaps(runs_of(args.work, suite, ["llama", "llamacmp"], args.llama_from))
         print(f"[server_suites] {suite}: retrying {len(ids)} tests on llamacmp-server", flush=True)
         if ids:
             run_suite(suite, "llamacmp", launcher(args.work), args.model.resolve(), args.work, ids, args.timeout,
                       False, args.test_limit, keep=True)
-    report(args.work, suites, ["llama", "llamacmp"], args.table)
+    report(args.work, suites, ["llama", "llamacmp"], args.table, args.llama_from)
 
 
 def main() -> None:
@@ -244,12 +295,26 @@ def main() -> None:
                     help="run again on llamacmp-server the tests of --work it fails and llama-server passes")
     ap.add_argument("--table", type=Path, default=None, help="markdown table (default: <work>/table.md)")
     ap.add_argument("--report", action="store_true", help="run nothing: the table from the outcomes in --work")
+    ap.add_argument("--llama-from", type=Path, default=None, metavar="TABLE.md",
+                    help="llama-server's outcomes from a table this tool wrote (run only llamacmp-server)")
+    ap.add_argument("--llamacmp-from", type=Path, default=None, metavar="TABLE.md",
+                    help="with --report: llamacmp-server's outcomes from a table this tool wrote, those in --work "
+                         "replacing theirs (some files run again)")
     args = ap.parse_args()
+    if args.llamacmp_from and not args.report:
+        raise SystemExit("server_suites: --llamacmp-from is for --report (runs append to <work>'s outcomes)")
 
     suites = ["b8462", "0c1e570"] if args.suite == "both" else [args.suite]
     servers = ["llama", "llamacmp"] if args.server == "both" else [args.server]
+    if args.llama_from:
+        if args.server == "llama":
+            raise SystemExit("server_suites: --llama-from gives llama-server's outcomes: nothing to run with "
+                             "--server llama")
+        servers = ["llama", "llamacmp"] if args.report else ["llamacmp"]
+        for suite in suites:          # a missing section is named before anything runs
+            from_table(args.llama_from, suite)
     if args.report:
-        return report(args.work, suites, servers, args.table)
+        return report(args.work, suites, servers, args.table, args.llama_from, args.llamacmp_from)
     if args.retry_gaps:
         return retry_gaps(args, suites)
     for suite in suites:          # everything missing is named before anything runs
@@ -266,7 +331,7 @@ def main() -> None:
     sections = []
     for suite in suites:
         selection = files_in(suite, args.files) + options
-        runs = {}
+        runs = {"llama": from_table(args.llama_from, suite)} if args.llama_from else {}
         for server in servers:
             binary = llama_server(suite, args.llama_server) if server == "llama" else launcher(work)
             runs[server] = run_suite(suite, server, binary, args.model.resolve(), work, selection, args.timeout,

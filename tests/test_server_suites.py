@@ -77,6 +77,63 @@ def test_report_reads_earlier_outcomes(tmp_path):
     assert "| `unit/test_a.py::test_x` | passed | passed |  |" in (tmp_path / "table.md").read_text()   # last wins
 
 
+def test_llama_from_reads_the_llama_column_of_a_written_table(tmp_path):
+    """--llama-from: llama-server's outcomes from a table table() wrote (an id may hold '|'), then the table
+    again with llamacmp's outcomes from <work>; the committed table's counts come back whole."""
+    pipe_id = 'unit/test_a.py::test_x[(a|b)+|\\{ "c"]'
+    llama = {pipe_id: {"id": pipe_id, "outcome": "passed", "reason": ""},
+             "b": {"id": "b", "outcome": "skipped", "reason": "not applicable: needs x"},
+             "c": {"id": "c", "outcome": "skipped", "reason": "their skip"},
+             "d": {"id": "d", "outcome": "failed", "reason": "assert 0"}}
+    ours = {**llama, pipe_id: {"id": pipe_id, "outcome": "failed", "reason": "assert 1 == 2"}}
+    written = tmp_path / "old.md"
+    written.write_text(server_suites.table("b8462", {"llama": llama, "llamacmp": ours}) + "\n\n"
+                       + server_suites.table("0c1e570", {"llama": {"e": {"id": "e", "outcome": "error",
+                                                                           "reason": ""}}}) + "\n")
+    parsed = server_suites.from_table(written, "b8462")
+    assert parsed == {**llama, "d": {"id": "d", "outcome": "failed", "reason": ""}}   # a failure's reason: not shown
+    assert server_suites.from_table(written, "0c1e570") == {"e": {"id": "e", "outcome": "error", "reason": ""}}
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "b8462-llamacmp.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ours.values()))
+    r = run_tool("--suite", "b8462", "--work", str(work), "--report", "--llama-from", str(written))
+    assert r.returncode == 0, r.stderr
+    assert "b8462: 1 pass on llama-server and not on llamacmp-server" in r.stdout and pipe_id in r.stdout
+    assert (work / "table.md").read_text().splitlines()[:6] == written.read_text().splitlines()[:6]
+    r = run_tool("--suite", "both", "--work", str(work), "--report", "--llama-from", str(tmp_path / "x.md"))
+    assert r.returncode != 0 and f"no table at {tmp_path / 'x.md'}" in r.stderr
+    (tmp_path / "x.md").write_text("### b8462\n")
+    r = run_tool("--suite", "b8462", "--server", "llamacmp", "--llama-from", str(tmp_path / "x.md"))
+    assert r.returncode != 0 and "has no llama outcomes under '### b8462'" in r.stderr
+    r = run_tool("--suite", "b8462", "--llamacmp-from", str(written))
+    assert r.returncode != 0 and "--llamacmp-from is for --report" in r.stderr
+
+
+def test_the_committed_table_reads_back_whole(tmp_path):
+    """Both columns of compat/server_suites_table.md, read back, make the same table again (counts, cells and
+    reasons): so --llama-from / --llamacmp-from lose nothing of it."""
+    committed = ROOT / "compat" / "server_suites_table.md"
+    sections = [server_suites.table(suite, {s: server_suites.from_table(committed, suite, s)
+                                            for s in ("llama", "llamacmp")}) for suite in ("b8462", "0c1e570")]
+    assert "\n\n".join(sections) + "\n" == committed.read_text()
+
+
+def test_llamacmp_from_keeps_the_outcomes_run_again(tmp_path):
+    old = {"a": {"id": "a", "outcome": "passed", "reason": ""}, "b": {"id": "b", "outcome": "passed", "reason": ""}}
+    ours = {"a": {"id": "a", "outcome": "failed", "reason": "assert 1"}, "b": old["b"]}
+    written = tmp_path / "old.md"
+    written.write_text(server_suites.table("0c1e570", {"llama": old, "llamacmp": ours}) + "\n")
+    assert server_suites.from_table(written, "0c1e570", "llamacmp") == ours     # a gap's reason, unprefixed
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "0c1e570-llamacmp.jsonl").write_text(json.dumps({**ours["a"], "outcome": "passed", "reason": ""}) + "\n")
+    r = run_tool("--suite", "0c1e570", "--work", str(work), "--report", "--llama-from", str(written),
+                 "--llamacmp-from", str(written))
+    assert r.returncode == 0, r.stderr
+    assert "0c1e570: 0 pass on llama-server" in r.stdout
+    assert "| llamacmp | 2 | 0 | 0 | 0 | 0 | 2 |" in (work / "table.md").read_text()
+
+
 HARNESS = [m for m in server_suites.HARNESS_NEEDS if importlib.util.find_spec(m) is None]
 
 

@@ -275,23 +275,18 @@ __device__ __forceinline__ int dot16(const int4 a, const int4 b, int c = 0) {
     return D::dot4(a.w, b.w, s);
 }
 
-// The exact int -> float of a DP4A GEMM's block dot (matmul_q8.cu, matmul_quant.cuh; |dot| < 2^22): dot_chain_init()
-// is the value the block's dot chain starts from, chain_to_f32() turns the chain's end into the float of the dot.
-// Two exact forms, the same float: the conversion instruction (I2F on sm_70/75, I2FP.F32.S32 on sm_86+), or a chain
-// that starts from 0x4B400000 (the bits of 1.5 * 2^23: the end's bits are the float 1.5 * 2^23 + dot) and one FADD.
-// The conversion by default: IDP.4A issues to the same pipe as FP32 arithmetic (NVIDIA's description: GA100's FMA
-// pipe takes IMAD, IDP and FP32; on GH100 FMAheavy takes those and FMAlite FP32 only; Volta's equal FP32 and DP4A
-// rates, 64 per SM and clock, fit one shared FMA pipe there too: not measured here), the conversion runs on another
-// (XU on sm_70: 16 per SM and clock, one per 8 IDP.4A here; I2FP on the ALU on sm_86+). Per Q8 block and output the
-// FMA pipe then carries 8 IDP.4A + FMUL + FFMA without the FADD: a ceiling of 80% of the DP4A rate on Volta instead
-// of 73%. CMP_GEMM_FADD_I2F=1 builds the FADD form (one FMA-pipe instruction per dot more, no conversion): an A/B.
-#ifndef CMP_GEMM_FADD_I2F
-#define CMP_GEMM_FADD_I2F 0
-#endif
-__device__ __forceinline__ constexpr int dot_chain_init() { return CMP_GEMM_FADD_I2F ? 0x4B400000 : 0; }
-__device__ __forceinline__ float chain_to_f32(int end) {
-    return CMP_GEMM_FADD_I2F ? __int_as_float(end) - 12582912.f : __int2float_rn(end);
-}
+// The exact int -> float of a DP4A GEMM's block dot (matmul_q8.cu, matmul_quant.cuh; |dot| < 2^22): the block's dot
+// chain starts from dot_chain_init() and chain_to_f32() turns its end into the float of the dot, by the conversion
+// instruction (I2F on sm_70/75, I2FP.F32.S32 on sm_86+). Not the other exact form (a chain started from 0x4B400000,
+// the bits of 1.5 * 2^23, and one FADD): IDP.4A issues to the same pipe as FP32 arithmetic (NVIDIA's description:
+// GA100's FMA pipe takes IMAD, IDP and FP32; on GH100 FMAheavy takes those and FMAlite FP32 only; Volta's equal FP32
+// and DP4A rates, 64 per SM and clock, fit one shared FMA pipe there too: not measured here), the conversion runs on
+// another (XU on sm_70: 16 per SM and clock, one per 8 IDP.4A here; I2FP on the ALU on sm_86+). Per Q8 block and
+// output the FMA pipe then carries 8 IDP.4A + FMUL + FFMA without the FADD: a ceiling of 80% of the DP4A rate on
+// Volta instead of 73%. H200, 2026-12-02, DP4A route, same run against the FADD form's library: prefill 1.07x
+// (Q8_0) and 1.04x (Q4_K_M) with the guards and stage changes of the same branch (benchmarks/RESULTS.md).
+__device__ __forceinline__ constexpr int dot_chain_init() { return 0; }
+__device__ __forceinline__ float chain_to_f32(int end) { return __int2float_rn(end); }
 
 // 16 bytes global -> shared; `ok` false writes zeros (rows/tokens/blocks past the end). On sm_80+ an asynchronous
 // copy (completed by cp_async_wait before the barrier that publishes the stage).

@@ -426,17 +426,13 @@ int launch_gemm2(const int8_t* xq, const float* xd, const int8_t* wq, const void
 
 // Whether the v2 GEMM takes stages of 4 blocks here: smem::gemm2_q8_plan says they fit, and the code the device
 // runs is compute_80+ (cp.async; sm_70/75's register-staged copy keeps 2). Asked once per device (code_at_least).
-// CMP_GEMM2_WIDE=0 builds a library that keeps 2-block stages everywhere (an A/B of the stage width).
-#ifndef CMP_GEMM2_WIDE
-#define CMP_GEMM2_WIDE 1
-#endif
 PerDevice g_gemm2_code;
 int gemm2_wide(bool* yes) {
     size_t limit = 0;
     CMP_TRY(smem_limit(&limit));
     bool async = false;
     CMP_TRY(code_at_least(gemm2_q8_kernel<DotDp4a, 4>, 80, g_gemm2_code, &async));
-    *yes = CMP_GEMM2_WIDE && async && smem::gemm2_q8_plan(limit).config == 4;
+    *yes = async && smem::gemm2_q8_plan(limit).config == 4;
     return CMP_OK;
 }
 

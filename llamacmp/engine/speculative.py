@@ -511,6 +511,8 @@ def accept_tokens(be, logits, v: Verified, sampler: Sampler, take: Callable[[int
             else:
                 ids, p = sampler.post_sampling_probs(row)
                 tok = speculative_choice(ids, p, d, {d: 1.0}, sampler.rng)   # q: the draft's point mass
-        if not take(tok) or d is None or tok != d:
+        # a synthetic rejection (i == n_synth) ends the run with the target's draw even where it equals the
+        # draft, as llama-server's server_sample_and_accept_synth does: the knob sets the acceptance, not the model
+        if not take(tok) or d is None or tok != d or (n_synth is not None and i >= n_synth):
             return i + 1
     return n + 1

@@ -236,11 +236,12 @@ gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 //  - The FMA pipe: per chunk-row and token 4 IDP.4A + FMUL + FFMA (+ I2FP on the ALU); IDP.4A takes 2 cycles of an
 //    SMSP's FMA-heavy pipe, so ~2 NT SM cycles per 512 weight bytes: half of the stream's 31 cycles at T = 8, all of
 //    them at T = 16 (T = 16 cannot reach T = 1's time here).
-//  - Registers (ptxas -v, sm_90, nvcc 13.0, DP4A): 111 / 119 / 128 at T = 2 / 3 / 4 under a 4-block cap (16 warps
-//    per SM; a 4096-row matrix is one wave of 512 blocks in 528 slots); 220-248 at T = 5..8 and 218-254 at T = 9..16
-//    under a 2-block cap (8 warps of 4 rows; 256 blocks for 4096 rows, one wave). No spills on DP4A / DP2A (sm_75,
-//    sm_80, sm_90; sm_61 / sm_70 with nvcc 12.4 neither). The IMAD route (OPS = 8 instructions per dot4: bound by
-//    issue, not by the stream) keeps U = 2: at U = 4 its byte unpacking spilled 48-72 bytes at T = 4 and T = 8.
+//  - Registers (ptxas -v, sm_90, nvcc 13.0, DP4A): 105 / 113 / 124 at T = 2 / 3 / 4 under a 4-block cap (16 warps
+//    per SM; a 4096-row matrix is one wave of 512 blocks in 528 slots); 199-235 at T = 5..8 and 190-254 at T = 9..16
+//    under a 2-block cap (8 warps of 4 rows; 256 blocks for 4096 rows, one wave). No spills on DP4A / DP2A (sm_90,
+//    sm_80, sm_75 with nvcc 13; sm_70, sm_61 with nvcc 12.4). The IMAD route (OPS = 8 instructions per dot4: bound
+//    by issue, not by the stream) keeps U = 2: at U = 4 its byte unpacking spilled 48-72 bytes at T = 4 and T = 8;
+//    it spills 8 bytes at T = 14, 15 on sm_90 and 12-28 at T = 15, 16 on sm_61.
 struct Q8GemvShape { int rows, unroll, min_blocks; };
 template <int NT, int OPS>
 constexpr Q8GemvShape q8gemv_shape() {
@@ -336,24 +337,25 @@ gemv_q8_batch_kernel(const int8_t* __restrict__ xq,  // [NT, n]
         for (int u = 0; u < U; ++u) {
             const int c = c0 + 32 * u, cn = c + 32 * U;
             if (c >= nchunk) break;
-            int4 a[R];
-            float s[R];
-#pragma unroll
-            for (int r = 0; r < R; ++r) {  // take the slot, refill it with the chunk one round ahead
-                a[r] = wv[r][u];
-                s[r] = ws[r][u];
-                if (cn < nchunk) {
-                    wv[r][u] = __ldg(w[r] + cn);
-                    ws[r][u] = __half2float(__ldg(dw[r] + (cn >> 1)));
-                }
-            }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 const int4 xv = __ldg(x + (size_t)t * nchunk + c);
                 const float sx = __ldg(xd + (size_t)t * nb + (c >> 1));
 #pragma unroll
                 for (int r = 0; r < R; ++r)
-                    acc[r][t] = __fmaf_rn(__int2float_rn(dot16<D>(a[r], xv)), __fmul_rn(s[r], sx), acc[r][t]);
+                    acc[r][t] = __fmaf_rn(__int2float_rn(dot16<D>(wv[r][u], xv)), __fmul_rn(ws[r][u], sx), acc[r][t]);
+            }
+            // The slot's refill, with the chunk one round ahead, once its last dot is issued: loading it before
+            // (into a copy) kept one more slot in flight during the dots but cost a MOV per register per round
+            // (232 of the 1425 instructions of the loop at T = 8, and 248 registers instead of 235). While the warp
+            // waits for a slot's data, which is where a stream-bound warp spends its time, all R * U are in flight
+            // either way.
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (cn < nchunk) {
+                    wv[r][u] = __ldg(w[r] + cn);
+                    ws[r][u] = __half2float(__ldg(dw[r] + (cn >> 1)));
+                }
             }
         }
     }

@@ -255,7 +255,8 @@ constexpr Q8GemvShape q8gemv_shape() {
 // scatter: at offset o a lane keeps half of its values (the upper half where lane & o) and adds its partner's copy
 // of them, sending the other half. Each kept partial is the sum warp_sum forms in the same lane (the partner's
 // term added to the lane's own: float addition commutes, so it has the bits every lane of that step's pair gets),
-// so each value's result has warp_sum's bits. Cost: V - 1 shuffles (32 / V more past V = 32) instead of 5 V.
+// so each value's result has warp_sum's bits. Cost: V / 2 + V / 4 + ... shuffles (62 at V = 64; V - 1 plus one per
+// step left at V < 32) instead of 5 V.
 // After it lane l holds max(V / 32, 1) values: value i of the lane is original index scatter_index<V>(lane, i).
 template <int K, int O = 16>   // K: values the lane holds before the step at offset O
 __device__ __forceinline__ void warp_sum_scatter(float* v, int lane) {
@@ -361,6 +362,7 @@ gemv_q8_batch_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     }
     // Every output's warp sum, scattered: lane l ends with K values, value i being output j = scatter_index(l, i)
     // = r * NT + t (padding past R * NT is never stored); the lane with the low bits clear stores it.
+    static_assert(R * NT <= 64, "at most 64 sums per lane");
     constexpr int V0 = R * NT, V = V0 <= 1 ? 1 : V0 <= 2 ? 2 : V0 <= 4 ? 4 : V0 <= 8 ? 8 : V0 <= 16 ? 16
                                  : V0 <= 32 ? 32 : 64;
     constexpr int K = V > 32 ? V / 32 : 1;

@@ -3,9 +3,11 @@
 //    a warp-per-row DP4A GEMV for small T (decode: bound by reading the weights once), and a tiled DP4A GEMM
 //    for larger T (prefill). Integer dots per 32-block, scaled by d_w * d_x, accumulated in fp32.
 //    Two generations, chosen per call by `kernels` (CMP_MM_* bits of cmp_matmul_q8_ex) so a faulty one can be
-//    switched off: v1 = GEMV for T <= 8 + 64x64 GEMM; CMP_MM_GEMV2 = the batch-invariant GEMV for T <= 16 (v1's
-//    warp-per-row loop with every rounding explicit, all of a lane's weight loads in flight before the first DP4A,
-//    two rows per warp at T >= 2 so that each activation load serves both;
+//    switched off: v1 = GEMV for T <= 8 + 64x64 GEMM; CMP_MM_GEMV2 = the batch-invariant GEMV for T <= 16 (at
+//    T = 1, decode: v1's warp-per-row loop with every rounding explicit, all of a lane's weight loads in flight
+//    before the first DP4A; at T = 2..16, MTP verification and several slots: the same per-row arithmetic with 2 or
+//    4 rows per warp, so that each activation load serves them all, and each lane's weight loads refilled as they
+//    are used, so that the weight stream never drains while the warp multiplies (gemv_q8_batch_kernel);
 //    CMP_MM_GEMV_PDL launches it with programmatic dependent launch on sm_90+), CMP_MM_GEMM2 = a 128x128 GEMM (8x8
 //    outputs per thread, double-buffered shared memory: cp.async on sm_80+, register prefetch on sm_70/75). The
 //    GEMV's earlier versions (v2: two rows per warp, 8 loads per lane; v3: persistent and pipelined; v4 under
@@ -147,76 +149,55 @@ gemm_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
 
 // ---- GEMV ----------------------------------------------------------------------------------------------------------
 
-// Warp per R weight rows: lane l reads 16-byte chunks l, l+32, ... of each row (chunk c is half of Q8 block c/2), so
-// a warp load is 512 contiguous bytes; GEMV_UNROLL such loads (GEMV_UNROLL / R per row) are issued before the DP4A
+// Warp per weight row (T = 1, and v1 at every T): lane l reads 16-byte chunks l, l+32, ... of the row (chunk c is
+// half of Q8 block c/2), so a warp load is 512 contiguous bytes; GEMV_UNROLL such loads are issued before the DP4A
 // work to keep enough bytes in flight; activations (T rows, a few KB) stay in L1/L2. The per-chunk arithmetic is
-// written out so that a row's result depends on neither NT nor R: acc = fma(float(dot), d_w * d_x, acc), each
-// rounding explicit (no contraction left to the compiler), chunks in increasing order per lane, then warp_sum's fixed
-// butterfly (batch invariance).
-// R = 2 (the batch-invariant GEMV at T >= 2): each activation chunk and its scale, loaded from L1 once per token,
-// serve both rows. At R = 1 a warp issues T 16-byte activation loads per 16-byte weight chunk: at T = 4, ~25 L1
-// wavefronts per 512 weight bytes (an estimate, not profiled), against the ~28 clocks an SM's share of HBM takes to
-// deliver them on the H200, so L1 throughput likely bounds it rather than the weight stream (T = 4 took 1.33x
-// T = 1's time, 2026-12-02); R = 2 makes it ~15. (The deleted two-rows-per-warp v2 lost at T = 1, where R stays 1.)
-// v1 (no kernel bits, T <= 8) is gemv_q8_kernel<NT, 1, false, 0>, whose sm_90 SASS was the former v1 kernel's
-// instruction for instruction at every T = 1..8 (nvcc 13.0, 2026-11-30). With R (2026-12-02, cuobjdump): every R = 1
-// instantiation keeps its instruction count and its loop's SASS at T = 1 (only the prologue's order moved, both
-// GEMVs); at T >= 2 the v1 kernel's instructions are rescheduled. R = 2 takes 93-108 registers at T = 2..4, 146
-// at T = 8, 225 at T = 16, no spills: 4 blocks per SM at T = 4 (5 at R = 1), 2 KB of weights in flight per warp.
+// written out so that a row's result depends on nothing but the row and its token: acc = fma(float(dot), d_w * d_x,
+// acc), each rounding explicit (no contraction left to the compiler), chunks in increasing order per lane, then
+// warp_sum's fixed butterfly. gemv_q8_batch_kernel (T >= 2) repeats exactly this per row and token (batch
+// invariance: a row's bits are the same for every T).
+// v1 (no kernel bits, T <= 8) is gemv_q8_kernel<NT, false, 0>, whose sm_90 SASS was the former v1 kernel's
+// instruction for instruction at every T = 1..8 (nvcc 13.0, 2026-11-30).
 // PDL (template flag, CMP_MM_GEMV_PDL on sm_90+): each lane prefetches its first GEMV_UNROLL weight chunks into L2
 // before pdl_wait_producers, so the weight stream starts while the producer kernel finishes.
 // MIN_BLOCKS: 0 = v1's bound (no minimum). 1 (CMP_MM_GEMV2) = __launch_bounds__(128, 1), which lets ptxas take 55
 // registers at T = 1 (56 with PDL) and issue all 4 weight loads, their scales and the first x chunk and x scale
-// before the first DP4A (9 blocks = 36 warps per SM at most instead of 40; at T > 1 far more registers: 68 at T = 2,
-// 117 at T = 8, 197 at T = 16, with R = 1). H200, 2026-11-30 (RESULTS.md): tg128 296.5 t/s against 292.1 with v1's
-// bound (both with PDL), 281.9 for v3 + PDL, 262.7 for v2; at T = 1 its GEMVs stream 61-102% of copy, v2's 51-94%.
+// before the first DP4A (9 blocks = 36 warps per SM at most instead of 40). H200, 2026-11-30 (RESULTS.md): tg128
+// 296.5 t/s against 292.1 with v1's bound (both with PDL), 281.9 for v3 + PDL, 262.7 for v2; at T = 1 its GEMVs
+// stream 61-102% of copy, v2's 51-94%.
 // D: the int8 dot of the route (common.cuh).
-template <int NT, int R, bool PDL, int MIN_BLOCKS, class D = DotDp4a>
+template <int NT, bool PDL, int MIN_BLOCKS, class D = DotDp4a>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MIN_BLOCKS)
 gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                 const float* __restrict__ xd,   // [NT, n/32]
                 const GemvSet set, int n) {
-    static_assert(R >= 1 && GEMV_UNROLL % R == 0, "a warp's rows share GEMV_UNROLL loads per lane");
-    constexpr int U = GEMV_UNROLL / R;  // 16-byte loads in flight per lane and row
-    const int grow = (blockIdx.x * GEMV_WARPS + threadIdx.y) * R;
-    if (grow >= set.total) return;
+    constexpr int U = GEMV_UNROLL;  // 16-byte loads in flight per lane
+    const int row = blockIdx.x * GEMV_WARPS + threadIdx.y;
+    if (row >= set.total) return;
     const int lane = threadIdx.x, nchunk = n / 16, nb = n / QK;
-    GemvGroup g[R];
-    const int4* w[R];
-    const __half* dw[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) {  // a row past the end (an odd total) reads the warp's first row and stores nothing
-        g[i] = gemv_locate_row(set, i == 0 || grow + i < set.total ? grow + i : grow);
-        w[i] = reinterpret_cast<const int4*>(g[i].wq + (size_t)g[i].row0 * n);
-        dw[i] = g[i].wd + (size_t)g[i].row0 * nb;
-    }
+    const GemvGroup g = gemv_locate_row(set, row);
+    const int4* w = reinterpret_cast<const int4*>(g.wq + (size_t)g.row0 * n);
+    const __half* dw = g.wd + (size_t)g.row0 * nb;
     if (PDL) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = lane + 32 * u;
-#pragma unroll
-            for (int i = 0; i < R; ++i)
-                if (c < nchunk) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w[i] + c));
+            if (c < nchunk) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w + c));
         }
         pdl_wait_producers();  // weights never change; x, res and y belong to the kernels before this one
     }
-    float acc[R][NT];
+    float acc[NT];
 #pragma unroll
-    for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[i][t] = 0.f;
+    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
 
     for (int c0 = lane; c0 < nchunk; c0 += 32 * U) {
-        int4 wv[R][U];
-        float ws[R][U];
+        int4 wv[U];
+        float ws[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + 32 * u;
-#pragma unroll
-            for (int i = 0; i < R; ++i) {
-                wv[i][u] = c < nchunk ? __ldg(w[i] + c) : make_int4(0, 0, 0, 0);
-                ws[i][u] = c < nchunk ? __half2float(dw[i][c >> 1]) : 0.f;
-            }
+            wv[u] = c < nchunk ? __ldg(w + c) : make_int4(0, 0, 0, 0);
+            ws[u] = c < nchunk ? __half2float(dw[c >> 1]) : 0.f;
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -226,21 +207,178 @@ gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
             for (int t = 0; t < NT; ++t) {
                 const int4 xv = *reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 16);
                 const float sx = xd[(size_t)t * nb + (c >> 1)];
-#pragma unroll
-                for (int i = 0; i < R; ++i)
-                    acc[i][t] = __fmaf_rn(__int2float_rn(dot16<D>(wv[i][u], xv)), __fmul_rn(ws[i][u], sx), acc[i][t]);
+                acc[t] = __fmaf_rn(__int2float_rn(dot16<D>(wv[u], xv)), __fmul_rn(ws[u], sx), acc[t]);
             }
         }
     }
+    const int r = g.row0, rows = g.rows;
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-        if (i > 0 && grow + i >= set.total) break;
-        const int row = g[i].row0, rows = g[i].rows;
+    for (int t = 0; t < NT; ++t) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) g.y[(size_t)t * rows + r] = g.res ? g.res[(size_t)t * rows + r] + v : v;
+    }
+}
+
+// The batch GEMV's shape at NT = 2..16 tokens: weight rows per warp R, 16-byte chunks in flight per lane and row U
+// (rolling: a slot is refilled as soon as its chunk is multiplied, so R * U loads per lane stay in flight through
+// the whole row instead of draining every round), and the launch bound's blocks per SM. Why these, sm_90 per SM
+// (H200: ~16.4 bytes of HBM per cycle at the copy rate, so 512 weight bytes = one warp chunk-row every ~31 cycles):
+//  - Bytes in flight: a matrix of `rows` rows keeps rows / 132 * U * 512 bytes per SM in flight while its grid fits
+//    in one wave, whatever R is (fewer warps of more rows); U = 4 gives the T = 1 GEMV's ~64 KB on the 4096-row
+//    matrices (out proj, FFN down). The kernel before (R = 2, U = 2, the slots refilled only after the whole round)
+//    had 32 KB at most and next to none while it multiplied: T = 4 took 1.18x T = 1's time on 4096x12288
+//    (2026-12-02). So U = 4 to T = 8; at T >= 9 the sums take the registers (U = 2, ~32 KB) and the FMA pipe
+//    bounds the kernel rather than the stream (below).
+//  - L1: per token, a warp reads a 512-byte activation chunk (4 wavefronts) and its scale (1) for the R rows'
+//    chunks (4 + 1 wavefronts each with its scale); per 512 weight bytes that is 5 + 5 NT / R: 15 at NT = 4, R = 2;
+//    25 at NT = 8, R = 2 against ~31 cycles (an estimate: one wavefront per cycle, not profiled), 15 at R = 4. So
+//    R = 4 from T = 5.
+//  - The FMA pipe: per chunk-row and token 4 IDP.4A + FMUL + FFMA (+ I2FP on the ALU); IDP.4A takes 2 cycles of an
+//    SMSP's FMA-heavy pipe, so ~2 NT SM cycles per 512 weight bytes: half of the stream's 31 cycles at T = 8, all of
+//    them at T = 16 (T = 16 cannot reach T = 1's time here).
+//  - Registers (ptxas -v, sm_90, nvcc 13.0, DP4A): 105 / 113 / 124 at T = 2 / 3 / 4 under a 4-block cap (16 warps
+//    per SM; a 4096-row matrix is one wave of 512 blocks in 528 slots); 199-235 at T = 5..8 and 190-254 at T = 9..16
+//    under a 2-block cap (8 warps of 4 rows; 256 blocks for 4096 rows, one wave). No spills on DP4A / DP2A (sm_90,
+//    sm_80, sm_75 with nvcc 13; sm_70, sm_61 with nvcc 12.4). The IMAD route (OPS = 8 instructions per dot4: bound
+//    by issue, not by the stream) keeps U = 2: at U = 4 its byte unpacking spilled 48-72 bytes at T = 4 and T = 8;
+//    it spills 8 bytes at T = 14, 15 on sm_90 and 12-28 at T = 15, 16 on sm_61.
+struct Q8GemvShape { int rows, unroll, min_blocks; };
+template <int NT, int OPS>
+constexpr Q8GemvShape q8gemv_shape() {
+    constexpr int U = OPS >= 8 ? 2 : 4;
+    if (NT <= 4) return {2, U, 4};
+    if (NT <= 8) return {4, U, 2};
+    return {4, 2, 2};
+}
+
+// The sums of V values per lane over the warp (V a power of two), warp_sum's butterfly for each, as a reduce-
+// scatter: at offset o a lane keeps half of its values (the upper half where lane & o) and adds its partner's copy
+// of them, sending the other half. Each kept partial is the sum warp_sum forms in the same lane (the partner's
+// term added to the lane's own: float addition commutes, so it has the bits every lane of that step's pair gets),
+// so each value's result has warp_sum's bits. Cost: V / 2 + V / 4 + ... shuffles (62 at V = 64; V - 1 plus one per
+// step left at V < 32) instead of 5 V.
+// After it lane l holds max(V / 32, 1) values: value i of the lane is original index scatter_index<V>(lane, i).
+template <int K, int O = 16>   // K: values the lane holds before the step at offset O
+__device__ __forceinline__ void warp_sum_scatter(float* v, int lane) {
+    static_assert(K >= 1 && (K & (K - 1)) == 0, "a power of two");
+    if constexpr (O > 0) {
+        if constexpr (K > 1) {
+            const bool up = lane & O;
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const float v = warp_sum(acc[i][t]);
-            if (lane == 0) g[i].y[(size_t)t * rows + row] = g[i].res ? g[i].res[(size_t)t * rows + row] + v : v;
+            for (int i = 0; i < K / 2; ++i) {
+                const float keep = up ? v[i + K / 2] : v[i], send = up ? v[i] : v[i + K / 2];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+            }
+            warp_sum_scatter<K / 2, O / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
+            warp_sum_scatter<1, O / 2>(v, lane);
         }
+    }
+}
+
+// The original index of value i (< max(V / 32, 1)) that lane `lane` holds after warp_sum_scatter<V>: the kept
+// halves' offsets, from the top lane bit down.
+template <int V>
+__device__ __forceinline__ int scatter_index(int lane, int i) {
+    int j = i;
+#pragma unroll
+    for (int s = 0; s < 5; ++s)
+        if ((V >> s) > 1 && (lane & (16 >> s))) j += V >> (s + 1);
+    return j;
+}
+
+// The batch GEMV (CMP_MM_GEMV2 at T = 2..16: MTP verification, several slots): warp per R weight rows, q8gemv_shape
+// above. Lane l takes chunks l, l+32, ... of each row in increasing order, as gemv_q8_kernel; each weight chunk and
+// scale is read once for the NT tokens, and each activation chunk and scale once for the R rows. A row's arithmetic
+// per token is gemv_q8_kernel's (same chunk order per lane, same explicit roundings, warp_sum's butterfly through
+// warp_sum_scatter), so every row gets the same bits at every T and R (batch invariance). The first loads go out
+// before pdl_wait_producers (weights never change; x, res and y belong to the kernels before this one), and the
+// kernel lets its PDL consumer launch at once (as gemv_quant_kernel: every kernel launched with PDL waits for this
+// grid before it touches memory), so the next kernel's blocks can take the SMs this grid's last wave leaves idle.
+// A group past the last row re-reads the last row and stores nothing for it. D: the int8 dot of the route.
+template <int NT, int R, int U, int MINB, class D>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
+gemv_q8_batch_kernel(const int8_t* __restrict__ xq,  // [NT, n]
+                     const float* __restrict__ xd,   // [NT, n/32]
+                     const GemvSet set, int n) {
+    const int first = (blockIdx.x * GEMV_WARPS + threadIdx.y) * R;
+    if (first >= set.total) return;
+    const int lane = threadIdx.x, nchunk = n / 16, nb = n / QK;
+    const int4* x = reinterpret_cast<const int4*>(xq);
+    const int4* w[R];
+    const __half* dw[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {  // only the weight rows stay live through the loop; the outputs are located after
+        const GemvGroup g = gemv_locate_row(set, min(first + r, set.total - 1));
+        w[r] = reinterpret_cast<const int4*>(g.wq + (size_t)g.row0 * n);
+        dw[r] = g.wd + (size_t)g.row0 * nb;
+    }
+    int4 wv[R][U];   // slot u of row r: the lane's chunk c0 + 32 u of the current round
+    float ws[R][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = lane + 32 * u;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            wv[r][u] = c < nchunk ? __ldg(w[r] + c) : make_int4(0, 0, 0, 0);
+            ws[r][u] = c < nchunk ? __half2float(__ldg(dw[r] + (c >> 1))) : 0.f;
+        }
+    }
+    pdl_allow_consumers();
+    pdl_wait_producers();
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
+
+    for (int c0 = lane; c0 < nchunk; c0 += 32 * U) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + 32 * u, cn = c + 32 * U;
+            if (c >= nchunk) break;
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const int4 xv = __ldg(x + (size_t)t * nchunk + c);
+                const float sx = __ldg(xd + (size_t)t * nb + (c >> 1));
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    acc[r][t] = __fmaf_rn(__int2float_rn(dot16<D>(wv[r][u], xv)), __fmul_rn(ws[r][u], sx), acc[r][t]);
+            }
+            // The slot's refill, with the chunk one round ahead, once its last dot is issued: loading it before
+            // (into a copy) kept one more slot in flight during the dots but cost a MOV per register per round
+            // (232 of the 1425 instructions of the loop at T = 8, and 248 registers instead of 235). While the warp
+            // waits for a slot's data, which is where a stream-bound warp spends its time, all R * U are in flight
+            // either way.
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (cn < nchunk) {
+                    wv[r][u] = __ldg(w[r] + cn);
+                    ws[r][u] = __half2float(__ldg(dw[r] + (cn >> 1)));
+                }
+            }
+        }
+    }
+    // Every output's warp sum, scattered: lane l ends with K values, value i being output j = scatter_index(l, i)
+    // = r * NT + t (padding past R * NT is never stored); the lane with the low bits clear stores it.
+    static_assert(R * NT <= 64, "at most 64 sums per lane");
+    constexpr int V0 = R * NT, V = V0 <= 1 ? 1 : V0 <= 2 ? 2 : V0 <= 4 ? 4 : V0 <= 8 ? 8 : V0 <= 16 ? 16
+                                 : V0 <= 32 ? 32 : 64;
+    constexpr int K = V > 32 ? V / 32 : 1;
+    float v[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = j < V0 ? acc[j / NT][j % NT] : 0.f;
+    warp_sum_scatter<V>(v, lane);
+    constexpr int LOW = V < 32 ? 32 / V - 1 : 0;   // lane bits below the ones that tell the lane's values apart
+    if (lane & LOW) return;
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+        const int j = scatter_index<V>(lane, i), r = j / NT, t = j % NT;
+        if (j >= V0 || first + r >= set.total) continue;
+        const GemvGroup g = gemv_locate_row(set, first + r);
+        const size_t at = (size_t)t * g.rows + g.row0;
+        g.y[at] = g.res ? g.res[at] + v[i] : v[i];
     }
 }
 
@@ -441,25 +579,27 @@ using GemvLaunch = int (*)(const int8_t*, const float*, const GemvSet&, int, int
 template <int NT, class D>
 int launch_gemv(const int8_t* xq, const float* xd, const GemvSet& set, int total_rows, int n) {
     // v1: the GEMV without PDL or a minimum-blocks bound (sm_90: its former kernel's SASS instruction for instruction)
-    gemv_q8_kernel<NT, 1, false, 0, D><<<ceil_div(total_rows, GEMV_WARPS), dim3(32, GEMV_WARPS), 0, stream()>>>(
+    gemv_q8_kernel<NT, false, 0, D><<<ceil_div(total_rows, GEMV_WARPS), dim3(32, GEMV_WARPS), 0, stream()>>>(
         xq, xd, set, n);
     return check_launch("gemv_q8_kernel");
 }
 
-// The batch-invariant GEMV: every row in one launch, a warp per row at T = 1 (v1's grid) and per two rows above
-// (gemv_q8_kernel's R); with `pdl` and compute_90+ code the launch may overlap the previous kernel (the PDL
-// instantiation waits for it before reading activations).
+// The batch-invariant GEMV: every row in one launch, gemv_q8_kernel (a warp per row) at T = 1 and
+// gemv_q8_batch_kernel (q8gemv_shape's rows per warp) above; with `pdl` and compute_90+ code the launch may overlap
+// the previous kernel (both wait for it before reading activations).
 using Gemv2Launch = int (*)(const int8_t*, const float*, const GemvSet&, int, bool);
 
 template <int NT, int MIN_BLOCKS, class D>
 int launch_gemv2(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
     bool has_pdl = false;
     if (pdl) CMP_TRY(compute90_code(&has_pdl));
-    constexpr int R = NT == 1 ? 1 : 2;
+    constexpr int R = NT == 1 ? 1 : q8gemv_shape<NT, D::OPS>().rows;
     const dim3 grid(ceil_div(set.total, GEMV_WARPS * R)), block(32, GEMV_WARPS);
-    if (!has_pdl) {
-        gemv_q8_kernel<NT, R, false, MIN_BLOCKS, D><<<grid, block, 0, stream()>>>(xq, xd, set, n);
-        return check_launch("gemv_q8_kernel");
+    if constexpr (NT == 1) {
+        if (!has_pdl) {
+            gemv_q8_kernel<NT, false, MIN_BLOCKS, D><<<grid, block, 0, stream()>>>(xq, xd, set, n);
+            return check_launch("gemv_q8_kernel");
+        }
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
@@ -470,10 +610,18 @@ int launch_gemv2(const int8_t* xq, const float* xd, const GemvSet& set, int n, b
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv_q8_kernel<NT, R, true, MIN_BLOCKS, D>, xq, xd, set, n),
-                       "gemv_q8_kernel launch"));
-    return check_launch("gemv_q8_kernel");
+    cfg.numAttrs = has_pdl ? 1 : 0;
+    if constexpr (NT == 1) {
+        CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv_q8_kernel<NT, true, MIN_BLOCKS, D>, xq, xd, set, n),
+                           "gemv_q8_kernel launch"));
+        return check_launch("gemv_q8_kernel");
+    } else {
+        constexpr Q8GemvShape sh = q8gemv_shape<NT, D::OPS>();
+        CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv_q8_batch_kernel<NT, sh.rows, sh.unroll, sh.min_blocks, D>,
+                                              xq, xd, set, n),
+                           "gemv_q8_batch_kernel launch"));
+        return check_launch("gemv_q8_batch_kernel");
+    }
 }
 
 template <class D, int... NT>

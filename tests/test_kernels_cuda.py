@@ -716,10 +716,13 @@ def test_mma_gemm_on_the_9b_shapes(cuda_backend):
 # The batch-invariant GEMV (CMP_MM_GEMV2 = 1; its PDL launch 8) on each route's int8 dot.
 @pytest.mark.parametrize("kernels", [1, 1 | 8, 1 | dot_bits("dp2a"), 1 | 8 | dot_bits("dp2a"), 1 | dot_bits("imad"),
                                      1 | 8 | dot_bits("imad")])
-@pytest.mark.parametrize("rows,n", [(1, 32), (67, 4096), (129, 1184), (3, 12288), (4097, 2080)])
+@pytest.mark.parametrize("rows,n", [(1, 32), (67, 4096), (129, 1184), (3, 12288), (4097, 2080), (2, 1056),
+                                    (32, 4128)])
 def test_gemv_rows_independent_of_batch(cuda_backend, rows, n, kernels):
     """Batch invariance (engine, issue 5): each of 16 activation rows gives bit-identical outputs alone (T = 1) and
-    at its position in every batch T = 2..16 (one kernel instantiation per T, so this checks each NT's arithmetic)."""
+    at its position in every batch T = 2..16 (one kernel instantiation per T, so this checks each NT's arithmetic:
+    T = 1's warp per row against the batch kernel's 2 or 4 rows per warp, groups straddling the two matrices and
+    the last group short of rows: totals 2 rows + 1 = 1 or 3 mod 4)."""
     be = cuda_backend
     rng = np.random.default_rng(rows * 31 + n)
     x = rng.standard_normal((16, n)).astype(np.float32) * rng.uniform(0.1, 10, (16, 1)).astype(np.float32)
@@ -737,11 +740,39 @@ def test_gemv_rows_independent_of_batch(cuda_backend, rows, n, kernels):
                 assert np.array_equal(got[m][t], alone[t][m][0]), (T, t, m)
 
 
+@pytest.mark.parametrize("kernels", [1, 1 | 8])
+@pytest.mark.parametrize("rows,n", [(61, 4096), (130, 12288), (6, 2080)])
+def test_gemv_rows_independent_of_batch_with_residual(cuda_backend, rows, n, kernels):
+    """Batch invariance of a full set (4 matrices, the most one launch takes: rows, 2, 2, rows + 3, like the GDN
+    input projections with their alpha / beta rows) with the residual epilogue: each token's outputs at every
+    T = 2..16 equal, bit for bit, that token alone (T = 1) with its residual row, and match numpy_ref."""
+    be = cuda_backend
+    rng = np.random.default_rng(rows * 17 + n + kernels)
+    x = rng.standard_normal((16, n)).astype(np.float32) * rng.uniform(0.1, 10, (16, 1)).astype(np.float32)
+    ws = [random_q8(rng, r, n) for r in (rows, 2, 2, rows + 3)]
+    mats = [be.upload_matrix(w) for w in ws]
+    ref = REF.matmuls(x, [REF.upload_matrix(w) for w in ws])
+    res = [rng.standard_normal((16, w.shape[0])).astype(np.float32) for w in ws]
+    xq, xd = be.quantize(up(be, x))
+    alone = []
+    for t in range(16):
+        xq1 = be.from_host(_i8_rows(be, xq, t, 1), "i8")
+        xd1 = up(be, be.to_host(xd)[t:t + 1])
+        alone.append(_q8_ex(be, xq1, xd1, mats, 1, n, kernels, [up(be, r[t:t + 1]) for r in res]))
+    for T in range(2, 17):
+        got = _q8_ex(be, xq, xd, mats, T, n, kernels, [up(be, r[:T]) for r in res])   # the first T tokens
+        for m in range(4):
+            assert rel(got[m], ref[m][:T] + res[m][:T]) < Q8_TOL, (T, m)
+            for t in range(T):
+                assert np.array_equal(got[m][t], alone[t][m][0]), (T, t, m)
+
+
 # The batch-invariant GEMV (CMP_MM_GEMV2 = 1, PDL launch 8): T 1..16; more rows than an H200 holds resident warps;
 # n with 1, 2, 3 and 12 rounds of GEMV_UNROLL chunks per lane and partial last rounds (n = 1056 is 66 chunks, 2080
 # is 130, 4128 is 258); small matrices riding with big ones (three matrices at odd T).
 GEMV_SHAPES = [(1, 1, 32), (1, 4097, 1024), (1, 20011, 64), (1, 4231, 4128), (2, 3, 96), (3, 31, 1184),
-                (4, 5003, 1056), (5, 129, 64), (7, 65, 12288), (8, 3203, 2080), (11, 8191, 256), (13, 2, 4128),
+                (4, 5003, 1056), (5, 129, 64), (6, 4097, 4096), (7, 65, 12288), (8, 3203, 2080), (9, 13, 1184),
+                (10, 4099, 96), (11, 8191, 256), (12, 1, 4128), (13, 2, 4128), (14, 12289, 4096), (15, 63, 12288),
                 (16, 257, 256), (16, 6007, 1056)]
 
 

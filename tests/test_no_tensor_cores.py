@@ -126,8 +126,8 @@ def test_attention_mma_kernel_uses_f16_tensor_cores(tool_and_lib):
 
 # The route-templated kernels of the quantized matmuls (matmul_q8.cu, matmul_quant.cu): the dot type in the mangled
 # name -> (an instruction each instantiation must hold, instructions none may hold).
-ROUTE_KERNELS = ("gemv_q8_kernel", "gemm_q8_kernel", "gemm2_q8_kernel", "gemv_quant_kernel", "gemm_quant_kernel",
-                 "half_sums_kernel")
+ROUTE_KERNELS = ("gemv_q8_kernel", "gemv_q8_batch_kernel", "gemm_q8_kernel", "gemm2_q8_kernel", "gemv_quant_kernel",
+                 "gemm_quant_kernel", "half_sums_kernel")
 ROUTE_SASS = {"DotDp4a": ("IDP.4A", ("IDP.2A",)), "DotDp2a": ("IDP.2A", ("IDP.4A",)),
               "DotImad": ("IMAD", ("IDP.4A", "IDP.2A"))}
 

@@ -15,7 +15,7 @@ one 16-byte activation chunk and one f32 activation scale):
   instrs         SASS instructions of the whole kernel
 --diff A B prints whether two kernels' SASS is the same instruction for instruction (names are substrings of the
 mangled names, e.g. gemv_q8_kernelILi1ELb0ELi0 (v1 is gemv_q8_kernel<NT, false, 0>, the batch-invariant GEMV
-gemv_q8_kernel<NT, PDL, 1>). The 2026-11-30 findings on the retired v2 / v3 GEMVs (v2's 64-register cap left 1 of 8
+gemv_q8_kernel<1, PDL, 1> at T = 1 and gemv_q8_batch_kernel<NT, R, U, MINB, D> above). The 2026-11-30 findings on the retired v2 / v3 GEMVs (v2's 64-register cap left 1 of 8
 weight loads in flight) are in benchmarks/RESULTS.md and git history (matmul_q8.cu before the retirement).
 """
 from __future__ import annotations

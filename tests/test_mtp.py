@@ -331,6 +331,25 @@ class ScriptedPolicy(DraftPolicy):
         return min(self.script[(self.i - 1) % len(self.script)], self.n_max)
 
 
+def test_plain_steps_queue_at_most_pending_max(lm):
+    """Plain steps queue the head's (token, h) pairs; at Speculator.pending_max they run through the head at once
+    (memory stays bounded when a sequence never drafts), and the head's KV rows are still one pass over the
+    sequence."""
+    prompt = lm.tokenizer.encode(PROMPTS[0])
+    off, _ = _greedy(lm, PROMPTS[0], 30)
+    c = _client(lm, 3, adaptive=True)
+    sp = c.engine.spec
+    sp.pending_max = 3
+    sp.policy = ScriptedPolicy(3, script=(0,) * 8 + (3,))
+    seen = []
+    observe = sp.observe_plain
+    sp.observe_plain = lambda items, h: (observe(items, h), seen.extend(len(ms.pending) for _, ms, _, _ in items))
+    c.history = list(prompt)
+    on = c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=30)).tokens
+    assert on == off and len(seen) > 10 and max(seen) < 3 and 0 in seen
+    _assert_head_is_one_pass(lm, c, prompt)
+
+
 @pytest.mark.parametrize("graphs", [None, "eager-double"])
 def test_plain_rounds_keep_the_head_in_step(lm, graphs):
     """Rounds that decode plainly (the policy's choice) feed the head the target's hidden states: after a run of
@@ -339,6 +358,11 @@ def test_plain_rounds_keep_the_head_in_step(lm, graphs):
     c, prompt = plain_rounds_on_equals_off(lm, graphs)
     if graphs:
         assert set(c.engine.spec.graphs.lengths) == {1, 2, 3}
+    _assert_head_is_one_pass(lm, c, prompt)
+
+
+def _assert_head_is_one_pass(lm, c, prompt):
+    """The slot's MTP KV rows equal one head pass over the sequence so far (h of the row before each token)."""
     slot = c.engine.slots[0]
     toks, ms = c.history[:slot.state.n_past], slot.mtp
     n = ms.state.n_past

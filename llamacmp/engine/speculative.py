@@ -46,6 +46,9 @@ from .draft_policy import Acceptance, CostTable, DraftPolicy
 log = logging.getLogger("llamacmp.engine")
 _ARGMAX = Sampler(SamplingParams(temp=0.0, seed=0))     # a neutral greedy chain: the backend's plain argmax
 DRAFT_TOP_K = 10                                        # llama.cpp's draft sampler (p_min is a top-10 probability)
+# Plain steps queued per sequence before the head runs over them (observe_plain): bounds their hidden-state rows
+# (16 KB each on the 9B, one per token: 160 MB a stream over 10K plainly decoded tokens) at ~4 MB.
+PENDING_MAX = 256
 
 
 def enabled_spec(run):
@@ -102,6 +105,7 @@ class Speculator:
         self.graphs = model.be.spec_graphs(model, n_max) if graphs else None
         self.policy = DraftPolicy(n_max, n_min, costs) if adaptive else None
         self._round = None                            # (S, n, start, clean) of the draft awaiting its verify
+        self.pending_max = PENDING_MAX
 
     @classmethod
     def from_spec(cls, model, spec, path: str = "the model", costs: Optional[CostTable] = None) -> "Speculator":
@@ -169,6 +173,9 @@ class Speculator:
             ms.pending.append(int(t))
             ms.pending_h.append(ms.h_last)
             ms.h_last = self.be.gather_rows(h, np.asarray([i], np.int32))
+        # A sequence that keeps stepping plainly (S streams where batching wins) would queue a hidden-state row per
+        # token until its next draft: run the head over them once they fill a prefill-sized batch instead.
+        self._catch_up([ms for _, ms, _, _ in items if len(ms.pending) >= self.pending_max], 0)
 
     def time_plain(self, rows: int, seconds: float) -> None:
         """A plain step of `rows` sequences took `seconds` (the driver's clean timing: nothing captured)."""

@@ -36,3 +36,25 @@ def test_tensor_core_hits_skip_only_the_probe_kernels():
     ptx = (".entry _ZN3cmp12_GLOBAL__N_117probe_imma_kernelEPiii(\n mma.sync.aligned.m16n8k32 ...\n}\n"
            ".entry _Z9bad_kernelv(\n wmma.load ...\n}\n")
     assert ptx_mma_hits(ptx) == [("_Z9bad_kernelv", "wmma.")]
+
+
+def test_every_tensor_core_opcode_ends_in_mma():
+    """sass_tools.tensor_core_ops finds the opcodes by their "MMA": it holds only while every alternative does."""
+    alternatives = TENSOR_CORE_SASS.pattern.removeprefix(r"\b(").removesuffix(r")\b").split("|")
+    assert len(alternatives) >= 10 and all(a.endswith("MMA") for a in alternatives), alternatives
+
+
+def test_tensor_core_ops_is_the_regex_findall():
+    """tensor_core_ops(text) == TENSOR_CORE_SASS.findall(text): on SASS-like lines and on 20000 random strings of
+    opcode pieces (words that only contain or end in MMA, prefixes, underscores, dots, non-ASCII letters)."""
+    import random
+    from sass_tools import tensor_core_ops
+    line = ("  /*0010*/ HMMA.16816.F32 R4, R8, R12, R4 ;\n  /*0020*/ HFMA2.MMA R0, -RZ, RZ, 0, 0 ;\n"
+            "  /*0030*/ @P0 IMMA.16832.S8.S8 R0, R4, R8, R0 ;\n  /*0040*/ UTCHMMA gdesc[UR4] ;\n  XHMMA HMMA_ _HMMA\n")
+    assert tensor_core_ops(line) == ["HMMA", "IMMA", "UTCHMMA"] == TENSOR_CORE_SASS.findall(line)
+    pieces = ["HMMA", "IMMA", "MMA", "HFMA2.MMA", "UTCHMMA", "UTCMMA", "UTC_MMA", "XHMMA", "HMMAX", "HMMA_", "_HMMA",
+              "HMMAMMA", "MMAHMMA", "OMMA", "QGMMA", "HGMMA.64x", "1HMMA", "MM", "A", " ", ".", "\n", "@P0 ", "R1", "é"]
+    rnd = random.Random(0)
+    for _ in range(20000):
+        text = "".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 8)))
+        assert tensor_core_ops(text) == TENSOR_CORE_SASS.findall(text), text

@@ -2,11 +2,15 @@
 sm_90 build. That holds while each `__CUDA_ARCH__` test in cuda_src/ gives the same answer on 8.0, 8.6, 8.7 and 8.9,
 and the same on 9.0 except in one form: `#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900` with no #elif / #else
 (code added on sm_90, e.g. common.cuh's PDL instructions, never code taken instead of an 8.x one). A change that
-breaks it fails here: then CI must build sm_80 again (`make CUDA_ARCH="75 80 90"`) or the guard take this form."""
+breaks it fails here: then CI must build sm_80 again (`make CUDA_ARCH="75 80 90"`) or the guard take this form.
+Nor may an instruction that sm_80 lacks (sass_tools.PTX_SINCE[90]: griddepcontrol, wgmma, ...) appear outside that
+form: sm_75 compiles the `>= 800` paths out and sm_90 accepts the instruction, so no CI build would reject it."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+from sass_tools import PTX_SINCE
 
 ROOT = Path(__file__).resolve().parents[1]
 SM8X, SM90 = (800, 860, 870, 890), 900
@@ -37,6 +41,8 @@ def arch_guard_findings(name: str, text: str) -> tuple[list[str], int]:
                 found.append(f"{where}: #else of an sm_90-only #if (code for 8.x that sm_90 does not compile)")
         elif re.match(r"#\s*endif\b", d):
             stack.pop()
+        elif (m := PTX_SINCE[90].search(line.split("//")[0])) and not any(stack):     # code, not its comments
+            found.append(f"{where}: {m.group(0)} (sm_90+) outside an sm_90-only #if")
         if re.search(r"\bNV_(IF|PROVIDES|IS)_|__CUDA_ARCH_(FEAT|SPECIFIC|LIST)", line):
             found.append(f"{where}: an architecture test this check does not read")
     return found, compared
@@ -56,10 +62,12 @@ def test_the_check_catches_8x_only_code():
           "#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)\n#endif\n#if __CUDA_ARCH__ < 750\n#endif\n")
     assert arch_guard_findings("ok.cu", ok) == ([], 4)
     for bad in ("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n a();\n#else\n b();\n#endif\n",
-                "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n a();\n#elif __CUDA_ARCH__ >= 800\n b();\n#endif\n",
+                "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n a();\n#elif __CUDA_ARCH__ >= 800\n b();\n"
+                "#endif\n",
                 "#if __CUDA_ARCH__ >= 800 && __CUDA_ARCH__ < 900\n b();\n#endif\n",
                 "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860\n b();\n#endif\n",
                 "#if __CUDA_ARCH__ == 800\n b();\n#endif\n",
                 "#if __CUDA_ARCH__ >= 1000\n#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n#else\n#endif\n",
-                "NV_IF_TARGET(NV_PROVIDES_SM_90, (a();), (b();))\n"):
+                "NV_IF_TARGET(NV_PROVIDES_SM_90, (a();), (b();))\n",
+                "#if __CUDA_ARCH__ >= 800\n  asm(\"griddepcontrol.wait;\");\n#endif\n"):
         assert arch_guard_findings("bad.cu", bad)[0], bad

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -24,17 +25,18 @@ HMMA_GEMM_KERNEL = "gemm_hmma_kernel"   # Volta's GEMM: 5 instantiations (Q8_0, 
 HMMA_884_ARCHS = (70, 75)
 
 
-def hmma_gemm_findings(sass: str) -> list[str]:
+def hmma_gemm_findings(sass: str, functions: dict[str, str] | None = None) -> list[str]:
     """What is wrong with Volta's GEMM in cuobjdump -sass text (every arch's copy of each function concatenated):
     fewer than 5 instantiations; where the SASS is for sm_70 or sm_75, one without HMMA.884; where it is older
-    than sm_70, one with any tensor-core instruction (its body is empty there)."""
-    funcs = {n: b for n, b in sass_functions(sass).items() if HMMA_GEMM_KERNEL in n}
+    than sm_70, one with any tensor-core instruction (its body is empty there). `functions`: the text's
+    sass_functions where the caller has them already."""
+    funcs = {n: b for n, b in (functions or sass_functions(sass)).items() if HMMA_GEMM_KERNEL in n}
     archs = {int(a) for a in re.findall(r"code for sm_(\d+)", sass)}
     found = [] if len(funcs) >= 5 else [f"{len(funcs)} {HMMA_GEMM_KERNEL} instantiations in the SASS"]
     if archs & set(HMMA_884_ARCHS):
         found += [f"{n}: no HMMA.884" for n, b in funcs.items() if "HMMA.884" not in b]
     if archs and max(archs) < 70:
-        found += [f"{n}: {h} below sm_70" for n, b in funcs.items() for h in TENSOR_CORE_SASS.findall(b)]
+        found += [f"{n}: {h} below sm_70" for n, b in funcs.items() for h in tensor_core_ops(b)]
     return found
 
 
@@ -47,10 +49,31 @@ def sass_functions(sass: str) -> dict[str, str]:
     return out
 
 
-def tensor_core_hits(sass: str) -> list[tuple[str, str]]:
-    """(function, opcode) of every tensor-core instruction outside TENSOR_CORE_KERNELS."""
-    return sorted({(n, h) for n, b in sass_functions(sass).items() if not any(k in n for k in TENSOR_CORE_KERNELS)
-                   for h in TENSOR_CORE_SASS.findall(b)})
+_WORD = re.compile(r"\w*")
+
+
+def tensor_core_ops(sass: str) -> list[str]:
+    """TENSOR_CORE_SASS.findall(sass) in a fraction of its time: that regex crawls through a library's SASS (13 s
+    for the 520 MB of one arch's), while every opcode it names ends in "MMA", which str.find jumps to. Only the few
+    words holding "MMA" (HFMA2.MMA's MMA, HMMA, ...) are matched, each whole, as the regex's word boundaries do."""
+    found, i = [], sass.find("MMA")
+    while i != -1:
+        start = i
+        while start and (sass[start - 1].isalnum() or sass[start - 1] == "_"):
+            start -= 1
+        end = _WORD.match(sass, i).end()
+        if m := TENSOR_CORE_SASS.fullmatch(sass, start, end):
+            found.append(m.group(1))
+        i = sass.find("MMA", end)
+    return found
+
+
+def tensor_core_hits(sass: str | dict[str, str]) -> list[tuple[str, str]]:
+    """(function, opcode) of every tensor-core instruction outside TENSOR_CORE_KERNELS, from cuobjdump -sass text or
+    its sass_functions."""
+    funcs = sass_functions(sass) if isinstance(sass, str) else sass
+    return sorted({(n, h) for n, b in funcs.items() if not any(k in n for k in TENSOR_CORE_KERNELS)
+                   for h in tensor_core_ops(b)})
 
 
 def ptx_mma_hits(ptx: str) -> list[tuple[str, str]]:
@@ -100,6 +123,27 @@ def cuobjdump_candidates(first: Iterable[Path] = ()) -> Iterator[Path]:
 
 
 def run_cuobjdump(tool: Path, flag: str, lib: Path) -> subprocess.CompletedProcess:
-    """cuobjdump -sass needs nvdisasm: the one beside it goes first on PATH."""
+    """cuobjdump -sass needs nvdisasm: the one beside it goes first on PATH. The SASS of a library of several archs
+    is disassembled one arch per process, as many at once as there are cores (nvdisasm runs on one: 30 s for the
+    sm_90 SASS of libcmpkern.so on the 2-core development machine); the text holds the same sections as one call's,
+    grouped by arch."""
     env = dict(os.environ, PATH=f"{tool.parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    return subprocess.run([str(tool), flag, str(lib)], capture_output=True, text=True, env=env, timeout=600)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(tool), *args, str(lib)], capture_output=True, text=True, env=env, timeout=600)
+
+    archs = _cubin_archs(run("-lelf")) if flag == "-sass" else []
+    if len(archs) < 2:
+        return run(flag)
+    with ThreadPoolExecutor(min(len(archs), os.cpu_count() or 1)) as pool:
+        parts = list(pool.map(lambda a: run("-arch", a, "-sass"), archs))
+    return subprocess.CompletedProcess([str(tool), flag, str(lib)], max(p.returncode for p in parts),
+                                       "".join(p.stdout for p in parts), "".join(p.stderr for p in parts))
+
+
+def _cubin_archs(listing: subprocess.CompletedProcess) -> list[str]:
+    """cuobjdump -lelf's cubin names (libcmpkern.3.sm_90.cubin) -> their archs in order; none (one call does all)
+    where it failed or a name does not say its arch."""
+    lines = listing.stdout.splitlines() if listing.returncode == 0 else []
+    archs = [re.fullmatch(r"ELF file\s+\d+: .*\.(sm_\d+[a-z]?)\.cubin", ln.strip()) for ln in lines if ln.strip()]
+    return list(dict.fromkeys(m.group(1) for m in archs)) if archs and all(archs) else []

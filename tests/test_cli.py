@@ -57,6 +57,14 @@ def lm(model):
     return load_model(model, NumpyBackend())
 
 
+@pytest.fixture(scope="module")
+def real_vocab_model(tmp_path_factory) -> str:
+    """The tiny shape with Qwen3.5's real vocabulary (written once: both oracles' chat replies run on it)."""
+    from llamacmp.fixtures import qwen_vocab, writer
+    path = tmp_path_factory.mktemp("rv") / "rv.gguf"
+    return str(writer.write_model(path, writer.SHAPES["tiny"], "f32", qwen_vocab.load_qwen35_vocab()))
+
+
 def greedy_text(lm, prompt: str, n: int, ignore_eos: bool = True) -> tuple[str, list[int]]:
     """n greedy tokens (fewer at an end-of-generation token unless ignore_eos) fed one by one."""
     s = Sequence(lm, 4096)
@@ -401,14 +409,12 @@ def test_stdout_matches_llamacpp_golden(model, oracle, row, tmp_path):
 
 @pytest.mark.compat
 @pytest.mark.parametrize("oracle,path", oracle_goldens.per_oracle("cli_reply.jsonl"))
-def test_chat_reply_matches_llamacli_with_blank_line_after_start_thinking(oracle, path, tmp_path):
+def test_chat_reply_matches_llamacli_with_blank_line_after_start_thinking(oracle, path, real_vocab_model):
     """llama-cli on the real-vocabulary fixture (compat/goldens/[0c1e570/]cli_reply.jsonl), the same bytes in both
     oracles: "[Start thinking]" is followed by a blank line (b8462: the "\\n" its reasoning kept from the prompt's
     "<think>\\n"; 0c1e570: written by the CLI, the reasoning stripped) and the greedy reply matches byte for byte."""
-    from llamacmp.fixtures import qwen_vocab, writer
     golden = oracle_goldens.jsonl(path)[0]
-    model = writer.write_model(tmp_path / "rv.gguf", writer.SHAPES["tiny"], "f32", qwen_vocab.load_qwen35_vocab())
-    r = run("cli", "-m", str(model), *shlex.split(golden["args"]))
+    r = run("cli", "-m", real_vocab_model, *shlex.split(golden["args"]))
     assert r.returncode == 0, r.stderr.decode()
     want = base64.b64decode(golden["segment_b64"])
     assert want.startswith(b"\n> Hello\n\n[Start thinking]\n\n")

@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 import pytest
-from sass_tools import (HMMA_GEMM_KERNEL, TENSOR_CORE_SASS, cuobjdump_candidates, hmma_gemm_findings, ptx_mma_hits,
-                        run_cuobjdump, sass_functions, tensor_core_hits)
+from sass_tools import (HMMA_GEMM_KERNEL, cuobjdump_candidates, hmma_gemm_findings, ptx_mma_hits, run_cuobjdump,
+                        sass_functions, tensor_core_hits, tensor_core_ops)
 
 from llamacmp.lib._native import library_path
 
@@ -46,7 +46,12 @@ ATTN_MMA_KERNEL = "attn_prefill_mma_kernel"   # the mma attention route's (atten
 
 
 def _sass_functions(tool, lib) -> dict[str, str]:
-    """mangled name -> SASS body, every function of every arch in the library."""
+    """mangled name -> SASS body, every function of every arch in the library (split once per module too)."""
+    return _functions_once(str(tool), str(lib))
+
+
+@functools.lru_cache(maxsize=1)
+def _functions_once(tool: str, lib: str) -> dict[str, str]:
     sass = _dump(tool, "-sass", lib)
     assert "Function" in sass, "cuobjdump printed no SASS"
     return sass_functions(sass)
@@ -56,7 +61,7 @@ def test_sass_has_no_tensor_core_instructions(tool_and_lib):
     tool, lib = tool_and_lib
     sass = _dump(tool, "-sass", lib)
     assert "Function" in sass, "cuobjdump printed no SASS"
-    hits = tensor_core_hits(sass)
+    hits = tensor_core_hits(_sass_functions(tool, lib))
     assert not hits, f"tensor-core instructions in the SASS: {hits[:5]}"
     assert "IDP.4A" in sass, "no DP4A (IDP.4A) in the SASS: the Q8 kernels are not using it"
 
@@ -67,12 +72,12 @@ def test_mma_kernels_use_int8_tensor_cores(tool_and_lib):
     refused there at run time), so they hold no tensor-core instruction either."""
     tool, lib = tool_and_lib
     sass = _dump(tool, "-sass", lib)
-    mma = {n: b for n, b in sass_functions(sass).items() if MMA_KERNEL in n}
+    mma = {n: b for n, b in _sass_functions(tool, lib).items() if MMA_KERNEL in n}
     assert len(mma) >= 20, f"{len(mma)} {MMA_KERNEL} instantiations in the SASS"
     archs = {int(a) for a in re.findall(r"code for sm_(\d+)", sass)}
     assert archs, "cuobjdump -sass named no architecture"
     if max(archs) < 75:
-        hits = sorted({h for b in mma.values() for h in TENSOR_CORE_SASS.findall(b)})
+        hits = sorted({h for b in mma.values() for h in tensor_core_ops(b)})
         assert not hits, f"tensor-core instructions in an sm_{max(archs)} build: {hits}"
         return
     lacking = [n for n, b in mma.items() if "IMMA" not in b or "IDP.4A" in b]
@@ -102,7 +107,7 @@ def test_volta_gemm_uses_hmma_884(tool_and_lib):
     m8n8k4 unit: there ptxas emulates it), none below sm_70; its PTX holds m8n8k4 from compute_70 on, nothing older.
     `make ptx70`'s build: tests/test_old_arch_builds.py."""
     tool, lib = tool_and_lib
-    assert not hmma_gemm_findings(_dump(tool, "-sass", lib))
+    assert not hmma_gemm_findings(_dump(tool, "-sass", lib), _sass_functions(tool, lib))
     ptx = _dump(tool, "-ptx", lib)
     targets = [int(t) for t in re.findall(r"\.target sm_(\d+)", ptx)]
     hmma = [e for e in ptx.split(".entry ")[1:] if HMMA_GEMM_KERNEL in e.split("(", 1)[0]]
@@ -115,11 +120,11 @@ def test_attention_mma_kernel_uses_f16_tensor_cores(tool_and_lib):
     tensor cores in older builds (its kernels are empty there)."""
     tool, lib = tool_and_lib
     sass = _dump(tool, "-sass", lib)
-    attn = {n: b for n, b in sass_functions(sass).items() if ATTN_MMA_KERNEL in n}
+    attn = {n: b for n, b in _sass_functions(tool, lib).items() if ATTN_MMA_KERNEL in n}
     assert len(attn) == 3, f"{len(attn)} {ATTN_MMA_KERNEL} instantiations in the SASS"
     archs = {int(a) for a in re.findall(r"code for sm_(\d+)", sass)}
     if max(archs) < 80:
-        assert not sorted({h for b in attn.values() for h in TENSOR_CORE_SASS.findall(b)})
+        assert not sorted({h for b in attn.values() for h in tensor_core_ops(b)})
         return
     assert all("HMMA" in b for b in attn.values()), "attn_prefill_mma_kernel without HMMA"
 
@@ -141,7 +146,7 @@ def test_each_route_uses_only_its_unit(tool_and_lib):
             assert bodies, f"no {kernel} instantiation for {dot} in the SASS"
             for name, body in bodies.items():
                 assert needed in body, f"{name}: no {needed}"
-                bad = [op for op in banned if op in body] + TENSOR_CORE_SASS.findall(body)
+                bad = [op for op in banned if op in body] + tensor_core_ops(body)
                 assert not bad, f"{name} ({dot}) holds {bad}"
 
 
@@ -158,5 +163,5 @@ def test_quant_kernels_use_dp4a(tool_and_lib):
         assert bodies, f"no {kernel} in the SASS"
         lacking = [f.split("\n", 1)[0] for f in bodies if "IDP.4A" not in f]
         assert not lacking, f"{kernel} instantiations without DP4A: {lacking[:3]}"
-        hits = sorted({h for f in bodies for h in TENSOR_CORE_SASS.findall(f)})
+        hits = sorted({h for f in bodies for h in tensor_core_ops(f)})
         assert not hits, f"tensor-core instructions in {kernel}: {hits}"

@@ -12,6 +12,7 @@ On a GPU, the whole suite runs on such a build with
 (the driver JIT-compiles its compute_61 PTX on newer GPUs: benchmarks/device/plans/sm61.plan)."""
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -64,6 +65,12 @@ def _dump(flag: str, lib: Path, arch: int) -> str:
                 f"`CUDA_DISASM=1 make ptx70`, or set CUDA_DISASM_PATH to a CUDA 12 bin folder. Tried: {tried}")
 
 
+@functools.lru_cache(maxsize=1)
+def _sass(lib: Path, arch: int) -> str:
+    """The SASS dump, once per library: two tests read it (one arch of libcmpkern.so: ~30 s of cuobjdump)."""
+    return _dump("-sass", lib, arch)
+
+
 def test_ptx_targets_the_arch_with_nothing_newer(arch_lib):
     arch, lib = arch_lib
     ptx = _dump("-ptx", lib, arch)
@@ -76,7 +83,7 @@ def test_ptx_targets_the_arch_with_nothing_newer(arch_lib):
 
 def test_sass_is_the_arch_dp4a_without_tensor_cores(arch_lib):
     arch, lib = arch_lib
-    sass = _dump("-sass", lib, arch)
+    sass = _sass(lib, arch)
     codes = set(re.findall(r"code for (sm_\d+)", sass))
     assert codes == {f"sm_{arch}"}, f"SASS for {codes}, not only sm_{arch}"
     assert "IDP.4A" in sass, "the DP4A matmul kernels lost their IDP.4A instructions"
@@ -90,7 +97,7 @@ def test_volta_gemm_is_hmma_884_on_sm70_and_absent_on_sm61(arch_lib):
     """sm_70: every instantiation of Volta's GEMM multiplies with HMMA.884 (m8n8k4, f32 accumulation); sm_61: its
     bodies are empty (no mma.sync below sm_70: test_ptx_targets_the_arch_with_nothing_newer checks the PTX)."""
     arch, lib = arch_lib
-    sass = _dump("-sass", lib, arch)
+    sass = _sass(lib, arch)
     assert not hmma_gemm_findings(sass)
     if arch == 70:
         assert "HMMA.884.F32.F32" in sass

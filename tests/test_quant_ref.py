@@ -91,6 +91,24 @@ def test_matmul_is_the_exact_dot_of_the_vec_dot_type_activations(type_name):
     assert np.abs(out - exact).max() < 0.05 * np.abs(exact).max()
 
 
+def test_q8_0_matmul_dots_are_the_float64_ones():
+    """numpy_ref._q8_matmul takes the integer block dots in float32 (exact below 2^24): the same bits as float64
+    dots, here with the extreme quants (every weight -128 or 127 against activations of 127) and random ones."""
+    from llamacmp.backends.numpy_ref import RefQ8, _q8_matmul
+    rng = np.random.default_rng(0)
+    q = rng.integers(-128, 128, (300, 8, 32)).astype(np.float32)
+    q[0], q[1] = -128.0, 127.0
+    d = (rng.random((300, 8)) * 0.02).astype(np.float16).astype(np.float32)
+    qx = rng.integers(-127, 128, (5, 8, 32)).astype(np.float32)
+    qx[0] = 127.0
+    dx = rng.random((5, 8)).astype(np.float32)
+    want = np.zeros((5, 300))
+    for blk in range(8):
+        want += (qx[:, blk].astype(np.float64) @ q[:, blk].T.astype(np.float64)) * dx[:, blk, None] * d[None, :, blk]
+    assert np.array_equal(_q8_matmul((qx, dx), RefQ8(q, d)), want.astype(np.float32))
+    assert (qx[0, 0] @ q[0, 0]) == -32 * 127 * 128
+
+
 def test_k_quant_weights_see_q8_k_not_q8_0_activations():
     w, x = _operands("Q4_K", 4, 256, 3)
     out = quant_matmul(Activations(x), RefQuant(w))

@@ -75,7 +75,7 @@ class ModelWeights:
 
 
 def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
-    D, F, Dh = cfg.n_embd, cfg.n_ff, cfg.head_dim
+    D = cfg.n_embd
     get = _Getter(f)
     tied = not f.has("output.weight")
     layers = []

@@ -141,7 +141,6 @@ class Qwen35Model:
 
     def run_layers(self, x, batch: StepBatch, layers: range):
         """x [T, D] through `layers` (which this model holds); the states' n_past is left as it is."""
-        be, eps = self.be, self.cfg.rms_eps
         for il in layers:
             layer = self.layers[il]
             # Each block takes the residual stream and returns it with its output added: x + mixer(norm(x)), then

@@ -1,5 +1,5 @@
 """Finding and running cuobjdump without a GPU, and what its output may hold, shared by the SASS checks
-(test_no_tensor_cores, test_old_arch_builds)."""
+(test_no_tensor_cores, test_old_arch_builds, test_attention_sass)."""
 from __future__ import annotations
 
 import os
@@ -122,11 +122,11 @@ def cuobjdump_candidates(first: Iterable[Path] = ()) -> Iterator[Path]:
     return (p for p in places() if p.is_file() and os.access(p, os.X_OK))
 
 
-def run_cuobjdump(tool: Path, flag: str, lib: Path) -> subprocess.CompletedProcess:
+def run_cuobjdump(tool: Path, flag: str, lib: Path, *more: str) -> subprocess.CompletedProcess:
     """cuobjdump -sass needs nvdisasm: the one beside it goes first on PATH. The SASS of a library of several archs
     is disassembled one arch per process, as many at once as there are cores (nvdisasm runs on one: 30 s for the
     sm_90 SASS of libcmpkern.so on the 2-core development machine); the text holds the same sections as one call's,
-    grouped by arch."""
+    grouped by arch. `more`: further options for the dump (-fun NAMES)."""
     env = dict(os.environ, PATH=f"{tool.parent}{os.pathsep}{os.environ.get('PATH', '')}")
 
     def run(*args: str) -> subprocess.CompletedProcess:
@@ -134,9 +134,9 @@ def run_cuobjdump(tool: Path, flag: str, lib: Path) -> subprocess.CompletedProce
 
     archs = _cubin_archs(run("-lelf")) if flag == "-sass" else []
     if len(archs) < 2:
-        return run(flag)
+        return run(flag, *more)
     with ThreadPoolExecutor(min(len(archs), os.cpu_count() or 1)) as pool:
-        parts = list(pool.map(lambda a: run("-arch", a, "-sass"), archs))
+        parts = list(pool.map(lambda a: run("-arch", a, "-sass", *more), archs))
     return subprocess.CompletedProcess([str(tool), flag, str(lib)], max(p.returncode for p in parts),
                                        "".join(p.stdout for p in parts), "".join(p.stderr for p in parts))
 
@@ -147,3 +147,138 @@ def _cubin_archs(listing: subprocess.CompletedProcess) -> list[str]:
     lines = listing.stdout.splitlines() if listing.returncode == 0 else []
     archs = [re.fullmatch(r"ELF file\s+\d+: .*\.(sm_\d+[a-z]?)\.cubin", ln.strip()) for ln in lines if ln.strip()]
     return list(dict.fromkeys(m.group(1) for m in archs)) if archs and all(archs) else []
+
+
+# ---- branches on registers no path wrote ---------------------------------------------------------------------------
+# A kernel that reads a variable before every path has set it (C++: undefined) may get SASS that tests a register
+# nothing wrote: its value is whatever the warp that last held those registers left, possibly different per lane.
+# attention_kernel (cuda_src/attention.cu) read its per-row flags of rows past the end so (3c01277..); lanes of one
+# warp then took different sides of the branch around a full-mask __shfl_sync, and the block hung (2026-12-02).
+
+_SASS_INS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@(!?U?P[T0-9])\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_SASS_REG = re.compile(r"\bR(\d+)\b")
+_SASS_PRED = re.compile(r"!?P[0-9]")
+# control flow this analysis does not follow (indirect branches): such a function is not analysed
+_SASS_UNFOLLOWED = ("BRX", "JMX", "JMP")
+
+
+def sass_function_copies(sass: str) -> list[tuple[str, str]]:
+    """cuobjdump -sass text -> (mangled name, SASS) of each function of each arch, one entry per copy (unlike
+    sass_functions, which joins the archs' copies of a name)."""
+    out = []
+    for f in sass.split("Function : ")[1:]:
+        name, _, body = f.partition("\n")
+        out.append((name.strip(), body))
+    return out
+
+
+def _sass_instructions(body: str) -> list[tuple[int, str | None, str, list[str]]]:
+    """(address, guard predicate or None, opcode, operands) of each instruction."""
+    out = []
+    for m in _SASS_INS.finditer(body):
+        addr, guard, op, rest = m.groups()
+        out.append((int(addr, 16), guard, op, [o.strip() for o in rest.split(",")] if rest.strip() else []))
+    return out
+
+
+def _written_registers(op: str, ops: list[str]) -> set[int]:
+    """General registers an instruction writes: its first operand, or the second after a predicate output (SHFL
+    Pout, Rd; LOP3.LUT Pd, Rd), 2 or 4 of them for 64- / 128-bit results. Stores, branches, barriers: none."""
+    if ops and re.fullmatch(r"R\d+", ops[0]):
+        d = int(ops[0][1:])
+    elif len(ops) > 1 and (ops[0] == "PT" or _SASS_PRED.fullmatch(ops[0])) and re.fullmatch(r"R\d+", ops[1]):
+        d = int(ops[1][1:])
+    else:
+        return set()
+    parts = op.split(".")
+    wide = ".64" in op or ".WIDE" in op or parts[0] in ("CS2R", "DADD", "DMUL", "DFMA", "DMNMX") or \
+        (len(parts) > 1 and parts[1] in ("F64", "S64", "U64"))    # F2F.F64.F32, I2F.F64, FRND.F64: a 64-bit result
+    n = 4 if ".128" in op else 2 if wide else 1
+    return {d + k for k in range(n)}
+
+
+def unwritten_branch_reads(body: str) -> list[str] | None:
+    """Predicate-setting instructions (ISETP, FSETP, LOP3.LUT Pd, ...: what branches test) in one function's SASS
+    that read a general register some path from the entry leaves unwritten; None where the function has control
+    flow this does not follow (_SASS_UNFOLLOWED). A must-write analysis over the branches (BRA, BRA.DIV, EXIT,
+    RET, and a CALL: sm_75/80 call the divergent shuffles as subroutines, which return to the next instruction
+    having written every register written from the callee's entry to its RET, and branch out of loops by a
+    guarded CALL that never returns; the callee's own reads are not checked). A WARPSYNC.COLLECTIVE block runs its
+    instruction on every lane (its address names where it ends). A write under a guard @P counts for reads under
+    the same guard, or by a compare that ANDs that predicate in, until P is written again (the compiler predicates
+    a load and its test alike), and for every read after a branch that P decided: @P BRA's target, its fall
+    through for @!P."""
+    ins = _sass_instructions(body)
+    if not ins or any(op.split(".")[0] in _SASS_UNFOLLOWED for _a, _g, op, _o in ins):
+        return None
+    at = {a: k for k, (a, *_rest) in enumerate(ins)}
+
+    def callee_writes(start: int) -> frozenset[int]:
+        regs: set[int] = set()
+        for _a, guard, op, ops in ins[start:]:
+            regs |= _written_registers(op, ops)
+            if op.startswith("RET") and not guard:
+                break
+        return frozenset(regs)
+
+    def negate(g: str) -> str:
+        return g[1:] if g.startswith("!") else "!" + g
+
+    def edges(i: int) -> list[tuple[int, str | None, frozenset[int]]]:
+        """(successor, the guard known to hold on that edge, registers the edge writes)."""
+        _a, guard, op, ops = ins[i]
+        base = op.split(".")[0]
+        nxt = i + 1 if i + 1 < len(ins) else None
+        target = at.get(int(ops[-1], 16)) if ops and re.fullmatch(r"0x[0-9a-f]+", ops[-1]) else None
+        none: frozenset[int] = frozenset()
+        out: list[tuple[int | None, str | None, frozenset[int]]]
+        if base == "BRA" and target is not None:
+            if op == "BRA.DIV":
+                out = [(target, None, none), (nxt, None, none)]
+            elif not guard:
+                out = [(target, None, none)]
+            else:   # `@P BRA Q, addr` branches on P && Q: its fall-through knows nothing
+                out = [(target, guard, none), (nxt, negate(guard) if len(ops) == 1 else None, none)]
+        elif base == "CALL" and target is not None:
+            out = [(target, guard, none), (nxt, negate(guard), none) if guard else (nxt, None, callee_writes(target))]
+        elif base in ("EXIT", "RET"):
+            out = [(nxt, negate(guard), none)] if guard else []
+        else:
+            out = [(nxt, None, none)]
+        return [(s, g, w) for s, g, w in out if s is not None]
+
+    succ = [edges(i) for i in range(len(ins))]
+    state: list[tuple[frozenset, frozenset] | None] = [None] * len(ins)   # None: not reached yet
+    state[0] = (frozenset(), frozenset())
+    work = [0]
+    while work:
+        i = work.pop()
+        _a, guard, op, ops = ins[i]
+        must, guarded = state[i]
+        dest = _written_registers(op, ops)
+        if guard:
+            guarded = guarded | {(guard, r) for r in dest}
+        else:
+            must = must | dest
+        preds = {o for o in ops[:2] if re.fullmatch(r"P\d", o)}
+        if preds:
+            guarded = frozenset((g, r) for g, r in guarded if g.lstrip("!") not in preds)
+        for s, known, wrote in succ[i]:
+            m = must | wrote | {r for g, r in guarded if g == known}
+            new = (m, guarded) if state[s] is None else (state[s][0] & m, state[s][1] & guarded)
+            if new != state[s]:
+                state[s] = new
+                work.append(s)
+    found = []
+    for i, (a, guard, op, ops) in enumerate(ins):
+        if state[i] is None or not ops or not _SASS_PRED.fullmatch(ops[0]) or op.startswith(("SHFL", "PLOP3")):
+            continue
+        must, guarded = state[i]
+        anded = ops[-1] if ".AND" in op else None          # ISETP.GE.AND Pd, PT, Ra, Rb, !P0: (Ra >= Rb) && !P0
+        conds = {g for g in (guard, anded) if g and _SASS_PRED.fullmatch(g)}
+        first_source = 2 if op.startswith("LOP3") and (ops[1] == "RZ" or re.fullmatch(r"R\d+", ops[1])) else 1
+        for o in ops[first_source:]:
+            for r in map(int, _SASS_REG.findall(o)):
+                if r not in must and not any((g, r) in guarded for g in conds):
+                    found.append(f"/*{a:04x}*/ {op} {', '.join(ops)}: R{r} unwritten on some path from the entry")
+    return found

@@ -99,11 +99,10 @@ attention_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         __syncthreads();
         float p[RPW];      // this lane's key's probability for each row
         bool live[RPW];    // the row has an unmasked key so far (warp-uniform, as are the loop exits below)
-        // Every row's entry is set here, before the scoring loop, which breaks at the first row past the end: (B)
-        // reads live[] and p[] of every row. Set inside that loop, the rows after the break were read uninitialised
-        // (3c01277..): sm_90 SASS tested registers no path had written, so a warp of rows past the end ran (B)'s
-        // full-mask __shfl_sync on some lanes only, and with another key tile to go the other lanes waited at the
-        // __syncthreads above: the block never finished (the round-1 CUDA tests that hung, 2026-12-02).
+        // Every row's flags are set before the scoring loop, which breaks at the first row past the end: (B) reads
+        // them for every row, and left unset they differ across a warp's lanes, so (B)'s full-mask __shfl_sync ran
+        // on some lanes only while the others waited at the next tile's __syncthreads: the block never finished
+        // (tests/test_attention_sass.py checks the SASS for a branch on an unwritten register).
 #pragma unroll
         for (int i = 0; i < RPW; ++i) {
             p[i] = 0.f;

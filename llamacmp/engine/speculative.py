@@ -89,6 +89,7 @@ class Verified:
 
 class Speculator:
     """Draft, verify and commit for a model with an MTP head (models/qwen35.py Qwen35Model.mtp)."""
+    pending_max = PENDING_MAX                         # observe_plain's queue bound (a test lowers it per instance)
 
     def __init__(self, model, n_max: int = 3, n_min: int = 0, p_min: float = 0.0, graphs: bool = True,
                  adaptive: bool = True, costs: Optional[CostTable] = None):
@@ -105,7 +106,6 @@ class Speculator:
         self.graphs = model.be.spec_graphs(model, n_max) if graphs else None
         self.policy = DraftPolicy(n_max, n_min, costs) if adaptive else None
         self._round = None                            # (S, n, start, clean) of the draft awaiting its verify
-        self.pending_max = PENDING_MAX
 
     @classmethod
     def from_spec(cls, model, spec, path: str = "the model", costs: Optional[CostTable] = None) -> "Speculator":

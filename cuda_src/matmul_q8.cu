@@ -1,21 +1,22 @@
-// Projections: y [T, rows] = x [T, n] . W [rows, n]^T.
-//  - Q8_0 weights (repacked: qs [rows, n] int8, d [rows, n/32] f16) against Q8 activations (cmp_quantize_q8):
-//    a warp-per-row DP4A GEMV for small T (decode: bound by reading the weights once), and a tiled DP4A GEMM
-//    for larger T (prefill). Integer dots per 32-block, scaled by d_w * d_x, accumulated in fp32.
-//    Two generations, chosen per call by `kernels` (CMP_MM_* bits of cmp_matmul_q8_ex) so a faulty one can be
-//    switched off: v1 = GEMV for T <= 8 + 64x64 GEMM; CMP_MM_GEMV2 = the batch-invariant GEMV for T <= 16 (at
-//    T = 1, decode: v1's warp-per-row loop with every rounding explicit, all of a lane's weight loads in flight
-//    before the first DP4A; at T = 2..16, MTP verification and several slots: the same per-row arithmetic with 2 or
-//    4 rows per warp, so that each activation load serves them all, and each lane's weight loads refilled as they
-//    are used, so that the weight stream never drains while the warp multiplies (gemv_q8_batch_kernel);
-//    CMP_MM_GEMV_PDL launches it with programmatic dependent launch on sm_90+), CMP_MM_GEMM2 = a 128x128 GEMM (8x8
-//    outputs per thread, double-buffered shared memory: cp.async on sm_80+, register prefetch on sm_70/75). The
-//    GEMV's earlier versions (v2: two rows per warp, 8 loads per lane; v3: persistent and pipelined; v4 under
-//    v1's launch bound) lost to it on the H200 (benchmarks/RESULTS.md, 2026-11-30 14:18) and were deleted.
-//    Optional residual: y = res + x . W^T (the model's residual add fused into the projection's epilogue).
-//  - F32/F16 weights (fixture files): one tiled fp32 GEMM.
-// No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =
-// IDP.2A, or IMAD), a template parameter of the kernels that take one, chosen per call by cmp_matmul_*'s kernels bits.
+// Q8_0 projections: y [T, rows] = x [T, n] . W [rows, n]^T (+ res [T, rows]: the model's residual add, fused into
+// the epilogue so that it costs no pass of its own). W is repacked Q8_0 (qs [rows, n] int8, d [rows, n/32] f16), x is
+// Q8 (cmp_quantize_q8). Every output is a sum over 32-blocks of an exact integer dot scaled by d_w * d_x and
+// accumulated in fp32 with each rounding explicit: the numpy reference's arithmetic, and the same bits on every
+// int8 route (the dot is the route's template parameter D, common.cuh: DP4A = IDP.4A in SASS, DP2A = IDP.2A, or
+// IMAD; chosen per call by cmp_matmul_*'s kernels bits). No tensor-core instruction here (matmul_mma.cu has them).
+//  - Decode, T <= 16: every weight byte is read once per step for a handful of tokens, so the time is the weight
+//    stream's; the GEMVs are shaped to keep HBM busy (enough 16-byte loads in flight per SM, all rows in one wave)
+//    and to give each row the same bits at every T (batch invariance: MTP verification and several slots decode the
+//    tokens a single slot would). T = 1: gemv_q8_kernel, a warp per row with all of a lane's weight loads issued
+//    before its first dot. T = 2..16: gemv_q8_batch_kernel, 2 or 4 rows per warp (each activation load serves them
+//    all) whose loads are refilled as they are used, so the stream never drains while the warp multiplies.
+//  - Prefill: the dots bound it, so tiled GEMMs reuse each loaded weight for 64 or 128 tokens (64x64 below
+//    GEMM2_MIN_T, where the 128-token tile would idle; 128x128 with double-buffered shared memory above).
+//  - `kernels` (CMP_MM_* bits of cmp_matmul_q8_ex) picks the kernels per call, so that any one can be switched off
+//    or measured against another: 0 = v1, gemv_q8_kernel to T = 8 under no launch bound, then the 64x64 GEMM (the
+//    fallback); CMP_MM_GEMV2 = the batch-invariant GEMV above to T = 16; CMP_MM_GEMV_PDL = its launch with
+//    programmatic dependent launch on sm_90+ (its weight loads start while the kernel before it drains);
+//    CMP_MM_GEMM2 = the 128x128 GEMM from T = 96; CMP_MM_MMA = the tensor-core GEMM (matmul_mma.cu) above the GEMV.
 #include <algorithm>
 #include <array>
 #include <utility>

@@ -206,13 +206,13 @@ gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 // a slot is refilled as soon as its chunk is multiplied, so R * U loads per lane stay in flight through the whole
 // row instead of draining every round), and the launch bound's blocks per SM. Why these, sm_90 per SM (H200: ~16.4
 // bytes of HBM per cycle at the copy rate, so 512 weight bytes = one warp chunk-row every ~31 cycles):
-//  - Bytes in flight: a matrix of `rows` rows keeps rows / 132 * U * 512 bytes per SM in flight while its grid fits
-//    in one wave, whatever R is (fewer warps of more rows): one wave on the 4096-row matrices (out proj, FFN down)
-//    needs 32 rows per SM, R * blocks per SM >= 8. A grid of several waves (the fused FFN gate+up, 24576 rows; GDN
-//    in, q+k+v, lm_head) keeps blocks * 4 * R * U * 512 bytes per SM in flight. Slots refilled only after the whole
-//    round (the kernel before: R = 2, U = 2) had 32 KB at most and next to none while the warp multiplied: T = 4
-//    took 1.18x T = 1's time on 4096x12288. So U = 4 (64 KB) to T = 8; at T >= 9 the sums take the registers
-//    (U = 2, ~32 KB) and the FMA pipe bounds the kernel rather than the stream (below).
+//  - Bytes in flight: a matrix of `rows` rows keeps rows / 132 * U * 512 bytes per SM in flight while its grid fits in
+//    one wave, whatever R is (fewer warps of more rows): one wave on the 4096-row matrices (out proj, FFN down) needs
+//    32 rows per SM, R * blocks per SM >= 8. A grid of several waves (the fused FFN gate+up, 24576 rows; GDN in, q+k+v,
+//    lm_head) keeps blocks * 4 * R * U * 512 bytes per SM in flight. Slots refilled only after the whole round (the
+//    kernel before: R = 2, U = 2) had 32 KB at most and next to none while the warp multiplied: T = 4 took 1.18x
+//    T = 1's time on 4096x12288. So U = 4 (64 KB) to T = 4, 3 to T = 8; at T >= 9 the sums take the registers (U = 2,
+//    ~32 KB) and the FMA pipe bounds the kernel rather than the stream (below).
 //  - T = 1 (decode): R = 2, U = 8 at 4 blocks per SM, 128 KB per SM in both regimes, in 128 registers. U = 4 there
 //    would give the 64 KB this kernel has at T = 2, where it took 0.86x the time of the warp-per-row T = 1 kernel
 //    (4 loads per lane, drained every round; RESULTS.md, 2026-12-02 fifth session) on the one-wave 4096x12288 and
@@ -224,28 +224,31 @@ gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 //    chunks (4 + 1 wavefronts each with its scale); per 512 weight bytes that is 5 + 5 NT / R: 15 at NT = 4, R = 2;
 //    25 at NT = 8, R = 2 against ~31 cycles (an estimate: one wavefront per cycle, not profiled), 15 at R = 4. So
 //    R = 4 from T = 9.
-//  - T = 5..8: R = 2 at 3 blocks per SM (12 warps). With R = 4 at 2 blocks (8 warps), T = 5 took 1.43x T = 1's
-//    time on 4096x12288 (27.8 us; 23.5 for the round-refilled R = 2 kernel before; RESULTS.md, 2026-12-02 fifth
-//    session): each slot's step is R * NT = 20 dot chains behind NT activation loads, and two warps per scheduler
-//    hide little of it. R = 2 halves the step and gives each scheduler three warps. Its cost: 24 rows per SM, so a
-//    4096-row matrix is 1.29 waves (512 blocks in 396 slots), the last 116 blocks with 16 KB per SM in flight.
+//  - T = 5..8: T = 2..4's R = 2 at 4 blocks per SM (16 warps, one wave on 4096 rows) with U = 3 (48 KB per SM): U = 4
+//    takes 128 registers at T = 5..7 but spills 4 bytes at T = 8 on DP4A (sm_90) and 4-12 bytes at T = 5..7 on DP2A
+//    (sm_70..sm_80). With R = 4 at 2 blocks (8 warps), T = 5 took 1.43x T = 1's time on 4096x12288 (27.8 us; 23.5 for
+//    the round-refilled R = 2, U = 2 kernel before, <= 32 KB in flight; RESULTS.md, 2026-12-02 fifth session): each
+//    slot's step is R * NT = 20 dot chains behind NT activation loads, and two warps per scheduler hide little of it.
+//    R = 2 halves the step and gives each scheduler four warps. R = 2, U = 4 at 3 blocks (12 warps, 64 KB) would keep U
+//    but take 24 rows per SM: a 4096-row matrix in 1.29 waves (512 blocks in 396 slots), the last 116 blocks with 16 KB
+//    per SM in flight.
 //  - The FMA pipe: per chunk-row and token 4 IDP.4A + FMUL + FFMA (+ I2FP on the ALU); IDP.4A takes 2 cycles of an
 //    SMSP's FMA-heavy pipe, so ~2 NT SM cycles per 512 weight bytes: half of the stream's 31 cycles at T = 8, all of
 //    them at T = 16 (T = 16 cannot reach T = 1's time here).
 //  - Registers (ptxas -v, sm_90, nvcc 13.0, DP4A): 128 / 105 / 113 / 124 at T = 1 / 2 / 3 / 4 under a 4-block cap (16
-//    warps per SM; a 4096-row matrix is one wave of 512 blocks in 528 slots); 128-161 at T = 5..8 under a 3-block cap;
-//    190-254 at T = 9..16 under a 2-block cap (8 warps of 4 rows; 256 blocks for 4096 rows, one wave). No spills on
-//    DP4A / DP2A (sm_90, sm_80, sm_75 with nvcc 13; sm_70, sm_61 with nvcc 12.4), nor at T = 1 on any route (126-128
-//    registers everywhere). The IMAD route (OPS = 8 instructions per dot4: bound by issue, not by the stream, once
-//    T >= 2) keeps U = 2 from T = 2: at U = 4 its byte unpacking spilled 48-72 bytes at T = 4 and T = 8; it spills 8
-//    bytes at T = 14, 15 on sm_90 and 12-28 at T = 15, 16 on sm_61.
+//    warps per SM; a 4096-row matrix is one wave of 512 blocks in 528 slots), 108-128 at T = 5..8 (U = 3); 190-254 at
+//    T = 9..16 under a 2-block cap (8 warps of 4 rows; 256 blocks for 4096 rows, one wave). No spills on DP4A / DP2A
+//    (sm_90, sm_80, sm_75 with nvcc 13; sm_70, sm_61 with nvcc 12.4), nor at T = 1 on any route (126-128 registers
+//    everywhere). The IMAD route (OPS = 8 instructions per dot4: bound by issue, not by the stream, once T >= 2) keeps
+//    U = 2 from T = 2: at U = 4 its byte unpacking spilled 48-72 bytes at T = 4 and T = 8; it spills 8 bytes at T = 14,
+//    15 on sm_90 and 12-28 at T = 15, 16 on sm_61.
 struct Q8GemvShape { int rows, unroll, min_blocks; };
 template <int NT, int OPS>
 constexpr Q8GemvShape q8gemv_shape() {
     constexpr int U = OPS >= 8 ? 2 : 4;
     if (NT == 1) return {2, 8, 4};
     if (NT <= 4) return {2, U, 4};
-    if (NT <= 8) return {2, U, 3};
+    if (NT <= 8) return {2, OPS >= 8 ? 2 : 3, 4};
     return {4, 2, 2};
 }
 

@@ -127,7 +127,7 @@ __device__ __forceinline__ SetRow locate_row(const QuantSet& set, int grow) {
 //    are in flight (64 KB of codes) and a 4096-row matrix is one wave (512 blocks, 528 slots), as it was. Longer
 //    rows (FFN down, n = 12288: three rounds, each waiting out the full latency in the earlier kernel) roll: U = 3,
 //    each slot refilled as soon as it is decoded, 4 blocks per SM (128-register cap): 6 loads per lane in flight,
-//    ~48 KB of codes per SM. What is in flight depends on the blocks a matrix gives each SM, not on the launch
+//    ~47 KB of codes per SM. What is in flight depends on the blocks a matrix gives each SM, not on the launch
 //    bound: FFN down's 4096 rows are 512 blocks, ~3.9 per SM, so U = 2 at 5 blocks per SM (102 registers) kept
 //    only ~31 KB, half the row-per-warp kernel's 64 KB (with it IQ4_XS at n = 12288 went 58 -> 51% of copy, Q4_K,
 //    whose issue savings were larger, 61 -> 67%; H200 2026-12-02), and the Q8_0 GEMV gained 13-14% from more

@@ -1,21 +1,22 @@
-// Projections: y [T, rows] = x [T, n] . W [rows, n]^T.
-//  - Q8_0 weights (repacked: qs [rows, n] int8, d [rows, n/32] f16) against Q8 activations (cmp_quantize_q8):
-//    a warp-per-row DP4A GEMV for small T (decode: bound by reading the weights once), and a tiled DP4A GEMM
-//    for larger T (prefill). Integer dots per 32-block, scaled by d_w * d_x, accumulated in fp32.
-//    Two generations, chosen per call by `kernels` (CMP_MM_* bits of cmp_matmul_q8_ex) so a faulty one can be
-//    switched off: v1 = GEMV for T <= 8 + 64x64 GEMM; CMP_MM_GEMV2 = the batch-invariant GEMV for T <= 16 (at
-//    T = 1, decode: v1's warp-per-row loop with every rounding explicit, all of a lane's weight loads in flight
-//    before the first DP4A; at T = 2..16, MTP verification and several slots: the same per-row arithmetic with 2 or
-//    4 rows per warp, so that each activation load serves them all, and each lane's weight loads refilled as they
-//    are used, so that the weight stream never drains while the warp multiplies (gemv_q8_batch_kernel);
-//    CMP_MM_GEMV_PDL launches it with programmatic dependent launch on sm_90+), CMP_MM_GEMM2 = a 128x128 GEMM (8x8
-//    outputs per thread, double-buffered shared memory: cp.async on sm_80+, register prefetch on sm_70/75). The
-//    GEMV's earlier versions (v2: two rows per warp, 8 loads per lane; v3: persistent and pipelined; v4 under
-//    v1's launch bound) lost to it on the H200 (benchmarks/RESULTS.md, 2026-11-30 14:18) and were deleted.
-//    Optional residual: y = res + x . W^T (the model's residual add fused into the projection's epilogue).
-//  - F32/F16 weights (fixture files): one tiled fp32 GEMM.
-// No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =
-// IDP.2A, or IMAD), a template parameter of the kernels that take one, chosen per call by cmp_matmul_*'s kernels bits.
+// Q8_0 projections: y [T, rows] = x [T, n] . W [rows, n]^T (+ res [T, rows]: the model's residual add, fused into
+// the epilogue so that it costs no pass of its own). W is repacked Q8_0 (qs [rows, n] int8, d [rows, n/32] f16), x is
+// Q8 (cmp_quantize_q8). Every output is a sum over 32-blocks of an exact integer dot scaled by d_w * d_x and
+// accumulated in fp32 with each rounding explicit: the numpy reference's arithmetic, and the same bits on every
+// int8 route (the dot is the route's template parameter D, common.cuh: DP4A = IDP.4A in SASS, DP2A = IDP.2A, or
+// IMAD; chosen per call by cmp_matmul_*'s kernels bits). No tensor-core instruction here (matmul_mma.cu has them).
+//  - Decode, T <= 16: every weight byte is read once per step for a handful of tokens, so the time is the weight
+//    stream's; the GEMVs are shaped to keep HBM busy (enough 16-byte loads in flight per SM, all rows in one wave)
+//    and to give each row the same bits at every T (batch invariance: MTP verification and several slots decode the
+//    tokens a single slot would): gemv_q8_batch_kernel at every T, 2 or 4 rows per warp (each activation load
+//    serves them all) whose loads are refilled as they are used, so the stream never drains while the warp
+//    multiplies; its shape per T (rows per warp, loads in flight, blocks per SM) is q8gemv_shape's.
+//  - Prefill: the dots bound it, so tiled GEMMs reuse each loaded weight for 64 or 128 tokens (64x64 below
+//    GEMM2_MIN_T, where the 128-token tile would idle; 128x128 with double-buffered shared memory above).
+//  - `kernels` (CMP_MM_* bits of cmp_matmul_q8_ex) picks the kernels per call, so that any one can be switched off
+//    or measured against another: 0 = v1, gemv_q8_kernel to T = 8 under no launch bound, then the 64x64 GEMM (the
+//    fallback); CMP_MM_GEMV2 = the batch-invariant GEMV above to T = 16; CMP_MM_GEMV_PDL = its launch with
+//    programmatic dependent launch on sm_90+ (its weight loads start while the kernel before it drains);
+//    CMP_MM_GEMM2 = the 128x128 GEMM from T = 96; CMP_MM_MMA = the tensor-core GEMM (matmul_mma.cu) above the GEMV.
 #include <algorithm>
 #include <array>
 #include <utility>
@@ -30,7 +31,7 @@ constexpr int GEMV_WARPS = 4;     // rows per block of the GEMV
 #ifndef CMP_GEMV_UNROLL
 #define CMP_GEMV_UNROLL 4
 #endif
-constexpr int GEMV_UNROLL = CMP_GEMV_UNROLL;  // 16-byte weight loads in flight per lane before any arithmetic
+constexpr int GEMV_UNROLL = CMP_GEMV_UNROLL;  // v1: 16-byte weight loads in flight per lane before any arithmetic
 constexpr int GEMV_MAX_T = 8;    // v1 GEMV up to 8 rows of activations, then the GEMM
 constexpr int GEMV2_MAX_T = 16;   // the batch-invariant GEMV (CMP_MM_GEMV2) up to 16 (decode batches)
 constexpr int GEMM2_MIN_T = 96;   // v2 GEMM (128-token tile) from this many tokens; the 64x64 tile below
@@ -149,25 +150,15 @@ gemm_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
 
 // ---- GEMV ----------------------------------------------------------------------------------------------------------
 
-// Warp per weight row (T = 1, and v1 at every T): lane l reads 16-byte chunks l, l+32, ... of the row (chunk c is
-// half of Q8 block c/2), so a warp load is 512 contiguous bytes; GEMV_UNROLL such loads are issued before the DP4A
-// work to keep enough bytes in flight; activations (T rows, a few KB) stay in L1/L2. The per-chunk arithmetic is
-// written out so that a row's result depends on nothing but the row and its token: acc = fma(float(dot), d_w * d_x,
-// acc), each rounding explicit (no contraction left to the compiler), chunks in increasing order per lane, then
-// warp_sum's fixed butterfly. gemv_q8_batch_kernel (T >= 2) repeats exactly this per row and token (batch
-// invariance: a row's bits are the same for every T).
-// v1 (no kernel bits, T <= 8) is gemv_q8_kernel<NT, false, 0>, whose sm_90 SASS was the former v1 kernel's
-// instruction for instruction at every T = 1..8 (nvcc 13.0, 2026-11-30).
-// PDL (template flag, CMP_MM_GEMV_PDL on sm_90+): each lane prefetches its first GEMV_UNROLL weight chunks into L2
-// before pdl_wait_producers, so the weight stream starts while the producer kernel finishes.
-// MIN_BLOCKS: 0 = v1's bound (no minimum). 1 (CMP_MM_GEMV2) = __launch_bounds__(128, 1), which lets ptxas take 55
-// registers at T = 1 (56 with PDL) and issue all 4 weight loads, their scales and the first x chunk and x scale
-// before the first DP4A (9 blocks = 36 warps per SM at most instead of 40). H200, 2026-11-30 (RESULTS.md): tg128
-// 296.5 t/s against 292.1 with v1's bound (both with PDL), 281.9 for v3 + PDL, 262.7 for v2; at T = 1 its GEMVs
-// stream 61-102% of copy, v2's 51-94%.
-// D: the int8 dot of the route (common.cuh).
-template <int NT, bool PDL, int MIN_BLOCKS, class D = DotDp4a>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, MIN_BLOCKS)
+// v1's GEMV (no kernel bits, T <= 8): a warp per weight row; lane l reads 16-byte chunks l, l+32, ... of the row
+// (chunk c is half of Q8 block c/2), so a warp load is 512 contiguous bytes; GEMV_UNROLL such loads are issued
+// before the dots; activations (T rows, a few KB) stay in L1/L2. The per-chunk arithmetic is written out so that a
+// row's result depends on nothing but the row and its token: acc = fma(float(dot), d_w * d_x, acc), each rounding
+// explicit (no contraction left to the compiler), chunks in increasing order per lane, then warp_sum's fixed
+// butterfly. gemv_q8_batch_kernel repeats exactly this per row and token, so v1 and the batch-invariant GEMV give
+// the same bits. D: the int8 dot of the route (common.cuh).
+template <int NT, class D = DotDp4a>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                 const float* __restrict__ xd,   // [NT, n/32]
                 const GemvSet set, int n) {
@@ -178,14 +169,6 @@ gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     const GemvGroup g = gemv_locate_row(set, row);
     const int4* w = reinterpret_cast<const int4*>(g.wq + (size_t)g.row0 * n);
     const __half* dw = g.wd + (size_t)g.row0 * nb;
-    if (PDL) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = lane + 32 * u;
-            if (c < nchunk) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w + c));
-        }
-        pdl_wait_producers();  // weights never change; x, res and y belong to the kernels before this one
-    }
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
@@ -219,35 +202,53 @@ gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     }
 }
 
-// The batch GEMV's shape at NT = 2..16 tokens: weight rows per warp R, 16-byte chunks in flight per lane and row U
-// (rolling: a slot is refilled as soon as its chunk is multiplied, so R * U loads per lane stay in flight through
-// the whole row instead of draining every round), and the launch bound's blocks per SM. Why these, sm_90 per SM
-// (H200: ~16.4 bytes of HBM per cycle at the copy rate, so 512 weight bytes = one warp chunk-row every ~31 cycles):
-//  - Bytes in flight: a matrix of `rows` rows keeps rows / 132 * U * 512 bytes per SM in flight while its grid fits
-//    in one wave, whatever R is (fewer warps of more rows); U = 4 gives the T = 1 GEMV's ~64 KB on the 4096-row
-//    matrices (out proj, FFN down). The kernel before (R = 2, U = 2, the slots refilled only after the whole round)
-//    had 32 KB at most and next to none while it multiplied: T = 4 took 1.18x T = 1's time on 4096x12288
-//    (2026-12-02). So U = 4 to T = 8; at T >= 9 the sums take the registers (U = 2, ~32 KB) and the FMA pipe
-//    bounds the kernel rather than the stream (below).
+// The batch GEMV's shape at NT tokens: weight rows per warp R, 16-byte chunks in flight per lane and row U (rolling:
+// a slot is refilled as soon as its chunk is multiplied, so R * U loads per lane stay in flight through the whole
+// row instead of draining every round), and the launch bound's blocks per SM. Why these, sm_90 per SM (H200: ~16.4
+// bytes of HBM per cycle at the copy rate, so 512 weight bytes = one warp chunk-row every ~31 cycles):
+//  - Bytes in flight: a matrix of `rows` rows keeps rows / 132 * U * 512 bytes per SM in flight while its grid fits in
+//    one wave, whatever R is (fewer warps of more rows): one wave on the 4096-row matrices (out proj, FFN down) needs
+//    32 rows per SM, R * blocks per SM >= 8. A grid of several waves (the fused FFN gate+up, 24576 rows; GDN in, q+k+v,
+//    lm_head) keeps blocks * 4 * R * U * 512 bytes per SM in flight. Slots refilled only after the whole round (the
+//    kernel before: R = 2, U = 2) had 32 KB at most and next to none while the warp multiplied: T = 4 took 1.18x
+//    T = 1's time on 4096x12288. So U = 4 (64 KB) to T = 4, 3 to T = 8; at T >= 9 the sums take the registers (U = 2,
+//    ~32 KB) and the FMA pipe bounds the kernel rather than the stream (below).
+//  - T = 1 (decode): R = 2, U = 8 at 4 blocks per SM, 128 KB per SM in both regimes, in 128 registers. U = 4 there
+//    would give the 64 KB this kernel has at T = 2, where it took 0.86x the time of the warp-per-row T = 1 kernel
+//    (4 loads per lane, drained every round; RESULTS.md, 2026-12-02 fifth session) on the one-wave 4096x12288 and
+//    4096x4096, but 1.03x on the multi-wave 12288x4096, where both keep ~64-72 KB per SM in flight at their peak:
+//    only more bytes in flight can gain there, and multi-wave launches carry most of decode's weight bytes. At
+//    n = 4096 (8 chunks per lane) a lane requests its two rows whole before pdl_wait_producers. R = 1 at U = 8
+//    would need 8 blocks per SM (64 registers) for one wave: it spills. No more than this fits 128 registers.
 //  - L1: per token, a warp reads a 512-byte activation chunk (4 wavefronts) and its scale (1) for the R rows'
 //    chunks (4 + 1 wavefronts each with its scale); per 512 weight bytes that is 5 + 5 NT / R: 15 at NT = 4, R = 2;
 //    25 at NT = 8, R = 2 against ~31 cycles (an estimate: one wavefront per cycle, not profiled), 15 at R = 4. So
-//    R = 4 from T = 5.
+//    R = 4 from T = 9.
+//  - T = 5..8: T = 2..4's R = 2 at 4 blocks per SM (16 warps, one wave on 4096 rows) with U = 3 (48 KB per SM): U = 4
+//    takes 128 registers at T = 5..7 but spills 4 bytes at T = 8 on DP4A (sm_90) and 4-12 bytes at T = 5..7 on DP2A
+//    (sm_70..sm_80). With R = 4 at 2 blocks (8 warps), T = 5 took 1.43x T = 1's time on 4096x12288 (27.8 us; 23.5 for
+//    the round-refilled R = 2, U = 2 kernel before, <= 32 KB in flight; RESULTS.md, 2026-12-02 fifth session): each
+//    slot's step is R * NT = 20 dot chains behind NT activation loads, and two warps per scheduler hide little of it.
+//    R = 2 halves the step and gives each scheduler four warps. R = 2, U = 4 at 3 blocks (12 warps, 64 KB) would keep U
+//    but take 24 rows per SM: a 4096-row matrix in 1.29 waves (512 blocks in 396 slots), the last 116 blocks with 16 KB
+//    per SM in flight.
 //  - The FMA pipe: per chunk-row and token 4 IDP.4A + FMUL + FFMA (+ I2FP on the ALU); IDP.4A takes 2 cycles of an
 //    SMSP's FMA-heavy pipe, so ~2 NT SM cycles per 512 weight bytes: half of the stream's 31 cycles at T = 8, all of
 //    them at T = 16 (T = 16 cannot reach T = 1's time here).
-//  - Registers (ptxas -v, sm_90, nvcc 13.0, DP4A): 105 / 113 / 124 at T = 2 / 3 / 4 under a 4-block cap (16 warps
-//    per SM; a 4096-row matrix is one wave of 512 blocks in 528 slots); 199-235 at T = 5..8 and 190-254 at T = 9..16
-//    under a 2-block cap (8 warps of 4 rows; 256 blocks for 4096 rows, one wave). No spills on DP4A / DP2A (sm_90,
-//    sm_80, sm_75 with nvcc 13; sm_70, sm_61 with nvcc 12.4). The IMAD route (OPS = 8 instructions per dot4: bound
-//    by issue, not by the stream) keeps U = 2: at U = 4 its byte unpacking spilled 48-72 bytes at T = 4 and T = 8;
-//    it spills 8 bytes at T = 14, 15 on sm_90 and 12-28 at T = 15, 16 on sm_61.
+//  - Registers (ptxas -v, sm_90, nvcc 13.0, DP4A): 128 / 105 / 113 / 124 at T = 1 / 2 / 3 / 4 under a 4-block cap (16
+//    warps per SM; a 4096-row matrix is one wave of 512 blocks in 528 slots), 108-128 at T = 5..8 (U = 3); 190-254 at
+//    T = 9..16 under a 2-block cap (8 warps of 4 rows; 256 blocks for 4096 rows, one wave). No spills on DP4A / DP2A
+//    (sm_90, sm_80, sm_75 with nvcc 13; sm_70, sm_61 with nvcc 12.4), nor at T = 1 on any route (126-128 registers
+//    everywhere). The IMAD route (OPS = 8 instructions per dot4: bound by issue, not by the stream, once T >= 2) keeps
+//    U = 2 from T = 2: at U = 4 its byte unpacking spilled 48-72 bytes at T = 4 and T = 8; it spills 8 bytes at T = 14,
+//    15 on sm_90 and 12-28 at T = 15, 16 on sm_61.
 struct Q8GemvShape { int rows, unroll, min_blocks; };
 template <int NT, int OPS>
 constexpr Q8GemvShape q8gemv_shape() {
     constexpr int U = OPS >= 8 ? 2 : 4;
+    if (NT == 1) return {2, 8, 4};
     if (NT <= 4) return {2, U, 4};
-    if (NT <= 8) return {4, U, 2};
+    if (NT <= 8) return {2, OPS >= 8 ? 2 : 3, 4};
     return {4, 2, 2};
 }
 
@@ -288,15 +289,15 @@ __device__ __forceinline__ int scatter_index(int lane, int i) {
     return j;
 }
 
-// The batch GEMV (CMP_MM_GEMV2 at T = 2..16: MTP verification, several slots): warp per R weight rows, q8gemv_shape
-// above. Lane l takes chunks l, l+32, ... of each row in increasing order, as gemv_q8_kernel; each weight chunk and
-// scale is read once for the NT tokens, and each activation chunk and scale once for the R rows. A row's arithmetic
-// per token is gemv_q8_kernel's (same chunk order per lane, same explicit roundings, warp_sum's butterfly through
-// warp_sum_scatter), so every row gets the same bits at every T and R (batch invariance). The first loads go out
-// before pdl_wait_producers (weights never change; x, res and y belong to the kernels before this one), and the
-// kernel lets its PDL consumer launch at once (as gemv_quant_kernel: every kernel launched with PDL waits for this
-// grid before it touches memory), so the next kernel's blocks can take the SMs this grid's last wave leaves idle.
-// A group past the last row re-reads the last row and stores nothing for it. D: the int8 dot of the route.
+// The batch GEMV (CMP_MM_GEMV2 at T = 1..16: decode, MTP verification, several slots): warp per R weight rows,
+// q8gemv_shape above. Lane l takes chunks l, l+32, ... of each row in increasing order, as v1's gemv_q8_kernel; each
+// weight chunk and scale is read once for the NT tokens, and each activation chunk and scale once for the R rows. A
+// row's arithmetic per token is gemv_q8_kernel's (same chunk order per lane, same explicit roundings, warp_sum's
+// butterfly through warp_sum_scatter), so every row gets the same bits at every T and R (batch invariance) and in v1.
+// The first loads go out before pdl_wait_producers (weights never change; x, res and y belong to the kernels before
+// this one), and the kernel lets its PDL consumer launch at once (as gemv_quant_kernel: every kernel launched with PDL
+// waits for this grid before it touches memory), so the next kernel's blocks can take the SMs this grid's last wave
+// leaves idle. A group past the last row re-reads the last row and stores nothing for it. D: the int8 dot of the route.
 template <int NT, int R, int U, int MINB, class D>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 gemv_q8_batch_kernel(const int8_t* __restrict__ xq,  // [NT, n]
@@ -578,32 +579,24 @@ using GemvLaunch = int (*)(const int8_t*, const float*, const GemvSet&, int, int
 
 template <int NT, class D>
 int launch_gemv(const int8_t* xq, const float* xd, const GemvSet& set, int total_rows, int n) {
-    // v1: the GEMV without PDL or a minimum-blocks bound (sm_90: its former kernel's SASS instruction for instruction)
-    gemv_q8_kernel<NT, false, 0, D><<<ceil_div(total_rows, GEMV_WARPS), dim3(32, GEMV_WARPS), 0, stream()>>>(
+    gemv_q8_kernel<NT, D><<<ceil_div(total_rows, GEMV_WARPS), dim3(32, GEMV_WARPS), 0, stream()>>>(
         xq, xd, set, n);
     return check_launch("gemv_q8_kernel");
 }
 
-// The batch-invariant GEMV: every row in one launch, gemv_q8_kernel (a warp per row) at T = 1 and
-// gemv_q8_batch_kernel (q8gemv_shape's rows per warp) above; with `pdl` and compute_90+ code the launch may overlap
-// the previous kernel (both wait for it before reading activations).
+// The batch-invariant GEMV: every row in one launch of gemv_q8_batch_kernel at q8gemv_shape's shape for NT; with
+// `pdl` and compute_90+ code the launch may overlap the previous kernel (the kernel waits for it before it reads
+// activations).
 using Gemv2Launch = int (*)(const int8_t*, const float*, const GemvSet&, int, bool);
 
-template <int NT, int MIN_BLOCKS, class D>
+template <int NT, class D>
 int launch_gemv2(const int8_t* xq, const float* xd, const GemvSet& set, int n, bool pdl) {
     bool has_pdl = false;
     if (pdl) CMP_TRY(compute90_code(&has_pdl));
-    constexpr int R = NT == 1 ? 1 : q8gemv_shape<NT, D::OPS>().rows;
-    const dim3 grid(ceil_div(set.total, GEMV_WARPS * R)), block(32, GEMV_WARPS);
-    if constexpr (NT == 1) {
-        if (!has_pdl) {
-            gemv_q8_kernel<NT, false, MIN_BLOCKS, D><<<grid, block, 0, stream()>>>(xq, xd, set, n);
-            return check_launch("gemv_q8_kernel");
-        }
-    }
+    constexpr Q8GemvShape sh = q8gemv_shape<NT, D::OPS>();
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
+    cfg.gridDim = dim3(ceil_div(set.total, GEMV_WARPS * sh.rows));
+    cfg.blockDim = dim3(32, GEMV_WARPS);
     cfg.dynamicSmemBytes = 0;
     cfg.stream = stream();
     cudaLaunchAttribute attr[1];
@@ -611,22 +604,15 @@ int launch_gemv2(const int8_t* xq, const float* xd, const GemvSet& set, int n, b
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = has_pdl ? 1 : 0;
-    if constexpr (NT == 1) {
-        CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv_q8_kernel<NT, true, MIN_BLOCKS, D>, xq, xd, set, n),
-                           "gemv_q8_kernel launch"));
-        return check_launch("gemv_q8_kernel");
-    } else {
-        constexpr Q8GemvShape sh = q8gemv_shape<NT, D::OPS>();
-        CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv_q8_batch_kernel<NT, sh.rows, sh.unroll, sh.min_blocks, D>,
-                                              xq, xd, set, n),
-                           "gemv_q8_batch_kernel launch"));
-        return check_launch("gemv_q8_batch_kernel");
-    }
+    CMP_TRY(check_cuda(cudaLaunchKernelEx(&cfg, gemv_q8_batch_kernel<NT, sh.rows, sh.unroll, sh.min_blocks, D>, xq,
+                                          xd, set, n),
+                       "gemv_q8_batch_kernel launch"));
+    return check_launch("gemv_q8_batch_kernel");
 }
 
 template <class D, int... NT>
 constexpr auto gemv2_table(std::integer_sequence<int, NT...>) {
-    return std::array<Gemv2Launch, sizeof...(NT)>{launch_gemv2<NT + 1, 1, D>...};
+    return std::array<Gemv2Launch, sizeof...(NT)>{launch_gemv2<NT + 1, D>...};
 }
 
 template <class D, int... NT>

@@ -125,11 +125,19 @@ __device__ __forceinline__ SetRow locate_row(const QuantSet& set, int grow) {
 //    of the 9B's projections but FFN down) load every sub-block of both rows at once (U = 4: 16 loads of 16 bytes
 //    per lane before the first use, no refill code), 4 blocks per SM under the 128-register cap, so 32 rows per SM
 //    are in flight (64 KB of codes) and a 4096-row matrix is one wave (512 blocks, 528 slots), as it was. Longer
-//    rows (FFN down, n = 12288: three rounds, each waiting out the full latency in the earlier kernel) roll:
-//    U = 2, each slot refilled as soon as it is decoded, 5 blocks per SM (102 registers), ~40 KB per SM kept in
-//    flight. Neither spills on sm_90 for any type (ptxas -v). Earlier T = 1 measurements (H200, 2026-12-01): at a
-//    row per warp, 7 blocks per SM instead of 8 (72 registers, a second wave on 4096-row matrices) cost 25-30%,
-//    U = 8 under a 128 cap (two waves) 10-30%: the one-wave rule above comes from there.
+//    rows (FFN down, n = 12288: three rounds, each waiting out the full latency in the earlier kernel) roll: U = 3,
+//    each slot refilled as soon as it is decoded, 4 blocks per SM (128-register cap): 6 loads per lane in flight,
+//    ~47 KB of codes per SM. What is in flight depends on the blocks a matrix gives each SM, not on the launch
+//    bound: FFN down's 4096 rows are 512 blocks, ~3.9 per SM, so U = 2 at 5 blocks per SM (102 registers) kept
+//    only ~31 KB, half the row-per-warp kernel's 64 KB (with it IQ4_XS at n = 12288 went 58 -> 51% of copy, Q4_K,
+//    whose issue savings were larger, 61 -> 67%; H200 2026-12-02), and the Q8_0 GEMV gained 13-14% from more
+//    bytes in flight per SM on such one-wave shapes. U = 4 (~64 KB) spills on sm_90 DP4A (Q4_K 28 bytes, Q3_K 8).
+//    Over 528 blocks (> 4224 rows) the 4-block bound costs a second, partial wave where 5 fitted one. Neither
+//    shape spills on sm_90 DP4A or DP2A for any type (ptxas -v; IMAD: Q5_K 20 bytes at U = 3, 100 at U = 2). More
+//    bytes in flight cannot help the 4096x4096 matrices: the short-row shape already holds each SM's whole share
+//    at once (their gap to copy is the ramp: first-byte latency, the last blocks' reductions). Earlier T = 1
+//    measurements (H200, 2026-12-01): at a row per warp, 7 blocks per SM instead of 8 (72 registers, a second wave
+//    on 4096-row matrices) cost 25-30%, U = 8 under a 128 cap (two waves) 10-30%: the one-wave rule comes from there.
 //  - T >= 2: two rows per warp, so each activation load, scale and half sum serves both; rolling refills keep 4
 //    loads per lane in flight while the warp multiplies. Without a cap ptxas takes 150-250 registers (it hoists the
 //    activation loads of every token) and 2-3 blocks fit per SM; the caps below (128 registers to T = 8, 168 above)
@@ -137,7 +145,7 @@ __device__ __forceinline__ SetRow locate_row(const QuantSet& set, int grow) {
 struct QGemvShape { int rows, unroll; bool roll; int min_blocks; };
 template <int NT, bool LONG>
 constexpr QGemvShape qgemv_shape() {
-    if (NT == 1) return LONG ? QGemvShape{2, 2, true, 5} : QGemvShape{2, 4, false, 4};
+    if (NT == 1) return LONG ? QGemvShape{2, 3, true, 4} : QGemvShape{2, 4, false, 4};
     return NT <= 8 ? QGemvShape{2, 2, true, 4} : QGemvShape{2, 2, true, 3};
 }
 // T = 1 rows longer than this many sub-blocks (one round of the short-row shape: 32 lanes x 4) take the LONG shape.

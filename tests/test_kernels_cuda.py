@@ -720,9 +720,9 @@ def test_mma_gemm_on_the_9b_shapes(cuda_backend):
                                     (32, 4128)])
 def test_gemv_rows_independent_of_batch(cuda_backend, rows, n, kernels):
     """Batch invariance (engine, issue 5): each of 16 activation rows gives bit-identical outputs alone (T = 1) and
-    at its position in every batch T = 2..16 (one kernel instantiation per T, so this checks each NT's arithmetic:
-    T = 1's warp per row against the batch kernel's 2 or 4 rows per warp, groups straddling the two matrices and
-    the last group short of rows: totals 2 rows + 1 = 1 or 3 mod 4)."""
+    at its position in every batch T = 2..16 (one kernel instantiation per T, each with its own shape: rows per
+    warp, loads in flight; so this checks each NT's arithmetic, groups straddling the two matrices and the last
+    group short of rows: totals 2 rows + 1 = 1 or 3 mod 4)."""
     be = cuda_backend
     rng = np.random.default_rng(rows * 31 + n)
     x = rng.standard_normal((16, n)).astype(np.float32) * rng.uniform(0.1, 10, (16, 1)).astype(np.float32)
@@ -738,6 +738,28 @@ def test_gemv_rows_independent_of_batch(cuda_backend, rows, n, kernels):
         for t in range(T):
             for m in range(2):
                 assert np.array_equal(got[m][t], alone[t][m][0]), (T, t, m)
+
+
+@pytest.mark.parametrize("dot", INT8_DOTS)
+@pytest.mark.parametrize("rows,n", [(1, 32), (67, 4096), (3, 12288), (4097, 2080), (2, 1056), (130, 4128)])
+def test_gemv_v2_gives_v1_bits(cuda_backend, rows, n, dot):
+    """The batch-invariant GEMV (CMP_MM_GEMV2, plain and PDL launch) gives the bits of v1's GEMV (gemv_q8_kernel: a
+    warp per row, the loop T = 1 decode ran before it took gemv_q8_batch_kernel) at every T = 1..8 that v1 takes,
+    two matrices in one launch, with the residual epilogue, on each route's int8 dot. n: one chunk per lane or
+    fewer (32), whole rounds of loads (4096: one at T = 1; 12288: three, with refills), partial last rounds."""
+    be = cuda_backend
+    rng = np.random.default_rng(rows * 13 + n)
+    x = rng.standard_normal((8, n)).astype(np.float32) * rng.uniform(0.1, 10, (8, 1)).astype(np.float32)
+    mats = [be.upload_matrix(random_q8(rng, r, n)) for r in (rows, rows + 1)]
+    res = [rng.standard_normal((8, r)).astype(np.float32) for r in (rows, rows + 1)]
+    xq, xd = be.quantize(up(be, x))
+    for T in range(1, 9):   # xq, xd: their first T rows
+        res_d = [up(be, r[:T]) for r in res]
+        v1 = _q8_ex(be, xq, xd, mats, T, n, dot_bits(dot), res_d)
+        for kernels in (1, 1 | 8):
+            got = _q8_ex(be, xq, xd, mats, T, n, kernels | dot_bits(dot), res_d)
+            for m in range(2):
+                assert np.array_equal(got[m], v1[m]), (T, m, kernels)
 
 
 @pytest.mark.parametrize("kernels", [1, 1 | 8])
@@ -768,9 +790,10 @@ def test_gemv_rows_independent_of_batch_with_residual(cuda_backend, rows, n, ker
 
 
 # The batch-invariant GEMV (CMP_MM_GEMV2 = 1, PDL launch 8): T 1..16; more rows than an H200 holds resident warps;
-# n with 1, 2, 3 and 12 rounds of GEMV_UNROLL chunks per lane and partial last rounds (n = 1056 is 66 chunks, 2080
-# is 130, 4128 is 258); small matrices riding with big ones (three matrices at odd T).
-GEMV_SHAPES = [(1, 1, 32), (1, 4097, 1024), (1, 20011, 64), (1, 4231, 4128), (2, 3, 96), (3, 31, 1184),
+# n with one to twelve rounds of a lane's U chunks (q8gemv_shape: 8 at T = 1, 2 or 4 above) and partial last rounds
+# (n = 1056 is 66 chunks, 2080 is 130, 4128 is 258, 12288 is 768: 3 rounds at T = 1); small matrices riding with
+# big ones (three matrices at odd T).
+GEMV_SHAPES = [(1, 1, 32), (1, 4097, 1024), (1, 20011, 64), (1, 4231, 4128), (1, 131, 12288), (2, 3, 96), (3, 31, 1184),
                 (4, 5003, 1056), (5, 129, 64), (6, 4097, 4096), (7, 65, 12288), (8, 3203, 2080), (9, 13, 1184),
                 (10, 4099, 96), (11, 8191, 256), (12, 1, 4128), (13, 2, 4128), (14, 12289, 4096), (15, 63, 12288),
                 (16, 257, 256), (16, 6007, 1056)]

@@ -117,16 +117,19 @@ def test_one_stage_gemm_gives_the_same_bits(cuda_backend, type_name):
     np.testing.assert_array_equal(out[SMEM_CAPS["sm61"]], out[0])
 
 
-@pytest.mark.parametrize("long_rows", [False, True])
+@pytest.mark.parametrize("long_n", [0, 4352, 12544])
 @pytest.mark.parametrize("dot", INT8_DOTS)
 @pytest.mark.parametrize("type_name", TYPES)
-def test_gemv_batch_invariant(cuda_backend, type_name, dot, long_rows):
+def test_gemv_batch_invariant(cuda_backend, type_name, dot, long_n):
     """Each row of a T-row GEMV equals, bit for bit, that row alone (T = 1) and within other batch sizes, on each
-    route (whose results equal DP4A's bit for bit: the same integers). long_rows: n = 4352, 136 sub-blocks, more
-    than T = 1's one round of loads (128), so T = 1 runs its rolling kernel (matmul_quant.cuh, QGEMV_ROUND)."""
+    route (whose results equal DP4A's bit for bit: the same integers). long_n: rows of more than T = 1's one round
+    of loads (128 sub-blocks), so T = 1 runs its rolling kernel (matmul_quant.cuh, QGEMV_ROUND): 4352 = 136
+    sub-blocks (a partial second round, refills bound-checked per lane), 12544 = 392 (whole-round refills, then a
+    partial one, then a partial last round, at the rolling shape's U = 3: 96 sub-blocks a round); 0: 5 blocks."""
     rng = np.random.default_rng(11)
-    n = 4352 if long_rows else cols_for(type_name, 5)
-    w = cuda_backend.upload_matrix(random_blocks(type_name, 67, n, rng))
+    n = long_n or cols_for(type_name, 5)
+    blocks = random_blocks(type_name, 67, n, rng)
+    w = cuda_backend.upload_matrix(blocks)
     x = inputs(3, 16, n)
     be = cuda_backend
 
@@ -139,6 +142,7 @@ def test_gemv_batch_invariant(cuda_backend, type_name, dot, long_rows):
             assert np.array_equal(run(x), be.to_host(be.matmuls(up(be, x), [w])[0]))
 
     alone = np.concatenate([run(x[t:t + 1]) for t in range(16)])
+    assert rel(alone, exact(x, blocks)) < TOL
     assert np.array_equal(run(x), alone)
     for T in (2, 3, 7, 9):
         assert np.array_equal(run(x[:T]), alone[:T]), T

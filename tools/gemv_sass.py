@@ -1,4 +1,4 @@
-"""What the compiler made of the T = 1 GEMV kernels of cuda_src/matmul_q8.cu, without a GPU: registers and spills
+"""What the compiler made of the Q8_0 GEMV kernels of cuda_src/matmul_q8.cu, without a GPU: registers and spills
 (ptxas -v) and, from the SASS, how many loads each kernel issues before its first DP4A waits for data.
 
     python3 tools/gemv_sass.py [--arch sm_90] [--cubin F.cubin --ptxas-log F.txt] [--diff A B]
@@ -13,10 +13,12 @@ one 16-byte activation chunk and one f32 activation scale):
                  chunk): two dependent cache round trips instead of one
   stl/ldl        local-memory stores / loads (spills)
   instrs         SASS instructions of the whole kernel
---diff A B prints whether two kernels' SASS is the same instruction for instruction (names are substrings of the
-mangled names, e.g. gemv_q8_kernelILi1ELb0ELi0 (v1 is gemv_q8_kernel<NT, false, 0>, the batch-invariant GEMV
-gemv_q8_kernel<1, PDL, 1> at T = 1 and gemv_q8_batch_kernel<NT, R, U, MINB, D> above). The 2026-11-30 findings on the retired v2 / v3 GEMVs (v2's 64-register cap left 1 of 8
-weight loads in flight) are in benchmarks/RESULTS.md and git history (matmul_q8.cu before the retirement).
+--diff A B prints whether two kernels' SASS is the same instruction for instruction. Kernels are named by regular
+expressions searched in the mangled names (the first match is taken), e.g. gemv_q8_kernelILi1ENS_7DotDp4a (v1's
+gemv_q8_kernel<NT, D> at T = 1) or gemv_q8_batch_kernelILi1E.*DotDp4a (the batch-invariant GEMV,
+gemv_q8_batch_kernel<NT, R, U, MINB, D>, at T = 1: the decode GEMV). The defaults: both at T = 1 and the batch
+kernel at T = 2. The ld128 / ld16 columns count loads before the first IDP.4A, so they describe DP4A instantiations
+only.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_KERNELS = ["gemv_q8_kernelILi1ELb0ELi0", "gemv_q8_kernelILi1ELb0ELi1", "gemv_q8_kernelILi1ELb1ELi1"]
+DEFAULT_KERNELS = ["gemv_q8_kernelILi1ENS_7DotDp4a", "gemv_q8_batch_kernelILi1E.*DotDp4a",
+                   "gemv_q8_batch_kernelILi2E.*DotDp4a"]
 INSTR = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
 
@@ -108,7 +111,7 @@ def summary(instrs: list[str]) -> dict[str, int]:
 
 
 def find(funcs: dict[str, list[str]], key: str) -> str:
-    hits = [f for f in funcs if key in f]
+    hits = [f for f in funcs if re.search(key, f)]
     if not hits:
         raise SystemExit(f"gemv_sass: no kernel matches {key!r}")
     return hits[0]
@@ -119,7 +122,7 @@ def main(argv=None) -> None:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--cubin", help="an existing cubin (skips the compile; give --ptxas-log for the registers)")
     ap.add_argument("--ptxas-log")
-    ap.add_argument("--kernels", default=",".join(DEFAULT_KERNELS), help="comma-separated name substrings")
+    ap.add_argument("--kernels", default=",".join(DEFAULT_KERNELS), help="comma-separated name patterns")
     ap.add_argument("--diff", nargs=2, metavar=("A", "B"), action="append", default=[])
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,13 +137,13 @@ def main(argv=None) -> None:
         if r.returncode != 0:
             raise SystemExit(f"gemv_sass: cuobjdump failed: {r.stderr[-2000:]}")
     funcs, res = functions(r.stdout), ptxas_resources(log)
-    print(f"{'kernel':<30} {'regs':>4} {'spill':>5} {'ld128':>5} {'ld16':>4} {'chunks':>6} {'late xs':>7} "
+    print(f"{'kernel':<36} {'regs':>4} {'spill':>5} {'ld128':>5} {'ld16':>4} {'chunks':>6} {'late xs':>7} "
           f"{'stl/ldl':>7} {'instrs':>6}")
     for key in args.kernels.split(","):
         name = find(funcs, key)
         s = summary(funcs[name])
         regs, spill = res.get(name, (-1, -1))
-        print(f"{key:<30} {regs:>4} {spill:>5} {s['ld128']:>5} {s['ld16']:>4} {s['chunks']:>6} {s['late xs']:>7} "
+        print(f"{key:<36} {regs:>4} {spill:>5} {s['ld128']:>5} {s['ld16']:>4} {s['chunks']:>6} {s['late xs']:>7} "
               f"{s['stl']:>3}/{s['ldl']:<3} {s['instrs']:>6}")
     for a, b in args.diff:
         fa, fb = funcs[find(funcs, a)], funcs[find(funcs, b)]

@@ -250,8 +250,8 @@ def test_conv1d_silu_chunks_equal_token_steps(cuda_backend, kernel):
     rng = np.random.default_rng(40 + kernel)
     cfg = cfg_for(K=2, V=4, Dk=32, kernel=kernel)
     C, L = cfg.conv_channels, 100
-    ((s_ref, whole),) = _states(be, cfg, 8, "f32", [0], rng)
-    steps = be.new_state(cfg, 8, "f32")
+    ((s_ref, whole),) = _states(be, cfg, L, "f32", [0], rng)  # a context that holds the segment
+    steps = be.new_state(cfg, L, "f32")
     be.copy_from_host(steps.conv[0], s_ref.conv[0])
     x = rng.standard_normal((L, C)).astype(np.float32)
     w = up(be, rng.standard_normal((C, kernel)).astype(np.float32))

@@ -236,13 +236,17 @@ class Engine:
         # llama-server 0c1e570's two lines (server-queue.cpp, server-context.cpp)
         log.info("que  %12s: entering sleeping state", "start_loop")
         log.info("%s", slot_log.srv("handle_sleep", "server is entering sleeping state"))
-        self.sleeping = True
         self.slots, self.host_cache = [], HostCache(self.cfg.cache_ram_mib)
         self.model = self.spec = self.decoder = self.ops = None
         self.lm.model = None
         import gc
-        gc.collect()                     # device blocks go back to the arena when their tensors are collected
-        self._reloader.release()
+        try:
+            gc.collect()                 # device blocks go back to the arena when their tensors are collected
+            self._reloader.release()
+        finally:
+            # /props says is_sleeping once the memory is back (set first, a client polling it could see the
+            # arena still holding its chunks: the CUDA sleep test did on a loaded GPU)
+            self.sleeping = True
 
     def _wake(self) -> bool:
         """Load the model again; False (and wake_error set, the engine still asleep) if that failed: the next

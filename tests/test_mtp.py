@@ -96,7 +96,7 @@ def test_restore_steps_equals_running_only_k_tokens(lm, k):
     a = be.new_state(cfg, 32)
     lm.model.forward(StepBatch.build([(a, prompt)]))
     batch = StepBatch.build([(a, more)], all_logits=True)
-    batch.keep_steps = True
+    batch.keep_steps = len(more)
     lm.model.forward(batch)
     assert a.steps is not None and len(a.steps["conv"]) == len(cfg.gdn_layers) == len(a.steps["ssm"])
     be.restore_steps(a, k)
@@ -121,7 +121,7 @@ def test_restore_steps_refuses_bad_k(lm):
     with pytest.raises(ValueError, match="no keep_steps batch"):
         be.restore_steps(st, 1)
     batch = StepBatch.build([(st, [1, 2, 3])], all_logits=True)
-    batch.keep_steps = True
+    batch.keep_steps = 3
     lm.model.forward(batch)
     with pytest.raises(ValueError, match="k=4 outside 1..3"):
         be.restore_steps(st, 4)
@@ -198,7 +198,7 @@ class EagerSpecGraphs:
         assert len({len(t) for t in tokens}) == 1 and len(tokens[0]) <= self.n + 1, tokens
         self.lengths.append(len(tokens[0]) - 1)
         batch = StepBatch.build(list(zip(states, tokens)), all_logits=True)
-        batch.keep_steps = True
+        batch.keep_steps = self.n + 1
         logits, h = self.model.forward_hidden(batch)
         self.n_verify += 1
         return logits, h, np.argmax(self.be.to_host(logits), axis=1).astype(np.int32)

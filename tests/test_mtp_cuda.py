@@ -55,7 +55,7 @@ def test_keep_steps_and_restore_equal_numpy(lms, shape, L, k):
         st = lm.backend.new_state(lm.cfg, 32)
         lm.model.forward(StepBatch.build([(st, prompt)]))
         b = StepBatch.build([(st, more)], all_logits=True)
-        b.keep_steps = True
+        b.keep_steps = len(more)
         lm.model.forward(b)
         lm.backend.restore_steps(st, k)
         st.n_past = len(prompt) + k
@@ -204,6 +204,35 @@ def test_verify_graph_equals_eager_verify(lms, n_max):
             for x, y in zip(sa[name], sb[name]):
                 np.testing.assert_array_equal(y, x)
     assert graphed.graphs.n_captured == 1 and graphed.graphs.n_replayed == 1
+
+
+@pytest.mark.parametrize("prepared", [False, True])
+@pytest.mark.parametrize("rounds", [((3, 4), (1, 1), (2, 1), (2, 3), (3, 2)), ((1, 1), (2, 1), (3, 1), (2, 2))])
+def test_verify_graphs_of_every_length_equal_eager_verify(lms, rounds, prepared):
+    """Adaptive drafting's verifies: one Speculator of n_max 3 verifying drafts of 3, 1 and 2 in turn (each length
+    its own graph, captured mid-run or all up front), some rejected: every round's logits are the eager verify's
+    bit for bit and the recurrent states after commit equal (adaptive greedy output with plain rounds once left
+    MTP off at the first replay of the n = 2 graph)."""
+    _, dev = lms("small")
+    be = dev.backend
+    eager, graphed = Speculator(dev.model, 3, graphs=False), Speculator(dev.model, 3)
+    a, b = _prefilled(dev, eager, PROMPTS[0]), _prefilled(dev, graphed, PROMPTS[0])
+    if prepared:
+        graphed.graphs.prepare([b[0]], [b[1].state], lengths=(1, 2, 3), catch_ups=(1,))
+    rng = np.random.default_rng(7)
+    for i, (n, keep) in enumerate(rounds):
+        t0, drafts = int(rng.integers(0, 300)), [int(x) for x in rng.integers(0, 300, n)]
+        la, ha, (va,) = eager.verify([(a[0], a[1], t0, drafts)], n)
+        lb, hb, (vb,) = graphed.verify([(b[0], b[1], t0, drafts)], n)
+        la, lb = be.to_host(la), be.to_host(lb)
+        assert np.array_equal(lb, la), f"round {i} (n {n}): max |diff| {np.abs(lb - la).max(axis=1)}"
+        eager.commit(va, ha, keep)
+        graphed.commit(vb, hb, keep)
+        sa, sb = be.state_to_host(a[0]), be.state_to_host(b[0])
+        for name in ("conv", "ssm"):
+            for layer, (x, y) in enumerate(zip(sa[name], sb[name])):
+                assert np.array_equal(y, x), f"round {i} (n {n}, keep {keep}): {name} state of layer {layer}"
+    assert {key[0] for key in graphed.graphs._verify} == {n for n, _ in rounds}
 
 
 @pytest.mark.parametrize("n_max", [1, 3, 4])

@@ -25,7 +25,7 @@ class FakeDraft:
 class FakeVerify:
     made: list = []
 
-    def __init__(self, be, model, states, n):
+    def __init__(self, be, model, states, n, n_max):
         FakeVerify.made.append(len(states))
 
     def run(self, tokens):

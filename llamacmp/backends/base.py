@@ -75,9 +75,11 @@ class StepBatch:
     #   token embeddings of `tokens` (an image batch: every row is an image embedding).
     rope_pos: np.ndarray | None = None
     embeddings: np.ndarray | None = None
-    # Speculative verification: conv1d_silu and gdn also keep each segment's state after every token of the
-    # batch (on the backend: nothing crosses to the host), so that Backend.restore_steps can keep the first k.
-    keep_steps: bool = False
+    # Speculative verification (> 0): conv1d_silu and gdn also keep each segment's state after every token of the
+    # batch (on the backend: nothing crosses to the host), so that Backend.restore_steps can keep the first k. The
+    # value is the most tokens a verify of this state takes (n_max + 1): the backend sizes its per-token buffers for
+    # it at first use, so verifies of every draft length share them (a captured verify bakes their address in).
+    keep_steps: int = 0
 
     @classmethod
     def build(cls, items: Sequence[tuple[SeqState, Sequence[int]]], all_logits: bool = False) -> "StepBatch":

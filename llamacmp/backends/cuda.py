@@ -860,7 +860,7 @@ class CudaBackend(Backend):
         out = self.empty(x.shape)
         if batch.keep_steps:            # speculative verification: every token's state kept on the device
             for seg in batch.segments:
-                steps = self._steps(seg.state, "conv", layer, seg.length, (kernel - 1, C))
+                steps = self._steps(seg.state, "conv", layer, seg.length, batch.keep_steps, (kernel - 1, C))
                 self.native.cmp_conv1d_silu_keep(x.row_ptr(seg.start), w.ptr, seg.state.conv[layer].ptr, steps.ptr,
                                                  out.row_ptr(seg.start), seg.length, C, kernel)
             return out
@@ -881,7 +881,7 @@ class CudaBackend(Backend):
         o = self.empty((qkv.shape[0], V * Dk))
         if batch.keep_steps:            # token by token through the decode step, each state kept (cmp_gdn_keep)
             for seg in batch.segments:
-                steps = self._steps(seg.state, "ssm", layer, max(seg.length - 1, 1), (V, Dk, Dk))
+                steps = self._steps(seg.state, "ssm", layer, seg.length - 1, batch.keep_steps - 1, (V, Dk, Dk))
                 self.native.cmp_gdn_keep(qkv.row_ptr(seg.start), g.row_ptr(seg.start), b.row_ptr(seg.start),
                                          seg.state.ssm[layer].ptr, steps.ptr, o.row_ptr(seg.start), seg.length, K, V,
                                          Dk, cfg.rms_eps)
@@ -906,18 +906,24 @@ class CudaBackend(Backend):
             self.native.cmp_gdn(*args)
         return o
 
-    def _steps(self, state: SeqState, kind: str, layer: int, rows: int, shape: tuple[int, ...]) -> DeviceTensor:
-        """The device buffer [>= rows, *shape] for one layer's per-token states of a keep_steps batch, kept on the
-        state and reused while it is large enough (at most n_max + 1 tokens: the memory plan's spec scratch)."""
+    def _steps(self, state: SeqState, kind: str, layer: int, rows: int, room: int,
+               shape: tuple[int, ...]) -> DeviceTensor:
+        """The device buffer [room, *shape] for one layer's per-token states of keep_steps batches, made at the
+        state's first one for `room` rows (its keep_steps: n_max + 1 tokens, the memory plan's spec scratch) and
+        never replaced, so a captured verify's address of it stays valid. (Sized by the first batch's own length,
+        captures of draft lengths 1, 2, 3 in turn each replaced it and the shorter verifies' graphs wrote into
+        freed memory: adaptive drafting's greedy output left MTP off's.)"""
         if state.steps is None:
             state.steps = {"conv": {}, "ssm": {}, "len": 0}
         buf = state.steps[kind].get(layer)
-        if buf is None or buf.shape[0] < rows:
+        if buf is None:
             # From the backend's own arena even while a verify graph is captured (spec_graphs.py): the buffer lives
-            # with the state. It never shrinks, and the Speculator's batches never exceed the n_max + 1 rows a
-            # captured verify bakes in, so a graph's pointers stay valid.
-            buf = state.steps[kind][layer] = DeviceTensor(self._state_arena, (rows,) + shape, "f32",
+            # with the state.
+            buf = state.steps[kind][layer] = DeviceTensor(self._state_arena, (max(room, 1),) + shape, "f32",
                                                           f"the speculative {kind} steps")
+        if rows > buf.shape[0]:
+            raise ValueError(f"a verify of {rows + (kind == 'ssm')} tokens exceeds the {buf.shape[0] + (kind == 'ssm')}"
+                             f" its state's per-token buffers were made for (StepBatch.keep_steps)")
         return buf
 
     def restore_steps(self, state, k):

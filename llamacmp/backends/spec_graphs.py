@@ -128,8 +128,8 @@ class CapturedDraft(_Captured):
 class CapturedVerify(_Captured):
     """The target's forward over 1 + n tokens of each of `states`, keep_steps on, every row argmaxed."""
 
-    def __init__(self, be, model, states: Sequence[SeqState], n: int):
-        self.be, self.states, self.T = be, list(states), n + 1
+    def __init__(self, be, model, states: Sequence[SeqState], n: int, n_max: int):
+        self.be, self.states, self.T, self.room = be, list(states), n + 1, n_max + 1
         R = len(self.states) * self.T
         self.tokens = be.from_host(np.zeros(R, np.int32), "i32", "verify graph token ids")
         self.pos = be.from_host(np.zeros(R, np.int32), "i32", "verify graph positions")
@@ -141,7 +141,7 @@ class CapturedVerify(_Captured):
         T, R = self.T, self.tokens.shape[0]
         batch = StepBatch(self.tokens, np.zeros(R, np.int32),
                           [Segment(i * T, T, st) for i, st in enumerate(self.states)], self.rows)
-        batch.keep_steps = True
+        batch.keep_steps = self.room         # the per-token buffers of every draft length's verify: the same
         batch.device["cuda_pos"] = self.pos
         logits, h = model.forward_hidden(batch)
         self.be.argmax(logits, out=self.greedy)
@@ -274,7 +274,7 @@ class SpecGraphs:
 
     def _verify_graph(self, states, n: int):
         key = (n,) + tuple(id(s) for s in states)
-        return self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, n),
+        return self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, n, self.n),
                          self.capacity * self.n)
 
     def prepare(self, states: Sequence[SeqState], mtp_states: Sequence[SeqState],
@@ -286,7 +286,7 @@ class SpecGraphs:
         for n in lengths or (self.n,):
             n = self._length(n)
             self._have(self._verify, (n,) + tuple(id(s) for s in states),
-                       lambda: CapturedVerify(self.be, self.model, states, n), self.capacity * self.n)
+                       lambda: CapturedVerify(self.be, self.model, states, n, self.n), self.capacity * self.n)
             for L in catch_ups or range(1, n + 3):
                 if not 1 <= L <= n + 2:
                     raise ValueError(f"catch-up length {L} outside 1 .. {n + 2}")

@@ -390,7 +390,7 @@ class Speculator:
         if self._graphed([st for st, _, _, _ in seqs], n) and all(len(d) <= n for _, _, _, d in seqs):
             return self._verify_graph(seqs, n)
         batch = StepBatch.build([(st, [t0] + d) for st, _, t0, d in seqs], all_logits=True)
-        batch.keep_steps = True
+        batch.keep_steps = self.n_max + 1
         segs = [Verified(st, ms, t0, list(d), st.n_past, seg.start)
                 for (st, ms, t0, d), seg in zip(seqs, batch.segments)]
         with self.be.decode_order():      # each verified token's logits exactly its decode's (CUDA graphs' order)

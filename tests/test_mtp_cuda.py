@@ -43,6 +43,23 @@ def test_concat(cuda_backend, axis):
     np.testing.assert_array_equal(got, np.concatenate(xs, axis=axis))
 
 
+def test_rows_are_views_that_keep_their_block(cuda_backend):
+    """Backend.rows (the plain step's hidden rows, one per sequence, of one gathered copy): the numpy slice's values,
+    the same memory, and the block stays allocated while a view lives after its tensor is dropped."""
+    be = cuda_backend
+    x = np.arange(5 * 8, dtype=np.float32).reshape(5, 8)
+    t = up(be, x)
+    v = be.rows(t, 2, 3)
+    np.testing.assert_array_equal(be.to_host(v), x[2:5])
+    assert v.ptr == t.row_ptr(2)
+    in_use = be.arena.in_use
+    del t
+    assert be.arena.in_use == in_use
+    np.testing.assert_array_equal(be.to_host(be.concat([v], 0)), x[2:5])
+    with pytest.raises(ValueError, match="rows 2 .. 3 of a tensor of 3"):
+        be.rows(v, 2, 2)
+
+
 @pytest.mark.parametrize("shape", ["tiny", "small"])
 @pytest.mark.parametrize("L,k", [(1, 1), (4, 1), (4, 3), (4, 4), (5, 2)])
 def test_keep_steps_and_restore_equal_numpy(lms, shape, L, k):

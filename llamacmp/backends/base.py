@@ -240,6 +240,10 @@ class Backend(ABC):
     def gather_rows(self, x: Tensor, rows: np.ndarray) -> Tensor:
         """x [T, D], rows [R] -> [R, D]."""
 
+    @abstractmethod
+    def rows(self, x: Tensor, start: int, n: int) -> Tensor:
+        """x [T, ...] -> rows start .. start + n - 1 [n, ...] without a copy (x's memory, kept alive by them)."""
+
     # -- attention -------------------------------------------------------------------------------------------
     @abstractmethod
     def attention_prep(self, qg: Tensor, k: Tensor, q_norm: Tensor, k_norm: Tensor, batch: StepBatch,

@@ -51,15 +51,6 @@ def _persistent(method):
     return run
 
 
-def _first_rows(t: DeviceTensor, n: int) -> DeviceTensor:
-    """Rows 0 .. n-1 of t, a view (holding t's block)."""
-    if not 0 < n <= t.shape[0]:
-        raise ValueError(f"row prefix of {n} rows of a tensor of {t.shape[0]}")
-    v = t.view(t.shape)
-    v.shape = (n,) + t.shape[1:]
-    return v
-
-
 @dataclass(slots=True)
 class Q8Matrix:
     """Q8_0 weights repacked at load: qs [rows, cols] int8 (16-byte aligned rows) and d [rows, cols/32] f16."""
@@ -366,11 +357,11 @@ class CudaBackend(Backend):
 
     def row_prefix(self, w, n: int):
         if isinstance(w, Q8Matrix):
-            return Q8Matrix(_first_rows(w.qs, n), _first_rows(w.d, n))
+            return Q8Matrix(w.qs.rows(0, n), w.d.rows(0, n))
         if isinstance(w, QuantMatrix):
-            head = _first_rows(w.head, n) if w.head is not None else None
-            return QuantMatrix(w.type_name, _first_rows(w.body, n), head, (n, w.shape[1]))
-        return DenseMatrix(_first_rows(w.w, n))
+            head = w.head.rows(0, n) if w.head is not None else None
+            return QuantMatrix(w.type_name, w.body.rows(0, n), head, (n, w.shape[1]))
+        return DenseMatrix(w.w.rows(0, n))
 
     @_persistent
     def upload_vector(self, w):
@@ -637,6 +628,9 @@ class CudaBackend(Backend):
 
     def sigmoid_mul(self, x, gate):
         return self._binary(self.native.cmp_sigmoid_mul, x, gate)
+
+    def rows(self, x, start, n):
+        return x.rows(start, n)
 
     def gather_rows(self, x, rows):
         rows_d = self._index_tensor(rows, "row indices")

@@ -140,6 +140,14 @@ class DeviceTensor:
         v._base = self if self._base is None else self._base
         return v
 
+    def rows(self, start: int, n: int) -> "DeviceTensor":
+        """Rows start .. start + n - 1 along the first axis, a view (holding this tensor's block)."""
+        if not (0 <= start and 0 < n and start + n <= self.shape[0]):
+            raise ValueError(f"rows {start} .. {start + n - 1} of a tensor of {self.shape[0]}")
+        v = self.view(self.shape)
+        v.ptr, v.shape = self.row_ptr(start), (n,) + self.shape[1:]
+        return v
+
     def __del__(self):
         if self._arena is not None:
             self._arena.release(self.ptr, self._cls)

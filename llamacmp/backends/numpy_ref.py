@@ -235,6 +235,9 @@ class NumpyBackend(Backend):
     def gather_rows(self, x, rows):
         return x[rows]
 
+    def rows(self, x, start, n):
+        return x[start:start + n]
+
     # -- fused ops: the specification is the plain composition (a fast backend must give the same values, up to
     # its own rounding of the parts; the CUDA kernels reproduce the unfused kernels' fp32 results exactly) ------
     def rmsnorm_matmuls(self, x, w, eps, ws: Sequence):

@@ -33,14 +33,6 @@ from .base import Segment, SeqState, StepBatch
 from .cuda_graphs import RecordedGraph
 
 
-def _rows(t, start: int, n: int):
-    """Rows start .. start + n - 1 of t (a view: a captured kernel's input or output slice)."""
-    v = t.view(t.shape)
-    v.ptr = t.row_ptr(start)
-    v.shape = (n,) + t.shape[1:]
-    return v
-
-
 class _Captured:
     """Records `body()` as a cuda_graphs.RecordedGraph (the one capture mechanism: an arena of the graph's own);
     the states' n_past (and keep_steps lengths) are put back, since nothing ran."""
@@ -78,16 +70,16 @@ class CapturedDraft(_Captured):
             segs.append(Segment(start, L, st))
             start += L
         batch = StepBatch(self.tok0, np.zeros(R0, np.int32), segs, self.last)
-        batch.device["cuda_pos"] = _rows(self.pos, 0, R0)
+        batch.device["cuda_pos"] = self.pos.rows(0, R0)
         logits, h = model.mtp_forward(batch, self.h0)
-        be.argmax(logits, out=_rows(self.ids, 0, B))
+        be.argmax(logits, out=self.ids.rows(0, B))
         h = be.gather_rows(h, self.last)                                    # [B, D] each sequence's last row
         for r in range(1, self.n):
-            batch = StepBatch(_rows(self.ids, (r - 1) * B, B), np.zeros(B, np.int32),
+            batch = StepBatch(self.ids.rows((r - 1) * B, B), np.zeros(B, np.int32),
                               [Segment(i, 1, st) for i, st in enumerate(self.states)], self.one)
-            batch.device["cuda_pos"] = _rows(self.pos, R0 + (r - 1) * B, B)
+            batch.device["cuda_pos"] = self.pos.rows(R0 + (r - 1) * B, B)
             logits, h = model.mtp_forward(batch, h)
-            be.argmax(logits, out=_rows(self.ids, r * B, B))
+            be.argmax(logits, out=self.ids.rows(r * B, B))
         self.outputs = h
 
     def run(self, tokens: Sequence[int], h_parts: Sequence) -> list[list[int]]:

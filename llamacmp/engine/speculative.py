@@ -165,14 +165,16 @@ class Speculator:
     def observe_plain(self, items: Sequence[tuple[SeqState, MtpSeq, int, int]], h) -> None:
         """A plain step ran token t of each (target state, head memory, t, row) at that row of its hidden state
         h [B, D] (Decoder.decode_hidden): the head queues (t, h of the row before) for its next draft."""
-        for st, ms, t, i in items:
+        # h is the step's own buffer (a decode graph's, rewritten by its next replay): one gather copies the rows
+        # of all S sequences, and each keeps a view of its row (a gather per sequence, each an index upload and a
+        # launch, was a per-step cost of MTP at 4 streams, where the policy steps plainly)
+        kept = self.be.gather_rows(h, np.asarray([i for _, _, _, i in items], np.int32))
+        for j, (st, ms, t, _) in enumerate(items):
             if ms.state.n_past + len(ms.pending) != st.n_past - 1:
                 self.reset(ms, st.n_past - 1)
-            # _push of one row, without its second gather (of row 0 of this fresh one-row copy): a plain step of
-            # S sequences pays S gathers, not 2S (each an index upload and a launch)
             ms.pending.append(int(t))
             ms.pending_h.append(ms.h_last)
-            ms.h_last = self.be.gather_rows(h, np.asarray([i], np.int32))
+            ms.h_last = self.be.rows(kept, j, 1)
         # A sequence that keeps stepping plainly (S streams where batching wins) would queue a hidden-state row per
         # token until its next draft: run the head over them once they fill a prefill-sized batch instead.
         self._catch_up([ms for _, ms, _, _ in items if len(ms.pending) >= self.pending_max], 0)

@@ -3,6 +3,7 @@ draft-and-verify changes nothing in the output (greedy: token for token; sampled
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from dataclasses import replace
 from types import SimpleNamespace
@@ -608,9 +609,17 @@ def test_an_eager_round_of_a_declined_shape_is_timed(lm):
         sp.prefill(st, ms, toks[:-1])
         items.append((st, ms, toks[-1]))
     assert sp.policy.costs.spec_cost(2, 3) is None
-    sp.step(items, 3)
+    t0 = time.perf_counter()
+    _, _, h, verified = sp.step(items, 3)
     assert g.n_declined == 1 and g.n_draft == 0          # declined, so the round ran eagerly
-    assert sp.policy.costs.spec_cost(2, 3) is not None   # and was timed
+    # and was timed, with its commits (rewinds, the heads' queues: host work a plain step does not do), so the
+    # cost enters the table at the next round's plan(), not before
+    assert sp.policy.costs.spec_cost(2, 3) is None
+    for v in verified:
+        sp.commit(v, h, 1)
+    t1 = time.perf_counter()
+    sp.plan([ms for _, ms, _ in items])
+    assert 0 < sp.policy.costs.spec_cost(2, 3) <= t1 - t0
 
 
 def test_several_sequences_draft_one_graph_shape(lm):

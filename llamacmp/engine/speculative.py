@@ -106,6 +106,7 @@ class Speculator:
         self.graphs = model.be.spec_graphs(model, n_max) if graphs else None
         self.policy = DraftPolicy(n_max, n_min, costs) if adaptive else None
         self._round = None                            # (S, n, start, clean) of the draft awaiting its verify
+        self._unrecorded = None                       # [S, n, seconds] of a verified round, until its commits end
 
     @classmethod
     def from_spec(cls, model, spec, path: str = "the model", costs: Optional[CostTable] = None) -> "Speculator":
@@ -160,6 +161,7 @@ class Speculator:
         """The draft length of the next round of these sequences (0: the driver runs a plain step, then
         observe_plain); `others`: sequences that step plainly in any case (a drafting round then runs their plain
         step apart). Always n_max without adaptive drafting."""
+        self._record_round()
         return self.policy.choose([ms.acc for ms in seqs], others) if self.policy is not None else self.n_max
 
     def observe_plain(self, items: Sequence[tuple[SeqState, MtpSeq, int, int]], h) -> None:
@@ -285,9 +287,17 @@ class Speculator:
         return drafts, logits, h, segs
 
     def _timed(self, S: int, n: int, t_start: float, clean: bool) -> None:
-        """A round of S sequences drafting n took since t_start: into the cost table if nothing was captured."""
-        if self.policy is not None and clean:
-            self.policy.costs.add_spec(S, n, time.perf_counter() - t_start)
+        """A round of S sequences drafting n was verified (its ids on the host) t_start ago; if nothing was
+        captured, its cost goes into the table at the next plan(), with the time of its commits added: their
+        rewinds and the head's queue are host work a plain step does not do (a launch per GDN layer and state
+        for each rejection: left out, a round of 4 sequences looked cheaper than it was and the policy drafted
+        where batching won, 4 streams at 0.93-0.95x of MTP off on the H200, 2026-12-02)."""
+        self._unrecorded = [S, n, time.perf_counter() - t_start] if self.policy is not None and clean else None
+
+    def _record_round(self) -> None:
+        if self._unrecorded is not None:
+            self.policy.costs.add_spec(*self._unrecorded)
+            self._unrecorded = None
 
     def _heads_in_step(self, items, n: int) -> None:
         """Heads out of step with their targets (moved by a checkpoint) start over; catch-ups the draft graph
@@ -442,6 +452,7 @@ class Speculator:
         token (which becomes the next t0). Rewinds the recurrent state and queues the kept tokens for the head."""
         if not 1 <= j <= len(v.drafts) + 1:
             raise ValueError(f"commit: j={j} outside 1..{len(v.drafts) + 1}")
+        t_start = time.perf_counter()
         self.be.restore_steps(v.state, j)
         v.state.n_past = v.pos + j
         ms = v.mtp
@@ -453,6 +464,8 @@ class Speculator:
         self.n_accepted += j - 1
         ms.n_accepted += j - 1
         ms.acc.update(len(v.drafts), j - 1)
+        if self._unrecorded is not None:             # part of the round's cost (_timed)
+            self._unrecorded[2] += time.perf_counter() - t_start
 
 
 # -- acceptance ---------------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 that a path leaves unwritten. From 3c01277 it read its per-row flags live[] of rows past the end before setting
 them; the sm_90 SASS then tested registers no path from the entry had written, lanes of a warp went different
 ways around a full-mask __shfl_sync, and the blocks hung at the next tile's __syncthreads: the CUDA tests on the
-round-1 kernel that never finished on the H200 (2026-12-02; benchmarks/hang_repro.py). Checked without a GPU on
+round-1 kernel that never finished on the H200 (2026-12-02; the repro, benchmarks/hang_repro.py, is in git at
+94ef266: the library before the fix hung in it, the fixed one passed). Checked without a GPU on
 the SASS (sass_tools.unwritten_branch_reads) of the built library where it is current, else of attention.cu
 compiled here for sm_90 (nvcc, ~25 s on 2 cores); skipped, saying why, where neither can be had."""
 from __future__ import annotations

@@ -9,7 +9,7 @@ tools/get_cuda12.sh's build/cuda12/bin, or `CUDA_DISASM=1 make ptx70`'s copy fro
 
 On a GPU, the whole suite runs on such a build with
     LLAMACMP_LIB=build/sm61/libcmpkern.so python3 -m pytest -q -m cuda
-(the driver JIT-compiles its compute_61 PTX on newer GPUs: benchmarks/device/plans/sm61.plan)."""
+(the driver JIT-compiles its compute_61 PTX on newer GPUs: benchmarks/device/plans/jit.plan)."""
 from __future__ import annotations
 
 import functools

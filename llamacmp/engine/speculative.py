@@ -167,6 +167,8 @@ class Speculator:
     def observe_plain(self, items: Sequence[tuple[SeqState, MtpSeq, int, int]], h) -> None:
         """A plain step ran token t of each (target state, head memory, t, row) at that row of its hidden state
         h [B, D] (Decoder.decode_hidden): the head queues (t, h of the row before) for its next draft."""
+        if not items:                                # (a drafting round's plain step of slots that cannot draft)
+            return
         # h is the step's own buffer (a decode graph's, rewritten by its next replay): one gather copies the rows
         # of all S sequences, and each keeps a view of its row (a gather per sequence, each an index upload and a
         # launch, was a per-step cost of MTP at 4 streams, where the policy steps plainly)

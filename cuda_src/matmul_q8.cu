@@ -220,6 +220,8 @@ gemv_q8_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 //    only more bytes in flight can gain there, and multi-wave launches carry most of decode's weight bytes. At
 //    n = 4096 (8 chunks per lane) a lane requests its two rows whole before pdl_wait_producers. R = 1 at U = 8
 //    would need 8 blocks per SM (64 registers) for one wave: it spills. No more than this fits 128 registers.
+//    Measured against the warp-per-row kernel (H200, RESULTS.md 2026-12-02 sixth session): 4096x12288 19.6 -> 17.0
+//    us, 4096x4096 6.7 -> 6.3, but 12288x4096 15.9 -> 16.4 (the multi-wave shape did not gain); 9B tg128 +1.9%.
 //  - L1: per token, a warp reads a 512-byte activation chunk (4 wavefronts) and its scale (1) for the R rows'
 //    chunks (4 + 1 wavefronts each with its scale); per 512 weight bytes that is 5 + 5 NT / R: 15 at NT = 4, R = 2;
 //    25 at NT = 8, R = 2 against ~31 cycles (an estimate: one wavefront per cycle, not profiled), 15 at R = 4. So

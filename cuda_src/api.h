@@ -41,6 +41,18 @@ int cmp_memcpy_d2d(void* dst, const void* src, size_t bytes);
 // height rows of width bytes from src (row pitch spitch bytes) to dst (row pitch dpitch): a column block of a
 // row-major matrix (Backend.concat along columns).
 int cmp_memcpy2d_d2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
+// n device-to-device copies in one launch: regions [n] (device memory; n <= 65535) of (dst, src, bytes) each, in
+// any order, so no region's dst may overlap another region's dst or src. Copied in 16-byte words where dst and src
+// are equally aligned mod 16 (else 4-byte words, else bytes), any byte count and offset. max_bytes sizes the grid:
+// the largest region's bytes (a larger region is still copied whole, by fewer blocks than it could use). A
+// sequence's rewind after a speculative verify (CudaBackend.restore_steps: every GDN layer's conv and SSM state) is
+// one launch of a table made once, instead of a copy per layer and state.
+typedef struct CmpCopyRegion {
+    void* dst;
+    const void* src;
+    size_t bytes;
+} CmpCopyRegion;
+int cmp_copy_regions(const CmpCopyRegion* regions, int n, size_t max_bytes);
 int cmp_memset(void* ptr, int value, size_t bytes);
 int cmp_synchronize(void);
 // CUDA graphs of the library stream: begin capturing (relaxed mode: nothing runs until launched), end and

@@ -117,6 +117,56 @@ int smem_check(const char* name, const void* kernel, size_t dynamic) {
 
 cudaStream_t stream() { return t_stream ? t_stream : g_stream[current_device()]; }
 
+// ---- cmp_copy_regions: many device copies in one launch ----------------------------------------------------------
+// Block (x, r) copies its share of region r: the grid's x blocks stride over the region's words, so a region longer
+// than gridDim.x * COPY_BLOCK_BYTES is still copied whole (max_bytes only sizes the grid) and a shorter one leaves
+// the blocks past its end idle. The word is the widest that dst and src are equally aligned for: 16 bytes when
+// (dst ^ src) % 16 == 0 (restore_steps' regions: arena blocks are 256-aligned, state rows multiples of 16 bytes),
+// else 4, else 1; the bytes before dst's first aligned word and after the last whole word go one per thread.
+constexpr int COPY_THREADS = 256;
+constexpr size_t COPY_BLOCK_BYTES = 32768;   // per block and region: 8 passes of 256 threads x 16 bytes
+constexpr int COPY_UNROLL = 4;               // words each thread loads before it stores them (loads in flight)
+
+template <typename W>
+__device__ __forceinline__ void copy_region(char* dst, const char* src, size_t bytes) {
+    const size_t to_aligned = (sizeof(W) - (size_t)((uintptr_t)dst % sizeof(W))) % sizeof(W);
+    const size_t head = to_aligned < bytes ? to_aligned : bytes;
+    const size_t words = (bytes - head) / sizeof(W);
+    const size_t tail = head + words * sizeof(W);   // the first byte after the whole words
+    W* __restrict__ d = reinterpret_cast<W*>(dst + head);
+    const W* __restrict__ s = reinterpret_cast<const W*>(src + head);
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + (COPY_UNROLL - 1) * stride < words; i += COPY_UNROLL * stride) {
+        W w[COPY_UNROLL];
+#pragma unroll
+        for (int u = 0; u < COPY_UNROLL; ++u) w[u] = __ldg(s + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < COPY_UNROLL; ++u) d[i + u * stride] = w[u];
+    }
+    for (; i < words; i += stride) d[i] = __ldg(s + i);
+    // The edges: head + (bytes - tail) < 2 * sizeof(W) <= 32 bytes, one byte per thread of block 0.
+    if (blockIdx.x == 0) {
+        const size_t t = threadIdx.x;
+        if (t < head) dst[t] = src[t];
+        else if (t - head < bytes - tail) dst[tail + t - head] = src[tail + t - head];
+    }
+}
+
+// Grid (x, n regions), COPY_THREADS threads (at least 32: the edges).
+__global__ void __launch_bounds__(COPY_THREADS) copy_regions_kernel(const CmpCopyRegion* __restrict__ regions) {
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
+    const CmpCopyRegion r = regions[blockIdx.y];
+    char* dst = static_cast<char*>(r.dst);
+    const char* src = static_cast<const char*>(r.src);
+    // Device memory (cudaMalloc'd, api.h): said so, the copies are global loads and stores, not generic ones.
+    __builtin_assume(__isGlobal(dst) && __isGlobal(src));
+    const uintptr_t apart = (uintptr_t)dst ^ (uintptr_t)src;   // the same for all of a region's blocks: no divergence
+    if (apart % 16 == 0) copy_region<uint4>(dst, src, r.bytes);
+    else if (apart % 4 == 0) copy_region<uint32_t>(dst, src, r.bytes);
+    else copy_region<uint8_t>(dst, src, r.bytes);
+}
+
 }  // namespace cmp
 
 using namespace cmp;
@@ -191,6 +241,15 @@ extern "C" int cmp_memcpy2d_d2d(void* dst, size_t dpitch, const void* src, size_
     if (width == 0 || height == 0) return CMP_OK;
     return check_cuda(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice, stream()),
                       "cudaMemcpy2D D2D");
+}
+
+extern "C" int cmp_copy_regions(const CmpCopyRegion* regions, int n, size_t max_bytes) {
+    CMP_REQUIRE(n >= 0 && n <= 65535, "cmp_copy_regions: %d regions (0 .. 65535: the grid's y)", n);
+    CMP_REQUIRE(regions || n == 0, "cmp_copy_regions: null region table");
+    if (n == 0) return CMP_OK;
+    const size_t blocks = (max_bytes + COPY_BLOCK_BYTES - 1) / COPY_BLOCK_BYTES;
+    const unsigned x = (unsigned)(blocks < 1 ? 1 : blocks > 65535 ? 65535 : blocks);
+    return launch("copy_regions_kernel", copy_regions_kernel, dim3(x, n), dim3(COPY_THREADS), 0, regions);
 }
 
 extern "C" int cmp_memset(void* ptr, int value, size_t bytes) {

@@ -15,7 +15,7 @@ from llamacmp.backends.base import StepBatch
 from llamacmp.backends.numpy_ref import NumpyBackend, quantize_q8_blocks
 from llamacmp.config import ModelConfig
 from llamacmp.gguf_file import Q8Tensor
-from llamacmp.lib._native import CMP_MM_MMA, CMP_MM_MMA_F16
+from llamacmp.lib._native import CMP_MM_MMA, CMP_MM_MMA_F16, COPY_REGION_WORDS, NativeError
 
 pytestmark = pytest.mark.cuda
 
@@ -135,6 +135,61 @@ def test_gather_rows(cuda_backend):
     rows = np.array([30, 0, 7, 7], np.int32)
     got = cuda_backend.gather_rows(up(cuda_backend, x), rows)
     assert np.array_equal(cuda_backend.to_host(got), x[rows])
+
+
+# -- copies ----------------------------------------------------------------------------------------------------
+
+def _copy_cases(name: str, rng) -> list[tuple[int, int, int]]:
+    """(dst offset, src offset, bytes) regions with disjoint destinations (cmp_copy_regions' rule)."""
+    if name == "one":              # one region over many blocks: dst and src equally misaligned (16-byte words)
+        return [(5, 21, 2 * 1024 * 1024 + 27)]
+    if name == "mixed":            # each word width, its head and tail, odd counts, empty
+        return [(0, 0, 1), (16, 32, 16), (33, 17, 3), (64, 80, 15), (97, 1, 17), (161, 17, 31),  # 16-byte words
+                (258, 6, 4097), (4500, 8, 2), (4602, 402, 65),                                   # 4-byte words
+                (4800, 1, 5), (4811, 16, 1), (4900, 7, 70001), (80000, 9, 0),                    # bytes
+                (81920, 4096, 1 << 20), (81920 + (1 << 20) + 3, 11, 32768 * 3 + 13)]
+    out, at = [], 0                # many: random sizes and offsets, destinations in order with gaps
+    for _ in range(700):
+        nbytes = int(rng.choice([rng.integers(0, 40), rng.integers(0, 5000), rng.integers(30000, 70000)]))
+        at += int(rng.integers(0, 40))
+        out.append((at, int(rng.integers(0, 1 << 20)), nbytes))
+        at += nbytes
+    return out
+
+
+@pytest.mark.parametrize("grid", ["max", "understated"])
+@pytest.mark.parametrize("case", ["one", "mixed", "many"])
+def test_copy_regions_equals_numpy(cuda_backend, case, grid):
+    """cmp_copy_regions (CudaBackend.restore_steps' one launch) against numpy slice copies: every region's bytes
+    land, and nothing else of the destination changes (no word past a region's end). max_bytes understated (1):
+    the grid is one block wide and every region is still copied whole."""
+    be = cuda_backend
+    rng = np.random.default_rng(len(case) + len(grid))
+    regions = _copy_cases(case, rng)
+    size = max(max(d + n, s + n) for d, s, n in regions) + 64
+    src = rng.integers(0, 256, size, dtype=np.uint8)
+    dst = rng.integers(0, 256, size, dtype=np.uint8)
+    src_d, dst_d = be.from_host(src, "u8"), be.from_host(dst, "u8")
+    table = np.array([(dst_d.ptr + d, src_d.ptr + s, n) for d, s, n in regions], np.uint64)
+    assert table.shape[1] == COPY_REGION_WORDS
+    table_d = be.from_host(table.view(np.uint8).ravel(), "u8")
+    max_bytes = max(n for _, _, n in regions) if grid == "max" else 1
+    be.native.cmp_copy_regions(table_d.ptr, len(regions), max_bytes)
+    want = dst.copy()
+    for d, s, n in regions:
+        want[d:d + n] = src[s:s + n]
+    got = np.empty(size, np.uint8)
+    be.native.cmp_memcpy_d2h(got.ctypes.data, dst_d.ptr, size)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{bad.size} bytes differ, first at offset {bad[:8]}"
+
+
+def test_copy_regions_refuses_bad_counts(cuda_backend):
+    nat = cuda_backend.native
+    nat.cmp_copy_regions(None, 0, 0)                      # nothing to copy: no launch, no table needed
+    for n in (-1, 65536):
+        with pytest.raises(NativeError, match="cmp_copy_regions"):
+            nat.cmp_copy_regions(None, n, 16)
 
 
 # -- attention -------------------------------------------------------------------------------------------------

@@ -58,3 +58,15 @@ def test_argument_and_return_types_match():
         if list(argtypes) != want:
             wrong.append(f"{name}: table {[getattr(t, '__name__', t) for t in argtypes]} vs api.h {params}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_copy_region_layout():
+    """cmp_copy_regions' table travels as numpy uint64 rows of COPY_REGION_WORDS (llamacmp/backends/cuda.py):
+    api.h's CmpCopyRegion must stay that many 8-byte members (pointers and size_t on a 64-bit platform)."""
+    from llamacmp.lib._native import COPY_REGION_WORDS
+    body = re.search(r"typedef struct CmpCopyRegion \{(.*?)\} CmpCopyRegion;", API_H.read_text(), re.S)
+    assert body, "no CmpCopyRegion in api.h"
+    members = [m.strip() for m in body.group(1).split(";") if m.strip()]
+    assert len(members) == COPY_REGION_WORDS
+    assert all("*" in m or m.startswith("size_t ") for m in members), members
+    assert ctypes.sizeof(ctypes.c_void_p) == ctypes.sizeof(ctypes.c_size_t) == 8

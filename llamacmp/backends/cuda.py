@@ -27,7 +27,7 @@ from ..lib._native import (CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, CmpSamplerPara
                            cuda_available)
 from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM2, CMP_MM_GEMV2
 from ..lib._native import CMP_MM_GEMV_PDL, CMP_MM_MMA, CMP_MM_MMA_F16
-from ..lib._native import CMP_KV_TYPES, CMP_QUANT_TYPES
+from ..lib._native import CMP_KV_TYPES, CMP_QUANT_TYPES, COPY_REGION_WORDS
 from ..lib._native import CMP_DOTS, CMP_MM_GEMM_DOT_SHIFT, CMP_MM_GEMV_DOT_SHIFT
 from .. import kv_layout
 from . import routes as _routes
@@ -930,10 +930,32 @@ class CudaBackend(Backend):
         steps["len"] = 0
         if k == n:
             return                      # the states already are the last token's
-        for name in ("conv", "ssm"):
-            for layer, buf in steps[name].items():
-                dst = getattr(state, name)[layer]
-                self.native.cmp_memcpy_d2d(dst.ptr, buf.row_ptr(k - 1), dst.nbytes)
+        table, regions, max_bytes = self._restore_table(state)
+        if k > table.shape[0]:
+            raise ValueError(f"restore_steps: k={k} past the {table.shape[0]} rows the state's per-token buffers hold")
+        self.native.cmp_copy_regions(table.row_ptr(k - 1), regions, max_bytes)
+
+    def _restore_table(self, state: SeqState) -> tuple[DeviceTensor, int, int]:
+        """restore_steps' copies for every k as one device table [k, regions] of api.h CmpCopyRegion (row k - 1:
+        each GDN layer's conv and ssm state from row k - 1 of its per-token buffer), its regions per row and its
+        largest copy: a rewind is one cmp_copy_regions launch (a copy per layer and state was 48 launches on the 9B
+        shape, ~0.15 ms of host time per rejecting sequence and round). Made at the state's first restore and kept
+        on state.steps: neither the per-token buffers (_steps) nor the state's conv / ssm tensors are ever
+        replaced, so the addresses hold; remade if a layer's buffer was made after it (not in the engine: one
+        verify forward makes every layer's)."""
+        steps = state.steps
+        count = len(steps["conv"]) + len(steps["ssm"])
+        made = steps.get("restore")
+        if made is None or made[1] != count:
+            pairs = [(getattr(state, name)[layer], buf) for name in ("conv", "ssm")
+                     for layer, buf in steps[name].items()]
+            rows = min(buf.shape[0] for _, buf in pairs)
+            regions = np.array([[(dst.ptr, buf.row_ptr(k), dst.nbytes) for dst, buf in pairs] for k in range(rows)],
+                               np.uint64).reshape(rows, count * COPY_REGION_WORDS)
+            table = DeviceTensor(self._state_arena, (rows, regions[0].nbytes), "u8", "the restore copy table")
+            self.native.cmp_memcpy_h2d(table.ptr, regions.ctypes.data, regions.nbytes)
+            made = steps["restore"] = (table, count, max(dst.nbytes for dst, _ in pairs))
+        return made
 
     def concat(self, xs, axis):
         xs = [x if isinstance(x, DeviceTensor) else self.from_host(np.asarray(x, np.float32)) for x in xs]

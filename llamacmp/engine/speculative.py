@@ -291,9 +291,10 @@ class Speculator:
     def _timed(self, S: int, n: int, t_start: float, clean: bool) -> None:
         """A round of S sequences drafting n was verified (its ids on the host) t_start ago; if nothing was
         captured, its cost goes into the table at the next plan(), with the time of its commits added: their
-        rewinds and the head's queue are host work a plain step does not do (a launch per GDN layer and state
-        for each rejection: left out, a round of 4 sequences looked cheaper than it was and the policy drafted
-        where batching won, 4 streams at 0.93-0.95x of MTP off on the H200, 2026-12-02)."""
+        rewinds and the head's queue are host work a plain step does not do (then a launch per GDN layer and
+        state for each rejection, now one per rejecting sequence: left out, a round of 4 sequences looked cheaper
+        than it was and the policy drafted where batching won, 4 streams at 0.93-0.95x of MTP off on the H200,
+        2026-12-02)."""
         self._unrecorded = [S, n, time.perf_counter() - t_start] if self.policy is not None and clean else None
 
     def _record_round(self) -> None:

@@ -27,6 +27,8 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_memcpy2d_d2d": ((_p, _sz, _p, _sz, _sz, _sz),
                          "int cmp_memcpy2d_d2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, "
                          "size_t height)"),
+    "cmp_copy_regions": ((_p, _i, _sz),
+                         "int cmp_copy_regions(const CmpCopyRegion* regions, int n, size_t max_bytes)"),
     "cmp_memset": ((_p, _i, _sz), "int cmp_memset(void* ptr, int value, size_t bytes)"),
     "cmp_synchronize": ((), "int cmp_synchronize(void)"),
     "cmp_graph_begin": ((), "int cmp_graph_begin(void)"),
@@ -202,6 +204,10 @@ class CmpSamplerParams(ctypes.Structure):
     """api.h's CmpSamplerParams (passed by pointer, copied by the library)."""
     _fields_ = [("temp", _f), ("top_p", _f), ("min_p", _f), ("penalty_repeat", _f), ("penalty_freq", _f),
                 ("penalty_present", _f), ("top_k", _i), ("min_keep", _i)]
+
+# api.h CmpCopyRegion (cmp_copy_regions' device table): dst, src, bytes, three 8-byte words each (64-bit platforms);
+# a numpy uint64 array [n, COPY_REGION_WORDS] has its layout.
+COPY_REGION_WORDS = 3
 
 CMP_F32, CMP_F16 = 0, 1
 # api.h CmpKvType: the KV cache types by llamacmp name (f32/f16 equal CmpDtype's codes)

@@ -5,12 +5,16 @@ server (-np = the most streams), as benchmarks/side_by_side.py's spec mode measu
 table, per setting and stream count, the draft policy's rounds by number of sequences in a round (the server's
 llamacmp:spec_rounds_total counters over that measurement, warm-ups included): drafted / plain / probes /
 explored / skipped, and the drafting rounds' graph captures and eager rounds.
-    python3 benchmarks/mtp_streams.py --model M.gguf --spec-synth-len 1,2.5 [--streams 1,4] [-n 128] [--out F.md]
+With --rounds K the settings run K times in turn (off, on, ..., off, on, ...), so that a drift of the machine lands on
+every setting alike; the table gives each setting's median and the range of its rounds, and on / off per round.
+    python3 benchmarks/mtp_streams.py --model M.gguf --spec-synth-len 1,2.5 [--streams 1,4] [-n 128] [--rounds K]
+        [--out F.md]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -46,6 +50,18 @@ def measure_streams(url: str, texts, n: int, args) -> tuple[float, str]:
     return tps, rounds_text(before, spec_rounds(url))
 
 
+def run_setting(args, label: str, flags: list[str], streams: list[int], texts, env) -> tuple:
+    """One fresh server of the setting -> ({streams: t/s}, mean accepted length, {streams: policy rounds text})."""
+    port = sv.free_port()
+    log = Path(f"/tmp/mtp-streams-{label.replace(' ', '_')}.log")
+    np_ = max(streams)
+    with sv.Server(sv.llamacmp_argv(args.model, port, np_, np_ * args.ctx_slot, flags + ["--metrics"]), port,
+                   log, env) as srv:
+        srv.wait_ready(args.load_timeout)
+        got = {n: measure_streams(srv.url, texts, n, args) for n in streams}
+        return {n: t for n, (t, _) in got.items()}, draft_mean_len(srv.url), {n: r for n, (_, r) in got.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True)
@@ -57,30 +73,33 @@ def main() -> None:
     p.add_argument("-n", type=int, default=128)
     p.add_argument("-r", type=int, default=2, help="single-stream repetitions (median)")
     p.add_argument("--load-timeout", type=float, default=900)
+    p.add_argument("--rounds", type=int, default=1, help="times to run every setting, in turn (default 1)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     streams = [int(x) for x in args.streams.split(",")]
-    np_ = max(streams)
-    texts = sv.prompts(np_, sv.vocab_size(args.model))
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
+    texts = sv.prompts(max(streams), sv.vocab_size(args.model))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(sv.ROOT), os.environ.get("PYTHONPATH")])))
-    rows = {}
-    for label, flags in spec_settings(args):
-        port = sv.free_port()
-        log = Path(f"/tmp/mtp-streams-{label.replace(' ', '_')}.log")
-        with sv.Server(sv.llamacmp_argv(args.model, port, np_, np_ * args.ctx_slot, flags + ["--metrics"]), port,
-                       log, env) as srv:
-            srv.wait_ready(args.load_timeout)
-            got = {n: measure_streams(srv.url, texts, n, args) for n in streams}
-            rows[label] = ({n: t for n, (t, _) in got.items()}, draft_mean_len(srv.url),
-                           {n: r for n, (_, r) in got.items()})
-        print(f"{label}: " + ", ".join(f"{n} stream(s) {t:.1f} t/s" for n, t in rows[label][0].items()), flush=True)
-    lines = ["| setting | streams | t/s | on / off | mean len |", "|---|---:|---:|---:|---:|"]
-    for label, (tps, mean_len, _) in rows.items():
-        for n, t in tps.items():
-            lines.append(f"| {label} | {n} | {t:.1f} | {t / rows['off'][0][n]:.3f} | {mean_len:.2f} |")
+    runs: dict[str, list] = {}    # label -> per round ({streams: t/s}, mean len, {streams: rounds text})
+    for k in range(args.rounds):
+        for label, flags in spec_settings(args):
+            runs.setdefault(label, []).append(run_setting(args, label, flags, streams, texts, env))
+            tps = runs[label][-1][0]
+            print(f"round {k + 1} {label}: " + ", ".join(f"{n} stream(s) {t:.1f} t/s" for n, t in tps.items()),
+                  flush=True)
+    lines = ["| setting | streams | t/s (median, range of rounds) | on / off per round | mean len |",
+             "|---|---:|---:|---:|---:|"]
+    for label, rounds in runs.items():
+        for n in streams:
+            tps = [r[0][n] for r in rounds]
+            ratios = " / ".join(f"{r[0][n] / off[0][n]:.3f}" for r, off in zip(rounds, runs["off"]))
+            spread = f" ({min(tps):.1f}-{max(tps):.1f})" if len(tps) > 1 else ""
+            lines.append(f"| {label} | {n} | {statistics.median(tps):.1f}{spread} | {ratios} | "
+                         f"{statistics.median(r[1] for r in rounds):.2f} |")
     lines += ["", "Draft policy rounds per number of sequences in a round (llamacmp:spec_rounds_total):"]
-    lines += [f"- {label}, {n} stream(s): {text}" for label, (_, _, rounds) in rows.items() if label != "off"
-              for n, text in rounds.items()]
+    lines += [f"- {label}, {n} stream(s), round {k + 1}: {r[2][n]}" for label, rounds in runs.items()
+              if label != "off" for k, r in enumerate(rounds) for n in streams]
     text = "\n".join(lines)
     print(text)
     if args.out:

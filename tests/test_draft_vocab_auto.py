@@ -173,3 +173,21 @@ def test_bench_accepts_auto_and_labels_it():
     for bad in ("x", "-5", "autox"):
         with pytest.raises(bench_options.BenchError, match="--spec-draft-vocab .*expected auto"):
             bench_options.parse_bench_args(["-n", "4", "--spec-type", "draft-mtp", "--spec-draft-vocab", bad])
+
+
+def test_metrics_carry_the_draft_vocabulary(lm):
+    """/metrics (server/misc.py): the rows the draft head reads now and auto's switches, from the engine's snapshot."""
+    from llamacmp.server.misc import spec_vocab_lines
+    prompt = PROMPTS[0]
+    off, _, _ = generate(lm, prompt)
+    auto = crossing(off)
+    assert auto is not None
+    _, c, _ = generate(lm, prompt, SpecConfig("draft-mtp", 3), auto)
+    state = c.engine._query("metrics")["spec_vocab"]
+    sp = c.engine.spec
+    rows = auto.prefix if sp.draft_head == "prefix" else lm.model.mtp.head.shape[0]
+    assert state == {"rows": rows, "switches": sp.vocab.n_switches} and state["switches"] >= 2
+    lines = spec_vocab_lines(state)
+    assert f"llamacmp:spec_draft_vocab_rows {rows}" in lines and "# TYPE llamacmp:spec_draft_vocab_rows gauge" in lines
+    assert f"llamacmp:spec_draft_vocab_switches_total {state['switches']}" in lines
+    assert spec_vocab_lines({}) == []

@@ -139,6 +139,12 @@ class Speculator:
         """Which head drafts: "prefix" or "whole" under auto, "fixed" otherwise (set_draft_vocab's)."""
         return self.vocab.head if self.vocab is not None else "fixed"
 
+    def vocab_state(self) -> dict:
+        """For the server's metrics: the LM head rows the draft reads now and auto's switches so far."""
+        head = self.model.mtp.draft_head
+        return {"rows": int((self.model.mtp.head if head is None else head).shape[0]),
+                "switches": self.vocab.n_switches if self.vocab is not None else 0}
+
     def _observe(self, tokens) -> None:
         if self.vocab is not None:
             self.vocab.observe(tokens)

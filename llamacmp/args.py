@@ -370,8 +370,8 @@ SPEC_OPTIONS: tuple[Option, ...] = (
       help="llamacmp: the MTP draft proposes only token ids 0..N-1 (BPE ids are roughly most frequent first), so "
       "each draft step reads N rows of the LM head instead of all; the verify keeps the full vocabulary, so "
       "outputs do not change, only acceptance may. auto: on a vocabulary of 131072+ ids, the first 32768 while "
-      "the generated text stays in them (the whole vocabulary after 10 of the last 128 tokens lie outside, back "
-      "below 4); smaller vocabularies draft from all of it. 0 = the whole vocabulary (default: auto)"),
+      "the generated text stays in them (the whole vocabulary once more than 16 of the last 128 tokens lie outside, "
+      "back below 6); smaller vocabularies draft from all of it. 0 = the whole vocabulary (default: auto)"),
     O("--spec-synth-len", value="L", parse=parse_synth_len, apply=_set_spec("synth_len"),
       env="LLAMA_ARG_SPEC_SYNTH_LEN", tools=KCS,
       help="target mean synthetic acceptance length, including the target token (benchmarking only)"),

@@ -4,9 +4,11 @@ A prefix of the head (token ids < prefix) costs a fraction of the whole one per 
 the three draft heads of a round are ~1 ms of a ~4.9 ms round on the H200; 32768 rows cut MTP on/off from
 1.43-1.50x to 1.66x at a synthetic length of 2.5), and BPE ids come in merge order, roughly most frequent first, so
 it holds most tokens of English and code. A committed token outside it is one the prefix could not have drafted:
-with a share s of such tokens the draft acceptance drops by at most about s per position (a = 0.6, n = 3: s = 6%
-costs ~5% of the tokens per round, against the ~15% of the round that the prefix saves). Text made of ids above
-the prefix (Chinese, say) needs the whole head, so the window below switches to it and back.
+with a share s of such tokens the per-position acceptance a drops to about a (1 - s) at worst (less where those
+tokens are hard to draft anyway). At a = 0.6, n = 3 that costs ~0.9 s of the tokens per round, against the 9-14% of
+a 9B round the prefix saves on the H200 (1.43-1.50x -> 1.66x): the prefix pays up to s = 11-20%, more on smaller
+models with the same 248K vocabulary (the head is a larger part of their round). Text made of ids above the prefix
+(Chinese: 82% of its Qwen3.5 tokens) needs the whole head, so the window below switches to it and back.
 """
 from __future__ import annotations
 
@@ -20,13 +22,15 @@ class AutoVocab:
     prefix: int = 32768         # ids drafted from while the text stays in them (93.7% of Python code's tokens)
     min_factor: int = 4         # only for vocabularies >= min_factor * prefix: below, the saving is small
     window: int = 128           # the committed tokens looked at (all sequences of the Speculator together)
-    # Switch to the whole head once more than `up` of the window's tokens lie outside the prefix (8%: the loss is
-    # about that share, still below the saving; Python code's 6.3% stays on the prefix, Chinese text leaves it
-    # after ~11 tokens), and back once fewer than `down` do (3%): the gap keeps a text near the edge from
-    # switching every few tokens. Counted, not a share, before the window fills: the first tokens decide as soon
-    # as `up` outside ids are seen, rather than on the share of a handful.
-    up: int = 10
-    down: int = 4
+    # Switch to the whole head once more than `up` of the window's tokens lie outside the prefix (12.5%: about the
+    # lower end of where the prefix stops paying, see above), and back once fewer than `down` do (4.7%): the gap
+    # keeps text near the edge from switching every few tokens. Held-out Python (44.6K Qwen3.5 tokens, 6.2%
+    # outside, in bursts): 82% of its tokens are drafted on the prefix, 5.4% of those outside, 0.6 switches per
+    # 1000 tokens; 10 / 4 (8% / 3%) left only 51% on the prefix. Chinese switches after ~20 tokens, English (2.6%
+    # outside) stays. Counted, not a share, before the window fills: the first tokens decide as soon as `up`
+    # outside ids are seen, rather than on the share of a handful.
+    up: int = 16
+    down: int = 6
 
     def __post_init__(self):
         if not (1 <= self.prefix and self.min_factor >= 1 and 1 <= self.down <= self.up < self.window):

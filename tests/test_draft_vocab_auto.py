@@ -191,3 +191,18 @@ def test_metrics_carry_the_draft_vocabulary(lm):
     assert f"llamacmp:spec_draft_vocab_rows {rows}" in lines and "# TYPE llamacmp:spec_draft_vocab_rows gauge" in lines
     assert f"llamacmp:spec_draft_vocab_switches_total {state['switches']}" in lines
     assert spec_vocab_lines({}) == []
+
+
+def test_bench_rows_with_auto(lm):
+    """A tg row with the default auto: `Vauto` in the md spec cell, "auto" in the JSON (the tiny vocabulary drafts
+    from all of it: the row runs as 0's does)."""
+    import io
+    import json
+    from llamacmp.cli import bench
+    base = ["-m", str(lm.path), "-p", "0", "-n", "4", "-r", "1", "-ngl", "0", "--spec-type", "draft-mtp"]
+    out, err = io.StringIO(), io.StringIO()
+    assert bench.main(base, out=out, err=err) == 0, err.getvalue()
+    assert "mtp n3 Vauto len" in out.getvalue()
+    out = io.StringIO()
+    assert bench.main(base + ["-o", "json", "--spec-draft-vocab", "auto,0"], out=out, err=io.StringIO()) == 0
+    assert [r["spec_draft_vocab"] for r in json.loads(out.getvalue())] == ["auto", 0]

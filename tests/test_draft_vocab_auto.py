@@ -206,3 +206,36 @@ def test_bench_rows_with_auto(lm):
     out = io.StringIO()
     assert bench.main(base + ["-o", "json", "--spec-draft-vocab", "auto,0"], out=out, err=io.StringIO()) == 0
     assert [r["spec_draft_vocab"] for r in json.loads(out.getvalue())] == ["auto", 0]
+
+
+def test_scheduler_slots_with_auto_equal_mtp_off(lm):
+    """Three slots generating together share the Speculator's window (their committed tokens interleaved): the
+    head switches for all of them, and every stream stays MTP off's."""
+    import queue
+    from llamacmp.engine.scheduler import Engine, EngineConfig
+    from llamacmp.engine.tasks import CompletionTask, FinalResult
+
+    def serve(spec, auto=None):
+        engine = Engine(lm, EngineConfig(n_slots=3, n_ctx_slot=256, spec=spec))
+        if auto is not None:
+            engine.spec = Speculator(lm.model, 3, graphs=False, adaptive=False, auto=auto)
+        outs = [queue.Queue() for _ in range(3)]
+        for p, out in zip(PROMPTS[:3], outs):
+            params = GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=N_PREDICT)
+            engine.submit(CompletionTask(lm.tokenizer.encode(p), params, out.put))
+        engine.start()
+        try:
+            got = []
+            for out in outs:
+                while not isinstance(r := out.get(timeout=120), FinalResult):
+                    pass
+                got.append(r.tokens)
+            return got, engine
+        finally:
+            engine.stop()
+    off, _ = serve(None)
+    auto = AutoVocab(prefix=sorted(t for o in off for t in o)[len(off) * N_PREDICT * 3 // 4], min_factor=1,
+                     window=8, up=2, down=1)       # a quarter of the ids outside: the streams cross it often
+    on, engine = serve(SpecConfig("draft-mtp", 3), auto)
+    assert on == off
+    assert engine.spec.vocab.n_switches >= 1 and engine.spec.n_drafted > 0

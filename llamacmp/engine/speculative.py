@@ -478,6 +478,7 @@ class Speculator:
         catch-up length in `catch_ups`, default every one) now rather than at their first step: a benchmark keeps
         the captures out of its timing. Nothing runs. No graphs on this backend: nothing to do."""
         if self.graphs is not None:
+            self._use_head()           # (auto: the head the next round drafts with, whose graphs these are)
             lengths = self.policy.lengths if self.policy is not None else (self.n_max,)
             self.graphs.prepare([st for st, _ in seqs], [ms.state for _, ms in seqs], lengths, catch_ups)
 

@@ -5,10 +5,11 @@ the three draft heads of a round are ~1 ms of a ~4.9 ms round on the H200; 32768
 1.43-1.50x to 1.66x at a synthetic length of 2.5), and BPE ids come in merge order, roughly most frequent first, so
 it holds most tokens of English and code. A committed token outside it is one the prefix could not have drafted:
 with a share s of such tokens the per-position acceptance a drops to about a (1 - s) at worst (less where those
-tokens are hard to draft anyway). At a = 0.6, n = 3 that costs ~0.9 s of the tokens per round, against the 9-14% of
-a 9B round the prefix saves on the H200 (1.43-1.50x -> 1.66x): the prefix pays up to s = 11-20%, more on smaller
-models with the same 248K vocabulary (the head is a larger part of their round). Text made of ids above the prefix
-(Chinese: 82% of its Qwen3.5 tokens) needs the whole head, so the window below switches to it and back.
+tokens are hard to draft anyway). At a = 0.6, n = 3 the tokens per round drop by ~0.9 s (s = 6%: 5.3%), against
+the 9-14% of a 9B round the prefix saves on the H200 (1.43-1.50x -> 1.66x): the prefix pays up to s = 11-17%,
+more on smaller models with the same 248K vocabulary (the head is a larger part of their round). Text made of
+ids above the prefix (Chinese: 82% of its Qwen3.5 tokens) needs the whole head, so the window below switches to
+it and back.
 """
 from __future__ import annotations
 

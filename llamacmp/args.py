@@ -23,7 +23,7 @@ from .backends.routes import HW_ROUTES
 from .params import Params, tool_defaults
 from .server.agent.mcp_config import McpConfig, parse_mcp_text
 from .sampling import parse_sampler_letters, parse_sampler_names
-from .spec import parse_synth_len, parse_synth_rates
+from .spec import parse_draft_vocab, parse_synth_len, parse_synth_rates
 from .spec import parse_type as parse_spec_type
 
 ALL = frozenset({"cli", "completion", "server", "perplexity", "bench"})
@@ -365,11 +365,13 @@ SPEC_OPTIONS: tuple[Option, ...] = (
     O("--spec-draft-p-min", "--draft-p-min", value="P", parse=to_float, apply=_set_spec("p_min"),
       env="LLAMA_ARG_SPEC_DRAFT_P_MIN", env_old="LLAMA_ARG_DRAFT_P_MIN", tools=KCS,
       help="minimum speculative decoding probability (greedy) (default: 0.00)"),
-    O("--spec-draft-vocab", value="N", parse=_n_max, apply=_set_spec("draft_vocab"),
+    O("--spec-draft-vocab", value="auto|N", parse=parse_draft_vocab, apply=_set_spec("draft_vocab"),
       env="LLAMA_ARG_SPEC_DRAFT_VOCAB", tools=KCS,
       help="llamacmp: the MTP draft proposes only token ids 0..N-1 (BPE ids are roughly most frequent first), so "
       "each draft step reads N rows of the LM head instead of all; the verify keeps the full vocabulary, so "
-      "outputs do not change, only acceptance may (default: 0 = the whole vocabulary)"),
+      "outputs do not change, only acceptance may. auto: on a vocabulary of 131072+ ids, the first 32768 while "
+      "the generated text stays in them (the whole vocabulary once more than 16 of the last 128 tokens lie outside, "
+      "back below 6); smaller vocabularies draft from all of it. 0 = the whole vocabulary (default: auto)"),
     O("--spec-synth-len", value="L", parse=parse_synth_len, apply=_set_spec("synth_len"),
       env="LLAMA_ARG_SPEC_SYNTH_LEN", tools=KCS,
       help="target mean synthetic acceptance length, including the target token (benchmarking only)"),

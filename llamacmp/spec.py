@@ -26,6 +26,9 @@ KNOWN_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflas
 MTP_TENSOR = "blk.{}.nextn.eh_proj.weight"      # llama.cpp's test for an MTP head (common_speculative_types_from_gguf)
 
 
+AUTO = "auto"                                   # --spec-draft-vocab auto (the default)
+
+
 class SpecError(ValueError):
     """Settings that cannot run together; the message names the flags."""
 
@@ -38,7 +41,8 @@ class SpecConfig:
     p_min: float = 0.0                    # --spec-draft-p-min: stop drafting below this draft probability
     synth_len: float | None = None        # --spec-synth-len L: mean accepted length (benchmarks only)
     synth_rates: tuple[float, ...] = ()   # --spec-synth-rates P0,P1,..: acceptance probability per draft position
-    draft_vocab: int = 0                  # --spec-draft-vocab N: drafts only among token ids < N (0: all)
+    draft_vocab: int | str = "auto"       # --spec-draft-vocab N: drafts only among token ids < N (0: all); "auto":
+                                          # a prefix while the text stays in it (engine/draft_vocab.py)
 
     @property
     def enabled(self) -> bool:
@@ -64,6 +68,21 @@ def parse_type(value: str) -> str:
                               "model's own multi-token-prediction head); draft models, eagle3, dflash, dspark and "
                               "n-gram drafting are not supported")
     return "draft-mtp"
+
+
+def parse_draft_vocab(value: str) -> int | str:
+    """--spec-draft-vocab auto|N: "auto", or N >= 0 (0: the whole vocabulary). The ValueError's text follows the
+    flag's name in the caller's message."""
+    text = value.strip()
+    if text == AUTO:
+        return AUTO
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"expected auto, 0 (the whole vocabulary) or N >= 1 token ids, got '{value}'")
+    return n
 
 
 def _stod(text: str) -> float:
@@ -93,9 +112,9 @@ def check(cfg: SpecConfig) -> SpecConfig:
                         "requires an initialized speculative decoding context)")
     if cfg.n_max < 0:
         raise SpecError(f"--spec-draft-n-max must not be negative, got {cfg.n_max}")
-    if cfg.draft_vocab < 0:
-        raise SpecError(f"--spec-draft-vocab must be 1 .. n_vocab, or 0 for the whole vocabulary, got "
-                        f"{cfg.draft_vocab}")
+    v = cfg.draft_vocab
+    if v != AUTO and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+        raise SpecError(f"--spec-draft-vocab must be auto, 0 (the whole vocabulary) or 1 .. n_vocab, got {v!r}")
     if cfg.synthetic:
         synth_rates(cfg)
     return cfg
@@ -212,8 +231,9 @@ def has_mtp_head(tensor_names: Container[str], block_count: int) -> bool:
 
 
 def check_draft_vocab(cfg: SpecConfig, n_vocab: int) -> None:
-    """--spec-draft-vocab N drafts among the first N token ids: N above the model's vocabulary stops the start."""
-    if cfg.draft_vocab > n_vocab:
+    """--spec-draft-vocab N drafts among the first N token ids: N above the model's vocabulary stops the start
+    (auto picks its prefix per vocabulary)."""
+    if cfg.draft_vocab != AUTO and cfg.draft_vocab > n_vocab:
         raise SpecError(f"--spec-draft-vocab {cfg.draft_vocab}: must be 1 .. {n_vocab} (the vocabulary), or 0 for "
                         "all of it")
 

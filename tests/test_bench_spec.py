@@ -46,9 +46,10 @@ def test_refusals(argv, message):
 
 def test_labels():
     assert bench_rows.spec_label(SpecConfig()) == "none"
-    assert bench_rows.spec_label(SpecConfig("draft-mtp", 3, synth_len=2.5)) == "mtp n3 L2.5"
-    assert bench_rows.spec_label(SpecConfig("draft-mtp", 2, synth_rates=(0.9, 0.5))) == "mtp n2 R0.9/0.5"
-    assert bench_rows.spec_label(SpecConfig("draft-mtp", 4)) == "mtp n4"
+    assert bench_rows.spec_label(SpecConfig("draft-mtp", 3, synth_len=2.5)) == "mtp n3 L2.5 Vauto"   # the default
+    assert bench_rows.spec_label(SpecConfig("draft-mtp", 2, synth_rates=(0.9, 0.5), draft_vocab=0)) == \
+        "mtp n2 R0.9/0.5"
+    assert bench_rows.spec_label(SpecConfig("draft-mtp", 4, draft_vocab=0)) == "mtp n4"        # the whole vocabulary
 
 
 def test_file_without_mtp_head_is_refused_naming_it(fixture_gguf):
@@ -95,5 +96,5 @@ def test_tg_row_with_the_mtp_head_drafting(tmp_path, tiny_vocab):
     rc, out, err = run(["md" if x == "json" else x for x in argv])
     assert rc == 0, err
     cells = [line.split("|")[6].strip() for line in out.splitlines()[2:4]]
-    assert cells[0].startswith("mtp n3 L1 len 1.00 dr ") and cells[1].startswith("mtp n3 L4 len ")
+    assert cells[0].startswith("mtp n3 L1 Vauto len 1.00 dr ") and cells[1].startswith("mtp n3 L4 Vauto len ")
     assert all(c.endswith("%") for c in cells)

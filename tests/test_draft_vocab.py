@@ -86,7 +86,7 @@ def test_refusals(lm):
     n_vocab = lm.model.mtp.head.shape[0]
     with pytest.raises(SpecUnsupported, match=rf"--spec-draft-vocab {n_vocab + 1}: must be 1 \.\. {n_vocab}"):
         Speculator.from_spec(lm.model, SpecConfig("draft-mtp", 3, draft_vocab=n_vocab + 1))
-    with pytest.raises(SpecError, match="--spec-draft-vocab must be 1 .. n_vocab"):
+    with pytest.raises(SpecError, match="--spec-draft-vocab must be auto, 0 .* or 1 .. n_vocab"):
         check(SpecConfig("draft-mtp", 3, draft_vocab=-1))
     Speculator.from_spec(lm.model, SpecConfig("draft-mtp", 3, draft_vocab=n_vocab))   # all of it: accepted
     assert lm.model.mtp.draft_head is None
@@ -110,7 +110,7 @@ def test_option_and_env():
     spec = lambda argv, env=None: parse_args("server", argv, env or {}).params.spec     # noqa: E731
     assert spec(["--spec-type", "draft-mtp", "--spec-draft-vocab", "32768"]).draft_vocab == 32768
     assert spec(["--spec-type", "draft-mtp"], {"LLAMA_ARG_SPEC_DRAFT_VOCAB": "100"}).draft_vocab == 100
-    assert spec([]).draft_vocab == 0
+    assert spec([]).draft_vocab == "auto"          # the default (tests/test_draft_vocab_auto.py)
     r = parse_args("server", ["--spec-draft-vocab", "100"], {})
     assert any("--spec-draft-vocab changes nothing here" in w for w in r.warnings)
 

@@ -59,3 +59,32 @@ def test_greedy_with_graphs_equals_mtp_off(lm):
         assert on == off, prompt
         sp = c.engine.spec
         assert sp.n_drafted > 0 and sp.graphs is not None and lm.model.mtp.draft_head is not None
+
+
+def test_auto_with_switches_and_graphs_equals_mtp_off(lm):
+    """--spec-draft-vocab auto on the captured draft graphs: with constants whose prefix the fixture's tokens cross
+    (tests/test_draft_vocab_auto.py), the head switches to the whole vocabulary and back mid-generation, each head
+    drafting through its own draft graphs, and greedy output stays MTP off's."""
+    from llamacmp.engine.speculative import Speculator
+    from test_draft_vocab_auto import PROMPTS as AUTO_PROMPTS
+    from test_draft_vocab_auto import crossing
+    switched = 0
+    for prompt in AUTO_PROMPTS:
+        c = SlotClient(lm, SimpleNamespace(n_ctx=256, n_batch=2048, micro_batch=512, k_type="f16", v_type="f16",
+                                           spec=SpecConfig()))
+        c.history = list(lm.tokenizer.encode(prompt))
+        off = c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=48)).tokens
+        auto = crossing(off)
+        if auto is None:
+            continue
+        c = SlotClient(lm, SimpleNamespace(n_ctx=256, n_batch=2048, micro_batch=512, k_type="f16", v_type="f16",
+                                           spec=SpecConfig("draft-mtp", 3)))
+        sp = c.engine.spec = Speculator(lm.model, 3, adaptive=False, auto=auto)
+        c.history = list(lm.tokenizer.encode(prompt))
+        on = c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=48)).tokens
+        assert on == off, prompt
+        assert sp.graphs is not None and sp.vocab.n_switches >= 2 and sp.n_drafted > 0, prompt
+        heads = {key[0] for key in sp.graphs._draft}         # the draft graphs captured, per head
+        assert heads == {"prefix", "whole"}, (prompt, heads)
+        switched += 1
+    assert switched >= 2

@@ -165,6 +165,10 @@ class EagerSpecGraphs:
         self.lengths = []                                   # the draft length of each draft and verify
         self._asked = set()
         self.prepared = []                                  # prepare()'s arguments
+        self.heads = []                                     # set_head()'s arguments (--spec-draft-vocab auto)
+
+    def set_head(self, head):
+        self.heads.append(head)        # (eager: each draft reads the model's head as it is; SpecGraphs keys by it)
 
     def draft(self, states, tokens, h_parts, n=None):
         be, model, n = self.be, self.model, n or self.n

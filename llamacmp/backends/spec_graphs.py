@@ -186,7 +186,8 @@ class CapturedVerify(_Captured):
 class SpecGraphs:
     """The draft and verify graphs of one Speculator (n = 1 .. n_max drafts per sequence: the draft length is chosen
     per round, engine/draft_policy.py), most recently used kept: keyed by the draft length, the states' identities
-    (a graph holds its states, so an id is not reused while it is cached) and, for drafts, the catch-up lengths."""
+    (a graph holds its states, so an id is not reused while it is cached) and, for drafts, the catch-up lengths and
+    the draft head (set_head: a draft graph bakes in the LM head's rows it read when captured)."""
 
     def __init__(self, be, model, n_max: int, capacity: int = 8):
         if capacity < 1 or n_max < 1:
@@ -195,7 +196,8 @@ class SpecGraphs:
         # verify graphs: `capacity` lists of sequences per length; draft graphs: every catch-up length of one list
         # and every draft length, twice over (each graph holds an arena of at least GRAPH_CHUNK, outside the memory
         # plan like the decode graphs')
-        self.draft_room = 2 * sum(n + 2 for n in range(1, n_max + 1))
+        self.draft_room = self._room = 2 * sum(n + 2 for n in range(1, n_max + 1))
+        self.head, self._heads = None, set()      # the draft head (None: the one the model has, fixed)
         self._draft: OrderedDict[tuple, CapturedDraft] = OrderedDict()
         self._verify: OrderedDict[tuple, CapturedVerify] = OrderedDict()
         self._asked: OrderedDict[tuple, None] = OrderedDict()     # draft shapes asked for once, not captured yet
@@ -218,6 +220,14 @@ class SpecGraphs:
         if not 1 <= n <= self.n:
             raise ValueError(f"draft length {n} outside 1 .. {self.n}")
         return n
+
+    def set_head(self, head: str) -> None:
+        """The model's draft head is now `head` (--spec-draft-vocab auto: "prefix" or "whole"): later drafts replay
+        or capture that head's graphs; the other head's stay cached for a switch back (the room grows with the
+        heads seen, so that switching does not evict them)."""
+        self._heads.add(head)
+        self.head = head
+        self.draft_room = self._room * len(self._heads)
 
     def draft(self, states: Sequence[SeqState], tokens: Sequence[Sequence[int]], h_parts: Sequence[Sequence],
               n: int | None = None):
@@ -248,7 +258,7 @@ class SpecGraphs:
     def _draft_graph(self, states, tokens, n: int):
         """The draft graph of these MTP states, catch-up lengths and n; None when declined (see draft())."""
         lengths = tuple(len(t) for t in tokens)
-        key = (n,) + tuple(id(s) for s in states) + lengths
+        key = (self.head, n) + tuple(id(s) for s in states) + lengths
         if key not in self._draft and len(states) > 1 and key not in self._asked:
             self._asked[key] = None
             while len(self._asked) > 64 * self.capacity:
@@ -283,7 +293,7 @@ class SpecGraphs:
                 if not 1 <= L <= n + 2:
                     raise ValueError(f"catch-up length {L} outside 1 .. {n + 2}")
                 cl = (L,) * len(mtp_states)
-                self._have(self._draft, (n,) + tuple(id(s) for s in mtp_states) + cl,
+                self._have(self._draft, (self.head, n) + tuple(id(s) for s in mtp_states) + cl,
                            lambda: CapturedDraft(self.be, self.model, mtp_states, cl, n), self.draft_room)
 
     def _have(self, cache: OrderedDict, key: tuple, make, room: int) -> None:

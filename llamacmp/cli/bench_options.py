@@ -11,7 +11,7 @@ from ..arg_values import CACHE_TYPES, Unsupported, choice, to_int
 from ..args import CPU_THREADS, DENSE, DOWNLOAD, FIT, LOADING, PLACEMENT, split_mode
 from ..backends.routes import HW_ROUTES
 from ..kv_quant import KV_TYPES
-from ..spec import SpecConfig, SpecError
+from ..spec import AUTO, SpecConfig, SpecError
 
 
 OUTPUT_FORMATS = ("md", "json", "jsonl", "csv")
@@ -94,6 +94,18 @@ def fa_values(s: str) -> list[str]:
 
 def strings(s: str) -> list[str]:
     return [x for x in s.split(",") if x]
+
+
+def draft_vocab_values(s: str) -> list[int | str]:
+    """--spec-draft-vocab: a list of auto and llama-bench's int lists / ranges ('auto,0,32768')."""
+    out: list[int | str] = []
+    for part in strings(s):
+        try:
+            ns = [] if part == AUTO else int_values(part)
+        except ValueError:
+            ns = [spec.parse_draft_vocab(part)]      # (raises, with the values the flag takes)
+        out += [AUTO] if part == AUTO else [spec.parse_draft_vocab(str(v)) for v in ns]
+    return out
 
 
 def spec_types(s: str) -> list[str]:
@@ -188,14 +200,15 @@ OPTS: tuple[Opt, ...] = (
         "--spec-synth-len)", floats),
     Opt(("--spec-synth-rates",), "spec_synth_rates", "<P0,P1,...>", "llamacmp: synthetic acceptance rate per draft "
         "position (one list per flag)", lambda v: [tuple(floats(v))]),
-    Opt(("--spec-draft-vocab",), "spec_draft_vocab", "<n>", "llamacmp: the MTP draft proposes only token ids "
-        "0..n-1 (0: the whole vocabulary)", int_values),
+    Opt(("--spec-draft-vocab",), "spec_draft_vocab", "<auto|n>", "llamacmp: the MTP draft proposes only token ids "
+        "0..n-1 (0: the whole vocabulary; auto: the first 32768 of a large vocabulary while the text stays in "
+        "them)", draft_vocab_values),
 )
 DEFAULTS = {"reps": 5, "delay": 0, "output": "md", "output_err": None, "verbose": False, "progress": False,
             "no_warmup": False, "model": [], "n_prompt": [512], "n_gen": [128], "pg": [], "n_depth": [0],
             "n_batch": [2048], "n_ubatch": [512], "type_k": ["f16"], "type_v": ["f16"], "n_threads": [1],
             "n_gpu_layers": [99], "flash_attn": ["0"], "hw_route": "auto", "spec_type": ["none"], "spec_n_max": [3],
-            "spec_synth_len": [], "spec_synth_rates": [], "spec_draft_vocab": [0]}
+            "spec_synth_len": [], "spec_synth_rates": [], "spec_draft_vocab": [AUTO]}
 LIST_KEYS = {"model", "n_prompt", "n_gen", "pg", "n_depth", "n_batch", "n_ubatch", "type_k", "type_v",
              "n_threads", "n_gpu_layers", "flash_attn", "spec_type", "spec_n_max", "spec_synth_len",
              "spec_synth_rates", "spec_draft_vocab"}

@@ -81,7 +81,7 @@ def spec_label(cfg: SpecConfig) -> str:
         return "none"
     synth = f" L{cfg.synth_len:g}" if cfg.synth_len is not None else \
         f" R{'/'.join(f'{r:g}' for r in cfg.synth_rates)}" if cfg.synth_rates else ""
-    vocab = f" V{cfg.draft_vocab}" if cfg.draft_vocab else ""
+    vocab = f" V{cfg.draft_vocab}" if cfg.draft_vocab else ""           # (no V: the whole vocabulary)
     return f"mtp n{cfg.n_max}{synth}{vocab}"
 
 

@@ -77,9 +77,23 @@ class Acceptance:
 @dataclass
 class CostTable:
     """Measured seconds per round (EMA): plain[S] a plain step of S sequences, spec[(S, n)] a round of S sequences
-    drafting n each."""
+    drafting n each, with the draft head in use (use_head)."""
     plain: dict = field(default_factory=dict)
     spec: dict = field(default_factory=dict)
+    head: str = "fixed"
+    heads: dict = field(default_factory=dict)     # draft head -> its spec table (spec is heads[head])
+
+    def __post_init__(self):
+        self.heads.setdefault(self.head, self.spec)
+
+    def use_head(self, head: str) -> None:
+        """--spec-draft-vocab auto switched the draft's LM head (engine/draft_vocab.py): from now on spec is the
+        rounds of that head. A prefix head's rounds are cheaper, so each head keeps its own (a switch back finds
+        its timings); the plain steps do not depend on it. A head not seen yet starts empty: the policy explores it
+        as it does a new table."""
+        self.heads[self.head] = self.spec
+        self.head = head
+        self.spec = self.heads.setdefault(head, {})
 
     @staticmethod
     def _add(table: dict, key, seconds: float) -> None:

@@ -819,6 +819,7 @@ class Engine:
             self._metrics_mark = {k: now[k] for k in self.WINDOW}
             return {**now, **window,
                     "spec_rounds": self.spec.round_counts() if self.spec is not None else {},
+                    "spec_vocab": self.spec.vocab_state() if self.spec is not None else {},
                     "requests_processing": sum(s.busy for s in self.slots),
                     "requests_deferred": len(self._waiting),
                     "host_cache_bytes": self.host_cache.nbytes, "host_cache_entries": len(self.host_cache.entries)}

@@ -40,8 +40,10 @@ import numpy as np
 
 from ..backends.base import SeqState, StepBatch
 from ..sampling import Sampler, SamplingParams
+from ..spec import AUTO
 from .decode import draw_tokens, plan_row
 from .draft_policy import Acceptance, CostTable, DraftPolicy
+from .draft_vocab import AutoVocab, VocabWindow
 
 log = logging.getLogger("llamacmp.engine")
 _ARGMAX = Sampler(SamplingParams(temp=0.0, seed=0))     # a neutral greedy chain: the backend's plain argmax
@@ -92,10 +94,12 @@ class Speculator:
     pending_max = PENDING_MAX                         # observe_plain's queue bound (a test lowers it per instance)
 
     def __init__(self, model, n_max: int = 3, n_min: int = 0, p_min: float = 0.0, graphs: bool = True,
-                 adaptive: bool = True, costs: Optional[CostTable] = None):
+                 adaptive: bool = True, costs: Optional[CostTable] = None, auto: Optional[AutoVocab] = None):
         """graphs: replay captured draft / verify graphs where the backend has them (False: always eager).
         adaptive: choose each round's draft length (0: plain) from measured costs (draft_policy), else always
-        n_max; costs: a cost table to start from (a benchmark's repetitions share one)."""
+        n_max; costs: a cost table to start from (a benchmark's repetitions share one). auto: --spec-draft-vocab
+        auto's constants: the head drafts from their prefix or the whole vocabulary as the committed tokens say
+        (engine/draft_vocab.py; None: the head the model has, set_draft_vocab)."""
         if model.mtp is None:
             raise SpecUnsupported("the model has no MTP head")
         if n_max < 1:
@@ -107,6 +111,11 @@ class Speculator:
         self.policy = DraftPolicy(n_max, n_min, costs) if adaptive else None
         self._round = None                            # (S, n, start, clean) of the draft awaiting its verify
         self._unrecorded = None                       # [S, n, seconds] of a verified round, until its commits end
+        self.vocab = None                             # auto's window of committed tokens (None: a fixed head)
+        if auto is not None and auto.applies(model.mtp.head.shape[0]):
+            self.vocab = VocabWindow(auto)
+        self._head = None
+        self._use_head()
 
     @classmethod
     def from_spec(cls, model, spec, path: str = "the model", costs: Optional[CostTable] = None) -> "Speculator":
@@ -117,11 +126,46 @@ class Speculator:
         if model.mtp is None:
             raise SpecUnsupported(f"--spec-type {spec.type}: '{path}' has no MTP layers "
                                   "(qwen35.nextn_predict_layers); drop --spec-type or use a GGUF with its MTP head")
+        auto = AutoVocab() if spec.draft_vocab == AUTO else None
         try:
-            model.set_draft_vocab(spec.draft_vocab)      # before cls(): the draft graphs capture the head it sets
+            model.set_draft_vocab(0 if auto else spec.draft_vocab)  # before cls(): draft graphs capture its head
         except ValueError as e:
             raise SpecUnsupported(str(e)) from None
-        return cls(model, spec.n_max, spec.n_min, spec.p_min, costs=costs)
+        return cls(model, spec.n_max, spec.n_min, spec.p_min, costs=costs, auto=auto)
+
+    # -- the draft vocabulary (--spec-draft-vocab auto) ----------------------------------------------------------
+    @property
+    def draft_head(self) -> str:
+        """Which head drafts: "prefix" or "whole" under auto, "fixed" otherwise (set_draft_vocab's)."""
+        return self.vocab.head if self.vocab is not None else "fixed"
+
+    def vocab_state(self) -> dict:
+        """For the server's metrics: the LM head rows the draft reads now and auto's switches so far."""
+        head = self.model.mtp.draft_head
+        return {"rows": int((self.model.mtp.head if head is None else head).shape[0]),
+                "switches": self.vocab.n_switches if self.vocab is not None else 0}
+
+    def _observe(self, tokens) -> None:
+        if self.vocab is not None:
+            self.vocab.observe(tokens)
+
+    def _use_head(self) -> None:
+        """Put auto's chosen head in place before a round: the model's draft head, the graphs' set of draft graphs
+        (one per head, kept: a switch back replays the earlier captures) and the policy's round costs (a round of
+        the prefix head costs less: its timings must not decide for the whole head). A round awaiting its record
+        goes into the table of the head it ran with."""
+        head = self.draft_head
+        if head == self._head:
+            return
+        self._record_round()
+        self._head = head
+        if self.vocab is None:
+            return
+        self.model.set_draft_vocab(self.vocab.auto.prefix if head == "prefix" else 0)
+        if self.graphs is not None:
+            self.graphs.set_head(head)
+        if self.policy is not None:
+            self.policy.costs.use_head(head)
 
     def new_seq(self, n_ctx: int, kv_type: str = "f16", v_type: str | None = None) -> MtpSeq:
         return MtpSeq(self.model.mtp_state(n_ctx, kv_type, v_type), self._zeros())
@@ -162,6 +206,7 @@ class Speculator:
         observe_plain); `others`: sequences that step plainly in any case (a drafting round then runs their plain
         step apart). Always n_max without adaptive drafting."""
         self._record_round()
+        self._use_head()
         return self.policy.choose([ms.acc for ms in seqs], others) if self.policy is not None else self.n_max
 
     def observe_plain(self, items: Sequence[tuple[SeqState, MtpSeq, int, int]], h) -> None:
@@ -179,6 +224,7 @@ class Speculator:
             ms.pending.append(int(t))
             ms.pending_h.append(ms.h_last)
             ms.h_last = self.be.rows(kept, j, 1)
+        self._observe([t for _, _, t, _ in items])
         # A sequence that keeps stepping plainly (S streams where batching wins) would queue a hidden-state row per
         # token until its next draft: run the head over them once they fill a prefill-sized batch instead.
         self._catch_up([ms for _, ms, _, _ in items if len(ms.pending) >= self.pending_max], 0)
@@ -219,6 +265,7 @@ class Speculator:
         also runs each one's pending pairs. A head memory out of step with its target (moved by a checkpoint)
         starts over. graphs=False: eagerly, even where a draft graph could be captured."""
         n = self.n_max if n is None else n
+        self._use_head()
         t_start, events = time.perf_counter(), self._events()
         out = self._draft(items, n, graphs)
         self._round = (len(items), n, t_start, events == self._events())
@@ -232,6 +279,7 @@ class Speculator:
         results) while the device runs them; elsewhere it is called after the verify. It is part of the round's
         timing either way, as a plain step's flush is part of the plain step's."""
         n = self.n_max if n is None else n
+        self._use_head()
         events = self._events()
         out = self._step(items, n, while_running)
         if self._events() != events:
@@ -430,6 +478,7 @@ class Speculator:
         catch-up length in `catch_ups`, default every one) now rather than at their first step: a benchmark keeps
         the captures out of its timing. Nothing runs. No graphs on this backend: nothing to do."""
         if self.graphs is not None:
+            self._use_head()           # (auto: the head the next round drafts with, whose graphs these are)
             lengths = self.policy.lengths if self.policy is not None else (self.n_max,)
             self.graphs.prepare([st for st, _ in seqs], [ms.state for _, ms in seqs], lengths, catch_ups)
 
@@ -464,6 +513,7 @@ class Speculator:
         ms.state.n_past = v.pos - len(ms.pending)
         self._push(ms, [v.t0] + v.drafts[:j - 1], self.be.gather_rows(h, np.arange(v.row, v.row + j, dtype=np.int32)),
                    j)
+        self._observe([v.t0] + v.drafts[:j - 1])
         self.n_accepted += j - 1
         ms.n_accepted += j - 1
         ms.acc.update(len(v.drafts), j - 1)

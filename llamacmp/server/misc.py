@@ -211,6 +211,18 @@ def spec_round_lines(counts: dict) -> list[str]:
             + [f'{name}{{seqs="{S}",kind="{kind}"}} {n}' for S, row in counts.items() for kind, n in row.items()])
 
 
+def spec_vocab_lines(state: dict) -> list[str]:
+    """llamacmp-only: the MTP draft's LM head rows now (--spec-draft-vocab; auto moves them) and auto's switches
+    (Speculator.vocab_state); nothing without speculative decoding."""
+    if not state:
+        return []
+    rows, switches = "llamacmp:spec_draft_vocab_rows", "llamacmp:spec_draft_vocab_switches_total"
+    return [f"# HELP {rows} Speculative (llamacmp): LM head rows the MTP draft reads (--spec-draft-vocab)",
+            f"# TYPE {rows} gauge", f"{rows} {state['rows']}",
+            f"# HELP {switches} Speculative (llamacmp): --spec-draft-vocab auto's switches between the prefix "
+            "and the whole vocabulary", f"# TYPE {switches} counter", f"{switches} {state['switches']}"]
+
+
 async def metrics(ctx: ServerContext) -> Response:
     if not ctx.opts.endpoint_metrics:
         raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
@@ -220,5 +232,6 @@ async def metrics(ctx: ServerContext) -> Response:
         lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
                   f"llamacpp:{name} {value(m)}"]
     lines += spec_round_lines(m.get("spec_rounds") or {})
+    lines += spec_vocab_lines(m.get("spec_vocab") or {})
     return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4",
                              headers={"Process-Start-Time-Unix": str(ctx.created)})

@@ -481,6 +481,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                    float* __restrict__ work,         // [max_split, L*Hq, Dh+2]
                    int L, int Hq, int Hk, int G, float scale,
                    int prefetch) {                   // 1: L2-prefetch the next tile's quantized rows
+    pdl_allow_consumers();  // first: the Q8 producer and the GEMV after it launch and wait (weights stream)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     constexpr int LPK = Dh / 8, KPW = 32 / LPK;
     constexpr int U = LPK / GP >= 4 ? 4 : (LPK / GP >= 1 ? LPK / GP : 1);
@@ -779,6 +780,7 @@ attn_decode_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
 __global__ void attn_decode_merge_kernel(const float* __restrict__ work,  // [max_split, L*Hq, Dh+2]
                                          const int32_t* __restrict__ pos, float* __restrict__ out,  // [L*Hq, Dh]
                                          int rows, int Hq, int Dh, int v_type) {
+    pdl_allow_consumers();  // first: the Q8 producer and the GEMV after it launch and wait (weights stream)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     extern __shared__ float o_s[];  // [Dh]
     const int r = blockIdx.x, t = r / Hq;

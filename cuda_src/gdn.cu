@@ -291,6 +291,7 @@ gdn_step_kernel(const float* __restrict__ qkv,  // [1, C]
                 float* __restrict__ state,      // [V, DK, DK]
                 float* __restrict__ o,          // [1, V*DK]
                 int K, int V, float eps) {
+    pdl_allow_consumers();  // first: the Q8 producer and the GEMV after it launch and wait (weights stream)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     gdn_step<DK>(qkv, g, b, state, state, o, K, V, eps);
 }
@@ -307,6 +308,7 @@ gdn_step_keep_kernel(const float* __restrict__ qkv,  // [1, C]
                      float* state_out,               // [V, DK, DK]
                      float* __restrict__ o,          // [1, V*DK]
                      int K, int V, float eps) {
+    pdl_allow_consumers();  // first: the Q8 producer and the GEMV after it launch and wait (weights stream)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     gdn_step<DK>(qkv, g, b, state_in, state_out, o, K, V, eps);
 }
@@ -322,6 +324,7 @@ gdn_step_rows_kernel(const float* __restrict__ qkv,      // [S, C]
                      float* const* __restrict__ states,  // [S] -> [V, DK, DK]
                      float* __restrict__ o,              // [S, V*DK]
                      int K, int V, float eps) {
+    pdl_allow_consumers();  // first: the Q8 producer and the GEMV after it launch and wait (weights stream)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const size_t s = blockIdx.z, C = (size_t)(2 * K + V) * DK;
     gdn_step<DK>(qkv + s * C, g + s * V, b + s * V, states[s], states[s], o + s * V * DK, K, V, eps);

@@ -30,8 +30,8 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x,  // [nblk * 32]
                                    int8_t* __restrict__ q,        // [nblk * 32]
                                    float* __restrict__ d,         // [nblk]
                                    size_t nblk) {
+    pdl_allow_consumers();  // first: the GEMV after it streams its weights meanwhile (it waits for q, d)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
-    pdl_allow_consumers();
     const size_t blk = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (blk >= nblk) return;
     const int lane = threadIdx.x & 31;
@@ -54,8 +54,8 @@ __global__ void rmsnorm_q8_kernel(const float* __restrict__ x,  // [T, D]
                                   int8_t* __restrict__ q,       // [T, D]
                                   float* __restrict__ d,        // [T, D/32]
                                   int D, float eps) {
+    pdl_allow_consumers();  // first: the GEMV after it streams its weights meanwhile (it waits for q, d)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
-    pdl_allow_consumers();
     __shared__ float scratch[32];
     const float* xr = x + (size_t)blockIdx.x * D;
     const int lane = threadIdx.x & 31, nb = D / QK;
@@ -93,8 +93,8 @@ __global__ void binary_q8_kernel(const float* __restrict__ a,  // [nblk * 32]
                                  int8_t* __restrict__ q,       // [nblk * 32]
                                  float* __restrict__ d,        // [nblk]
                                  size_t nblk) {
+    pdl_allow_consumers();  // first: the GEMV after it streams its weights meanwhile (it waits for q, d)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
-    pdl_allow_consumers();
     const size_t blk = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (blk >= nblk) return;
     const int lane = threadIdx.x & 31;
@@ -111,8 +111,8 @@ __global__ void gated_rmsnorm_q8_kernel(const float* __restrict__ o,  // [T, V*D
                                         int8_t* __restrict__ q,       // [T, V*Dv]
                                         float* __restrict__ d,        // [T, V*Dv/32]
                                         int Dv, float eps) {
+    pdl_allow_consumers();  // first: the GEMV after it streams its weights meanwhile (it waits for q, d)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
-    pdl_allow_consumers();
     __shared__ float scratch[32];
     const size_t base = (size_t)blockIdx.x * Dv;
     const int dd = threadIdx.x;

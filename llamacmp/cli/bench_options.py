@@ -100,11 +100,15 @@ def draft_vocab_values(s: str) -> list[int | str]:
     """--spec-draft-vocab: a list of auto and llama-bench's int lists / ranges ('auto,0,32768')."""
     out: list[int | str] = []
     for part in strings(s):
+        if part == AUTO:
+            out.append(AUTO)
+            continue
         try:
-            ns = [] if part == AUTO else int_values(part)
+            ns = int_values(part)
         except ValueError:
-            ns = [spec.parse_draft_vocab(part)]      # (raises, with the values the flag takes)
-        out += [AUTO] if part == AUTO else [spec.parse_draft_vocab(str(v)) for v in ns]
+            spec.parse_draft_vocab(part)            # raises, naming the values the flag takes
+            raise
+        out += [spec.parse_draft_vocab(str(v)) for v in ns]
     return out
 
 

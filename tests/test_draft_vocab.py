@@ -17,7 +17,7 @@ from llamacmp.fixtures.writer import SHAPES, write_model
 from llamacmp.loader import load_model
 from llamacmp.sampling import SamplingParams
 from llamacmp.spec import SpecConfig, SpecError, check
-from test_mtp import EagerSpecGraphs
+from test_mtp import spy_drafts
 
 PROMPTS = ("def foo(x):", "class Parser:\n    ", "import os\nimport sys\n", "x")
 K = 64
@@ -39,15 +39,7 @@ def _greedy(lm, prompt, n, spec=None, graphs=None):
     sp = c.engine.spec
     if sp is not None:
         sp.policy = None                                   # n_max drafts every round
-        sp.graphs = EagerSpecGraphs(lm.model, sp.n_max) if graphs else None
-        owner = sp.graphs if graphs else sp
-        inner = owner.draft
-
-        def draft(*a, **kw):
-            out = inner(*a, **kw)
-            drafted.extend(t for d in out or [] for t in d)
-            return out
-        owner.draft = draft
+        spy_drafts(sp, graphs, lambda out: drafted.extend(t for d in out or [] for t in d))
     c.history = list(lm.tokenizer.encode(prompt))
     toks = c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=n)).tokens
     return toks, drafted, c

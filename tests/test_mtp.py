@@ -154,6 +154,20 @@ class OracleSpeculator(Speculator):
         return out
 
 
+def spy_drafts(sp, graphs, seen) -> None:
+    """sp (a Speculator) drafts through EagerSpecGraphs (graphs true: its graph path, run eagerly) or its eager
+    path, and calls seen(out) with each draft call's ids (None where a call drafted nothing)."""
+    sp.graphs = EagerSpecGraphs(sp.model, sp.n_max) if graphs else None
+    owner = sp.graphs if graphs else sp
+    inner = owner.draft
+
+    def draft(*a, **kw):
+        out = inner(*a, **kw)
+        seen(out)
+        return out
+    owner.draft = draft
+
+
 class EagerSpecGraphs:
     """backends/spec_graphs.SpecGraphs' contract run eagerly on any backend, so that the Speculator's graph path
     (n_max drafts chained on the head's argmax, a verify of exactly 1 + n_max rows with padding, the rows' argmax

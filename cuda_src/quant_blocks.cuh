@@ -4,10 +4,11 @@
 // [rows, nb * HEAD] (nb blocks per row; per row each plane holds its field of every block of the row, block after
 // block). Quants are rearranged so that one 32-value sub-block is a contiguous run of each body plane (16 bytes of
 // low 4 bits, 8 bytes of 2-bit fields, 4 bytes of single bits) in a fixed bit order; scales stay in the file's
-// encoding, except Q4_K/Q5_K's 12 packed 6-bit scale and min bytes, rearranged in place (k_scales_repack). So a GEMV lane that takes sub-block c of a row reads only that sub-block's bytes, with 16/8/4-byte loads
-// that are coalesced across the warp's lanes (consecutive sub-blocks); only the per-256 header (Q4_K/Q5_K d, dmin and
-// 12 scale bytes; IQ4_XS d and scales) is read by the 8 lanes of one super-block together. The byte count is the
-// file's less any padding: none is added.
+// encoding, except Q4_K/Q5_K's 12 bytes of packed 6-bit scales and mins, rearranged in place (k_scales_repack). So a
+// GEMV lane that takes sub-block c of a row reads only that sub-block's bytes, with 16/8/4-byte loads that are
+// coalesced across the warp's lanes (consecutive sub-blocks); only the per-256 header (Q4_K/Q5_K d, dmin and 12 scale
+// bytes; IQ4_XS d and scales) is read by the 8 lanes of one super-block together. The byte count is the file's less
+// any padding: none is added.
 // Bit orders (I < 8 an output int, k < 4 its byte: value 4I + k of the sub-block):
 //  - nibbles, 16 bytes: byte i holds value i (low nibble) and value 16 + i (high nibble), as Q4_0's file order;
 //    IQ4 types instead hold values 2i and 2i + 1 (table lookups of a 32-bit word give values in order);
@@ -347,10 +348,11 @@ __device__ __forceinline__ void k_scale_min_file(const uint8_t* q, int j, int& s
 }
 
 // The same 12 bytes as the head holds them (repack), so that a GEMV lane, whose j is the same in every sub-block it
-// takes, gets sub-block j's pair by lane-constant selectors and no select on j: byte j (j < 8) = sc_j | (mn_j & 3) << 6,
-// then the 32-bit word of nibbles with nibble j = mn_j >> 2. In the file's encoding (the selects and shifts by j of
-// get_scale_min_k4) the pair cost 11 instructions per row and sub-block on sm_90 (SASS, nvcc 13.0) besides the two
-// int->float conversions, ~20% of the T = 1 GEMV's per-sub-block work; here 5 (PRMT, a funnel rotate, two LOP3, LEA).
+// takes, gets sub-block j's pair by lane-constant selectors and no select on j: byte j (j < 8) = sc_j |
+// (mn_j & 3) << 6, then the 32-bit word of nibbles with nibble j = mn_j >> 2. In the file's encoding (the selects and
+// shifts by j of get_scale_min_k4) the pair cost 11 instructions per row and sub-block on sm_90 (SASS, nvcc 13.0)
+// besides the two int->float conversions, ~20% of the T = 1 GEMV's per-sub-block work; here 5 (PRMT, a funnel
+// rotate, two LOP3, LEA).
 __device__ inline void k_scales_repack(const uint8_t* q, uint8_t* dst) {
     for (int i = 0; i < 12; ++i) dst[i] = 0;
     for (int j = 0; j < 8; ++j) {
@@ -360,9 +362,9 @@ __device__ inline void k_scales_repack(const uint8_t* q, uint8_t* dst) {
         dst[8 + j / 2] |= (uint8_t)((mn >> 2) << 4 * (j & 1));
     }
 }
-// Sub-block j's scale and min from the repacked words s0, s1 (bytes 0-7) and s2 (the nibbles): byte j into bytes 0 and
-// 3 (sc: its low 6 bits; its top 2 bits, mn's low ones, at bits 30-31), nibble j rotated to bits 2-5. Same integers
-// as k_scale_min_file.
+// Sub-block j's scale and min from the repacked words s0, s1 (bytes 0-7) and s2 (the nibbles): byte j into bytes 0
+// and 3 (sc: its low 6 bits; its top 2 bits, mn's low ones, at bits 30-31), nibble j rotated to bits 2-5. Same
+// integers as k_scale_min_file.
 __device__ __forceinline__ void k_scale_min(unsigned s0, unsigned s1, unsigned s2, int j, int& sc, int& mn) {
     const unsigned t = prmt(s0, s1, (unsigned)j * 0x1001u);
     const unsigned r = __funnelshift_r(s2, s2, (unsigned)(4 * j - 2) & 31u);

@@ -4,10 +4,11 @@
 // [rows, nb * HEAD] (nb blocks per row; per row each plane holds its field of every block of the row, block after
 // block). Quants are rearranged so that one 32-value sub-block is a contiguous run of each body plane (16 bytes of
 // low 4 bits, 8 bytes of 2-bit fields, 4 bytes of single bits) in a fixed bit order; scales stay in the file's
-// encoding. So a GEMV lane that takes sub-block c of a row reads only that sub-block's bytes, with 16/8/4-byte loads
-// that are coalesced across the warp's lanes (consecutive sub-blocks); only the per-256 header (Q4_K/Q5_K d, dmin and
-// 12 scale bytes; IQ4_XS d and scales) is read by the 8 lanes of one super-block together. The byte count is the
-// file's less any padding: none is added.
+// encoding, except Q4_K/Q5_K's 12 bytes of packed 6-bit scales and mins, rearranged in place (k_scales_repack). So a
+// GEMV lane that takes sub-block c of a row reads only that sub-block's bytes, with 16/8/4-byte loads that are
+// coalesced across the warp's lanes (consecutive sub-blocks); only the per-256 header (Q4_K/Q5_K d, dmin and 12 scale
+// bytes; IQ4_XS d and scales) is read by the 8 lanes of one super-block together. The byte count is the file's less
+// any padding: none is added.
 // Bit orders (I < 8 an output int, k < 4 its byte: value 4I + k of the sub-block):
 //  - nibbles, 16 bytes: byte i holds value i (low nibble) and value 16 + i (high nibble), as Q4_0's file order;
 //    IQ4 types instead hold values 2i and 2i + 1 (table lookups of a 32-bit word give values in order);
@@ -338,29 +339,52 @@ struct Q3_K {
     }
 };
 
-// The 6-bit scale and min of sub-block j of Q4_K/Q5_K from their 12 packed bytes (as 3 ints): j < 4: low 6 bits of
-// bytes j and j + 4; j >= 4: low / high nibble of byte j + 4, with bits 4-5 from the top 2 bits of bytes j - 4 / j.
-// Without branches: j is the same in every sub-block a GEMV lane takes, so its selects stay out of the loop.
-__device__ __forceinline__ void k_scale_min(int s0, int s1, int s2, int j, int& sc, int& mn) {
-    const int sh = 8 * (j & 3);
-    const bool lo = j < 4;
-    const int mask = lo ? 63 : 15, top = lo ? 0 : 0x30;   // top: bits 6-7 of a byte shifted down to bits 4-5
-    sc = (((lo ? s0 : s2) >> sh) & mask) | ((s0 >> (sh + 2)) & top);
-    mn = (((lo ? s1 : s2 >> 4) >> sh) & mask) | ((s1 >> (sh + 2)) & top);
+// The 6-bit scale and min of sub-block j of Q4_K/Q5_K from the file's 12 packed bytes q (ggml's get_scale_min_k4):
+// j < 4: low 6 bits of bytes j and j + 4; j >= 4: low / high nibble of byte j + 4, with bits 4-5 from the top 2 bits
+// of bytes j - 4 / j.
+__device__ __forceinline__ void k_scale_min_file(const uint8_t* q, int j, int& sc, int& mn) {
+    sc = j < 4 ? q[j] & 63 : (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
+    mn = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+}
+
+// The same 12 bytes as the head holds them (repack), so that a GEMV lane, whose j is the same in every sub-block it
+// takes, gets sub-block j's pair by lane-constant selectors and no select on j: byte j (j < 8) = sc_j |
+// (mn_j & 3) << 6, then the 32-bit word of nibbles with nibble j = mn_j >> 2. In the file's encoding (the selects and
+// shifts by j of get_scale_min_k4) the pair cost 11 instructions per row and sub-block on sm_90 (SASS, nvcc 13.0)
+// besides the two int->float conversions, ~20% of the T = 1 GEMV's per-sub-block work; here 5 (PRMT, a funnel
+// rotate, two LOP3, LEA).
+__device__ inline void k_scales_repack(const uint8_t* q, uint8_t* dst) {
+    for (int i = 0; i < 12; ++i) dst[i] = 0;
+    for (int j = 0; j < 8; ++j) {
+        int sc, mn;
+        k_scale_min_file(q, j, sc, mn);
+        dst[j] = (uint8_t)(sc | (mn & 3) << 6);
+        dst[8 + j / 2] |= (uint8_t)((mn >> 2) << 4 * (j & 1));
+    }
+}
+// Sub-block j's scale and min from the repacked words s0, s1 (bytes 0-7) and s2 (the nibbles): byte j into bytes 0
+// and 3 (sc: its low 6 bits; its top 2 bits, mn's low ones, at bits 30-31), nibble j rotated to bits 2-5. Same
+// integers as k_scale_min_file.
+__device__ __forceinline__ void k_scale_min(unsigned s0, unsigned s1, unsigned s2, int j, int& sc, int& mn) {
+    const unsigned t = prmt(s0, s1, (unsigned)j * 0x1001u);
+    const unsigned r = __funnelshift_r(s2, s2, (unsigned)(4 * j - 2) & 31u);
+    sc = (int)(t & 63u);
+    mn = (int)((r & 0x3Cu) | t >> 30);
 }
 
 // The nibble of value l of sub-block j in Q4_K/Q5_K's qs[128]: nibble (j & 1) of qs[32 (j / 2) + l].
 __device__ __forceinline__ int k_nibble(const uint8_t* qs, int j, int l) { return (qs[32 * (j >> 1) + l] >> 4 * (j & 1)) & 15; }
 
 // Q4_K: d, dmin f16 | scales[12] | qs[128]; value = d * sc_j * nibble - dmin * m_j. body: nibbles, 16 bytes per
-// sub-block; head: the file's first 16 bytes (d, dmin, scales) per block.
+// sub-block; head: d, dmin as in the file, then the scales as k_scales_repack writes them (16 bytes per block).
 struct Q4_K {
     static constexpr int ID = QID_Q4_K, BV = 256, BYTES = 144, HEAD = 16, BODY = 128, BIAS = 0;
     static constexpr bool PER16 = false, MIN = true;
     struct Raw { int4 qs, hdr; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
         for (int j = 0; j < 8; ++j) put_nibbles(body + 16 * (8 * b + j), [&](int l) { return k_nibble(src + 16, j, l); });
-        copy_bytes(head + 16 * b, src, 16);
+        copy_bytes(head + 16 * b, src, 4);
+        k_scales_repack(src + 4, head + 16 * b + 4);
     }
     static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int, int c) {
         return {ld16(body + 16 * c), ld16(head + 16 * (c >> 3))};
@@ -368,7 +392,7 @@ struct Q4_K {
     static __device__ __forceinline__ void scales(const int4& hdr, int j, SubBlock& o) {
         const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&hdr.x));
         int sc, mn;
-        k_scale_min(hdr.y, hdr.z, hdr.w, j, sc, mn);
+        k_scale_min((unsigned)hdr.y, (unsigned)hdr.z, (unsigned)hdr.w, j, sc, mn);
         o.s[0] = o.s[1] = dm.x * (float)sc;
         o.m[0] = o.m[1] = dm.y * (float)mn;
     }
@@ -379,7 +403,7 @@ struct Q4_K {
 };
 
 // Q5_K: d, dmin f16 | scales[12] | qh[32] | qs[128]. As Q4_K, plus bit j of qh[l] as bit 4 of the code. body:
-// nibbles [nb, 8 x 16] then high bits [nb, 8 x 4]; head as Q4_K.
+// nibbles [nb, 8 x 16] then high bits [nb, 8 x 4]; head as Q4_K's (scales repacked).
 struct Q5_K {
     static constexpr int ID = QID_Q5_K, BV = 256, BYTES = 176, HEAD = 16, BODY = 160, BIAS = 0;
     static constexpr bool PER16 = false, MIN = true;
@@ -390,7 +414,8 @@ struct Q5_K {
             put_nibbles(body + 16 * c, [&](int l) { return k_nibble(src + 48, j, l); });
             put_bits(body + 128 * nb + 4 * c, [&](int l) { return (src[16 + l] >> j) & 1; });
         }
-        copy_bytes(head + 16 * b, src, 16);
+        copy_bytes(head + 16 * b, src, 4);
+        k_scales_repack(src + 4, head + 16 * b + 4);
     }
     static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int nb, int c) {
         return {ld16(body + 16 * c), ld16(head + 16 * (c >> 3)), (unsigned)ld4(body + 128 * nb + 4 * c)};

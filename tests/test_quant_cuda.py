@@ -216,6 +216,24 @@ def test_embed(cuda_backend, type_name):
     assert np.array_equal(got, table.dequantize()[ids])
 
 
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K"])
+def test_k_scales_every_bit(cuda_backend, type_name):
+    """Q4_K/Q5_K's 12 packed scale and min bytes, which the repack rearranges for the GEMV (quant_blocks.cuh,
+    k_scales_repack): rows whose scale bytes are all zero, all ones, or one bit of the 96 each, so every bit must land
+    in its own sub-block's scale or min. The embedding (exact) and the T = 1 GEMV against the exact math."""
+    rng = np.random.default_rng(12)
+    w = random_blocks(type_name, 98, cols_for(type_name, 2), rng)
+    bits = np.zeros((98, 96), np.uint8)
+    bits[1] = 1
+    bits[np.arange(2, 98), np.arange(96)] = 1
+    w.blocks[:, :, 4:16] = np.packbits(bits, axis=1, bitorder="little")[:, None, :]
+    table = cuda_backend.upload_matrix(w)
+    ids = np.arange(98, dtype=np.int32)
+    assert np.array_equal(cuda_backend.to_host(cuda_backend.embed(table, ids)), w.dequantize())
+    x = inputs(8, 1, w.shape[1])
+    assert rel(cuda_backend.to_host(cuda_backend.matmuls(up(cuda_backend, x), [table])[0]), exact(x, w)) < TOL
+
+
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0"])
 def test_fused_ops(cuda_backend, type_name):
     """The fused ops of base.Backend take the quantized matrices: RMSNorm + projections, projection + residual."""

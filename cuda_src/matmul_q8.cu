@@ -385,7 +385,8 @@ gemv_q8_batch_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     }
 }
 
-constexpr int TILE2 = smem::G2TILE;  // v2 GEMM tile: 128 weight rows x 128 tokens, 256 threads, 8x8 outputs each
+constexpr int TILE2 = smem::G2TILE;  // v2 GEMM tile: 128 weight rows x 128 tokens (256 threads of 8x8 outputs, or
+                                     // gemm2_q8_kernel_w16's 512 of 4x8)
 template <int BK>
 using Gemm2Stage = smem::G2Stage<BK>;  // one stage of BK Q8 blocks of both operands (smem_plan.h), two buffers
 
@@ -406,7 +407,8 @@ constexpr int GEMM2_IH = 1;
 // fma with d_w * d_x. Stages of BK blocks (4 or 2: smem::gemm2_q8_plan) are double-buffered: stage s+1 is fetched
 // (cp.async on sm_80+, into registers on sm_70/75) while stage s is multiplied; one barrier per stage. Every output
 // gets its blocks' terms in increasing block order for either BK, so both give the same bits. D: the int8 dot
-// (common.cuh).
+// (common.cuh). Stages of 4 blocks on DP4A now run gemm2_q8_kernel_w16 (below: the same stages and arithmetic with
+// 16 warps); the 4-block SASS figures here are this kernel's before that.
 // The loop's SASS (DotDp4a, one stage = 2 blocks = 1024 IDP.4A per thread; tools: cuobjdump -sass, the loop between
 // the backward branch and its target; 2026-12-02, issue 20 item 5):
 //   before: sm_90 (nvcc 13.0) 1707 instructions: IDP 1024, IADD3 140, FADD / FMUL / FFMA 128 each, LDS 84, ~75
@@ -800,7 +802,8 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
         for (int i = 0; i < count; ++i) {
             const float* r = res ? res[i] : nullptr;
             if (big) {
-                // 4-block stages on DP4A only: DP2A / IMAD's byte unpacking needs the registers (spills at 4)
+                // 4-block stages on DP4A only (gemm2_q8_kernel_w16): DP2A / IMAD's byte unpacking needs the
+                // registers (spills at 4)
                 constexpr int WIDE = D::OPS == 1 ? 4 : 2;
                 CMP_TRY((wide ? launch_gemm2<D, WIDE> : launch_gemm2<D, 2>)(xq, xd, wq[i], wd[i], r, y[i], T,
                                                                              rows[i], n));

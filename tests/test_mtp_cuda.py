@@ -43,6 +43,19 @@ def test_concat(cuda_backend, axis):
     np.testing.assert_array_equal(got, np.concatenate(xs, axis=axis))
 
 
+@pytest.mark.parametrize("width", [40, 41])
+def test_concat_of_many_rows_is_one_table(cuda_backend, width):
+    """concat along rows from CONCAT_TABLE_MIN pieces on (the MTP head's catch-up: 256 single hidden rows per
+    sequence), the one cmp_copy_regions launch, equals numpy: 302 pieces of 1-3 rows, and exactly CONCAT_TABLE_MIN.
+    Rows of 41 floats put pieces at offsets that are not 16-byte aligned (the kernel's 4-byte path)."""
+    be = cuda_backend
+    rng = np.random.default_rng(width)
+    for counts in ([1] * 300 + [3, 2], [2] * be.CONCAT_TABLE_MIN):
+        xs = [rng.standard_normal((c, width)).astype(np.float32) for c in counts]
+        got = be.to_host(be.concat([up(be, x) for x in xs], 0))
+        np.testing.assert_array_equal(got, np.concatenate(xs, axis=0))
+
+
 def test_rows_are_views_that_keep_their_block(cuda_backend):
     """Backend.rows (the plain step's hidden rows, one per sequence, of one gathered copy): the numpy slice's values,
     the same memory, and the block stays allocated while a view lives after its tensor is dropped."""

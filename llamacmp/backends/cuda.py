@@ -460,6 +460,8 @@ class CudaBackend(Backend):
     # The producer of a projection's input writes its Q8 activations directly, and residual adds happen in the
     # projection's epilogue: per decode layer 6 launches fewer than rmsnorm, quantize, matmul, ..., add.
     GEMV2_MAX_ROWS = 16  # rows the v2 GEMV takes in one launch (matmul_q8.cu GEMV2_MAX_T; the v1 GEMV takes 8)
+    CONCAT_TABLE_MIN = 8     # concat along rows: from this many pieces, one cmp_copy_regions launch
+    COPY_REGIONS_MAX = 65535  # regions one cmp_copy_regions launch takes (api.h)
 
     def _fusable(self, ws: Sequence, n: int) -> bool:
         return self.fuse_ops and n % Q8_0_BLOCK == 0 and all(isinstance(w, (Q8Matrix, QuantMatrix)) for w in ws)
@@ -961,10 +963,20 @@ class CudaBackend(Backend):
         xs = [x if isinstance(x, DeviceTensor) else self.from_host(np.asarray(x, np.float32)) for x in xs]
         if axis == 0:
             out = self.empty((sum(x.shape[0] for x in xs),) + xs[0].shape[1:])
-            row = 0
-            for x in xs:
-                self.native.cmp_memcpy_d2d(out.row_ptr(row), x.ptr, x.nbytes)
-                row += x.shape[0]
+            starts = np.cumsum([0] + [x.shape[0] for x in xs[:-1]])
+            if len(xs) < self.CONCAT_TABLE_MIN or self.capturing:
+                for x, row in zip(xs, starts):
+                    self.native.cmp_memcpy_d2d(out.row_ptr(int(row)), x.ptr, x.nbytes)
+                return out
+            # Many pieces (the MTP head's catch-up: one hidden row per plainly stepped token, 256 per sequence):
+            # one cmp_copy_regions launch from a table uploaded with it, instead of a copy call per piece.
+            table = np.array([(out.row_ptr(int(row)), x.ptr, x.nbytes) for x, row in zip(xs, starts)], np.uint64)
+            table_d = self.empty((table.nbytes,), "u8", "concat's copy table")
+            self.native.cmp_memcpy_h2d(table_d.ptr, table.ctypes.data, table.nbytes)
+            for k in range(0, len(xs), self.COPY_REGIONS_MAX):
+                n = min(self.COPY_REGIONS_MAX, len(xs) - k)
+                self.native.cmp_copy_regions(table_d.ptr + k * table[0].nbytes, n,
+                                             max(x.nbytes for x in xs[k:k + n]))
             return out
         T = xs[0].shape[0]
         width = sum(x.shape[1] for x in xs)

@@ -318,10 +318,10 @@ def test_fused_step_equals_draft_then_verify_cuda(lms, n_max, B):
 
 def test_bench_mtp_rows_cuda(tmp_path, tiny_vocab, cuda_backend):
     """llamacmp-bench's MTP rows on the GPU: plain rounds through the greedy step graph that also gives h, drafted
-    rounds through SpecGraphs.step; at length n_max + 1 every draft is accepted (a round may draft fewer than n_max: probes, the policy). How many rounds
-    draft is the policy's choice from wall-clock costs (a tiny model beside 11 other test workers may rightly step
-    plainly in most rounds: 42% drafted on 2026-12-02 22:36), so it is not asserted here; test_draft_policy.py checks
-    the choice on given costs."""
+    rounds through SpecGraphs.step; at length n_max + 1 every draft is accepted (a round may draft fewer than n_max:
+    probes, the policy). How many rounds draft is the policy's choice from wall-clock costs (a tiny model beside 11
+    other test workers may rightly step plainly in most rounds: 42% drafted on 2026-12-02 22:36), so it is not
+    asserted here; test_draft_policy.py checks the choice on given costs."""
     import io
     import json
     from llamacmp.cli import bench

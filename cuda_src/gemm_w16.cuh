@@ -65,10 +65,14 @@ using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK>, smem::G2Stage<BK>
 // run): the 9B GEMMs 88.6-90.4 -> 91.2-92.9 TOPS; pp512 / pp4096 of the 9B Q8_0 file on the DP4A route +2.5% / +2.4%.
 // The expanded types (issue 18/20: K-quant prefill on the DP4A route) ran gemm_quant_kernel's 8 warps of 8x8 outputs
 // with the min per 16 values (FMUL + FFMA + FADD per output and block, on top of the scale's FMUL + FFMA): on the
-// H200, 9B Q4_K_M at pp512, ~65 TOPS against Q8_0's 91-93 here. Here they take Q8_0's loop plus, with mins, the
-// block's min and activation sum (one scalar LDS each, per row and per token) and one FFMA per output and block:
-// FMA-pipe instructions per 1024 IDP 1292 (Q8_0) -> ~1420 with mins (gemm_quant_kernel's: 1674), 91% of Q8_0's
-// ceiling; SASS figures per instantiation at the launcher (launch_gemm_w16).
+// H200, 9B Q4_K_M at pp512, ~65 TOPS against Q8_0's 91-93 here. The per-32 ones now take this loop, with mins plus
+// the block's weight min and activation sum (a scalar LDS per row and per token) and one FFMA per output and block.
+// Loop SASS (sm_90, nvcc 13.0, per stage = 1024 IDP.4A per warp; 2026-12-02): without mins (Q4_0, Q5_0, IQ4_NL,
+// IQ4_XS) Q8_0's loop opcode for opcode (1635; 128 registers, 12 B spill); with mins (Q4_1, Q5_1, Q4_K, Q5_K) 1813
+// instructions: IDP 1024, FMUL 128, FFMA 256, I2FP 128, LDS 195, LDL 1, 54 other; 128 registers, 4 B spill. FMA
+// pipe per 1024 IDP: 1423 (a ceiling of 72% of the DP4A rate) against Q8_0's 1292 (79%) and gemm_quant_kernel's
+// 1674 for Q4_K before (61%; 1419 since its min is per block too, but with its 2 warps per scheduler). Not yet
+// measured on a GPU: Q8_0's 91-93 TOPS times 1292 / 1423 would be ~83-85 for Q4_K / Q5_K.
 template <class W, class D, int BK>
 __global__ void __launch_bounds__(512, 1)
 gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]

@@ -16,9 +16,12 @@
 //    up to 4096 values go out as one round of loads per lane, longer rows as a rolling stream; at small T the code
 //    bias of Q4_0 / Q5_0 / Q3_K / Q6_K comes off the integer dots, not off each code (gemv_quant_kernel's BIAS).
 //  - GEMM (T > 16, prefill): per chunk of weight rows, an expansion kernel writes int8 codes + an f32 scale and min
-//    per 16 values into the caller's workspace, then one DP4A GEMM (128x128 tiles, 8x8 outputs per thread, double-
-//    buffered shared memory as matmul_q8.cu's v2 GEMM) multiplies that form; the activation half sums times their
-//    scale come from a small kernel first.
+//    per 16 values into the caller's workspace, then one GEMM multiplies that form: for the types with one scale and
+//    min per 32 values (not PER16) on DP4A, wherever compute_80+ code and 80 KB (88 with mins) of shared memory run,
+//    Q8_0's 16-warp GEMM (gemm_w16.cuh) with the min term per block; else gemm_quant_kernel (128x128 tiles, 8x8
+//    outputs per thread, double-buffered shared memory as matmul_q8.cu's v2 GEMM), which adds a per-32 type's
+//    blocks by the same block_term, so both give the same bits. The activation half sums times their scale come
+//    from a small kernel first.
 // No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =
 // IDP.2A, or IMAD), a template parameter of the kernels that take one, chosen per call by cmp_matmul_*'s kernels bits;
 // CMP_MM_MMA multiplies the (expanded) weights on the tensor cores instead (matmul_mma.cu).
@@ -26,6 +29,7 @@
 #pragma once
 #include <algorithm>
 
+#include "gemm_w16.cuh"
 #include "matmul_mma.cuh"
 #include "quant_blocks.cuh"
 #include "smem_plan.h"
@@ -291,17 +295,22 @@ __global__ void half_sums_kernel(const int8_t* __restrict__ xq,  // [T, n]
 }
 
 // The expanded weights times the activations: thread (tx, ty) = (tid % 16, tid / 16) owns rows tx + 16i and tokens
-// ty + 16j (i, j < 8), rows in registers 4 at a time. Per sub-block and output: two 16-code DP4A dots with their
-// half scales, times the activation scale, less the mins times the activation half sums. Stages of QBK sub-blocks,
-// double-buffered (codes by cp.async on sm_80+; scales through registers), one barrier per stage; STAGES 1 where
-// shared memory holds one stage only (smem::gemm_quant_plan: sm_61): the next stage waits in registers while the
-// current one is multiplied, then a second barrier before it overwrites it. The arithmetic is the same.
+// ty + 16j (i, j < 8), rows in registers 4 at a time. Per sub-block and output: PER16, two 16-code DP4A dots with
+// their half scales, times the activation scale, less the mins times the activation half sums; else one 32-code dot
+// and block_term (gemm_w16.cuh: the arithmetic of gemm_w16_kernel, which runs these types on DP4A where it can).
+// Stages of QBK sub-blocks, double-buffered (codes by cp.async on sm_80+; scales through registers), one barrier per
+// stage; STAGES 1 where shared memory holds one stage only (smem::gemm_quant_plan: sm_61): the next stage waits in
+// registers while the current one is multiplied, then a second barrier before it overwrites it. The arithmetic is
+// the same.
 // The loop's SASS per 2-stage (1024 IDP.4A per thread; 2026-12-02, issue 20 item 5; sm_90 nvcc 13.0 / sm_70 nvcc
 // 12.4), before -> now (the int->float by the conversion, chain_to_f32 in common.cuh; rows past the end read the
 // last one, only the K tail guarded):
 //   Q4_K form (MIN):   2144 / 2155 -> 2008 / 2007 instructions; FMA-pipe ones (IDP, FADD/FMUL/FFMA, IMAD) on
 //                      sm_70 1810 -> 1680: a ceiling of 57% -> 61% of the DP4A rate. The min term (FMUL + FFMA +
 //                      FADD per output and sub-block) is most of what stays; sm_70 spills 12 B -> none.
+//                      Since the min per 32 values (block_term, issue 18/20; sm_90): 2008 -> 1761 instructions, FMA
+//                      pipe 1674 -> 1419 (FMUL 256 -> 128, FFMA 256, FADD 128 -> 1); the loop DP2A / IMAD and the
+//                      cards without gemm_w16_kernel run.
 //   Q6_K form (PER16): 2092 / 2107 -> 1819 / 1830; sm_70 FMA pipe 1680 -> 1416 (61% -> 72%), 256 I2F on the XU
 //                      (16 per SM and clock on Volta: ~70% busy at that rate); sm_70 spills 0 -> 24 B (3 LDL).
 //   Q4_0 form:         1716 / - -> 1572 (sm_90).
@@ -381,7 +390,7 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
         b.ws[sr][2 * sk + 1] = p.ws.y;
         b.wm[sr][2 * sk] = p.wm.x;
         b.wm[sr][2 * sk + 1] = p.wm.y;
-        b.xs[sr][2 * sk] = p.xs.x;
+        b.xs[sr][2 * sk] = PER16 ? p.xs.x : p.xs.x + p.xs.y;   // per 32: the block's sum (exact: block_term)
         b.xs[sr][2 * sk + 1] = p.xs.y;
         b.xd[sr][sk] = p.xd;
     };
@@ -413,9 +422,9 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
                     a[ii][0] = *reinterpret_cast<const int4*>(&cur.w[r][kb * 8]);
                     a[ii][1] = *reinterpret_cast<const int4*>(&cur.w[r][kb * 8 + 4]);
                     s0[ii] = cur.ws[r][2 * kb];
-                    s1[ii] = cur.ws[r][2 * kb + 1];
+                    s1[ii] = PER16 ? cur.ws[r][2 * kb + 1] : 0.f;
                     m0[ii] = MIN ? cur.wm[r][2 * kb] : 0.f;
-                    m1[ii] = MIN ? cur.wm[r][2 * kb + 1] : 0.f;
+                    m1[ii] = MIN && PER16 ? cur.wm[r][2 * kb + 1] : 0.f;
                 }
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
@@ -423,17 +432,20 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
                     const int4 b0 = *reinterpret_cast<const int4*>(&cur.x[c][kb * 8]);
                     const int4 b1 = *reinterpret_cast<const int4*>(&cur.x[c][kb * 8 + 4]);
                     const float sx = cur.xd[c][kb];
-                    const float e0 = MIN ? cur.xs[c][2 * kb] : 0.f, e1 = MIN ? cur.xs[c][2 * kb + 1] : 0.f;
+                    // e0: the half's sum (PER16) or the block's
+                    const float e0 = MIN ? cur.xs[c][2 * kb] : 0.f, e1 = MIN && PER16 ? cur.xs[c][2 * kb + 1] : 0.f;
 #pragma unroll
                     for (int ii = 0; ii < 4; ++ii) {
-                        // PER16: a dot chain per half; else one chain over the sub-block (the integer d0 + d1)
+                        float& o = acc[4 * h + ii][j];
+                        // PER16: a dot chain per half; else one chain over the sub-block, as gemm_w16_kernel adds it
                         const int d0 = dot16<D>(a[ii][0], b0, dot_chain_init());
                         const int d1 = dot16<D>(a[ii][1], b1, PER16 ? dot_chain_init() : d0);
-                        const float v = PER16 ? fmaf(s0[ii], chain_to_f32(d0), s1[ii] * chain_to_f32(d1))
-                                              : s0[ii] * chain_to_f32(d1);
-                        float& o = acc[4 * h + ii][j];
-                        o = fmaf(v, sx, o);
-                        if (MIN) o -= fmaf(m0[ii], e0, m1[ii] * e1);
+                        if constexpr (PER16) {
+                            o = fmaf(fmaf(s0[ii], chain_to_f32(d0), s1[ii] * chain_to_f32(d1)), sx, o);
+                            if (MIN) o -= fmaf(m0[ii], e0, m1[ii] * e1);
+                        } else {
+                            o = block_term<MIN>(o, d1, s0[ii], sx, m0[ii], e0);
+                        }
                     }
                 }
             }
@@ -510,6 +522,12 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
     size_t limit = 0;
     CMP_TRY(smem_limit(&limit));
     const int stages = smem::gemm_quant_plan(limit).config;   // 2, else 1 (sm_61); 0: the 1-stage error below
+    // One scale (and min) per 32 values on DP4A: Q8_0's 16-warp GEMM (gemm_w16.cuh) wherever it runs
+    using W = W16Expanded<Q::MIN>;
+    constexpr bool W16 = D::OPS == 1 && !Q::PER16;
+    bool w16 = false;
+    if constexpr (W16)
+        if (!mma) CMP_TRY((gemm_w16_runs<W, D>(&w16)));
     for (int r0 = 0; r0 < rows; r0 += g.chunk) {
         const int R = std::min(g.chunk, rows - r0);
         CMP_TRY(expand_quant(Q::ID, body + (size_t)r0 * nb * Q::BODY, head + (size_t)r0 * nb * Q::HEAD, g.wq, g.ws,
@@ -520,6 +538,11 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
             continue;
         }
         const float* rr = res ? res + r0 : nullptr;
+        if constexpr (W16)
+            if (w16) {
+                CMP_TRY((launch_gemm_w16<W, D>(xq, xd, g.xs, g.wq, W{g.ws, g.wm}, rr, y + r0, T, R, n, rows)));
+                continue;
+            }
         const auto run = stages == 2 ? launch_gemm_quant<Q::PER16, Q::MIN, D, 2>
                                     : launch_gemm_quant<Q::PER16, Q::MIN, D, 1>;
         CMP_TRY(run(xq, xd, g, rr, y + r0, T, R, n, rows));

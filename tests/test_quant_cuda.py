@@ -117,6 +117,49 @@ def test_one_stage_gemm_gives_the_same_bits(cuda_backend, type_name):
     np.testing.assert_array_equal(out[SMEM_CAPS["sm61"]], out[0])
 
 
+PER32_TYPES = ["IQ4_NL", "IQ4_XS", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K"]   # one scale (and min) per 32
+
+
+def test_per32_types_are_those_of_the_header(cuda_backend):
+    """PER32_TYPES: the types matmul_quant.cuh sends to gemm_w16_kernel on DP4A (not PER16); the rest are PER16."""
+    assert set(PER32_TYPES) < set(TYPES) and set(TYPES) - set(PER32_TYPES) == {"Q2_K", "Q3_K", "Q6_K"}
+
+
+@pytest.mark.parametrize("type_name", PER32_TYPES)
+def test_per32_gemm_same_bits_on_every_kernel(cuda_backend, type_name):
+    """The per-32 types' GEMM (gemm_w16.cuh's block_term per output and block, in block order) gives the same bits on
+    each kernel that runs it: the 16-warp gemm_w16_kernel (DP4A, compute_80+ code, 80 / 88 KB: uncapped and under
+    sm_70's 96 KB), gemm_quant_kernel's two stages (sm_75's 64 KB) and one (sm_61's 48 KB), and the DP2A and IMAD
+    routes' gemm_quant_kernel (the same integers); and matches the reference. 259 rows (three row tiles, the last of
+    3 rows) in two chunks of 256 rows (the workspace: ldy = 259 in the second), 200 tokens (a partial second token
+    tile), a K tail (32-value types: 13 blocks, 3 stages of 4 and one block), the residual added in the epilogue."""
+    from cuda_helpers import SMEM_CAPS
+    be, rng = cuda_backend, np.random.default_rng(31)
+    n = cols_for(type_name, 13 if QUANT_BLOCKS[type_name][0] == 32 else 3)
+    blocks = random_blocks(type_name, 259, n, rng)
+    x = inputs(8, 200, n)
+    res = rng.standard_normal((200, 259)).astype(np.float32)
+    w = be.upload_matrix(blocks)
+    xq, xd = be.quantize(up(be, x))
+    saved = be.QUANT_WORK_BYTES
+    be.QUANT_WORK_BYTES = be.native.quant_work_bytes(w.type_id, 200, n, 256)   # chunks of 256 rows
+    out = {}
+    try:
+        for dot in INT8_DOTS:
+            for cap in ("device", "sm70", "sm75", "sm61") if dot == "dp4a" else ("device",):
+                be.native.cmp_set_smem_cap(SMEM_CAPS[cap])
+                try:
+                    with routed(be, dot):
+                        out[dot, cap] = be.to_host(be._q8_project(xq, xd, [w], [up(be, res)])[0])
+                finally:
+                    be.native.cmp_set_smem_cap(0)
+    finally:
+        be.QUANT_WORK_BYTES = saved
+    assert rel(out["dp4a", "device"], exact(x, blocks) + res) < TOL
+    for key, got in out.items():
+        np.testing.assert_array_equal(got, out["dp4a", "device"], err_msg=str(key))
+
+
 @pytest.mark.parametrize("long_n", [0, 4352, 12544])
 @pytest.mark.parametrize("dot", INT8_DOTS)
 @pytest.mark.parametrize("type_name", TYPES)

@@ -1,10 +1,10 @@
 // The 16-warp DP4A GEMM of int8 codes whose scale (and min) is one per 32 values on both sides: Q8_0 (matmul_q8.cu,
-// weights repacked: f16 scale per block) and the expanded block types that are not PER16 (matmul_quant.cuh: Q4_0,
-// Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, IQ4_XS; their expansion's f32 scale and min per 16 values hold each block's
-// in both halves). One kernel source for both jobs; each including translation unit instantiates its own (internal
-// linkage). block_term is the arithmetic per output and block that every DP4A GEMM of such weights adds, this one
-// and gemm_quant_kernel (where this one does not run: DP2A / IMAD routes, compute_75- code, sm_75's shared memory),
-// so the outputs have the same bits whichever runs.
+// weights repacked: f16 scale per block) and the expanded block types that are not PER16 (matmul_quant.cuh: Q4_0, Q4_1,
+// Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, IQ4_XS; their expansion's f32 scale and min per 16 values hold each block's in both
+// halves). One kernel source for both jobs; each including translation unit instantiates its own (internal linkage).
+// block_term is the arithmetic per output and block that every DP4A GEMM of such weights adds, this one and
+// gemm_quant_kernel (where this one does not run: DP2A / IMAD routes, code older than compute_80, sm_75's shared
+// memory), so the outputs have the same bits whichever runs.
 #pragma once
 #include <type_traits>
 
@@ -64,15 +64,15 @@ using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK>, smem::G2Stage<BK>
 // against 8192 clocks of DP4A issue: 42%, twice the 8-warp kernel's share. Measured (H200, 2026-12-02 22:36, same
 // run): the 9B GEMMs 88.6-90.4 -> 91.2-92.9 TOPS; pp512 / pp4096 of the 9B Q8_0 file on the DP4A route +2.5% / +2.4%.
 // The expanded types (issue 18/20: K-quant prefill on the DP4A route) ran gemm_quant_kernel's 8 warps of 8x8 outputs
-// with the min per 16 values (FMUL + FFMA + FADD per output and block, on top of the scale's FMUL + FFMA): on the
-// H200, 9B Q4_K_M at pp512, ~65 TOPS against Q8_0's 91-93 here. The per-32 ones now take this loop, with mins plus
-// the block's weight min and activation sum (a scalar LDS per row and per token) and one FFMA per output and block.
-// Loop SASS (sm_90, nvcc 13.0, per stage = 1024 IDP.4A per warp; 2026-12-02): without mins (Q4_0, Q5_0, IQ4_NL,
-// IQ4_XS) Q8_0's loop opcode for opcode (1635; 128 registers, 12 B spill); with mins (Q4_1, Q5_1, Q4_K, Q5_K) 1813
-// instructions: IDP 1024, FMUL 128, FFMA 256, I2FP 128, LDS 195, LDL 1, 54 other; 128 registers, 4 B spill. FMA
-// pipe per 1024 IDP: 1423 (a ceiling of 72% of the DP4A rate) against Q8_0's 1292 (79%) and gemm_quant_kernel's
-// 1674 for Q4_K before (61%; 1419 since its min is per block too, but with its 2 warps per scheduler). Not yet
-// measured on a GPU: Q8_0's 91-93 TOPS times 1292 / 1423 would be ~83-85 for Q4_K / Q5_K.
+// with the min per 16 values (FMUL + FFMA + FADD per output and block, on top of the scale's FMUL + FFMA): on the H200,
+// 9B Q4_K_M at pp512, ~65 TOPS against Q8_0's 91-93 here. The per-32 ones now take this loop, with mins plus the
+// block's weight min and activation sum (a scalar LDS per row and per token) and one FFMA per output and block. Loop
+// SASS (sm_90, nvcc 13.0, per stage = 1024 IDP.4A per warp; 2026-12-02): without mins (Q4_0, Q5_0, IQ4_NL, IQ4_XS)
+// Q8_0's loop, the same count of each opcode (1635; 128 registers, 12 B spill); with mins (Q4_1, Q5_1, Q4_K, Q5_K) 1813
+// instructions: IDP 1024, FMUL 128, FFMA 256, I2FP 128, LDS 195, IMAD 14, FADD 1, LDL 1, 66 other; 128 registers, 4 B
+// spill. FMA pipe per 1024 IDP: 1423 (a ceiling of 72% of the DP4A rate) against Q8_0's 1292 (79%) and
+// gemm_quant_kernel's 1674 for Q4_K before (61%; 1419 since its min is per block too, but with its 2 warps per
+// scheduler). Not yet measured on a GPU: Q8_0's 91-93 TOPS times 1292 / 1423 would be ~83-85 for Q4_K / Q5_K.
 template <class W, class D, int BK>
 __global__ void __launch_bounds__(512, 1)
 gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]

@@ -14,7 +14,7 @@
 // compute_70 and older builds have no kernel body here: gemm_mma hands their calls to Volta's f16 HMMA GEMM
 // (matmul_hmma.cu), which refuses code below compute_70.
 // The main loop's SASS per 4-block stage (sm_90, nvcc 13.0, gemm_mma_kernel<SC, MIN, 4, 4>: tools/mma_sass.py),
-// IMMA / FP32 (FFMA, FMUL, FADD) / LDS / all, before -> after issue 18's min rework (2026-12-03):
+// IMMA / FP32 (FFMA, FMUL, FADD) / LDS / all, before -> after issue 18's min rework (2026-12-02):
 //   Q8_0                         32 / 384 / 35 /  600 -> 32 / 384 / 35 /  575  (18.8 -> 18.0 per IMMA)
 //   PER32 (Q4_0, Q5_0, IQ4_*)    32 / 384 / 35 /  615 -> 32 / 272 / 35 /  472  (19.2 -> 14.8)
 //   PER32 + MIN (Q4_K, Q5_K, ..) 32 / 768 / 99 / 1114 -> 32 / 401 / 35 /  621  (34.8 -> 19.4)
@@ -22,7 +22,7 @@
 //   PER16 + MIN (Q2_K)           64 / 1024 / 115 / 1409 -> 64 / 784 / 115 / 1114  (22.0 -> 17.4)
 // The Q4_K form had twice Q8_0's instructions (its GEMMs took 72.8 of a 9B Q4_K_M pp512's 100.3 ms of kernels on
 // the H200): per output and block six FP32 (FADD, FMUL, FFMA as Q8_0, then FMUL + FFMA + FADD for the two half
-// mins), and per block and warp 16 more LDS (each half's min and activation sum alone); now the min is one FFMA,
+// mins), and per block 16 more LDS a warp (each half's min and activation sum alone); now the min is one FFMA,
 // the bias comes off in the scale's FFMA, a row's scale and min are one LDS.64, a token pair's scales and sums one
 // LDS.128, and the scale loads no longer branch on whether an item is a row's or a token's (all forms: the Q8_0
 // loop's 25 fewer). Registers 128 (the launch bound's cap) in every form; spills at BK = 4 24 -> 4 bytes (Q4_K).

@@ -140,9 +140,10 @@ class Backend(ABC):
         gives the hidden state the MTP head reads); None: run them eagerly."""
         return None
 
-    def spec_graphs(self, model, n_max: int, capacity: int = 8):
+    def spec_graphs(self, model, n_max: int, capacity: int = 8, seqs: int = 1):
         """engine/speculative.py's MTP draft rounds and verify forwards captured as graphs (backends/spec_graphs.py:
-        draft(), verify()); None: the Speculator runs them eagerly."""
+        draft(), verify(); seqs: the sequences that draft, each keeping its shapes); None: the Speculator runs them
+        eagerly."""
         return None
 
     def state_ops(self):

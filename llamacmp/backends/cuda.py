@@ -1088,9 +1088,9 @@ class CudaBackend(Backend):
         """engine/decode.py's decode steps on CUDA graphs (backends/cuda_graphs.DecodeGraphs)."""
         return DecodeGraphs(self, model, capacity, hidden)
 
-    def spec_graphs(self, model, n_max: int, capacity: int = 8):
+    def spec_graphs(self, model, n_max: int, capacity: int = 8, seqs: int = 1):
         """engine/speculative.py's draft rounds and verify forwards on CUDA graphs (backends/spec_graphs.py)."""
-        return SpecGraphs(self, model, n_max, capacity)
+        return SpecGraphs(self, model, n_max, capacity, seqs)
 
     def ids_to_host(self, ids: DeviceTensor) -> np.ndarray:
         """int32 [R] device ids -> host (waits for the stream)."""

@@ -189,14 +189,18 @@ class SpecGraphs:
     (a graph holds its states, so an id is not reused while it is cached) and, for drafts, the catch-up lengths and
     the draft head (set_head: a draft graph bakes in the LM head's rows it read when captured)."""
 
-    def __init__(self, be, model, n_max: int, capacity: int = 8):
-        if capacity < 1 or n_max < 1:
-            raise ValueError(f"SpecGraphs needs n_max >= 1 and capacity >= 1 (got {n_max}, {capacity})")
+    def __init__(self, be, model, n_max: int, capacity: int = 8, seqs: int = 1):
+        """seqs: the sequences (server slots) that draft: each one's every draft shape is kept."""
+        if capacity < 1 or n_max < 1 or seqs < 1:
+            raise ValueError(f"SpecGraphs needs n_max, capacity and seqs >= 1 (got {n_max}, {capacity}, {seqs})")
         self.be, self.model, self.n, self.capacity = be, model, n_max, capacity
-        # verify graphs: `capacity` lists of sequences per length; draft graphs: every catch-up length of one list
-        # and every draft length, twice over (each graph holds an arena of at least GRAPH_CHUNK, outside the memory
-        # plan like the decode graphs')
-        self.draft_room = self._room = 2 * sum(n + 2 for n in range(1, n_max + 1))
+        # verify graphs: `capacity` lists of sequences per length; draft graphs: every catch-up length and every
+        # draft length of each of the `seqs` sequences alone, and as much again for one more (lists of several
+        # sequences; 2 x one list's shapes at seqs = 1). Fewer than every slot's shapes made a server whose
+        # requests go to its slots in turn (LRU) capture them again at each request: -np 4 kept 24 of the 48 that
+        # n_max 3 gives 4 slots. Each graph holds an arena of at least GRAPH_CHUNK, outside the memory plan like
+        # the decode graphs', taken only when a shape is first used.
+        self.draft_room = self._room = (seqs + 1) * sum(n + 2 for n in range(1, n_max + 1))
         self.head, self._heads = None, set()      # the draft head (None: the one the model has, fixed)
         self._draft: OrderedDict[tuple, CapturedDraft] = OrderedDict()
         self._verify: OrderedDict[tuple, CapturedVerify] = OrderedDict()

@@ -107,8 +107,8 @@ class Engine:
         lm, cfg = self.lm, self.cfg
         self.model, self.backend = lm.model, lm.backend
         self.ops = state_ops_for(self.backend)
-        self.spec = Speculator.from_spec(lm.model, cfg.spec, lm.path) if cfg.spec is not None and cfg.spec.enabled \
-            else None
+        self.spec = Speculator.from_spec(lm.model, cfg.spec, lm.path, n_seqs=cfg.n_slots) \
+            if cfg.spec is not None and cfg.spec.enabled else None
         # with MTP on, plain steps also give the hidden state the heads read (adaptive drafting: plain rounds)
         self.decoder = Decoder(lm, max_graphs=cfg.max_graphs, hidden=self.spec is not None)
         self.slots = [Slot(i, self.backend.new_state(lm.cfg, cfg.n_ctx_slot, cfg.k_type, cfg.v_type),

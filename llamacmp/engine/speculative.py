@@ -94,12 +94,14 @@ class Speculator:
     pending_max = PENDING_MAX                         # observe_plain's queue bound (a test lowers it per instance)
 
     def __init__(self, model, n_max: int = 3, n_min: int = 0, p_min: float = 0.0, graphs: bool = True,
-                 adaptive: bool = True, costs: Optional[CostTable] = None, auto: Optional[AutoVocab] = None):
+                 adaptive: bool = True, costs: Optional[CostTable] = None, auto: Optional[AutoVocab] = None,
+                 n_seqs: int = 1):
         """graphs: replay captured draft / verify graphs where the backend has them (False: always eager).
         adaptive: choose each round's draft length (0: plain) from measured costs (draft_policy), else always
         n_max; costs: a cost table to start from (a benchmark's repetitions share one). auto: --spec-draft-vocab
         auto's constants: the head drafts from their prefix or the whole vocabulary as the committed tokens say
-        (engine/draft_vocab.py; None: the head the model has, set_draft_vocab)."""
+        (engine/draft_vocab.py; None: the head the model has, set_draft_vocab). n_seqs: the sequences that draft
+        (the server's slots): the graphs keep every one's shapes."""
         if model.mtp is None:
             raise SpecUnsupported("the model has no MTP head")
         if n_max < 1:
@@ -107,7 +109,7 @@ class Speculator:
         self.model, self.be = model, model.be
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         self.n_drafted = self.n_accepted = 0          # totals, for the draft_n / draft_n_accepted timings
-        self.graphs = model.be.spec_graphs(model, n_max) if graphs else None
+        self.graphs = model.be.spec_graphs(model, n_max, seqs=n_seqs) if graphs else None
         self.policy = DraftPolicy(n_max, n_min, costs) if adaptive else None
         self._round = None                            # (S, n, start, clean) of the draft awaiting its verify
         self._unrecorded = None                       # [S, n, seconds] of a verified round, until its commits end
@@ -118,7 +120,8 @@ class Speculator:
         self._use_head()
 
     @classmethod
-    def from_spec(cls, model, spec, path: str = "the model", costs: Optional[CostTable] = None) -> "Speculator":
+    def from_spec(cls, model, spec, path: str = "the model", costs: Optional[CostTable] = None,
+                  n_seqs: int = 1) -> "Speculator":
         """From a spec.SpecConfig (type draft-mtp); a file without MTP layers is refused naming it and the flag."""
         if model.mtp is None and model.cfg.n_nextn:
             raise SpecUnsupported(f"--spec-type {spec.type}: the MTP head of '{path}' is not loaded (a layer split "
@@ -131,7 +134,7 @@ class Speculator:
             model.set_draft_vocab(0 if auto else spec.draft_vocab)  # before cls(): draft graphs capture its head
         except ValueError as e:
             raise SpecUnsupported(str(e)) from None
-        return cls(model, spec.n_max, spec.n_min, spec.p_min, costs=costs, auto=auto)
+        return cls(model, spec.n_max, spec.n_min, spec.p_min, costs=costs, auto=auto, n_seqs=n_seqs)
 
     # -- the draft vocabulary (--spec-draft-vocab auto) ----------------------------------------------------------
     @property
@@ -485,17 +488,19 @@ class Speculator:
     def start(self, state: SeqState, ms: MtpSeq, alone: bool) -> None:
         """A request starts on this sequence (a server slot). Its acceptance starts from the prior, as a new
         sequence's does (the slot's last request says little about this text; each llamacmp-bench repetition
-        starts so too). alone (no other slot busy: its rounds will be of one sequence): the graphs of its first
-        round and of its probes (every draft length, a catch-up of one row: the head has run the prompt, or caught
-        up after plain steps) are captured now, in the prompt's time, instead of in its decode, where the bench
-        never pays them (prepare, untimed): a likely part of MTP's cost at acceptance 0 through the server (13%
-        against the bench's 4.9%, H200, 2026-12-02; not yet measured after). A slot keeps them while the LRU does.
-        With other slots busy the rounds are of several sequences, whose shapes are captured at first use."""
+        starts so too). alone (no other slot busy: its rounds will be of one sequence): the graphs of all its
+        rounds (every draft length and every catch-up length: 1 row for the first round, 2 .. n + 2 for the
+        rounds after a round that kept 1 .. n + 1 tokens or after plain steps) are captured now, in the prompt's
+        time, instead of in its decode, where the bench never pays them (prepare, untimed). Capturing only the
+        1-row shapes left 7-9 draft captures inside each 128-token decode of a fresh slot at synthetic length 2.5
+        (numpy replay of the server's rounds, 2026-12-03), where the bench captured none. A slot keeps them while
+        the LRU does (SpecGraphs: room for every slot's shapes). With other slots busy the rounds are of several
+        sequences, whose shapes are captured at first use."""
         ms.acc = Acceptance()
         if not alone:
             return
         try:
-            self.prepare([(state, ms)], catch_ups=(1,))
+            self.prepare([(state, ms)])
         except MemoryError as e:        # (DeviceMemoryError is one) the rounds capture at first use, or run eagerly
             log.info("MTP graphs not captured ahead (%s); captured at first use", e)
 

@@ -70,6 +70,8 @@ using smem::QBK;     // sub-blocks of 32 per shared-memory stage
 using smem::QKP;     // row stride in ints
 using smem::QStage;  // one stage of the GEMM's operands (smem_plan.h, which sizes it)
 constexpr int ONES = 0x01010101;
+// A GEMV round's refills (gemv_quant_kernel): none, every slot (the next round is whole), the slots that have one.
+enum { QR_NONE, QR_ALL, QR_SOME };
 
 template <class D>
 __device__ __forceinline__ int sum16(const int4 b) { return dot16<D>(make_int4(ONES, ONES, ONES, ONES), b); }
@@ -98,20 +100,44 @@ struct QuantSet {
     const uint8_t* head[QMAX_MATS];  // [rows_i, nb * HEAD]
     float* y[QMAX_MATS];             // [T, rows_i]
     const float* res[QMAX_MATS];     // [T, rows_i] added to y, or null
-    int row_end[QMAX_MATS];          // cumulative rows
-    int count, total;
+    int rows[QMAX_MATS];
+    int group_end[QMAX_MATS];        // cumulative warp groups (ceil(rows_i / R): the launcher's R)
+    int count, groups;
 };
 
-// Weight row `grow` of a set: the matrix it belongs to and the row within it.
-struct SetRow { int mat, row, rows; };
+// Warp group g of a set: R consecutive rows of one matrix (its last group may run past its end), so that the
+// matrix is looked up once per warp, not per row, and a warp's rows share their addressing.
+struct SetGroup { int mat, row, rows; };
 
-__device__ __forceinline__ SetRow locate_row(const QuantSet& set, int grow) {
+template <int R>
+__device__ __forceinline__ SetGroup locate_group(const QuantSet& set, int g) {
     int i = 0;
 #pragma unroll
-    for (int k = 1; k < QMAX_MATS; ++k) i = k < set.count && grow >= set.row_end[k - 1] ? k : i;
-    const int row0 = i ? set.row_end[i - 1] : 0;
-    return {i, grow - row0, set.row_end[i] - row0};
+    for (int k = 1; k < QMAX_MATS; ++k) i = k < set.count && g >= set.group_end[k - 1] ? k : i;
+    return {i, (g - (i ? set.group_end[i - 1] : 0)) * R, set.rows[i]};
 }
+
+// A GEMV lane's cursor in one weight row, at the sub-block c where its current round starts (c = lane + 32 i); load(nb,
+// c, k) gives sub-block c + k (k a multiple of 32, known at compile time). With LANE and where the type has one:
+// Q::Lane (its planes' addresses at c, advanced a round at a time: loads at constant offsets, no address arithmetic
+// per load; one 64-bit pointer per plane and row); else Q::load's arithmetic from the row's planes at each load.
+template <class Q, bool LANE, class = void>
+struct GemvLane {
+    const uint8_t *body, *head;
+    static __device__ __forceinline__ GemvLane at(const uint8_t* body, const uint8_t* head, int, int) {
+        return {body, head};
+    }
+    __device__ __forceinline__ typename Q::Raw load(int nb, int c, int k) const { return Q::load(body, head, nb, c + k); }
+    __device__ __forceinline__ void advance(int) {}
+    static constexpr bool WHOLE_ROUNDS = false;
+};
+template <class Q>
+struct GemvLane<Q, true, std::void_t<typename Q::Lane>> : Q::Lane {
+    static __device__ __forceinline__ GemvLane at(const uint8_t* body, const uint8_t* head, int nb, int c) {
+        return {Q::Lane::at(body, head, nb, c)};
+    }
+    __device__ __forceinline__ typename Q::Raw load(int, int, int k) const { return Q::Lane::load(k); }
+};
 
 // The GEMV's shape at NT tokens: rows per warp R, sub-blocks in flight per lane and row U, whether a slot is refilled
 // as soon as it is decoded (roll) or all U after the round, and the launch bound's blocks per SM (MINB).
@@ -174,45 +200,49 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     // (D::OPS); the same integers either way. SUMS: the kernel needs the half sums (for the mins or the bias).
     constexpr int BIAS = NT * 8 * D::OPS < R * 24 ? Q::BIAS : 0;
     constexpr bool SUMS = Q::MIN || BIAS != 0;
-    const int first = (blockIdx.x * QGEMV_WARPS + threadIdx.y) * R;
-    if (first >= set.total) return;
+    const int group = blockIdx.x * QGEMV_WARPS + threadIdx.y;
+    if (group >= set.groups) return;
     const int lane = threadIdx.x, nb = n / Q::BV, nsub = n / 32, j = lane % NSUB;
-    // A group past the last row re-reads the last row and stores nothing for it. Only the planes stay live through
-    // the loop; the outputs are located again after it (registers: every shape runs under a cap).
-    const uint8_t* body[R];
-    const uint8_t* head[R];
+    // Rows past the matrix's last re-read it and store nothing.
+    const SetGroup at = locate_group<R>(set, group);
+    using Lane = GemvLane<Q, NT == 1>;   // the cursors cost registers that T >= 2 does not have (ptxas -v)
+    Lane src[R];   // at the lane's current round
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const SetRow at = locate_row(set, min(first + r, set.total - 1));
-        body[r] = set.body[at.mat] + (size_t)at.row * nb * Q::BODY;
-        head[r] = set.head[at.mat] + (size_t)at.row * nb * Q::HEAD;
+        const size_t row = min(at.row + r, at.rows - 1);
+        src[r] = Lane::at(set.body[at.mat] + row * nb * Q::BODY, set.head[at.mat] + row * nb * Q::HEAD, nb,
+                                 lane);
     }
     typename Q::Raw raw[R][U];
-    // Slot u of every row <- sub-block c; a round's loads from c0 (the lane's first sub-block of the round).
-    auto fetch_round = [&](int c0) {
+    // Slot u of every row <- the lane's sub-block lane + 32 u; WHOLE: all U exist (no per-slot bound check).
+    auto fetch_first = [&](auto whole) {
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                if (c0 + 32 * u < nsub) raw[r][u] = Q::load(body[r], head[r], nb, c0 + 32 * u);
+                if (decltype(whole)::value || lane + 32 * u < nsub) raw[r][u] = src[r].load(nb, lane, 32 * u);
     };
-    fetch_round(lane);
-    pdl_allow_consumers();
-    pdl_wait_producers();
     float acc[R][NT];
+    auto start = [&] {   // after the first loads
+        pdl_allow_consumers();
+        pdl_wait_producers();
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
-    for (int c0 = lane; c0 < nsub; c0 += 32 * U) {
-        if (!ROLL && c0 != lane) fetch_round(c0);
-        // ROLL: whether the next round has any sub-block (else no refill code runs: one round per row at n = 4096,
-        // U = 4) and whether it is whole (no per-lane bound check); both warp-uniform.
+            for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
+    };
+    // One round: the lane's sub-blocks c0 + 32 u, u < U. WHOLE: all exist. REFILL (ROLL): each slot, once decoded,
+    // takes the sub-block U rounds... one round ahead (c + 32 U): QR_NONE never, QR_ALL always (the next round is
+    // whole: no bound check, no predicated load), QR_SOME where it exists.
+    auto round = [&](int c0, auto whole, auto refill) {
+        constexpr bool WHOLE = decltype(whole)::value;
+        constexpr int REFILL = decltype(refill)::value;
+        // QR_SOME: whether the next round has any sub-block and whether it is whole (both warp-uniform).
         const bool next_any = c0 - lane + 32 * U < nsub, next_full = c0 - lane + 64 * U <= nsub;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + 32 * u;
-            if (c >= nsub) break;
+            if (!WHOLE && c >= nsub) break;
             int4 w0[R], w1[R];
             float s0[R], s1[R], m0[R], m1[R];
 #pragma unroll
@@ -223,8 +253,8 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                 w0[r] = make_int4(sb.q[0], sb.q[1], sb.q[2], sb.q[3]);
                 w1[r] = make_int4(sb.q[4], sb.q[5], sb.q[6], sb.q[7]);
                 s0[r] = sb.s[0], s1[r] = sb.s[1], m0[r] = sb.m[0], m1[r] = sb.m[1];
-                if (ROLL && next_any && (next_full || c + 32 * U < nsub))
-                    raw[r][u] = Q::load(body[r], head[r], nb, c + 32 * U);
+                if (REFILL == QR_SOME && next_any && (next_full || c + 32 * U < nsub))
+                    raw[r][u] = src[r].load(nb, c0, 32 * (u + U));
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
@@ -237,18 +267,64 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                     acc[r][t] = __fmaf_rn(sub_dot<Q::PER16, Q::MIN, BIAS, D>(w0[r], w1[r], s0[r], s1[r], m0[r], m1[r],
                                                                              x0, x1, e0, e1), sx, acc[r][t]);
             }
-        }
-    }
+            // QR_ALL: after the dots, when the decoded codes are dead (registers: before them Q3_K/Q4_K/Q5_K
+            // spilled under the cap).
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        if (first + r >= set.total) break;
-        const SetRow at = locate_row(set, first + r);
-        float* y = set.y[at.mat] + at.row;
-        const float* res = set.res[at.mat] ? set.res[at.mat] + at.row : nullptr;
+            for (int r = 0; r < R; ++r)
+                if (REFILL == QR_ALL) raw[r][u] = src[r].load(nb, c0, 32 * (u + U));
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) src[r].advance(32 * U);
+    };
+    using Yes = std::true_type;
+    using No = std::false_type;
+    if constexpr (ROLL) {
+        fetch_first(No{});
+        start();
+        int c0 = lane;
+        if constexpr (NT == 1 && Lane::WHOLE_ROUNDS) {   // the rounds whose next round is whole, then the rest
+            const int steady = nsub / (32 * U) - 1;
+            for (int i = 0; i < steady; ++i) round(lane + 32 * U * i, Yes{}, std::integral_constant<int, QR_ALL>{});
+            c0 = lane + 32 * U * max(steady, 0);
+        }
+        for (; c0 < nsub; c0 += 32 * U) round(c0, No{}, std::integral_constant<int, QR_SOME>{});
+    } else {  // one round (the launcher's rows have at most 32 U sub-blocks)
+        if (nsub == 32 * U) fetch_first(Yes{});
+        else fetch_first(No{});
+        start();
+        round(lane, No{}, std::integral_constant<int, QR_NONE>{});
+    }
+    // The group located again (only the cursors stay live through the loop: registers, every shape runs under a cap).
+    const SetGroup out = locate_group<R>(set, blockIdx.x * QGEMV_WARPS + threadIdx.y);
+    float* y = set.y[out.mat];
+    const float* res = set.res[out.mat];
+    if constexpr (R == 2 && NT == 1) {
+        // Both rows' butterfly sums in one: lanes 16-31 take the second row (first step: each half adds the other
+        // half's partial of its row), then the steps 8, 4, 2, 1 within each half. Lane 16's additions are lane 0's
+        // of warp_sum over that row (the first one with its operands swapped: the same bits), so each row's result
+        // is warp_sum's; lanes 0 and 16 store.
+        const bool hi = lane >= 16;
+        const int row = out.row + hi;
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
-            const float v = warp_sum(acc[r][t]);
-            if (lane == 0) y[(size_t)t * at.rows] = res ? res[(size_t)t * at.rows] + v : v;
+            float v = hi ? acc[1][t] : acc[0][t];
+            v += __shfl_xor_sync(0xffffffffu, hi ? acc[0][t] : acc[1][t], 16);
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if ((lane & 15) == 0 && row < out.rows)
+                y[(size_t)t * out.rows + row] = res ? res[(size_t)t * out.rows + row] + v : v;
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if (out.row + r >= out.rows) break;
+            float* yr = y + out.row + r;
+            const float* rr = res ? res + out.row + r : nullptr;
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const float v = warp_sum(acc[r][t]);
+                if (lane == 0) yr[(size_t)t * out.rows] = rr ? rr[(size_t)t * out.rows] + v : v;
+            }
         }
     }
 }
@@ -256,9 +332,11 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 template <class Q, int NT, bool LONG, class D>
 int launch_gemv_shape(const int8_t* xq, const float* xd, const QuantSet& set, int n) {
     constexpr QGemvShape sh = qgemv_shape<NT, LONG>();
+    QuantSet s = set;
+    s.groups = 0;
+    for (int i = 0; i < s.count; ++i) s.group_end[i] = s.groups += (s.rows[i] + sh.rows - 1) / sh.rows;
     return launch("gemv_quant_kernel", gemv_quant_kernel<Q, NT, sh.rows, sh.unroll, sh.roll, sh.min_blocks, D>,
-                  dim3(ceil_div(ceil_div(set.total, sh.rows), QGEMV_WARPS)), dim3(32, QGEMV_WARPS), 0, xq, xd, set,
-                  n);
+                  dim3(ceil_div(s.groups, QGEMV_WARPS)), dim3(32, QGEMV_WARPS), 0, xq, xd, s, n);
 }
 
 template <class Q, int NT, class D>
@@ -532,16 +610,14 @@ template <class Q, class D>
 int gemv_quant(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
                float* const* y, const float* const* res, const int* rows, int T, int n) {
     QuantSet set{};
-    int total = 0;
     for (int i = 0; i < count; ++i) {
         set.body[i] = static_cast<const uint8_t*>(body[i]);
         set.head[i] = static_cast<const uint8_t*>(head[i]);
         set.y[i] = y[i];
         set.res[i] = res ? res[i] : nullptr;
-        set.row_end[i] = total += rows[i];
+        set.rows[i] = rows[i];
     }
-    set.count = count;
-    set.total = total;
+    set.count = count;   // group_end, groups: launch_gemv_shape (they depend on the shape's rows per warp)
     return gemv_quant_by_t<Q, D>(T, xq, xd, set, n, std::make_integer_sequence<int, QGEMV_MAX_T>{});
 }
 

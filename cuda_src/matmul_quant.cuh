@@ -101,12 +101,24 @@ struct QuantSet {
     float* y[QMAX_MATS];             // [T, rows_i]
     const float* res[QMAX_MATS];     // [T, rows_i] added to y, or null
     int rows[QMAX_MATS];
-    int group_end[QMAX_MATS];        // cumulative warp groups (ceil(rows_i / R): the launcher's R)
-    int count, groups;
+    int row_end[QMAX_MATS];          // cumulative rows
+    int group_end[QMAX_MATS];        // cumulative warp groups (ceil(rows_i / R): the launcher's R; T = 1 only)
+    int count, total, groups;
 };
 
-// Warp group g of a set: R consecutive rows of one matrix (its last group may run past its end), so that the
-// matrix is looked up once per warp, not per row, and a warp's rows share their addressing.
+// Weight row `grow` of a set: the matrix it belongs to and the row within it (T >= 2: a warp's rows may lie in two).
+struct SetRow { int mat, row, rows; };
+
+__device__ __forceinline__ SetRow locate_row(const QuantSet& set, int grow) {
+    int i = 0;
+#pragma unroll
+    for (int k = 1; k < QMAX_MATS; ++k) i = k < set.count && grow >= set.row_end[k - 1] ? k : i;
+    const int row0 = i ? set.row_end[i - 1] : 0;
+    return {i, grow - row0, set.row_end[i] - row0};
+}
+
+// Warp group g of a set at T = 1: R consecutive rows of one matrix (its last group may run past its end), so that
+// the matrix is looked up once per warp, not per row.
 struct SetGroup { int mat, row, rows; };
 
 template <int R>
@@ -127,7 +139,9 @@ struct GemvLane {
     static __device__ __forceinline__ GemvLane at(const uint8_t* body, const uint8_t* head, int, int) {
         return {body, head};
     }
-    __device__ __forceinline__ typename Q::Raw load(int nb, int c, int k) const { return Q::load(body, head, nb, c + k); }
+    __device__ __forceinline__ typename Q::Raw load(int nb, int c, int k) const {
+        return Q::load(body, head, nb, c + k);
+    }
     __device__ __forceinline__ void advance(int) {}
     static constexpr bool WHOLE_ROUNDS = false;
 };
@@ -188,6 +202,21 @@ constexpr int QGEMV_ROUND = 32 * qgemv_shape<1, false>().unroll;
 // waits for this grid before it touches memory), so the next kernel's blocks take the SMs this grid's last wave
 // leaves idle (H200, T = 1: without the early trigger 5-24% slower (Q4_K, Q6_K); launch() uses PDL where
 // cmp_set_pdl is on).
+// T = 1 trims (issue 18; the arithmetic unchanged, so the same bits): a warp's rows lie in one matrix (located once,
+// QuantSet.group_end); Q4_K/Q5_K/Q6_K load through lane cursors (GemvLane: constant offsets, no 64-bit address
+// arithmetic per load); the short shape's round has no bound checks where it is whole (n = 4096); the rolling
+// shape's rounds whose next round is whole refill every slot unpredicated (no register copies; Q4_K, Q6_K: Q5_K
+// spilled with it); both rows' butterfly sums run as one (lanes 16-31 the second row). Dynamic SASS instructions per
+// warp of two rows (sm_90 DP4A, nvcc 13.0, counted along the path the SASS takes for that n; not yet measured on a
+// GPU), main -> this:
+//   Q4_K n = 4096  ~672 -> ~505   (prologue 165 -> 68 + 17; epilogue ~105 -> ~35)
+//   Q5_K n = 4096  ~872 -> ~641
+//   Q6_K n = 4096  ~900 -> ~620
+//   Q4_K n = 12288 ~1960 -> ~1450 (a round of 3 sub-blocks: 423 -> 303 instructions)
+//   Q6_K n = 12288 ~2560 -> ~1850 (554 -> 385)
+//   Q5_K n = 12288 ~2500 -> ~2180 (546 -> 505)
+// Registers (the 128 cap): Q4_K 119 -> 101 / 115 -> 128, Q5_K 121 -> 110 / 128 -> 120, Q6_K 121 -> 104 / 102 -> 128
+// (short / rolling); no spills at T = 1. The cursors and the paired sums are T = 1 only: at T >= 2 they spilled.
 template <class Q, int NT, int R, int U, bool ROLL, int MINB, class D>
 __global__ void __launch_bounds__(QGEMV_WARPS * 32, MINB)
 gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
@@ -200,18 +229,28 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     // (D::OPS); the same integers either way. SUMS: the kernel needs the half sums (for the mins or the bias).
     constexpr int BIAS = NT * 8 * D::OPS < R * 24 ? Q::BIAS : 0;
     constexpr bool SUMS = Q::MIN || BIAS != 0;
-    const int group = blockIdx.x * QGEMV_WARPS + threadIdx.y;
-    if (group >= set.groups) return;
+    // T = 1 takes the trims below (GROUPS, the cursors, whole rounds, the paired sums); T >= 2 is as before them
+    // (rows located one by one, a warp's rows possibly in two matrices): with them ptxas spilled there (T = 4-16).
+    constexpr bool T1 = NT == 1;
+    const int warp = blockIdx.x * QGEMV_WARPS + threadIdx.y, first = warp * R;
+    if (T1 ? warp >= set.groups : first >= set.total) return;
     const int lane = threadIdx.x, nb = n / Q::BV, nsub = n / 32, j = lane % NSUB;
-    // Rows past the matrix's last re-read it and store nothing.
-    const SetGroup at = locate_group<R>(set, group);
-    using Lane = GemvLane<Q, NT == 1>;   // the cursors cost registers that T >= 2 does not have (ptxas -v)
+    using Lane = GemvLane<Q, T1>;
     Lane src[R];   // at the lane's current round
+    // Rows past the matrix's (T >= 2: the set's) last re-read it and store nothing. Only the cursors stay live
+    // through the loop; the outputs are located again after it (registers: every shape runs under a cap).
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const size_t row = min(at.row + r, at.rows - 1);
-        src[r] = Lane::at(set.body[at.mat] + row * nb * Q::BODY, set.head[at.mat] + row * nb * Q::HEAD, nb,
-                                 lane);
+        const uint8_t *b, *h;
+        if constexpr (T1) {
+            const SetGroup at = locate_group<R>(set, warp);
+            const size_t row = min(at.row + r, at.rows - 1);
+            b = set.body[at.mat] + row * nb * Q::BODY, h = set.head[at.mat] + row * nb * Q::HEAD;
+        } else {
+            const SetRow at = locate_row(set, min(first + r, set.total - 1));
+            b = set.body[at.mat] + (size_t)at.row * nb * Q::BODY, h = set.head[at.mat] + (size_t)at.row * nb * Q::HEAD;
+        }
+        src[r] = Lane::at(b, h, nb, lane);
     }
     typename Q::Raw raw[R][U];
     // Slot u of every row <- the lane's sub-block lane + 32 u; WHOLE: all U exist (no per-slot bound check).
@@ -232,8 +271,8 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
             for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
     };
     // One round: the lane's sub-blocks c0 + 32 u, u < U. WHOLE: all exist. REFILL (ROLL): each slot, once decoded,
-    // takes the sub-block U rounds... one round ahead (c + 32 U): QR_NONE never, QR_ALL always (the next round is
-    // whole: no bound check, no predicated load), QR_SOME where it exists.
+    // takes its sub-block of the next round (c + 32 U): QR_NONE never, QR_ALL always (the next round is whole: no
+    // bound check, no predicated load), QR_SOME where it exists.
     auto round = [&](int c0, auto whole, auto refill) {
         constexpr bool WHOLE = decltype(whole)::value;
         constexpr int REFILL = decltype(refill)::value;
@@ -282,7 +321,8 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
         fetch_first(No{});
         start();
         int c0 = lane;
-        if constexpr (NT == 1 && Lane::WHOLE_ROUNDS) {   // the rounds whose next round is whole, then the rest
+        // (DP4A only: on DP2A Q6_K spilled with it, and there the dots outweigh the refills' instructions)
+        if constexpr (T1 && Lane::WHOLE_ROUNDS && D::OPS == 1) {   // the rounds whose next round is whole, then the rest
             const int steady = nsub / (32 * U) - 1;
             for (int i = 0; i < steady; ++i) round(lane + 32 * U * i, Yes{}, std::integral_constant<int, QR_ALL>{});
             c0 = lane + 32 * U * max(steady, 0);
@@ -294,36 +334,32 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
         start();
         round(lane, No{}, std::integral_constant<int, QR_NONE>{});
     }
-    // The group located again (only the cursors stay live through the loop: registers, every shape runs under a cap).
-    const SetGroup out = locate_group<R>(set, blockIdx.x * QGEMV_WARPS + threadIdx.y);
-    float* y = set.y[out.mat];
-    const float* res = set.res[out.mat];
-    if constexpr (R == 2 && NT == 1) {
+    if constexpr (T1 && R == 2) {
         // Both rows' butterfly sums in one: lanes 16-31 take the second row (first step: each half adds the other
         // half's partial of its row), then the steps 8, 4, 2, 1 within each half. Lane 16's additions are lane 0's
         // of warp_sum over that row (the first one with its operands swapped: the same bits), so each row's result
         // is warp_sum's; lanes 0 and 16 store.
+        const SetGroup at = locate_group<R>(set, warp);
+        float* y = set.y[at.mat];
+        const float* res = set.res[at.mat];
         const bool hi = lane >= 16;
-        const int row = out.row + hi;
+        const int row = at.row + hi;
+        float v = hi ? acc[1][0] : acc[0][0];
+        v += __shfl_xor_sync(0xffffffffu, hi ? acc[0][0] : acc[1][0], 16);
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            float v = hi ? acc[1][t] : acc[0][t];
-            v += __shfl_xor_sync(0xffffffffu, hi ? acc[0][t] : acc[1][t], 16);
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if ((lane & 15) == 0 && row < out.rows)
-                y[(size_t)t * out.rows + row] = res ? res[(size_t)t * out.rows + row] + v : v;
-        }
+        for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if ((lane & 15) == 0 && row < at.rows) y[row] = res ? res[row] + v : v;
     } else {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            if (out.row + r >= out.rows) break;
-            float* yr = y + out.row + r;
-            const float* rr = res ? res + out.row + r : nullptr;
+            if (first + r >= set.total) break;
+            const SetRow at = locate_row(set, first + r);
+            float* y = set.y[at.mat] + at.row;
+            const float* res = set.res[at.mat] ? set.res[at.mat] + at.row : nullptr;
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 const float v = warp_sum(acc[r][t]);
-                if (lane == 0) yr[(size_t)t * out.rows] = rr ? rr[(size_t)t * out.rows] + v : v;
+                if (lane == 0) y[(size_t)t * at.rows] = res ? res[(size_t)t * at.rows] + v : v;
             }
         }
     }
@@ -332,11 +368,12 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 template <class Q, int NT, bool LONG, class D>
 int launch_gemv_shape(const int8_t* xq, const float* xd, const QuantSet& set, int n) {
     constexpr QGemvShape sh = qgemv_shape<NT, LONG>();
-    QuantSet s = set;
+    QuantSet s = set;   // T = 1: warps by groups of one matrix's rows; T >= 2: by rows of the set
     s.groups = 0;
     for (int i = 0; i < s.count; ++i) s.group_end[i] = s.groups += (s.rows[i] + sh.rows - 1) / sh.rows;
+    const int warps = NT == 1 ? s.groups : ceil_div(s.total, sh.rows);
     return launch("gemv_quant_kernel", gemv_quant_kernel<Q, NT, sh.rows, sh.unroll, sh.roll, sh.min_blocks, D>,
-                  dim3(ceil_div(s.groups, QGEMV_WARPS)), dim3(32, QGEMV_WARPS), 0, xq, xd, s, n);
+                  dim3(ceil_div(warps, QGEMV_WARPS)), dim3(32, QGEMV_WARPS), 0, xq, xd, s, n);
 }
 
 template <class Q, int NT, class D>
@@ -616,6 +653,7 @@ int gemv_quant(const int8_t* xq, const float* xd, int count, const void* const* 
         set.y[i] = y[i];
         set.res[i] = res ? res[i] : nullptr;
         set.rows[i] = rows[i];
+        set.row_end[i] = set.total += rows[i];
     }
     set.count = count;   // group_end, groups: launch_gemv_shape (they depend on the shape's rows per warp)
     return gemv_quant_by_t<Q, D>(T, xq, xd, set, n, std::make_integer_sequence<int, QGEMV_MAX_T>{});

@@ -93,6 +93,45 @@ __device__ __forceinline__ float sub_dot(const int4 w0, const int4 w1, float s0,
     return v;
 }
 
+// The same at T = 1 in fewer instructions: the activation side first (x_sums, once for the R rows: the bias times
+// the half sums as a dot chain's start, -BIAS e, and for the mins the sums as floats), then per row the dots as one
+// chain over the sub-block where the type has one scale (d0 + d1: the same integer as two) started from -BIAS e, and
+// the ints as floats by the conversion (chain_to_f32: I2FP on sm_90, one instruction where i2f is an IADD3 and an
+// FADD; exact either way, |v| < 2^22). The same floats and float operations in the same order: the same bits as
+// sub_dot. (Not at T >= 2: there it changed ptxas's allocation, DP2A spilled more.)
+struct XSums { int b0, b1; float f0, f1; };   // PER16: per half; else b0, f0 over the sub-block (e0 + e1)
+
+template <bool PER16, bool MIN, int BIAS, class D>
+__device__ __forceinline__ XSums x_sums(const int4 x0, const int4 x1) {
+    XSums e{0, 0, 0.f, 0.f};
+    if (!MIN && BIAS == 0) return e;
+    if (PER16) {
+        const int e0 = sum16<D>(x0), e1 = sum16<D>(x1);
+        e.b0 = -BIAS * e0, e.b1 = -BIAS * e1;
+        if (MIN) e.f0 = chain_to_f32(e0), e.f1 = chain_to_f32(e1);
+    } else {
+        const int s = dot16<D>(make_int4(ONES, ONES, ONES, ONES), x1, sum16<D>(x0));
+        e.b0 = -BIAS * s;
+        if (MIN) e.f0 = chain_to_f32(s);
+    }
+    return e;
+}
+
+template <bool PER16, bool MIN, class D>
+__device__ __forceinline__ float sub_dot1(const int4 w0, const int4 w1, float s0, float s1, float m0, float m1,
+                                         const int4 x0, const int4 x1, const XSums& e) {
+    if (PER16) {
+        const int d0 = dot16<D>(w0, x0, e.b0), d1 = dot16<D>(w1, x1, e.b1);
+        float v = __fmaf_rn(s0, chain_to_f32(d0), __fmul_rn(s1, chain_to_f32(d1)));
+        if (MIN) v = __fsub_rn(v, __fmaf_rn(m0, e.f0, __fmul_rn(m1, e.f1)));
+        return v;
+    }
+    const int d = dot16<D>(w1, x1, dot16<D>(w0, x0, e.b0));
+    float v = __fmul_rn(s0, chain_to_f32(d));
+    if (MIN) v = __fsub_rn(v, __fmul_rn(m0, e.f0));
+    return v;
+}
+
 // ---- GEMV ---------------------------------------------------------------------------------------------------------
 
 struct QuantSet {
@@ -300,11 +339,19 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                 const int4* xv = reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 32);
                 const int4 x0 = __ldg(xv), x1 = __ldg(xv + 1);
                 const float sx = __ldg(xd + (size_t)t * nsub + c);
-                const int e0 = SUMS ? sum16<D>(x0) : 0, e1 = SUMS ? sum16<D>(x1) : 0;
+                if constexpr (T1) {
+                    const XSums e = x_sums<Q::PER16, Q::MIN, BIAS, D>(x0, x1);
 #pragma unroll
-                for (int r = 0; r < R; ++r)
-                    acc[r][t] = __fmaf_rn(sub_dot<Q::PER16, Q::MIN, BIAS, D>(w0[r], w1[r], s0[r], s1[r], m0[r], m1[r],
-                                                                             x0, x1, e0, e1), sx, acc[r][t]);
+                    for (int r = 0; r < R; ++r)
+                        acc[r][t] = __fmaf_rn(sub_dot1<Q::PER16, Q::MIN, D>(w0[r], w1[r], s0[r], s1[r], m0[r], m1[r],
+                                                                            x0, x1, e), sx, acc[r][t]);
+                } else {
+                    const int e0 = SUMS ? sum16<D>(x0) : 0, e1 = SUMS ? sum16<D>(x1) : 0;
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+                        acc[r][t] = __fmaf_rn(sub_dot<Q::PER16, Q::MIN, BIAS, D>(w0[r], w1[r], s0[r], s1[r], m0[r],
+                                                                                 m1[r], x0, x1, e0, e1), sx, acc[r][t]);
+                }
             }
             // QR_ALL: after the dots, when the decoded codes are dead (registers: before them Q3_K/Q4_K/Q5_K
             // spilled under the cap).

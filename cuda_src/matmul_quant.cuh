@@ -244,18 +244,19 @@ constexpr int QGEMV_ROUND = 32 * qgemv_shape<1, false>().unroll;
 // T = 1 trims (issue 18; the arithmetic unchanged, so the same bits): a warp's rows lie in one matrix (located once,
 // QuantSet.group_end); Q4_K/Q5_K/Q6_K load through lane cursors (GemvLane: constant offsets, no 64-bit address
 // arithmetic per load); the short shape's round has no bound checks where it is whole (n = 4096); the rolling
-// shape's rounds whose next round is whole refill every slot unpredicated (no register copies; Q4_K, Q6_K: Q5_K
-// spilled with it); both rows' butterfly sums run as one (lanes 16-31 the second row). Dynamic SASS instructions per
-// warp of two rows (sm_90 DP4A, nvcc 13.0, counted along the path the SASS takes for that n; not yet measured on a
-// GPU), main -> this:
-//   Q4_K n = 4096  ~672 -> ~505   (prologue 165 -> 68 + 17; epilogue ~105 -> ~35)
-//   Q5_K n = 4096  ~872 -> ~641
-//   Q6_K n = 4096  ~900 -> ~620
-//   Q4_K n = 12288 ~1960 -> ~1450 (a round of 3 sub-blocks: 423 -> 303 instructions)
-//   Q6_K n = 12288 ~2560 -> ~1850 (554 -> 385)
-//   Q5_K n = 12288 ~2500 -> ~2180 (546 -> 505)
-// Registers (the 128 cap): Q4_K 119 -> 101 / 115 -> 128, Q5_K 121 -> 110 / 128 -> 120, Q6_K 121 -> 104 / 102 -> 128
-// (short / rolling); no spills at T = 1. The cursors and the paired sums are T = 1 only: at T >= 2 they spilled.
+// shape's rounds whose next round is whole refill every slot unpredicated (no register copies; Q4_K, Q6_K on DP4A:
+// Q5_K and DP2A spilled with it); both rows' butterfly sums run as one (lanes 16-31 the second row); sub_dot1 (one
+// dot chain, ints to floats by I2FP). Dynamic SASS instructions per warp of two rows (sm_90 DP4A, nvcc 13.0,
+// counted along the path the SASS takes at that n; not yet measured on a GPU), main -> this:
+//   Q4_K n = 4096   671 -> 512   (to the last weight load 165 -> 102; after the last sub-block ~105 -> ~47)
+//   Q5_K n = 4096   873 -> 643
+//   Q6_K n = 4096   899 -> 618   (to the last weight load 281 -> 133)
+//   Q4_K n = 12288 ~1960 -> ~1400 (a round of 3 sub-blocks x 2 rows: 423 -> 295)
+//   Q5_K n = 12288 ~2500 -> ~2160 (546 -> 496)
+//   Q6_K n = 12288 ~2560 -> ~1830 (554 -> 382)
+// Registers (the 128 cap), short / rolling: Q4_K 119 -> 96 / 115 -> 128, Q5_K 121 -> 106 / 128 -> 120, Q6_K 121 ->
+// 96 / 102 -> 126; no spills at T = 1 on any route. T >= 2 keeps the code before these (ptxas -v: with them it
+// spilled there); its allocation still moved a little (DP4A: Q5_0 at T = 7, 8 bytes; benchmarks/RESULTS.md).
 template <class Q, int NT, int R, int U, bool ROLL, int MINB, class D>
 __global__ void __launch_bounds__(QGEMV_WARPS * 32, MINB)
 gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
@@ -268,9 +269,10 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     // (D::OPS); the same integers either way. SUMS: the kernel needs the half sums (for the mins or the bias).
     constexpr int BIAS = NT * 8 * D::OPS < R * 24 ? Q::BIAS : 0;
     constexpr bool SUMS = Q::MIN || BIAS != 0;
-    // T = 1 takes the trims below (GROUPS, the cursors, whole rounds, the paired sums); T >= 2 is as before them
-    // (rows located one by one, a warp's rows possibly in two matrices): with them ptxas spilled there (T = 4-16).
+    // T = 1 takes the trims below (warp groups, the cursors, whole rounds, the paired sums, sub_dot1); T >= 2 is as
+    // before them (rows located one by one, a warp's rows possibly in two matrices): with them ptxas spilled there.
     constexpr bool T1 = NT == 1;
+    static_assert(!T1 || R == 2, "T = 1's epilogue sums two rows");
     const int warp = blockIdx.x * QGEMV_WARPS + threadIdx.y, first = warp * R;
     if (T1 ? warp >= set.groups : first >= set.total) return;
     const int lane = threadIdx.x, nb = n / Q::BV, nsub = n / 32, j = lane % NSUB;
@@ -368,8 +370,9 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
         fetch_first(No{});
         start();
         int c0 = lane;
-        // (DP4A only: on DP2A Q6_K spilled with it, and there the dots outweigh the refills' instructions)
-        if constexpr (T1 && Lane::WHOLE_ROUNDS && D::OPS == 1) {   // the rounds whose next round is whole, then the rest
+        // The rounds whose next round is whole, then the rest. DP4A only: on DP2A Q6_K spilled with it (and there
+        // the dots outweigh the refills' instructions).
+        if constexpr (T1 && Lane::WHOLE_ROUNDS && D::OPS == 1) {
             const int steady = nsub / (32 * U) - 1;
             for (int i = 0; i < steady; ++i) round(lane + 32 * U * i, Yes{}, std::integral_constant<int, QR_ALL>{});
             c0 = lane + 32 * U * max(steady, 0);

@@ -493,7 +493,7 @@ class Speculator:
         rounds after a round that kept 1 .. n + 1 tokens or after plain steps) are captured now, in the prompt's
         time, instead of in its decode, where the bench never pays them (prepare, untimed). Capturing only the
         1-row shapes left 7-9 draft captures inside each 128-token decode of a fresh slot at synthetic length 2.5
-        (numpy replay of the server's rounds, 2026-12-03), where the bench captured none. A slot keeps them while
+        (numpy replay of the server's rounds, 2026-12-02), where the bench captured none. A slot keeps them while
         the LRU does (SpecGraphs: room for every slot's shapes). With other slots busy the rounds are of several
         sequences, whose shapes are captured at first use."""
         ms.acc = Acceptance()

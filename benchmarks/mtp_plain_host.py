@@ -9,8 +9,9 @@ greedily, MTP off and on, on the numpy reference and a fixture model with an MTP
                plan(), the draft policy's choice, and the list of slots that may draft)
       plan     Speculator.plan
     after      the decode call's return to the draw: the device would be running the step meanwhile (MTP on:
-               the heads' queue, observe_plain)
+               the heads' queue, observe_plain, and where the tree has it the next round's weighing, plan_ahead)
       observe  Speculator.observe_plain, steps without a catch-up
+      ahead    Speculator.plan_ahead
     hook       the plain step's timing for the policy (Speculator.time_plain, after the draw)
     draw..end  the draw to the step's end (the tokens' emit: the same with MTP off)
     catch-up   observe_plain's Speculator._catch_up: every pending_max plain steps in a row the head runs over
@@ -53,7 +54,7 @@ from llamacmp.loader import load_model  # noqa: E402
 from llamacmp.sampling import SamplingParams  # noqa: E402
 from llamacmp.spec import SpecConfig  # noqa: E402
 
-PARTS = ("before", "plan", "after", "observe", "hook", "draw..end")
+PARTS = ("before", "plan", "after", "observe", "ahead", "hook", "draw..end")
 H200_PLAIN = {1: 3.07e-3, 4: 4.74e-3}
 H200_SPEC = {(1, 1): 4.0e-3, (1, 2): 4.8e-3, (1, 3): 5.6e-3}
 
@@ -88,8 +89,8 @@ class StepParts:
             real_step()
             end = tick()
             if cur.get("n") == S and cur.get("plan", 0) == 0 and "catch" not in cur and "draw" in cur:
-                self.rows.append((cur["launch"] - cur["start"], cur.get("t_plan", 0.0),
-                                  cur["draw"] - cur["back"], cur.get("t_observe", 0.0), cur.get("t_hook", 0.0),
+                self.rows.append((cur["launch"] - cur["start"], cur.get("t_plan", 0.0), cur["draw"] - cur["back"],
+                                  cur.get("t_observe", 0.0), cur.get("t_ahead", 0.0), cur.get("t_hook", 0.0),
                                   end - cur["draw"]))
 
         def decode(states, tokens):
@@ -117,6 +118,8 @@ class StepParts:
             return run
         sp.plan = timed("t_plan", sp.plan, "plan")
         sp.time_plain = timed("t_hook", sp.time_plain)
+        if hasattr(sp, "plan_ahead"):
+            sp.plan_ahead = timed("t_ahead", sp.plan_ahead)
         real_catch_up = sp._catch_up
 
         def catch_up(seqs, keep):
@@ -174,7 +177,7 @@ def report(S: int, off: list, on: list, catch_ups: list, counts: dict) -> None:
         a, b = off[:, i], on[:, i]
         d = 1e6 * (np.median(b) - np.median(a))
         print(f"| {part} | " + " | ".join(us(a).split() + us(b).split()) + f" | {d:+.1f} |")
-    tot_off, tot_on = off[:, [0, 2, 4, 5]].sum(1), on[:, [0, 2, 4, 5]].sum(1)
+    tot_off, tot_on = off[:, [0, 2, 5, 6]].sum(1), on[:, [0, 2, 5, 6]].sum(1)
     print(f"| host total (before + after + hook + draw..end) | " + " | ".join(us(tot_off).split() + us(tot_on).split())
           + f" | {1e6 * (np.median(tot_on) - np.median(tot_off)):+.1f} |")
     if catch_ups:

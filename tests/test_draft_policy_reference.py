@@ -152,7 +152,8 @@ def _random_table(rng) -> dict:
 @pytest.mark.parametrize("seed", range(40))
 def test_choices_equal_the_reference(seed):
     """Random tables, sequences, acceptance and measurements (a timing within 0.9-1.4x of the true cost, drafts
-    accepted one after another with a probability of 0-0.9): every round's length and every counter equal."""
+    accepted one after another with a probability of 0-0.9): every round's length and every counter equal, half
+    the rounds weighed first by best() and handed to choose()."""
     rng = np.random.default_rng(seed)
     n_max, n_min = int(rng.integers(1, 5)), int(rng.integers(0, 3))
     t = _random_table(rng)
@@ -166,7 +167,8 @@ def test_choices_equal_the_reference(seed):
         if rng.random() < 0.05:                       # streams come and go
             S = int(rng.integers(1, 5))
         others = int(rng.integers(0, 3)) if rng.random() < 0.1 else 0
-        got, want = new.choose(accs[:S], others), ref.choose(accs[:S], others)
+        ahead = new.best(accs[:S], others) if rng.random() < 0.5 else None     # (weighed first: plan_ahead)
+        got, want = new.choose(accs[:S], others, ahead), ref.choose(accs[:S], others)
         assert got == want
         seconds = (spec(S, got) if got else plain(S + others)) * float(rng.uniform(0.9, 1.4))
         for pol in (new, ref):                        # both see the same measurement of what ran

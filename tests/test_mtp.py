@@ -346,7 +346,7 @@ class ScriptedPolicy(DraftPolicy):
         super().__init__(n_max)
         self.script, self.i = script, 0
 
-    def choose(self, accs, others=0):
+    def choose(self, accs, others=0, best=None):
         self.i += 1
         return min(self.script[(self.i - 1) % len(self.script)], self.n_max)
 
@@ -680,10 +680,11 @@ def _fixed_costs(monkeypatch):
     from llamacmp.engine.draft_policy import CostTable
     monkeypatch.setattr(CostTable, "plain_cost", lambda self, S: 1.0 * S)
     monkeypatch.setattr(CostTable, "spec_cost", lambda self, S, n: S * (1.05 + 0.3 * n))
+    monkeypatch.setattr(CostTable, "has_spec", lambda self, S: True)
     seen, choose = [], DraftPolicy.choose
 
-    def record(self, accs, others=0):
-        n = choose(self, accs, others)
+    def record(self, accs, others=0, best=None):
+        n = choose(self, accs, others, best)
         seen.append((self, n, [a.rate for a in accs]))     # (the policy itself: an id could be reused)
         return n
     monkeypatch.setattr(DraftPolicy, "choose", record)

@@ -182,7 +182,8 @@ class DraftPolicy:
     def count(self, S: int, kind: str, k: int = 1) -> None:
         """Per number of sequences S: rounds 'drafted', 'plain', 'probes', 'explored' (drafted with nothing
         measured for S), 'skipped' (plain where exploring could not win); the Speculator adds 'captures' (rounds
-        that captured a graph) and 'eager' (drafting rounds run eagerly though graphs exist)."""
+        that captured a graph), 'eager' (drafting rounds run eagerly though graphs exist) and 'ahead' (rounds
+        whose lengths were weighed while the plain step before them ran: Speculator.plan_ahead)."""
         row = self.counts.setdefault(S, {})
         row[kind] = row.get(kind, 0) + k
 

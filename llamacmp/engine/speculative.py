@@ -112,6 +112,7 @@ class Speculator:
         self.graphs = model.be.spec_graphs(model, n_max, seqs=n_seqs) if graphs else None
         self.policy = DraftPolicy(n_max, n_min, costs) if adaptive else None
         self._round = None                            # (S, n, start, clean) of the draft awaiting its verify
+        self._ahead = None                            # (key, DraftPolicy.best) of plan_ahead, for the next plan()
         self._unrecorded = None                       # [S, n, seconds] of a verified round, until its commits end
         self.vocab = None                             # auto's window of committed tokens (None: a fixed head)
         if auto is not None and auto.applies(model.mtp.head.shape[0]):
@@ -207,10 +208,40 @@ class Speculator:
     def plan(self, seqs: Sequence[MtpSeq], others: int = 0) -> int:
         """The draft length of the next round of these sequences (0: the driver runs a plain step, then
         observe_plain); `others`: sequences that step plainly in any case (a drafting round then runs their plain
-        step apart). Always n_max without adaptive drafting."""
+        step apart). Always n_max without adaptive drafting. Takes the weighing plan_ahead() made for the same
+        sequences, if it made one since the last plan()."""
         self._record_round()
         self._use_head()
-        return self.policy.choose([ms.acc for ms in seqs], others) if self.policy is not None else self.n_max
+        ahead, self._ahead = self._ahead, None
+        if self.policy is None:
+            return self.n_max
+        accs = [ms.acc for ms in seqs]
+        if ahead is not None and ahead[0] == self._ahead_key(seqs, others):
+            self.policy.count(len(seqs), "ahead")
+            return self.policy.choose(accs, others, best=ahead[1])
+        return self.policy.choose(accs, others)
+
+    def plan_ahead(self, seqs: Sequence[MtpSeq], others: int = 0) -> None:
+        """A plain step of these sequences is running on the device: weigh the next round's lengths now
+        (DraftPolicy.best: the costly part of plan(), ~25 us of host time at 4 sequences), not before the next
+        launch, where the device waits for it. The next plan() takes it if it asks for the same sequences with the
+        same acceptance and the tables hold the same entries and spec costs; else it weighs them itself. So a round
+        after a plain round is weighed without that plain round's own timing, which reaches the table (time_plain)
+        only once the step's ids are back: in a run of plain rounds each choice sees the plain costs up to the
+        round before the last. Only the plain costs' values can be a round late; a new entry (the first timing of
+        a number of sequences), a drafting round's cost, a new head or another acceptance makes plan() weigh
+        afresh. Nothing when a drafting round's cost awaits its record or auto's head is about to switch."""
+        self._ahead = None
+        if self.policy is None or self._unrecorded is not None or self.draft_head != self._head:
+            return
+        self._ahead = (self._ahead_key(seqs, others), self.policy.best([ms.acc for ms in seqs], others))
+
+    def _ahead_key(self, seqs: Sequence[MtpSeq], others: int) -> tuple:
+        """What plan_ahead's weighing holds for: the sequences and their acceptance, the tables but the plain
+        costs' values."""
+        c = self.policy.costs
+        return (tuple(map(id, seqs)), others, tuple((ms.acc.accepted, ms.acc.tried) for ms in seqs), c.head,
+                tuple(c.plain), tuple(c.spec.items()))
 
     def observe_plain(self, items: Sequence[tuple[SeqState, MtpSeq, int, int]], h) -> None:
         """A plain step ran token t of each (target state, head memory, t, row) at that row of its hidden state
@@ -318,8 +349,9 @@ class Speculator:
 
     def round_counts(self) -> dict[int, dict[str, int]]:
         """Per number of sequences in a round: the policy's decisions (DraftPolicy.count: drafted, plain, probes,
-        explored, skipped) and what the drafting rounds cost beyond a replay (captures, eager); {} without
-        adaptive drafting. A copy (the server's metrics read it from another thread)."""
+        explored, skipped), what the drafting rounds cost beyond a replay (captures, eager) and the rounds weighed
+        ahead (plan_ahead); {} without adaptive drafting. A copy (the server's metrics read it from another
+        thread)."""
         return {} if self.policy is None else {S: dict(row) for S, row in sorted(self.policy.counts.items())}
 
     def _step_graph(self, items, n: int, while_running=None):

@@ -248,10 +248,15 @@ class Speculator:
         h [B, D] (Decoder.decode_hidden): the head queues (t, h of the row before) for its next draft."""
         if not items:                                # (a drafting round's plain step of slots that cannot draft)
             return
-        # h is the step's own buffer (a decode graph's, rewritten by its next replay): one gather copies the rows
-        # of all S sequences, and each keeps a view of its row (a gather per sequence, each an index upload and a
-        # launch, was a per-step cost of MTP at 4 streams, where the policy steps plainly)
-        kept = self.be.gather_rows(h, np.asarray([i for _, _, _, i in items], np.int32))
+        # h is the step's own buffer (a decode graph's, rewritten by its next replay): one copy takes the rows of
+        # all S sequences, and each keeps a view of its row (a gather per sequence, each an index upload and a
+        # launch, was a per-step cost of MTP at 4 streams, where the policy steps plainly). Rows one after another
+        # (every slot of the step may draft: the usual case) are one device-to-device copy, with no index upload.
+        rows = [i for _, _, _, i in items]
+        if rows[-1] - rows[0] == len(rows) - 1 and rows == list(range(rows[0], rows[0] + len(rows))):
+            kept = self.be.concat([self.be.rows(h, rows[0], len(rows))], axis=0)
+        else:
+            kept = self.be.gather_rows(h, np.asarray(rows, np.int32))
         for j, (st, ms, t, _) in enumerate(items):
             if ms.state.n_past + len(ms.pending) != st.n_past - 1:
                 self.reset(ms, st.n_past - 1)

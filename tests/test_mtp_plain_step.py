@@ -1,13 +1,18 @@
-"""Speculator.plan_ahead (issue 19: the host time MTP adds to a plain step): the scheduler weighs the next round's
-draft lengths while a plain step runs on the device, and the next plan() takes that weighing when it asks for the
-same sequences with the same acceptance and tables that differ at most in the plain costs' values; then the
-round's choice is the one plan() made before the step's own timing came in. Otherwise plan() weighs afresh. On the
-numpy reference with the tiny MTP fixture; the costs are the H200's shape (a plain step of one sequence 3.07 ms,
-a round drafting n (3.2 + 0.8 n) ms)."""
+"""The host work MTP adds to a plain step (issue 19), on the numpy reference with the tiny MTP fixture.
+
+Speculator.plan_ahead: the scheduler weighs the next round's draft lengths while a plain step runs on the device,
+and the next plan() takes that weighing when it asks for the same sequences with the same acceptance and tables
+that differ at most in the plain costs' values; then the round's choice is the one plan() made before the step's
+own timing came in. Otherwise plan() weighs afresh. The costs are the H200's shape (a plain step of one sequence
+3.07 ms, a round drafting n (3.2 + 0.8 n) ms).
+
+Speculator.observe_plain: the step's hidden rows of the sequences that may draft are copied once (one copy where
+they are one after another, else a gather) and each head keeps its own row."""
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from llamacmp.backends.numpy_ref import NumpyBackend
@@ -109,3 +114,24 @@ def test_four_slots_step_plainly_on_weighings_made_ahead(lm):
     counts = engine.spec.round_counts()
     assert counts[4].get("ahead", 0) > 0
     assert sum(row.get("ahead", 0) for row in counts.values()) <= sum(row.get("plain", 0) for row in counts.values())
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2], [1, 2], [0, 2], [2, 0]])
+def test_observe_plain_keeps_each_sequences_row(lm, rows):
+    """Rows one after another (every slot of the step may draft) and rows with a gap (a slot with a grammar or
+    n_probs between) or out of order: each head's h_last is its own row of the step's h, a copy (the step's
+    buffer is rewritten by the next step), queued after the row it held."""
+    sp = _speculator(lm)
+    items, before = [], []
+    for t, r in enumerate(rows):
+        st, ms = lm.backend.new_state(lm.cfg, 64), sp.new_seq(64)
+        st.n_past = 1                                      # (the step ran one token: the head is one behind)
+        items.append((st, ms, 7 + t, r))
+        before.append(ms.h_last)
+    h = np.random.default_rng(0).standard_normal((3, lm.cfg.n_embd)).astype(np.float32)
+    sp.observe_plain(items, h)
+    want = h.copy()
+    h[:] = 0.0                                             # the next step rewrites the buffer
+    for (st, ms, t, r), prev in zip(items, before):
+        assert ms.pending == [t] and ms.pending_h[-1] is prev
+        np.testing.assert_array_equal(np.asarray(ms.h_last), want[r:r + 1])

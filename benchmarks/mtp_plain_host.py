@@ -18,9 +18,9 @@ greedily, MTP off and on, on the numpy reference and a fixture model with an MTP
                pending_max x S queued rows (numpy's forward time here: on CUDA an eager MTP forward over those
                rows; listed apart)
 
-By default the draft policy decides from the H200's costs (9B Q8_0, RESULTS.md 2026-12-02: plain steps of 1 and 4
-sequences 3.07 / 4.74 ms, a round of one sequence drafting 1..3 4.0 / 4.8 / 5.6 ms), frozen, so that it takes the
-paths it takes there: at 4 streams it explores nothing measured and skips drafting every round, at 1 stream (the
+By default the draft policy decides from costs shaped like the H200's (9B Q8_0, RESULTS.md 2026-12-02: plain steps
+of 1 and 4 sequences 3.07 / 4.74 ms, MTP off's 326 / 844 t/s; a round of one sequence drafting n (3.2 + 0.8 n) ms,
+about the L2.5 round's 4.77 ms step + 0.37 ms commit at n = 3), frozen, so that it takes the paths it takes there: at 4 streams it explores nothing measured and skips drafting every round, at 1 stream (the
 random head's drafts are rejected) it steps plainly with probes. --costs measured: numpy's own timings instead.
 The decode call itself (numpy's forward) is left out. Medians and means in microseconds a step, MTP off and on, and
 the difference on - off per part (the figure to weigh against 47 us). With --auto-prefix N the Speculator keeps
@@ -172,13 +172,13 @@ def report(S: int, off: list, on: list, catch_ups: list, counts: dict) -> None:
     off, on = np.array(off), np.array(on)
     print(f"\n{S} stream{'s' * (S > 1)}: {len(off)} plain steps off, {len(on)} on (median, mean us a step; "
           f"policy rounds at S={S}: {counts.get(S, {})})")
-    print(f"| part | off median | off mean | on median | on mean | on - off (median) |\n|---|---:|---:|---:|---:|---:|")
+    print("| part | off median | off mean | on median | on mean | on - off (median) |\n|---|---:|---:|---:|---:|---:|")
     for i, part in enumerate(PARTS):
         a, b = off[:, i], on[:, i]
         d = 1e6 * (np.median(b) - np.median(a))
         print(f"| {part} | " + " | ".join(us(a).split() + us(b).split()) + f" | {d:+.1f} |")
     tot_off, tot_on = off[:, [0, 2, 5, 6]].sum(1), on[:, [0, 2, 5, 6]].sum(1)
-    print(f"| host total (before + after + hook + draw..end) | " + " | ".join(us(tot_off).split() + us(tot_on).split())
+    print("| host total (before + after + hook + draw..end) | " + " | ".join(us(tot_off).split() + us(tot_on).split())
           + f" | {1e6 * (np.median(tot_on) - np.median(tot_off)):+.1f} |")
     if catch_ups:
         rows = [r for r, _ in catch_ups]

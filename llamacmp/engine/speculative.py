@@ -27,7 +27,9 @@ Adaptive drafting (engine/draft_policy.py): before each round the driver asks pl
 this round, 0 meaning a plain decode step (the driver's own, through its decode graph). The Speculator times its
 draft and verify, the driver times its plain steps (time_plain) and feeds the heads the target's hidden states of
 those steps (observe_plain), and commit() counts each sequence's acceptance; the policy picks the n with the most tokens
-per second from those figures. adaptive=False drafts n_max every round (llama.cpp's behaviour).
+per second from those figures. While a plain step runs on the device the driver may have the next round weighed
+(plan_ahead), which plan() then takes (the step's own timing only comes with its ids). adaptive=False drafts n_max
+every round (llama.cpp's behaviour).
 """
 from __future__ import annotations
 
@@ -223,22 +225,17 @@ class Speculator:
 
     def plan_ahead(self, seqs: Sequence[MtpSeq], others: int = 0) -> None:
         """A plain step of these sequences is running on the device: weigh the next round's lengths now
-        (DraftPolicy.best: the costly part of plan(), ~25 us of host time at 4 sequences), not before the next
-        launch, where the device waits for it. The next plan() takes it if it asks for the same sequences with the
-        same acceptance and the tables hold the same entries and spec costs; else it weighs them itself. So a round
-        after a plain round is weighed without that plain round's own timing, which reaches the table (time_plain)
-        only once the step's ids are back: in a run of plain rounds each choice sees the plain costs up to the
-        round before the last. Only the plain costs' values can be a round late; a new entry (the first timing of
-        a number of sequences), a drafting round's cost, a new head or another acceptance makes plan() weigh
-        afresh. Nothing when a drafting round's cost awaits its record or auto's head is about to switch."""
+        (DraftPolicy.best), not before the next launch, where the device waits for it. The next plan() takes it
+        for the same sequences, acceptance and table entries (_ahead_key); so the round after a plain round is
+        weighed without that round's own timing, which comes with its ids (docs/ARCHITECTURE.md, adaptive
+        drafting). None while a drafting round's cost awaits its record or auto's head is about to switch."""
         self._ahead = None
         if self.policy is None or self._unrecorded is not None or self.draft_head != self._head:
             return
         self._ahead = (self._ahead_key(seqs, others), self.policy.best([ms.acc for ms in seqs], others))
 
     def _ahead_key(self, seqs: Sequence[MtpSeq], others: int) -> tuple:
-        """What plan_ahead's weighing holds for: the sequences and their acceptance, the tables but the plain
-        costs' values."""
+        """What plan_ahead's weighing holds for: the sequences, their acceptance, the tables but plain costs' values."""
         c = self.policy.costs
         return (tuple(map(id, seqs)), others, tuple((ms.acc.accepted, ms.acc.tried) for ms in seqs), c.head,
                 tuple(c.plain), tuple(c.spec.items()))

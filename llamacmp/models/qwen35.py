@@ -151,14 +151,16 @@ class Qwen35Model:
     def set_draft_coarse(self, k: int, rows: int = 0, min_rows: int = 1) -> bool:
         """--spec-draft-coarse: a draft head of at least min_rows rows (set_draft_vocab's) takes its argmax through a
         Q4_0 copy of the head's first `rows` rows (Backend.coarse_copy: made when these rows are first asked for,
-        then kept), whose k best ids the exact head rescores (Backend.coarse_argmax); k or rows 0: the exact head.
-        Draft graphs captured after this call use it. -> whether a copy was made now (MemoryError, NotImplementedError
-        from the backend: none was, and the draft keeps the exact head)."""
+        then kept), whose k best ids the exact head rescores (Backend.coarse_argmax); k or rows 0: the exact head,
+        and the copy's memory goes back. Draft graphs captured after this call use it. -> whether a copy was made
+        now (MemoryError, NotImplementedError from the backend: none was, and the draft keeps the exact head)."""
         t, made = self.mtp, False
         if not 0 <= rows <= t.head.shape[0]:
             raise ValueError(f"coarse head of {rows} rows: the head has {t.head.shape[0]}")
         t.coarse_k, t.coarse_min = (k, min_rows) if rows else (0, min_rows)
-        if t.coarse_k and (t.coarse is None or t.coarse.shape[0] != rows):
+        if not t.coarse_k:
+            t.coarse = None
+        elif t.coarse is None or t.coarse.shape[0] != rows:
             t.coarse = t.draft_coarse = None              # (the old copy's memory goes back before the new one's)
             try:
                 t.coarse = self.be.coarse_copy(t.head if rows == t.head.shape[0] else self.be.row_prefix(t.head, rows))

@@ -323,9 +323,10 @@ int cmp_topk(const float* x, int32_t* ids, void* work, int R, int N, int k);
 // (row r * k + j for cand[r, j]), the id whose logit is largest (the lowest id among ties; NaN never chosen; a row of
 // only NaN gives cand[r, 0]) -> out [R] int32 (device). The logit is the dot product of that row with the row's
 // activations as the head's GEMV sees them: xq [R, D] int8 and xd [R, D/32] f32 (cmp_quantize_q8) for a
-// block-quantized head (x unused), else (xq null) x [R, D] f32. 1 <= k <= 32.
-int cmp_coarse_rescore(const int8_t* xq, const float* xd, const float* x, const float* rows, const int32_t* cand,
-                       int32_t* out, int R, int k, int D);
+// block-quantized head (x unused), else (xq null) x [R, D] f32, rounded to f16 first where x_f16 (an f16 head, as
+// cmp_matmul_dense). 1 <= k <= 32.
+int cmp_coarse_rescore(const int8_t* xq, const float* xd, const float* x, int x_f16, const float* rows,
+                       const int32_t* cand, int32_t* out, int R, int k, int D);
 
 // ---- dense.cu -------------------------------------------------------------------------------------------------
 // y [T, rows] = x [T, n] f32 . W [rows, n]^T, W f32 or f16 (w_dtype: CmpDtype); FP32 (FFMA) accumulation, no tensor

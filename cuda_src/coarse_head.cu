@@ -125,11 +125,13 @@ topk_kernel(const float* __restrict__ vin,    // [R, n] values
 
 // Block per row, warp per candidate: the candidate's exact logit, computed as the exact head's GEMV computes it up to
 // the order of the sums -- activations as that GEMV sees them (its Q8 blocks q * d for a block-quantized head,
-// the f32 row for a dense one) against the candidate's dequantized row -- then the best candidate in argmax order
-// (NaN never chosen; a row of NaN only gives the first candidate, the coarse best).
+// the f32 row for a dense one, rounded to f16 first for an f16 one as cmp_matmul_dense does) against the
+// candidate's dequantized row -- then the best candidate in argmax order (NaN never chosen; a row of NaN only gives
+// the first candidate, the coarse best).
 __global__ void coarse_rescore_kernel(const int8_t* __restrict__ xq,     // [R, D] or null: a dense head reads x
                                       const float* __restrict__ xd,      // [R, D/32]
                                       const float* __restrict__ x,       // [R, D]
+                                      int x_f16,                         // dense: x rounded to f16 first
                                       const float* __restrict__ rows,    // [R * k, D] the candidates' rows
                                       const int32_t* __restrict__ cand,  // [R, k]
                                       int32_t* __restrict__ out,         // [R]
@@ -146,7 +148,7 @@ __global__ void coarse_rescore_kernel(const int8_t* __restrict__ xq,     // [R, 
         for (int i = lane; i < D; i += 32) acc += (float)q[i] * d[i >> 5] * w[i];
     } else {
         const float* xr = x + (size_t)r * D;
-        for (int i = lane; i < D; i += 32) acc += xr[i] * w[i];
+        for (int i = lane; i < D; i += 32) acc += (x_f16 ? __half2float(__float2half_rn(xr[i])) : xr[i]) * w[i];
     }
     acc = warp_sum(acc);
     if (lane == 0) sv[j] = acc, si[j] = cand[(size_t)r * k + j];
@@ -206,12 +208,12 @@ extern "C" int cmp_topk(const float* x, int32_t* ids, void* work, int R, int N, 
     }
 }
 
-extern "C" int cmp_coarse_rescore(const int8_t* xq, const float* xd, const float* x, const float* rows,
+extern "C" int cmp_coarse_rescore(const int8_t* xq, const float* xd, const float* x, int x_f16, const float* rows,
                                   const int32_t* cand, int32_t* out, int R, int k, int D) {
     CMP_REQUIRE(R >= 0 && k >= 1 && k <= TOPK_MAX && D > 0, "cmp_coarse_rescore: bad shape R=%d k=%d D=%d", R, k, D);
     CMP_REQUIRE(xq != nullptr ? xd != nullptr && D % 32 == 0 : x != nullptr,
                 "cmp_coarse_rescore: give xq and xd (D a multiple of 32), or x");
     if (R == 0) return CMP_OK;
-    return launch("coarse_rescore_kernel", coarse_rescore_kernel, dim3(R), dim3(32 * k), 0, xq, xd, x, rows, cand,
-                  out, k, D);
+    return launch("coarse_rescore_kernel", coarse_rescore_kernel, dim3(R), dim3(32 * k), 0, xq, xd, x, x_f16, rows,
+                  cand, out, k, D);
 }

@@ -1005,8 +1005,9 @@ class CudaBackend(Backend):
     # -- the MTP draft's coarse head (cuda_src/coarse_head.cu; numpy_ref.py's coarse_copy / coarse_argmax) ------
     def coarse_copy(self, w):
         """Made on the device: row pieces of STAGING_BYTES of f32 (the upload staging block's size, so its freed
-        block is reused) dequantized by the embed kernels, then quantized by cmp_quantize_q4_0 into the Q4_0 device
-        layout. The 9B's head (248320 x 4096): 61 pieces, 572 MB of Q4_0."""
+        block is reused and the memory plan's count holds) dequantized by the embed kernels, then quantized by
+        cmp_quantize_q4_0 into the Q4_0 device layout. The 9B's head (248320 x 4096): 61 pieces of 4096 rows,
+        572 MB of Q4_0 (a few ms on an H200: the head read once, 64 MiB written and read per piece)."""
         rows, cols = w.shape
         if cols % Q8_0_BLOCK:
             raise ValueError(f"coarse_copy: rows of {cols} values are not Q4_0 blocks of 32")
@@ -1018,9 +1019,11 @@ class CudaBackend(Backend):
         step = max(1, min(rows, self.STAGING_BYTES // (cols * 4)))
         ids = self.from_host(np.arange(step, dtype=np.int32), "i32", "the coarse head's row ids")
         for r0 in range(0, rows, step):
-            n = min(step, rows - r0)
-            x = self.embed(self._row_slice(w, r0, n), ids.rows(0, n))
-            self.native.cmp_quantize_q4_0(x.ptr, body.row_ptr(r0), head.row_ptr(r0), n, cols)
+            # the last piece ends at the last row, overlapping the one before (its rows get the same bytes again):
+            # every piece the same size, so that the one freed block serves all of them
+            r0 = min(r0, rows - step)
+            x = self.embed(self._row_slice(w, r0, step), ids)
+            self.native.cmp_quantize_q4_0(x.ptr, body.row_ptr(r0), head.row_ptr(r0), step, cols)
         return QuantMatrix("Q4_0", body, head, (rows, cols))
 
     def coarse_argmax(self, x, coarse, exact, k, out=None):
@@ -1040,8 +1043,10 @@ class CudaBackend(Backend):
         work = self.empty((self.native.topk_work_bytes(R, N, k),), "u8", "the coarse head's top-k lists")
         self.native.cmp_topk(logits.ptr, cand.ptr, work.ptr, R, N, k)
         rows = self.embed(exact, cand.view((R * k,)))
-        quantized = isinstance(exact, (Q8Matrix, QuantMatrix))   # its GEMV reads the Q8 blocks, a dense one x
-        self.native.cmp_coarse_rescore(xq.ptr if quantized else None, xd.ptr if quantized else None, x.ptr,
+        # the activations as the exact head's GEMV reads them: its Q8 blocks, or x (in f16 for an f16 head)
+        quantized = isinstance(exact, (Q8Matrix, QuantMatrix))
+        f16 = isinstance(exact, DenseMatrix) and exact.w.dtype == "f16"
+        self.native.cmp_coarse_rescore(xq.ptr if quantized else None, xd.ptr if quantized else None, x.ptr, int(f16),
                                        rows.ptr, cand.ptr, out.ptr, R, k, D)
         return out
 

@@ -172,8 +172,8 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_topk_work_bytes": ((_i, _i, _i, _p), "int cmp_topk_work_bytes(int R, int N, int k, size_t* bytes)"),
     "cmp_topk": ((_p, _p, _p, _i, _i, _i),
                  "int cmp_topk(const float* x, int32_t* ids, void* work, int R, int N, int k)"),
-    "cmp_coarse_rescore": ((_p, _p, _p, _p, _p, _p, _i, _i, _i),
-                           "int cmp_coarse_rescore(const int8_t* xq, const float* xd, const float* x, "
+    "cmp_coarse_rescore": ((_p, _p, _p, _i, _p, _p, _p, _i, _i, _i),
+                           "int cmp_coarse_rescore(const int8_t* xq, const float* xd, const float* x, int x_f16, "
                            "const float* rows, const int32_t* cand, int32_t* out, int R, int k, int D)"),
     "cmp_matmul_dense": ((_p, _p, _i, _p, _i, _i, _i),
                          "int cmp_matmul_dense(const float* x, const void* w, int w_dtype, float* y, int T, int rows, "

@@ -370,3 +370,34 @@ def test_memory_plan_counts_the_copy_or_leaves_it_out(lm, monkeypatch):
     assert any("does not fit: drafting reads the exact LM head" in line for line in tight.lines())
     assert memplan.planned_run(run, tight).spec == replace(run.spec, draft_coarse=0)
     assert fits.persistent - tight.persistent == size
+
+
+def test_auto_heads_keep_the_coarse_head_for_the_whole_vocabulary(tmp_path, tiny_vocab):
+    """--spec-draft-vocab auto switching mid-generation (test_draft_vocab_auto's constants) with the coarse head
+    applying to the whole vocabulary only (min_rows above the prefix): the prefix drafts from its exact rows, the
+    whole head through the copy, and the output is MTP off's."""
+    from test_draft_vocab_auto import PROMPTS as AUTO_PROMPTS
+    from test_draft_vocab_auto import crossing
+    path = write_model(tmp_path / "mtp-q8_0.gguf", replace(SHAPES["tiny"], mtp=True), "q8_0", tiny_vocab)
+    lm = load_model(path, NumpyBackend())
+    switched = 0
+    for prompt in AUTO_PROMPTS:
+        off, _ = _greedy(lm, prompt, 48, n_ctx=256)
+        auto = crossing(off)
+        if auto is None:
+            continue
+        from test_mtp import _client
+        c = _client(lm, 3, n_ctx=256)
+        sp = c.engine.spec = Speculator(lm.model, 3, graphs=False, adaptive=False, auto=auto,
+                                        coarse=CoarseHead(16, lm.model.mtp.head.shape[0], auto.prefix + 1))
+        heads = []
+        spy_drafts(sp, False, lambda out: heads.append((sp.draft_head, lm.model.mtp.draft_coarse is not None)))
+        c.history = list(lm.tokenizer.encode(prompt))
+        with Counted(lm.backend) as counted:
+            on = c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=48)).tokens
+        assert on == off, prompt
+        assert sp.vocab.n_switches >= 2 and set(heads) == {("prefix", False), ("whole", True)}, heads
+        assert counted.n > 0
+        switched += 1
+    lm.model.set_draft_coarse(0)
+    assert switched >= 1

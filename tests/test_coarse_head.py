@@ -27,7 +27,6 @@ from llamacmp.engine.speculative import Speculator
 from llamacmp.engine.tasks import GenParams
 from llamacmp.fixtures.quant_blocks import random_blocks
 from llamacmp.fixtures.writer import SHAPES, write_model
-from llamacmp.gguf_file import Q8Tensor
 from llamacmp.loader import load_model, open_model
 from llamacmp.run_plan import plan_run
 from llamacmp.sampling import SamplingParams

@@ -194,13 +194,14 @@ class EagerSpecGraphs:
             self.n_declined += 1
             return None
         batch = StepBatch.build(list(zip(states, tokens)))
-        logits, h = model.mtp_forward(batch, be.concat([x for xs in h_parts for x in xs], axis=0))
-        out = [[int(np.argmax(r))] for r in be.to_host(logits)]
+        ids, h = model.mtp_forward(batch, be.concat([x for xs in h_parts for x in xs], axis=0), draft_ids=True)
+        out = [[int(i)] for i in be.ids_to_host(ids)]
         h = be.gather_rows(h, batch.output_rows)
         for _ in range(n - 1):
-            logits, h = model.mtp_forward(StepBatch.build([(s, [o[-1]]) for s, o in zip(states, out)]), h)
-            for o, r in zip(out, be.to_host(logits)):
-                o.append(int(np.argmax(r)))
+            ids, h = model.mtp_forward(StepBatch.build([(s, [o[-1]]) for s, o in zip(states, out)]), h,
+                                       draft_ids=True)
+            for o, i in zip(out, be.ids_to_host(ids)):
+                o.append(int(i))
         self.n_draft += 1
         return out
 

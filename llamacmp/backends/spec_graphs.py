@@ -3,9 +3,10 @@ forward each recorded once and replayed, as backends/cuda_graphs.py does for the
 verify of a 9B model costs ~10 ms of Python and launches, a replayed one about a decode step (~3 ms).
 
 CapturedDraft: the MTP head for a fixed list of sequences, all n_max rounds in one graph. Round 0 runs each
-sequence's catch-up rows (its pending (token, h) pairs, then t0 with h_last); its last row's logits are argmaxed on
-the device into round 0's ids, and every later round embeds the previous round's ids and chains on the head's own
-output state, with no host round trip between rounds. The catch-up lengths are part of the graph's shape (1 ..
+sequence's catch-up rows (its pending (token, h) pairs, then t0 with h_last); its last row's draft id (the head's
+argmax on the device, through its coarse copy where --spec-draft-coarse set one: Qwen35Model.mtp_forward) is round
+0's, and every later round embeds the previous round's ids and chains on the head's own output state, with no host
+round trip between rounds. The catch-up lengths are part of the graph's shape (1 ..
 n_max + 2 rows: one more than the tokens the previous step kept), so one sequence has n_max + 2 draft graphs;
 several sequences come with one row each (the Speculator runs their pending pairs first), and a list of several
 is captured the second time it is asked for (the first runs eagerly), so that slot lists that rarely repeat do
@@ -71,15 +72,13 @@ class CapturedDraft(_Captured):
             start += L
         batch = StepBatch(self.tok0, np.zeros(R0, np.int32), segs, self.last)
         batch.device["cuda_pos"] = self.pos.rows(0, R0)
-        logits, h = model.mtp_forward(batch, self.h0)
-        be.argmax(logits, out=self.ids.rows(0, B))
+        _, h = model.mtp_forward(batch, self.h0, draft_ids=True, out=self.ids.rows(0, B))
         h = be.gather_rows(h, self.last)                                    # [B, D] each sequence's last row
         for r in range(1, self.n):
             batch = StepBatch(self.ids.rows((r - 1) * B, B), np.zeros(B, np.int32),
                               [Segment(i, 1, st) for i, st in enumerate(self.states)], self.one)
             batch.device["cuda_pos"] = self.pos.rows(R0 + (r - 1) * B, B)
-            logits, h = model.mtp_forward(batch, h)
-            be.argmax(logits, out=self.ids.rows(r * B, B))
+            _, h = model.mtp_forward(batch, h, draft_ids=True, out=self.ids.rows(r * B, B))
         self.outputs = h
 
     def run(self, tokens: Sequence[int], h_parts: Sequence) -> list[list[int]]:

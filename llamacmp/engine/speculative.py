@@ -42,7 +42,7 @@ import numpy as np
 
 from ..backends.base import SeqState, StepBatch
 from ..sampling import Sampler, SamplingParams
-from ..spec import AUTO
+from ..spec import AUTO, COARSE_TYPE, CoarseHead, coarse_head
 from .decode import draw_tokens, plan_row
 from .draft_policy import Acceptance, CostTable, DraftPolicy
 from .draft_vocab import AutoVocab, VocabWindow
@@ -97,13 +97,15 @@ class Speculator:
 
     def __init__(self, model, n_max: int = 3, n_min: int = 0, p_min: float = 0.0, graphs: bool = True,
                  adaptive: bool = True, costs: Optional[CostTable] = None, auto: Optional[AutoVocab] = None,
-                 n_seqs: int = 1):
+                 n_seqs: int = 1, coarse: Optional[CoarseHead] = None):
         """graphs: replay captured draft / verify graphs where the backend has them (False: always eager).
         adaptive: choose each round's draft length (0: plain) from measured costs (draft_policy), else always
         n_max; costs: a cost table to start from (a benchmark's repetitions share one). auto: --spec-draft-vocab
         auto's constants: the head drafts from their prefix or the whole vocabulary as the committed tokens say
         (engine/draft_vocab.py; None: the head the model has, set_draft_vocab). n_seqs: the sequences that draft
-        (the server's slots): the graphs keep every one's shapes."""
+        (the server's slots): the graphs keep every one's shapes. coarse: --spec-draft-coarse's head (a draft head
+        of at least coarse.min_rows rows takes its argmax through a Q4_0 copy of the first coarse.rows rows, its
+        coarse.k best rescored by the exact head; set_coarse); None: the exact head."""
         if model.mtp is None:
             raise SpecUnsupported("the model has no MTP head")
         if n_max < 1:
@@ -121,6 +123,8 @@ class Speculator:
             self.vocab = VocabWindow(auto)
         self._head = None
         self._use_head()
+        self.coarse: Optional[CoarseHead] = None      # the coarse head the draft uses (None: the exact head)
+        self.set_coarse(coarse)
 
     @classmethod
     def from_spec(cls, model, spec, path: str = "the model", costs: Optional[CostTable] = None,
@@ -137,7 +141,28 @@ class Speculator:
             model.set_draft_vocab(0 if auto else spec.draft_vocab)  # before cls(): draft graphs capture its head
         except ValueError as e:
             raise SpecUnsupported(str(e)) from None
-        return cls(model, spec.n_max, spec.n_min, spec.p_min, costs=costs, auto=auto, n_seqs=n_seqs)
+        coarse = coarse_head(spec, model.mtp.head.shape[0], model.cfg.n_embd, model.mtp.head_type)
+        return cls(model, spec.n_max, spec.n_min, spec.p_min, costs=costs, auto=auto, n_seqs=n_seqs, coarse=coarse)
+
+    def set_coarse(self, coarse: Optional[CoarseHead]) -> None:
+        """Make the model's draft use `coarse` (None: the exact head), before any draft graph is captured. A copy
+        the backend cannot make (no memory left, no such op) leaves the exact head, said once in the log."""
+        self.coarse = None
+        if coarse is None:
+            self.model.set_draft_coarse(0)
+            return
+        t_start = time.perf_counter()
+        try:
+            made = self.model.set_draft_coarse(coarse.k, coarse.rows, coarse.min_rows)
+        except (MemoryError, NotImplementedError) as e:
+            log.warning("MTP draft: no %s coarse head (%s); drafting reads the exact LM head", COARSE_TYPE, e)
+            return
+        if made:
+            self.be.synchronize()
+            log.info("MTP draft: a %s copy of the LM head's first %d rows made in %.0f ms (--spec-draft-coarse %d: "
+                     "draft heads of %d+ rows rescore its %d best ids with the exact head)", COARSE_TYPE,
+                     coarse.rows, 1e3 * (time.perf_counter() - t_start), coarse.k, coarse.min_rows, coarse.k)
+        self.coarse = coarse
 
     # -- the draft vocabulary (--spec-draft-vocab auto) ----------------------------------------------------------
     @property
@@ -147,9 +172,10 @@ class Speculator:
 
     def vocab_state(self) -> dict:
         """For the server's metrics: the LM head rows the draft reads now and auto's switches so far."""
-        head = self.model.mtp.draft_head
-        return {"rows": int((self.model.mtp.head if head is None else head).shape[0]),
-                "switches": self.vocab.n_switches if self.vocab is not None else 0}
+        t = self.model.mtp
+        head = t.head if t.draft_head is None else t.draft_head
+        return {"rows": int(head.shape[0]), "switches": self.vocab.n_switches if self.vocab is not None else 0,
+                "coarse_rows": int(head.shape[0]) if t.draft_coarse is not None else 0}
 
     def _observe(self, tokens) -> None:
         if self.vocab is not None:
@@ -417,8 +443,7 @@ class Speculator:
             seqs[s][0].pending, seqs[s][0].pending_h = [], []
         while live:
             batch = StepBatch.build(rows)
-            logits, h_out = self.model.mtp_forward(batch, h_in)
-            ids = self._pick(logits)                   # row r drafts for sequence live[r]; None: below p_min
+            ids, h_out = self._pick(batch, h_in)      # row r drafts for sequence live[r]; None: below p_min
             for r, s in enumerate(live):
                 if ids[r] is not None:
                     out[s].append(ids[r])
@@ -454,19 +479,23 @@ class Speculator:
                 ms.pending, ms.pending_h = [], []
         return out
 
-    def _pick(self, logits) -> list[Optional[int]]:
-        """The MTP's argmax per row (on the backend: only ids cross); None where its top-10 probability is below
-        p_min (llama.cpp's draft sampler: top-k 10, then data[0].p compared with p_min)."""
+    def _pick(self, batch: StepBatch, h_in) -> tuple[list[Optional[int]], object]:
+        """One draft round of the head -> (its argmax per output row, h_out). The ids come from the backend (only
+        they cross; through the coarse head where one is set); with p_min, the exact head's logits are drawn and
+        an id is None where its top-10 probability is below p_min (llama.cpp's draft sampler: top-k 10, then
+        data[0].p compared with p_min)."""
+        if self.p_min <= 0.0:
+            ids, h_out = self.model.mtp_forward(batch, h_in, draft_ids=True)
+            return [int(i) for i in self.be.ids_to_host(ids)], h_out
+        logits, h_out = self.model.mtp_forward(batch, h_in)
         R = int(logits.shape[0])
         ids = draw_tokens(self.be, logits, [_ARGMAX] * R)
-        if self.p_min <= 0.0:
-            return ids
         out = []
         for r in range(R):
             x = np.sort(self.be.row_to_host(logits, r).astype(np.float64))[-DRAFT_TOP_K:]
             p_top = 1.0 / np.exp(x - x[-1]).sum()
             out.append(ids[r] if p_top >= self.p_min else None)
-        return out
+        return out, h_out
 
     def verify(self, seqs: Sequence[tuple[SeqState, MtpSeq, int, list[int]]], n: Optional[int] = None,
                while_running: Optional[Callable[[], None]] = None):

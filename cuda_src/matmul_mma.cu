@@ -8,15 +8,17 @@
 // (sm_80+; plain loads on sm_75) in a ring of stages of WIDE_BK (or 2) blocks, read into fragments with ldmatrix;
 // the scales go through registers, stored after the stage's math. The loop is issue-bound (one warp instruction
 // per clock per scheduler), so the epilogue per output and block is kept to FP32 instructions that do work: Q8_0
-// three (FADD of the biased dot, FMUL of the scales, FFMA), PER32 two (scaled_dot's FFMA takes the bias off, FFMA
-// into the sum) plus one per min, PER16 four (plus two mins); the dots start from a magic bias (no integer-to-float
-// add), rows past the edges read the last row (no row guards), and each thread's source pointers are set once.
+// three (FADD of the biased dot, FMUL of the scales, FFMA; also PER32 without mins, whose bits then equal the DP4A
+// route's: gemm_w16.cuh's block_term), PER32 with mins two (scaled_dot's FFMA takes the bias off, FFMA into the
+// sum) plus the min's, PER16 four (plus two mins); the dots start from a magic bias (no integer-to-float add), rows
+// past the edges read the last row (no row guards), and each thread's source pointers are set once.
 // compute_70 and older builds have no kernel body here: gemm_mma hands their calls to Volta's f16 HMMA GEMM
 // (matmul_hmma.cu), which refuses code below compute_70.
 // The main loop's SASS per 4-block stage (sm_90, nvcc 13.0, gemm_mma_kernel<SC, MIN, 4, 4>: tools/mma_sass.py),
 // IMMA / FP32 (FFMA, FMUL, FADD) / LDS / all, before -> after issue 18's min rework (2026-12-02):
 //   Q8_0                         32 / 384 / 35 /  600 -> 32 / 384 / 35 /  575  (18.8 -> 18.0 per IMMA)
 //   PER32 (Q4_0, Q5_0, IQ4_*)    32 / 384 / 35 /  615 -> 32 / 272 / 35 /  472  (19.2 -> 14.8)
+//     (since the DP4A route's block_term, 2026-12-03: Q8_0's form again, for the DP4A route's bits)
 //   PER32 + MIN (Q4_K, Q5_K, ..) 32 / 768 / 99 / 1114 -> 32 / 401 / 35 /  621  (34.8 -> 19.4)
 //   PER16 (Q6_K, Q3_K)           64 / 640 / 51 /  918 -> 64 / 528 / 51 /  765  (14.3 -> 12.0)
 //   PER16 + MIN (Q2_K)           64 / 1024 / 115 / 1409 -> 64 / 784 / 115 / 1114  (22.0 -> 17.4)
@@ -347,7 +349,9 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
                         const int h = e >> 1;
                         const float sxj = e & 1 ? sx[ni].y : sx[ni].x, e0j = e & 1 ? e0[ni].y : e0[ni].x;
                         float& o = acc[mi][ni][e];
-                        if (SC == MMA_Q8) {
+                        if (SC == MMA_Q8 || (SC == MMA_PER32 && !MIN)) {
+                            // without mins, the DP4A GEMMs' block_term (gemm_w16.cuh): the dot times the product
+                            // of the scales, so these forms give the DP4A route's bits
                             o = __fmaf_rn(dot_f32(d0[e]), __fmul_rn(s0[h], sxj), o);
                         } else {
                             // s0 * dot (PER16: + s1 * dot1) with the bits of the DP4A GEMM's expression, the

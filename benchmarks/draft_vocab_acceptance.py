@@ -1,8 +1,10 @@
-"""MTP draft acceptance per --spec-draft-vocab (auto or N), greedy, on held-out code, English and Chinese prompts.
+"""MTP draft acceptance per --spec-draft-vocab (auto or N) and --spec-draft-coarse K, greedy, on held-out code,
+English and Chinese prompts.
 
     python3 benchmarks/draft_vocab_acceptance.py                          # the demo model (+ its MTP head), numpy
     python3 benchmarks/draft_vocab_acceptance.py --spec-draft-vocab 0,1024,auto --auto-prefix 1024
     python3 benchmarks/draft_vocab_acceptance.py -m M.gguf --cuda --spec-draft-vocab 0,32768,auto
+    python3 benchmarks/draft_vocab_acceptance.py --spec-draft-vocab 0 --spec-draft-coarse 0,1,4,16
 
 In-process (no server): one slot, n_max drafts every round (the adaptive policy off, as llama.cpp drafts), so the
 figures do not depend on measured timings. Every setting's output is checked token for token against the first
@@ -14,6 +16,9 @@ vocabulary (the demo model has 8192 ids, under auto's 4 x 32768, so plain auto d
 P = 1024 is about the share of the vocabulary that 32768 is of Qwen3.5's 248320). Each row also gives the share of
 the generated tokens at or above the prefix, and with --qwen-vocab the share of Qwen3.5's own token ids >= 32768
 in the same text (prompt and output decoded, encoded again with the real vocabulary).
+--spec-draft-coarse K (a comma list, default 0: the exact head): the draft's argmax through a Q4_0 copy of the head,
+its K best rescored by the exact head, for every head of the run whatever its size (the demo model's 8192 rows are
+under spec.COARSE_MIN_ROWS): the acceptance it costs on a trained head.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from llamacmp.engine.speculative import Speculator  # noqa: E402
 from llamacmp.engine.tasks import GenParams  # noqa: E402
 from llamacmp.loader import load_model  # noqa: E402
 from llamacmp.sampling import SamplingParams  # noqa: E402
-from llamacmp.spec import AUTO, SpecConfig, parse_draft_vocab  # noqa: E402
+from llamacmp.spec import AUTO, CoarseHead, SpecConfig, parse_draft_coarse, parse_draft_vocab  # noqa: E402
 
 ENGLISH = (
     "The library opened at nine every morning, and by ten the reading room was usually full. Most of the people "
@@ -65,7 +70,7 @@ def prompt_sets(names: list[str], count: int, chars: int) -> list[tuple[str, str
     return out
 
 
-def run(lm, prompt: str, n_predict: int, n_max: int, vocab, ctx: int, auto: AutoVocab):
+def run(lm, prompt: str, n_predict: int, n_max: int, vocab, ctx: int, auto: AutoVocab, coarse: int = 0):
     """-> (drafted, accepted, the generated tokens, auto's switches)."""
     spec = SpecConfig("draft-mtp", n_max, draft_vocab=vocab)
     c = SlotClient(lm, SimpleNamespace(n_ctx=ctx, n_batch=2048, micro_batch=512, k_type="f16", v_type="f16",
@@ -75,6 +80,7 @@ def run(lm, prompt: str, n_predict: int, n_max: int, vocab, ctx: int, auto: Auto
                                    graphs=c.engine.spec.graphs is not None)
     sp = c.engine.spec
     sp.policy = None
+    sp.set_coarse(CoarseHead(coarse, lm.model.mtp.head.shape[0], 1) if coarse else None)
     c.history = list(lm.tokenizer.encode(prompt))
     toks = c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=n_predict)).tokens
     return sp.n_drafted, sp.n_accepted, toks, sp.vocab.n_switches if sp.vocab is not None else 0
@@ -96,7 +102,9 @@ def main() -> None:
     ap.add_argument("--cuda", action="store_true", help="the CUDA backend (default: the numpy reference)")
     ap.add_argument("--spec-draft-vocab", "--vocab", dest="vocab", default="0,4096,2048,1024,512,auto",
                     help="comma list of auto or N (0: the whole vocabulary); the first is the reference output")
-    ap.add_argument("--auto-prefix", type=int, default=AutoVocab.prefix,
+    ap.add_argument("--spec-draft-coarse", "--coarse", dest="coarse", default="0",
+                    help="comma list of K (0: the exact head): the draft's argmax through the Q4_0 copy's K best")
+    ap.add_argument("--auto-prefix", type=int, default=AutoVocab().prefix,
                     help="auto's prefix (default: engine/draft_vocab.py's); the other constants stay")
     ap.add_argument("--sets", default="code,english,chinese", help="comma list of prompt sets")
     ap.add_argument("--prompts", type=int, default=3, help="prompts per set (at most)")
@@ -106,7 +114,8 @@ def main() -> None:
     ap.add_argument("-c", "--ctx", type=int, default=4096)
     ap.add_argument("--qwen-vocab", action="store_true", help="also the share of Qwen3.5 ids >= 32768 per set")
     args = ap.parse_args()
-    vocabs = [parse_draft_vocab(x) for x in args.vocab.split(",")]
+    vocabs = [(parse_draft_vocab(x), parse_draft_coarse(k)) for x in args.vocab.split(",")
+              for k in args.coarse.split(",")]
     auto = AutoVocab(prefix=args.auto_prefix)
     if args.model is None:
         from llamacmp.demo_model import with_mtp_head
@@ -126,18 +135,19 @@ def main() -> None:
           "output = first |\n|---|---|---|---|---|---|---|---|")
     for name in dict.fromkeys(n for n, _ in prompts):
         ref, texts = None, [p for n, p in prompts if n == name]
-        for v in vocabs:
+        for v, k in vocabs:
             d = a = sw = 0
             outs = []
             for _, p in ((n, p) for n, p in prompts if n == name):
-                dv, av, toks, s = run(lm, p, args.n_predict, args.draft_max, v, args.ctx, auto)
+                dv, av, toks, s = run(lm, p, args.n_predict, args.draft_max, v, args.ctx, auto, k)
                 d, a, sw = d + dv, a + av, sw + s
                 outs.append(toks)
             ref = outs if ref is None else ref
             cut = auto.prefix if v == AUTO else v
             gen = [t for o in outs for t in o]
             share = f"{sum(t >= cut for t in gen) / max(1, len(gen)):.1%}" if cut else "-"
-            label = f"auto (prefix {auto.prefix})" if v == AUTO else v or f"full ({n_vocab})"
+            label = (f"auto (prefix {auto.prefix})" if v == AUTO else v or f"full ({n_vocab})") + \
+                (f", coarse k {k}" if k else "")
             print(f"| {name} | {label} | {d} | {a} | {a / max(1, d):.3f} | {share} | "
                   f"{sw if v == AUTO else '-'} | {outs == ref} |", flush=True)
         if args.qwen_vocab:

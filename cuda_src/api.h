@@ -310,6 +310,24 @@ int cmp_sample(const float* logits, float* work, const int32_t* hist, int n_hist
                const float* bias_vals, int n_bias, const CmpSamplerParams* params, float u, int32_t* out,
                int32_t* n_out, int N);
 
+// ---- coarse_head.cu: the MTP draft's argmax through a Q4_0 copy of its LM head (numpy_ref coarse_argmax) ---------
+// x [rows, n] f32 -> Q4_0 in cmp_quant_repack's device layout for CMP_Q4_0: body [rows, n/32 * 16] (code nibbles),
+// head [rows, n/32 * 2] (f16 scales); gguf.quants' quantize of those values bit for bit. n a multiple of 32.
+int cmp_quantize_q4_0(const float* x, void* body, void* head, int rows, int n);
+// Device bytes of the work cmp_topk needs for R rows of N values and k candidates.
+int cmp_topk_work_bytes(int R, int N, int k, size_t* bytes);
+// x [R, N] f32 -> ids [R, k] int32 (device): per row the ids of the k largest values, the larger first and the lower
+// id among equal values (NaN counts as -inf). 1 <= k <= min(32, N), R <= 65535; work: cmp_topk_work_bytes.
+int cmp_topk(const float* x, int32_t* ids, void* work, int R, int N, int k);
+// Per row r: among the candidates cand [R, k] int32 (ids), whose rows of the exact head are rows [R * k, D] f32
+// (row r * k + j for cand[r, j]), the id whose logit is largest (the lowest id among ties; NaN never chosen; a row of
+// only NaN gives cand[r, 0]) -> out [R] int32 (device). The logit is the dot product of that row with the row's
+// activations as the head's GEMV sees them: xq [R, D] int8 and xd [R, D/32] f32 (cmp_quantize_q8) for a
+// block-quantized head (x unused), else (xq null) x [R, D] f32, rounded to f16 first where x_f16 (an f16 head, as
+// cmp_matmul_dense). 1 <= k <= 32.
+int cmp_coarse_rescore(const int8_t* xq, const float* xd, const float* x, int x_f16, const float* rows,
+                       const int32_t* cand, int32_t* out, int R, int k, int D);
+
 // ---- dense.cu -------------------------------------------------------------------------------------------------
 // y [T, rows] = x [T, n] f32 . W [rows, n]^T, W f32 or f16 (w_dtype: CmpDtype); FP32 (FFMA) accumulation, no tensor
 // cores. For f16 weights x is rounded to f16 first (numpy_ref.matmuls). T <= 8: a warp-per-row GEMV; larger T: a

@@ -1,14 +1,33 @@
 // The tensor-core route of the prefill projections (issue 20): y [T, R] = x [T, n] . W [R, n]^T over int8 codes,
 // the integer dot of each 32-value block on the tensor cores (mma.sync s8: m16n8k32 on sm_80+, four m8n8k16 on
 // sm_75; PER16 types take each 16-value half alone: m16n8k16 / two m8n8k16), then scaled and summed in fp32 with
-// the arithmetic of the DP4A GEMMs (matmul_q8.cu gemm2, matmul_quant.cu gemm_quant), in the same block order.
+// the arithmetic of the DP4A GEMMs (matmul_q8.cu gemm2, matmul_quant.cu gemm_quant), in the same block order, but
+// for the mins: each min's term is one FFMA into the sum (PER32: the block's one min times the block's activation
+// sum, rounded once), where the DP4A GEMM rounds the two halves' terms and subtracts them (last bits differ).
 // Tiles of 128 weight rows x 128 tokens, 16 warps of 32 x 32 outputs; codes staged in shared memory by cp.async
 // (sm_80+; plain loads on sm_75) in a ring of stages of WIDE_BK (or 2) blocks, read into fragments with ldmatrix;
 // the scales go through registers, stored after the stage's math. The loop is issue-bound (one warp instruction
-// per clock per scheduler), so it is kept to the epilogue's three FP32 instructions per output and block plus
-// little else: the dots start from a magic bias (no integer-to-float add), rows past the edges read the last row
-// (no row guards), and each thread's source pointers are set once. compute_70 and older builds have no kernel body
-// here: gemm_mma hands their calls to Volta's f16 HMMA GEMM (matmul_hmma.cu), which refuses code below compute_70.
+// per clock per scheduler), so the epilogue per output and block is kept to FP32 instructions that do work: Q8_0
+// three (FADD of the biased dot, FMUL of the scales, FFMA; also PER32 without mins, whose bits then equal the DP4A
+// route's: gemm_w16.cuh's block_term), PER32 with mins two (scaled_dot's FFMA takes the bias off, FFMA into the
+// sum) plus the min's, PER16 four (plus two mins); the dots start from a magic bias (no integer-to-float add), rows
+// past the edges read the last row (no row guards), and each thread's source pointers are set once.
+// compute_70 and older builds have no kernel body here: gemm_mma hands their calls to Volta's f16 HMMA GEMM
+// (matmul_hmma.cu), which refuses code below compute_70.
+// The main loop's SASS per 4-block stage (sm_90, nvcc 13.0, gemm_mma_kernel<SC, MIN, 4, 4>: tools/mma_sass.py),
+// IMMA / FP32 (FFMA, FMUL, FADD) / LDS / all, before -> after issue 18's min rework (2026-12-02):
+//   Q8_0                         32 / 384 / 35 /  600 -> 32 / 384 / 35 /  575  (18.8 -> 18.0 per IMMA)
+//   PER32 (Q4_0, Q5_0, IQ4_*)    32 / 384 / 35 /  615 -> 32 / 272 / 35 /  472  (19.2 -> 14.8)
+//     (since the DP4A route's block_term, 2026-12-03: Q8_0's form again, for the DP4A route's bits)
+//   PER32 + MIN (Q4_K, Q5_K, ..) 32 / 768 / 99 / 1114 -> 32 / 401 / 35 /  621  (34.8 -> 19.4)
+//   PER16 (Q6_K, Q3_K)           64 / 640 / 51 /  918 -> 64 / 528 / 51 /  765  (14.3 -> 12.0)
+//   PER16 + MIN (Q2_K)           64 / 1024 / 115 / 1409 -> 64 / 784 / 115 / 1114  (22.0 -> 17.4)
+// The Q4_K form had twice Q8_0's instructions (its GEMMs took 72.8 of a 9B Q4_K_M pp512's 100.3 ms of kernels on
+// the H200): per output and block six FP32 (FADD, FMUL, FFMA as Q8_0, then FMUL + FFMA + FADD for the two half
+// mins), and per block 16 more LDS a warp (each half's min and activation sum alone); now the min is one FFMA,
+// the bias comes off in the scale's FFMA, a row's scale and min are one LDS.64, a token pair's scales and sums one
+// LDS.128, and the scale loads no longer branch on whether an item is a row's or a token's (all forms: the Q8_0
+// loop's 25 fewer). Registers 128 (the launch bound's cap) in every form; spills at BK = 4 24 -> 4 bytes (Q4_K).
 #include "matmul_mma.cuh"
 
 namespace cmp {
@@ -31,14 +50,26 @@ static_assert(MT == NT && NI % 2 == 0, "stage loads and B fragments assume this 
 __host__ __device__ constexpr int row_bytes(int BK) { return BK * 32 + 16; }
 
 // The scales are stored [block][row] so that a thread's two tokens (2t, 2t + 1) are one 8-byte load.
-template <int SC, bool MIN, int BK>
+template <int SC, bool MIN, int BK, bool PACKED = SC == MMA_PER32 && MIN>
 struct __align__(16) MmaStage {
     int8_t w[MT][row_bytes(BK)];
     int8_t x[NT][row_bytes(BK)];
     float ws[SC == MMA_PER16 ? 2 * BK : BK][MT];   // weight scale per block (per half for PER16)
-    float wm[MIN ? 2 * BK : 1][MT];                // weight min per half
+    float wm[MIN ? 2 * BK : 1][MT];                // weight min per half (with mins: PER16, else PACKED below)
     float xd[BK][NT];                              // activation scale per block
     float xs[MIN ? 2 * BK : 1][NT];                // activation half sum times scale
+};
+
+// PER32 types with mins (Q4_K, Q5_K, Q4_1, Q5_1) have one min per block (expand_kernel writes the same min in both
+// halves: quant_blocks.cuh), so the stage holds it once, and the activation's block sum (the two half sums added)
+// once; a row's scale and min lie side by side (one 8-byte load), and so do a token pair's scales and sums (one
+// 16-byte load).
+template <int SC, bool MIN, int BK>
+struct __align__(16) MmaStage<SC, MIN, BK, true> {
+    int8_t w[MT][row_bytes(BK)];
+    int8_t x[NT][row_bytes(BK)];
+    float2 wp[BK][MT];        // {scale, min} per block and row
+    float4 xp[BK][NT / 2];    // {scale 2p, scale 2p + 1, sum 2p, sum 2p + 1} per block and token pair p
 };
 
 // The integer dots start from MAGIC instead of 0: the float with MAGIC's bits is 1.5 * 2^23, whose unit in the last
@@ -46,6 +77,12 @@ struct __align__(16) MmaStage {
 // the dot as float (the DP4A GEMMs' i2f, without its integer add).
 constexpr int MAGIC = 0x4B400000;
 __device__ __forceinline__ float dot_f32(int biased) { return __int_as_float(biased) - 12582912.f; }
+// s * dot rounded once, as __fmul_rn(s, dot_f32(biased)), in one FFMA: c = s * -12582912 is exact (3 * 2^22 times a
+// scale of at most 21 significant bits; every expanded type's is an f16 times an integer below 2^8: 19), so the FMA
+// computes s * (1.5 * 2^23 + dot) - s * 1.5 * 2^23 = s * dot exactly before its one rounding.
+__device__ __forceinline__ float scaled_dot(int biased, float s, float c) {
+    return __fmaf_rn(__int_as_float(biased), s, c);
+}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
 // Four 8x8 b16 matrices from shared memory: lanes 8i..8i+7 give the row addresses of matrix i, which lands in r[i]
@@ -120,6 +157,7 @@ template <int SC, bool MIN, int BK, int STAGES>
 __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands op) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
     using Stage = MmaStage<SC, MIN, BK>;
+    constexpr bool PACKED = SC == MMA_PER32 && MIN;
     constexpr int KS = row_bytes(BK);
     constexpr int ROW_CHUNKS = BK * 2;                          // 16-byte chunks of one staged row
     constexpr int CODE_PER_THREAD = MT * ROW_CHUNKS / THREADS;  // chunks of each operand a thread copies per stage
@@ -155,10 +193,13 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
         }
     };
     // Scale item i: i < MT * BK a weight row's (r, k) = (i / BK, i % BK), else a token's (consecutive threads read
-    // consecutive blocks of one row).
-    auto load_item = [&](int s, int i) {
+    // consecutive blocks of one row). is_w(j): whether a thread's item j is a weight row's, a constant where the
+    // weight items fill whole rounds of the threads (BK = 4: item 0 weights, item 1 tokens; no branch on it).
+    auto is_w = [&](int j) {
+        return (MT * BK) % THREADS == 0 ? j * THREADS < MT * BK : tid + j * THREADS < MT * BK;
+    };
+    auto load_item = [&](int s, int i, bool w) {
         ScaleItem v{0.f, 0.f, 0.f, 0.f};
-        const bool w = i < MT * BK;
         const int r = (w ? i : i - MT * BK) / BK, blk = s * BK + (i % BK);
         if (blk >= nsub) return v;
         if (w) {
@@ -172,24 +213,33 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
             }
             if (MIN) {
                 const float2 m2 = reinterpret_cast<const float2*>(op.wm + row * nh)[blk];
-                v.c = m2.x;
+                v.c = m2.x;   // PACKED: m2.y == m2.x
                 v.d = m2.y;
             }
         } else {
             const size_t tok = (size_t)min(tok0 + r, op.T - 1);
             v.a = op.xd[tok * nsub + blk];
             if (MIN) {
+                // PACKED: the block's sum xd * (S0 + S1), exact as each half's is (an f16-precision scale times a
+                // 12-bit integer), so the min term below rounds once where the halves' form rounds three times.
                 const float2 e2 = reinterpret_cast<const float2*>(op.xs + tok * nh)[blk];
-                v.b = e2.x;
+                v.b = PACKED ? e2.x + e2.y : e2.x;
                 v.c = e2.y;
             }
         }
         return v;
     };
-    auto store_item = [&](Stage& b, int i, const ScaleItem& v) {
-        const bool w = i < MT * BK;
+    auto store_item = [&](Stage& b, int i, bool w, const ScaleItem& v) {
         const int r = (w ? i : i - MT * BK) / BK, k = i % BK;
-        if (w) {
+        if constexpr (PACKED) {
+            if (w) {
+                b.wp[k][r] = float2{v.a, v.c};
+            } else {
+                float* p = reinterpret_cast<float*>(&b.xp[k][r >> 1]) + (r & 1);
+                p[0] = v.a;
+                p[2] = v.b;
+            }
+        } else if (w) {
             if (SC == MMA_PER16) {
                 b.ws[2 * k][r] = v.a;
                 b.ws[2 * k + 1][r] = v.b;
@@ -211,11 +261,11 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
     using Scales = ScaleItem[SCALE_PER_THREAD];
     auto load_scales = [&](int s, Scales& v) {
 #pragma unroll
-        for (int j = 0; j < SCALE_PER_THREAD; ++j) v[j] = load_item(s, tid + j * THREADS);
+        for (int j = 0; j < SCALE_PER_THREAD; ++j) v[j] = load_item(s, tid + j * THREADS, is_w(j));
     };
     auto store_scales = [&](Stage& b, const Scales& v) {
 #pragma unroll
-        for (int j = 0; j < SCALE_PER_THREAD; ++j) store_item(b, tid + j * THREADS, v[j]);
+        for (int j = 0; j < SCALE_PER_THREAD; ++j) store_item(b, tid + j * THREADS, is_w(j), v[j]);
     };
 
     float acc[MI][NI][4];  // [row tile mi][token tile ni][fragment element]
@@ -246,26 +296,44 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
                 bf[2 * nj + 1][0] = r[2];
                 bf[2 * nj + 1][1] = r[3];
             }
-            float2 sx[NI], e0[NI], e1[NI];  // [ni] tokens 2t, 2t + 1
+            float2 sx[NI], e0[NI], e1[NI];  // [ni] tokens 2t, 2t + 1: scales, sums (PACKED: the block's)
 #pragma unroll
             for (int ni = 0; ni < NI; ++ni) {
                 const int t = wt + ni * 8 + 2 * tq;
-                sx[ni] = *reinterpret_cast<const float2*>(&b.xd[kb][t]);
-                e0[ni] = MIN ? *reinterpret_cast<const float2*>(&b.xs[2 * kb][t]) : float2{0.f, 0.f};
-                e1[ni] = MIN ? *reinterpret_cast<const float2*>(&b.xs[2 * kb + 1][t]) : float2{0.f, 0.f};
+                if constexpr (PACKED) {
+                    const float4 p = b.xp[kb][t >> 1];
+                    sx[ni] = float2{p.x, p.y};
+                    e0[ni] = float2{p.z, p.w};
+                    e1[ni] = float2{0.f, 0.f};
+                } else {
+                    sx[ni] = *reinterpret_cast<const float2*>(&b.xd[kb][t]);
+                    e0[ni] = MIN ? *reinterpret_cast<const float2*>(&b.xs[2 * kb][t]) : float2{0.f, 0.f};
+                    e1[ni] = MIN ? *reinterpret_cast<const float2*>(&b.xs[2 * kb + 1][t]) : float2{0.f, 0.f};
+                }
             }
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi) {
                 uint32_t a[4];
                 ldmatrix_x4(a, base + a_off + mi * 16 * KS + kb * 32);
-                float s0[2], s1[2], m0[2], m1[2];  // [row g / g + 8]
+                // [row g / g + 8]: scales, mins (PACKED: the block's one min) and the scales times -MAGIC's float
+                // (c0, c1: scaled_dot)
+                float s0[2], s1[2], c0[2], c1[2], m0[2], m1[2];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int r = wr + mi * 16 + g + 8 * h;
-                    s0[h] = SC == MMA_PER16 ? b.ws[2 * kb][r] : b.ws[kb][r];
-                    s1[h] = SC == MMA_PER16 ? b.ws[2 * kb + 1][r] : 0.f;
-                    m0[h] = MIN ? b.wm[2 * kb][r] : 0.f;
-                    m1[h] = MIN ? b.wm[2 * kb + 1][r] : 0.f;
+                    if constexpr (PACKED) {
+                        const float2 p = b.wp[kb][r];
+                        s0[h] = p.x;
+                        m0[h] = p.y;
+                        s1[h] = m1[h] = 0.f;
+                    } else {
+                        s0[h] = SC == MMA_PER16 ? b.ws[2 * kb][r] : b.ws[kb][r];
+                        s1[h] = SC == MMA_PER16 ? b.ws[2 * kb + 1][r] : 0.f;
+                        m0[h] = MIN ? b.wm[2 * kb][r] : 0.f;
+                        m1[h] = MIN ? b.wm[2 * kb + 1][r] : 0.f;
+                    }
+                    c0[h] = __fmul_rn(s0[h], -12582912.f);
+                    c1[h] = __fmul_rn(s1[h], -12582912.f);
                 }
 #pragma unroll
                 for (int ni = 0; ni < NI; ++ni) {
@@ -279,18 +347,22 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int h = e >> 1;
-                        const float sxj = e & 1 ? sx[ni].y : sx[ni].x;
+                        const float sxj = e & 1 ? sx[ni].y : sx[ni].x, e0j = e & 1 ? e0[ni].y : e0[ni].x;
                         float& o = acc[mi][ni][e];
-                        if (SC == MMA_Q8) {
+                        if (SC == MMA_Q8 || (SC == MMA_PER32 && !MIN)) {
+                            // without mins, the DP4A GEMMs' block_term (gemm_w16.cuh): the dot times the product
+                            // of the scales, so these forms give the DP4A route's bits
                             o = __fmaf_rn(dot_f32(d0[e]), __fmul_rn(s0[h], sxj), o);
                         } else {
-                            const float v = SC == MMA_PER16 ? fmaf(s0[h], dot_f32(d0[e]), s1[h] * dot_f32(d1[e]))
-                                                            : s0[h] * dot_f32(d0[e]);
-                            o = fmaf(v, sxj, o);
-                            if (MIN) {
-                                const float e0j = e & 1 ? e0[ni].y : e0[ni].x, e1j = e & 1 ? e1[ni].y : e1[ni].x;
-                                o -= fmaf(m0[h], e0j, m1[h] * e1j);
-                            }
+                            // s0 * dot (PER16: + s1 * dot1) with the bits of the DP4A GEMM's expression, the
+                            // magic bias taken off by the FMA's addend rather than an FADD per dot
+                            const float v = SC == MMA_PER16
+                                ? __fmaf_rn(s0[h], dot_f32(d0[e]), scaled_dot(d1[e], s1[h], c1[h]))
+                                : scaled_dot(d0[e], s0[h], c0[h]);
+                            o = __fmaf_rn(v, sxj, o);
+                            // the min term: one FFMA per value and min into the sum (PER32: the block's one min)
+                            if (MIN) o = __fmaf_rn(-m0[h], e0j, o);
+                            if (MIN && SC == MMA_PER16) o = __fmaf_rn(-m1[h], e & 1 ? e1[ni].y : e1[ni].x, o);
                         }
                     }
                 }

@@ -38,7 +38,8 @@ int dispatch_scales(MmaScales scales, bool mins, const char* what, F&& f) {
 }
 
 // y = res + dequant(x) . dequant(W)^T with per-32-value integer dots on the tensor cores, scaled and summed in fp32
-// in the DP4A GEMMs' order and rounding (so the results equal theirs): int8 mma.sync where the device runs
+// in the DP4A GEMMs' order and rounding (so the results equal theirs; with mins the int8 kernel adds each min's
+// term by one FFMA, so those differ in the last bits: matmul_mma.cu): int8 mma.sync where the device runs
 // compute_75+ code, else (Volta) or with f16 set the f16 HMMA GEMM of matmul_hmma.cu. Fails naming the reason where
 // the device runs code without mma.sync (older than compute_70).
 int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op, bool f16);

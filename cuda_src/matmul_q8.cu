@@ -21,6 +21,7 @@
 #include <array>
 #include <utility>
 
+#include "gemm_w16.cuh"
 #include "matmul_mma.cuh"
 #include "smem_plan.h"
 
@@ -386,7 +387,7 @@ gemv_q8_batch_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 }
 
 constexpr int TILE2 = smem::G2TILE;  // v2 GEMM tile: 128 weight rows x 128 tokens (256 threads of 8x8 outputs, or
-                                     // gemm2_q8_kernel_w16's 512 of 4x8)
+                                     // gemm_w16_kernel's 512 of 4x8)
 template <int BK>
 using Gemm2Stage = smem::G2Stage<BK>;  // one stage of BK Q8 blocks of both operands (smem_plan.h), two buffers
 
@@ -407,8 +408,8 @@ constexpr int GEMM2_IH = 1;
 // fma with d_w * d_x. Stages of BK blocks (4 or 2: smem::gemm2_q8_plan) are double-buffered: stage s+1 is fetched
 // (cp.async on sm_80+, into registers on sm_70/75) while stage s is multiplied; one barrier per stage. Every output
 // gets its blocks' terms in increasing block order for either BK, so both give the same bits. D: the int8 dot
-// (common.cuh). Stages of 4 blocks on DP4A now run gemm2_q8_kernel_w16 (below: the same stages and arithmetic with
-// 16 warps); the 4-block SASS figures here are this kernel's before that.
+// (common.cuh). Stages of 4 blocks on DP4A now run gemm_w16_kernel (gemm_w16.cuh: the same stages and arithmetic
+// with 16 warps); the 4-block SASS figures here are this kernel's before that.
 // The loop's SASS (DotDp4a, one stage = 2 blocks = 1024 IDP.4A per thread; tools: cuobjdump -sass, the loop between
 // the backward branch and its target; 2026-12-02, issue 20 item 5):
 //   before: sm_90 (nvcc 13.0) 1707 instructions: IDP 1024, IADD3 140, FADD / FMUL / FFMA 128 each, LDS 84, ~75
@@ -554,161 +555,27 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
     }
 }
 
-// The v2 GEMM with 16 warps (512 threads of <= 128 registers) instead of 8: the DP4A route's kernel wherever stages of
-// 4 blocks by cp.async run (gemm2_wide: compute_80+ code, 80 KB of shared memory). Why (issue 20 item 5; sm_90 SASS,
-// nvcc 13.0, per stage of 4 blocks, 2048 IDP.4A per warp): gemm2_q8_kernel's loop is not issue-bound (3075
-// instructions per 2048 IDP: IDP 2048, FMUL + FFMA 512, I2FP 256, LDS 149, 110 other; one instruction per clock per
-// scheduler against an IDP every 2 clocks leaves room for 4096). What bounds it by ptxas's own schedule is the FMA
-// port: it spaces an FMUL / FFMA after an IDP.4A like another IDP.4A (2 clocks), so one warp's loop is 5008 clocks
-// of static stalls for 4096 of dot issue: 82% of the DP4A rate at most, and the FP32 per output and block (FMUL
-// d_w * d_x, FFMA) is the numpy reference's arithmetic. The H200 reached 62% (77.6 TOPS at pp512, 131 measured):
-// with 254 registers only 2 warps share a scheduler, so every stall of one (an LDS result, the stage barrier, its
-// partner's lead: a warp that runs alone issues at its static 82%) leaves the FMA port to the other alone. Here each
-// thread owns 4 weight rows x 8 tokens (32 outputs: 4 warps per scheduler) and the arithmetic per output is the same
-// expression in the same block order, so both kernels give the same bits (test_gemm2_stage_widths_give_the_same_bits
-// compares it with the 2-block stages). Thread (tx, ty) = (tid % 32, tid / 32) owns rows tx + 32i (i < 4) and tokens
-// ty + 16j (j < 8): a warp's 16-byte reads of W cover 32 consecutive rows (conflict-free: the row stride is an odd
-// number of 16-byte units), its reads of X one token (a broadcast).
-// Its loop (sm_90, nvcc 13.0, one stage = 1024 IDP.4A per warp): 1635 instructions (IDP 1024, FMUL + FFMA 256, I2FP
-// 128, LDS 148: 96 of 16 bytes and 52 scalar, LDGSTS 4, LDL 3: the loader's row indices, 72 other), 2657 clocks of
-// static stalls (one warp alone: 77% of the DP4A rate; 4 share a scheduler); 128 registers, 12 bytes of spill, loaded
-// once per stage. Shared-memory wavefronts per SM and stage ~3460 (W 4 per 16-byte read, X and its scales 1) against
-// 8192 clocks of DP4A issue: 42%, twice the 8-warp kernel's share. Measured (H200, 2026-12-02 22:36, same run): the
-// 9B GEMMs 88.6-90.4 -> 91.2-92.9 TOPS; pp512 / pp4096 of the 9B Q8_0 file on the DP4A route +2.5% / +2.4%.
-template <class D, int BK>
-__global__ void __launch_bounds__(512, 1)
-gemm2_q8_kernel_w16(const int8_t* __restrict__ xq,  // [T, n]
-                    const float* __restrict__ xd,   // [T, n/32]
-                    const int8_t* __restrict__ wq,  // [rows, n]
-                    const __half* __restrict__ wd,  // [rows, n/32]
-                    const float* __restrict__ res,  // [T, rows] added to y, or null
-                    float* __restrict__ y,          // [T, rows]
-                    int T, int rows, int n) {
-    static_assert(TILE2 * BK == 512, "stages of 4 Q8 blocks: one scale per operand and thread");
-    using Stage = Gemm2Stage<BK>;
-    extern __shared__ __align__(16) unsigned char g2smem[];   // Stage[2]
-    Stage* st = reinterpret_cast<Stage*>(g2smem);
-    const int tid = threadIdx.x, tx = tid & 31, ty = tid >> 5;
-    const int row0 = blockIdx.x * TILE2, tok0 = blockIdx.y * TILE2, nb = n / QK;
-    const int nstage = (nb + BK - 1) / BK;
-    // Loader roles: 128 rows x 2 BK 16-byte chunks per operand per stage, BK / 2 per thread (consecutive threads take
-    // consecutive chunks of one row); scales: one per operand per thread (row tid / BK, block tid % BK).
-    constexpr int CPR = 2 * BK, RSTEP = 512 / CPR, NP = TILE2 / RSTEP;
-    const int lr = tid / CPR, lc = tid % CPR;
-    const int sr = tid / BK, sk = tid % BK;
-    // Rows past `rows` (tokens past T) read the last one (their outputs are never stored): only the K tail is guarded.
-    // Row indices, not pointers: the bases are kernel parameters, so a source costs one register instead of two (at
-    // 128 registers the pointers spilled).
-    int wrow[NP], xrow[NP];
-#pragma unroll
-    for (int p = 0; p < NP; ++p) {
-        wrow[p] = min(row0 + lr + RSTEP * p, rows - 1);
-        xrow[p] = min(tok0 + lr + RSTEP * p, T - 1);
-    }
-    const int wds = min(row0 + sr, rows - 1) * nb + sk, xds = min(tok0 + sr, T - 1) * nb + sk;
-
-    auto fetch = [&](int s, Stage& b, float& pw, float& px) {
-        const bool ok = s * BK + (lc >> 1) < nb;             // the Q8 block this thread's chunks lie in exists
-        const int off = (ok ? s * BK * QK : 0) + lc * 16;    // (else an in-bounds address, zeros written)
-#pragma unroll
-        for (int p = 0; p < NP; ++p) {
-            copy16(&b.w[lr + RSTEP * p][lc * 4], wq + (size_t)wrow[p] * n + off, ok);
-            copy16(&b.x[lr + RSTEP * p][lc * 4], xq + (size_t)xrow[p] * n + off, ok);
-        }
-        const bool oks = s * BK + sk < nb;
-        pw = oks ? __half2float(wd[wds + s * BK]) : 0.f;
-        px = oks ? xd[xds + s * BK] : 0.f;
-    };
-    // The scales lie block-major here ([BK][128] in the stage's [128][BK] arrays): a thread's reads of its rows'
-    // (tokens') scales for one block are then scalar loads, so no 16-byte load keeps 4 blocks' scales in registers
-    // through the stage (with them, 48 registers: the kernel spilled 68 bytes).
-    auto publish = [&](Stage& b, float pw, float px) {
-        cp_async_wait();
-        (&b.wd[0][0])[sk * TILE2 + sr] = pw;
-        (&b.xd[0][0])[sk * TILE2 + sr] = px;
-    };
-
-    float acc[4][8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
-
-    float pw, px;
-    fetch(0, st[0], pw, px);
-    publish(st[0], pw, px);
-    __syncthreads();
-    for (int s = 0; s < nstage; ++s) {
-        Stage& cur = st[s & 1];
-        Stage& nxt = st[(s & 1) ^ 1];
-        const bool more = s + 1 < nstage;
-        if (more) fetch(s + 1, nxt, pw, px);  // nxt was last read before the previous barrier
-#pragma unroll
-        for (int kb = 0; kb < BK; ++kb) {
-            int4 a[4][2];
-            float sw[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                a[i][0] = *reinterpret_cast<const int4*>(&cur.w[tx + 32 * i][kb * 8]);
-                a[i][1] = *reinterpret_cast<const int4*>(&cur.w[tx + 32 * i][kb * 8 + 4]);
-                sw[i] = (&cur.wd[0][0])[kb * TILE2 + tx + 32 * i];
-            }
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int4 b0 = *reinterpret_cast<const int4*>(&cur.x[ty + 16 * j][kb * 8]);
-                const int4 b1 = *reinterpret_cast<const int4*>(&cur.x[ty + 16 * j][kb * 8 + 4]);
-                const float sx = (&cur.xd[0][0])[kb * TILE2 + ty + 16 * j];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int d = dot16<D>(a[i][1], b1, dot16<D>(a[i][0], b0, dot_chain_init()));
-                    acc[i][j] = __fmaf_rn(chain_to_f32(d), __fmul_rn(sw[i], sx), acc[i][j]);
-                }
-            }
-        }
-        if (more) publish(nxt, pw, px);
-        __syncthreads();
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int t = tok0 + ty + 16 * j;
-        if (t >= T) continue;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = row0 + tx + 32 * i;
-            if (r < rows) y[(size_t)t * rows + r] = res ? res[(size_t)t * rows + r] + acc[i][j] : acc[i][j];
-        }
-    }
-}
-
 // ==== launchers ===================================================================================================
 
-// Stages of 4 blocks on DP4A: the 16-warp kernel (gemm2_q8_kernel_w16); else the 8-warp one.
+// Stages of 4 blocks on DP4A: the 16-warp kernel (gemm_w16.cuh); else the 8-warp one.
 template <class D, int BK>
 int launch_gemm2(const int8_t* xq, const float* xd, const int8_t* wq, const void* wd, const float* res, float* y,
                  int T, int rows, int n) {
-    constexpr size_t bytes = 2 * sizeof(Gemm2Stage<BK>);
-    constexpr bool w16 = BK == 4 && D::OPS == 1;
-    auto kernel = [] {
-        if constexpr (w16) return gemm2_q8_kernel_w16<D, BK>;
-        else return gemm2_q8_kernel<D, BK>;
-    }();
-    CMP_TRY(smem_opt_in("gemm2_q8_kernel", kernel, bytes));
-    kernel<<<dim3(ceil_div(rows, TILE2), ceil_div(T, TILE2)), w16 ? 512 : 256, bytes, stream()>>>(
-        xq, xd, wq, static_cast<const __half*>(wd), res, y, T, rows, n);
-    return check_launch("gemm2_q8_kernel");
+    if constexpr (BK == 4 && D::OPS == 1) {
+        return launch_gemm_w16<W16Q8, D>(xq, xd, nullptr, wq, W16Q8{static_cast<const __half*>(wd)}, res, y, T, rows,
+                                         n, rows);
+    } else {
+        constexpr size_t bytes = 2 * sizeof(Gemm2Stage<BK>);
+        auto kernel = gemm2_q8_kernel<D, BK>;
+        CMP_TRY(smem_opt_in("gemm2_q8_kernel", kernel, bytes));
+        kernel<<<dim3(ceil_div(rows, TILE2), ceil_div(T, TILE2)), 256, bytes, stream()>>>(
+            xq, xd, wq, static_cast<const __half*>(wd), res, y, T, rows, n);
+        return check_launch("gemm2_q8_kernel");
+    }
 }
 
-// Whether the v2 GEMM takes stages of 4 blocks here: smem::gemm2_q8_plan says they fit, and the code the device
-// runs is compute_80+ (cp.async; sm_70/75's register-staged copy keeps 2). Asked once per device (code_at_least).
-PerDevice g_gemm2_code;
-int gemm2_wide(bool* yes) {
-    size_t limit = 0;
-    CMP_TRY(smem_limit(&limit));
-    bool async = false;
-    CMP_TRY(code_at_least(gemm2_q8_kernel_w16<DotDp4a, 4>, 80, g_gemm2_code, &async));
-    *yes = async && smem::gemm2_q8_plan(limit).config == 4;
-    return CMP_OK;
-}
+// Whether the v2 GEMM takes stages of 4 blocks here (gemm_w16_runs: compute_80+ code, 80 KB of shared memory).
+int gemm2_wide(bool* yes) { return gemm_w16_runs<W16Q8, DotDp4a>(yes); }
 
 using GemvLaunch = int (*)(const int8_t*, const float*, const GemvSet&, int, int);
 
@@ -808,7 +675,7 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
         for (int i = 0; i < count; ++i) {
             const float* r = res ? res[i] : nullptr;
             if (big) {
-                // 4-block stages on DP4A only (gemm2_q8_kernel_w16): DP2A / IMAD's byte unpacking needs the
+                // 4-block stages on DP4A only (gemm_w16_kernel): DP2A / IMAD's byte unpacking needs the
                 // registers (spills at 4)
                 constexpr int WIDE = D::OPS == 1 ? 4 : 2;
                 CMP_TRY((wide ? launch_gemm2<D, WIDE> : launch_gemm2<D, 2>)(xq, xd, wq[i], wd[i], r, y[i], T,

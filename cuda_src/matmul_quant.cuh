@@ -16,9 +16,12 @@
 //    up to 4096 values go out as one round of loads per lane, longer rows as a rolling stream; at small T the code
 //    bias of Q4_0 / Q5_0 / Q3_K / Q6_K comes off the integer dots, not off each code (gemv_quant_kernel's BIAS).
 //  - GEMM (T > 16, prefill): per chunk of weight rows, an expansion kernel writes int8 codes + an f32 scale and min
-//    per 16 values into the caller's workspace, then one DP4A GEMM (128x128 tiles, 8x8 outputs per thread, double-
-//    buffered shared memory as matmul_q8.cu's v2 GEMM) multiplies that form; the activation half sums times their
-//    scale come from a small kernel first.
+//    per 16 values into the caller's workspace, then one GEMM multiplies that form: for the types with one scale and
+//    min per 32 values (not PER16) on DP4A, wherever compute_80+ code and 80 KB (88 with mins) of shared memory run,
+//    Q8_0's 16-warp GEMM (gemm_w16.cuh) with the min term per block; else gemm_quant_kernel (128x128 tiles, 8x8
+//    outputs per thread, double-buffered shared memory as matmul_q8.cu's v2 GEMM), which adds a per-32 type's
+//    blocks by the same block_term, so both give the same bits. The activation half sums times their scale come
+//    from a small kernel first.
 // No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =
 // IDP.2A, or IMAD), a template parameter of the kernels that take one, chosen per call by cmp_matmul_*'s kernels bits;
 // CMP_MM_MMA multiplies the (expanded) weights on the tensor cores instead (matmul_mma.cu).
@@ -26,6 +29,7 @@
 #pragma once
 #include <algorithm>
 
+#include "gemm_w16.cuh"
 #include "matmul_mma.cuh"
 #include "quant_blocks.cuh"
 #include "smem_plan.h"
@@ -70,6 +74,8 @@ using smem::QBK;     // sub-blocks of 32 per shared-memory stage
 using smem::QKP;     // row stride in ints
 using smem::QStage;  // one stage of the GEMM's operands (smem_plan.h, which sizes it)
 constexpr int ONES = 0x01010101;
+// A GEMV round's refills (gemv_quant_kernel): none, every slot (the next round is whole), the slots that have one.
+enum { QR_NONE, QR_ALL, QR_SOME };
 
 template <class D>
 __device__ __forceinline__ int sum16(const int4 b) { return dot16<D>(make_int4(ONES, ONES, ONES, ONES), b); }
@@ -91,6 +97,45 @@ __device__ __forceinline__ float sub_dot(const int4 w0, const int4 w1, float s0,
     return v;
 }
 
+// The same at T = 1 in fewer instructions: the activation side first (x_sums, once for the R rows: the bias times
+// the half sums as a dot chain's start, -BIAS e, and for the mins the sums as floats), then per row the dots as one
+// chain over the sub-block where the type has one scale (d0 + d1: the same integer as two) started from -BIAS e, and
+// the ints as floats by the conversion (chain_to_f32: I2FP on sm_90, one instruction where i2f is an IADD3 and an
+// FADD; exact either way, |v| < 2^22). The same floats and float operations in the same order: the same bits as
+// sub_dot. (Not at T >= 2: there it changed ptxas's allocation, DP2A spilled more.)
+struct XSums { int b0, b1; float f0, f1; };   // PER16: per half; else b0, f0 over the sub-block (e0 + e1)
+
+template <bool PER16, bool MIN, int BIAS, class D>
+__device__ __forceinline__ XSums x_sums(const int4 x0, const int4 x1) {
+    XSums e{0, 0, 0.f, 0.f};
+    if (!MIN && BIAS == 0) return e;
+    if (PER16) {
+        const int e0 = sum16<D>(x0), e1 = sum16<D>(x1);
+        e.b0 = -BIAS * e0, e.b1 = -BIAS * e1;
+        if (MIN) e.f0 = chain_to_f32(e0), e.f1 = chain_to_f32(e1);
+    } else {
+        const int s = dot16<D>(make_int4(ONES, ONES, ONES, ONES), x1, sum16<D>(x0));
+        e.b0 = -BIAS * s;
+        if (MIN) e.f0 = chain_to_f32(s);
+    }
+    return e;
+}
+
+template <bool PER16, bool MIN, class D>
+__device__ __forceinline__ float sub_dot1(const int4 w0, const int4 w1, float s0, float s1, float m0, float m1,
+                                         const int4 x0, const int4 x1, const XSums& e) {
+    if (PER16) {
+        const int d0 = dot16<D>(w0, x0, e.b0), d1 = dot16<D>(w1, x1, e.b1);
+        float v = __fmaf_rn(s0, chain_to_f32(d0), __fmul_rn(s1, chain_to_f32(d1)));
+        if (MIN) v = __fsub_rn(v, __fmaf_rn(m0, e.f0, __fmul_rn(m1, e.f1)));
+        return v;
+    }
+    const int d = dot16<D>(w1, x1, dot16<D>(w0, x0, e.b0));
+    float v = __fmul_rn(s0, chain_to_f32(d));
+    if (MIN) v = __fsub_rn(v, __fmul_rn(m0, e.f0));
+    return v;
+}
+
 // ---- GEMV ---------------------------------------------------------------------------------------------------------
 
 struct QuantSet {
@@ -98,11 +143,13 @@ struct QuantSet {
     const uint8_t* head[QMAX_MATS];  // [rows_i, nb * HEAD]
     float* y[QMAX_MATS];             // [T, rows_i]
     const float* res[QMAX_MATS];     // [T, rows_i] added to y, or null
+    int rows[QMAX_MATS];
     int row_end[QMAX_MATS];          // cumulative rows
-    int count, total;
+    int group_end[QMAX_MATS];        // cumulative warp groups (ceil(rows_i / R): the launcher's R; T = 1 only)
+    int count, total, groups;
 };
 
-// Weight row `grow` of a set: the matrix it belongs to and the row within it.
+// Weight row `grow` of a set: the matrix it belongs to and the row within it (T >= 2: a warp's rows may lie in two).
 struct SetRow { int mat, row, rows; };
 
 __device__ __forceinline__ SetRow locate_row(const QuantSet& set, int grow) {
@@ -112,6 +159,42 @@ __device__ __forceinline__ SetRow locate_row(const QuantSet& set, int grow) {
     const int row0 = i ? set.row_end[i - 1] : 0;
     return {i, grow - row0, set.row_end[i] - row0};
 }
+
+// Warp group g of a set at T = 1: R consecutive rows of one matrix (its last group may run past its end), so that
+// the matrix is looked up once per warp, not per row.
+struct SetGroup { int mat, row, rows; };
+
+template <int R>
+__device__ __forceinline__ SetGroup locate_group(const QuantSet& set, int g) {
+    int i = 0;
+#pragma unroll
+    for (int k = 1; k < QMAX_MATS; ++k) i = k < set.count && g >= set.group_end[k - 1] ? k : i;
+    return {i, (g - (i ? set.group_end[i - 1] : 0)) * R, set.rows[i]};
+}
+
+// A GEMV lane's cursor in one weight row, at the sub-block c where its current round starts (c = lane + 32 i); load(nb,
+// c, k) gives sub-block c + k (k a multiple of 32, known at compile time). With LANE and where the type has one:
+// Q::Lane (its planes' addresses at c, advanced a round at a time: loads at constant offsets, no address arithmetic
+// per load; one 64-bit pointer per plane and row); else Q::load's arithmetic from the row's planes at each load.
+template <class Q, bool LANE, class = void>
+struct GemvLane {
+    const uint8_t *body, *head;
+    static __device__ __forceinline__ GemvLane at(const uint8_t* body, const uint8_t* head, int, int) {
+        return {body, head};
+    }
+    __device__ __forceinline__ typename Q::Raw load(int nb, int c, int k) const {
+        return Q::load(body, head, nb, c + k);
+    }
+    __device__ __forceinline__ void advance(int) {}
+    static constexpr bool WHOLE_ROUNDS = false;
+};
+template <class Q>
+struct GemvLane<Q, true, std::void_t<typename Q::Lane>> : Q::Lane {
+    static __device__ __forceinline__ GemvLane at(const uint8_t* body, const uint8_t* head, int nb, int c) {
+        return {Q::Lane::at(body, head, nb, c)};
+    }
+    __device__ __forceinline__ typename Q::Raw load(int, int, int k) const { return Q::Lane::load(k); }
+};
 
 // The GEMV's shape at NT tokens: rows per warp R, sub-blocks in flight per lane and row U, whether a slot is refilled
 // as soon as it is decoded (roll) or all U after the round, and the launch bound's blocks per SM (MINB).
@@ -162,6 +245,22 @@ constexpr int QGEMV_ROUND = 32 * qgemv_shape<1, false>().unroll;
 // waits for this grid before it touches memory), so the next kernel's blocks take the SMs this grid's last wave
 // leaves idle (H200, T = 1: without the early trigger 5-24% slower (Q4_K, Q6_K); launch() uses PDL where
 // cmp_set_pdl is on).
+// T = 1 trims (issue 18; the arithmetic unchanged, so the same bits): a warp's rows lie in one matrix (located once,
+// QuantSet.group_end); Q4_K/Q5_K/Q6_K load through lane cursors (GemvLane: constant offsets, no 64-bit address
+// arithmetic per load); the short shape's round has no bound checks where it is whole (n = 4096); the rolling
+// shape's rounds whose next round is whole refill every slot unpredicated (no register copies; Q4_K, Q6_K on DP4A:
+// Q5_K and DP2A spilled with it); both rows' butterfly sums run as one (lanes 16-31 the second row); sub_dot1 (one
+// dot chain, ints to floats by I2FP). Dynamic SASS instructions per warp of two rows (sm_90 DP4A, nvcc 13.0,
+// counted along the path the SASS takes at that n; not yet measured on a GPU), main -> this:
+//   Q4_K n = 4096   671 -> 512   (to the last weight load 165 -> 102; after the last sub-block ~105 -> ~47)
+//   Q5_K n = 4096   873 -> 643
+//   Q6_K n = 4096   899 -> 618   (to the last weight load 281 -> 133)
+//   Q4_K n = 12288 ~1960 -> ~1400 (a round of 3 sub-blocks x 2 rows: 423 -> 295)
+//   Q5_K n = 12288 ~2500 -> ~2160 (546 -> 496)
+//   Q6_K n = 12288 ~2560 -> ~1830 (554 -> 382)
+// Registers (the 128 cap), short / rolling: Q4_K 119 -> 96 / 115 -> 128, Q5_K 121 -> 106 / 128 -> 120, Q6_K 121 ->
+// 96 / 102 -> 126; no spills at T = 1 on any route. T >= 2 keeps the code before these (ptxas -v: with them it
+// spilled there); its allocation still moved a little (DP4A: Q5_0 at T = 7, 8 bytes; benchmarks/RESULTS.md).
 template <class Q, int NT, int R, int U, bool ROLL, int MINB, class D>
 __global__ void __launch_bounds__(QGEMV_WARPS * 32, MINB)
 gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
@@ -174,45 +273,60 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     // (D::OPS); the same integers either way. SUMS: the kernel needs the half sums (for the mins or the bias).
     constexpr int BIAS = NT * 8 * D::OPS < R * 24 ? Q::BIAS : 0;
     constexpr bool SUMS = Q::MIN || BIAS != 0;
-    const int first = (blockIdx.x * QGEMV_WARPS + threadIdx.y) * R;
-    if (first >= set.total) return;
+    // T = 1 takes the trims below (warp groups, the cursors, whole rounds, the paired sums, sub_dot1); T >= 2 is as
+    // before them (rows located one by one, a warp's rows possibly in two matrices): with them ptxas spilled there.
+    constexpr bool T1 = NT == 1;
+    static_assert(!T1 || R == 2, "T = 1's epilogue sums two rows");
+    const int warp = blockIdx.x * QGEMV_WARPS + threadIdx.y, first = warp * R;
+    if (T1 ? warp >= set.groups : first >= set.total) return;
     const int lane = threadIdx.x, nb = n / Q::BV, nsub = n / 32, j = lane % NSUB;
-    // A group past the last row re-reads the last row and stores nothing for it. Only the planes stay live through
-    // the loop; the outputs are located again after it (registers: every shape runs under a cap).
-    const uint8_t* body[R];
-    const uint8_t* head[R];
+    using Lane = GemvLane<Q, T1>;
+    Lane src[R];   // at the lane's current round
+    // Rows past the matrix's (T >= 2: the set's) last re-read it and store nothing. Only the cursors stay live
+    // through the loop; the outputs are located again after it (registers: every shape runs under a cap).
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const SetRow at = locate_row(set, min(first + r, set.total - 1));
-        body[r] = set.body[at.mat] + (size_t)at.row * nb * Q::BODY;
-        head[r] = set.head[at.mat] + (size_t)at.row * nb * Q::HEAD;
+        const uint8_t *b, *h;
+        if constexpr (T1) {
+            const SetGroup at = locate_group<R>(set, warp);
+            const size_t row = min(at.row + r, at.rows - 1);
+            b = set.body[at.mat] + row * nb * Q::BODY, h = set.head[at.mat] + row * nb * Q::HEAD;
+        } else {
+            const SetRow at = locate_row(set, min(first + r, set.total - 1));
+            b = set.body[at.mat] + (size_t)at.row * nb * Q::BODY, h = set.head[at.mat] + (size_t)at.row * nb * Q::HEAD;
+        }
+        src[r] = Lane::at(b, h, nb, lane);
     }
     typename Q::Raw raw[R][U];
-    // Slot u of every row <- sub-block c; a round's loads from c0 (the lane's first sub-block of the round).
-    auto fetch_round = [&](int c0) {
+    // Slot u of every row <- the lane's sub-block lane + 32 u; WHOLE: all U exist (no per-slot bound check).
+    auto fetch_first = [&](auto whole) {
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                if (c0 + 32 * u < nsub) raw[r][u] = Q::load(body[r], head[r], nb, c0 + 32 * u);
+                if (decltype(whole)::value || lane + 32 * u < nsub) raw[r][u] = src[r].load(nb, lane, 32 * u);
     };
-    fetch_round(lane);
-    pdl_allow_consumers();
-    pdl_wait_producers();
     float acc[R][NT];
+    auto start = [&] {   // after the first loads
+        pdl_allow_consumers();
+        pdl_wait_producers();
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
-    for (int c0 = lane; c0 < nsub; c0 += 32 * U) {
-        if (!ROLL && c0 != lane) fetch_round(c0);
-        // ROLL: whether the next round has any sub-block (else no refill code runs: one round per row at n = 4096,
-        // U = 4) and whether it is whole (no per-lane bound check); both warp-uniform.
+            for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
+    };
+    // One round: the lane's sub-blocks c0 + 32 u, u < U. WHOLE: all exist. REFILL (ROLL): each slot, once decoded,
+    // takes its sub-block of the next round (c + 32 U): QR_NONE never, QR_ALL always (the next round is whole: no
+    // bound check, no predicated load), QR_SOME where it exists.
+    auto round = [&](int c0, auto whole, auto refill) {
+        constexpr bool WHOLE = decltype(whole)::value;
+        constexpr int REFILL = decltype(refill)::value;
+        // QR_SOME: whether the next round has any sub-block and whether it is whole (both warp-uniform).
         const bool next_any = c0 - lane + 32 * U < nsub, next_full = c0 - lane + 64 * U <= nsub;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + 32 * u;
-            if (c >= nsub) break;
+            if (!WHOLE && c >= nsub) break;
             int4 w0[R], w1[R];
             float s0[R], s1[R], m0[R], m1[R];
 #pragma unroll
@@ -223,32 +337,84 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
                 w0[r] = make_int4(sb.q[0], sb.q[1], sb.q[2], sb.q[3]);
                 w1[r] = make_int4(sb.q[4], sb.q[5], sb.q[6], sb.q[7]);
                 s0[r] = sb.s[0], s1[r] = sb.s[1], m0[r] = sb.m[0], m1[r] = sb.m[1];
-                if (ROLL && next_any && (next_full || c + 32 * U < nsub))
-                    raw[r][u] = Q::load(body[r], head[r], nb, c + 32 * U);
+                if (REFILL == QR_SOME && next_any && (next_full || c + 32 * U < nsub))
+                    raw[r][u] = src[r].load(nb, c0, 32 * (u + U));
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 const int4* xv = reinterpret_cast<const int4*>(xq + (size_t)t * n + (size_t)c * 32);
                 const int4 x0 = __ldg(xv), x1 = __ldg(xv + 1);
                 const float sx = __ldg(xd + (size_t)t * nsub + c);
-                const int e0 = SUMS ? sum16<D>(x0) : 0, e1 = SUMS ? sum16<D>(x1) : 0;
+                if constexpr (T1) {
+                    const XSums e = x_sums<Q::PER16, Q::MIN, BIAS, D>(x0, x1);
 #pragma unroll
-                for (int r = 0; r < R; ++r)
-                    acc[r][t] = __fmaf_rn(sub_dot<Q::PER16, Q::MIN, BIAS, D>(w0[r], w1[r], s0[r], s1[r], m0[r], m1[r],
-                                                                             x0, x1, e0, e1), sx, acc[r][t]);
+                    for (int r = 0; r < R; ++r)
+                        acc[r][t] = __fmaf_rn(sub_dot1<Q::PER16, Q::MIN, D>(w0[r], w1[r], s0[r], s1[r], m0[r], m1[r],
+                                                                            x0, x1, e), sx, acc[r][t]);
+                } else {
+                    const int e0 = SUMS ? sum16<D>(x0) : 0, e1 = SUMS ? sum16<D>(x1) : 0;
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+                        acc[r][t] = __fmaf_rn(sub_dot<Q::PER16, Q::MIN, BIAS, D>(w0[r], w1[r], s0[r], s1[r], m0[r],
+                                                                                 m1[r], x0, x1, e0, e1), sx, acc[r][t]);
+                }
             }
+            // QR_ALL: after the dots, when the decoded codes are dead (registers: before them Q3_K/Q4_K/Q5_K
+            // spilled under the cap).
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (REFILL == QR_ALL) raw[r][u] = src[r].load(nb, c0, 32 * (u + U));
         }
+#pragma unroll
+        for (int r = 0; r < R; ++r) src[r].advance(32 * U);
+    };
+    using Yes = std::true_type;
+    using No = std::false_type;
+    if constexpr (ROLL) {
+        fetch_first(No{});
+        start();
+        int c0 = lane;
+        // The rounds whose next round is whole, then the rest. DP4A only: on DP2A Q6_K spilled with it (and there
+        // the dots outweigh the refills' instructions).
+        if constexpr (T1 && Lane::WHOLE_ROUNDS && D::OPS == 1) {
+            const int steady = nsub / (32 * U) - 1;
+            for (int i = 0; i < steady; ++i) round(lane + 32 * U * i, Yes{}, std::integral_constant<int, QR_ALL>{});
+            c0 = lane + 32 * U * max(steady, 0);
+        }
+        for (; c0 < nsub; c0 += 32 * U) round(c0, No{}, std::integral_constant<int, QR_SOME>{});
+    } else {  // one round (the launcher's rows have at most 32 U sub-blocks)
+        if (nsub == 32 * U) fetch_first(Yes{});
+        else fetch_first(No{});
+        start();
+        round(lane, No{}, std::integral_constant<int, QR_NONE>{});
     }
+    if constexpr (T1 && R == 2) {
+        // Both rows' butterfly sums in one: lanes 16-31 take the second row (first step: each half adds the other
+        // half's partial of its row), then the steps 8, 4, 2, 1 within each half. Lane 16's additions are lane 0's
+        // of warp_sum over that row (the first one with its operands swapped: the same bits), so each row's result
+        // is warp_sum's; lanes 0 and 16 store.
+        const SetGroup at = locate_group<R>(set, warp);
+        float* y = set.y[at.mat];
+        const float* res = set.res[at.mat];
+        const bool hi = lane >= 16;
+        const int row = at.row + hi;
+        float v = hi ? acc[1][0] : acc[0][0];
+        v += __shfl_xor_sync(0xffffffffu, hi ? acc[0][0] : acc[1][0], 16);
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        if (first + r >= set.total) break;
-        const SetRow at = locate_row(set, first + r);
-        float* y = set.y[at.mat] + at.row;
-        const float* res = set.res[at.mat] ? set.res[at.mat] + at.row : nullptr;
+        for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if ((lane & 15) == 0 && row < at.rows) y[row] = res ? res[row] + v : v;
+    } else {
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const float v = warp_sum(acc[r][t]);
-            if (lane == 0) y[(size_t)t * at.rows] = res ? res[(size_t)t * at.rows] + v : v;
+        for (int r = 0; r < R; ++r) {
+            if (first + r >= set.total) break;
+            const SetRow at = locate_row(set, first + r);
+            float* y = set.y[at.mat] + at.row;
+            const float* res = set.res[at.mat] ? set.res[at.mat] + at.row : nullptr;
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const float v = warp_sum(acc[r][t]);
+                if (lane == 0) y[(size_t)t * at.rows] = res ? res[(size_t)t * at.rows] + v : v;
+            }
         }
     }
 }
@@ -256,9 +422,12 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 template <class Q, int NT, bool LONG, class D>
 int launch_gemv_shape(const int8_t* xq, const float* xd, const QuantSet& set, int n) {
     constexpr QGemvShape sh = qgemv_shape<NT, LONG>();
+    QuantSet s = set;   // T = 1: warps by groups of one matrix's rows; T >= 2: by rows of the set
+    s.groups = 0;
+    for (int i = 0; i < s.count; ++i) s.group_end[i] = s.groups += (s.rows[i] + sh.rows - 1) / sh.rows;
+    const int warps = NT == 1 ? s.groups : ceil_div(s.total, sh.rows);
     return launch("gemv_quant_kernel", gemv_quant_kernel<Q, NT, sh.rows, sh.unroll, sh.roll, sh.min_blocks, D>,
-                  dim3(ceil_div(ceil_div(set.total, sh.rows), QGEMV_WARPS)), dim3(32, QGEMV_WARPS), 0, xq, xd, set,
-                  n);
+                  dim3(ceil_div(warps, QGEMV_WARPS)), dim3(32, QGEMV_WARPS), 0, xq, xd, s, n);
 }
 
 template <class Q, int NT, class D>
@@ -291,17 +460,22 @@ __global__ void half_sums_kernel(const int8_t* __restrict__ xq,  // [T, n]
 }
 
 // The expanded weights times the activations: thread (tx, ty) = (tid % 16, tid / 16) owns rows tx + 16i and tokens
-// ty + 16j (i, j < 8), rows in registers 4 at a time. Per sub-block and output: two 16-code DP4A dots with their
-// half scales, times the activation scale, less the mins times the activation half sums. Stages of QBK sub-blocks,
-// double-buffered (codes by cp.async on sm_80+; scales through registers), one barrier per stage; STAGES 1 where
-// shared memory holds one stage only (smem::gemm_quant_plan: sm_61): the next stage waits in registers while the
-// current one is multiplied, then a second barrier before it overwrites it. The arithmetic is the same.
+// ty + 16j (i, j < 8), rows in registers 4 at a time. Per sub-block and output: PER16, two 16-code DP4A dots with
+// their half scales, times the activation scale, less the mins times the activation half sums; else one 32-code dot
+// and block_term (gemm_w16.cuh: the arithmetic of gemm_w16_kernel, which runs these types on DP4A where it can).
+// Stages of QBK sub-blocks, double-buffered (codes by cp.async on sm_80+; scales through registers), one barrier per
+// stage; STAGES 1 where shared memory holds one stage only (smem::gemm_quant_plan: sm_61): the next stage waits in
+// registers while the current one is multiplied, then a second barrier before it overwrites it. The arithmetic is
+// the same.
 // The loop's SASS per 2-stage (1024 IDP.4A per thread; 2026-12-02, issue 20 item 5; sm_90 nvcc 13.0 / sm_70 nvcc
 // 12.4), before -> now (the int->float by the conversion, chain_to_f32 in common.cuh; rows past the end read the
 // last one, only the K tail guarded):
 //   Q4_K form (MIN):   2144 / 2155 -> 2008 / 2007 instructions; FMA-pipe ones (IDP, FADD/FMUL/FFMA, IMAD) on
 //                      sm_70 1810 -> 1680: a ceiling of 57% -> 61% of the DP4A rate. The min term (FMUL + FFMA +
 //                      FADD per output and sub-block) is most of what stays; sm_70 spills 12 B -> none.
+//                      Since the min per 32 values (block_term, issue 18/20; sm_90): 2008 -> 1761 instructions, FMA
+//                      pipe 1674 -> 1419 (FMUL 256 -> 128, FFMA 256, FADD 128 -> 1); the loop DP2A / IMAD and the
+//                      cards without gemm_w16_kernel run.
 //   Q6_K form (PER16): 2092 / 2107 -> 1819 / 1830; sm_70 FMA pipe 1680 -> 1416 (61% -> 72%), 256 I2F on the XU
 //                      (16 per SM and clock on Volta: ~70% busy at that rate); sm_70 spills 0 -> 24 B (3 LDL).
 //   Q4_0 form:         1716 / - -> 1572 (sm_90).
@@ -381,7 +555,7 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
         b.ws[sr][2 * sk + 1] = p.ws.y;
         b.wm[sr][2 * sk] = p.wm.x;
         b.wm[sr][2 * sk + 1] = p.wm.y;
-        b.xs[sr][2 * sk] = p.xs.x;
+        b.xs[sr][2 * sk] = PER16 ? p.xs.x : p.xs.x + p.xs.y;   // per 32: the block's sum (exact: block_term)
         b.xs[sr][2 * sk + 1] = p.xs.y;
         b.xd[sr][sk] = p.xd;
     };
@@ -413,9 +587,9 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
                     a[ii][0] = *reinterpret_cast<const int4*>(&cur.w[r][kb * 8]);
                     a[ii][1] = *reinterpret_cast<const int4*>(&cur.w[r][kb * 8 + 4]);
                     s0[ii] = cur.ws[r][2 * kb];
-                    s1[ii] = cur.ws[r][2 * kb + 1];
+                    s1[ii] = PER16 ? cur.ws[r][2 * kb + 1] : 0.f;
                     m0[ii] = MIN ? cur.wm[r][2 * kb] : 0.f;
-                    m1[ii] = MIN ? cur.wm[r][2 * kb + 1] : 0.f;
+                    m1[ii] = MIN && PER16 ? cur.wm[r][2 * kb + 1] : 0.f;
                 }
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
@@ -423,17 +597,20 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
                     const int4 b0 = *reinterpret_cast<const int4*>(&cur.x[c][kb * 8]);
                     const int4 b1 = *reinterpret_cast<const int4*>(&cur.x[c][kb * 8 + 4]);
                     const float sx = cur.xd[c][kb];
-                    const float e0 = MIN ? cur.xs[c][2 * kb] : 0.f, e1 = MIN ? cur.xs[c][2 * kb + 1] : 0.f;
+                    // e0: the half's sum (PER16) or the block's
+                    const float e0 = MIN ? cur.xs[c][2 * kb] : 0.f, e1 = MIN && PER16 ? cur.xs[c][2 * kb + 1] : 0.f;
 #pragma unroll
                     for (int ii = 0; ii < 4; ++ii) {
-                        // PER16: a dot chain per half; else one chain over the sub-block (the integer d0 + d1)
+                        float& o = acc[4 * h + ii][j];
+                        // PER16: a dot chain per half; else one chain over the sub-block, as gemm_w16_kernel adds it
                         const int d0 = dot16<D>(a[ii][0], b0, dot_chain_init());
                         const int d1 = dot16<D>(a[ii][1], b1, PER16 ? dot_chain_init() : d0);
-                        const float v = PER16 ? fmaf(s0[ii], chain_to_f32(d0), s1[ii] * chain_to_f32(d1))
-                                              : s0[ii] * chain_to_f32(d1);
-                        float& o = acc[4 * h + ii][j];
-                        o = fmaf(v, sx, o);
-                        if (MIN) o -= fmaf(m0[ii], e0, m1[ii] * e1);
+                        if constexpr (PER16) {
+                            o = fmaf(fmaf(s0[ii], chain_to_f32(d0), s1[ii] * chain_to_f32(d1)), sx, o);
+                            if (MIN) o -= fmaf(m0[ii], e0, m1[ii] * e1);
+                        } else {
+                            o = block_term<MIN>(o, d1, s0[ii], sx, m0[ii], e0);
+                        }
                     }
                 }
             }
@@ -510,6 +687,12 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
     size_t limit = 0;
     CMP_TRY(smem_limit(&limit));
     const int stages = smem::gemm_quant_plan(limit).config;   // 2, else 1 (sm_61); 0: the 1-stage error below
+    // One scale (and min) per 32 values on DP4A: Q8_0's 16-warp GEMM (gemm_w16.cuh) wherever it runs
+    using W = W16Expanded<Q::MIN>;
+    constexpr bool W16 = D::OPS == 1 && !Q::PER16;
+    bool w16 = false;
+    if constexpr (W16)
+        if (!mma) CMP_TRY((gemm_w16_runs<W, D>(&w16)));
     for (int r0 = 0; r0 < rows; r0 += g.chunk) {
         const int R = std::min(g.chunk, rows - r0);
         CMP_TRY(expand_quant(Q::ID, body + (size_t)r0 * nb * Q::BODY, head + (size_t)r0 * nb * Q::HEAD, g.wq, g.ws,
@@ -520,6 +703,11 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
             continue;
         }
         const float* rr = res ? res + r0 : nullptr;
+        if constexpr (W16)
+            if (w16) {
+                CMP_TRY((launch_gemm_w16<W, D>(xq, xd, g.xs, g.wq, W{g.ws, g.wm}, rr, y + r0, T, R, n, rows)));
+                continue;
+            }
         const auto run = stages == 2 ? launch_gemm_quant<Q::PER16, Q::MIN, D, 2>
                                     : launch_gemm_quant<Q::PER16, Q::MIN, D, 1>;
         CMP_TRY(run(xq, xd, g, rr, y + r0, T, R, n, rows));
@@ -532,16 +720,15 @@ template <class Q, class D>
 int gemv_quant(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
                float* const* y, const float* const* res, const int* rows, int T, int n) {
     QuantSet set{};
-    int total = 0;
     for (int i = 0; i < count; ++i) {
         set.body[i] = static_cast<const uint8_t*>(body[i]);
         set.head[i] = static_cast<const uint8_t*>(head[i]);
         set.y[i] = y[i];
         set.res[i] = res ? res[i] : nullptr;
-        set.row_end[i] = total += rows[i];
+        set.rows[i] = rows[i];
+        set.row_end[i] = set.total += rows[i];
     }
-    set.count = count;
-    set.total = total;
+    set.count = count;   // group_end, groups: launch_gemv_shape (they depend on the shape's rows per warp)
     return gemv_quant_by_t<Q, D>(T, xq, xd, set, n, std::make_integer_sequence<int, QGEMV_MAX_T>{});
 }
 

@@ -389,6 +389,17 @@ struct Q4_K {
     static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int, int c) {
         return {ld16(body + 16 * c), ld16(head + 16 * (c >> 3))};
     }
+    // A GEMV lane's cursor (GemvLane in matmul_quant.cuh): its planes at sub-block c, loads k sub-blocks on (k a
+    // multiple of 8) at constant offsets.
+    struct Lane {
+        const uint8_t *qs, *hdr;
+        static __device__ __forceinline__ Lane at(const uint8_t* body, const uint8_t* head, int, int c) {
+            return {body + 16 * c, head + 16 * (c >> 3)};
+        }
+        __device__ __forceinline__ Raw load(int k) const { return {ld16(qs + 16 * k), ld16(hdr + 2 * k)}; }
+        __device__ __forceinline__ void advance(int k) { qs += 16 * k, hdr += 2 * k; }
+        static constexpr bool WHOLE_ROUNDS = true;   // the GEMV's rolling loop refills whole rounds unchecked
+    };
     static __device__ __forceinline__ void scales(const int4& hdr, int j, SubBlock& o) {
         const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&hdr.x));
         int sc, mn;
@@ -420,6 +431,17 @@ struct Q5_K {
     static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int nb, int c) {
         return {ld16(body + 16 * c), ld16(head + 16 * (c >> 3)), (unsigned)ld4(body + 128 * nb + 4 * c)};
     }
+    struct Lane {  // as Q4_K's
+        const uint8_t *qs, *hdr, *qh;
+        static __device__ __forceinline__ Lane at(const uint8_t* body, const uint8_t* head, int nb, int c) {
+            return {body + 16 * c, head + 16 * (c >> 3), body + 128 * nb + 4 * c};
+        }
+        __device__ __forceinline__ Raw load(int k) const {
+            return {ld16(qs + 16 * k), ld16(hdr + 2 * k), (unsigned)ld4(qh + 4 * k)};
+        }
+        __device__ __forceinline__ void advance(int k) { qs += 16 * k, hdr += 2 * k, qh += 4 * k; }
+        static constexpr bool WHOLE_ROUNDS = false;  // (with them ptxas spills under the rolling shape's cap)
+    };
     static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o) {
         nibbles(r.qs, o.q);
         or_bits(r.qh, 4, o.q);
@@ -447,6 +469,17 @@ struct Q6_K {
         return {ld16(body + 16 * c), ld8(body + 128 * nb + 8 * c), ld2(head + 2 * c),
                 ldh(head + 16 * nb + 2 * (c >> 3))};
     }
+    struct Lane {  // as Q4_K's
+        const uint8_t *ql, *qh, *sc, *d;
+        static __device__ __forceinline__ Lane at(const uint8_t* body, const uint8_t* head, int nb, int c) {
+            return {body + 16 * c, body + 128 * nb + 8 * c, head + 2 * c, head + 16 * nb + 2 * (c >> 3)};
+        }
+        __device__ __forceinline__ Raw load(int k) const {
+            return {ld16(ql + 16 * k), ld8(qh + 8 * k), ld2(sc + 2 * k), ldh(d + k / 4)};
+        }
+        __device__ __forceinline__ void advance(int k) { ql += 16 * k, qh += 8 * k, sc += 2 * k, d += k / 4; }
+        static constexpr bool WHOLE_ROUNDS = true;
+    };
     static __device__ __forceinline__ void decode_biased(const Raw& r, int, SubBlock& o) {
         nibbles(r.ql, o.q);
         or_pairs(r.qh, 4, o.q);

@@ -67,12 +67,13 @@ constexpr Plan attention_plan(int Dh, size_t limit) {
                                                         : Plan{0, attention_bytes(Dh, ATT_ROWS / 2)};
 }
 
-// ---- gemm2_q8_kernel (matmul_q8.cu, the Q8_0 DP4A GEMM) ---------------------------------------------------------
+// ---- gemm2_q8_kernel (matmul_q8.cu, the Q8_0 DP4A GEMM) and gemm_w16_kernel (gemm_w16.cuh) ----------------------
 // Two stages of BK Q8 blocks each: 128 weight rows and 128 tokens of codes (row stride BK * 8 + 4 ints: 16-byte
 // aligned, and 8 consecutive rows' 16-byte reads on disjoint banks since the stride in 16-byte units is odd) and
-// their scales. 4 blocks per stage (80 KB, one barrier per 4 blocks) where that fits, else 2 (45 KB, every card);
-// the launcher takes 4 only where the kernel's code has cp.async (sm_80+: the register-staged copy of sm_70/75
-// holds a whole stage in registers, and at 4 blocks sm_70 spills 72 B where 2 spill none; nvcc 12.4).
+// their scales. 4 blocks per stage (80 KB, one barrier per 4 blocks: gemm_w16_kernel) where that fits, else 2 (45
+// KB, every card: gemm2_q8_kernel); the launcher takes 4 only where the kernel's code has cp.async (sm_80+: the
+// register-staged copy of sm_70/75 holds a whole stage in registers, and at 4 blocks sm_70 spills 72 B where 2
+// spill none; nvcc 12.4).
 constexpr int G2TILE = 128;
 template <int BK>
 struct G2Stage {
@@ -84,6 +85,17 @@ struct G2Stage {
 };
 constexpr Plan gemm2_q8_plan(size_t limit) {
     return 2 * sizeof(G2Stage<4>) <= limit ? Plan{4, 2 * sizeof(G2Stage<4>)} : Plan{2, 2 * sizeof(G2Stage<2>)};
+}
+// The same stages with each block's weight min and activation sum (gemm_w16_kernel with mins, gemm_w16.cuh: Q4_1,
+// Q5_1, Q4_K, Q5_K expanded): two stages of 4 blocks (88 KB) where they fit, else none (the launcher takes
+// gemm_quant_kernel, whose stages are smaller).
+template <int BK>
+struct G2MinStage : G2Stage<BK> {
+    float wm[G2TILE][BK];
+    float xs[G2TILE][BK];
+};
+constexpr Plan gemm_w16_min_plan(size_t limit) {
+    return {2 * sizeof(G2MinStage<4>) <= limit ? 4 : 0, 2 * sizeof(G2MinStage<4>)};
 }
 
 // ---- gemm_quant_kernel (matmul_quant.cu, the DP4A GEMM of the expanded block types) --------------------------------

@@ -23,7 +23,7 @@ from .backends.routes import HW_ROUTES
 from .params import Params, tool_defaults
 from .server.agent.mcp_config import McpConfig, parse_mcp_text
 from .sampling import parse_sampler_letters, parse_sampler_names
-from .spec import parse_draft_vocab, parse_synth_len, parse_synth_rates
+from .spec import parse_draft_coarse, parse_draft_vocab, parse_synth_len, parse_synth_rates
 from .spec import parse_type as parse_spec_type
 
 ALL = frozenset({"cli", "completion", "server", "perplexity", "bench"})
@@ -347,7 +347,8 @@ def _spec_without_type(p: Params) -> list[str]:
     if p.spec.enabled:
         return []
     return [f"llamacmp: {o.names[0]} changes nothing here: no --spec-type draft-mtp" for o in SPEC_OPTIONS
-            if o.names[0].startswith("--spec-draft-n") or o.names[0] in ("--spec-draft-p-min", "--spec-draft-vocab")
+            if o.names[0].startswith("--spec-draft-n")
+            or o.names[0] in ("--spec-draft-p-min", "--spec-draft-vocab", "--spec-draft-coarse")
             if (o.dest or o.names[-1]) in p.user_set]
 
 
@@ -372,6 +373,12 @@ SPEC_OPTIONS: tuple[Option, ...] = (
       "outputs do not change, only acceptance may. auto: on a vocabulary of 131072+ ids, the first 32768 while "
       "the generated text stays in them (the whole vocabulary once more than 16 of the last 128 tokens lie outside, "
       "back below 6); smaller vocabularies draft from all of it. 0 = the whole vocabulary (default: auto)"),
+    O("--spec-draft-coarse", value="K", parse=parse_draft_coarse, apply=_set_spec("draft_coarse"),
+      env="LLAMA_ARG_SPEC_DRAFT_COARSE", tools=KCS,
+      help="llamacmp: where the MTP draft reads an LM head of 65536+ rows (the 248K vocabulary: 1.08 GB of Q8_0 a "
+      "draft step), it takes its argmax from a Q4_0 copy of the head made at start (0.57 GB more device memory) and "
+      "rescores that copy's K best ids with the exact head: the exact argmax whenever it is among them. The verify "
+      "keeps the exact head, so outputs do not change, only acceptance may. 0 = off, the exact head (default: 16)"),
     O("--spec-synth-len", value="L", parse=parse_synth_len, apply=_set_spec("synth_len"),
       env="LLAMA_ARG_SPEC_SYNTH_LEN", tools=KCS,
       help="target mean synthetic acceptance length, including the target token (benchmarking only)"),

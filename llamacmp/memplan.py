@@ -5,7 +5,9 @@ that helps, instead of failing in the middle of a long prompt.
 Items (one start-up log line each):
   weights      every tensor as the CUDA backend stores it (Q8_0 repacked: int8 + f16 scales, 34/32 B a value;
                the other block types (Q4_K, IQ4_XS, ...) their file bytes; F32/F16/BF16 f32, 256-byte aligned),
-               and the upload staging block of the block-quantized tensors
+               and the upload staging block of the block-quantized tensors; with --spec-type draft-mtp the MTP
+               draft's Q4_0 coarse head (--spec-draft-coarse, spec.coarse_head) where it fits: where it does not,
+               the plan leaves it out, says so, and planned_run turns it off (the draft reads the exact head)
   KV cache     per attention layer K and V [n_ctx, Hk, Dh] in the -ctk / -ctv format, for every slot
   GDN state    per GDN layer the conv window [kernel-1, C] and the recurrent state [V, Dk, Dv] f32, every slot
   activations  the tensors one micro-batch of n_ubatch rows keeps alive in a layer (an upper bound: every
@@ -21,12 +23,13 @@ The CUDA context itself (driver, kernels' code, cuda graph objects: a few hundre
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from . import kv_quant
 from .config import ModelConfig
 from .gguf_file import QUANT_BLOCKS
+from .spec import coarse_head
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -57,6 +60,9 @@ class MemoryPlan:
     items: list[PlanItem] = field(default_factory=list)
     cap: int | None = None       # bytes the arena may take (None: no cap given)
     cap_from_flag: bool = True   # the cap is --device-mem-cap (False: what the GPU has free)
+    coarse_rows: int = 0         # rows of the MTP draft's Q4_0 coarse head counted in the weights (0: none)
+    coarse_dropped: bool = False     # the run asked for one, it did not fit: drafting keeps the exact head
+    notes: list[str] = field(default_factory=list)   # lines after the items' (what the plan left out, and why)
 
     @property
     def total(self) -> int:
@@ -74,7 +80,7 @@ class MemoryPlan:
         out = [f"memory plan: {i.name:<12} {i.nbytes / MIB:10.1f} MiB  {i.detail}" for i in self.items]
         cap = f" of the {self.cap / GIB:.2f} GiB cap" if self.cap is not None else ""
         out.append(f"memory plan: {'total':<12} {self.total / MIB:10.1f} MiB  ({self.total / GIB:.2f} GiB{cap})")
-        return out
+        return out + [f"memory plan: {n}" for n in self.notes]
 
 
 # -- the arena's arithmetic ----------------------------------------------------------------------------------------
@@ -179,12 +185,30 @@ def spec_steps_bytes(cfg: ModelConfig, n_max: int) -> int:
     return len(cfg.gdn_layers) * (conv + ssm)
 
 
+def coarse_head_bytes(rows: int, n_embd: int) -> int:
+    """The MTP draft's Q4_0 coarse head of `rows` rows (--spec-draft-coarse) as the CUDA backend stores it: code
+    and scale planes apart (16 + 2 bytes per 32 values)."""
+    nb = n_embd // Q8_0_BLOCK
+    return exact(rows * nb * 16) + exact(rows * nb * 2)
+
+
+def mtp_head_type(tensors: Sequence[TensorDesc], cfg: ModelConfig) -> str:
+    """The GGUF type of the LM head the MTP block drafts with (weights.py's choice: its own shared_head_head, else
+    output, else the tied token embedding)."""
+    by = {t.name: t for t in tensors}
+    for name in (f"blk.{cfg.n_layer}.nextn.shared_head_head.weight", "output.weight", "token_embd.weight"):
+        if name in by:
+            return by[name].type_name
+    return "F32"
+
+
 def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: int = 1, k_type: str = "f16",
          v_type: str = "f16", n_ubatch: int = 512, all_logits: bool = False, sparse=None,
-         cap: int | None = None, part: Part | None = None, spec_n_max: int = 0) -> MemoryPlan:
+         cap: int | None = None, part: Part | None = None, spec_n_max: int = 0, coarse_rows: int = 0) -> MemoryPlan:
     """n_ctx: context per slot; sparse: the sparse_attn.SparseConfig in use (adds its per-chunk scratch);
     part: one device's share of a layer split (None: the whole model); spec_n_max: --spec-draft-n-max with
-    --spec-type draft-mtp (0: off, and the file's MTP block is not uploaded)."""
+    --spec-type draft-mtp (0: off, and the file's MTP block is not uploaded); coarse_rows: with it, the rows of the
+    draft's Q4_0 coarse head (spec.coarse_head; 0: none), counted in the weights."""
     if not spec_n_max:
         tensors = [t for t in tensors if not is_mtp_tensor(t.name, cfg)]
     if part is not None:
@@ -196,6 +220,12 @@ def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: i
     p = _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap,
               len(cfg.attn_layers) + bool(spec_n_max), len(cfg.gdn_layers), True)
     if spec_n_max:
+        if coarse_rows:
+            w = p.item("weights")
+            w.nbytes += coarse_head_bytes(coarse_rows, cfg.n_embd)
+            w.detail += f", the MTP draft's Q4_0 coarse head ({coarse_rows} rows) " \
+                        f"{coarse_head_bytes(coarse_rows, cfg.n_embd) / MIB:.1f} MiB"
+            p.coarse_rows = coarse_rows
         kv = p.item("KV cache")
         kv.detail += " (the MTP layer's included)"
         steps = spec_steps_bytes(cfg, spec_n_max) * n_slots
@@ -360,12 +390,34 @@ def prepare_device(backend, mf, run, device_mem_cap: int = 0, log=None) -> Memor
     free, arena_cap = memory
     cap = min(arena_cap, free)
     spec = getattr(run, "spec", None)          # RunPlan.spec (--spec-*), from mtp-engine's parsing
-    p = plan(upload_order(tensors_of(mf.gguf), cfg), cfg, run.n_ctx, run.n_slots, run.k_type, run.v_type,
-             run.micro_batch, run.all_logits, backend.sparse, cap,
-             spec_n_max=spec.n_max if spec is not None and spec.enabled else 0)
+    on = spec is not None and spec.enabled
+    tensors = upload_order(tensors_of(mf.gguf), cfg)
+    head = coarse_head(spec, cfg.n_vocab, cfg.n_embd, mtp_head_type(tensors, cfg)) if on else None
+    coarse = head.rows if head is not None else 0
+
+    def planned(rows: int) -> MemoryPlan:
+        return plan(tensors, cfg, run.n_ctx, run.n_slots, run.k_type, run.v_type, run.micro_batch, run.all_logits,
+                    backend.sparse, cap, spec_n_max=spec.n_max if on else 0, coarse_rows=rows)
+    p = planned(coarse)
+    if coarse and p.total > cap:
+        # the draft keeps its exact head rather than the run its context: plan without the copy
+        size = coarse_head_bytes(coarse, cfg.n_embd)
+        p = planned(0)
+        p.coarse_dropped = True
+        if p.total <= cap:
+            p.notes.append(f"the MTP draft's Q4_0 coarse head ({size / MIB:.1f} MiB) does not fit: drafting reads "
+                           "the exact LM head (--spec-draft-coarse)")
     p.cap_from_flag = bool(device_mem_cap) and device_mem_cap <= free
     if log is not None:
         log.write("".join(line + "\n" for line in p.lines()))
     check(p)
     backend.reserve_persistent(p.persistent, "the weights, KV cache and recurrent state (memory plan)")
     return p
+
+
+def planned_run(run, p: MemoryPlan | None):
+    """The run plan to load with after prepare_device: --spec-draft-coarse off where the memory plan found no room
+    for the draft's coarse head (the notes say so), else `run` as it was."""
+    if p is None or not p.coarse_dropped:
+        return run
+    return replace(run, spec=replace(run.spec, draft_coarse=0))

@@ -69,8 +69,8 @@ def test_spec_column_and_fields_only_when_asked(fixture_gguf):
     rc, out, _ = run(base + ["--spec-type", "none", "-o", "json"])
     row = json.loads(out)[0]
     assert (row["spec_type"], row["draft_n"], row["draft_n_accepted"], row["spec_mean_len"]) == ("none", 0, 0, 1.0)
-    assert list(row)[-10:] == ["spec_type", "spec_draft_n_max", "spec_synth_len", "spec_synth_rates",
-                               "spec_draft_vocab", "draft_n",
+    assert list(row)[-11:] == ["spec_type", "spec_draft_n_max", "spec_synth_len", "spec_synth_rates",
+                               "spec_draft_vocab", "spec_draft_coarse", "draft_n",
                               "draft_n_accepted", "spec_mean_len", "spec_draft_share", "spec_probes"]
     assert (row["spec_draft_share"], row["spec_probes"]) == (0.0, 0)
 

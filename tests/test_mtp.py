@@ -194,13 +194,14 @@ class EagerSpecGraphs:
             self.n_declined += 1
             return None
         batch = StepBatch.build(list(zip(states, tokens)))
-        logits, h = model.mtp_forward(batch, be.concat([x for xs in h_parts for x in xs], axis=0))
-        out = [[int(np.argmax(r))] for r in be.to_host(logits)]
+        ids, h = model.mtp_forward(batch, be.concat([x for xs in h_parts for x in xs], axis=0), draft_ids=True)
+        out = [[int(i)] for i in be.ids_to_host(ids)]
         h = be.gather_rows(h, batch.output_rows)
         for _ in range(n - 1):
-            logits, h = model.mtp_forward(StepBatch.build([(s, [o[-1]]) for s, o in zip(states, out)]), h)
-            for o, r in zip(out, be.to_host(logits)):
-                o.append(int(np.argmax(r)))
+            ids, h = model.mtp_forward(StepBatch.build([(s, [o[-1]]) for s, o in zip(states, out)]), h,
+                                       draft_ids=True)
+            for o, i in zip(out, be.ids_to_host(ids)):
+                o.append(int(i))
         self.n_draft += 1
         return out
 
@@ -346,7 +347,7 @@ class ScriptedPolicy(DraftPolicy):
         super().__init__(n_max)
         self.script, self.i = script, 0
 
-    def choose(self, accs, others=0):
+    def choose(self, accs, others=0, best=None):
         self.i += 1
         return min(self.script[(self.i - 1) % len(self.script)], self.n_max)
 
@@ -680,10 +681,11 @@ def _fixed_costs(monkeypatch):
     from llamacmp.engine.draft_policy import CostTable
     monkeypatch.setattr(CostTable, "plain_cost", lambda self, S: 1.0 * S)
     monkeypatch.setattr(CostTable, "spec_cost", lambda self, S, n: S * (1.05 + 0.3 * n))
+    monkeypatch.setattr(CostTable, "has_spec", lambda self, S: True)
     seen, choose = [], DraftPolicy.choose
 
-    def record(self, accs, others=0):
-        n = choose(self, accs, others)
+    def record(self, accs, others=0, best=None):
+        n = choose(self, accs, others, best)
         seen.append((self, n, [a.rate for a in accs]))     # (the policy itself: an id could be reused)
         return n
     monkeypatch.setattr(DraftPolicy, "choose", record)
@@ -750,7 +752,7 @@ def test_request_start_captures_the_slots_graphs(lm):
     params = GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=12)
     _serve(engine, [(lm.tokenizer.encode(PROMPTS[0]), params)])
     slot = next(s for s in engine.slots if s.cache.tokens)
-    assert g.prepared == [([slot.state], [slot.mtp.state], (1, 2, 3), (1,))]
+    assert g.prepared == [([slot.state], [slot.mtp.state], (1, 2, 3), None)]     # every catch-up length
     assert g.n_draft > 0
     engine = Engine(lm, EngineConfig(n_slots=2, n_ctx_slot=128, spec=SpecConfig(type="draft-mtp", n_max=3)))
     engine.spec.graphs = g = EagerSpecGraphs(lm.model, 3)
@@ -761,6 +763,35 @@ def test_request_start_captures_the_slots_graphs(lm):
     engine.spec.graphs = g
     _serve(engine, [(lm.tokenizer.encode(PROMPTS[0]), replace(params, n_probs=2))])
     assert g.prepared == []                      # its rows come to the host: it never drafts
+
+
+def test_every_round_of_a_lone_slot_replays_a_shape_prepared_at_its_start(lm):
+    """Under acceptance (synthetic length 2.5) a lone slot's rounds
+    draft with catch-ups of 2 .. n + 2 rows (the tokens the round before kept, or the plain steps since, plus t0),
+    not only the 1 row of its first round (here every round drafts n_max): each (draft length, catch-up length) it drafts with was among the
+    shapes prepared when its request started, so no graph is captured in its decode (llamacmp-bench prepares them
+    all before its timing; capturing only 1-row shapes cost the server 7-9 captures per 128-token decode). Two
+    requests in turn on a server of two slots (LRU): each slot's own shapes."""
+    seen = []
+
+    class Shapes(EagerSpecGraphs):
+        def draft(self, states, tokens, h_parts, n=None):
+            shape = (n or self.n, len(tokens[0]))
+            prepared = {(m, L) for _, mtp, lengths, ups in self.prepared
+                        if [id(x) for x in mtp] == [id(x) for x in states]
+                        for m in lengths for L in (ups or range(1, m + 3))}
+            assert len(states) == 1 and shape in prepared, (shape, sorted(prepared))
+            seen.append(shape)
+            return super().draft(states, tokens, h_parts, n)
+    spec = SpecConfig(type="draft-mtp", n_max=3, synth_len=2.5)
+    engine = Engine(lm, EngineConfig(n_slots=2, n_ctx_slot=160, spec=spec))
+    engine.spec.graphs = Shapes(lm.model, 3)
+    engine.spec.policy = None            # n_max every round (the numpy reference's costs would step plainly)
+    params = GenParams(SamplingParams(temp=0.0, ignore_eos=True, seed=3), n_predict=40, cache_prompt=False)
+    got = _serve(engine, [(lm.tokenizer.encode(p), params) for p in PROMPTS[:2]])
+    assert got == [40, 40]
+    assert len({id(s.state) for s in engine.slots if s.cache.tokens}) == 2      # one request on each slot
+    assert max(L for _, L in seen) >= 3 and len(set(seen)) >= 3                 # rounds after accepted drafts
 
 
 def test_plain_step_timing_covers_the_draw(lm, monkeypatch):

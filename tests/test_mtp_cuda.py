@@ -12,9 +12,11 @@ from cuda_helpers import rel, up
 from llamacmp.backends.base import StepBatch
 from llamacmp.backends.numpy_ref import NumpyBackend
 from llamacmp.backends.spec_graphs import SpecGraphs
+from llamacmp.engine.scheduler import Engine, EngineConfig
 from llamacmp.engine.speculative import Speculator
 from llamacmp.fixtures.writer import SHAPES, write_model
 from llamacmp.loader import load_model
+from llamacmp.spec import SpecConfig
 from test_mtp import (PROMPTS, _greedy, adaptive_scheduler_on_equals_off, plain_rounds_on_equals_off,
                       scheduler_greedy_on_equals_off)
 
@@ -334,3 +336,12 @@ def test_bench_mtp_rows_cuda(tmp_path, tiny_vocab, cuda_backend):
     assert never["draft_n_accepted"] == 0 and never["spec_mean_len"] == 1.0, never
     assert always["draft_n_accepted"] == always["draft_n"] > 0, always
     assert 1.0 < always["spec_mean_len"] <= 4.0 and 0 < always["spec_draft_share"] <= 1, always
+
+
+def test_server_engine_keeps_every_slot_s_draft_shapes_cuda(lms):
+    """-np 4: the engine's draft graphs hold each slot's n_max x (n + 2) shapes and one more list's worth, so a
+    server whose requests take its slots in turn (LRU) captures each slot's shapes once (Speculator.start)."""
+    _, lm = lms()
+    engine = Engine(lm, EngineConfig(n_slots=4, n_ctx_slot=128, spec=SpecConfig(type="draft-mtp", n_max=3)))
+    assert isinstance(engine.spec.graphs, SpecGraphs)
+    assert engine.spec.graphs.draft_room == (4 + 1) * (3 + 4 + 5)

@@ -117,7 +117,46 @@ def test_one_stage_gemm_gives_the_same_bits(cuda_backend, type_name):
     np.testing.assert_array_equal(out[SMEM_CAPS["sm61"]], out[0])
 
 
-@pytest.mark.parametrize("long_n", [0, 4352, 12544])
+# One scale (and min) per 32 values (quant_blocks.cuh: PER16 false): on DP4A the 16-warp GEMM (gemm_w16.cuh)
+PER32_TYPES = [t for t in TYPES if t not in ("Q2_K", "Q3_K", "Q6_K")]
+
+
+@pytest.mark.parametrize("type_name", PER32_TYPES)
+def test_per32_gemm_same_bits_on_every_kernel(cuda_backend, type_name):
+    """The per-32 types' GEMM (gemm_w16.cuh's block_term per output and block, in block order) gives the same bits on
+    each kernel that runs it: the 16-warp gemm_w16_kernel (DP4A, compute_80+ code, 80 / 88 KB: uncapped and under
+    sm_70's 96 KB), gemm_quant_kernel's two stages (sm_75's 64 KB) and one (sm_61's 48 KB), and the DP2A and IMAD
+    routes' gemm_quant_kernel (the same integers); and matches the reference. 259 rows (three row tiles, the last of
+    3 rows) in two chunks of 256 rows (the workspace: ldy = 259 in the second), 200 tokens (a partial second token
+    tile), a K tail (32-value types: 13 blocks, 3 stages of 4 and one block), the residual added in the epilogue."""
+    from cuda_helpers import SMEM_CAPS
+    be, rng = cuda_backend, np.random.default_rng(31)
+    n = cols_for(type_name, 13 if QUANT_BLOCKS[type_name][0] == 32 else 3)
+    blocks = random_blocks(type_name, 259, n, rng)
+    x = inputs(8, 200, n)
+    res = rng.standard_normal((200, 259)).astype(np.float32)
+    w = be.upload_matrix(blocks)
+    xq, xd = be.quantize(up(be, x))
+    saved = be.QUANT_WORK_BYTES
+    be.QUANT_WORK_BYTES = be.native.quant_work_bytes(w.type_id, 200, n, 256)   # chunks of 256 rows
+    out = {}
+    try:
+        for dot in INT8_DOTS:
+            for cap in ("device", "sm70", "sm75", "sm61") if dot == "dp4a" else ("device",):
+                be.native.cmp_set_smem_cap(SMEM_CAPS[cap])
+                try:
+                    with routed(be, dot):
+                        out[dot, cap] = be.to_host(be._q8_project(xq, xd, [w], [up(be, res)])[0])
+                finally:
+                    be.native.cmp_set_smem_cap(0)
+    finally:
+        be.QUANT_WORK_BYTES = saved
+    assert rel(out["dp4a", "device"], exact(x, blocks) + res) < TOL
+    for key, got in out.items():
+        np.testing.assert_array_equal(got, out["dp4a", "device"], err_msg=str(key))
+
+
+@pytest.mark.parametrize("long_n", [0, 4096, 4352, 12288, 12544])
 @pytest.mark.parametrize("dot", INT8_DOTS)
 @pytest.mark.parametrize("type_name", TYPES)
 def test_gemv_batch_invariant(cuda_backend, type_name, dot, long_n):
@@ -125,7 +164,8 @@ def test_gemv_batch_invariant(cuda_backend, type_name, dot, long_n):
     route (whose results equal DP4A's bit for bit: the same integers). long_n: rows of more than T = 1's one round
     of loads (128 sub-blocks), so T = 1 runs its rolling kernel (matmul_quant.cuh, QGEMV_ROUND): 4352 = 136
     sub-blocks (a partial second round, refills bound-checked per lane), 12544 = 392 (whole-round refills, then a
-    partial one, then a partial last round, at the rolling shape's U = 3: 96 sub-blocks a round); 0: 5 blocks."""
+    partial one, then a partial last round, at the rolling shape's U = 3: 96 sub-blocks a round), 12288 = 384 (four
+    whole rounds: FFN down of the 9B); 4096: the short shape's one whole round (its loads unchecked); 0: 5 blocks."""
     rng = np.random.default_rng(11)
     n = long_n or cols_for(type_name, 5)
     blocks = random_blocks(type_name, 67, n, rng)
@@ -146,6 +186,26 @@ def test_gemv_batch_invariant(cuda_backend, type_name, dot, long_n):
     assert np.array_equal(run(x), alone)
     for T in (2, 3, 7, 9):
         assert np.array_equal(run(x[:T]), alone[:T]), T
+
+
+@pytest.mark.parametrize("n", [2048, 4096, 12288])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", "Q4_0", "IQ4_XS"])
+def test_gemv_set_rows_bitwise(cuda_backend, type_name, n):
+    """T = 1: each matrix of a multi-matrix call with residuals equals, bit for bit, that matrix alone and the
+    matrix without its residual plus the residual (the same fp32 addition). Odd row counts (1, 7, 33: a warp's two
+    rows run past a matrix's end, into no other matrix) and the three row lengths of the T = 1 shapes: a partial
+    round (2048), the short shape's whole round (4096), the rolling shape's whole rounds (12288)."""
+    be, rng = cuda_backend, np.random.default_rng(n + 3)
+    blocks = [random_blocks(type_name, r, n, rng) for r in (1, 7, 33)]
+    ws = [be.upload_matrix(b) for b in blocks]
+    x = inputs(5, 1, n)
+    res = [rng.standard_normal((1, b.shape[0])).astype(np.float32) for b in blocks]
+    xq, xd = be.quantize(up(be, x))
+    together = [be.to_host(g) for g in be._q8_project(xq, xd, ws, [up(be, r) for r in res])]
+    for i, (w, b, r) in enumerate(zip(ws, blocks, res)):
+        alone = be.to_host(be._q8_project(xq, xd, [w])[0])
+        assert rel(alone, exact(x, b)) < TOL, i
+        np.testing.assert_array_equal(together[i], r + alone)
 
 
 @pytest.fixture

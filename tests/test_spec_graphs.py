@@ -109,8 +109,25 @@ def test_least_recently_used_goes_first(graphs):
 
 
 def test_bad_sizes_are_refused(graphs):
-    with pytest.raises(ValueError, match="n_max >= 1 and capacity >= 1"):
+    with pytest.raises(ValueError, match="n_max, capacity and seqs >= 1"):
         graphs(n_max=0)
+    with pytest.raises(ValueError, match="n_max, capacity and seqs >= 1"):
+        SpecGraphs(object(), object(), 3, seqs=0)
+
+
+@pytest.mark.parametrize("n_max", [1, 3, 4])
+@pytest.mark.parametrize("seqs", [1, 4, 8])
+def test_draft_room_keeps_every_sequence_s_shapes(n_max, seqs):
+    """Each of `seqs` sequences drafting alone has n_max draft lengths x (n + 2) catch-up lengths (what
+    Speculator.start prepares for a lone slot): the LRU holds all of them and one more list's worth (lists of
+    several sequences), so a server whose requests take its slots in turn does not capture them again at each
+    request. One sequence keeps twice its shapes, as before."""
+    per_seq = sum(n + 2 for n in range(1, n_max + 1))
+    g = SpecGraphs(object(), object(), n_max, seqs=seqs)
+    assert g.draft_room == (seqs + 1) * per_seq
+    g.set_head("whole")
+    g.set_head("prefix")                       # auto's two heads: each keeps as much
+    assert g.draft_room == 2 * (seqs + 1) * per_seq
 
 
 class FakeBackend:

@@ -140,9 +140,10 @@ class Backend(ABC):
         gives the hidden state the MTP head reads); None: run them eagerly."""
         return None
 
-    def spec_graphs(self, model, n_max: int, capacity: int = 8):
+    def spec_graphs(self, model, n_max: int, capacity: int = 8, seqs: int = 1):
         """engine/speculative.py's MTP draft rounds and verify forwards captured as graphs (backends/spec_graphs.py:
-        draft(), verify()); None: the Speculator runs them eagerly."""
+        draft(), verify(); seqs: the sequences that draft, each keeping its shapes); None: the Speculator runs them
+        eagerly."""
         return None
 
     def state_ops(self):
@@ -294,6 +295,32 @@ class Backend(ABC):
     @abstractmethod
     def gated_rmsnorm(self, o: Tensor, z: Tensor, w: Tensor, eps: float, head_dim: int) -> Tensor:
         """o, z [T, V*Dv], w [Dv] -> rmsnorm per head of o, times w, times silu(z)."""
+
+    # -- the MTP draft's argmax (engine/speculative.py): ids stay on the backend, only they cross ---------------
+    def argmax(self, logits: Tensor, out: Tensor | None = None) -> Tensor:
+        """logits [R, N] -> [R] int32 on the backend: per row the index of the largest value, the lowest among
+        ties, NaN never chosen (a row of NaN: 0). out: an int32 [R] tensor of this backend to write instead (a
+        captured graph's buffer)."""
+        raise NotImplementedError(f"backend '{self.name}' has no argmax")
+
+    def ids_to_host(self, ids: Tensor) -> np.ndarray:
+        """int32 ids on the backend (argmax, coarse_argmax) -> a host int32 array (waits for them)."""
+        return np.array(ids, np.int32)
+
+    def coarse_copy(self, w: Weight) -> Weight:
+        """The MTP draft's coarse head: w [N, D] (any uploaded matrix, D a multiple of 32) -> a Q4_0 matrix [N, D],
+        as upload_matrix gives for Q4_0 blocks: each row as embed() dequantizes it, quantized by gguf.quants' Q4_0
+        (0.5625 bytes a weight). Raises NotImplementedError where the backend cannot (the draft keeps the exact
+        head) and MemoryError where it does not fit."""
+        raise NotImplementedError(f"backend '{self.name}' has no coarse head")
+
+    def coarse_argmax(self, x: Tensor, coarse: Weight, exact: Weight, k: int, out: Tensor | None = None) -> Tensor:
+        """x [R, D], exact [N, D] a head, coarse [N, D] coarse_copy of it, 1 <= k <= min(N, spec.COARSE_K_MAX) ->
+        [R] int32 on the backend: per row the k ids whose logits matmuls(x, [coarse]) are largest (the larger first,
+        the lower id among equal ones, NaN as -inf), then of those the id whose exact logit matmuls(x, [exact]) is
+        largest (the lowest id among ties, NaN never chosen; all NaN: the coarse best). This is
+        argmax(matmuls(x, [exact])) whenever that id is among the k. out: as argmax's."""
+        raise NotImplementedError(f"backend '{self.name}' has no coarse head")
 
     # -- fused ops ---------------------------------------------------------------------------------------------
     # Each is defined as the composition written in its body (numpy_ref.py spells the same composition out as the

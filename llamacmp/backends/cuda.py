@@ -356,12 +356,17 @@ class CudaBackend(Backend):
         return QuantMatrix(w.type_name, body, head, (rows, cols))
 
     def row_prefix(self, w, n: int):
+        return self._row_slice(w, 0, n)
+
+    @staticmethod
+    def _row_slice(w, r0: int, n: int):
+        """Rows r0 .. r0 + n - 1 of an uploaded matrix, a view of its memory (every layout keeps rows in order)."""
         if isinstance(w, Q8Matrix):
-            return Q8Matrix(w.qs.rows(0, n), w.d.rows(0, n))
+            return Q8Matrix(w.qs.rows(r0, n), w.d.rows(r0, n))
         if isinstance(w, QuantMatrix):
-            head = w.head.rows(0, n) if w.head is not None else None
-            return QuantMatrix(w.type_name, w.body.rows(0, n), head, (n, w.shape[1]))
-        return DenseMatrix(w.w.rows(0, n))
+            head = w.head.rows(r0, n) if w.head is not None else None
+            return QuantMatrix(w.type_name, w.body.rows(r0, n), head, (n, w.shape[1]))
+        return DenseMatrix(w.w.rows(r0, n))
 
     @_persistent
     def upload_vector(self, w):
@@ -997,6 +1002,54 @@ class CudaBackend(Backend):
         self.native.cmp_argmax(logits.ptr, out.ptr, R, N)
         return out
 
+    # -- the MTP draft's coarse head (cuda_src/coarse_head.cu; numpy_ref.py's coarse_copy / coarse_argmax) ------
+    def coarse_copy(self, w):
+        """Made on the device: row pieces of STAGING_BYTES of f32 (the upload staging block's size, so its freed
+        block is reused and the memory plan's count holds) dequantized by the embed kernels, then quantized by
+        cmp_quantize_q4_0 into the Q4_0 device layout. The 9B's head (248320 x 4096): 61 pieces of 4096 rows,
+        572 MB of Q4_0 (a few ms on an H200: the head read once, 64 MiB written and read per piece)."""
+        rows, cols = w.shape
+        if cols % Q8_0_BLOCK:
+            raise ValueError(f"coarse_copy: rows of {cols} values are not Q4_0 blocks of 32")
+        _, _, body_b, head_b = self.native.quant_layout(CMP_QUANT_TYPES["Q4_0"])
+        nb = cols // Q8_0_BLOCK
+        with self.arena.persistent():
+            body = self.empty((rows, nb * body_b), "u8", f"the MTP draft's Q4_0 coarse head [{rows}, {cols}]")
+            head = self.empty((rows, nb * head_b), "u8", f"the MTP draft's Q4_0 coarse head [{rows}, {cols}] (scales)")
+        step = max(1, min(rows, self.STAGING_BYTES // (cols * 4)))
+        ids = self.from_host(np.arange(step, dtype=np.int32), "i32", "the coarse head's row ids")
+        for r0 in range(0, rows, step):
+            # the last piece ends at the last row, overlapping the one before (its rows get the same bytes again):
+            # every piece the same size, so that the one freed block serves all of them
+            r0 = min(r0, rows - step)
+            x = self.embed(self._row_slice(w, r0, step), ids)
+            self.native.cmp_quantize_q4_0(x.ptr, body.row_ptr(r0), head.row_ptr(r0), step, cols)
+        return QuantMatrix("Q4_0", body, head, (rows, cols))
+
+    def coarse_argmax(self, x, coarse, exact, k, out=None):
+        """The coarse GEMV (the Q4_0 GEMV of the decode route), cmp_topk, the candidates' exact rows by the embed
+        kernels, cmp_coarse_rescore: five launches after the activations' quantization, which the exact rescoring
+        shares (the exact head's GEMV would read the same Q8 blocks)."""
+        R, D = x.shape
+        N = coarse.shape[0]
+        if exact.shape != coarse.shape or coarse.shape[1] != D or not 1 <= k <= N:
+            raise ValueError(f"coarse_argmax: x {x.shape}, coarse {coarse.shape}, exact {exact.shape}, k {k}")
+        out = out if out is not None else self.empty((R,), "i32", "draft ids")
+        if out.shape != (R,) or out.dtype != "i32":
+            raise ValueError(f"coarse_argmax: output must be int32 [{R}], got {out.dtype} {out.shape}")
+        xq, xd = self.quantize(x)
+        logits = self._q8_project(xq, xd, [coarse])[0]
+        cand = self.empty((R, k), "i32", "the coarse head's candidates")
+        work = self.empty((self.native.topk_work_bytes(R, N, k),), "u8", "the coarse head's top-k lists")
+        self.native.cmp_topk(logits.ptr, cand.ptr, work.ptr, R, N, k)
+        rows = self.embed(exact, cand.view((R * k,)))
+        # the activations as the exact head's GEMV reads them: its Q8 blocks, or x (in f16 for an f16 head)
+        quantized = isinstance(exact, (Q8Matrix, QuantMatrix))
+        f16 = isinstance(exact, DenseMatrix) and exact.w.dtype == "f16"
+        self.native.cmp_coarse_rescore(xq.ptr if quantized else None, xd.ptr if quantized else None, x.ptr, int(f16),
+                                       rows.ptr, cand.ptr, out.ptr, R, k, D)
+        return out
+
     SAMPLE_MAX_K = 1024      # candidates the device chain keeps after top-k (cmp_sample)
     SAMPLE_MAX_WINDOW = 4096  # penalty window
 
@@ -1088,9 +1141,9 @@ class CudaBackend(Backend):
         """engine/decode.py's decode steps on CUDA graphs (backends/cuda_graphs.DecodeGraphs)."""
         return DecodeGraphs(self, model, capacity, hidden)
 
-    def spec_graphs(self, model, n_max: int, capacity: int = 8):
+    def spec_graphs(self, model, n_max: int, capacity: int = 8, seqs: int = 1):
         """engine/speculative.py's draft rounds and verify forwards on CUDA graphs (backends/spec_graphs.py)."""
-        return SpecGraphs(self, model, n_max, capacity)
+        return SpecGraphs(self, model, n_max, capacity, seqs)
 
     def ids_to_host(self, ids: DeviceTensor) -> np.ndarray:
         """int32 [R] device ids -> host (waits for the stream)."""

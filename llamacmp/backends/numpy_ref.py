@@ -443,6 +443,41 @@ class NumpyBackend(Backend):
         """logits [R, N] -> a float32 copy of row `row` [N]."""
         return np.array(logits[row], np.float32)
 
+    # -- the MTP draft's argmax (base.Backend): the specification of cuda_src/coarse_head.cu and cmp_argmax -------
+    COARSE_CHUNK = 4096       # rows of a head dequantized at a time by coarse_copy
+
+    def argmax(self, logits, out=None):
+        ids = argmax_rows(np.asarray(logits, np.float32))
+        if out is None:
+            return ids
+        out[...] = ids
+        return out
+
+    def coarse_copy(self, w):
+        from gguf.constants import GGMLQuantizationType
+        from gguf.quants import quantize
+        rows, cols = w.shape
+        if cols % Q8_0_BLOCK:
+            raise ValueError(f"coarse_copy: rows of {cols} values are not Q4_0 blocks of 32")
+        blocks = np.empty((rows, cols // Q8_0_BLOCK, 18), np.uint8)
+        for r0 in range(0, rows, self.COARSE_CHUNK):
+            ids = np.arange(r0, min(rows, r0 + self.COARSE_CHUNK))
+            q = quantize(self.embed(w, ids), GGMLQuantizationType.Q4_0)
+            blocks[r0:r0 + len(ids)] = q.reshape(len(ids), cols // Q8_0_BLOCK, 18)
+        return RefQuant(QuantTensor("Q4_0", blocks))
+
+    def coarse_argmax(self, x, coarse, exact, k, out=None):
+        cand = top_ids(self.matmuls(x, [coarse])[0], k)
+        ids = np.empty(len(x), np.int32)
+        for r in range(len(x)):
+            # the exact logits of the k candidates: the full head's own values (each row of a matmul is its own)
+            logits = self.matmuls(x[r:r + 1], [rows_of(exact, cand[r])])[0][0]
+            ids[r] = best_of(logits, cand[r])
+        if out is None:
+            return ids
+        out[...] = ids
+        return out
+
 
 def _steps(state, kind: str, layer: int) -> list:
     """The list of per-token states of one layer's conv or ssm kept for restore_steps (a fresh one per batch)."""
@@ -450,6 +485,41 @@ def _steps(state, kind: str, layer: int) -> list:
         state.steps = {"conv": {}, "ssm": {}}
     state.steps[kind][layer] = []
     return state.steps[kind][layer]
+
+
+def argmax_rows(x: np.ndarray) -> np.ndarray:
+    """x [R, N] -> [R] int32: per row the index of the largest value, the lowest among ties, NaN never chosen (a row
+    of only NaN: 0), as cmp_argmax."""
+    nan = np.isnan(x)
+    v = np.where(nan, -np.inf, x)
+    hit = (v == v.max(axis=1, keepdims=True)) & ~nan
+    return np.where(hit.any(axis=1), hit.argmax(axis=1), 0).astype(np.int32)
+
+
+def top_ids(x: np.ndarray, k: int) -> np.ndarray:
+    """x [R, N] -> [R, min(k, N)] int32: per row the ids of the k largest values, the larger first and the lower id
+    among equal values, NaN counted as -inf (cmp_topk)."""
+    v = np.where(np.isnan(x), -np.inf, np.asarray(x, np.float32))
+    return np.argsort(-v, axis=1, kind="stable")[:, :k].astype(np.int32)
+
+
+def best_of(values: np.ndarray, ids: np.ndarray) -> int:
+    """The id of the largest of values [k] (ids [k] theirs), the lowest id among ties, NaN never chosen; all NaN: ids[0]
+    (cmp_coarse_rescore)."""
+    ok = ~np.isnan(values)
+    if not ok.any():
+        return int(ids[0])
+    best = values[ok].max()
+    return int(ids[ok & (values == best)].min())
+
+
+def rows_of(w, ids: np.ndarray):
+    """The rows `ids` of an uploaded matrix w [N, D], as an uploaded matrix [len(ids), D] of the same kind."""
+    if isinstance(w, RefQ8):
+        return RefQ8(w.q[ids], w.d[ids])
+    if isinstance(w, RefQuant):
+        return RefQuant(QuantTensor(w.tensor.type_name, w.tensor.blocks[ids]))
+    return w[ids]
 
 
 def _q8_matmul(xq: tuple[np.ndarray, np.ndarray], w: RefQ8) -> np.ndarray:

@@ -3,9 +3,10 @@ forward each recorded once and replayed, as backends/cuda_graphs.py does for the
 verify of a 9B model costs ~10 ms of Python and launches, a replayed one about a decode step (~3 ms).
 
 CapturedDraft: the MTP head for a fixed list of sequences, all n_max rounds in one graph. Round 0 runs each
-sequence's catch-up rows (its pending (token, h) pairs, then t0 with h_last); its last row's logits are argmaxed on
-the device into round 0's ids, and every later round embeds the previous round's ids and chains on the head's own
-output state, with no host round trip between rounds. The catch-up lengths are part of the graph's shape (1 ..
+sequence's catch-up rows (its pending (token, h) pairs, then t0 with h_last); its last row's draft id (the head's
+argmax on the device, through its coarse copy where --spec-draft-coarse set one: Qwen35Model.mtp_forward) is round
+0's, and every later round embeds the previous round's ids and chains on the head's own output state, with no host
+round trip between rounds. The catch-up lengths are part of the graph's shape (1 ..
 n_max + 2 rows: one more than the tokens the previous step kept), so one sequence has n_max + 2 draft graphs;
 several sequences come with one row each (the Speculator runs their pending pairs first), and a list of several
 is captured the second time it is asked for (the first runs eagerly), so that slot lists that rarely repeat do
@@ -71,15 +72,13 @@ class CapturedDraft(_Captured):
             start += L
         batch = StepBatch(self.tok0, np.zeros(R0, np.int32), segs, self.last)
         batch.device["cuda_pos"] = self.pos.rows(0, R0)
-        logits, h = model.mtp_forward(batch, self.h0)
-        be.argmax(logits, out=self.ids.rows(0, B))
+        _, h = model.mtp_forward(batch, self.h0, draft_ids=True, out=self.ids.rows(0, B))
         h = be.gather_rows(h, self.last)                                    # [B, D] each sequence's last row
         for r in range(1, self.n):
             batch = StepBatch(self.ids.rows((r - 1) * B, B), np.zeros(B, np.int32),
                               [Segment(i, 1, st) for i, st in enumerate(self.states)], self.one)
             batch.device["cuda_pos"] = self.pos.rows(R0 + (r - 1) * B, B)
-            logits, h = model.mtp_forward(batch, h)
-            be.argmax(logits, out=self.ids.rows(r * B, B))
+            _, h = model.mtp_forward(batch, h, draft_ids=True, out=self.ids.rows(r * B, B))
         self.outputs = h
 
     def run(self, tokens: Sequence[int], h_parts: Sequence) -> list[list[int]]:
@@ -189,14 +188,18 @@ class SpecGraphs:
     (a graph holds its states, so an id is not reused while it is cached) and, for drafts, the catch-up lengths and
     the draft head (set_head: a draft graph bakes in the LM head's rows it read when captured)."""
 
-    def __init__(self, be, model, n_max: int, capacity: int = 8):
-        if capacity < 1 or n_max < 1:
-            raise ValueError(f"SpecGraphs needs n_max >= 1 and capacity >= 1 (got {n_max}, {capacity})")
+    def __init__(self, be, model, n_max: int, capacity: int = 8, seqs: int = 1):
+        """seqs: the sequences (server slots) that draft: each one's every draft shape is kept."""
+        if capacity < 1 or n_max < 1 or seqs < 1:
+            raise ValueError(f"SpecGraphs needs n_max, capacity and seqs >= 1 (got {n_max}, {capacity}, {seqs})")
         self.be, self.model, self.n, self.capacity = be, model, n_max, capacity
-        # verify graphs: `capacity` lists of sequences per length; draft graphs: every catch-up length of one list
-        # and every draft length, twice over (each graph holds an arena of at least GRAPH_CHUNK, outside the memory
-        # plan like the decode graphs')
-        self.draft_room = self._room = 2 * sum(n + 2 for n in range(1, n_max + 1))
+        # verify graphs: `capacity` lists of sequences per length; draft graphs: every catch-up length and every
+        # draft length of each of the `seqs` sequences alone, and as much again for one more (lists of several
+        # sequences; 2 x one list's shapes at seqs = 1). Fewer than every slot's shapes made a server whose
+        # requests go to its slots in turn (LRU) capture them again at each request: -np 4 kept 24 of the 48 that
+        # n_max 3 gives 4 slots. Each graph holds an arena of at least GRAPH_CHUNK, outside the memory plan like
+        # the decode graphs', taken only when a shape is first used.
+        self.draft_room = self._room = (seqs + 1) * sum(n + 2 for n in range(1, n_max + 1))
         self.head, self._heads = None, set()      # the draft head (None: the one the model has, fixed)
         self._draft: OrderedDict[tuple, CapturedDraft] = OrderedDict()
         self._verify: OrderedDict[tuple, CapturedVerify] = OrderedDict()

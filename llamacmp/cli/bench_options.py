@@ -112,6 +112,11 @@ def draft_vocab_values(s: str) -> list[int | str]:
     return out
 
 
+def draft_coarse_values(s: str) -> list[int]:
+    """--spec-draft-coarse: llama-bench's int lists / ranges of 0 (off) .. spec.COARSE_K_MAX ('16,0')."""
+    return [spec.parse_draft_coarse(str(v)) for v in int_values(s)]
+
+
 def spec_types(s: str) -> list[str]:
     out = []
     for x in strings(s):
@@ -207,16 +212,21 @@ OPTS: tuple[Opt, ...] = (
     Opt(("--spec-draft-vocab",), "spec_draft_vocab", "<auto|n>", "llamacmp: the MTP draft proposes only token ids "
         "0..n-1 (0: the whole vocabulary; auto: the first 32768 of a large vocabulary while the text stays in "
         "them)", draft_vocab_values),
+    Opt(("--spec-draft-coarse",), "spec_draft_coarse", "<k>", "llamacmp: the MTP draft's argmax over a head of "
+        "65536+ rows from a Q4_0 copy of it, its k best ids rescored by the exact head (0: the exact head)",
+        draft_coarse_values),
 )
 DEFAULTS = {"reps": 5, "delay": 0, "output": "md", "output_err": None, "verbose": False, "progress": False,
             "no_warmup": False, "model": [], "n_prompt": [512], "n_gen": [128], "pg": [], "n_depth": [0],
             "n_batch": [2048], "n_ubatch": [512], "type_k": ["f16"], "type_v": ["f16"], "n_threads": [1],
             "n_gpu_layers": [99], "flash_attn": ["0"], "hw_route": "auto", "spec_type": ["none"], "spec_n_max": [3],
-            "spec_synth_len": [], "spec_synth_rates": [], "spec_draft_vocab": [AUTO]}
+            "spec_synth_len": [], "spec_synth_rates": [], "spec_draft_vocab": [AUTO],
+            "spec_draft_coarse": [SpecConfig().draft_coarse]}
 LIST_KEYS = {"model", "n_prompt", "n_gen", "pg", "n_depth", "n_batch", "n_ubatch", "type_k", "type_v",
              "n_threads", "n_gpu_layers", "flash_attn", "spec_type", "spec_n_max", "spec_synth_len",
-             "spec_synth_rates", "spec_draft_vocab"}
-SPEC_KEYS = ("spec_type", "spec_n_max", "spec_synth_len", "spec_synth_rates", "spec_draft_vocab")
+             "spec_synth_rates", "spec_draft_vocab", "spec_draft_coarse"}
+SPEC_KEYS = ("spec_type", "spec_n_max", "spec_synth_len", "spec_synth_rates", "spec_draft_vocab",
+             "spec_draft_coarse")
 DEFAULT_MODEL = "models/7B/ggml-model-q4_0.gguf"
 
 
@@ -294,9 +304,10 @@ def spec_configs(s: dict) -> list[SpecConfig]:
         if given:
             raise BenchError(f"error: {', '.join(given)} need --spec-type draft-mtp")
     out = []                            # a "none" row is the MTP-off baseline: no synthetic setting applies
-    for t, n, (length, rates), v in itertools.product(s["spec_type"], s["spec_n_max"], synth,
-                                                      s["spec_draft_vocab"]):
-        cfg = SpecConfig(t, n, synth_len=length, synth_rates=rates, draft_vocab=v) if t != "none" else SpecConfig()
+    for t, n, (length, rates), v, c in itertools.product(s["spec_type"], s["spec_n_max"], synth,
+                                                         s["spec_draft_vocab"], s["spec_draft_coarse"]):
+        cfg = SpecConfig(t, n, synth_len=length, synth_rates=rates, draft_vocab=v, draft_coarse=c) \
+            if t != "none" else SpecConfig()
         try:
             spec.check(cfg)
         except SpecError as e:

@@ -82,7 +82,8 @@ def spec_label(cfg: SpecConfig) -> str:
     synth = f" L{cfg.synth_len:g}" if cfg.synth_len is not None else \
         f" R{'/'.join(f'{r:g}' for r in cfg.synth_rates)}" if cfg.synth_rates else ""
     vocab = f" V{cfg.draft_vocab}" if cfg.draft_vocab else ""           # (no V: the whole vocabulary)
-    return f"mtp n{cfg.n_max}{synth}{vocab}"
+    coarse = f" C{cfg.draft_coarse}" if cfg.draft_coarse != SpecConfig().draft_coarse else ""  # (no C: the default)
+    return f"mtp n{cfg.n_max}{synth}{vocab}{coarse}"
 
 
 @dataclass
@@ -135,6 +136,7 @@ class Result:
                 "spec_synth_len": sp.synth_len if sp.synth_len is not None else 0.0,
                 "spec_synth_rates": ",".join(f"{r:g}" for r in sp.synth_rates),
                 "spec_draft_vocab": sp.draft_vocab if sp.enabled else 0,
+                "spec_draft_coarse": sp.draft_coarse if sp.enabled else 0,
                 "draft_n": self.draft.n, "draft_n_accepted": self.draft.accepted,
                 "spec_mean_len": self.draft.mean_len, "spec_draft_share": self.use.share,
                 "spec_probes": self.use.probes}

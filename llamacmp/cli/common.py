@@ -96,7 +96,8 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
         for line in synth_log_lines(run.spec):      # benchmarking only: said however quiet the run is
             err.write(line + "\n")
         if len(backends) == 1:       # a layer split plans each part in llamacmp/split/, not here
-            memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=None if quiet else err)
+            run = memplan.planned_run(run, memplan.prepare_device(backends[0], mf, run, p.device_mem_cap,
+                                                                  log=None if quiet else err))
         parts_log = io.StringIO()    # a split's per-part lines, written after the 'Loading model... done' line
         with progress.loading(err, enabled=not p.log_disable):   # llama-cli shows it at every verbosity
             lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, None if quiet else parts_log,

@@ -110,11 +110,20 @@ class CostTable:
     def plain_cost(self, S: int) -> Optional[float]:
         return self.plain.get(S)
 
+    def has_spec(self, S: int) -> bool:
+        """Whether a spec round of S sequences was measured (spec_cost(S, n) is None for every n otherwise)."""
+        return any(s == S for s, _ in self.spec)
+
     def rows_floor(self, rows: int) -> float:
         """A lower bound on one forward of `rows` rows from the measured plain steps (0.0: none measured): the
         most expensive measured step of at most that many rows, or a secant of two of them extrapolated to
         `rows` (a forward's cost is convex in its rows)."""
-        pts = sorted((r, t) for r, t in self.plain.items() if r <= rows)
+        return self._rows_floor(rows, sorted(self.plain.items()))
+
+    @staticmethod
+    def _rows_floor(rows: int, plain: list) -> float:
+        """rows_floor over plain, the (rows, seconds) points sorted by rows."""
+        pts = [p for p in plain if p[0] <= rows]
         best = max((t for _, t in pts), default=0.0)
         for i, (r0, t0) in enumerate(pts):
             for r1, t1 in pts[i + 1:]:
@@ -124,11 +133,20 @@ class CostTable:
     def spec_floor(self, S: int, n: int) -> float:
         """A lower bound on a round of S sequences drafting n (module docstring: the verify's rows, and a
         measured round of fewer sequences plus the plain secant's slope times the added rows)."""
-        best = self.rows_floor(S * (n + 1))
-        plain = self.plain.get(S)
-        for s in {s for s, _ in self.spec if s < S and s in self.plain and plain is not None}:
-            best = max(best, self.spec_cost(s, n) + (n + 1) * (plain - self.plain[s]))
-        return best
+        return self.spec_floors(S, (n,))[n]
+
+    def spec_floors(self, S: int, lengths) -> dict:
+        """spec_floor(S, n) for each n of lengths, from one look at the tables."""
+        plain, pts = self.plain.get(S), sorted(self.plain.items())
+        fewer = [(s, self.plain[s]) for s in {s for s, _ in self.spec if s < S and s in self.plain}] \
+            if plain is not None else []
+        out = {}
+        for n in lengths:
+            best = self._rows_floor(S * (n + 1), pts)
+            for s, t in fewer:
+                best = max(best, self.spec_cost(s, n) + (n + 1) * (plain - t))
+            out[n] = best
+        return out
 
     def spec_cost(self, S: int, n: int) -> Optional[float]:
         """A round of S sequences drafting n: measured, else on the line through the two known points nearest n
@@ -159,23 +177,24 @@ class DraftPolicy:
         self.drafted = 0                          # drafting rounds in a row
         self.n_spec = self.n_plain = self.n_probes = 0
         self.counts: dict[int, dict[str, int]] = {}   # per S: rounds by kind (count())
-        self._explored = False                    # the last _best explored (nothing measured for S)
+        self._tokens_of: tuple = ((), {})         # (the sequences' acceptance counts, their tokens per n): _tokens
 
     def count(self, S: int, kind: str, k: int = 1) -> None:
         """Per number of sequences S: rounds 'drafted', 'plain', 'probes', 'explored' (drafted with nothing
         measured for S), 'skipped' (plain where exploring could not win); the Speculator adds 'captures' (rounds
-        that captured a graph) and 'eager' (drafting rounds run eagerly though graphs exist)."""
+        that captured a graph), 'eager' (drafting rounds run eagerly though graphs exist) and 'ahead' (rounds
+        whose lengths were weighed while the plain step before them ran: Speculator.plan_ahead)."""
         row = self.counts.setdefault(S, {})
         row[kind] = row.get(kind, 0) + k
 
-    def choose(self, accs: Sequence[Acceptance], others: int = 0) -> int:
+    def choose(self, accs: Sequence[Acceptance], others: int = 0, best: Optional[tuple] = None) -> int:
         """accs: the acceptance of each sequence that may draft this round; others: sequences that step plainly
-        either way (a drafting round runs their step apart, a plain one with the rest) -> n (0: a plain step)."""
+        either way (a drafting round runs their step apart, a plain one with the rest) -> n (0: a plain step).
+        best: what best(accs, others) gave, if the caller weighed the lengths ahead (Speculator.plan_ahead)."""
         S = len(accs)
-        self._explored = False
-        n = self._best(accs, others)
-        if self._explored:
-            self.count(S, "explored")
+        n, kind = self.best(accs, others) if best is None else best
+        if kind is not None:
+            self.count(S, kind)
         if self.probing:                          # the round after a probe: did it bring drafting back?
             self.probing = False
             self.gap = PROBE_MIN if n else min(2 * self.gap, PROBE_MAX)
@@ -205,7 +224,7 @@ class DraftPolicy:
         round could beat a plain step were every draft accepted."""
         if S == 1:
             return True
-        if not any(s == S for s, _ in self.costs.spec):
+        if not self.costs.has_spec(S):
             return False
         plain, apart = self.costs.plain_cost(S + others), self.costs.plain_cost(others) if others else 0.0
         if plain is None or apart is None:
@@ -215,49 +234,69 @@ class DraftPolicy:
     def _floor(self, S: int, n: int) -> float:
         """What a round of S > 1 sequences drafting n costs: measured, else its estimate but never below
         CostTable.spec_floor (an estimate on the line from one measured length can be)."""
-        if (S, n) in self.costs.spec:
-            return self.costs.spec[(S, n)]
-        known = self.costs.spec_cost(S, n)
-        return max(self.costs.spec_floor(S, n), known if known is not None else 0.0)
+        return self._floors(S, (n,))[n]
 
-    def _best(self, accs: Sequence[Acceptance], others: int) -> int:
+    def _floors(self, S: int, lengths) -> dict:
+        """_floor(S, n) for each n of lengths."""
+        c = self.costs
+        todo = [n for n in lengths if (S, n) not in c.spec]
+        floors = c.spec_floors(S, todo) if todo else {}
+        measured = c.has_spec(S)
+        out = {}
+        for n in lengths:
+            if n not in floors:
+                out[n] = c.spec[(S, n)]
+                continue
+            known = c.spec_cost(S, n) if measured else None
+            out[n] = max(floors[n], known if known is not None else 0.0)
+        return out
+
+    def _tokens(self, accs: Sequence[Acceptance]) -> dict:
+        """n -> the expected tokens of a round of these sequences drafting n, sum(E_i(n)); kept while their
+        acceptance counts stay (they change only when a round drafts: a run of plain rounds asks the same)."""
+        key = tuple((a.accepted, a.tried) for a in accs)
+        if key != self._tokens_of[0]:
+            self._tokens_of = (key, {n: sum(a.expected(n) for a in accs) for n in self.lengths})
+        return self._tokens_of[1]
+
+    def best(self, accs: Sequence[Acceptance], others: int = 0) -> tuple[int, Optional[str]]:
+        """The weighing of the lengths that choose() starts from, from the tables and the acceptance alone (no
+        probe, no refresh; nothing changes): -> (the length with the most expected tokens per second, 0 where
+        a plain step wins, and 'explored' or 'skipped' where that was how it was reached (count()), else None)."""
         S, c = len(accs), self.costs
-        if any(c.spec_cost(S, n) is None for n in self.lengths):
+        if not c.has_spec(S):
             if S > 1:
                 return self._explore(accs, others)
-            self._explored = True
-            return self.n_max                     # explore: measure a spec round of S sequences first
+            return self.n_max, "explored"         # explore: measure a spec round of S sequences first
         plain, apart = c.plain_cost(S + others), c.plain_cost(others) if others else 0.0
         if plain is None or apart is None:
-            return 0 if plain is None else self.n_max   # then a plain step of them (and of the others alone)
-        best, rate = 0, (S + others) / plain
+            return (0 if plain is None else self.n_max), None   # then a plain step of them (and of the others alone)
+        best, rate, tokens = 0, (S + others) / plain, self._tokens(accs)
+        floors = self._floors(S, self.lengths) if S > 1 else None
         for n in self.lengths:
-            cost = c.spec_cost(S, n) if S == 1 else self._floor(S, n)
-            r = (sum(a.expected(n) for a in accs) + others) / (cost + apart)
+            cost = c.spec_cost(S, n) if S == 1 else floors[n]
+            r = (tokens[n] + others) / (cost + apart)
             if r > rate:
                 best, rate = n, r
-        return best
+        return best, None
 
-    def _explore(self, accs: Sequence[Acceptance], others: int) -> int:
+    def _explore(self, accs: Sequence[Acceptance], others: int) -> tuple[int, Optional[str]]:
         """Nothing measured for S > 1 sequences drafting: a plain step of them first (and of the others alone),
         then the length whose best case (expected tokens over spec_floor) beats it most; none: plain ('skipped')."""
         S, c = len(accs), self.costs
         plain = c.plain_cost(S + others)
         if plain is None:
-            return 0
+            return 0, None
         apart = c.rows_floor(others) if others else 0.0     # (a lower bound: the others' step is not measured yet)
-        best, rate = 0, (S + others) / plain
+        best, rate, tokens = 0, (S + others) / plain, self._tokens(accs)
+        floors = self._floors(S, self.lengths)
         for n in self.lengths:
-            r = (sum(a.expected(n) for a in accs) + others) / (self._floor(S, n) + apart)
+            r = (tokens[n] + others) / (floors[n] + apart)
             if r > rate:
                 best, rate = n, r
         if best and rate < EXPLORE_MARGIN * (S + others) / plain:
             best = 0                              # a best case this close cannot pay back the new shape's cost
-        if best:
-            self._explored = True
-        else:
-            self.count(S, "skipped")
-        return best
+        return best, "explored" if best else "skipped"
 
     @property
     def share(self) -> float:

@@ -107,8 +107,8 @@ class Engine:
         lm, cfg = self.lm, self.cfg
         self.model, self.backend = lm.model, lm.backend
         self.ops = state_ops_for(self.backend)
-        self.spec = Speculator.from_spec(lm.model, cfg.spec, lm.path) if cfg.spec is not None and cfg.spec.enabled \
-            else None
+        self.spec = Speculator.from_spec(lm.model, cfg.spec, lm.path, n_seqs=cfg.n_slots) \
+            if cfg.spec is not None and cfg.spec.enabled else None
         # with MTP on, plain steps also give the hidden state the heads read (adaptive drafting: plain rounds)
         self.decoder = Decoder(lm, max_graphs=cfg.max_graphs, hidden=self.spec is not None)
         self.slots = [Slot(i, self.backend.new_state(lm.cfg, cfg.n_ctx_slot, cfg.k_type, cfg.v_type),
@@ -554,7 +554,8 @@ class Engine:
         n = self.spec.plan([s.mtp for s in spec], len(gen) - len(spec)) if spec else 0   # the draft length (0: plain)
         if n:
             self._speculate(spec, n)
-            gen = [s for s in gen if s not in spec]
+            drafting = set(map(id, spec))       # (by identity: a Slot's == compares every field)
+            gen = [s for s in gen if id(s) not in drafting]
         if gen:
             t0, events = time.perf_counter(), self.decoder.events
             logits, h = self.decoder.decode_hidden([s.state for s in gen], [s.next_token for s in gen])
@@ -563,6 +564,8 @@ class Engine:
             timing = None
             if self.spec is not None:
                 timing = self._observe_plain(gen, [] if n else spec, h, t0, events)
+                if spec and not n:       # the next round's lengths, weighed while the device runs this step
+                    self.spec.plan_ahead([s.mtp for s in spec], len(gen) - len(spec))
             self._after_forward(gen, [[s.next_token] for s in gen], logits, t0, timing)
         budget = self.cfg.n_batch - len(gen)
         ran = bool(gen)
@@ -600,7 +603,8 @@ class Engine:
         ends when the ids are on the host, as a drafting round's does (its argmax is in its graph) and as the
         bench's plain step's (one graph with its argmax, one wait); it used to wait for the device before the
         draw, a second host wait a step with the device idle between."""
-        self.spec.observe_plain([(s.state, s.mtp, s.next_token, i) for i, s in enumerate(gen) if s in spec], h)
+        may = set(map(id, spec))                # (by identity: a Slot's == compares every field)
+        self.spec.observe_plain([(s.state, s.mtp, s.next_token, i) for i, s in enumerate(gen) if id(s) in may], h)
         if self.decoder.events != events:
             return None
         return lambda: self.spec.time_plain(len(gen), time.perf_counter() - t0)

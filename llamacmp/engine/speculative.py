@@ -27,7 +27,9 @@ Adaptive drafting (engine/draft_policy.py): before each round the driver asks pl
 this round, 0 meaning a plain decode step (the driver's own, through its decode graph). The Speculator times its
 draft and verify, the driver times its plain steps (time_plain) and feeds the heads the target's hidden states of
 those steps (observe_plain), and commit() counts each sequence's acceptance; the policy picks the n with the most tokens
-per second from those figures. adaptive=False drafts n_max every round (llama.cpp's behaviour).
+per second from those figures. While a plain step runs on the device the driver may have the next round weighed
+(plan_ahead), which plan() then takes (the step's own timing only comes with its ids). adaptive=False drafts n_max
+every round (llama.cpp's behaviour).
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ import numpy as np
 
 from ..backends.base import SeqState, StepBatch
 from ..sampling import Sampler, SamplingParams
-from ..spec import AUTO
+from ..spec import AUTO, COARSE_TYPE, CoarseHead, coarse_head
 from .decode import draw_tokens, plan_row
 from .draft_policy import Acceptance, CostTable, DraftPolicy
 from .draft_vocab import AutoVocab, VocabWindow
@@ -94,12 +96,16 @@ class Speculator:
     pending_max = PENDING_MAX                         # observe_plain's queue bound (a test lowers it per instance)
 
     def __init__(self, model, n_max: int = 3, n_min: int = 0, p_min: float = 0.0, graphs: bool = True,
-                 adaptive: bool = True, costs: Optional[CostTable] = None, auto: Optional[AutoVocab] = None):
+                 adaptive: bool = True, costs: Optional[CostTable] = None, auto: Optional[AutoVocab] = None,
+                 n_seqs: int = 1, coarse: Optional[CoarseHead] = None):
         """graphs: replay captured draft / verify graphs where the backend has them (False: always eager).
         adaptive: choose each round's draft length (0: plain) from measured costs (draft_policy), else always
         n_max; costs: a cost table to start from (a benchmark's repetitions share one). auto: --spec-draft-vocab
         auto's constants: the head drafts from their prefix or the whole vocabulary as the committed tokens say
-        (engine/draft_vocab.py; None: the head the model has, set_draft_vocab)."""
+        (engine/draft_vocab.py; None: the head the model has, set_draft_vocab). n_seqs: the sequences that draft
+        (the server's slots): the graphs keep every one's shapes. coarse: --spec-draft-coarse's head (a draft head
+        of at least coarse.min_rows rows takes its argmax through a Q4_0 copy of the first coarse.rows rows, its
+        coarse.k best rescored by the exact head; set_coarse); None: the exact head."""
         if model.mtp is None:
             raise SpecUnsupported("the model has no MTP head")
         if n_max < 1:
@@ -107,18 +113,22 @@ class Speculator:
         self.model, self.be = model, model.be
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         self.n_drafted = self.n_accepted = 0          # totals, for the draft_n / draft_n_accepted timings
-        self.graphs = model.be.spec_graphs(model, n_max) if graphs else None
+        self.graphs = model.be.spec_graphs(model, n_max, seqs=n_seqs) if graphs else None
         self.policy = DraftPolicy(n_max, n_min, costs) if adaptive else None
         self._round = None                            # (S, n, start, clean) of the draft awaiting its verify
+        self._ahead = None                            # (key, DraftPolicy.best) of plan_ahead, for the next plan()
         self._unrecorded = None                       # [S, n, seconds] of a verified round, until its commits end
         self.vocab = None                             # auto's window of committed tokens (None: a fixed head)
         if auto is not None and auto.applies(model.mtp.head.shape[0]):
             self.vocab = VocabWindow(auto)
         self._head = None
         self._use_head()
+        self.coarse: Optional[CoarseHead] = None      # the coarse head the draft uses (None: the exact head)
+        self.set_coarse(coarse)
 
     @classmethod
-    def from_spec(cls, model, spec, path: str = "the model", costs: Optional[CostTable] = None) -> "Speculator":
+    def from_spec(cls, model, spec, path: str = "the model", costs: Optional[CostTable] = None,
+                  n_seqs: int = 1) -> "Speculator":
         """From a spec.SpecConfig (type draft-mtp); a file without MTP layers is refused naming it and the flag."""
         if model.mtp is None and model.cfg.n_nextn:
             raise SpecUnsupported(f"--spec-type {spec.type}: the MTP head of '{path}' is not loaded (a layer split "
@@ -131,7 +141,28 @@ class Speculator:
             model.set_draft_vocab(0 if auto else spec.draft_vocab)  # before cls(): draft graphs capture its head
         except ValueError as e:
             raise SpecUnsupported(str(e)) from None
-        return cls(model, spec.n_max, spec.n_min, spec.p_min, costs=costs, auto=auto)
+        coarse = coarse_head(spec, model.mtp.head.shape[0], model.cfg.n_embd, model.mtp.head_type)
+        return cls(model, spec.n_max, spec.n_min, spec.p_min, costs=costs, auto=auto, n_seqs=n_seqs, coarse=coarse)
+
+    def set_coarse(self, coarse: Optional[CoarseHead]) -> None:
+        """Make the model's draft use `coarse` (None: the exact head), before any draft graph is captured. A copy
+        the backend cannot make (no memory left, no such op) leaves the exact head, said once in the log."""
+        self.coarse = None
+        if coarse is None:
+            self.model.set_draft_coarse(0)
+            return
+        t_start = time.perf_counter()
+        try:
+            made = self.model.set_draft_coarse(coarse.k, coarse.rows, coarse.min_rows)
+        except (MemoryError, NotImplementedError) as e:
+            log.warning("MTP draft: no %s coarse head (%s); drafting reads the exact LM head", COARSE_TYPE, e)
+            return
+        if made:
+            self.be.synchronize()
+            log.info("MTP draft: a %s copy of the LM head's first %d rows made in %.0f ms (--spec-draft-coarse %d: "
+                     "draft heads of %d+ rows rescore its %d best ids with the exact head)", COARSE_TYPE,
+                     coarse.rows, 1e3 * (time.perf_counter() - t_start), coarse.k, coarse.min_rows, coarse.k)
+        self.coarse = coarse
 
     # -- the draft vocabulary (--spec-draft-vocab auto) ----------------------------------------------------------
     @property
@@ -141,9 +172,10 @@ class Speculator:
 
     def vocab_state(self) -> dict:
         """For the server's metrics: the LM head rows the draft reads now and auto's switches so far."""
-        head = self.model.mtp.draft_head
-        return {"rows": int((self.model.mtp.head if head is None else head).shape[0]),
-                "switches": self.vocab.n_switches if self.vocab is not None else 0}
+        t = self.model.mtp
+        head = t.head if t.draft_head is None else t.draft_head
+        return {"rows": int(head.shape[0]), "switches": self.vocab.n_switches if self.vocab is not None else 0,
+                "coarse_rows": int(head.shape[0]) if t.draft_coarse is not None else 0}
 
     def _observe(self, tokens) -> None:
         if self.vocab is not None:
@@ -204,20 +236,50 @@ class Speculator:
     def plan(self, seqs: Sequence[MtpSeq], others: int = 0) -> int:
         """The draft length of the next round of these sequences (0: the driver runs a plain step, then
         observe_plain); `others`: sequences that step plainly in any case (a drafting round then runs their plain
-        step apart). Always n_max without adaptive drafting."""
+        step apart). Always n_max without adaptive drafting. Takes the weighing plan_ahead() made for the same
+        sequences, if it made one since the last plan()."""
         self._record_round()
         self._use_head()
-        return self.policy.choose([ms.acc for ms in seqs], others) if self.policy is not None else self.n_max
+        ahead, self._ahead = self._ahead, None
+        if self.policy is None:
+            return self.n_max
+        accs = [ms.acc for ms in seqs]
+        if ahead is not None and ahead[0] == self._ahead_key(seqs, others):
+            self.policy.count(len(seqs), "ahead")
+            return self.policy.choose(accs, others, best=ahead[1])
+        return self.policy.choose(accs, others)
+
+    def plan_ahead(self, seqs: Sequence[MtpSeq], others: int = 0) -> None:
+        """A plain step of these sequences is running on the device: weigh the next round's lengths now
+        (DraftPolicy.best), not before the next launch, where the device waits for it. The next plan() takes it
+        for the same sequences, acceptance and table entries (_ahead_key); so the round after a plain round is
+        weighed without that round's own timing, which comes with its ids (docs/ARCHITECTURE.md, adaptive
+        drafting). None while a drafting round's cost awaits its record or auto's head is about to switch."""
+        self._ahead = None
+        if self.policy is None or self._unrecorded is not None or self.draft_head != self._head:
+            return
+        self._ahead = (self._ahead_key(seqs, others), self.policy.best([ms.acc for ms in seqs], others))
+
+    def _ahead_key(self, seqs: Sequence[MtpSeq], others: int) -> tuple:
+        """What plan_ahead's weighing holds for: the sequences, their acceptance, the tables but plain costs' values."""
+        c = self.policy.costs
+        return (tuple(map(id, seqs)), others, tuple((ms.acc.accepted, ms.acc.tried) for ms in seqs), c.head,
+                tuple(c.plain), tuple(c.spec.items()))
 
     def observe_plain(self, items: Sequence[tuple[SeqState, MtpSeq, int, int]], h) -> None:
         """A plain step ran token t of each (target state, head memory, t, row) at that row of its hidden state
         h [B, D] (Decoder.decode_hidden): the head queues (t, h of the row before) for its next draft."""
         if not items:                                # (a drafting round's plain step of slots that cannot draft)
             return
-        # h is the step's own buffer (a decode graph's, rewritten by its next replay): one gather copies the rows
-        # of all S sequences, and each keeps a view of its row (a gather per sequence, each an index upload and a
-        # launch, was a per-step cost of MTP at 4 streams, where the policy steps plainly)
-        kept = self.be.gather_rows(h, np.asarray([i for _, _, _, i in items], np.int32))
+        # h is the step's own buffer (a decode graph's, rewritten by its next replay): one copy takes the rows of
+        # all S sequences, and each keeps a view of its row (a gather per sequence, each an index upload and a
+        # launch, was a per-step cost of MTP at 4 streams, where the policy steps plainly). Rows one after another
+        # (every slot of the step may draft: the usual case) are one device-to-device copy, with no index upload.
+        rows = [i for _, _, _, i in items]
+        if rows[-1] - rows[0] == len(rows) - 1 and rows == list(range(rows[0], rows[0] + len(rows))):
+            kept = self.be.concat([self.be.rows(h, rows[0], len(rows))], axis=0)
+        else:
+            kept = self.be.gather_rows(h, np.asarray(rows, np.int32))
         for j, (st, ms, t, _) in enumerate(items):
             if ms.state.n_past + len(ms.pending) != st.n_past - 1:
                 self.reset(ms, st.n_past - 1)
@@ -315,8 +377,9 @@ class Speculator:
 
     def round_counts(self) -> dict[int, dict[str, int]]:
         """Per number of sequences in a round: the policy's decisions (DraftPolicy.count: drafted, plain, probes,
-        explored, skipped) and what the drafting rounds cost beyond a replay (captures, eager); {} without
-        adaptive drafting. A copy (the server's metrics read it from another thread)."""
+        explored, skipped), what the drafting rounds cost beyond a replay (captures, eager) and the rounds weighed
+        ahead (plan_ahead); {} without adaptive drafting. A copy (the server's metrics read it from another
+        thread)."""
         return {} if self.policy is None else {S: dict(row) for S, row in sorted(self.policy.counts.items())}
 
     def _step_graph(self, items, n: int, while_running=None):
@@ -380,8 +443,7 @@ class Speculator:
             seqs[s][0].pending, seqs[s][0].pending_h = [], []
         while live:
             batch = StepBatch.build(rows)
-            logits, h_out = self.model.mtp_forward(batch, h_in)
-            ids = self._pick(logits)                   # row r drafts for sequence live[r]; None: below p_min
+            ids, h_out = self._pick(batch, h_in)      # row r drafts for sequence live[r]; None: below p_min
             for r, s in enumerate(live):
                 if ids[r] is not None:
                     out[s].append(ids[r])
@@ -417,19 +479,23 @@ class Speculator:
                 ms.pending, ms.pending_h = [], []
         return out
 
-    def _pick(self, logits) -> list[Optional[int]]:
-        """The MTP's argmax per row (on the backend: only ids cross); None where its top-10 probability is below
-        p_min (llama.cpp's draft sampler: top-k 10, then data[0].p compared with p_min)."""
+    def _pick(self, batch: StepBatch, h_in) -> tuple[list[Optional[int]], object]:
+        """One draft round of the head -> (its argmax per output row, h_out). The ids come from the backend (only
+        they cross; through the coarse head where one is set); with p_min, the exact head's logits are drawn and
+        an id is None where its top-10 probability is below p_min (llama.cpp's draft sampler: top-k 10, then
+        data[0].p compared with p_min)."""
+        if self.p_min <= 0.0:
+            ids, h_out = self.model.mtp_forward(batch, h_in, draft_ids=True)
+            return [int(i) for i in self.be.ids_to_host(ids)], h_out
+        logits, h_out = self.model.mtp_forward(batch, h_in)
         R = int(logits.shape[0])
         ids = draw_tokens(self.be, logits, [_ARGMAX] * R)
-        if self.p_min <= 0.0:
-            return ids
         out = []
         for r in range(R):
             x = np.sort(self.be.row_to_host(logits, r).astype(np.float64))[-DRAFT_TOP_K:]
             p_top = 1.0 / np.exp(x - x[-1]).sum()
             out.append(ids[r] if p_top >= self.p_min else None)
-        return out
+        return out, h_out
 
     def verify(self, seqs: Sequence[tuple[SeqState, MtpSeq, int, list[int]]], n: Optional[int] = None,
                while_running: Optional[Callable[[], None]] = None):
@@ -485,17 +551,19 @@ class Speculator:
     def start(self, state: SeqState, ms: MtpSeq, alone: bool) -> None:
         """A request starts on this sequence (a server slot). Its acceptance starts from the prior, as a new
         sequence's does (the slot's last request says little about this text; each llamacmp-bench repetition
-        starts so too). alone (no other slot busy: its rounds will be of one sequence): the graphs of its first
-        round and of its probes (every draft length, a catch-up of one row: the head has run the prompt, or caught
-        up after plain steps) are captured now, in the prompt's time, instead of in its decode, where the bench
-        never pays them (prepare, untimed): a likely part of MTP's cost at acceptance 0 through the server (13%
-        against the bench's 4.9%, H200, 2026-12-02; not yet measured after). A slot keeps them while the LRU does.
-        With other slots busy the rounds are of several sequences, whose shapes are captured at first use."""
+        starts so too). alone (no other slot busy: its rounds will be of one sequence): the graphs of all its
+        rounds (every draft length and every catch-up length: 1 row for the first round, 2 .. n + 2 for the
+        rounds after a round that kept 1 .. n + 1 tokens or after plain steps) are captured now, in the prompt's
+        time, instead of in its decode, where the bench never pays them (prepare, untimed). Capturing only the
+        1-row shapes left 7-9 draft captures inside each 128-token decode of a fresh slot at synthetic length 2.5
+        (numpy replay of the server's rounds, 2026-12-02), where the bench captured none. A slot keeps them while
+        the LRU does (SpecGraphs: room for every slot's shapes). With other slots busy the rounds are of several
+        sequences, whose shapes are captured at first use."""
         ms.acc = Acceptance()
         if not alone:
             return
         try:
-            self.prepare([(state, ms)], catch_ups=(1,))
+            self.prepare([(state, ms)])
         except MemoryError as e:        # (DeviceMemoryError is one) the rounds capture at first use, or run eagerly
             log.info("MTP graphs not captured ahead (%s); captured at first use", e)
 

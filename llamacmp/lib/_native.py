@@ -167,6 +167,14 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                    "int cmp_sample(const float* logits, float* work, const int32_t* hist, int n_hist, "
                    "const int32_t* bias_ids, const float* bias_vals, int n_bias, const CmpSamplerParams* params, "
                    "float u, int32_t* out, int32_t* n_out, int N)"),
+    "cmp_quantize_q4_0": ((_p, _p, _p, _i, _i),
+                          "int cmp_quantize_q4_0(const float* x, void* body, void* head, int rows, int n)"),
+    "cmp_topk_work_bytes": ((_i, _i, _i, _p), "int cmp_topk_work_bytes(int R, int N, int k, size_t* bytes)"),
+    "cmp_topk": ((_p, _p, _p, _i, _i, _i),
+                 "int cmp_topk(const float* x, int32_t* ids, void* work, int R, int N, int k)"),
+    "cmp_coarse_rescore": ((_p, _p, _p, _i, _p, _p, _p, _i, _i, _i),
+                           "int cmp_coarse_rescore(const int8_t* xq, const float* xd, const float* x, int x_f16, "
+                           "const float* rows, const int32_t* cand, int32_t* out, int R, int k, int D)"),
     "cmp_matmul_dense": ((_p, _p, _i, _p, _i, _i, _i),
                          "int cmp_matmul_dense(const float* x, const void* w, int w_dtype, float* y, int T, int rows, "
                          "int n)"),
@@ -308,6 +316,12 @@ class Native:
         """Workspace bytes cmp_matmul_quant needs for one pass over `rows` rows at T tokens (0 for the GEMV)."""
         b = ctypes.c_size_t(0)
         self.cmp_quant_work_bytes(type_id, T, n, rows, ctypes.byref(b))
+        return b.value
+
+    def topk_work_bytes(self, R: int, N: int, k: int) -> int:
+        """Device bytes of the work cmp_topk needs for R rows of N values and k candidates."""
+        b = ctypes.c_size_t(0)
+        self.cmp_topk_work_bytes(R, N, k, ctypes.byref(b))
         return b.value
 
     def mma_available(self) -> bool:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from ..backends.base import Backend, StepBatch
 from ..config import ModelConfig
+from ..gguf_file import Q8Tensor, QuantTensor
 from ..weights import ModelWeights
 
 
@@ -30,7 +31,14 @@ class _Layer:
 class _Mtp:
     layer: _Layer           # a full-attention decoder block; its KV cache is slot 0 of an MTP state (mtp_state)
     eh_proj: object; enorm: object; hnorm: object; head_norm: object; embed: object; head: object
+    head_type: str = "F32"      # the head's GGUF type (spec.coarse_rows: whether a Q4_0 copy saves bytes)
     draft_head: object = None   # the head's first rows, the draft vocabulary (set_draft_vocab); None: all of head
+    # --spec-draft-coarse (set_draft_coarse): a Q4_0 copy of the head's first rows, the candidates each draft step
+    # rescores, the fewest rows a draft head must have to use it, and the copy's rows of the draft head now
+    coarse: object = None
+    coarse_k: int = 0
+    coarse_min: int = 1
+    draft_coarse: object = None
 
 
 class Qwen35Model:
@@ -77,7 +85,7 @@ class Qwen35Model:
                              v(a.attn_k_norm)), None, 0)
         embed = self.token_embd if w.embed is weights.token_embd and self.token_embd is not None else m(w.embed)
         head = self.output if w.head is weights.output else m(w.head)
-        return _Mtp(layer, m(w.eh_proj), v(w.enorm), v(w.hnorm), v(w.head_norm), embed, head)
+        return _Mtp(layer, m(w.eh_proj), v(w.enorm), v(w.hnorm), v(w.head_norm), embed, head, _type_name(w.head))
 
     def forward(self, batch: StepBatch):
         """Runs the batch, advances every segment's state, returns logits [len(batch.output_rows), N]."""
@@ -101,10 +109,12 @@ class Qwen35Model:
         cfg = replace(self.cfg, n_layer=1, full_attention_interval=1, n_nextn=0)
         return self.be.new_state(cfg, n_ctx, kv_type, v_type)
 
-    def mtp_forward(self, batch: StepBatch, h):
+    def mtp_forward(self, batch: StepBatch, h, draft_ids: bool = False, out=None):
         """The MTP head over `batch` (whose segments hold MTP states from mtp_state), h [T, D] the main model's
         hidden state (forward_hidden) of the token before each row's token -> (logits [R, N] of batch.output_rows or
-        None when R = 0, h_out [T, D]); advances the MTP states' n_past.
+        None when R = 0, h_out [T, D]); advances the MTP states' n_past. draft_ids: instead of the logits, the
+        draft's ids [R] int32 on the backend (written into `out` when given): the draft head's argmax, through its
+        coarse copy where set_draft_coarse set one (Backend.coarse_argmax), else of its logits.
 
         As llama.cpp 0c1e570 qwen35.cpp graph_mtp: eh_proj(concat(enorm(embed(token)), hnorm(h))) -> one
         full-attention decoder block (its own KV cache, rotary at the token's position) -> shared_head_norm ->
@@ -120,7 +130,12 @@ class Qwen35Model:
         if not batch.output_rows.shape[0]:     # (a captured draft's rows are a device tensor)
             return None, h_out
         head = t.head if t.draft_head is None else t.draft_head
-        return be.matmuls(be.gather_rows(h_out, batch.output_rows), [head])[0], h_out
+        x = be.gather_rows(h_out, batch.output_rows)
+        if not draft_ids:
+            return be.matmuls(x, [head])[0], h_out
+        if t.draft_coarse is not None:
+            return be.coarse_argmax(x, t.draft_coarse, head, min(t.coarse_k, head.shape[0]), out), h_out
+        return be.argmax(be.matmuls(x, [head])[0], out), h_out
 
     def set_draft_vocab(self, n: int) -> None:
         """--spec-draft-vocab: the MTP head proposes only token ids 0 .. n-1 (0: the whole vocabulary). BPE ids come
@@ -131,6 +146,37 @@ class Qwen35Model:
         if not 0 <= n <= rows:
             raise ValueError(f"--spec-draft-vocab {n}: must be 1 .. {rows} (the vocabulary), or 0 for all of it")
         self.mtp.draft_head = None if n in (0, rows) else self.be.row_prefix(self.mtp.head, n)
+        self._pick_coarse()
+
+    def set_draft_coarse(self, k: int, rows: int = 0, min_rows: int = 1) -> bool:
+        """--spec-draft-coarse: a draft head of at least min_rows rows (set_draft_vocab's) takes its argmax through a
+        Q4_0 copy of the head's first `rows` rows (Backend.coarse_copy: made when these rows are first asked for,
+        then kept), whose k best ids the exact head rescores (Backend.coarse_argmax); k or rows 0: the exact head,
+        and the copy's memory goes back. Draft graphs captured after this call use it. -> whether a copy was made
+        now (MemoryError, NotImplementedError from the backend: none was, and the draft keeps the exact head)."""
+        t, made = self.mtp, False
+        if not 0 <= rows <= t.head.shape[0]:
+            raise ValueError(f"coarse head of {rows} rows: the head has {t.head.shape[0]}")
+        t.coarse_k, t.coarse_min = (k, min_rows) if rows else (0, min_rows)
+        if not t.coarse_k:
+            t.coarse = None
+        elif t.coarse is None or t.coarse.shape[0] != rows:
+            t.coarse = t.draft_coarse = None              # (the old copy's memory goes back before the new one's)
+            try:
+                t.coarse = self.be.coarse_copy(t.head if rows == t.head.shape[0] else self.be.row_prefix(t.head, rows))
+            except (MemoryError, NotImplementedError):
+                t.coarse_k = 0
+                raise
+            made = True
+        self._pick_coarse()
+        return made
+
+    def _pick_coarse(self) -> None:
+        """The coarse copy's rows of the draft head now, when set_draft_coarse applies to it."""
+        t = self.mtp
+        n = (t.head if t.draft_head is None else t.draft_head).shape[0]
+        use = t.coarse_k > 0 and t.coarse is not None and t.coarse_min <= n <= t.coarse.shape[0]
+        t.draft_coarse = None if not use else t.coarse if n == t.coarse.shape[0] else self.be.row_prefix(t.coarse, n)
 
     # The three steps of forward, also run separately by a layer split (each on the backend holding its part).
     def embed(self, batch: StepBatch):
@@ -183,4 +229,15 @@ class Qwen35Model:
         o = be.gdn(qkv, decay, beta, batch, layer.slot, cfg)
         # Gated RMSNorm per value head, then the output projection.
         return be.gated_rmsnorm_matmul_add(o, z, g.norm, cfg.rms_eps, cfg.ssm_head_dim, g.w_out, x)
+
+
+def _type_name(w) -> str:
+    """The GGUF type of a loaded matrix: a Q8Tensor, a QuantTensor, or an f32 / f16 array."""
+    if isinstance(w, Q8Tensor):
+        return "Q8_0"
+    if isinstance(w, QuantTensor):
+        return w.type_name
+    return "F16" if str(w.dtype) == "float16" else "F32"
+
+
 Model = Qwen35Model

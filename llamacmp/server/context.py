@@ -118,7 +118,7 @@ class ServerContext:
         for line in synth_log_lines(run.spec):
             log.warning("%s", line)
         if len(backends) == 1:       # the memory plan of the slots the engine will make (refused here if too big)
-            memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=out)
+            run = memplan.planned_run(run, memplan.prepare_device(backends[0], mf, run, p.device_mem_cap, log=out))
         log.info("%s", startup_log.srv("load_model", f"loading model '{p.model}'"))
         with progress.loading(sys.stderr, enabled=log.isEnabledFor(logging.INFO)):
             lm = load_placed(mf, backends, ratios, p.split_bridge, p.n_ubatch, out, mtp=enabled_spec(run) is not None)

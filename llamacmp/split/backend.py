@@ -94,7 +94,7 @@ class SplitBackend:
     def synchronize(self) -> None:
         pass
 
-    def spec_graphs(self, model, n_max: int, capacity: int = 8):
+    def spec_graphs(self, model, n_max: int, capacity: int = 8, seqs: int = 1):
         """None: a layer split does not run the MTP head (engine/speculative.py refuses it)."""
         return None
 

@@ -1,0 +1,76 @@
+"""The MTP draft's LM head step (issue 19, --spec-draft-coarse): what one draft row's argmax costs through the exact
+head (quantize + the head's GEMV + argmax) against the coarse head (quantize + the Q4_0 copy's GEMV + top-k +
+the candidates' exact rows + rescoring), at the 9B head's shape by default, and what making the copy costs.
+
+    python3 benchmarks/bench_coarse_head.py [--rows 248320] [--cols 4096] [--type Q8_0|Q6_K] [--ks 1,16,32]
+
+Each path is captured once as a CUDA graph of `--reps` draft steps, one after another (as a draft graph runs its
+rounds) and replayed; µs per step = the replay's event time / reps. The head is random valid blocks (timings do not
+depend on the values); a replay reads the whole head, far more than the 60 MB L2. GB/s = the head's (or the copy's)
+device bytes per step time. Prints a table; asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from llamacmp.backends.cuda import CudaBackend
+from llamacmp.backends.cuda_graphs import RecordedGraph
+from llamacmp.fixtures.quant_blocks import random_blocks
+from llamacmp.memplan import TensorDesc, coarse_head_bytes, tensor_bytes
+
+
+def timed(be, record, reps: int, replays: int = 5) -> float:
+    """µs per step of `record` (one step) captured `reps` times in one graph: median over replays."""
+    g = RecordedGraph(be, lambda: [record() for _ in range(reps)])
+    g.launch()
+    be.synchronize()
+    out = []
+    for _ in range(replays):
+        be.native.cmp_timer_start()
+        g.launch()
+        out.append(be.native.timer_stop() * 1e3 / reps)
+    return float(np.median(out))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=248320)
+    ap.add_argument("--cols", type=int, default=4096)
+    ap.add_argument("--type", default="Q8_0", help="the exact head's GGUF type (Q8_0, Q6_K, ...)")
+    ap.add_argument("--ks", default="1,16,32", help="candidates of the coarse paths")
+    ap.add_argument("--reps", type=int, default=20)
+    a = ap.parse_args()
+    be = CudaBackend()
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    head = be.upload_matrix(random_blocks(a.type, a.rows, a.cols, rng))
+    be.synchronize()
+    print(f"head {a.type} [{a.rows}, {a.cols}] uploaded in {time.perf_counter() - t0:.1f} s")
+    t0 = time.perf_counter()
+    coarse = be.coarse_copy(head)
+    be.synchronize()
+    made_ms = 1e3 * (time.perf_counter() - t0)
+    exact_b = tensor_bytes(TensorDesc("head", a.type, (a.rows, a.cols)))
+    coarse_b = coarse_head_bytes(a.rows, a.cols)
+    print(f"coarse copy: {coarse_b / 1e6:.0f} MB of Q4_0 made on the device in {made_ms:.1f} ms "
+          f"(the exact head: {exact_b / 1e6:.0f} MB)")
+    x = be.from_host(rng.standard_normal((1, a.cols)).astype(np.float32), "f32")
+    rows = [("exact: GEMV + argmax", exact_b, lambda: be.argmax(be.matmuls(x, [head])[0]))]
+    rows += [(f"coarse k={k}: Q4_0 GEMV + top-k + rescore", coarse_b,
+              lambda k=k: be.coarse_argmax(x, coarse, head, k)) for k in (int(s) for s in a.ks.split(","))]
+    rows += [("coarse GEMV alone", coarse_b, lambda: be.matmuls(x, [coarse])[0])]
+    print(f"\n| path (one draft row, {a.reps} steps a graph) | µs / step | GB/s of the head read | x 3 steps (one "
+          "L2.5 round) µs |")
+    print("|---|---:|---:|---:|")
+    base = None
+    for name, nbytes, record in rows:
+        us = timed(be, record, a.reps)
+        base = us if base is None else base
+        print(f"| {name} | {us:.1f} | {nbytes / us / 1e3:.0f} | {3 * us:.0f} ({3 * (us - base):+.0f}) |")
+
+
+if __name__ == "__main__":
+    main()

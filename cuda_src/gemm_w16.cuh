@@ -1,0 +1,224 @@
+// The 16-warp DP4A GEMM of int8 codes whose scale (and min) is one per 32 values on both sides: Q8_0 (matmul_q8.cu,
+// weights repacked: f16 scale per block) and the expanded block types that are not PER16 (matmul_quant.cuh: Q4_0, Q4_1,
+// Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, IQ4_XS; their expansion's f32 scale and min per 16 values hold each block's in both
+// halves). One kernel source for both jobs; each including translation unit instantiates its own (internal linkage).
+// block_term is the arithmetic per output and block that every DP4A GEMM of such weights adds, this one and
+// gemm_quant_kernel (where this one does not run: DP2A / IMAD routes, code older than compute_80, sm_75's shared
+// memory), so the outputs have the same bits whichever runs.
+#pragma once
+#include <type_traits>
+
+#include "common.cuh"
+#include "smem_plan.h"
+
+namespace cmp {
+namespace {
+
+// One 32-value block's term of an output: the block's exact integer dot d as float times (weight scale times
+// activation scale) added to acc, then with mins less the weight min m times e (the activation block's code sum
+// times its scale: exact, an f16's 11 bits times an integer below 2^12). Each rounding explicit, in this order.
+template <bool MIN>
+__device__ __forceinline__ float block_term(float acc, int d, float sw, float sx, float m, float e) {
+    acc = __fmaf_rn(chain_to_f32(d), __fmul_rn(sw, sx), acc);
+    return MIN ? __fmaf_rn(-m, e, acc) : acc;
+}
+
+// The weights' scales as gemm_w16_kernel reads them, by flat block index row * (n / 32) + block.
+struct W16Q8 {                 // Q8_0 repacked
+    static constexpr bool MIN = false;
+    const __half* d;           // [rows, n/32]
+    __device__ __forceinline__ float scale(int i) const { return __half2float(d[i]); }
+    __device__ __forceinline__ float min(int) const { return 0.f; }
+};
+template <bool M>
+struct W16Expanded {           // an expanded type without PER16 (matmul_quant.cuh's workspace)
+    static constexpr bool MIN = M;
+    const float* s;            // [rows, n/16]: both halves of a block hold its scale
+    const float* m;            // [rows, n/16] (MIN): its min, likewise
+    __device__ __forceinline__ float scale(int i) const { return s[2 * i]; }
+    __device__ __forceinline__ float min(int i) const { return MIN ? m[2 * i] : 0.f; }
+};
+
+template <bool MIN, int BK>
+using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK>, smem::G2Stage<BK>>;
+
+// 16 warps (512 threads of <= 128 registers) on 128x128 tiles: the DP4A route's kernel wherever stages of 4 blocks by
+// cp.async run (gemm_w16_runs: compute_80+ code, 80 KB of shared memory, 88 KB with mins). Why (issue 20 item 5;
+// sm_90 SASS, nvcc 13.0, per stage of 4 blocks, 2048 IDP.4A per warp): the 8-warp gemm2_q8_kernel's loop is not
+// issue-bound (3075 instructions per 2048 IDP: IDP 2048, FMUL + FFMA 512, I2FP 256, LDS 149, 110 other; one
+// instruction per clock per scheduler against an IDP every 2 clocks leaves room for 4096). What bounds it by ptxas's
+// own schedule is the FMA port: it spaces an FMUL / FFMA after an IDP.4A like another IDP.4A (2 clocks), so one
+// warp's loop is 5008 clocks of static stalls for 4096 of dot issue: 82% of the DP4A rate at most, and the FP32 per
+// output and block (FMUL d_w * d_x, FFMA) is the numpy reference's arithmetic. The H200 reached 62% (77.6 TOPS at
+// pp512, 131 measured): with 254 registers only 2 warps share a scheduler, so every stall of one (an LDS result, the
+// stage barrier, its partner's lead: a warp that runs alone issues at its static 82%) leaves the FMA port to the
+// other alone. Here each thread owns 4 weight rows x 8 tokens (32 outputs: 4 warps per scheduler) and the arithmetic
+// per output is the same expression in the same block order, so both kernels give the same bits
+// (test_gemm2_stage_widths_give_the_same_bits compares it with the 2-block stages). Thread (tx, ty) = (tid % 32,
+// tid / 32) owns rows tx + 32i (i < 4) and tokens ty + 16j (j < 8): a warp's 16-byte reads of W cover 32 consecutive
+// rows (conflict-free: the row stride is an odd number of 16-byte units), its reads of X one token (a broadcast).
+// Q8_0's loop (sm_90, nvcc 13.0, one stage = 1024 IDP.4A per warp): 1635 instructions (IDP 1024, FMUL + FFMA 256,
+// I2FP 128, LDS 148: 96 of 16 bytes and 52 scalar, LDGSTS 4, LDL 3: the loader's row indices, 72 other), 2657 clocks
+// of static stalls (one warp alone: 77% of the DP4A rate; 4 share a scheduler); 128 registers, 12 bytes of spill,
+// loaded once per stage. Shared-memory wavefronts per SM and stage ~3460 (W 4 per 16-byte read, X and its scales 1)
+// against 8192 clocks of DP4A issue: 42%, twice the 8-warp kernel's share. Measured (H200, 2026-12-02 22:36, same
+// run): the 9B GEMMs 88.6-90.4 -> 91.2-92.9 TOPS; pp512 / pp4096 of the 9B Q8_0 file on the DP4A route +2.5% / +2.4%.
+// The expanded types (issue 18/20: K-quant prefill on the DP4A route) ran gemm_quant_kernel's 8 warps of 8x8 outputs
+// with the min per 16 values (FMUL + FFMA + FADD per output and block, on top of the scale's FMUL + FFMA): on the H200,
+// 9B Q4_K_M at pp512, ~65 TOPS against Q8_0's 91-93 here. The per-32 ones now take this loop, with mins plus the
+// block's weight min and activation sum (a scalar LDS per row and per token) and one FFMA per output and block. Loop
+// SASS (sm_90, nvcc 13.0, per stage = 1024 IDP.4A per warp; 2026-12-02): without mins (Q4_0, Q5_0, IQ4_NL, IQ4_XS)
+// Q8_0's loop, the same count of each opcode (1635; 128 registers, 12 B spill); with mins (Q4_1, Q5_1, Q4_K, Q5_K) 1813
+// instructions: IDP 1024, FMUL 128, FFMA 256, I2FP 128, LDS 195, IMAD 14, FADD 1, LDL 1, 66 other; 128 registers, 4 B
+// spill. FMA pipe per 1024 IDP: 1423 (a ceiling of 72% of the DP4A rate) against Q8_0's 1292 (79%) and
+// gemm_quant_kernel's 1674 for Q4_K before (61%; 1419 since its min is per block too, but with its 2 warps per
+// scheduler). Not yet measured on a GPU: Q8_0's 91-93 TOPS times 1292 / 1423 would be ~83-85 for Q4_K / Q5_K.
+template <class W, class D, int BK>
+__global__ void __launch_bounds__(512, 1)
+gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
+                const float* __restrict__ xd,   // [T, n/32]
+                const float* __restrict__ xs,   // [T, n/16] activation half sums times their scale (W::MIN)
+                const int8_t* __restrict__ wq,  // [rows, n]
+                const W w,                      // the weights' scales (and mins)
+                const float* __restrict__ res,  // [T, ldy] added to y, or null
+                float* __restrict__ y,          // [T, ldy], columns [0, rows)
+                int T, int rows, int n, int ldy) {
+    constexpr int TILE = smem::G2TILE;
+    static_assert(TILE * BK == 512, "stages of 4 blocks: one scale per operand and thread");
+    using Stage = W16Stage<W::MIN, BK>;
+    extern __shared__ __align__(16) unsigned char w16smem[];   // Stage[2]
+    Stage* st = reinterpret_cast<Stage*>(w16smem);
+    const int tid = threadIdx.x, tx = tid & 31, ty = tid >> 5;
+    const int row0 = blockIdx.x * TILE, tok0 = blockIdx.y * TILE, nb = n / QK;
+    const int nstage = (nb + BK - 1) / BK;
+    // Loader roles: 128 rows x 2 BK 16-byte chunks per operand per stage, BK / 2 per thread (consecutive threads take
+    // consecutive chunks of one row); scales: one per operand per thread (row tid / BK, block tid % BK).
+    constexpr int CPR = 2 * BK, RSTEP = 512 / CPR, NP = TILE / RSTEP;
+    const int lr = tid / CPR, lc = tid % CPR;
+    const int sr = tid / BK, sk = tid % BK;
+    // Rows past `rows` (tokens past T) read the last one (their outputs are never stored): only the K tail is guarded.
+    // Row indices, not pointers: the bases are kernel parameters, so a source costs one register instead of two (at
+    // 128 registers the pointers spilled).
+    int wrow[NP], xrow[NP];
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+        wrow[p] = min(row0 + lr + RSTEP * p, rows - 1);
+        xrow[p] = min(tok0 + lr + RSTEP * p, T - 1);
+    }
+    const int wds = min(row0 + sr, rows - 1) * nb + sk, xds = min(tok0 + sr, T - 1) * nb + sk;
+
+    struct Pending { float w, x, m, e; };   // this thread's scales of the next stage (m, e: with mins)
+    auto fetch = [&](int s, Stage& b, Pending& p) {
+        const bool ok = s * BK + (lc >> 1) < nb;             // the block this thread's chunks lie in exists
+        const int off = (ok ? s * BK * QK : 0) + lc * 16;    // (else an in-bounds address, zeros written)
+#pragma unroll
+        for (int q = 0; q < NP; ++q) {
+            copy16(&b.w[lr + RSTEP * q][lc * 4], wq + (size_t)wrow[q] * n + off, ok);
+            copy16(&b.x[lr + RSTEP * q][lc * 4], xq + (size_t)xrow[q] * n + off, ok);
+        }
+        const bool oks = s * BK + sk < nb;
+        p.w = oks ? w.scale(wds + s * BK) : 0.f;
+        p.x = oks ? xd[xds + s * BK] : 0.f;
+        if constexpr (W::MIN) {
+            p.m = oks ? w.min(wds + s * BK) : 0.f;
+            const float2 e = oks ? reinterpret_cast<const float2*>(xs)[xds + s * BK] : make_float2(0.f, 0.f);
+            p.e = e.x + e.y;   // exact (block_term)
+        }
+    };
+    // The scales lie block-major here ([BK][128] in the stage's [128][BK] arrays): a thread's reads of its rows'
+    // (tokens') scales for one block are then scalar loads, so no 16-byte load keeps 4 blocks' scales in registers
+    // through the stage (with them, 48 registers: the kernel spilled 68 bytes).
+    auto publish = [&](Stage& b, const Pending& p) {
+        cp_async_wait();
+        (&b.wd[0][0])[sk * TILE + sr] = p.w;
+        (&b.xd[0][0])[sk * TILE + sr] = p.x;
+        if constexpr (W::MIN) {
+            (&b.wm[0][0])[sk * TILE + sr] = p.m;
+            (&b.xs[0][0])[sk * TILE + sr] = p.e;
+        }
+    };
+
+    float acc[4][8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+
+    Pending p{};
+    fetch(0, st[0], p);
+    publish(st[0], p);
+    __syncthreads();
+    for (int s = 0; s < nstage; ++s) {
+        Stage& cur = st[s & 1];
+        Stage& nxt = st[(s & 1) ^ 1];
+        const bool more = s + 1 < nstage;
+        if (more) fetch(s + 1, nxt, p);  // nxt was last read before the previous barrier
+#pragma unroll
+        for (int kb = 0; kb < BK; ++kb) {
+            int4 a[4][2];
+            float sw[4], mw[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a[i][0] = *reinterpret_cast<const int4*>(&cur.w[tx + 32 * i][kb * 8]);
+                a[i][1] = *reinterpret_cast<const int4*>(&cur.w[tx + 32 * i][kb * 8 + 4]);
+                sw[i] = (&cur.wd[0][0])[kb * TILE + tx + 32 * i];
+                mw[i] = 0.f;
+                if constexpr (W::MIN) mw[i] = (&cur.wm[0][0])[kb * TILE + tx + 32 * i];
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int4 b0 = *reinterpret_cast<const int4*>(&cur.x[ty + 16 * j][kb * 8]);
+                const int4 b1 = *reinterpret_cast<const int4*>(&cur.x[ty + 16 * j][kb * 8 + 4]);
+                const float sx = (&cur.xd[0][0])[kb * TILE + ty + 16 * j];
+                float e = 0.f;
+                if constexpr (W::MIN) e = (&cur.xs[0][0])[kb * TILE + ty + 16 * j];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int d = dot16<D>(a[i][1], b1, dot16<D>(a[i][0], b0, dot_chain_init()));
+                    acc[i][j] = block_term<W::MIN>(acc[i][j], d, sw[i], sx, mw[i], e);
+                }
+            }
+        }
+        if (more) publish(nxt, p);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int t = tok0 + ty + 16 * j;
+        if (t >= T) continue;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = row0 + tx + 32 * i;
+            if (r < rows) y[(size_t)t * ldy + r] = res ? res[(size_t)t * ldy + r] + acc[i][j] : acc[i][j];
+        }
+    }
+}
+
+// Whether gemm_w16_kernel<W, D> runs on the current device: its code is compute_80+ (the stages come by cp.async;
+// sm_70/75's register-staged copy would hold a whole stage in registers) and its two stages fit (smem_plan.h). The
+// code's version is asked once per device (code_at_least's cache), the limit every time (cmp_set_smem_cap).
+template <class W, class D>
+int gemm_w16_runs(bool* yes) {
+    static PerDevice code;
+    size_t limit = 0;
+    CMP_TRY(smem_limit(&limit));
+    bool async = false;
+    CMP_TRY(code_at_least(gemm_w16_kernel<W, D, 4>, 80, code, &async));
+    *yes = async && (W::MIN ? smem::gemm_w16_min_plan(limit).config : smem::gemm2_q8_plan(limit).config) == 4;
+    return CMP_OK;
+}
+
+template <class W, class D>
+int launch_gemm_w16(const int8_t* xq, const float* xd, const float* xs, const int8_t* wq, const W& w,
+                    const float* res, float* y, int T, int rows, int n, int ldy) {
+    constexpr int BK = 4;
+    constexpr size_t bytes = 2 * sizeof(W16Stage<W::MIN, BK>);
+    auto kernel = gemm_w16_kernel<W, D, BK>;
+    CMP_TRY(smem_opt_in("gemm_w16_kernel", kernel, bytes));
+    kernel<<<dim3(ceil_div(rows, smem::G2TILE), ceil_div(T, smem::G2TILE)), 512, bytes, stream()>>>(
+        xq, xd, xs, wq, w, res, y, T, rows, n, ldy);
+    return check_launch("gemm_w16_kernel");
+}
+
+}  // namespace
+}  // namespace cmp

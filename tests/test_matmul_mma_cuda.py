@@ -1,0 +1,99 @@
+"""The tensor-core prefill GEMM's weight forms (cuda_src/matmul_mma.cu) beyond test_quant_cuda's sweep per route.
+
+The types with mins take their own stage layout and epilogue there: PER32 (Q4_1, Q5_1, Q4_K, Q5_K) one min per
+32-value block, multiplied by the block's activation sum (the two half sums added) and added by one FFMA; Q2_K
+(PER16) one FFMA per half. They run here at row and token counts that leave partial 128 x 128 tiles, rows long enough
+for many stages (and a K tail where the stage's blocks do not divide the row), several matrices with residuals in
+one call, under each shared-memory size that picks another ring (sm_75's 64 KB: two stages of 2 blocks; sm_70's
+96 KB: four of 2; the device's: four of 4), against the exact math at test_quant_cuda's tolerance (2e-6). The forms
+without mins keep the DP4A GEMM's arithmetic bit for bit (scaled_dot takes the magic bias off inside the scale's
+FMA: the same rounding), so their results equal the DP4A route's.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from cuda_helpers import SMEM_CAPS, poison, rel, up
+from test_quant_cuda import TOL, exact, inputs
+
+from llamacmp.fixtures.quant_blocks import random_blocks
+from llamacmp.gguf_file import QUANT_BLOCKS
+
+pytestmark = pytest.mark.cuda
+
+MIN_TYPES = ["Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q2_K"]
+NO_MIN_TYPES = ["Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q3_K", "Q6_K"]
+
+
+@pytest.fixture
+def mma_backend(cuda_backend):
+    """cuda_backend with the prefill GEMM on the device's tensor-core route (the int8 kernel from compute_75 code)."""
+    be, saved = cuda_backend, cuda_backend.routes
+    if not be.native.mma_available():
+        pytest.skip("the mma route needs compute capability 7.0+ code for this device (mma.sync)")
+    be.routes = replace(saved, matmul_prefill="mma")
+    yield be
+    be.routes = saved
+
+
+def long_n(type_name: str) -> int:
+    """A row of many stages: 37 blocks of 32 (9 stages of 4 and a 1-block tail, 18 of 2 and a tail) or 5 blocks of
+    256 (40 sub-blocks: 10 stages of 4)."""
+    values = QUANT_BLOCKS[type_name][0]
+    return values * (37 if values == 32 else 5)
+
+
+@pytest.mark.parametrize("cap", ["sm75", "sm70", "device"])
+@pytest.mark.parametrize("T", [17, 131, 300])
+@pytest.mark.parametrize("type_name", MIN_TYPES)
+def test_min_forms(mma_backend, type_name, T, cap):
+    """Three matrices (1, 129 and 257 rows) of a type with mins, each with its residual, in one call."""
+    be = mma_backend
+    rng = np.random.default_rng(T * 7 + len(type_name))
+    n = long_n(type_name)
+    ws = [random_blocks(type_name, r, n, rng) for r in (1, 129, 257)]
+    x = inputs(T + 3, T, n)
+    res = [rng.standard_normal((T, w.shape[0])).astype(np.float32) for w in ws]
+    be.native.cmp_set_smem_cap(SMEM_CAPS[cap])
+    try:
+        poison(be, *[(T, w.shape[0]) for w in ws])
+        xq, xd = be.quantize(up(be, x))
+        got = be._q8_project(xq, xd, [be.upload_matrix(w) for w in ws], [up(be, r) for r in res])
+        for g, w, r in zip(got, ws, res):
+            assert rel(be.to_host(g), exact(x, w) + r) < TOL
+    finally:
+        be.native.cmp_set_smem_cap(0)
+
+
+@pytest.mark.parametrize("type_name", MIN_TYPES)
+def test_min_forms_large_mins(mma_backend, type_name):
+    """Activations all positive: every block's activation sum is large and of one sign, so the mins' terms are a
+    large share of each output and add up over the blocks instead of averaging out (200 rows, 150 tokens)."""
+    be = mma_backend
+    rng = np.random.default_rng(31)
+    n = long_n(type_name)
+    w = random_blocks(type_name, 200, n, rng)
+    x = np.abs(inputs(8, 150, n)) + 0.5   # all positive: the activation sums, and so the min terms, add up
+    got = be.to_host(be.matmuls(up(be, x), [be.upload_matrix(w)])[0])
+    assert rel(got, exact(x, w)) < TOL
+
+
+@pytest.mark.parametrize("type_name", NO_MIN_TYPES)
+def test_forms_without_mins_equal_the_dp4a_route(mma_backend, type_name):
+    """Without mins the mma GEMM's fp32 arithmetic is the DP4A GEMM's, in the same block order: the same bits
+    (rows and tokens past one tile, several stages)."""
+    be = mma_backend
+    rng = np.random.default_rng(41)
+    n = long_n(type_name)
+    w = be.upload_matrix(random_blocks(type_name, 131, n, rng))
+    x = up(be, inputs(5, 140, n))
+    mma = be.to_host(be.matmuls(x, [w])[0])
+    saved = be.routes
+    be.routes = replace(saved, matmul_prefill="dp4a")
+    try:
+        dp4a = be.to_host(be.matmuls(x, [w])[0])
+    finally:
+        be.routes = saved
+    np.testing.assert_array_equal(mma, dp4a)

@@ -31,6 +31,7 @@ from llamacmp.loader import load_model, open_model
 from llamacmp.run_plan import plan_run
 from llamacmp.sampling import SamplingParams
 from llamacmp.spec import COARSE_K_MAX, CoarseHead, SpecConfig, SpecError, check, coarse_head
+from test_backend_capabilities import PlannedNumpy   # a host backend with a planned device arena
 from test_mtp import PROMPTS, _greedy, spy_drafts
 
 BE = NumpyBackend()
@@ -335,19 +336,6 @@ def test_bench_lists_and_labels_it():
 
 
 # -- the memory plan ------------------------------------------------------------------------------------------------
-
-class PlannedNumpy(NumpyBackend):
-    """A host backend with a device arena of `free` bytes: memplan plans for it by capability alone."""
-
-    def __init__(self, free: int):
-        self.free, self.reserved = free, []
-
-    def device_memory(self):
-        return self.free, self.free
-
-    def reserve_persistent(self, nbytes, what):
-        self.reserved.append(nbytes)
-
 
 def test_memory_plan_counts_the_copy_or_leaves_it_out(lm, monkeypatch):
     """The copy is part of the weights (the long-lived reserve); a cap it does not fit under drops it rather than

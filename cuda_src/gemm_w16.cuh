@@ -182,16 +182,7 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
         if (more) publish(nxt, p);
         __syncthreads();
     }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int t = tok0 + ty + 16 * j;
-        if (t >= T) continue;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = row0 + tx + 32 * i;
-            if (r < rows) y[(size_t)t * ldy + r] = res ? res[(size_t)t * ldy + r] + acc[i][j] : acc[i][j];
-        }
-    }
+    store_tile<16, 32>(acc, tok0 + ty, T, row0 + tx, rows, ldy, res, y);
 }
 
 // Whether gemm_w16_kernel<W, D> runs on the current device: its code is compute_80+ (the stages come by cp.async;

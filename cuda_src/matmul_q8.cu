@@ -137,16 +137,7 @@ gemm_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int t = tok0 + ty + 16 * j;
-        if (t >= T) continue;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = row0 + tx + 16 * i;
-            if (r < rows) y[(size_t)t * rows + r] = res ? res[(size_t)t * rows + r] + acc[i][j] : acc[i][j];
-        }
-    }
+    store_tile<16, 16>(acc, tok0 + ty, T, row0 + tx, rows, rows, res, y);
 }
 
 // ---- GEMV ----------------------------------------------------------------------------------------------------------
@@ -543,16 +534,7 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
         if (more) publish(nxt, pd);
         __syncthreads();
     }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int t = tok0 + ty + 16 * j;
-        if (t >= T) continue;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int r = row0 + tx + 16 * i;
-            if (r < rows) y[(size_t)t * rows + r] = res ? res[(size_t)t * rows + r] + acc[i][j] : acc[i][j];
-        }
-    }
+    store_tile<16, 16>(acc, tok0 + ty, T, row0 + tx, rows, rows, res, y);
 }
 
 // ==== launchers ===================================================================================================

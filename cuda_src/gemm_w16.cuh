@@ -43,11 +43,11 @@ template <bool MIN, int BK>
 using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK>, smem::G2Stage<BK>>;
 
 // 16 warps (512 threads of <= 128 registers) on 128x128 tiles: the DP4A route's kernel wherever stages of 4 blocks by
-// cp.async run (gemm_w16_runs: compute_80+ code, 80 KB of shared memory, 88 KB with mins). Why (issue 20 item 5;
-// sm_90 SASS, nvcc 13.0, per stage of 4 blocks, 2048 IDP.4A per warp): the 8-warp gemm2_q8_kernel's loop is not
-// issue-bound (3075 instructions per 2048 IDP: IDP 2048, FMUL + FFMA 512, I2FP 256, LDS 149, 110 other; one
-// instruction per clock per scheduler against an IDP every 2 clocks leaves room for 4096). What bounds it by ptxas's
-// own schedule is the FMA port: it spaces an FMUL / FFMA after an IDP.4A like another IDP.4A (2 clocks), so one
+// cp.async run (gemm_w16_runs: compute_80+ code, 80 KB of shared memory, 88 KB with mins). Why (issue 20 item 5; sm_90
+// SASS, nvcc 13.0, per stage of 4 blocks, 2048 IDP.4A per warp): the 8-warp gemm2_q8_kernel's loop (its 4-block stages,
+// since deleted) is not issue-bound (3075 instructions per 2048 IDP: IDP 2048, FMUL + FFMA 512, I2FP 256, LDS 149, 110
+// other; one instruction per clock per scheduler against an IDP every 2 clocks leaves room for 4096). What bounds it by
+// ptxas's own schedule is the FMA port: it spaces an FMUL / FFMA after an IDP.4A like another IDP.4A (2 clocks), so one
 // warp's loop is 5008 clocks of static stalls for 4096 of dot issue: 82% of the DP4A rate at most, and the FP32 per
 // output and block (FMUL d_w * d_x, FFMA) is the numpy reference's arithmetic. The H200 reached 62% (77.6 TOPS at
 // pp512, 131 measured): with 254 registers only 2 warps share a scheduler, so every stall of one (an LDS result, the

@@ -12,10 +12,14 @@ about n drafting rounds each, after the bench's warm-up:
   1. MTP off and on unprofiled: ms per plain token and per drafting round, tokens per drafting round, the ratio;
   2. on, instrumented: a device sync at the end of each phase (inside it) and before its start (apart: "syncs at
      starts", device work launched between phases), so each phase's host wall time holds its device work:
-       plan     the draft policy's choice          draft    the MTP rounds (graph: uploads, h copies, one replay)
-       verify   the main forward (graph replay)    read     the verified and drafted ids to the host
-       accept   the acceptance rule (host)         commit   the head's queue (row gathers), exclusive of restore
-       restore  the GDN state rewind (restore_steps)   plain  the policy's plain steps (probes), if any
+       plan     the draft policy's choice (host)
+       draft    the MTP rounds (graph: token / position uploads, the h rows copied in, one replay)
+       verify   the main forward (graph: uploads, the drafted ids copied on the device, one replay)
+       read     the verified and the drafted ids to the host
+       accept   the acceptance rule (host)
+       commit   the head's queue (row gathers with their index uploads), without restore
+       restore  the GDN states' rewind (restore_steps: one copy launch where a draft was rejected)
+       plain    the policy's plain rounds (probes), if any: left out of the per-round figures
      host gaps: the loop's Python between them (the round's wall minus the phases);
   3. on CUDA, pass 2 again under torch.profiler: device kernels, copies and memsets per drafting round, each put in
      the phase whose time range holds its start (record_function ranges; the syncs keep work inside its phase).

@@ -108,7 +108,8 @@ def main() -> None:
                 if n > 1 else "-"
             spread = f" ({min(tps):.1f}-{max(tps):.1f})" if len(tps) > 1 else ""
             lines.append(f"| {label} | {n} | {statistics.median(tps):.1f}{spread} | {ratios} | "
-                         f"{statistics.median(steady):.1f} | {s_ratios} | {statistics.median(r[1] for r in rounds):.2f} |")
+                         f"{statistics.median(steady):.1f} | {s_ratios} | "
+                         f"{statistics.median(r[1] for r in rounds):.2f} |")
     lines += ["", "Draft policy rounds per number of sequences in a round (llamacmp:spec_rounds_total):"]
     lines += [f"- {label}, {n} stream(s), round {k + 1}: {r[2][n]}" for label, rounds in runs.items()
               if label != "off" for k, r in enumerate(rounds) for n in streams]

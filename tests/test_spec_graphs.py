@@ -100,7 +100,8 @@ def test_prepare_stops_before_a_capture_when_asked(graphs):
         asked.append(g.n_captured)
         return g.n_captured >= 2
     g.prepare([st], [ms], (1, 2, 3), stop=stop)
-    assert g.n_captured == 2 and asked == [0, 1, 2]          # verify n = 1, its 1-row draft, then stopped
+    assert g.n_captured == 2 and asked == [0, 1, 2]          # verify n = 3, its 1-row draft, then stopped
+    assert FakeDraft.made == [(1,)] and FakeVerify.made == [1]
     g.prepare([st], [ms], (1, 2, 3), stop=lambda: False)
     assert g.n_captured == 3 + 12 and FakeVerify.made == [1] * 3
     asked.clear()

@@ -289,21 +289,28 @@ class SpecGraphs:
         `catch_ups` (all sequences at the same length; default every one, 1 .. n + 2 rows), for each draft length
         n in `lengths` (default n_max). Graphs already held are kept, not counted as replays; capturing runs
         nothing. stop: asked before each capture; once it says True the rest are left to their first use (the
-        server: another request arrived, which would wait for them)."""
-        for n in lengths or (self.n,):
-            n = self._length(n)
-            if not self._have(self._verify, (n,) + tuple(id(s) for s in states),
-                              lambda: CapturedVerify(self.be, self.model, states, n, self.n), self.capacity * self.n,
-                              stop):
-                return
-            for L in catch_ups or range(1, n + 3):
+        server: another request arrived, which would wait for them). So the order is how soon a lone request needs
+        them: each length's verify and its draft of the first catch-up length (1: t0 alone, a request's first
+        round), the longest length first (what a new cost table explores), then the other catch-up lengths."""
+        ns = sorted({self._length(n) for n in lengths or (self.n,)}, reverse=True)
+        ups = {n: list(catch_ups or range(1, n + 3)) for n in ns}
+        for n in ns:
+            for L in ups[n]:
                 if not 1 <= L <= n + 2:
                     raise ValueError(f"catch-up length {L} outside 1 .. {n + 2}")
+        jobs = [(n, L) for n in ns for L in [None] + ups[n][:1]] + [(n, L) for n in ns for L in ups[n][1:]]
+        for n, L in jobs:
+            if L is None:
+                held = self._have(self._verify, (n,) + tuple(id(s) for s in states),
+                                  lambda n=n: CapturedVerify(self.be, self.model, states, n, self.n),
+                                  self.capacity * self.n, stop)
+            else:
                 cl = (L,) * len(mtp_states)
-                if not self._have(self._draft, (self.head, n) + tuple(id(s) for s in mtp_states) + cl,
-                                  lambda: CapturedDraft(self.be, self.model, mtp_states, cl, n), self.draft_room,
-                                  stop):
-                    return
+                held = self._have(self._draft, (self.head, n) + tuple(id(s) for s in mtp_states) + cl,
+                                  lambda n=n, cl=cl: CapturedDraft(self.be, self.model, mtp_states, cl, n),
+                                  self.draft_room, stop)
+            if not held:
+                return
 
     def _have(self, cache: OrderedDict, key: tuple, make, room: int, stop=None) -> bool:
         """-> False when the graph is not held and stop() declined its capture."""

@@ -273,11 +273,11 @@ int cmp_gdn(const float* qkv, const float* g, const float* b, float* state, floa
 int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V,
                     int Dk, float eps);
 
-// Speculative verification of one segment: what cmp_conv1d_silu / cmp_gdn compute, each token of the gdn through
-// the decode step's kernel (so every output equals its one-token decode bit for bit), keeping the state after every
-// token t < L-1 in steps (the state itself ends after token L-1, as with the plain calls): conv steps
-// [L, kernel-1, C] (all L written), gdn steps [L-1, V, Dk, Dk] (may be null for L = 1). Rewind to token k: copy
-// steps[k-1] over the state (cmp_memcpy_d2d).
+// Speculative verification of one segment: what cmp_conv1d_silu / cmp_gdn compute, each token of the gdn with the
+// decode step's arithmetic (one launch walking the tokens; every output equals its one-token decode bit for bit),
+// keeping the state after every token t < L-1 in steps (the state itself ends after token L-1, as with the plain
+// calls): conv steps [L, kernel-1, C] (all L written), gdn steps [L-1, V, Dk, Dk] (may be null for L = 1). Rewind
+// to token k: copy steps[k-1] over the state (cmp_memcpy_d2d).
 int cmp_conv1d_silu_keep(const float* x, const float* w, float* state, float* steps, float* out, int L, int C,
                          int kernel);
 int cmp_gdn_keep(const float* qkv, const float* g, const float* b, float* state, float* steps, float* o, int L, int K,

@@ -880,7 +880,7 @@ class CudaBackend(Backend):
         chunked kernel / the scan for every segment (tests compare both against numpy_ref)."""
         K, V, Dk = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_head_dim
         o = self.empty((qkv.shape[0], V * Dk))
-        if batch.keep_steps:            # token by token through the decode step, each state kept (cmp_gdn_keep)
+        if batch.keep_steps:            # the decode step's arithmetic per token, each state kept (cmp_gdn_keep)
             for seg in batch.segments:
                 steps = self._steps(seg.state, "ssm", layer, seg.length - 1, batch.keep_steps - 1, (V, Dk, Dk))
                 self.native.cmp_gdn_keep(qkv.row_ptr(seg.start), g.row_ptr(seg.start), b.row_ptr(seg.start),

@@ -174,6 +174,8 @@ int cmp_embed_quant(int type, const int32_t* ids, const void* body, const void* 
 // code, Volta's f16 HMMA from compute_70), which cmp_matmul_q8_ex and cmp_matmul_quant run CMP_MM_MMA on; 0
 // elsewhere (they refuse it there).
 int cmp_mma_available(int* yes);
+// *yes = 1 where it is the int8 one (CMP_MM_MMA without CMP_MM_MMA_F16 runs Volta's f16 HMMA GEMM elsewhere).
+int cmp_mma_int8_available(int* yes);
 
 // ---- matmul_hmma.cu ------------------------------------------------------------------------------------------
 // *yes = 1 where this library's code for the current device has Volta's f16 HMMA GEMM (compute_70+ code), which

@@ -83,6 +83,7 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                          "const void* const* body, const void* const* head, float* const* y, const float* const* res, "
                          "const int* rows, int T, int n, void* work, size_t work_bytes, int kernels)"),
     "cmp_mma_available": ((_p,), "int cmp_mma_available(int* yes)"),
+    "cmp_mma_int8_available": ((_p,), "int cmp_mma_int8_available(int* yes)"),
     "cmp_hmma_available": ((_p,), "int cmp_hmma_available(int* yes)"),
     "cmp_attn_mma_available": ((_p,), "int cmp_attn_mma_available(int* yes)"),
     "cmp_attn_prefill_mma": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _f),
@@ -339,6 +340,13 @@ class Native:
         from compute_75 code, Volta's f16 HMMA from compute_70)."""
         yes = ctypes.c_int(0)
         self.cmp_mma_available(ctypes.byref(yes))
+        return bool(yes.value)
+
+    def mma_int8_available(self) -> bool:
+        """cmp_mma_int8_available: whether that GEMM is the int8 mma.sync one (compute_75+ code); else the mma route
+        runs Volta's f16 HMMA GEMM."""
+        yes = ctypes.c_int(0)
+        self.cmp_mma_int8_available(ctypes.byref(yes))
         return bool(yes.value)
 
     def hmma_available(self) -> bool:

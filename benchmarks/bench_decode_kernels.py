@@ -2,7 +2,10 @@
 
   - cmp_argmax (argmax_kernel, greedy decode's token pick) at the 9B vocabulary, R = 1..16 rows;
   - cmp_gdn at L = 1 (gdn_step_kernel, one sequence's decode token) and cmp_gdn_rows (gdn_step_rows_kernel, S
-    sequences in one launch) with the 9B heads (16 k / 32 v, 128 x 128 state).
+    sequences in one launch) with the 9B heads (16 k / 32 v, 128 x 128 state);
+  - cmp_gdn_keep (gdn_keep_kernel, an MTP verify's GDN layer: L tokens in one launch, every state kept) against L
+    decode steps in a row (the launch per token the verify made before next/gdnkeep), in CUDA graphs of 24 layers
+    (the 9B's GDN layers) so that no host overhead counts (`--only keep` runs just these).
 
 The kernels they replace are no longer in the library, so each row prints today's H200 profile figure of the old
 kernel beside the new time (benchmarks/RESULTS.md, "15:45-15:58 UTC": argmax 93.6 us per token at R = 1, GDN
@@ -11,7 +14,7 @@ output GEMV do); "cold" calls rotate over buffers spanning 4x the L2 (the GDN st
 after ~300 MB of weights, comes from memory). The sequential scan at L = 2..8 (gdn_scan_kernel, unchanged) is timed
 too: its per-token time is the old per-token path.
 
-    python3 benchmarks/bench_decode_kernels.py [--json out.json] [--pdl]
+    python3 benchmarks/bench_decode_kernels.py [--json out.json] [--pdl] [--only argmax|gdn|keep]
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import numpy as np
 from llamacmp.backends.cuda import CudaBackend
 
 import bench_kernels  # benchmarks/ is the script's folder
+from bench_gemv import graph_ms
 
 OLD_ARGMAX_US = 93.6    # argmax_kernel, R = 1, N = 248320, H200 torch.profiler, 2026-11-30 15:45-15:58 UTC
 OLD_GDN_US = 7.37       # gdn_scan_kernel<128> at L = 1, 9B heads, per layer, same profile
@@ -107,10 +111,50 @@ def bench_gdn(be: CudaBackend, rows_out: list) -> None:
         rows_out.append({"what": "gdn scan", "L": L, "cold us": cold * 1e3})
 
 
+def bench_gdn_keep(be: CudaBackend, rows_out: list, layers: int = 24) -> None:
+    """A verify's GDN layers (9B heads) as one CUDA graph of `layers` layers, each on its own state: one cmp_gdn_keep
+    of L tokens per layer against L cmp_gdn steps per layer, each reading back the state the previous one wrote (the
+    launch per token of the old keep path, the same arithmetic). Both favour the old path: the steps write in place
+    where it wrote each token's state to its own buffer (less written back to memory), and nothing but their 48 MiB
+    of states passes through L2 between replays (a verify streams each layer's weights before its state), so the
+    saving printed is a lower bound."""
+    nat = be.native
+    rng = np.random.default_rng(4)
+    C, Lmax = (2 * K + V) * DK, 5
+    state_bytes = V * DK * DK * 4
+    states = be.empty((layers, V, DK, DK), "f32", "states")
+    one = (rng.standard_normal((V, DK, DK)) * 0.1).astype(np.float32)
+    for c in range(layers):
+        nat.cmp_memcpy_h2d(states.ptr + c * state_bytes, one.ctypes.data, state_bytes)
+    qkv = be.from_host(rng.standard_normal((Lmax, C)).astype(np.float32), "f32")
+    g = be.from_host(-rng.uniform(0, 1, (Lmax, V)).astype(np.float32), "f32")
+    b = be.from_host(rng.uniform(0, 1, (Lmax, V)).astype(np.float32), "f32")
+    o = be.empty((Lmax, V * DK))
+    steps = be.empty((layers, Lmax - 1, V, DK, DK), "f32", "kept states")
+    sp = lambda c: states.ptr + c * state_bytes   # noqa: E731
+    print(f"{'gdn keep (9B heads)':<20} {'L':>2} {'one launch us':>14} {'L steps us':>11} {'saved us':>9}"
+          f" {'x %d layers' % layers:>12}")
+    for L in range(1, Lmax + 1):
+        def keep():
+            for lay in range(layers):
+                nat.cmp_gdn_keep(qkv.ptr, g.ptr, b.ptr, sp(lay), steps.row_ptr(lay), o.ptr, L, K, V, DK, 1e-6)
+
+        def per_token():
+            for lay in range(layers):
+                for t in range(L):
+                    nat.cmp_gdn(qkv.row_ptr(t), g.row_ptr(t), b.row_ptr(t), sp(lay), o.row_ptr(t), 1, K, V, DK, 1e-6)
+        one_us = graph_ms(be, keep, 1) * 1e3 / layers
+        steps_us = graph_ms(be, per_token, 1) * 1e3 / layers
+        print(f"{'':<20} {L:>2} {one_us:>14.2f} {steps_us:>11.2f} {steps_us - one_us:>9.2f}"
+              f" {(steps_us - one_us) * layers:>12.1f}")
+        rows_out.append({"what": "gdn keep", "L": L, "one launch us": one_us, "L steps us": steps_us})
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--pdl", action="store_true", help="launch the small kernels with PDL (cmp_set_pdl)")
+    ap.add_argument("--only", choices=("argmax", "gdn", "keep"), help="run one group of cells")
     args = ap.parse_args(argv)
     be = CudaBackend()
     if args.pdl:
@@ -118,8 +162,9 @@ def main(argv=None) -> None:
     print(f"device: {be.native.device_name()}   date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
           f"   pdl: {args.pdl}")
     rows_out: list = []
-    bench_argmax(be, rows_out)
-    bench_gdn(be, rows_out)
+    for name, bench in (("argmax", bench_argmax), ("gdn", bench_gdn), ("keep", bench_gdn_keep)):
+        if args.only in (None, name):
+            bench(be, rows_out)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows_out, f, indent=1)

@@ -1,7 +1,10 @@
 """llamacmp-server alone, MTP off against on, at 1 and N concurrent streams (issue 19: with 4 streams MTP on must
 never be slower than off; the scheduler's draft policy steps plainly where batching wins). Per setting a fresh
 server (-np = the most streams), as benchmarks/side_by_side.py's spec mode measures llamacmp (same helpers):
-1 stream: the server's decode rate; N: all tokens of N concurrent greedy streams over the wall time. Under the
+1 stream: the server's decode rate; N: all tokens of N concurrent greedy streams over the wall time, and beside it
+the steady rate (server_vs_llamacpp.measure: the tokens between every stream's first token and the first stream's
+last over that span, which leaves out the start: prompts, first tokens, a graph capture at a request's start, so
+that a gap in the wall rate but not in the steady one lies at the start, not in the plain steps). Under the
 table, per setting and stream count, the draft policy's rounds by number of sequences in a round (the server's
 llamacmp:spec_rounds_total counters over that measurement, warm-ups included): drafted / plain / probes /
 explored / skipped, and the drafting rounds' graph captures and eager rounds.
@@ -42,16 +45,21 @@ def rounds_text(before: dict, after: dict) -> str:
                      for S in sorted({S for S, _ in diff})) or "-"
 
 
-def measure_streams(url: str, texts, n: int, args) -> tuple[float, str]:
-    """t/s of n streams (1: the decode rate) and the policy's rounds during that measurement."""
+def measure_streams(url: str, texts, n: int, args) -> tuple[float, float, str]:
+    """t/s of n streams (1: the decode rate), their steady t/s (1 stream: the decode rate again) and the policy's
+    rounds during that measurement."""
     before = spec_rounds(url)
-    tps = (single_stream_tps(url, texts[0], args.n, args.r, None) if n == 1
-           else sv.measure(url, texts[:n], args.n)["wall_tps"])
-    return tps, rounds_text(before, spec_rounds(url))
+    if n == 1:
+        tps = steady = single_stream_tps(url, texts[0], args.n, args.r, None)
+    else:
+        got = sv.measure(url, texts[:n], args.n)
+        tps, steady = got["wall_tps"], got["steady_tps"]
+    return tps, steady, rounds_text(before, spec_rounds(url))
 
 
 def run_setting(args, label: str, flags: list[str], streams: list[int], texts, env) -> tuple:
-    """One fresh server of the setting -> ({streams: t/s}, mean accepted length, {streams: policy rounds text})."""
+    """One fresh server of the setting -> ({streams: t/s}, mean accepted length, {streams: policy rounds text},
+    {streams: steady t/s})."""
     port = sv.free_port()
     log = Path(f"/tmp/mtp-streams-{label.replace(' ', '_')}.log")
     np_ = max(streams)
@@ -59,7 +67,8 @@ def run_setting(args, label: str, flags: list[str], streams: list[int], texts, e
                    log, env) as srv:
         srv.wait_ready(args.load_timeout)
         got = {n: measure_streams(srv.url, texts, n, args) for n in streams}
-        return {n: t for n, (t, _) in got.items()}, draft_mean_len(srv.url), {n: r for n, (_, r) in got.items()}
+        return ({n: t for n, (t, _, _) in got.items()}, draft_mean_len(srv.url), {n: r for n, (_, _, r) in got.items()},
+                {n: s for n, (_, s, _) in got.items()})
 
 
 def main() -> None:
@@ -86,16 +95,20 @@ def main() -> None:
         for label, flags in spec_settings(args):
             runs.setdefault(label, []).append(run_setting(args, label, flags, streams, texts, env))
             tps = runs[label][-1][0]
-            print(f"round {k + 1} {label}: " + ", ".join(f"{n} stream(s) {t:.1f} t/s" for n, t in tps.items()),
-                  flush=True)
-    lines = ["| setting | streams | t/s (median, range of rounds) | on / off per round | mean len |",
-             "|---|---:|---:|---:|---:|"]
+            steady = runs[label][-1][3]
+            print(f"round {k + 1} {label}: " + ", ".join(f"{n} stream(s) {t:.1f} t/s" + (
+                f" (steady {steady[n]:.1f})" if n > 1 else "") for n, t in tps.items()), flush=True)
+    lines = ["| setting | streams | t/s (median, range of rounds) | on / off per round | steady t/s (median) | "
+             "steady on / off per round | mean len |", "|---|---:|---:|---:|---:|---:|---:|"]
     for label, rounds in runs.items():
         for n in streams:
-            tps = [r[0][n] for r in rounds]
+            tps, steady = [r[0][n] for r in rounds], [r[3][n] for r in rounds]
             ratios = " / ".join(f"{r[0][n] / off[0][n]:.3f}" for r, off in zip(rounds, runs["off"]))
+            s_ratios = " / ".join(f"{r[3][n] / off[3][n]:.3f}" for r, off in zip(rounds, runs["off"])) \
+                if n > 1 else "-"
             spread = f" ({min(tps):.1f}-{max(tps):.1f})" if len(tps) > 1 else ""
             lines.append(f"| {label} | {n} | {statistics.median(tps):.1f}{spread} | {ratios} | "
+                         f"{statistics.median(steady):.1f} | {s_ratios} | "
                          f"{statistics.median(r[1] for r in rounds):.2f} |")
     lines += ["", "Draft policy rounds per number of sequences in a round (llamacmp:spec_rounds_total):"]
     lines += [f"- {label}, {n} stream(s), round {k + 1}: {r[2][n]}" for label, rounds in runs.items()

@@ -174,6 +174,8 @@ int cmp_embed_quant(int type, const int32_t* ids, const void* body, const void* 
 // code, Volta's f16 HMMA from compute_70), which cmp_matmul_q8_ex and cmp_matmul_quant run CMP_MM_MMA on; 0
 // elsewhere (they refuse it there).
 int cmp_mma_available(int* yes);
+// *yes = 1 where it is the int8 one (CMP_MM_MMA without CMP_MM_MMA_F16 runs Volta's f16 HMMA GEMM elsewhere).
+int cmp_mma_int8_available(int* yes);
 
 // ---- matmul_hmma.cu ------------------------------------------------------------------------------------------
 // *yes = 1 where this library's code for the current device has Volta's f16 HMMA GEMM (compute_70+ code), which
@@ -273,11 +275,11 @@ int cmp_gdn(const float* qkv, const float* g, const float* b, float* state, floa
 int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V,
                     int Dk, float eps);
 
-// Speculative verification of one segment: what cmp_conv1d_silu / cmp_gdn compute, each token of the gdn through
-// the decode step's kernel (so every output equals its one-token decode bit for bit), keeping the state after every
-// token t < L-1 in steps (the state itself ends after token L-1, as with the plain calls): conv steps
-// [L, kernel-1, C] (all L written), gdn steps [L-1, V, Dk, Dk] (may be null for L = 1). Rewind to token k: copy
-// steps[k-1] over the state (cmp_memcpy_d2d).
+// Speculative verification of one segment: what cmp_conv1d_silu / cmp_gdn compute, each token of the gdn with the
+// decode step's arithmetic (one launch walking the tokens; every output equals its one-token decode bit for bit),
+// keeping the state after every token t < L-1 in steps (the state itself ends after token L-1, as with the plain
+// calls): conv steps [L, kernel-1, C] (all L written), gdn steps [L-1, V, Dk, Dk] (may be null for L = 1). Rewind
+// to token k: copy steps[k-1] over the state (cmp_memcpy_d2d).
 int cmp_conv1d_silu_keep(const float* x, const float* w, float* state, float* steps, float* out, int L, int C,
                          int kernel);
 int cmp_gdn_keep(const float* qkv, const float* g, const float* b, float* state, float* steps, float* o, int L, int K,

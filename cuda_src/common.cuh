@@ -265,7 +265,7 @@ int dispatch_dot(int dot, const char* what, F&& f) {
     }
 }
 
-// ---- int8 matmul helpers shared by matmul_q8.cu and matmul_quant.cu ----------------------------------------------
+// ---- int8 matmul helpers shared by matmul_q8.cu, matmul_quant.cuh and gemm_w16.cuh ------------------------------
 // c + the dot product of 16 int8 pairs (four dot4 of the route; with DotDp4a four IDP.4A, no tensor core).
 template <class D = DotDp4a>
 __device__ __forceinline__ int dot16(const int4 a, const int4 b, int c = 0) {
@@ -303,6 +303,28 @@ __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_all;\n" ::);
 #endif
+}
+
+// The epilogue of the DP4A GEMMs (gemm_q8_kernel, gemm2_q8_kernel, gemm_w16_kernel, gemm_quant_kernel): a thread's
+// outputs acc[i][j], token t0 + TS j and row r0 + RS i, into y [T, ldy], plus res [T, ldy] where the residual add is
+// fused (res not null); a partial tile's tokens past T and rows past `rows` are computed but not stored. Tokens
+// outer, so a warp's stores run along rows. The kernels' SASS is that of the loops each wrote out before (sm_90,
+// nvcc 13.0), t0 evaluated before r0 as there: with r0 first the epilogue's registers came out in another order.
+// The GEMVs' and the mma GEMMs' stores (one line each; the mma fragments lay out otherwise) stay their own: through a
+// helper their SASS changed, the main loops' register allocation included.
+template <int TS, int RS, int I, int J>
+__device__ __forceinline__ void store_tile(const float (&acc)[I][J], int t0, int T, int r0, int rows, int ldy,
+                                           const float* res, float* y) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int t = t0 + TS * j;
+        if (t >= T) continue;
+#pragma unroll
+        for (int i = 0; i < I; ++i) {
+            const int r = r0 + RS * i;
+            if (r < rows) y[(size_t)t * ldy + r] = res ? res[(size_t)t * ldy + r] + acc[i][j] : acc[i][j];
+        }
+    }
 }
 
 // Loads of either cache/weight element type as float.

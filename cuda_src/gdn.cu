@@ -204,49 +204,75 @@ gdn_scan_kernel(const float* __restrict__ qkv, const float* __restrict__ g, cons
 template <int DK>
 constexpr int GDN_STEP_NW = DK >= 64 ? DK / 32 : 1;   // row warps per block
 
-// Block (V head h, 32 value columns), GDN_STEP_NW<DK> warps; threadIdx.x = warp * 32 + lane.
-// state_in / state_out may be the same buffer (a decode step updates in place; not __restrict__ for that): a
-// speculative verification writes each token's state to its own buffer (cmp_gdn_keep).
+// Block (V head h, 32 value columns), GDN_STEP_NW<DK> warps; threadIdx.x = warp * 32 + lane; warp w holds rows
+// w*RW .. w*RW+RW-1 of the lane's column j of S_h in registers. A token is two parts so that a kernel walking several
+// tokens (gdn_keep_kernel) can load token t+1's inputs while token t computes: gdn_step_load reads the lane's inputs,
+// gdn_step_update runs the token on the registers. Every step kernel calls the same two on the same values, so a
+// token's output and state are the same bits in each.
 template <int DK>
-__device__ __forceinline__ void gdn_step(const float* __restrict__ qkv,  // [C], C = 2*K*DK + V*DK (one token)
-                                         const float* __restrict__ g,    // [V] log-decay
-                                         const float* __restrict__ b,    // [V] beta
-                                         const float* state_in,          // [V, DK, DK]
-                                         float* state_out,               // [V, DK, DK]
-                                         float* __restrict__ o,          // [V*DK]
-                                         int K, int V, float eps) {
-    constexpr int NW = GDN_STEP_NW<DK>, RW = DK / NW;   // rows per warp: 32 (DK >= 64), else DK
-    constexpr int PER = DK >= 32 ? DK / 32 : 1;         // q/k elements per lane for the norms
+struct GdnStepIn {
+    static constexpr int PER = DK >= 32 ? DK / 32 : 1;   // q/k elements per lane for the norms
+    float q[PER], k[PER];   // elements lane + 32e of the head's K group (h % K): every warp normalises all of q and k
+    float v, g, b;          // column j of v (0 past DK), the head's log-decay and beta
+};
+
+template <int DK>
+__device__ __forceinline__ GdnStepIn<DK> gdn_step_load(const float* __restrict__ qkv,  // [C], C = 2*K*DK + V*DK
+                                                       const float* __restrict__ g,    // [V] log-decay
+                                                       const float* __restrict__ b,    // [V] beta
+                                                       int K) {
+    GdnStepIn<DK> in;
+    const int h = blockIdx.x, kh = h % K, lane = threadIdx.x & 31, j = blockIdx.y * 32 + lane;
+#pragma unroll
+    for (int e = 0; e < GdnStepIn<DK>::PER; ++e) {
+        const int i = lane + 32 * e;
+        in.q[e] = i < DK ? qkv[kh * DK + i] : 0.f;
+        in.k[e] = i < DK ? qkv[(size_t)K * DK + kh * DK + i] : 0.f;
+    }
+    in.v = j < DK ? qkv[(size_t)2 * K * DK + (size_t)h * DK + j] : 0.f;
+    in.g = g[h];
+    in.b = b[h];
+    return in;
+}
+
+// The lane's rows of head h's state (S: [V, DK, DK]) into registers.
+template <int DK, int RW = DK / GDN_STEP_NW<DK>>
+__device__ __forceinline__ void gdn_step_state(float (&s)[RW], const float* S) {
+    const int h = blockIdx.x, lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * RW, j = blockIdx.y * 32 + lane;
+    S += (size_t)h * DK * DK;
+#pragma unroll
+    for (int i = 0; i < RW; ++i) s[i] = j < DK ? S[(size_t)(r0 + i) * DK + j] : 0.f;
+}
+
+// One token on the registers s: the state after it goes to S_out ([V, DK, DK], head h's rows; may be the buffer s was
+// read from, so not __restrict__) and the output to o ([V*DK]). The shared arrays are reused token after token: a
+// caller running another token after this one calls __syncwarp() first (qs / ks are written and read by their own
+// warp only; with NW > 1 the two __syncthreads() order part_ks and part_o between tokens).
+template <int DK, int RW = DK / GDN_STEP_NW<DK>>
+__device__ __forceinline__ void gdn_step_update(float (&s)[RW], const GdnStepIn<DK>& in, float* S_out,
+                                                float* __restrict__ o, float eps) {
+    constexpr int NW = GDN_STEP_NW<DK>, PER = GdnStepIn<DK>::PER;
+    static_assert(RW * NW == DK, "rows per warp");
     __shared__ float qs[DK], ks[DK];
     __shared__ float part_ks[NW][32], part_o[NW][32];
-    const int h = blockIdx.x, kh = h % K, lane = threadIdx.x & 31, w = threadIdx.x >> 5, r0 = w * RW;
+    const int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, r0 = w * RW;
     const int j = blockIdx.y * 32 + lane;
     const bool col = j < DK;
-    const float* S = state_in + (size_t)h * DK * DK;
-    float* S_out = state_out + (size_t)h * DK * DK;
-    float s[RW];
-#pragma unroll
-    for (int i = 0; i < RW; ++i) s[i] = col ? S[(size_t)(r0 + i) * DK + j] : 0.f;
-    // every warp normalises the whole q and k (the norms need all DK elements; 2*DK floats, cached) and keeps its rows
-    float qv[PER], kv[PER], qsum = 0.f, ksum = 0.f;
+    float qsum = 0.f, ksum = 0.f;
 #pragma unroll
     for (int e = 0; e < PER; ++e) {
-        const int i = lane + 32 * e;
-        qv[e] = i < DK ? qkv[kh * DK + i] : 0.f;
-        kv[e] = i < DK ? qkv[(size_t)K * DK + kh * DK + i] : 0.f;
-        qsum += qv[e] * qv[e];
-        ksum += kv[e] * kv[e];
+        qsum += in.q[e] * in.q[e];
+        ksum += in.k[e] * in.k[e];
     }
-    const float v_now = col ? qkv[(size_t)2 * K * DK + (size_t)h * DK + j] : 0.f;
-    const float decay = __expf(g[h]), beta = b[h];
+    const float decay = __expf(in.g), beta = in.b;
     const float qn = rsqrtf((float)DK) / fmaxf(sqrtf(warp_sum(qsum)), eps);
     const float kn = 1.f / fmaxf(sqrtf(warp_sum(ksum)), eps);
 #pragma unroll
     for (int e = 0; e < PER; ++e) {
         const int i = lane + 32 * e;
         if (i < DK && i >= r0 && i < r0 + RW) {   // this warp's rows only: no other warp reads them
-            qs[i] = qv[e] * qn;
-            ks[i] = kv[e] * kn;
+            qs[i] = in.q[e] * qn;
+            ks[i] = in.k[e] * kn;
         }
     }
     __syncwarp();
@@ -260,13 +286,14 @@ __device__ __forceinline__ void gdn_step(const float* __restrict__ qkv,  // [C],
 #pragma unroll
         for (int u = 1; u < NW; ++u) kS += part_ks[u][lane];
     }
-    const float delta = beta * (v_now - decay * kS);
+    const float delta = beta * (in.v - decay * kS);
     float out = 0.f;
 #pragma unroll
     for (int i = 0; i < RW; ++i) {
         s[i] = fmaf(decay, s[i], ks[r0 + i] * delta);
         out = fmaf(s[i], qs[r0 + i], out);
     }
+    S_out += (size_t)h * DK * DK;
 #pragma unroll
     for (int i = 0; i < RW; ++i)
         if (col) S_out[(size_t)(r0 + i) * DK + j] = s[i];
@@ -282,6 +309,19 @@ __device__ __forceinline__ void gdn_step(const float* __restrict__ qkv,  // [C],
     if (w == 0 && col) o[(size_t)h * DK + j] = out;
 }
 
+// One token, the state updated in place (a decode step: gdn_step_kernel, gdn_step_rows_kernel).
+template <int DK>
+__device__ __forceinline__ void gdn_step(const float* __restrict__ qkv,  // [C] one token
+                                         const float* __restrict__ g,    // [V]
+                                         const float* __restrict__ b,    // [V]
+                                         float* state,                   // [V, DK, DK]
+                                         float* __restrict__ o,          // [V*DK]
+                                         int K, float eps) {
+    float s[DK / GDN_STEP_NW<DK>];
+    gdn_step_state<DK>(s, state);
+    gdn_step_update<DK>(s, gdn_step_load<DK>(qkv, g, b, K), state, o, eps);
+}
+
 // One sequence's decode token (cmp_gdn with L = 1).
 template <int DK>
 __global__ void __launch_bounds__(32 * GDN_STEP_NW<DK>)
@@ -293,24 +333,38 @@ gdn_step_kernel(const float* __restrict__ qkv,  // [1, C]
                 int K, int V, float eps) {
     pdl_allow_consumers();  // first: the Q8 producer and the GEMV after it launch and wait (weights stream)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
-    gdn_step<DK>(qkv, g, b, state, state, o, K, V, eps);
+    gdn_step<DK>(qkv, g, b, state, o, K, eps);
 }
 
-// One token of a speculative verification: the decode step's arithmetic exactly (so a verified token's output is
-// its decode's, bit for bit), reading the state before the token from state_in and writing the one after it to
-// state_out.
+// A speculative verification of one segment (cmp_gdn_keep), one launch: the L tokens in turn, each gdn_step's
+// arithmetic (so a verified token's output is its decode's, bit for bit), the lane's rows of the state in registers
+// from token to token and token t+1's inputs loaded before token t's update. The state after token t goes to
+// steps[t] for t < L-1, after the last token to the state itself. A launch per token (the decode step's kernel) read
+// the state before every token back from memory: at n_max 3 four launches and 8 MiB read a 9B layer, here one and
+// 2 MiB; the writes (every kept state) are the same.
 template <int DK>
 __global__ void __launch_bounds__(32 * GDN_STEP_NW<DK>)
-gdn_step_keep_kernel(const float* __restrict__ qkv,  // [1, C]
-                     const float* __restrict__ g,    // [1, V]
-                     const float* __restrict__ b,    // [1, V]
-                     const float* state_in,          // [V, DK, DK]
-                     float* state_out,               // [V, DK, DK]
-                     float* __restrict__ o,          // [1, V*DK]
-                     int K, int V, float eps) {
+gdn_keep_kernel(const float* __restrict__ qkv,  // [L, C]
+                const float* __restrict__ g,    // [L, V]
+                const float* __restrict__ b,    // [L, V]
+                float* __restrict__ state,      // [V, DK, DK]
+                float* __restrict__ steps,      // [L-1, V, DK, DK] (null for L = 1)
+                float* __restrict__ o,          // [L, V*DK]
+                int L, int K, int V, float eps) {
     pdl_allow_consumers();  // first: the Q8 producer and the GEMV after it launch and wait (weights stream)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
-    gdn_step<DK>(qkv, g, b, state_in, state_out, o, K, V, eps);
+    const size_t C = (size_t)(2 * K + V) * DK, VDD = (size_t)V * DK * DK;
+    float s[DK / GDN_STEP_NW<DK>];
+    gdn_step_state<DK>(s, state);
+    GdnStepIn<DK> in = gdn_step_load<DK>(qkv, g, b, K);
+    for (int t = 0; t < L; ++t) {
+        const bool more = t + 1 < L;
+        GdnStepIn<DK> next = in;
+        if (more) next = gdn_step_load<DK>(qkv + (t + 1) * C, g + (size_t)(t + 1) * V, b + (size_t)(t + 1) * V, K);
+        gdn_step_update<DK>(s, in, more ? steps + t * VDD : state, o + (size_t)t * V * DK, eps);
+        in = next;
+        __syncwarp();   // this token's readers of qs / ks are done before the next token writes them
+    }
 }
 
 // A decode batch: sequence s = blockIdx.z has one token (row s of qkv / g / b / o) and its own state states[s]; the
@@ -327,7 +381,7 @@ gdn_step_rows_kernel(const float* __restrict__ qkv,      // [S, C]
     pdl_allow_consumers();  // first: the Q8 producer and the GEMV after it launch and wait (weights stream)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const size_t s = blockIdx.z, C = (size_t)(2 * K + V) * DK;
-    gdn_step<DK>(qkv + s * C, g + s * V, b + s * V, states[s], states[s], o + s * V * DK, K, V, eps);
+    gdn_step<DK>(qkv + s * C, g + s * V, b + s * V, states[s], o + s * V * DK, K, eps);
 }
 
 // ---- chunked (WY/UT) form ----------------------------------------------------------------------------------------
@@ -547,20 +601,13 @@ int launch_gdn_scan(const float* qkv, const float* g, const float* b, float* sta
                   L, K, V, eps);
 }
 
-// Token t reads the state after token t-1 (the sequence's state for t = 0) and writes steps[t]; the last token writes
-// the sequence's state itself, so without a restore the state is the one after the whole segment, as cmp_gdn's.
+// One launch for the segment: the state after token t goes to steps[t] for t < L-1, after the last token to the
+// sequence's state itself, so without a restore the state is the one after the whole segment, as cmp_gdn's.
 template <int DK>
 int launch_gdn_keep(const float* qkv, const float* g, const float* b, float* state, float* steps, float* o, int L,
                     int K, int V, float eps) {
-    const size_t C = (size_t)(2 * K + V) * DK, VDD = (size_t)V * DK * DK;
-    for (int t = 0; t < L; ++t) {
-        const float* in = t == 0 ? state : steps + (size_t)(t - 1) * VDD;
-        float* out = t == L - 1 ? state : steps + (size_t)t * VDD;
-        CMP_TRY(launch("gdn_step_keep_kernel", gdn_step_keep_kernel<DK>, dim3(V, ceil_div(DK, 32)),
-                       dim3(32 * GDN_STEP_NW<DK>), 0, qkv + t * C, g + (size_t)t * V, b + (size_t)t * V, in, out,
-                       o + (size_t)t * V * DK, K, V, eps));
-    }
-    return CMP_OK;
+    return launch("gdn_keep_kernel", gdn_keep_kernel<DK>, dim3(V, ceil_div(DK, 32)), dim3(32 * GDN_STEP_NW<DK>), 0,
+                  qkv, g, b, state, steps, o, L, K, V, eps);
 }
 
 template <int DK>

@@ -43,11 +43,11 @@ template <bool MIN, int BK>
 using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK>, smem::G2Stage<BK>>;
 
 // 16 warps (512 threads of <= 128 registers) on 128x128 tiles: the DP4A route's kernel wherever stages of 4 blocks by
-// cp.async run (gemm_w16_runs: compute_80+ code, 80 KB of shared memory, 88 KB with mins). Why (issue 20 item 5;
-// sm_90 SASS, nvcc 13.0, per stage of 4 blocks, 2048 IDP.4A per warp): the 8-warp gemm2_q8_kernel's loop is not
-// issue-bound (3075 instructions per 2048 IDP: IDP 2048, FMUL + FFMA 512, I2FP 256, LDS 149, 110 other; one
-// instruction per clock per scheduler against an IDP every 2 clocks leaves room for 4096). What bounds it by ptxas's
-// own schedule is the FMA port: it spaces an FMUL / FFMA after an IDP.4A like another IDP.4A (2 clocks), so one
+// cp.async run (gemm_w16_runs: compute_80+ code, 80 KB of shared memory, 88 KB with mins). Why (issue 20 item 5; sm_90
+// SASS, nvcc 13.0, per stage of 4 blocks, 2048 IDP.4A per warp): the 8-warp gemm2_q8_kernel's loop (its 4-block stages,
+// since deleted) is not issue-bound (3075 instructions per 2048 IDP: IDP 2048, FMUL + FFMA 512, I2FP 256, LDS 149, 110
+// other; one instruction per clock per scheduler against an IDP every 2 clocks leaves room for 4096). What bounds it by
+// ptxas's own schedule is the FMA port: it spaces an FMUL / FFMA after an IDP.4A like another IDP.4A (2 clocks), so one
 // warp's loop is 5008 clocks of static stalls for 4096 of dot issue: 82% of the DP4A rate at most, and the FP32 per
 // output and block (FMUL d_w * d_x, FFMA) is the numpy reference's arithmetic. The H200 reached 62% (77.6 TOPS at
 // pp512, 131 measured): with 254 registers only 2 warps share a scheduler, so every stall of one (an LDS result, the
@@ -182,16 +182,7 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
         if (more) publish(nxt, p);
         __syncthreads();
     }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int t = tok0 + ty + 16 * j;
-        if (t >= T) continue;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = row0 + tx + 32 * i;
-            if (r < rows) y[(size_t)t * ldy + r] = res ? res[(size_t)t * ldy + r] + acc[i][j] : acc[i][j];
-        }
-    }
+    store_tile<16, 32>(acc, tok0 + ty, T, row0 + tx, rows, ldy, res, y);
 }
 
 // Whether gemm_w16_kernel<W, D> runs on the current device: its code is compute_80+ (the stages come by cp.async;

@@ -4,8 +4,10 @@
 // Every int8 code is exact in f16 and every product of two is exact, so each 32-value block's (PER16: 16-value
 // half's) dot, summed from zero in f32 by the tensor cores, is the same integer the DP4A GEMMs compute (|dot| <
 // 2^19, every partial sum an integer below 2^24). It is then scaled and summed in fp32 per block as the DP4A GEMMs
-// do: the results equal theirs within fp32 rounding (PER16 types scale each half on its own), so the numpy
-// reference of the int8 routes is this route's too. Rounding the dequantized operands to f16 instead would move
+// do: Q8_0 and the PER32 types without mins by their expression (the same bits), the others within fp32 rounding
+// (PER16 types scale each half on its own: matching the DP4A form's fma(s0, d0, s1 d1) would hold both halves' dots
+// of a warp's 64 x 32 outputs at once, 64 more registers), so the numpy reference of the int8 routes is this
+// route's too. Rounding the dequantized operands to f16 instead would move
 // every output by ~1e-4 (relative) and, through the next layer's Q8 activations, the small fixtures' logits far more.
 // Tiles of 128 weight rows x 128 tokens, 8 warps of 64 rows x 32 tokens; one 32-value block per shared-memory stage,
 // two stages, codes converted to f16 as they are stored (a PRMT pair and an HADD2 per 4 codes). In a warp's mma,
@@ -198,7 +200,8 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_hmma_kernel(const MmaOperands
                             const int tt = wt + ni * 16 + out_t + (i & 4) + (i & 1);
                             const float sx = b.xd[tt];
                             float& o = acc[mi][ni][i];
-                            if (SC == MMA_Q8) {
+                            if (SC == MMA_Q8 || (SC == MMA_PER32 && !MIN)) {
+                                // the DP4A GEMMs' block_term (gemm_w16.cuh): their bits
                                 o = __fmaf_rn(d[mi][ni][i], __fmul_rn(s, sx), o);
                             } else {
                                 o = fmaf(s * d[mi][ni][i], sx, o);

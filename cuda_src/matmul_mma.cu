@@ -458,6 +458,13 @@ int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op, bool f16) {
 
 using namespace cmp;
 
+extern "C" int cmp_mma_int8_available(int* yes) {
+    bool ok = false;
+    CMP_TRY(mma_int8_available(&ok));
+    *yes = ok ? 1 : 0;
+    return CMP_OK;
+}
+
 extern "C" int cmp_mma_available(int* yes) {
     bool int8 = false, f16 = false;
     CMP_TRY(mma_int8_available(&int8));

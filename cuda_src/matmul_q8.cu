@@ -137,16 +137,7 @@ gemm_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int t = tok0 + ty + 16 * j;
-        if (t >= T) continue;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = row0 + tx + 16 * i;
-            if (r < rows) y[(size_t)t * rows + r] = res ? res[(size_t)t * rows + r] + acc[i][j] : acc[i][j];
-        }
-    }
+    store_tile<16, 16>(acc, tok0 + ty, T, row0 + tx, rows, rows, res, y);
 }
 
 // ---- GEMV ----------------------------------------------------------------------------------------------------------
@@ -388,8 +379,8 @@ gemv_q8_batch_kernel(const int8_t* __restrict__ xq,  // [NT, n]
 
 constexpr int TILE2 = smem::G2TILE;  // v2 GEMM tile: 128 weight rows x 128 tokens (256 threads of 8x8 outputs, or
                                      // gemm_w16_kernel's 512 of 4x8)
-template <int BK>
-using Gemm2Stage = smem::G2Stage<BK>;  // one stage of BK Q8 blocks of both operands (smem_plan.h), two buffers
+constexpr int GEMM2_BK = 2;          // Q8 blocks per stage of the 8-warp v2 GEMM
+using Gemm2Stage = smem::G2Stage<GEMM2_BK>;  // one stage of both operands (smem_plan.h), two buffers
 
 // Weight rows held in registers at once: all 8 on sm_80+ (254 registers, no spill with nvcc 13); on sm_70/75 (the
 // register prefetch of the next stage needs room) two groups of 4, the X block read twice from shared memory.
@@ -405,19 +396,19 @@ constexpr int GEMM2_IH = 1;
 // Thread (tx, ty) = (tid % 16, tid / 16) owns rows tx + 16i and tokens ty + 16j (i, j < 8): its 16-byte reads of a
 // Q8 block of W touch 16 consecutive rows per warp (conflict-free: the row stride is odd in 16-byte units), those of
 // X two tokens (broadcasts). Per Q8 block and output: 8 DP4A on the whole 32-byte block, one exact int->float, one
-// fma with d_w * d_x. Stages of BK blocks (4 or 2: smem::gemm2_q8_plan) are double-buffered: stage s+1 is fetched
-// (cp.async on sm_80+, into registers on sm_70/75) while stage s is multiplied; one barrier per stage. Every output
-// gets its blocks' terms in increasing block order for either BK, so both give the same bits. D: the int8 dot
-// (common.cuh). Stages of 4 blocks on DP4A now run gemm_w16_kernel (gemm_w16.cuh: the same stages and arithmetic
-// with 16 warps); the 4-block SASS figures here are this kernel's before that.
+// fma with d_w * d_x. Stages of GEMM2_BK = 2 blocks (45 KB, every card) are double-buffered: stage s+1 is fetched
+// (cp.async on sm_80+, into registers on sm_70/75) while stage s is multiplied; one barrier per stage. D: the int8
+// dot (common.cuh). Where stages of 4 blocks run on DP4A (gemm2_wide: compute_80+ code, 80 KB; smem::gemm2_q8_plan)
+// gemm_w16_kernel takes them (gemm_w16.cuh: the same arithmetic, every output's blocks in increasing order, with 16
+// warps), so both give the same bits. This kernel's own 4-block stages (the figures below) ran on no route once
+// gemm_w16_kernel took them over, and were deleted (git history: gemm2_q8_kernel<D, BK>).
 // The loop's SASS (DotDp4a, one stage = 2 blocks = 1024 IDP.4A per thread; tools: cuobjdump -sass, the loop between
 // the backward branch and its target; 2026-12-02, issue 20 item 5):
 //   before: sm_90 (nvcc 13.0) 1707 instructions: IDP 1024, IADD3 140, FADD / FMUL / FFMA 128 each, LDS 84, ~75
 //           of per-row guards and addresses; sm_70 (nvcc 12.4) 1718: the same shape, IMAD 16.
 //   now:    sm_90 1560 (IDP 1024, I2FP 128, FMUL 128, FFMA 128, LDS 84, 68 other); sm_70 1588 (I2F for I2FP,
-//           IMAD 13). 254 registers, no spills on both (ptxas -v). sm_90 with 4-block stages: 3075 per 2048 IDP
-//           (1537 per 1024: LDS 149, the loader's addresses once per 4 blocks) and half the barriers; 254
-//           registers, no spill; the loop is 49 KB of code (an instruction-cache risk the A/B measures).
+//           IMAD 13). 254 registers, no spills on both (ptxas -v). sm_90 with 4-block stages (deleted): 3075
+//           per 2048 IDP (1537 per 1024: LDS 149, the loader's addresses once per 4 blocks) and half the barriers.
 // What bounds it is the FMA pipe, not issue: IDP.4A, FADD/FMUL/FFMA and IMAD share it (common.cuh, chain_to_f32),
 // 2 cycles per warp instruction each, so on Volta the FP32 epilogue costs what a dot costs. FMA-pipe instructions
 // per 1024 IDP: 1424 before (72% of the DP4A rate at best), 1293 now (79%). The rest of the count change (the IADD3
@@ -425,7 +416,7 @@ constexpr int GEMM2_IH = 1;
 // nothing) is issue slots only. What stays: FMUL d_w * d_x and the FFMA per output and block (the arithmetic is the
 // numpy reference's order), so 80% is this kernel's ceiling on Volta; beyond it needs fewer fp32 operations per
 // dot (e.g. two blocks' integer dots combined before scaling), which changes the results.
-template <class D, int BK>
+template <class D>
 __global__ void __launch_bounds__(256, 1)
 gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const float* __restrict__ xd,   // [T, n/32]
@@ -434,8 +425,8 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const float* __restrict__ res,  // [T, rows] added to y, or null
                 float* __restrict__ y,          // [T, rows]
                 int T, int rows, int n) {
-    static_assert(BK == 2 || BK == 4, "stages of 2 or 4 Q8 blocks");
-    using Stage = Gemm2Stage<BK>;
+    constexpr int BK = GEMM2_BK;
+    using Stage = Gemm2Stage;
     extern __shared__ __align__(16) unsigned char g2smem[];   // Stage[2]
     Stage* st = reinterpret_cast<Stage*>(g2smem);
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
@@ -543,35 +534,27 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
         if (more) publish(nxt, pd);
         __syncthreads();
     }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int t = tok0 + ty + 16 * j;
-        if (t >= T) continue;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int r = row0 + tx + 16 * i;
-            if (r < rows) y[(size_t)t * rows + r] = res ? res[(size_t)t * rows + r] + acc[i][j] : acc[i][j];
-        }
-    }
+    store_tile<16, 16>(acc, tok0 + ty, T, row0 + tx, rows, rows, res, y);
 }
 
 // ==== launchers ===================================================================================================
 
-// Stages of 4 blocks on DP4A: the 16-warp kernel (gemm_w16.cuh); else the 8-warp one.
-template <class D, int BK>
-int launch_gemm2(const int8_t* xq, const float* xd, const int8_t* wq, const void* wd, const float* res, float* y,
-                 int T, int rows, int n) {
-    if constexpr (BK == 4 && D::OPS == 1) {
-        return launch_gemm_w16<W16Q8, D>(xq, xd, nullptr, wq, W16Q8{static_cast<const __half*>(wd)}, res, y, T, rows,
-                                         n, rows);
-    } else {
-        constexpr size_t bytes = 2 * sizeof(Gemm2Stage<BK>);
-        auto kernel = gemm2_q8_kernel<D, BK>;
-        CMP_TRY(smem_opt_in("gemm2_q8_kernel", kernel, bytes));
-        kernel<<<dim3(ceil_div(rows, TILE2), ceil_div(T, TILE2)), 256, bytes, stream()>>>(
-            xq, xd, wq, static_cast<const __half*>(wd), res, y, T, rows, n);
-        return check_launch("gemm2_q8_kernel");
+// The v2 GEMM: with `wide` (gemm2_wide) on DP4A the 16-warp kernel's 4-block stages (gemm_w16.cuh); else the 8-warp
+// kernel's 2-block stages (DP2A / IMAD always: their byte unpacking needs the registers that 4 blocks would take).
+template <class D>
+int launch_gemm2(bool wide, const int8_t* xq, const float* xd, const int8_t* wq, const void* wd, const float* res,
+                 float* y, int T, int rows, int n) {
+    if constexpr (D::OPS == 1) {
+        if (wide)
+            return launch_gemm_w16<W16Q8, D>(xq, xd, nullptr, wq, W16Q8{static_cast<const __half*>(wd)}, res, y, T,
+                                             rows, n, rows);
     }
+    constexpr size_t bytes = 2 * sizeof(Gemm2Stage);
+    auto kernel = gemm2_q8_kernel<D>;
+    CMP_TRY(smem_opt_in("gemm2_q8_kernel", kernel, bytes));
+    kernel<<<dim3(ceil_div(rows, TILE2), ceil_div(T, TILE2)), 256, bytes, stream()>>>(
+        xq, xd, wq, static_cast<const __half*>(wd), res, y, T, rows, n);
+    return check_launch("gemm2_q8_kernel");
 }
 
 // Whether the v2 GEMM takes stages of 4 blocks here (gemm_w16_runs: compute_80+ code, 80 KB of shared memory).
@@ -675,11 +658,7 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
         for (int i = 0; i < count; ++i) {
             const float* r = res ? res[i] : nullptr;
             if (big) {
-                // 4-block stages on DP4A only (gemm_w16_kernel): DP2A / IMAD's byte unpacking needs the
-                // registers (spills at 4)
-                constexpr int WIDE = D::OPS == 1 ? 4 : 2;
-                CMP_TRY((wide ? launch_gemm2<D, WIDE> : launch_gemm2<D, 2>)(xq, xd, wq[i], wd[i], r, y[i], T,
-                                                                             rows[i], n));
+                CMP_TRY(launch_gemm2<D>(wide, xq, xd, wq[i], wd[i], r, y[i], T, rows[i], n));
             } else {
                 gemm_q8_kernel<D><<<dim3(ceil_div(rows[i], TILE), ceil_div(T, TILE)), 256, 0, stream()>>>(
                     xq, xd, wq[i], static_cast<const __half*>(wd[i]), r, y[i], T, rows[i], n);

@@ -619,16 +619,7 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
         if (more) publish(nxt, p);
         __syncthreads();
     }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int t = tok0 + ty + 16 * j;
-        if (t >= T) continue;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int r = row0 + tx + 16 * i;
-            if (r < R) y[(size_t)t * ldy + r] = res ? res[(size_t)t * ldy + r] + acc[i][j] : acc[i][j];
-        }
-    }
+    store_tile<16, 16>(acc, tok0 + ty, T, row0 + tx, R, ldy, res, y);
 }
 
 // Workspace of the GEMM path: the activation half sums (MIN types), then per chunk of rows the expanded weights.

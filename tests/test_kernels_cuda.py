@@ -486,6 +486,55 @@ def test_gdn_decode_steps(cuda_backend, Dk, K, V, S):
     assert rel(be.to_host(st.ssm[0]), be.to_host(pairs[0][1].ssm[0])) < FP32_TOL
 
 
+# The state shapes the keep kernel runs at: the fixtures' (tiny Dk 16, small Dk 32, q256 V 8, heads Dk 128), Dk 64,
+# and the real models' K 16 heads (0.8B V 16, 9B V 32, 27B V 48).
+GDN_KEEP_SHAPES = [(16, 2, 4), (32, 2, 4), (32, 2, 8), (64, 2, 2), (128, 2, 4), (128, 16, 16), (128, 16, 32),
+                   (128, 16, 48)]
+
+
+@pytest.mark.parametrize("L", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("Dk,K,V", GDN_KEEP_SHAPES)
+def test_gdn_keep_equals_decode_steps(cuda_backend, L, Dk, K, V):
+    """cmp_gdn_keep (gdn_keep_kernel: one launch walking the L tokens of a verify, the state in registers from token
+    to token) against numpy_ref's keep_steps path, and bit for bit against the same tokens one at a time through the
+    decode step (cmp_gdn at L = 1: gdn_step_kernel) from the same S0: every output row, every kept state steps[t]
+    (t < L-1) and the final state. At L = 1 steps is null (api.h allows it)."""
+    be = cuda_backend
+    rng = np.random.default_rng(Dk * 7 + K * 3 + V + 1000 * L)
+    cfg = cfg_for(K=K, V=V, Dk=Dk)
+    ((s_ref, s_dev),) = _states(be, cfg, 8, "f32", [2], rng)
+    s0 = be.to_host(s_dev.ssm[0]).copy()
+    qkv = rng.standard_normal((L, cfg.conv_channels)).astype(np.float32)
+    g = -rng.uniform(0.0, 1.5, (L, V)).astype(np.float32)
+    b = rng.uniform(0.0, 1.0, (L, V)).astype(np.float32)
+    batch = StepBatch.build([(s_ref, [0] * L)])
+    batch.keep_steps = L
+    o_ref = REF.gdn(qkv, g, b, batch, 0, cfg)
+    kept_ref = s_ref.steps["ssm"][0]                  # the state after each token, the last one the final state
+
+    d_qkv, d_g, d_b = up(be, qkv), up(be, g), up(be, b)
+    poison(be, (L, V * Dk), *([(L - 1, V, Dk, Dk)] if L > 1 else []))
+    o = be.empty((L, V * Dk))
+    steps = be.empty((L - 1, V, Dk, Dk)) if L > 1 else None
+    steps_ptr = steps.ptr if steps is not None else None
+    be.native.cmp_gdn_keep(d_qkv.ptr, d_g.ptr, d_b.ptr, s_dev.ssm[0].ptr, steps_ptr, o.ptr, L, K, V, Dk, cfg.rms_eps)
+    o_keep = be.to_host(o)
+    kept = (list(be.to_host(steps)) if steps is not None else []) + [be.to_host(s_dev.ssm[0])]
+    assert rel(o_keep, o_ref) < FP32_TOL
+    for t in range(L):
+        assert rel(kept[t], kept_ref[t]) < FP32_TOL, t
+
+    st = be.new_state(cfg, 8, "f32")
+    be.copy_from_host(st.ssm[0], s0)
+    st.n_past = 2
+    for t in range(L):
+        poison(be, (1, V * Dk))
+        o_t = be.gdn(up(be, qkv[t:t + 1]), up(be, g[t:t + 1]), up(be, b[t:t + 1]), StepBatch.build([(st, [0])]), 0,
+                     cfg)
+        np.testing.assert_array_equal(o_keep[t], be.to_host(o_t)[0], err_msg=f"output of token {t}")
+        np.testing.assert_array_equal(kept[t], be.to_host(st.ssm[0]), err_msg=f"state after token {t}")
+
+
 # -- sampling -----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("R,N", [(1, 1), (1, 97), (3, 1025), (2, 248320), (5, 4099)])

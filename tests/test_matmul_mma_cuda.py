@@ -25,6 +25,7 @@ pytestmark = pytest.mark.cuda
 
 MIN_TYPES = ["Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q2_K"]
 NO_MIN_TYPES = ["Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q3_K", "Q6_K"]
+PER16_TYPES = {"Q3_K", "Q6_K", "Q2_K"}   # a scale per 16-value half
 
 
 @pytest.fixture
@@ -80,20 +81,29 @@ def test_min_forms_large_mins(mma_backend, type_name):
     assert rel(got, exact(x, w)) < TOL
 
 
+@pytest.mark.parametrize("gemm", ["auto", "hmma"])
 @pytest.mark.parametrize("type_name", NO_MIN_TYPES)
-def test_forms_without_mins_equal_the_dp4a_route(mma_backend, type_name):
-    """Without mins the mma GEMM's fp32 arithmetic is the DP4A GEMM's, in the same block order: the same bits
-    (rows and tokens past one tile, several stages)."""
+def test_forms_without_mins_equal_the_dp4a_route(mma_backend, type_name, gemm):
+    """Without mins the tensor-core GEMMs' fp32 arithmetic is the DP4A GEMM's, in the same block order: the same bits
+    (rows and tokens past one tile, several stages). Volta's f16 HMMA GEMM (gemm "hmma", and what "auto" runs on
+    compute_70 code) scales each half of a PER16 block on its own: those types within fp32 rounding of the DP4A route."""
     be = mma_backend
+    if gemm == "hmma" and not be.native.hmma_available():
+        pytest.skip("Volta's f16 HMMA GEMM needs compute capability 7.0+ code for this device (mma.sync m8n8k4)")
+    halves_alone = (gemm == "hmma" or not be.native.mma_int8_available()) and type_name in PER16_TYPES
     rng = np.random.default_rng(41)
     n = long_n(type_name)
     w = be.upload_matrix(random_blocks(type_name, 131, n, rng))
     x = up(be, inputs(5, 140, n))
-    mma = be.to_host(be.matmuls(x, [w])[0])
     saved = be.routes
-    be.routes = replace(saved, matmul_prefill="dp4a")
+    be.mma_gemm = gemm
     try:
+        mma = be.to_host(be.matmuls(x, [w])[0])
+        be.routes = replace(saved, matmul_prefill="dp4a")
         dp4a = be.to_host(be.matmuls(x, [w])[0])
     finally:
-        be.routes = saved
-    np.testing.assert_array_equal(mma, dp4a)
+        be.routes, be.mma_gemm = saved, "auto"
+    if halves_alone:
+        assert rel(mma, dp4a) < 1e-6   # fp32 rounding of the per-half terms: ~1e-7 over a row's blocks
+    else:
+        np.testing.assert_array_equal(mma, dp4a)

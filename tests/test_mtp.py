@@ -15,7 +15,7 @@ from llamacmp.backends.base import StepBatch
 from llamacmp.backends.numpy_ref import NumpyBackend, rms_normalize, sigmoid, silu
 from llamacmp.engine.client import SlotClient
 from llamacmp.engine.scheduler import Engine, EngineConfig
-from llamacmp.engine.tasks import GenParams
+from llamacmp.engine.tasks import CompletionTask, GenParams
 from llamacmp.engine.draft_policy import DraftPolicy
 from llamacmp.engine.speculative import Speculator, SpecUnsupported, speculative_choice
 from llamacmp.fixtures.writer import SHAPES, write_model
@@ -223,7 +223,7 @@ class EagerSpecGraphs:
         self.n_verify += 1
         return logits, h, np.argmax(self.be.to_host(logits), axis=1).astype(np.int32)
 
-    def prepare(self, states, mtp_states, lengths=None, catch_ups=None):
+    def prepare(self, states, mtp_states, lengths=None, catch_ups=None, stop=None):
         self.prepared.append((list(states), list(mtp_states), tuple(lengths or ()), catch_ups))
 
 
@@ -742,7 +742,8 @@ def _serve(engine, requests, together: bool = False) -> list[int]:
 def test_request_start_captures_the_slots_graphs(lm):
     """A request's first round and its probes replay graphs captured when the request started (in its prompt
     time), not in the middle of its decode: the bench captures them before its timing. Only for a slot that starts
-    alone: beside busy slots the rounds are of several sequences (their shapes are captured at first use)."""
+    alone: beside busy slots, or with other requests waiting for a slot, the rounds are of several sequences (their
+    shapes are captured at first use)."""
     class Watched(EagerSpecGraphs):
         def draft(self, states, tokens, h_parts, n=None):
             assert any(mtp == list(states) for _, mtp, _, _ in self.prepared), "a draft before its graphs"
@@ -756,13 +757,36 @@ def test_request_start_captures_the_slots_graphs(lm):
     assert g.n_draft > 0
     engine = Engine(lm, EngineConfig(n_slots=2, n_ctx_slot=128, spec=SpecConfig(type="draft-mtp", n_max=3)))
     engine.spec.graphs = g = EagerSpecGraphs(lm.model, 3)
-    _serve(engine, [(lm.tokenizer.encode(p), params) for p in PROMPTS[:2]], together=True)
-    assert len(g.prepared) == 1                  # the first of two requests started together
-    g.prepared.clear()
+    for p in PROMPTS[:2]:                        # two requests that arrive together (one drain of the inbox)
+        engine.submit(CompletionTask(lm.tokenizer.encode(p), params, lambda r: None))
+    engine.run_pending()
+    assert g.prepared == []                      # the first is assigned a slot while the second waits for one
     engine = Engine(lm, EngineConfig(n_slots=1, n_ctx_slot=128, spec=SpecConfig(type="draft-mtp", n_max=3)))
     engine.spec.graphs = g
     _serve(engine, [(lm.tokenizer.encode(PROMPTS[0]), replace(params, n_probs=2))])
     assert g.prepared == []                      # its rows come to the host: it never drafts
+
+
+def test_a_request_arriving_stops_the_captures_of_a_lone_start(lm):
+    """A request that started alone has its graphs captured until another request arrives (Speculator.start's
+    stop: the inbox holds a task), so requests arriving a moment apart do not wait for the first one's lone shapes
+    (mtp_streams.py's 4 streams: up to 15 captures, none of them replayed by rounds of 4)."""
+    params = GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=4)
+    engine = Engine(lm, EngineConfig(n_slots=2, n_ctx_slot=128, spec=SpecConfig(type="draft-mtp", n_max=3)))
+    asked = []
+
+    class Arriving(EagerSpecGraphs):
+        def prepare(self, states, mtp_states, lengths=None, catch_ups=None, stop=None):
+            super().prepare(states, mtp_states, lengths, catch_ups)
+            asked.append(stop())
+            if len(self.prepared) == 1:          # the second request arrives during the first one's captures
+                engine.submit(CompletionTask(lm.tokenizer.encode(PROMPTS[1]), params, lambda r: None))
+                asked.append(stop())
+    engine.spec.graphs = g = Arriving(lm.model, 3)
+    engine.submit(CompletionTask(lm.tokenizer.encode(PROMPTS[0]), params, lambda r: None))
+    engine.run_pending()
+    assert asked == [False, True] and len(g.prepared) == 1     # (the second started beside a busy slot)
+    assert not any(s.busy for s in engine.slots) and sum(bool(s.cache.tokens) for s in engine.slots) == 2
 
 
 def test_every_round_of_a_lone_slot_replays_a_shape_prepared_at_its_start(lm):

@@ -75,11 +75,13 @@ def test_rows_are_views_that_keep_their_block(cuda_backend):
         be.rows(v, 2, 2)
 
 
-@pytest.mark.parametrize("shape", ["tiny", "small"])
-@pytest.mark.parametrize("L,k", [(1, 1), (4, 1), (4, 3), (4, 4), (5, 2)])
+@pytest.mark.parametrize("shape", ["tiny", "small", "heads"])
+@pytest.mark.parametrize("L,k", [(1, 1), (2, 1), (3, 2), (4, 1), (4, 3), (4, 4), (5, 2)])
 def test_keep_steps_and_restore_equal_numpy(lms, shape, L, k):
     """A keep_steps batch on both backends, then restore_steps(k): conv and ssm states equal the reference's, and
-    equal (bit for bit on CUDA) feeding only the first k tokens one at a time through the decode path."""
+    equal (bit for bit on CUDA) feeding only the first k tokens one at a time through the decode path. The shapes'
+    state sizes: Dk 16, 32 and 128 (the real models'); the kernel alone: test_kernels_cuda's
+    test_gdn_keep_equals_decode_steps."""
     ref, dev = lms(shape)
     prompt, more = [3, 14, 15, 92, 6], [65, 35, 89, 79, 32][:L]
     states = []

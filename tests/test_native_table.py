@@ -6,6 +6,8 @@ import ctypes
 import re
 from pathlib import Path
 
+import numpy as np
+
 from llamacmp.lib._native import SIGNATURES
 
 API_H = Path(__file__).resolve().parent.parent / "cuda_src" / "api.h"
@@ -70,3 +72,16 @@ def test_copy_region_layout():
     assert len(members) == COPY_REGION_WORDS
     assert all("*" in m or m.startswith("size_t ") for m in members), members
     assert ctypes.sizeof(ctypes.c_void_p) == ctypes.sizeof(ctypes.c_size_t) == 8
+
+
+def test_copy_region_table_bytes():
+    """copy_region_table (concat's and restore_steps' tables): region k is (dst, src, bytes) as three uint64 at byte
+    k * COPY_REGION_BYTES, whatever the regions are grouped by (restore's rows of `count` regions)."""
+    from llamacmp.lib._native import COPY_REGION_BYTES, COPY_REGION_WORDS, copy_region_table
+    regions = [(0x1000 + 8 * k, 0x9000 + 16 * k, 24 + k) for k in range(6)]
+    table = copy_region_table(iter(regions))
+    assert table.dtype == np.uint64 and table.shape == (6, COPY_REGION_WORDS)
+    assert COPY_REGION_BYTES == table[0].nbytes == 24
+    raw = table.tobytes()
+    for k, region in enumerate(regions):
+        assert np.frombuffer(raw[k * COPY_REGION_BYTES:(k + 1) * COPY_REGION_BYTES], np.uint64).tolist() == list(region)

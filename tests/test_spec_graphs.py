@@ -89,6 +89,26 @@ def test_prepare_of_some_catch_ups_keeps_what_it_holds(graphs):
         g.prepare([st], [ms], (3,), catch_ups=(6,))
 
 
+def test_prepare_stops_before_a_capture_when_asked(graphs):
+    """stop() is asked before each capture (not for a shape already held): once it says True the rest are left to
+    their first use, and a later prepare captures them."""
+    g = graphs(n_max=3)
+    st, ms = _states(1)[0], _states(1)[0]
+    asked = []
+
+    def stop():
+        asked.append(g.n_captured)
+        return g.n_captured >= 2
+    g.prepare([st], [ms], (1, 2, 3), stop=stop)
+    assert g.n_captured == 2 and asked == [0, 1, 2]          # verify n = 3, its 1-row draft, then stopped
+    assert FakeDraft.made == [(1,)] and FakeVerify.made == [1]
+    g.prepare([st], [ms], (1, 2, 3), stop=lambda: False)
+    assert g.n_captured == 3 + 12 and FakeVerify.made == [1] * 3
+    asked.clear()
+    g.prepare([st], [ms], (1, 2, 3), stop=lambda: asked.append(1) or True)
+    assert asked == [] and g.n_captured == 15                 # everything held: nothing asked, nothing captured
+
+
 def test_least_recently_used_goes_first(graphs):
     g = graphs(n_max=1, capacity=1)              # room for 1 verify graph, 2 * (1 + 2) draft graphs
     s1, s2 = _states(2)

@@ -27,7 +27,7 @@ from ..lib._native import (CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, CmpSamplerPara
                            cuda_available)
 from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM2, CMP_MM_GEMV2
 from ..lib._native import CMP_MM_GEMV_PDL, CMP_MM_MMA, CMP_MM_MMA_F16
-from ..lib._native import CMP_KV_TYPES, CMP_QUANT_TYPES, COPY_REGION_WORDS
+from ..lib._native import CMP_KV_TYPES, CMP_QUANT_TYPES, COPY_REGION_BYTES, copy_region_table
 from ..lib._native import CMP_DOTS, CMP_MM_GEMM_DOT_SHIFT, CMP_MM_GEMV_DOT_SHIFT
 from .. import kv_layout
 from . import routes as _routes
@@ -880,7 +880,7 @@ class CudaBackend(Backend):
         chunked kernel / the scan for every segment (tests compare both against numpy_ref)."""
         K, V, Dk = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_head_dim
         o = self.empty((qkv.shape[0], V * Dk))
-        if batch.keep_steps:            # token by token through the decode step, each state kept (cmp_gdn_keep)
+        if batch.keep_steps:            # the decode step's arithmetic per token, each state kept (cmp_gdn_keep)
             for seg in batch.segments:
                 steps = self._steps(seg.state, "ssm", layer, seg.length - 1, batch.keep_steps - 1, (V, Dk, Dk))
                 self.native.cmp_gdn_keep(qkv.row_ptr(seg.start), g.row_ptr(seg.start), b.row_ptr(seg.start),
@@ -957,9 +957,9 @@ class CudaBackend(Backend):
             pairs = [(getattr(state, name)[layer], buf) for name in ("conv", "ssm")
                      for layer, buf in steps[name].items()]
             rows = min(buf.shape[0] for _, buf in pairs)
-            regions = np.array([[(dst.ptr, buf.row_ptr(k), dst.nbytes) for dst, buf in pairs] for k in range(rows)],
-                               np.uint64).reshape(rows, count * COPY_REGION_WORDS)
-            table = DeviceTensor(self._state_arena, (rows, regions[0].nbytes), "u8", "the restore copy table")
+            regions = copy_region_table((dst.ptr, buf.row_ptr(k), dst.nbytes)
+                                        for k in range(rows) for dst, buf in pairs)
+            table = DeviceTensor(self._state_arena, (rows, count * COPY_REGION_BYTES), "u8", "the restore copy table")
             self.native.cmp_memcpy_h2d(table.ptr, regions.ctypes.data, regions.nbytes)
             made = steps["restore"] = (table, count, max(dst.nbytes for dst, _ in pairs))
         return made
@@ -975,12 +975,12 @@ class CudaBackend(Backend):
                 return out
             # Many pieces (the MTP head's catch-up: one hidden row per plainly stepped token, 256 per sequence):
             # one cmp_copy_regions launch from a table uploaded with it, instead of a copy call per piece.
-            table = np.array([(out.row_ptr(int(row)), x.ptr, x.nbytes) for x, row in zip(xs, starts)], np.uint64)
+            table = copy_region_table((out.row_ptr(int(row)), x.ptr, x.nbytes) for x, row in zip(xs, starts))
             table_d = self.empty((table.nbytes,), "u8", "concat's copy table")
             self.native.cmp_memcpy_h2d(table_d.ptr, table.ctypes.data, table.nbytes)
             for k in range(0, len(xs), self.COPY_REGIONS_MAX):
                 n = min(self.COPY_REGIONS_MAX, len(xs) - k)
-                self.native.cmp_copy_regions(table_d.ptr + k * table[0].nbytes, n,
+                self.native.cmp_copy_regions(table_d.ptr + k * COPY_REGION_BYTES, n,
                                              max(x.nbytes for x in xs[k:k + n]))
             return out
         T = xs[0].shape[0]

@@ -26,7 +26,7 @@ eager. Memory: as CapturedStep, each graph's intermediates come from an arena of
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -283,24 +283,41 @@ class SpecGraphs:
                          self.capacity * self.n)
 
     def prepare(self, states: Sequence[SeqState], mtp_states: Sequence[SeqState],
-                lengths: Sequence[int] | None = None, catch_ups: Sequence[int] | None = None) -> None:
+                lengths: Sequence[int] | None = None, catch_ups: Sequence[int] | None = None,
+                stop: Callable[[], bool] | None = None) -> None:
         """Capture the verify graph of `states` and the draft graphs of `mtp_states` for each catch-up length in
         `catch_ups` (all sequences at the same length; default every one, 1 .. n + 2 rows), for each draft length
         n in `lengths` (default n_max). Graphs already held are kept, not counted as replays; capturing runs
-        nothing."""
-        for n in lengths or (self.n,):
-            n = self._length(n)
-            self._have(self._verify, (n,) + tuple(id(s) for s in states),
-                       lambda: CapturedVerify(self.be, self.model, states, n, self.n), self.capacity * self.n)
-            for L in catch_ups or range(1, n + 3):
+        nothing. stop: asked before each capture; once it says True the rest are left to their first use (the
+        server: another request arrived, which would wait for them). So the order is how soon a lone request needs
+        them: each length's verify and its draft of the first catch-up length (1: t0 alone, a request's first
+        round), the longest length first (what a new cost table explores), then the other catch-up lengths."""
+        ns = sorted({self._length(n) for n in lengths or (self.n,)}, reverse=True)
+        ups = {n: list(catch_ups or range(1, n + 3)) for n in ns}
+        for n in ns:
+            for L in ups[n]:
                 if not 1 <= L <= n + 2:
                     raise ValueError(f"catch-up length {L} outside 1 .. {n + 2}")
+        jobs = [(n, L) for n in ns for L in [None] + ups[n][:1]] + [(n, L) for n in ns for L in ups[n][1:]]
+        for n, L in jobs:
+            if L is None:
+                held = self._have(self._verify, (n,) + tuple(id(s) for s in states),
+                                  lambda n=n: CapturedVerify(self.be, self.model, states, n, self.n),
+                                  self.capacity * self.n, stop)
+            else:
                 cl = (L,) * len(mtp_states)
-                self._have(self._draft, (self.head, n) + tuple(id(s) for s in mtp_states) + cl,
-                           lambda: CapturedDraft(self.be, self.model, mtp_states, cl, n), self.draft_room)
+                held = self._have(self._draft, (self.head, n) + tuple(id(s) for s in mtp_states) + cl,
+                                  lambda n=n, cl=cl: CapturedDraft(self.be, self.model, mtp_states, cl, n),
+                                  self.draft_room, stop)
+            if not held:
+                return
 
-    def _have(self, cache: OrderedDict, key: tuple, make, room: int) -> None:
+    def _have(self, cache: OrderedDict, key: tuple, make, room: int, stop=None) -> bool:
+        """-> False when the graph is not held and stop() declined its capture."""
         if key in cache:
             cache.move_to_end(key)
+        elif stop is not None and stop():
+            return False
         else:
             self._get(cache, key, make, room)
+        return True

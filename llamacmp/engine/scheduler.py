@@ -439,8 +439,8 @@ class Engine:
         # --spec-synth-*: a generator of its own per request, seeded with the request's seed (as llama-server)
         slot.synth = synth_acceptor(self.cfg.spec, sampler.seed, self.tokenizer.eog_ids) if self.spec else None
         if self.spec is not None:      # (graphs only for a slot that will draft, and alone: see Speculator.start)
-            alone = self._speculates(slot) and not any(s.busy for s in self.slots if s is not slot)
-            self.spec.start(slot.state, slot.mtp, alone)
+            alone = self._speculates(slot) and self._starts_alone(slot, task)
+            self.spec.start(slot.state, slot.mtp, alone, stop=lambda: not self._inbox.empty())
         slot.last_used = time.monotonic()
         slot_log.slot_info("launch_slot_with_task", slot.id, task.id, "processing task, is_child = 0")
         slot_log.slot_info("update_slots", slot.id, task.id, f"new prompt, n_ctx_slot = {self.cfg.n_ctx_slot}, "
@@ -452,6 +452,15 @@ class Engine:
         if point.logits is not None:     # the whole prompt is cached with its logits: sample right away
             self._prompt_done(slot)
             self._sample(slot, point.logits)
+
+    def _starts_alone(self, slot: Slot, task: CompletionTask) -> bool:
+        """Whether `task`, starting on `slot`, has the engine to itself as far as it can tell: no other slot busy,
+        no other request waiting for a slot or still in the inbox. Requests that arrive together are assigned one
+        by one, so the first found the other slots idle and had its lone MTP shapes captured while the rest waited
+        (12 draft graphs of a slot prepared under the other auto head, at the start of mtp_streams.py's measured
+        4 streams: numpy replay, 2026-12-03), shapes their rounds of several sequences never replay."""
+        return (not any(s.busy for s in self.slots if s is not slot) and all(t is task for t in self._waiting)
+                and self._inbox.empty())
 
     def _prompt_done(self, slot: Slot) -> None:
         """The prompt is evaluated (or was all in the cache): its timings close and /metrics counts what the cache

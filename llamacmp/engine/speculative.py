@@ -539,33 +539,42 @@ class Speculator:
                 for i, ((st, ms, t0, d), p) in enumerate(zip(seqs, pos))]
         return logits, h, segs
 
-    def prepare(self, seqs: Sequence[tuple[SeqState, MtpSeq]], catch_ups: Optional[Sequence[int]] = None) -> None:
+    def prepare(self, seqs: Sequence[tuple[SeqState, MtpSeq]], catch_ups: Optional[Sequence[int]] = None,
+                stop: Optional[Callable[[], bool]] = None) -> None:
         """Capture the graphs a step of these sequences replays (the verify forward, the draft rounds for each
         catch-up length in `catch_ups`, default every one) now rather than at their first step: a benchmark keeps
-        the captures out of its timing. Nothing runs. No graphs on this backend: nothing to do."""
+        the captures out of its timing. Nothing runs. No graphs on this backend: nothing to do. stop: asked before
+        each capture, True leaves the rest to their first use (SpecGraphs.prepare)."""
         if self.graphs is not None:
             self._use_head()           # (auto: the head the next round drafts with, whose graphs these are)
             lengths = self.policy.lengths if self.policy is not None else (self.n_max,)
-            self.graphs.prepare([st for st, _ in seqs], [ms.state for _, ms in seqs], lengths, catch_ups)
+            self.graphs.prepare([st for st, _ in seqs], [ms.state for _, ms in seqs], lengths, catch_ups, stop)
 
-    def start(self, state: SeqState, ms: MtpSeq, alone: bool) -> None:
+    def start(self, state: SeqState, ms: MtpSeq, alone: bool, stop: Optional[Callable[[], bool]] = None) -> None:
         """A request starts on this sequence (a server slot). Its acceptance starts from the prior, as a new
         sequence's does (the slot's last request says little about this text; each llamacmp-bench repetition
-        starts so too). alone (no other slot busy: its rounds will be of one sequence): the graphs of all its
-        rounds (every draft length and every catch-up length: 1 row for the first round, 2 .. n + 2 for the
-        rounds after a round that kept 1 .. n + 1 tokens or after plain steps) are captured now, in the prompt's
-        time, instead of in its decode, where the bench never pays them (prepare, untimed). Capturing only the
-        1-row shapes left 7-9 draft captures inside each 128-token decode of a fresh slot at synthetic length 2.5
-        (numpy replay of the server's rounds, 2026-12-02), where the bench captured none. A slot keeps them while
-        the LRU does (SpecGraphs: room for every slot's shapes). With other slots busy the rounds are of several
-        sequences, whose shapes are captured at first use."""
+        starts so too). alone (no other slot busy and no other request waiting: its rounds will be of one
+        sequence): the graphs of all its rounds (every draft length and every catch-up length: 1 row for the
+        first round, 2 .. n + 2 for the rounds after a round that kept 1 .. n + 1 tokens or after plain steps) are
+        captured now, in the prompt's time, instead of in its decode, where the bench never pays them (prepare,
+        untimed). Capturing only the 1-row shapes left 7-9 draft captures inside each 128-token decode of a fresh
+        slot at synthetic length 2.5 (numpy replay of the server's rounds, 2026-12-02), where the bench captured
+        none. A slot keeps them while the LRU does (SpecGraphs: room for every slot's shapes). With other slots
+        busy the rounds are of several sequences, whose shapes are captured at first use. stop (the server: a
+        request arrived meanwhile): asked before each capture; True leaves the rest to their first use, so that
+        requests arriving together do not wait for one slot's lone shapes (up to 3 verify and 12 draft graphs at
+        n_max 3, which their rounds of several sequences never replay)."""
         ms.acc = Acceptance()
-        if not alone:
+        if not alone or self.graphs is None:
             return
+        t_start, made = time.perf_counter(), self._events()
         try:
-            self.prepare([(state, ms)])
+            self.prepare([(state, ms)], stop=stop)
         except MemoryError as e:        # (DeviceMemoryError is one) the rounds capture at first use, or run eagerly
             log.info("MTP graphs not captured ahead (%s); captured at first use", e)
+        if self._events() != made:
+            log.info("MTP graphs: %d captured for a request starting alone (%s head) in %.1f ms",
+                     self._events() - made, self.draft_head, 1e3 * (time.perf_counter() - t_start))
 
     def commit(self, v: Verified, h, j: int) -> None:
         """Keep the first j (1 <= j <= 1 + len(drafts)) verified tokens: t0 and the drafts before the j-th emitted

@@ -9,6 +9,8 @@ import ctypes
 import os
 from pathlib import Path
 
+import numpy as np
+
 _p, _i, _f, _sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_size_t
 
 # name -> (argument types, the C prototype it mirrors). All return int (0 = success).
@@ -81,6 +83,7 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                          "const void* const* body, const void* const* head, float* const* y, const float* const* res, "
                          "const int* rows, int T, int n, void* work, size_t work_bytes, int kernels)"),
     "cmp_mma_available": ((_p,), "int cmp_mma_available(int* yes)"),
+    "cmp_mma_int8_available": ((_p,), "int cmp_mma_int8_available(int* yes)"),
     "cmp_hmma_available": ((_p,), "int cmp_hmma_available(int* yes)"),
     "cmp_attn_mma_available": ((_p,), "int cmp_attn_mma_available(int* yes)"),
     "cmp_attn_prefill_mma": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _f),
@@ -214,8 +217,16 @@ class CmpSamplerParams(ctypes.Structure):
                 ("penalty_present", _f), ("top_k", _i), ("min_keep", _i)]
 
 # api.h CmpCopyRegion (cmp_copy_regions' device table): dst, src, bytes, three 8-byte words each (64-bit platforms);
-# a numpy uint64 array [n, COPY_REGION_WORDS] has its layout.
+# a numpy uint64 array [n, COPY_REGION_WORDS] has its layout, and region k of a table starts k * COPY_REGION_BYTES in.
 COPY_REGION_WORDS = 3
+COPY_REGION_BYTES = 8 * COPY_REGION_WORDS
+
+
+def copy_region_table(regions) -> np.ndarray:
+    """(dst, src, bytes) regions -> cmp_copy_regions' table, uint64 [n, COPY_REGION_WORDS]: its bytes are n
+    CmpCopyRegion."""
+    return np.array(list(regions), np.uint64).reshape(-1, COPY_REGION_WORDS)
+
 
 CMP_F32, CMP_F16 = 0, 1
 # api.h CmpKvType: the KV cache types by llamacmp name (f32/f16 equal CmpDtype's codes)
@@ -329,6 +340,13 @@ class Native:
         from compute_75 code, Volta's f16 HMMA from compute_70)."""
         yes = ctypes.c_int(0)
         self.cmp_mma_available(ctypes.byref(yes))
+        return bool(yes.value)
+
+    def mma_int8_available(self) -> bool:
+        """cmp_mma_int8_available: whether that GEMM is the int8 mma.sync one (compute_75+ code); else the mma route
+        runs Volta's f16 HMMA GEMM."""
+        yes = ctypes.c_int(0)
+        self.cmp_mma_int8_available(ctypes.byref(yes))
         return bool(yes.value)
 
     def hmma_available(self) -> bool:

@@ -1,0 +1,259 @@
+"""The host's critical path of an MTP drafting round (issue 19): from the verified ids reaching the host to the next
+round's draft launch the GPU has nothing to run, so every microsecond of it is a microsecond of the round (a plain
+decode step has only an upload, a launch and a read there).
+
+Runs llamacmp-bench's own tg row (cli/bench_runner.Runner: the engine's Speculator, the spec graphs, the synthetic
+acceptor with seed 0; draft n-max 3, one sequence) on the CUDA backend's Python over a no-op library (NoopNative:
+every libcmpkern call returns at once and is counted, the ids read back are zeros), with the draft policy's costs
+frozen at the H200's (mtp_plain_host.h200_costs) so that it drafts as there. Per drafting round it reports
+
+  path     host time from the verify's ids on the host (the first device-to-host read after a verify launch) to
+           the next draft graph's launch: median and mean us, and the library calls made in it by name (each a
+           CUDA API call on the GPU: a few us of driver time this measurement cannot see);
+  pieces   the Python parts on that path timed alone (perf_counter around each call, in a second pass): the ids'
+           reads, accept_tokens (with the synthetic acceptor's draws), commit (restore_steps and the head's queue
+           inside it), plan, and step() from its call to the draft launch;
+  round    the host time of the whole round (all drafting rounds' host time over their number).
+
+The Python is the CUDA path's own (the tensors, copies, uploads and graph launches are CudaBackend's and
+spec_graphs'); what is not measured is the library's side of each call. The model is the tiny MTP fixture: on the
+CUDA path the host's per-round work does not depend on the model's sizes (a copy of D floats is one call whatever D).
+
+    python3 benchmarks/spec_host_path.py [-n 1000] [-r 3] [--spec-synth-len 2.5] [-m FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from llamacmp.backends import spec_graphs  # noqa: E402
+from llamacmp.backends.cuda import CudaBackend  # noqa: E402
+from llamacmp.cli.bench_options import parse_bench_args  # noqa: E402
+from llamacmp.cli.bench_rows import instances  # noqa: E402
+from llamacmp.cli.bench_runner import load_runner  # noqa: E402
+from llamacmp.engine import speculative  # noqa: E402
+from llamacmp.lib._native import SIGNATURES, Native  # noqa: E402
+from llamacmp import spec  # noqa: E402
+
+from mtp_plain_host import h200_costs  # noqa: E402
+
+PIECES = ("read", "accept", "synth draws", "commit", "restore_steps", "plan", "step to launch")
+
+
+class NoopNative(Native):
+    """libcmpkern's interface, every call a no-op that is counted (and logged with its time while `log` is a list);
+    device pointers are made up, reads back to the host write zeros."""
+
+    def __init__(self):                     # (no library loaded)
+        self.counts, self.log, self._next = Counter(), None, 1 << 40
+        for name in SIGNATURES:
+            setattr(self, name, self._call(name))
+
+    def _call(self, name):
+        counts, tick = self.counts, time.perf_counter
+
+        def call(*args):
+            counts[name] += 1
+            if self.log is not None:
+                self.log.append((name, tick(), args[0] if args else None))
+            if name in ("cmp_memcpy_d2h", "cmp_memcpy_d2h_async"):
+                ctypes.memset(args[0], 0, args[2])
+        return call
+
+    def malloc(self, nbytes: int) -> int:
+        p, self._next = self._next, self._next + (nbytes + 8191) // 4096 * 4096
+        return p
+
+    def graph_end(self) -> int:
+        self._next += 256
+        return self._next
+
+    def host_alloc(self, nbytes: int) -> int:     # pinned host memory: real host memory here
+        buf = ctypes.create_string_buffer(nbytes)
+        self._pinned = getattr(self, "_pinned", []) + [buf]
+        return ctypes.addressof(buf)
+
+    def mem_info(self) -> tuple[int, int]:
+        return 64 << 30, 80 << 30
+
+    def set_pdl(self, device: int, on: bool) -> bool:
+        return bool(on)
+
+    def device_name(self) -> str:
+        return "no-op library"
+
+    def kv_row_bytes(self, kv_type: str, head_dim: int) -> int:
+        return head_dim * (2 if kv_type == "f16" else 4)
+
+
+class FrozenTables(dict):
+    """Runner.costs whose every cost table is the H200's, frozen."""
+
+    def setdefault(self, key, default=None):
+        return super().setdefault(key, h200_costs())
+
+
+def tg_row(model: str, n_gen: int, synth_len: float):
+    """llamacmp-bench's MTP-on tg row: -p 0 -n n_gen, draft n-max 3, the whole vocabulary."""
+    (on,) = instances(parse_bench_args(["-m", model, "-p", "0", "-n", str(n_gen), "--spec-type", "draft-mtp",
+                                        "--spec-draft-n-max", "3", "--spec-synth-len", f"{synth_len:g}",
+                                        "--spec-draft-vocab", "0"]))
+    return on
+
+
+@contextmanager
+def patched(changes):
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in changes]
+    for obj, name, new in changes:
+        setattr(obj, name, new)
+    try:
+        yield
+    finally:
+        for obj, name, old in reversed(saved):
+            setattr(obj, name, old)
+
+
+class Kinds:
+    """Which graph each exec handle is: 'D' a draft graph, 'V' a verify graph (the runner's Speculators' caches)."""
+
+    def __init__(self, runner):
+        self.sps, make = [], runner._speculator
+
+        def speculator(inst, n_ctx):
+            sp, ms = make(inst, n_ctx)
+            self.sps.append(sp)
+            return sp, ms
+        runner._speculator = speculator
+
+    def table(self) -> dict:
+        out = {}
+        for sp in self.sps:
+            out.update({g.graph.exec: "D" for g in sp.graphs._draft.values()})
+            out.update({g.graph.exec: "V" for g in sp.graphs._verify.values()})
+        return out
+
+
+def critical_paths(log: list, kinds: dict) -> tuple[list[float], Counter, int]:
+    """The library log of a run -> (seconds of each path from a verify's first read to the next draft launch,
+    the calls made on those paths, the verify launches)."""
+    paths, calls, verifies, start, cur = [], Counter(), 0, None, Counter()
+    for name, t, arg in log:
+        if name == "cmp_graph_launch":
+            kind = kinds.get(arg)
+            if kind == "V":
+                verifies, start = verifies + 1, "verify"
+            elif kind == "D" and isinstance(start, float):
+                paths.append(t - start)
+                calls.update(cur)
+                start = None
+            else:
+                start = None                  # a plain step's graph: the path is the plain round's
+        elif name == "cmp_memcpy_d2h" and start == "verify":
+            start, cur = t, Counter()
+        elif isinstance(start, float):
+            cur[name] += 1
+    return paths, calls, verifies
+
+
+def timed_pieces(runner, sink: dict):
+    """Wrappers that add each piece's host seconds to sink (piece -> list of seconds per call)."""
+    tick = time.perf_counter
+    mark = {}
+
+    def wrap(piece, fn):
+        def run(*args, **kwargs):
+            t0 = tick()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sink.setdefault(piece, []).append(tick() - t0)
+        return run
+
+    D, V, S = spec_graphs.CapturedDraft, spec_graphs.CapturedVerify, speculative.Speculator
+    step, launch = S.step, spec_graphs.RecordedGraph.launch
+
+    def step_timed(self, *args, **kwargs):
+        mark["step"] = tick()
+        return step(self, *args, **kwargs)
+
+    def launch_timed(self):
+        if self is getattr(mark.get("draft"), "graph", None) and "step" in mark:
+            sink.setdefault("step to launch", []).append(tick() - mark.pop("step"))
+        return launch(self)
+
+    def draft_launch(self, *args, _launch=D.launch, **kwargs):
+        mark["draft"] = self
+        return _launch(self, *args, **kwargs)
+    changes = [(S, "step", step_timed), (spec_graphs.RecordedGraph, "launch", launch_timed), (D, "launch", draft_launch),
+               (S, "commit", wrap("commit", S.commit)), (S, "plan", wrap("plan", S.plan)),
+               (speculative, "accept_tokens", wrap("accept", speculative.accept_tokens)),
+               (runner.be, "restore_steps", wrap("restore_steps", runner.be.restore_steps)),
+               (spec.SynthRng, "uniform", wrap("synth draws", spec.SynthRng.uniform))]
+    for cls, name in ((D, "read"), (V, "read"), (V, "read_ids")):
+        if hasattr(cls, name):
+            changes.append((cls, name, wrap("read", getattr(cls, name))))
+    return patched(changes)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", default="", help="a GGUF with an MTP head (default: the tiny fixture, q8_0)")
+    ap.add_argument("-n", type=int, default=1000, help="tokens a repetition")
+    ap.add_argument("-r", type=int, default=3, help="repetitions (each: a clean pass, then a pass with the pieces)")
+    ap.add_argument("--spec-synth-len", type=float, default=2.5)
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        if not model:
+            from llamacmp.fixtures.qwen_vocab import tiny_vocab
+            from llamacmp.fixtures.writer import SHAPES, write_model
+            model = str(write_model(Path(tmp) / "m.gguf", replace(SHAPES["tiny"], mtp=True), "q8_0", tiny_vocab()))
+        nat = NoopNative()
+        be = CudaBackend(native=nat)
+        runner = load_runner(model, be, True)
+        runner.costs = FrozenTables()
+        kinds = Kinds(runner)
+        inst = tg_row(model, args.n, args.spec_synth_len)
+        runner.run(inst, warmup=True)
+        print(f"{Path(model).name}: tg{args.n} L{args.spec_synth_len:g} n-max 3, CUDA backend's Python over a no-op "
+              f"library, H200 costs frozen; per drafting round:")
+        print("| rep | rounds | path median us | path mean us | host us a round | library calls on the path |\n"
+              "|---|---:|---:|---:|---:|---|")
+        pieces: dict = {}
+        for rep in range(args.r):
+            gc.collect()
+            nat.log = []
+            ns = runner.run(inst)
+            log, nat.log = nat.log, None
+            paths, calls, verifies = critical_paths(log, kinds.table())
+            n = len(paths)
+            per = ", ".join(f"{k.removeprefix('cmp_')} {v / n:.2f}" for k, v in calls.most_common())
+            print(f"| {rep} | {verifies} | {1e6 * statistics.median(paths):.1f} | {1e6 * statistics.mean(paths):.1f} | "
+                  f"{ns / 1e3 / verifies:.1f} | {per} |")
+            gc.collect()
+            with timed_pieces(runner, pieces):
+                runner.run(inst)
+        print("\n| piece | calls a round | median us | mean us |\n|---|---:|---:|---:|")
+        rounds = args.r * verifies
+        for piece in PIECES:
+            if piece in pieces:
+                t = pieces[piece]
+                print(f"| {piece} | {len(t) / rounds:.2f} | {1e6 * statistics.median(t):.1f} | "
+                      f"{1e6 * statistics.mean(t):.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -145,26 +145,35 @@ class Kinds:
         return out
 
 
-def critical_paths(log: list, kinds: dict) -> tuple[list[float], Counter, int]:
-    """The library log of a run -> (seconds of each path from a verify's first read to the next draft launch,
-    the calls made on those paths, the verify launches)."""
-    paths, calls, verifies, start, cur = [], Counter(), 0, None, Counter()
+@dataclass
+class Round:
+    """One drafting round in the library's log, from its verify launch to the next draft launch."""
+    reads: int = 0              # device-to-host reads after the verify launch
+    path: float | None = None   # seconds from the first of them to the next draft launch (None: no draft followed)
+    calls: Counter = field(default_factory=Counter)    # the library calls in that time
+
+
+def drafting_rounds(log: list, kinds: dict) -> list[Round]:
+    """The library log of a run -> its drafting rounds (a plain step's graph launch ends a round's path)."""
+    out, cur, start = [], None, None
     for name, t, arg in log:
-        if name == "cmp_graph_launch":
-            kind = kinds.get(arg)
-            if kind == "V":
-                verifies, start = verifies + 1, "verify"
-            elif kind == "D" and isinstance(start, float):
-                paths.append(t - start)
-                calls.update(cur)
-                start = None
-            else:
-                start = None                  # a plain step's graph: the path is the plain round's
-        elif name == "cmp_memcpy_d2h" and start == "verify":
-            start, cur = t, Counter()
-        elif isinstance(start, float):
-            cur[name] += 1
-    return paths, calls, verifies
+        if name == "cmp_graph_launch" and kinds.get(arg) == "V":
+            cur, start = Round(), None
+            out.append(cur)
+        elif cur is None:
+            continue
+        elif name == "cmp_graph_launch":
+            if kinds.get(arg) == "D" and start is not None:
+                cur.path = t - start
+            cur = None
+        elif name == "cmp_memcpy_d2h":
+            cur.reads += 1
+            if start is None:
+                start = t
+                continue
+        if cur is not None and start is not None:
+            cur.calls[name] += 1
+    return out
 
 
 def timed_pieces(runner, sink: dict):
@@ -237,20 +246,20 @@ def main(argv=None) -> int:
             nat.log = []
             ns = runner.run(inst)
             log, nat.log = nat.log, None
-            paths, calls, verifies = critical_paths(log, kinds.table())
-            n = len(paths)
-            per = ", ".join(f"{k.removeprefix('cmp_')} {v / n:.2f}" for k, v in calls.most_common())
-            print(f"| {rep} | {verifies} | {1e6 * statistics.median(paths):.1f} | {1e6 * statistics.mean(paths):.1f} | "
-                  f"{ns / 1e3 / verifies:.1f} | {per} |")
+            rounds = drafting_rounds(log, kinds.table())
+            timed = [r for r in rounds if r.path is not None]
+            paths, calls = [r.path for r in timed], sum((r.calls for r in timed), Counter())
+            per = ", ".join(f"{k.removeprefix('cmp_')} {v / len(timed):.2f}" for k, v in calls.most_common())
+            print(f"| {rep} | {len(rounds)} | {1e6 * statistics.median(paths):.1f} | {1e6 * statistics.mean(paths):.1f} "
+                  f"| {ns / 1e3 / len(rounds):.1f} | {per} |")
             gc.collect()
             with timed_pieces(runner, pieces):
                 runner.run(inst)
         print("\n| piece | calls a round | median us | mean us |\n|---|---:|---:|---:|")
-        rounds = args.r * verifies
         for piece in PIECES:
             if piece in pieces:
                 t = pieces[piece]
-                print(f"| {piece} | {len(t) / rounds:.2f} | {1e6 * statistics.median(t):.1f} | "
+                print(f"| {piece} | {len(t) / (args.r * len(rounds)):.2f} | {1e6 * statistics.median(t):.1f} | "
                       f"{1e6 * statistics.mean(t):.1f} |")
     return 0
 

@@ -247,7 +247,8 @@ def test_verify_replay_feeds_every_row_and_keeps_the_steps():
 
 def test_verify_after_a_draft_takes_its_ids_on_the_device():
     """launch_after: t0 per sequence uploaded, the draft's round-major ids copied into each sequence's rows 1 .. n
-    on the device (one 2-D copy per round), then the replay as run(); a draft of another shape is refused."""
+    on the device (one 2-D copy per sequence, or per round where the rounds are fewer), then the replay as run();
+    a draft of another shape is refused."""
     be = FakeBackend([7, 10, 11, 8, 20, 21] + [4, 5, 6, 7, 8, 9])
     g = verify_graph(be, 3, [SimpleNamespace(n_past=3, n_ctx=64, steps={"len": 0}),
                              SimpleNamespace(n_past=8, n_ctx=64, steps={"len": 0})])
@@ -256,9 +257,15 @@ def test_verify_after_a_draft_takes_its_ids_on_the_device():
     tokens, ids = g.read_ids()
     assert (list(tokens), list(ids)) == ([7, 10, 11, 8, 20, 21], [4, 5, 6, 7, 8, 9])
     assert g.be.uploads == {"positions, tokens": [3, 4, 5, 8, 9, 10] + [7, 0, 0, 8, 0, 0]}
-    # round r: B = 2 ids of 4 bytes from ids[r * B] to tokens[1 + r], tokens[T + 1 + r] (pitch 4 * T)
-    assert g.be.copies == [(128, 12, 500, 4, 4, 2), (132, 12, 508, 4, 4, 2)]
+    # sequence i: n = 2 ids of 4 bytes from ids[i], ids[B + i] (pitch 4 * B) to tokens[i * T + 1 ..] (pitch 4)
+    assert g.be.copies == [(128, 4, 500, 8, 4, 2), (140, 4, 504, 8, 4, 2)]
     assert [(s.n_past, s.steps["len"]) for s in g.states] == [(6, 3), (11, 3)] and g.be.launches == 1
+    g = verify_graph(FakeBackend([0] * 18), 2, [SimpleNamespace(n_past=0, n_ctx=64, steps={"len": 0})
+                                                for _ in range(3)])
+    g.launch_after([7, 8, 9], SimpleNamespace(states=[None] * 3, n=1, ids=FakeTensor("ids", (3,), 500)))
+    # round 0: B = 3 ids of 4 bytes from ids[0] to tokens[1], tokens[T + 1], tokens[2 T + 1] (pitch 4 * T)
+    assert g.be.copies == [(124 + 4, 8, 500, 4, 4, 3)]
+    assert g.be.uploads == {"positions, tokens": [0, 1] * 3 + [7, 0, 8, 0, 9, 0]}
     with pytest.raises(ValueError, match="after a draft of 2 x 3"):
         g.launch_after([7, 8], SimpleNamespace(states=[None, None], n=3, ids=None))
 

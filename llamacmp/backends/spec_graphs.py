@@ -14,7 +14,8 @@ not capture a graph every step.
 
 CapturedVerify: the target's forward over [t0, d1 .. dn] of each sequence, n = n_max (fixed per graph), with
 StepBatch.keep_steps on, the hidden state the head reads, and the argmax of every row on the device. The host
-uploads the token ids and positions, replays, and reads back only the ids; the logits and h stay in the graph's
+uploads the token ids and positions, replays, and reads back only the ids (the token rows, whose drafts came from
+the draft graph on the device, and the argmax, in one read); the logits and h stay in the graph's
 buffers (valid until its next replay) for sampled rows, commit() and a request's last row.
 
 Numerics: both are captured with CudaBackend.capturing set, the same row order as the decode step and as the eager
@@ -184,8 +185,14 @@ class CapturedVerify(_Captured):
         tokens = [0] * (B * T)
         tokens[::T] = t0s
         self._upload(tokens)
-        for r in range(draft.n):               # round r's B ids (contiguous) -> row 1 + r of each sequence's T
-            be.native.cmp_memcpy2d_d2d(self.tokens.row_ptr(1 + r), 4 * T, draft.ids.row_ptr(r * B), 4, 4, B)
+        # the ids into rows 1 .. n of each sequence's T in min(B, n) copies: these run on the device between the
+        # two graphs (one sequence: one copy, not one per round)
+        if B <= draft.n:                       # sequence i's n ids (a column of the round-major buffer)
+            for i in range(B):
+                be.native.cmp_memcpy2d_d2d(self.tokens.row_ptr(i * T + 1), 4, draft.ids.row_ptr(i), 4 * B, 4, draft.n)
+        else:                                  # round r's B ids (contiguous) -> row 1 + r of each sequence
+            for r in range(draft.n):
+                be.native.cmp_memcpy2d_d2d(self.tokens.row_ptr(1 + r), 4 * T, draft.ids.row_ptr(r * B), 4, 4, B)
         self._replay()
 
     def _check_room(self) -> None:

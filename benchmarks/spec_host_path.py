@@ -31,7 +31,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -48,6 +47,7 @@ from llamacmp.lib._native import SIGNATURES, Native  # noqa: E402
 from llamacmp import spec  # noqa: E402
 
 from mtp_plain_host import h200_costs  # noqa: E402
+from profile_spec import patched  # noqa: E402
 
 PIECES = ("read", "accept", "synth draws", "commit", "restore_steps", "plan", "step to launch")
 
@@ -111,18 +111,6 @@ def tg_row(model: str, n_gen: int, synth_len: float):
                                         "--spec-draft-n-max", "3", "--spec-synth-len", f"{synth_len:g}",
                                         "--spec-draft-vocab", "0"]))
     return on
-
-
-@contextmanager
-def patched(changes):
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in changes]
-    for obj, name, new in changes:
-        setattr(obj, name, new)
-    try:
-        yield
-    finally:
-        for obj, name, old in reversed(saved):
-            setattr(obj, name, old)
 
 
 class Kinds:
@@ -205,14 +193,15 @@ def timed_pieces(runner, sink: dict):
     def draft_launch(self, *args, _launch=D.launch, **kwargs):
         mark["draft"] = self
         return _launch(self, *args, **kwargs)
-    changes = [(S, "step", step_timed), (spec_graphs.RecordedGraph, "launch", launch_timed), (D, "launch", draft_launch),
+    changes = [(S, "step", step_timed), (spec_graphs.RecordedGraph, "launch", launch_timed),
+               (D, "launch", draft_launch),
                (S, "commit", wrap("commit", S.commit)), (S, "plan", wrap("plan", S.plan)),
                (speculative, "accept_tokens", wrap("accept", speculative.accept_tokens)),
                (runner.be, "restore_steps", wrap("restore_steps", runner.be.restore_steps)),
                (spec.SynthRng, "uniform", wrap("synth draws", spec.SynthRng.uniform))]
-    for cls, name in ((D, "read"), (V, "read"), (V, "read_ids")):
-        if hasattr(cls, name):
-            changes.append((cls, name, wrap("read", getattr(cls, name))))
+    # the reads: the draft graph's and the verify's (next/combo13), or the verify's one (read_ids)
+    for cls, name in ((D, "read"), (V, "read_ids") if hasattr(V, "read_ids") else (V, "read")):
+        changes.append((cls, name, wrap("read", getattr(cls, name))))
     return patched(changes)
 
 
@@ -250,8 +239,8 @@ def main(argv=None) -> int:
             timed = [r for r in rounds if r.path is not None]
             paths, calls = [r.path for r in timed], sum((r.calls for r in timed), Counter())
             per = ", ".join(f"{k.removeprefix('cmp_')} {v / len(timed):.2f}" for k, v in calls.most_common())
-            print(f"| {rep} | {len(rounds)} | {1e6 * statistics.median(paths):.1f} | {1e6 * statistics.mean(paths):.1f} "
-                  f"| {ns / 1e3 / len(rounds):.1f} | {per} |")
+            print(f"| {rep} | {len(rounds)} | {1e6 * statistics.median(paths):.1f} | "
+                  f"{1e6 * statistics.mean(paths):.1f} | {ns / 1e3 / len(rounds):.1f} | {per} |")
             gc.collect()
             with timed_pieces(runner, pieces):
                 runner.run(inst)

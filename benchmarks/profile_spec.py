@@ -15,9 +15,9 @@ about n drafting rounds each, after the bench's warm-up:
        plan     the draft policy's choice (host)
        draft    the MTP rounds (graph: token / position uploads, the h rows copied in, one replay)
        verify   the main forward (graph: uploads, the drafted ids copied on the device, one replay)
-       read     the verified and the drafted ids to the host
+       read     the verified and the drafted ids to the host (one read on the graph path)
        accept   the acceptance rule (host)
-       commit   the head's queue (row gathers with their index uploads), without restore
+       commit   the head's queue (one copy of the kept rows), without restore
        restore  the GDN states' rewind (restore_steps: one copy launch where a draft was rejected)
        plain    the policy's plain rounds (probes), if any: left out of the per-round figures
      host gaps: the loop's Python between them (the round's wall minus the phases);
@@ -137,7 +137,7 @@ def instrumented(runner: Runner, clock: PhaseClock, lengths: Counter):
     with patched([(runner, "_speculator", speculator), (be, "restore_steps", w("restore", be.restore_steps)),
                   (D, "launch", w("draft", D.launch)), (D, "read", w("read", D.read)),
                   (V, "launch_after", w("verify", V.launch_after)), (V, "run", w("verify", V.run)),
-                  (V, "read", w("read", V.read)),
+                  (V, "read_ids", w("read", V.read_ids)),
                   (speculative, "accept_tokens", w("accept", speculative.accept_tokens))]):
         yield
 

@@ -212,11 +212,20 @@ class SynthRng:
     and std::uniform_real_distribution<double>(0, 1) as libstdc++ makes it (two 32-bit outputs, low word first,
     over 2^64), so a seeded run draws the same numbers as llama.cpp's."""
 
+    BLOCK = 512         # 32-bit outputs taken from the generator at a time
+
     def __init__(self, seed: int):
         self._mt = np.random.RandomState(seed & 0xFFFFFFFF)   # int seeding is mt19937's init_genrand
+        self._words, self._next = [], 0
 
     def uniform(self) -> float:
-        lo, hi = (int(x) for x in self._mt.randint(0, 1 << 32, size=2, dtype=np.uint32))
+        # The outputs are taken in blocks (randint over the whole 32-bit range takes one output per value, so a
+        # block is the sequence that draws of two give): a numpy call per draw was ~8 us, twice a round of the
+        # bench's MTP rows on the host's critical path (the device idles between the verified ids and the next draft)
+        if self._next == len(self._words):
+            self._words, self._next = self._mt.randint(0, 1 << 32, size=self.BLOCK, dtype=np.uint32).tolist(), 0
+        lo, hi = self._words[self._next], self._words[self._next + 1]
+        self._next += 2
         u = float(lo + (hi << 32)) / 2.0 ** 64
         return u if u < 1.0 else math.nextafter(1.0, 0.0)
 

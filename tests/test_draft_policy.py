@@ -27,6 +27,15 @@ def test_acceptance_counts_the_tried_positions():
     assert Acceptance(0.0, 5.0).expected(3) == 1.0
 
 
+def test_expected_in_one_pass_is_expected_bit_for_bit():
+    """The policy weighs every length from expected_upto (one pass a sequence): its values must be expected()'s
+    exactly, so that no choice changes."""
+    rng = np.random.default_rng(0)
+    for accepted, tried in zip(rng.uniform(0, 10, 2000), rng.uniform(0.01, 10, 2000)):
+        a = Acceptance(float(accepted), float(tried))
+        assert a.expected_upto(4) == [a.expected(n) for n in range(5)]
+
+
 def test_cost_table_measures_and_estimates():
     c = CostTable()
     assert c.spec_cost(1, 3) is None and c.plain_cost(1) is None

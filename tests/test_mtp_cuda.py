@@ -297,8 +297,9 @@ def test_draft_graph_equals_eager_draft(lms, n_max):
 @pytest.mark.parametrize("n_max", [1, 3])
 @pytest.mark.parametrize("B", [1, 2])
 def test_fused_step_equals_draft_then_verify_cuda(lms, n_max, B):
-    """Speculator.step on the graphs (the drafted ids passed to the verify on the device, one 2-D copy per round)
-    against draft() then verify() on twin sequences: the same drafts, logits bit for bit, the same row argmax."""
+    """Speculator.step on the graphs (the drafted ids passed to the verify on the device, a 2-D copy per sequence or
+    per round, whichever are fewer; read back with the argmax in one copy) against draft() then verify() on twin
+    sequences: the same drafts, logits bit for bit, the same row argmax."""
     _, dev = lms("small")
     be = dev.backend
     split, fused = Speculator(dev.model, n_max), Speculator(dev.model, n_max)

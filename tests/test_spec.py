@@ -195,8 +195,16 @@ def test_rng_is_std_mt19937_with_libstdcxx_canonical_doubles():
     rng = SynthRng(5489)
     for _ in range(4999):
         rng.uniform()
-    lo, hi = (int(x) for x in rng._mt.randint(0, 1 << 32, size=2, dtype=np.uint32))
-    assert hi == 4123659995             # outputs 9999 and 10000
+    assert rng._words[rng._next + 1] == 4123659995       # outputs 9999 and 10000 come next
+
+
+def test_draws_taken_in_blocks_are_the_draws_of_two():
+    """SynthRng takes the generator's outputs BLOCK at a time: across block boundaries the draws are those of a
+    generator asked for two outputs per draw."""
+    rng, mt = SynthRng(7), np.random.RandomState(7)
+    for _ in range(3 * SynthRng.BLOCK // 2 + 5):
+        lo, hi = (int(x) for x in mt.randint(0, 1 << 32, size=2, dtype=np.uint32))
+        assert rng.uniform() == float(lo + (hi << 32)) / 2.0 ** 64
 
 
 def test_synth_acceptor_per_request():

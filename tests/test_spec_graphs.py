@@ -191,39 +191,52 @@ class FakeTensor:
 
 
 def test_draft_replay_feeds_the_recorded_layout():
-    """Round 0's rows per sequence at n_past .., round r's row of each sequence at (its t0's position) + r, the
-    ids read back round-major; the head states advance by their rows + n - 1; a context too short is refused."""
+    """Round 0's rows per sequence at n_past .., round r's row of each sequence at (its t0's position) + r, both
+    uploaded in one copy after the token ids; the ids read back round-major; the h parts copied in, adjacent ones at
+    once; the head states advance by their rows + n - 1; a context too short is refused."""
     g = spec_graphs.CapturedDraft.__new__(spec_graphs.CapturedDraft)
     B, n, lengths = 2, 3, [2, 1]
     g.be = FakeBackend([10, 20, 11, 21, 12, 22])                         # round r: [seq 0, seq 1]
     g.states = [SimpleNamespace(n_past=5, n_ctx=64), SimpleNamespace(n_past=9, n_ctx=64)]
     g.lengths, g.n, g.graph = lengths, n, recorded(g.be)
-    g.tok0, g.pos = FakeTensor("tok0", (3,)), FakeTensor("pos", (3 + (n - 1) * B,))
+    g.inputs, g.tok0 = FakeTensor("inputs", (3 + 3 + (n - 1) * B,)), FakeTensor("tok0", (3,))
     g.h0, g.ids = FakeTensor("h0", (3, 8), 1000, 32), FakeTensor("ids", (n * B,))
     h = [FakeTensor("h_a", (1, 8), 5000, 32), FakeTensor("h_b", (1, 8), 6000, 32), FakeTensor("h_c", (1, 8), 7000, 32)]
     assert g.run([1, 2, 3], h) == [[10, 11, 12], [20, 21, 22]]
-    assert g.be.uploads == {"tok0": [1, 2, 3], "pos": [5, 6, 9, 7, 10, 8, 11]}
+    assert g.be.uploads == {"inputs": [1, 2, 3] + [5, 6, 9, 7, 10, 8, 11]}
     assert g.be.copies == [(1000, 5000, 32), (1032, 6000, 32), (1064, 7000, 32)]
     assert [s.n_past for s in g.states] == [5 + 2 + 2, 9 + 1 + 2] and g.be.launches == 1
+    g.be.copies.clear()
+    g.run([1, 2, 3], [FakeTensor("h_a", (1, 8), 5000, 32), FakeTensor("kept 0", (1, 8), 6000, 32),
+                      FakeTensor("kept 1", (1, 8), 6032, 32)])                 # views of one copy: one copy in
+    assert g.be.copies == [(1000, 5000, 32), (1032, 6000, 64)]
+    g.states[0].n_past, g.states[1].n_past = 9, 12
     g.states[1].n_ctx = 14                                           # 12 + 1 + 2 positions do not fit
     with pytest.raises(ValueError, match="draft needs 15 positions, the context is 14"):
         g.run([1, 2, 3], h)
-    assert g.be.launches == 1
+    assert g.be.launches == 2
     with pytest.raises(ValueError, match="3 catch-up rows fed 2 ids"):
         g.run([1, 2], h)
 
 
-def test_verify_replay_feeds_every_row_and_keeps_the_steps():
+def verify_graph(be, T, states):
+    """A CapturedVerify as captured, over fake tensors: io [positions | tokens | argmax] at address 100."""
     g = spec_graphs.CapturedVerify.__new__(spec_graphs.CapturedVerify)
-    g.be = FakeBackend([4, 5, 6, 7, 8, 9])
-    g.states = [SimpleNamespace(n_past=3, n_ctx=64, steps={"len": 0}),
-                SimpleNamespace(n_past=8, n_ctx=64, steps={"len": 0})]
-    g.T, g.graph, g.outputs = 3, recorded(g.be), ("logits", "h")
-    g.tokens, g.pos = FakeTensor("tokens", (6,)), FakeTensor("pos", (6,))
-    g.greedy = FakeTensor("greedy", (6,))
+    g.be, g.T, g.states, g.graph, g.outputs = be, T, states, recorded(be), ("logits", "h")
+    R = T * len(states)
+    g.tokens, g.greedy = FakeTensor("tokens", (R,), 100 + 4 * R), FakeTensor("greedy", (R,), 100 + 8 * R)
+    g._up, g._back = FakeTensor("positions, tokens", (2 * R,), 100), FakeTensor("tokens, argmax", (2 * R,), 100 + 4 * R)
+    return g
+
+
+def test_verify_replay_feeds_every_row_and_keeps_the_steps():
+    """The positions and token ids go up in one copy, the verified and the argmax ids come back in one read."""
+    be = FakeBackend([1, 2, 3, 4, 5, 6] + [4, 5, 6, 7, 8, 9])
+    g = verify_graph(be, 3, [SimpleNamespace(n_past=3, n_ctx=64, steps={"len": 0}),
+                             SimpleNamespace(n_past=8, n_ctx=64, steps={"len": 0})])
     logits, h, ids = g.run([[1, 2, 3], [4, 5, 6]])
     assert (logits, h, list(ids)) == ("logits", "h", [4, 5, 6, 7, 8, 9])
-    assert g.be.uploads == {"tokens": [1, 2, 3, 4, 5, 6], "pos": [3, 4, 5, 8, 9, 10]}
+    assert g.be.uploads == {"positions, tokens": [3, 4, 5, 8, 9, 10] + [1, 2, 3, 4, 5, 6]}
     assert [(s.n_past, s.steps["len"]) for s in g.states] == [(6, 3), (11, 3)]
     with pytest.raises(ValueError, match=r"2 sequences x 3 tokens fed \[3, 2\]"):
         g.run([[1, 2, 3], [4, 5]])
@@ -234,41 +247,47 @@ def test_verify_replay_feeds_every_row_and_keeps_the_steps():
 
 def test_verify_after_a_draft_takes_its_ids_on_the_device():
     """launch_after: t0 per sequence uploaded, the draft's round-major ids copied into each sequence's rows 1 .. n
-    on the device (one 2-D copy per round), then the replay as run(); a draft of another shape is refused."""
-    g = spec_graphs.CapturedVerify.__new__(spec_graphs.CapturedVerify)
-    g.be = FakeBackend([4, 5, 6, 7, 8, 9])
-    g.states = [SimpleNamespace(n_past=3, n_ctx=64, steps={"len": 0}),
-                SimpleNamespace(n_past=8, n_ctx=64, steps={"len": 0})]
-    g.T, g.graph, g.outputs = 3, recorded(g.be), ("logits", "h")
-    g.tokens, g.pos, g.greedy = FakeTensor("tokens", (6,), 100), FakeTensor("pos", (6,)), FakeTensor("greedy", (6,))
+    on the device (one 2-D copy per sequence, or per round where the rounds are fewer), then the replay as run();
+    a draft of another shape is refused."""
+    be = FakeBackend([7, 10, 11, 8, 20, 21] + [4, 5, 6, 7, 8, 9])
+    g = verify_graph(be, 3, [SimpleNamespace(n_past=3, n_ctx=64, steps={"len": 0}),
+                             SimpleNamespace(n_past=8, n_ctx=64, steps={"len": 0})])
     draft = SimpleNamespace(states=[None, None], n=2, ids=FakeTensor("ids", (4,), 500))   # [r0: s0 s1, r1: s0 s1]
     g.launch_after([7, 8], draft)
-    logits, h, ids = g.read()
-    assert (logits, h, list(ids)) == ("logits", "h", [4, 5, 6, 7, 8, 9])
-    assert g.be.uploads == {"tokens": [7, 0, 0, 8, 0, 0], "pos": [3, 4, 5, 8, 9, 10]}
-    # round r: B = 2 ids of 4 bytes from ids[r * B] to tokens[1 + r], tokens[T + 1 + r] (pitch 4 * T)
-    assert g.be.copies == [(104, 12, 500, 4, 4, 2), (108, 12, 508, 4, 4, 2)]
+    tokens, ids = g.read_ids()
+    assert (list(tokens), list(ids)) == ([7, 10, 11, 8, 20, 21], [4, 5, 6, 7, 8, 9])
+    assert g.be.uploads == {"positions, tokens": [3, 4, 5, 8, 9, 10] + [7, 0, 0, 8, 0, 0]}
+    # sequence i: n = 2 ids of 4 bytes from ids[i], ids[B + i] (pitch 4 * B) to tokens[i * T + 1 ..] (pitch 4)
+    assert g.be.copies == [(128, 4, 500, 8, 4, 2), (140, 4, 504, 8, 4, 2)]
     assert [(s.n_past, s.steps["len"]) for s in g.states] == [(6, 3), (11, 3)] and g.be.launches == 1
+    g = verify_graph(FakeBackend([0] * 18), 2, [SimpleNamespace(n_past=0, n_ctx=64, steps={"len": 0})
+                                                for _ in range(3)])
+    g.launch_after([7, 8, 9], SimpleNamespace(states=[None] * 3, n=1, ids=FakeTensor("ids", (3,), 500)))
+    # round 0: B = 3 ids of 4 bytes from ids[0] to tokens[1], tokens[T + 1], tokens[2 T + 1] (pitch 4 * T)
+    assert g.be.copies == [(124 + 4, 8, 500, 4, 4, 3)]
+    assert g.be.uploads == {"positions, tokens": [0, 1] * 3 + [7, 0, 8, 0, 9, 0]}
     with pytest.raises(ValueError, match="after a draft of 2 x 3"):
         g.launch_after([7, 8], SimpleNamespace(states=[None, None], n=3, ids=None))
 
 
 def test_step_runs_the_draft_and_the_verify_graph_of_its_length(graphs, monkeypatch):
-    """SpecGraphs.step: the draft graph launched, the verify of the same length after it, the draft's ids read
-    last; a shape of several sequences asked for the first time is declined (None) before anything runs."""
+    """SpecGraphs.step: the draft graph launched, the verify of the same length after it, one read: the drafted ids
+    are the verify's tokens 1 .. n of each sequence (the draft's own buffer is not read); a shape of several
+    sequences asked for the first time is declined (None) before anything runs."""
+    import numpy as np
     calls = []
     monkeypatch.setattr(FakeDraft, "launch", lambda self, tokens, h: calls.append(("draft", self.n, tuple(tokens))),
                         raising=False)
-    monkeypatch.setattr(FakeDraft, "read", lambda self: calls.append(("read",)) or [[1] * self.n for _ in self.lengths],
-                        raising=False)
+    monkeypatch.setattr(FakeDraft, "read", lambda self: calls.append(("read",)), raising=False)
     monkeypatch.setattr(FakeVerify, "launch_after", lambda self, t0s, d: calls.append(("verify", d.n, tuple(t0s))),
                         raising=False)
-    monkeypatch.setattr(FakeVerify, "read", lambda self: calls.append(("verify read",)) or ("l", "h", [0]),
-                        raising=False)
+    monkeypatch.setattr(FakeVerify, "outputs", ("l", "h"), raising=False)
+    monkeypatch.setattr(FakeVerify, "read_ids", lambda self: calls.append(("verify read",)) or
+                        (np.asarray([7, 1, 2], np.int32), [0]), raising=False)
     g = graphs(n_max=3)
     st, ms = _states(1)[0], _states(1)[0]
     assert g.step([st], [ms], [7], [[5, 7]], [[None, None]], 2, lambda: calls.append(("meanwhile",))) == \
-        ([[1, 1]], "l", "h", [0])
-    assert calls == [("draft", 2, (5, 7)), ("verify", 2, (7,)), ("meanwhile",), ("verify read",), ("read",)]
+        ([[1, 2]], "l", "h", [0])
+    assert calls == [("draft", 2, (5, 7)), ("verify", 2, (7,)), ("meanwhile",), ("verify read",)]
     a, b = _states(2)
-    assert g.step([a, b], [a, b], [1, 2], [[1], [2]], [[None], [None]], 3) is None and len(calls) == 5
+    assert g.step([a, b], [a, b], [1, 2], [[1], [2]], [[None], [None]], 3) is None and len(calls) == 4

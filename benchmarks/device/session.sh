@@ -4,8 +4,11 @@
 # the folder into $OUT. Replaces the per-session one-offs (s3a.sh, s4.sh, collect_s4.sh, ...; in git before 2026-12).
 #
 #   bash benchmarks/device/session.sh start PLAN [TAG]       start (returns at once); TAG defaults to the plan's name
-#   bash benchmarks/device/session.sh collect TAG [SECONDS]  wait up to SECONDS (default 540) for the end, then pack
-#                                                            /tmp/TAG into $OUT/TAG.tgz and print progress + log tails
+#   bash benchmarks/device/session.sh collect TAG [SECONDS] [STEP]
+#                                                            wait up to SECONDS (default 540) for the end (or for STEP's
+#                                                            end: the next call can then carry what a later step waits
+#                                                            for), then pack /tmp/TAG into $OUT/TAG.tgz and print
+#                                                            progress + log tails
 #
 # A plan (benchmarks/device/plans/*.plan) is one step a line, `name  command` (the command runs with bash from the
 # repository root, PYTHONPATH set to the root, /tmp/site and .carry/site); blank lines and # comments are skipped. A step may
@@ -36,10 +39,10 @@ elif [ "$cmd" = _run ]; then
   done
   stage all-done; touch "$D/all.done"
 elif [ "$cmd" = collect ]; then
-  tag=${2:?tag}; D=/tmp/$tag; end=$(( $(date +%s) + ${3:-540} ))
+  tag=${2:?tag}; D=/tmp/$tag; end=$(( $(date +%s) + ${3:-540} )); last=${4:-all}
   # packed every ~30 s too: a call cut short (the session's device budget spent) still brings back the logs so far
   n=0
-  while [ "$(date +%s)" -lt $end ] && [ ! -e "$D/all.done" ]; do
+  while [ "$(date +%s)" -lt $end ] && [ ! -e "$D/$last.done" ]; do
     sleep 3; n=$((n + 1)); [ $((n % 10)) -eq 0 ] && tar czf "${OUT:-/tmp}/$tag.tgz" -C /tmp "$tag" 2>/dev/null
   done
   tar czf "${OUT:-/tmp}/$tag.tgz" -C /tmp "$tag" 2>/dev/null

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -968,7 +969,7 @@ class CudaBackend(Backend):
         xs = [x if isinstance(x, DeviceTensor) else self.from_host(np.asarray(x, np.float32)) for x in xs]
         if axis == 0:
             out = self.empty((sum(x.shape[0] for x in xs),) + xs[0].shape[1:])
-            starts = np.cumsum([0] + [x.shape[0] for x in xs[:-1]])
+            starts = list(itertools.accumulate((x.shape[0] for x in xs[:-1]), initial=0))   # (np.cumsum: 2 us)
             if len(xs) < self.CONCAT_TABLE_MIN or self.capturing:
                 for x, row in zip(xs, starts):
                     self.native.cmp_memcpy_d2d(out.row_ptr(int(row)), x.ptr, x.nbytes)

@@ -17,6 +17,8 @@ from .arena_sizes import size_class as _size_class
 __all__ = ["DTYPES", "DeviceArena", "DeviceMemoryError", "DeviceTensor", "MIB"]
 
 DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "i8": np.int8, "u8": np.uint8}
+_ITEMSIZE = {k: np.dtype(v).itemsize for k, v in DTYPES.items()}    # (np.dtype() per call: ~0.2 us, ~20 a round
+                                                                     # of MTP's host path)
 _ALIGN = 256
 _CHUNK = 512 << 20
 MIB = 1 << 20
@@ -122,7 +124,7 @@ class DeviceTensor:
 
     @property
     def nbytes(self) -> int:
-        return self.size * np.dtype(DTYPES[self.dtype]).itemsize
+        return math.prod(self.shape) * _ITEMSIZE[self.dtype]
 
     def row_ptr(self, row: int) -> int:
         """Address of row `row` along the first axis."""

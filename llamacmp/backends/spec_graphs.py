@@ -14,7 +14,8 @@ not capture a graph every step.
 
 CapturedVerify: the target's forward over [t0, d1 .. dn] of each sequence, n = n_max (fixed per graph), with
 StepBatch.keep_steps on, the hidden state the head reads, and the argmax of every row on the device. The host
-uploads the token ids and positions, replays, and reads back only the ids; the logits and h stay in the graph's
+uploads the token ids and positions, replays, and reads back only the ids (the token rows, whose drafts came from
+the draft graph on the device, and the argmax, in one read); the logits and h stay in the graph's
 buffers (valid until its next replay) for sampled rows, commit() and a request's last row.
 
 Numerics: both are captured with CudaBackend.capturing set, the same row order as the decode step and as the eager
@@ -56,8 +57,10 @@ class CapturedDraft(_Captured):
         self.be, self.states, self.lengths, self.n = be, list(states), list(lengths), n
         B, R0, D = len(self.states), sum(self.lengths), model.cfg.n_embd
         last = np.cumsum(self.lengths) - 1
-        self.tok0 = be.from_host(np.zeros(R0, np.int32), "i32", "draft graph token ids")
-        self.pos = be.from_host(np.zeros(R0 + (n - 1) * B, np.int32), "i32", "draft graph positions")
+        # the token ids and positions in one buffer: a replay's inputs go up in one copy (this one is on the host's
+        # critical path: between the verified ids and the draft launch the device is idle)
+        self.inputs = be.from_host(np.zeros(2 * R0 + (n - 1) * B, np.int32), "i32", "draft graph ids and positions")
+        self.tok0, self.pos = self.inputs.rows(0, R0), self.inputs.rows(R0, R0 + (n - 1) * B)
         self.h0 = be.empty((R0, D), "f32", "draft graph hidden input")
         self.ids = be.empty((n * B,), "i32", "draft graph ids")              # round r at rows r*B .. r*B + B-1
         self.last = be.from_host(last.astype(np.int32), "i32", "draft graph round-0 rows")
@@ -97,15 +100,22 @@ class CapturedDraft(_Captured):
         for s, L in zip(self.states, self.lengths):
             if s.n_past + L + self.n - 1 > s.n_ctx:
                 raise ValueError(f"draft needs {s.n_past + L + self.n - 1} positions, the context is {s.n_ctx}")
-        row = 0
-        for x in h_parts:                     # the pairs' h rows live in separate tensors: gathered by d2d copies
-            be.native.cmp_memcpy_d2d(self.h0.row_ptr(row), x.ptr, x.nbytes)
+        # the pairs' h rows live in separate tensors: gathered by d2d copies, one per run of adjacent rows (a
+        # round's kept rows are views of one copy: Speculator.commit)
+        row, run = 0, None                    # run: [first row, source address, bytes]
+        for x in h_parts:
+            if run is not None and run[1] + run[2] == x.ptr:
+                run[2] += x.nbytes
+            else:
+                if run is not None:
+                    be.native.cmp_memcpy_d2d(self.h0.row_ptr(run[0]), run[1], run[2])
+                run = [row, x.ptr, x.nbytes]
             row += x.shape[0]
+        be.native.cmp_memcpy_d2d(self.h0.row_ptr(run[0]), run[1], run[2])
         p0 = [s.n_past for s in self.states]
         pos = [p + i for p, L in zip(p0, self.lengths) for i in range(L)]
         pos += [p + L - 1 + r for r in range(1, self.n) for p, L in zip(p0, self.lengths)]
-        be.copy_from_host(self.tok0, np.asarray(tokens, np.int32))
-        be.copy_from_host(self.pos, np.asarray(pos, np.int32))
+        be.copy_from_host(self.inputs, np.asarray(list(tokens) + pos, np.int32))
         self.graph.launch()
         for s, L in zip(self.states, self.lengths):
             s.n_past += L + self.n - 1
@@ -122,10 +132,13 @@ class CapturedVerify(_Captured):
     def __init__(self, be, model, states: Sequence[SeqState], n: int, n_max: int):
         self.be, self.states, self.T, self.room = be, list(states), n + 1, n_max + 1
         R = len(self.states) * self.T
-        self.tokens = be.from_host(np.zeros(R, np.int32), "i32", "verify graph token ids")
-        self.pos = be.from_host(np.zeros(R, np.int32), "i32", "verify graph positions")
+        # positions, token ids and argmax ids in one buffer: a replay's inputs go up in one copy and the ids come
+        # back in one read, the drafted ones (copied in from the draft graph) with the verified ones; each read is
+        # a wait on the host's critical path (the device is idle from the ids' arrival to the next draft launch)
+        self.io = be.from_host(np.zeros(3 * R, np.int32), "i32", "verify graph positions and ids")
+        self.pos, self.tokens, self.greedy = self.io.rows(0, R), self.io.rows(R, R), self.io.rows(2 * R, R)
+        self._up, self._back = self.io.rows(0, 2 * R), self.io.rows(R, 2 * R)   # (positions, tokens), (tokens, argmax)
         self.rows = be.from_host(np.arange(R, dtype=np.int32), "i32", "verify graph output rows")
-        self.greedy = be.empty((R,), "i32", "verify graph argmax ids")
         self._capture(self.states, lambda: self._record(model))
 
     def _record(self, model) -> None:
@@ -145,41 +158,58 @@ class CapturedVerify(_Captured):
             raise ValueError(f"verify graph of {len(self.states)} sequences x {self.T} tokens fed "
                              f"{[len(t) for t in tokens]}")
         self._check_room()
-        self.be.copy_from_host(self.tokens, np.asarray([t for ts in tokens for t in ts], np.int32))
-        self._launch()
+        self._upload([t for ts in tokens for t in ts])
+        self._replay()
         return self.read()
 
     def read(self):
         """-> (logits, h on the device, the argmax of every row on the host: waits for the replay)."""
-        return self.outputs[0], self.outputs[1], self.be.ids_to_host(self.greedy)
+        return self.outputs[0], self.outputs[1], self.read_ids()[1]
+
+    def read_ids(self):
+        """-> (the token ids the replay verified, the argmax of every row), both [B*T] on the host, in one read
+        (waits for the replay)."""
+        R = self.tokens.shape[0]
+        ids = self.be.ids_to_host(self._back)
+        return ids[:R], ids[R:]
 
     def launch_after(self, t0s: Sequence[int], draft: "CapturedDraft") -> None:
         """run() of [t0, the draft's n ids] per state without reading back, the ids taken from the draft graph's
-        buffer on the device (copied after its replay on the same stream): the host waits for neither."""
+        buffer on the device (copied after its replay on the same stream): the host waits for neither; read_ids()
+        gives them back with the verified ids."""
         be, T, B = self.be, self.T, len(self.states)
         if len(t0s) != B or len(draft.states) != B or draft.n != T - 1:
             raise ValueError(f"verify graph of {B} sequences x {T} tokens after a draft of {len(draft.states)} "
                              f"x {draft.n} with {len(t0s)} first tokens")
         self._check_room()
-        tokens = np.zeros(B * T, np.int32)
+        tokens = [0] * (B * T)
         tokens[::T] = t0s
-        be.copy_from_host(self.tokens, tokens)
-        for r in range(draft.n):               # round r's B ids (contiguous) -> row 1 + r of each sequence's T
-            be.native.cmp_memcpy2d_d2d(self.tokens.row_ptr(1 + r), 4 * T, draft.ids.row_ptr(r * B), 4, 4, B)
-        self._launch()
+        self._upload(tokens)
+        # the ids into rows 1 .. n of each sequence's T in min(B, n) copies: these run on the device between the
+        # two graphs (one sequence: one copy, not one per round)
+        if B <= draft.n:                       # sequence i's n ids (a column of the round-major buffer)
+            for i in range(B):
+                be.native.cmp_memcpy2d_d2d(self.tokens.row_ptr(i * T + 1), 4, draft.ids.row_ptr(i), 4 * B, 4, draft.n)
+        else:                                  # round r's B ids (contiguous) -> row 1 + r of each sequence
+            for r in range(draft.n):
+                be.native.cmp_memcpy2d_d2d(self.tokens.row_ptr(1 + r), 4 * T, draft.ids.row_ptr(r * B), 4, 4, B)
+        self._replay()
 
     def _check_room(self) -> None:
         for s in self.states:
             if s.n_past + self.T > s.n_ctx:
                 raise ValueError(f"sequence needs {s.n_past + self.T} positions, its context is {s.n_ctx}")
 
-    def _launch(self):
-        be, T = self.be, self.T
-        be.copy_from_host(self.pos, np.asarray([s.n_past + i for s in self.states for i in range(T)], np.int32))
+    def _upload(self, tokens: Sequence[int]) -> None:
+        """The next replay's positions and token ids [B*T], in one copy."""
+        pos = [s.n_past + i for s in self.states for i in range(self.T)]
+        self.be.copy_from_host(self._up, np.asarray(pos + list(tokens), np.int32))
+
+    def _replay(self) -> None:
         self.graph.launch()
         for s in self.states:
-            s.n_past += T
-            s.steps["len"] = T
+            s.n_past += self.T
+            s.steps["len"] = self.T
 
 
 class SpecGraphs:
@@ -245,7 +275,7 @@ class SpecGraphs:
         host waits once, after the verify, instead of once per graph (the Python between them left the GPU
         idle); while_running() is called while both run (the server sends the last step's results then).
         -> (drafts, logits, h, argmax ids) as draft() and verify(); None (nothing ran) where draft() declines
-        the shape."""
+        the shape. The drafts come back with the verified ids, in one read (CapturedVerify.read_ids)."""
         n = self._length(n)
         d = self._draft_graph(mtp_states, tokens, n)
         if d is None:
@@ -255,8 +285,9 @@ class SpecGraphs:
         v.launch_after(t0s, d)
         if while_running is not None:
             while_running()
-        logits, h, ids = v.read()
-        return d.read(), logits, h, ids
+        verified, ids = v.read_ids()
+        T = n + 1
+        return [verified[i * T + 1:(i + 1) * T].tolist() for i in range(len(states))], *v.outputs, ids
 
     def _draft_graph(self, states, tokens, n: int):
         """The draft graph of these MTP states, catch-up lengths and n; None when declined (see draft())."""

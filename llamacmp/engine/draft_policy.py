@@ -73,6 +73,15 @@ class Acceptance:
         a = self.rate
         return sum(a ** i for i in range(n + 1))
 
+    def expected_upto(self, n: int) -> list[float]:
+        """[E(0), .., E(n)] in one pass, each as expected() sums it (the same terms in the same order: the same
+        bits)."""
+        a, total, out = self.rate, 0, []
+        for i in range(n + 1):
+            total += a ** i
+            out.append(total)
+        return out
+
 
 @dataclass
 class CostTable:
@@ -255,8 +264,9 @@ class DraftPolicy:
         """n -> the expected tokens of a round of these sequences drafting n, sum(E_i(n)); kept while their
         acceptance counts stay (they change only when a round drafts: a run of plain rounds asks the same)."""
         key = tuple((a.accepted, a.tried) for a in accs)
-        if key != self._tokens_of[0]:
-            self._tokens_of = (key, {n: sum(a.expected(n) for a in accs) for n in self.lengths})
+        if key != self._tokens_of[0]:       # (after every drafting round: one pass per sequence, not one per n)
+            per = [a.expected_upto(self.n_max) for a in accs]
+            self._tokens_of = (key, {n: sum(e[n] for e in per) for n in self.lengths})
         return self._tokens_of[1]
 
     def best(self, accs: Sequence[Acceptance], others: int = 0) -> tuple[int, Optional[str]]:

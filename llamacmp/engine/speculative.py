@@ -217,20 +217,23 @@ class Speculator:
         if ms.state.n_past + len(ms.pending) != state.n_past:
             self.reset(ms, state.n_past)
         logits, h = self.model.forward_hidden(StepBatch.build([(state, list(tokens))], all_logits=all_logits))
-        self._push(ms, list(tokens), h, len(tokens))
+        self._push(ms, list(tokens), h)
         batch = StepBatch.build([(ms.state, ms.pending)])
         batch.output_rows = np.zeros(0, np.int32)
         self.model.mtp_forward(batch, self.be.concat(ms.pending_h, axis=0))
-        ms.pending, ms.pending_h = [], []
+        # the last row copied out: a view would hold the chunk's whole h until the next round replaces it
+        ms.pending, ms.pending_h, ms.h_last = [], [], self.be.concat([ms.h_last], axis=0)
         return logits
 
-    def _push(self, ms: MtpSeq, tokens: list[int], h, n: int) -> None:
-        """tokens entered the target with hidden rows h [>= n, D] (rows 0..n-1 theirs): pair each with the row before."""
+    def _push(self, ms: MtpSeq, tokens: list[int], h) -> None:
+        """tokens entered the target with hidden rows h [len(tokens), D]: pair each with the row before. The queue
+        keeps views of h, which must not be rewritten (not a graph's buffer: a copy)."""
+        n = len(tokens)
         ms.pending += tokens
         ms.pending_h.append(ms.h_last)
         if n > 1:
-            ms.pending_h.append(self.be.gather_rows(h, np.arange(n - 1, dtype=np.int32)))
-        ms.h_last = self.be.gather_rows(h, np.asarray([n - 1], np.int32))
+            ms.pending_h.append(self.be.rows(h, 0, n - 1))
+        ms.h_last = self.be.rows(h, n - 1, 1)
 
     # -- adaptive drafting -------------------------------------------------------------------------------------
     def plan(self, seqs: Sequence[MtpSeq], others: int = 0) -> int:
@@ -588,8 +591,10 @@ class Speculator:
         # positions from here on are rewritten from the pending pairs (the drafts' KV rows included); a sequence
         # that did not draft still holds its earlier pending pairs
         ms.state.n_past = v.pos - len(ms.pending)
-        self._push(ms, [v.t0] + v.drafts[:j - 1], self.be.gather_rows(h, np.arange(v.row, v.row + j, dtype=np.int32)),
-                   j)
+        # the kept rows in one copy (a verify graph's h is rewritten by its next replay) that the head's queue
+        # views: a gather per part was an index upload and a launch each, three a round, on the host's critical
+        # path (from the verified ids to the next draft launch the device is idle)
+        self._push(ms, [v.t0] + v.drafts[:j - 1], self.be.concat([self.be.rows(h, v.row, j)], axis=0))
         self._observe([v.t0] + v.drafts[:j - 1])
         self.n_accepted += j - 1
         ms.n_accepted += j - 1

@@ -13,7 +13,6 @@ from llamacmp.fixtures import qwen_vocab as qv
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_model  # noqa: E402
-import mtp_round_profile  # noqa: E402
 import profile_prefill  # noqa: E402
 import server_vs_llamacpp  # noqa: E402
 import side_by_side  # noqa: E402
@@ -195,22 +194,3 @@ def test_mtp_streams_reads_the_policy_round_counters(monkeypatch):
     got = mtp_streams.spec_rounds("http://x")
     assert got == {(1, "drafted"): 3, (4, "plain"): 120, (4, "probes"): 2}
     assert mtp_streams.rounds_text({(4, "plain"): 20}, got) == "S=1: drafted 3; S=4: plain 100, probes 2"
-
-
-def test_mtp_round_profile_times_the_parts_of_a_round(tmp_path, tiny_vocab, capsys):
-    """benchmarks/mtp_round_profile.py on the numpy backend: every drafting round's step, acceptance and commit are
-    timed, the plain rounds' steps too, and the engine's acceptance rule is the engine's own again afterwards."""
-    from dataclasses import replace
-    from llamacmp.engine import speculative
-    from llamacmp.fixtures.writer import SHAPES, write_model
-    path = write_model(tmp_path / "m.gguf", replace(SHAPES["tiny"], mtp=True), "q8_0", tiny_vocab)
-    accept = speculative.accept_tokens
-    assert mtp_round_profile.main(["-m", str(path), "-ngl", "0", "-n", "12", "-r", "1", "--spec-type",
-                                   "none,draft-mtp", "--spec-draft-n-max", "2", "--spec-synth-len", "2"]) == 0
-    out = capsys.readouterr().out
-    assert speculative.accept_tokens is accept
-    none, mtp = out.strip().split("\n\n")
-    assert "MTP off" in none and "tg12 none" in none
-    assert "mtp n2 L2" in mtp
-    for part in ("step", "accept", "commit", "rest"):
-        assert f"  {part} " in mtp, part

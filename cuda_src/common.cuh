@@ -75,6 +75,13 @@ template <typename... P>
 int smem_opt_in(const char* name, void (*kernel)(P...), size_t dynamic) {
     return smem_check(name, reinterpret_cast<const void*>(kernel), dynamic);
 }
+// A launch's wave: the blocks of `kernel` (threads each, `dynamic` bytes of shared memory, opted in here) resident
+// on the whole current device at once (the occupancy API times the SM count; asked once per kernel and size).
+int wave_blocks(const char* name, const void* kernel, int threads, size_t dynamic, int* blocks);
+template <typename... P>
+int wave_blocks(const char* name, void (*kernel)(P...), int threads, size_t dynamic, int* blocks) {
+    return wave_blocks(name, reinterpret_cast<const void*>(kernel), threads, dynamic, blocks);
+}
 
 // The launch of the small kernels: the stream's next kernel, and with cmp_set_pdl on it may start while the kernel
 // before it drains -- so each kernel launched here calls pdl_wait_producers() before it touches memory (a no-op for

@@ -199,16 +199,26 @@ int gemm_w16_runs(bool* yes) {
     return CMP_OK;
 }
 
+// The launch: 512 threads, two stages of W16_BK blocks.
+constexpr int W16_BK = 4, W16_THREADS = 512;
+template <bool MIN>
+constexpr size_t w16_bytes() { return 2 * sizeof(W16Stage<MIN, W16_BK>); }
+
 template <class W, class D>
 int launch_gemm_w16(const int8_t* xq, const float* xd, const float* xs, const int8_t* wq, const W& w,
                     const float* res, float* y, int T, int rows, int n, int ldy) {
-    constexpr int BK = 4;
-    constexpr size_t bytes = 2 * sizeof(W16Stage<W::MIN, BK>);
-    auto kernel = gemm_w16_kernel<W, D, BK>;
+    constexpr size_t bytes = w16_bytes<W::MIN>();
+    auto kernel = gemm_w16_kernel<W, D, W16_BK>;
     CMP_TRY(smem_opt_in("gemm_w16_kernel", kernel, bytes));
-    kernel<<<dim3(ceil_div(rows, smem::G2TILE), ceil_div(T, smem::G2TILE)), 512, bytes, stream()>>>(
+    kernel<<<dim3(ceil_div(rows, smem::G2TILE), ceil_div(T, smem::G2TILE)), W16_THREADS, bytes, stream()>>>(
         xq, xd, xs, wq, w, res, y, T, rows, n, ldy);
     return check_launch("gemm_w16_kernel");
+}
+
+// launch_gemm_w16's wave (wave_blocks).
+template <class W, class D>
+int gemm_w16_wave(int* blocks) {
+    return wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK>, W16_THREADS, w16_bytes<W::MIN>(), blocks);
 }
 
 }  // namespace

@@ -423,16 +423,34 @@ int launch_stages(const MmaOperands& op) {
 }
 
 // The deepest ring the device's shared memory per block allows: 4 or 3 stages of WIDE_BK blocks (sm_90: 227 KB,
-// sm_80: 163 KB; fewer barriers per block), else 4 or 2 stages of 2 blocks (sm_86/89: 99 KB; sm_75: 64 KB).
-template <int SC, bool MIN>
-int launch_form(const MmaOperands& op) {
+// sm_80: 163 KB; fewer barriers per block), else 4 or 2 stages of 2 blocks (sm_86/89: 99 KB; sm_75: 64 KB). Calls
+// f(BK, STAGES) with both as std::integral_constant.
+template <int SC, bool MIN, class F>
+int with_form(F&& f) {
+    using std::integral_constant;
     size_t have = 0;                    // the device's shared memory per block (or the tests' cap)
     CMP_TRY(smem_limit(&have));
     const size_t wide = sizeof(MmaStage<SC, MIN, WIDE_BK>), narrow = sizeof(MmaStage<SC, MIN, 2>);
-    if (have >= 4 * wide) return launch_stages<SC, MIN, WIDE_BK, 4>(op);
-    if (have >= 3 * wide) return launch_stages<SC, MIN, WIDE_BK, 3>(op);
-    if (have >= 4 * narrow) return launch_stages<SC, MIN, 2, 4>(op);
-    return launch_stages<SC, MIN, 2, 2>(op);   // below 2 stages: smem_opt_in reports the kernel and its bytes
+    if (have >= 4 * wide) return f(integral_constant<int, WIDE_BK>{}, integral_constant<int, 4>{});
+    if (have >= 3 * wide) return f(integral_constant<int, WIDE_BK>{}, integral_constant<int, 3>{});
+    if (have >= 4 * narrow) return f(integral_constant<int, 2>{}, integral_constant<int, 4>{});
+    return f(integral_constant<int, 2>{}, integral_constant<int, 2>{});   // below 2 stages: smem_opt_in says so
+}
+
+template <int SC, bool MIN>
+int launch_form(const MmaOperands& op) {
+    return with_form<SC, MIN>([&](auto bk, auto st) {
+        return launch_stages<SC, MIN, decltype(bk)::value, decltype(st)::value>(op);
+    });
+}
+
+template <int SC, bool MIN>
+int form_wave(int* blocks) {
+    return with_form<SC, MIN>([&](auto bk, auto st) {
+        constexpr int BK = decltype(bk)::value, STAGES = decltype(st)::value;
+        constexpr int smem = STAGES * (int)sizeof(MmaStage<SC, MIN, BK>);
+        return wave_blocks("gemm_mma_kernel", gemm_mma_kernel<SC, MIN, BK, STAGES>, THREADS, smem, blocks);
+    });
 }
 
 PerDevice g_mma_code;   // mma_int8_available
@@ -451,6 +469,15 @@ int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op, bool f16) {
     if (op.T == 0) return CMP_OK;
     return dispatch_scales(scales, mins, "gemm_mma", [&](auto sc, auto min) {
         return launch_form<decltype(sc)::value, decltype(min)::value>(op);
+    });
+}
+
+int gemm_mma_wave(MmaScales scales, bool mins, bool f16, int* blocks) {
+    bool ok = false;
+    CMP_TRY(mma_int8_available(&ok));
+    if (f16 || !ok) return gemm_hmma_wave(scales, mins, blocks);
+    return dispatch_scales(scales, mins, "gemm_mma_wave", [&](auto sc, auto min) {
+        return form_wave<decltype(sc)::value, decltype(min)::value>(blocks);
     });
 }
 

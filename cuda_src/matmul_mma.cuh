@@ -44,6 +44,9 @@ int dispatch_scales(MmaScales scales, bool mins, const char* what, F&& f) {
 // the device runs code without mma.sync (older than compute_70).
 int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op, bool f16);
 
+// gemm_mma's wave for these operands' form (wave_blocks): the blocks its kernel keeps resident at once.
+int gemm_mma_wave(MmaScales scales, bool mins, bool f16, int* blocks);
+
 // Whether this library's code for the current device has the int8 mma kernels (compute_75+ code).
 int mma_int8_available(bool* yes);
 
@@ -51,5 +54,6 @@ int mma_int8_available(bool* yes);
 // cards too, where it is slow: for the tests). hmma_available: whether the device's code has it.
 int gemm_hmma(MmaScales scales, bool mins, const MmaOperands& op);
 int hmma_available(bool* yes);
+int gemm_hmma_wave(MmaScales scales, bool mins, int* blocks);
 
 }  // namespace cmp

@@ -29,6 +29,7 @@
 #pragma once
 #include <algorithm>
 
+#include "gemm_chunks.h"
 #include "gemm_w16.cuh"
 #include "matmul_mma.cuh"
 #include "quant_blocks.cuh"
@@ -661,6 +662,12 @@ GemmWork split_work(void* work, size_t bytes, int T, int n, int rows) {
 }
 
 template <bool PER16, bool MIN, class D, int STAGES>
+int gemm_quant_wave(int* blocks) {
+    return wave_blocks("gemm_quant_kernel", gemm_quant_kernel<PER16, MIN, D, STAGES>, 256, STAGES * sizeof(QStage),
+                       blocks);
+}
+
+template <bool PER16, bool MIN, class D, int STAGES>
 int launch_gemm_quant(const int8_t* xq, const float* xd, const GemmWork& g, const float* res, float* y, int T, int R,
                       int n, int ldy) {
     constexpr size_t bytes = STAGES * sizeof(QStage);
@@ -684,13 +691,24 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
     bool w16 = false;
     if constexpr (W16)
         if (!mma) CMP_TRY((gemm_w16_runs<W, D>(&w16)));
-    for (int r0 = 0; r0 < rows; r0 += g.chunk) {
-        const int R = std::min(g.chunk, rows - r0);
+    // the launches' wave, by the kernel this path runs, and from it the rows per chunk (gemm_chunks.h)
+    constexpr MmaScales form = Q::PER16 ? MMA_PER16 : MMA_PER32;
+    int wave = 0;
+    if (mma)
+        CMP_TRY(gemm_mma_wave(form, Q::MIN, mma_f16, &wave));
+    else if (w16) {
+        if constexpr (W16) CMP_TRY((gemm_w16_wave<W, D>(&wave)));
+    } else
+        CMP_TRY((stages == 2 ? gemm_quant_wave<Q::PER16, Q::MIN, D, 2>(&wave)
+                             : gemm_quant_wave<Q::PER16, Q::MIN, D, 1>(&wave)));
+    const int chunk = chunks::wave_chunk(rows, g.chunk, T, QTILE, wave).rows;
+    for (int r0 = 0; r0 < rows; r0 += chunk) {
+        const int R = std::min(chunk, rows - r0);
         CMP_TRY(expand_quant(Q::ID, body + (size_t)r0 * nb * Q::BODY, head + (size_t)r0 * nb * Q::HEAD, g.wq, g.ws,
                              g.wm, R, n));
         if (mma) {
             const MmaOperands op{xq, xd, g.xs, g.wq, g.ws, g.wm, res ? res + r0 : nullptr, y + r0, T, R, n, rows};
-            CMP_TRY(gemm_mma(Q::PER16 ? MMA_PER16 : MMA_PER32, Q::MIN, op, mma_f16));
+            CMP_TRY(gemm_mma(form, Q::MIN, op, mma_f16));
             continue;
         }
         const float* rr = res ? res + r0 : nullptr;

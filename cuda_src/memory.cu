@@ -28,6 +28,9 @@ std::atomic<size_t> g_smem_cap{0};              // cmp_set_smem_cap: process-wid
 struct SmemOptIn {
     size_t static_bytes;
     size_t dynamic;
+    int wave = 0;              // wave_blocks: blocks resident at once for this block size and dynamic bytes
+    int wave_threads = 0;
+    size_t wave_dynamic = 0;
 };
 std::mutex g_smem_mu;
 std::unordered_map<const void*, SmemOptIn> g_smem_known[kMaxDevices];
@@ -112,6 +115,21 @@ int smem_check(const char* name, const void* kernel, size_t dynamic) {
                            name));
         k.dynamic = dynamic;
     }
+    return CMP_OK;
+}
+
+int wave_blocks(const char* name, const void* kernel, int threads, size_t dynamic, int* blocks) {
+    CMP_TRY(smem_check(name, kernel, dynamic));   // opted in first: the occupancy counts the dynamic bytes
+    DeviceFacts f{};
+    CMP_TRY(device_facts(&f));
+    std::lock_guard<std::mutex> lock(g_smem_mu);
+    SmemOptIn& k = g_smem_known[current_device()].at(kernel);   // smem_check recorded it
+    if (k.wave_threads != threads || k.wave_dynamic != dynamic) {
+        int per_sm = 0;
+        CMP_TRY(check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, dynamic), name));
+        k.wave = per_sm * f.sms, k.wave_threads = threads, k.wave_dynamic = dynamic;
+    }
+    *blocks = k.wave;
     return CMP_OK;
 }
 

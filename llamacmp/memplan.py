@@ -92,7 +92,10 @@ from .backends.arena_sizes import exact, size_class  # noqa: E402,F401
 # -- items --------------------------------------------------------------------------------------------------------
 
 STAGING_PIECE = 64 * MIB     # CudaBackend.STAGING_BYTES: block-quantized uploads go through one staging block
-QUANT_WORK_PIECE = 64 * MIB  # CudaBackend.QUANT_WORK_BYTES: a block-quantized prefill GEMM's expanded weights
+# CudaBackend.QUANT_WORK_BYTES: a block-quantized prefill GEMM's expanded weights. 80 MiB holds the 9B's ffn_down
+# (4096 x 12288, 1.5 B a value with mins: 75.5 MB) in one launch, and ffn_gate / ffn_up's 12288 rows in two of whole
+# waves (cuda_src/gemm_chunks.h); the 64 MiB before cost ~20% of a DP4A Q4_K_M pp512 in part-empty waves.
+QUANT_WORK_PIECE = 80 * MIB
 
 
 def tensor_bytes(t: TensorDesc) -> int:

@@ -31,6 +31,7 @@ from ..lib._native import CMP_MM_GEMV_PDL, CMP_MM_MMA, CMP_MM_MMA_F16
 from ..lib._native import CMP_KV_TYPES, CMP_QUANT_TYPES, COPY_REGION_BYTES, copy_region_table
 from ..lib._native import CMP_DOTS, CMP_MM_GEMM_DOT_SHIFT, CMP_MM_GEMV_DOT_SHIFT
 from .. import kv_layout
+from ..memplan import QUANT_WORK_PIECE
 from . import routes as _routes
 from .base import Backend, Segment, SeqState, StepBatch
 from .cuda_graphs import DecodeGraphs
@@ -521,7 +522,7 @@ class CudaBackend(Backend):
         group = self.MAX_FUSED if self.fuse_projections else 1
         return [idx[g0:g0 + group] for idx in kinds.values() for g0 in range(0, len(idx), group)]
 
-    QUANT_WORK_BYTES = 64 << 20   # workspace of one cmp_matmul_quant GEMM call at most (more rows: in chunks)
+    QUANT_WORK_BYTES = QUANT_WORK_PIECE   # workspace of one cmp_matmul_quant GEMM call at most (more rows: in chunks)
 
     def _quant_launch(self, xq, xd, ws: Sequence["QuantMatrix"], outs: Sequence[DeviceTensor], res, t0: int,
                       tn: int) -> None:

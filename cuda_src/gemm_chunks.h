@@ -1,0 +1,49 @@
+// Rows per launch of the block-quantized prefill GEMM (matmul_quant.cuh): its weights are expanded per chunk of
+// rows into a workspace, and each chunk is one launch of 128 x 128 tiles. A launch costs its waves (ceil(tiles /
+// blocks resident on the whole device)), so filling the workspace to the brim is wrong where it leaves a
+// part-empty wave per chunk: on an H200 (132 SMs, one 16-warp block each) ffn_gate's 12288 rows at 512 tokens went
+// as 10752 + 1536 rows, 3 waves at 85% and one at 36%, where 8448 + 3840 rows take 3 waves (the 9B's Q4_K GEMMs at
+// 65% mean fill: 103 ms of a 140 ms pp512). So the chunk is the one with the fewest waves in all, then the fewest
+// launches (each expands its rows once, so launches cost only their latency), then the largest.
+// Plain C++ without CUDA: tests/test_gemm_chunks.py compiles this header on the host (tools/gemm_chunks_table.cpp)
+// and checks every choice against a brute force over all chunkings.
+#pragma once
+
+namespace cmp {
+namespace chunks {
+
+struct Chunking {
+    int rows;      // weight rows per launch (the last launch: what is left)
+    int waves;     // waves of all launches
+    int launches;
+};
+
+constexpr int ceil_div_i(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+// The waves and launches of `rows` weight rows in chunks of `chunk_tiles` row tiles, `token_tiles` tiles of tokens
+// each, `wave` blocks resident at once.
+constexpr Chunking cost(int rows, int tile, int chunk_tiles, int token_tiles, int wave) {
+    const int row_tiles = ceil_div_i(rows, tile);
+    const int full = row_tiles / chunk_tiles, rest = row_tiles % chunk_tiles;
+    const int waves = full * ceil_div_i((long long)chunk_tiles * token_tiles, wave) +
+                      (rest ? ceil_div_i((long long)rest * token_tiles, wave) : 0);
+    return Chunking{chunk_tiles * tile, waves, full + (rest ? 1 : 0)};
+}
+
+// The chunking of `rows` weight rows (tiles of `tile` rows) into launches of at most `cap_rows` rows (a multiple of
+// tile: the workspace) for `tokens` tokens in tiles of `tile`, with `wave` blocks resident on the device at once
+// (0: unknown, then the largest chunk). rows, cap_rows > 0.
+constexpr Chunking wave_chunk(int rows, int cap_rows, int tokens, int tile, int wave) {
+    const int row_tiles = ceil_div_i(rows, tile), token_tiles = ceil_div_i(tokens, tile);
+    const int cap = cap_rows / tile < row_tiles ? cap_rows / tile : row_tiles;
+    Chunking best = cost(rows, tile, cap, token_tiles, wave > 0 ? wave : 1);
+    if (wave <= 0) return best;
+    for (int c = cap - 1; c >= 1; --c) {   // from the largest down: a tie keeps the larger chunk
+        const Chunking k = cost(rows, tile, c, token_tiles, wave);
+        if (k.waves < best.waves || (k.waves == best.waves && k.launches < best.launches)) best = k;
+    }
+    return best;
+}
+
+}  // namespace chunks
+}  // namespace cmp

@@ -121,9 +121,9 @@ def test_topk_of_a_row_of_nan_and_minus_inf(cuda_backend):
 def test_topk_refuses_bad_k(cuda_backend):
     be = cuda_backend
     for N, k in ((100, 33), (4, 5), (4, 0)):
+        x, ids, work = up(be, np.zeros((1, N))), be.empty((1, 40), "i32"), be.empty((1 << 16,), "u8")
         with pytest.raises(NativeError, match="cmp_topk: bad shape"):
-            be.native.cmp_topk(up(be, np.zeros((1, N))).ptr, be.empty((1, 40), "i32").ptr,
-                               be.empty((1 << 16,), "u8").ptr, 1, N, k)
+            be.native.cmp_topk(x.ptr, ids.ptr, work.ptr, 1, N, k)
 
 
 # -- the rescoring ---------------------------------------------------------------------------------------------------
@@ -149,8 +149,10 @@ def test_rescore_picks_the_best_candidate(cuda_backend, quantized):
         xs = x.astype(np.float64)
     logits = np.einsum("rd,rkd->rk", xs, rows.astype(np.float64))
     out = be.empty((R,), "i32")
-    be.native.cmp_coarse_rescore(xq.ptr if quantized else None, xd.ptr if quantized else None, up(be, x).ptr, 0,
-                                 up(be, rows.reshape(R * k, D)).ptr, be.from_host(cand, "i32").ptr, out.ptr, R, k, D)
+    # bound, so that each input keeps its own block until the ids are read back (tests/test_temporary_tensors.py)
+    x_d, rows_d, cand_d = up(be, x), up(be, rows.reshape(R * k, D)), be.from_host(cand, "i32")
+    be.native.cmp_coarse_rescore(xq.ptr if quantized else None, xd.ptr if quantized else None, x_d.ptr, 0,
+                                 rows_d.ptr, cand_d.ptr, out.ptr, R, k, D)
     got = be.ids_to_host(out).tolist()
     assert got == [best_of(logits[r], cand[r]) for r in range(R)]
     assert got[1] == 4 and got[3] == 5

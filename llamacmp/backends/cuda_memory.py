@@ -108,13 +108,29 @@ class DeviceArena:
 
 
 class DeviceTensor:
-    """A block of the arena seen as a row-major array; gives the block back when dropped."""
-    __slots__ = ("ptr", "shape", "dtype", "_arena", "_cls", "_base")
+    """A block of the arena seen as a row-major array; gives the block back when dropped, which CPython does the
+    moment the last reference goes: a tensor that is not bound to a name dies within the expression that made it.
+
+    Reusing a dropped block at once is safe for the kernels already queued on it (one stream per backend, so the
+    next user's writes queue behind them), but not for an address read from a temporary: see `ptr`."""
+    __slots__ = {
+        "ptr": "The block's device address: a plain int, which does not hold the tensor. Read from a temporary "
+               "(`be.from_host(a).ptr`) it outlives its block: the tensor is dropped as soon as .ptr is read, and "
+               "the next allocation of its size class gets the same address, so `f(be.from_host(a).ptr, "
+               "be.from_host(b).ptr)` passes one address twice. Bind the tensor to a name and keep it until the "
+               "results are read back (tests/test_temporary_tensors.py refuses two temporaries' addresses in one "
+               "call).",
+        "shape": "Row-major shape.",
+        "dtype": "A key of DTYPES.",
+        "_arena": "The arena the block goes back to when this tensor is dropped; None for a view.",
+        "_cls": "The block's size class (DeviceArena.alloc).",
+        "_base": "Set on views only: the tensor whose block a view reads (held, so that the block stays).",
+    }
 
     def __init__(self, arena: DeviceArena, shape: tuple[int, ...], dtype: str, what: str):
         self.shape, self.dtype = tuple(int(s) for s in shape), dtype
         self._arena = None
-        self._base = None           # set on views only: the tensor whose block a view reads
+        self._base = None
         self.ptr, self._cls = arena.alloc(max(self.nbytes, 1), what)
         self._arena = arena
 
@@ -127,7 +143,7 @@ class DeviceTensor:
         return math.prod(self.shape) * _ITEMSIZE[self.dtype]
 
     def row_ptr(self, row: int) -> int:
-        """Address of row `row` along the first axis."""
+        """Address of row `row` along the first axis (like `ptr`, it does not keep the tensor alive)."""
         return self.ptr + row * (self.nbytes // self.shape[0])
 
     def view(self, shape: tuple[int, ...]) -> "DeviceTensor":

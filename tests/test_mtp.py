@@ -346,8 +346,10 @@ class ScriptedPolicy(DraftPolicy):
     def __init__(self, n_max, script=(0, 0, 0, 0, 0, 0, 3, 0, 1, 2, 0, 0, 3, 3)):
         super().__init__(n_max)
         self.script, self.i = script, 0
+        self.lefts = []                  # the tokens left the driver said with each choice
 
     def choose(self, accs, others=0, best=None, left=None):
+        self.lefts.append(left)
         self.i += 1
         return min(self.script[(self.i - 1) % len(self.script)], self.n_max)
 
@@ -637,6 +639,8 @@ def test_no_draft_beside_a_prompt_chunk(lm, graphs):
     assert timed and not any("prefill" in phases for phases in timed)    # plain steps timed once the prompts are in
     beside = {S: row.get("prompt", 0) for S, row in engine.spec.round_counts().items()}
     assert beside.get(1, 0) >= 1 and beside.get(2, 0) >= 1         # A beside B's chunks, then A and C
+    lefts = [x for x in engine.spec.policy.lefts if x is not None]   # the first drafting slot to end (None: ahead)
+    assert all(0 < x < 24 for x in lefts) and lefts[-1] <= 3 and min(lefts) == lefts[-1]
     on, _ = _arrivals(lm, SpecConfig(type="draft-mtp", n_max=3), None, graphs)   # the random head's drafts
     assert on == off
 

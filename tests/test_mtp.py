@@ -615,6 +615,11 @@ def test_no_draft_beside_a_prompt_chunk(lm, graphs):
     not asked; such rounds count as kind 'prompt'), and neither that step nor the one after a chunk that left the
     device busy is timed into the policy's cost table. Once the prompts are in, the rounds draft again; every
     stream equals MTP off (drafts accepted by the oracle or not)."""
+    beside_prompt_on_equals_off(lm, graphs)
+
+
+def beside_prompt_on_equals_off(lm, graphs):
+    """(also run on CUDA by tests/test_mtp_cuda.py) -> the engine of the oracle's run."""
     off, _ = _arrivals(lm, None)
     prompts = [lm.tokenizer.encode(p) for p in (PROMPTS[0], PROMPTS[1] * 3, PROMPTS[2])]
     refs = [p + t for p, t in zip(prompts, off)]
@@ -643,6 +648,7 @@ def test_no_draft_beside_a_prompt_chunk(lm, graphs):
     assert all(0 < x < 24 for x in lefts) and lefts[-1] <= 3 and min(lefts) == lefts[-1]
     on, _ = _arrivals(lm, SpecConfig(type="draft-mtp", n_max=3), None, graphs)   # the random head's drafts
     assert on == off
+    return engine
 
 
 def test_synthetic_acceptance(lm):

@@ -7,7 +7,10 @@ last over that span, which leaves out the start: prompts, first tokens, a graph 
 that a gap in the wall rate but not in the steady one lies at the start, not in the plain steps). Under the
 table, per setting and stream count, the draft policy's rounds by number of sequences in a round (the server's
 llamacmp:spec_rounds_total counters over that measurement, warm-ups included): drafted / plain / probes /
-explored / skipped, and the drafting rounds' graph captures and eager rounds.
+explored / skipped / short / prompt, and the drafting rounds' graph captures and eager rounds. Then, for N streams,
+where the wall time goes: the start (from the requests to every stream's first token), the steady part and the
+tail (after the first stream's last token), in ms with the tokens delivered in each, and each part's on - off per
+round (a loss at the start or in the tail shows there, not in the steady rate).
 With --rounds K the settings run K times in turn (off, on, ..., off, on, ...), so that a drift of the machine lands on
 every setting alike; the table gives each setting's median and the range of its rounds, and on / off per round.
     python3 benchmarks/mtp_streams.py --model M.gguf --spec-synth-len 1,2.5 [--streams 1,4] [-n 128] [--rounds K]
@@ -45,21 +48,31 @@ def rounds_text(before: dict, after: dict) -> str:
                      for S in sorted({S for S, _ in diff})) or "-"
 
 
-def measure_streams(url: str, texts, n: int, args) -> tuple[float, float, str]:
-    """t/s of n streams (1: the decode rate), their steady t/s (1 stream: the decode rate again) and the policy's
-    rounds during that measurement."""
+PARTS = ("start", "steady", "tail")
+
+
+def measure_streams(url: str, texts, n: int, args) -> tuple[float, float, str, dict]:
+    """t/s of n streams (1: the decode rate), their steady t/s (1 stream: the decode rate again), the policy's
+    rounds during that measurement and where the wall time went ({part: (seconds, tokens)}; {} for 1 stream)."""
     before = spec_rounds(url)
+    split = {}
     if n == 1:
         tps = steady = single_stream_tps(url, texts[0], args.n, args.r, None)
     else:
         got = sv.measure(url, texts[:n], args.n)
         tps, steady = got["wall_tps"], got["steady_tps"]
-    return tps, steady, rounds_text(before, spec_rounds(url))
+        split = {part: (got[f"{part}_s"], got[f"{part}_n"]) for part in PARTS}
+    return tps, steady, rounds_text(before, spec_rounds(url)), split
+
+
+def split_text(split: dict) -> str:
+    """'start 41 ms (4 tok), steady 5120 ms (2030 tok), tail 12 ms (6 tok)'."""
+    return ", ".join(f"{part} {1e3 * split[part][0]:.0f} ms ({split[part][1]} tok)" for part in PARTS)
 
 
 def run_setting(args, label: str, flags: list[str], streams: list[int], texts, env) -> tuple:
     """One fresh server of the setting -> ({streams: t/s}, mean accepted length, {streams: policy rounds text},
-    {streams: steady t/s})."""
+    {streams: steady t/s}, {streams: where the wall time went})."""
     port = sv.free_port()
     log = Path(f"/tmp/mtp-streams-{label.replace(' ', '_')}.log")
     np_ = max(streams)
@@ -67,8 +80,28 @@ def run_setting(args, label: str, flags: list[str], streams: list[int], texts, e
                    log, env) as srv:
         srv.wait_ready(args.load_timeout)
         got = {n: measure_streams(srv.url, texts, n, args) for n in streams}
-        return ({n: t for n, (t, _, _) in got.items()}, draft_mean_len(srv.url), {n: r for n, (_, _, r) in got.items()},
-                {n: s for n, (_, s, _) in got.items()})
+        return ({n: g[0] for n, g in got.items()}, draft_mean_len(srv.url), {n: g[2] for n, g in got.items()},
+                {n: g[1] for n, g in got.items()}, {n: g[3] for n, g in got.items()})
+
+
+def split_table(runs: dict, streams: list[int]) -> list[str]:
+    """Where the wall time of N streams went, per setting: each part's median ms (and tokens) over the rounds, and
+    its on - off in ms per round."""
+    if not streams:
+        return []
+    head = " | ".join(f"{part} ms (tok)" for part in PARTS)
+    lines = ["", "Where the wall time of N streams goes: the start (to every stream's first token), the steady part, "
+             "the tail (after the first stream's last token); medians over the rounds, and on - off per round:", "",
+             f"| setting | streams | {head} | " + " | ".join(f"{part} on - off ms" for part in PARTS) + " |",
+             "|---|---:|" + "---:|" * (2 * len(PARTS))]
+    for label, rounds in runs.items():
+        for n in streams:
+            cells = [f"{1e3 * statistics.median(r[4][n][part][0] for r in rounds):.1f} "
+                     f"({statistics.median(r[4][n][part][1] for r in rounds):.0f})" for part in PARTS]
+            diffs = [" / ".join(f"{1e3 * (r[4][n][part][0] - off[4][n][part][0]):+.1f}"
+                                for r, off in zip(rounds, runs["off"])) if label != "off" else "-" for part in PARTS]
+            lines.append(f"| {label} | {n} | " + " | ".join(cells + diffs) + " |")
+    return lines
 
 
 def main() -> None:
@@ -96,8 +129,10 @@ def main() -> None:
             runs.setdefault(label, []).append(run_setting(args, label, flags, streams, texts, env))
             tps = runs[label][-1][0]
             steady = runs[label][-1][3]
+            split = runs[label][-1][4]
             print(f"round {k + 1} {label}: " + ", ".join(f"{n} stream(s) {t:.1f} t/s" + (
-                f" (steady {steady[n]:.1f})" if n > 1 else "") for n, t in tps.items()), flush=True)
+                f" (steady {steady[n]:.1f}; {split_text(split[n])})" if n > 1 else "") for n, t in tps.items()),
+                flush=True)
     lines = ["| setting | streams | t/s (median, range of rounds) | on / off per round | steady t/s (median) | "
              "steady on / off per round | mean len |", "|---|---:|---:|---:|---:|---:|---:|"]
     for label, rounds in runs.items():
@@ -110,6 +145,7 @@ def main() -> None:
             lines.append(f"| {label} | {n} | {statistics.median(tps):.1f}{spread} | {ratios} | "
                          f"{statistics.median(steady):.1f} | {s_ratios} | "
                          f"{statistics.median(r[1] for r in rounds):.2f} |")
+    lines += split_table(runs, [n for n in streams if n > 1])
     lines += ["", "Draft policy rounds per number of sequences in a round (llamacmp:spec_rounds_total):"]
     lines += [f"- {label}, {n} stream(s), round {k + 1}: {r[2][n]}" for label, rounds in runs.items()
               if label != "off" for k, r in enumerate(rounds) for n in streams]

@@ -175,8 +175,14 @@ def measure(url: str, texts: list, n_predict: int, extra: dict | None = None) ->
     first_done = min(r[1][-1][0] for r in results)  # the first stream has its last token
     steady_n = sum(generated_by(r[1], first_done) - generated_by(r[1], all_in) for r in results)
     steady = steady_n / (first_done - all_in) if first_done > all_in else float("nan")
+    # where the wall time goes: the start (until every stream has its first token), the steady part, the tail
+    # (after the first stream's last token), with the tokens delivered in each
+    start_n = sum(generated_by(r[1], all_in) for r in results)
+    mid_s, mid_n = (first_done - all_in, steady_n) if first_done > all_in else (0.0, 0)
     return {"tokens": n_tok, "per_stream": per_stream, "chunks": sum(len(r[1]) for r in results),
             "wall_s": t_end - t0, "wall_tps": n_tok / (t_end - t0), "steady_tps": steady,
+            "start_s": all_in - t0, "steady_s": mid_s, "tail_s": t_end - all_in - mid_s,
+            "start_n": start_n, "steady_n": mid_n, "tail_n": n_tok - start_n - mid_n,
             "ids": [r[0] for r in results]}
 
 

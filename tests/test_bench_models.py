@@ -194,3 +194,26 @@ def test_mtp_streams_reads_the_policy_round_counters(monkeypatch):
     got = mtp_streams.spec_rounds("http://x")
     assert got == {(1, "drafted"): 3, (4, "plain"): 120, (4, "probes"): 2}
     assert mtp_streams.rounds_text({(4, "plain"): 20}, got) == "S=1: drafted 3; S=4: plain 100, probes 2"
+
+
+def test_streams_wall_time_split_into_start_steady_tail(monkeypatch):
+    """server_vs_llamacpp.measure splits the wall time of N streams at every stream's first token and the first
+    stream's last (the parts and their tokens add up to the wall figures); mtp_streams.py tables each part."""
+    import mtp_streams
+    marks = [[(1.0, 1), (2.0, 5), (3.0, 9)], [(1.5, 1), (2.0, 4), (4.0, 10)]]    # (time, tokens so far) per stream
+    calls = []
+    monkeypatch.setattr(server_vs_llamacpp, "concurrent",
+                        lambda url, texts, n, extra: calls.append(n) or ([(i, m, 200) for i, m in enumerate(marks)],
+                                                                         0.5))
+    got = server_vs_llamacpp.measure("http://x", ["a", "b"], 10)
+    assert calls == [8, 10]                                         # the warm-up, then the measured run
+    assert (got["start_s"], got["steady_s"], got["tail_s"]) == (1.0, 1.5, 1.0)
+    assert (got["start_n"], got["steady_n"], got["tail_n"]) == (2, 11, 6)
+    assert got["start_s"] + got["steady_s"] + got["tail_s"] == got["wall_s"] and got["tokens"] == 19
+    split = {p: (got[f"{p}_s"], got[f"{p}_n"]) for p in mtp_streams.PARTS}
+    assert mtp_streams.split_text(split) == "start 1000 ms (2 tok), steady 1500 ms (11 tok), tail 1000 ms (6 tok)"
+    later = {p: (s + 0.002, n) for p, (s, n) in split.items()}
+    runs = {"off": [(None, None, None, None, {4: split})], "on": [(None, None, None, None, {4: later})]}
+    table = mtp_streams.split_table(runs, [4])
+    assert table[-2] == "| off | 4 | 1000.0 (2) | 1500.0 (11) | 1000.0 (6) | - | - | - |"
+    assert table[-1] == "| on | 4 | 1002.0 (2) | 1502.0 (11) | 1002.0 (6) | +2.0 | +2.0 | +2.0 |"

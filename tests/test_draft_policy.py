@@ -211,18 +211,20 @@ def _gemv(R: int) -> float:
     return PLAIN * (1 + 0.06 * (R - 1) if R <= 4 else 1.18 + (R - 4) * (3 - 1.18) / 12)
 
 
-def _ramp(p: float, forward, schedule, seed: int = 0):
+def _ramp(p: float, forward, schedule, seed: int = 0, left: bool = False):
     """Requests arriving one by one, as a server's: (S, rounds) phases. A spec round of S > 1 sequences of a shape
     (S, n) run for the first time drafts eagerly and captures its verify graph, the second captures the draft
-    graph (neither timed: speculative.py), later ones replay -> (tokens per second over MTP off's, the policy)."""
+    graph (neither timed: speculative.py), later ones replay -> (tokens per second over MTP off's, the policy).
+    left: the policy is told the rounds left in each phase (as tokens left: the phase ends with its first
+    sequence)."""
     rng = np.random.default_rng(seed)
     pol, accs, seen = DraftPolicy(3), [], {}
     made = spent = off = 0.0
     for S, rounds in schedule:
         accs += [Acceptance() for _ in range(S - len(accs))]
-        for _ in range(rounds):
+        for i in range(rounds):
             off += forward(S)
-            n = pol.choose(accs[:S])
+            n = pol.choose(accs[:S], left=rounds - i if left else None)
             if n == 0:
                 pol.costs.add_plain(S, forward(S))
                 spent, made = spent + forward(S), made + S
@@ -263,6 +265,35 @@ def test_streams_arriving_still_draft_where_it_pays():
     """The same arrival where rows are cheap (a forward of 16 rows 1.3x one): S = 4 explores and drafts."""
     rate, pol = _ramp(0.8, lambda R: PLAIN * (1 + 0.02 * (R - 1)), RAMP)
     assert pol.counts[4]["explored"] >= 1 and pol.counts[4]["drafted"] > 100 and rate > 1.25
+
+
+TAIL = [(4, 128), (3, 12), (2, 12), (1, 12)]
+
+
+def test_streams_finishing_do_not_explore_what_cannot_repay():
+    """Streams finishing one by one where drafting pays (cheap rows): the tokens left at S = 3 and 2 cannot repay a
+    new shape's eager round and captures, so those S step plainly ('short'), where without the bound they explored
+    (and lost: the run's rate is higher with it). S = 4 with its long run left, and S = 1, explore as before."""
+    cheap = lambda R: PLAIN * (1 + 0.02 * (R - 1))        # noqa: E731
+    rate_blind, blind = _ramp(0.8, cheap, TAIL)
+    rate, pol = _ramp(0.8, cheap, TAIL, left=True)
+    for S in (3, 2):
+        assert blind.counts[S]["explored"] >= 1
+        assert pol.counts[S]["short"] >= 1 and "explored" not in pol.counts[S] and "drafted" not in pol.counts[S]
+    assert pol.counts[4]["explored"] >= 1 and pol.counts[4]["drafted"] > 100 and pol.counts[1]["explored"] == 1
+    assert rate > rate_blind
+
+
+def test_a_long_run_left_still_explores():
+    """The bound is the exploration's cost against the best case's gain over the tokens left: enough left, and a
+    new S explores as before; too few, and it steps plainly."""
+    from llamacmp.engine.draft_policy import EXPLORE_STEPS, repays
+    pol, good = DraftPolicy(3), Acceptance(9.5, 10.0)
+    pol.costs.add_plain(3, PLAIN)
+    pol.costs.add_plain(1, PLAIN)
+    assert pol.best([good] * 3) == pol.best([good] * 3, left=1000) == (3, "explored")
+    assert pol.best([good] * 3, left=EXPLORE_STEPS) == (0, "short")
+    assert repays(EXPLORE_STEPS * 2 + 1, 0.5) and not repays(EXPLORE_STEPS * 2, 0.5)
 
 
 def test_spec_floor_bounds_a_round_of_more_sequences():

@@ -346,8 +346,10 @@ class ScriptedPolicy(DraftPolicy):
     def __init__(self, n_max, script=(0, 0, 0, 0, 0, 0, 3, 0, 1, 2, 0, 0, 3, 3)):
         super().__init__(n_max)
         self.script, self.i = script, 0
+        self.lefts = []                  # the tokens left the driver said with each choice
 
-    def choose(self, accs, others=0, best=None):
+    def choose(self, accs, others=0, best=None, left=None):
+        self.lefts.append(left)
         self.i += 1
         return min(self.script[(self.i - 1) % len(self.script)], self.n_max)
 
@@ -574,6 +576,81 @@ def scheduler_greedy_on_equals_off(lm, graphs):
     return engine
 
 
+def _arrivals(lm, spec, refs=None, graphs=None, watch=None):
+    """Requests arriving while others decode, on the caller's thread: A alone for a few steps, then B (a prompt of
+    several chunks: n_ubatch 4) and C, whose chunks run in steps where A (then C) decode. spec None: MTP off;
+    else a policy that steps plainly and drafts 3 in turn whenever it is asked, drafts from refs (the oracle)
+    when given. watch(engine):
+    called once the engine is built. -> tokens per request, the engine."""
+    from llamacmp.engine.tasks import FinalResult
+    engine = Engine(lm, EngineConfig(n_slots=3, n_ctx_slot=128, n_ubatch=4, spec=spec))
+    if spec is not None:
+        if refs is not None:
+            engine.spec = OracleSpeculator(engine, 3, refs, np.random.default_rng(0), p_wrong=0.2)
+        if graphs is not None:
+            engine.spec.graphs = EagerSpecGraphs(lm.model, 3) if graphs == "eager-double" else None
+        engine.spec.policy = ScriptedPolicy(3, script=(0, 3))
+    if watch is not None:
+        watch(engine)
+    got = {}
+    prompts = [lm.tokenizer.encode(p) for p in (PROMPTS[0], PROMPTS[1] * 3, PROMPTS[2])]
+    params = GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=24)
+
+    def submit(i):
+        engine.submit(CompletionTask(prompts[i], params, lambda r: got.__setitem__(i, r.tokens)
+                                     if isinstance(r, FinalResult) else None))
+    submit(0)
+    for _ in range(5):                   # A's prompt chunks, then its first rounds alone
+        engine._iterate()
+    submit(1)
+    engine._iterate()                    # B's first chunk beside A's round
+    submit(2)
+    engine.run_pending()
+    return [got[i] for i in range(3)], engine
+
+
+@pytest.mark.parametrize("graphs", [None, "eager-double"])
+def test_no_draft_beside_a_prompt_chunk(lm, graphs):
+    """A step that carries another request's prompt chunk decodes plainly: no sequence drafts there (the policy is
+    not asked; such rounds count as kind 'prompt'), and neither that step nor the one after a chunk that left the
+    device busy is timed into the policy's cost table. Once the prompts are in, the rounds draft again; every
+    stream equals MTP off (drafts accepted by the oracle or not)."""
+    beside_prompt_on_equals_off(lm, graphs)
+
+
+def beside_prompt_on_equals_off(lm, graphs):
+    """(also run on CUDA by tests/test_mtp_cuda.py) -> the engine of the oracle's run."""
+    off, _ = _arrivals(lm, None)
+    prompts = [lm.tokenizer.encode(p) for p in (PROMPTS[0], PROMPTS[1] * 3, PROMPTS[2])]
+    refs = [p + t for p, t in zip(prompts, off)]
+    steps, timed = [], []
+
+    def watch(engine):
+        sp = engine.spec
+        step, time_plain = sp.step, sp.time_plain
+
+        def spied_step(items, n=None, while_running=None):
+            steps.append([s.phase for s in engine.slots])
+            return step(items, n, while_running)
+
+        def spied_time_plain(rows, seconds):
+            timed.append([s.phase for s in engine.slots])
+            time_plain(rows, seconds)
+        sp.step, sp.time_plain = spied_step, spied_time_plain
+    on, engine = _arrivals(lm, SpecConfig(type="draft-mtp", n_max=3), refs, graphs, watch)
+    assert on == off
+    assert engine.spec.n_accepted > 5
+    assert steps and not any("prefill" in phases for phases in steps)
+    assert timed and not any("prefill" in phases for phases in timed)    # plain steps timed once the prompts are in
+    beside = {S: row.get("prompt", 0) for S, row in engine.spec.round_counts().items()}
+    assert beside.get(1, 0) >= 1 and beside.get(2, 0) >= 1         # A beside B's chunks, then A and C
+    lefts = [x for x in engine.spec.policy.lefts if x is not None]   # the first drafting slot to end (None: ahead)
+    assert all(0 < x < 24 for x in lefts) and lefts[-1] <= 3 and min(lefts) == lefts[-1]
+    on, _ = _arrivals(lm, SpecConfig(type="draft-mtp", n_max=3), None, graphs)   # the random head's drafts
+    assert on == off
+    return engine
+
+
 def test_synthetic_acceptance(lm):
     """accept_tokens(synth=): the first k drafts are taken whatever the target says, then the target's own draw;
     through the engine, --spec-synth-len sets the acceptance (counted in the request's draft timings) and the
@@ -684,8 +761,8 @@ def _fixed_costs(monkeypatch):
     monkeypatch.setattr(CostTable, "has_spec", lambda self, S: True)
     seen, choose = [], DraftPolicy.choose
 
-    def record(self, accs, others=0, best=None):
-        n = choose(self, accs, others, best)
+    def record(self, accs, others=0, best=None, left=None):
+        n = choose(self, accs, others, best, left)
         seen.append((self, n, [a.rate for a in accs]))     # (the policy itself: an id could be reused)
         return n
     monkeypatch.setattr(DraftPolicy, "choose", record)

@@ -17,8 +17,8 @@ from llamacmp.engine.speculative import Speculator
 from llamacmp.fixtures.writer import SHAPES, write_model
 from llamacmp.loader import load_model
 from llamacmp.spec import SpecConfig
-from test_mtp import (PROMPTS, _greedy, adaptive_scheduler_on_equals_off, plain_rounds_on_equals_off,
-                      scheduler_greedy_on_equals_off)
+from test_mtp import (PROMPTS, _greedy, adaptive_scheduler_on_equals_off, beside_prompt_on_equals_off,
+                      plain_rounds_on_equals_off, scheduler_greedy_on_equals_off)
 
 pytestmark = pytest.mark.cuda
 
@@ -180,6 +180,13 @@ def test_adaptive_scheduler_cuda(lms):
     _, dev = lms("small")
     engine = adaptive_scheduler_on_equals_off(dev, None)
     assert engine.spec.graphs.n_replayed > 0
+
+
+def test_no_draft_beside_a_prompt_chunk_cuda(lms):
+    """Requests arriving while others decode on the CUDA graphs: no round drafts beside a prompt chunk, nothing
+    of those steps is timed, every stream equals MTP off."""
+    _, dev = lms("small")
+    beside_prompt_on_equals_off(dev, None)
 
 
 def test_hidden_decode_graph_gives_the_decode_logits_cuda(lms):

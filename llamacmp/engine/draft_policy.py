@@ -31,9 +31,12 @@ expected tokens by a floor under spec(S, n) from what is measured:
   - a spec round of S' < S sequences drafting n (measured, or estimated as spec_cost does), plus
     (n + 1) (plain(S) - plain(S')): the S - S' more
     sequences add (S - S')(n + 1) verify rows, each at least the plain secant's slope (convexity again).
-No length passing: the round steps plainly. Probes at S > 1 run only where a spec round of S was measured (else
-exploring already decides each round from the current acceptance) and only when the round would win were every
-draft accepted. S = 1 explores and probes as before.
+No length passing: the round steps plainly. Nor does one whose best case cannot repay the exploration
+(EXPLORE_STEPS plain steps) within the tokens its sequences have left ('short'): the rounds of these S sequences
+end when the first of them does (its n_predict, its context), so near the end of a run, streams finishing one by
+one, each smaller S would pay an eager round and captures for a few rounds' gain at best. Probes at S > 1 run only
+where a spec round of S was measured (else exploring already decides each round from the current acceptance) and
+only when the round would win were every draft accepted. S = 1 explores and probes as before.
 """
 from __future__ import annotations
 
@@ -45,8 +48,9 @@ PRIOR = (1.0, 2.0)         # (accepted, tried) before anything is seen: a = 0.5,
 EMA_DOWN, EMA_UP = 0.8, 0.1   # weight of a new timing below / above the table's: the noise of a wall-clock timing
                               # is mostly added time (another process, a collection), so a slow one moves it less
 PROBE_MIN, PROBE_MAX = 8, 64
-EXPLORE_MARGIN = 1.25      # S > 1: explore only where the best case beats a plain step by this much (a new shape
-                           # costs an eager round and two graph captures, ~a dozen plain steps on the H200)
+EXPLORE_STEPS = 12         # what exploring a new shape of S > 1 sequences costs (an eager round and two graph
+                           # captures), in plain steps of those sequences: ~a dozen on the H200
+EXPLORE_MARGIN = 1.25      # S > 1: explore only where the best case beats a plain step by this much (its cost)
 
 
 @dataclass(slots=True)
@@ -190,18 +194,22 @@ class DraftPolicy:
 
     def count(self, S: int, kind: str, k: int = 1) -> None:
         """Per number of sequences S: rounds 'drafted', 'plain', 'probes', 'explored' (drafted with nothing
-        measured for S), 'skipped' (plain where exploring could not win); the Speculator adds 'captures' (rounds
+        measured for S), 'skipped' (plain where exploring could not win), 'short' (plain where it could, but not
+        within the tokens the sequences have left); the Speculator adds 'prompt' (plain rounds beside a prompt
+        chunk, the policy not asked: Engine._step), 'captures' (rounds
         that captured a graph), 'eager' (drafting rounds run eagerly though graphs exist) and 'ahead' (rounds
         whose lengths were weighed while the plain step before them ran: Speculator.plan_ahead)."""
         row = self.counts.setdefault(S, {})
         row[kind] = row.get(kind, 0) + k
 
-    def choose(self, accs: Sequence[Acceptance], others: int = 0, best: Optional[tuple] = None) -> int:
+    def choose(self, accs: Sequence[Acceptance], others: int = 0, best: Optional[tuple] = None,
+               left: Optional[int] = None) -> int:
         """accs: the acceptance of each sequence that may draft this round; others: sequences that step plainly
         either way (a drafting round runs their step apart, a plain one with the rest) -> n (0: a plain step).
-        best: what best(accs, others) gave, if the caller weighed the lengths ahead (Speculator.plan_ahead)."""
+        best: what best(accs, others, left) gave, if the caller weighed the lengths ahead (Speculator.plan_ahead).
+        left: the most tokens the first of these sequences to end can still make (None: no bound known)."""
         S = len(accs)
-        n, kind = self.best(accs, others) if best is None else best
+        n, kind = self.best(accs, others, left) if best is None else best
         if kind is not None:
             self.count(S, kind)
         if self.probing:                          # the round after a probe: did it bring drafting back?
@@ -269,14 +277,16 @@ class DraftPolicy:
             self._tokens_of = (key, {n: sum(e[n] for e in per) for n in self.lengths})
         return self._tokens_of[1]
 
-    def best(self, accs: Sequence[Acceptance], others: int = 0) -> tuple[int, Optional[str]]:
+    def best(self, accs: Sequence[Acceptance], others: int = 0,
+             left: Optional[int] = None) -> tuple[int, Optional[str]]:
         """The weighing of the lengths that choose() starts from, from the tables and the acceptance alone (no
         probe, no refresh; nothing changes): -> (the length with the most expected tokens per second, 0 where
-        a plain step wins, and 'explored' or 'skipped' where that was how it was reached (count()), else None)."""
+        a plain step wins, and 'explored', 'skipped' or 'short' where that was how it was reached (count()), else
+        None). left: as choose()'s."""
         S, c = len(accs), self.costs
         if not c.has_spec(S):
             if S > 1:
-                return self._explore(accs, others)
+                return self._explore(accs, others, left)
             return self.n_max, "explored"         # explore: measure a spec round of S sequences first
         plain, apart = c.plain_cost(S + others), c.plain_cost(others) if others else 0.0
         if plain is None or apart is None:
@@ -290,9 +300,10 @@ class DraftPolicy:
                 best, rate = n, r
         return best, None
 
-    def _explore(self, accs: Sequence[Acceptance], others: int) -> tuple[int, Optional[str]]:
+    def _explore(self, accs: Sequence[Acceptance], others: int, left: Optional[int]) -> tuple[int, Optional[str]]:
         """Nothing measured for S > 1 sequences drafting: a plain step of them first (and of the others alone),
-        then the length whose best case (expected tokens over spec_floor) beats it most; none: plain ('skipped')."""
+        then the length whose best case (expected tokens over spec_floor) beats it most; none: plain ('skipped');
+        one that cannot repay the exploration within `left` rounds: plain ('short')."""
         S, c = len(accs), self.costs
         plain = c.plain_cost(S + others)
         if plain is None:
@@ -306,6 +317,8 @@ class DraftPolicy:
                 best, rate = n, r
         if best and rate < EXPLORE_MARGIN * (S + others) / plain:
             best = 0                              # a best case this close cannot pay back the new shape's cost
+        elif best and left is not None and not repays(left, (S + others) / plain / rate):
+            return 0, "short"
         return best, "explored" if best else "skipped"
 
     @property
@@ -313,3 +326,10 @@ class DraftPolicy:
         """The fraction of rounds that drafted."""
         total = self.n_spec + self.n_plain
         return self.n_spec / total if total else 0.0
+
+
+def repays(left: int, ratio: float) -> bool:
+    """Whether exploring a shape (EXPLORE_STEPS plain steps) can pay for itself in the `left` rounds it may run
+    for: those rounds' plain steps take `left` steps, drafting at best `ratio` (plain rate / best-case rate) of
+    that, so at most left * (1 - ratio) steps are saved."""
+    return left * (1.0 - ratio) > EXPLORE_STEPS

@@ -97,6 +97,7 @@ class Engine:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._flushers: list = []         # see on_results_flush
+        self._prompt_queued = False       # the last step left a prompt chunk on the device (_step)
         self._submit_lock = threading.Lock()
         self.failed = ""                  # why the engine stopped for good ("" while it runs); see _die
         self._on_fatal: list = []
@@ -560,7 +561,14 @@ class Engine:
         what the others are doing (a mixed batch would take the tiled GEMM, which sums in another order)."""
         gen = [s for s in self.slots if s.phase == GENERATE]
         spec = [s for s in gen if self._speculates(s)]
-        n = self.spec.plan([s.mtp for s in spec], len(gen) - len(spec)) if spec else 0   # the draft length (0: plain)
+        # beside a prompt chunk nothing drafts: the step waits for the chunk anyway, and drafting there would add
+        # MTP work (drafts, the verify's rows, a new shape's eager round and captures) to the prompt's time to
+        # its first token; nor is the step timed for the policy (_prompt_queued)
+        beside_prompt = self._prompt_queued or any(s.phase == PREFILL for s in self.slots)
+        if spec and beside_prompt:
+            self.spec.beside_prompt([s.mtp for s in spec])
+        left = min(s.tokens_left() for s in spec) if spec else 0
+        n = self.spec.plan([s.mtp for s in spec], len(gen) - len(spec), left) if spec and not beside_prompt else 0
         if n:
             self._speculate(spec, n)
             drafting = set(map(id, spec))       # (by identity: a Slot's == compares every field)
@@ -573,11 +581,14 @@ class Engine:
             timing = None
             if self.spec is not None:
                 timing = self._observe_plain(gen, [] if n else spec, h, t0, events)
-                if spec and not n:       # the next round's lengths, weighed while the device runs this step
-                    self.spec.plan_ahead([s.mtp for s in spec], len(gen) - len(spec))
+                if beside_prompt:
+                    timing = None
+                elif spec and not n:     # the next round's lengths, weighed while the device runs this step
+                    self.spec.plan_ahead([s.mtp for s in spec], len(gen) - len(spec), left - 1)
             self._after_forward(gen, [[s.next_token] for s in gen], logits, t0, timing)
         budget = self.cfg.n_batch - len(gen)
         ran = bool(gen)
+        self._prompt_queued = False
         for s in sorted((s for s in self.slots if s.phase == PREFILL), key=lambda s: s.task.id):
             chunk = s.next_chunk(self._chunk_size(budget if ran else self.cfg.n_batch))
             if ran and len(chunk) > budget:
@@ -594,6 +605,10 @@ class Engine:
             self._book_forward(len(chunk), t0)
             self._flush()
             self._after_forward([s], [chunk], logits, t0)
+            # a chunk that drew no token (not the prompt's last) may still run on the device when the next step
+            # starts: that step waits for it, so it is one beside a prompt even if this slot stops prefilling
+            # (cancelled) meanwhile
+            self._prompt_queued |= s.phase == PREFILL
             budget -= len(chunk)
             ran = True
 

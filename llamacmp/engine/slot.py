@@ -199,6 +199,13 @@ class Slot:
     def stopped(self) -> bool:
         return self.turn.stopped
 
+    def tokens_left(self) -> int:
+        """The most tokens this request can still generate: its n_predict and its context's room (an EOS or a stop
+        string may end it sooner)."""
+        room = self.state.n_ctx - self.state.n_past
+        n = self.turn.n_predict
+        return room if n < 0 else min(room, n - self.turn.n_spent)
+
     # -- results --------------------------------------------------------------------------------------------
     def partial(self, text: str, tok: int) -> PartialResult:
         t = self.task

@@ -236,37 +236,45 @@ class Speculator:
         ms.h_last = self.be.rows(h, n - 1, 1)
 
     # -- adaptive drafting -------------------------------------------------------------------------------------
-    def plan(self, seqs: Sequence[MtpSeq], others: int = 0) -> int:
+    def plan(self, seqs: Sequence[MtpSeq], others: int = 0, left: Optional[int] = None) -> int:
         """The draft length of the next round of these sequences (0: the driver runs a plain step, then
         observe_plain); `others`: sequences that step plainly in any case (a drafting round then runs their plain
-        step apart). Always n_max without adaptive drafting. Takes the weighing plan_ahead() made for the same
-        sequences, if it made one since the last plan()."""
+        step apart); `left`: the most tokens the first of `seqs` to end can still make (its n_predict, its
+        context; None: unbounded). Always n_max without adaptive drafting. Takes the weighing plan_ahead() made
+        for the same sequences, if it made one since the last plan()."""
         self._record_round()
         self._use_head()
         ahead, self._ahead = self._ahead, None
         if self.policy is None:
             return self.n_max
         accs = [ms.acc for ms in seqs]
-        if ahead is not None and ahead[0] == self._ahead_key(seqs, others):
+        if ahead is not None and ahead[0] == self._ahead_key(seqs, others, left):
             self.policy.count(len(seqs), "ahead")
             return self.policy.choose(accs, others, best=ahead[1])
-        return self.policy.choose(accs, others)
+        return self.policy.choose(accs, others, left=left)
 
-    def plan_ahead(self, seqs: Sequence[MtpSeq], others: int = 0) -> None:
+    def beside_prompt(self, seqs: Sequence[MtpSeq]) -> None:
+        """These sequences, which could draft, step plainly beside another request's prompt chunk (Engine._step:
+        the policy is not asked, nothing of the step is timed); counted as kind 'prompt'."""
+        self._tally(len(seqs), "prompt")
+
+    def plan_ahead(self, seqs: Sequence[MtpSeq], others: int = 0, left: Optional[int] = None) -> None:
         """A plain step of these sequences is running on the device: weigh the next round's lengths now
         (DraftPolicy.best), not before the next launch, where the device waits for it. The next plan() takes it
         for the same sequences, acceptance and table entries (_ahead_key); so the round after a plain round is
         weighed without that round's own timing, which comes with its ids (docs/ARCHITECTURE.md, adaptive
-        drafting). None while a drafting round's cost awaits its record or auto's head is about to switch."""
+        drafting). None while a drafting round's cost awaits its record or auto's head is about to switch. left:
+        plan()'s for the next round (the running step makes one token of each sequence)."""
         self._ahead = None
         if self.policy is None or self._unrecorded is not None or self.draft_head != self._head:
             return
-        self._ahead = (self._ahead_key(seqs, others), self.policy.best([ms.acc for ms in seqs], others))
+        self._ahead = (self._ahead_key(seqs, others, left), self.policy.best([ms.acc for ms in seqs], others, left))
 
-    def _ahead_key(self, seqs: Sequence[MtpSeq], others: int) -> tuple:
-        """What plan_ahead's weighing holds for: the sequences, their acceptance, the tables but plain costs' values."""
+    def _ahead_key(self, seqs: Sequence[MtpSeq], others: int, left: Optional[int]) -> tuple:
+        """What plan_ahead's weighing holds for: the sequences, their acceptance, the tokens left, the tables but
+        plain costs' values."""
         c = self.policy.costs
-        return (tuple(map(id, seqs)), others, tuple((ms.acc.accepted, ms.acc.tried) for ms in seqs), c.head,
+        return (tuple(map(id, seqs)), others, tuple((ms.acc.accepted, ms.acc.tried) for ms in seqs), left, c.head,
                 tuple(c.plain), tuple(c.spec.items()))
 
     def observe_plain(self, items: Sequence[tuple[SeqState, MtpSeq, int, int]], h) -> None:

@@ -3,11 +3,16 @@ head (quantize + the head's GEMV + argmax) against the coarse head (quantize + t
 the candidates' exact rows + rescoring), at the 9B head's shape by default, and what making the copy costs.
 
     python3 benchmarks/bench_coarse_head.py [--rows 248320] [--cols 4096] [--type Q8_0|Q6_K] [--ks 1,16,32]
+        [--topk-rs 1,2,4] [--topk-k 16] [--topk-only]
 
 Each path is captured once as a CUDA graph of `--reps` draft steps, one after another (as a draft graph runs its
 rounds) and replayed; µs per step = the replay's event time / reps. The head is random valid blocks (timings do not
 depend on the values); a replay reads the whole head, far more than the 60 MB L2. GB/s = the head's (or the copy's)
 device bytes per step time. Prints a table; asserts nothing.
+
+Then cmp_topk alone (the same graphs of `--reps` calls) at R = --topk-rs rows of --rows values, k = --topk-k, on
+random normal logits: its time depends on the values (how many pass its threshold), and logits look like those. It
+checks the ids against numpy's (top_ids) and fails on a difference. --topk-only skips the head paths.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import numpy as np
 
 from llamacmp.backends.cuda import CudaBackend
 from llamacmp.backends.cuda_graphs import RecordedGraph
+from llamacmp.backends.numpy_ref import top_ids
 from llamacmp.fixtures.quant_blocks import random_blocks
 from llamacmp.memplan import TensorDesc, coarse_head_bytes, tensor_bytes
 
@@ -35,6 +41,21 @@ def timed(be, record, reps: int, replays: int = 5) -> float:
     return float(np.median(out))
 
 
+def bench_topk(be, N: int, rs: list[int], k: int, reps: int) -> None:
+    """cmp_topk alone at [R, N] for each R, k candidates: µs per call; the ids checked against numpy's."""
+    print(f"\n| cmp_topk, N {N}, k {k} ({reps} calls a graph) | µs / call |")
+    print("|---|---:|")
+    for R in rs:
+        x = np.random.default_rng(R).standard_normal((R, N)).astype(np.float32) * 3
+        logits = be.from_host(x, "f32")
+        ids = be.empty((R, k), "i32")
+        work = be.empty((be.native.topk_work_bytes(R, N, k),), "u8")
+        us = timed(be, lambda: be.native.cmp_topk(logits.ptr, ids.ptr, work.ptr, R, N, k), reps)
+        got = be.ids_to_host(ids)
+        assert np.array_equal(got, top_ids(x, k)), f"cmp_topk R={R}: ids differ from numpy's"
+        print(f"| R = {R} | {us:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=248320)
@@ -42,8 +63,14 @@ def main() -> None:
     ap.add_argument("--type", default="Q8_0", help="the exact head's GGUF type (Q8_0, Q6_K, ...)")
     ap.add_argument("--ks", default="1,16,32", help="candidates of the coarse paths")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--topk-rs", default="1,2,4", help="rows of the cmp_topk cells")
+    ap.add_argument("--topk-k", type=int, default=16, help="candidates of the cmp_topk cells")
+    ap.add_argument("--topk-only", action="store_true", help="only the cmp_topk cells")
     a = ap.parse_args()
     be = CudaBackend()
+    if a.topk_only:
+        bench_topk(be, a.rows, [int(s) for s in a.topk_rs.split(",")], a.topk_k, a.reps)
+        return
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     head = be.upload_matrix(random_blocks(a.type, a.rows, a.cols, rng))
@@ -70,6 +97,7 @@ def main() -> None:
         us = timed(be, record, a.reps)
         base = us if base is None else base
         print(f"| {name} | {us:.1f} | {nbytes / us / 1e3:.0f} | {3 * us:.0f} ({3 * (us - base):+.0f}) |")
+    bench_topk(be, a.rows, [int(s) for s in a.topk_rs.split(",")], a.topk_k, a.reps)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
 // changes, only acceptance could.
 //  - the copy, once at MTP setup: rows dequantized by the embed kernels (every loaded type), quantized here to Q4_0
 //    exactly as gguf.quants does it, written in quant_blocks.cuh's device layout (the Q4_0 GEMV then reads it);
-//  - top-k per row: each block keeps the k best of TOPK_SPAN values (k rounds of a block-wide argmax among the
-//    values after the previous winner), the same kernel then merges the blocks' lists until one list is left;
+//  - top-k per row: each warp keeps the k best of TOPK_SLICE values as a sorted list (topk_slices_kernel), then
+//    each block of topk_merge_kernel merges up to TOPK_MERGE_LISTS lists into one until one list is left (one merge
+//    pass up to 262144 values); both through warp_topk, which rejects almost every value with one compare;
 //  - rescoring: the candidates' rows (dequantized by the embed kernels) dotted with the activations as the exact
 //    head's GEMV sees them, and the best candidate in argmax order.
 #include <climits>
@@ -18,10 +19,15 @@ namespace cmp {
 namespace {
 
 constexpr int Q4_0_VALUES = 32;
-constexpr int TOPK_NT = 256;                      // threads of a top-k block
-constexpr int TOPK_PER = 8;                       // values each thread holds in registers
-constexpr int TOPK_SPAN = TOPK_NT * TOPK_PER;     // values one block reduces to k (2048: 122 blocks on 248320)
-constexpr int TOPK_MAX = 32;                      // most candidates (a warp each in the rescoring)
+constexpr int TOPK_MAX = 32;                      // most candidates (a warp each in the rescoring, a lane each in
+                                                  // a top-k list)
+constexpr int TOPK_PER = 32;                      // values each lane of topk_slices_kernel holds in registers
+constexpr int TOPK_SLICE = 32 * TOPK_PER;         // values one warp reduces to a list (1024: 243 lists on 248320)
+constexpr int TOPK_SLICE_WARPS = 4;               // warps of a topk_slices_kernel block (61 blocks a row on 248320)
+constexpr int TOPK_MERGE_WARPS = 8;               // warps of a topk_merge_kernel block, each merges 32 lists
+constexpr int TOPK_MERGE_LISTS = 32 * TOPK_MERGE_WARPS;   // lists one merge block reduces to one (256)
+constexpr int TOPK_GROUPS = 4;                    // groups of a lane's entries in warp_topk (its threshold's source)
+constexpr unsigned FULL_MASK = 0xffffffffu;
 
 // ==== kernels =====================================================================================================
 
@@ -72,54 +78,214 @@ __global__ void quantize_q4_0_kernel(const float* __restrict__ x,  // [nblk * 32
     reinterpret_cast<__half*>(head)[b] = __float2half_rn(d);
 }
 
-// The k best (value, id) entries of TOPK_SPAN consecutive entries of one row's list, in argmax_better's order
-// (larger value first, the lower id among equal values); grid (lists out per row, R). Each of the k rounds is a
-// block-wide argmax over the entries after the previous round's winner in that order, so nothing is marked and the
-// values stay in registers (k <= 32 rounds of two syncs; a sort of 2048 values would cost more for 16 of them).
-// NaN counts as -inf (the entry stays a candidate; only a row of fewer than k numbers would take one). Entries past
-// the row's end are (-inf, INT_MAX): after every real entry, and never better than the empty best, so a block
-// with fewer than k real entries fills its list with them (the merge then passes them over).
-__global__ void __launch_bounds__(TOPK_NT)
-topk_kernel(const float* __restrict__ vin,    // [R, n] values
-            const int32_t* __restrict__ iin,  // [R, n] their ids; null: an entry's id is its position
-            int n, int k,
-            float* __restrict__ vout,         // [R, gridDim.x, k]
-            int32_t* __restrict__ iout) {     // [R, gridDim.x, k]
-    pdl_wait_producers();   // launch(): may start while the kernel before it drains
-    __shared__ float sv[TOPK_NT / 32];
-    __shared__ int si[TOPK_NT / 32];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const size_t row = (size_t)blockIdx.y * n;
-    const int j0 = blockIdx.x * TOPK_SPAN;
-    float v[TOPK_PER];
-    int id[TOPK_PER];
+// ---- top-k: a warp's k best entries ------------------------------------------------------------------------------
+// Entries are (value, id) pairs in argmax_better's order: the larger value first, the lower id among equal values;
+// NaN is read as -inf (the entry stays a candidate; only a row of fewer than k numbers would take one). Padding is
+// (-inf, INT_MAX): after every real entry (real ids are below INT_MAX), never better than another padding entry, so
+// it fills a list only where fewer than k real entries exist, and a later merge passes it over. Real ids are
+// distinct, so the order is total on real entries and every step below is exact.
+
+__device__ __forceinline__ void set_padding(float& v, int& i) { v = -INFINITY, i = INT_MAX; }
+
+// Bitonic sort of G entries a lane, each register on its own, into argmax order across the warp: lane 0 ends with
+// each register's best (the G sorts interleave, so they take the time of one).
+template <int G>
+__device__ __forceinline__ void warp_sort(float (&v)[G], int (&i)[G]) {
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int u = 0; u < TOPK_PER; ++u) {            // coalesced: the block's threads read consecutive entries
-        const int j = j0 + u * TOPK_NT + tid;
-        const bool in = j < n;
-        const float x = in ? vin[row + j] : -INFINITY;
-        v[u] = isnan(x) ? -INFINITY : x;
-        id[u] = !in ? INT_MAX : iin != nullptr ? iin[row + j] : j;
+    for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+        for (int stride = size / 2; stride > 0; stride >>= 1) {
+            // runs of `size` lanes alternate best-first / best-last (the last run, all 32, best-first); the lower
+            // lane of a pair in a best-first run keeps the better entry
+            const bool keep_better = ((lane & stride) == 0) == ((lane & size) == 0);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const float ov = __shfl_xor_sync(FULL_MASK, v[g], stride);
+                const int oi = __shfl_xor_sync(FULL_MASK, i[g], stride);
+                if (argmax_better(ov, oi, v[g], i[g]) == keep_better) v[g] = ov, i[g] = oi;
+            }
+        }
     }
-    const size_t o = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * k;
-    float lv = INFINITY;                            // the last winner: this round takes the best entry after it
-    int li = -1;
-    for (int r = 0; r < k; ++r) {
-        float bv = -INFINITY;
-        int bi = INT_MAX;
+}
+
+// The best 32 of two sorted lists (a lane's entry each, best first) into a, sorted: a's r-th against b's
+// (31 - r)-th keeps the 32 best as a bitonic sequence, which the bitonic merge then sorts.
+__device__ __forceinline__ void warp_merge_best32(float& av, int& ai, float bv, int bi) {
+    const int lane = threadIdx.x & 31;
+    const float rv = __shfl_sync(FULL_MASK, bv, 31 - lane);
+    const int ri = __shfl_sync(FULL_MASK, bi, 31 - lane);
+    if (argmax_better(rv, ri, av, ai)) av = rv, ai = ri;
 #pragma unroll
-        for (int u = 0; u < TOPK_PER; ++u)
-            if (argmax_better(lv, li, v[u], id[u]) && argmax_better(v[u], id[u], bv, bi)) bv = v[u], bi = id[u];
-        warp_argmax(bv, bi);
-        if (lane == 0) sv[warp] = bv, si[warp] = bi;
-        __syncthreads();
-        bv = sv[0], bi = si[0];                     // each thread merges the 8 warps' winners itself
+    for (int stride = 16; stride > 0; stride >>= 1) {
+        const float ov = __shfl_xor_sync(FULL_MASK, av, stride);
+        const int oi = __shfl_xor_sync(FULL_MASK, ai, stride);
+        if (argmax_better(ov, oi, av, ai) == ((lane & stride) == 0)) av = ov, ai = oi;
+    }
+}
+
+// Insert c into the sorted list (lane r: the r-th entry) where it belongs, the last entry dropping out; c must be
+// better than the list's entry k - 1, which (tv, ti) is set to afterwards.
+__device__ __forceinline__ void list_insert(float cv, int ci, int k, float& lv, int& li, float& tv, int& ti) {
+    const int lane = threadIdx.x & 31;
+    const int pos = __popc(__ballot_sync(FULL_MASK, argmax_better(lv, li, cv, ci)));   // the entries before c
+    const float uv = __shfl_up_sync(FULL_MASK, lv, 1);
+    const int ui = __shfl_up_sync(FULL_MASK, li, 1);
+    if (lane > pos) lv = uv, li = ui;
+    else if (lane == pos) lv = cv, li = ci;
+    tv = __shfl_sync(FULL_MASK, lv, k - 1);
+    ti = __shfl_sync(FULL_MASK, li, k - 1);
+}
+
+// The k best of the warp's 32 * V entries (at(u, lane, v, i) gives lane `lane`'s u-th entry, padding included, the
+// same for every lane that asks): lane r < k ends with the r-th best in (lv, li). A lane's entries form
+// TOPK_GROUPS groups (u % TOPK_GROUPS), so the warp has 32 * TOPK_GROUPS groups.
+//  1. each group's best entry; the best 32 of them, sorted across the warp, are the list, and its entry k - 1, t,
+//     bounds the answer: k entries are at least as good as t, so an entry worse than t is out;
+//  2. each lane marks its entries better than t, its groups' bests aside (listed, or out already): only the groups
+//     whose best is better than t, at most k - 1 of them, can have any, and on logits they are about one entry a
+//     warp (the more groups, the fewer: the k best entries must crowd into few groups);
+//  3. the marked entries one at a time (read again through at(): registers cannot be indexed by a lane's variable),
+//     each inserted if still better than the list's entry k - 1, which only rises. SORTED: a lane's entries come
+//     best first (merged lists), so one that fails ends its lane's; ties that crowd the k best into a few lists
+//     (equal values go to the lowest ids, one slice's) would otherwise mark most of those lists.
+// Every entry is a group's best, out by 2, out by 3 or in the list, and the list stays sorted, so its first k are
+// the k best. The cost is step 3's count: lists whose bests spread over the groups keep it small.
+template <int V, bool SORTED, typename At>
+__device__ __forceinline__ void warp_topk(At at, int k, float& lv, int& li) {
+    constexpr int G = TOPK_GROUPS;
+    static_assert(V % G == 0, "a lane's entries split evenly into its groups");
+    const int lane = threadIdx.x & 31;
+    float v[V];
+    int id[V];
 #pragma unroll
-        for (int w = 1; w < TOPK_NT / 32; ++w)
-            if (argmax_better(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
-        __syncthreads();                            // every thread has read sv before the next round writes it
-        lv = bv, li = bi;
-        if (tid == 0) vout[o + r] = bv, iout[o + r] = bi;
+    for (int u = 0; u < V; ++u) at(u, lane, v[u], id[u]);
+    // 1. each group's best by a tree (independent compares rather than a chain of V / G), then the sorts and merges
+    float bv[V];
+    int bi[V];
+#pragma unroll
+    for (int u = 0; u < V; ++u) bv[u] = v[u], bi[u] = id[u];
+#pragma unroll
+    for (int s = G; s < V; s <<= 1) {
+#pragma unroll
+        for (int u = 0; u + s < V; u += 2 * s) {
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+                if (argmax_better(bv[u + g + s], bi[u + g + s], bv[u + g], bi[u + g]))
+                    bv[u + g] = bv[u + g + s], bi[u + g] = bi[u + g + s];
+        }
+    }
+    float gv[G];
+    int gi[G], own[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) gv[g] = bv[g], gi[g] = own[g] = bi[g];
+    warp_sort<G>(gv, gi);
+#pragma unroll
+    for (int s = 1; s < G; s <<= 1) {
+#pragma unroll
+        for (int g = 0; g + s < G; g += 2 * s) warp_merge_best32(gv[g], gi[g], gv[g + s], gi[g + s]);
+    }
+    lv = gv[0], li = gi[0];
+    float tv = __shfl_sync(FULL_MASK, lv, k - 1);
+    int ti = __shfl_sync(FULL_MASK, li, k - 1);
+    // 2. (padding is never better than t)
+    unsigned marked = 0;
+#pragma unroll
+    for (int u = 0; u < V; ++u)
+        if (id[u] != own[u % G] && argmax_better(v[u], id[u], tv, ti)) marked |= 1u << u;
+    // 3.
+    for (;;) {
+        const unsigned lanes = __ballot_sync(FULL_MASK, marked != 0);
+        if (lanes == 0) break;
+        const int src = __ffs(lanes) - 1;
+        const int u = __shfl_sync(FULL_MASK, __ffs(marked) - 1, src);
+        if (lane == src) marked &= marked - 1;
+        float cv;
+        int ci;
+        at(u, src, cv, ci);
+        if (argmax_better(cv, ci, tv, ti)) list_insert(cv, ci, k, lv, li, tv, ti);
+        else if (SORTED && lane == src) marked = 0;
+    }
+}
+
+// Warp per TOPK_SLICE consecutive values of a row: their k best as a list (lane u's entries: values u*32 + lane of
+// the slice, coalesced); grid (ceil(lists / TOPK_SLICE_WARPS), R).
+__global__ void __launch_bounds__(32 * TOPK_SLICE_WARPS)
+topk_slices_kernel(const float* __restrict__ x,     // [R, n]
+                   int n, int k,
+                   float* __restrict__ vout,        // [R, lists, k] values, or null (one list: the answer)
+                   int32_t* __restrict__ iout) {    // [R, lists, k] ids, lists = ceil(n / TOPK_SLICE)
+    pdl_allow_consumers();  // first: the merge after it launches and waits for the lists
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
+    const int lists = (n - 1) / TOPK_SLICE + 1;
+    const int list = blockIdx.x * TOPK_SLICE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (list >= lists) return;
+    const float* xs = x + (size_t)blockIdx.y * n + (size_t)list * TOPK_SLICE;
+    const int len = min(n - list * TOPK_SLICE, TOPK_SLICE);
+    const auto at = [&](int u, int src, float& v, int& i) {
+        const int j = u * 32 + src;
+        if (j < len) {
+            const float f = __ldg(xs + j);
+            v = isnan(f) ? -INFINITY : f, i = list * TOPK_SLICE + j;
+        } else {
+            set_padding(v, i);
+        }
+    };
+    float lv;
+    int li;
+    warp_topk<TOPK_PER, false>(at, k, lv, li);
+    const size_t o = ((size_t)blockIdx.y * lists + list) * k + lane;
+    if (lane < k) {
+        if (vout != nullptr) vout[o] = lv;
+        iout[o] = li;
+    }
+}
+
+// Block per TOPK_MERGE_LISTS lists of one row (each sorted, k long): their k best as one list; grid
+// (ceil(lists / TOPK_MERGE_LISTS), R). Each warp merges 32 lists, a whole list a lane (its groups' bests: the list's
+// first TOPK_GROUPS entries), warp w lists w, w + 8, ... of the block's, so that a block of few lists gives each
+// warp as many (a warp of fewer than k / TOPK_GROUPS lists has no threshold but padding: it inserts all their
+// entries); then warp 0 merges the warps' lists, laid rank-major over the lanes (lane l: list l % 8's entries l / 8,
+// l / 8 + 4, ...), so that the groups' bests are the lists' first 16 entries. Both ways a lane's entries come best
+// first (warp_topk's SORTED).
+__global__ void __launch_bounds__(32 * TOPK_MERGE_WARPS)
+topk_merge_kernel(const float* __restrict__ vin,     // [R, lists, k]
+                  const int32_t* __restrict__ iin,   // [R, lists, k]
+                  int lists, int k,
+                  float* __restrict__ vout,          // [R, gridDim.x, k], or null (one list: the answer)
+                  int32_t* __restrict__ iout) {      // [R, gridDim.x, k]
+    pdl_allow_consumers();  // first: the kernel after it launches and waits
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
+    __shared__ float sv[TOPK_MERGE_WARPS][TOPK_MAX];
+    __shared__ int si[TOPK_MERGE_WARPS][TOPK_MAX];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g0 = blockIdx.x * TOPK_MERGE_LISTS + warp;
+    const size_t row = (size_t)blockIdx.y * lists;
+    const auto whole = [&](int u, int src, float& v, int& i) {
+        const int g = g0 + src * TOPK_MERGE_WARPS;
+        if (g < lists && u < k) {
+            const size_t e = (row + g) * k + u;
+            v = __ldg(vin + e), i = __ldg(iin + e);
+        } else {
+            set_padding(v, i);
+        }
+    };
+    float lv;
+    int li;
+    warp_topk<TOPK_MAX, true>(whole, k, lv, li);
+    if (lane < k) sv[warp][lane] = lv, si[warp][lane] = li;
+    __syncthreads();
+    if (warp != 0) return;
+    const auto rank_major = [&](int u, int src, float& v, int& i) {
+        const int f = u * 32 + src, g = f % TOPK_MERGE_WARPS, r = f / TOPK_MERGE_WARPS;
+        if (r < k) v = sv[g][r], i = si[g][r];
+        else set_padding(v, i);
+    };
+    warp_topk<TOPK_MERGE_WARPS * TOPK_MAX / 32, true>(rank_major, k, lv, li);
+    const size_t o = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * k + lane;
+    if (lane < k) {
+        if (vout != nullptr) vout[o] = lv;
+        iout[o] = li;
     }
 }
 
@@ -163,7 +329,7 @@ __global__ void coarse_rescore_kernel(const int8_t* __restrict__ xq,     // [R, 
 }
 
 // Entries of one ping-pong half of cmp_topk's work: the first pass's lists, the longest.
-size_t topk_half(int R, int N, int k) { return (size_t)R * ceil_div(N, TOPK_SPAN) * k; }
+size_t topk_half(int R, int N, int k) { return (size_t)R * ceil_div(N, TOPK_SLICE) * k; }
 
 }  // namespace
 }  // namespace cmp
@@ -192,20 +358,26 @@ extern "C" int cmp_topk(const float* x, int32_t* ids, void* work, int R, int N, 
     CMP_REQUIRE(R >= 0 && R <= 65535 && N > 0 && k >= 1 && k <= TOPK_MAX && k <= N,
                 "cmp_topk: bad shape R=%d N=%d k=%d (1 <= k <= min(%d, N), R <= 65535)", R, N, k, TOPK_MAX);
     if (R == 0) return CMP_OK;
-    // two halves of (values, ids): pass p reads one, writes the other; the last pass writes ids straight out
+    // two halves of (values, ids): the slices' lists go to the first, each merge pass reads one and writes the
+    // other; the last pass writes ids straight out
     const size_t half = topk_half(R, N, k);
     float* wv[2] = {static_cast<float*>(work), static_cast<float*>(work) + half};
-    int32_t* wi[2] = {reinterpret_cast<int32_t*>(wv[0] + 2 * half), reinterpret_cast<int32_t*>(wv[0] + 2 * half) + half};
-    const float* vin = x;
-    const int32_t* iin = nullptr;
-    for (int n = N, p = 0;; p ^= 1) {
-        const int lists = (int)ceil_div(n, TOPK_SPAN);   // each list k long: n shrinks while n > TOPK_SPAN
-        const bool last = lists == 1;
-        CMP_TRY(launch("topk_kernel", topk_kernel, dim3(lists, R), dim3(TOPK_NT), 0, vin, iin, n, k, wv[p],
-                       last ? ids : wi[p]));
-        if (last) return CMP_OK;
-        vin = wv[p], iin = wi[p], n = lists * k;
+    int32_t* wi0 = reinterpret_cast<int32_t*>(wv[0] + 2 * half);
+    int32_t* wi[2] = {wi0, wi0 + half};
+    int lists = (int)ceil_div(N, TOPK_SLICE);
+    float* vout = lists == 1 ? nullptr : wv[0];
+    int32_t* iout = lists == 1 ? ids : wi[0];
+    CMP_TRY(launch("topk_slices_kernel", topk_slices_kernel, dim3(ceil_div(lists, TOPK_SLICE_WARPS), R),
+                   dim3(32 * TOPK_SLICE_WARPS), 0, x, N, k, vout, iout));
+    for (int p = 0; lists > 1; p ^= 1) {
+        const int out = (int)ceil_div(lists, TOPK_MERGE_LISTS);
+        vout = out == 1 ? nullptr : wv[p ^ 1];
+        iout = out == 1 ? ids : wi[p ^ 1];
+        CMP_TRY(launch("topk_merge_kernel", topk_merge_kernel, dim3(out, R), dim3(32 * TOPK_MERGE_WARPS), 0,
+                       static_cast<const float*>(wv[p]), static_cast<const int32_t*>(wi[p]), lists, k, vout, iout));
+        lists = out;
     }
+    return CMP_OK;
 }
 
 extern "C" int cmp_coarse_rescore(const int8_t* xq, const float* xd, const float* x, int x_f16, const float* rows,

@@ -1,8 +1,9 @@
 """--spec-draft-coarse on CUDA (cuda_src/coarse_head.cu) against the numpy reference (tests/test_coarse_head.py):
 the Q4_0 copy byte for byte (cmp_quantize_q4_0 alone, and CudaBackend.coarse_copy of every head kind, over several
-row pieces), cmp_topk's ids exactly (ties, NaN, -inf; one to three merge passes), cmp_coarse_rescore's choice,
-coarse_argmax against numpy's; then the MTP draft through it: the captured draft rounds equal the eager ones, and
-greedy output with graphs on and off equals MTP off (with --spec-draft-vocab auto's two heads too).
+row pieces), cmp_topk's ids exactly (ties, NaN, -inf, rows against its thresholds; no, one and two merge passes),
+cmp_coarse_rescore's choice, coarse_argmax against numpy's; then the MTP draft through it: the captured draft rounds
+equal the eager ones, and greedy output with graphs on and off equals MTP off (with --spec-draft-vocab auto's two
+heads too).
 
 Tolerances: the copy and the candidates are exact (the same f32 operations as gguf.quants / a stable sort); the
 logits the choice compares are the GEMVs' and the rescoring's fp32 sums, so an id may differ from the reference's
@@ -99,17 +100,57 @@ def topk_device(be, x: np.ndarray, k: int) -> np.ndarray:
     return be.ids_to_host(ids)
 
 
-@pytest.mark.parametrize("R,N,k", [(1, 1, 1), (3, 5, 5), (2, 31, 1), (2, 2047, 16), (2, 2048, 16), (3, 2049, 32),
-                                   (1, 65537, 16), (2, 248320, 16), (2, 248320, 32), (1, 300007, 32)])
+@pytest.mark.parametrize("R,N,k", [(1, 1, 1), (3, 5, 5), (2, 31, 1), (2, 33, 32), (4, 1023, 32), (4, 1024, 16),
+                                   (4, 1025, 16), (2, 2047, 16), (2, 2048, 16), (3, 2049, 32), (7, 4099, 9),
+                                   (1, 65537, 16), (1, 248320, 1), (2, 248320, 16), (4, 248320, 16),
+                                   (2, 248320, 32), (1, 262144, 16), (3, 262145, 32), (1, 300007, 32)])
 def test_topk_equals_numpy(cuda_backend, R, N, k):
     """Exactly numpy's ids in numpy's order: values of few levels (many ties, the lower id first), NaN (as -inf)
-    and -inf sprinkled, a row's best at its end; sizes of one block, one block + 1, and of two and three passes
-    (248320 at k = 32: 122 lists of 32, then 2, then 1)."""
+    and -inf sprinkled, a row's best at its end; sizes below a warp's slice (1024 values: one launch), of one slice
+    and one + 1 (one merge), of 256 slices (one merge block) and 257 (two merge passes), and the vocabulary's."""
     rng = np.random.default_rng(N + k)
     x = (rng.integers(0, 40, (R, N)) / 4.0).astype(np.float32)
     x[rng.random((R, N)) < 0.01] = np.nan
     x[rng.random((R, N)) < 0.01] = -np.inf
     x[:, -1] = 11.0
+    np.testing.assert_array_equal(topk_device(cuda_backend, x, k), top_ids(x, k))
+
+
+def topk_pattern(kind: str, R: int, N: int, rng) -> np.ndarray:
+    """[R, N] float32 rows that are hard for cmp_topk's thresholds (ties that crowd the best into few lanes or
+    lists, padding-like rows) or for its order (NaN, -inf, signed zeros)."""
+    j = np.arange(N)
+    if kind == "equal":                                       # the k lowest ids, all from the first slice
+        return np.zeros((R, N), np.float32)
+    if kind == "nan":
+        return np.full((R, N), np.nan, np.float32)
+    if kind == "minus-inf":
+        return np.full((R, N), -np.inf, np.float32)
+    if kind == "ascending":                                   # the best at the row's end, in the last slice
+        return np.tile(j.astype(np.float32), (R, 1))
+    if kind == "descending":
+        return np.tile(-j.astype(np.float32), (R, 1))
+    if kind == "lane-periodic":                               # one lane of every slice holds all the best values
+        return np.tile((j % 32 == 5) * 2.0 + (j % 32 == 9) * 1.0, (R, 1)).astype(np.float32)
+    if kind == "few-real":                                    # fewer numbers than k, the rest -inf and NaN
+        x = np.where(rng.random((R, N)) < 0.5, np.nan, -np.inf).astype(np.float32)
+        x[:, rng.integers(0, N, 3)] = rng.standard_normal(3)
+        return x
+    if kind == "signed-zeros":                                # -0 == +0: ties by id
+        return np.where(rng.random((R, N)) < 0.5, -0.0, 0.0).astype(np.float32) - (rng.random((R, N)) < 0.5)
+    if kind == "normal":                                      # logits: what the thresholds are tuned for
+        return rng.standard_normal((R, N)).astype(np.float32)
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["equal", "nan", "minus-inf", "ascending", "descending", "lane-periodic", "few-real",
+                                  "signed-zeros", "normal"])
+@pytest.mark.parametrize("R,N,k", [(4, 248320, 16), (3, 248320, 32), (5, 300007, 32), (2, 1000, 1), (1, 40, 32)])
+def test_topk_patterns_equal_numpy(cuda_backend, kind, R, N, k):
+    """Exactly numpy's ids on rows built against cmp_topk's shortcuts: its thresholds assume the best values spread
+    over the slices and lanes, and these crowd them (ties going to the lowest ids, one lane holding them all) or
+    leave fewer numbers than k."""
+    x = topk_pattern(kind, R, N, np.random.default_rng(N + k))
     np.testing.assert_array_equal(topk_device(cuda_backend, x, k), top_ids(x, k))
 
 

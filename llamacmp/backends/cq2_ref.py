@@ -6,8 +6,11 @@ Per block of 32 values of a row: a scale d (f16) and 32 2-bit codes c, value = (
 rescores its k best ids with the exact head), so the levels minimise the squared error, the logit error's
 variance for activations independent of the weights: d = 0.2 amax (outer level 0.6 amax, the largest values
 clipped) is within 1-3% of the best such scale for Gaussian, Laplace and Student-t(5) blocks of 32, where the
-amax-preserving d = amax / 3 has 1.75-2.2x that error. Uniform levels keep the GEMV an int8 dot: the codes times
-two are bytes (0, 2, 4, 6) the activations' Q8 codes dot with, less 3 times the activations' block sum.
+amax-preserving d = amax / 3 has 1.75-2.2x that error. On the demo model's trained head (llamacmp/data/default.gguf,
+8192 x 384, its hidden states over 768 tokens of README.md) the exact argmax is among the coarse top 1 / 2 / 4 / 16
+in 74 / 90 / 98 / 100% of positions (amax / 3: 71 / 87 / 96 / 100%; a Q4_0 copy: 94 / 99.5 / 100 / 100%).
+Uniform levels keep the GEMV an int8 dot: the codes times two are bytes (0, 2, 4, 6) the activations' Q8 codes dot
+with, less 3 times the activations' block sum.
 
 Layout (two planes per row, as cuda_src reads them): codes [N, n/4] u8, 8 bytes a block, two little-endian words;
 word w holds the block's values 16w .. 16w + 15, value 16w + 4k + i (k, i < 4) in bits 8i + 2k, so (word >> 2k) &

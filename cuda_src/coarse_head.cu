@@ -94,8 +94,8 @@ __device__ __forceinline__ int cq2_twice(unsigned w, int k) {
 // pdl_wait_producers (the activations belong to the kernel before this one).
 // Issue budget (sm_90 SASS, nvcc 13, DP4A, not yet measured): T = 1 is 800 instructions a warp for a round of 4 rows
 // x 4 blocks x 32 lanes (160 IDP, ~240 extracting the codes), ~1.6 warp-instructions per 10-byte row-block; the
-// H200's ~16.4 bytes per SM-cycle at 4.3 TB/s bring 1.64 row-blocks a cycle, so ~2.6 of the 4 issue slots. T = 4
-// adds 32 IDP per row-block: likely bound by instruction issue rather than the stream there.
+// H200's ~16.4 bytes per SM-cycle at 4.3 TB/s bring 1.64 row-blocks a cycle, so ~2.6 of the 4 issue slots. T = 2:
+// 1072 (~3.4 slots), T = 4: 1680 (~5.4: bound by instruction issue, ~1.35x the stream's time at best).
 template <int NT, class D>
 __global__ void __launch_bounds__(CQ2_WARPS * 32)
 cq2_gemv_kernel(const int8_t* __restrict__ xq,     // [NT, n]

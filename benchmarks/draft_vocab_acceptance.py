@@ -16,7 +16,7 @@ vocabulary (the demo model has 8192 ids, under auto's 4 x 32768, so plain auto d
 P = 1024 is about the share of the vocabulary that 32768 is of Qwen3.5's 248320). Each row also gives the share of
 the generated tokens at or above the prefix, and with --qwen-vocab the share of Qwen3.5's own token ids >= 32768
 in the same text (prompt and output decoded, encoded again with the real vocabulary).
---spec-draft-coarse K (a comma list, default 0: the exact head): the draft's argmax through a Q4_0 copy of the head,
+--spec-draft-coarse K (a comma list, default 0: the exact head): the draft's argmax through a CQ2 copy of the head,
 its K best rescored by the exact head, for every head of the run whatever its size (the demo model's 8192 rows are
 under spec.COARSE_MIN_ROWS): the acceptance it costs on a trained head.
 """
@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--spec-draft-vocab", "--vocab", dest="vocab", default="0,4096,2048,1024,512,auto",
                     help="comma list of auto or N (0: the whole vocabulary); the first is the reference output")
     ap.add_argument("--spec-draft-coarse", "--coarse", dest="coarse", default="0",
-                    help="comma list of K (0: the exact head): the draft's argmax through the Q4_0 copy's K best")
+                    help="comma list of K (0: the exact head): the draft's argmax through the CQ2 copy's K best")
     ap.add_argument("--auto-prefix", type=int, default=AutoVocab().prefix,
                     help="auto's prefix (default: engine/draft_vocab.py's); the other constants stay")
     ap.add_argument("--sets", default="code,english,chinese", help="comma list of prompt sets")

@@ -312,10 +312,15 @@ int cmp_sample(const float* logits, float* work, const int32_t* hist, int n_hist
                const float* bias_vals, int n_bias, const CmpSamplerParams* params, float u, int32_t* out,
                int32_t* n_out, int N);
 
-// ---- coarse_head.cu: the MTP draft's argmax through a Q4_0 copy of its LM head (numpy_ref coarse_argmax) ---------
-// x [rows, n] f32 -> Q4_0 in cmp_quant_repack's device layout for CMP_Q4_0: body [rows, n/32 * 16] (code nibbles),
-// head [rows, n/32 * 2] (f16 scales); gguf.quants' quantize of those values bit for bit. n a multiple of 32.
-int cmp_quantize_q4_0(const float* x, void* body, void* head, int rows, int n);
+// ---- coarse_head.cu: the MTP draft's argmax through a CQ2 copy of its LM head (numpy_ref coarse_argmax) -----------
+// x [rows, n] f32 -> CQ2 (llamacmp/backends/cq2_ref.py): codes [rows, n/32 * 8] (2-bit codes), scales [rows, n/32]
+// (f16); cq2_ref.quantize_cq2 bit for bit. n a multiple of 32.
+int cmp_quantize_cq2(const float* x, void* codes, void* scales, int rows, int n);
+// y [T, N] f32 = the Q8 activations xq [T, n] int8, xd [T, n/32] f32 (cmp_quantize_q8) times the CQ2 matrix codes
+// [N, n/32 * 8], scales [N, n/32] (cmp_quantize_cq2), cq2_ref.cq2_gemv to fp32 rounding; dot: the int8 dot route
+// (CmpDot). Up to 4 activation rows a launch (more: several launches).
+int cmp_cq2_gemv(const int8_t* xq, const float* xd, const void* codes, const void* scales, float* y, int T, int N,
+                 int n, int dot);
 // Device bytes of the work cmp_topk needs for R rows of N values and k candidates.
 int cmp_topk_work_bytes(int R, int N, int k, size_t* bytes);
 // x [R, N] f32 -> ids [R, k] int32 (device): per row the ids of the k largest values, the larger first and the lower

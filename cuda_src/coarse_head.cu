@@ -1,11 +1,14 @@
 // The MTP draft's coarse head (--spec-draft-coarse; backends/cuda.py coarse_copy / coarse_argmax, the reference is
-// numpy_ref.py's). A draft only needs the argmax of the head's logits, and reading the whole LM head (248320 x 4096
-// on the 9B: 1.08 GB of Q8_0) is most of a draft step. So the draft reads a Q4_0 copy of the head (0.5625 bytes a
-// weight), keeps the k best ids of those coarse logits and rescores only those k rows with the exact head: the
-// result is the exact argmax whenever that is among the k. The verify keeps the exact head, so output never
-// changes, only acceptance could.
-//  - the copy, once at MTP setup: rows dequantized by the embed kernels (every loaded type), quantized here to Q4_0
-//    exactly as gguf.quants does it, written in quant_blocks.cuh's device layout (the Q4_0 GEMV then reads it);
+// numpy_ref.py's and cq2_ref.py's). A draft only needs the argmax of the head's logits, and reading the whole LM head
+// (248320 x 4096 on the 9B: 1.08 GB of Q8_0) is most of a draft step. So the draft reads a CQ2 copy of the head
+// (cq2_ref.py: 2-bit codes of the levels {-3, -1, 1, 3} d and an f16 d per 32 values, 0.3125 bytes a weight), keeps
+// the k best ids of those coarse logits and rescores only those k rows with the exact head: the result is the exact
+// argmax whenever that is among the k. The verify keeps the exact head, so output never changes, only acceptance
+// could.
+//  - the copy, once at MTP setup: rows dequantized by the embed kernels (every loaded type), quantized here to CQ2
+//    exactly as cq2_ref.quantize_cq2 does it, into two planes (codes, scales);
+//  - the coarse GEMV: against the Q8 activations the rescoring shares, each block's dot an int8 dot chain (the
+//    route's: DP4A, DP2A or IMAD) of the codes times two with the activation codes, less 3 times their sum;
 //  - top-k per row: each warp keeps the k best of TOPK_SLICE values as a sorted list (topk_slices_kernel), then
 //    each block of topk_merge_kernel merges up to TOPK_MERGE_LISTS lists into one until one list is left (one merge
 //    pass up to 262144 values); both through warp_topk, which rejects almost every value with one compare;
@@ -18,7 +21,12 @@
 namespace cmp {
 namespace {
 
-constexpr int Q4_0_VALUES = 32;
+constexpr int CQ2_VALUES = 32;
+constexpr float CQ2_SCALE = 0.2f;                 // d = amax * 0.2 (cq2_ref.py says why)
+constexpr int CQ2_WARPS = 4;                      // warps of a GEMV block
+constexpr int CQ2_ROWS = 4;                       // weight rows of a GEMV warp (the activation loads shared by them)
+constexpr int CQ2_UNROLL = 4;                     // blocks of each row a lane loads before it multiplies (IMAD T>2: 2)
+constexpr int CQ2_MAX_T = 4;                      // activation rows of one GEMV launch
 constexpr int TOPK_MAX = 32;                      // most candidates (a warp each in the rescoring, a lane each in
                                                   // a top-k list)
 constexpr int TOPK_PER = 32;                      // values each lane of topk_slices_kernel holds in registers
@@ -31,51 +39,153 @@ constexpr unsigned FULL_MASK = 0xffffffffu;
 
 // ==== kernels =====================================================================================================
 
-// One candidate value of gguf.quants' Q4_0: the product and the sum rounded apart as numpy does them (never an
-// FMA: fast-math may contract a plain `x * id + 8.5f`), then truncated.
-__device__ __forceinline__ unsigned q4_code(float x, float id) {
-    const float t = truncf(__fadd_rn(__fmul_rn(x, id), 8.5f));
-    return (unsigned)min(15, max(0, (int)t));
+// One CQ2 code: the nearest of the levels {-3, -1, 1, 3} d as cq2_ref.quantize_cq2 computes it, the product and the
+// sum rounded apart (never an FMA: fast-math may contract a plain `x * id + 2.f`); fmaxf takes NaN to code 0 as
+// numpy's fmax does.
+__device__ __forceinline__ unsigned cq2_code(float x, float id) {
+    return (unsigned)fminf(fmaxf(floorf(__fadd_rn(__fmul_rn(x, id), 2.f)), 0.f), 3.f);
 }
 
-// Thread per 32-value block, gguf.quants' Q4_0.quantize_blocks step by step in f32 (bit for bit with the numpy
-// reference's coarse_copy): max = the value of largest magnitude (the first of equal ones: numpy's argmax), d =
-// max / -8, id = 1/d in IEEE round-to-nearest (fast-math's 1/d is approximate) or 0 for an all-zero block, code =
-// min(15, trunc(x * id + 8.5)); body: the 16 code bytes in file order (value i low nibble, value 16 + i high),
-// head: d as f16.
-__global__ void quantize_q4_0_kernel(const float* __restrict__ x,  // [nblk * 32]
-                                     uint8_t* __restrict__ body,   // [nblk * 16]
-                                     uint8_t* __restrict__ head,   // [nblk * 2]
-                                     size_t nblk) {
+// Thread per 32-value block, cq2_ref.quantize_cq2 step by step in f32 (bit for bit): amax = the largest |value|
+// (fmaxf from 0: NaN ignored), d = f16(amax * 0.2), id = 1 / (2d) in IEEE round-to-nearest (fast-math's 1/x is
+// approximate) or 0 for d = 0, then the codes; byte i of word w packs values 16w + i, + 4, + 8, + 12 (cq2_ref.py's
+// layout: a shift and a mask give four consecutive values' codes in byte order).
+__global__ void quantize_cq2_kernel(const float* __restrict__ x,  // [nblk * 32]
+                                    uint2* __restrict__ codes,    // [nblk]: 8 bytes a block
+                                    __half* __restrict__ scales,  // [nblk]
+                                    size_t nblk) {
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= nblk) return;
-    float v[Q4_0_VALUES];
-    const float4* xb = reinterpret_cast<const float4*>(x + b * Q4_0_VALUES);   // rows of n % 32 == 0: 16-aligned
+    float v[CQ2_VALUES];
+    const float4* xb = reinterpret_cast<const float4*>(x + b * CQ2_VALUES);   // rows of n % 32 == 0: 16-aligned
 #pragma unroll
-    for (int i = 0; i < Q4_0_VALUES / 4; ++i) {
+    for (int i = 0; i < CQ2_VALUES / 4; ++i) {
         const float4 f = xb[i];
         v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
     }
-    // from value 0 on, as numpy's argmax: an all-zero block keeps its first value's sign in d (-0 / 8 = +0 ...)
-    float amax = fabsf(v[0]), mx = v[0];
+    float amax = 0.f;
 #pragma unroll
-    for (int i = 1; i < Q4_0_VALUES; ++i)
-        if (fabsf(v[i]) > amax) amax = fabsf(v[i]), mx = v[i];
-    const float d = mx * -0.125f;                  // max / -8, exact
-    const float id = d != 0.f ? __frcp_rn(d) : 0.f;
-    unsigned w[4];
+    for (int i = 0; i < CQ2_VALUES; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    const __half d = __float2half_rn(__fmul_rn(amax, CQ2_SCALE));
+    const float step = __half2float(d) * 2.f;     // exact
+    const float id = step != 0.f ? __frcp_rn(step) : 0.f;
+    unsigned w[2];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        w[j] = 0;
+    for (int h = 0; h < 2; ++h) {
+        w[h] = 0;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int i = 4 * j + k;
-            w[j] |= (q4_code(v[i], id) | q4_code(v[i + 16], id) << 4) << (8 * k);
-        }
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) w[h] |= cq2_code(v[16 * h + 4 * k + i], id) << (8 * i + 2 * k);
     }
-    reinterpret_cast<uint4*>(body)[b] = make_uint4(w[0], w[1], w[2], w[3]);
-    reinterpret_cast<__half*>(head)[b] = __float2half_rn(d);
+    codes[b] = make_uint2(w[0], w[1]);
+    scales[b] = d;
+}
+
+// Twice the codes of values 4k .. 4k + 3 of a code word, one a byte (0, 2, 4, 6: the levels 2c - 3 less their -3).
+__device__ __forceinline__ int cq2_twice(unsigned w, int k) {
+    return (int)((k == 0 ? w << 1 : w >> (2 * k - 1)) & 0x06060606u);
+}
+
+// y [NT, N] = the Q8 activations (xq, xd) times the CQ2 matrix: per block, I = sum (2c - 3) q as one int8 dot chain
+// of the route D (the codes times two against the activation codes, started from -3 times the activation block's
+// sum), exact (|I| <= 32 * 3 * 127), then acc += (d * xd) * I in fp32; a row's blocks summed lane by lane, then
+// across the warp.
+// Warp per CQ2_ROWS weight rows, lane l takes blocks l, l + 32, ... (8 code bytes and a scale each: a warp's load of
+// a plane is one contiguous span per row); CQ2_UNROLL blocks of every row are loaded before the first multiply (a
+// 4096-wide row is one round: 16 loads of codes and 16 of scales per lane in flight). The activations' codes, scale
+// and block sum are read and computed once per block and token for the warp's rows (from L1: [NT, n] int8 is 16 KB
+// at NT = 4, n = 4096). The weights never change after the copy, so the first round's loads go out before
+// pdl_wait_producers (the activations belong to the kernel before this one).
+// Issue budget (sm_90 SASS, nvcc 13, DP4A, not yet measured): T = 1 is 800 instructions a warp for a round of 4 rows
+// x 4 blocks x 32 lanes (160 IDP, ~240 extracting the codes), ~1.6 warp-instructions per 10-byte row-block; the
+// H200's ~16.4 bytes per SM-cycle at 4.3 TB/s bring 1.64 row-blocks a cycle, so ~2.6 of the 4 issue slots. T = 2:
+// 1072 (~3.4 slots), T = 4: 1680 (~5.4: bound by instruction issue, ~1.35x the stream's time at best).
+template <int NT, class D>
+__global__ void __launch_bounds__(CQ2_WARPS * 32)
+cq2_gemv_kernel(const int8_t* __restrict__ xq,     // [NT, n]
+                const float* __restrict__ xd,      // [NT, n/32]
+                const uint2* __restrict__ codes,   // [N, n/32]
+                const __half* __restrict__ scales, // [N, n/32]
+                float* __restrict__ y,             // [NT, N] (row stride N)
+                int N, int n) {
+    // IMAD's dots (8 instructions each, bytes widened in registers) at T >= 3 spilled with 4 blocks in flight
+    constexpr int R = CQ2_ROWS, U = NT * D::OPS > 16 ? 2 : CQ2_UNROLL;
+    const int lane = threadIdx.x, first = (blockIdx.x * CQ2_WARPS + threadIdx.y) * R;
+    if (first >= N) return;
+    const int nb = n / CQ2_VALUES;
+    // Cursors at the lane's block of the current round (advanced a round at a time), so that every load of a round
+    // is at a constant offset from one of them: no 64-bit address arithmetic per load.
+    const uint2* pc[R];
+    const __half* ps[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {   // rows past the last re-read it and store nothing
+        const size_t row = min(first + r, N - 1);
+        pc[r] = codes + row * nb + lane, ps[r] = scales + row * nb + lane;
+    }
+    const int4* px[NT];             // token t's activation codes, 2 int4 a block
+    const float* pd[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+        px[t] = reinterpret_cast<const int4*>(xq + (size_t)t * n) + 2 * lane, pd[t] = xd + (size_t)t * nb + lane;
+    uint2 w[U][R];
+    float d[U][R];
+    auto fetch = [&](int c0) {      // the round of blocks c0 + 32 u (c0: this lane's first)
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (c0 + 32 * u < nb) w[u][r] = pc[r][32 * u], d[u][r] = __half2float(ps[r][32 * u]);
+    };
+    fetch(lane);
+    pdl_allow_consumers();
+    pdl_wait_producers();
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
+    const int4 ones = make_int4(0x01010101, 0x01010101, 0x01010101, 0x01010101);   // dot16 with it: the sum
+    for (int c0 = lane;;) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (c0 + 32 * u >= nb) break;
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const int4 x0 = __ldg(px[t] + 64 * u), x1 = __ldg(px[t] + 64 * u + 1);
+                const float dx = __ldg(pd[t] + 32 * u);
+                const int e = -3 * dot16<D>(ones, x1, dot16<D>(ones, x0));
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const unsigned lo = w[u][r].x, hi = w[u][r].y;
+                    int s = D::dot4(cq2_twice(lo, 0), x0.x, e);
+                    s = D::dot4(cq2_twice(lo, 1), x0.y, s);
+                    s = D::dot4(cq2_twice(lo, 2), x0.z, s);
+                    s = D::dot4(cq2_twice(lo, 3), x0.w, s);
+                    s = D::dot4(cq2_twice(hi, 0), x1.x, s);
+                    s = D::dot4(cq2_twice(hi, 1), x1.y, s);
+                    s = D::dot4(cq2_twice(hi, 2), x1.z, s);
+                    s = D::dot4(cq2_twice(hi, 3), x1.w, s);
+                    acc[r][t] = __fmaf_rn(__fmul_rn(d[u][r], dx), __int2float_rn(s), acc[r][t]);
+                }
+            }
+        }
+        c0 += 32 * U;
+        if (c0 >= nb) break;
+#pragma unroll
+        for (int r = 0; r < R; ++r) pc[r] += 32 * U, ps[r] += 32 * U;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) px[t] += 64 * U, pd[t] += 32 * U;
+        fetch(c0);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float v = warp_sum(acc[r][t]);
+            if (lane == 0 && first + r < N) y[(size_t)t * N + first + r] = v;
+        }
 }
 
 // ---- top-k: a warp's k best entries ------------------------------------------------------------------------------
@@ -338,13 +448,47 @@ using namespace cmp;
 
 // ==== launchers ===================================================================================================
 
-extern "C" int cmp_quantize_q4_0(const float* x, void* body, void* head, int rows, int n) {
-    CMP_REQUIRE(rows >= 0 && n > 0 && n % Q4_0_VALUES == 0, "cmp_quantize_q4_0: bad shape rows=%d n=%d (n a "
-                "multiple of 32)", rows, n);
-    const size_t nblk = (size_t)rows * (n / Q4_0_VALUES);
+extern "C" int cmp_quantize_cq2(const float* x, void* codes, void* scales, int rows, int n) {
+    CMP_REQUIRE(rows >= 0 && n > 0 && n % CQ2_VALUES == 0, "cmp_quantize_cq2: bad shape rows=%d n=%d (n a multiple "
+                "of 32)", rows, n);
+    const size_t nblk = (size_t)rows * (n / CQ2_VALUES);
     if (nblk == 0) return CMP_OK;
-    return launch("quantize_q4_0_kernel", quantize_q4_0_kernel, dim3(ceil_div(nblk, 128)), dim3(128), 0, x,
-                  static_cast<uint8_t*>(body), static_cast<uint8_t*>(head), nblk);
+    return launch("quantize_cq2_kernel", quantize_cq2_kernel, dim3(ceil_div(nblk, 128)), dim3(128), 0, x,
+                  static_cast<uint2*>(codes), static_cast<__half*>(scales), nblk);
+}
+
+namespace cmp {
+namespace {
+template <int NT, class D>
+int cq2_gemv(const int8_t* xq, const float* xd, const void* codes, const void* scales, float* y, int N, int n) {
+    return launch("cq2_gemv_kernel", cq2_gemv_kernel<NT, D>, dim3(ceil_div(N, CQ2_WARPS * CQ2_ROWS)),
+                  dim3(32, CQ2_WARPS), 0, xq, xd, static_cast<const uint2*>(codes),
+                  static_cast<const __half*>(scales), y, N, n);
+}
+}  // namespace
+}  // namespace cmp
+
+extern "C" int cmp_cq2_gemv(const int8_t* xq, const float* xd, const void* codes, const void* scales, float* y,
+                            int T, int N, int n, int dot) {
+    CMP_REQUIRE(T >= 0 && N >= 0 && n > 0 && n % CQ2_VALUES == 0, "cmp_cq2_gemv: bad shape T=%d N=%d n=%d (n a "
+                "multiple of 32)", T, N, n);
+    if (T == 0 || N == 0) return CMP_OK;
+    return dispatch_dot(dot, "cmp_cq2_gemv", [&](auto route) -> int {
+        using D = decltype(route);
+        // CQ2_MAX_T activation rows a launch: their rows of y start at t0 * N
+        for (int t0 = 0; t0 < T; t0 += CQ2_MAX_T) {
+            const int8_t* q = xq + (size_t)t0 * n;
+            const float* s = xd + (size_t)t0 * (n / CQ2_VALUES);
+            float* out = y + (size_t)t0 * N;
+            switch (min(T - t0, CQ2_MAX_T)) {
+                case 1: CMP_TRY((cq2_gemv<1, D>(q, s, codes, scales, out, N, n))); break;
+                case 2: CMP_TRY((cq2_gemv<2, D>(q, s, codes, scales, out, N, n))); break;
+                case 3: CMP_TRY((cq2_gemv<3, D>(q, s, codes, scales, out, N, n))); break;
+                default: CMP_TRY((cq2_gemv<4, D>(q, s, codes, scales, out, N, n))); break;
+            }
+        }
+        return CMP_OK;
+    });
 }
 
 extern "C" int cmp_topk_work_bytes(int R, int N, int k, size_t* bytes) {

@@ -376,9 +376,10 @@ SPEC_OPTIONS: tuple[Option, ...] = (
     O("--spec-draft-coarse", value="K", parse=parse_draft_coarse, apply=_set_spec("draft_coarse"),
       env="LLAMA_ARG_SPEC_DRAFT_COARSE", tools=KCS,
       help="llamacmp: where the MTP draft reads an LM head of 65536+ rows (the 248K vocabulary: 1.08 GB of Q8_0 a "
-      "draft step), it takes its argmax from a Q4_0 copy of the head made at start (0.57 GB more device memory) and "
-      "rescores that copy's K best ids with the exact head: the exact argmax whenever it is among them. The verify "
-      "keeps the exact head, so outputs do not change, only acceptance may. 0 = off, the exact head (default: 16)"),
+      "draft step), it takes its argmax from a 2-bit CQ2 copy of the head made at start (0.32 GB more device memory) "
+      "and rescores that copy's K best ids with the exact head: the exact argmax whenever it is among them. The "
+      "verify keeps the exact head, so outputs do not change, only acceptance may. 0 = off, the exact head "
+      "(default: 16)"),
     O("--spec-synth-len", value="L", parse=parse_synth_len, apply=_set_spec("synth_len"),
       env="LLAMA_ARG_SPEC_SYNTH_LEN", tools=KCS,
       help="target mean synthetic acceptance length, including the target token (benchmarking only)"),

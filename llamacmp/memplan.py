@@ -6,7 +6,7 @@ Items (one start-up log line each):
   weights      every tensor as the CUDA backend stores it (Q8_0 repacked: int8 + f16 scales, 34/32 B a value;
                the other block types (Q4_K, IQ4_XS, ...) their file bytes; F32/F16/BF16 f32, 256-byte aligned),
                and the upload staging block of the block-quantized tensors; with --spec-type draft-mtp the MTP
-               draft's Q4_0 coarse head (--spec-draft-coarse, spec.coarse_head) where it fits: where it does not,
+               draft's CQ2 coarse head (--spec-draft-coarse, spec.coarse_head) where it fits: where it does not,
                the plan leaves it out, says so, and planned_run turns it off (the draft reads the exact head)
   KV cache     per attention layer K and V [n_ctx, Hk, Dh] in the -ctk / -ctv format, for every slot
   GDN state    per GDN layer the conv window [kernel-1, C] and the recurrent state [V, Dk, Dv] f32, every slot
@@ -60,7 +60,7 @@ class MemoryPlan:
     items: list[PlanItem] = field(default_factory=list)
     cap: int | None = None       # bytes the arena may take (None: no cap given)
     cap_from_flag: bool = True   # the cap is --device-mem-cap (False: what the GPU has free)
-    coarse_rows: int = 0         # rows of the MTP draft's Q4_0 coarse head counted in the weights (0: none)
+    coarse_rows: int = 0         # rows of the MTP draft's CQ2 coarse head counted in the weights (0: none)
     coarse_dropped: bool = False     # the run asked for one, it did not fit: drafting keeps the exact head
     notes: list[str] = field(default_factory=list)   # lines after the items' (what the plan left out, and why)
 
@@ -189,10 +189,10 @@ def spec_steps_bytes(cfg: ModelConfig, n_max: int) -> int:
 
 
 def coarse_head_bytes(rows: int, n_embd: int) -> int:
-    """The MTP draft's Q4_0 coarse head of `rows` rows (--spec-draft-coarse) as the CUDA backend stores it: code
-    and scale planes apart (16 + 2 bytes per 32 values)."""
+    """The MTP draft's CQ2 coarse head of `rows` rows (--spec-draft-coarse) as the CUDA backend stores it: code
+    and scale planes apart (8 + 2 bytes per 32 values)."""
     nb = n_embd // Q8_0_BLOCK
-    return exact(rows * nb * 16) + exact(rows * nb * 2)
+    return exact(rows * nb * 8) + exact(rows * nb * 2)
 
 
 def mtp_head_type(tensors: Sequence[TensorDesc], cfg: ModelConfig) -> str:
@@ -211,7 +211,7 @@ def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: i
     """n_ctx: context per slot; sparse: the sparse_attn.SparseConfig in use (adds its per-chunk scratch);
     part: one device's share of a layer split (None: the whole model); spec_n_max: --spec-draft-n-max with
     --spec-type draft-mtp (0: off, and the file's MTP block is not uploaded); coarse_rows: with it, the rows of the
-    draft's Q4_0 coarse head (spec.coarse_head; 0: none), counted in the weights."""
+    draft's CQ2 coarse head (spec.coarse_head; 0: none), counted in the weights."""
     if not spec_n_max:
         tensors = [t for t in tensors if not is_mtp_tensor(t.name, cfg)]
     if part is not None:
@@ -226,7 +226,7 @@ def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: i
         if coarse_rows:
             w = p.item("weights")
             w.nbytes += coarse_head_bytes(coarse_rows, cfg.n_embd)
-            w.detail += f", the MTP draft's Q4_0 coarse head ({coarse_rows} rows) " \
+            w.detail += f", the MTP draft's CQ2 coarse head ({coarse_rows} rows) " \
                         f"{coarse_head_bytes(coarse_rows, cfg.n_embd) / MIB:.1f} MiB"
             p.coarse_rows = coarse_rows
         kv = p.item("KV cache")
@@ -408,7 +408,7 @@ def prepare_device(backend, mf, run, device_mem_cap: int = 0, log=None) -> Memor
         p = planned(0)
         p.coarse_dropped = True
         if p.total <= cap:
-            p.notes.append(f"the MTP draft's Q4_0 coarse head ({size / MIB:.1f} MiB) does not fit: drafting reads "
+            p.notes.append(f"the MTP draft's CQ2 coarse head ({size / MIB:.1f} MiB) does not fit: drafting reads "
                            "the exact LM head (--spec-draft-coarse)")
     p.cap_from_flag = bool(device_mem_cap) and device_mem_cap <= free
     if log is not None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arg_values import Unsupported
+from .backends.cq2_ref import CQ2_BYTES_PER_VALUE
 from .gguf_file import QUANT_BLOCKS
 
 # every --spec-type name llama.cpp 0c1e570 knows (common_speculative_type_from_name_map)
@@ -30,16 +31,16 @@ MTP_TENSOR = "blk.{}.nextn.eh_proj.weight"      # llama.cpp's test for an MTP he
 AUTO = "auto"                                   # --spec-draft-vocab auto (the default)
 
 # --spec-draft-coarse (llamacmp's own; models/qwen35.py set_draft_coarse, Backend.coarse_argmax): the MTP draft only
-# needs the argmax of its LM head, so a head of many rows is read through a Q4_0 copy (0.5625 bytes a weight) whose
-# COARSE_K best ids the exact head rescores. The verify keeps the exact head: outputs never change, only acceptance
-# could (when the exact argmax is not among the K).
-COARSE_TYPE = "Q4_0"
+# needs the argmax of its LM head, so a head of many rows is read through a CQ2 copy (backends/cq2_ref.py: 2-bit
+# codes, 0.3125 bytes a weight) whose COARSE_K best ids the exact head rescores. The verify keeps the exact head:
+# outputs never change, only acceptance could (when the exact argmax is not among the K).
+COARSE_TYPE = "CQ2"
 COARSE_K_MAX = 32              # candidates the device kernels take (cuda_src/coarse_head.cu TOPK_MAX)
 # Only heads of at least this many rows: the candidates' top-k and rescoring cost a few microseconds per draft
 # step, which the bytes saved pay for from a few ten thousand rows of a 4096-wide Q8_0 head (the 9B's whole head:
-# 1.08 GB -> 0.57 GB a step); auto's 32768-row prefix keeps its exact rows.
+# 1.08 GB -> 0.32 GB a step); auto's 32768-row prefix keeps its exact rows.
 COARSE_MIN_ROWS = 65536
-COARSE_MIN_SAVING = 4 / 3      # the head's bytes per row over the copy's at least this (Q6_K 1.46x, Q5_K 1.22x: no)
+COARSE_MIN_SAVING = 4 / 3      # the head's bytes per row over the copy's at least this (Q3_K 1.38x: yes; Q2_K: no)
 
 
 class SpecError(ValueError):
@@ -56,7 +57,7 @@ class SpecConfig:
     synth_rates: tuple[float, ...] = ()   # --spec-synth-rates P0,P1,..: acceptance probability per draft position
     draft_vocab: int | str = "auto"       # --spec-draft-vocab N: drafts only among token ids < N (0: all); "auto":
                                           # a prefix while the text stays in it (engine/draft_vocab.py)
-    draft_coarse: int = 16                # --spec-draft-coarse K: the draft's argmax over a Q4_0 copy of its LM
+    draft_coarse: int = 16                # --spec-draft-coarse K: the draft's argmax over a CQ2 copy of its LM
                                           # head, its K best rescored by the exact head (0: the exact head only)
 
     @property
@@ -278,7 +279,7 @@ def check_draft_vocab(cfg: SpecConfig, n_vocab: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class CoarseHead:
-    """--spec-draft-coarse as a run applies it (engine/speculative.py Speculator.set_coarse): the k best ids of a Q4_0
+    """--spec-draft-coarse as a run applies it (engine/speculative.py Speculator.set_coarse): the k best ids of a CQ2
     copy of the head's first `rows` rows, rescored by the exact head, for every draft head of at least min_rows
     rows (tests inject a smaller min_rows than COARSE_MIN_ROWS, for the tiny fixtures' vocabularies)."""
     k: int
@@ -292,13 +293,13 @@ class CoarseHead:
 
 def coarse_head(cfg: SpecConfig, n_vocab: int, n_embd: int, head_type: str) -> CoarseHead | None:
     """The coarse head a run makes (None: the draft reads the exact head): with --spec-type draft-mtp and
-    --spec-draft-coarse K > 0, a Q4_0 copy of the rows the draft may read (all of them for --spec-draft-vocab auto
+    --spec-draft-coarse K > 0, a CQ2 copy of the rows the draft may read (all of them for --spec-draft-vocab auto
     or 0, else the first N), when those are at least COARSE_MIN_ROWS, rows of 32-value blocks, and the head (GGUF
     type head_type, as the CUDA backend stores it) takes at least COARSE_MIN_SAVING times the copy's bytes."""
     if not cfg.enabled or cfg.draft_coarse <= 0 or n_embd % 32:
         return None
     rows = n_vocab if cfg.draft_vocab in (AUTO, 0) else min(int(cfg.draft_vocab), n_vocab)
-    if rows < COARSE_MIN_ROWS or device_bytes_per_value(head_type) < COARSE_MIN_SAVING * 18 / 32:
+    if rows < COARSE_MIN_ROWS or device_bytes_per_value(head_type) < COARSE_MIN_SAVING * CQ2_BYTES_PER_VALUE:
         return None
     return CoarseHead(cfg.draft_coarse, rows, COARSE_MIN_ROWS)
 

@@ -1,5 +1,6 @@
-"""--spec-draft-coarse on the numpy reference, the specification of cuda_src/coarse_head.cu: the Q4_0 copy of a head
-(gguf.quants' Q4_0 of the rows' values), the candidates' order, coarse_argmax against the exact argmax (equal when
+"""--spec-draft-coarse on the numpy reference, the specification of cuda_src/coarse_head.cu: the CQ2 format
+(cq2_ref.py: its levels, layout and GEMV stated independently here), the CQ2 copy of a head (quantize_cq2 of the
+rows' values), the candidates' order, coarse_argmax against the exact argmax (equal when
 the exact best is among the k candidates, the best of the candidates when it is not), the MTP draft through it
 (greedy output with MTP on still equals MTP off), the option, and the memory plan's count of the copy.
 The tiny fixtures' vocabularies (571 ids) are below spec.COARSE_MIN_ROWS, so the engine tests inject the coarse
@@ -12,15 +13,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from gguf.constants import GGMLQuantizationType
-from gguf.quants import quantize
 
 from llamacmp import memplan
 from llamacmp import spec as spec_mod
 from llamacmp.arg_values import ArgError
 from llamacmp.args import SPEC_OPTIONS, parse_args
 from llamacmp.backends.base import StepBatch
+from llamacmp.backends.cq2_ref import cq2_gemv, dequantize_cq2, quantize_cq2
 from llamacmp.backends.numpy_ref import NumpyBackend, argmax_rows, best_of, top_ids
+from llamacmp.backends.quant_ref import quantize_q8_blocks
 from llamacmp.cli import bench_options, bench_rows
 from llamacmp.engine.client import SlotClient
 from llamacmp.engine.speculative import Speculator
@@ -35,7 +36,6 @@ from test_backend_capabilities import PlannedNumpy   # a host backend with a pla
 from test_mtp import PROMPTS, _greedy, spy_drafts
 
 BE = NumpyBackend()
-Q4_0 = GGMLQuantizationType.Q4_0
 
 
 def head_of(kind: str, rows: int, cols: int, rng):
@@ -48,44 +48,103 @@ def head_of(kind: str, rows: int, cols: int, rng):
 
 
 def awkward_rows(cols: int) -> np.ndarray:
-    """Blocks that test Q4_0's edges: all zero, zero from -0.0, -m and +m both largest (the first decides d's
-    sign), one value alone, the largest magnitude negative."""
-    out = np.zeros((5, cols), np.float32)
+    """Blocks that test CQ2's edges: all zero, -0.0 alone, NaN among values (ignored by amax, code 0), one value
+    alone (the others exactly at the 0 threshold: code 2), values exactly on the thresholds -2d, 0, 2d, a block of
+    -inf (d inf: every code 0) and one whose d is an f16 subnormal."""
+    out = np.zeros((7, cols), np.float32)
     out[1, 0] = -0.0
     out[2, :32] = np.linspace(-1, 1, 32)
-    out[2, 5], out[2, 9] = 0.75, -0.75
-    out[2, :32] /= np.abs(out[2, :32]).max()
+    out[2, 5] = np.nan
     out[3, 7] = 3.5
-    out[4, :32] = np.linspace(-2, 1, 32)
+    d = np.float32(np.float16(np.float32(5.0) * np.float32(0.2)))           # amax 5: d = 1, thresholds -2, 0, 2
+    out[4, :6] = [5.0, 2.0 * d, 0.0, -2.0 * d, -5.0, 1.999]
+    out[5, :32] = -np.inf
+    out[6, :32] = np.linspace(-3e-6, 1e-6, 32)
     return out
 
 
-# -- the copy ------------------------------------------------------------------------------------------------------
+def codes_by_layout(codes: np.ndarray) -> np.ndarray:
+    """codes [N, n/4] u8 -> c [N, n] by cq2_ref.py's layout as stated there: value 16w + 4k + i of a block in bits
+    8i + 2k of its little-endian word w."""
+    N = codes.shape[0]
+    words = codes.reshape(N, -1, 2, 4).copy().view("<u4")[..., 0]          # [N, nb, 2]
+    c = np.empty((N, words.shape[1], 32), np.int64)
+    for w in range(2):
+        for k in range(4):
+            for i in range(4):
+                c[:, :, 16 * w + 4 * k + i] = (words[:, :, w] >> (8 * i + 2 * k)) & 3
+    return c.reshape(N, -1)
+
+
+# -- the format and the copy -----------------------------------------------------------------------------------------
+
+def test_quantize_cq2_takes_the_nearest_level():
+    """d = f16(0.2 amax); each value's code is its nearest level (2c - 3) d (on a threshold: the upper one), in the
+    layout's bit positions; dequantize_cq2 gives those levels."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((40, 96)) * 10.0 ** rng.uniform(-3, 3, (40, 1))).astype(np.float32)
+    codes, d = quantize_cq2(x)
+    assert codes.shape == (40, 24) and codes.dtype == np.uint8 and d.shape == (40, 3) and d.dtype == np.float16
+    xb = x.reshape(40, 3, 32)
+    np.testing.assert_array_equal(d, (np.abs(xb).max(axis=2) * np.float32(0.2)).astype(np.float16))
+    levels = np.array([-3, -1, 1, 3], np.float64)[None, None, None, :] * d.astype(np.float64)[..., None, None]
+    dist = np.abs(xb[..., None].astype(np.float64) - levels)
+    want = 3 - np.argmin(dist[..., ::-1], axis=-1)                         # the upper level on a tie
+    np.testing.assert_array_equal(codes_by_layout(codes), want.reshape(40, 96))
+    np.testing.assert_array_equal(dequantize_cq2(codes, d), ((2 * want - 3) * d[..., None]).reshape(40, 96))
+
+
+def test_quantize_cq2_of_awkward_blocks():
+    codes, d = quantize_cq2(awkward_rows(64))
+    c = codes_by_layout(codes)
+    assert d[0, 0] == 0 and d[1, 0] == 0 and (c[:2] == 2).all()            # d = 0: every code 2 (the +d level, 0)
+    assert d[2, 0] == np.float16(np.float32(0.2)) and c[2, 5] == 0          # NaN: amax of the others, code 0
+    assert c[3, 7] == 3 and (c[3, :7] == 2).all()
+    assert d[4, 0] == 1 and c[4, :6].tolist() == [3, 3, 2, 1, 0, 2]         # on a threshold: the upper level
+    assert np.isinf(d[5, 0]) and (c[5, :32] == 0).all()
+    assert 0 < d[6, 0] < np.float16(6.2e-5) and c[6, 0] == 0 and c[6, 31] == 2
+
+
+def test_cq2_gemv_is_the_dot_of_the_dequantized_values():
+    """cq2_gemv = the float64 dot of the dequantized Q8 activations with the dequantized CQ2 rows (to fp32), over
+    more rows than one GEMV_CHUNK."""
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((4101, 64)).astype(np.float32)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    codes, d = quantize_cq2(w)
+    q, dx = quantize_q8_blocks(x)
+    got = cq2_gemv(q.reshape(3, 64).astype(np.int8), dx, codes, d)
+    want = (q * dx[..., None]).reshape(3, 64).astype(np.float64) @ dequantize_cq2(codes, d).T.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
 
 @pytest.mark.parametrize("kind,cols", [("Q8_0", 64), ("Q6_K", 256), ("Q4_K", 256), ("F32", 96), ("F16", 64)])
-def test_coarse_copy_is_gguf_q4_0_of_the_file_values(kind, cols):
-    """Every row's blocks are gguf.quants' Q4_0 of the values the file's own dequantization gives (embed's), in
-    pieces of COARSE_CHUNK rows (a piece boundary inside the matrix)."""
+def test_coarse_copy_is_cq2_of_the_file_values(kind, cols):
+    """Every row's blocks are quantize_cq2 of the values the file's own dequantization gives (embed's), in pieces
+    of COARSE_CHUNK rows (a piece boundary inside the matrix); row_prefix takes its first rows."""
     w, values = head_of(kind, 37, cols, np.random.default_rng(cols))
     be = NumpyBackend()
     be.COARSE_CHUNK = 16
     c = be.coarse_copy(be.upload_matrix(w))
-    assert c.shape == (37, cols) and c.tensor.type_name == "Q4_0"
-    want = quantize(values, Q4_0).reshape(37, cols // 32, 18)
-    np.testing.assert_array_equal(c.tensor.blocks, want)
+    assert c.shape == (37, cols)
+    want_codes, want_d = quantize_cq2(values)
+    np.testing.assert_array_equal(c.codes, want_codes)
+    np.testing.assert_array_equal(c.scales, want_d)
+    p = be.row_prefix(c, 20)
+    assert p.shape == (20, cols) and (p.codes == want_codes[:20]).all()
 
 
-def test_coarse_copy_of_awkward_blocks():
-    x = awkward_rows(64)
-    c = BE.coarse_copy(BE.upload_matrix(x))
-    np.testing.assert_array_equal(c.tensor.blocks, quantize(x, Q4_0).reshape(5, 2, 18))
-    d = c.tensor.blocks[:, 0, :2].copy().view(np.float16)[:, 0]
-    assert np.signbit(d[0]) and not np.signbit(d[1])   # 0 / -8 = -0, -0 / -8 = +0: the first value's sign
-    assert d[2] == np.float16(1 / 8) and d[4] == np.float16(2 / 8)    # -1 comes before +1: d = -1 / -8
+def test_coarse_logits_are_cq2_gemv_of_q8_activations():
+    rng = np.random.default_rng(3)
+    coarse = BE.coarse_copy(BE.upload_matrix(rng.standard_normal((50, 64)).astype(np.float32)))
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    q, dx = quantize_q8_blocks(x)
+    np.testing.assert_array_equal(BE.coarse_logits(x, coarse), cq2_gemv(q.reshape(2, 64), dx, coarse.codes,
+                                                                         coarse.scales))
 
 
 def test_coarse_copy_refuses_rows_not_of_32():
-    with pytest.raises(ValueError, match="not Q4_0 blocks of 32"):
+    with pytest.raises(ValueError, match="not CQ2 blocks of 32"):
         BE.coarse_copy(BE.upload_matrix(np.zeros((4, 40), np.float32)))
 
 
@@ -117,10 +176,10 @@ def test_coarse_argmax_is_the_argmax_when_it_is_among_the_k(kind, cols, k):
     coarse = BE.coarse_copy(exact)
     x = rng.standard_normal((7, cols)).astype(np.float32)
     want = argmax_rows(BE.matmuls(x, [exact])[0])
-    cand = top_ids(BE.matmuls(x, [coarse])[0], k)
+    cand = top_ids(BE.coarse_logits(x, coarse), k)
     got = BE.coarse_argmax(x, coarse, exact, k)
     inside = [r for r in range(7) if want[r] in cand[r]]
-    assert len(inside) >= 4, (want, cand)
+    assert len(inside) >= (2 if k == 1 else 4), (want, cand)     # 2-bit codes: k = 1 finds 2-3 of these 7
     assert got[inside].tolist() == want[inside].tolist()
     assert BE.coarse_argmax(x, coarse, exact, 311).tolist() == want.tolist()
 
@@ -137,7 +196,7 @@ def test_coarse_argmax_outside_the_k_gives_the_best_candidate():
     other = w.copy()
     other[best] *= -1
     coarse = BE.coarse_copy(BE.upload_matrix(other))
-    cand = top_ids(BE.matmuls(x, [coarse])[0], 4)[0]
+    cand = top_ids(BE.coarse_logits(x, coarse), 4)[0]
     assert best not in cand
     got = int(BE.coarse_argmax(x, coarse, exact, 4)[0])
     assert got == int(cand[np.argmax(logits[cand])]) and got != best
@@ -154,7 +213,7 @@ def test_coarse_argmax_ties_take_the_lowest_id_and_write_out():
     favour5 = w.copy()
     favour5[5] *= 1.5
     coarse = BE.coarse_copy(BE.upload_matrix(favour5))
-    assert top_ids(BE.matmuls(x, [coarse])[0], 2).tolist() == [[5, 2]]
+    assert top_ids(BE.coarse_logits(x, coarse), 2).tolist() == [[5, 2]]
     out = np.full(3, -1, np.int32)
     BE.coarse_argmax(x, coarse, BE.upload_matrix(w), 2, out=out[1:2])
     assert out.tolist() == [-1, 2, -1]
@@ -290,7 +349,7 @@ def test_a_copy_the_backend_cannot_make_leaves_the_exact_head(lm, monkeypatch, c
     monkeypatch.setattr(lm.backend, "coarse_copy", full)
     sp = Speculator(lm.model, 3, coarse=CoarseHead(16, lm.model.mtp.head.shape[0], 1))
     assert sp.coarse is None and lm.model.mtp.draft_coarse is None and lm.model.mtp.coarse_k == 0
-    assert "no Q4_0 coarse head" in caplog.text and "exact LM head" in caplog.text
+    assert "no CQ2 coarse head" in caplog.text and "exact LM head" in caplog.text
 
 
 # -- when a run makes one, and its option -----------------------------------------------------------------------------
@@ -299,8 +358,9 @@ def test_coarse_head_rule():
     on = SpecConfig("draft-mtp", 3)
     assert coarse_head(on, 248320, 4096, "Q8_0") == CoarseHead(16, 248320, spec_mod.COARSE_MIN_ROWS)
     assert coarse_head(on, 248320, 4096, "Q6_K").rows == 248320 and coarse_head(on, 248320, 4096, "F16") is not None
-    for t in ("Q5_K", "Q4_K", "Q4_0", "IQ4_XS"):                     # saves too little, or nothing
-        assert coarse_head(on, 248320, 4096, t) is None, t
+    for t in ("Q5_K", "Q4_K", "Q4_0", "IQ4_XS", "Q3_K"):                # CQ2 is 0.3125 bytes a value
+        assert coarse_head(on, 248320, 4096, t) is not None, t
+    assert coarse_head(on, 248320, 4096, "Q2_K") is None                # saves too little
     assert coarse_head(replace(on, draft_vocab=32768), 248320, 4096, "Q8_0") is None         # below min rows
     assert coarse_head(replace(on, draft_vocab=131072), 248320, 4096, "Q8_0").rows == 131072
     assert coarse_head(replace(on, draft_vocab=0, draft_coarse=4), 248320, 4096, "Q8_0").k == 4
@@ -346,11 +406,11 @@ def test_memory_plan_counts_the_copy_or_leaves_it_out(lm, monkeypatch):
     run = plan_run(p, mf.cfg.n_ctx_train, mf)
     N, D = mf.cfg.n_vocab, mf.cfg.n_embd
     size = memplan.coarse_head_bytes(N, D)
-    assert size == memplan.exact(N * D // 32 * 16) + memplan.exact(N * D // 32 * 2)
+    assert size == memplan.exact(N * D // 32 * 8) + memplan.exact(N * D // 32 * 2)
     log = io.StringIO()
     fits = memplan.prepare_device(PlannedNumpy(1 << 34), mf, run, log=log)
     assert fits.coarse_rows == N and not fits.coarse_dropped and memplan.planned_run(run, fits) is run
-    assert "Q4_0 coarse head" in fits.item("weights").detail and "Q4_0 coarse head" in log.getvalue()
+    assert "CQ2 coarse head" in fits.item("weights").detail and "CQ2 coarse head" in log.getvalue()
     without = fits.total - size
     tight = memplan.prepare_device(PlannedNumpy(without + size // 2), mf, run)
     assert tight.coarse_dropped and tight.coarse_rows == 0 and tight.total == without

@@ -1,30 +1,31 @@
-"""--spec-draft-coarse on CUDA (cuda_src/coarse_head.cu) against the numpy reference (tests/test_coarse_head.py):
-the Q4_0 copy byte for byte (cmp_quantize_q4_0 alone, and CudaBackend.coarse_copy of every head kind, over several
-row pieces), cmp_topk's ids exactly (ties, NaN, -inf, rows against its thresholds; no, one and two merge passes),
-cmp_coarse_rescore's choice, coarse_argmax against numpy's; then the MTP draft through it: the captured draft rounds
-equal the eager ones, and greedy output with graphs on and off equals MTP off (with --spec-draft-vocab auto's two
-heads too).
+"""--spec-draft-coarse on CUDA (cuda_src/coarse_head.cu) against the numpy reference (tests/test_coarse_head.py,
+backends/cq2_ref.py): the CQ2 copy byte for byte (cmp_quantize_cq2 alone, and CudaBackend.coarse_copy of every head
+kind, over several row pieces), cmp_cq2_gemv against cq2_gemv (every T of a launch and more, rows not a multiple of
+a block's 16, rows of one and of several rounds, every int8 dot route), cmp_topk's ids exactly (ties, NaN, -inf,
+rows against its thresholds; no, one and two merge passes), cmp_coarse_rescore's choice, coarse_argmax against
+numpy's; then the MTP draft through it: the captured draft rounds equal the eager ones, and greedy output with graphs
+on and off equals MTP off (with --spec-draft-vocab auto's two heads too).
 
-Tolerances: the copy and the candidates are exact (the same f32 operations as gguf.quants / a stable sort); the
-logits the choice compares are the GEMVs' and the rescoring's fp32 sums, so an id may differ from the reference's
-only between logits within 1e-5 of the row's largest magnitude (a near tie)."""
+Tolerances: the copy and the candidates are exact (the same f32 operations as cq2_ref / a stable sort); the GEMV's
+block dots are exact integers, its sums fp32 (1e-5 of the row's sum of |terms|); the logits the choice compares are
+the GEMVs' and the rescoring's fp32 sums, so an id may differ from the reference's only between logits within 1e-5
+of the row's largest magnitude (a near tie)."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from gguf.constants import GGMLQuantizationType
-from gguf.quants import quantize
 
-from cuda_helpers import up
+from cuda_helpers import INT8_DOTS, up
 from llamacmp.backends.base import StepBatch
+from llamacmp.backends.cq2_ref import cq2_gemv, cq2_levels, quantize_cq2
 from llamacmp.backends.numpy_ref import NumpyBackend, argmax_rows, best_of, top_ids
 from llamacmp.backends.spec_graphs import SpecGraphs
 from llamacmp.engine.speculative import Speculator
 from llamacmp.engine.tasks import GenParams
 from llamacmp.fixtures.writer import SHAPES, write_model
-from llamacmp.lib._native import NativeError
+from llamacmp.lib._native import CMP_DOTS, NativeError
 from llamacmp.loader import load_model
 from llamacmp.sampling import SamplingParams
 from llamacmp.spec import CoarseHead
@@ -33,7 +34,6 @@ from test_mtp import PROMPTS, _client, _greedy
 
 pytestmark = pytest.mark.cuda
 REF = NumpyBackend()
-Q4_0 = GGMLQuantizationType.Q4_0
 NEAR_TIE = 1e-5
 
 
@@ -42,42 +42,43 @@ def device_bytes(be, t) -> np.ndarray:
     return be.kv_rows_raw(t, t.shape[0])
 
 
-def ref_planes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_0 blocks [rows, nb, 18] -> the device layout's (body [rows, nb * 16], head [rows, nb * 2])."""
-    rows, nb, _ = blocks.shape
-    return blocks[:, :, 2:].reshape(rows, nb * 16), blocks[:, :, :2].reshape(rows, nb * 2)
+def assert_planes(be, got, codes: np.ndarray, scales: np.ndarray) -> None:
+    """A CQ2Matrix's device planes = the reference's codes [N, n/4] u8 and scales [N, n/32] f16."""
+    np.testing.assert_array_equal(device_bytes(be, got.scales), scales.view(np.uint8))
+    np.testing.assert_array_equal(device_bytes(be, got.codes), codes)
 
 
 # -- the copy --------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("rows,cols", [(1, 32), (5, 64), (37, 96), (300, 4096)])
-def test_quantize_q4_0_is_gguf_q4_0(cuda_backend, rows, cols):
-    """cmp_quantize_q4_0 of f32 rows (every row its own scale, 1e-3 .. 1e3; the awkward blocks of the reference
-    test on top) = gguf.quants' Q4_0, byte for byte."""
+def test_quantize_cq2_equals_reference(cuda_backend, rows, cols):
+    """cmp_quantize_cq2 of f32 rows (every row its own scale, 1e-3 .. 1e3; the awkward blocks of the reference
+    test on top: zero, -0, NaN, thresholds, -inf, subnormal d) = cq2_ref.quantize_cq2, byte for byte."""
     be, rng = cuda_backend, np.random.default_rng(rows)
     x = (rng.standard_normal((rows, cols)) * 10.0 ** rng.uniform(-3, 3, (rows, 1))).astype(np.float32)
-    x[:min(rows, 5)] = awkward_rows(cols)[:min(rows, 5)]
+    x[:min(rows, 7)] = awkward_rows(cols)[:min(rows, 7)]
     nb = cols // 32
-    body, head = be.empty((rows, nb * 16), "u8"), be.empty((rows, nb * 2), "u8")
-    be.native.cmp_quantize_q4_0(up(be, x).ptr, body.ptr, head.ptr, rows, cols)
-    want_body, want_head = ref_planes(quantize(x, Q4_0).reshape(rows, nb, 18))
-    np.testing.assert_array_equal(device_bytes(be, head), want_head)
-    np.testing.assert_array_equal(device_bytes(be, body), want_body)
+    codes, scales = be.empty((rows, nb * 8), "u8"), be.empty((rows, nb * 2), "u8")
+    xd = up(be, x)
+    be.native.cmp_quantize_cq2(xd.ptr, codes.ptr, scales.ptr, rows, cols)
+    want_codes, want_scales = quantize_cq2(x)
+    np.testing.assert_array_equal(device_bytes(be, scales), want_scales.view(np.uint8))
+    np.testing.assert_array_equal(device_bytes(be, codes), want_codes)
 
 
 @pytest.mark.parametrize("kind,cols", [("Q8_0", 64), ("Q6_K", 256), ("Q4_K", 256), ("IQ4_XS", 256), ("F32", 96),
                                        ("F16", 64)])
 def test_coarse_copy_equals_numpy(cuda_backend, monkeypatch, kind, cols):
     """CudaBackend.coarse_copy of every head kind = numpy_ref's, byte for byte; pieces of 16 rows (the staging size
-    lowered), so 37 rows take three, the last one short."""
+    lowered), so 37 rows take three, the last one short; row_prefix views its first rows."""
     be = cuda_backend
     w, _ = head_of(kind, 37, cols, np.random.default_rng(cols + len(kind)))
     monkeypatch.setattr(be, "STAGING_BYTES", 16 * cols * 4)
     got = be.coarse_copy(be.upload_matrix(w))
-    want_body, want_head = ref_planes(REF.coarse_copy(REF.upload_matrix(w)).tensor.blocks)
-    assert got.type_name == "Q4_0" and got.shape == (37, cols)
-    np.testing.assert_array_equal(device_bytes(be, got.head), want_head)
-    np.testing.assert_array_equal(device_bytes(be, got.body), want_body)
+    want = REF.coarse_copy(REF.upload_matrix(w))
+    assert got.shape == (37, cols)
+    assert_planes(be, got, want.codes, want.scales)
+    assert_planes(be, be.row_prefix(got, 20), want.codes[:20], want.scales[:20])
 
 
 def test_coarse_copy_of_a_tall_head_in_default_pieces(cuda_backend):
@@ -85,9 +86,87 @@ def test_coarse_copy_of_a_tall_head_in_default_pieces(cuda_backend):
     be = cuda_backend
     w, _ = head_of("Q8_0", 70001, 256, np.random.default_rng(70001))
     got = be.coarse_copy(be.upload_matrix(w))
-    want_body, want_head = ref_planes(REF.coarse_copy(REF.upload_matrix(w)).tensor.blocks)
-    np.testing.assert_array_equal(device_bytes(be, got.head), want_head)
-    np.testing.assert_array_equal(device_bytes(be, got.body), want_body)
+    want = REF.coarse_copy(REF.upload_matrix(w))
+    assert_planes(be, got, want.codes, want.scales)
+
+
+# -- the GEMV ---------------------------------------------------------------------------------------------------------
+
+def gemv_device(be, xq: np.ndarray, xd: np.ndarray, codes: np.ndarray, scales: np.ndarray, dot: str) -> np.ndarray:
+    """cmp_cq2_gemv on uploaded copies (each held by a name until the call returns: the arena hands a dropped
+    temporary's block to the next upload)."""
+    T, n = xq.shape
+    N = codes.shape[0]
+    q = be.from_host(np.ascontiguousarray(xq, np.int8), "i8")
+    d = be.from_host(np.ascontiguousarray(xd, np.float32), "f32")
+    c = be.from_host(np.ascontiguousarray(codes), "u8")
+    s = be.from_host(np.ascontiguousarray(scales).view(np.uint8), "u8")
+    y = be.empty((T, N), "f32")
+    be.native.cmp_cq2_gemv(q.ptr, d.ptr, c.ptr, s.ptr, y.ptr, T, N, n, CMP_DOTS[dot])
+    return be.to_host(y)
+
+
+def gemv_inputs(T: int, N: int, n: int, seed: int):
+    """Q8 activations of full range (every code -127 .. 127, scales of several magnitudes) and a CQ2 matrix."""
+    rng = np.random.default_rng(seed)
+    xq = rng.integers(-127, 128, (T, n)).astype(np.int8)
+    xd = (10.0 ** rng.uniform(-3, 1, (T, n // 32))).astype(np.float32)
+    w = (rng.standard_normal((N, n)) * 10.0 ** rng.uniform(-2, 1, (N, 1))).astype(np.float32)
+    codes, scales = quantize_cq2(w)
+    return xq, xd, codes, scales
+
+
+def assert_gemv_close(got, xq, xd, codes, scales) -> None:
+    """got = cq2_gemv to within 1e-5 of each output's sum of |block terms| (fp32 sums of exact block dots)."""
+    want = cq2_gemv(xq, xd, codes, scales)
+    T, n = xq.shape
+    lv = np.abs(cq2_levels(codes)) * scales.astype(np.float64)[..., None]           # [N, nb, 32]
+    bound = np.einsum("tbv,nbv->tn", np.abs(xq.astype(np.float64)).reshape(T, -1, 32) * xd[..., None], lv)
+    assert got.shape == want.shape
+    assert (np.abs(got.astype(np.float64) - want) <= 1e-5 * bound + 1e-30).all(), np.abs(got - want).max()
+
+
+@pytest.mark.parametrize("T,N,n", [(1, 1, 32), (1, 7, 96), (2, 7, 96), (3, 17, 64), (4, 33, 4096), (1, 1001, 4096),
+                                   (2, 300, 4128), (4, 61, 8192), (5, 19, 256), (9, 45, 128)])
+def test_cq2_gemv_equals_reference(cuda_backend, T, N, n):
+    """Every T of one launch (1..4) and more (5, 9: several launches, their rows of y apart), N of one row, under
+    a warp's 4, not a multiple of a block's 16, rows of one block, of one round (4096: 4 blocks a lane) and of
+    several (4128, 8192)."""
+    xq, xd, codes, scales = gemv_inputs(T, N, n, T * N + n)
+    assert_gemv_close(gemv_device(cuda_backend, xq, xd, codes, scales, "dp4a"), xq, xd, codes, scales)
+
+
+@pytest.mark.parametrize("dot", INT8_DOTS)
+@pytest.mark.parametrize("T", [1, 2, 4])
+def test_cq2_gemv_routes_give_the_same_bits(cuda_backend, dot, T):
+    """The int8 dot routes give the same integers, so the same bits as DP4A, and match the reference."""
+    xq, xd, codes, scales = gemv_inputs(T, 77, 320, 5 + T)
+    got = gemv_device(cuda_backend, xq, xd, codes, scales, dot)
+    assert_gemv_close(got, xq, xd, codes, scales)
+    np.testing.assert_array_equal(got, gemv_device(cuda_backend, xq, xd, codes, scales, "dp4a"))
+
+
+def test_cq2_gemv_refuses_bad_shapes(cuda_backend):
+    be = cuda_backend
+    with pytest.raises(NativeError, match="cmp_cq2_gemv: bad shape"):
+        be.native.cmp_cq2_gemv(None, None, None, None, None, 1, 4, 40, 0)
+    with pytest.raises(NativeError, match="unknown int8 dot route"):
+        y = be.empty((1, 4), "f32")
+        be.native.cmp_cq2_gemv(y.ptr, y.ptr, y.ptr, y.ptr, y.ptr, 1, 4, 32, 7)
+
+
+def test_coarse_logits_equal_numpy(cuda_backend):
+    """CudaBackend.coarse_logits (the activations' Q8 blocks, then the GEMV) = numpy_ref's."""
+    be, rng = cuda_backend, np.random.default_rng(11)
+    w, _ = head_of("Q8_0", 211, 256, rng)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    ref_coarse = REF.coarse_copy(REF.upload_matrix(w))
+    xd = up(be, x)
+    got = be.to_host(be.coarse_logits(xd, be.coarse_copy(be.upload_matrix(w))))
+    xq, dx = be.quantize(xd)
+    assert_gemv_close(got, be.to_host(xq).astype(np.int8), be.to_host(dx), ref_coarse.codes, ref_coarse.scales)
+    want = REF.coarse_logits(x, ref_coarse)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
 
 
 # -- the candidates -----------------------------------------------------------------------------------------------
@@ -224,7 +303,7 @@ def test_coarse_argmax_equals_numpy(cuda_backend, kind, cols, R, k):
     got = be.ids_to_host(be.coarse_argmax(up(be, x), be.coarse_copy(exact), exact, k)).tolist()
     logits = REF.matmuls(x, [ref_exact])[0].astype(np.float64)
     assert_same_choice(got, want.tolist(), logits)
-    inside = [r for r in range(R) if argmax_rows(logits)[r] in top_ids(REF.matmuls(x, [ref_coarse])[0], k)[r]]
+    inside = [r for r in range(R) if argmax_rows(logits)[r] in top_ids(REF.coarse_logits(x, ref_coarse), k)[r]]
     assert_same_choice([got[r] for r in inside], argmax_rows(logits)[inside].tolist(), logits[inside])
 
 

@@ -308,15 +308,20 @@ class Backend(ABC):
         return np.array(ids, np.int32)
 
     def coarse_copy(self, w: Weight) -> Weight:
-        """The MTP draft's coarse head: w [N, D] (any uploaded matrix, D a multiple of 32) -> a Q4_0 matrix [N, D],
-        as upload_matrix gives for Q4_0 blocks: each row as embed() dequantizes it, quantized by gguf.quants' Q4_0
-        (0.5625 bytes a weight). Raises NotImplementedError where the backend cannot (the draft keeps the exact
+        """The MTP draft's coarse head: w [N, D] (any uploaded matrix, D a multiple of 32) -> a CQ2 matrix [N, D]
+        (cq2_ref.py: 0.3125 bytes a weight): each row as embed() dequantizes it, quantized by cq2_ref.quantize_cq2.
+        row_prefix takes its first rows. Raises NotImplementedError where the backend cannot (the draft keeps the exact
         head) and MemoryError where it does not fit."""
+        raise NotImplementedError(f"backend '{self.name}' has no coarse head")
+
+    def coarse_logits(self, x: Tensor, coarse: Weight) -> Tensor:
+        """x [R, D] times coarse [N, D] (coarse_copy's) -> the coarse logits [R, N] f32: x quantized to Q8_0 blocks
+        (as for a Q8_0 matrix), then cq2_ref.cq2_gemv."""
         raise NotImplementedError(f"backend '{self.name}' has no coarse head")
 
     def coarse_argmax(self, x: Tensor, coarse: Weight, exact: Weight, k: int, out: Tensor | None = None) -> Tensor:
         """x [R, D], exact [N, D] a head, coarse [N, D] coarse_copy of it, 1 <= k <= min(N, spec.COARSE_K_MAX) ->
-        [R] int32 on the backend: per row the k ids whose logits matmuls(x, [coarse]) are largest (the larger first,
+        [R] int32 on the backend: per row the k ids whose logits coarse_logits(x, coarse) are largest (the larger first,
         the lower id among equal ones, NaN as -inf), then of those the id whose exact logit matmuls(x, [exact]) is
         largest (the lowest id among ties, NaN never chosen; all NaN: the coarse best). This is
         argmax(matmuls(x, [exact])) whenever that id is among the k. out: as argmax's."""

@@ -34,6 +34,7 @@ from .. import kv_layout
 from ..memplan import QUANT_WORK_PIECE
 from . import routes as _routes
 from .base import Backend, Segment, SeqState, StepBatch
+from .cq2_ref import CQ2_VALUES
 from .cuda_graphs import DecodeGraphs
 from .cuda_memory import DTYPES, MIB, DeviceArena, DeviceTensor
 from .cuda_state import CudaStateOps
@@ -81,6 +82,18 @@ class QuantMatrix:
     @property
     def head_ptr(self) -> int:
         return self.head.ptr if self.head is not None else 0
+
+
+@dataclass(slots=True)
+class CQ2Matrix:
+    """The MTP draft's coarse head (CudaBackend.coarse_copy; cq2_ref.py's format): codes [rows, cols/4] u8 and
+    scales [rows, cols/32 * 2] u8 (f16 values)."""
+    codes: DeviceTensor
+    scales: DeviceTensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape[0], self.codes.shape[1] * 4
 
 
 @dataclass(slots=True)
@@ -368,6 +381,8 @@ class CudaBackend(Backend):
         if isinstance(w, QuantMatrix):
             head = w.head.rows(r0, n) if w.head is not None else None
             return QuantMatrix(w.type_name, w.body.rows(r0, n), head, (n, w.shape[1]))
+        if isinstance(w, CQ2Matrix):
+            return CQ2Matrix(w.codes.rows(r0, n), w.scales.rows(r0, n))
         return DenseMatrix(w.w.rows(r0, n))
 
     @_persistent
@@ -1008,16 +1023,15 @@ class CudaBackend(Backend):
     def coarse_copy(self, w):
         """Made on the device: row pieces of STAGING_BYTES of f32 (the upload staging block's size, so its freed
         block is reused and the memory plan's count holds) dequantized by the embed kernels, then quantized by
-        cmp_quantize_q4_0 into the Q4_0 device layout. The 9B's head (248320 x 4096): 61 pieces of 4096 rows,
-        572 MB of Q4_0 (a few ms on an H200: the head read once, 64 MiB written and read per piece)."""
+        cmp_quantize_cq2 (cq2_ref.py). The 9B's head (248320 x 4096): 61 pieces of 4096 rows, 318 MB of CQ2 (a few
+        ms on an H200: the head read once, 64 MiB written and read per piece)."""
         rows, cols = w.shape
-        if cols % Q8_0_BLOCK:
-            raise ValueError(f"coarse_copy: rows of {cols} values are not Q4_0 blocks of 32")
-        _, _, body_b, head_b = self.native.quant_layout(CMP_QUANT_TYPES["Q4_0"])
-        nb = cols // Q8_0_BLOCK
+        if cols % CQ2_VALUES:
+            raise ValueError(f"coarse_copy: rows of {cols} values are not CQ2 blocks of 32")
+        nb = cols // CQ2_VALUES
         with self.arena.persistent():
-            body = self.empty((rows, nb * body_b), "u8", f"the MTP draft's Q4_0 coarse head [{rows}, {cols}]")
-            head = self.empty((rows, nb * head_b), "u8", f"the MTP draft's Q4_0 coarse head [{rows}, {cols}] (scales)")
+            codes = self.empty((rows, nb * 8), "u8", f"the MTP draft's CQ2 coarse head [{rows}, {cols}]")
+            scales = self.empty((rows, nb * 2), "u8", f"the MTP draft's CQ2 coarse head [{rows}, {cols}] (scales)")
         step = max(1, min(rows, self.STAGING_BYTES // (cols * 4)))
         ids = self.from_host(np.arange(step, dtype=np.int32), "i32", "the coarse head's row ids")
         for r0 in range(0, rows, step):
@@ -1025,13 +1039,29 @@ class CudaBackend(Backend):
             # every piece the same size, so that the one freed block serves all of them
             r0 = min(r0, rows - step)
             x = self.embed(self._row_slice(w, r0, step), ids)
-            self.native.cmp_quantize_q4_0(x.ptr, body.row_ptr(r0), head.row_ptr(r0), step, cols)
-        return QuantMatrix("Q4_0", body, head, (rows, cols))
+            self.native.cmp_quantize_cq2(x.ptr, codes.row_ptr(r0), scales.row_ptr(r0), step, cols)
+        return CQ2Matrix(codes, scales)
+
+    def coarse_logits(self, x, coarse):
+        """cmp_quantize_q8, then cmp_cq2_gemv on the decode route's int8 dot."""
+        return self._coarse_gemv(*self.quantize(x), coarse)
+
+    def _coarse_gemv(self, xq, xd, coarse):
+        """Q8 activations xq [T, n] int8, xd [T, n/32] times the CQ2 matrix [N, n] -> [T, N] f32."""
+        T, n = xq.shape
+        N = coarse.shape[0]
+        if coarse.shape[1] != n:
+            raise ValueError(f"coarse GEMV: input has {n} columns, the coarse head {coarse.shape} expects "
+                             f"{coarse.shape[1]}")
+        y = self.empty((T, N), "f32", "the coarse head's logits")
+        self.native.cmp_cq2_gemv(xq.ptr, xd.ptr, coarse.codes.ptr, coarse.scales.ptr, y.ptr, T, N, n,
+                                 CMP_DOTS[self.routes.matmul_decode])
+        return y
 
     def coarse_argmax(self, x, coarse, exact, k, out=None):
-        """The coarse GEMV (the Q4_0 GEMV of the decode route), cmp_topk, the candidates' exact rows by the embed
-        kernels, cmp_coarse_rescore: five launches after the activations' quantization, which the exact rescoring
-        shares (the exact head's GEMV would read the same Q8 blocks)."""
+        """The CQ2 GEMV (cmp_cq2_gemv), cmp_topk, the candidates' exact rows by the embed kernels,
+        cmp_coarse_rescore: four launches after the activations' quantization, which the exact rescoring shares
+        (the exact head's GEMV would read the same Q8 blocks)."""
         R, D = x.shape
         N = coarse.shape[0]
         if exact.shape != coarse.shape or coarse.shape[1] != D or not 1 <= k <= N:
@@ -1040,7 +1070,7 @@ class CudaBackend(Backend):
         if out.shape != (R,) or out.dtype != "i32":
             raise ValueError(f"coarse_argmax: output must be int32 [{R}], got {out.dtype} {out.shape}")
         xq, xd = self.quantize(x)
-        logits = self._q8_project(xq, xd, [coarse])[0]
+        logits = self._coarse_gemv(xq, xd, coarse)
         cand = self.empty((R, k), "i32", "the coarse head's candidates")
         work = self.empty((self.native.topk_work_bytes(R, N, k),), "u8", "the coarse head's top-k lists")
         self.native.cmp_topk(logits.ptr, cand.ptr, work.ptr, R, N, k)

@@ -15,6 +15,7 @@ from .. import kv_quant
 from ..config import ModelConfig
 from ..gguf_file import Q8_0_BLOCK, Q8Tensor, QuantTensor
 from .base import Backend, RowSample, SeqState
+from .cq2_ref import CQ2_VALUES, RefCQ2, cq2_gemv, quantize_cq2
 from .quant_ref import Activations, RefQuant, quant_matmul, quantize_q8_blocks
 
 GDN_CHUNK = 64
@@ -161,6 +162,8 @@ class NumpyBackend(Backend):
             return RefQ8(w.q[:n], w.d[:n])
         if isinstance(w, RefQuant):
             return RefQuant(QuantTensor(w.tensor.type_name, w.tensor.blocks[:n]))
+        if isinstance(w, RefCQ2):
+            return w.rows(slice(0, n))
         return w[:n]
 
     def upload_vector(self, w):
@@ -454,20 +457,22 @@ class NumpyBackend(Backend):
         return out
 
     def coarse_copy(self, w):
-        from gguf.constants import GGMLQuantizationType
-        from gguf.quants import quantize
         rows, cols = w.shape
-        if cols % Q8_0_BLOCK:
-            raise ValueError(f"coarse_copy: rows of {cols} values are not Q4_0 blocks of 32")
-        blocks = np.empty((rows, cols // Q8_0_BLOCK, 18), np.uint8)
+        if cols % CQ2_VALUES:
+            raise ValueError(f"coarse_copy: rows of {cols} values are not CQ2 blocks of 32")
+        codes = np.empty((rows, cols // 4), np.uint8)
+        scales = np.empty((rows, cols // CQ2_VALUES), np.float16)
         for r0 in range(0, rows, self.COARSE_CHUNK):
             ids = np.arange(r0, min(rows, r0 + self.COARSE_CHUNK))
-            q = quantize(self.embed(w, ids), GGMLQuantizationType.Q4_0)
-            blocks[r0:r0 + len(ids)] = q.reshape(len(ids), cols // Q8_0_BLOCK, 18)
-        return RefQuant(QuantTensor("Q4_0", blocks))
+            codes[ids], scales[ids] = quantize_cq2(self.embed(w, ids))
+        return RefCQ2(codes, scales)
+
+    def coarse_logits(self, x, coarse):
+        xq, xd = quantize_q8_blocks(np.asarray(x, np.float32))
+        return cq2_gemv(xq.reshape(len(x), -1), xd, coarse.codes, coarse.scales)
 
     def coarse_argmax(self, x, coarse, exact, k, out=None):
-        cand = top_ids(self.matmuls(x, [coarse])[0], k)
+        cand = top_ids(self.coarse_logits(x, coarse), k)
         ids = np.empty(len(x), np.int32)
         for r in range(len(x)):
             # the exact logits of the k candidates: the full head's own values (each row of a matmul is its own)

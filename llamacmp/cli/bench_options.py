@@ -213,7 +213,7 @@ OPTS: tuple[Opt, ...] = (
         "0..n-1 (0: the whole vocabulary; auto: the first 32768 of a large vocabulary while the text stays in "
         "them)", draft_vocab_values),
     Opt(("--spec-draft-coarse",), "spec_draft_coarse", "<k>", "llamacmp: the MTP draft's argmax over a head of "
-        "65536+ rows from a Q4_0 copy of it, its k best ids rescored by the exact head (0: the exact head)",
+        "65536+ rows from a CQ2 copy of it, its k best ids rescored by the exact head (0: the exact head)",
         draft_coarse_values),
 )
 DEFAULTS = {"reps": 5, "delay": 0, "output": "md", "output_err": None, "verbose": False, "progress": False,

@@ -104,7 +104,7 @@ class Speculator:
         auto's constants: the head drafts from their prefix or the whole vocabulary as the committed tokens say
         (engine/draft_vocab.py; None: the head the model has, set_draft_vocab). n_seqs: the sequences that draft
         (the server's slots): the graphs keep every one's shapes. coarse: --spec-draft-coarse's head (a draft head
-        of at least coarse.min_rows rows takes its argmax through a Q4_0 copy of the first coarse.rows rows, its
+        of at least coarse.min_rows rows takes its argmax through a CQ2 copy of the first coarse.rows rows, its
         coarse.k best rescored by the exact head; set_coarse); None: the exact head."""
         if model.mtp is None:
             raise SpecUnsupported("the model has no MTP head")

@@ -170,8 +170,11 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                    "int cmp_sample(const float* logits, float* work, const int32_t* hist, int n_hist, "
                    "const int32_t* bias_ids, const float* bias_vals, int n_bias, const CmpSamplerParams* params, "
                    "float u, int32_t* out, int32_t* n_out, int N)"),
-    "cmp_quantize_q4_0": ((_p, _p, _p, _i, _i),
-                          "int cmp_quantize_q4_0(const float* x, void* body, void* head, int rows, int n)"),
+    "cmp_quantize_cq2": ((_p, _p, _p, _i, _i),
+                         "int cmp_quantize_cq2(const float* x, void* codes, void* scales, int rows, int n)"),
+    "cmp_cq2_gemv": ((_p, _p, _p, _p, _p, _i, _i, _i, _i),
+                     "int cmp_cq2_gemv(const int8_t* xq, const float* xd, const void* codes, const void* scales, "
+                     "float* y, int T, int N, int n, int dot)"),
     "cmp_topk_work_bytes": ((_i, _i, _i, _p), "int cmp_topk_work_bytes(int R, int N, int k, size_t* bytes)"),
     "cmp_topk": ((_p, _p, _p, _i, _i, _i),
                  "int cmp_topk(const float* x, int32_t* ids, void* work, int R, int N, int k)"),

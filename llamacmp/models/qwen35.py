@@ -31,9 +31,9 @@ class _Layer:
 class _Mtp:
     layer: _Layer           # a full-attention decoder block; its KV cache is slot 0 of an MTP state (mtp_state)
     eh_proj: object; enorm: object; hnorm: object; head_norm: object; embed: object; head: object
-    head_type: str = "F32"      # the head's GGUF type (spec.coarse_rows: whether a Q4_0 copy saves bytes)
+    head_type: str = "F32"      # the head's GGUF type (spec.coarse_rows: whether a CQ2 copy saves bytes)
     draft_head: object = None   # the head's first rows, the draft vocabulary (set_draft_vocab); None: all of head
-    # --spec-draft-coarse (set_draft_coarse): a Q4_0 copy of the head's first rows, the candidates each draft step
+    # --spec-draft-coarse (set_draft_coarse): a CQ2 copy of the head's first rows, the candidates each draft step
     # rescores, the fewest rows a draft head must have to use it, and the copy's rows of the draft head now
     coarse: object = None
     coarse_k: int = 0
@@ -150,7 +150,7 @@ class Qwen35Model:
 
     def set_draft_coarse(self, k: int, rows: int = 0, min_rows: int = 1) -> bool:
         """--spec-draft-coarse: a draft head of at least min_rows rows (set_draft_vocab's) takes its argmax through a
-        Q4_0 copy of the head's first `rows` rows (Backend.coarse_copy: made when these rows are first asked for,
+        CQ2 copy of the head's first `rows` rows (Backend.coarse_copy: made when these rows are first asked for,
         then kept), whose k best ids the exact head rescores (Backend.coarse_argmax); k or rows 0: the exact head,
         and the copy's memory goes back. Draft graphs captured after this call use it. -> whether a copy was made
         now (MemoryError, NotImplementedError from the backend: none was, and the draft keeps the exact head)."""

@@ -213,7 +213,7 @@ def spec_round_lines(counts: dict) -> list[str]:
 
 def spec_vocab_lines(state: dict) -> list[str]:
     """llamacmp-only: the MTP draft's LM head rows now (--spec-draft-vocab; auto moves them), auto's switches and
-    the rows it reads through its Q4_0 coarse copy (--spec-draft-coarse) (Speculator.vocab_state); nothing without
+    the rows it reads through its CQ2 coarse copy (--spec-draft-coarse) (Speculator.vocab_state); nothing without
     speculative decoding."""
     if not state:
         return []
@@ -223,7 +223,7 @@ def spec_vocab_lines(state: dict) -> list[str]:
             f"# TYPE {rows} gauge", f"{rows} {state['rows']}",
             f"# HELP {switches} Speculative (llamacmp): --spec-draft-vocab auto's switches between the prefix "
             "and the whole vocabulary", f"# TYPE {switches} counter", f"{switches} {state['switches']}",
-            f"# HELP {coarse} Speculative (llamacmp): of those rows, the ones the draft reads through a Q4_0 copy, "
+            f"# HELP {coarse} Speculative (llamacmp): of those rows, the ones the draft reads through a CQ2 copy, "
             "its best ids rescored by the exact head (--spec-draft-coarse; 0: the exact head)",
             f"# TYPE {coarse} gauge", f"{coarse} {state.get('coarse_rows', 0)}"]
 

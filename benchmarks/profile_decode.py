@@ -33,13 +33,16 @@ from llamacmp.backends.cuda import CudaBackend  # noqa: E402
 from llamacmp.backends.cuda_graphs import CapturedStep  # noqa: E402
 
 
-def kernel_times(trace: Path) -> dict[str, tuple[int, float]]:
+def kernel_times(trace: Path, by_grid: bool = False) -> dict[str, tuple[int, float]]:
     """{kernel name: (launches, device µs)} from the profiler's Chrome trace (its "kernel" events, and its copies:
-    the step's uploads, --hidden's copy of the hidden rows)."""
+    the step's uploads, --hidden's copy of the hidden rows). by_grid: one entry per kernel and grid ("name grid
+    [x, y, z]"), so that a kernel's small launches show apart from its large ones."""
     out: dict[str, list] = defaultdict(lambda: [0, 0.0])
     for ev in json.loads(trace.read_text()).get("traceEvents", []):
         if ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in ev:
             name = ev["name"].replace("(anonymous namespace)::", "").split("(")[0]
+            if by_grid and "grid" in ev.get("args", {}):
+                name += f" grid {ev['args']['grid']}"
             out[name][0] += 1
             out[name][1] += float(ev["dur"])
     return {k: (v[0], v[1]) for k, v in out.items()}

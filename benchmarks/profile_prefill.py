@@ -1,12 +1,13 @@
 """Where a prefill's time goes, by phase: projection GEMMs, attention, Gated DeltaNet, glue (issue 20 item 5).
 
     python3 benchmarks/profile_prefill.py MODEL.gguf [-p 512 4096 16384] [--route mma] [--attn-route fp32]
-                                          [--top 12] [--json out.json]
+                                          [--top 12] [--by-grid] [--json out.json]
 
 For each ppN: one warm-up forward, one timed plainly (wall clock, the logits copied back, as bench_model's ppN), then
 one under torch.profiler's CUDA activity trace (CUPTI sees the library's kernels: one process, one context). Each
 kernel name falls into one phase (PHASES, first match wins); the table gives per phase the kernels' device time and
 its share of their sum, and the sum against the plain forward's wall time (the rest is launch gaps and host work).
+--by-grid lists each kernel per grid size: a GEMM's one-tile launches (a full wave's latency for a few blocks) apart.
 Needs torch with CUDA (the H200 image has it); nothing else of torch is used.
 """
 from __future__ import annotations
@@ -45,7 +46,8 @@ def phase_of(kernel: str) -> str:
     return next(name for name, pat in PHASES if pat.search(kernel))
 
 
-def profile_one(be: CudaBackend, cfg, model, p: int, rng) -> tuple[float, dict[str, tuple[int, float]]]:
+def profile_one(be: CudaBackend, cfg, model, p: int, rng,
+                by_grid: bool = False) -> tuple[float, dict[str, tuple[int, float]]]:
     """(plain wall seconds, {kernel: (launches, device µs)}) of one forward of p random tokens on a fresh state."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -63,7 +65,7 @@ def profile_one(be: CudaBackend, cfg, model, p: int, rng) -> tuple[float, dict[s
         forward()
     with tempfile.TemporaryDirectory() as tmp:
         prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
-        times = kernel_times(Path(tmp) / "trace.json")
+        times = kernel_times(Path(tmp) / "trace.json", by_grid)
     if not times:
         raise SystemExit("the profiler saw no kernels (CUPTI unavailable?)")
     return wall, times
@@ -76,6 +78,7 @@ def main(argv=None) -> None:
     ap.add_argument("--route", choices=("dp4a", "mma"), default="mma", help="routes.Routes.matmul_prefill")
     ap.add_argument("--attn-route", choices=("fp32", "mma"), default="fp32", help="routes.Routes.attn_prefill")
     ap.add_argument("--top", type=int, default=12, help="kernels listed per ppN")
+    ap.add_argument("--by-grid", action="store_true", help="one row per kernel and grid size")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     be = CudaBackend(0)
@@ -86,7 +89,7 @@ def main(argv=None) -> None:
           f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     rows = []
     for p in args.p:
-        wall, times = profile_one(be, cfg, model, p, rng)
+        wall, times = profile_one(be, cfg, model, p, rng, args.by_grid)
         total = sum(us for _, us in times.values())
         phases = {name: 0.0 for name, _ in PHASES}
         for k, (_, us) in times.items():
@@ -99,7 +102,7 @@ def main(argv=None) -> None:
         print("| kernel | phase | launches | ms | share |")
         print("|---|---|---:|---:|---:|")
         for k, (c, us) in sorted(times.items(), key=lambda kv: -kv[1][1])[:args.top]:
-            print(f"| {k[:60]} | {phase_of(k)} | {c} | {us / 1e3:.2f} | {100 * us / total:.1f}% |")
+            print(f"| {k[:100]} | {phase_of(k)} | {c} | {us / 1e3:.2f} | {100 * us / total:.1f}% |")
         rows.append({"p": p, "wall_ms": 1e3 * wall, "kernel_ms": total / 1e3,
                      "phases_ms": {k: v / 1e3 for k, v in phases.items()},
                      "kernels": {k: [c, us / 1e3] for k, (c, us) in times.items()}})

@@ -181,6 +181,24 @@ def test_profile_prefill_phases(kernel, phase):
     assert profile_prefill.phase_of(kernel) == phase
 
 
+def test_kernel_times_by_grid_keeps_small_launches_apart(tmp_path):
+    """profile_prefill --by-grid: a GEMM's one-tile launches (a wave's latency for 4 blocks) show apart from its
+    big ones; without it one row per kernel, and its phase either way."""
+    import json
+
+    from profile_decode import kernel_times
+    ev = [{"cat": "kernel", "name": "void cmp::gemm_w16_kernel<1>(int)", "dur": d, "args": {"grid": g}}
+          for d, g in ((560.0, [96, 4, 1]), (186.0, [1, 4, 1]), (185.0, [1, 4, 1]))]
+    ev.append({"cat": "cpu_op", "name": "aten::add", "dur": 5.0})
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": ev}))
+    assert kernel_times(trace) == {"void cmp::gemm_w16_kernel<1>": (3, 931.0)}
+    by = kernel_times(trace, by_grid=True)
+    assert by == {"void cmp::gemm_w16_kernel<1> grid [96, 4, 1]": (1, 560.0),
+                  "void cmp::gemm_w16_kernel<1> grid [1, 4, 1]": (2, 371.0)}
+    assert {profile_prefill.phase_of(k) for k in by} == {"gemm"}
+
+
 def test_mtp_streams_reads_the_policy_round_counters(monkeypatch):
     """benchmarks/mtp_streams.py reads the server's llamacmp:spec_rounds_total lines (server/misc.py writes them)
     and prints what ran during one measurement."""

@@ -14,6 +14,7 @@
 //    pass up to 262144 values); both through warp_topk, which rejects almost every value with one compare;
 //  - rescoring: the candidates' rows (dequantized by the embed kernels) dotted with the activations as the exact
 //    head's GEMV sees them, and the best candidate in argmax order.
+#include <algorithm>
 #include <climits>
 
 #include "common.cuh"
@@ -480,7 +481,7 @@ extern "C" int cmp_cq2_gemv(const int8_t* xq, const float* xd, const void* codes
             const int8_t* q = xq + (size_t)t0 * n;
             const float* s = xd + (size_t)t0 * (n / CQ2_VALUES);
             float* out = y + (size_t)t0 * N;
-            switch (min(T - t0, CQ2_MAX_T)) {
+            switch (std::min(T - t0, CQ2_MAX_T)) {
                 case 1: CMP_TRY((cq2_gemv<1, D>(q, s, codes, scales, out, N, n))); break;
                 case 2: CMP_TRY((cq2_gemv<2, D>(q, s, codes, scales, out, N, n))); break;
                 case 3: CMP_TRY((cq2_gemv<3, D>(q, s, codes, scales, out, N, n))); break;

@@ -245,11 +245,11 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_hmma_kernel(const MmaOperands
 }
 
 template <int SC, bool MIN>
-constexpr int hmma_smem = 2 * (int)sizeof(HmmaStage<SC, MIN>);
+constexpr int hmma_bytes = 2 * (int)sizeof(HmmaStage<SC, MIN>);
 
 template <int SC, bool MIN>
 int launch(const MmaOperands& op) {
-    constexpr int smem = hmma_smem<SC, MIN>;
+    constexpr int smem = hmma_bytes<SC, MIN>;
     constexpr auto kernel = gemm_hmma_kernel<SC, MIN>;
     CMP_TRY(smem_opt_in("gemm_hmma_kernel", kernel, smem));
     kernel<<<dim3(ceil_div(op.R, MT), ceil_div(op.T, NT)), THREADS, smem, stream()>>>(op);
@@ -278,7 +278,7 @@ int gemm_hmma_wave(MmaScales scales, bool mins, int* blocks) {
     return dispatch_scales(scales, mins, "gemm_hmma_wave", [&](auto sc, auto min) {
         constexpr int SC = decltype(sc)::value;
         constexpr bool MIN = decltype(min)::value;
-        return wave_blocks("gemm_hmma_kernel", gemm_hmma_kernel<SC, MIN>, THREADS, hmma_smem<SC, MIN>, blocks);
+        return wave_blocks("gemm_hmma_kernel", gemm_hmma_kernel<SC, MIN>, THREADS, hmma_bytes<SC, MIN>, blocks);
     });
 }
 

@@ -60,6 +60,7 @@ int cmp_synchronize(void);
 // ids from device buffers, so one capture serves every decode step of a fixed batch shape.
 int cmp_graph_begin(void);
 int cmp_graph_end(void** exec);
+int cmp_graph_kernels(int* n);   // kernel launches in the graph this thread last ended (tests: launches per op)
 int cmp_graph_launch(void* exec);
 int cmp_graph_destroy(void* exec);
 // Timing helpers for benchmarks: event pairs on the library stream. ms = elapsed between the two records.
@@ -168,6 +169,11 @@ int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* bytes);
 // out [T, D] = dequantized rows table[ids[t]] (table: body, head as above; ids [T] int32 on the device); the values
 // of gguf.quants.dequantize exactly.
 int cmp_embed_quant(int type, const int32_t* ids, const void* body, const void* head, float* out, int T, int D);
+
+// *yes = 1 where the DP4A prefill GEMM runs gemm_w16_kernel (compute_80+ code, 80 KB of shared memory per block):
+// cmp_matmul_q8_ex and cmp_matmul_quant then multiply matrices that lie one after another in memory (and the
+// expanded per-32 types' group) in one launch. matmul_q8.cu.
+int cmp_gemm_w16_available(int* yes);
 
 // ---- matmul_mma.cu -------------------------------------------------------------------------------------------
 // *yes = 1 where this library's code for the current device has a tensor-core GEMM (int8 mma.sync from compute_75

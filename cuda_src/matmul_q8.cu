@@ -539,16 +539,11 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
 
 // ==== launchers ===================================================================================================
 
-// The v2 GEMM: with `wide` (gemm2_wide) on DP4A the 16-warp kernel's 4-block stages (gemm_w16.cuh); else the 8-warp
-// kernel's 2-block stages (DP2A / IMAD always: their byte unpacking needs the registers that 4 blocks would take).
+// The v2 GEMM's 8-warp kernel with 2-block stages: where the 16-warp one (gemm_w16.cuh) does not run (gemm2_wide),
+// and on DP2A / IMAD always (their byte unpacking needs the registers that 4 blocks would take).
 template <class D>
-int launch_gemm2(bool wide, const int8_t* xq, const float* xd, const int8_t* wq, const void* wd, const float* res,
-                 float* y, int T, int rows, int n) {
-    if constexpr (D::OPS == 1) {
-        if (wide)
-            return launch_gemm_w16<W16Q8, D>(xq, xd, nullptr, wq, W16Q8{static_cast<const __half*>(wd)}, res, y, T,
-                                             rows, n, rows);
-    }
+int launch_gemm2(const int8_t* xq, const float* xd, const int8_t* wq, const void* wd, const float* res, float* y,
+                 int T, int rows, int n) {
     constexpr size_t bytes = 2 * sizeof(Gemm2Stage);
     auto kernel = gemm2_q8_kernel<D>;
     CMP_TRY(smem_opt_in("gemm2_q8_kernel", kernel, bytes));
@@ -559,6 +554,34 @@ int launch_gemm2(bool wide, const int8_t* xq, const float* xd, const int8_t* wq,
 
 // Whether the v2 GEMM takes stages of 4 blocks here (gemm_w16_runs: compute_80+ code, 80 KB of shared memory).
 int gemm2_wide(bool* yes) { return gemm_w16_runs<W16Q8, DotDp4a>(yes); }
+
+// The end of the run of matrices from i on that lie one after another in memory, codes and scales alike
+// (CudaBackend.upload_matrices): gemm_w16_kernel reads such a run as one matrix in one launch.
+int adjacent_run(const int8_t* const* wq, const void* const* wd, const int* rows, int i, int count, int n) {
+    auto d = [&](int k) { return static_cast<const __half*>(wd[k]); };
+    int j = i + 1;
+    while (j < count && wq[j] == wq[j - 1] + (size_t)rows[j - 1] * n &&
+           d(j) == d(j - 1) + (size_t)rows[j - 1] * (n / QK))
+        ++j;
+    return j;
+}
+
+// The 16-warp GEMM on DP4A: each run of adjacent matrices in one launch.
+int launch_w16_runs(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
+                    float* const* y, const float* const* res, const int* rows, int T, int n) {
+    for (int i = 0, j; i < count; i = j) {
+        j = adjacent_run(wq, wd, rows, i, count, n);
+        W16Out out{};
+        for (int k = i, end = 0; k < j; ++k) {
+            out.y[k - i] = y[k], out.res[k - i] = res ? res[k] : nullptr, out.ldy[k - i] = rows[k];
+            out.end[k - i] = end += rows[k];
+        }
+        out.count = j - i;
+        CMP_TRY((launch_gemm_w16<W16Q8, DotDp4a>(xq, xd, nullptr, wq[i], W16Q8{static_cast<const __half*>(wd[i])},
+                                                 out, T, n)));
+    }
+    return CMP_OK;
+}
 
 using GemvLaunch = int (*)(const int8_t*, const float*, const GemvSet&, int, int);
 
@@ -653,12 +676,13 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
     const bool big = (kernels & CMP_MM_GEMM2) && T >= GEMM2_MIN_T;
     bool wide = false;
     if (big) CMP_TRY(gemm2_wide(&wide));
+    if (wide && gemm_dot == CMP_DOT_DP4A) return launch_w16_runs(xq, xd, count, wq, wd, y, res, rows, T, n);
     return dispatch_dot(gemm_dot, "cmp_matmul_q8_ex", [&](auto dot) {
         using D = decltype(dot);
         for (int i = 0; i < count; ++i) {
             const float* r = res ? res[i] : nullptr;
             if (big) {
-                CMP_TRY(launch_gemm2<D>(wide, xq, xd, wq[i], wd[i], r, y[i], T, rows[i], n));
+                CMP_TRY(launch_gemm2<D>(xq, xd, wq[i], wd[i], r, y[i], T, rows[i], n));
             } else {
                 gemm_q8_kernel<D><<<dim3(ceil_div(rows[i], TILE), ceil_div(T, TILE)), 256, 0, stream()>>>(
                     xq, xd, wq[i], static_cast<const __half*>(wd[i]), r, y[i], T, rows[i], n);
@@ -673,6 +697,13 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
 }  // namespace cmp
 
 using namespace cmp;
+
+extern "C" int cmp_gemm_w16_available(int* yes) {
+    bool wide = false;
+    CMP_TRY(gemm2_wide(&wide));
+    *yes = wide ? 1 : 0;
+    return CMP_OK;
+}
 
 extern "C" int cmp_matmul_q8(const int8_t* xq, const float* xd, const int8_t* wq, const void* wd, float* y, int T,
                              int rows, int n) {

@@ -678,6 +678,7 @@ int launch_gemm_quant(const int8_t* xq, const float* xd, const GemmWork& g, cons
     return check_launch("gemm_quant_kernel");
 }
 
+// One matrix on the tensor cores (mma) or gemm_quant_kernel, chunk by chunk.
 template <class Q, class D>
 int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uint8_t* head, float* y, const float* res,
                int rows, int T, int n, const GemmWork& g, bool mma, bool mma_f16) {
@@ -685,20 +686,12 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
     size_t limit = 0;
     CMP_TRY(smem_limit(&limit));
     const int stages = smem::gemm_quant_plan(limit).config;   // 2, else 1 (sm_61); 0: the 1-stage error below
-    // One scale (and min) per 32 values on DP4A: Q8_0's 16-warp GEMM (gemm_w16.cuh) wherever it runs
-    using W = W16Expanded<Q::MIN>;
-    constexpr bool W16 = D::OPS == 1 && !Q::PER16;
-    bool w16 = false;
-    if constexpr (W16)
-        if (!mma) CMP_TRY((gemm_w16_runs<W, D>(&w16)));
     // the launches' wave, by the kernel this path runs, and from it the rows per chunk (gemm_chunks.h)
     constexpr MmaScales form = Q::PER16 ? MMA_PER16 : MMA_PER32;
     int wave = 0;
     if (mma)
         CMP_TRY(gemm_mma_wave(form, Q::MIN, mma_f16, &wave));
-    else if (w16) {
-        if constexpr (W16) CMP_TRY((gemm_w16_wave<W, D>(&wave)));
-    } else
+    else
         CMP_TRY((stages == 2 ? gemm_quant_wave<Q::PER16, Q::MIN, D, 2>(&wave)
                              : gemm_quant_wave<Q::PER16, Q::MIN, D, 1>(&wave)));
     const int chunk = chunks::wave_chunk(rows, g.chunk, T, QTILE, wave).rows;
@@ -711,15 +704,43 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
             CMP_TRY(gemm_mma(form, Q::MIN, op, mma_f16));
             continue;
         }
-        const float* rr = res ? res + r0 : nullptr;
-        if constexpr (W16)
-            if (w16) {
-                CMP_TRY((launch_gemm_w16<W, D>(xq, xd, g.xs, g.wq, W{g.ws, g.wm}, rr, y + r0, T, R, n, rows)));
-                continue;
-            }
         const auto run = stages == 2 ? launch_gemm_quant<Q::PER16, Q::MIN, D, 2>
                                     : launch_gemm_quant<Q::PER16, Q::MIN, D, 1>;
-        CMP_TRY(run(xq, xd, g, rr, y + r0, T, R, n, rows));
+        CMP_TRY(run(xq, xd, g, res ? res + r0 : nullptr, y + r0, T, R, n, rows));
+    }
+    return CMP_OK;
+}
+
+// The 16-warp GEMM (gemm_w16.cuh) over all `count` matrices as one run of rows (their rows one after another):
+// each chunk of the run (gemm_chunks.h, over all rows) is expanded into the workspace matrix by matrix, back to
+// back, and multiplied in one launch whose W16Out sends each matrix's rows to its own output. The GDN's z + beta +
+// alpha of a Q4_K_M file (4096 + 32 + 32 rows) are then one wave at 512 tokens on an H200, not three.
+template <class Q, class D>
+int gemm_quant_w16(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
+                   float* const* y, const float* const* res, const int* rows, int T, int n, const GemmWork& g) {
+    using W = W16Expanded<Q::MIN>;
+    const int nb = n / Q::BV;
+    int total = 0, wave = 0;
+    for (int i = 0; i < count; ++i) total += rows[i];
+    CMP_TRY((gemm_w16_wave<W, D>(&wave)));
+    const int chunk = chunks::wave_chunk(total, g.chunk, T, QTILE, wave).rows;
+    for (int c0 = 0; c0 < total; c0 += chunk) {
+        const int c1 = std::min(c0 + chunk, total);
+        W16Out out{};
+        for (int i = 0, s0 = 0; i < count; s0 += rows[i++]) {
+            const int a = std::max(c0, s0), b = std::min(c1, s0 + rows[i]);   // run rows [a, b): matrix i's
+            if (a >= b) continue;
+            const int r0 = a - s0, k = out.count++;
+            const size_t at = a - c0;                                         // their first workspace row
+            CMP_TRY(expand_quant(Q::ID, static_cast<const uint8_t*>(body[i]) + (size_t)r0 * nb * Q::BODY,
+                                 static_cast<const uint8_t*>(head[i]) + (size_t)r0 * nb * Q::HEAD, g.wq + at * n,
+                                 g.ws + at * (n / 16), Q::MIN ? g.wm + at * (n / 16) : nullptr, b - a, n));
+            out.y[k] = y[i] + r0;
+            out.res[k] = res && res[i] ? res[i] + r0 : nullptr;
+            out.ldy[k] = rows[i];
+            out.end[k] = b - c0;
+        }
+        CMP_TRY((launch_gemm_w16<W, D>(xq, xd, g.xs, g.wq, W{g.ws, g.wm}, out, T, n)));
     }
     return CMP_OK;
 }
@@ -748,9 +769,14 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
                  size_t work_bytes, bool mma, bool mma_f16) {
     CMP_REQUIRE(n % Q::BV == 0, "cmp_matmul_quant: n=%d is not a multiple of the type's %d-value blocks", n, Q::BV);
     if (T <= QGEMV_MAX_T) return gemv_quant<Q, D>(xq, xd, count, body, head, y, res, rows, T, n);
-    int max_rows = 0;
-    for (int i = 0; i < count; ++i) max_rows = std::max(max_rows, rows[i]);
-    const GemmWork g = split_work<Q>(work, work_bytes, T, n, max_rows);
+    // One scale (and min) per 32 values on DP4A: Q8_0's 16-warp GEMM (gemm_w16.cuh) wherever it runs, all the
+    // matrices in one run of rows; else matrix by matrix.
+    bool w16 = false;
+    if constexpr (D::OPS == 1 && !Q::PER16)
+        if (!mma) CMP_TRY((gemm_w16_runs<W16Expanded<Q::MIN>, D>(&w16)));
+    int max_rows = 0, total = 0;
+    for (int i = 0; i < count; ++i) max_rows = std::max(max_rows, rows[i]), total += rows[i];
+    const GemmWork g = split_work<Q>(work, work_bytes, T, n, w16 ? total : max_rows);
     CMP_REQUIRE(g.chunk > 0, "cmp_matmul_quant: a workspace of %zu bytes is too small for T=%d n=%d (need %zu)",
                 work_bytes, T, n, half_sums_bytes<Q>(T, n) + 3 * 256 + QTILE * expanded_row_bytes<Q>(n));
     if (Q::MIN) {
@@ -758,6 +784,8 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
         half_sums_kernel<D><<<ceil_div(halves, 256), 256, 0, stream()>>>(xq, xd, g.xs, halves);
         CMP_TRY(check_launch("half_sums_kernel"));
     }
+    if constexpr (D::OPS == 1 && !Q::PER16)
+        if (w16) return gemm_quant_w16<Q, D>(xq, xd, count, body, head, y, res, rows, T, n, g);
     for (int i = 0; i < count; ++i)
         CMP_TRY((gemm_quant<Q, D>(xq, xd, static_cast<const uint8_t*>(body[i]), static_cast<const uint8_t*>(head[i]),
                                   y[i], res ? res[i] : nullptr, rows[i], T, n, g, mma, mma_f16)));

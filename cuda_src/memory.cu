@@ -2,6 +2,7 @@
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "common.cuh"
 
@@ -295,14 +296,33 @@ extern "C" int cmp_graph_begin(void) {
     return check_cuda(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
 }
 
+namespace {
+thread_local int t_graph_kernels = 0;   // kernel nodes of this thread's last graph (cmp_graph_kernels)
+}
+
 extern "C" int cmp_graph_end(void** exec) {
     cudaGraph_t graph = nullptr;
     CMP_TRY(check_cuda(cudaStreamEndCapture(stream(), &graph), "cudaStreamEndCapture"));
+    size_t n = 0;
+    t_graph_kernels = 0;
+    if (cudaGraphGetNodes(graph, nullptr, &n) == cudaSuccess && n > 0) {
+        std::vector<cudaGraphNode_t> nodes(n);
+        cudaGraphGetNodes(graph, nodes.data(), &n);
+        for (cudaGraphNode_t node : nodes) {
+            cudaGraphNodeType type;
+            if (cudaGraphNodeGetType(node, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel) ++t_graph_kernels;
+        }
+    }
     cudaGraphExec_t e = nullptr;
     const int rc = check_cuda(cudaGraphInstantiate(&e, graph, 0), "cudaGraphInstantiate");
     cudaGraphDestroy(graph);  // the executable graph keeps what it needs
     *exec = e;
     return rc;
+}
+
+extern "C" int cmp_graph_kernels(int* n) {
+    *n = t_graph_kernels;
+    return CMP_OK;
 }
 
 extern "C" int cmp_graph_launch(void* exec) {

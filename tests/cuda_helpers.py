@@ -58,3 +58,34 @@ def dot_bits(dot: str) -> int:
     """cmp_matmul_q8_ex / cmp_matmul_quant kernel bits that put the GEMV and the GEMM on `dot`."""
     from llamacmp.lib._native import CMP_DOTS, CMP_MM_GEMM_DOT_SHIFT, CMP_MM_GEMV_DOT_SHIFT
     return CMP_DOTS[dot] << CMP_MM_GEMV_DOT_SHIFT | CMP_DOTS[dot] << CMP_MM_GEMM_DOT_SHIFT
+
+
+def captured(be, op):
+    """Run op() inside a CUDA graph capture, then replay the graph once -> (op's outputs as host arrays, the
+    graph's kernel launches). op must not copy from the host (nothing runs while capturing)."""
+    be.native.cmp_graph_begin()
+    outs = op()
+    exec_ = be.native.graph_end()
+    kernels = be.native.graph_kernels()
+    try:
+        be.native.cmp_graph_launch(exec_)
+        be.native.cmp_synchronize()
+    finally:
+        be.native.cmp_graph_destroy(exec_)
+    return [be.to_host(o) for o in outs], kernels
+
+
+class on_dp4a:
+    """`with on_dp4a(be):` every quantized matmul on DP4A (decode and prefill: no tensor cores), routes restored
+    after."""
+
+    def __init__(self, be):
+        self.be = be
+
+    def __enter__(self):
+        from llamacmp.backends.routes import Routes
+        self.saved, self.be.routes = self.be.routes, Routes()
+        return self.be
+
+    def __exit__(self, *exc):
+        self.be.routes = self.saved

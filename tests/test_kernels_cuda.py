@@ -750,6 +750,35 @@ def test_gemm2_stage_widths_give_the_same_bits(cuda_backend, T, rows, n):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("T", [17, 200, 513])
+def test_adjacent_q8_matrices_in_one_launch(cuda_backend, T):
+    """Q8_0 matrices uploaded together (CudaBackend.upload_matrices: one after another in memory) are one launch of
+    the DP4A prefill GEMM where gemm_w16_kernel runs (96 tokens and more), one launch each when uploaded apart; the
+    same bits either way, residuals added, against numpy_ref. Rows 130 + 40 + 32 + 33: the second row tile holds
+    rows of three matrices; n = 160: five blocks, a 4-block stage and a tail."""
+    from cuda_helpers import captured, on_dp4a
+    be, n = cuda_backend, 160
+    rng = np.random.default_rng(T)
+    ws = [random_q8(rng, r, n) for r in (130, 40, 32, 33)]
+    x = rng.standard_normal((T, n)).astype(np.float32)
+    res = [rng.standard_normal((T, w.shape[0])).astype(np.float32) for w in ws]
+    ref = REF.matmuls(x, [REF.upload_matrix(w) for w in ws])
+    together, apart = be.upload_matrices(ws), [be.upload_matrix(w) for w in ws]
+    assert [m.qs.ptr - together[0].qs.ptr for m in together] == [0, 130 * n, 170 * n, 202 * n]
+    xq, xd = be.quantize(up(be, x))
+    dres = [up(be, r) for r in res]
+    with on_dp4a(be):
+        got, launches = {}, {}
+        for name, mats in (("together", together), ("apart", apart)):
+            got[name], launches[name] = captured(be, lambda: be._q8_project(xq, xd, mats, dres))
+    assert launches["apart"] == 4
+    wide = be.native.gemm_w16_available() and T >= 96   # matmul_q8.cu GEMM2_MIN_T: the 64x64 tiles below
+    assert launches["together"] == (1 if wide else 4)
+    for a, b, r, e in zip(got["together"], got["apart"], ref, res):
+        np.testing.assert_array_equal(a, b)
+        assert rel(a, r + e) < Q8_TOL
+
+
 def test_matmul_q8_ex_rejects_unknown_kernel_bits(cuda_backend):
     from llamacmp.lib._native import NativeError
     be = cuda_backend

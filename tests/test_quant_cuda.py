@@ -156,6 +156,38 @@ def test_per32_gemm_same_bits_on_every_kernel(cuda_backend, type_name):
         np.testing.assert_array_equal(got, out["dp4a", "device"], err_msg=str(key))
 
 
+@pytest.mark.parametrize("type_name", PER32_TYPES)
+def test_per32_group_in_one_launch(cuda_backend, type_name):
+    """Where gemm_w16_kernel runs, matrices of a per-32 type in one call are expanded back to back into the workspace
+    and multiplied in one launch per chunk (gemm_quant_w16): the same bits as one call per matrix, residuals added,
+    against the exact math. Rows 100 + 130 + 33 in chunks of 128 rows: chunk boundaries inside the second and third
+    matrix, a tile holding rows of two."""
+    from cuda_helpers import captured, on_dp4a
+    be, rng, T = cuda_backend, np.random.default_rng(41), 200
+    if not be.native.gemm_w16_available():
+        pytest.skip("gemm_w16_kernel does not run on this device's code (compute_80+, 88 KB of shared memory)")
+    n = cols_for(type_name, 5 if QUANT_BLOCKS[type_name][0] == 32 else 1)
+    blocks = [random_blocks(type_name, r, n, rng) for r in (100, 130, 33)]
+    x = inputs(3, T, n)
+    res = [rng.standard_normal((T, b.shape[0])).astype(np.float32) for b in blocks]
+    ws = [be.upload_matrix(b) for b in blocks]
+    xq, xd = be.quantize(up(be, x))
+    dres = [up(be, r) for r in res]
+    saved = be.QUANT_WORK_BYTES
+    be.QUANT_WORK_BYTES = be.native.quant_work_bytes(ws[0].type_id, T, n, 128)   # chunks of 128 rows
+    try:
+        with on_dp4a(be):
+            group, launches = captured(be, lambda: be._q8_project(xq, xd, ws, dres))
+            alone = [captured(be, lambda: be._q8_project(xq, xd, [w], [r]))[0][0] for w, r in zip(ws, dres)]
+    finally:
+        be.QUANT_WORK_BYTES = saved
+    # the half sums first (types with mins); chunks 100 + 28 | 102 + 26 | 7 rows: 5 expansions, 3 GEMMs
+    assert launches == int(type_name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K")) + 5 + 3
+    for g, a, b, r in zip(group, alone, blocks, res):
+        np.testing.assert_array_equal(g, a)
+        assert rel(g, exact(x, b) + r) < TOL
+
+
 @pytest.mark.parametrize("long_n", [0, 4096, 4352, 12288, 12544])
 @pytest.mark.parametrize("dot", INT8_DOTS)
 @pytest.mark.parametrize("type_name", TYPES)

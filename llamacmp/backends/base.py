@@ -180,6 +180,12 @@ class Backend(ABC):
         """w: [out, in] np.float32, np.float16 (kept f16 on the backend), Q8Tensor or QuantTensor (any other block
         type gguf_file loads: the file's blocks), as loaded from the GGUF."""
 
+    def upload_matrices(self, ws: Sequence) -> list[Weight]:
+        """Matrices that one op multiplies by the same input (matmuls, rmsnorm_matmuls: the GDN's qkv + z + beta +
+        alpha, attention's q + k + v, the FFN's gate + up), each as upload_matrix gives it; a backend may place them
+        together so that its GEMM takes them in one launch (CudaBackend)."""
+        return [self.upload_matrix(w) for w in ws]
+
     @abstractmethod
     def row_prefix(self, w: Weight, n: int) -> Weight:
         """The first n rows of an uploaded matrix w [out, in] -> [n, in]: a view of w's memory (every layout keeps

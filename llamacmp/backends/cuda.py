@@ -329,26 +329,47 @@ class CudaBackend(Backend):
     @_persistent
     def upload_matrix(self, w):
         if isinstance(w, Q8Tensor):
-            rows, cols = w.shape
-            m = Q8Matrix(self.empty((rows, cols), "i8", f"Q8_0 weights [{rows}, {cols}]"),
-                         self.empty((rows, cols // Q8_0_BLOCK), "f16", f"Q8_0 scales [{rows}, {cols // 32}]"))
-            # Row pieces through one fixed-size staging block (the same block every time, from the free list):
-            # staging a whole matrix would leave a dead block of every matrix size behind (1 GiB for the output).
-            row_bytes = cols // Q8_0_BLOCK * 34
-            step = max(1, self.STAGING_BYTES // row_bytes)
-            staging = self.empty((max(self.STAGING_BYTES, row_bytes),), "u8", "the Q8_0 upload staging block")
-            blocks = w.blocks.reshape(rows, row_bytes)
-            for r0 in range(0, rows, step):
-                piece = np.ascontiguousarray(blocks[r0:r0 + step])
-                self.native.cmp_memcpy_h2d(staging.ptr, piece.ctypes.data, piece.nbytes)
-                self.native.cmp_q8_repack(staging.ptr, m.qs.ptr + r0 * cols, m.d.ptr + r0 * (cols // Q8_0_BLOCK) * 2,
-                                          len(piece), cols)
+            m = self._q8_matrix(*w.shape)
+            self._fill_q8(m, w)
             return m
         if isinstance(w, QuantTensor):
             return self._upload_quant(w)
         w = np.asarray(w)
         dtype = "f16" if w.dtype == np.float16 else "f32"
         return DenseMatrix(self.from_host(w, dtype, f"weights {tuple(w.shape)}"))
+
+    @_persistent
+    def upload_matrices(self, ws):
+        """Q8_0 matrices of one width one after another in memory (codes, and scales): the prefill GEMM on DP4A
+        reads such a run as one matrix in one launch (cuda_src/gemm_w16.cuh, W16Out), so small matrices stop costing
+        a whole wave each. Other types need nothing: their GEMM expands a group into one workspace anyway."""
+        if len(ws) < 2 or not all(isinstance(w, Q8Tensor) for w in ws) or len({w.shape[1] for w in ws}) > 1:
+            return [self.upload_matrix(w) for w in ws]
+        whole = self._q8_matrix(sum(w.shape[0] for w in ws), ws[0].shape[1])
+        out, r0 = [], 0
+        for w in ws:
+            out.append(self._row_slice(whole, r0, w.shape[0]))
+            self._fill_q8(out[-1], w)
+            r0 += w.shape[0]
+        return out
+
+    def _q8_matrix(self, rows: int, cols: int) -> Q8Matrix:
+        return Q8Matrix(self.empty((rows, cols), "i8", f"Q8_0 weights [{rows}, {cols}]"),
+                        self.empty((rows, cols // Q8_0_BLOCK), "f16", f"Q8_0 scales [{rows}, {cols // 32}]"))
+
+    def _fill_q8(self, m: Q8Matrix, w: Q8Tensor) -> None:
+        """w's blocks repacked into m. Row pieces through one fixed-size staging block (the same block every time,
+        from the free list): staging a whole matrix would leave a dead block of every matrix size behind (1 GiB for
+        the output)."""
+        rows, cols = w.shape
+        row_bytes = cols // Q8_0_BLOCK * 34
+        step = max(1, self.STAGING_BYTES // row_bytes)
+        staging = self.empty((max(self.STAGING_BYTES, row_bytes),), "u8", "the Q8_0 upload staging block")
+        blocks = w.blocks.reshape(rows, row_bytes)
+        for r0 in range(0, rows, step):
+            piece = np.ascontiguousarray(blocks[r0:r0 + step])
+            self.native.cmp_memcpy_h2d(staging.ptr, piece.ctypes.data, piece.nbytes)
+            self.native.cmp_q8_repack(staging.ptr, m.qs.row_ptr(r0), m.d.row_ptr(r0), len(piece), cols)
 
     def _upload_quant(self, w: QuantTensor) -> QuantMatrix:
         """The file's blocks in row pieces through the staging block, split on the device (cmp_quant_repack)."""
@@ -546,7 +567,7 @@ class CudaBackend(Backend):
         n, k, tid = xq.shape[1], len(ws), ws[0].type_id
         work, work_bytes = 0, 0
         if tn > self.GEMV2_MAX_ROWS:
-            rows = max(w.shape[0] for w in ws)
+            rows = sum(w.shape[0] for w in ws)   # the DP4A GEMM expands them all into one run (gemm_quant_w16)
             work_bytes = max(min(self.native.quant_work_bytes(tid, tn, n, rows), self.QUANT_WORK_BYTES),
                              self.native.quant_work_bytes(tid, tn, n, 1))
             work_t = self.empty((work_bytes,), "u8", f"the {ws[0].type_name} GEMM workspace")

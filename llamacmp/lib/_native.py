@@ -35,6 +35,7 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_synchronize": ((), "int cmp_synchronize(void)"),
     "cmp_graph_begin": ((), "int cmp_graph_begin(void)"),
     "cmp_graph_end": ((_p,), "int cmp_graph_end(void** exec)"),
+    "cmp_graph_kernels": ((_p,), "int cmp_graph_kernels(int* n)"),
     "cmp_graph_launch": ((_p,), "int cmp_graph_launch(void* exec)"),
     "cmp_graph_destroy": ((_p,), "int cmp_graph_destroy(void* exec)"),
     "cmp_timer_start": ((), "int cmp_timer_start(void)"),
@@ -82,6 +83,7 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
                          "int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int count, "
                          "const void* const* body, const void* const* head, float* const* y, const float* const* res, "
                          "const int* rows, int T, int n, void* work, size_t work_bytes, int kernels)"),
+    "cmp_gemm_w16_available": ((_p,), "int cmp_gemm_w16_available(int* yes)"),
     "cmp_mma_available": ((_p,), "int cmp_mma_available(int* yes)"),
     "cmp_mma_int8_available": ((_p,), "int cmp_mma_int8_available(int* yes)"),
     "cmp_hmma_available": ((_p,), "int cmp_hmma_available(int* yes)"),
@@ -338,6 +340,13 @@ class Native:
         self.cmp_topk_work_bytes(R, N, k, ctypes.byref(b))
         return b.value
 
+    def gemm_w16_available(self) -> bool:
+        """cmp_gemm_w16_available: whether the DP4A prefill GEMM is the 16-warp one here, which takes adjacent
+        matrices (CudaBackend.upload_matrices) in one launch."""
+        yes = ctypes.c_int(0)
+        self.cmp_gemm_w16_available(ctypes.byref(yes))
+        return bool(yes.value)
+
     def mma_available(self) -> bool:
         """cmp_mma_available: whether the current device runs one of this library's tensor-core GEMMs (int8 mma.sync
         from compute_75 code, Volta's f16 HMMA from compute_70)."""
@@ -375,6 +384,12 @@ class Native:
         e = ctypes.c_void_p(0)
         self.cmp_graph_end(ctypes.byref(e))
         return e.value or 0
+
+    def graph_kernels(self) -> int:
+        """Kernel launches in the graph this thread last captured (graph_end)."""
+        n = ctypes.c_int(0)
+        self.cmp_graph_kernels(ctypes.byref(n))
+        return n.value
 
     def _out_ptr(self, fn, *args) -> int:
         """Call `fn(void** out, *args)` and return *out as an int (0 for NULL)."""

@@ -51,7 +51,7 @@ class Qwen35Model:
         """layers / embed / head: upload only these parts (default: all). A layer split (llamacmp/split/) holds one
         model per backend, each with its own layer range; the layers it lacks are None."""
         self.cfg, self.be = cfg, backend
-        m, v = backend.upload_matrix, backend.upload_vector
+        m, ms, v = backend.upload_matrix, backend.upload_matrices, backend.upload_vector
         layers = range(cfg.n_layer) if layers is None else layers
         self.token_embd = m(weights.token_embd) if embed or (head and weights.output is weights.token_embd) else None
         if head:
@@ -65,23 +65,24 @@ class Qwen35Model:
             attn = gdn = None
             if lw.attn is not None:
                 a = lw.attn
-                attn = _Attn(m(a.attn_q), m(a.attn_k), m(a.attn_v), m(a.attn_output), v(a.attn_q_norm), v(a.attn_k_norm))
+                attn = _Attn(*ms([a.attn_q, a.attn_k, a.attn_v]), m(a.attn_output), v(a.attn_q_norm),
+                             v(a.attn_k_norm))
                 slot = cfg.attn_layers.index(il)
             else:
                 g = lw.gdn
-                gdn = _GDN([m(g.attn_qkv), m(g.attn_gate), m(g.ssm_beta), m(g.ssm_alpha)], v(g.ssm_conv1d),
+                gdn = _GDN(ms([g.attn_qkv, g.attn_gate, g.ssm_beta, g.ssm_alpha]), v(g.ssm_conv1d),
                            v(g.ssm_dt_bias), v(g.ssm_a), v(g.ssm_norm), m(g.ssm_out))
                 slot = cfg.gdn_layers.index(il)
-            self.layers.append(_Layer(v(lw.attn_norm), v(lw.post_attention_norm),
-                                      [m(lw.ffn_gate), m(lw.ffn_up)], m(lw.ffn_down), attn, gdn, slot))
+            self.layers.append(_Layer(v(lw.attn_norm), v(lw.post_attention_norm), ms([lw.ffn_gate, lw.ffn_up]),
+                                      m(lw.ffn_down), attn, gdn, slot))
         self.mtp = self._upload_mtp(weights) if head and weights.mtp is not None else None
 
     def _upload_mtp(self, weights: ModelWeights) -> _Mtp:
         """The MTP block; its embedding and LM head are the model's own uploads when the file has no separate ones."""
-        m, v, w = self.be.upload_matrix, self.be.upload_vector, weights.mtp
+        m, ms, v, w = self.be.upload_matrix, self.be.upload_matrices, self.be.upload_vector, weights.mtp
         a, b = w.block.attn, w.block
-        layer = _Layer(v(b.attn_norm), v(b.post_attention_norm), [m(b.ffn_gate), m(b.ffn_up)], m(b.ffn_down),
-                       _Attn(m(a.attn_q), m(a.attn_k), m(a.attn_v), m(a.attn_output), v(a.attn_q_norm),
+        layer = _Layer(v(b.attn_norm), v(b.post_attention_norm), ms([b.ffn_gate, b.ffn_up]), m(b.ffn_down),
+                       _Attn(*ms([a.attn_q, a.attn_k, a.attn_v]), m(a.attn_output), v(a.attn_q_norm),
                              v(a.attn_k_norm)), None, 0)
         embed = self.token_embd if w.embed is weights.token_embd and self.token_embd is not None else m(w.embed)
         head = self.output if w.head is weights.output else m(w.head)

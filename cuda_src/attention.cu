@@ -814,15 +814,13 @@ using smem::PF_DC;   // head dims per shared K/V chunk
 // 56 KB with 32 (sm_75), 36 KB with 16 (sm_61); smem::attn_prefill_plan picks the largest BR that fits.
 // Key tiles: dense causal 0 .. last row's block, or the merged block lists of the (at most two) query blocks the
 // tile's tokens fall in; a row ignores a visited block its own query block did not list.
-// Two 96 KB blocks per SM where shared memory allows it (sm_80+: 164-228 KB), so registers are capped at 128; on
-// sm_70 (96 KB per SM) only one block fits, and the cap would only cost spills.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define CMP_PF_MIN_BLOCKS 1
-#else
-#define CMP_PF_MIN_BLOCKS 2
-#endif
+// One block per SM (no register cap): at the 9B shape a ubatch of 512 is 128 blocks of 64 rows (16 tokens x 4 q
+// heads x 4 kv heads), fewer than an H200's 132 SMs, and sm_70 / sm_80 hold one 96 KB block per SM anyway (96 / 164
+// KB). Capped at 128 registers for two blocks (sm_90) the 64-row kernel spilled and loaded each shared operand right
+// before its FMAs (nvcc 13), so that two warps a scheduler waited out the shared-memory latency at every step.
+// (A 6-head group, 27B, gives 192 blocks: 1.45 waves here, where the cap held them all; not yet timed.)
 template <int Dh, int BR>
-__global__ void __launch_bounds__(BR * 4, BR == smem::PF_ROWS_MAX ? CMP_PF_MIN_BLOCKS : 1)
+__global__ void __launch_bounds__(BR * 4, 1)
 attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                     const uint8_t* __restrict__ kc,   // [n_ctx, Hk, kbytes]
                     const uint8_t* __restrict__ vc,   // [n_ctx, Hk, vbytes]
@@ -835,6 +833,7 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                     int max_blocks) {
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     constexpr int NC = Dh / PF_DC, NT = BR * 4;
+    constexpr int NI = PF_BK * (PF_DC / 8) / NT;   // 8-value pieces of a K or V chunk a thread: 2, 4, 8
     extern __shared__ __align__(16) float smem[];
     float* Qt = smem;                    // [Dh][BR]; at the end the output [BR][Dh]
     float* buf = Qt + Dh * BR;           // [64 * 64]
@@ -896,45 +895,109 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][c][e] = 0.f;
     }
+    // Key tiles in order: dense causal 0 .. qb_hi, or the merged block lists. next_tile() gives the tile after the
+    // current one (and whether each of the two query blocks listed it), or false when there is none; the loop runs
+    // one tile ahead so that the last chunk of a tile can fetch the first of the next.
     int ia = 0, ib = 0, kb_dense = 0;
-    while (true) {
-        int kb;
-        bool fa = true, fb = true;
+    auto next_tile = [&](int& kb, bool& fa, bool& fb) -> bool {
+        fa = fb = true;
         if (blocks) {
             const int ka = ia < na ? A[ia] : INT_MAX, kb2 = ib < nb ? Bl[ib] : INT_MAX;
             kb = min(ka, kb2);
-            if (kb == INT_MAX) break;
+            if (kb == INT_MAX) return false;
             fa = ka == kb;
             fb = kb2 == kb;
             ia += fa;
             ib += fb;
-        } else {
-            kb = kb_dense++;
-            if (kb > qb_hi) break;
+            return true;
         }
+        kb = kb_dense++;
+        return kb <= qb_hi;
+    };
+    // The chunks of a tile: K chunks 0 .. NC-1 ([d][key] in buf), then V chunks NC .. 2*NC-1 ([key][d]). Thread
+    // piece n (NI a thread) is 8 values of one key: fetch() issues their global loads into raw (4 registers a piece),
+    // store() decodes them into buf once buf is free; a chunk's loads are in flight while the one before is computed.
+    // f32 caches (8 values in 32 bytes) skip the raw registers and load in store(). Keys >= kmax are zeros.
+    // The thread index goes through an empty asm in each call: the compiler cannot hoist the pieces' row addresses
+    // (a pointer for each chunk and piece, 2*NC*NI of them) out of the tile loop, where they would take 32-128
+    // registers and spill (nvcc 13, sm_90); recomputing them costs a few integer instructions a piece.
+    auto piece = [&](int ch, int n, int& key, int& d0) {
+        int t = tid;
+        asm volatile("" : "+r"(t));
+        const int i = t + n * NT;
+        if (ch < NC) {
+            key = i % PF_BK;
+            d0 = ch * PF_DC + i / PF_BK * 8;
+        } else {
+            key = i / (PF_DC / 8);
+            d0 = (ch - NC) * PF_DC + i % (PF_DC / 8) * 8;
+        }
+    };
+    auto fetch = [&](int kb, int ch, uint4 (&raw)[NI]) {
+        const int type = ch < NC ? k_type : v_type;
+        if (type == CMP_KV_F32) return;
+        const uint8_t* base = ch < NC ? kbase : vbase;
+        const size_t stride = ch < NC ? kstride : vstride;
+#pragma unroll
+        for (int n = 0; n < NI; ++n) {
+            int key, d0;
+            piece(ch, n, key, d0);
+            const int k = kb * PF_BK + key;
+            raw[n] = k < kmax ? kv_fetch8(type, base + (size_t)k * stride, d0, Dh) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+    auto store = [&](int kb, int ch, const uint4 (&raw)[NI]) {
+        const int type = ch < NC ? k_type : v_type;
+        const uint8_t* base = ch < NC ? kbase : vbase;
+        const size_t stride = ch < NC ? kstride : vstride;
+#pragma unroll
+        for (int n = 0; n < NI; ++n) {
+            int key, d0;
+            piece(ch, n, key, d0);
+            const int k = kb * PF_BK + key;
+            float x[8];
+            if (k >= kmax) {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) x[e] = 0.f;
+            } else if (type == CMP_KV_F32) {
+                kv_load8(type, base + (size_t)k * stride, d0, Dh, x);
+            } else {
+                kv_unpack8(type, raw[n], x);
+            }
+            const int dc = d0 % PF_DC;
+            if (ch < NC) {   // transposed: row index (key) fastest, conflict-free stores
+#pragma unroll
+                for (int e = 0; e < 8; ++e) buf[(dc + e) * PF_BK + key] = x[e];
+            } else {
+                *reinterpret_cast<float4*>(buf + key * PF_DC + dc) = make_float4(x[0], x[1], x[2], x[3]);
+                *reinterpret_cast<float4*>(buf + key * PF_DC + dc + 4) = make_float4(x[4], x[5], x[6], x[7]);
+            }
+        }
+    };
+
+    uint4 raw[NI];
+    int kb;
+    bool fa, fb;
+    bool more = next_tile(kb, fa, fb);
+    if (more) fetch(kb, 0, raw);
+    while (more) {
+        int kb_next;
+        bool fa_next, fb_next;
+        const bool more_next = next_tile(kb_next, fa_next, fb_next);
         const int k0 = kb * PF_BK;
-        // S = Q K^T over the tile, K streamed in 64-dim chunks
+        // S = Q K^T over the tile, K streamed in 64-dim chunks (a loop, not unrolled: the chunks' fetch and store
+        // code, every KV type's, would be there NC times)
         float S[4][4];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
 #pragma unroll
             for (int j = 0; j < 4; ++j) S[i][j] = 0.f;
-#pragma unroll
+#pragma unroll 1
         for (int c = 0; c < NC; ++c) {
             __syncthreads();   // buf free (previous V chunk consumed)
-            for (int i = tid; i < PF_BK * (PF_DC / 8); i += NT) {
-                const int key = i % PF_BK, g8 = i / PF_BK;
-                float x[8];
-                if (k0 + key < kmax) {
-                    kv_load8(k_type, kbase + (size_t)(k0 + key) * kstride, c * PF_DC + g8 * 8, Dh, x);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) x[e] = 0.f;
-                }
-#pragma unroll
-                for (int e = 0; e < 8; ++e) buf[(g8 * 8 + e) * PF_BK + key] = x[e];
-            }
+            store(kb, c, raw);
             __syncthreads();
+            fetch(kb, c + 1, raw);   // the next K chunk, or V chunk 0
 #pragma unroll 8
             for (int d = 0; d < PF_DC; ++d) {
                 const float4 a = *reinterpret_cast<const float4*>(Qt + (c * PF_DC + d) * BR + rg * 4);
@@ -982,19 +1045,10 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
             __syncthreads();   // buf free (K chunk / previous V chunk consumed); Pt written
-            for (int i = tid; i < PF_BK * (PF_DC / 8); i += NT) {
-                const int key = i / (PF_DC / 8), g8 = i % (PF_DC / 8);
-                float x[8];
-                if (k0 + key < kmax) {
-                    kv_load8(v_type, vbase + (size_t)(k0 + key) * vstride, c * PF_DC + g8 * 8, Dh, x);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) x[e] = 0.f;
-                }
-                *reinterpret_cast<float4*>(buf + key * PF_DC + g8 * 8) = make_float4(x[0], x[1], x[2], x[3]);
-                *reinterpret_cast<float4*>(buf + key * PF_DC + g8 * 8 + 4) = make_float4(x[4], x[5], x[6], x[7]);
-            }
+            store(kb, NC + c, raw);
             __syncthreads();
+            if (c + 1 < NC) fetch(kb, NC + c + 1, raw);
+            else if (more_next) fetch(kb_next, 0, raw);   // the next tile's K chunk 0
 #pragma unroll 8
             for (int j = 0; j < PF_BK; ++j) {
                 const float4 pa = *reinterpret_cast<const float4*>(Pt + j * BR + rg * 4);
@@ -1006,6 +1060,10 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                     for (int e = 0; e < 4; ++e) acc[i][c][e] = fmaf(pv[i], vv[e], acc[i][c][e]);
             }
         }
+        kb = kb_next;
+        fa = fa_next;
+        fb = fb_next;
+        more = more_next;
     }
     // normalise, stage [row][Dh] in shared (over Qt), rotate tq3 values back, write coalesced
     __syncthreads();

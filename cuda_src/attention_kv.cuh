@@ -386,6 +386,63 @@ __device__ __forceinline__ void kv_load8(int type, const uint8_t* __restrict__ r
     });
 }
 
+// kv_load8 in two steps, so that a kernel can hold a whole tile's loads in flight (a few registers a lane) while it
+// computes the tile before: kv_fetch8 loads the raw bytes of the 8 values into one uint4 (f16: the 16 bytes; q8_0:
+// the quants in x, y and the scale in w; q4_0: the quants in x and the scale in w; tq3: the bit planes in x, y, z
+// and the scale in w), kv_unpack8 decodes them as kv_load8 would. f32 does not fit (32 bytes): its callers load it
+// with kv_load8 when they need it.
+__device__ __forceinline__ uint4 kv_fetch8(int type, const uint8_t* __restrict__ row, int d0, int Dh) {
+    uint4 r = make_uint4(0u, 0u, 0u, 0u);
+    kv_type_switch(type, [&](auto tag) {
+        constexpr int T = decltype(tag)::value;
+        if constexpr (T != CMP_KV_F32) {
+            KvChunk<T> c;
+            c.load(row, d0, Dh);
+            if constexpr (T == CMP_KV_F16) r = c.u;
+            if constexpr (T == CMP_KV_Q8_0) r = make_uint4(c.a, c.b, 0u, c.d);
+            if constexpr (T == CMP_KV_Q4_0) r = make_uint4(c.a, 0u, 0u, c.d);
+            if constexpr (T == CMP_KV_TQ3) r = make_uint4(c.p0, c.p1, c.p2, c.s);
+        }
+    });
+    return r;
+}
+
+__device__ __forceinline__ void kv_unpack8(int type, uint4 r, float (&x)[8]) {
+    kv_type_switch(type, [&](auto tag) {
+        constexpr int T = decltype(tag)::value;
+        if constexpr (T != CMP_KV_F32) {
+            KvChunk<T> c;
+            float s = 1.f;
+            if constexpr (T == CMP_KV_F16) {
+                c.u = r;
+                c.values(x, 0u);
+            }
+            if constexpr (T == CMP_KV_Q8_0) {
+                c.a = r.x;
+                c.b = r.y;
+                c.d = (unsigned short)r.w;
+                s = c.decode(x, 0u);
+            }
+            if constexpr (T == CMP_KV_Q4_0) {
+                c.a = r.x;
+                c.d = (unsigned short)r.w;
+                s = c.decode(x, 0u);
+            }
+            if constexpr (T == CMP_KV_TQ3) {
+                c.p0 = r.x;
+                c.p1 = r.y;
+                c.p2 = r.z;
+                c.s = (unsigned short)r.w;
+                s = c.decode_sel(x);   // no level table in the callers' shared memory
+            }
+            if constexpr (T >= CMP_KV_Q8_0) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) x[i] *= s;
+            }
+        }
+    });
+}
+
 // In-place orthonormal Walsh-Hadamard transform of n_vec vectors of `len` values in shared memory, per block of B
 // (a power of two dividing len); element i of vector v lives at x[v * vstride + i * estride]. signs_before: y =
 // H (signs . x) (what the tq3 writer does to keys, and the kernels to queries); signs_after: y = signs . (H x)

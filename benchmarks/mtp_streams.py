@@ -11,15 +11,21 @@ explored / skipped / short / prompt, and the drafting rounds' graph captures and
 where the wall time goes: the start (from the requests to every stream's first token), the steady part and the
 tail (after the first stream's last token), in ms with the tokens delivered in each, and each part's on - off per
 round (a loss at the start or in the tail shows there, not in the steady rate).
+With --timeline the servers run with -v (their per-token debug lines cost every setting alike) and, per setting and
+round, the start of the measured N streams is printed from the server's log (its 'start timeline' line of each
+request at its first token: when the engine got it, when a slot took it, its prompt chunks, the host time of the MTP
+head's part of them and of graphs captured at the prompt's end, the first token), in ms after the first of the N
+reached the engine.
 With --rounds K the settings run K times in turn (off, on, ..., off, on, ...), so that a drift of the machine lands on
 every setting alike; the table gives each setting's median and the range of its rounds, and on / off per round.
     python3 benchmarks/mtp_streams.py --model M.gguf --spec-synth-len 1,2.5 [--streams 1,4] [-n 128] [--rounds K]
-        [--out F.md]
+        [--timeline] [--out F.md]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -70,18 +76,67 @@ def split_text(split: dict) -> str:
     return ", ".join(f"{part} {1e3 * split[part][0]:.0f} ms ({split[part][1]} tok)" for part in PARTS)
 
 
+TIMELINE = re.compile(r"id +(\d+) \| task (\d+) \| start timeline: queued at ([\d.]+) ms, assigned \+([\d.]+), "
+                      r"(?:prompt \+([\d.]+) \.\. \+([\d.]+) \((\d+) chunks\)|prompt cached), "
+                      r"mtp head ([\d.]+) ms, mtp graphs ([\d.]+) ms, first token \+([\d.]+)")
+
+
+def start_timelines(log_text: str, n: int) -> list[dict]:
+    """The server log's last n 'start timeline' lines (slot_log.start_timeline, at -v) -> per request: slot, task,
+    and in ms after the first of them reached the engine: queued, assigned, prompt0 / prompt1 (its chunks' first
+    launch and last; None: all cached), first; and chunks, head and graphs (ms of host time)."""
+    rows = []
+    for m in TIMELINE.finditer(log_text):
+        slot, task, queued, assigned, p0, p1, chunks, head, graphs, first = m.groups()
+        q = float(queued)
+        rows.append({"slot": int(slot), "task": int(task), "queued": q, "assigned": q + float(assigned),
+                     "prompt0": q + float(p0) if p0 else None, "prompt1": q + float(p1) if p1 else None,
+                     "chunks": int(chunks or 0), "head": float(head), "graphs": float(graphs),
+                     "first": q + float(first)})
+    rows = sorted(rows[-n:], key=lambda r: r["queued"]) if n > 0 else []
+    t0 = rows[0]["queued"] if rows else 0.0
+    for r in rows:
+        for key in ("queued", "assigned", "prompt0", "prompt1", "first"):
+            r[key] = None if r[key] is None else r[key] - t0
+    return rows
+
+
+def timeline_table(timelines: dict) -> list[str]:
+    """{(setting, round): start_timelines()} -> a table, one row per request."""
+    if not timelines:
+        return []
+
+    def ms(x):
+        return "-" if x is None else f"{x:.1f}"
+    lines = ["", "Start of the measured streams per request (--timeline; the server's 'start timeline' lines), ms "
+             "after the first request reached the engine; head and graphs: host ms of the MTP head's prompt work "
+             "and of graphs captured at the prompt's end:", "",
+             "| setting | round | slot | task | queued | assigned | prompt launched | chunks | head ms | graphs ms "
+             "| first token |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (label, k), rows in timelines.items():
+        for r in rows:
+            lines.append(f"| {label} | {k} | {r['slot']} | {r['task']} | {ms(r['queued'])} | {ms(r['assigned'])} | "
+                         f"{ms(r['prompt0'])} .. {ms(r['prompt1'])} | {r['chunks']} | {r['head']:.1f} | "
+                         f"{r['graphs']:.1f} | {ms(r['first'])} |")
+    return lines
+
+
 def run_setting(args, label: str, flags: list[str], streams: list[int], texts, env) -> tuple:
     """One fresh server of the setting -> ({streams: t/s}, mean accepted length, {streams: policy rounds text},
-    {streams: steady t/s}, {streams: where the wall time went})."""
+    {streams: steady t/s}, {streams: where the wall time went}, the measured N streams' start_timelines()
+    (--timeline; [] without))."""
     port = sv.free_port()
     log = Path(f"/tmp/mtp-streams-{label.replace(' ', '_')}.log")
     np_ = max(streams)
-    with sv.Server(sv.llamacmp_argv(args.model, port, np_, np_ * args.ctx_slot, flags + ["--metrics"]), port,
-                   log, env) as srv:
+    flags = flags + ["--metrics"] + (["-v"] if args.timeline else [])
+    with sv.Server(sv.llamacmp_argv(args.model, port, np_, np_ * args.ctx_slot, flags), port, log, env) as srv:
         srv.wait_ready(args.load_timeout)
         got = {n: measure_streams(srv.url, texts, n, args) for n in streams}
-        return ({n: g[0] for n, g in got.items()}, draft_mean_len(srv.url), {n: g[2] for n, g in got.items()},
-                {n: g[1] for n, g in got.items()}, {n: g[3] for n, g in got.items()})
+        out = ({n: g[0] for n, g in got.items()}, draft_mean_len(srv.url), {n: g[2] for n, g in got.items()},
+               {n: g[1] for n, g in got.items()}, {n: g[3] for n, g in got.items()})
+    # (the last N requests are the measured N streams: the warm-up's and the single stream's came before)
+    timeline = start_timelines(log.read_text(errors="replace"), np_ if np_ > 1 else 0) if args.timeline else []
+    return out + (timeline,)
 
 
 def split_table(runs: dict, streams: list[int]) -> list[str]:
@@ -116,6 +171,8 @@ def main() -> None:
     p.add_argument("-r", type=int, default=2, help="single-stream repetitions (median)")
     p.add_argument("--load-timeout", type=float, default=900)
     p.add_argument("--rounds", type=int, default=1, help="times to run every setting, in turn (default 1)")
+    p.add_argument("--timeline", action="store_true",
+                   help="servers at -v; print the start of the measured N streams per request from their logs")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     streams = [int(x) for x in args.streams.split(",")]
@@ -146,6 +203,8 @@ def main() -> None:
                          f"{statistics.median(steady):.1f} | {s_ratios} | "
                          f"{statistics.median(r[1] for r in rounds):.2f} |")
     lines += split_table(runs, [n for n in streams if n > 1])
+    lines += timeline_table({(label, k + 1): r[5] for label, rounds in runs.items()
+                             for k, r in enumerate(rounds) if r[5]})
     lines += ["", "Draft policy rounds per number of sequences in a round (llamacmp:spec_rounds_total):"]
     lines += [f"- {label}, {n} stream(s), round {k + 1}: {r[2][n]}" for label, rounds in runs.items()
               if label != "off" for k, r in enumerate(rounds) for n in streams]

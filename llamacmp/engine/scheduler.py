@@ -140,6 +140,8 @@ class Engine:
     def submit(self, task) -> int:
         if isinstance(task, CompletionTask) and task.id == 0:
             task.id = self.new_task_id()
+        if isinstance(task, CompletionTask):
+            task.t_queued = time.perf_counter()
         with self._submit_lock:          # against _die: a task is either queued before it or answered here
             if not self.failed:
                 self._inbox.put(task)
@@ -439,9 +441,8 @@ class Engine:
         slot.begin(task, sampler, decoder, self._checkpoint_plan(task, slot.state.n_past), grammar)
         # --spec-synth-*: a generator of its own per request, seeded with the request's seed (as llama-server)
         slot.synth = synth_acceptor(self.cfg.spec, sampler.seed, self.tokenizer.eog_ids) if self.spec else None
-        if self.spec is not None:      # (graphs only for a slot that will draft, and alone: see Speculator.start)
-            alone = self._speculates(slot) and self._starts_alone(slot, task)
-            self.spec.start(slot.state, slot.mtp, alone, stop=lambda: not self._inbox.empty())
+        if self.spec is not None:      # (its head's prompt work and lone graphs: _prompt_end)
+            self.spec.start(slot.mtp)
         slot.last_used = time.monotonic()
         slot_log.slot_info("launch_slot_with_task", slot.id, task.id, "processing task, is_child = 0")
         slot_log.slot_info("update_slots", slot.id, task.id, f"new prompt, n_ctx_slot = {self.cfg.n_ctx_slot}, "
@@ -451,23 +452,36 @@ class Engine:
         if task.params.stream and task.params.return_progress:
             task.sink(slot.progress())  # llama-server's first update: nothing evaluated yet, processed == cache
         if point.logits is not None:     # the whole prompt is cached with its logits: sample right away
+            if self.spec is not None:
+                self._prompt_end(slot)
             self._prompt_done(slot)
             self._sample(slot, point.logits)
 
-    def _starts_alone(self, slot: Slot, task: CompletionTask) -> bool:
-        """Whether `task`, starting on `slot`, has the engine to itself as far as it can tell: no other slot busy,
-        no other request waiting for a slot or still in the inbox. Requests that arrive together are assigned one
-        by one, so the first found the other slots idle and had its lone MTP shapes captured while the rest waited
-        (12 draft graphs of a slot prepared under the other auto head, at the start of mtp_streams.py's measured
-        4 streams: numpy replay, 2026-12-03), shapes their rounds of several sequences never replay."""
-        return (not any(s.busy for s in self.slots if s is not slot) and all(t is task for t in self._waiting)
+    def _alone(self, slot: Slot) -> bool:
+        """Whether `slot` has the engine to itself as far as it can tell: no other slot busy, no other request
+        waiting for a slot or still in the inbox. Requests that arrive together are assigned one by one, so the first
+        found the other slots idle when it was assigned (12 draft graphs of a slot prepared under the other auto
+        head at the start of mtp_streams.py's measured 4 streams: numpy replay, 2026-12-03); asked at its
+        prompt's end (_prompt_end), the others are there."""
+        return (not any(s.busy for s in self.slots if s is not slot) and all(t is slot.task for t in self._waiting)
                 and self._inbox.empty())
+
+    def _prompt_end(self, slot: Slot) -> None:
+        """MTP: the slot's last prompt chunk is launched; alone and drafting, its head's prompt work and its lone
+        graphs run now, in the prompt's time; else they wait (Speculator.prompt_end)."""
+        alone = self._speculates(slot) and self._alone(slot)
+        self.spec.prompt_end(slot.state, slot.mtp, alone, stop=lambda: not self._inbox.empty())
+
+    def _spec_spent(self) -> tuple[float, float]:
+        """The Speculator's host seconds in prompts' head work and lone captures so far (the start timeline)."""
+        return (self.spec.prompt_head_s, self.spec.prompt_graphs_s) if self.spec is not None else (0.0, 0.0)
 
     def _prompt_done(self, slot: Slot) -> None:
         """The prompt is evaluated (or was all in the cache): its timings close and /metrics counts what the cache
         gave, on both paths (a fully cached prompt was left out of prompt_tokens_cached_total before)."""
         slot.finish_prompt_timing()
         self.metrics.n_prompt_tokens_cached_total += slot.n_cached
+        slot_log.start_timeline(slot.id, slot.task.id, slot.marks)
 
     def _reject(self, task: CompletionTask) -> None:
         if not task.prompt:
@@ -593,15 +607,18 @@ class Engine:
             chunk = s.next_chunk(self._chunk_size(budget if ran else self.cfg.n_batch))
             if ran and len(chunk) > budget:
                 break
-            t0 = time.perf_counter()
+            t0, spent = time.perf_counter(), self._spec_spent()
             try:
                 logits = s.prefill(self.decoder, chunk, self.spec)
+                if self.spec is not None and s.prompt_done():
+                    self._prompt_end(s)
             except Exception as e:       # e.g. out of device memory for this prompt: fail this request only
                 log.exception("slot %d: prefill failed", s.id)
                 s.task.sink(ErrorResult(s.task.id, s.task.index, f"prompt processing failed: {e}"))
                 self._reset(s)
                 self._release(s)
                 continue
+            s.marks.chunk(t0, spent, self._spec_spent())
             self._book_forward(len(chunk), t0)
             self._flush()
             self._after_forward([s], [chunk], logits, t0)

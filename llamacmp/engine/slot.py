@@ -14,6 +14,7 @@ import numpy as np
 from ..backends.base import SeqState
 from ..sampling import Sampler
 from .prompt_cache import SlotCache
+from .slot_log import StartMarks
 from .turn import LIMIT, Turn
 from .tasks import CompletionTask, FinalResult, PartialResult, Timings, TokenProb
 
@@ -63,6 +64,7 @@ class Slot:
     timings: Timings = field(default_factory=Timings)
     mtp: object = None                   # speculative.MtpSeq: the MTP head's memory of this slot (--spec-type)
     synth: object = None                 # this request's synthetic acceptance (spec.synth_acceptor), or None
+    marks: StartMarks = field(default_factory=StartMarks)   # where the time to its first token went (-v)
 
     @property
     def busy(self) -> bool:
@@ -119,6 +121,7 @@ class Slot:
         self.probs, self.next_token = [], -1
         self.timings = Timings(cache_n=self.n_cached)
         self.t_prompt = time.perf_counter()
+        self.marks = StartMarks(task.t_queued or self.t_prompt, self.t_prompt)
         if p.sampler is None:           # (a caller's own sampler has seen the prompt already)
             for t in self.prompt:       # the penalty window sees the prompt too, as in llama.cpp
                 if t >= 0:              # (image rows, negative placeholder ids, are not tokens)
@@ -163,7 +166,7 @@ class Slot:
             from ..vision.prompt import eval_image
             return eval_image(decoder.model, self.state, img)
         if spec is not None:
-            return spec.prefill(self.state, self.mtp, chunk)
+            return spec.prefill(self.state, self.mtp, chunk, defer=True)     # (its head's part: prompt_end)
         return decoder.prefill(self.state, chunk)
 
     def prompt_done(self) -> bool:

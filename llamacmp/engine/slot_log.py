@@ -8,6 +8,8 @@ characters. INFO lines are the default log; DEBUG lines (per token, why a reques
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 
 from .tasks import Timings
 
@@ -62,6 +64,43 @@ def print_timings(slot_id: int, task_id: int, t: Timings) -> None:
     log.info("%s%s", slot_head("print_timings", slot_id, task_id), timings_block(t))
     if t.draft.n > 0:                   # llama-server 0c1e570 adds this line after a request that drafted
         slot_info("print_timings", slot_id, task_id, t.draft.acceptance_line())
+
+
+@dataclass(slots=True)
+class StartMarks:
+    """Where a request's time to its first token went (perf_counter seconds): when the engine got it, when a slot
+    took it, the first prompt chunk's launch and the last one's, and the host time of the MTP head's part of the
+    chunks and of graphs captured at the prompt's end (Speculator.prompt_end; 0 with MTP off)."""
+    queued: float = 0.0
+    assigned: float = 0.0
+    prompt0: float = 0.0
+    prompt1: float = 0.0                # the last chunk launched (its device work ends by the first token)
+    chunks: int = 0
+    head_s: float = 0.0
+    graphs_s: float = 0.0
+
+    def chunk(self, t0: float, before: tuple[float, float], after: tuple[float, float]) -> None:
+        """A prompt chunk launched from t0 to now; before / after: the Speculator's (head, graphs) seconds."""
+        self.prompt0 = self.prompt0 if self.chunks else t0
+        self.prompt1 = time.perf_counter()
+        self.chunks += 1
+        self.head_s += after[0] - before[0]
+        self.graphs_s += after[1] - before[1]
+
+
+def start_timeline(slot_id: int, task_id: int, m: StartMarks) -> None:
+    """-v: one line per request when its first token is drawn, in ms after the engine got it (queued: a
+    perf_counter ms, the clock of benchmarks/server_vs_llamacpp.py's stream marks on the same machine, so a
+    client's times line up; benchmarks/mtp_streams.py --timeline reads these lines)."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+
+    def at(t: float) -> str:
+        return f"+{1e3 * (t - m.queued):.1f}"
+    prompt = f"prompt {at(m.prompt0)} .. {at(m.prompt1)} ({m.chunks} chunks)" if m.chunks else "prompt cached"
+    slot_debug("first_token", slot_id, task_id, f"start timeline: queued at {1e3 * m.queued:.1f} ms, "
+               f"assigned {at(m.assigned)}, {prompt}, mtp head {1e3 * m.head_s:.1f} ms, "
+               f"mtp graphs {1e3 * m.graphs_s:.1f} ms, first token {at(time.perf_counter())}")
 
 
 def all_idle() -> None:

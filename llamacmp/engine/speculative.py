@@ -113,6 +113,7 @@ class Speculator:
         self.model, self.be = model, model.be
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         self.n_drafted = self.n_accepted = 0          # totals, for the draft_n / draft_n_accepted timings
+        self.prompt_head_s = self.prompt_graphs_s = 0.0   # host time of prompts' head work and lone captures (log)
         self.graphs = model.be.spec_graphs(model, n_max, seqs=n_seqs) if graphs else None
         self.policy = DraftPolicy(n_max, n_min, costs) if adaptive else None
         self._round = None                            # (S, n, start, clean) of the draft awaiting its verify
@@ -211,19 +212,63 @@ class Speculator:
         ms.state.n_past, ms.h_last, ms.pending, ms.pending_h = n_past, self._zeros(), [], []
 
     # -- prefill ------------------------------------------------------------------------------------------------
-    def prefill(self, state: SeqState, ms: MtpSeq, tokens: Sequence[int], all_logits: bool = False):
+    def prefill(self, state: SeqState, ms: MtpSeq, tokens: Sequence[int], all_logits: bool = False,
+                defer: bool = False):
         """The target's forward over a prompt chunk, then the head over the same positions (its KV cache) ->
-        the target's logits, as Decoder.prefill."""
+        the target's logits, as Decoder.prefill. defer (the server): the head's part waits in the queue for
+        prompt_end(), the first draft or the plain steps' catch-up (at most pending_max pairs: past that it runs
+        now), so that it is not on the way to the prompt's first token when other requests are in flight."""
         if ms.state.n_past + len(ms.pending) != state.n_past:
             self.reset(ms, state.n_past)
         logits, h = self.model.forward_hidden(StepBatch.build([(state, list(tokens))], all_logits=all_logits))
         self._push(ms, list(tokens), h)
+        if not defer or len(ms.pending) > self.pending_max:
+            self._head_over_queue(ms)
+        return logits
+
+    def _head_over_queue(self, ms: MtpSeq) -> None:
+        """The head over one sequence's queued pairs, without its LM head (its KV cache only)."""
+        t_start = time.perf_counter()
         batch = StepBatch.build([(ms.state, ms.pending)])
         batch.output_rows = np.zeros(0, np.int32)
         self.model.mtp_forward(batch, self.be.concat(ms.pending_h, axis=0))
         # the last row copied out: a view would hold the chunk's whole h until the next round replaces it
         ms.pending, ms.pending_h, ms.h_last = [], [], self.be.concat([ms.h_last], axis=0)
-        return logits
+        self.prompt_head_s += time.perf_counter() - t_start
+
+    def prompt_end(self, state: SeqState, ms: MtpSeq, alone: bool,
+                   stop: Optional[Callable[[], bool]] = None) -> None:
+        """A request's last prompt chunk was launched on this sequence (a server slot), its first token not drawn
+        yet. alone (it may draft, no other slot is busy and no other request waits: its rounds will be of one
+        sequence): the head runs over the prompt's queued pairs and the graphs of all its rounds (every draft
+        length and every catch-up length: 1 row for the first round, 2 .. n + 2 for the rounds after a round that
+        kept 1 .. n + 1 tokens or after plain steps) are captured now, in the prompt's time (before its first
+        token is drawn), instead of in its decode, where the bench never pays them (prepare, untimed). Capturing
+        only the 1-row shapes left 7-9 draft captures inside each 128-token decode of a fresh slot at synthetic
+        length 2.5 (numpy replay of the server's rounds, 2026-12-02), where the bench captured none. A slot keeps
+        them while the LRU does (SpecGraphs: room for every slot's shapes). Otherwise neither: the queued pairs
+        wait for the first draft or the plain steps' catch-up, which runs them with the other sequences' in one
+        forward, and rounds of several sequences capture their shapes at first use. Asked at the prompt's end,
+        not when the request was assigned a slot: the first of requests arriving a few ms apart (mtp_streams.py's
+        4 streams) found the others not there yet and captured a draft graph before its prompt (4 of the start's
+        ~50 ms over MTP off, H200). stop (the server: a request arrived meanwhile): asked before each capture;
+        True leaves the rest to their first use (up to 3 verify and 12 draft graphs at n_max 3, which rounds of
+        several sequences never replay)."""
+        if not alone:
+            return
+        if ms.pending and ms.state.n_past + len(ms.pending) == state.n_past:
+            self._head_over_queue(ms)
+        if self.graphs is None:
+            return
+        t_start, made = time.perf_counter(), self._events()
+        try:
+            self.prepare([(state, ms)], stop=stop)
+        except MemoryError as e:        # (DeviceMemoryError is one) the rounds capture at first use, or run eagerly
+            log.info("MTP graphs not captured ahead (%s); captured at first use", e)
+        if self._events() != made:
+            self.prompt_graphs_s += time.perf_counter() - t_start
+            log.info("MTP graphs: %d captured for a request starting alone (%s head) in %.1f ms",
+                     self._events() - made, self.draft_head, 1e3 * (time.perf_counter() - t_start))
 
     def _push(self, ms: MtpSeq, tokens: list[int], h) -> None:
         """tokens entered the target with hidden rows h [len(tokens), D]: pair each with the row before. The queue
@@ -561,31 +606,11 @@ class Speculator:
             lengths = self.policy.lengths if self.policy is not None else (self.n_max,)
             self.graphs.prepare([st for st, _ in seqs], [ms.state for _, ms in seqs], lengths, catch_ups, stop)
 
-    def start(self, state: SeqState, ms: MtpSeq, alone: bool, stop: Optional[Callable[[], bool]] = None) -> None:
+    def start(self, ms: MtpSeq) -> None:
         """A request starts on this sequence (a server slot). Its acceptance starts from the prior, as a new
         sequence's does (the slot's last request says little about this text; each llamacmp-bench repetition
-        starts so too). alone (no other slot busy and no other request waiting: its rounds will be of one
-        sequence): the graphs of all its rounds (every draft length and every catch-up length: 1 row for the
-        first round, 2 .. n + 2 for the rounds after a round that kept 1 .. n + 1 tokens or after plain steps) are
-        captured now, in the prompt's time, instead of in its decode, where the bench never pays them (prepare,
-        untimed). Capturing only the 1-row shapes left 7-9 draft captures inside each 128-token decode of a fresh
-        slot at synthetic length 2.5 (numpy replay of the server's rounds, 2026-12-02), where the bench captured
-        none. A slot keeps them while the LRU does (SpecGraphs: room for every slot's shapes). With other slots
-        busy the rounds are of several sequences, whose shapes are captured at first use. stop (the server: a
-        request arrived meanwhile): asked before each capture; True leaves the rest to their first use, so that
-        requests arriving together do not wait for one slot's lone shapes (up to 3 verify and 12 draft graphs at
-        n_max 3, which their rounds of several sequences never replay)."""
+        starts so too). Nothing runs: the head's part of the prompt and the lone graphs wait for prompt_end()."""
         ms.acc = Acceptance()
-        if not alone or self.graphs is None:
-            return
-        t_start, made = time.perf_counter(), self._events()
-        try:
-            self.prepare([(state, ms)], stop=stop)
-        except MemoryError as e:        # (DeviceMemoryError is one) the rounds capture at first use, or run eagerly
-            log.info("MTP graphs not captured ahead (%s); captured at first use", e)
-        if self._events() != made:
-            log.info("MTP graphs: %d captured for a request starting alone (%s head) in %.1f ms",
-                     self._events() - made, self.draft_head, 1e3 * (time.perf_counter() - t_start))
 
     def commit(self, v: Verified, h, j: int) -> None:
         """Keep the first j (1 <= j <= 1 + len(drafts)) verified tokens: t0 and the drafts before the j-th emitted

@@ -52,6 +52,7 @@ class CompletionTask:
     # images in the prompt: start position -> vision.encoder.ImageEmbedding; the prompt holds its n_tokens
     # placeholder ids there (negative, from the image bytes' hash: vision/prompt.py), so caches tell images apart
     images: dict = field(default_factory=dict)
+    t_queued: float = 0.0               # perf_counter when Engine.submit took it (the start timeline, -v)
 
 
 @dataclass(slots=True)

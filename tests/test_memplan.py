@@ -128,8 +128,11 @@ def test_plan_matches_the_arena_on_the_gpu(fixture_gguf, cuda_backend):
         lm = load_model(mf, be)
         state = be.new_state(lm.cfg, 4096, "f16", "f16")
         assert be.arena.reserved == p.persistent                  # one piece, nothing more yet
-        # packed exactly; the upload staging block is back on its free list once the weights are in
-        assert be.arena.in_use == p.persistent - memplan.STAGING_PIECE
+        # packed exactly up to alignment; the upload staging block is back on its free list once the weights are in.
+        # The plan pads every tensor to 256 bytes; matrices uploaded together (upload_matrices: one after another,
+        # so the GEMM takes them in one launch) share their pads, so the plan may exceed use by < 256 B a tensor.
+        slack = (p.persistent - memplan.STAGING_PIECE) - be.arena.in_use
+        assert 0 <= slack < 256 * 2 * 512, slack   # < 512 tensors, two allocations (Q8_0: codes, scales) each
         del state
     finally:
         be.arena.close()

@@ -54,13 +54,6 @@ struct W16Out {
     int ldy[W16_MAX_OUTS];
 };
 
-// The outputs of one matrix (one launch, one store).
-inline W16Out w16_single(float* y, const float* res, int rows, int ldy) {
-    W16Out o{};
-    o.count = 1, o.end[0] = rows, o.y[0] = y, o.res[0] = res, o.ldy[0] = ldy;
-    return o;
-}
-
 // store_tile (common.cuh) by W16Out: each row's matrix found by compile-time indices into the parameter struct only
 // (a dynamic index would copy it to local memory), once per row after the loop, where registers are free.
 template <int TS, int RS, int I, int J>

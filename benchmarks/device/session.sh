@@ -40,6 +40,9 @@ elif [ "$cmd" = _run ]; then
   stage all-done; touch "$D/all.done"
 elif [ "$cmd" = collect ]; then
   tag=${2:?tag}; D=/tmp/$tag; end=$(( $(date +%s) + ${3:-540} )); last=${4:-all}
+  # a call that lands on a fresh machine (the last one was released: warm for only ~30 s) has no session to wait
+  # for: say so at once instead of spending the call's device time on waiting
+  [ -d "$D" ] || { echo "no session $tag on this machine (a fresh one): start the plan again"; exit 3; }
   # packed every ~30 s too: a call cut short (the session's device budget spent) still brings back the logs so far
   n=0
   while [ "$(date +%s)" -lt $end ] && [ ! -e "$D/$last.done" ]; do

@@ -132,7 +132,7 @@ def test_plan_matches_the_arena_on_the_gpu(fixture_gguf, cuda_backend):
         # The plan pads every tensor to 256 bytes; matrices uploaded together (upload_matrices: one after another,
         # so the GEMM takes them in one launch) share their pads, so the plan may exceed use by < 256 B a tensor.
         slack = (p.persistent - memplan.STAGING_PIECE) - be.arena.in_use
-        assert 0 <= slack < 256 * 2 * 512, slack   # < 512 tensors, two allocations (Q8_0: codes, scales) each
+        assert 0 <= slack < 256 * 2 * len(mf.gguf.names()), slack   # two allocations a Q8_0 tensor: codes, scales
         del state
     finally:
         be.arena.close()

@@ -415,7 +415,7 @@ int launch_gdn_scan_rows(const float* qkv, const float* g, const float* b, float
                   dim3(32 * GDN_STEP_NW<DK>), 0, qkv, g, b, states, o, K, V, eps);
 }
 
-// The chunked form: both kernels' shared memory (smem_plan.h: 89280 + 80896 B at DK 128) is more than the 48 KiB
+// The chunked form: both kernels' shared memory (smem_plan.h: 89280 + 80640 B at DK 128) is more than the 48 KiB
 // default, so the launcher raises their limits, both before either runs: where the device cannot give that much
 // (sm_75 at DK 128: 64 KiB; sm_61 at DK 64) it reports CMP_ERR_UNSUPPORTED with nothing run, and the caller takes
 // the scan instead. work: gdn_chunk_work_bytes<DK>(L, V) bytes, checked by the caller.

@@ -47,6 +47,40 @@ size_t gdn_chunk_work_bytes(int L, int V) {
 
 __device__ __forceinline__ float4 lds4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
+// A [ROWS][4*W4] block of floats from global memory (row stride ld, rows >= n read as 0) through float4 registers
+// into shared memory (row stride `stride`, a multiple of 4), optionally scaling row t by scale[t]. load() issues
+// every read before the first store(), so the block waits on memory once, and a caller may issue the reads early
+// (the state kernel: the next chunk's during this chunk's products). Every pointer and stride is 16-byte aligned:
+// Dk is a multiple of 16, so are the qkv, o and workspace row strides and offsets.
+template <int ROWS, int W4>
+struct GdnTile {
+    static constexpr int N4 = ROWS * W4, PER = (N4 + GDN_NT - 1) / GDN_NT;   // float4s: in all, per thread
+    float4 r[PER];
+    __device__ __forceinline__ void load(const float* __restrict__ src, size_t ld, int n) {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int e = threadIdx.x + p * GDN_NT, t = e / W4;
+            if (e < N4 && t < n)
+                r[p] = *reinterpret_cast<const float4*>(src + (size_t)t * ld + 4 * (e % W4));
+            else
+                r[p] = float4{0.f, 0.f, 0.f, 0.f};
+        }
+    }
+    __device__ __forceinline__ void store(float* dst, int stride, const float* scale = nullptr) const {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int e = threadIdx.x + p * GDN_NT, t = e / W4;
+            if (e >= N4) continue;
+            float4 v = r[p];
+            if (scale != nullptr) {
+                const float f = scale[t];
+                v = float4{v.x * f, v.y * f, v.z * f, v.w * f};
+            }
+            *reinterpret_cast<float4*>(dst + t * stride + 4 * (e % W4)) = v;
+        }
+    }
+};
+
 // Head h's g and b of the chunk's rows (0 past n) into Bs, their inclusive prefix sum G into Gs. One warp: rows
 // lane and lane + 32.
 __device__ __forceinline__ void gdn_chunk_gates(const float* __restrict__ g,  // [L, V] log-decay
@@ -70,26 +104,31 @@ __device__ __forceinline__ void gdn_chunk_gates(const float* __restrict__ g,  //
     Gs[lane + 32] = g1;
 }
 
-// The chunk's q and k rows of K head kh, L2-normalised (q also scaled by 1/sqrt(DK)) into Qs / Ks (row stride QK),
-// a warp per row; the scales into Qn / Kn. Padding rows t >= n stay exactly 0 (no 0 * (1/eps) when eps is 0).
+// The chunk's q and k rows of K head kh (raw: rows t >= n as 0) into Qs / Ks (row stride QK).
 template <int DK, int QK>
-__device__ __forceinline__ void gdn_chunk_load_qk(const float* __restrict__ qkv,  // [L, C], C = 2*K*DK + V*DK
-                                                  int c0, int n, int K, int V, int kh, float eps, float* Qs,
-                                                  float* Ks, float* Qn, float* Kn) {
+__device__ __forceinline__ void gdn_chunk_load_qk(const float* __restrict__ rows,  // q of row 0; its k at + K*DK
+                                                  size_t C, int n, int K, float* Qs, float* Ks) {
+    GdnTile<GDN_CH, DK / 4> q, k;
+    q.load(rows, C, n);
+    k.load(rows + (size_t)K * DK, C, n);
+    q.store(Qs, QK);
+    k.store(Ks, QK);
+}
+
+// Qs / Ks rows L2-normalised in place (q also scaled by 1/sqrt(DK)), a warp per row, each lane its own elements;
+// the scales into Qn / Kn. Padding rows t >= n stay exactly 0 (no 0 * (1/eps) when eps is 0).
+template <int DK, int QK>
+__device__ __forceinline__ void gdn_chunk_normalise(int n, float eps, float* Qs, float* Ks, float* Qn, float* Kn) {
     constexpr int PER = DK >= 32 ? DK / 32 : 1;   // elements per lane
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const size_t C = (size_t)(2 * K + V) * DK;
     for (int t = warp; t < GDN_CH; t += GDN_NT / 32) {
-        const float* row = qkv + (size_t)(c0 + t) * C;
-        float qv[PER], kv[PER], qsum = 0.f, ksum = 0.f;
+        float qsum = 0.f, ksum = 0.f;
 #pragma unroll
         for (int e = 0; e < PER; ++e) {
             const int i = lane + 32 * e;
-            const bool ok = t < n && i < DK;
-            qv[e] = ok ? row[kh * DK + i] : 0.f;
-            kv[e] = ok ? row[(size_t)K * DK + kh * DK + i] : 0.f;
-            qsum += qv[e] * qv[e];
-            ksum += kv[e] * kv[e];
+            const float qv = i < DK ? Qs[t * QK + i] : 0.f, kv = i < DK ? Ks[t * QK + i] : 0.f;
+            qsum += qv * qv;
+            ksum += kv * kv;
         }
         qsum = warp_sum(qsum);
         ksum = warp_sum(ksum);
@@ -99,8 +138,8 @@ __device__ __forceinline__ void gdn_chunk_load_qk(const float* __restrict__ qkv,
         for (int e = 0; e < PER; ++e) {
             const int i = lane + 32 * e;
             if (i < DK) {
-                Qs[t * QK + i] = qv[e] * qn;
-                Ks[t * QK + i] = kv[e] * kn;
+                Qs[t * QK + i] *= qn;
+                Ks[t * QK + i] *= kn;
             }
         }
         if (lane == 0) {
@@ -246,8 +285,12 @@ gdn_chunk_intra_kernel(const float* __restrict__ qkv,  // [L, C], C = 2*K*DK + V
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     float* rec = work + ((size_t)blockIdx.y * V + h) * Rec::floats;
 
-    gdn_chunk_load_qk<DK, QK>(qkv, c0, n, K, V, kh, eps, Xs, Ks, Qn, Kn);
+    const size_t C = (size_t)(2 * K + V) * DK;
+    const float* rows = qkv + (size_t)c0 * C;   // the chunk's row 0
+    gdn_chunk_load_qk<DK, QK>(rows + kh * DK, C, n, K, Xs, Ks);
     if (tid < 32) gdn_chunk_gates(g, b, c0, n, V, h, Gs, Bs);
+    __syncthreads();
+    gdn_chunk_normalise<DK, QK>(n, eps, Xs, Ks, Qn, Kn);
     __syncthreads();
 
     float kk[4][4], qk[4][4];
@@ -279,13 +322,10 @@ gdn_chunk_intra_kernel(const float* __restrict__ qkv,  // [L, C], C = 2*K*DK + V
     }
     __syncthreads();
 
+    GdnTile<GDN_CH, DK / 4> v;   // v of head h (0 past n): read while the inverse computes
+    v.load(rows + (size_t)2 * K * DK + (size_t)h * DK, C, n);
     gdn_chunk_invert(As, Ts, Ps);   // ends with a barrier: A is dead
-
-    const size_t C = (size_t)(2 * K + V) * DK;
-    for (int e = tid; e < GDN_CH * DK; e += GDN_NT) {   // diag(b) v of head h (0 past n)
-        const int t = e / DK, j = e % DK;
-        Xs[t * QK + j] = t < n ? Bs[t] * qkv[(size_t)(c0 + t) * C + (size_t)2 * K * DK + (size_t)h * DK + j] : 0.f;
-    }
+    v.store(Xs, QK, Bs);            // diag(b) v
     __syncthreads();
 
     gdn_chunk_apply_t<DK, QK>(Ts, Ks, rec + Rec::W, DK, GDN_CH);                                 // W, all 64 rows
@@ -295,9 +335,12 @@ gdn_chunk_intra_kernel(const float* __restrict__ qkv,  // [L, C], C = 2*K*DK + V
 // Block (V head h, value columns j0 .. j0 + BV - 1) walks the chunks in order with its slice S[:, j0:j0+BV] of the
 // state in shared memory (the value columns of S evolve independently). Per chunk, from the intra kernel's record
 // and U in o: D = U - W S0, O = diag(e^G) Q S0 + M D over U in o, S = e^(G_63) S0 + K^T diag(e^(G_63-G)) D, with
-// the raw q and k rows and the record's row scales in place of the normalised ones.
+// the raw q and k rows and the record's row scales in place of the normalised ones. The reads of the next chunk's W,
+// q, U and row scales are issued before this chunk's M D and state update (registers), those of M and k before
+// this chunk's W S0 and Q S0: the chunk walk waits on memory only for chunk 0's first reads.
+
 template <int DK>
-__global__ void __launch_bounds__(GDN_NT)
+__global__ void __launch_bounds__(GDN_NT, 2)   // 2 blocks an SM (shared memory allows it from sm_80): <= 128 registers
 gdn_chunk_state_kernel(const float* __restrict__ qkv,   // [L, C], C = 2*K*DK + V*DK
                        const float* __restrict__ work,  // [ceil(L/CH), V] GdnWork<DK> records
                        float* __restrict__ state,       // [V, DK, DK]
@@ -309,34 +352,37 @@ gdn_chunk_state_kernel(const float* __restrict__ qkv,   // [L, C], C = 2*K*DK + 
     using Rec = GdnWork<DK>;
     constexpr int QK = Lay::QK, XS = Lay::XS, TS = GDN_TS, DS = Lay::DS, NI = DK / 16;
     float* Xa = reinterpret_cast<float*>(gdn_smem);   // [CH][XS] W, then M [CH][TS]
-    float* Xb = Xa + GDN_CH * XS;                   // [CH][QK] raw q, then raw k (0 past n)
-    float* Ss = Xb + GDN_CH * QK;                   // [DK][BV] state slice
-    float* Rs = Ss + DK * GDN_BV;                   // [3][CH] the record's row scales
-    float* Ds = Rs + 3 * GDN_CH;                    // [CH][DS] U, then D
+    float* Xb = Xa + GDN_CH * XS;                      // [CH][QK] raw q, then raw k (0 past n)
+    float* Ss = Xb + GDN_CH * QK;                      // [DK][BV] state slice
+    float* Rs = Ss + DK * GDN_BV;                      // [3][CH] the record's row scales
+    float* Ds = Rs + 3 * GDN_CH;                       // [CH][DS] U, then D
 
     const int h = blockIdx.x, kh = h % K, j0 = blockIdx.y * GDN_BV;
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const size_t C = (size_t)(2 * K + V) * DK, ldo = (size_t)V * DK;
     float* S = state + (size_t)h * DK * DK;
-    float* oh = o + (size_t)h * DK + j0;
+    float* oh = o + (size_t)h * DK + j0;                // row 0 of the block's output columns
+    const float* qh = qkv + kh * DK;                    // row 0's q; its k at + K * DK
+    auto record = [&](int c) { return work + ((size_t)c * V + h) * Rec::floats; };
 
     for (int e = tid; e < DK * GDN_BV; e += GDN_NT) Ss[e] = S[(size_t)(e / GDN_BV) * DK + j0 + e % GDN_BV];
+    GdnTile<GDN_CH, DK / 4> w;   // W of the next chunk to run
+    w.load(record(0) + Rec::W, DK, GDN_CH);
 
     for (int c0 = 0, c = 0; c0 < L; c0 += GDN_CH, ++c) {
         const int n = min(GDN_CH, L - c0);
-        const float* rec = work + ((size_t)c * V + h) * Rec::floats;
-        const float* rows = qkv + (size_t)c0 * C + kh * DK;   // row t's q; its k at + K * DK
         __syncthreads();   // the previous chunk's readers of every buffer are done (and the first Ss is visible)
-
-        for (int e = tid; e < GDN_CH * DK; e += GDN_NT) {
-            const int t = e / DK, i = e % DK;
-            Xa[t * XS + i] = rec[Rec::W + e];
-            Xb[t * QK + i] = t < n ? rows[(size_t)t * C + i] : 0.f;
-        }
-        for (int e = tid; e < 3 * GDN_CH; e += GDN_NT) Rs[e] = rec[Rec::R + e];
-        for (int e = tid; e < GDN_CH * GDN_BV; e += GDN_NT) {
-            const int t = e / GDN_BV, j = e % GDN_BV;
-            Ds[t * DS + j] = t < n ? oh[(size_t)(c0 + t) * ldo + j] : 0.f;
+        w.store(Xa, XS);
+        {
+            GdnTile<GDN_CH, DK / 4> q;
+            GdnTile<GDN_CH, GDN_BV / 4> u;   // U: the block's columns of o
+            GdnTile<3, GDN_CH / 4> r;
+            q.load(qh + (size_t)c0 * C, C, n);
+            u.load(oh + (size_t)c0 * ldo, ldo, n);
+            r.load(record(c) + Rec::R, GDN_CH, 3);
+            q.store(Xb, QK);
+            u.store(Ds, DS);
+            r.store(Rs, GDN_CH);
         }
         __syncthreads();
 
@@ -355,27 +401,30 @@ gdn_chunk_state_kernel(const float* __restrict__ qkv,   // [L, C], C = 2*K*DK + 
         }
         __syncthreads();   // W and q read: Xa takes M, Xb k
 
+        GdnTile<GDN_CH, GDN_CH / 4> m;   // (read here, not during the products: both would not fit 128 registers)
+        GdnTile<GDN_CH, DK / 4> k;
+        m.load(record(c) + Rec::M, GDN_CH, GDN_CH);
+        k.load(qh + (size_t)c0 * C + (size_t)K * DK, C, n);
 #pragma unroll
         for (int a = 0; a < 4; ++a) {   // D = U - W S0 (the thread's own elements); the Q S0 term's row scale
             const int t = ty + 16 * a;
             Ds[t * DS + tx] -= ws[a];
             out[a] *= Rs[t];
         }
-        for (int e = tid; e < GDN_CH * GDN_CH; e += GDN_NT) Xa[(e / GDN_CH) * TS + e % GDN_CH] = rec[Rec::M + e];
-        for (int e = tid; e < GDN_CH * DK; e += GDN_NT) {
-            const int t = e / DK, i = e % DK;
-            Xb[t * QK + i] = t < n ? rows[(size_t)t * C + (size_t)K * DK + i] : 0.f;
-        }
+        m.store(Xa, TS);
+        k.store(Xb, QK);
         __syncthreads();
+        if (c0 + GDN_CH < L) w.load(record(c + 1) + Rec::W, DK, GDN_CH);   // while this chunk computes
 
         // O = diag(e^G) Q S0 + M D (M's rows are 0 past n, and so are D's)
+#pragma unroll 2
         for (int s = 0; s < GDN_CH; s += 4) {
             const float d0 = Ds[s * DS + tx], d1 = Ds[(s + 1) * DS + tx];
             const float d2 = Ds[(s + 2) * DS + tx], d3 = Ds[(s + 3) * DS + tx];
 #pragma unroll
             for (int a = 0; a < 4; ++a) {
-                const float4 m = lds4(&Xa[(ty + 16 * a) * TS + s]);
-                out[a] = fmaf(m.x, d0, fmaf(m.y, d1, fmaf(m.z, d2, fmaf(m.w, d3, out[a]))));
+                const float4 mv = lds4(&Xa[(ty + 16 * a) * TS + s]);
+                out[a] = fmaf(mv.x, d0, fmaf(mv.y, d1, fmaf(mv.z, d2, fmaf(mv.w, d3, out[a]))));
             }
         }
 #pragma unroll
@@ -393,11 +442,11 @@ gdn_chunk_state_kernel(const float* __restrict__ qkv,   // [L, C], C = 2*K*DK + 
             if constexpr (NI % 4 == 0) {
 #pragma unroll
                 for (int a = 0; a < NI; a += 4) {
-                    const float4 k = lds4(&Xb[t * QK + ty * NI + a]);
-                    upd[a] = fmaf(k.x, dw, upd[a]);
-                    upd[a + 1] = fmaf(k.y, dw, upd[a + 1]);
-                    upd[a + 2] = fmaf(k.z, dw, upd[a + 2]);
-                    upd[a + 3] = fmaf(k.w, dw, upd[a + 3]);
+                    const float4 kv = lds4(&Xb[t * QK + ty * NI + a]);
+                    upd[a] = fmaf(kv.x, dw, upd[a]);
+                    upd[a + 1] = fmaf(kv.y, dw, upd[a + 1]);
+                    upd[a + 2] = fmaf(kv.z, dw, upd[a + 2]);
+                    upd[a + 3] = fmaf(kv.w, dw, upd[a + 3]);
                 }
             } else {   // DK 16, 32: fewer than 4 rows per thread
 #pragma unroll

@@ -137,10 +137,11 @@ struct GdnIntraLayout {
     static constexpr size_t bytes = sizeof(float) * (size_t)floats;
 };
 // The state kernel (block: head, GDN_BV value columns): Xa [CH][XS] (W, then M), Xb [CH][QK] (q, then k), Ss [DK][BV]
-// (the state slice), Ds [CH][BV+1] (U, then D), Rs [3][CH] (the row scales). DK 128: 80896 B.
+// (the state slice), Rs [3][CH] (the row scales), Ds [CH][BV] (U, then D: rows ty and ty + 1 of a warp's D
+// writes fall on disjoint banks without padding). DK 128: 80640 B.
 template <int DK>
 struct GdnStateLayout {
-    static constexpr int QK = gdn_qk_stride(DK), XS = gdn_x_stride(DK), TS = GDN_TS, DS = GDN_BV + 1;
+    static constexpr int QK = gdn_qk_stride(DK), XS = gdn_x_stride(DK), TS = GDN_TS, DS = GDN_BV;
     static constexpr int floats = GDN_CH * XS + GDN_CH * QK + DK * GDN_BV + GDN_CH * DS + 3 * GDN_CH;
     static constexpr size_t bytes = sizeof(float) * (size_t)floats;
 };

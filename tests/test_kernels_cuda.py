@@ -444,7 +444,7 @@ def test_gdn_chunked_workspace(cuda_backend):
 
 
 def test_gdn_chunked_over_the_cap_names_kernel_and_bytes(cuda_backend):
-    """Under sm_75's 64 KB the chunked kernels (89280 + 80896 B at Dk 128) do not fit: forced, the refusal names the
+    """Under sm_75's 64 KB the chunked kernels (89280 + 80640 B at Dk 128) do not fit: forced, the refusal names the
     first, before anything runs; by default the backend takes the scan, with the scan's result."""
     from cuda_helpers import SMEM_CAPS
     from llamacmp.lib._native import CMP_ERR_UNSUPPORTED, NativeError

@@ -30,7 +30,7 @@ struct alignas(16) float4 {
 #define __host__
 #define __forceinline__ inline
 #define __shared__
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 
 namespace emu {
 constexpr int MAX_THREADS = 256;

@@ -1,6 +1,6 @@
 // The chunked (WY) form of the gated delta rule: gdn.cu's cmp_gdn_chunked launches these two kernels. Apart from
 // gdn.cu so that tools/gdn_chunk_host.cpp can run the same source on the CPU (tests/test_gdn_chunk_host.py: a block's
-// threads as host threads), which is the one place warp_sum, ceil_div and pdl_wait_producers come from elsewhere.
+// threads as host threads); there warp_sum, ceil_div and pdl_wait_producers come from the harness, not common.cuh.
 #pragma once
 
 #ifdef __CUDACC__
@@ -50,7 +50,8 @@ __device__ __forceinline__ float4 lds4(const float* p) { return *reinterpret_cas
 // A [ROWS][4*W4] block of floats from global memory (row stride ld, rows >= n read as 0) through float4 registers
 // into shared memory (row stride `stride`, a multiple of 4), optionally scaling row t by scale[t]. load() issues
 // every read before the first store(), so the block waits on memory once, and a caller may issue the reads early
-// (the state kernel: the next chunk's during this chunk's products). Every pointer and stride is 16-byte aligned:
+// (the state kernel: the next chunk's W during this chunk's M D and state update; the intra kernel: v during the
+// inverse). Every pointer and stride is 16-byte aligned:
 // Dk is a multiple of 16, so are the qkv, o and workspace row strides and offsets.
 template <int ROWS, int W4>
 struct GdnTile {
@@ -335,10 +336,10 @@ gdn_chunk_intra_kernel(const float* __restrict__ qkv,  // [L, C], C = 2*K*DK + V
 // Block (V head h, value columns j0 .. j0 + BV - 1) walks the chunks in order with its slice S[:, j0:j0+BV] of the
 // state in shared memory (the value columns of S evolve independently). Per chunk, from the intra kernel's record
 // and U in o: D = U - W S0, O = diag(e^G) Q S0 + M D over U in o, S = e^(G_63) S0 + K^T diag(e^(G_63-G)) D, with
-// the raw q and k rows and the record's row scales in place of the normalised ones. The reads of the next chunk's W,
-// q, U and row scales are issued before this chunk's M D and state update (registers), those of M and k before
-// this chunk's W S0 and Q S0: the chunk walk waits on memory only for chunk 0's first reads.
-
+// the raw q and k rows and the record's row scales in place of the normalised ones. The next chunk's W (32 KB at DK
+// 128, the largest read) is read into registers during this chunk's M D and state update; q, U and the row scales,
+// then M and k, are waited for (reading them early too would not fit the 128 registers that leave room for 2 blocks
+// an SM: 256 blocks at the 9B's 32 heads, all resident on an H200's 132 SMs).
 template <int DK>
 __global__ void __launch_bounds__(GDN_NT, 2)   // 2 blocks an SM (shared memory allows it from sm_80): <= 128 registers
 gdn_chunk_state_kernel(const float* __restrict__ qkv,   // [L, C], C = 2*K*DK + V*DK

@@ -130,7 +130,7 @@ def bench_attention(be: CudaBackend, n_kv: int, L: int, kv_type: str = "f16") ->
 
 def bench_gdn(be: CudaBackend, L: int, chunked: bool = False) -> float:
     """The delta rule over one L-token segment with the 9B heads (16 k / 32 v, 128 x 128 state): the sequential
-    scan (cmp_gdn) or the chunked WY/UT kernel (cmp_gdn_chunked)."""
+    scan (cmp_gdn) or the chunked WY kernels (cmp_gdn_chunked: intra-chunk, then state passing)."""
     K, V, Dk = 16, 32, 128
     rng = np.random.default_rng(2)
     C = (2 * K + V) * Dk
@@ -139,8 +139,11 @@ def bench_gdn(be: CudaBackend, L: int, chunked: bool = False) -> float:
     b = be.from_host(rng.uniform(0, 1, (L, V)).astype(np.float32), "f32")
     S = be.zeros((V, Dk, Dk), "f32", "state")
     o = be.empty((L, V * Dk))
-    fn = be.native.cmp_gdn_chunked if chunked else be.native.cmp_gdn
-    return timed(be, lambda i: fn(qkv.ptr, g.ptr, b.ptr, S.ptr, o.ptr, L, K, V, Dk, 1e-6), 3)
+    if not chunked:
+        return timed(be, lambda i: be.native.cmp_gdn(qkv.ptr, g.ptr, b.ptr, S.ptr, o.ptr, L, K, V, Dk, 1e-6), 3)
+    work = be.empty((be.native.gdn_chunked_work_bytes(L, V, Dk),), "u8", "the chunked GDN workspace")
+    return timed(be, lambda i: be.native.cmp_gdn_chunked(qkv.ptr, g.ptr, b.ptr, S.ptr, o.ptr, L, K, V, Dk, 1e-6,
+                                                         work.ptr, work.nbytes), 3)
 
 
 def bench_conv(be: CudaBackend, L: int, C: int = 8192, kernel: int = 4) -> float:

@@ -275,11 +275,16 @@ int cmp_conv1d_silu(const float* x, const float* w, float* state, float* out, in
 int cmp_gdn(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V, int Dk,
             float eps);
 
-// The chunked WY/UT form of the same rule (numpy_ref.gdn_chunked, 64-token chunks, fp32), for prefill segments.
-// Same arguments and result as cmp_gdn; Dk in {16, 32, 64, 128}. Needs 96000 B of shared memory per block at
-// Dk 128: returns CMP_ERR_UNSUPPORTED where the device has less (then use cmp_gdn).
+// The chunked WY form of the same rule (numpy_ref.gdn_chunked, 64-token chunks, fp32), for prefill segments.
+// Same arguments and result as cmp_gdn, plus a device workspace of work_bytes >= cmp_gdn_chunked_work_bytes(L, V,
+// Dk) (one segment's; a caller may reuse it for the next segment on the stream); Dk in {16, 32, 64, 128}. Needs
+// 89280 B of shared memory per block at Dk 128 (56512 at 64): returns CMP_ERR_UNSUPPORTED, nothing run, where the
+// device has less (then use cmp_gdn).
 int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V,
-                    int Dk, float eps);
+                    int Dk, float eps, void* work, size_t work_bytes);
+// *bytes = the workspace cmp_gdn_chunked needs for a segment of L tokens: 4 * ceil(L / 64) * V * (64 * Dk + 64 * 64
+// + 3 * 64) (memplan.gdn_chunk_work_bytes).
+int cmp_gdn_chunked_work_bytes(int L, int V, int Dk, size_t* bytes);
 
 // Speculative verification of one segment: what cmp_conv1d_silu / cmp_gdn compute, each token of the gdn with the
 // decode step's arithmetic (one launch walking the tokens; every output equals its one-token decode bit for bit),

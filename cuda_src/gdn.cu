@@ -1,10 +1,12 @@
 // Gated DeltaNet: the causal depthwise conv1d (+SiLU) with its rolling state, and the gated delta rule.
 // The delta rule runs either as a sequential scan over the segment's tokens (exact for decode and prefill alike)
-// or, for prefill, in the chunked WY/UT closed form of numpy_ref.gdn_chunked (64 tokens per chunk), which replaces
-// 64 dependent rank-1 updates by a few small matrix products and one 64-row triangular solve per chunk.
+// or, for prefill, in the chunked WY closed form of numpy_ref.gdn_chunked (64 tokens per chunk), which replaces
+// 64 dependent rank-1 updates by a few small matrix products per chunk: the state-independent part (a 64-row
+// triangular inverse among them) for all chunks at once, then three products per chunk in order.
 #include <type_traits>
 
 #include "common.cuh"
+#include "gdn_chunk.cuh"
 #include "smem_plan.h"
 
 namespace cmp {
@@ -384,210 +386,6 @@ gdn_step_rows_kernel(const float* __restrict__ qkv,      // [S, C]
     gdn_step<DK>(qkv + s * C, g + s * V, b + s * V, states[s], o + s * V * DK, K, eps);
 }
 
-// ---- chunked (WY/UT) form ----------------------------------------------------------------------------------------
-// Block (V head h, GDN_BV value columns j0..j0+BV-1) walks the segment chunk by chunk; its slice S[:, j0:j0+BV] of
-// the state stays in shared memory across chunks. The value columns of S evolve independently (A depends only on
-// k, b, g), so slicing Dv spreads one head over DK/BV blocks at the price of recomputing K K^T and Q K^T per slice.
-// Per chunk of n <= 64 tokens (rows t >= n are zero-padded: k = q = v = b = g = 0, so their D rows are 0 and G stays
-// flat, which makes G[63] the chunk's last cumulative decay):
-//   G = cumsum(g);  A[t,s] = b_t e^(G_t-G_s) k_t.k_s (s < t);  M[t,s] = e^(G_t-G_s) q_t.k_s (s <= t)
-//   D = (I + A)^-1 diag(b) (V - diag(e^G) K S0)     (forward substitution, 16 lanes per value column)
-//   O = diag(e^G) Q S0 + M D;   S = e^(G_63) S0 + K^T diag(e^(G_63 - G)) D
-using smem::GDN_CH;   // tokens per chunk (numpy_ref.GDN_CHUNK)
-using smem::GDN_BV;   // value columns per block
-using smem::GdnChunkLayout;   // the kernel's shared arrays (smem_plan.h, which sizes them)
-constexpr int GDN_NT = 256;   // threads: a 16 x 16 grid (tx, ty) for the products
-
-template <int DK>
-__global__ void __launch_bounds__(GDN_NT)
-gdn_chunked_kernel(const float* __restrict__ qkv,  // [L, C], C = 2*K*DK + V*DK
-                   const float* __restrict__ g,    // [L, V] log-decay
-                   const float* __restrict__ b,    // [L, V] beta
-                   float* __restrict__ state,      // [V, DK, DK]
-                   float* __restrict__ o,          // [L, V*DK]
-                   int L, int K, int V, float eps) {
-    pdl_wait_producers();   // launch(): may start while the kernel before it drains
-    static_assert(DK % 16 == 0 && DK >= GDN_BV, "DK must be a multiple of 16");
-    using Lay = GdnChunkLayout<DK>;
-    constexpr int PER = DK >= 32 ? DK / 32 : 1;    // q/k elements per lane when a warp normalises one row
-    constexpr int NI = DK / 16;                    // state rows per thread in the update
-    extern __shared__ float smem[];
-    float* Qs = smem;                              // [CH][QK] normalised, scaled q
-    float* Ks = Qs + GDN_CH * Lay::QK;             // [CH][QK] normalised k
-    float* Ss = Ks + GDN_CH * Lay::QK;             // [DK][BV] state slice
-    float* Ds = Ss + DK * GDN_BV;                  // [CH][DS] v, then rhs, then D
-    float* As = Ds + GDN_CH * Lay::DS;             // [CH][AS] A, then M
-    float* Gs = As + GDN_CH * Lay::AS;             // [CH] cumulative log-decay
-    float* Bs = Gs + GDN_CH;                       // [CH] beta
-    float* Ws = Bs + GDN_CH;                       // [CH] e^(G_63 - G_t)
-
-    const int h = blockIdx.x, kh = h % K, j0 = blockIdx.y * GDN_BV;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int tx = tid & 15, ty = tid >> 4;        // products: rows ty + 16a, columns tx (+ 16c)
-    const size_t C = (size_t)(2 * K + V) * DK;
-    float* S = state + (size_t)h * DK * DK;
-    const float qscale = rsqrtf((float)DK);
-
-    for (int e = tid; e < DK * GDN_BV; e += GDN_NT) Ss[e] = S[(size_t)(e / GDN_BV) * DK + j0 + e % GDN_BV];
-
-    for (int c0 = 0; c0 < L; c0 += GDN_CH) {
-        const int n = min(GDN_CH, L - c0);
-        __syncthreads();  // the previous chunk's readers of every buffer are done (and the first Ss load is visible)
-
-        // -- 1. load: a warp per row normalises q and k; v slice into Ds; warp 0 scans g -------------------------
-        for (int t = warp; t < GDN_CH; t += GDN_NT / 32) {
-            const float* row = qkv + (size_t)(c0 + t) * C;
-            float qv[PER], kv[PER], qsum = 0.f, ksum = 0.f;
-#pragma unroll
-            for (int e = 0; e < PER; ++e) {
-                const int i = lane + 32 * e;
-                const bool ok = t < n && i < DK;
-                qv[e] = ok ? row[kh * DK + i] : 0.f;
-                kv[e] = ok ? row[(size_t)K * DK + kh * DK + i] : 0.f;
-                qsum += qv[e] * qv[e];
-                ksum += kv[e] * kv[e];
-            }
-            qsum = warp_sum(qsum);
-            ksum = warp_sum(ksum);
-            // padding rows stay exactly 0 (no 0 * (1/eps) when eps is 0)
-            const float qn = t < n ? qscale / fmaxf(sqrtf(qsum), eps) : 0.f;
-            const float kn = t < n ? 1.f / fmaxf(sqrtf(ksum), eps) : 0.f;
-#pragma unroll
-            for (int e = 0; e < PER; ++e) {
-                const int i = lane + 32 * e;
-                if (i < DK) {
-                    Qs[t * Lay::QK + i] = qv[e] * qn;
-                    Ks[t * Lay::QK + i] = kv[e] * kn;
-                }
-            }
-            if (lane < GDN_BV) Ds[t * Lay::DS + lane] = t < n ? row[(size_t)2 * K * DK + (size_t)h * DK + j0 + lane] : 0.f;
-        }
-        if (warp == 0) {
-            // rows lane and lane + 32: inclusive prefix sum of g (padding adds 0), beta, and the decay to row 63
-            float g0 = lane < n ? g[(size_t)(c0 + lane) * V + h] : 0.f;
-            float g1 = lane + 32 < n ? g[(size_t)(c0 + lane + 32) * V + h] : 0.f;
-            Bs[lane] = lane < n ? b[(size_t)(c0 + lane) * V + h] : 0.f;
-            Bs[lane + 32] = lane + 32 < n ? b[(size_t)(c0 + lane + 32) * V + h] : 0.f;
-#pragma unroll
-            for (int off = 1; off < 32; off <<= 1) {
-                const float u0 = __shfl_up_sync(0xffffffffu, g0, off), u1 = __shfl_up_sync(0xffffffffu, g1, off);
-                if (lane >= off) {
-                    g0 += u0;
-                    g1 += u1;
-                }
-            }
-            g1 += __shfl_sync(0xffffffffu, g0, 31);
-            const float glast = __shfl_sync(0xffffffffu, g1, 31);
-            Gs[lane] = g0;
-            Gs[lane + 32] = g1;
-            Ws[lane] = __expf(glast - g0);
-            Ws[lane + 32] = __expf(glast - g1);
-        }
-        __syncthreads();
-
-        // -- 2. K K^T and Q K^T (4 x 4 tiles), K S0 and Q S0 (4 rows, column tx) in one pass over the key dim ------
-        float kk[4][4], qk[4][4], ks0[4], qs0[4];
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            ks0[a] = qs0[a] = 0.f;
-#pragma unroll
-            for (int c = 0; c < 4; ++c) kk[a][c] = qk[a][c] = 0.f;
-        }
-#pragma unroll 4
-        for (int i = 0; i < DK; ++i) {
-            float kt[4], qt[4], kc[4];
-#pragma unroll
-            for (int a = 0; a < 4; ++a) {
-                kt[a] = Ks[(ty + 16 * a) * Lay::QK + i];
-                qt[a] = Qs[(ty + 16 * a) * Lay::QK + i];
-                kc[a] = Ks[(tx + 16 * a) * Lay::QK + i];
-            }
-            const float sv = Ss[i * GDN_BV + tx];
-#pragma unroll
-            for (int a = 0; a < 4; ++a) {
-                ks0[a] = fmaf(kt[a], sv, ks0[a]);
-                qs0[a] = fmaf(qt[a], sv, qs0[a]);
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    kk[a][c] = fmaf(kt[a], kc[c], kk[a][c]);
-                    qk[a][c] = fmaf(qt[a], kc[c], qk[a][c]);
-                }
-            }
-        }
-        // A (strictly lower), the right-hand side in place of v, and the inter-chunk part of the output
-        float out[4];
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            const int t = ty + 16 * a;
-            const float Gt = Gs[t], gamma = __expf(Gt);
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int s = tx + 16 * c;
-                As[t * Lay::AS + s] = s < t ? Bs[t] * __expf(Gt - Gs[s]) * kk[a][c] : 0.f;
-            }
-            float* d = &Ds[t * Lay::DS + tx];
-            *d = Bs[t] * (*d - gamma * ks0[a]);
-            out[a] = gamma * qs0[a];
-        }
-        __syncthreads();
-
-        // -- 3. (I + A) D = rhs by forward substitution: 16 lanes per value column share the dot over s < t -------
-        {
-            const int j = warp * 2 + (lane >> 4), p = lane & 15;
-            for (int t = 1; t < n; ++t) {
-                float part = 0.f;
-                for (int s = p; s < t; s += 16) part = fmaf(As[t * Lay::AS + s], Ds[s * Lay::DS + j], part);
-#pragma unroll
-                for (int off = 8; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
-                if (p == 0) Ds[t * Lay::DS + j] -= part;
-                __syncwarp();  // D[t] is final before any lane of the column reads it at t+1
-            }
-        }
-        __syncthreads();  // D complete; A no longer read
-
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            const int t = ty + 16 * a;
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int s = tx + 16 * c;
-                As[t * Lay::AS + s] = s <= t ? __expf(Gs[t] - Gs[s]) * qk[a][c] : 0.f;
-            }
-        }
-        __syncthreads();
-
-        // -- 4. O = diag(e^G) Q S0 + M D -------------------------------------------------------------------------
-        for (int s = 0; s < n; ++s) {
-            const float d = Ds[s * Lay::DS + tx];
-#pragma unroll
-            for (int a = 0; a < 4; ++a) out[a] = fmaf(As[(ty + 16 * a) * Lay::AS + s], d, out[a]);
-        }
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            const int t = ty + 16 * a;
-            if (t < n) o[(size_t)(c0 + t) * V * DK + (size_t)h * DK + j0 + tx] = out[a];
-        }
-
-        // -- 5. S = e^(G_63) S0 + K^T diag(e^(G_63 - G)) D  (rows ty + 16a, column tx; each thread its own) -------
-        float upd[NI];
-#pragma unroll
-        for (int a = 0; a < NI; ++a) upd[a] = 0.f;
-        for (int t = 0; t < n; ++t) {
-            const float dw = Ws[t] * Ds[t * Lay::DS + tx];
-#pragma unroll
-            for (int a = 0; a < NI; ++a) upd[a] = fmaf(Ks[t * Lay::QK + ty + 16 * a], dw, upd[a]);
-        }
-        const float gl = __expf(Gs[GDN_CH - 1]);
-#pragma unroll
-        for (int a = 0; a < NI; ++a) {
-            float* sp = &Ss[(ty + 16 * a) * GDN_BV + tx];
-            *sp = fmaf(gl, *sp, upd[a]);
-        }
-    }
-    __syncthreads();
-    for (int e = tid; e < DK * GDN_BV; e += GDN_NT) S[(size_t)(e / GDN_BV) * DK + j0 + e % GDN_BV] = Ss[e];
-}
-
 // ==== launchers ===================================================================================================
 
 // L = 1 (a decode token) takes the row-split step kernel; longer segments the sequential scan.
@@ -617,16 +415,20 @@ int launch_gdn_scan_rows(const float* qkv, const float* g, const float* b, float
                   dim3(32 * GDN_STEP_NW<DK>), 0, qkv, g, b, states, o, K, V, eps);
 }
 
-// The chunked kernel needs GdnChunkLayout<DK>::bytes of shared memory (96000 B at DK 128): more than the 48 KiB
-// default, so the launcher raises the kernel's limit, and reports CMP_ERR_UNSUPPORTED where the device cannot give
-// that much (sm_75: 64 KiB; sm_61: 48 KiB) so that the caller can take the scan instead.
+// The chunked form: both kernels' shared memory (smem_plan.h: 89280 + 80640 B at DK 128) is more than the 48 KiB
+// default, so the launcher raises their limits, both before either runs: where the device cannot give that much
+// (sm_75 at DK 128: 64 KiB; sm_61 at DK 64) it reports CMP_ERR_UNSUPPORTED with nothing run, and the caller takes
+// the scan instead. work: gdn_chunk_work_bytes<DK>(L, V) bytes, checked by the caller.
 template <int DK>
-int launch_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, int V,
-                       float eps) {
-    constexpr size_t bytes = GdnChunkLayout<DK>::bytes;
-    CMP_TRY(smem_opt_in("gdn_chunked_kernel", gdn_chunked_kernel<DK>, bytes));
-    return launch("gdn_chunked_kernel", gdn_chunked_kernel<DK>, dim3(V, DK / GDN_BV), dim3(GDN_NT), bytes, qkv, g, b,
-                  state, o, L, K, V, eps);
+int launch_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, float* o, float* work, int L,
+                       int K, int V, float eps) {
+    constexpr size_t intra = smem::GdnIntraLayout<DK>::bytes, inter = smem::GdnStateLayout<DK>::bytes;
+    CMP_TRY(smem_opt_in("gdn_chunk_intra_kernel", gdn_chunk_intra_kernel<DK>, intra));
+    CMP_TRY(smem_opt_in("gdn_chunk_state_kernel", gdn_chunk_state_kernel<DK>, inter));
+    CMP_TRY(launch("gdn_chunk_intra_kernel", gdn_chunk_intra_kernel<DK>, dim3(V, ceil_div(L, GDN_CH)), dim3(GDN_NT),
+                   intra, qkv, g, b, o, work, L, K, V, eps));
+    return launch("gdn_chunk_state_kernel", gdn_chunk_state_kernel<DK>, dim3(V, DK / GDN_BV), dim3(GDN_NT), inter,
+                  qkv, (const float*)work, state, o, L, K, V);
 }
 
 // Calls launch(std::integral_constant<int, DK>{}) for the state sizes the kernels are built for (one switch for
@@ -709,11 +511,26 @@ extern "C" int cmp_gdn_rows(const float* qkv, const float* g, const float* b, fl
     });
 }
 
+extern "C" int cmp_gdn_chunked_work_bytes(int L, int V, int Dk, size_t* bytes) {
+    CMP_REQUIRE(L >= 0 && V > 0 && bytes != nullptr, "cmp_gdn_chunked_work_bytes: bad arguments L=%d V=%d", L, V);
+    return dispatch_dk(Dk, "cmp_gdn_chunked_work_bytes", [&](auto dk) {
+        *bytes = gdn_chunk_work_bytes<decltype(dk)::value>(L, V);
+        return CMP_OK;
+    });
+}
+
 extern "C" int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K,
-                               int V, int Dk, float eps) {
+                               int V, int Dk, float eps, void* work, size_t work_bytes) {
     CMP_REQUIRE(L >= 0 && K > 0 && V > 0 && V % K == 0, "cmp_gdn_chunked: bad shape L=%d K=%d V=%d", L, K, V);
+    CMP_REQUIRE(ceil_div(L, GDN_CH) <= 65535, "cmp_gdn_chunked: L=%d tokens in one segment (at most %d)", L,
+                65535 * GDN_CH);
     if (L == 0) return CMP_OK;
     return dispatch_dk(Dk, "cmp_gdn_chunked", [&](auto dk) {
-        return launch_gdn_chunked<decltype(dk)::value>(qkv, g, b, state, o, L, K, V, eps);
+        constexpr int DK = decltype(dk)::value;
+        const size_t need = gdn_chunk_work_bytes<DK>(L, V);
+        CMP_REQUIRE(work != nullptr && work_bytes >= need,
+                    "cmp_gdn_chunked: workspace of %zu B for L=%d V=%d Dk=%d needs %zu B (cmp_gdn_chunked_work_bytes)",
+                    work_bytes, L, V, DK, need);
+        return launch_gdn_chunked<DK>(qkv, g, b, state, o, static_cast<float*>(work), L, K, V, eps);
     });
 }

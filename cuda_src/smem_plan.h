@@ -117,21 +117,41 @@ constexpr Plan gemm_quant_plan(size_t limit) {
                                        : Plan{sizeof(QStage) <= limit ? 1 : 0, sizeof(QStage)};
 }
 
-// ---- gdn_chunked_kernel (gdn.cu) -----------------------------------------------------------------------------------
-// One configuration; where it does not fit the caller takes the sequential scan (gdn_scan_kernel, a few KB).
+// ---- gdn_chunk_intra_kernel, gdn_chunk_state_kernel (gdn.cu: the chunked delta rule) --------------------------------
+// One configuration each; where either does not fit, cmp_gdn_chunked refuses before anything runs and the caller
+// takes the sequential scan (gdn_scan_kernel, a few KB). Row strides are 4 floats past the row (a multiple of 4
+// for float4 reads, and an odd number of 16-byte units: 16 distinct rows' float4 reads cover every bank once per
+// 8 rows); every array's size is a multiple of 4 floats, so each one starts 16-byte aligned.
 constexpr int GDN_CH = 64;    // tokens per chunk (numpy_ref.GDN_CHUNK)
-constexpr int GDN_BV = 16;    // value columns per block
+constexpr int GDN_BV = 16;    // value columns per block of the state kernel
+constexpr int GDN_TS = GDN_CH + 4;   // row stride of the [CH][CH] arrays (A, T, M)
+constexpr int gdn_qk_stride(int DK) { return DK + 4; }   // row stride of the [CH][DK] arrays (q, k, v, W)
+constexpr int gdn_x_stride(int DK) { return DK + 4 > GDN_TS ? DK + 4 : GDN_TS; }   // a region holding either
+// The intra kernel (block: head, chunk): Ks [CH][QK] (k, then diag(b e^G) k), Xs [CH][XS] (q, then A, then
+// diag(b) v), Ts [CH][TS] (T), Ps [3][16][17] (the off-diagonal blocks' products), and 4 rows of CH (G, b, |q|
+// and |k| scales). DK 128: 89280 B (sm_70 and up; DK 64: 56512 B, sm_75; DK 32: sm_61).
 template <int DK>
-struct GdnChunkLayout {
-    static constexpr int QK = DK + 1;          // row stride of Qs/Ks: rows t and t+1 start in different banks
-    static constexpr int DS = GDN_BV + 1;      // row stride of Ds
-    static constexpr int AS = GDN_CH + 1;      // row stride of As
-    static constexpr int floats = 2 * GDN_CH * QK + DK * GDN_BV + GDN_CH * DS + GDN_CH * AS + 3 * GDN_CH;
-    static constexpr size_t bytes = sizeof(float) * (size_t)floats;   // DK 128: 96000 B (fits sm_70's 96 KiB)
+struct GdnIntraLayout {
+    static constexpr int QK = gdn_qk_stride(DK), XS = gdn_x_stride(DK), TS = GDN_TS, PS = 3 * 16 * 17;
+    static constexpr int floats = GDN_CH * QK + GDN_CH * XS + GDN_CH * TS + PS + 4 * GDN_CH;
+    static constexpr size_t bytes = sizeof(float) * (size_t)floats;
+};
+// The state kernel (block: head, GDN_BV value columns): Xa [CH][XS] (W, then M), Xb [CH][QK] (q, then k), Ss [DK][BV]
+// (the state slice), Rs [3][CH] (the row scales), Ds [CH][BV] (U, then D: rows ty and ty + 1 of a warp's D
+// writes fall on disjoint banks without padding). DK 128: 80640 B.
+template <int DK>
+struct GdnStateLayout {
+    static constexpr int QK = gdn_qk_stride(DK), XS = gdn_x_stride(DK), TS = GDN_TS, DS = GDN_BV;
+    static constexpr int floats = GDN_CH * XS + GDN_CH * QK + DK * GDN_BV + GDN_CH * DS + 3 * GDN_CH;
+    static constexpr size_t bytes = sizeof(float) * (size_t)floats;
 };
 template <int DK>
-constexpr Plan gdn_chunked_plan(size_t limit) {
-    return {GdnChunkLayout<DK>::bytes <= limit ? 1 : 0, GdnChunkLayout<DK>::bytes};
+constexpr Plan gdn_chunk_intra_plan(size_t limit) {
+    return {GdnIntraLayout<DK>::bytes <= limit ? 1 : 0, GdnIntraLayout<DK>::bytes};
+}
+template <int DK>
+constexpr Plan gdn_chunk_state_plan(size_t limit) {
+    return {GdnStateLayout<DK>::bytes <= limit ? 1 : 0, GdnStateLayout<DK>::bytes};
 }
 
 // ---- attention_full_kernel (vision.cu, the vision tower's attention) ------------------------------------------------

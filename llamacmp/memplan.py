@@ -146,10 +146,22 @@ def gdn_state_bytes(cfg: ModelConfig, n_layers: int | None = None) -> int:
     return (len(cfg.gdn_layers) if n_layers is None else n_layers) * (conv + ssm)
 
 
+GDN_CHUNK = 64   # tokens per chunk of the chunked GDN kernels (CudaBackend.GDN_CHUNK, numpy_ref.GDN_CHUNK)
+
+
+def gdn_chunk_work_bytes(cfg: ModelConfig, T: int) -> int:
+    """The chunked GDN kernels' workspace for a segment of T tokens (cmp_gdn_chunked_work_bytes): per chunk and
+    value head W [64, Dk], M [64, 64] and 3 x 64 row scales, f32. 0 below one chunk (those take the scan)."""
+    if T < GDN_CHUNK:
+        return 0
+    return 4 * -(-T // GDN_CHUNK) * cfg.ssm_v_heads * (GDN_CHUNK * cfg.ssm_head_dim + GDN_CHUNK * GDN_CHUNK
+                                                         + 3 * GDN_CHUNK)
+
+
 def activation_bytes(cfg: ModelConfig, T: int) -> int:
     """Upper bound of what one forward over T rows keeps reserved for activations: every distinct tensor of an
-    attention layer, a GDN layer and the MLP (f32 rows, int8 quantized inputs with f32 scales), size-class
-    rounded, plus the residual stream twice."""
+    attention layer, a GDN layer (with the chunked kernels' workspace) and the MLP (f32 rows, int8 quantized
+    inputs with f32 scales), size-class rounded, plus the residual stream twice."""
     D, F, C, Hq, Hk, Dh = cfg.n_embd, cfg.n_ff, cfg.conv_channels, cfg.n_head, cfg.n_head_kv, cfg.head_dim
     V, VD = cfg.ssm_v_heads, cfg.ssm_inner
     f32_widths = ([D, D]                                                     # residual x, x + mixed
@@ -159,7 +171,8 @@ def activation_bytes(cfg: ModelConfig, T: int) -> int:
     q8_widths = [D, Hq * Dh, VD, F]                                          # quantized matmul inputs
     total = sum(size_class(T * w * 4) for w in f32_widths)
     total += sum(size_class(T * w) + size_class(T * w // Q8_0_BLOCK * 4) for w in q8_widths)
-    return total
+    work = gdn_chunk_work_bytes(cfg, T)
+    return total + (size_class(work) if work else 0)
 
 
 @dataclass(frozen=True, slots=True)

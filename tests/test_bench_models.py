@@ -172,7 +172,7 @@ def test_side_by_side_refuses_mtp_options_without_spec_type():
     ("cmp::expand_kernel<cmp::Q4K>", "gemm"), ("cmp::rmsnorm_q8_kernel", "quantize"),
     ("void cmp::binary_q8_kernel<0>", "quantize"), ("cmp::gated_rmsnorm_q8_kernel", "quantize"),
     ("void cmp::attn_prefill_kernel<256>", "attention"), ("cmp::attention_prep_kernel", "attention"),
-    ("cmp::kv_write_q_kernel", "attention"), ("void cmp::gdn_chunked_kernel<128>", "gdn"),
+    ("cmp::kv_write_q_kernel", "attention"), ("void cmp::gdn_chunk_state_kernel<128>", "gdn"),
     ("cmp::conv1d_silu_chunks_kernel", "gdn"), ("cmp::gdn_gates_kernel", "gdn"), ("cmp::embed_q8_kernel", "glue"),
     ("cmp::rmsnorm_kernel", "glue"), ("cmp::argmax_kernel", "glue")])
 def test_profile_prefill_phases(kernel, phase):

@@ -414,9 +414,38 @@ def test_gdn_chunked_several_segments(cuda_backend):
         assert rel(s, s_ref.ssm[0]) < FP32_TOL
 
 
+@pytest.mark.parametrize("Dk,K,V,L", [(64, 2, 4, 64 * 20 + 17), (128, 16, 32, 64 * 9 + 1), (128, 2, 4, 64 * 40 + 63)])
+def test_gdn_chunked_many_chunks(cuda_backend, Dk, K, V, L):
+    """Many chunks with a partial last one (the intra kernel's chunks all at once, the state kernel's walk over
+    them), the 9B's heads among them (16 k / 32 v heads: 2 value heads per key head), from a random state."""
+    cfg, pairs, qkv, g, b = _gdn_case(cuda_backend, Dk, K, V, [L], seed=L + Dk)
+    ref = REF.gdn(qkv, g, b, StepBatch.build([(pairs[0][0], [0] * L)]), 0, cfg)
+    o, states = _run_gdn_cuda(cuda_backend, cfg, pairs, [L], qkv, g, b, chunked=True)
+    assert rel(o, ref) < FP32_TOL
+    assert rel(o[-17:], ref[-17:]) < FP32_TOL      # the padded last chunk's rows
+    assert rel(states[0], pairs[0][0].ssm[0]) < FP32_TOL
+
+
+def test_gdn_chunked_workspace(cuda_backend):
+    """cmp_gdn_chunked_work_bytes is memplan's gdn_chunk_work_bytes (what the memory plan reserves), and a
+    workspace one byte short is refused before anything runs."""
+    from llamacmp import memplan
+    be = cuda_backend
+    for Dk, K, V, L in [(128, 16, 32, 512), (128, 16, 32, 4097), (64, 2, 4, 65), (16, 2, 4, 64)]:
+        assert be.native.gdn_chunked_work_bytes(L, V, Dk) == memplan.gdn_chunk_work_bytes(cfg_for(K=K, V=V, Dk=Dk), L)
+    cfg, pairs, qkv, g, b = _gdn_case(be, 32, 2, 4, [100], seed=5)
+    need = be.native.gdn_chunked_work_bytes(100, 4, 32)
+    work = be.empty((need,), "u8", "test workspace")
+    dq, dg, db, o = up(be, qkv), up(be, g), up(be, b), be.empty((100, 4 * 32))
+    with pytest.raises(NativeError) as e:
+        be.native.cmp_gdn_chunked(dq.ptr, dg.ptr, db.ptr, pairs[0][1].ssm[0].ptr, o.ptr, 100, 2, 4, 32, 1e-6,
+                                  work.ptr, need - 1)
+    assert e.value.code == 2 and "cmp_gdn_chunked_work_bytes" in e.value.message   # CMP_ERR_ARG (api.h)
+
+
 def test_gdn_chunked_over_the_cap_names_kernel_and_bytes(cuda_backend):
-    """Under sm_75's 64 KB the chunked kernel (96000 B at Dk 128) does not fit: forced, it says so; by default the
-    backend takes the scan, with the scan's result."""
+    """Under sm_75's 64 KB the chunked kernels (89280 + 80640 B at Dk 128) do not fit: forced, the refusal names the
+    first, before anything runs; by default the backend takes the scan, with the scan's result."""
     from cuda_helpers import SMEM_CAPS
     from llamacmp.lib._native import CMP_ERR_UNSUPPORTED, NativeError
     cfg, pairs, qkv, g, b = _gdn_case(cuda_backend, 128, 2, 4, [100], seed=9)
@@ -430,7 +459,7 @@ def test_gdn_chunked_over_the_cap_names_kernel_and_bytes(cuda_backend):
     finally:
         cuda_backend.native.cmp_set_smem_cap(0)
     assert e.value.code == CMP_ERR_UNSUPPORTED
-    assert "gdn_chunked_kernel needs 96000 B" in e.value.message and "allows 65536 B" in e.value.message
+    assert "gdn_chunk_intra_kernel needs 89280 B" in e.value.message and "allows 65536 B" in e.value.message
     o_scan, _ = _run_gdn_cuda(cuda_backend, cfg, pairs, [100], qkv, g, b, chunked=False)
     np.testing.assert_array_equal(o_capped, o_scan)
 

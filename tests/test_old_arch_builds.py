@@ -22,8 +22,8 @@ from sass_tools import cuobjdump_candidates, hmma_gemm_findings, ptx_above, run_
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = (61, 70)
-KERNELS = ("quantize_q8_kernel", "argmax_kernel", "gdn_scan_kernel", "gdn_chunked_kernel", "conv1d_silu_kernel",
-           "sample_kernel")
+KERNELS = ("quantize_q8_kernel", "argmax_kernel", "gdn_scan_kernel", "gdn_chunk_intra_kernel", "gdn_chunk_state_kernel",
+           "conv1d_silu_kernel", "sample_kernel")
 PYPI_PIECES = ROOT / "build" / "clang-cuda-toolchain" / "pypi" / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
 # disassemblers that still know SM61 / SM70, before the generic candidates
 DISASM = (ROOT / "build" / "cuda12" / "bin" / "cuobjdump",

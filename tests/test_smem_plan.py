@@ -26,7 +26,8 @@ HEAD_DIMS = (64, 128, 256)
 ROUND1_DIMS = (32, 96, 192)   # the round-1 attention kernel's (the v2 kernels take HEAD_DIMS)
 # Kernels that do not fit every card, and what runs there instead.
 AROUND = {
-    "gdn_chunked_kernel": "the backend takes the sequential scan (gdn_scan_kernel, <= 1 KB)",
+    "gdn_chunk_intra_kernel": "the backend takes the sequential scan (gdn_scan_kernel, <= 1 KB)",
+    "gdn_chunk_state_kernel": "the backend takes the sequential scan (gdn_scan_kernel, <= 1 KB)",
     "attention_full_kernel": "the vision attention at head dim 128 on sm_61 (58 KB; vision towers use 64-80): "
                              "refused naming its bytes",
     "gemm_w16_kernel+min": "the expanded types with mins take gemm_quant_kernel (54 KB, 27 KB on sm_61)",
@@ -81,7 +82,8 @@ def test_large_cards_keep_todays_configuration(table):
         assert pick(table, "gemm2_q8_kernel", 0, CARDS[card])[0] == 4   # the launcher: 2 on sm_70's code
         assert pick(table, "gemm_w16_kernel+min", 0, CARDS[card])[0] == 4   # the launcher: none on sm_70's code
         assert [pick(table, "attention_full_kernel", Dh, CARDS[card])[0] for Dh in (64, 72, 80, 128)] == [64] * 4
-    assert pick(table, "gdn_chunked_kernel", 128, CARDS["sm_70"])[0] == 1   # 96000 B: Qwen3.5's key dim
+    for kernel in ("gdn_chunk_intra_kernel", "gdn_chunk_state_kernel"):   # 89280 / 80640 B: Qwen3.5's key dim
+        assert pick(table, kernel, 128, CARDS["sm_70"])[0] == 1
 
 
 def test_the_cuda_tests_caps_reach_every_configuration(table):
@@ -94,7 +96,8 @@ def test_the_cuda_tests_caps_reach_every_configuration(table):
     assert {pick(table, "gemm_w16_kernel+min", 0, lim)[0] for lim in caps} == {0, 4}
     assert {pick(table, "attention_kernel", 192, lim)[0] for lim in caps} == {8, 16}
     assert {pick(table, "attention_full_kernel", 72, lim)[0] for lim in caps} == {32, 64}
-    assert {pick(table, "gdn_chunked_kernel", 128, lim)[0] for lim in caps} == {0, 1}   # the scan fallback too
+    for kernel in ("gdn_chunk_intra_kernel", "gdn_chunk_state_kernel"):   # the scan fallback too
+        assert {pick(table, kernel, 128, lim)[0] for lim in caps} == {0, 1}
 
 
 def test_what_does_not_fit_is_known(table):

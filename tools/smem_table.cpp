@@ -21,7 +21,10 @@ void row(const char* kernel, int dim, size_t limit, Plan p) {
 }
 
 template <int DK>
-void gdn(size_t limit) { row("gdn_chunked_kernel", DK, limit, gdn_chunked_plan<DK>(limit)); }
+void gdn(size_t limit) {
+    row("gdn_chunk_intra_kernel", DK, limit, gdn_chunk_intra_plan<DK>(limit));
+    row("gdn_chunk_state_kernel", DK, limit, gdn_chunk_state_plan<DK>(limit));
+}
 
 }  // namespace
 

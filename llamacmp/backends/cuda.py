@@ -931,13 +931,18 @@ class CudaBackend(Backend):
             self.native.cmp_gdn_rows(qkv.ptr, g.ptr, b.ptr, table.row_ptr(layer), o.ptr, len(batch.segments), K, V,
                                      Dk, cfg.rms_eps)
             return o
-        for seg in batch.segments:
+        use_chunks = [self.gdn_chunked and seg.length >= self.GDN_CHUNK if chunked is None else chunked
+                      for seg in batch.segments]
+        work = None
+        if any(use_chunks):   # one workspace for the longest such segment: the segments run in turn on the stream
+            n = max(seg.length for seg, c in zip(batch.segments, use_chunks) if c)
+            work = self.empty((self.native.gdn_chunked_work_bytes(n, V, Dk),), "u8", "the chunked GDN workspace")
+        for seg, chunks in zip(batch.segments, use_chunks):
             args = (qkv.row_ptr(seg.start), g.row_ptr(seg.start), b.row_ptr(seg.start), seg.state.ssm[layer].ptr,
                     o.row_ptr(seg.start), seg.length, K, V, Dk, cfg.rms_eps)
-            use_chunks = self.gdn_chunked and seg.length >= self.GDN_CHUNK if chunked is None else chunked
-            if use_chunks:
+            if chunks:
                 try:
-                    self.native.cmp_gdn_chunked(*args)
+                    self.native.cmp_gdn_chunked(*args, work.ptr, work.nbytes)
                     continue
                 except NativeError as e:   # the device lacks the shared memory (sm_75 at Dk 128): nothing ran
                     if e.code != CMP_ERR_UNSUPPORTED or chunked:

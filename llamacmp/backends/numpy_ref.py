@@ -143,6 +143,67 @@ def gdn_chunked(q, k, v, g, b, S, chunk: int = GDN_CHUNK):
     return np.concatenate(outs), S
 
 
+def unit_lower_inverse(A, block: int = 16):
+    """(I + A)^-1 for A [n, n] strictly lower triangular, n a multiple of `block`, computed as
+    gdn_chunk_intra_kernel does: each diagonal block by forward substitution, then the off-diagonal blocks one
+    block-diagonal d at a time, T_ij = -T_ii (A_ij T_jj + sum_{j<k<i} A_ik T_kj) (i = j + d), which reads only
+    blocks of earlier diagonals (the blocks of one diagonal are independent)."""
+    n = len(A)
+    nb = n // block
+    T = np.zeros_like(A)
+    for i in range(nb):
+        r = slice(i * block, (i + 1) * block)
+        Aii, Tii = A[r, r], T[r, r]   # views: Tii fills T's block
+        for row in range(block):      # row `row` of T_ii = e_row - A_ii[row, :row] T_ii[:row]
+            Tii[row] = -Aii[row, :row] @ Tii[:row]
+            Tii[row, row] = 1.0
+    for d in range(1, nb):
+        for i in range(d, nb):
+            j = i - d
+            ri, rj = slice(i * block, (i + 1) * block), slice(j * block, (j + 1) * block)
+            P = A[ri, j * block:i * block] @ T[j * block:i * block, rj]
+            T[ri, rj] = -T[ri, ri] @ P
+    return T
+
+
+def gdn_chunk_intra(q, k, v, g, b, chunk: int = GDN_CHUNK):
+    """The intra-chunk half of gdn_chunked (gdn_chunk_intra_kernel), every chunk independently: one head, q, k
+    [L, Dk] (normalised), v [L, Dv], g, b [L] -> W [nc, chunk, Dk], U [nc, chunk, Dv], M [nc, chunk, chunk],
+    G [nc, chunk], the last chunk zero-padded (k = q = v = b = g = 0: W, U, M rows 0, G flat). With
+    A[t,s] = b_t e^(G_t-G_s) k_t.k_s (s < t) and T = (I + A)^-1 (unit_lower_inverse):
+    W = T diag(b e^G) K, U = T diag(b) V, M = tril(Q K^T) * e^(G_t-G_s), so gdn_chunked's deltas are
+    D = T diag(b) (V - diag(e^G) K S0) = U - W S0 for any state S0."""
+    nc = -(-len(q) // chunk)
+    pad = nc * chunk - len(q)
+    q, k, v, g, b = (np.concatenate([a, np.zeros((pad,) + a.shape[1:], a.dtype)]).reshape(nc, chunk, *a.shape[1:])
+                     for a in (q, k, v, g, b))
+    G = np.cumsum(g, axis=1)
+    decay = np.exp(np.tril(G[:, :, None] - G[:, None, :]))
+    A = b[:, :, None] * decay * (k @ k.transpose(0, 2, 1)) * np.tril(np.ones((chunk, chunk), k.dtype), -1)
+    T = np.stack([unit_lower_inverse(a) for a in A])
+    W = T @ ((b * np.exp(G))[:, :, None] * k)
+    U = T @ (b[:, :, None] * v)
+    M = np.tril(q @ k.transpose(0, 2, 1)) * decay
+    return W, U, M, G
+
+
+def gdn_chunk_state(q, k, W, U, M, G, S):
+    """The inter-chunk half of gdn_chunked (gdn_chunk_state_kernel): the chunks in order from state S [Dk, Dv],
+    q, k [L, Dk] (normalised) and gdn_chunk_intra's W, U, M, G -> o [L, Dv], S. Per chunk D = U - W S0,
+    O = diag(e^G) Q S0 + M D, S = e^(G_last) S0 + K^T diag(e^(G_last - G)) D."""
+    chunk = M.shape[1]
+    outs = []
+    for c in range(len(W)):
+        n = min(chunk, len(q) - c * chunk)
+        qc = np.zeros((chunk, q.shape[1]), q.dtype)
+        kc = np.zeros_like(qc)
+        qc[:n], kc[:n] = q[c * chunk:c * chunk + n], k[c * chunk:c * chunk + n]
+        D = U[c] - W[c] @ S
+        outs.append((np.exp(G[c])[:, None] * (qc @ S) + M[c] @ D)[:n])
+        S = np.exp(G[c, -1]) * S + kc.T @ (np.exp(G[c, -1] - G[c])[:, None] * D)
+    return np.concatenate(outs), S
+
+
 class NumpyBackend(Backend):
     name = "numpy"
 

@@ -152,9 +152,11 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_gdn": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _f),
                 "int cmp_gdn(const float* qkv, const float* g, const float* b, float* state, float* o, int L, int K, "
                 "int V, int Dk, float eps)"),
-    "cmp_gdn_chunked": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _f),
+    "cmp_gdn_chunked": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _f, _p, _sz),
                         "int cmp_gdn_chunked(const float* qkv, const float* g, const float* b, float* state, "
-                        "float* o, int L, int K, int V, int Dk, float eps)"),
+                        "float* o, int L, int K, int V, int Dk, float eps, void* work, size_t work_bytes)"),
+    "cmp_gdn_chunked_work_bytes": ((_i, _i, _i, _p),
+                                   "int cmp_gdn_chunked_work_bytes(int L, int V, int Dk, size_t* bytes)"),
     "cmp_conv1d_silu_keep": ((_p, _p, _p, _p, _p, _i, _i, _i),
                              "int cmp_conv1d_silu_keep(const float* x, const float* w, float* state, float* steps, "
                              "float* out, int L, int C, int kernel)"),
@@ -332,6 +334,12 @@ class Native:
         """Workspace bytes cmp_matmul_quant needs for one pass over `rows` rows at T tokens (0 for the GEMV)."""
         b = ctypes.c_size_t(0)
         self.cmp_quant_work_bytes(type_id, T, n, rows, ctypes.byref(b))
+        return b.value
+
+    def gdn_chunked_work_bytes(self, L: int, V: int, Dk: int) -> int:
+        """Device bytes of the workspace cmp_gdn_chunked needs for one segment of L tokens."""
+        b = ctypes.c_size_t(0)
+        self.cmp_gdn_chunked_work_bytes(L, V, Dk, ctypes.byref(b))
         return b.value
 
     def topk_work_bytes(self, R: int, N: int, k: int) -> int:

@@ -8,7 +8,9 @@
 #                                                 cuda_src, else `make CUDA_ARCH=90` (says which)
 set -eu
 cd "$(dirname "$0")/../.."
-digest() { cat cuda_src/* | sha256sum | cut -c1-16; }
+# the files in C collation: a glob's order follows the locale (gdn_chunk.cuh sorts before gdn.cu under en_US, after
+# it under C), and the lent machine's is not this one's (2026-12-04: a carried library refused, rebuilt there)
+digest() { (export LC_ALL=C; cat cuda_src/* | sha256sum | cut -c1-16); }
 case ${1:?pack | install} in
   pack)
     make device-lib

@@ -7,6 +7,8 @@
            --native-targets llama-bench,llama-server,llama-mtmd-cli     (build both trees at once, then stop)
     python3 benchmarks/side_by_side.py --model M.gguf --standin --prebuilt --build-dir DIR ...
            (run the llama-bench builds another machine made in DIR: a GPU machine's time is not spent compiling)
+    python3 benchmarks/side_by_side.py --model M.gguf --llamacpp-src TARBALL --standin-only --llamacmp-args \
+           "--hw-route dp4a" ...   (one llama.cpp build: the stand-in rows in one device call, the native in another)
 
 Builds llama-bench (CUDA, sm_90) from the same llama.cpp tree the compat suite uses (≈ b8462), reusing a build
 that exists. --standin adds a second build, "no-TC stand-in", patched so that neither host dispatch nor device code
@@ -227,7 +229,9 @@ def build(args, folders: dict[str, Path]) -> dict[str, Path]:
         raise SystemExit("--llamacpp-src is required unless --prebuilt")
     args.build_dir.mkdir(parents=True, exist_ok=True)
     tree = source_tree(args.llamacpp_src, args.build_dir)
-    builds = {"llama.cpp native": (tree, folders["llama.cpp native"], args.native_targets.split(","), [])}
+    builds = {}
+    if "llama.cpp native" in folders:
+        builds["llama.cpp native"] = (tree, folders["llama.cpp native"], args.native_targets.split(","), [])
     if args.standin:
         builds["llama.cpp no-TC stand-in"] = (standin_tree(tree, args.build_dir),
                                               folders["llama.cpp no-TC stand-in"], ["llama-bench"], STANDIN_CMAKE)
@@ -325,6 +329,11 @@ def main() -> None:
     p.add_argument("--llamacpp-src", type=Path, help="the llama.cpp tree or tarball to build (not with --prebuilt)")
     p.add_argument("--build-dir", type=Path, default=Path("/tmp/llamacpp-cuda"))
     p.add_argument("--standin", action="store_true")
+    p.add_argument("--standin-only", action="store_true",
+                   help="the stand-in build alone, no native one: one llama.cpp build, so that building and measuring "
+                        "fit one device call (the native rows in another)")
+    p.add_argument("--llamacmp-args", default="",
+                   help="extra llamacmp-bench flags, e.g. '--hw-route dp4a' against the stand-in")
     p.add_argument("--native-targets", default="llama-bench",
                    help="comma-separated targets of the native build (e.g. llama-bench,llama-server,llama-mtmd-cli)")
     p.add_argument("--build-only", action="store_true", help="build (or reuse) the llama.cpp tools and stop")
@@ -353,9 +362,12 @@ def main() -> None:
                  if getattr(args, k) != p.get_default(k)]
     if only_spec and not args.spec_type:
         p.error(f"{', '.join(only_spec)}: only with --spec-type draft-mtp (the servers' MTP comparison)")
+    if args.standin_only and args.spec_type:
+        p.error("--standin-only: the MTP comparison runs the native llama-server")
+    args.standin |= args.standin_only
     if args.spec_type and "llama-server" not in args.native_targets:
         args.native_targets += ",llama-server"
-    folders = {"llama.cpp native": args.build_dir / "native"}
+    folders = {} if args.standin_only else {"llama.cpp native": args.build_dir / "native"}
     if args.standin:
         folders["llama.cpp no-TC stand-in"] = args.build_dir / "standin-notc"
     if args.prebuilt:
@@ -391,7 +403,7 @@ def main() -> None:
     if args.d != "0":
         runs.append(["-p", "0", "-n", args.n, "-d", args.d])
     tools = {name: [str(b / "llama-bench")] for name, b in bins.items()}
-    tools["llamacmp"] = [sys.executable, "-m", "llamacmp.cli.bench"]
+    tools["llamacmp"] = [sys.executable, "-m", "llamacmp.cli.bench", *args.llamacmp_args.split()]
     results = {}
     for name, cmd in tools.items():
         results[name] = {}

@@ -235,3 +235,31 @@ def test_streams_wall_time_split_into_start_steady_tail(monkeypatch):
     table = mtp_streams.split_table(runs, [4])
     assert table[-2] == "| off | 4 | 1000.0 (2) | 1500.0 (11) | 1000.0 (6) | - | - | - |"
     assert table[-1] == "| on | 4 | 1002.0 (2) | 1502.0 (11) | 1002.0 (6) | +2.0 | +2.0 | +2.0 |"
+
+
+def _fake_llama_bench(folder: Path, tps: float) -> None:
+    """A llama-bench stand-in (llama.cpp is not built here): one prompt row of `tps` t/s in its -o json form."""
+    folder.mkdir(parents=True)
+    tool = folder / "llama-bench"
+    tool.write_text(f"#!{sys.executable}\nimport json\n"
+                    f"print(json.dumps([dict(n_prompt=8, n_gen=0, avg_ts={tps}, stddev_ts=0.5)]))\n")
+    tool.chmod(0o755)
+
+
+def test_side_by_side_standin_only_and_llamacmp_args(tmp_path, tiny_vocab):
+    """--standin-only compares llamacmp with the stand-in build alone (no native build asked for, none in the
+    table); --llamacmp-args reaches llamacmp-bench (a flag it refuses fails the run, naming it)."""
+    import subprocess
+
+    from llamacmp.fixtures.writer import SHAPES, write_model
+    model = write_model(tmp_path / "m.gguf", SHAPES["tiny"], "q8_0", tiny_vocab)
+    _fake_llama_bench(tmp_path / "b" / "standin-notc" / "bin", 123.0)
+    base = [sys.executable, str(Path(side_by_side.__file__)), "--model", str(model), "--build-dir",
+            str(tmp_path / "b"), "--prebuilt", "--standin-only", "-p", "8", "-n", "0", "-r", "1"]
+    ok = subprocess.run(base + ["--llamacmp-args", "-t 1"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    head, _, row = ok.stdout.splitlines()[-3:]
+    assert "llama.cpp no-TC stand-in t/s" in head and "native" not in head
+    assert row.startswith("| pp8 | 123.0 ± 0.5 | ")
+    bad = subprocess.run(base + ["--llamacmp-args", "--hw-route nosuch"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--hw-route" in bad.stderr + bad.stdout

@@ -6,12 +6,16 @@
 #                                                 digest of the cuda_src it was built from in .carry/lib.sha
 #   bash benchmarks/device/carry_lib.sh install   THERE: the carried library if it was built from this tree's
 #                                                 cuda_src, else `make CUDA_ARCH=90` (says which)
+#   bash benchmarks/device/carry_lib.sh digest    the cuda_src digest alone (session.sh's progress line, the plans'
+#                                                 checks of other carried libraries)
 set -eu
 cd "$(dirname "$0")/../.."
 # the files in C collation: a glob's order follows the locale (gdn_chunk.cuh sorts before gdn.cu under en_US, after
 # it under C), and the lent machine's is not this one's (2026-12-04: a carried library refused, rebuilt there)
 digest() { (export LC_ALL=C; cat cuda_src/* | sha256sum | cut -c1-16); }
-case ${1:?pack | install} in
+case ${1:?pack | install | digest} in
+  digest)
+    digest;;
   pack)
     make device-lib
     mkdir -p .carry
@@ -25,5 +29,5 @@ case ${1:?pack | install} in
     else
       echo "no carried library for cuda_src $(digest): building"; make CUDA_ARCH=90 -j"$(nproc)" 2>&1 | tail -1
     fi;;
-  *) echo "pack | install" >&2; exit 2;;
+  *) echo "pack | install | digest" >&2; exit 2;;
 esac

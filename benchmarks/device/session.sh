@@ -29,9 +29,9 @@ elif [ "$cmd" = _run ]; then
   waitfor() { while [ ! -e "$D/$1.done" ]; do sleep 2; done; }
   export -f waitfor; export D
   stage() { echo "$(date +%T) $*" >> "$D/progress.log"; }
-  # the tree by its kernels' digest (C collation, as carry_lib.sh): the copy's git HEAD is not the tree that was sent
-  # (2026-12-04: every call said 49947ad, main's commit, while running next/c20 and a detached scratch commit)
-  stage "start cuda_src $(export LC_ALL=C; cat cuda_src/* | sha256sum | cut -c1-16)"
+  # the tree by its kernels' digest: the copy's git HEAD is not the tree that was sent (2026-12-04: every call said
+  # 49947ad, main's commit, while running next/c20 and a detached scratch commit)
+  stage "start cuda_src $(bash benchmarks/device/carry_lib.sh digest)"
   nvidia-smi -L >> "$D/progress.log" 2>&1
   grep -v '^\s*\(#\|$\)' "$D/plan" | while read -r name step; do
     stage "$name"

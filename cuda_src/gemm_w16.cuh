@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "gemm_out.cuh"
 #include "smem_plan.h"
 
 namespace cmp {
@@ -39,41 +40,19 @@ struct W16Expanded {           // an expanded type without PER16 (matmul_quant.c
     __device__ __forceinline__ float min(int i) const { return MIN ? m[2 * i] : 0.f; }
 };
 
-// Several matrices in one launch (issue 20): a launch costs whole waves of blocks, so the GDN's qkv + z + beta +
-// alpha (8192 + 4096 + 32 + 32 rows, 9B) as four launches at 512 tokens are 2 + 1 + 1 + 1 waves of 132 blocks on an
-// H200, as one launch 3 (388 blocks); the attention's q + k + v 3 instead of 4. The matrices lie one after another
-// in memory (Q8_0: CudaBackend.upload_matrices; expanded types: the workspace), so the loop reads them as one matrix
-// of all their rows; only the store tells them apart: launch rows [end[s - 1], end[s]) are matrix s's, written to
-// y[s] (and res[s] added) with its own row stride ldy[s]. A tile may hold rows of two matrices (beta's and alpha's).
-constexpr int W16_MAX_OUTS = 4;   // matrices per launch (api.h: cmp_matmul_q8_ex / cmp_matmul_quant take 4 at most)
-struct W16Out {
-    int count;
-    int end[W16_MAX_OUTS];           // the launch row where matrix s ends (cumulative rows)
-    float* y[W16_MAX_OUTS];          // [T, ldy[s]]: matrix s's row 0 at column 0
-    const float* res[W16_MAX_OUTS];  // [T, ldy[s]] added to y[s], or null
-    int ldy[W16_MAX_OUTS];
-};
-
-// store_tile (common.cuh) by W16Out: each row's matrix found by compile-time indices into the parameter struct only
-// (a dynamic index would copy it to local memory), once per row after the loop, where registers are free.
+// store_tile (common.cuh) by GemmOut (gemm_out.cuh): each row's matrix found once per row after the loop.
 template <int TS, int RS, int I, int J>
 __device__ __forceinline__ void store_rows(const float (&acc)[I][J], int t0, int T, int r0, int rows,
-                                           const W16Out& out) {
+                                           const GemmOut& out) {
 #pragma unroll
     for (int i = 0; i < I; ++i) {
         const int r = r0 + RS * i;
         if (r >= rows) continue;
-        float* y = out.y[0];
-        const float* res = out.res[0];
-        int ld = out.ldy[0], c = r;
-#pragma unroll
-        for (int s = 1; s < W16_MAX_OUTS; ++s)
-            if (s < out.count && r >= out.end[s - 1]) y = out.y[s], res = out.res[s], ld = out.ldy[s],
-                                                       c = r - out.end[s - 1];
+        const RowOut o = row_out(out, r);
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const int t = t0 + TS * j;
-            if (t < T) y[(size_t)t * ld + c] = res ? res[(size_t)t * ld + c] + acc[i][j] : acc[i][j];
+            if (t < T) o.store(t, acc[i][j]);
         }
     }
 }
@@ -119,7 +98,7 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const float* __restrict__ xs,   // [T, n/16] activation half sums times their scale (W::MIN)
                 const int8_t* __restrict__ wq,  // [rows, n]: the launch's matrices one after another
                 const W w,                      // the weights' scales (and mins)
-                const W16Out out,               // where each matrix's rows go
+                const GemmOut out,              // where each matrix's rows go
                 int T, int rows, int n) {
     constexpr int TILE = smem::G2TILE;
     static_assert(TILE * BK == 512, "stages of 4 blocks: one scale per operand and thread");
@@ -245,7 +224,7 @@ constexpr size_t w16_bytes() { return 2 * sizeof(W16Stage<MIN, W16_BK>); }
 // rows: of all the matrices (out.end[out.count - 1]).
 template <class W, class D>
 int launch_gemm_w16(const int8_t* xq, const float* xd, const float* xs, const int8_t* wq, const W& w,
-                    const W16Out& out, int T, int n) {
+                    const GemmOut& out, int T, int n) {
     constexpr size_t bytes = w16_bytes<W::MIN>();
     auto kernel = gemm_w16_kernel<W, D, W16_BK>;
     CMP_TRY(smem_opt_in("gemm_w16_kernel", kernel, bytes));

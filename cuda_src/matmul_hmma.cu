@@ -228,19 +228,23 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_hmma_kernel(const MmaOperands
         __syncthreads();
     }
 
+    // d element i: row out_r + (i & 2), token out_t + (i & 4) + (i & 1)
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < NI; ++ni)
+        for (int i2 = 0; i2 < 4; i2 += 2) {
+            const int rr = row0 + wr + mi * 16 + out_r + i2;
+            if (rr >= op.R) continue;
+            const RowOut o = row_out(op.out, rr);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const int rr = row0 + wr + mi * 16 + out_r + (i & 2);
-                const int tt = tok0 + wt + ni * 16 + out_t + (i & 4) + (i & 1);
-                if (rr < op.R && tt < op.T) {
-                    const size_t o = (size_t)tt * op.ldy + rr;
-                    op.y[o] = op.res ? op.res[o] + acc[mi][ni][i] : acc[mi][ni][i];
+            for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int i = i2 | (j & 1) | (j & 2) << 1;
+                    const int tt = tok0 + wt + ni * 16 + out_t + (i & 4) + (i & 1);
+                    if (tt < op.T) o.store(tt, acc[mi][ni][i]);
                 }
-            }
+        }
 #endif  // __CUDA_ARCH__ >= 700
 }
 

@@ -398,18 +398,22 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
         slot = slot == STAGES - 1 ? 0 : slot + 1;
     }
 
+    // fragment element e: row g + 8 (e >> 1), token 2 tq + (e & 1)
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < NI; ++ni)
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + wr + mi * 16 + g + 8 * h;
+            if (r >= op.R) continue;
+            const RowOut o = row_out(op.out, r);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = row0 + wr + mi * 16 + g + 8 * (e >> 1), t = tok0 + wt + ni * 8 + 2 * tq + (e & 1);
-                if (r < op.R && t < op.T) {
-                    const size_t i = (size_t)t * op.ldy + r;
-                    op.y[i] = op.res ? op.res[i] + acc[mi][ni][e] : acc[mi][ni][e];
+            for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int t = tok0 + wt + ni * 8 + 2 * tq + e;
+                    if (t < op.T) o.store(t, acc[mi][ni][2 * h + e]);
                 }
-            }
+        }
 #endif  // __CUDA_ARCH__ >= 750
 }
 

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "gemm_out.cuh"
 
 namespace cmp {
 
@@ -18,9 +19,8 @@ struct MmaOperands {
     const int8_t* wq;   // [R, n] weight codes
     const void* ws;     // [R, n/32] __half (MMA_Q8) or [R, n/16] float
     const float* wm;    // [R, n/16] weight mins (with mins only)
-    const float* res;   // [T, ldy] added to y, or null
-    float* y;           // [T, ldy], columns [0, R)
-    int T, R, n, ldy;
+    GemmOut out;        // where the R rows go: one matrix's outputs, or several matrices' (gemm_out.cuh)
+    int T, R, n;
 };
 
 // The scale form and mins as compile-time values for a launcher templated on them: f(sc, min) with sc a

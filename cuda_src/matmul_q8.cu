@@ -556,7 +556,8 @@ int launch_gemm2(const int8_t* xq, const float* xd, const int8_t* wq, const void
 int gemm2_wide(bool* yes) { return gemm_w16_runs<W16Q8, DotDp4a>(yes); }
 
 // The end of the run of matrices from i on that lie one after another in memory, codes and scales alike
-// (CudaBackend.upload_matrices): gemm_w16_kernel reads such a run as one matrix in one launch.
+// (CudaBackend.upload_matrices): gemm_w16_kernel and the tensor-core GEMMs read such a run as one matrix in one
+// launch.
 int adjacent_run(const int8_t* const* wq, const void* const* wd, const int* rows, int i, int count, int n) {
     auto d = [&](int k) { return static_cast<const __half*>(wd[k]); };
     int j = i + 1;
@@ -566,19 +567,13 @@ int adjacent_run(const int8_t* const* wq, const void* const* wd, const int* rows
     return j;
 }
 
-// The 16-warp GEMM on DP4A: each run of adjacent matrices in one launch.
+// The 16-warp GEMM on DP4A: each run of adjacent matrices in one launch (gemm_out.cuh).
 int launch_w16_runs(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
                     float* const* y, const float* const* res, const int* rows, int T, int n) {
     for (int i = 0, j; i < count; i = j) {
         j = adjacent_run(wq, wd, rows, i, count, n);
-        W16Out out{};
-        for (int k = i, end = 0; k < j; ++k) {
-            out.y[k - i] = y[k], out.res[k - i] = res ? res[k] : nullptr, out.ldy[k - i] = rows[k];
-            out.end[k - i] = end += rows[k];
-        }
-        out.count = j - i;
         CMP_TRY((launch_gemm_w16<W16Q8, DotDp4a>(xq, xd, nullptr, wq[i], W16Q8{static_cast<const __half*>(wd[i])},
-                                                 out, T, n)));
+                                                 run_out(y, res, rows, i, j), T, n)));
     }
     return CMP_OK;
 }
@@ -664,10 +659,11 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
             return table[T - 1](xq, xd, set, total, n);
         });
     }
-    if (kernels & CMP_MM_MMA) {
-        for (int i = 0; i < count; ++i) {
-            const MmaOperands op{xq, xd, nullptr, wq[i], wd[i], nullptr, res ? res[i] : nullptr, y[i], T, rows[i], n,
-                                 rows[i]};
+    if (kernels & CMP_MM_MMA) {   // the tensor cores: each run of adjacent matrices in one launch, as on DP4A
+        for (int i = 0, j; i < count; i = j) {
+            j = adjacent_run(wq, wd, rows, i, count, n);
+            const GemmOut out = run_out(y, res, rows, i, j);
+            const MmaOperands op{xq, xd, nullptr, wq[i], wd[i], nullptr, out, T, out.end[out.count - 1], n};
             CMP_TRY(gemm_mma(MMA_Q8, false, op, kernels & CMP_MM_MMA_F16));
         }
         return CMP_OK;

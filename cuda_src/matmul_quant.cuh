@@ -678,32 +678,23 @@ int launch_gemm_quant(const int8_t* xq, const float* xd, const GemmWork& g, cons
     return check_launch("gemm_quant_kernel");
 }
 
-// One matrix on the tensor cores (mma) or gemm_quant_kernel, chunk by chunk.
+// One matrix on gemm_quant_kernel (the routes and codes without a run GEMM below), chunk by chunk.
 template <class Q, class D>
 int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uint8_t* head, float* y, const float* res,
-               int rows, int T, int n, const GemmWork& g, bool mma, bool mma_f16) {
+               int rows, int T, int n, const GemmWork& g) {
     const int nb = n / Q::BV;
     size_t limit = 0;
     CMP_TRY(smem_limit(&limit));
     const int stages = smem::gemm_quant_plan(limit).config;   // 2, else 1 (sm_61); 0: the 1-stage error below
-    // the launches' wave, by the kernel this path runs, and from it the rows per chunk (gemm_chunks.h)
-    constexpr MmaScales form = Q::PER16 ? MMA_PER16 : MMA_PER32;
+    // the launches' wave, and from it the rows per chunk (gemm_chunks.h)
     int wave = 0;
-    if (mma)
-        CMP_TRY(gemm_mma_wave(form, Q::MIN, mma_f16, &wave));
-    else
-        CMP_TRY((stages == 2 ? gemm_quant_wave<Q::PER16, Q::MIN, D, 2>(&wave)
-                             : gemm_quant_wave<Q::PER16, Q::MIN, D, 1>(&wave)));
+    CMP_TRY((stages == 2 ? gemm_quant_wave<Q::PER16, Q::MIN, D, 2>(&wave)
+                         : gemm_quant_wave<Q::PER16, Q::MIN, D, 1>(&wave)));
     const int chunk = chunks::wave_chunk(rows, g.chunk, T, QTILE, wave).rows;
     for (int r0 = 0; r0 < rows; r0 += chunk) {
         const int R = std::min(chunk, rows - r0);
         CMP_TRY(expand_quant(Q::ID, body + (size_t)r0 * nb * Q::BODY, head + (size_t)r0 * nb * Q::HEAD, g.wq, g.ws,
                              g.wm, R, n));
-        if (mma) {
-            const MmaOperands op{xq, xd, g.xs, g.wq, g.ws, g.wm, res ? res + r0 : nullptr, y + r0, T, R, n, rows};
-            CMP_TRY(gemm_mma(form, Q::MIN, op, mma_f16));
-            continue;
-        }
         const auto run = stages == 2 ? launch_gemm_quant<Q::PER16, Q::MIN, D, 2>
                                     : launch_gemm_quant<Q::PER16, Q::MIN, D, 1>;
         CMP_TRY(run(xq, xd, g, res ? res + r0 : nullptr, y + r0, T, R, n, rows));
@@ -711,22 +702,21 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
     return CMP_OK;
 }
 
-// The 16-warp GEMM (gemm_w16.cuh) over all `count` matrices as one run of rows (their rows one after another):
-// each chunk of the run (gemm_chunks.h, over all rows) is expanded into the workspace matrix by matrix, back to
-// back, and multiplied in one launch whose W16Out sends each matrix's rows to its own output. The GDN's z + beta +
-// alpha of a Q4_K_M file (4096 + 32 + 32 rows) are then one wave at 512 tokens on an H200, not three.
-template <class Q, class D>
-int gemm_quant_w16(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
-                   float* const* y, const float* const* res, const int* rows, int T, int n, const GemmWork& g) {
-    using W = W16Expanded<Q::MIN>;
+// All `count` matrices as one run of rows (their rows one after another) through a GEMM that stores by GemmOut (the
+// 16-warp DP4A GEMM, the tensor-core GEMMs): each chunk of the run (gemm_chunks.h over all rows, `wave` blocks
+// resident) is expanded into the workspace matrix by matrix, back to back, and multiplied by one launch(out, rows)
+// whose GemmOut sends each matrix's rows to its own output. The GDN's z + beta + alpha of a Q4_K_M file (4096 + 32 +
+// 32 rows) are then one wave at 512 tokens on an H200, not three.
+template <class Q, class L>
+int gemm_quant_run(int count, const void* const* body, const void* const* head, float* const* y,
+                   const float* const* res, const int* rows, int T, int n, const GemmWork& g, int wave, L&& launch) {
     const int nb = n / Q::BV;
-    int total = 0, wave = 0;
+    int total = 0;
     for (int i = 0; i < count; ++i) total += rows[i];
-    CMP_TRY((gemm_w16_wave<W, D>(&wave)));
     const int chunk = chunks::wave_chunk(total, g.chunk, T, QTILE, wave).rows;
     for (int c0 = 0; c0 < total; c0 += chunk) {
         const int c1 = std::min(c0 + chunk, total);
-        W16Out out{};
+        GemmOut out{};
         for (int i = 0, s0 = 0; i < count; s0 += rows[i++]) {
             const int a = std::max(c0, s0), b = std::min(c1, s0 + rows[i]);   // run rows [a, b): matrix i's
             if (a >= b) continue;
@@ -740,7 +730,7 @@ int gemm_quant_w16(const int8_t* xq, const float* xd, int count, const void* con
             out.ldy[k] = rows[i];
             out.end[k] = b - c0;
         }
-        CMP_TRY((launch_gemm_w16<W, D>(xq, xd, g.xs, g.wq, W{g.ws, g.wm}, out, T, n)));
+        CMP_TRY(launch(out, c1 - c0));
     }
     return CMP_OK;
 }
@@ -769,14 +759,14 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
                  size_t work_bytes, bool mma, bool mma_f16) {
     CMP_REQUIRE(n % Q::BV == 0, "cmp_matmul_quant: n=%d is not a multiple of the type's %d-value blocks", n, Q::BV);
     if (T <= QGEMV_MAX_T) return gemv_quant<Q, D>(xq, xd, count, body, head, y, res, rows, T, n);
-    // One scale (and min) per 32 values on DP4A: Q8_0's 16-warp GEMM (gemm_w16.cuh) wherever it runs, all the
-    // matrices in one run of rows; else matrix by matrix.
+    // All the matrices in one run of rows on the tensor cores, and with one scale (and min) per 32 values on DP4A
+    // through Q8_0's 16-warp GEMM (gemm_w16.cuh) wherever it runs; else matrix by matrix.
     bool w16 = false;
     if constexpr (D::OPS == 1 && !Q::PER16)
         if (!mma) CMP_TRY((gemm_w16_runs<W16Expanded<Q::MIN>, D>(&w16)));
     int max_rows = 0, total = 0;
     for (int i = 0; i < count; ++i) max_rows = std::max(max_rows, rows[i]), total += rows[i];
-    const GemmWork g = split_work<Q>(work, work_bytes, T, n, w16 ? total : max_rows);
+    const GemmWork g = split_work<Q>(work, work_bytes, T, n, w16 || mma ? total : max_rows);
     CMP_REQUIRE(g.chunk > 0, "cmp_matmul_quant: a workspace of %zu bytes is too small for T=%d n=%d (need %zu)",
                 work_bytes, T, n, half_sums_bytes<Q>(T, n) + 3 * 256 + QTILE * expanded_row_bytes<Q>(n));
     if (Q::MIN) {
@@ -784,11 +774,25 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
         half_sums_kernel<D><<<ceil_div(halves, 256), 256, 0, stream()>>>(xq, xd, g.xs, halves);
         CMP_TRY(check_launch("half_sums_kernel"));
     }
+    int wave = 0;
+    if (mma) {
+        constexpr MmaScales form = Q::PER16 ? MMA_PER16 : MMA_PER32;
+        CMP_TRY(gemm_mma_wave(form, Q::MIN, mma_f16, &wave));
+        return gemm_quant_run<Q>(count, body, head, y, res, rows, T, n, g, wave, [&](const GemmOut& out, int R) {
+            return gemm_mma(form, Q::MIN, MmaOperands{xq, xd, g.xs, g.wq, g.ws, g.wm, out, T, R, n}, mma_f16);
+        });
+    }
     if constexpr (D::OPS == 1 && !Q::PER16)
-        if (w16) return gemm_quant_w16<Q, D>(xq, xd, count, body, head, y, res, rows, T, n, g);
+        if (w16) {
+            using W = W16Expanded<Q::MIN>;
+            CMP_TRY((gemm_w16_wave<W, D>(&wave)));
+            return gemm_quant_run<Q>(count, body, head, y, res, rows, T, n, g, wave, [&](const GemmOut& out, int) {
+                return launch_gemm_w16<W, D>(xq, xd, g.xs, g.wq, W{g.ws, g.wm}, out, T, n);
+            });
+        }
     for (int i = 0; i < count; ++i)
         CMP_TRY((gemm_quant<Q, D>(xq, xd, static_cast<const uint8_t*>(body[i]), static_cast<const uint8_t*>(head[i]),
-                                  y[i], res ? res[i] : nullptr, rows[i], T, n, g, mma, mma_f16)));
+                                  y[i], res ? res[i] : nullptr, rows[i], T, n, g)));
     return CMP_OK;
 }
 

@@ -701,18 +701,23 @@ def test_device_sampling_refuses_what_it_cannot_do(cuda_backend):
 
 # -- v2 projections, fused Q8 producers (matmul_q8.cu / quantize.cu) ---------------------------------------------
 
-def _q8_ex(be, xq, xd, mats, T, n, kernels, residuals=None):
-    """cmp_matmul_q8_ex on device inputs -> host outputs [T, rows_i] (outputs poisoned with NaN first)."""
+def _q8_ex_device(be, xq, xd, mats, T, n, kernels, residuals=None):
+    """cmp_matmul_q8_ex on device inputs -> device outputs [T, rows_i] (nothing copied: a graph may capture it)."""
     import ctypes
     k = len(mats)
-    poison(be, *[(T, m.shape[0]) for m in mats])
     outs = [be.empty((T, m.shape[0])) for m in mats]
     P = ctypes.c_void_p * k
     res = None if residuals is None else P(*(r.ptr for r in residuals))
     be.native.cmp_matmul_q8_ex(xq.ptr, xd.ptr, k, P(*(m.qs.ptr for m in mats)), P(*(m.d.ptr for m in mats)),
                                P(*(o.ptr for o in outs)), res, (ctypes.c_int * k)(*(m.shape[0] for m in mats)), T, n,
                                kernels)
-    return [be.to_host(o) for o in outs]
+    return outs
+
+
+def _q8_ex(be, xq, xd, mats, T, n, kernels, residuals=None):
+    """cmp_matmul_q8_ex on device inputs -> host outputs [T, rows_i] (outputs poisoned with NaN first)."""
+    poison(be, *[(T, m.shape[0]) for m in mats])
+    return [be.to_host(o) for o in _q8_ex_device(be, xq, xd, mats, T, n, kernels, residuals)]
 
 
 # T: the v2 GEMV (1..16), the v1 GEMM below 96, the 128x128 GEMM from 96 (partial tiles, an odd count of Q8
@@ -779,14 +784,25 @@ def test_gemm2_stage_widths_give_the_same_bits(cuda_backend, T, rows, n):
             np.testing.assert_array_equal(a, b)
 
 
+# The GEMMs that read adjacent matrices as one (gemm_out.cuh): the DP4A one (CMP_MM_GEMM2, the 16-warp kernel from
+# 96 tokens), the int8 tensor-core one and Volta's f16 HMMA one; each takes the v2 GEMV below 17 tokens.
+ADJACENT_GEMMS = {"dp4a": 3, "mma": 3 | CMP_MM_MMA, "hmma": 3 | CMP_MM_MMA | CMP_MM_MMA_F16}
+
+
+@pytest.mark.parametrize("gemm", list(ADJACENT_GEMMS))
 @pytest.mark.parametrize("T", [17, 200, 513])
-def test_adjacent_q8_matrices_in_one_launch(cuda_backend, T):
+def test_adjacent_q8_matrices_in_one_launch(cuda_backend, T, gemm):
     """Q8_0 matrices uploaded together (CudaBackend.upload_matrices: one after another in memory) are one launch of
-    the DP4A prefill GEMM where gemm_w16_kernel runs (96 tokens and more), one launch each when uploaded apart; the
-    same bits either way, residuals added, against numpy_ref. Rows 130 + 40 + 32 + 33: the second row tile holds
-    rows of three matrices; n = 160: five blocks, a 4-block stage and a tail."""
-    from cuda_helpers import captured, on_dp4a
+    the prefill GEMM (the DP4A one where gemm_w16_kernel runs: 96 tokens and more; the tensor-core ones at every
+    T above the GEMV's), one launch each when uploaded apart; the same bits either way, residuals added, against
+    numpy_ref. Rows 130 + 40 + 32 + 33: the second row tile holds rows of three matrices; n = 160: five blocks, a
+    4-block stage and a tail."""
+    from cuda_helpers import captured
     be, n = cuda_backend, 160
+    if gemm == "mma" and not be.native.mma_available():
+        pytest.skip("CMP_MM_MMA needs compute capability 7.5+ code for this device (int8 mma.sync)")
+    if gemm == "hmma" and not be.native.hmma_available():
+        pytest.skip("Volta's f16 HMMA GEMM needs compute capability 7.0+ code for this device (mma.sync m8n8k4)")
     rng = np.random.default_rng(T)
     ws = [random_q8(rng, r, n) for r in (130, 40, 32, 33)]
     x = rng.standard_normal((T, n)).astype(np.float32)
@@ -796,13 +812,13 @@ def test_adjacent_q8_matrices_in_one_launch(cuda_backend, T):
     assert [m.qs.ptr - together[0].qs.ptr for m in together] == [0, 130 * n, 170 * n, 202 * n]
     xq, xd = be.quantize(up(be, x))
     dres = [up(be, r) for r in res]
-    with on_dp4a(be):
-        got, launches = {}, {}
-        for name, mats in (("together", together), ("apart", apart)):
-            got[name], launches[name] = captured(be, lambda: be._q8_project(xq, xd, mats, dres))
+    got, launches = {}, {}
+    for name, mats in (("together", together), ("apart", apart)):
+        got[name], launches[name] = captured(
+            be, lambda: _q8_ex_device(be, xq, xd, mats, T, n, ADJACENT_GEMMS[gemm], dres))
     assert launches["apart"] == 4
-    wide = be.native.gemm_w16_available() and T >= 96   # matmul_q8.cu GEMM2_MIN_T: the 64x64 tiles below
-    assert launches["together"] == (1 if wide else 4)
+    one = gemm != "dp4a" or (be.native.gemm_w16_available() and T >= 96)   # matmul_q8.cu GEMM2_MIN_T
+    assert launches["together"] == (1 if one else 4)
     for a, b, r, e in zip(got["together"], got["apart"], ref, res):
         np.testing.assert_array_equal(a, b)
         assert rel(a, r + e) < Q8_TOL

@@ -340,9 +340,9 @@ class CudaBackend(Backend):
 
     @_persistent
     def upload_matrices(self, ws):
-        """Q8_0 matrices of one width one after another in memory (codes, and scales): the prefill GEMM on DP4A
-        reads such a run as one matrix in one launch (cuda_src/gemm_w16.cuh, W16Out), so small matrices stop costing
-        a whole wave each. Other types need nothing: their GEMM expands a group into one workspace anyway."""
+        """Q8_0 matrices of one width one after another in memory (codes, and scales): the prefill GEMMs (DP4A and
+        tensor cores) read such a run as one matrix in one launch (cuda_src/gemm_out.cuh), so small matrices stop
+        costing a whole wave each. Other types need nothing: their GEMM expands a group into one workspace anyway."""
         if len(ws) < 2 or not all(isinstance(w, Q8Tensor) for w in ws) or len({w.shape[1] for w in ws}) > 1:
             return [self.upload_matrix(w) for w in ws]
         whole = self._q8_matrix(sum(w.shape[0] for w in ws), ws[0].shape[1])

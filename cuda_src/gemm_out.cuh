@@ -1,0 +1,72 @@
+// Where a prefill GEMM launch's rows go. A launch may multiply several matrices of one input at once (issue 20): a
+// launch costs whole waves of blocks, so the GDN's qkv + z + beta + alpha (8192 + 4096 + 32 + 32 rows, 9B) as four
+// launches at 512 tokens are 2 + 1 + 1 + 1 waves of 132 blocks on an H200, as one launch 3 (388 blocks); at the 27B
+// shape (10240 + 6144 + 48 + 48 rows) 3 + 2 + 1 + 1 against 4. The matrices lie one after another in memory (Q8_0:
+// CudaBackend.upload_matrices; expanded types: the workspace), so the GEMM's loop reads them as one matrix of all their
+// rows; only the store tells them apart: launch rows [end[s - 1], end[s]) are matrix s's, written to y[s] (and res[s]
+// added) with its own row stride ldy[s]. A tile may hold rows of two matrices (beta's and alpha's). Every output is
+// still one block's sum in the block order, so the bits do not depend on which matrices share a launch.
+// The DP4A GEMM (gemm_w16.cuh) and the tensor-core GEMMs (matmul_mma.cu, matmul_hmma.cu) store through this.
+#pragma once
+
+#include "common.cuh"
+
+namespace cmp {
+
+constexpr int GEMM_MAX_OUTS = 4;   // matrices per launch (api.h: cmp_matmul_q8_ex / cmp_matmul_quant take 4 at most)
+
+struct GemmOut {
+    int count;
+    int end[GEMM_MAX_OUTS];           // the launch row where matrix s ends (cumulative rows)
+    float* y[GEMM_MAX_OUTS];          // [T, ldy[s]]: matrix s's row 0 at column 0
+    const float* res[GEMM_MAX_OUTS];  // [T, ldy[s]] added to y[s], or null
+    int ldy[GEMM_MAX_OUTS];
+};
+
+// One matrix of `rows` rows whose outputs are columns [0, rows) of y [T, ldy].
+inline GemmOut single_out(float* y, const float* res, int ldy, int rows) {
+    GemmOut out{};
+    out.count = 1;
+    out.end[0] = rows;
+    out.y[0] = y;
+    out.res[0] = res;
+    out.ldy[0] = ldy;
+    return out;
+}
+
+// Matrices i .. j-1 of a call (outputs y[k] [T, rows[k]], residuals res[k] or none) as one launch's rows.
+inline GemmOut run_out(float* const* y, const float* const* res, const int* rows, int i, int j) {
+    GemmOut out{};
+    for (int k = i, end = 0; k < j; ++k) {
+        out.y[k - i] = y[k];
+        out.res[k - i] = res ? res[k] : nullptr;
+        out.ldy[k - i] = rows[k];
+        out.end[k - i] = end += rows[k];
+    }
+    out.count = j - i;
+    return out;
+}
+
+// Launch row r's destination: its matrix's y, res and row stride, and its column there.
+struct RowOut {
+    float* y;
+    const float* res;
+    int ld, c;
+    // output (token t, this row) = v, plus the residual
+    __device__ __forceinline__ void store(int t, float v) const {
+        const size_t i = (size_t)t * ld + c;
+        y[i] = res ? res[i] + v : v;
+    }
+};
+
+// Found by compile-time indices into the parameter struct only (a dynamic index would copy it to local memory); call
+// it once per row after the main loop, where registers are free.
+__device__ __forceinline__ RowOut row_out(const GemmOut& out, int r) {
+    RowOut o{out.y[0], out.res[0], out.ldy[0], r};
+#pragma unroll
+    for (int s = 1; s < GEMM_MAX_OUTS; ++s)
+        if (s < out.count && r >= out.end[s - 1]) o = RowOut{out.y[s], out.res[s], out.ldy[s], r - out.end[s - 1]};
+    return o;
+}
+
+}  // namespace cmp

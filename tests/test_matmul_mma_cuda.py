@@ -108,36 +108,3 @@ def test_forms_without_mins_equal_the_dp4a_route(mma_backend, type_name, gemm):
     else:
         np.testing.assert_array_equal(mma, dp4a)
 
-
-@pytest.mark.parametrize("gemm", ["auto", "hmma"])
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "IQ4_XS"])
-def test_matrices_of_one_call_in_one_launch(mma_backend, type_name, gemm):
-    """A block type's matrices of one call are expanded back to back into the workspace and multiplied by one
-    tensor-core launch (gemm_out.cuh, as the DP4A route's 16-warp GEMM does), not one launch each: the same bits as
-    matrix by matrix, residuals added, within the tolerance of the exact math. Rows 130 + 40 + 33 at 200 tokens: the
-    second row tile holds rows of all three matrices."""
-    from cuda_helpers import captured
-    be = mma_backend
-    if gemm == "hmma" and not be.native.hmma_available():
-        pytest.skip("Volta's f16 HMMA GEMM needs compute capability 7.0+ code for this device (mma.sync m8n8k4)")
-    rng = np.random.default_rng(53)
-    n, T = long_n(type_name), 200
-    ws = [random_blocks(type_name, r, n, rng) for r in (130, 40, 33)]
-    x = inputs(13, T, n)
-    res = [rng.standard_normal((T, w.shape[0])).astype(np.float32) for w in ws]
-    mats = [be.upload_matrix(w) for w in ws]
-    xq, xd = be.quantize(up(be, x))
-    dres = [up(be, r) for r in res]
-    be.mma_gemm = gemm
-    try:
-        together, n_together = captured(be, lambda: be._q8_project(xq, xd, mats, dres))
-        apart, n_apart = zip(*(captured(be, lambda i=i: be._q8_project(xq, xd, [mats[i]], [dres[i]]))
-                               for i in range(3)))
-    finally:
-        be.mma_gemm = "auto"
-    sums = 1 if type_name in MIN_TYPES else 0   # half_sums_kernel: the types with mins
-    assert n_together == sums + 3 + 1               # the half sums, three expansions, one GEMM
-    assert list(n_apart) == [sums + 1 + 1] * 3
-    for a, (b,), w, r in zip(together, apart, ws, res):
-        np.testing.assert_array_equal(a, b)
-        assert rel(a, exact(x, w) + r) < TOL

@@ -156,16 +156,15 @@ def test_per32_gemm_same_bits_on_every_kernel(cuda_backend, type_name):
         np.testing.assert_array_equal(got, out["dp4a", "device"], err_msg=str(key))
 
 
-@pytest.mark.parametrize("type_name", PER32_TYPES)
-def test_per32_group_in_one_launch(cuda_backend, type_name):
-    """Where gemm_w16_kernel runs, matrices of a per-32 type in one call are expanded back to back into the workspace
-    and multiplied in one launch per chunk (gemm_quant_w16): the same bits as one call per matrix, residuals added,
-    against the exact math. Rows 100 + 130 + 33 in chunks of 128 rows: chunk boundaries inside the second and third
-    matrix, a tile holding rows of two."""
-    from cuda_helpers import captured, on_dp4a
-    be, rng, T = cuda_backend, np.random.default_rng(41), 200
-    if not be.native.gemm_w16_available():
-        pytest.skip("gemm_w16_kernel does not run on this device's code (compute_80+, 88 KB of shared memory)")
+@pytest.mark.parametrize("type_name", PER32_TYPES + ["Q6_K"])
+def test_group_in_one_launch(gemm_backend, type_name):
+    """The GEMMs that store by row (gemm_out.cuh: the tensor-core ones for every type, the DP4A one where
+    gemm_w16_kernel runs for the per-32 types) take a call's matrices as one run: expanded back to back into the
+    workspace and multiplied in one launch per chunk (gemm_quant_run); the others one matrix at a time. The same bits
+    as one call per matrix, residuals added, against the exact math. Rows 100 + 130 + 33 in chunks of 128 rows: chunk
+    boundaries inside the second and third matrix, a tile holding rows of two."""
+    from cuda_helpers import captured
+    be, rng, T = gemm_backend, np.random.default_rng(41), 200
     n = cols_for(type_name, 5 if QUANT_BLOCKS[type_name][0] == 32 else 1)
     blocks = [random_blocks(type_name, r, n, rng) for r in (100, 130, 33)]
     x = inputs(3, T, n)
@@ -176,13 +175,14 @@ def test_per32_group_in_one_launch(cuda_backend, type_name):
     saved = be.QUANT_WORK_BYTES
     be.QUANT_WORK_BYTES = be.native.quant_work_bytes(ws[0].type_id, T, n, 128)   # chunks of 128 rows
     try:
-        with on_dp4a(be):
-            group, launches = captured(be, lambda: be._q8_project(xq, xd, ws, dres))
-            alone = [captured(be, lambda: be._q8_project(xq, xd, [w], [r]))[0][0] for w, r in zip(ws, dres)]
+        group, launches = captured(be, lambda: be._q8_project(xq, xd, ws, dres))
+        alone = [captured(be, lambda: be._q8_project(xq, xd, [w], [r]))[0][0] for w, r in zip(ws, dres)]
     finally:
         be.QUANT_WORK_BYTES = saved
-    # the half sums first (types with mins); chunks 100 + 28 | 102 + 26 | 7 rows: 5 expansions, 3 GEMMs
-    assert launches == int(type_name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K")) + 5 + 3
+    one_run = be.routes.matmul_prefill == "mma" or (be.native.gemm_w16_available() and type_name in PER32_TYPES)
+    sums = int(type_name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K"))   # the half sums first (types with mins)
+    # one run: chunks 100 + 28 | 102 + 26 | 7 rows, 5 expansions and 3 GEMMs; else 100 | 128 + 2 | 33, 4 and 4
+    assert launches == sums + (5 + 3 if one_run else 4 + 4)
     for g, a, b, r in zip(group, alone, blocks, res):
         np.testing.assert_array_equal(g, a)
         assert rel(g, exact(x, b) + r) < TOL

@@ -567,7 +567,7 @@ class CudaBackend(Backend):
         n, k, tid = xq.shape[1], len(ws), ws[0].type_id
         work, work_bytes = 0, 0
         if tn > self.GEMV2_MAX_ROWS:
-            rows = sum(w.shape[0] for w in ws)   # the DP4A GEMM expands them all into one run (gemm_quant_w16)
+            rows = sum(w.shape[0] for w in ws)   # the GEMMs expand them all into one run (gemm_quant_run)
             work_bytes = max(min(self.native.quant_work_bytes(tid, tn, n, rows), self.QUANT_WORK_BYTES),
                              self.native.quant_work_bytes(tid, tn, n, 1))
             work_t = self.empty((work_bytes,), "u8", f"the {ws[0].type_name} GEMM workspace")

@@ -23,17 +23,6 @@ struct GemmOut {
     int ldy[GEMM_MAX_OUTS];
 };
 
-// One matrix of `rows` rows whose outputs are columns [0, rows) of y [T, ldy].
-inline GemmOut single_out(float* y, const float* res, int ldy, int rows) {
-    GemmOut out{};
-    out.count = 1;
-    out.end[0] = rows;
-    out.y[0] = y;
-    out.res[0] = res;
-    out.ldy[0] = ldy;
-    return out;
-}
-
 // Matrices i .. j-1 of a call (outputs y[k] [T, rows[k]], residuals res[k] or none) as one launch's rows.
 inline GemmOut run_out(float* const* y, const float* const* res, const int* rows, int i, int j) {
     GemmOut out{};

@@ -107,4 +107,3 @@ def test_forms_without_mins_equal_the_dp4a_route(mma_backend, type_name, gemm):
         assert rel(mma, dp4a) < 1e-6   # fp32 rounding of the per-half terms: ~1e-7 over a row's blocks
     else:
         np.testing.assert_array_equal(mma, dp4a)
-

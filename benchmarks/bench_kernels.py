@@ -5,6 +5,7 @@ come from memory, not cache. Prints a table; `--json PATH` also writes the rows.
     python3 benchmarks/bench_kernels.py [--quick] [--matmul-only] [--json out.json]
     python3 benchmarks/bench_kernels.py --gemm-routes dp4a mma [--json out.json]   (prefill GEMM per route only)
     python3 benchmarks/bench_kernels.py --conv-only [--json out.json]                (GDN conv1d + SiLU only)
+    python3 benchmarks/bench_kernels.py --gemm-pieces [--json out.json]   (DP4A GEMM: serial pieces vs whole tiles)
 
 The matmul table times each shape with the v1 kernels and the v2 ones (cmp_matmul_q8_ex) side by side; the
 producer table times the unfused op + quantize against the fused Q8 producers.
@@ -174,8 +175,16 @@ def main(argv=None) -> None:
     ap.add_argument("--gemm-routes", nargs="+", choices=tuple(GEMM_ROUTES), default=None,
                     help="only: the prefill GEMM on the 9B shapes at T = 512 and 4096 with each of these routes "
                          "(dp4a: the v2 DP4A GEMM, mma: the int8 tensor-core GEMM), TOPS and the ratio to the first")
+    ap.add_argument("--gemm-pieces", action="store_true",
+                    help="only: the DP4A GEMM on the 9B and 27B shapes at T = 512 and 4096, each launch's serial "
+                         "pieces of K (its plan) against whole tiles (cmp_set_serial_pieces(1))")
     args = ap.parse_args(argv)
     be = CudaBackend()
+    if args.gemm_pieces:
+        rows_out = []
+        bench_gemm_pieces(be, rows_out)
+        _write_json(args.json, rows_out)
+        return
     if args.gemm_routes:
         rows_out = []
         bench_gemm_routes(be, args.gemm_routes, rows_out)
@@ -262,6 +271,36 @@ def bench_gemm_routes(be: CudaBackend, routes: list[str], rows_out: list) -> Non
                       flush=True)
                 rows_out.append({"what": f"gemm {name}", "route": route, "rows": rows, "n": n, "T": T, "ms": ms,
                                  "TOPS": tops})
+        del pool
+
+
+# The projections whose launches fill an H200's waves worst at 512 tokens (128 x 128 tiles, one block an SM): 27B
+# down / out (5120 rows: 160 tiles on 132 SMs), 27B attention q+k+v (14336: 448), 9B attention q+k+v (10240: 320),
+# and two that fill them well (27B gate+up: 1088 tiles, 9B down: 128).
+GEMM_PIECE_SHAPES = [("27b down", 5120, 17408), ("27b ssm_out", 5120, 6144), ("27b attn qkv", 14336, 5120),
+                     ("27b gate+up", 34816, 5120), ("9b attn qkv", 10240, 4096), ("9b down", 4096, 12288)]
+
+
+def bench_gemm_pieces(be: CudaBackend, rows_out: list) -> None:
+    """The DP4A GEMM (Q8_0) with each launch's serial pieces of K (gemm_chunks.h serial_pieces) against whole tiles:
+    ms, TOPS, speed-up. Both give the same bits (tests/test_kernels_cuda.py)."""
+    print(f"device: {be.native.device_name()}   date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"{'gemm':<13} {'rows':>6} {'n':>6} {'T':>5} {'whole ms':>9} {'pieces ms':>9} {'TOPS':>6} {'gain':>6}")
+    for name, rows, n in GEMM_PIECE_SHAPES:
+        pool = WeightPool(be, rows, n)
+        for T in (512, 4096):
+            ms = {}
+            for pieces in (1, 0):
+                be.native.cmp_set_serial_pieces(pieces)
+                try:
+                    ms[pieces] = bench_matmul(be, pool, T, GEMM_ROUTES["dp4a"])
+                finally:
+                    be.native.cmp_set_serial_pieces(0)
+            tops = 2.0 * rows * n * T / ms[0] / 1e9
+            print(f"{name:<13} {rows:>6} {n:>6} {T:>5} {ms[1]:>9.3f} {ms[0]:>9.3f} {tops:>6.1f} {ms[1] / ms[0]:>5.2f}x",
+                  flush=True)
+            rows_out.append({"what": f"gemm pieces {name}", "rows": rows, "n": n, "T": T, "whole ms": ms[1],
+                             "pieces ms": ms[0], "TOPS": tops})
         del pool
 
 

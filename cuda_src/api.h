@@ -32,6 +32,12 @@ int cmp_mem_info(size_t* free_bytes, size_t* total_bytes);
 // 49152 for sm_61, 65536 for sm_75, 98304 for sm_70); a kernel that fits in none is CMP_ERR_UNSUPPORTED naming
 // itself and its bytes. cmp_smem_limit: the current device's limit under the cap.
 int cmp_set_smem_cap(size_t bytes);
+// Serial pieces: the DP4A prefill GEMM (gemm_w16.cuh) cuts the K range of each tile, the FP32 attention prefill
+// (attention.cu, dense causal) the key range of each row tile, into pieces run in turn where that fills the device's
+// waves better (gemm_chunks.h serial_pieces; the sums and their bits are the unsplit ones). A test knob like
+// cmp_set_smem_cap: cmp_set_serial_pieces(p) makes every launch that can split take p pieces (a GEMM at most one a
+// stage), 0 = each launch's own plan (the default). Process-wide.
+int cmp_set_serial_pieces(int pieces);
 int cmp_smem_limit(size_t* bytes);
 int cmp_malloc(void** ptr, size_t bytes);                   // returns CMP_ERR_NOMEM when it does not fit
 int cmp_free(void* ptr);

@@ -5,6 +5,7 @@
 
 #include "attention_kv.cuh"
 #include "common.cuh"
+#include "gemm_chunks.h"
 #include "smem_plan.h"
 
 namespace cmp {
@@ -819,6 +820,20 @@ using smem::PF_DC;   // head dims per shared K/V chunk
 // KB). Capped at 128 registers for two blocks (sm_90) the 64-row kernel spilled and loaded each shared operand right
 // before its FMAs (nvcc 13), so that two warps a scheduler waited out the shared-memory latency at every step.
 // (A 6-head group, 27B, gives 192 blocks: 1.45 waves here, where the cap held them all; not yet timed.)
+// Serial pieces (launch_prefill_rows, gemm_chunks.h serial_pieces): where the row tiles x kv heads fill the waves
+// badly (27B: 6 q heads a kv head, 192 blocks at a 512-token ubatch on an H200's 132 SMs: 2 waves at 73%), each
+// tile's dense key range is cut into `pieces` ranges run in turn, piece-major (every tile's first range, then every
+// tile's second, ...), as gemm_w16.cuh's GEMM pieces: a unit waits for its tile's piece before (attn_pf_done), takes
+// up the unnormalised sums that piece parked in the tile's output rows and each thread's running max and sum
+// (attn_pf_carry), runs its key tiles, and parks its state for the next piece or normalises and writes the output.
+// Each thread's arithmetic is the unsplit kernel's in the same order: the same bits. Tickets number the units in
+// the order blocks start (no unit waits on one that has not started); the counters are zero between launches.
+constexpr int PF_SPLIT_TILES = 512;   // tiles (row tiles x kv heads) a split launch may have (more: one piece)
+constexpr int PF_CARRY = 8;           // floats a thread parks besides its sums: m[4], lp[4]
+__device__ int attn_pf_done[PF_SPLIT_TILES];
+__device__ unsigned attn_pf_ticket, attn_pf_ended;
+__device__ float attn_pf_carry[PF_SPLIT_TILES * 256 * PF_CARRY];   // [tile][thread][PF_CARRY], 256 threads at most
+
 template <int Dh, int BR>
 __global__ void __launch_bounds__(BR * 4, 1)
 attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
@@ -830,7 +845,8 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                     int L, int Hq, int Hk, int G, float scale,
                     const int32_t* __restrict__ blocks,  // [Hk, nqb, max_blocks] or null
                     const int32_t* __restrict__ counts,  // [Hk, nqb]
-                    int max_blocks) {
+                    int max_blocks,
+                    int pieces) {                        // serial pieces of the key range (1: none; dense only)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     constexpr int NC = Dh / PF_DC, NT = BR * 4;
     constexpr int NI = PF_BK * (PF_DC / 8) / NT;   // 8-value pieces of a K or V chunk a thread: 2, 4, 8
@@ -838,8 +854,18 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     float* Qt = smem;                    // [Dh][BR]; at the end the output [BR][Dh]
     float* buf = Qt + Dh * BR;           // [64 * 64]
     float* Pt = buf + PF_DC * PF_BK;     // [PF_BK][BR]
-    const int kvh = blockIdx.y, total = L * G, r0 = blockIdx.x * BR;
     const int tid = threadIdx.x, rg = tid >> 4, kg = tid & 15;
+    int tile = blockIdx.x + gridDim.x * blockIdx.y, part = 0;   // part: this unit's piece
+    if (pieces > 1) {   // the unit's ticket through shared memory (no static shared memory: smem_plan.h's sizes
+                        // are the kernel's whole), read by all before Q^T overwrites it
+        if (tid == 0) *reinterpret_cast<volatile int*>(smem) = (int)atomicAdd(&attn_pf_ticket, 1u);
+        __syncthreads();
+        const int unit = *reinterpret_cast<volatile int*>(smem), tiles = gridDim.x * gridDim.y;
+        __syncthreads();
+        tile = unit % tiles;
+        part = unit / tiles;
+    }
+    const int kvh = tile / gridDim.x, total = L * G, r0 = tile % gridDim.x * BR;
 
     // Q^T: float4 along d from global, transposed into shared (row index fastest: conflict-free stores).
     for (int i = tid; i < BR * Dh / 4; i += NT) {
@@ -895,10 +921,36 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][c][e] = 0.f;
     }
+    // A row's output: element d of row rr (rr < total) of the tile.
+    auto out_at = [&](int rr, int d) { return out + ((size_t)(rr / G) * Hq + kvh * G + rr % G) * Dh + d; };
+    float* carry = attn_pf_carry + ((size_t)tile * NT + tid) * PF_CARRY;
+    if (part > 0) {   // the piece before parked the tile's state: sums in the output rows, m and lp in carry
+        if (tid == 0) {
+            while (*(volatile int*)&attn_pf_done[tile] < part) {
+            }
+            __threadfence();
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            m[i] = __ldcg(carry + i);
+            lp[i] = __ldcg(carry + 4 + i);
+            const int rr = r0 + rg * 4 + i;
+            if (rr >= total) continue;   // a padding row: never written
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                const float4 a = __ldcg(reinterpret_cast<const float4*>(out_at(rr, c * PF_DC + kg * 4)));
+                acc[i][c][0] = a.x, acc[i][c][1] = a.y, acc[i][c][2] = a.z, acc[i][c][3] = a.w;
+            }
+        }
+    }
     // Key tiles in order: dense causal 0 .. qb_hi, or the merged block lists. next_tile() gives the tile after the
     // current one (and whether each of the two query blocks listed it), or false when there is none; the loop runs
     // one tile ahead so that the last chunk of a tile can fetch the first of the next.
-    int ia = 0, ib = 0, kb_dense = 0;
+    // this piece's share of the dense key tiles 0 .. qb_hi
+    int kb_dense = part * (qb_hi + 1) / pieces;
+    const int kb_end = (part + 1) * (qb_hi + 1) / pieces;
+    int ia = 0, ib = 0;
     auto next_tile = [&](int& kb, bool& fa, bool& fb) -> bool {
         fa = fb = true;
         if (blocks) {
@@ -912,7 +964,7 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
             return true;
         }
         kb = kb_dense++;
-        return kb <= qb_hi;
+        return kb < kb_end;
     };
     // The chunks of a tile: K chunks 0 .. NC-1 ([d][key] in buf), then V chunks NC .. 2*NC-1 ([key][d]). Thread
     // piece n (NI a thread) is 8 values of one key: fetch() issues their global loads into raw (4 registers a piece),
@@ -1065,6 +1117,33 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         fb = fb_next;
         more = more_next;
     }
+    if (part + 1 < pieces) {   // park the state for the next piece of the tile
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            carry[i] = m[i];
+            carry[4 + i] = lp[i];
+            const int rr = r0 + rg * 4 + i;
+            if (rr >= total) continue;
+#pragma unroll
+            for (int c = 0; c < NC; ++c)
+                *reinterpret_cast<float4*>(out_at(rr, c * PF_DC + kg * 4)) =
+                    make_float4(acc[i][c][0], acc[i][c][1], acc[i][c][2], acc[i][c][3]);
+        }
+        __syncthreads();   // every thread's state written before the tile's count says so
+        if (tid == 0) {
+            __threadfence();
+            atomicExch(&attn_pf_done[tile], part + 1);
+            atomicAdd(&attn_pf_ended, 1u);   // (the last unit to end is a tile's last piece, which waits for this)
+        }
+        return;
+    }
+    if (pieces > 1 && tid == 0) {
+        attn_pf_done[tile] = 0;   // (its own wait was its last read of it)
+        if (atomicAdd(&attn_pf_ended, 1u) == gridDim.x * gridDim.y * (unsigned)pieces - 1) {
+            attn_pf_ticket = 0;   // the last unit: every other has started (taken its ticket) and ended
+            attn_pf_ended = 0;
+        }
+    }
     // normalise, stage [row][Dh] in shared (over Qt), rotate tq3 values back, write coalesced
     __syncthreads();
     float* Os = Qt;
@@ -1105,8 +1184,19 @@ int launch_prefill_rows(const float* q, const void* kc, const void* vc, int kt, 
     CMP_TRY(smem_opt_in("attn_prefill_kernel", kernel, bytes));
     const int G = Hq / Hk;
     const dim3 grid(ceil_div((size_t)L * G, BR), Hk);
-    return launch("attn_prefill_kernel", kernel, grid, dim3(BR * 4), bytes, q, static_cast<const uint8_t*>(kc),
-                  static_cast<const uint8_t*>(vc), kt, vt, pos, out, L, Hq, Hk, G, scale, blocks, counts, max_blocks);
+    // Serial pieces of the dense key range where the tiles fill the waves badly (the key tiles per row tile are
+    // known on the device only: no bound from them here; a piece of none only carries the state through).
+    const int tiles = grid.x * grid.y;
+    int pieces = 1;
+    if (!blocks && tiles <= PF_SPLIT_TILES) {
+        const int forced = serial_pieces_forced();   // (tests: every count gives the same bits)
+        int wave = 0;
+        if (!forced) CMP_TRY(wave_blocks("attn_prefill_kernel", kernel, BR * 4, bytes, &wave));
+        pieces = forced ? forced : chunks::serial_pieces(tiles, wave, chunks::SPLIT_MAX_PIECES, 1);
+    }
+    return launch("attn_prefill_kernel", kernel, dim3(grid.x, grid.y, pieces), dim3(BR * 4), bytes, q,
+                  static_cast<const uint8_t*>(kc), static_cast<const uint8_t*>(vc), kt, vt, pos, out, L, Hq, Hk, G,
+                  scale, blocks, counts, max_blocks, pieces);
 }
 
 // The rows per block that the device's shared memory takes (smem::attn_prefill_plan).

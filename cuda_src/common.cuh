@@ -66,6 +66,9 @@ int device_facts(DeviceFacts* f);
 // that is lower (tests run the small cards' configurations on a large one). Launchers pick their configuration
 // from it (smem_plan.h).
 int smem_limit(size_t* bytes);
+// cmp_set_serial_pieces' count (0: none forced): the serial pieces of the DP4A GEMM (gemm_w16.cuh) and the FP32
+// attention prefill (attention.cu).
+int serial_pieces_forced();
 // Before a launch with `dynamic` bytes of shared memory: the kernel's static plus dynamic shared memory within
 // smem_limit(), else CMP_ERR_UNSUPPORTED naming the kernel and the bytes (nothing runs); then the kernel's opt-in
 // to `dynamic` bytes. The driver is asked once per kernel and device (its static bytes; the opt-in again only when

@@ -45,5 +45,32 @@ constexpr Chunking wave_chunk(int rows, int cap_rows, int tokens, int tile, int 
     return best;
 }
 
+// Serial pieces of K (gemm_w16.cuh): each tile's K range cut into `pieces` consecutive stage ranges, run by
+// `pieces` blocks in turn (piece p carries its partial sums to piece p + 1), so that a launch of `tiles` tiles is
+// tiles * pieces units of 1 / pieces of a tile's time each. A launch whose tiles fill few waves badly then fills
+// them: the 27B's down and out projections at 512 tokens (5120 rows: 160 tiles on an H200's 132 SMs) take 2 waves
+// at 61% whole, 5 waves of a quarter of a tile (1.25 tile-times) in 4 pieces. The pieces of every tile run in
+// order, so the sums and their bits are the unsplit loop's. Only where tiles >= wave: each piece then starts at
+// least a wave of units after the one before it, which has ended by then (a resident block never waits on another).
+// A split must save at least SPLIT_GAIN_PCT percent of the waves (each piece boundary writes and reads a tile of
+// partial sums), and each piece keeps at least min_stages of the tile's stages.
+constexpr int SPLIT_MAX_PIECES = 4;
+constexpr int SPLIT_GAIN_PCT = 3;
+
+constexpr int serial_pieces(int tiles, int wave, int stages, int min_stages) {
+    if (wave <= 0 || tiles < wave) return 1;
+    int best = 1;
+    long long best_waves = ceil_div_i(tiles, wave);   // waves of best: compared as best_waves / best
+    for (int p = 2; p <= SPLIT_MAX_PIECES && stages / p >= min_stages; ++p) {
+        const long long w = ceil_div_i((long long)tiles * p, wave);
+        // w / p below best_waves / best by SPLIT_GAIN_PCT percent
+        if (w * best * 100 <= best_waves * p * (100 - SPLIT_GAIN_PCT)) {
+            best = p;
+            best_waves = w;
+        }
+    }
+    return best;
+}
+
 }  // namespace chunks
 }  // namespace cmp

@@ -36,6 +36,13 @@ inline GemmOut run_out(float* const* y, const float* const* res, const int* rows
     return out;
 }
 
+// Whether any matrix's residual is its output (in place): such a launch cannot park partial sums in its output.
+inline bool out_in_place(const GemmOut& out) {
+    for (int s = 0; s < out.count; ++s)
+        if (out.res[s] == out.y[s]) return true;
+    return false;
+}
+
 // Launch row r's destination: its matrix's y, res and row stride, and its column there.
 struct RowOut {
     float* y;
@@ -46,6 +53,10 @@ struct RowOut {
         const size_t i = (size_t)t * ld + c;
         y[i] = res ? res[i] + v : v;
     }
+    // A partial sum parked in the output (gemm_w16.cuh's serial pieces: the next piece of the tile takes it up), and
+    // its reading through L2 (another block wrote it during this kernel).
+    __device__ __forceinline__ void park(int t, float v) const { y[(size_t)t * ld + c] = v; }
+    __device__ __forceinline__ float unpark(int t) const { return __ldcg(y + (size_t)t * ld + c); }
 };
 
 // Found by compile-time indices into the parameter struct only (a dynamic index would copy it to local memory); call

@@ -8,7 +8,10 @@
 #pragma once
 #include <type_traits>
 
+#include <algorithm>
+
 #include "common.cuh"
+#include "gemm_chunks.h"
 #include "gemm_out.cuh"
 #include "smem_plan.h"
 
@@ -57,6 +60,46 @@ __device__ __forceinline__ void store_rows(const float (&acc)[I][J], int t0, int
     }
 }
 
+// park_rows / unpark_rows: a tile's partial sums in its outputs (serial pieces, below), the outputs store_rows writes.
+template <int TS, int RS, int I, int J>
+__device__ __forceinline__ void park_rows(const float (&acc)[I][J], int t0, int T, int r0, int rows,
+                                          const GemmOut& out) {
+#pragma unroll
+    for (int i = 0; i < I; ++i) {
+        const int r = r0 + RS * i;
+        if (r >= rows) continue;
+        const RowOut o = row_out(out, r);
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+            if (t0 + TS * j < T) o.park(t0 + TS * j, acc[i][j]);
+    }
+}
+template <int TS, int RS, int I, int J>
+__device__ __forceinline__ void unpark_rows(float (&acc)[I][J], int t0, int T, int r0, int rows, const GemmOut& out) {
+#pragma unroll
+    for (int i = 0; i < I; ++i) {
+        const int r = r0 + RS * i;
+        if (r >= rows) continue;   // (a row or token past the end: never stored, its sums are never used)
+        const RowOut o = row_out(out, r);
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+            if (t0 + TS * j < T) acc[i][j] = o.unpark(t0 + TS * j);
+    }
+}
+
+// Serial pieces of K (gemm_chunks.h serial_pieces): a launch of `pieces` > 1 runs tiles * pieces units, piece-major
+// (every tile's piece 0, then every tile's piece 1, ...), each a block: a unit of piece p > 0 waits for its tile's
+// piece p - 1 (w16_done[tile] == p), takes up the partial sums that piece parked in the tile's outputs, runs its own
+// stages and parks its sums for the next (or stores the outputs with the residual). Units are numbered in the order
+// blocks start (a ticket), so a unit only ever waits on one that started before it: no deadlock whatever order the
+// hardware dispatches blocks in. The counters are zero between launches: the last piece of a tile clears its own, the
+// last unit to end clears the ticket. Launches of this kernel on one device run one after another (one stream a
+// device, no PDL on this launch), so one set of counters serves them all. W16_MAX_TILES: tiles a split launch may
+// have (more: one piece).
+constexpr int W16_MAX_TILES = 16384;
+__device__ int w16_done[W16_MAX_TILES];   // pieces of each tile ended, this launch
+__device__ unsigned w16_ticket, w16_ended;  // units started / ended, this launch
+
 template <bool MIN, int BK>
 using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK>, smem::G2Stage<BK>>;
 
@@ -91,7 +134,10 @@ using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK>, smem::G2Stage<BK>
 // spill. FMA pipe per 1024 IDP: 1423 (a ceiling of 72% of the DP4A rate) against Q8_0's 1292 (79%) and
 // gemm_quant_kernel's 1674 for Q4_K before (61%; 1419 since its min is per block too, but with its 2 warps per
 // scheduler). Not yet measured on a GPU: Q8_0's 91-93 TOPS times 1292 / 1423 would be ~83-85 for Q4_K / Q5_K.
-template <class W, class D, int BK>
+// SPLIT: the kernel of split launches (pieces > 1); whole tiles run the kernel without the pieces' code, whose
+// registers and schedule are the unsplit loop's (with it the 9B's unsplit GEMMs lost ~1%: 124 registers instead of
+// 128, another schedule; H200, 2026-12-04).
+template <class W, class D, int BK, bool SPLIT>
 __global__ void __launch_bounds__(512, 1)
 gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const float* __restrict__ xd,   // [T, n/32]
@@ -99,15 +145,33 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const int8_t* __restrict__ wq,  // [rows, n]: the launch's matrices one after another
                 const W w,                      // the weights' scales (and mins)
                 const GemmOut out,              // where each matrix's rows go
-                int T, int rows, int n) {
+                int T, int rows, int n,
+                int pieces) {                   // serial pieces of K per tile (SPLIT; else 1)
     constexpr int TILE = smem::G2TILE;
     static_assert(TILE * BK == 512, "stages of 4 blocks: one scale per operand and thread");
     using Stage = W16Stage<W::MIN, BK>;
     extern __shared__ __align__(16) unsigned char w16smem[];   // Stage[2]
     Stage* st = reinterpret_cast<Stage*>(w16smem);
     const int tid = threadIdx.x, tx = tid & 31, ty = tid >> 5;
-    const int row0 = blockIdx.x * TILE, tok0 = blockIdx.y * TILE, nb = n / QK;
-    const int nstage = (nb + BK - 1) / BK;
+    const int row_tiles = gridDim.x, tiles = row_tiles * gridDim.y, nb = n / QK;
+    // The unit: its ticket through the first word of shared memory (no static shared memory: smem_plan.h's sizes
+    // are the kernel's whole), read by all before the first stage's copies overwrite it.
+    int tile = blockIdx.x + row_tiles * blockIdx.y, piece = 0;
+    if constexpr (SPLIT) {
+        if (tid == 0) *reinterpret_cast<volatile int*>(w16smem) = (int)atomicAdd(&w16_ticket, 1u);
+        __syncthreads();
+        const int unit = *reinterpret_cast<volatile int*>(w16smem);
+        __syncthreads();
+        tile = unit % tiles;
+        piece = unit / tiles;
+    } else {
+        pieces = 1;
+    }
+    const int row0 = (SPLIT ? tile % row_tiles : blockIdx.x) * TILE;
+    const int tok0 = (SPLIT ? tile / row_tiles : blockIdx.y) * TILE;
+    const int nstage_all = (nb + BK - 1) / BK;
+    const int s_first = SPLIT ? piece * nstage_all / pieces : 0;
+    const int nstage = SPLIT ? (piece + 1) * nstage_all / pieces - s_first : nstage_all;
     // Loader roles: 128 rows x 2 BK 16-byte chunks per operand per stage, BK / 2 per thread (consecutive threads take
     // consecutive chunks of one row); scales: one per operand per thread (row tid / BK, block tid % BK).
     constexpr int CPR = 2 * BK, RSTEP = 512 / CPR, NP = TILE / RSTEP;
@@ -125,7 +189,8 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
     const int wds = min(row0 + sr, rows - 1) * nb + sk, xds = min(tok0 + sr, T - 1) * nb + sk;
 
     struct Pending { float w, x, m, e; };   // this thread's scales of the next stage (m, e: with mins)
-    auto fetch = [&](int s, Stage& b, Pending& p) {
+    auto fetch = [&](int s, Stage& b, Pending& p) {   // s: the piece's stage (the tile's s_first + s)
+        if constexpr (SPLIT) s += s_first;
         const bool ok = s * BK + (lc >> 1) < nb;             // the block this thread's chunks lie in exists
         const int off = (ok ? s * BK * QK : 0) + lc * 16;    // (else an in-bounds address, zeros written)
 #pragma unroll
@@ -163,6 +228,15 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
 
     Pending p{};
     fetch(0, st[0], p);
+    if (SPLIT && piece > 0) {   // the piece before parked the tile's sums in its outputs
+        if (tid == 0) {
+            while (*(volatile int*)&w16_done[tile] < piece) {
+            }
+            __threadfence();
+        }
+        __syncthreads();
+        unpark_rows<16, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
+    }
     publish(st[0], p);
     __syncthreads();
     for (int s = 0; s < nstage; ++s) {
@@ -199,7 +273,21 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
         if (more) publish(nxt, p);
         __syncthreads();
     }
-    store_rows<16, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
+    if (SPLIT && piece + 1 < pieces) {
+        park_rows<16, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
+        __syncthreads();   // every thread's sums written before the tile's count says so
+        if (tid == 0) {
+            __threadfence();
+            atomicExch(&w16_done[tile], piece + 1);
+        }
+    } else {
+        store_rows<16, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
+        if (SPLIT && tid == 0) w16_done[tile] = 0;   // (its own wait was its last read of it)
+    }
+    if (SPLIT && tid == 0 && atomicAdd(&w16_ended, 1u) == (unsigned)(tiles * pieces - 1)) {
+        w16_ticket = 0;   // the last unit: every other has started (taken its ticket) and ended
+        w16_ended = 0;
+    }
 }
 
 // Whether gemm_w16_kernel<W, D> runs on the current device: its code is compute_80+ (the stages come by cp.async;
@@ -211,7 +299,7 @@ int gemm_w16_runs(bool* yes) {
     size_t limit = 0;
     CMP_TRY(smem_limit(&limit));
     bool async = false;
-    CMP_TRY(code_at_least(gemm_w16_kernel<W, D, 4>, 80, code, &async));
+    CMP_TRY(code_at_least(gemm_w16_kernel<W, D, 4, false>, 80, code, &async));
     *yes = async && (W::MIN ? smem::gemm_w16_min_plan(limit).config : smem::gemm2_q8_plan(limit).config) == 4;
     return CMP_OK;
 }
@@ -221,23 +309,35 @@ constexpr int W16_BK = 4, W16_THREADS = 512;
 template <bool MIN>
 constexpr size_t w16_bytes() { return 2 * sizeof(W16Stage<MIN, W16_BK>); }
 
+// launch_gemm_w16's wave (wave_blocks).
+template <class W, class D>
+int gemm_w16_wave(int* blocks) {
+    return wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK, false>, W16_THREADS, w16_bytes<W::MIN>(),
+                       blocks);
+}
+
+constexpr int W16_MIN_STAGES = 4;   // stages a piece keeps at least (16 blocks: 512 values of K)
+
 // rows: of all the matrices (out.end[out.count - 1]).
 template <class W, class D>
 int launch_gemm_w16(const int8_t* xq, const float* xd, const float* xs, const int8_t* wq, const W& w,
                     const GemmOut& out, int T, int n) {
     constexpr size_t bytes = w16_bytes<W::MIN>();
-    auto kernel = gemm_w16_kernel<W, D, W16_BK>;
-    CMP_TRY(smem_opt_in("gemm_w16_kernel", kernel, bytes));
     const int rows = out.end[out.count - 1];
-    kernel<<<dim3(ceil_div(rows, smem::G2TILE), ceil_div(T, smem::G2TILE)), W16_THREADS, bytes, stream()>>>(
-        xq, xd, xs, wq, w, out, T, rows, n);
+    const int tiles = ceil_div(rows, smem::G2TILE) * ceil_div(T, smem::G2TILE);
+    const int stages = ceil_div(n / QK, W16_BK);
+    int pieces = 1;
+    if (tiles <= W16_MAX_TILES && !out_in_place(out)) {
+        const int forced = serial_pieces_forced();   // (tests: every count gives the same bits)
+        int wave = 0;
+        if (!forced) CMP_TRY((gemm_w16_wave<W, D>(&wave)));
+        pieces = forced ? std::min(forced, stages) : chunks::serial_pieces(tiles, wave, stages, W16_MIN_STAGES);
+    }
+    auto kernel = pieces > 1 ? gemm_w16_kernel<W, D, W16_BK, true> : gemm_w16_kernel<W, D, W16_BK, false>;
+    CMP_TRY(smem_opt_in("gemm_w16_kernel", kernel, bytes));
+    const dim3 grid(ceil_div(rows, smem::G2TILE), ceil_div(T, smem::G2TILE), pieces);
+    kernel<<<grid, W16_THREADS, bytes, stream()>>>(xq, xd, xs, wq, w, out, T, rows, n, pieces);
     return check_launch("gemm_w16_kernel");
-}
-
-// launch_gemm_w16's wave (wave_blocks).
-template <class W, class D>
-int gemm_w16_wave(int* blocks) {
-    return wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK>, W16_THREADS, w16_bytes<W::MIN>(), blocks);
 }
 
 }  // namespace

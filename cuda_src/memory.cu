@@ -24,6 +24,7 @@ std::atomic<bool> g_facts_known[kMaxDevices] = {};
 DeviceFacts g_facts[kMaxDevices] = {};          // written before g_facts_known is set (a racing first call writes
                                                 // the same values)
 std::atomic<size_t> g_smem_cap{0};              // cmp_set_smem_cap: process-wide, 0 = each device's own limit
+std::atomic<int> g_serial_pieces{0};              // cmp_set_serial_pieces: process-wide, 0 = each launch's plan
 // smem_check per device and kernel: its static shared memory and the dynamic bytes it has opted in to, so a launch
 // asks the driver once per kernel and device (the attribute is per context) instead of twice per launch.
 struct SmemOptIn {
@@ -86,6 +87,8 @@ int device_facts(DeviceFacts* f) {
     *f = g_facts[dev];
     return CMP_OK;
 }
+
+int serial_pieces_forced() { return g_serial_pieces.load(std::memory_order_relaxed); }
 
 int smem_limit(size_t* bytes) {
     DeviceFacts f{};
@@ -196,6 +199,12 @@ extern "C" const char* cmp_last_error(void) { return g_error; }
 
 extern "C" int cmp_set_smem_cap(size_t bytes) {
     g_smem_cap.store(bytes, std::memory_order_relaxed);
+    return CMP_OK;
+}
+
+extern "C" int cmp_set_serial_pieces(int pieces) {
+    CMP_REQUIRE(pieces >= 0 && pieces <= 64, "cmp_set_serial_pieces: %d pieces (0 = planned, 1..64)", pieces);
+    g_serial_pieces.store(pieces, std::memory_order_relaxed);
     return CMP_OK;
 }
 

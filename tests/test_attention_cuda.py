@@ -257,6 +257,32 @@ def test_prefill_rows_per_block_give_the_same_bits(cuda_backend, monkeypatch, Dh
         np.testing.assert_array_equal(out, outs["device"], err_msg=name)
 
 
+@pytest.mark.parametrize("kt,vt", [("f16", "f16"), ("q8_0", "tq3")])
+@pytest.mark.parametrize("Hq,Hk,Dh,L,n_past", [(24, 4, 256, 200, 300), (6, 2, 128, 513, 0), (4, 2, 64, 65, 1000)])
+def test_prefill_pieces_give_the_same_bits(cuda_backend, monkeypatch, kt, vt, Hq, Hk, Dh, L, n_past):
+    """The FP32 prefill's serial pieces of the key range (attention.cu: a row tile's key tiles run by several
+    blocks in turn, the unnormalised sums parked in the output rows, each thread's max and sum in attn_pf_carry)
+    give the unsplit bits, against numpy_ref. cmp_set_serial_pieces forces a count on every dense launch (0: the
+    launch's plan; 7: more pieces than some row tiles have key tiles, which then only carry the state through)."""
+    from dataclasses import replace
+    be = cuda_backend
+    monkeypatch.setattr(be, "DECODE_MAX_L", 0)      # every segment through the prefill kernel
+    monkeypatch.setattr(be, "routes", replace(be.routes, attn_prefill="fp32"))
+    cfg = cfg_for(Hq, Hk, Dh)
+    outs = {}
+    for pieces in (1, 2, 3, 7, 0):
+        rng = np.random.default_rng(L + n_past + Dh)
+        pair = make_pair(be, cfg, n_past + L + 3, kt, vt, n_past, rng)
+        be.native.cmp_set_serial_pieces(pieces)
+        try:
+            outs[pieces], ref, _ = run_both(be, cfg, [pair], [L], rng)
+        finally:
+            be.native.cmp_set_serial_pieces(0)
+    assert rel(outs[1], ref) < max(TOL[kt], TOL[vt])
+    for pieces, out in outs.items():
+        np.testing.assert_array_equal(out, outs[1], err_msg=f"{pieces} pieces")
+
+
 def test_prefill_over_the_cap_names_kernel_and_bytes(cuda_backend, monkeypatch):
     """Below the smallest configuration (36 KB at Dh 256) nothing runs and the error says which kernel needs how
     much; the cap is visible through cmp_smem_limit."""

@@ -1,7 +1,9 @@
-"""The block-quantized prefill GEMM's rows per launch (cuda_src/gemm_chunks.h), checked without a GPU.
+"""The prefill GEMMs' wave planning (cuda_src/gemm_chunks.h), checked without a GPU: the block-quantized GEMM's rows
+per launch and the DP4A GEMM's serial pieces of K.
 
-tools/gemm_chunks_table.cpp runs the header's wave_chunk on the host for the cases here; a brute force over every
-chunk size is the reference: the fewest waves in all, then the fewest launches, then the largest chunk."""
+tools/gemm_chunks_table.cpp runs the header's wave_chunk and serial_pieces on the host for the cases here. For the
+chunks a brute force over every chunk size is the reference: the fewest waves in all, then the fewest launches, then
+the largest chunk. For the pieces: the fewest tile-times (waves / pieces), a split only where it saves 3%."""
 from __future__ import annotations
 
 import shutil
@@ -36,8 +38,8 @@ def chunker(tmp_path_factory):
     subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", "-I", str(ROOT / "cuda_src"),
                     str(ROOT / "tools" / "gemm_chunks_table.cpp"), "-o", str(exe)], check=True)
 
-    def run(cases):
-        text = "".join(" ".join(map(str, c)) + "\n" for c in cases)
+    def run(cases, kind="c"):
+        text = "".join(kind + " " + " ".join(map(str, c)) + "\n" for c in cases)
         out = subprocess.run([str(exe)], input=text, check=True, capture_output=True, text=True).stdout
         return [tuple(map(int, line.split())) for line in out.splitlines()]
     return run
@@ -68,3 +70,36 @@ def test_every_choice_is_the_brute_force_best(chunker):
     for case, choice in zip(cases, got):
         assert choice == reference(*case), case
         assert choice[0] <= case[1] and choice[0] % TILE == 0, case   # never more than the workspace holds
+
+
+def pieces_reference(tiles: int, wave: int, stages: int, min_stages: int) -> int:
+    """The pieces (1..4) with the fewest tile-times ceil(tiles * p / wave) / p; a split only where the tiles fill at
+    least one wave and it saves 3% over the best with fewer pieces; each piece keeps min_stages stages."""
+    if wave <= 0 or tiles < wave:
+        return 1
+    best, best_t = 1, -(-tiles // wave)
+    for p in range(2, 5):
+        if stages // p < min_stages:
+            break
+        t = -(-tiles * p // wave) / p
+        if t <= best_t * 0.97 + 1e-12:
+            best, best_t = p, t
+    return best
+
+
+def test_the_27b_down_projection_takes_four_pieces(chunker):
+    """5120 rows x 512 tokens = 160 tiles on the H200's 132: 2 waves whole (1.21 would do), 5 waves of quarter
+    tiles (1.25) in 4 pieces; K = 17408 is 136 stages of 4 blocks. The 9B's 4096 rows (128 tiles) fit one wave: whole.
+    An 80-SM card (CMP 100-210) takes the 9B's 128 tiles in 3 pieces: 5 waves of thirds (1.67) against 2."""
+    assert chunker([(160, 132, 136, 4), (128, 132, 32, 4), (128, 80, 32, 4)], "p") == [(4,), (1,), (3,)]
+
+
+def test_every_piece_choice_is_the_brute_force_best(chunker):
+    cases = [(tiles, wave, stages, 4)
+             for tiles in (1, 31, 80, 128, 131, 132, 133, 160, 200, 264, 388, 448, 516, 768, 1088, 4000)
+             for wave in (0, 1, 30, 60, 80, 132, 264)
+             for stages in (1, 4, 8, 12, 16, 32, 136)]
+    got = chunker(cases, "p")
+    for case, (pieces,) in zip(cases, got):
+        assert pieces == pieces_reference(*case), case
+        assert pieces == 1 or case[2] // pieces >= case[3], case

@@ -20,6 +20,7 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_device_name": ((_p, _i), "int cmp_device_name(char* buf, int len)"),
     "cmp_mem_info": ((_p, _p), "int cmp_mem_info(size_t* free_bytes, size_t* total_bytes)"),
     "cmp_set_smem_cap": ((_sz,), "int cmp_set_smem_cap(size_t bytes)"),
+    "cmp_set_serial_pieces": ((_i,), "int cmp_set_serial_pieces(int pieces)"),
     "cmp_smem_limit": ((_p,), "int cmp_smem_limit(size_t* bytes)"),
     "cmp_malloc": ((_p, _sz), "int cmp_malloc(void** ptr, size_t bytes)"),
     "cmp_free": ((_p,), "int cmp_free(void* ptr)"),

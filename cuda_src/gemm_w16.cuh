@@ -43,48 +43,38 @@ struct W16Expanded {           // an expanded type without PER16 (matmul_quant.c
     __device__ __forceinline__ float min(int i) const { return MIN ? m[2 * i] : 0.f; }
 };
 
-// store_tile (common.cuh) by GemmOut (gemm_out.cuh): each row's matrix found once per row after the loop.
-template <int TS, int RS, int I, int J>
-__device__ __forceinline__ void store_rows(const float (&acc)[I][J], int t0, int T, int r0, int rows,
-                                           const GemmOut& out) {
+// A thread's outputs of its tile, as store_tile (common.cuh) visits them: f(o, i, j, t) for row r0 + RS i < rows and
+// token t = t0 + TS j < T, o the row's destination (gemm_out.cuh; its matrix found once per row, after the loop).
+template <int TS, int RS, int I, int J, class F>
+__device__ __forceinline__ void each_output(int t0, int T, int r0, int rows, const GemmOut& out, F&& f) {
 #pragma unroll
     for (int i = 0; i < I; ++i) {
         const int r = r0 + RS * i;
-        if (r >= rows) continue;
+        if (r >= rows) continue;   // (a row or token past the end: its sums are never stored nor used)
         const RowOut o = row_out(out, r);
 #pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int t = t0 + TS * j;
-            if (t < T) o.store(t, acc[i][j]);
-        }
+        for (int j = 0; j < J; ++j)
+            if (t0 + TS * j < T) f(o, i, j, t0 + TS * j);
     }
 }
 
-// park_rows / unpark_rows: a tile's partial sums in its outputs (serial pieces, below), the outputs store_rows writes.
+// The outputs, residual added; a tile's partial sums parked in them and taken up again (serial pieces, below).
+template <int TS, int RS, int I, int J>
+__device__ __forceinline__ void store_rows(const float (&acc)[I][J], int t0, int T, int r0, int rows,
+                                           const GemmOut& out) {
+    each_output<TS, RS, I, J>(t0, T, r0, rows, out,
+                              [&](const RowOut& o, int i, int j, int t) { o.store(t, acc[i][j]); });
+}
 template <int TS, int RS, int I, int J>
 __device__ __forceinline__ void park_rows(const float (&acc)[I][J], int t0, int T, int r0, int rows,
                                           const GemmOut& out) {
-#pragma unroll
-    for (int i = 0; i < I; ++i) {
-        const int r = r0 + RS * i;
-        if (r >= rows) continue;
-        const RowOut o = row_out(out, r);
-#pragma unroll
-        for (int j = 0; j < J; ++j)
-            if (t0 + TS * j < T) o.park(t0 + TS * j, acc[i][j]);
-    }
+    each_output<TS, RS, I, J>(t0, T, r0, rows, out,
+                              [&](const RowOut& o, int i, int j, int t) { o.park(t, acc[i][j]); });
 }
 template <int TS, int RS, int I, int J>
 __device__ __forceinline__ void unpark_rows(float (&acc)[I][J], int t0, int T, int r0, int rows, const GemmOut& out) {
-#pragma unroll
-    for (int i = 0; i < I; ++i) {
-        const int r = r0 + RS * i;
-        if (r >= rows) continue;   // (a row or token past the end: never stored, its sums are never used)
-        const RowOut o = row_out(out, r);
-#pragma unroll
-        for (int j = 0; j < J; ++j)
-            if (t0 + TS * j < T) acc[i][j] = o.unpark(t0 + TS * j);
-    }
+    each_output<TS, RS, I, J>(t0, T, r0, rows, out,
+                              [&](const RowOut& o, int i, int j, int t) { acc[i][j] = o.unpark(t); });
 }
 
 // Serial pieces of K (gemm_chunks.h serial_pieces): a launch of `pieces` > 1 runs tiles * pieces units, piece-major

@@ -933,13 +933,13 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            m[i] = __ldcg(carry + i);
-            lp[i] = __ldcg(carry + 4 + i);
+            m[i] = load_cg(carry + i);
+            lp[i] = load_cg(carry + 4 + i);
             const int rr = r0 + rg * 4 + i;
             if (rr >= total) continue;   // a padding row: never written
 #pragma unroll
             for (int c = 0; c < NC; ++c) {
-                const float4 a = __ldcg(reinterpret_cast<const float4*>(out_at(rr, c * PF_DC + kg * 4)));
+                const float4 a = load_cg(reinterpret_cast<const float4*>(out_at(rr, c * PF_DC + kg * 4)));
                 acc[i][c][0] = a.x, acc[i][c][1] = a.y, acc[i][c][2] = a.z, acc[i][c][3] = a.w;
             }
         }

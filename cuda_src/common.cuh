@@ -298,6 +298,21 @@ __device__ __forceinline__ int dot16(const int4 a, const int4 b, int c = 0) {
 __device__ __forceinline__ constexpr int dot_chain_init() { return 0; }
 __device__ __forceinline__ float chain_to_f32(int end) { return __int2float_rn(end); }
 
+// Loads through L2, past L1: data another block of the same kernel wrote (serial pieces: a tile's parked sums).
+// ld.global.cg as __ldcg gives it under nvcc; clang's CUDA headers (the sm_70 / sm_61 build) have no __ldcg for
+// float. Ordered after the wait that precedes them (volatile, memory clobber).
+__device__ __forceinline__ float load_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ float4 load_cg(const float4* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
+    return v;
+}
+
 // 16 bytes global -> shared; `ok` false writes zeros (rows/tokens/blocks past the end). On sm_80+ an asynchronous
 // copy (completed by cp_async_wait before the barrier that publishes the stage).
 __device__ __forceinline__ void copy16(int* dst, const int8_t* src, bool ok) {

@@ -56,7 +56,7 @@ struct RowOut {
     // A partial sum parked in the output (gemm_w16.cuh's serial pieces: the next piece of the tile takes it up), and
     // its reading through L2 (another block wrote it during this kernel).
     __device__ __forceinline__ void park(int t, float v) const { y[(size_t)t * ld + c] = v; }
-    __device__ __forceinline__ float unpark(int t) const { return __ldcg(y + (size_t)t * ld + c); }
+    __device__ __forceinline__ float unpark(int t) const { return load_cg(y + (size_t)t * ld + c); }
 };
 
 // Found by compile-time indices into the parameter struct only (a dynamic index would copy it to local memory); call

@@ -35,12 +35,12 @@ def test_plan_steps_parse(plan):
     assert st, f"{plan.name}: no steps"
     names = [n for n, _ in st]
     assert len(set(names)) == len(names), f"{plan.name}: step names repeat: {names}"
-    markers = set(names) | set(re.findall(r"\$D/(\w+)\.done", plan.read_text()))
+    markers = set(names) | set(re.findall(r"\$D/([\w-]+)\.done", plan.read_text()))   # (a file's name: m9b-Q8_0)
     for name, command in st:
         assert command, f"{plan.name}: step '{name}' has no command"
         r = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
         assert r.returncode == 0, f"{plan.name}: step '{name}' is not valid bash: {r.stderr}"
-        for waited in re.findall(r"\bwaitfor (\w+)", command):
+        for waited in re.findall(r"\bwaitfor ([\w-]+)", command):
             assert waited in markers, f"{plan.name}: step '{name}' waits for '{waited}', which nothing marks"
 
 

@@ -32,7 +32,8 @@ int cmp_mem_info(size_t* free_bytes, size_t* total_bytes);
 // 49152 for sm_61, 65536 for sm_75, 98304 for sm_70); a kernel that fits in none is CMP_ERR_UNSUPPORTED naming
 // itself and its bytes. cmp_smem_limit: the current device's limit under the cap.
 int cmp_set_smem_cap(size_t bytes);
-// Serial pieces: the DP4A prefill GEMM (gemm_w16.cuh) cuts the K range of each tile, the FP32 attention prefill
+// Serial pieces (serial_pieces.cuh): the int8 prefill GEMMs (gemm_w16.cuh; matmul_q8.cu's gemm2 for Q8_0 on Volta,
+// Pascal, DP2A and IMAD) cut the K range of each tile, the FP32 attention prefill
 // (attention.cu, dense causal) the key range of each row tile, into pieces run in turn where that fills the device's
 // waves better (gemm_chunks.h serial_pieces; the sums and their bits are the unsplit ones). A test knob like
 // cmp_set_smem_cap: cmp_set_serial_pieces(p) makes every launch that can split take p pieces (a GEMM at most one a

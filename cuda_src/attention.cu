@@ -6,6 +6,7 @@
 #include "attention_kv.cuh"
 #include "common.cuh"
 #include "gemm_chunks.h"
+#include "serial_pieces.cuh"
 #include "smem_plan.h"
 
 namespace cmp {
@@ -820,18 +821,13 @@ using smem::PF_DC;   // head dims per shared K/V chunk
 // KB). Capped at 128 registers for two blocks (sm_90) the 64-row kernel spilled and loaded each shared operand right
 // before its FMAs (nvcc 13), so that two warps a scheduler waited out the shared-memory latency at every step.
 // (A 6-head group, 27B, gives 192 blocks: 1.45 waves here, where the cap held them all; not yet timed.)
-// Serial pieces (launch_prefill_rows, gemm_chunks.h serial_pieces): where the row tiles x kv heads fill the waves
+// Serial pieces (serial_pieces.cuh; launch_prefill_rows plans them): where the row tiles x kv heads fill the waves
 // badly (27B: 6 q heads a kv head, 192 blocks at a 512-token ubatch on an H200's 132 SMs: 2 waves at 73%), each
-// tile's dense key range is cut into `pieces` ranges run in turn, piece-major (every tile's first range, then every
-// tile's second, ...), as gemm_w16.cuh's GEMM pieces: a unit waits for its tile's piece before (attn_pf_done), takes
-// up the unnormalised sums that piece parked in the tile's output rows and each thread's running max and sum
-// (attn_pf_carry), runs its key tiles, and parks its state for the next piece or normalises and writes the output.
-// Each thread's arithmetic is the unsplit kernel's in the same order: the same bits. Tickets number the units in
-// the order blocks start (no unit waits on one that has not started); the counters are zero between launches.
+// tile's dense key range is cut into pieces run in turn: a unit takes up the unnormalised sums its tile's piece
+// before parked in the tile's output rows and each thread's running max and sum (attn_pf_carry), runs its key tiles,
+// and parks its state for the next piece or normalises and writes the output.
 constexpr int PF_SPLIT_TILES = 512;   // tiles (row tiles x kv heads) a split launch may have (more: one piece)
 constexpr int PF_CARRY = 8;           // floats a thread parks besides its sums: m[4], lp[4]
-__device__ int attn_pf_done[PF_SPLIT_TILES];
-__device__ unsigned attn_pf_ticket, attn_pf_ended;
 __device__ float attn_pf_carry[PF_SPLIT_TILES * 256 * PF_CARRY];   // [tile][thread][PF_CARRY], 256 threads at most
 
 template <int Dh, int BR>
@@ -856,12 +852,8 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     float* Pt = buf + PF_DC * PF_BK;     // [PF_BK][BR]
     const int tid = threadIdx.x, rg = tid >> 4, kg = tid & 15;
     int tile = blockIdx.x + gridDim.x * blockIdx.y, part = 0;   // part: this unit's piece
-    if (pieces > 1) {   // the unit's ticket through shared memory (no static shared memory: smem_plan.h's sizes
-                        // are the kernel's whole), read by all before Q^T overwrites it
-        if (tid == 0) *reinterpret_cast<volatile int*>(smem) = (int)atomicAdd(&attn_pf_ticket, 1u);
-        __syncthreads();
-        const int unit = *reinterpret_cast<volatile int*>(smem), tiles = gridDim.x * gridDim.y;
-        __syncthreads();
+    if (pieces > 1) {
+        const int unit = split_unit(smem), tiles = gridDim.x * gridDim.y;   // (before Q^T overwrites the word)
         tile = unit % tiles;
         part = unit / tiles;
     }
@@ -925,12 +917,7 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     auto out_at = [&](int rr, int d) { return out + ((size_t)(rr / G) * Hq + kvh * G + rr % G) * Dh + d; };
     float* carry = attn_pf_carry + ((size_t)tile * NT + tid) * PF_CARRY;
     if (part > 0) {   // the piece before parked the tile's state: sums in the output rows, m and lp in carry
-        if (tid == 0) {
-            while (*(volatile int*)&attn_pf_done[tile] < part) {
-            }
-            __threadfence();
-        }
-        __syncthreads();
+        split_wait(tile, part);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             m[i] = load_cg(carry + i);
@@ -1129,21 +1116,10 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                 *reinterpret_cast<float4*>(out_at(rr, c * PF_DC + kg * 4)) =
                     make_float4(acc[i][c][0], acc[i][c][1], acc[i][c][2], acc[i][c][3]);
         }
-        __syncthreads();   // every thread's state written before the tile's count says so
-        if (tid == 0) {
-            __threadfence();
-            atomicExch(&attn_pf_done[tile], part + 1);
-            atomicAdd(&attn_pf_ended, 1u);   // (the last unit to end is a tile's last piece, which waits for this)
-        }
+        split_parked(tile, part);
         return;
     }
-    if (pieces > 1 && tid == 0) {
-        attn_pf_done[tile] = 0;   // (its own wait was its last read of it)
-        if (atomicAdd(&attn_pf_ended, 1u) == gridDim.x * gridDim.y * (unsigned)pieces - 1) {
-            attn_pf_ticket = 0;   // the last unit: every other has started (taken its ticket) and ended
-            attn_pf_ended = 0;
-        }
-    }
+    if (pieces > 1) split_finished(tile, gridDim.x * gridDim.y * (unsigned)pieces);
     // normalise, stage [row][Dh] in shared (over Qt), rotate tq3 values back, write coalesced
     __syncthreads();
     float* Os = Qt;

@@ -13,6 +13,7 @@
 #include "common.cuh"
 #include "gemm_chunks.h"
 #include "gemm_out.cuh"
+#include "serial_pieces.cuh"
 #include "smem_plan.h"
 
 namespace cmp {
@@ -77,19 +78,9 @@ __device__ __forceinline__ void unpark_rows(float (&acc)[I][J], int t0, int T, i
                               [&](const RowOut& o, int i, int j, int t) { acc[i][j] = o.unpark(t); });
 }
 
-// Serial pieces of K (gemm_chunks.h serial_pieces): a launch of `pieces` > 1 runs tiles * pieces units, piece-major
-// (every tile's piece 0, then every tile's piece 1, ...), each a block: a unit of piece p > 0 waits for its tile's
-// piece p - 1 (w16_done[tile] == p), takes up the partial sums that piece parked in the tile's outputs, runs its own
-// stages and parks its sums for the next (or stores the outputs with the residual). Units are numbered in the order
-// blocks start (a ticket), so a unit only ever waits on one that started before it: no deadlock whatever order the
-// hardware dispatches blocks in. The counters are zero between launches: the last piece of a tile clears its own, the
-// last unit to end clears the ticket. Launches of this kernel on one device run one after another (one stream a
-// device, no PDL on this launch), so one set of counters serves them all. W16_MAX_TILES: tiles a split launch may
-// have (more: one piece).
-constexpr int W16_MAX_TILES = 16384;
-__device__ int w16_done[W16_MAX_TILES];   // pieces of each tile ended, this launch
-__device__ unsigned w16_ticket, w16_ended;  // units started / ended, this launch
-
+// Serial pieces of K (serial_pieces.cuh): a unit of piece p > 0 takes up the partial sums its tile's piece p - 1
+// parked in the tile's outputs, runs its stages and parks its sums for the next (or stores the outputs with the
+// residual).
 template <bool MIN, int BK>
 using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK>, smem::G2Stage<BK>>;
 
@@ -144,14 +135,9 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
     Stage* st = reinterpret_cast<Stage*>(w16smem);
     const int tid = threadIdx.x, tx = tid & 31, ty = tid >> 5;
     const int row_tiles = gridDim.x, tiles = row_tiles * gridDim.y, nb = n / QK;
-    // The unit: its ticket through the first word of shared memory (no static shared memory: smem_plan.h's sizes
-    // are the kernel's whole), read by all before the first stage's copies overwrite it.
     int tile = blockIdx.x + row_tiles * blockIdx.y, piece = 0;
     if constexpr (SPLIT) {
-        if (tid == 0) *reinterpret_cast<volatile int*>(w16smem) = (int)atomicAdd(&w16_ticket, 1u);
-        __syncthreads();
-        const int unit = *reinterpret_cast<volatile int*>(w16smem);
-        __syncthreads();
+        const int unit = split_unit(w16smem);   // (before the first stage's copies overwrite the word)
         tile = unit % tiles;
         piece = unit / tiles;
     } else {
@@ -219,12 +205,7 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
     Pending p{};
     fetch(0, st[0], p);
     if (SPLIT && piece > 0) {   // the piece before parked the tile's sums in its outputs
-        if (tid == 0) {
-            while (*(volatile int*)&w16_done[tile] < piece) {
-            }
-            __threadfence();
-        }
-        __syncthreads();
+        split_wait(tile, piece);
         unpark_rows<16, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
     }
     publish(st[0], p);
@@ -265,19 +246,11 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
     }
     if (SPLIT && piece + 1 < pieces) {
         park_rows<16, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
-        __syncthreads();   // every thread's sums written before the tile's count says so
-        if (tid == 0) {
-            __threadfence();
-            atomicExch(&w16_done[tile], piece + 1);
-        }
-    } else {
-        store_rows<16, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
-        if (SPLIT && tid == 0) w16_done[tile] = 0;   // (its own wait was its last read of it)
+        split_parked(tile, piece);
+        return;
     }
-    if (SPLIT && tid == 0 && atomicAdd(&w16_ended, 1u) == (unsigned)(tiles * pieces - 1)) {
-        w16_ticket = 0;   // the last unit: every other has started (taken its ticket) and ended
-        w16_ended = 0;
-    }
+    store_rows<16, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
+    if (SPLIT) split_finished(tile, (unsigned)(tiles * pieces));
 }
 
 // Whether gemm_w16_kernel<W, D> runs on the current device: its code is compute_80+ (the stages come by cp.async;
@@ -317,7 +290,7 @@ int launch_gemm_w16(const int8_t* xq, const float* xd, const float* xs, const in
     const int tiles = ceil_div(rows, smem::G2TILE) * ceil_div(T, smem::G2TILE);
     const int stages = ceil_div(n / QK, W16_BK);
     int pieces = 1;
-    if (tiles <= W16_MAX_TILES && !out_in_place(out)) {
+    if (tiles <= SPLIT_MAX_TILES && !out_in_place(out)) {
         const int forced = serial_pieces_forced();   // (tests: every count gives the same bits)
         int wave = 0;
         if (!forced) CMP_TRY((gemm_w16_wave<W, D>(&wave)));

@@ -416,22 +416,38 @@ constexpr int GEMM2_IH = 1;
 // nothing) is issue slots only. What stays: FMUL d_w * d_x and the FFMA per output and block (the arithmetic is the
 // numpy reference's order), so 80% is this kernel's ceiling on Volta; beyond it needs fewer fp32 operations per
 // dot (e.g. two blocks' integer dots combined before scaling), which changes the results.
-template <class D>
+// SPLIT (serial_pieces.cuh): the kernel of split launches, each tile's stages run by `pieces` blocks in turn, the
+// partial sums parked in the tile's outputs (the same bits); whole tiles run the kernel without that code (at 254
+// registers here, its registers and schedule stay the unsplit loop's). Where this kernel runs (Volta, Pascal, sm_75;
+// DP2A / IMAD) an 80-SM CMP 100-210 takes the 9B's 4096-row launches (128 tiles: 1.6 waves) in 3 pieces.
+template <class D, bool SPLIT>
 __global__ void __launch_bounds__(256, 1)
 gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const float* __restrict__ xd,   // [T, n/32]
                 const int8_t* __restrict__ wq,  // [rows, n]
                 const __half* __restrict__ wd,  // [rows, n/32]
-                const float* __restrict__ res,  // [T, rows] added to y, or null
+                const float* __restrict__ res,  // [T, rows] added to y, or null (not y itself when split)
                 float* __restrict__ y,          // [T, rows]
-                int T, int rows, int n) {
+                int T, int rows, int n,
+                int pieces) {                   // serial pieces of K per tile (SPLIT; else 1)
     constexpr int BK = GEMM2_BK;
     using Stage = Gemm2Stage;
     extern __shared__ __align__(16) unsigned char g2smem[];   // Stage[2]
     Stage* st = reinterpret_cast<Stage*>(g2smem);
-    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-    const int row0 = blockIdx.x * TILE2, tok0 = blockIdx.y * TILE2, nb = n / QK;
-    const int nstage = (nb + BK - 1) / BK;
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, nb = n / QK;
+    int tile = 0, piece = 0;
+    if constexpr (SPLIT) {
+        const int unit = split_unit(g2smem), tiles = gridDim.x * gridDim.y;   // (before the stages overwrite it)
+        tile = unit % tiles;
+        piece = unit / tiles;
+    } else {
+        pieces = 1;
+    }
+    const int row0 = (SPLIT ? tile % gridDim.x : blockIdx.x) * TILE2;
+    const int tok0 = (SPLIT ? tile / gridDim.x : blockIdx.y) * TILE2;
+    const int nstage_all = (nb + BK - 1) / BK;
+    const int s_first = SPLIT ? piece * nstage_all / pieces : 0;
+    const int nstage = SPLIT ? (piece + 1) * nstage_all / pieces - s_first : nstage_all;
     // Loader roles: 128 rows x 2 BK 16-byte chunks per operand per stage, BK per thread; consecutive threads take
     // consecutive chunks of one row, so a warp reads whole 32 BK-byte row segments. Scales: BK / 2 per thread.
     constexpr int CPR = 2 * BK, RSTEP = 256 / CPR, SPT = BK / 2;
@@ -450,7 +466,8 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
     const float* srcxd = xd + (size_t)min(tok0 + sr, T - 1) * nb + sk;
 
     struct Pending { int4 w[BK], x[BK]; float wd[SPT], xd[SPT]; };  // sm_70/75: the next stage in registers
-    auto fetch = [&](int s, Stage& b, Pending& pd) {
+    auto fetch = [&](int s, Stage& b, Pending& pd) {   // s: the piece's stage (the tile's s_first + s)
+        if constexpr (SPLIT) s += s_first;
         const bool ok = s * BK + (lc >> 1) < nb;             // the Q8 block this thread's chunks lie in exists
         const size_t off = ok ? (size_t)s * BK * QK : 0;     // (else an in-bounds address, zeros written)
 #pragma unroll
@@ -497,6 +514,16 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
 
     Pending pd;
     fetch(0, st[0], pd);
+    if (SPLIT && piece > 0) {   // the piece before parked the tile's sums in its outputs
+        split_wait(tile, piece);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int t = tok0 + ty + 16 * j, r = row0 + tx + 16 * i;
+                if (t < T && r < rows) acc[i][j] = __ldcg(y + (size_t)t * rows + r);
+            }
+    }
     publish(st[0], pd);
     __syncthreads();
     for (int s = 0; s < nstage; ++s) {
@@ -534,21 +561,41 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
         if (more) publish(nxt, pd);
         __syncthreads();
     }
+    if (SPLIT && piece + 1 < pieces) {   // park the sums for the tile's next piece (no residual yet)
+        store_tile<16, 16>(acc, tok0 + ty, T, row0 + tx, rows, rows, nullptr, y);
+        split_parked(tile, piece);
+        return;
+    }
     store_tile<16, 16>(acc, tok0 + ty, T, row0 + tx, rows, rows, res, y);
+    if (SPLIT) split_finished(tile, gridDim.x * gridDim.y * (unsigned)pieces);
 }
 
 // ==== launchers ===================================================================================================
 
 // The v2 GEMM's 8-warp kernel with 2-block stages: where the 16-warp one (gemm_w16.cuh) does not run (gemm2_wide),
 // and on DP2A / IMAD always (their byte unpacking needs the registers that 4 blocks would take).
+// Serial pieces where the tiles fill the waves badly (gemm_chunks.h serial_pieces; cmp_set_serial_pieces forces a
+// count): a piece keeps at least 8 stages (16 blocks, as gemm_w16's 4 of 4).
 template <class D>
 int launch_gemm2(const int8_t* xq, const float* xd, const int8_t* wq, const void* wd, const float* res, float* y,
                  int T, int rows, int n) {
     constexpr size_t bytes = 2 * sizeof(Gemm2Stage);
-    auto kernel = gemm2_q8_kernel<D>;
+    const dim3 tiles2(ceil_div(rows, TILE2), ceil_div(T, TILE2));
+    const int tiles = tiles2.x * tiles2.y, stages = ceil_div(n / QK, GEMM2_BK);
+    int pieces = 1;
+    if (tiles <= SPLIT_MAX_TILES && res != y) {
+        const int forced = serial_pieces_forced();
+        int wave = 0;
+        if (!forced) {
+            CMP_TRY(smem_opt_in("gemm2_q8_kernel", gemm2_q8_kernel<D, false>, bytes));
+            CMP_TRY(wave_blocks("gemm2_q8_kernel", gemm2_q8_kernel<D, false>, 256, bytes, &wave));
+        }
+        pieces = forced ? std::min(forced, stages) : chunks::serial_pieces(tiles, wave, stages, 8);
+    }
+    auto kernel = pieces > 1 ? gemm2_q8_kernel<D, true> : gemm2_q8_kernel<D, false>;
     CMP_TRY(smem_opt_in("gemm2_q8_kernel", kernel, bytes));
-    kernel<<<dim3(ceil_div(rows, TILE2), ceil_div(T, TILE2)), 256, bytes, stream()>>>(
-        xq, xd, wq, static_cast<const __half*>(wd), res, y, T, rows, n);
+    kernel<<<dim3(tiles2.x, tiles2.y, pieces), 256, bytes, stream()>>>(xq, xd, wq, static_cast<const __half*>(wd), res,
+                                                                       y, T, rows, n, pieces);
     return check_launch("gemm2_q8_kernel");
 }
 

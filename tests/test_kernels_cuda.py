@@ -784,26 +784,33 @@ def test_gemm2_stage_widths_give_the_same_bits(cuda_backend, T, rows, n):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("dot", INT8_DOTS)
+@pytest.mark.parametrize("cap", ["device", "sm75"])
 @pytest.mark.parametrize("T,rows,n", [(96, 127, 96), (200, 300, 2080), (300, 1000, 4096)])
-def test_gemm_pieces_give_the_same_bits(cuda_backend, T, rows, n):
-    """The DP4A GEMM's serial pieces of K (gemm_w16.cuh: each tile's stages run by 1..4 blocks in turn, the partial
-    sums parked in the outputs between them) give the unsplit bits, residuals added, against numpy_ref.
-    cmp_set_serial_pieces forces each count on every launch (at most one piece a stage; 0: the launch's own plan).
-    n = 96: 3 blocks, one stage, so every count runs one piece; 2080: 65 blocks in 17 stages (the last holds one);
-    4096: 32 stages. 1000 rows x 300 tokens: 8 x 3 tiles, fewer than a wave, so pieces wait on their tile's last."""
+def test_gemm_pieces_give_the_same_bits(cuda_backend, T, rows, n, cap, dot):
+    """The DP4A GEMMs' serial pieces of K (serial_pieces.cuh: each tile's stages run by several blocks in turn, the
+    partial sums parked in the outputs between them) give the unsplit bits, residuals added, against numpy_ref:
+    gemm_w16_kernel (the device's own shared memory, compute_80+ code) and gemm2_q8_kernel (under sm_75's 64 KB cap,
+    and on the DP2A / IMAD routes everywhere: Volta's and Pascal's GEMM). cmp_set_serial_pieces forces each count on
+    every launch (a GEMM at most one a stage; 0: the launch's own plan). n = 96: 3 blocks, one stage of 4 (2 stages
+    of 2), so few counts split; 2080: 65 blocks; 4096: 128. 1000 rows x 300 tokens: 8 x 3 tiles, fewer than a wave,
+    so pieces wait on their tile's last."""
+    from cuda_helpers import SMEM_CAPS
     be = cuda_backend
-    if not be.native.gemm_w16_available():
+    if cap == "device" and dot == "dp4a" and not be.native.gemm_w16_available():
         pytest.skip("gemm_w16_kernel needs compute capability 8.0+ code for this device (cp.async stages)")
     rng = np.random.default_rng(T + rows + n)
     ref, mats, xq, xd = _q8_set_case(be, rng, T, rows, n)
     res = [rng.standard_normal(r.shape).astype(np.float32) for r in ref]
     out = {}
-    for pieces in (1, 2, 3, 4, 7, 0):
-        be.native.cmp_set_serial_pieces(pieces)
-        try:
-            out[pieces] = _q8_ex(be, xq, xd, mats, T, n, 2, [up(be, r) for r in res])   # CMP_MM_GEMM2, DP4A
-        finally:
-            be.native.cmp_set_serial_pieces(0)
+    be.native.cmp_set_smem_cap(SMEM_CAPS[cap])
+    try:
+        for pieces in (1, 2, 3, 4, 7, 0):
+            be.native.cmp_set_serial_pieces(pieces)
+            out[pieces] = _q8_ex(be, xq, xd, mats, T, n, 2 | dot_bits(dot), [up(be, r) for r in res])   # GEMM2
+    finally:
+        be.native.cmp_set_serial_pieces(0)
+        be.native.cmp_set_smem_cap(0)
     for g, r, a in zip(out[1], ref, res):
         assert rel(g, r + a) < Q8_TOL
     for pieces, got in out.items():

@@ -521,7 +521,7 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const int t = tok0 + ty + 16 * j, r = row0 + tx + 16 * i;
-                if (t < T && r < rows) acc[i][j] = __ldcg(y + (size_t)t * rows + r);
+                if (t < T && r < rows) acc[i][j] = load_cg(y + (size_t)t * rows + r);
             }
     }
     publish(st[0], pd);

@@ -32,7 +32,7 @@ __device__ __forceinline__ int split_unit(void* word) {
     return unit;
 }
 
-// Waits until the tile's piece `piece - 1` has parked its state (read it through L2: __ldcg). Every thread calls it.
+// Waits until the tile's piece `piece - 1` has parked its state (read it through L2: load_cg). Every thread calls it.
 __device__ __forceinline__ void split_wait(int tile, int piece) {
     if (threadIdx.x == 0) {
         while (*reinterpret_cast<volatile int*>(&split_done[tile]) < piece) {

@@ -5,10 +5,12 @@ dim is gone; its figures are in RESULTS.md); also run by
 
     python3 benchmarks/bench_attention.py [--quick] [--json out.json]
     python3 benchmarks/bench_attention.py --decode-only [--n-kv 32768,131072]   (issue 7: tq3 vs f16 decode)
+    python3 benchmarks/bench_attention.py --ubatch 512      (prefill as the model runs it: 512-row ubatches)
 
 Each call is one layer's attention op as the model runs it (KV write of the new rows + attention). Prefill rows
-are causal over the segment itself (n_kv = L, as in pp512 / pp4096 / pp16384); decode rows are one token over
-n_kv keys. Figures printed: ms per call; prefill TFLOPS counted as 4 * Hq * Dh * (causal q.k pairs) (S and PV,
+are causal over the segment itself (n_kv = L, as in pp512 / pp4096 / pp16384), or with --ubatch U the last U-row
+ubatch of such a prompt (U rows at the end of n_kv keys: the launch the model makes last, the largest); decode rows
+are one token over n_kv keys. Figures printed: ms per call; prefill TFLOPS counted as 4 * Hq * Dh * (causal q.k pairs) (S and PV,
 2 flops per FMA) against the FP32 FMA ceiling; decode GB/s counted as the K+V bytes of n_kv rows.
 """
 from __future__ import annotations
@@ -77,19 +79,22 @@ DECODE_PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "tq
 
 
 def run(be: CudaBackend, quick: bool = False, decode_only: bool = False, n_kvs: tuple[int, ...] | None = None,
-        ) -> list[dict]:
+        ubatch: int = 0) -> list[dict]:
     rows = []
     fma_peak = FP32_PEAK_TFLOPS
     print(f"attention, 9B heads ({HQ} q / {HK} kv, Dh {DH}); FP32 FMA ceiling ~{fma_peak:.0f} TFLOPS")
     print(f"{'case':<28} {'K/V':<10} {'kern':>4} {'ms':>9} {'TFLOPS':>7} {'% fp32':>6} {'GB/s':>6} {'B/token':>8}")
     # prefill, causal over the segment itself
-    for L in (() if decode_only else (512, 4096, 16384)):
-        flops = 4.0 * HQ * DH * (L * (L + 1) / 2)
-        ms = bench_case(be, L, L, "f16", "f16", 1 if L >= 4096 else 3)
+    for n_kv in (() if decode_only else (512, 4096, 16384)):
+        L = min(ubatch, n_kv) if ubatch else n_kv
+        flops = 4.0 * HQ * DH * (L * (n_kv - L) + L * (L + 1) / 2)   # row i of the L sees n_kv - L + i + 1 keys
+        ms = bench_case(be, n_kv, L, "f16", "f16", 1 if L >= 4096 else 3)
         tf = flops / ms / 1e9
-        print(f"prefill L={L:<18} {'f16/f16':<10} {'v2':>4} {ms:>9.3f} {tf:>7.1f} "
+        case = f"prefill L={L}" + (f" @ {n_kv}" if L < n_kv else "")
+        print(f"{case:<28} {'f16/f16':<10} {'v2':>4} {ms:>9.3f} {tf:>7.1f} "
               f"{100 * tf / fma_peak:>5.0f}% {'':>6} {'':>8}")
-        rows.append({"what": "attn prefill", "L": L, "kv": "f16/f16", "kernels": "v2", "ms": ms, "TFLOPS": tf})
+        rows.append({"what": "attn prefill", "L": L, "n_kv": n_kv, "kv": "f16/f16", "kernels": "v2", "ms": ms,
+                     "TFLOPS": tf})
     # decode, one row over n_kv keys, per KV type
     if n_kvs is None:
         n_kvs = (4096, 32768) if quick else (4096, 32768, 131072)
@@ -125,12 +130,14 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="decode at 4096 and 32768 keys only")
     ap.add_argument("--decode-only", action="store_true", help="skip the prefill cases")
     ap.add_argument("--n-kv", help="decode context lengths, comma-separated (default 4096,32768,131072)")
+    ap.add_argument("--ubatch", type=int, default=0,
+                    help="prefill rows: the last U-row ubatch of each prompt (the model's launches), not all at once")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     n_kvs = tuple(int(x) for x in args.n_kv.split(",")) if args.n_kv else None
     be = CudaBackend()
     print(f"device: {be.native.device_name()}   date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    rows = run(be, args.quick, args.decode_only, n_kvs)
+    rows = run(be, args.quick, args.decode_only, n_kvs, args.ubatch)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -86,6 +86,36 @@ def test_mtp_forward_batch_equals_token_by_token(lm):
         np.testing.assert_allclose(ho[0], all_h[i], rtol=1e-5, atol=1e-5)
 
 
+def mtp_fill_and_forward_states(lm, k_type: str, v_type: str):
+    """Three MTP states at different positions (0, 2 and 3 rows in) run one batch of a segment each, once by
+    mtp_fill and once by mtp_forward with no output rows -> (the states after mtp_fill, after mtp_forward, the rows
+    each had before). (also run on CUDA by tests/test_mtp_cuda.py)"""
+    be, rng = lm.backend, np.random.default_rng(4)
+    before, toks = [[], [5, 9], [200, 31, 77]], [[3, 14, 15], [92], [65, 35]]
+    h0 = [rng.standard_normal((len(t), lm.cfg.n_embd)).astype(np.float32) for t in before[1:]]
+    h = rng.standard_normal((sum(map(len, toks)), lm.cfg.n_embd)).astype(np.float32)
+    out = []
+    for run in (lm.model.mtp_fill, lm.model.mtp_forward):
+        states = [lm.model.mtp_state(16, k_type, v_type) for _ in toks]
+        lm.model.mtp_forward(StepBatch.build(list(zip(states[1:], before[1:]))), be.upload_vector(np.concatenate(h0)))
+        batch = StepBatch.build(list(zip(states, toks)))
+        batch.output_rows = np.zeros(0, np.int32)
+        run(batch, be.upload_vector(h))
+        out.append(states)
+    return out[0], out[1], [len(t) for t in before]
+
+
+@pytest.mark.parametrize("k_type,v_type", [("f16", "f16"), ("q8_0", "q4_0")])
+def test_mtp_fill_writes_what_mtp_forward_writes(lm, k_type, v_type):
+    """mtp_fill (the head's catch-ups) leaves the MTP states exactly as mtp_forward with no output rows does: every
+    cache row the same bits, the same n_past, for a batch of segments at different positions."""
+    filled, forwarded, n0 = mtp_fill_and_forward_states(lm, k_type, v_type)
+    for a, b, n in zip(filled, forwarded, n0):
+        assert a.n_past == b.n_past > n
+        assert np.any(a.k[0][n:a.n_past] != 0) and np.any(a.v[0][n:a.n_past] != 0)     # (rows were written)
+        assert np.array_equal(a.k[0], b.k[0]) and np.array_equal(a.v[0], b.v[0])
+
+
 # -- rewind of the recurrent state ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("k", [1, 2, 4])

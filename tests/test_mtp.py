@@ -116,6 +116,25 @@ def test_mtp_fill_writes_what_mtp_forward_writes(lm, k_type, v_type):
         assert np.array_equal(a.k[0], b.k[0]) and np.array_equal(a.v[0], b.v[0])
 
 
+def test_catch_ups_write_the_head_cache_without_the_block(lm, monkeypatch):
+    """The head's catch-ups of queued pairs (_catch_up of several sequences, _head_over_queue of a prompt) only
+    write its KV rows (Backend.kv_write through mtp_fill): no attention over the context, no MLP."""
+    sp = Speculator(lm.model, 3)
+    seqs = [sp.new_seq(64) for _ in PROMPTS[:3]]
+    for ms, p in zip(seqs, PROMPTS):
+        sp.prefill(lm.backend.new_state(lm.cfg, 64), ms, lm.tokenizer.encode(p), defer=True)
+    calls = Counter()
+    for obj, name in ((lm.backend, "attention"), (lm.backend, "kv_write"), (lm.model, "_mlp")):
+        fn = getattr(obj, name)
+        monkeypatch.setattr(obj, name, lambda *a, fn=fn, name=name, **k: calls.update([name]) or fn(*a, **k))
+    queued = [len(ms.pending) for ms in seqs]
+    sp._catch_up(seqs[:2], 0)
+    assert calls == {"kv_write": 1}
+    sp._head_over_queue(seqs[2])
+    assert calls == {"kv_write": 2}
+    assert [(ms.state.n_past, len(ms.pending)) for ms in seqs] == [(n, 0) for n in queued]
+
+
 # -- rewind of the recurrent state ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("k", [1, 2, 4])

@@ -15,7 +15,7 @@ greedily, MTP off and on, on the numpy reference and a fixture model with an MTP
     hook       the plain step's timing for the policy (Speculator.time_plain, after the draw)
     draw..end  the draw to the step's end (the tokens' emit: the same with MTP off)
     catch-up   observe_plain's Speculator._catch_up: every pending_max plain steps in a row the head runs over
-               pending_max x S queued rows (numpy's forward time here: on CUDA an eager MTP forward over those
+               pending_max x S queued rows (numpy's time here: on CUDA an eager Qwen35Model.mtp_fill over those
                rows; listed apart)
 
 By default the draft policy decides from costs shaped like the H200's (9B Q8_0, RESULTS.md 2026-12-02: plain steps

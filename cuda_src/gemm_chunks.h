@@ -45,7 +45,8 @@ constexpr Chunking wave_chunk(int rows, int cap_rows, int tokens, int tile, int 
     return best;
 }
 
-// Serial pieces of K (gemm_w16.cuh): each tile's K range cut into `pieces` consecutive stage ranges, run by
+// Serial pieces (gemm_w16.cuh's K; attention.cu's prefill cuts its dense key range alike, with no stage bound: the
+// key tiles are known on the device only): each tile's K range cut into `pieces` consecutive stage ranges, run by
 // `pieces` blocks in turn (piece p carries its partial sums to piece p + 1), so that a launch of `tiles` tiles is
 // tiles * pieces units of 1 / pieces of a tile's time each. A launch whose tiles fill few waves badly then fills
 // them: the 27B's down and out projections at 512 tokens (5120 rows: 160 tiles on an H200's 132 SMs) take 2 waves

@@ -86,6 +86,55 @@ def test_mtp_forward_batch_equals_token_by_token(lm):
         np.testing.assert_allclose(ho[0], all_h[i], rtol=1e-5, atol=1e-5)
 
 
+def mtp_fill_and_forward_states(lm, k_type: str, v_type: str):
+    """Three MTP states at different positions (0, 2 and 3 rows in) run one batch of a segment each, once by
+    mtp_fill and once by mtp_forward with no output rows -> (the states after mtp_fill, after mtp_forward, the rows
+    each had before). (also run on CUDA by tests/test_mtp_cuda.py)"""
+    be, rng = lm.backend, np.random.default_rng(4)
+    before, toks = [[], [5, 9], [200, 31, 77]], [[3, 14, 15], [92], [65, 35]]
+    h0 = [rng.standard_normal((len(t), lm.cfg.n_embd)).astype(np.float32) for t in before[1:]]
+    h = rng.standard_normal((sum(map(len, toks)), lm.cfg.n_embd)).astype(np.float32)
+    out = []
+    for run in (lm.model.mtp_fill, lm.model.mtp_forward):
+        states = [lm.model.mtp_state(16, k_type, v_type) for _ in toks]
+        lm.model.mtp_forward(StepBatch.build(list(zip(states[1:], before[1:]))), be.upload_vector(np.concatenate(h0)))
+        batch = StepBatch.build(list(zip(states, toks)))
+        batch.output_rows = np.zeros(0, np.int32)
+        run(batch, be.upload_vector(h))
+        out.append(states)
+    return out[0], out[1], [len(t) for t in before]
+
+
+@pytest.mark.parametrize("k_type,v_type", [("f16", "f16"), ("q8_0", "q4_0")])
+def test_mtp_fill_writes_what_mtp_forward_writes(lm, k_type, v_type):
+    """mtp_fill (the head's catch-ups) leaves the MTP states exactly as mtp_forward with no output rows does: every
+    cache row the same bits, the same n_past, for a batch of segments at different positions."""
+    filled, forwarded, n0 = mtp_fill_and_forward_states(lm, k_type, v_type)
+    for a, b, n in zip(filled, forwarded, n0):
+        assert a.n_past == b.n_past > n
+        assert np.any(a.k[0][n:a.n_past] != 0) and np.any(a.v[0][n:a.n_past] != 0)     # (rows were written)
+        assert np.array_equal(a.k[0], b.k[0]) and np.array_equal(a.v[0], b.v[0])
+
+
+def test_catch_ups_write_the_head_cache_without_the_block(lm, monkeypatch):
+    """The head's catch-ups of queued pairs (_catch_up of several sequences, _head_over_queue of a prompt) only
+    write its KV rows (Backend.kv_write through mtp_fill): no attention over the context, no MLP."""
+    sp = Speculator(lm.model, 3)
+    seqs = [sp.new_seq(64) for _ in PROMPTS[:3]]
+    for ms, p in zip(seqs, PROMPTS):
+        sp.prefill(lm.backend.new_state(lm.cfg, 64), ms, lm.tokenizer.encode(p), defer=True)
+    calls = Counter()
+    for obj, name in ((lm.backend, "attention"), (lm.backend, "kv_write"), (lm.model, "_mlp")):
+        fn = getattr(obj, name)
+        monkeypatch.setattr(obj, name, lambda *a, fn=fn, name=name, **k: calls.update([name]) or fn(*a, **k))
+    queued = [len(ms.pending) for ms in seqs]
+    sp._catch_up(seqs[:2], 0)
+    assert calls == {"kv_write": 1}
+    sp._head_over_queue(seqs[2])
+    assert calls == {"kv_write": 2}
+    assert [(ms.state.n_past, len(ms.pending)) for ms in seqs] == [(n, 0) for n in queued]
+
+
 # -- rewind of the recurrent state ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("k", [1, 2, 4])

@@ -18,7 +18,7 @@ from llamacmp.fixtures.writer import SHAPES, write_model
 from llamacmp.loader import load_model
 from llamacmp.spec import SpecConfig
 from test_mtp import (PROMPTS, _greedy, adaptive_scheduler_on_equals_off, beside_prompt_on_equals_off,
-                      plain_rounds_on_equals_off, scheduler_greedy_on_equals_off)
+                      mtp_fill_and_forward_states, plain_rounds_on_equals_off, scheduler_greedy_on_equals_off)
 
 pytestmark = pytest.mark.cuda
 
@@ -116,6 +116,22 @@ def test_mtp_forward_equals_numpy(lms):
                                              lm.backend.upload_vector(h))
         out.append((lm.backend.to_host(logits), lm.backend.to_host(h_out)))
     assert rel(out[1][0], out[0][0]) < 2e-2 and rel(out[1][1], out[0][1]) < 2e-2
+
+
+@pytest.mark.parametrize("shape,kv_type", [("tiny", "f16"), ("small", "f16"), ("small", "q8_0")])
+def test_mtp_fill_writes_what_mtp_forward_writes_cuda(lms, shape, kv_type):
+    """mtp_fill's K and V rows are mtp_forward's byte for byte on the device too, through the round-1 kernels' write
+    (tiny: head dim 32) and the v2 kernels' (small: 64, f16 and quantized); and they are the reference's rows."""
+    ref, dev = lms(shape)
+    be = dev.backend
+    filled, forwarded, _ = mtp_fill_and_forward_states(dev, kv_type, kv_type)
+    want, _, _ = mtp_fill_and_forward_states(ref, kv_type, kv_type)
+    for a, b, w in zip(filled, forwarded, want):
+        assert a.n_past == b.n_past == w.n_past
+        for x, y in ((a.k[0], b.k[0]), (a.v[0], b.v[0])):
+            assert np.array_equal(be.kv_rows_raw(x, a.n_past), be.kv_rows_raw(y, b.n_past))
+        got, exp = be.state_to_host(a), ref.backend.state_to_host(w)
+        assert rel(got["k"][0], exp["k"][0]) < 2e-2 and rel(got["v"][0], exp["v"][0]) < 2e-2
 
 
 def _check_graphs(c, graphs: bool) -> None:

@@ -20,14 +20,16 @@ PARAMS = GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=16)
 
 def _watched(lm, monkeypatch, n_slots: int, n_ubatch: int = 512):
     """An engine (MTP on, eager graphs, plain and drafting rounds in turn) -> (it, a list of what ran, in order:
-    ('target', rows) target forwards, ('head', rows) MTP forwards, ('prepare',) graph preparations, ('first', task)
-    first tokens, {task id: tokens})."""
+    ('target', rows) target forwards, ('head', rows) MTP forwards and fills, ('prepare',) graph preparations,
+    ('first', task) first tokens, {task id: tokens})."""
     ev, got = [], {}
-    fwd, head = lm.model.forward_hidden, lm.model.mtp_forward
+    fwd = lm.model.forward_hidden
     monkeypatch.setattr(lm.model, "forward_hidden",
                         lambda batch, *a, **k: ev.append(("target", len(batch.tokens))) or fwd(batch, *a, **k))
-    monkeypatch.setattr(lm.model, "mtp_forward",
-                        lambda batch, *a, **k: ev.append(("head", len(batch.tokens))) or head(batch, *a, **k))
+    for name in ("mtp_forward", "mtp_fill"):
+        head = getattr(lm.model, name)
+        monkeypatch.setattr(lm.model, name, lambda batch, *a, head=head, **k: ev.append(("head", len(batch.tokens)))
+                            or head(batch, *a, **k))
 
     class Graphs(EagerSpecGraphs):
         def prepare(self, *a, **k):

@@ -268,8 +268,14 @@ class Backend(ABC):
     @abstractmethod
     def attention(self, q: Tensor, k: Tensor, v: Tensor, batch: StepBatch, layer: int, cfg: ModelConfig) -> Tensor:
         """q [T, Hq, Dh], k [T, Hk, Dh], v [T, Hk*Dh] -> [T, Hq*Dh].
-        Writes k, v into each segment's cache at its positions, then causal softmax(q k^T / sqrt(Dh)) v over the
-        cache (GQA: q head h reads kv head h // (Hq/Hk)). `layer` indexes state.k / state.v."""
+        Writes k, v into each segment's cache at its positions (kv_write), then causal softmax(q k^T / sqrt(Dh)) v
+        over the cache (GQA: q head h reads kv head h // (Hq/Hk)). `layer` indexes state.k / state.v."""
+
+    @abstractmethod
+    def kv_write(self, k: Tensor, v: Tensor, batch: StepBatch, layer: int, cfg: ModelConfig) -> None:
+        """k [T, Hk, Dh], v [T, Hk*Dh] -> each segment's rows into its state's k[layer] / v[layer] at its
+        positions, in the cache formats: exactly what attention() writes, without the attention (the MTP head's
+        catch-up only keeps its cache current: Qwen35Model.mtp_fill). n_past is left as it is."""
 
     @abstractmethod
     def sigmoid_mul(self, x: Tensor, gate: Tensor) -> Tensor:

@@ -723,9 +723,7 @@ class CudaBackend(Backend):
             return self._attention_v2(q, k, v, batch, layer, cfg, block_lists)
         if block_lists is not None and any(b is not None for b in block_lists):
             raise ValueError(f"block-sparse prefill needs the v2 attention kernels (head dim {Dh})")
-        for seg in batch.segments:
-            if seg.state.k_type not in _KV_CODES or seg.state.v_type != seg.state.k_type:
-                raise ValueError(self._kv_type_head_dim_error(seg.state.k_type, seg.state.v_type, Dh))
+        self.kv_write(k, v, batch, layer, cfg)
         pos = self._positions(batch)
         out = self.empty((T, Hq * Dh))
         for seg in batch.segments:
@@ -733,8 +731,6 @@ class CudaBackend(Backend):
             kc, vc = st.k[layer], st.v[layer]
             code = _KV_CODES[kc.dtype]
             pos_ptr = pos.row_ptr(seg.start)
-            self.native.cmp_kv_write(k.row_ptr(seg.start), v.row_ptr(seg.start), pos_ptr, kc.ptr, vc.ptr, code,
-                                     L, Hk, Dh)
             n_split = self._n_split(L, Hq, Hk, st.n_ctx if self.row_order else st.n_past + L)
             work = self.empty((n_split, L * Hq, Dh + 2), what="attention split-K partials") if n_split > 1 else None
             self.native.cmp_attention(q.row_ptr(seg.start), kc.ptr, vc.ptr, code, pos_ptr, out.row_ptr(seg.start),
@@ -745,6 +741,7 @@ class CudaBackend(Backend):
     def _attention_v2(self, q, k, v, batch, layer, cfg, block_lists):
         T, Hq, Dh = q.shape
         Hk = cfg.n_head_kv
+        self.kv_write(k, v, batch, layer, cfg)
         pos = self._positions(batch)
         out = self.empty((T, Hq * Dh))
         scale = 1.0 / math.sqrt(Dh)
@@ -753,8 +750,6 @@ class CudaBackend(Backend):
             kc, vc = st.k[layer], st.v[layer]
             kt, vt = CMP_KV_TYPES[st.k_type], CMP_KV_TYPES[st.v_type]
             pos_ptr = pos.row_ptr(seg.start)
-            self.native.cmp_kv_write_q(k.row_ptr(seg.start), v.row_ptr(seg.start), pos_ptr, kc.ptr, vc.ptr, kt, vt,
-                                       L, Hk, Dh)
             lists = block_lists[i] if block_lists is not None else None
             if lists is None and L > self.DECODE_MAX_L and getattr(self, "sparse", None) is not None:
                 lists = self.sparse_lists(q, seg, layer, cfg)
@@ -790,6 +785,27 @@ class CudaBackend(Backend):
                                          blocks.ptr if blocks is not None else None,
                                          counts.ptr if counts is not None else None, max_blocks)
         return out
+
+    def kv_write(self, k, v, batch, layer, cfg):
+        """Each segment's rows at the rows its device positions name (the positions a captured graph's replay
+        uploads): the v2 kernels' write (every KV type) at their head dims, else the round-1 kernel's (one f16 or
+        f32 type for both)."""
+        Hk, Dh = cfg.n_head_kv, cfg.head_dim
+        v2 = Dh in self.V2_HEAD_DIMS
+        if not v2:
+            for seg in batch.segments:
+                if seg.state.k_type not in _KV_CODES or seg.state.v_type != seg.state.k_type:
+                    raise ValueError(self._kv_type_head_dim_error(seg.state.k_type, seg.state.v_type, Dh))
+        pos = self._positions(batch)
+        for seg in batch.segments:
+            st = seg.state
+            ptrs = (k.row_ptr(seg.start), v.row_ptr(seg.start), pos.row_ptr(seg.start), st.k[layer].ptr,
+                    st.v[layer].ptr)
+            if v2:
+                self.native.cmp_kv_write_q(*ptrs, CMP_KV_TYPES[st.k_type], CMP_KV_TYPES[st.v_type], seg.length, Hk,
+                                           Dh)
+            else:
+                self.native.cmp_kv_write(*ptrs, _KV_CODES[st.k[layer].dtype], seg.length, Hk, Dh)
 
     def decode_splits(self, n_kv: int) -> int:
         """The split-K grid that covers rows of up to n_kv keys (cmp_attn_decode_splits)."""

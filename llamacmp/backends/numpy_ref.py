@@ -338,12 +338,10 @@ class NumpyBackend(Backend):
         T, Hq, Dh = q.shape
         group = Hq // cfg.n_head_kv
         out = np.empty((T, Hq, Dh), np.float32)
-        v = v.reshape(T, cfg.n_head_kv, Dh)
+        self.kv_write(k, v, batch, layer, cfg)
         for seg in batch.segments:
             rows = slice(seg.start, seg.start + seg.length)
             p0, st = seg.state.n_past, seg.state
-            st.k[layer][p0:p0 + seg.length] = kv_quant.roundtrip(k[rows], st.k_type)
-            st.v[layer][p0:p0 + seg.length] = kv_quant.roundtrip(v[rows], st.v_type)
             if self.sparse is not None and self._sparse_attention(q[rows], st, p0, layer, out[rows], Dh):
                 continue
             kc = st.k[layer][:p0 + seg.length].astype(np.float64)       # [S, Hk, Dh]
@@ -356,6 +354,13 @@ class NumpyBackend(Backend):
             p /= p.sum(axis=-1, keepdims=True)
             out[rows] = np.einsum("hts,shd->thd", p, vc)
         return out.reshape(T, Hq * Dh)
+
+    def kv_write(self, k, v, batch, layer, cfg):
+        v = v.reshape(len(v), cfg.n_head_kv, cfg.head_dim)
+        for seg in batch.segments:
+            rows, st, p0 = slice(seg.start, seg.start + seg.length), seg.state, seg.state.n_past
+            st.k[layer][p0:p0 + seg.length] = kv_quant.roundtrip(k[rows], st.k_type)
+            st.v[layer][p0:p0 + seg.length] = kv_quant.roundtrip(v[rows], st.v_type)
 
     def _sparse_attention(self, q, st, p0, layer, out, Dh) -> bool:
         """One segment's chunk through sparse_attn (selection from the probe statistics, exact attention over the

@@ -15,7 +15,8 @@ How llama.cpp 0c1e570 feeds the head (common/speculative.cpp, common_speculative
 position p is the token x_p with the target's hidden state h_(p-1) (the row before; zeros before the first token),
 for every position the target evaluates (process(): prompt included), so the head's own KV cache covers the whole
 sequence. Here those (token, h) pairs wait in MtpSeq.pending until the next draft, whose first MTP forward runs them
-together with (t0, h_(P-1)).
+together with (t0, h_(P-1)). Pairs run apart from a draft (a prompt's; plain steps' past what a draft takes) only
+fill the head's KV cache (Qwen35Model.mtp_fill): nothing else of the block is read for them.
 
 On a backend that captures graphs (Backend.spec_graphs: backends/spec_graphs.py) the draft rounds and the verify
 forward are replayed CUDA graphs, with the argmax on the device and only ids crossing, while the context has room
@@ -227,11 +228,9 @@ class Speculator:
         return logits
 
     def _head_over_queue(self, ms: MtpSeq) -> None:
-        """The head over one sequence's queued pairs, without its LM head (its KV cache only)."""
+        """The head's KV cache over one sequence's queued pairs (Qwen35Model.mtp_fill: nothing else of the block)."""
         t_start = time.perf_counter()
-        batch = StepBatch.build([(ms.state, ms.pending)])
-        batch.output_rows = np.zeros(0, np.int32)
-        self.model.mtp_forward(batch, self.be.concat(ms.pending_h, axis=0))
+        self.model.mtp_fill(StepBatch.build([(ms.state, ms.pending)]), self.be.concat(ms.pending_h, axis=0))
         # the last row copied out: a view would hold the chunk's whole h until the next round replaces it
         ms.pending, ms.pending_h, ms.h_last = [], [], self.be.concat([ms.h_last], axis=0)
         self.prompt_head_s += time.perf_counter() - t_start
@@ -353,14 +352,13 @@ class Speculator:
             self.policy.costs.add_plain(rows, seconds)
 
     def _catch_up(self, seqs: Sequence[MtpSeq], keep: int) -> None:
-        """Run the head over the pending pairs of sequences with more than `keep` of them (the draft graph takes
-        the rest with t0), without its LM head, as prefill() does."""
+        """Fill the head's KV cache from the pending pairs of sequences with more than `keep` of them (the draft
+        graph takes the rest with t0), as prefill() does (Qwen35Model.mtp_fill: nothing else of the block)."""
         long = [ms for ms in seqs if len(ms.pending) > keep]
         if not long:
             return
-        batch = StepBatch.build([(ms.state, ms.pending) for ms in long])
-        batch.output_rows = np.zeros(0, np.int32)
-        self.model.mtp_forward(batch, self.be.concat([x for ms in long for x in ms.pending_h], axis=0))
+        self.model.mtp_fill(StepBatch.build([(ms.state, ms.pending) for ms in long]),
+                            self.be.concat([x for ms in long for x in ms.pending_h], axis=0))
         for ms in long:
             ms.pending, ms.pending_h = [], []
 

@@ -122,9 +122,7 @@ class Qwen35Model:
         LM head. h_out is that normed state (graph_mtp's t_h_nextn): common/speculative.cpp's draft() feeds it as h
         of the next draft position, so drafts beyond the first chain on the head's own output."""
         be, t, eps = self.be, self.mtp, self.cfg.rms_eps
-        e = be.rmsnorm(be.embed(t.embed, batch.tokens), t.enorm, eps)
-        x = be.matmuls(be.concat([e, be.rmsnorm(h, t.hnorm, eps)], axis=1), [t.eh_proj])[0]
-        x = self._mlp(self._attention(x, t.layer, batch), t.layer)
+        x = self._mlp(self._attention(self._mtp_input(batch, h), t.layer, batch), t.layer)
         for seg in batch.segments:
             seg.state.n_past += seg.length
         h_out = be.rmsnorm(x, t.head_norm, eps)
@@ -137,6 +135,23 @@ class Qwen35Model:
         if t.draft_coarse is not None:
             return be.coarse_argmax(x, t.draft_coarse, head, min(t.coarse_k, head.shape[0]), out), h_out
         return be.argmax(be.matmuls(x, [head])[0], out), h_out
+
+    def mtp_fill(self, batch: StepBatch, h) -> None:
+        """What mtp_forward with no output rows leaves behind, alone: the block's K and V rows of `batch` in the MTP
+        states' caches (bit for bit mtp_forward's: the same ops up to the write) and their n_past advanced. The
+        pairs a sequence queues while it steps plainly or prefills need nothing else; the attention over the
+        context, the output projection, the MLP and the head norm are skipped."""
+        t = self.mtp
+        _, k, v, _ = self._attention_inputs(self._mtp_input(batch, h), t.layer, batch)
+        self.be.kv_write(k, v, batch, t.layer.slot, self.cfg)
+        for seg in batch.segments:
+            seg.state.n_past += seg.length
+
+    def _mtp_input(self, batch: StepBatch, h):
+        """The MTP block's input [T, D]: eh_proj(concat(enorm(embed(token)), hnorm(h)))."""
+        be, t, eps = self.be, self.mtp, self.cfg.rms_eps
+        e = be.rmsnorm(be.embed(t.embed, batch.tokens), t.enorm, eps)
+        return be.matmuls(be.concat([e, be.rmsnorm(h, t.hnorm, eps)], axis=1), [t.eh_proj])[0]
 
     def set_draft_vocab(self, n: int) -> None:
         """--spec-draft-vocab: the MTP head proposes only token ids 0 .. n-1 (0: the whole vocabulary). BPE ids come
@@ -210,13 +225,20 @@ class Qwen35Model:
     def _attention(self, x, layer: _Layer, batch: StepBatch):
         """x [T, D] -> x + the gated attention of rmsnorm(x)."""
         be, a = self.be, layer.attn
+        q, k, v, gate = self._attention_inputs(x, layer, batch)
+        # Causal GQA attention over the cache, then the sigmoid output gate.
+        o = be.attention(q, k, v, batch, layer.slot, self.cfg)
+        return be.sigmoid_mul_matmul_add(o, gate, a.wo, x)
+
+    def _attention_inputs(self, x, layer: _Layer, batch: StepBatch):
+        """x [T, D] -> the attention's q [T, Hq, Dh], k [T, Hk, Dh], v [T, Hk*Dh] and output gate [T, Hq*Dh] of
+        rmsnorm(x)."""
+        be, a = self.be, layer.attn
         # Projections: q and its output gate come interleaved per head from one matrix.
         qg, k, v = be.rmsnorm_matmuls(x, layer.attn_norm, self.cfg.rms_eps, [a.wq, a.wk, a.wv])
         # Per-head q/k RMSNorm, then partial rotary on the first n_rot dims.
         q, k, gate = be.attention_prep(qg, k, a.q_norm, a.k_norm, batch, self.cfg)
-        # Causal GQA attention over the cache, then the sigmoid output gate.
-        o = be.attention(q, k, v, batch, layer.slot, self.cfg)
-        return be.sigmoid_mul_matmul_add(o, gate, a.wo, x)
+        return q, k, v, gate
 
     def _gated_delta_net(self, x, layer: _Layer, batch: StepBatch):
         """x [T, D] -> x + the Gated DeltaNet of rmsnorm(x)."""

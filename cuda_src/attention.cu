@@ -809,8 +809,13 @@ using smem::PF_BK;   // keys per tile (= the block-sparse block)
 using smem::PF_DC;   // head dims per shared K/V chunk
 
 // Block (row tile of BR rows, kv head): rows r = t*G + g of the kv head's group (GQA: each K/V tile serves all G
-// heads); BR * 4 threads. Thread (rg = tid/16, kg = tid%16) owns S rows rg*4..+3 x keys kg*4..+3 and O rows
-// rg*4..+3 x dims {c*64 + kg*4 .. +3}, so a row's arithmetic is the same for every BR. Shared
+// heads); BR * 4 threads. Thread (rg, kg) owns S rows rg*4..+3 x keys kg*4..+3 and O rows rg*4..+3 x dims
+// {c*64 + kg*4 .. +3}, so a row's arithmetic is the same for every BR. A warp holds row groups 2w, 2w+1 (lane bit
+// 0) x key groups 0..15 (lane bits 1..4): its 16-byte shared loads are served a half-warp at a time, identical
+// addresses merged within a half only, so a half of 2 row groups x 8 key groups reads 32 + 128 bytes (2 wavefronts)
+// a step where one row group x 16 key groups read 16 + 256 (3: ncu, H200, 2026-12-04: 6 wavefronts a warp and
+// step, 64% of the shared pipe, 37% of FP32 peak). A row's 16 key groups stay in one warp (shuffles over lane
+// bits 4..1, the pairs of the butterfly over kg bits 3..0: the same sums). Shared
 // (smem::attn_prefill_bytes): Qt [Dh][BR] (transposed, scaled, tq3-rotated), one 64x64 chunk buffer (K chunk
 // transposed [d][key], or V chunk [key][d]), Pt [64 keys][BR rows]: at Dh 256 96 KB with BR 64 (sm_70 and up),
 // 56 KB with 32 (sm_75), 36 KB with 16 (sm_61); smem::attn_prefill_plan picks the largest BR that fits.
@@ -850,7 +855,7 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     float* Qt = smem;                    // [Dh][BR]; at the end the output [BR][Dh]
     float* buf = Qt + Dh * BR;           // [64 * 64]
     float* Pt = buf + PF_DC * PF_BK;     // [PF_BK][BR]
-    const int tid = threadIdx.x, rg = tid >> 4, kg = tid & 15;
+    const int tid = threadIdx.x, rg = (tid >> 5) * 2 + (tid & 1), kg = (tid >> 1) & 15;
     int tile = blockIdx.x + gridDim.x * blockIdx.y, part = 0;   // part: this unit's piece
     if (pieces > 1) {
         const int unit = split_unit(smem), tiles = gridDim.x * gridDim.y;   // (before Q^T overwrites the word)
@@ -1048,7 +1053,7 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                     for (int j = 0; j < 4; ++j) S[i][j] = fmaf(av[i], bv[j], S[i][j]);
             }
         }
-        // online softmax per row (the 16 threads of a row group are one half-warp)
+        // online softmax per row (the 16 threads of a row group: lane bits 1..4 of one warp)
         float p[4][4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -1061,7 +1066,7 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
                 mx = fmaxf(mx, S[i][j]);
             }
 #pragma unroll
-            for (int o = 8; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            for (int o = 16; o > 1; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             const float m_new = fmaxf(m[i], mx);
             const float corr = __expf(m[i] - m_new);
             float ps = 0.f;
@@ -1127,7 +1132,7 @@ attn_prefill_kernel(const float* __restrict__ q,      // [L, Hq, Dh]
     for (int i = 0; i < 4; ++i) {
         float l = lp[i];
 #pragma unroll
-        for (int o = 8; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        for (int o = 16; o > 1; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
         const float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
         for (int c = 0; c < NC; ++c)

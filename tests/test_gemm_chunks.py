@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TILE = 128
-H200_WAVE = 132   # gemm_w16_kernel: one 512-thread block per SM of the H200's 132
+TILE = 128        # weight rows per tile (every prefill GEMM), and tokens (all but gemm_w16_kernel)
+W16_TOK = 64      # gemm_w16_kernel's tokens per tile
+H200_WAVE = 132   # a block per SM of the H200's 132 (the 128 x 128 GEMMs)
+H200_W16_WAVE = 264   # gemm_w16_kernel: two 256-thread blocks per SM
 
 
-def reference(rows: int, cap_rows: int, tokens: int, tile: int, wave: int) -> tuple[int, int, int]:
+def reference(rows: int, cap_rows: int, tokens: int, tile: int, tok_tile: int, wave: int) -> tuple[int, int, int]:
     """(chunk rows, waves, launches) of the best uniform chunking, by trying every chunk of 1..cap tiles."""
-    row_tiles, token_tiles = -(-rows // tile), -(-tokens // tile)
+    row_tiles, token_tiles = -(-rows // tile), -(-tokens // tok_tile)
     best = None
     for c in range(min(cap_rows // tile, row_tiles), 0, -1):
         sizes = [c] * (row_tiles // c) + ([row_tiles % c] if row_tiles % c else [])
@@ -48,23 +50,32 @@ def chunker(tmp_path_factory):
 def test_the_9b_ffn_gate_goes_in_whole_waves(chunker):
     """The H200 case that motivated it: ffn_gate (12288 rows, K = 4096: 10752 rows fit the 64 MiB workspace) at 512
     tokens went as 10752 + 1536 rows (4 + 1 waves); 8448 + 3840 rows take 3 waves, the least 96 x 4 tiles can."""
-    ((chunk, waves, launches),) = chunker([(12288, 10752, 512, TILE, H200_WAVE)])
+    ((chunk, waves, launches),) = chunker([(12288, 10752, 512, TILE, TILE, H200_WAVE)])
     assert (chunk, waves, launches) == (8448, 3, 2)
+
+
+def test_the_w16_tiles_count_their_own_tokens(chunker):
+    """gemm_w16_kernel's 128 x 64 tiles at two blocks an SM: the same ffn_gate case is 96 x 8 tiles on 264 slots;
+    10752 + 1536 rows take 3 + 1 waves (84 x 8 = 672 tiles: 2.55 waves; 12 x 8 = 96), 8448 + 3840 rows 2 + 1 (66 x 8
+    = 528, 30 x 8 = 240). Its tokens counted in 128-token tiles (half its blocks) would make that 2 waves."""
+    got = chunker([(12288, 10752, 512, TILE, W16_TOK, H200_W16_WAVE), (12288, 10752, 512, TILE, TILE, H200_W16_WAVE)])
+    assert got == [(8448, 3, 2), (8448, 2, 2)]
 
 
 def test_without_a_wave_the_whole_workspace(chunker):
     """wave 0 (not known): the largest chunk the workspace holds, as before whole waves were counted."""
-    assert chunker([(12288, 10752, 512, TILE, 0)])[0][0] == 10752
-    assert chunker([(300, 10752, 512, TILE, 0)])[0][:3:2] == (384, 1)
+    assert chunker([(12288, 10752, 512, TILE, TILE, 0)])[0][0] == 10752
+    assert chunker([(300, 10752, 512, TILE, W16_TOK, 0)])[0][:3:2] == (384, 1)
 
 
 def test_every_choice_is_the_brute_force_best(chunker):
     """Rows with partial last tiles, workspaces from one tile up, token counts across tile edges, waves of small
-    cards (sm_61 at 1-2 blocks an SM: 30-60) and the H200's."""
-    cases = [(rows, cap, tokens, TILE, wave)
+    cards (sm_61 at 1-2 blocks an SM: 30-60) and the H200's; token tiles of 128 and gemm_w16_kernel's 64."""
+    cases = [(rows, cap, tokens, TILE, tok_tile, wave)
              for rows in (1, 127, 128, 259, 1024, 4096, 12288, 12289, 248320)
              for cap in (128, 256, 1024, 3456, 10752, 65536)
-             for tokens in (17, 128, 200, 512, 4096)
+             for tokens in (17, 64, 65, 128, 200, 512, 4096)
+             for tok_tile in (TILE, W16_TOK)
              for wave in (0, 1, 30, 60, 80, 132, 264)]
     got = chunker(cases)
     for case, choice in zip(cases, got):
@@ -90,8 +101,11 @@ def pieces_reference(tiles: int, wave: int, stages: int, min_stages: int) -> int
 def test_the_27b_down_projection_takes_four_pieces(chunker):
     """5120 rows x 512 tokens = 160 tiles on the H200's 132: 2 waves whole (1.21 would do), 5 waves of quarter
     tiles (1.25) in 4 pieces; K = 17408 is 136 stages of 4 blocks. The 9B's 4096 rows (128 tiles) fit one wave: whole.
-    An 80-SM card (CMP 100-210) takes the 9B's 128 tiles in 3 pieces: 5 waves of thirds (1.67) against 2."""
+    An 80-SM card (CMP 100-210) takes the 9B's 128 tiles in 3 pieces: 5 waves of thirds (1.67) against 2.
+    gemm_w16_kernel's 128 x 64 tiles at 2 blocks an SM: twice the tiles on twice the slots, the same choices (320 on
+    264: 4 pieces; the 9B's 256 on 264: whole)."""
     assert chunker([(160, 132, 136, 4), (128, 132, 32, 4), (128, 80, 32, 4)], "p") == [(4,), (1,), (3,)]
+    assert chunker([(320, 264, 136, 4), (256, 264, 32, 4)], "p") == [(4,), (1,)]
 
 
 def test_every_piece_choice_is_the_brute_force_best(chunker):

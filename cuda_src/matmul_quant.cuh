@@ -17,8 +17,8 @@
 //    bias of Q4_0 / Q5_0 / Q3_K / Q6_K comes off the integer dots, not off each code (gemv_quant_kernel's BIAS).
 //  - GEMM (T > 16, prefill): per chunk of weight rows, an expansion kernel writes int8 codes + an f32 scale and min
 //    per 16 values into the caller's workspace, then one GEMM multiplies that form: for the types with one scale and
-//    min per 32 values (not PER16) on DP4A, wherever compute_80+ code and 80 KB (88 with mins) of shared memory run,
-//    Q8_0's 16-warp GEMM (gemm_w16.cuh) with the min term per block; else gemm_quant_kernel (128x128 tiles, 8x8
+//    min per 32 values (not PER16) on DP4A, wherever compute_80+ code and 60 KB (66 with mins) of shared memory run,
+//    Q8_0's DP4A GEMM (gemm_w16.cuh) with the min term per block; else gemm_quant_kernel (128x128 tiles, 8x8
 //    outputs per thread, double-buffered shared memory as matmul_q8.cu's v2 GEMM), which adds a per-32 type's
 //    blocks by the same block_term, so both give the same bits. The activation half sums times their scale come
 //    from a small kernel first.
@@ -703,7 +703,7 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
 }
 
 // All `count` matrices as one run of rows (their rows one after another) through a GEMM that stores by GemmOut (the
-// 16-warp DP4A GEMM, the tensor-core GEMMs): each chunk of the run (gemm_chunks.h over all rows, `wave` blocks of
+// DP4A gemm_w16_kernel, the tensor-core GEMMs): each chunk of the run (gemm_chunks.h over all rows, `wave` blocks of
 // QTILE rows x tok_tile tokens resident) is expanded into the workspace matrix by matrix, back to back, and
 // multiplied by one launch(out, rows) whose GemmOut sends each matrix's rows to its own output. The GDN's z + beta +
 // alpha of a Q4_K_M file (4096 + 32 + 32 rows) are then one wave at 512 tokens on an H200, not three.
@@ -761,7 +761,7 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
     CMP_REQUIRE(n % Q::BV == 0, "cmp_matmul_quant: n=%d is not a multiple of the type's %d-value blocks", n, Q::BV);
     if (T <= QGEMV_MAX_T) return gemv_quant<Q, D>(xq, xd, count, body, head, y, res, rows, T, n);
     // All the matrices in one run of rows on the tensor cores, and with one scale (and min) per 32 values on DP4A
-    // through Q8_0's 16-warp GEMM (gemm_w16.cuh) wherever it runs; else matrix by matrix.
+    // through Q8_0's DP4A GEMM (gemm_w16.cuh) wherever it runs; else matrix by matrix.
     bool w16 = false;
     if constexpr (D::OPS == 1 && !Q::PER16)
         if (!mma) CMP_TRY((gemm_w16_runs<W16Expanded<Q::MIN>, D>(&w16)));
@@ -787,7 +787,7 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
         if (w16) {
             using W = W16Expanded<Q::MIN>;
             CMP_TRY((gemm_w16_wave<W, D>(&wave)));
-            return gemm_quant_run<Q>(count, body, head, y, res, rows, T, n, g, QTILE, wave,
+            return gemm_quant_run<Q>(count, body, head, y, res, rows, T, n, g, W16_TOK, wave,
                                      [&](const GemmOut& out, int) {
                                          return launch_gemm_w16<W, D>(xq, xd, g.xs, g.wq, W{g.ws, g.wm}, out, T, n);
                                      });

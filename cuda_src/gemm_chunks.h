@@ -55,21 +55,42 @@ constexpr Chunking wave_chunk(int rows, int cap_rows, int tokens, int tile, int 
 // tile (1.25 tile-times) in 4 pieces. The pieces of every tile run in order, so the sums and their bits are the
 // unsplit loop's. Only where tiles >= wave: each piece then starts at least a wave of units after the one before
 // it, which has ended by then (a resident block never waits on another).
-// A split must save at least SPLIT_GAIN_PCT percent of the waves (each piece boundary writes and reads a tile of
-// partial sums), and each piece keeps at least min_stages of the tile's stages.
+// A launch's time in waves is counted by SplitModel: a kernel with per_sm blocks resident on an SM, whose last,
+// part-full wave leaves at most `busiest` blocks on any SM, takes that wave in busiest / per_sm of a wave's time at
+// the rate of a lone block (solo_pct percent of the SM's full rate: one block of gemm_w16_kernel's two on the H200
+// nearly fills it), at most a whole wave; with one block an SM (the default) every wave is whole, as before. A split
+// must save at least cost_pct percent of that time (each piece boundary writes and reads a tile of partial sums, and
+// waits), and each piece keeps at least min_stages of the tile's stages.
 constexpr int SPLIT_MAX_PIECES = 4;
-constexpr int SPLIT_GAIN_PCT = 3;
+struct SplitModel {
+    int per_sm = 1;       // blocks resident per SM
+    int solo_pct = 100;   // a block alone on an SM: its rate, percent of the SM's full rate (per_sm > 1)
+    int cost_pct = 3;     // what a split must save, percent
+};
 
-constexpr int serial_pieces(int tiles, int wave, int stages, int min_stages) {
+// The time of `units` blocks in thousandths of a wave (`wave` blocks resident on the device at once).
+constexpr long long wave_time(long long units, int wave, const SplitModel& m) {
+    long long t = units / wave * 1000;
+    const long long rest = units % wave;
+    if (rest) {
+        const int sms = wave / m.per_sm > 0 ? wave / m.per_sm : 1;
+        const long long busiest = (rest + sms - 1) / sms;
+        const long long part = busiest * 100000 / ((long long)m.per_sm * m.solo_pct);
+        t += busiest >= m.per_sm || part > 1000 ? 1000 : part;
+    }
+    return t;
+}
+
+constexpr int serial_pieces(int tiles, int wave, int stages, int min_stages, const SplitModel& m = SplitModel{}) {
     if (wave <= 0 || tiles < wave) return 1;
     int best = 1;
-    long long best_waves = ceil_div_i(tiles, wave);   // waves of best: compared as best_waves / best
+    long long best_t = wave_time(tiles, wave, m);   // the time of best's units: compared as best_t / best
     for (int p = 2; p <= SPLIT_MAX_PIECES && stages / p >= min_stages; ++p) {
-        const long long w = ceil_div_i((long long)tiles * p, wave);
-        // w / p below best_waves / best by SPLIT_GAIN_PCT percent
-        if (w * best * 100 <= best_waves * p * (100 - SPLIT_GAIN_PCT)) {
+        const long long t = wave_time((long long)tiles * p, wave, m);
+        // t / p below best_t / best by cost_pct percent
+        if (t * best * 100 <= best_t * p * (100 - m.cost_pct)) {
             best = p;
-            best_waves = w;
+            best_t = t;
         }
     }
     return best;

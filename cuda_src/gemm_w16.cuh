@@ -82,14 +82,15 @@ __device__ __forceinline__ void unpark_rows(float (&acc)[I][J], int t0, int T, i
 // parked in the tile's outputs, runs its stages and parks its sums for the next (or stores the outputs with the
 // residual).
 
-// The tile: G2TILE = 128 weight rows x W16_TOK = 64 tokens, W16_THREADS threads of 4 rows x 8 tokens each.
-constexpr int W16_TOK = smem::W16_TOK, W16_THREADS = 4 * W16_TOK, W16_WARPS = W16_THREADS / 32;
-template <bool MIN, int BK>
-using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK, W16_TOK>, smem::G2Stage<BK, W16_TOK>>;
+// The tile: G2TILE = 128 weight rows x TOK tokens (64 or 128: smem::gemm_w16_plan), 4 TOK threads of 4 rows x 8
+// tokens each.
+template <bool MIN, int BK, int TOK>
+using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK, TOK>, smem::G2Stage<BK, TOK>>;
 
-// 8 warps (256 threads of <= 128 registers), two blocks an SM, on tiles of 128 weight rows x 64 tokens: the DP4A
-// route's kernel wherever stages of 4 blocks by cp.async run (gemm_w16_runs: compute_80+ code, 60 KB of shared memory
-// a block, 66 KB with mins: smem_plan.h). Why this loop (issue 20 item 5; sm_90 SASS, nvcc 13.0, per stage of 4
+// 8 warps (256 threads of <= 128 registers), two blocks an SM, on tiles of 128 weight rows x 64 tokens (TOK = 64),
+// or 16 warps, one block an SM, on 128 x 128 (TOK = 128: where two 64-token blocks do not fit an SM, sm_86 / sm_89):
+// the DP4A route's kernel wherever stages of 4 blocks by cp.async run (gemm_w16_runs: compute_80+ code, 60 KB of
+// shared memory a block, 66 KB with mins; 80 / 88 KB at TOK = 128: smem_plan.h). Why this loop (issue 20 item 5; sm_90 SASS, nvcc 13.0, per stage of 4
 // blocks, 2048 IDP.4A per warp): the 8-warp gemm2_q8_kernel's loop (its 4-block stages, since deleted) is not
 // issue-bound (3075 instructions per 2048 IDP: IDP 2048, FMUL + FFMA 512, I2FP 256, LDS 149, 110 other; one
 // instruction per clock per scheduler against an IDP every 2 clocks leaves room for 4096). What bounds it by ptxas's
@@ -101,11 +102,10 @@ using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK, W16_TOK>, smem::G2
 // other alone. Here each thread owns 4 weight rows x 8 tokens (32 outputs, 128 registers: 4 warps per scheduler) and
 // the arithmetic per output is the same expression in the same block order, so both kernels give the same bits
 // (test_gemm2_stage_widths_give_the_same_bits compares it with the 2-block stages). Thread (tx, ty) = (tid % 32,
-// tid / 32) owns rows tx + 32i (i < 4) and tokens ty + 8j (j < 8): a warp's 16-byte reads of W cover 32 consecutive
+// tid / 32) owns rows tx + 32i (i < 4) and tokens ty + (TOK / 8) j (j < 8): a warp's 16-byte reads of W cover 32 consecutive
 // rows (conflict-free: the row stride is an odd number of 16-byte units), its reads of X one token (a broadcast).
-// Until branch next/w16x2 the kernel was one block of 16 warps an SM (512 threads, 128 x 128 tiles, 80 KB / 88 KB
-// with mins, tokens ty + 16j, __launch_bounds__(512, 1)): the same per-thread work and arithmetic, so the same bits.
-// Its Q8_0 loop (sm_90, nvcc 13.0, one stage = 1024 IDP.4A per warp): 1635 instructions (IDP 1024, FMUL + FFMA 256,
+// Until branch next/w16x2 the kernel was TOK = 128 everywhere: the same per-thread work and arithmetic, so the same
+// bits. Its Q8_0 loop (sm_90, nvcc 13.0, one stage = 1024 IDP.4A per warp): 1635 instructions (IDP 1024, FMUL + FFMA 256,
 // I2FP 128, LDS 148: 96 of 16 bytes and 52 scalar, LDGSTS 4, LDL 3: the loader's row indices, 72 other), 2657 clocks
 // of static stalls (one warp alone: 77% of the DP4A rate; 4 share a scheduler); 128 registers, 12 bytes of spill,
 // loaded once per stage. Shared-memory wavefronts per SM and stage ~3460 (W 4 per 16-byte read, X and its scales 1)
@@ -122,7 +122,7 @@ using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK, W16_TOK>, smem::G2
 // Q8_0's 1292 (79%) and gemm_quant_kernel's 1674 for Q4_K before (61%; 1419 since its min is per block too, but with
 // its 2 warps per scheduler). Not yet measured on a GPU: Q8_0's 91-93 TOPS times 1292 / 1423 would be ~83-85 for
 // Q4_K / Q5_K.
-// Two blocks of 8 warps instead of one of 16 (issue 20, the 27B's DP4A prefill; not yet run on a GPU): ncu on the
+// Two blocks of 8 warps instead of one of 16 (issue 20, the 27B's DP4A prefill): ncu on the
 // H200 (the 16-warp kernel, T = 512, the 27B's matrices) showed issue slots 56% busy, 4 warps per scheduler but only
 // 1.89 eligible, no eligible warp in 42% of cycles, top stall "not selected": the one block's 16 warps move through
 // each stage in lockstep (one __syncthreads a stage), all waiting at the barrier and for the stage's copies at once,
@@ -134,12 +134,15 @@ using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK, W16_TOK>, smem::G2
 // nvcc 13.0, per stage = 1024 IDP.4A per warp): Q8_0 and the types without mins 1664 instructions (IDP 1024, FMUL +
 // FFMA 256, I2FP 128, LDS 148, LDGSTS 6, LDG 3, STS 3, LDL 6, 90 other), 128 registers, 24 B spill (sm_80: 24 B);
 // with mins 1844 (IDP 1024, FFMA 256, FMUL 128, I2FP 128, LDS 195, LDGSTS 6, LDG 6, STS 6, 95 other), 121
-// registers, no spill. Under sm_86 / sm_89's 100 KB per SM one block an SM (8 warps: 2 a scheduler).
+// registers, no spill. Measured (H200, 2026-12-04 19:45, same call, against TOK = 128, `llamacmp-bench --hw-route
+// dp4a`, two rounds within 0.1%): 27B Q8_0 pp512 / pp4096 / pp16384 +3.7% / +3.7% / +3.2%, 27B Q4_K_M +3.9% / +3.8%
+// / +3.4%, 9B Q8_0 +0.7% / +0.5% / +0.5%, 9B Q4_K_M -1.5% / -1.5% / -1.3%. sm_86 / sm_89's 100 KB per SM would hold
+// one 64-token block (8 warps): TOK = 128 there.
 // SPLIT: the kernel of split launches (pieces > 1); whole tiles run the kernel without the pieces' code, whose
 // registers and schedule are the unsplit loop's (with it the 9B's unsplit GEMMs lost ~1%: 124 registers instead of
 // 128, another schedule; H200, 2026-12-04).
-template <class W, class D, int BK, bool SPLIT>
-__global__ void __launch_bounds__(W16_THREADS, 2)
+template <class W, class D, int BK, bool SPLIT, int TOK>
+__global__ void __launch_bounds__(4 * TOK, TOK == 64 ? 2 : 1)
 gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const float* __restrict__ xd,   // [T, n/32]
                 const float* __restrict__ xs,   // [T, n/16] activation half sums times their scale (W::MIN)
@@ -148,10 +151,10 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const GemmOut out,              // where each matrix's rows go
                 int T, int rows, int n,
                 int pieces) {                   // serial pieces of K per tile (SPLIT; else 1)
-    constexpr int TILE = smem::G2TILE, TOK = W16_TOK, THREADS = W16_THREADS, TS = W16_WARPS;
+    constexpr int TILE = smem::G2TILE, THREADS = 4 * TOK, TS = THREADS / 32;
     static_assert(TILE == 4 * 32 && TOK == 8 * TS, "a thread owns rows tx + 32i (i < 4), tokens ty + TS j (j < 8)");
     static_assert(TOK * BK == THREADS && TILE % TOK == 0, "stages of 4 blocks: per thread one X scale, W's TILE / TOK");
-    using Stage = W16Stage<W::MIN, BK>;
+    using Stage = W16Stage<W::MIN, BK, TOK>;
     extern __shared__ __align__(16) unsigned char w16smem[];   // Stage[2]
     Stage* st = reinterpret_cast<Stage*>(w16smem);
     const int tid = threadIdx.x, tx = tid & 31, ty = tid >> 5;
@@ -281,57 +284,92 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
     if (SPLIT) split_finished(tile, (unsigned)(tiles * pieces));
 }
 
-// Whether gemm_w16_kernel<W, D> runs on the current device: its code is compute_80+ (the stages come by cp.async;
-// sm_70/75's register-staged copy would hold a whole stage in registers) and its two stages fit (smem_plan.h). The
-// code's version is asked once per device (code_at_least's cache), the limit every time (cmp_set_smem_cap).
+// The launch: 4 TOK threads, two stages of W16_BK blocks (smem_plan.h's plans: their bytes are these).
+constexpr int W16_BK = 4;
+template <bool MIN, int TOK>
+constexpr size_t w16_bytes() { return 2 * sizeof(W16Stage<MIN, W16_BK, TOK>); }
+static_assert(w16_bytes<false, 64>() == smem::gemm_w16_bytes(64, false) &&
+                  w16_bytes<true, 64>() == smem::gemm_w16_bytes(64, true) &&
+                  w16_bytes<false, 128>() == smem::gemm_w16_bytes(128, false) &&
+                  w16_bytes<true, 128>() == smem::gemm_w16_bytes(128, true),
+              "the launch takes what smem_plan.h plans");
+
+// How gemm_w16_kernel<W, D> runs on the current device: its tokens per tile (smem::gemm_w16_plan under smem_limit(),
+// so cmp_set_smem_cap runs the other cards' tiles; 0: not at all, where its code is older than compute_80 (the
+// stages come by cp.async; sm_70/75's register-staged copy would hold a whole stage in registers) or it does not
+// fit), the blocks resident on the device at once (its wave) and on one SM. The code's version is asked once per
+// device (code_at_least's cache), the limit every time (cmp_set_smem_cap), the wave once per size (wave_blocks).
+struct W16Shape {
+    int tok, wave, per_sm;
+};
 template <class W, class D>
-int gemm_w16_runs(bool* yes) {
+int gemm_w16_shape(W16Shape* s) {
     static PerDevice code;
     size_t limit = 0;
     CMP_TRY(smem_limit(&limit));
     bool async = false;
-    CMP_TRY(code_at_least(gemm_w16_kernel<W, D, 4, false>, 80, code, &async));
-    *yes = async && (W::MIN ? smem::gemm_w16_min_plan(limit).config : smem::gemm_w16_plan(limit).config) == 4;
+    CMP_TRY(code_at_least(gemm_w16_kernel<W, D, W16_BK, false, 64>, 80, code, &async));
+    *s = W16Shape{async ? smem::gemm_w16_plan(limit, W::MIN).config : 0, 0, 0};
+    if (s->tok == 64)
+        CMP_TRY(wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK, false, 64>, 4 * 64, w16_bytes<W::MIN, 64>(),
+                            &s->wave));
+    else if (s->tok == 128)
+        CMP_TRY(wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK, false, 128>, 4 * 128,
+                            w16_bytes<W::MIN, 128>(), &s->wave));
+    DeviceFacts f{};
+    CMP_TRY(device_facts(&f));
+    s->per_sm = s->wave / std::max(f.sms, 1);
     return CMP_OK;
 }
 
-// The launch: W16_THREADS threads, two stages of W16_BK blocks (smem_plan.h's plans: their bytes are these).
-constexpr int W16_BK = 4;
-template <bool MIN>
-constexpr size_t w16_bytes() { return 2 * sizeof(W16Stage<MIN, W16_BK>); }
-static_assert(w16_bytes<false>() == smem::gemm_w16_plan(SIZE_MAX).bytes &&
-                  w16_bytes<true>() == smem::gemm_w16_min_plan(SIZE_MAX).bytes,
-              "the launch takes what smem_plan.h plans");
-
-// launch_gemm_w16's wave (wave_blocks: two blocks per SM where their shared memory fits).
+// Whether gemm_w16_kernel<W, D> runs on the current device (gemm_w16_shape).
 template <class W, class D>
-int gemm_w16_wave(int* blocks) {
-    return wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK, false>, W16_THREADS, w16_bytes<W::MIN>(),
-                       blocks);
+int gemm_w16_runs(bool* yes) {
+    W16Shape s{};
+    CMP_TRY((gemm_w16_shape<W, D>(&s)));
+    *yes = s.tok != 0;
+    return CMP_OK;
 }
 
 constexpr int W16_MIN_STAGES = 4;   // stages a piece keeps at least (16 blocks: 512 values of K)
+// The wave model of its serial pieces (gemm_chunks.h SplitModel), fitted on the H200 at 64 tokens, two blocks an SM
+// (bench_kernels.py --gemm-pieces, 2026-12-04, T = 512; whole / split ms): a block alone on an SM runs at 92% of
+// the two blocks' rate (27B down, 320 tiles on 264 slots: whole 1.190 ms = 1 + 0.54 waves), and a split costs
+// ~4.4% (9B attention q+k+v, 640 tiles: 2 pieces, 2.5 waves, 0.486 ms against 2.54 whole, 0.474 ms). With them the
+// model predicts the other shapes' split / whole within 0.5% (27B q+k+v 1.03 for 1.027, gate+up 1.011 for 1.008),
+// where the one-block-an-SM model split them for a loss.
+constexpr int W16_SOLO_PCT = 92, W16_SPLIT_COST_PCT = 5;
 
-// rows: of all the matrices (out.end[out.count - 1]).
-template <class W, class D>
-int launch_gemm_w16(const int8_t* xq, const float* xd, const float* xs, const int8_t* wq, const W& w,
-                    const GemmOut& out, int T, int n) {
-    constexpr size_t bytes = w16_bytes<W::MIN>();
+template <class W, class D, int TOK>
+int launch_w16_tiles(const int8_t* xq, const float* xd, const float* xs, const int8_t* wq, const W& w,
+                     const GemmOut& out, int T, int n, const W16Shape& s) {
+    constexpr size_t bytes = w16_bytes<W::MIN, TOK>();
     const int rows = out.end[out.count - 1];
-    const dim3 grid(ceil_div(rows, smem::G2TILE), ceil_div(T, W16_TOK));
+    const dim3 grid(ceil_div(rows, smem::G2TILE), ceil_div(T, TOK));
     const int tiles = grid.x * grid.y;
     const int stages = ceil_div(n / QK, W16_BK);
     int pieces = 1;
     if (tiles <= SPLIT_MAX_TILES && !out_in_place(out)) {
         const int forced = serial_pieces_forced();   // (tests: every count gives the same bits)
-        int wave = 0;
-        if (!forced) CMP_TRY((gemm_w16_wave<W, D>(&wave)));
-        pieces = forced ? std::min(forced, stages) : chunks::serial_pieces(tiles, wave, stages, W16_MIN_STAGES);
+        pieces = forced ? std::min(forced, stages)
+                        : chunks::serial_pieces(tiles, s.wave, stages, W16_MIN_STAGES,
+                                                chunks::SplitModel{s.per_sm, W16_SOLO_PCT, W16_SPLIT_COST_PCT});
     }
-    auto kernel = pieces > 1 ? gemm_w16_kernel<W, D, W16_BK, true> : gemm_w16_kernel<W, D, W16_BK, false>;
+    auto kernel = pieces > 1 ? gemm_w16_kernel<W, D, W16_BK, true, TOK> : gemm_w16_kernel<W, D, W16_BK, false, TOK>;
     CMP_TRY(smem_opt_in("gemm_w16_kernel", kernel, bytes));
-    kernel<<<dim3(grid.x, grid.y, pieces), W16_THREADS, bytes, stream()>>>(xq, xd, xs, wq, w, out, T, rows, n, pieces);
+    kernel<<<dim3(grid.x, grid.y, pieces), 4 * TOK, bytes, stream()>>>(xq, xd, xs, wq, w, out, T, rows, n, pieces);
     return check_launch("gemm_w16_kernel");
+}
+
+// rows: of all the matrices (out.end[out.count - 1]). The caller has checked that it runs (gemm_w16_runs).
+template <class W, class D>
+int launch_gemm_w16(const int8_t* xq, const float* xd, const float* xs, const int8_t* wq, const W& w,
+                    const GemmOut& out, int T, int n) {
+    W16Shape s{};
+    CMP_TRY((gemm_w16_shape<W, D>(&s)));
+    if (s.tok == 64) return launch_w16_tiles<W, D, 64>(xq, xd, xs, wq, w, out, T, n, s);
+    if (s.tok == 128) return launch_w16_tiles<W, D, 128>(xq, xd, xs, wq, w, out, T, n, s);
+    return fail(CMP_ERR_UNSUPPORTED, "gemm_w16_kernel does not run on this device (compute_80+ code, 60 KB)");
 }
 
 }  // namespace

@@ -786,8 +786,9 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
     if constexpr (D::OPS == 1 && !Q::PER16)
         if (w16) {
             using W = W16Expanded<Q::MIN>;
-            CMP_TRY((gemm_w16_wave<W, D>(&wave)));
-            return gemm_quant_run<Q>(count, body, head, y, res, rows, T, n, g, W16_TOK, wave,
+            W16Shape s{};
+            CMP_TRY((gemm_w16_shape<W, D>(&s)));
+            return gemm_quant_run<Q>(count, body, head, y, res, rows, T, n, g, s.tok, s.wave,
                                      [&](const GemmOut& out, int) {
                                          return launch_gemm_w16<W, D>(xq, xd, g.xs, g.wq, W{g.ws, g.wm}, out, T, n);
                                      });

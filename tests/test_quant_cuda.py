@@ -124,8 +124,8 @@ PER32_TYPES = [t for t in TYPES if t not in ("Q2_K", "Q3_K", "Q6_K")]
 @pytest.mark.parametrize("type_name", PER32_TYPES)
 def test_per32_gemm_same_bits_on_every_kernel(cuda_backend, type_name):
     """The per-32 types' GEMM (gemm_w16.cuh's block_term per output and block, in block order) gives the same bits on
-    each kernel that runs it: gemm_w16_kernel (DP4A, compute_80+ code, 60 / 66 KB: uncapped, under sm_70's 96 KB,
-    and without mins under sm_75's 64 KB), gemm_quant_kernel's two stages (sm_75's 64 KB, the types with mins) and
+    each kernel that runs it: gemm_w16_kernel (DP4A, compute_80+ code: 128 x 64 tiles, 60 / 66 KB, uncapped and
+    without mins under sm_75's 64 KB; 128 x 128, 80 / 88 KB, under sm_70's 96 KB as on sm_86 / sm_89), gemm_quant_kernel's two stages (sm_75's 64 KB, the types with mins) and
     one (sm_61's 48 KB), and the DP2A and IMAD routes' gemm_quant_kernel (the same integers); and matches the
     reference. 259 rows (three row tiles, the last of 3 rows) in two chunks of 256 rows (the workspace: ldy = 259 in
     the second), 200 tokens (a partial last token tile), a K tail (32-value types: 13 blocks, 3 stages of 4 and one

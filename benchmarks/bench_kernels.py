@@ -276,7 +276,8 @@ def bench_gemm_routes(be: CudaBackend, routes: list[str], rows_out: list) -> Non
 
 # The projections whose launches fill an H200's waves worst at 512 tokens (128 x 128 tiles, one block an SM): 27B
 # down / out (5120 rows: 160 tiles on 132 SMs), 27B attention q+k+v (14336: 448), 9B attention q+k+v (10240: 320),
-# and two that fill them well (27B gate+up: 1088 tiles, 9B down: 128).
+# and two that fill them well (27B gate+up: 1088 tiles, 9B down: 128). gemm_w16_kernel's 128 x 64 tiles at two
+# blocks an SM (branch next/w16x2) are twice the tiles on twice the slots: the same fill.
 GEMM_PIECE_SHAPES = [("27b down", 5120, 17408), ("27b ssm_out", 5120, 6144), ("27b attn qkv", 14336, 5120),
                      ("27b gate+up", 34816, 5120), ("9b attn qkv", 10240, 4096), ("9b down", 4096, 12288)]
 

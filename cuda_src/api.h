@@ -177,7 +177,7 @@ int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* bytes);
 // of gguf.quants.dequantize exactly.
 int cmp_embed_quant(int type, const int32_t* ids, const void* body, const void* head, float* out, int T, int D);
 
-// *yes = 1 where the DP4A prefill GEMM runs gemm_w16_kernel (compute_80+ code, 80 KB of shared memory per block):
+// *yes = 1 where the DP4A prefill GEMM runs gemm_w16_kernel (compute_80+ code, 60 KB of shared memory per block):
 // cmp_matmul_q8_ex and cmp_matmul_quant then multiply matrices that lie one after another in memory (and the
 // expanded per-32 types' group) in one launch. matmul_q8.cu.
 int cmp_gemm_w16_available(int* yes);

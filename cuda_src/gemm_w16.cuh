@@ -1,4 +1,4 @@
-// The 16-warp DP4A GEMM of int8 codes whose scale (and min) is one per 32 values on both sides: Q8_0 (matmul_q8.cu,
+// The DP4A GEMM of int8 codes whose scale (and min) is one per 32 values on both sides: Q8_0 (matmul_q8.cu,
 // weights repacked: f16 scale per block) and the expanded block types that are not PER16 (matmul_quant.cuh: Q4_0, Q4_1,
 // Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, IQ4_XS; their expansion's f32 scale and min per 16 values hold each block's in both
 // halves). One kernel source for both jobs; each including translation unit instantiates its own (internal linkage).
@@ -81,25 +81,31 @@ __device__ __forceinline__ void unpark_rows(float (&acc)[I][J], int t0, int T, i
 // Serial pieces of K (serial_pieces.cuh): a unit of piece p > 0 takes up the partial sums its tile's piece p - 1
 // parked in the tile's outputs, runs its stages and parks its sums for the next (or stores the outputs with the
 // residual).
-template <bool MIN, int BK>
-using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK>, smem::G2Stage<BK>>;
 
-// 16 warps (512 threads of <= 128 registers) on 128x128 tiles: the DP4A route's kernel wherever stages of 4 blocks by
-// cp.async run (gemm_w16_runs: compute_80+ code, 80 KB of shared memory, 88 KB with mins). Why (issue 20 item 5; sm_90
-// SASS, nvcc 13.0, per stage of 4 blocks, 2048 IDP.4A per warp): the 8-warp gemm2_q8_kernel's loop (its 4-block stages,
-// since deleted) is not issue-bound (3075 instructions per 2048 IDP: IDP 2048, FMUL + FFMA 512, I2FP 256, LDS 149, 110
-// other; one instruction per clock per scheduler against an IDP every 2 clocks leaves room for 4096). What bounds it by
-// ptxas's own schedule is the FMA port: it spaces an FMUL / FFMA after an IDP.4A like another IDP.4A (2 clocks), so one
+// The tile: G2TILE = 128 weight rows x TOK tokens (64 or 128: smem::gemm_w16_plan), 4 TOK threads of 4 rows x 8
+// tokens each.
+template <bool MIN, int BK, int TOK>
+using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK, TOK>, smem::G2Stage<BK, TOK>>;
+
+// 8 warps (256 threads of <= 128 registers), two blocks an SM, on tiles of 128 weight rows x 64 tokens (TOK = 64),
+// or 16 warps, one block an SM, on 128 x 128 (TOK = 128: where two 64-token blocks do not fit an SM, sm_86 / sm_89):
+// the DP4A route's kernel wherever stages of 4 blocks by cp.async run (gemm_w16_runs: compute_80+ code, 60 KB of
+// shared memory a block, 66 KB with mins; 80 / 88 KB at TOK = 128: smem_plan.h). Why this loop (issue 20 item 5; sm_90 SASS, nvcc 13.0, per stage of 4
+// blocks, 2048 IDP.4A per warp): the 8-warp gemm2_q8_kernel's loop (its 4-block stages, since deleted) is not
+// issue-bound (3075 instructions per 2048 IDP: IDP 2048, FMUL + FFMA 512, I2FP 256, LDS 149, 110 other; one
+// instruction per clock per scheduler against an IDP every 2 clocks leaves room for 4096). What bounds it by ptxas's
+// own schedule is the FMA port: it spaces an FMUL / FFMA after an IDP.4A like another IDP.4A (2 clocks), so one
 // warp's loop is 5008 clocks of static stalls for 4096 of dot issue: 82% of the DP4A rate at most, and the FP32 per
 // output and block (FMUL d_w * d_x, FFMA) is the numpy reference's arithmetic. The H200 reached 62% (77.6 TOPS at
 // pp512, 131 measured): with 254 registers only 2 warps share a scheduler, so every stall of one (an LDS result, the
 // stage barrier, its partner's lead: a warp that runs alone issues at its static 82%) leaves the FMA port to the
-// other alone. Here each thread owns 4 weight rows x 8 tokens (32 outputs: 4 warps per scheduler) and the arithmetic
-// per output is the same expression in the same block order, so both kernels give the same bits
+// other alone. Here each thread owns 4 weight rows x 8 tokens (32 outputs, 128 registers: 4 warps per scheduler) and
+// the arithmetic per output is the same expression in the same block order, so both kernels give the same bits
 // (test_gemm2_stage_widths_give_the_same_bits compares it with the 2-block stages). Thread (tx, ty) = (tid % 32,
-// tid / 32) owns rows tx + 32i (i < 4) and tokens ty + 16j (j < 8): a warp's 16-byte reads of W cover 32 consecutive
+// tid / 32) owns rows tx + 32i (i < 4) and tokens ty + (TOK / 8) j (j < 8): a warp's 16-byte reads of W cover 32 consecutive
 // rows (conflict-free: the row stride is an odd number of 16-byte units), its reads of X one token (a broadcast).
-// Q8_0's loop (sm_90, nvcc 13.0, one stage = 1024 IDP.4A per warp): 1635 instructions (IDP 1024, FMUL + FFMA 256,
+// Until branch next/w16x2 the kernel was TOK = 128 everywhere: the same per-thread work and arithmetic, so the same
+// bits. Its Q8_0 loop (sm_90, nvcc 13.0, one stage = 1024 IDP.4A per warp): 1635 instructions (IDP 1024, FMUL + FFMA 256,
 // I2FP 128, LDS 148: 96 of 16 bytes and 52 scalar, LDGSTS 4, LDL 3: the loader's row indices, 72 other), 2657 clocks
 // of static stalls (one warp alone: 77% of the DP4A rate; 4 share a scheduler); 128 registers, 12 bytes of spill,
 // loaded once per stage. Shared-memory wavefronts per SM and stage ~3460 (W 4 per 16-byte read, X and its scales 1)
@@ -109,17 +115,34 @@ using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK>, smem::G2Stage<BK>
 // with the min per 16 values (FMUL + FFMA + FADD per output and block, on top of the scale's FMUL + FFMA): on the H200,
 // 9B Q4_K_M at pp512, ~65 TOPS against Q8_0's 91-93 here. The per-32 ones now take this loop, with mins plus the
 // block's weight min and activation sum (a scalar LDS per row and per token) and one FFMA per output and block. Loop
-// SASS (sm_90, nvcc 13.0, per stage = 1024 IDP.4A per warp; 2026-12-02): without mins (Q4_0, Q5_0, IQ4_NL, IQ4_XS)
-// Q8_0's loop, the same count of each opcode (1635; 128 registers, 12 B spill); with mins (Q4_1, Q5_1, Q4_K, Q5_K) 1813
-// instructions: IDP 1024, FMUL 128, FFMA 256, I2FP 128, LDS 195, IMAD 14, FADD 1, LDL 1, 66 other; 128 registers, 4 B
-// spill. FMA pipe per 1024 IDP: 1423 (a ceiling of 72% of the DP4A rate) against Q8_0's 1292 (79%) and
-// gemm_quant_kernel's 1674 for Q4_K before (61%; 1419 since its min is per block too, but with its 2 warps per
-// scheduler). Not yet measured on a GPU: Q8_0's 91-93 TOPS times 1292 / 1423 would be ~83-85 for Q4_K / Q5_K.
+// SASS of the 16-warp kernel (sm_90, nvcc 13.0, per stage = 1024 IDP.4A per warp; 2026-12-02): without mins (Q4_0,
+// Q5_0, IQ4_NL, IQ4_XS) Q8_0's loop, the same count of each opcode (1635; 128 registers, 12 B spill); with mins
+// (Q4_1, Q5_1, Q4_K, Q5_K) 1813 instructions: IDP 1024, FMUL 128, FFMA 256, I2FP 128, LDS 195, IMAD 14, FADD 1, LDL
+// 1, 66 other; 128 registers, 4 B spill. FMA pipe per 1024 IDP: 1423 (a ceiling of 72% of the DP4A rate) against
+// Q8_0's 1292 (79%) and gemm_quant_kernel's 1674 for Q4_K before (61%; 1419 since its min is per block too, but with
+// its 2 warps per scheduler). Not yet measured on a GPU: Q8_0's 91-93 TOPS times 1292 / 1423 would be ~83-85 for
+// Q4_K / Q5_K.
+// Two blocks of 8 warps instead of one of 16 (issue 20, the 27B's DP4A prefill): ncu on the
+// H200 (the 16-warp kernel, T = 512, the 27B's matrices) showed issue slots 56% busy, 4 warps per scheduler but only
+// 1.89 eligible, no eligible warp in 42% of cycles, top stall "not selected": the one block's 16 warps move through
+// each stage in lockstep (one __syncthreads a stage), all waiting at the barrier and for the stage's copies at once,
+// then all wanting the FMA port at once. Two independent blocks an SM keep 4 warps per scheduler and each thread's
+// loop, but their barriers fall at different times, so one block's warps can issue while the other's wait. Per output
+// the shared-memory reads are the same (148 LDS per warp and stage); what grows is the staging: each block copies
+// its tile's 128 W rows for 64 tokens, so an SM's cp.async bytes (L2 -> shared) per 128 x 128 outputs and stage are
+// 60 KB instead of 40, and each thread issues 6 copies and 3 scale loads a stage instead of 4 and 2. Loop SASS (sm_90,
+// nvcc 13.0, per stage = 1024 IDP.4A per warp): Q8_0 and the types without mins 1664 instructions (IDP 1024, FMUL +
+// FFMA 256, I2FP 128, LDS 148, LDGSTS 6, LDG 3, STS 3, LDL 6, 90 other), 128 registers, 24 B spill (sm_80: 24 B);
+// with mins 1844 (IDP 1024, FFMA 256, FMUL 128, I2FP 128, LDS 195, LDGSTS 6, LDG 6, STS 6, 95 other), 121
+// registers, no spill. Measured (H200, 2026-12-04 19:45, same call, against TOK = 128, `llamacmp-bench --hw-route
+// dp4a`, two rounds within 0.1%): 27B Q8_0 pp512 / pp4096 / pp16384 +3.7% / +3.7% / +3.2%, 27B Q4_K_M +3.9% / +3.8%
+// / +3.4%, 9B Q8_0 +0.7% / +0.5% / +0.5%, 9B Q4_K_M -1.5% / -1.5% / -1.3%. sm_86 / sm_89's 100 KB per SM would hold
+// one 64-token block (8 warps): TOK = 128 there.
 // SPLIT: the kernel of split launches (pieces > 1); whole tiles run the kernel without the pieces' code, whose
 // registers and schedule are the unsplit loop's (with it the 9B's unsplit GEMMs lost ~1%: 124 registers instead of
 // 128, another schedule; H200, 2026-12-04).
-template <class W, class D, int BK, bool SPLIT>
-__global__ void __launch_bounds__(512, 1)
+template <class W, class D, int BK, bool SPLIT, int TOK>
+__global__ void __launch_bounds__(4 * TOK, TOK == 64 ? 2 : 1)
 gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const float* __restrict__ xd,   // [T, n/32]
                 const float* __restrict__ xs,   // [T, n/16] activation half sums times their scale (W::MIN)
@@ -128,9 +151,10 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const GemmOut out,              // where each matrix's rows go
                 int T, int rows, int n,
                 int pieces) {                   // serial pieces of K per tile (SPLIT; else 1)
-    constexpr int TILE = smem::G2TILE;
-    static_assert(TILE * BK == 512, "stages of 4 blocks: one scale per operand and thread");
-    using Stage = W16Stage<W::MIN, BK>;
+    constexpr int TILE = smem::G2TILE, THREADS = 4 * TOK, TS = THREADS / 32;
+    static_assert(TILE == 4 * 32 && TOK == 8 * TS, "a thread owns rows tx + 32i (i < 4), tokens ty + TS j (j < 8)");
+    static_assert(TOK * BK == THREADS && TILE % TOK == 0, "stages of 4 blocks: per thread one X scale, W's TILE / TOK");
+    using Stage = W16Stage<W::MIN, BK, TOK>;
     extern __shared__ __align__(16) unsigned char w16smem[];   // Stage[2]
     Stage* st = reinterpret_cast<Stage*>(w16smem);
     const int tid = threadIdx.x, tx = tid & 31, ty = tid >> 5;
@@ -144,56 +168,63 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
         pieces = 1;
     }
     const int row0 = (SPLIT ? tile % row_tiles : blockIdx.x) * TILE;
-    const int tok0 = (SPLIT ? tile / row_tiles : blockIdx.y) * TILE;
+    const int tok0 = (SPLIT ? tile / row_tiles : blockIdx.y) * TOK;
     const int nstage_all = (nb + BK - 1) / BK;
     const int s_first = SPLIT ? piece * nstage_all / pieces : 0;
     const int nstage = SPLIT ? (piece + 1) * nstage_all / pieces - s_first : nstage_all;
-    // Loader roles: 128 rows x 2 BK 16-byte chunks per operand per stage, BK / 2 per thread (consecutive threads take
-    // consecutive chunks of one row); scales: one per operand per thread (row tid / BK, block tid % BK).
-    constexpr int CPR = 2 * BK, RSTEP = 512 / CPR, NP = TILE / RSTEP;
+    // Loader roles: per stage TILE rows of W and TOK of X, 2 BK 16-byte chunks each, RSTEP rows per pass of the
+    // block (consecutive threads take consecutive chunks of one row): W in NPW passes, X in NPX. Scales: row tid / BK
+    // (and + SSTEP: W's NSW of them), block tid % BK.
+    constexpr int CPR = 2 * BK, RSTEP = THREADS / CPR, NPW = TILE / RSTEP, NPX = TOK / RSTEP;
+    constexpr int SSTEP = THREADS / BK, NSW = TILE / SSTEP;
+    static_assert(TILE % RSTEP == 0 && TOK % RSTEP == 0 && SSTEP == TOK, "whole passes");
     const int lr = tid / CPR, lc = tid % CPR;
     const int sr = tid / BK, sk = tid % BK;
     // Rows past `rows` (tokens past T) read the last one (their outputs are never stored): only the K tail is guarded.
     // Row indices, not pointers: the bases are kernel parameters, so a source costs one register instead of two (at
     // 128 registers the pointers spilled).
-    int wrow[NP], xrow[NP];
+    int wrow[NPW], xrow[NPX], wds[NSW];
 #pragma unroll
-    for (int p = 0; p < NP; ++p) {
-        wrow[p] = min(row0 + lr + RSTEP * p, rows - 1);
-        xrow[p] = min(tok0 + lr + RSTEP * p, T - 1);
-    }
-    const int wds = min(row0 + sr, rows - 1) * nb + sk, xds = min(tok0 + sr, T - 1) * nb + sk;
+    for (int p = 0; p < NPW; ++p) wrow[p] = min(row0 + lr + RSTEP * p, rows - 1);
+#pragma unroll
+    for (int p = 0; p < NPX; ++p) xrow[p] = min(tok0 + lr + RSTEP * p, T - 1);
+#pragma unroll
+    for (int q = 0; q < NSW; ++q) wds[q] = min(row0 + sr + SSTEP * q, rows - 1) * nb + sk;
+    const int xds = min(tok0 + sr, T - 1) * nb + sk;
 
-    struct Pending { float w, x, m, e; };   // this thread's scales of the next stage (m, e: with mins)
+    struct Pending { float w[NSW], m[NSW], x, e; };   // this thread's scales of the next stage (m, e: with mins)
     auto fetch = [&](int s, Stage& b, Pending& p) {   // s: the piece's stage (the tile's s_first + s)
         if constexpr (SPLIT) s += s_first;
         const bool ok = s * BK + (lc >> 1) < nb;             // the block this thread's chunks lie in exists
         const int off = (ok ? s * BK * QK : 0) + lc * 16;    // (else an in-bounds address, zeros written)
 #pragma unroll
-        for (int q = 0; q < NP; ++q) {
-            copy16(&b.w[lr + RSTEP * q][lc * 4], wq + (size_t)wrow[q] * n + off, ok);
-            copy16(&b.x[lr + RSTEP * q][lc * 4], xq + (size_t)xrow[q] * n + off, ok);
-        }
+        for (int q = 0; q < NPW; ++q) copy16(&b.w[lr + RSTEP * q][lc * 4], wq + (size_t)wrow[q] * n + off, ok);
+#pragma unroll
+        for (int q = 0; q < NPX; ++q) copy16(&b.x[lr + RSTEP * q][lc * 4], xq + (size_t)xrow[q] * n + off, ok);
         const bool oks = s * BK + sk < nb;
-        p.w = oks ? w.scale(wds + s * BK) : 0.f;
+#pragma unroll
+        for (int q = 0; q < NSW; ++q) {
+            p.w[q] = oks ? w.scale(wds[q] + s * BK) : 0.f;
+            if constexpr (W::MIN) p.m[q] = oks ? w.min(wds[q] + s * BK) : 0.f;
+        }
         p.x = oks ? xd[xds + s * BK] : 0.f;
         if constexpr (W::MIN) {
-            p.m = oks ? w.min(wds + s * BK) : 0.f;
             const float2 e = oks ? reinterpret_cast<const float2*>(xs)[xds + s * BK] : make_float2(0.f, 0.f);
             p.e = e.x + e.y;   // exact (block_term)
         }
     };
-    // The scales lie block-major here ([BK][128] in the stage's [128][BK] arrays): a thread's reads of its rows'
-    // (tokens') scales for one block are then scalar loads, so no 16-byte load keeps 4 blocks' scales in registers
-    // through the stage (with them, 48 registers: the kernel spilled 68 bytes).
+    // The scales lie block-major here ([BK][TILE] in the stage's [TILE][BK] arrays, [BK][TOK] in its [TOK][BK]): a
+    // thread's reads of its rows' (tokens') scales for one block are then scalar loads, so no 16-byte load keeps 4
+    // blocks' scales in registers through the stage (with them, 48 registers: the kernel spilled 68 bytes).
     auto publish = [&](Stage& b, const Pending& p) {
         cp_async_wait();
-        (&b.wd[0][0])[sk * TILE + sr] = p.w;
-        (&b.xd[0][0])[sk * TILE + sr] = p.x;
-        if constexpr (W::MIN) {
-            (&b.wm[0][0])[sk * TILE + sr] = p.m;
-            (&b.xs[0][0])[sk * TILE + sr] = p.e;
+#pragma unroll
+        for (int q = 0; q < NSW; ++q) {
+            (&b.wd[0][0])[sk * TILE + sr + SSTEP * q] = p.w[q];
+            if constexpr (W::MIN) (&b.wm[0][0])[sk * TILE + sr + SSTEP * q] = p.m[q];
         }
+        (&b.xd[0][0])[sk * TOK + sr] = p.x;
+        if constexpr (W::MIN) (&b.xs[0][0])[sk * TOK + sr] = p.e;
     };
 
     float acc[4][8];
@@ -206,7 +237,7 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
     fetch(0, st[0], p);
     if (SPLIT && piece > 0) {   // the piece before parked the tile's sums in its outputs
         split_wait(tile, piece);
-        unpark_rows<16, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
+        unpark_rows<TS, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
     }
     publish(st[0], p);
     __syncthreads();
@@ -229,11 +260,11 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
             }
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                const int4 b0 = *reinterpret_cast<const int4*>(&cur.x[ty + 16 * j][kb * 8]);
-                const int4 b1 = *reinterpret_cast<const int4*>(&cur.x[ty + 16 * j][kb * 8 + 4]);
-                const float sx = (&cur.xd[0][0])[kb * TILE + ty + 16 * j];
+                const int4 b0 = *reinterpret_cast<const int4*>(&cur.x[ty + TS * j][kb * 8]);
+                const int4 b1 = *reinterpret_cast<const int4*>(&cur.x[ty + TS * j][kb * 8 + 4]);
+                const float sx = (&cur.xd[0][0])[kb * TOK + ty + TS * j];
                 float e = 0.f;
-                if constexpr (W::MIN) e = (&cur.xs[0][0])[kb * TILE + ty + 16 * j];
+                if constexpr (W::MIN) e = (&cur.xs[0][0])[kb * TOK + ty + TS * j];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int d = dot16<D>(a[i][1], b1, dot16<D>(a[i][0], b0, dot_chain_init()));
@@ -245,62 +276,100 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
         __syncthreads();
     }
     if (SPLIT && piece + 1 < pieces) {
-        park_rows<16, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
+        park_rows<TS, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
         split_parked(tile, piece);
         return;
     }
-    store_rows<16, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
+    store_rows<TS, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
     if (SPLIT) split_finished(tile, (unsigned)(tiles * pieces));
 }
 
-// Whether gemm_w16_kernel<W, D> runs on the current device: its code is compute_80+ (the stages come by cp.async;
-// sm_70/75's register-staged copy would hold a whole stage in registers) and its two stages fit (smem_plan.h). The
-// code's version is asked once per device (code_at_least's cache), the limit every time (cmp_set_smem_cap).
+// The launch: 4 TOK threads, two stages of W16_BK blocks (smem_plan.h's plans: their bytes are these).
+constexpr int W16_BK = 4;
+template <bool MIN, int TOK>
+constexpr size_t w16_bytes() { return 2 * sizeof(W16Stage<MIN, W16_BK, TOK>); }
+static_assert(w16_bytes<false, 64>() == smem::gemm_w16_bytes(64, false) &&
+                  w16_bytes<true, 64>() == smem::gemm_w16_bytes(64, true) &&
+                  w16_bytes<false, 128>() == smem::gemm_w16_bytes(128, false) &&
+                  w16_bytes<true, 128>() == smem::gemm_w16_bytes(128, true),
+              "the launch takes what smem_plan.h plans");
+
+// How gemm_w16_kernel<W, D> runs on the current device: its tokens per tile (smem::gemm_w16_plan under smem_limit(),
+// so cmp_set_smem_cap runs the other cards' tiles; 0: not at all, where its code is older than compute_80 (the
+// stages come by cp.async; sm_70/75's register-staged copy would hold a whole stage in registers) or it does not
+// fit), the blocks resident on the device at once (its wave) and on one SM. The code's version is asked once per
+// device (code_at_least's cache), the limit every time (cmp_set_smem_cap), the wave once per size (wave_blocks).
+struct W16Shape {
+    int tok, wave, per_sm;
+};
 template <class W, class D>
-int gemm_w16_runs(bool* yes) {
+int gemm_w16_shape(W16Shape* s) {
     static PerDevice code;
     size_t limit = 0;
     CMP_TRY(smem_limit(&limit));
     bool async = false;
-    CMP_TRY(code_at_least(gemm_w16_kernel<W, D, 4, false>, 80, code, &async));
-    *yes = async && (W::MIN ? smem::gemm_w16_min_plan(limit).config : smem::gemm2_q8_plan(limit).config) == 4;
+    CMP_TRY(code_at_least(gemm_w16_kernel<W, D, W16_BK, false, 64>, 80, code, &async));
+    *s = W16Shape{async ? smem::gemm_w16_plan(limit, W::MIN).config : 0, 0, 0};
+    if (s->tok == 64)
+        CMP_TRY(wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK, false, 64>, 4 * 64, w16_bytes<W::MIN, 64>(),
+                            &s->wave));
+    else if (s->tok == 128)
+        CMP_TRY(wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK, false, 128>, 4 * 128,
+                            w16_bytes<W::MIN, 128>(), &s->wave));
+    DeviceFacts f{};
+    CMP_TRY(device_facts(&f));
+    s->per_sm = s->wave / std::max(f.sms, 1);
     return CMP_OK;
 }
 
-// The launch: 512 threads, two stages of W16_BK blocks.
-constexpr int W16_BK = 4, W16_THREADS = 512;
-template <bool MIN>
-constexpr size_t w16_bytes() { return 2 * sizeof(W16Stage<MIN, W16_BK>); }
-
-// launch_gemm_w16's wave (wave_blocks).
+// Whether gemm_w16_kernel<W, D> runs on the current device (gemm_w16_shape).
 template <class W, class D>
-int gemm_w16_wave(int* blocks) {
-    return wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK, false>, W16_THREADS, w16_bytes<W::MIN>(),
-                       blocks);
+int gemm_w16_runs(bool* yes) {
+    W16Shape s{};
+    CMP_TRY((gemm_w16_shape<W, D>(&s)));
+    *yes = s.tok != 0;
+    return CMP_OK;
 }
 
 constexpr int W16_MIN_STAGES = 4;   // stages a piece keeps at least (16 blocks: 512 values of K)
+// The wave model of its serial pieces (gemm_chunks.h SplitModel), fitted on the H200 at 64 tokens, two blocks an SM
+// (bench_kernels.py --gemm-pieces, 2026-12-04, T = 512; whole / split ms): a block alone on an SM runs at 92% of
+// the two blocks' rate (27B down, 320 tiles on 264 slots: whole 1.190 ms = 1 + 0.54 waves), and a split costs
+// ~4.4% (9B attention q+k+v, 640 tiles: 2 pieces, 2.5 waves, 0.486 ms against 2.54 whole, 0.474 ms). With them the
+// model predicts the other shapes' split / whole within 0.5% (27B q+k+v 1.03 for 1.027, gate+up 1.011 for 1.008),
+// where the one-block-an-SM model split them for a loss.
+constexpr int W16_SOLO_PCT = 92, W16_SPLIT_COST_PCT = 5;
 
-// rows: of all the matrices (out.end[out.count - 1]).
-template <class W, class D>
-int launch_gemm_w16(const int8_t* xq, const float* xd, const float* xs, const int8_t* wq, const W& w,
-                    const GemmOut& out, int T, int n) {
-    constexpr size_t bytes = w16_bytes<W::MIN>();
+template <class W, class D, int TOK>
+int launch_w16_tiles(const int8_t* xq, const float* xd, const float* xs, const int8_t* wq, const W& w,
+                     const GemmOut& out, int T, int n, const W16Shape& s) {
+    constexpr size_t bytes = w16_bytes<W::MIN, TOK>();
     const int rows = out.end[out.count - 1];
-    const int tiles = ceil_div(rows, smem::G2TILE) * ceil_div(T, smem::G2TILE);
+    const dim3 grid(ceil_div(rows, smem::G2TILE), ceil_div(T, TOK));
+    const int tiles = grid.x * grid.y;
     const int stages = ceil_div(n / QK, W16_BK);
     int pieces = 1;
     if (tiles <= SPLIT_MAX_TILES && !out_in_place(out)) {
         const int forced = serial_pieces_forced();   // (tests: every count gives the same bits)
-        int wave = 0;
-        if (!forced) CMP_TRY((gemm_w16_wave<W, D>(&wave)));
-        pieces = forced ? std::min(forced, stages) : chunks::serial_pieces(tiles, wave, stages, W16_MIN_STAGES);
+        pieces = forced ? std::min(forced, stages)
+                        : chunks::serial_pieces(tiles, s.wave, stages, W16_MIN_STAGES,
+                                                chunks::SplitModel{s.per_sm, W16_SOLO_PCT, W16_SPLIT_COST_PCT});
     }
-    auto kernel = pieces > 1 ? gemm_w16_kernel<W, D, W16_BK, true> : gemm_w16_kernel<W, D, W16_BK, false>;
+    auto kernel = pieces > 1 ? gemm_w16_kernel<W, D, W16_BK, true, TOK> : gemm_w16_kernel<W, D, W16_BK, false, TOK>;
     CMP_TRY(smem_opt_in("gemm_w16_kernel", kernel, bytes));
-    const dim3 grid(ceil_div(rows, smem::G2TILE), ceil_div(T, smem::G2TILE), pieces);
-    kernel<<<grid, W16_THREADS, bytes, stream()>>>(xq, xd, xs, wq, w, out, T, rows, n, pieces);
+    kernel<<<dim3(grid.x, grid.y, pieces), 4 * TOK, bytes, stream()>>>(xq, xd, xs, wq, w, out, T, rows, n, pieces);
     return check_launch("gemm_w16_kernel");
+}
+
+// rows: of all the matrices (out.end[out.count - 1]). The caller has checked that it runs (gemm_w16_runs).
+template <class W, class D>
+int launch_gemm_w16(const int8_t* xq, const float* xd, const float* xs, const int8_t* wq, const W& w,
+                    const GemmOut& out, int T, int n) {
+    W16Shape s{};
+    CMP_TRY((gemm_w16_shape<W, D>(&s)));
+    if (s.tok == 64) return launch_w16_tiles<W, D, 64>(xq, xd, xs, wq, w, out, T, n, s);
+    if (s.tok == 128) return launch_w16_tiles<W, D, 128>(xq, xd, xs, wq, w, out, T, n, s);
+    return fail(CMP_ERR_UNSUPPORTED, "gemm_w16_kernel does not run on this device (compute_80+ code, 60 KB)");
 }
 
 }  // namespace

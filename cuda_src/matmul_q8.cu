@@ -11,12 +11,14 @@
 //    serves them all) whose loads are refilled as they are used, so the stream never drains while the warp
 //    multiplies; its shape per T (rows per warp, loads in flight, blocks per SM) is q8gemv_shape's.
 //  - Prefill: the dots bound it, so tiled GEMMs reuse each loaded weight for 64 or 128 tokens (64x64 below
-//    GEMM2_MIN_T, where the 128-token tile would idle; 128x128 with double-buffered shared memory above).
+//    GEMM2_MIN_T, where the 128-token tile would idle; 128x128 with double-buffered shared memory above, or
+//    gemm_w16_kernel's 128 x 64 where it runs).
 //  - `kernels` (CMP_MM_* bits of cmp_matmul_q8_ex) picks the kernels per call, so that any one can be switched off
 //    or measured against another: 0 = v1, gemv_q8_kernel to T = 8 under no launch bound, then the 64x64 GEMM (the
 //    fallback); CMP_MM_GEMV2 = the batch-invariant GEMV above to T = 16; CMP_MM_GEMV_PDL = its launch with
 //    programmatic dependent launch on sm_90+ (its weight loads start while the kernel before it drains);
-//    CMP_MM_GEMM2 = the 128x128 GEMM from T = 96; CMP_MM_MMA = the tensor-core GEMM (matmul_mma.cu) above the GEMV.
+//    CMP_MM_GEMM2 = the v2 GEMM (128x128; gemm_w16_kernel 128 x 64) from T = 96; CMP_MM_MMA = the tensor-core
+//    GEMM (matmul_mma.cu) above the GEMV.
 #include <algorithm>
 #include <array>
 #include <utility>
@@ -377,8 +379,8 @@ gemv_q8_batch_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     }
 }
 
-constexpr int TILE2 = smem::G2TILE;  // v2 GEMM tile: 128 weight rows x 128 tokens (256 threads of 8x8 outputs, or
-                                     // gemm_w16_kernel's 512 of 4x8)
+constexpr int TILE2 = smem::G2TILE;  // v2 GEMM tile: 128 weight rows x 128 tokens (256 threads of 8x8 outputs;
+                                     // gemm_w16_kernel's 128 x 64: 256 threads of 4x8)
 constexpr int GEMM2_BK = 2;          // Q8 blocks per stage of the 8-warp v2 GEMM
 using Gemm2Stage = smem::G2Stage<GEMM2_BK>;  // one stage of both operands (smem_plan.h), two buffers
 
@@ -398,10 +400,11 @@ constexpr int GEMM2_IH = 1;
 // X two tokens (broadcasts). Per Q8 block and output: 8 DP4A on the whole 32-byte block, one exact int->float, one
 // fma with d_w * d_x. Stages of GEMM2_BK = 2 blocks (45 KB, every card) are double-buffered: stage s+1 is fetched
 // (cp.async on sm_80+, into registers on sm_70/75) while stage s is multiplied; one barrier per stage. D: the int8
-// dot (common.cuh). Where stages of 4 blocks run on DP4A (gemm2_wide: compute_80+ code, 80 KB; smem::gemm2_q8_plan)
-// gemm_w16_kernel takes them (gemm_w16.cuh: the same arithmetic, every output's blocks in increasing order, with 16
-// warps), so both give the same bits. This kernel's own 4-block stages (the figures below) ran on no route once
-// gemm_w16_kernel took them over, and were deleted (git history: gemm2_q8_kernel<D, BK>).
+// dot (common.cuh). Where stages of 4 blocks run on DP4A (gemm2_wide: compute_80+ code, 60 KB: smem::gemm_w16_plan)
+// gemm_w16_kernel takes them (gemm_w16.cuh: the same arithmetic, every output's blocks in increasing order, two
+// blocks of 8 warps an SM on 128 x 64 tiles), so both give the same bits. This kernel's own 4-block stages (the
+// figures below) ran on no route once gemm_w16_kernel took them over, and were deleted (git history:
+// gemm2_q8_kernel<D, BK>).
 // The loop's SASS (DotDp4a, one stage = 2 blocks = 1024 IDP.4A per thread; tools: cuobjdump -sass, the loop between
 // the backward branch and its target; 2026-12-02, issue 20 item 5):
 //   before: sm_90 (nvcc 13.0) 1707 instructions: IDP 1024, IADD3 140, FADD / FMUL / FFMA 128 each, LDS 84, ~75
@@ -572,7 +575,7 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
 
 // ==== launchers ===================================================================================================
 
-// The v2 GEMM's 8-warp kernel with 2-block stages: where the 16-warp one (gemm_w16.cuh) does not run (gemm2_wide),
+// The v2 GEMM's 8-warp kernel with 2-block stages: where gemm_w16_kernel (gemm_w16.cuh) does not run (gemm2_wide),
 // and on DP2A / IMAD always (their byte unpacking needs the registers that 4 blocks would take).
 // Serial pieces where the tiles fill the waves badly (gemm_chunks.h serial_pieces; cmp_set_serial_pieces forces a
 // count): a piece keeps at least 8 stages (16 blocks, as gemm_w16's 4 of 4).
@@ -599,7 +602,7 @@ int launch_gemm2(const int8_t* xq, const float* xd, const int8_t* wq, const void
     return check_launch("gemm2_q8_kernel");
 }
 
-// Whether the v2 GEMM takes stages of 4 blocks here (gemm_w16_runs: compute_80+ code, 80 KB of shared memory).
+// Whether the v2 GEMM takes stages of 4 blocks here (gemm_w16_runs: compute_80+ code, 60 KB of shared memory).
 int gemm2_wide(bool* yes) { return gemm_w16_runs<W16Q8, DotDp4a>(yes); }
 
 // The end of the run of matrices from i on that lie one after another in memory, codes and scales alike
@@ -614,7 +617,7 @@ int adjacent_run(const int8_t* const* wq, const void* const* wd, const int* rows
     return j;
 }
 
-// The 16-warp GEMM on DP4A: each run of adjacent matrices in one launch (gemm_out.cuh).
+// gemm_w16_kernel on DP4A: each run of adjacent matrices in one launch (gemm_out.cuh).
 int launch_w16_runs(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
                     float* const* y, const float* const* res, const int* rows, int T, int n) {
     for (int i = 0, j; i < count; i = j) {

@@ -17,8 +17,8 @@
 //    bias of Q4_0 / Q5_0 / Q3_K / Q6_K comes off the integer dots, not off each code (gemv_quant_kernel's BIAS).
 //  - GEMM (T > 16, prefill): per chunk of weight rows, an expansion kernel writes int8 codes + an f32 scale and min
 //    per 16 values into the caller's workspace, then one GEMM multiplies that form: for the types with one scale and
-//    min per 32 values (not PER16) on DP4A, wherever compute_80+ code and 80 KB (88 with mins) of shared memory run,
-//    Q8_0's 16-warp GEMM (gemm_w16.cuh) with the min term per block; else gemm_quant_kernel (128x128 tiles, 8x8
+//    min per 32 values (not PER16) on DP4A, wherever compute_80+ code and 60 KB (66 with mins) of shared memory run,
+//    Q8_0's DP4A GEMM (gemm_w16.cuh) with the min term per block; else gemm_quant_kernel (128x128 tiles, 8x8
 //    outputs per thread, double-buffered shared memory as matmul_q8.cu's v2 GEMM), which adds a per-32 type's
 //    blocks by the same block_term, so both give the same bits. The activation half sums times their scale come
 //    from a small kernel first.
@@ -690,7 +690,7 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
     int wave = 0;
     CMP_TRY((stages == 2 ? gemm_quant_wave<Q::PER16, Q::MIN, D, 2>(&wave)
                          : gemm_quant_wave<Q::PER16, Q::MIN, D, 1>(&wave)));
-    const int chunk = chunks::wave_chunk(rows, g.chunk, T, QTILE, wave).rows;
+    const int chunk = chunks::wave_chunk(rows, g.chunk, T, QTILE, QTILE, wave).rows;
     for (int r0 = 0; r0 < rows; r0 += chunk) {
         const int R = std::min(chunk, rows - r0);
         CMP_TRY(expand_quant(Q::ID, body + (size_t)r0 * nb * Q::BODY, head + (size_t)r0 * nb * Q::HEAD, g.wq, g.ws,
@@ -703,17 +703,18 @@ int gemm_quant(const int8_t* xq, const float* xd, const uint8_t* body, const uin
 }
 
 // All `count` matrices as one run of rows (their rows one after another) through a GEMM that stores by GemmOut (the
-// 16-warp DP4A GEMM, the tensor-core GEMMs): each chunk of the run (gemm_chunks.h over all rows, `wave` blocks
-// resident) is expanded into the workspace matrix by matrix, back to back, and multiplied by one launch(out, rows)
-// whose GemmOut sends each matrix's rows to its own output. The GDN's z + beta + alpha of a Q4_K_M file (4096 + 32 +
-// 32 rows) are then one wave at 512 tokens on an H200, not three.
+// DP4A gemm_w16_kernel, the tensor-core GEMMs): each chunk of the run (gemm_chunks.h over all rows, `wave` blocks of
+// QTILE rows x tok_tile tokens resident) is expanded into the workspace matrix by matrix, back to back, and
+// multiplied by one launch(out, rows) whose GemmOut sends each matrix's rows to its own output. The GDN's z + beta +
+// alpha of a Q4_K_M file (4096 + 32 + 32 rows) are then one wave at 512 tokens on an H200, not three.
 template <class Q, class L>
 int gemm_quant_run(int count, const void* const* body, const void* const* head, float* const* y,
-                   const float* const* res, const int* rows, int T, int n, const GemmWork& g, int wave, L&& launch) {
+                   const float* const* res, const int* rows, int T, int n, const GemmWork& g, int tok_tile, int wave,
+                   L&& launch) {
     const int nb = n / Q::BV;
     int total = 0;
     for (int i = 0; i < count; ++i) total += rows[i];
-    const int chunk = chunks::wave_chunk(total, g.chunk, T, QTILE, wave).rows;
+    const int chunk = chunks::wave_chunk(total, g.chunk, T, QTILE, tok_tile, wave).rows;
     for (int c0 = 0; c0 < total; c0 += chunk) {
         const int c1 = std::min(c0 + chunk, total);
         GemmOut out{};
@@ -760,7 +761,7 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
     CMP_REQUIRE(n % Q::BV == 0, "cmp_matmul_quant: n=%d is not a multiple of the type's %d-value blocks", n, Q::BV);
     if (T <= QGEMV_MAX_T) return gemv_quant<Q, D>(xq, xd, count, body, head, y, res, rows, T, n);
     // All the matrices in one run of rows on the tensor cores, and with one scale (and min) per 32 values on DP4A
-    // through Q8_0's 16-warp GEMM (gemm_w16.cuh) wherever it runs; else matrix by matrix.
+    // through Q8_0's DP4A GEMM (gemm_w16.cuh) wherever it runs; else matrix by matrix.
     bool w16 = false;
     if constexpr (D::OPS == 1 && !Q::PER16)
         if (!mma) CMP_TRY((gemm_w16_runs<W16Expanded<Q::MIN>, D>(&w16)));
@@ -778,17 +779,19 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
     if (mma) {
         constexpr MmaScales form = Q::PER16 ? MMA_PER16 : MMA_PER32;
         CMP_TRY(gemm_mma_wave(form, Q::MIN, mma_f16, &wave));
-        return gemm_quant_run<Q>(count, body, head, y, res, rows, T, n, g, wave, [&](const GemmOut& out, int R) {
+        return gemm_quant_run<Q>(count, body, head, y, res, rows, T, n, g, QTILE, wave, [&](const GemmOut& out, int R) {
             return gemm_mma(form, Q::MIN, MmaOperands{xq, xd, g.xs, g.wq, g.ws, g.wm, out, T, R, n}, mma_f16);
         });
     }
     if constexpr (D::OPS == 1 && !Q::PER16)
         if (w16) {
             using W = W16Expanded<Q::MIN>;
-            CMP_TRY((gemm_w16_wave<W, D>(&wave)));
-            return gemm_quant_run<Q>(count, body, head, y, res, rows, T, n, g, wave, [&](const GemmOut& out, int) {
-                return launch_gemm_w16<W, D>(xq, xd, g.xs, g.wq, W{g.ws, g.wm}, out, T, n);
-            });
+            W16Shape s{};
+            CMP_TRY((gemm_w16_shape<W, D>(&s)));
+            return gemm_quant_run<Q>(count, body, head, y, res, rows, T, n, g, s.tok, s.wave,
+                                     [&](const GemmOut& out, int) {
+                                         return launch_gemm_w16<W, D>(xq, xd, g.xs, g.wq, W{g.ws, g.wm}, out, T, n);
+                                     });
         }
     for (int i = 0; i < count; ++i)
         CMP_TRY((gemm_quant<Q, D>(xq, xd, static_cast<const uint8_t*>(body[i]), static_cast<const uint8_t*>(head[i]),

@@ -68,34 +68,52 @@ constexpr Plan attention_plan(int Dh, size_t limit) {
 }
 
 // ---- gemm2_q8_kernel (matmul_q8.cu, the Q8_0 DP4A GEMM) and gemm_w16_kernel (gemm_w16.cuh) ----------------------
-// Two stages of BK Q8 blocks each: 128 weight rows and 128 tokens of codes (row stride BK * 8 + 4 ints: 16-byte
+// Two stages of BK Q8 blocks each: G2TILE weight rows and TOK tokens of codes (row stride BK * 8 + 4 ints: 16-byte
 // aligned, and 8 consecutive rows' 16-byte reads on disjoint banks since the stride in 16-byte units is odd) and
-// their scales. 4 blocks per stage (80 KB, one barrier per 4 blocks: gemm_w16_kernel) where that fits, else 2 (45
-// KB, every card: gemm2_q8_kernel); the launcher takes 4 only where the kernel's code has cp.async (sm_80+: the
-// register-staged copy of sm_70/75 holds a whole stage in registers, and at 4 blocks sm_70 spills 72 B where 2
-// spill none; nvcc 12.4).
-constexpr int G2TILE = 128;
-template <int BK>
+// their scales. gemm2_q8_kernel: 128 rows x 128 tokens, stages of 2 blocks (45 KB, every card). gemm2_q8_plan is
+// the table's record of its 4-block stages (80 KB, deleted from the kernel once gemm_w16_kernel took them over).
+// gemm_w16_kernel: 128 rows x TOK tokens, stages of 4 blocks, TOK per card (gemm_w16_plan): 64 (30 KB a stage: 60
+// KB, 66 KB with mins, 8 warps) where two such blocks share an SM (sm_80's 164 KB, sm_90's 228 KB), else 128 (80 KB,
+// 88 KB with mins, 16 warps: sm_86 / sm_89's 100 KB hold one 64-token block, 8 warps, where 16 fit); its launcher
+// takes it only where the kernel's code has cp.async (sm_80+: the register-staged copy of sm_70/75 holds a whole
+// stage in registers, and at 4 blocks sm_70 spills 72 B where 2 spill none; nvcc 12.4).
+constexpr int G2TILE = 128;   // weight rows per tile (both kernels), and gemm2_q8_kernel's tokens
+template <int BK, int TOK = G2TILE>
 struct G2Stage {
     static constexpr int KP = BK * 8 + 4;
     int w[G2TILE][KP];
-    int x[G2TILE][KP];
+    int x[TOK][KP];
     float wd[G2TILE][BK];
-    float xd[G2TILE][BK];
+    float xd[TOK][BK];
 };
+static_assert(sizeof(G2Stage<2>) == 22528 && sizeof(G2Stage<4>) == 40960, "gemm2_q8_kernel's 128x128 stages");
 constexpr Plan gemm2_q8_plan(size_t limit) {
     return 2 * sizeof(G2Stage<4>) <= limit ? Plan{4, 2 * sizeof(G2Stage<4>)} : Plan{2, 2 * sizeof(G2Stage<2>)};
 }
 // The same stages with each block's weight min and activation sum (gemm_w16_kernel with mins, gemm_w16.cuh: Q4_1,
-// Q5_1, Q4_K, Q5_K expanded): two stages of 4 blocks (88 KB) where they fit, else none (the launcher takes
-// gemm_quant_kernel, whose stages are smaller).
-template <int BK>
-struct G2MinStage : G2Stage<BK> {
+// Q5_1, Q4_K, Q5_K expanded).
+template <int BK, int TOK = G2TILE>
+struct G2MinStage : G2Stage<BK, TOK> {
     float wm[G2TILE][BK];
-    float xs[G2TILE][BK];
+    float xs[TOK][BK];
 };
-constexpr Plan gemm_w16_min_plan(size_t limit) {
-    return {2 * sizeof(G2MinStage<4>) <= limit ? 4 : 0, 2 * sizeof(G2MinStage<4>)};
+// gemm_w16_kernel's stages of 4 blocks for TOK tokens, with mins or without.
+static_assert(sizeof(G2Stage<4, 64>) == 30720 && sizeof(G2MinStage<4, 64>) == 33792 &&
+                  sizeof(G2Stage<4, 64>) % 16 == 0 && sizeof(G2MinStage<4, 64>) % 16 == 0,
+              "gemm_w16_kernel's 128x64 stages, 16-byte aligned one after another");
+constexpr size_t gemm_w16_bytes(int tok, bool min) {
+    return tok == 64 ? 2 * (min ? sizeof(G2MinStage<4, 64>) : sizeof(G2Stage<4, 64>))
+                     : 2 * (min ? sizeof(G2MinStage<4, 128>) : sizeof(G2Stage<4, 128>));
+}
+// Its tokens per tile (config; 0: it does not fit, and the launcher takes gemm2_q8_kernel for Q8_0,
+// gemm_quant_kernel for the expanded types: their stages are smaller): 64 where two blocks share an SM, whose shared
+// memory is the per-block limit plus the 1 KB the driver keeps per block (sm_80 / sm_86 / sm_89 / sm_90), else 128
+// where it fits, else 64 where one block fits.
+constexpr Plan gemm_w16_plan(size_t limit, bool min) {
+    const size_t b64 = gemm_w16_bytes(64, min), b128 = gemm_w16_bytes(128, min);
+    if (2 * (b64 + 1024) <= limit + 1024) return {64, b64};
+    if (b128 <= limit) return {128, b128};
+    return {b64 <= limit ? 64 : 0, b64};
 }
 
 // ---- gemm_quant_kernel (matmul_quant.cu, the DP4A GEMM of the expanded block types) --------------------------------

@@ -720,8 +720,9 @@ def _q8_ex(be, xq, xd, mats, T, n, kernels, residuals=None):
     return [be.to_host(o) for o in _q8_ex_device(be, xq, xd, mats, T, n, kernels, residuals)]
 
 
-# T: the v2 GEMV (1..16), the v1 GEMM below 96, the 128x128 GEMM from 96 (partial tiles, an odd count of Q8
-# blocks so the last 2-block stage is half empty: n = 96, 1184); rows odd / below a warp's row pair / above a tile.
+# T: the v2 GEMV (1..16), the v1 GEMM below 96, the v2 GEMM from 96 (128x128 tiles, gemm_w16_kernel's 128x64: partial
+# tiles, an odd count of Q8 blocks so the last 2-block stage is half empty: n = 96, 1184); rows odd / below a warp's
+# row pair / above a tile.
 Q8_EX_SHAPES = [(1, 1, 32), (1, 4097, 4096), (2, 3, 96), (4, 31, 1184), (5, 129, 64), (9, 65, 2080), (16, 257, 256),
                 (17, 33, 96), (95, 130, 160), (96, 127, 96), (97, 129, 1184), (200, 255, 512), (257, 64, 2048)]
 
@@ -763,15 +764,17 @@ def test_matmul_q8_ex_kernels_and_residual(cuda_backend, kernels, T, rows, n, do
 
 @pytest.mark.parametrize("T,rows,n", [(96, 127, 96), (97, 129, 1184), (130, 255, 320), (200, 130, 2080)])
 def test_gemm2_stage_widths_give_the_same_bits(cuda_backend, T, rows, n):
-    """The v2 Q8_0 GEMM's stages of 4 blocks (sm_80+ code where 80 KB fit: smem::gemm2_q8_plan) and of 2 (under
-    sm_75's 64 KB cap, and sm_61's 48 KB) give the same bits: the same dots and, per output, the same block order.
-    Block counts 3, 37, 10, 65: the last stage holds 3, 1, 2 and 1 of its 4 blocks; against numpy_ref too."""
+    """The v2 Q8_0 GEMM's stages of 4 blocks (gemm_w16_kernel: sm_80+ code where its 60 KB fit, smem::gemm_w16_plan:
+    128 x 64 tiles uncapped and under sm_75's 64 KB cap, 128 x 128 under sm_70's 96 KB as on sm_86 / sm_89) and of 2
+    (gemm2_q8_kernel: under sm_61's 48 KB, and everywhere on code older than compute_80) give the same bits: the same
+    dots and, per output, the same block order. Block counts 3, 37, 10, 65: the last stage holds 3, 1, 2 and 1 of its
+    4 blocks; against numpy_ref too."""
     from cuda_helpers import SMEM_CAPS
     be = cuda_backend
     rng = np.random.default_rng(T + rows + n)
     ref, mats, xq, xd = _q8_set_case(be, rng, T, rows, n)
     out = {}
-    for cap in (SMEM_CAPS["sm61"], SMEM_CAPS["sm75"], 0):
+    for cap in (SMEM_CAPS["sm61"], SMEM_CAPS["sm75"], SMEM_CAPS["sm70"], 0):
         be.native.cmp_set_smem_cap(cap)
         try:
             out[cap] = _q8_ex(be, xq, xd, mats, T, n, 2)   # CMP_MM_GEMM2, DP4A
@@ -779,25 +782,27 @@ def test_gemm2_stage_widths_give_the_same_bits(cuda_backend, T, rows, n):
             be.native.cmp_set_smem_cap(0)
     for g, r in zip(out[0], ref):
         assert rel(g, r) < Q8_TOL
-    for cap in (SMEM_CAPS["sm61"], SMEM_CAPS["sm75"]):
+    for cap in (SMEM_CAPS["sm61"], SMEM_CAPS["sm75"], SMEM_CAPS["sm70"]):
         for a, b in zip(out[cap], out[0]):
-            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(a, b, err_msg=f"cap {cap}")
 
 
 @pytest.mark.parametrize("dot", INT8_DOTS)
-@pytest.mark.parametrize("cap", ["device", "sm75"])
+@pytest.mark.parametrize("cap", ["device", "sm70", "sm61"])
 @pytest.mark.parametrize("T,rows,n", [(96, 127, 96), (200, 300, 2080), (300, 1000, 4096)])
 def test_gemm_pieces_give_the_same_bits(cuda_backend, T, rows, n, cap, dot):
     """The DP4A GEMMs' serial pieces of K (serial_pieces.cuh: each tile's stages run by several blocks in turn, the
     partial sums parked in the outputs between them) give the unsplit bits, residuals added, against numpy_ref:
-    gemm_w16_kernel (the device's own shared memory, compute_80+ code) and gemm2_q8_kernel (under sm_75's 64 KB cap,
-    and on the DP2A / IMAD routes everywhere: Volta's and Pascal's GEMM). cmp_set_serial_pieces forces each count on
-    every launch (a GEMM at most one a stage; 0: the launch's own plan). n = 96: 3 blocks, one stage of 4 (2 stages
-    of 2), so few counts split; 2080: 65 blocks; 4096: 128. 1000 rows x 300 tokens: 8 x 3 tiles, fewer than a wave,
-    so pieces wait on their tile's last."""
+    gemm_w16_kernel (compute_80+ code; the device's own shared memory: 128 x 64 tiles, two blocks an SM; under sm_70's
+    96 KB cap 128 x 128 tiles, as on sm_86 / sm_89) and gemm2_q8_kernel (under sm_61's 48 KB cap: gemm_w16_kernel's 60
+    KB fit sm_75's 64; and on the DP2A / IMAD routes everywhere: Volta's and Pascal's GEMM).
+    cmp_set_serial_pieces forces each count on every launch (a GEMM at most one a stage; 0: the launch's own plan).
+    n = 96: 3 blocks, one stage of 4 (2 stages of 2), so few counts split; 2080: 65 blocks; 4096: 128. 1000 rows x
+    300 tokens: 8 x 3 tiles (8 x 5 of gemm_w16_kernel's 128 x 64), fewer than a wave, so pieces wait on their tile's
+    last."""
     from cuda_helpers import SMEM_CAPS
     be = cuda_backend
-    if cap == "device" and dot == "dp4a" and not be.native.gemm_w16_available():
+    if cap in ("device", "sm70") and dot == "dp4a" and not be.native.gemm_w16_available():
         pytest.skip("gemm_w16_kernel needs compute capability 8.0+ code for this device (cp.async stages)")
     rng = np.random.default_rng(T + rows + n)
     ref, mats, xq, xd = _q8_set_case(be, rng, T, rows, n)
@@ -818,7 +823,7 @@ def test_gemm_pieces_give_the_same_bits(cuda_backend, T, rows, n, cap, dot):
             np.testing.assert_array_equal(a, b, err_msg=f"{pieces} pieces")
 
 
-# The GEMMs that read adjacent matrices as one (gemm_out.cuh): the DP4A one (CMP_MM_GEMM2, the 16-warp kernel from
+# The GEMMs that read adjacent matrices as one (gemm_out.cuh): the DP4A one (CMP_MM_GEMM2, gemm_w16_kernel from
 # 96 tokens), the int8 tensor-core one and Volta's f16 HMMA one; each takes the v2 GEMV below 17 tokens.
 ADJACENT_GEMMS = {"dp4a": 3, "mma": 3 | CMP_MM_MMA, "hmma": 3 | CMP_MM_MMA | CMP_MM_MMA_F16}
 

@@ -150,7 +150,7 @@ def test_each_route_uses_only_its_unit(tool_and_lib):
                 assert not bad, f"{name} ({dot}) holds {bad}"
 
 
-# The kernels of the block-quantized types (matmul_quant.cu; gemm_w16.cuh's 16-warp GEMM, Q8_0's too, DP4A only):
+# The kernels of the block-quantized types (matmul_quant.cu; gemm_w16.cuh's GEMM, Q8_0's too, DP4A only):
 # every DP4A-route instantiation is present and multiplies by DP4A (the other routes:
 # test_each_route_uses_only_its_unit).
 QUANT_DP4A_KERNELS = ("gemv_quant_kernel", "gemm_quant_kernel", "gemm_w16_kernel")

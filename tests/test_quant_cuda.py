@@ -117,18 +117,19 @@ def test_one_stage_gemm_gives_the_same_bits(cuda_backend, type_name):
     np.testing.assert_array_equal(out[SMEM_CAPS["sm61"]], out[0])
 
 
-# One scale (and min) per 32 values (quant_blocks.cuh: PER16 false): on DP4A the 16-warp GEMM (gemm_w16.cuh)
+# One scale (and min) per 32 values (quant_blocks.cuh: PER16 false): on DP4A gemm_w16.cuh's GEMM
 PER32_TYPES = [t for t in TYPES if t not in ("Q2_K", "Q3_K", "Q6_K")]
 
 
 @pytest.mark.parametrize("type_name", PER32_TYPES)
 def test_per32_gemm_same_bits_on_every_kernel(cuda_backend, type_name):
     """The per-32 types' GEMM (gemm_w16.cuh's block_term per output and block, in block order) gives the same bits on
-    each kernel that runs it: the 16-warp gemm_w16_kernel (DP4A, compute_80+ code, 80 / 88 KB: uncapped and under
-    sm_70's 96 KB), gemm_quant_kernel's two stages (sm_75's 64 KB) and one (sm_61's 48 KB), and the DP2A and IMAD
-    routes' gemm_quant_kernel (the same integers); and matches the reference. 259 rows (three row tiles, the last of
-    3 rows) in two chunks of 256 rows (the workspace: ldy = 259 in the second), 200 tokens (a partial second token
-    tile), a K tail (32-value types: 13 blocks, 3 stages of 4 and one block), the residual added in the epilogue."""
+    each kernel that runs it: gemm_w16_kernel (DP4A, compute_80+ code: 128 x 64 tiles, 60 / 66 KB, uncapped and
+    without mins under sm_75's 64 KB; 128 x 128, 80 / 88 KB, under sm_70's 96 KB as on sm_86 / sm_89), gemm_quant_kernel's two stages (sm_75's 64 KB, the types with mins) and
+    one (sm_61's 48 KB), and the DP2A and IMAD routes' gemm_quant_kernel (the same integers); and matches the
+    reference. 259 rows (three row tiles, the last of 3 rows) in two chunks of 256 rows (the workspace: ldy = 259 in
+    the second), 200 tokens (a partial last token tile), a K tail (32-value types: 13 blocks, 3 stages of 4 and one
+    block), the residual added in the epilogue."""
     from cuda_helpers import SMEM_CAPS
     be, rng = cuda_backend, np.random.default_rng(31)
     n = cols_for(type_name, 13 if QUANT_BLOCKS[type_name][0] == 32 else 3)

@@ -22,6 +22,10 @@ from sass_tools import cuobjdump_candidates
 
 ROOT = Path(__file__).resolve().parent.parent
 CARDS = {"sm_61": 48 * 1024, "sm_75": 64 * 1024, "sm_70": 96 * 1024, "sm_86": 99 * 1024, "sm_90": 227 * 1024}
+# Shared memory per SM (blocks resident together share it; the driver keeps 1 KB per block) where it differs from
+# the per-block limit: A100 (sm_80) 164 KB for 163 per block, sm_86 / sm_89 100 for 99, H100 / H200 228 for 227.
+SM_SHARED = {"sm_80": 164 * 1024, "sm_86": 100 * 1024, "sm_90": 228 * 1024}
+BLOCK_RESERVED = 1024
 HEAD_DIMS = (64, 128, 256)
 ROUND1_DIMS = (32, 96, 192)   # the round-1 attention kernel's (the v2 kernels take HEAD_DIMS)
 # Kernels that do not fit every card, and what runs there instead.
@@ -30,6 +34,8 @@ AROUND = {
     "gdn_chunk_state_kernel": "the backend takes the sequential scan (gdn_scan_kernel, <= 1 KB)",
     "attention_full_kernel": "the vision attention at head dim 128 on sm_61 (58 KB; vision towers use 64-80): "
                              "refused naming its bytes",
+    "gemm_w16_kernel": "Q8_0 takes gemm2_q8_kernel's 2-block stages (45 KB), the expanded types without mins "
+                       "gemm_quant_kernel (54 KB, 27 KB on sm_61)",
     "gemm_w16_kernel+min": "the expanded types with mins take gemm_quant_kernel (54 KB, 27 KB on sm_61)",
 }
 
@@ -80,7 +86,9 @@ def test_large_cards_keep_todays_configuration(table):
         assert [pick(table, "attention_kernel", Dh, CARDS[card])[0] for Dh in ROUND1_DIMS] == [16, 16, 16]
         assert pick(table, "gemm_quant_kernel", 0, CARDS[card])[0] == 2
         assert pick(table, "gemm2_q8_kernel", 0, CARDS[card])[0] == 4   # the launcher: 2 on sm_70's code
-        assert pick(table, "gemm_w16_kernel+min", 0, CARDS[card])[0] == 4   # the launcher: none on sm_70's code
+        tok = 64 if card == "sm_90" else 128   # the launcher: none on sm_70's code
+        assert pick(table, "gemm_w16_kernel", 0, CARDS[card])[0] == tok
+        assert pick(table, "gemm_w16_kernel+min", 0, CARDS[card])[0] == tok
         assert [pick(table, "attention_full_kernel", Dh, CARDS[card])[0] for Dh in (64, 72, 80, 128)] == [64] * 4
     for kernel in ("gdn_chunk_intra_kernel", "gdn_chunk_state_kernel"):   # 89280 / 80640 B: Qwen3.5's key dim
         assert pick(table, kernel, 128, CARDS["sm_70"])[0] == 1
@@ -93,11 +101,36 @@ def test_the_cuda_tests_caps_reach_every_configuration(table):
     assert {pick(table, "attn_prefill_kernel", 256, lim)[0] for lim in caps} == {16, 32, 64}
     assert {pick(table, "gemm_quant_kernel", 0, lim)[0] for lim in caps} == {1, 2}
     assert {pick(table, "gemm2_q8_kernel", 0, lim)[0] for lim in caps} == {2, 4}
-    assert {pick(table, "gemm_w16_kernel+min", 0, lim)[0] for lim in caps} == {0, 4}
+    assert {pick(table, "gemm_w16_kernel", 0, lim)[0] for lim in caps} == {0, 64, 128}
+    assert {pick(table, "gemm_w16_kernel+min", 0, lim)[0] for lim in caps} == {0, 64, 128}
     assert {pick(table, "attention_kernel", 192, lim)[0] for lim in caps} == {8, 16}
     assert {pick(table, "attention_full_kernel", 72, lim)[0] for lim in caps} == {32, 64}
     for kernel in ("gdn_chunk_intra_kernel", "gdn_chunk_state_kernel"):   # the scan fallback too
         assert {pick(table, kernel, 128, lim)[0] for lim in caps} == {0, 1}
+
+
+def test_gemm_w16_takes_two_blocks_an_sm_where_they_fit(table):
+    """gemm_w16_kernel: tiles of 128 rows x 64 tokens, 256 threads (<= 128 registers: 2 x 256 x 128 = the 64K
+    register file), two stages of 4 blocks: 30 KB each (W 128 x 36 ints, X 64 x 36, their scales), 33 KB with mins.
+    Two blocks share an SM where 2 x (bytes + 1 KB) fit its shared memory: the A100's and H200's. sm_86 / sm_89's
+    100 KB hold one (8 warps), so there the tile is 128 x 128 (512 threads, one block of 16 warps: 80 / 88 KB)."""
+    w16 = pick(table, "gemm_w16_kernel", 0, CARDS["sm_90"])
+    w16min = pick(table, "gemm_w16_kernel+min", 0, CARDS["sm_90"])
+    assert w16 == (64, 2 * (128 * 36 * 4 + 64 * 36 * 4 + 128 * 4 * 4 + 64 * 4 * 4)) == (64, 61440)
+    assert w16min == (64, 61440 + 2 * (128 * 4 * 4 + 64 * 4 * 4)) == (64, 67584)
+    assert pick(table, "gemm_w16_kernel", 0, CARDS["sm_86"]) == (128, 81920)
+    assert pick(table, "gemm_w16_kernel+min", 0, CARDS["sm_86"]) == (128, 90112)
+    assert pick(table, "gemm_w16_kernel", 0, CARDS["sm_75"]) == (64, 61440)   # one block (the cap tests run)
+    assert pick(table, "gemm_w16_kernel", 0, CARDS["sm_61"])[0] == 0
+    assert pick(table, "gemm2_q8_kernel", 0, CARDS["sm_90"]) == (4, 81920)
+    assert pick(table, "gemm2_q8_kernel", 0, CARDS["sm_75"]) == (2, 45056)
+    by_registers = 65536 // (256 * 128)   # __launch_bounds__(256, 2): the register file holds 2 (sm_90's 228 KB 3)
+    for card, per_sm in SM_SHARED.items():
+        blocks = [min(per_sm // (b + BLOCK_RESERVED), by_registers) for _, b in (w16, w16min)]
+        assert blocks == ([1, 1] if card == "sm_86" else [2, 2]), (card, blocks)
+        # the plan's rule (per-SM shared memory = the per-block limit + 1 KB) agrees
+        limit = per_sm - BLOCK_RESERVED
+        assert all(2 * (b + BLOCK_RESERVED) <= limit + BLOCK_RESERVED for _, b in (w16, w16min)) == (card != "sm_86")
 
 
 def test_what_does_not_fit_is_known(table):

@@ -46,7 +46,8 @@ int main() {
         }
         row("gemm_quant_kernel", 0, limit, gemm_quant_plan(limit));
         row("gemm2_q8_kernel", 0, limit, gemm2_q8_plan(limit));
-        row("gemm_w16_kernel+min", 0, limit, gemm_w16_min_plan(limit));
+        row("gemm_w16_kernel", 0, limit, gemm_w16_plan(limit, false));
+        row("gemm_w16_kernel+min", 0, limit, gemm_w16_plan(limit, true));
         gdn<16>(limit);
         gdn<32>(limit);
         gdn<64>(limit);

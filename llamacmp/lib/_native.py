@@ -350,8 +350,8 @@ class Native:
         return b.value
 
     def gemm_w16_available(self) -> bool:
-        """cmp_gemm_w16_available: whether the DP4A prefill GEMM is the 16-warp one here, which takes adjacent
-        matrices (CudaBackend.upload_matrices) in one launch."""
+        """cmp_gemm_w16_available: whether the DP4A prefill GEMM is gemm_w16_kernel here (compute_80+ code), which
+        takes adjacent matrices (CudaBackend.upload_matrices) in one launch."""
         yes = ctypes.c_int(0)
         self.cmp_gemm_w16_available(ctypes.byref(yes))
         return bool(yes.value)

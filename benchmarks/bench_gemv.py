@@ -25,6 +25,9 @@ the matrices 4096 x 12288, 12288 x 4096 and 4096 x 4096 (rows x n) of random val
 prefill GEMM at T = 512 and 4096
 (TOPS = 2 T rows n / time, eager calls timed by events; quantized types include their per-call weight expansion).
 `--dot dp2a|imad` runs that table on another route's int8 dot (issue 20; llamacmp/backends/routes.py), GEMV and GEMM.
+`--gemm-all` times the GEMM on all three matrices; `--smem-cap BYTES` runs the table under cmp_set_smem_cap (another
+card's shared memory per block), e.g. 98304 (sm_70's 96 KB) for the DP4A GEMM's 128 x 128 tiles on an H200, the tile
+sm_86 / sm_89 get (smem_plan.h gemm_w16_plan), against its own 128 x 64.
 """
 from __future__ import annotations
 
@@ -164,7 +167,7 @@ class QuantPool:
 
 
 def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, gemm: bool = True,
-                dot: str = "dp4a", ts: tuple[int, ...] = (1, 4, 16)) -> list[dict]:
+                dot: str = "dp4a", ts: tuple[int, ...] = (1, 4, 16), gemm_all: bool = False) -> list[dict]:
     dots = CMP_DOTS[dot] << CMP_MM_GEMV_DOT_SHIFT | CMP_DOTS[dot] << CMP_MM_GEMM_DOT_SHIFT
     out = []
     print(f"{'type':<7} {'rows x n':>12} {'MB':>6} {'T':>5} {'us':>9} {'GB/s':>7} {'%copy':>6} {'TOPS':>7}")
@@ -172,7 +175,7 @@ def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, gemm: b
         for rows, n in QUANT_SHAPES:
             pool = QuantPool(be, type_name, rows, n)
             for T in (*ts, 512, 4096):
-                if T > 16 and ((rows, n) != (12288, 4096) or not gemm):
+                if T > 16 and (((rows, n) != (12288, 4096) and not gemm_all) or not gemm):
                     continue
                 rng = np.random.default_rng(T)
                 x = be.from_host(rng.standard_normal((T, n)).astype(np.float32), "f32")
@@ -214,7 +217,13 @@ def main(argv=None) -> None:
     ap.add_argument("--no-gemm", action="store_true", help="with --quant: GEMV only")
     ap.add_argument("--dot", choices=list(CMP_DOTS), default="dp4a", help="with --quant: the int8 dot route")
     ap.add_argument("--ts", default="1,4,16", help="with --quant: comma-separated GEMV token counts (1..16)")
+    ap.add_argument("--gemm-all", action="store_true",
+                    help="with --quant: the GEMM on every matrix, not 12288 x 4096 only")
+    ap.add_argument("--smem-cap", type=int, default=0,
+                    help="with --quant: shared memory per block in bytes (cmp_set_smem_cap; 0: the device's own)")
     args = ap.parse_args(argv)
+    if (args.gemm_all or args.smem_cap) and not args.quant:
+        ap.error("--gemm-all / --smem-cap: with --quant only")
     if args.dot != "dp4a" and not args.quant:
         ap.error("--dot: only the --quant table runs on other routes (the v1 / v2 GEMV table is DP4A)")
     be = CudaBackend()
@@ -230,8 +239,13 @@ def main(argv=None) -> None:
         ts = tuple(int(t) for t in args.ts.split(","))
         if not all(1 <= t <= 16 for t in ts):
             ap.error(f"--ts: GEMV token counts are 1..16 (got {args.ts})")
-        print(f"int8 dot route: {args.dot}")
-        out += bench_quant(be, types, bw, args.reps, not args.no_gemm, args.dot, ts)
+        print(f"int8 dot route: {args.dot}" + (f", shared memory capped at {args.smem_cap} B" if args.smem_cap else ""))
+        be.native.cmp_set_smem_cap(args.smem_cap)
+        try:
+            rows = bench_quant(be, types, bw, args.reps, not args.no_gemm, args.dot, ts, args.gemm_all)
+        finally:
+            be.native.cmp_set_smem_cap(0)
+        out += [dict(r, smem_cap=args.smem_cap) for r in rows]
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)

@@ -66,8 +66,10 @@ $(OBJDIR)/%.o: cuda_src/%.cu $(HDR)
 clang-lib:
 	CLANG_CUDA_LIB=$(LIB) bash tools/build_clang_cuda.sh $(ARCHS)
 
+# LEAN_OBJ: its objects' folder (benchmarks/device/carry_lib.sh names it by the cuda_src digest)
+LEAN_OBJ ?= build/obj-90-lean
 device-lib:
-	$(MAKE) --no-print-directory -j$(JOBS) lib ARCHS=90 OBJDIR=build/obj-90-lean LIB=build/lean90/libcmpkern.so \
+	$(MAKE) --no-print-directory -j$(JOBS) lib ARCHS=90 OBJDIR=$(LEAN_OBJ) LIB=build/lean90/libcmpkern.so \
 	    GENCODE="-gencode arch=compute_90,code=sm_90" \
 	    NVFLAGS="-O3 -std=c++17 -Xcompiler -fPIC --use_fast_math -Xptxas -O3 -gencode arch=compute_90,code=sm_90"
 

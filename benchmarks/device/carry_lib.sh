@@ -17,7 +17,12 @@ case ${1:?pack | install | digest} in
   digest)
     digest;;
   pack)
-    make device-lib
+    # objects in a folder of this cuda_src's own: make goes by times, and objects copied or left from other sources
+    # can be newer than these (2026-12-04: a worktree given another's objects packed main's library under its
+    # branch's digest)
+    obj=build/obj-90-lean-$(digest)
+    find build -maxdepth 1 -name 'obj-90-lean*' ! -path "$obj" -exec rm -rf {} + 2>/dev/null || true
+    make device-lib LEAN_OBJ="$obj"
     mkdir -p .carry
     xz -T0 -9 -c build/lean90/libcmpkern.so > .carry/libcmpkern.so.xz
     digest > .carry/lib.sha

@@ -224,6 +224,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if (args.gemm_all or args.smem_cap) and not args.quant:
         ap.error("--gemm-all / --smem-cap: with --quant only")
+    if args.smem_cap < 0:
+        ap.error(f"--smem-cap: bytes of shared memory per block, 0 or more (got {args.smem_cap})")
     if args.dot != "dp4a" and not args.quant:
         ap.error("--dot: only the --quant table runs on other routes (the v1 / v2 GEMV table is DP4A)")
     be = CudaBackend()

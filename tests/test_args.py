@@ -107,11 +107,10 @@ def test_scope_is_enforced():
 
 def test_known_but_unsupported_flags_are_refused_clearly():
     for argv in (["-mu", "http://x/m.gguf"], ["--lora", "a.gguf"], ["-md", "draft.gguf"],
-                 ["-ctk", "q5_1"], ["--mirostat", "2"], ["--dry-multiplier", "0.8"]):
+                 ["-ctk", "q5_1"]):
         with pytest.raises(Unsupported) as e:
             parse("completion", *argv)
         assert "not supported" in str(e.value)
-    assert parse("completion", "--mirostat", "0").sampling.temp == 0.8   # the default value is accepted
     p = parse("completion", "-ctk", "q8_0", "-ctv", "q4_0")              # formats kv_quant implements
     assert (p.cache_type_k, p.cache_type_v) == ("q8_0", "q4_0")
     with pytest.raises(ArgError, match="unknown value for --cache-type-k: 'q9'"):

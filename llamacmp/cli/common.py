@@ -17,7 +17,7 @@ from ..engine.speculative import enabled_spec
 from ..params import Params
 from ..run_plan import RunPlan, RunPlanError, check_options, plan_run
 from ..spec import synth_log_lines
-from ..sampling import Sampler
+from ..sampling import Sampler, SamplerVocab
 
 
 class CliError(Exception):
@@ -136,7 +136,7 @@ def make_grammar(p: Params, client: SlotClient, after_think: bool = False):
 
 
 def make_sampler(p: Params, lm) -> Sampler:
-    return Sampler(p.sampling, frozenset(lm.tokenizer.eog_ids))
+    return Sampler(p.sampling, frozenset(lm.tokenizer.eog_ids), vocab=SamplerVocab(lm.tokenizer, lm.cfg.n_ctx_train))
 
 
 def perf_lines(t: Perf, sampler: Sampler | None, now_ms: float) -> str:

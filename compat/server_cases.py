@@ -53,8 +53,8 @@ CASES: list[Case] = [
     Case("completion_token_prompt", "POST", "/completion", {"prompt": [9419, 11, 1879], "n_predict": 4, **G}),
     # --- the samplers beyond the default chain, where greedy output still shows them: a logit bias makes token 11
     # the choice unless DRY penalises it (it followed 9419 before, and then itself); a breaker or a short window
-    # stops that; XTC at probability 1 always drops the top choices; Mirostat and a dynamic temperature that stays
-    # <= 0 leave greedy alone
+    # stops that; XTC at probability 1 always drops the top choices; Mirostat, and a dynamic temperature over one
+    # candidate (top_k 1), leave greedy alone
     *[Case(f"completion_{name}", "POST", "/completion",
            {"prompt": [9419, 11, 1879, 9419], "n_predict": 8, "return_tokens": True, "logit_bias": [[11, 50]],
             **G, **body})
@@ -66,8 +66,8 @@ CASES: list[Case] = [
     Case("completion_mirostat_greedy", "POST", "/completion",
          {"prompt": "Hello", "n_predict": 6, "return_tokens": True, "mirostat": 2, "mirostat_tau": 4.0, **G}),
     Case("completion_dynatemp_greedy", "POST", "/completion",
-         {"prompt": "Hello", "n_predict": 6, "return_tokens": True, "temperature": -1.0, "dynatemp_range": 0.5,
-          "dynatemp_exponent": 2.0}),
+         {"prompt": "Hello", "n_predict": 6, "return_tokens": True, "top_k": 1, "dynatemp_range": 0.5,
+          "dynatemp_exponent": 2.0, **G}),
     Case("completion_stream", "POST", "/completion", {"prompt": "Hello", "n_predict": 3, "stream": True, **G},
          stream=True),
     Case("completions_alias", "POST", "/completions", {"prompt": "Hello", "n_predict": 4, **G}),

@@ -115,9 +115,9 @@ def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenPar
     # (only the first of the three names given is read, type-checked included)
     given = next((k for k in ("n_predict", "max_completion_tokens", "max_tokens") if f.has(k)), "n_predict")
     n_predict = f.int(given, d.n_predict)
-    # the limit of a vanishing positive temperature: greedy (a negative one stays: with dynatemp_range it sets how far
-    # the dynamic temperature stays below 0)
-    temp = 0.0 if 0.0 < sampling.temp < TEMP_MIN else sampling.temp
+    # the limit of a vanishing temperature: greedy; a negative one is 0 too (0c1e570 clamps it to its range, b8462
+    # kept it, which only matters with dynatemp_range)
+    temp = sampling.temp if sampling.temp >= TEMP_MIN else 0.0
     stop = [x for x in f.list("stop", list(d.stop)) if isinstance(x, str)] if f.has("stop") else list(d.stop)
     if len(stop) > MAX_STOPS or any(len(x) > MAX_STOP_CHARS for x in stop):
         raise bad_request(f"'stop' takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")

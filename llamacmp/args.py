@@ -797,9 +797,12 @@ OPTIONS: tuple[Option, ...] = (
     _noop("-bs", "--backend-sampling", why="llamacmp samples on the host from the logits; the tokens are the same"),
     _noop("--perf", neg=("--no-perf",), env="LLAMA_ARG_PERF", why="llamacmp always measures the timings"),
     _noop("-hft", "--hf-token", value="TOKEN", env="HF_TOKEN", why="llamacmp does not download, so needs no token"),
-    _default_only("--adaptive-target", default="-1", accept=lambda x: x < 0,
-                  why="the adaptive-p sampler is not supported by llamacmp (negative = disabled)"),
-    _noop("--adaptive-decay", value="N", why="the adaptive-p sampler is off (--adaptive-target < 0)"),
+    O("--adaptive-target", value="N", dest="sampling.adaptive_target", parse=to_float,
+      help="adaptive-p: select tokens near this probability (valid range 0.0 to 1.0; negative = disabled)\n"
+      "(default: -1.00; the sampler runs where --samplers names adaptive_p, as in llama.cpp)"),
+    O("--adaptive-decay", value="N", dest="sampling.adaptive_decay", parse=to_float,
+      help="adaptive-p: decay rate for target adaptation over time. lower values are more reactive, higher\n"
+      "values are more stable. (valid range 0.0 to 0.99) (default: 0.90)"),
     _default_only("--rope-freq-base", default="0", why="llamacmp uses the model's RoPE settings (0 = from model)"),
     _default_only("--rope-freq-scale", default="0", accept=lambda x: x in (0, 1),
                   why="llamacmp uses the model's RoPE settings (0 = from model)"),

@@ -23,13 +23,17 @@ from . import dry
 
 # `--samplers` names and `--sampling-seq` letters (common/common.cpp); the ones we implement are in STEPS below.
 SAMPLER_LETTERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p",
-                   "p": "top_p", "m": "min_p", "x": "xtc", "t": "temperature"}
+                   "p": "top_p", "m": "min_p", "x": "xtc", "t": "temperature", "a": "adaptive_p"}
 SAMPLER_ALIASES = {"top-k": "top_k", "top-p": "top_p", "min-p": "min_p", "nucleus": "top_p",
                    "typical-p": "typ_p", "typical": "typ_p", "typ-p": "typ_p", "typ": "typ_p",
-                   "temp": "temperature", "top-n-sigma": "top_n_sigma", "top-nsigma": "top_n_sigma"}
+                   "temp": "temperature", "top-n-sigma": "top_n_sigma", "top-nsigma": "top_n_sigma",
+                   "adaptive-p": "adaptive_p"}
 DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+# adaptive-p, where the sequence names it, replaces the final draw (llama.cpp adds it last, wherever it is named)
+KNOWN_SAMPLERS = DEFAULT_SAMPLERS + ("adaptive_p",)
 DRY_BREAKERS = ("\n", ":", "\"", "*")     # common_params_sampling.dry_sequence_breakers
 MIROSTAT_M = 100                          # Mirostat 1's tokens for its estimate of s (common/sampling.cpp)
+ADAPTIVE_WIDTH, ADAPTIVE_PEAK, ADAPTIVE_SHARPNESS = 0.3, 5.0, 10.0   # adaptive-p's transform (llama-sampler.cpp)
 
 
 @dataclass(slots=True)
@@ -59,12 +63,14 @@ class SamplingParams:
     mirostat: int = 0                   # 0 = off, 1 = Mirostat, 2 = Mirostat 2.0
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    adaptive_target: float = -1.0       # adaptive-p (named in `samplers`): < 0 = an ordinary draw
+    adaptive_decay: float = 0.90
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
     logit_bias: dict[int, float] = field(default_factory=dict)
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        unknown = [s for s in self.samplers if s not in DEFAULT_SAMPLERS]
+        unknown = [s for s in self.samplers if s not in KNOWN_SAMPLERS]
         if unknown:
             raise ValueError(f"unknown sampler name(s): {', '.join(unknown)}")
         if self.mirostat not in (0, 1, 2):
@@ -88,13 +94,19 @@ class SamplingParams:
         """Only the steps the device chain runs (penalties, top-k/p, min-p, typical, temperature): no DRY,
         top-n-sigma, XTC, dynamic temperature or Mirostat."""
         return not (self.dry_on or self.xtc_on or self.top_n_sigma > 0.0 or self.dynatemp_range > 0.0
-                    or self.mirostat)
+                    or self.mirostat or self.adaptive_on)
+
+    @property
+    def adaptive_on(self) -> bool:
+        """adaptive-p draws (named in the sequence; Mirostat replaces the whole chain, adaptive-p included)."""
+        return "adaptive_p" in self.samplers and not self.mirostat
 
     @property
     def random_chain(self) -> bool:
-        """The chain itself draws random numbers (XTC's coin, Mirostat's updated target), so the distribution of a
-        draw is not a function of the logits and history alone (speculative verification needs it to be)."""
-        return self.xtc_on or self.mirostat != 0
+        """The draw's distribution is not the chain's softmax of the logits and history alone (XTC's coin,
+        Mirostat's target and adaptive-p's average, updated by each draw); speculative verification then draws
+        from the target itself."""
+        return self.xtc_on or self.mirostat != 0 or self.adaptive_on
 
 
 def parse_sampler_names(text: str) -> tuple[str, ...]:
@@ -102,7 +114,7 @@ def parse_sampler_names(text: str) -> tuple[str, ...]:
     sep = ";" if ";" in text else ","
     names = [n.strip() for n in text.split(sep) if n.strip()]
     out = tuple(SAMPLER_ALIASES.get(n, n) for n in names)
-    unknown = [n for n in out if n not in DEFAULT_SAMPLERS]
+    unknown = [n for n in out if n not in KNOWN_SAMPLERS]
     if unknown:
         raise ValueError(f"unknown sampler name(s): {', '.join(unknown)}")
     return out
@@ -293,6 +305,7 @@ class Sampler:
         self.rng = np.random.Generator(np.random.MT19937(self.seed))
         self.xtc_rng = np.random.Generator(np.random.MT19937(self.seed))   # XTC's own, as llama.cpp's xtc sampler
         self.mu = 2.0 * params.mirostat_tau                                 # Mirostat's target surprise, updated
+        self._adaptive_reset()
         self.dry: Optional[tuple[dry.DryBreakers, int]] = None              # (breakers, n_ctx_train) with DRY on
         if params.dry_on:
             if vocab is None:
@@ -320,11 +333,24 @@ class Sampler:
         self.history.append(int(token))
         self.n_accepted += 1
         self._drawn = None
+        if self._pending is not None and self._pending[0] == int(token):
+            # adaptive-p's average of the drawn tokens' probabilities before its transform
+            self._ada_sum = self._pending[1] + self._decay * self._ada_sum
+            self._ada_weight = 1.0 + self._decay * self._ada_weight
+        self._pending = None
 
     def reset(self) -> None:
         self.history.clear()
         self.mu = 2.0 * self.params.mirostat_tau
         self._drawn = None
+        self._adaptive_reset()
+
+    def _adaptive_reset(self) -> None:
+        p = self.params
+        self._decay = min(max(p.adaptive_decay, 0.0), 0.99)
+        self._ada_sum = p.adaptive_target / (1.0 - self._decay)
+        self._ada_weight = 1.0 / (1.0 - self._decay)
+        self._pending: Optional[tuple[int, float]] = None     # (token, its probability) of adaptive-p's last draw
 
     def candidates(self, logits: np.ndarray) -> Candidates:
         """Full-vocabulary candidates with logit bias and ignore_eos applied."""
@@ -349,7 +375,7 @@ class Sampler:
             return c
         history = list(self.history)
         for name in p.samplers:
-            if name in skip:
+            if name in skip or name == "adaptive_p":        # (adaptive-p is the draw: _adaptive)
                 continue
             if name == "dry":
                 self._apply_dry(c, history)
@@ -380,6 +406,8 @@ class Sampler:
             return self._drawn
         if self.params.mirostat:
             return self._mirostat(logits)
+        if self.params.adaptive_on:
+            return _most_probable_first(*self._adaptive(logits)[:2])
         return self._distribution(logits)
 
     def _distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -398,6 +426,12 @@ class Sampler:
             pick = int(self.rng.choice(len(ids), p=probs)) if len(ids) > 1 else 0
             self.mu -= p.mirostat_eta * (-math.log2(probs[pick]) - p.mirostat_tau)
             return int(ids[pick])
+        if p.adaptive_on:
+            ids, probs, before = self._adaptive(logits)
+            pick = int(self.rng.choice(len(ids), p=probs)) if len(ids) > 1 else 0
+            self._pending = (int(ids[pick]), float(before[pick]))
+            self._drawn = _most_probable_first(ids, probs)
+            return int(ids[pick])
         if p.random_chain:     # one run of the chain (one XTC coin) serves the draw and its post-sampling probs
             ids, probs = self._drawn = self._distribution(logits)
             return int(ids[0]) if len(ids) == 1 or p.greedy else int(ids[self.rng.choice(len(ids), p=probs)])
@@ -405,6 +439,22 @@ class Sampler:
         if len(c.ids) == 1:
             return int(c.ids[0])
         return int(c.ids[self.rng.choice(len(c.ids), p=c.probs())])
+
+    def _adaptive(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """adaptive-p (llama.cpp PR 17927): the chain's candidates -> (ids, the probabilities it draws from, those
+        before its transform). It aims the draw at tokens whose probability is near a target, the target moved
+        against the recent average of the drawn tokens' probabilities: each finite logit becomes
+        5 - 10 d^2 / (1 + d), d = |p - target'| / 0.3."""
+        c = self.chain(logits)
+        before = c.probs()
+        target = self.params.adaptive_target
+        if target < 0.0 or len(c.ids) == 0:
+            return c.ids, before, before
+        target = min(max(target, 0.0), 1.0)
+        aim = target if self._ada_weight == 0.0 else min(max(2.0 * target - self._ada_sum / self._ada_weight, 0.0), 1.0)
+        d = np.abs(before - aim) / ADAPTIVE_WIDTH
+        c.logits = np.where(np.isfinite(c.logits), ADAPTIVE_PEAK - ADAPTIVE_SHARPNESS * d * d / (1.0 + d), c.logits)
+        return c.ids, c.probs(), before
 
     def _mirostat(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mirostat's truncation at the current mu: (ids, probs) most probable first. Version 1 keeps the top k,
@@ -435,3 +485,8 @@ class Sampler:
         else:
             c.sort_desc()
         return c.ids, c.probs()
+
+
+def _most_probable_first(ids: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(-probs, kind="stable")
+    return ids[order], probs[order]

@@ -236,3 +236,40 @@ def test_extras_leave_the_device_chain():
     assert s.params.plain and plan_row(s, 1000, 1024, 1024).kind == "argmax"
     # dynamic temperature around 0 samples: not greedy
     assert SamplingParams(temp=0.0).greedy and not SamplingParams(temp=0.0, dynatemp_range=0.5).greedy
+
+
+# -- adaptive-p --------------------------------------------------------------------------------------------------
+
+def test_adaptive_p_draws_near_its_target_and_averages_what_it_drew():
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    logits = np.log(probs)
+    p = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, samplers=("temperature", "adaptive_p"),
+                       adaptive_target=0.3, adaptive_decay=0.5, seed=2)
+    s = Sampler(p)
+    assert not p.plain and p.random_chain and p.adaptive_on
+    ids, got = s.post_sampling_probs(logits)
+    # before any draw the average is the target itself: aim = 2 * 0.3 - 0.3
+    d = np.abs(probs - 0.3) / 0.3
+    want = np.exp(5 - 10 * d * d / (1 + d))
+    want /= want.sum()
+    order = np.argsort(-want, kind="stable")
+    assert list(ids) == list(order) and np.allclose(got, want[order])
+    tok = s.sample(logits)
+    s.accept(tok)
+    # the average takes the drawn token's probability before the transform: sum = p + decay * 0.3/0.5
+    assert s._ada_sum == pytest.approx(probs[tok] + 0.5 * 0.6) and s._ada_weight == pytest.approx(1 + 0.5 * 2)
+    # a token accepted that adaptive-p did not draw (a prompt token) leaves the average alone
+    s.accept(3)
+    assert s._ada_weight == pytest.approx(2.0)
+
+
+def test_adaptive_p_off_and_by_letter():
+    from llamacmp.sampling import parse_sampler_letters, parse_sampler_names
+    assert parse_sampler_letters("kta") == ("top_k", "temperature", "adaptive_p")
+    assert parse_sampler_names("top_k;adaptive-p") == ("top_k", "adaptive_p")
+    # a negative target draws from the chain's own distribution
+    logits = np.log(np.array([0.5, 0.3, 0.2]))
+    s = Sampler(SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, samplers=("temperature", "adaptive_p")))
+    assert np.allclose(s.post_sampling_probs(logits)[1], [0.5, 0.3, 0.2])
+    # named but Mirostat on: Mirostat's chain
+    assert not SamplingParams(samplers=("adaptive_p",), mirostat=2).adaptive_on

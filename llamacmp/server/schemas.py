@@ -131,8 +131,9 @@ def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenPar
 
 
 def _more_samplers(f: Fields, s: SamplingParams, n_ctx: int) -> dict:
-    """DRY, top-n-sigma, XTC, dynamic temperature and Mirostat (llamacmp/sampling.py), checked as llama-server
-    checks them; where it quietly replaces a bad value (dry_base < 1 by the default) the request is refused."""
+    """DRY, top-n-sigma, XTC, dynamic temperature, Mirostat and adaptive-p (llamacmp/sampling.py), checked as
+    llama-server checks them; where it quietly replaces a bad value (dry_base < 1 by the default) the request is
+    refused."""
     dry_last_n = f.int("dry_penalty_last_n", s.dry_penalty_last_n)
     if dry_last_n < -1:
         raise bad_request("Error: dry_penalty_last_n must be >= -1")
@@ -147,7 +148,9 @@ def _more_samplers(f: Fields, s: SamplingParams, n_ctx: int) -> dict:
         dynatemp_range=f.float("dynatemp_range", s.dynatemp_range),
         dynatemp_exponent=f.float("dynatemp_exponent", s.dynatemp_exponent),
         mirostat=f.int("mirostat", s.mirostat), mirostat_tau=f.float("mirostat_tau", s.mirostat_tau),
-        mirostat_eta=f.float("mirostat_eta", s.mirostat_eta))
+        mirostat_eta=f.float("mirostat_eta", s.mirostat_eta),
+        adaptive_target=f.float("adaptive_target", s.adaptive_target),
+        adaptive_decay=f.float("adaptive_decay", s.adaptive_decay))
     if out["mirostat"] not in (0, 1, 2):
         raise bad_request(f"'mirostat' takes 0, 1 or 2, got {out['mirostat']}")
     if out["dry_multiplier"] != 0.0 and out["dry_base"] < 1.0:

@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 from . import BUILD_NUMBER, __version__
 from .arg_values import (CACHE_TYPES, ArgError, Unsupported, choice, device_list, gpu_layers, json_object,
-                         logit_bias, on_off_auto, process_escapes, read_text, tensor_split, to_bool, to_count,
-                         to_float, to_int, to_port, to_seed)
+                         kv_overrides, logit_bias, on_off_auto, process_escapes, read_text, tensor_split, to_bool,
+                         to_count, to_float, to_int, to_port, to_seed)
 from .kv_quant import KV_TYPES
 from .split.bridges import BRIDGES as SPLIT_BRIDGES
 from .backends.routes import HW_ROUTES
@@ -601,6 +601,10 @@ OPTIONS: tuple[Option, ...] = (
       help="Mirostat learning rate, parameter eta (default: 0.10)"),
     O("--mirostat-ent", value="N", dest="sampling.mirostat_tau", parse=to_float, gguf_key="mirostat_tau",
       help="Mirostat target entropy, parameter tau (default: 5.00)"),
+    O("--override-kv", value="KEY=TYPE:VALUE,...", parse=kv_overrides, apply=lambda p, v: p.kv_overrides.update(v),
+      help="advanced option to override model metadata by key. to specify multiple overrides, either use\n"
+      "comma-separated values.\ntypes: int, float, bool, str. example: --override-kv "
+      "tokenizer.ggml.add_bos_token=bool:false,tokenizer.ggml.add_eos_token=bool:false"),
     O("--grammar", value="GRAMMAR", dest="grammar", parse=str,
       help="BNF-like grammar to constrain generations (see samples in grammars/ dir) (default: '')"),
     O("--grammar-file", value="FNAME", dest="grammar", parse=read_text, help="file to read grammar from"),
@@ -934,7 +938,6 @@ OPTIONS: tuple[Option, ...] = (
     _noop("--video-timestamp-interval", value="N", tools=CS, why=NO_VIDEO),
     _noop("--video-ffmpeg-dir", value="PATH", tools=CS, why=NO_VIDEO),
     # refused: llama.cpp features llamacmp does not have
-    _unsup("--override-kv", value="KEY=TYPE:VALUE,...", why="GGUF metadata overrides are not supported by llamacmp"),
     _unsup("--control-vector", value="FNAME", why="control vectors are not supported by llamacmp"),
     _unsup("--control-vector-scaled", value="FNAME SCALE", why="control vectors are not supported by llamacmp"),
     _unsup("--control-vector-layer-range", value="START END", why="control vectors are not supported by llamacmp"),

@@ -1132,12 +1132,13 @@ class CudaBackend(Backend):
         """The reference chain (llamacmp/sampling.py) on the device for logits row `row` [N]: logit bias (and
         ignore_eos), penalties over the last penalty_last_n of `history`, top-k, top-p, min-p, temperature, then the
         draw at `u` (what the host sampler's rng.random() gives). -> int32 [1] on the device.
-        Raises ValueError for what the kernel does not do (a non-default sampler order, typical-p, no top-k or
-        top_k > SAMPLE_MAX_K, a longer penalty window): those sample on the host."""
+        Raises ValueError for what the kernel does not do (a non-default sampler order, typical-p, the samplers of
+        SamplingParams.plain, no top-k or top_k > SAMPLE_MAX_K, a longer penalty window): those sample on the host."""
         from ..sampling import DEFAULT_SAMPLERS
         N = logits.shape[-1]
-        if tuple(params.samplers) != DEFAULT_SAMPLERS or params.typ_p < 1.0:
-            raise ValueError("device sampling runs the default sampler order without typical-p")
+        if tuple(params.samplers) != DEFAULT_SAMPLERS or params.typ_p < 1.0 or not params.plain:
+            raise ValueError("device sampling runs the default sampler order without typical-p, DRY, top-n-sigma, "
+                             "XTC, dynamic temperature or Mirostat")
         k = min(max(params.top_k, params.min_keep), N) if params.top_k > 0 else N
         if not 1 <= k <= self.SAMPLE_MAX_K:
             raise ValueError(f"device sampling keeps at most {self.SAMPLE_MAX_K} top-k candidates (got {k})")

@@ -8,8 +8,9 @@ of sequences) through CUDA graphs on the CUDA backend (backends/cuda_graphs.py),
 with biases that only lower tokens, e.g. ignore_eos, unless the argmax is a lowered id), other
 rows llama.cpp's chain as llamacmp/sampling.py runs it, each with its own settings, drawn at the number the row's
 own seeded generator gives; only the ids cross to the host. Rows the device chain does not do sample on the host
-from a copy of their row alone: a non-default sampler order, typical-p, top-k off or above SAMPLE_MAX_K (at
-temp > 0), a penalty window above SAMPLE_MAX_WINDOW. Rows that need the host row anyway (a grammar's token
+from a copy of their row alone: a non-default sampler order, typical-p, DRY, top-n-sigma, XTC, dynamic
+temperature or Mirostat (SamplingParams.plain), top-k off or above SAMPLE_MAX_K (at temp > 0), a penalty window
+above SAMPLE_MAX_WINDOW. Rows that need the host row anyway (a grammar's token
 mask, n_probs probabilities) are the caller's: it passes None for them and draws from `LogitsRow.host()`.
 """
 from __future__ import annotations
@@ -97,7 +98,7 @@ def rng_restore(rng: np.random.Generator, mark) -> None:
 def plan_row(sampler: Sampler, n_vocab: int, max_k: int, max_window: int) -> _Plan:
     """How the backend draws this sampler's next token; a "chain" plan has already taken u from its generator."""
     p = sampler.params
-    if tuple(p.samplers) != DEFAULT_SAMPLERS or p.typ_p < 1.0:
+    if tuple(p.samplers) != DEFAULT_SAMPLERS or p.typ_p < 1.0 or not p.plain:
         return _Plan("host")
     window = _penalty_window(sampler)
     if len(window) > max_window:

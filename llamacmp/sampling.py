@@ -90,11 +90,22 @@ class SamplingParams:
         return self.xtc_probability > 0.0 and self.xtc_threshold <= 0.5
 
     @property
+    def extras(self) -> frozenset[str]:
+        """The samplers on beyond the device chain's steps (penalties, top-k/p, min-p, typical, temperature)."""
+        on = {"dry": self.dry_on, "xtc": self.xtc_on, "top_n_sigma": self.top_n_sigma > 0.0,
+              "dynatemp": self.dynatemp_range > 0.0, "mirostat": self.mirostat != 0, "adaptive_p": self.adaptive_on}
+        return frozenset(k for k, v in on.items() if v)
+
+    @property
     def plain(self) -> bool:
-        """Only the steps the device chain runs (penalties, top-k/p, min-p, typical, temperature): no DRY,
-        top-n-sigma, XTC, dynamic temperature or Mirostat."""
-        return not (self.dry_on or self.xtc_on or self.top_n_sigma > 0.0 or self.dynatemp_range > 0.0
-                    or self.mirostat or self.adaptive_on)
+        """Only the steps the device chain runs: no DRY, top-n-sigma, XTC, dynamic temperature, Mirostat or
+        adaptive-p."""
+        return not self.extras
+
+    @property
+    def penalties_off(self) -> bool:
+        return self.penalty_last_n == 0 or (self.penalty_repeat == 1.0 and self.penalty_freq == 0.0
+                                            and self.penalty_present == 0.0)
 
     @property
     def adaptive_on(self) -> bool:
@@ -328,6 +339,24 @@ class Sampler:
             self._bias = bias
         return self._bias
 
+    def device_bias(self) -> Optional[dict[int, float]]:
+        """The logit bias the device chain draws this token with, or None where the chain must run on the host.
+        Plain params: the sampler's own. DRY as the only extra, with the penalties off: its penalties for this draw
+        join the bias (bias, neutral penalties, then DRY's subtraction are x + b - d: the same logits up to float
+        rounding, which the device chain and this one already differ by), so no row crosses to the host."""
+        p = self.params
+        if p.plain:
+            return self.bias_by_id()
+        if p.extras != {"dry"} or not p.penalties_off:
+            return None
+        pen = self._dry_penalties(list(self.history))
+        if not pen:
+            return self.bias_by_id()
+        bias = dict(self.bias_by_id())
+        for tok, d in pen.items():
+            bias[tok] = bias.get(tok, 0.0) - d
+        return bias
+
     def accept(self, token: int) -> None:
         """Record a prompt or generated token (llama.cpp feeds the prompt into the penalty window too)."""
         self.history.append(int(token))
@@ -388,14 +417,17 @@ class Sampler:
         return c
 
     def _apply_dry(self, c: Candidates, history: list[int]) -> None:
-        if self.dry is None:
-            return
-        p = self.params
-        brk, n_ctx_train = self.dry
-        pen = dry.penalties(history, p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n,
-                            n_ctx_train, brk)
+        pen = self._dry_penalties(history)
         if pen:
             c.subtract(pen)
+
+    def _dry_penalties(self, history: list[int]) -> dict[int, float]:
+        if self.dry is None:
+            return {}
+        p = self.params
+        brk, n_ctx_train = self.dry
+        return dry.penalties(history, p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n,
+                             n_ctx_train, brk)
 
     def post_sampling_probs(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ids [n], probs [n]) of the distribution the draw uses, most probable first: llama.cpp's

@@ -7,6 +7,7 @@ K-quants and IQ4_XS really apply instead of llama-quantize's fallbacks), tiny vo
 quantized once per preset in PRESETS. MANIFEST.json records each file's command, bytes, sha256 and its tensors per
 type as our GGUFFile reads them; tests/test_quant_fixtures.py checks the files against it. IQ2_XXS needs an importance
 matrix (llama-quantize refuses it without one), so that file's imatrix comes from llama-imatrix on a fixed text.
+TQ1_0 (ternary) is a type llamacmp still refuses: that file is the refusal test's fixture.
 
 --demo: the bundled demo model (llamacmp/data/default.gguf, Q8_0) requantized (--allow-requantize) to DEMO_TYPES
 into $LLAMACMP_CACHE/quant-demo/, for compat/gen_quant_file_goldens.py's perplexity comparison (not committed: no F32/F16
@@ -61,7 +62,8 @@ PRESETS = [
     Preset("IQ4_NL", "IQ4_NL", "IQ4_NL"), Preset("IQ4_XS", "IQ4_XS", "IQ4_XS"),
     Preset("Q4_K_M", "Q4_K_M", "Q4_K"), Preset("Q5_K_M", "Q5_K_M", "Q5_K"),
     Preset("UD-Q4_K_XL", "Q4_K_M", "Q4_K", UD_OVERRIDES),
-    Preset("IQ2_XXS", "IQ2_XXS", "IQ2_XXS", imatrix=True, loads=False),
+    Preset("IQ2_XXS", "IQ2_XXS", "IQ2_XXS", imatrix=True),
+    Preset("TQ1_0", "TQ1_0", "TQ1_0", loads=False),
 ]
 DEMO_TYPES = ("Q4_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS")
 

@@ -1,6 +1,6 @@
 """The quantized fixtures that llama.cpp's llama-quantize made (compat/make_quant_fixtures.py): what they hold, the
 CLI's greedy text on them against llama-completion's (compat/goldens/cli_quant.jsonl), and the clear refusal of a
-type llamacmp does not load (IQ2_XXS). The logits goldens of the same files are checked in test_compat_logits.py."""
+type llamacmp does not load (TQ1_0). The logits goldens of the same files are checked in test_compat_logits.py."""
 from __future__ import annotations
 
 import base64
@@ -64,14 +64,15 @@ def test_cli_goldens_cover_every_loaded_fixture():
 
 
 def test_unsupported_type_is_refused_clearly():
-    """IQ2_XXS (made by llama-quantize with an importance matrix): one error line naming the file, a tensor, its
-    type and the supported list; a non-zero exit and no traceback."""
-    path = FIXTURES / fixture_name(next(p for p in PRESETS if not p.loads))
+    """TQ1_0 (ternary, made by llama-quantize): one error line naming the file, a tensor, its type and the supported
+    list; a non-zero exit and no traceback."""
+    [refused] = [p for p in PRESETS if not p.loads]
+    path = FIXTURES / fixture_name(refused)
     r = run("completion", "-m", str(path), "-p", "Hello", "-n", "4", "-no-cnv")
     err = r.stderr.decode()
     assert r.returncode != 0
     assert "Traceback" not in err
-    line = next(x for x in err.splitlines() if "IQ2_XXS" in x)
+    line = next(x for x in err.splitlines() if "TQ1_0" in x)
     assert path.name in line and re.search(r"tensor '[\w.]+'", line) and "supported:" in line
     assert all(t in line for t in TYPE_NAMES.values()), line
 

@@ -117,6 +117,9 @@ class Backend(ABC):
     device: int | None = None       # the GPU this backend runs on; None: host memory (no device bridge, no offload)
     captures_graphs = False         # decode_graphs() gives CUDA-graph decode steps (and a layer split may use them)
     arena = None                    # the device arena its tensors come from (None: host memory)
+    # The GGUF tensor types its upload_matrix / embed / matmuls take (gguf_file.TYPE_NAMES values); None: every type
+    # gguf_file loads. The loader refuses a file with any other type by name before anything is planned or uploaded.
+    weight_types: frozenset[str] | None = None
 
     def activate(self) -> None:
         """Make the calling thread run this backend's work on the backend's device and stream (the engine thread

@@ -109,6 +109,8 @@ class DenseMatrix:
 class CudaBackend(Backend):
     name = "cuda"
     captures_graphs = True
+    # the types with kernels: no IQ1-3 grid type yet (gguf_file.GRID_TYPES run on the numpy backend only)
+    weight_types = frozenset({"F32", "F16", "BF16", "Q8_0", *CMP_QUANT_TYPES})
 
     MAX_FUSED = 4   # matrices per cmp_matmul_q8_multi launch
     GEMV_MAX_ROWS = 8  # rows cmp_matmul_q8_multi runs on its GEMV path (matmul_q8.cu GEMV_MAX_T), each row alone

@@ -69,6 +69,10 @@ NOT_RECORDED_CASES: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         "quant_blocks.npz": (("IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ3_S", "IQ2_S", "IQ1_M"),
                              "the IQ1-3 grid types were added to gen_quant_goldens.py after this golden was made "
                              "(next/iq, on a machine without 0c1e570's tree): regenerate it with --oracle 0c1e570"),
+        "logits": (tuple(f"q256-{t}" for t in ("IQ2_XXS", "IQ2_XS", "IQ2_M", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+                                               "UD-Q2_K_XL")),
+                   "the IQ1-3 fixtures were added on next/iq, on a machine without 0c1e570's tree: run "
+                   "gen_logits_goldens.py --oracle 0c1e570 --only <these>"),
     },
 }
 

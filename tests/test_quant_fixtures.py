@@ -51,6 +51,18 @@ def test_ud_mix_has_every_override_type():
     assert {"F16", "BF16", "Q8_0", "Q5_K", "Q4_K", "Q6_K"} <= set(types), types
 
 
+def test_ud_q2_mix_has_the_grid_types_among_k_quants_and_q8_0():
+    """The UD-Q2_K_XL-style file: IQ3_XXS / IQ2_S / IQ1_S / IQ2_XXS / IQ3_S bodies among Q4_K and Q8_0 tensors, as
+    unsloth's Qwen3.5/3.6-27B UD-Q2_K_XL files mix them."""
+    types = MANIFEST[fixture_name(next(p for p in PRESETS if p.name == "UD-Q2_K_XL"))]["types"]
+    assert {"IQ3_XXS", "IQ2_S", "IQ1_S", "IQ2_XXS", "IQ3_S", "Q4_K", "Q8_0"} <= set(types), types
+
+
+def test_every_grid_type_has_a_fixture_where_it_is_the_main_type():
+    from llamacmp.gguf_file import GRID_TYPES
+    assert set(GRID_TYPES) <= {p.main for p in LOADED}
+
+
 @pytest.mark.compat
 @pytest.mark.parametrize("row", CLI_GOLDENS, ids=[Path(r["model"]).stem for r in CLI_GOLDENS])
 def test_completion_text_matches_llamacpp(row):

@@ -115,8 +115,8 @@ configure() {
                          "-DCMAKE_EXE_LINKER_FLAGS=-static-libgcc -static-libstdc++") ;;
     esac
     # a build configured before NO_AMX is configured again (cmake keeps the rest of its cache)
-    [[ -f "$BUILD/CMakeCache.txt" ]] && { [[ "$MODE" == portable ]] || grep -q -- "-mno-amx-int8" "$BUILD/CMakeCache.txt"; } \
-        && return 0
+    [[ -f "$BUILD/CMakeCache.txt" ]] &&
+        { [[ "$MODE" == portable ]] || grep -q -- "-mno-amx-int8" "$BUILD/CMakeCache.txt"; } && return 0
     log "configuring $MODE build in $BUILD"
     cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
         -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF \

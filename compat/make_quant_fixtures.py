@@ -6,8 +6,8 @@ Fixtures (committed, compat/fixtures/quant/): the fixture writer's `q256` shape 
 K-quants and IQ4_XS really apply instead of llama-quantize's fallbacks), tiny vocabulary, seed 21, written as F32 and
 quantized once per preset in PRESETS. MANIFEST.json records each file's command, bytes, sha256 and its tensors per
 type as our GGUFFile reads them; tests/test_quant_fixtures.py checks the files against it. IQ3_XXS, IQ2_XXS, IQ2_XS,
-IQ2_S, IQ1_S and IQ1_M need an importance matrix (llama-quantize refuses them without one), so those files' imatrix comes
-from llama-imatrix on a fixed text.
+IQ2_S, IQ1_S and IQ1_M need an importance matrix (llama-quantize refuses them without one), so those files'
+imatrix comes from llama-imatrix on a fixed text.
 TQ1_0 (ternary) is a type llamacmp still refuses: that file is the refusal test's fixture.
 
 --demo: the bundled demo model (llamacmp/data/default.gguf, Q8_0) requantized (--allow-requantize) to DEMO_TYPES

@@ -107,16 +107,16 @@ def open_model(path: str | os.PathLike) -> ModelFile:
 
 
 def check_weight_types(f: GGUFFile, backends: list[Backend]) -> None:
-    """Refuse a tensor whose type a backend has no kernels for (Backend.weight_types), naming the file, the tensor
-    and its type: the tools call this before the memory plan, the loader again before any upload."""
+    """Refuse a tensor whose type a backend does not run (Backend.weight_types), naming the file, the tensor and
+    its type: the tools call this before the memory plan, the loader again before any upload."""
     for be in backends:
         if be.weight_types is None:
             continue
         for name in f.names():
             t = f.info(name).type_name
             if t not in be.weight_types:
-                raise GGUFError(f"{f.path}: tensor '{name}' has type {t}, which the {be.name} backend has no kernels "
-                                f"for yet: {t} runs on the numpy backend only so far (-ngl 0)")
+                raise GGUFError(f"{f.path}: tensor '{name}' has type {t}, which the {be.name} backend does not run "
+                                f"yet: {t} runs on the numpy backend only so far (-ngl 0)")
 
 
 def load_model(source: str | os.PathLike | ModelFile, backend: Backend, mtp: bool = True) -> LoadedModel:

@@ -122,8 +122,8 @@ def test_cuda_backend_refuses_a_grid_type_at_load_by_name(tmp_path, qtype):
     from llamacmp.loader import check_weight_types, load_model
     path = _grid_model(tmp_path, qtype)
     be = object.__new__(CudaBackend)
-    want = (rf"{path.name}: tensor 'blk.0.ffn_up.weight' has type {qtype}, which the cuda backend has no kernels "
-            rf"for yet: {qtype} runs on the numpy backend only so far \(-ngl 0\)")
+    want = (rf"{path.name}: tensor 'blk.0.ffn_up.weight' has type {qtype}, which the cuda backend does not run "
+            rf"yet: {qtype} runs on the numpy backend only so far \(-ngl 0\)")
     with pytest.raises(GGUFError, match=want):
         load_model(path, be)
     with pytest.raises(GGUFError, match=want):

@@ -15,8 +15,10 @@
 // Unlike the other types, decode reads memory besides the raw registers: the grid entries (global, read-only
 // through __ldg; the tables are 1-16 KB, so they stay in L1 / L2).
 //
-// These decoders are compiled but have not run on a GPU yet: the loader refuses the grid types on the CUDA backend
-// (CudaBackend.weight_types) until tests/test_quant_cuda.py has passed on one.
+// These decoders have not run on a GPU yet: the loader refuses the grid types on the CUDA backend
+// (CudaBackend.weight_types) until tests/test_quant_cuda.py has passed on one. On the CPU, tools/quant_decode_host.cpp
+// runs their repack, load and decode from this source (intrinsics emulated) and tests/test_quant_decode_host.py holds
+// them to gguf.quants bit for bit.
 #pragma once
 #include "iq_grids.cuh"
 
@@ -49,7 +51,7 @@ __device__ __forceinline__ void put_group8(int (&q)[8], int l, uint2 g, unsigned
 // low 5 bits in place times 8 and moves its top 3 bits into the next byte, where the mask drops them: per byte
 // (8 g) mod 256; __vadd4 adds the delta without carries between bytes.
 __device__ __forceinline__ int iq1_codes4(unsigned w, int delta) {
-    return (int)__vadd4((w << 3) & 0xF8F8F8F8u, (unsigned)delta * 0x01010101u);
+    return (int)__vadd4((w << 3) & 0xF8F8F8F8u, (unsigned)(delta & 0xFF) * 0x01010101u);   // -1: 0xFF per byte
 }
 __device__ __forceinline__ void put_group8_iq1(int (&q)[8], int l, uint2 g, int delta) {
     q[2 * l] = iq1_codes4(g.x, delta);

@@ -2,7 +2,8 @@
 (llama.cpp's CPU build, x86-64, of both oracles: compat/goldens/quant_blocks.npz for b8462 and
 compat/goldens/0c1e570/quant_blocks.npz, made by compat/gen_quant_goldens.py [--oracle 0c1e570]). The two equal each
 other but for vec_dot_Q6_K (0c1e570's float32 sums differ by up to 1.5e-5), within the matmul test's tolerance.
-0c1e570's has no IQ1-3 grid types yet (compat/oracles.py NOT_RECORDED_CASES: those cases skip with the reason)."""
+A type one oracle's golden lacks must be named in compat/oracles.py NOT_RECORDED_CASES (it then skips with the
+reason there; none does today)."""
 from __future__ import annotations
 
 import functools

@@ -133,10 +133,23 @@ def _kind(v) -> str:
     return type(v).__name__
 
 
+def check_weight_types(f: GGUFFile, backends: list[Backend]) -> None:
+    """Refuse a tensor whose type a backend does not run (Backend.weight_types), naming the file, the tensor and
+    its type: the tools call this before the memory plan, the loader again before any upload."""
+    for be in backends:
+        if be.weight_types is None:
+            continue
+        for name in f.names():
+            t = f.info(name).type_name
+            if t not in be.weight_types:
+                raise GGUFError(f"{f.path}: tensor '{name}' has type {t}, which the {be.name} backend does not run "
+                                f"yet: {t} runs on the numpy backend only so far (-ngl 0)")
+
+
 def load_model(source: str | os.PathLike | ModelFile, backend: Backend, mtp: bool = True) -> LoadedModel:
     """mtp: upload the file's MTP block, if it has one (False: left on disk, as llama.cpp does without
     --spec-type draft-mtp; the memory plan then does not count it either)."""
-    f, cfg, weights = _open(source)
+    f, cfg, weights = _open(source, [backend])
     if not mtp:
         weights.mtp = None
     return LoadedModel(str(f.path), f, cfg, model_class(f.architecture)(cfg, weights, backend), load_tokenizer(f),
@@ -149,7 +162,7 @@ def load_split_model(source: str | os.PathLike | ModelFile, backends: list[Backe
     model class, lm.backend its SplitBackend. ratios: -ts (None: equal); bridge: auto | host | peer; micro_batch:
     -ub (pipelined prefill)."""
     from .split.model import SplitModel
-    f, cfg, weights = _open(source)
+    f, cfg, weights = _open(source, backends)
     model = SplitModel(model_class(f.architecture), cfg, weights, backends, ratios, bridge, micro_batch)
     return LoadedModel(str(f.path), f, cfg, model, load_tokenizer(f), model.backend)
 
@@ -167,6 +180,7 @@ def load_placed(source: str | os.PathLike | ModelFile, backends: list[Backend], 
     return lm
 
 
-def _open(source: str | os.PathLike | ModelFile):
+def _open(source: str | os.PathLike | ModelFile, backends: list[Backend]):
     mf = source if isinstance(source, ModelFile) else open_model(source)
+    check_weight_types(mf.gguf, backends)
     return mf.gguf, mf.cfg, load_weights(mf.gguf, mf.cfg)

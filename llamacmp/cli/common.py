@@ -79,7 +79,7 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
     err = err or sys.stderr              # looked up now: log.setup may have wrapped it since import
     from ..backends.select import select_backends
     from ..gguf_file import GGUFError
-    from ..loader import load_placed, open_model
+    from ..loader import check_weight_types, load_placed, open_model
     check_engine_flags(p)
     path = resolve_model(p, err)
     quiet = p.log_disable or p.verbosity < 2
@@ -92,6 +92,7 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
     t0 = time.perf_counter()
     try:
         mf = open_model(path, p.kv_overrides)   # the header, parsed once for the run plan, memory plan and loader
+        check_weight_types(mf.gguf, backends)       # a type without kernels: refused before the memory plan
         run = plan_run(p, mf.cfg.n_ctx_train, mf)
         for line in synth_log_lines(run.spec):      # benchmarking only: said however quiet the run is
             err.write(line + "\n")

@@ -104,7 +104,7 @@ class ServerContext:
         import sys
         from .. import memplan, progress, sparse_attn
         from ..log import LineLogger
-        from ..loader import load_placed, open_model
+        from ..loader import check_weight_types, load_placed, open_model
         from ..run_plan import plan_run
         from ..spec import synth_log_lines
         from . import startup_log
@@ -114,6 +114,7 @@ class ServerContext:
         for be in backends:
             be.sparse = sparse_attn.config_from_params(p)
         mf = open_model(p.model, p.kv_overrides)
+        check_weight_types(mf.gguf, backends)       # a type without kernels: refused before the memory plan
         run = plan_run(p, mf.cfg.n_ctx_train, mf)
         for line in synth_log_lines(run.spec):
             log.warning("%s", line)

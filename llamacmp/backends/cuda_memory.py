@@ -128,7 +128,7 @@ class DeviceTensor:
     }
 
     def __init__(self, arena: DeviceArena, shape: tuple[int, ...], dtype: str, what: str):
-        self.shape, self.dtype = tuple(int(s) for s in shape), dtype
+        self.shape, self.dtype = tuple(map(int, shape)), dtype
         self._arena = None
         self._base = None
         self.ptr, self._cls = arena.alloc(max(self.nbytes, 1), what)
@@ -149,21 +149,23 @@ class DeviceTensor:
     def view(self, shape: tuple[int, ...]) -> "DeviceTensor":
         """The same device bytes as `shape` (same element count, row-major), without a copy. The view holds this
         tensor (or the tensor this one views), so the block goes back to the arena only when both are dropped."""
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(map(int, shape))
         if math.prod(shape) != self.size:
             raise ValueError(f"view: {self.shape} has {self.size} elements, {shape} needs {math.prod(shape)}")
-        v = DeviceTensor.__new__(DeviceTensor)
-        v.ptr, v.shape, v.dtype, v._cls = self.ptr, shape, self.dtype, self._cls
-        v._arena = None                                   # a view gives nothing back itself
-        v._base = self if self._base is None else self._base
-        return v
+        return self._view(self.ptr, shape)
 
     def rows(self, start: int, n: int) -> "DeviceTensor":
         """Rows start .. start + n - 1 along the first axis, a view (holding this tensor's block)."""
         if not (0 <= start and 0 < n and start + n <= self.shape[0]):
             raise ValueError(f"rows {start} .. {start + n - 1} of a tensor of {self.shape[0]}")
-        v = self.view(self.shape)
-        v.ptr, v.shape = self.row_ptr(start), (n,) + self.shape[1:]
+        return self._view(self.row_ptr(start), (n,) + self.shape[1:])
+
+    def _view(self, ptr: int, shape: tuple[int, ...]) -> "DeviceTensor":
+        # (built field by field: the MTP round's queue takes three views a round on the host's critical path)
+        v = DeviceTensor.__new__(DeviceTensor)
+        v.ptr, v.shape, v.dtype, v._cls = ptr, shape, self.dtype, self._cls
+        v._arena = None                                   # a view gives nothing back itself
+        v._base = self if self._base is None else self._base
         return v
 
     def __del__(self):

@@ -61,6 +61,7 @@ class CapturedDraft(_Captured):
         # critical path: between the verified ids and the draft launch the device is idle)
         self.inputs = be.from_host(np.zeros(2 * R0 + (n - 1) * B, np.int32), "i32", "draft graph ids and positions")
         self.tok0, self.pos = self.inputs.rows(0, R0), self.inputs.rows(R0, R0 + (n - 1) * B)
+        self._stage_inputs()
         self.h0 = be.empty((R0, D), "f32", "draft graph hidden input")
         self.ids = be.empty((n * B,), "i32", "draft graph ids")              # round r at rows r*B .. r*B + B-1
         self.last = be.from_host(last.astype(np.int32), "i32", "draft graph round-0 rows")
@@ -90,35 +91,55 @@ class CapturedDraft(_Captured):
         self.launch(tokens, h_parts)
         return self.read()
 
+    def _stage_inputs(self) -> None:
+        """The host side of a replay's inputs, laid out once (launch() is on the host's critical path: between the
+        verified ids and the draft launch the device is idle): a buffer the ids and positions are written into
+        and its address (ndarray.ctypes costs ~1.3 us a read), each position as (its sequence, rows past that
+        sequence's n_past), and the rows each sequence advances by."""
+        B = len(self.states)
+        self._staged = np.zeros(2 * sum(self.lengths) + (self.n - 1) * B, np.int32)
+        self._staged_at = self._staged.ctypes.data
+        self._pos_of = [(i, k) for i, L in enumerate(self.lengths) for k in range(L)] + \
+                       [(i, L - 1 + r) for r in range(1, self.n) for i, L in enumerate(self.lengths)]
+        self._advance = [L + self.n - 1 for L in self.lengths]
+
     def launch(self, tokens: Sequence[int], h_parts: Sequence) -> None:
         """run() without reading the ids back: they stay in self.ids (round r of sequence i at r * B + i) for a
         verify replay to take on the device (CapturedVerify.launch_after)."""
         be, R0 = self.be, self.tok0.shape[0]
-        if len(tokens) != R0 or sum(x.shape[0] for x in h_parts) != R0:
-            raise ValueError(f"draft graph of {R0} catch-up rows fed {len(tokens)} ids and "
-                             f"{sum(x.shape[0] for x in h_parts)} hidden rows")
-        for s, L in zip(self.states, self.lengths):
-            if s.n_past + L + self.n - 1 > s.n_ctx:
-                raise ValueError(f"draft needs {s.n_past + L + self.n - 1} positions, the context is {s.n_ctx}")
-        # the pairs' h rows live in separate tensors: gathered by d2d copies, one per run of adjacent rows (a
-        # round's kept rows are views of one copy: Speculator.commit)
-        row, run = 0, None                    # run: [first row, source address, bytes]
-        for x in h_parts:
-            if run is not None and run[1] + run[2] == x.ptr:
-                run[2] += x.nbytes
-            else:
-                if run is not None:
-                    be.native.cmp_memcpy_d2d(self.h0.row_ptr(run[0]), run[1], run[2])
-                run = [row, x.ptr, x.nbytes]
-            row += x.shape[0]
-        be.native.cmp_memcpy_d2d(self.h0.row_ptr(run[0]), run[1], run[2])
+        if len(tokens) != R0:
+            raise ValueError(f"draft graph of {R0} catch-up rows fed {len(tokens)} ids")
         p0 = [s.n_past for s in self.states]
-        pos = [p + i for p, L in zip(p0, self.lengths) for i in range(L)]
-        pos += [p + L - 1 + r for r in range(1, self.n) for p, L in zip(p0, self.lengths)]
-        be.copy_from_host(self.inputs, np.asarray(list(tokens) + pos, np.int32))
+        for s, p, k in zip(self.states, p0, self._advance):
+            if p + k > s.n_ctx:
+                raise ValueError(f"draft needs {p + k} positions, the context is {s.n_ctx}")
+        self._copy_h0(h_parts)
+        staged = self._staged
+        staged[:R0] = tokens
+        staged[R0:] = [p0[i] + k for i, k in self._pos_of]
+        be.native.cmp_memcpy_h2d(self.inputs.ptr, self._staged_at, staged.nbytes)
         self.graph.launch()
-        for s, L in zip(self.states, self.lengths):
-            s.n_past += L + self.n - 1
+        for s, k in zip(self.states, self._advance):
+            s.n_past += k
+
+    def _copy_h0(self, h_parts: Sequence) -> None:
+        """The pairs' h rows into h0: they live in separate tensors, gathered by d2d copies, one per run of
+        adjacent rows (a round's kept rows are views of one copy: Speculator.commit). Nothing is copied unless
+        they fill h0 exactly."""
+        runs, end = [], self.h0.ptr               # run: [destination, source address, bytes]
+        for x in h_parts:
+            nbytes = x.nbytes
+            if runs and runs[-1][1] + runs[-1][2] == x.ptr:
+                runs[-1][2] += nbytes
+            else:
+                runs.append([end, x.ptr, nbytes])
+            end += nbytes
+        if end != self.h0.ptr + self.h0.nbytes:
+            raise ValueError(f"draft graph of {self.h0.shape[0]} catch-up rows fed "
+                             f"{sum(x.shape[0] for x in h_parts)} hidden rows")
+        copy = self.be.native.cmp_memcpy_d2d
+        for dst, src, nbytes in runs:
+            copy(dst, src, nbytes)
 
     def read(self) -> list[list[int]]:
         """The last replay's n ids per sequence (waits for it)."""

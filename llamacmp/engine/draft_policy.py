@@ -125,7 +125,10 @@ class CostTable:
 
     def has_spec(self, S: int) -> bool:
         """Whether a spec round of S sequences was measured (spec_cost(S, n) is None for every n otherwise)."""
-        return any(s == S for s, _ in self.spec)
+        for s, _ in self.spec:          # (a loop, not any() over a generator: asked before every round)
+            if s == S:
+                return True
+        return False
 
     def rows_floor(self, rows: int) -> float:
         """A lower bound on one forward of `rows` rows from the measured plain steps (0.0: none measured): the
@@ -164,8 +167,9 @@ class CostTable:
     def spec_cost(self, S: int, n: int) -> Optional[float]:
         """A round of S sequences drafting n: measured, else on the line through the two known points nearest n
         (this S's measured lengths, its plain step as n = 0); None when no spec round of S was measured."""
-        if (S, n) in self.spec:
-            return self.spec[(S, n)]
+        t = self.spec.get((S, n))
+        if t is not None:
+            return t
         pts = [(m, t) for (s, m), t in self.spec.items() if s == S]
         if not pts:
             return None
@@ -271,10 +275,10 @@ class DraftPolicy:
     def _tokens(self, accs: Sequence[Acceptance]) -> dict:
         """n -> the expected tokens of a round of these sequences drafting n, sum(E_i(n)); kept while their
         acceptance counts stay (they change only when a round drafts: a run of plain rounds asks the same)."""
-        key = tuple((a.accepted, a.tried) for a in accs)
+        key = tuple([(a.accepted, a.tried) for a in accs])
         if key != self._tokens_of[0]:       # (after every drafting round: one pass per sequence, not one per n)
             per = [a.expected_upto(self.n_max) for a in accs]
-            self._tokens_of = (key, {n: sum(e[n] for e in per) for n in self.lengths})
+            self._tokens_of = (key, {n: sum([e[n] for e in per]) for n in self.lengths})
         return self._tokens_of[1]
 
     def best(self, accs: Sequence[Acceptance], others: int = 0,

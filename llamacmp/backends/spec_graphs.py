@@ -312,8 +312,8 @@ class SpecGraphs:
 
     def _draft_graph(self, states, tokens, n: int):
         """The draft graph of these MTP states, catch-up lengths and n; None when declined (see draft())."""
-        lengths = tuple(len(t) for t in tokens)
-        key = (self.head, n) + tuple(id(s) for s in states) + lengths
+        lengths = tuple(map(len, tokens))
+        key = (self.head, n) + tuple(map(id, states)) + lengths
         if key not in self._draft and len(states) > 1 and key not in self._asked:
             self._asked[key] = None
             while len(self._asked) > 64 * self.capacity:
@@ -330,7 +330,7 @@ class SpecGraphs:
         return self._verify_graph(states, self._length(len(tokens[0]) - 1 if tokens else None)).run(tokens)
 
     def _verify_graph(self, states, n: int):
-        key = (n,) + tuple(id(s) for s in states)
+        key = (n,) + tuple(map(id, states))
         return self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, n, self.n),
                          self.capacity * self.n)
 

@@ -449,7 +449,7 @@ class Speculator:
             ms.pending, ms.pending_h = [], []
         self._count(drafts, items)
         T = n + 1
-        segs = [Verified(st, ms, t0, list(d), p, i * T, [int(x) for x in ids[i * T:i * T + len(d) + 1]])
+        segs = [Verified(st, ms, t0, list(d), p, i * T, ids[i * T:i * T + len(d) + 1].tolist())
                 for i, ((st, ms, t0), d, p) in enumerate(zip(items, drafts, pos))]
         return drafts, logits, h, segs
 
@@ -589,7 +589,7 @@ class Speculator:
         pos = [st.n_past for st, _, _, _ in seqs]
         toks = [[t0] + d + [t0] * (n - len(d)) for _, _, t0, d in seqs]
         logits, h, ids = self.graphs.verify([st for st, _, _, _ in seqs], toks)
-        segs = [Verified(st, ms, t0, list(d), p, i * T, [int(x) for x in ids[i * T:i * T + len(d) + 1]])
+        segs = [Verified(st, ms, t0, list(d), p, i * T, ids[i * T:i * T + len(d) + 1].tolist())
                 for i, ((st, ms, t0, d), p) in enumerate(zip(seqs, pos))]
         return logits, h, segs
 
@@ -625,8 +625,9 @@ class Speculator:
         # the kept rows in one copy (a verify graph's h is rewritten by its next replay) that the head's queue
         # views: a gather per part was an index upload and a launch each, three a round, on the host's critical
         # path (from the verified ids to the next draft launch the device is idle)
-        self._push(ms, [v.t0] + v.drafts[:j - 1], self.be.concat([self.be.rows(h, v.row, j)], axis=0))
-        self._observe([v.t0] + v.drafts[:j - 1])
+        kept = [v.t0] + v.drafts[:j - 1]
+        self._push(ms, kept, self.be.concat([self.be.rows(h, v.row, j)], axis=0))
+        self._observe(kept)
         self.n_accepted += j - 1
         ms.n_accepted += j - 1
         ms.acc.update(len(v.drafts), j - 1)

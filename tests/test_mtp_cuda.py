@@ -58,6 +58,21 @@ def test_concat_of_many_rows_is_one_table(cuda_backend, width):
         np.testing.assert_array_equal(got, np.concatenate(xs, axis=0))
 
 
+def test_copy_rows_is_a_copy_of_its_own(cuda_backend):
+    """Backend.copy_rows (a verify graph's kept h rows, a plain step's rows): the numpy slice's values, in a block
+    of its own that keeps them when the source is rewritten."""
+    be = cuda_backend
+    x = np.arange(5 * 8, dtype=np.float32).reshape(5, 8)
+    t = up(be, x)
+    c = be.copy_rows(t, 1, 3)
+    assert c.shape == (3, 8) and c.ptr != t.row_ptr(1)
+    be.copy_from_host(t, np.zeros_like(x))
+    np.testing.assert_array_equal(be.to_host(c), x[1:4])
+    np.testing.assert_array_equal(NumpyBackend().copy_rows(x, 1, 3), x[1:4])
+    with pytest.raises(ValueError, match="rows 4 .. 5 of a tensor of 5"):
+        be.copy_rows(t, 4, 2)
+
+
 def test_rows_are_views_that_keep_their_block(cuda_backend):
     """Backend.rows (the plain step's hidden rows, one per sequence, of one gathered copy): the numpy slice's values,
     the same memory, and the block stays allocated while a view lives after its tensor is dropped."""

@@ -251,6 +251,11 @@ class Backend(ABC):
     def rows(self, x: Tensor, start: int, n: int) -> Tensor:
         """x [T, ...] -> rows start .. start + n - 1 [n, ...] without a copy (x's memory, kept alive by them)."""
 
+    def copy_rows(self, x: Tensor, start: int, n: int) -> Tensor:
+        """x [T, ...] -> rows start .. start + n - 1 [n, ...] in memory of their own: x may be rewritten after (a
+        graph's buffer, by its next replay)."""
+        return self.concat([self.rows(x, start, n)], axis=0)
+
     # -- attention -------------------------------------------------------------------------------------------
     @abstractmethod
     def attention_prep(self, qg: Tensor, k: Tensor, q_norm: Tensor, k_norm: Tensor, batch: StepBatch,

@@ -677,6 +677,12 @@ class CudaBackend(Backend):
     def rows(self, x, start, n):
         return x.rows(start, n)
 
+    def copy_rows(self, x, start, n):
+        src = x.rows(start, n)
+        out = self.empty(src.shape, x.dtype)
+        self.native.cmp_memcpy_d2d(out.ptr, src.ptr, out.nbytes)
+        return out
+
     def gather_rows(self, x, rows):
         rows_d = self._index_tensor(rows, "row indices")
         R = rows_d.shape[0]

@@ -232,7 +232,7 @@ class Speculator:
         t_start = time.perf_counter()
         self.model.mtp_fill(StepBatch.build([(ms.state, ms.pending)]), self.be.concat(ms.pending_h, axis=0))
         # the last row copied out: a view would hold the chunk's whole h until the next round replaces it
-        ms.pending, ms.pending_h, ms.h_last = [], [], self.be.concat([ms.h_last], axis=0)
+        ms.pending, ms.pending_h, ms.h_last = [], [], self.be.copy_rows(ms.h_last, 0, 1)
         self.prompt_head_s += time.perf_counter() - t_start
 
     def prompt_end(self, state: SeqState, ms: MtpSeq, alone: bool,
@@ -332,7 +332,7 @@ class Speculator:
         # (every slot of the step may draft: the usual case) are one device-to-device copy, with no index upload.
         rows = [i for _, _, _, i in items]
         if rows[-1] - rows[0] == len(rows) - 1 and rows == list(range(rows[0], rows[0] + len(rows))):
-            kept = self.be.concat([self.be.rows(h, rows[0], len(rows))], axis=0)
+            kept = self.be.copy_rows(h, rows[0], len(rows))
         else:
             kept = self.be.gather_rows(h, np.asarray(rows, np.int32))
         for j, (st, ms, t, _) in enumerate(items):
@@ -626,7 +626,7 @@ class Speculator:
         # views: a gather per part was an index upload and a launch each, three a round, on the host's critical
         # path (from the verified ids to the next draft launch the device is idle)
         kept = [v.t0] + v.drafts[:j - 1]
-        self._push(ms, kept, self.be.concat([self.be.rows(h, v.row, j)], axis=0))
+        self._push(ms, kept, self.be.copy_rows(h, v.row, j))
         self._observe(kept)
         self.n_accepted += j - 1
         ms.n_accepted += j - 1

@@ -515,12 +515,17 @@ class Speculator:
             if len(o) < self.n_min:
                 o.clear()
             ms.n_drafted += len(o)
-        self.n_drafted += sum(len(o) for o in out)
+            self.n_drafted += len(o)
         return out
 
     def _graphed(self, states: Sequence[SeqState], n: int) -> bool:
         """Whether these sequences' step has the captured graphs' shape: graphs, and room for t0 and n drafts."""
-        return self.graphs is not None and all(st.n_past + n + 1 <= st.n_ctx for st in states)
+        if self.graphs is None:
+            return False
+        for st in states:              # (a loop, not all() over a generator: asked before every round)
+            if st.n_past + n + 1 > st.n_ctx:
+                return False
+        return True
 
     def _draft_graph(self, items, n: int) -> Optional[list[list[int]]]:
         """draft() on the backend's captured rounds: each sequence's pending pairs and (t0, h_last) as round 0,

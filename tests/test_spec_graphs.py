@@ -277,10 +277,11 @@ def test_verify_after_a_draft_takes_its_ids_on_the_device():
 
 def test_step_runs_the_draft_and_the_verify_graph_of_its_length(graphs, monkeypatch):
     """SpecGraphs.step: the draft graph launched, the verify of the same length after it, one read: the drafted ids
-    are the verify's tokens 1 .. n of each sequence (the draft's own buffer is not read); a shape of several
-    sequences asked for the first time is declined (None) before anything runs."""
-    import numpy as np
+    are the verify's tokens 1 .. n of each sequence (the draft's own buffer is not read); the verify graph is
+    looked up (here: captured) after the draft's launch, off the host's critical path; a shape of several sequences
+    asked for the first time is declined (None) before anything runs."""
     calls = []
+    monkeypatch.setattr(FakeVerify, "__init__", lambda self, *args: calls.append(("verify made",)))
     monkeypatch.setattr(FakeDraft, "launch", lambda self, tokens, h: calls.append(("draft", self.n, tuple(tokens))),
                         raising=False)
     monkeypatch.setattr(FakeDraft, "read", lambda self: calls.append(("read",)), raising=False)
@@ -293,6 +294,6 @@ def test_step_runs_the_draft_and_the_verify_graph_of_its_length(graphs, monkeypa
     st, ms = _states(1)[0], _states(1)[0]
     assert g.step([st], [ms], [7], [[5, 7]], [[None, None]], 2, lambda: calls.append(("meanwhile",))) == \
         ([[1, 2]], "l", "h", [0])
-    assert calls == [("draft", 2, (5, 7)), ("verify", 2, (7,)), ("meanwhile",), ("verify read",)]
+    assert calls == [("draft", 2, (5, 7)), ("verify made",), ("verify", 2, (7,)), ("meanwhile",), ("verify read",)]
     a, b = _states(2)
-    assert g.step([a, b], [a, b], [1, 2], [[1], [2]], [[None], [None]], 3) is None and len(calls) == 4
+    assert g.step([a, b], [a, b], [1, 2], [[1], [2]], [[None], [None]], 3) is None and len(calls) == 5

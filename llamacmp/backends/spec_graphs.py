@@ -301,8 +301,10 @@ class SpecGraphs:
         d = self._draft_graph(mtp_states, tokens, n)
         if d is None:
             return None
-        v = self._verify_graph(states, n)
         d.launch([t for ts in tokens for t in ts], [x for xs in h_parts for x in xs])
+        # the verify graph looked up (or captured: nothing runs) while the draft runs, not before its launch: from
+        # the last round's ids to this launch the device is idle
+        v = self._verify_graph(states, n)
         v.launch_after(t0s, d)
         if while_running is not None:
             while_running()

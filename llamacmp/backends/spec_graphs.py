@@ -114,10 +114,8 @@ class CapturedDraft(_Captured):
             if p + k > s.n_ctx:
                 raise ValueError(f"draft needs {p + k} positions, the context is {s.n_ctx}")
         self._copy_h0(h_parts)
-        staged = self._staged
-        staged[:R0] = tokens
-        staged[R0:] = [p0[i] + k for i, k in self._pos_of]
-        be.native.cmp_memcpy_h2d(self.inputs.ptr, self._staged_at, staged.nbytes)
+        self._staged[:] = list(tokens) + [p0[i] + k for i, k in self._pos_of]
+        be.native.cmp_memcpy_h2d(self.inputs.ptr, self._staged_at, self._staged.nbytes)
         self.graph.launch()
         for s, k in zip(self.states, self._advance):
             s.n_past += k

@@ -388,6 +388,25 @@ def test_head_cache_equals_one_pass_over_the_accepted_tokens(lm):
     np.testing.assert_allclose(ms.state.v[0][:n].astype(np.float32), ref.v[0][:n].astype(np.float32), atol=2e-3)
 
 
+@pytest.mark.parametrize("graphs", [False, "eager-double"])
+def test_kept_rows_ring_starts_over_and_the_head_stays_one_pass(lm, graphs, monkeypatch):
+    """commit() writes each round's kept h rows into the sequence's ring right after the last ones
+    (Speculator._keep); at 2 rounds of room it starts over every few rounds: the output is MTP off's and the head's
+    KV rows still hold one pass over the sequence (each token with the h of the token before)."""
+    from llamacmp.engine import speculative
+    monkeypatch.setattr(speculative, "KEPT_ROUNDS", 2)
+    prompt = lm.tokenizer.encode(PROMPTS[0])
+    off, _ = _greedy(lm, PROMPTS[0], 40)
+    kept = []
+    keep = speculative.Speculator._keep
+    monkeypatch.setattr(speculative.Speculator, "_keep",
+                        lambda self, ms, h, row, j: kept.append(ms.kept_at + j) or keep(self, ms, h, row, j))
+    on, c = _greedy(lm, PROMPTS[0], 40, 3, [prompt + off], seed=5, graphs=graphs)
+    assert on == off
+    assert c.engine.slots[0].mtp.kept.shape[0] == 8 and sum(end > 8 for end in kept) > 2     # it started over
+    _assert_head_is_one_pass(lm, c, prompt)
+
+
 class ScriptedPolicy(DraftPolicy):
     """A draft policy whose rounds follow a script of lengths (0: plain), cycled: plain runs of several rounds
     (so the heads catch up over more rows than a draft graph takes), then each draft length."""

@@ -677,6 +677,13 @@ class CudaBackend(Backend):
     def rows(self, x, start, n):
         return x.rows(start, n)
 
+    def write_rows(self, dst, at, src, start, n):
+        out, rows = dst.rows(at, n), src.rows(start, n)          # (bounds-checked views: the copy's addresses)
+        if out.shape != rows.shape or out.dtype != rows.dtype:
+            raise ValueError(f"write_rows: rows {rows.shape} {rows.dtype} into {out.shape} {out.dtype}")
+        self.native.cmp_memcpy_d2d(out.ptr, rows.ptr, out.nbytes)
+        return out
+
     def copy_rows(self, x, start, n):
         src = x.rows(start, n)
         out = self.empty(src.shape, x.dtype)

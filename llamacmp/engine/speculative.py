@@ -54,6 +54,9 @@ DRAFT_TOP_K = 10                                        # llama.cpp's draft samp
 # Plain steps queued per sequence before the head runs over them (observe_plain): bounds their hidden-state rows
 # (16 KB each on the 9B, one per token: 160 MB a stream over 10K plainly decoded tokens) at ~4 MB.
 PENDING_MAX = 256
+# Rounds of kept hidden rows a sequence's ring holds (MtpSeq.kept) before it starts over: 8 x (n_max + 1) rows,
+# 0.5 MB a sequence on the 9B at n_max 3.
+KEPT_ROUNDS = 8
 
 
 def enabled_spec(run):
@@ -78,6 +81,8 @@ class MtpSeq:
     n_drafted: int = 0                                  # this sequence's totals (timings draft_n, draft_n_accepted)
     n_accepted: int = 0
     acc: Acceptance = field(default_factory=Acceptance)  # recent acceptance (draft_policy: when drafting pays)
+    kept: object = None                                 # [KEPT_ROUNDS * (n_max + 1), D]: commits' kept h rows (_keep)
+    kept_at: int = 0                                    # its next row
 
 
 @dataclass(slots=True)
@@ -202,7 +207,8 @@ class Speculator:
             self.policy.costs.use_head(head)
 
     def new_seq(self, n_ctx: int, kv_type: str = "f16", v_type: str | None = None) -> MtpSeq:
-        return MtpSeq(self.model.mtp_state(n_ctx, kv_type, v_type), self._zeros())
+        ring = np.zeros((KEPT_ROUNDS * (self.n_max + 1), self.model.cfg.n_embd), np.float32)
+        return MtpSeq(self.model.mtp_state(n_ctx, kv_type, v_type), self._zeros(), kept=self.be.upload_vector(ring))
 
     def _zeros(self):
         return self.be.upload_vector(np.zeros((1, self.model.cfg.n_embd), np.float32))
@@ -268,6 +274,22 @@ class Speculator:
             self.prompt_graphs_s += time.perf_counter() - t_start
             log.info("MTP graphs: %d captured for a request starting alone (%s head) in %.1f ms",
                      self._events() - made, self.draft_head, 1e3 * (time.perf_counter() - t_start))
+
+    def _keep(self, ms: MtpSeq, h, row: int, j: int):
+        """A verify's kept rows row .. row + j - 1 of h (a graph's buffer, rewritten by its next replay) copied for
+        the head's queue -> the copy, in one piece (a gather per part was an index upload and a launch each, three
+        a round, on the host's critical path: from the verified ids to the next draft launch the device is idle).
+        Written into the sequence's ring right after the rows the last commit kept, so that the next draft's h0
+        (h_last, then these) is one copy of adjacent rows and no tensor is made a round. That needs the ring's
+        rows to be free but h_last's: true while the queue is empty (only commits put ring rows in the queue,
+        and a draft or a catch-up empties it; h_last is the last commit's last row), and where the ring starts
+        over it holds at least twice a round's rows. Else (a sequence that did not draft keeps its queue) the rows
+        get a copy of their own."""
+        if ms.pending or 2 * j > ms.kept.shape[0]:
+            return self.be.copy_rows(h, row, j)
+        at = ms.kept_at if ms.kept_at + j <= ms.kept.shape[0] else 0
+        ms.kept_at = at + j
+        return self.be.write_rows(ms.kept, at, h, row, j)
 
     def _push(self, ms: MtpSeq, tokens: list[int], h) -> None:
         """tokens entered the target with hidden rows h [len(tokens), D]: pair each with the row before. The queue
@@ -627,11 +649,8 @@ class Speculator:
         # positions from here on are rewritten from the pending pairs (the drafts' KV rows included); a sequence
         # that did not draft still holds its earlier pending pairs
         ms.state.n_past = v.pos - len(ms.pending)
-        # the kept rows in one copy (a verify graph's h is rewritten by its next replay) that the head's queue
-        # views: a gather per part was an index upload and a launch each, three a round, on the host's critical
-        # path (from the verified ids to the next draft launch the device is idle)
         kept = [v.t0] + v.drafts[:j - 1]
-        self._push(ms, kept, self.be.copy_rows(h, v.row, j))
+        self._push(ms, kept, self._keep(ms, h, v.row, j))
         self._observe(kept)
         self.n_accepted += j - 1
         ms.n_accepted += j - 1

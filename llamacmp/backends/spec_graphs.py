@@ -122,8 +122,8 @@ class CapturedDraft(_Captured):
 
     def _copy_h0(self, h_parts: Sequence) -> None:
         """The pairs' h rows into h0: they live in separate tensors, gathered by d2d copies, one per run of
-        adjacent rows (a round's kept rows are views of one copy: Speculator.commit). Nothing is copied unless
-        they fill h0 exactly."""
+        adjacent rows (h_last and a round's kept rows are adjacent rows of the sequence's ring: Speculator._keep).
+        Nothing is copied unless they fill h0 exactly."""
         runs, end = [], self.h0.ptr               # run: [destination, source address, bytes]
         for x in h_parts:
             nbytes = x.nbytes

@@ -280,11 +280,12 @@ class Speculator:
         the head's queue -> the copy, in one piece (a gather per part was an index upload and a launch each, three
         a round, on the host's critical path: from the verified ids to the next draft launch the device is idle).
         Written into the sequence's ring right after the rows the last commit kept, so that the next draft's h0
-        (h_last, then these) is one copy of adjacent rows and no tensor is made a round. That needs the ring's
-        rows to be free but h_last's: true while the queue is empty (only commits put ring rows in the queue,
-        and a draft or a catch-up empties it; h_last is the last commit's last row), and where the ring starts
-        over it holds at least twice a round's rows. Else (a sequence that did not draft keeps its queue) the rows
-        get a copy of their own."""
+        (h_last, then these) is one copy of adjacent rows and no tensor is made a round. That needs the rows it
+        writes to be read by nothing later: ring rows are held only by the queue and h_last, and a draft or a
+        catch-up empties the queue (their device copies, queued first, have read them), so with the queue empty
+        the one ring row still to be read is h_last, the last commit's last row when it is one; where the ring
+        starts over it holds at least twice a round's rows, so h_last is not under the new ones. A queue that is
+        not empty (a sequence of several that did not draft keeps it) gets a copy of its own."""
         if ms.pending or 2 * j > ms.kept.shape[0]:
             return self.be.copy_rows(h, row, j)
         at = ms.kept_at if ms.kept_at + j <= ms.kept.shape[0] else 0

@@ -426,7 +426,7 @@ class Speculator:
         return out
 
     def _step(self, items, n: int, while_running):
-        if self._graphed([st for st, _, _ in items], n) and self.p_min <= 0.0:
+        if self._graphed(items, n) and self.p_min <= 0.0:
             t_start, events, declined = time.perf_counter(), self._events(), self._declined()
             got = self._step_graph(items, n, while_running)
             if got is not None:
@@ -497,15 +497,18 @@ class Speculator:
         shape per draft length (catch-up lengths all 1) rather than one per combination of lengths: at 4 slots the
         combinations churned the graph cache, each new one an eager round and each second sighting a capture
         (MTP on at 0.855x of off, 4 streams at length 2.5, H200 2026-12-02)."""
+        keep, behind = n + 1 if len(items) == 1 else 0, False
         for st, ms, _ in items:
             if ms.state.n_past + len(ms.pending) != st.n_past:
                 self.reset(ms, st.n_past)
-        self._catch_up([ms for _, ms, _ in items], n + 1 if len(items) == 1 else 0)
+            behind = behind or len(ms.pending) > keep
+        if behind:              # (asked before every round: usually none is, and no list is built)
+            self._catch_up([ms for _, ms, _ in items], keep)
 
     def _draft(self, items, n: int, graphs: bool = True) -> list[list[int]]:
         be, out = self.be, [[] for _ in items]
         self._heads_in_step(items, n)
-        if graphs and self._graphed([st for st, _, _ in items], n) and self.p_min <= 0.0:
+        if graphs and self._graphed(items, n) and self.p_min <= 0.0:
             got = self._draft_graph(items, n)
             if got is not None:
                 return self._count(got, items)
@@ -541,11 +544,13 @@ class Speculator:
             self.n_drafted += len(o)
         return out
 
-    def _graphed(self, states: Sequence[SeqState], n: int) -> bool:
-        """Whether these sequences' step has the captured graphs' shape: graphs, and room for t0 and n drafts."""
+    def _graphed(self, items: Sequence[tuple], n: int) -> bool:
+        """Whether the step of these items (each a tuple whose first field is a target state) has the captured
+        graphs' shape: graphs, and room for t0 and n drafts."""
         if self.graphs is None:
             return False
-        for st in states:              # (a loop, not all() over a generator: asked before every round)
+        for it in items:               # (a loop over the items, no list of states: asked before every round)
+            st = it[0]
             if st.n_past + n + 1 > st.n_ctx:
                 return False
         return True
@@ -598,7 +603,7 @@ class Speculator:
         return out
 
     def _verify(self, seqs, n: int):
-        if self._graphed([st for st, _, _, _ in seqs], n) and all(len(d) <= n for _, _, _, d in seqs):
+        if self._graphed(seqs, n) and all(len(d) <= n for _, _, _, d in seqs):
             return self._verify_graph(seqs, n)
         batch = StepBatch.build([(st, [t0] + d) for st, _, t0, d in seqs], all_logits=True)
         batch.keep_steps = self.n_max + 1

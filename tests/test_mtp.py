@@ -484,6 +484,33 @@ def test_adaptive_scheduler_greedy_on_equals_off(lm, graphs):
     adaptive_scheduler_on_equals_off(lm, graphs)
 
 
+def test_graph_round_weighs_the_next_choice_while_it_runs(lm, monkeypatch):
+    """A graphed round of one slot hands DraftPolicy.expect its acceptance and length while it runs (before its
+    ids are read: Speculator._while_drafting), and the driver's while_running (the engine's flush) still runs
+    in each; greedy equals off."""
+    prompt = list(lm.tokenizer.encode(PROMPTS[0]))
+    off = _client(lm)
+    off.history = list(prompt)
+    want = off.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=24)).tokens
+    c = _client(lm, 3, graphs="eager-double", adaptive=True)
+    seen, expect = [], DraftPolicy.expect
+    monkeypatch.setattr(DraftPolicy, "expect", lambda self, accs, n: seen.append(n) or expect(self, accs, n))
+    g, inside, flushes, flush, step = c.engine.spec.graphs, [False], [], c.engine._flush, c.engine.spec.graphs.step
+
+    def stepping(*a):
+        inside[0] = True
+        try:
+            return step(*a)
+        finally:
+            inside[0] = False
+    g.step = stepping
+    c.engine._flush = lambda: flushes.append(inside[0] and len(seen)) or flush()
+    c.history = list(prompt)
+    assert c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=24)).tokens == want
+    assert seen and len(seen) == g.n_verify
+    assert [f for f in flushes if f] == list(range(1, len(seen) + 1))    # each round's flush, after its weighing
+
+
 def adaptive_scheduler_on_equals_off(lm, graphs):
     """Four slots with adaptive drafting (its own measured costs): the random head's drafts are rejected, so
     rounds go plain; the oracle's are mostly accepted and keep drafting. Every stream equals MTP off either way.

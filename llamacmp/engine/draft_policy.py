@@ -192,7 +192,7 @@ class DraftPolicy:
         self.drafted = 0                          # drafting rounds in a row
         self.n_spec = self.n_plain = self.n_probes = 0
         self.counts: dict[int, dict[str, int]] = {}   # per S: rounds by kind (count())
-        self._tokens_of: tuple = ((), [])         # (the sequences' acceptance counts, their tokens per n): _tokens
+        self._tokens_of: dict = {}                # the sequences' acceptance counts -> their tokens per n: _tokens
 
     def count(self, S: int, kind: str, k: int = 1) -> None:
         """Per number of sequences S: rounds 'drafted', 'plain', 'probes', 'explored' (drafted with nothing
@@ -277,10 +277,27 @@ class DraftPolicy:
         while their acceptance counts stay (they change only when a round drafts: a run of plain rounds asks the
         same)."""
         key = tuple([(a.accepted, a.tried) for a in accs])
-        if key != self._tokens_of[0]:       # (after every drafting round: one pass per sequence, not one per n)
+        tokens = self._tokens_of.get(key)
+        if tokens is None:                  # (one pass per sequence, not one per n)
             per = [a.expected_upto(self.n_max) for a in accs]
-            self._tokens_of = (key, list(map(sum, zip(*per))))     # (each n's sum over the sequences in order)
-        return self._tokens_of[1]
+            tokens = list(map(sum, zip(*per)))         # (each n's sum over the sequences in order)
+            self._tokens_of = {key: tokens}
+        return tokens
+
+    def expect(self, accs: Sequence[Acceptance], n: int) -> None:
+        """A round of these sequences drafting n is on the device: _tokens for each way it can end (0 .. n drafts
+        accepted; the counts as Acceptance.update will leave them, the same bits), weighed now, while the device
+        works, so that the next choice finds them rather than computing them between the verified ids and the
+        next launch, where the device is idle. One sequence only (S sequences' outcomes are (n + 1)^S)."""
+        if len(accs) != 1:
+            return
+        (a,) = accs
+        out = {}
+        for k in range(n + 1):
+            b = Acceptance(a.accepted, a.tried)
+            b.update(n, k)
+            out[((b.accepted, b.tried),)] = b.expected_upto(self.n_max)
+        self._tokens_of = out
 
     def best(self, accs: Sequence[Acceptance], others: int = 0,
              left: Optional[int] = None) -> tuple[int, Optional[str]]:

@@ -125,6 +125,7 @@ class Speculator:
         self._round = None                            # (S, n, start, clean) of the draft awaiting its verify
         self._ahead = None                            # (key, DraftPolicy.best) of plan_ahead, for the next plan()
         self._unrecorded = None                       # [S, n, seconds] of a verified round, until its commits end
+        self._flight = None                           # (items, n, while_running) of _step_graph's round on the device
         self.vocab = None                             # auto's window of committed tokens (None: a fixed head)
         if auto is not None and auto.applies(model.mtp.head.shape[0]):
             self.vocab = VocabWindow(auto)
@@ -462,9 +463,12 @@ class Speculator:
     def _step_graph(self, items, n: int, while_running=None):
         self._heads_in_step(items, n)
         pos = [st.n_past for st, _, _ in items]
+        if self.policy is not None:         # (the policy's part of while_running: _while_drafting)
+            self._flight, while_running = (items, n, while_running), self._while_drafting
         got = self.graphs.step([st for st, _, _ in items], [ms.state for _, ms, _ in items], [t0 for *_, t0 in items],
                                [ms.pending + [t0] for _, ms, t0 in items],
                                [ms.pending_h + [ms.h_last] for _, ms, _ in items], n, while_running)
+        self._flight = None
         if got is None:
             return None
         drafts, logits, h, ids = got
@@ -475,6 +479,14 @@ class Speculator:
         segs = [Verified(st, ms, t0, list(d), p, i * T, ids[i * T:i * T + len(d) + 1].tolist())
                 for i, ((st, ms, t0), d, p) in enumerate(zip(items, drafts, pos))]
         return drafts, logits, h, segs
+
+    def _while_drafting(self) -> None:
+        """_step_graph's round is on the device: the policy weighs what the next choice needs for each way the
+        round can end (DraftPolicy.expect), off the host's critical path, then the driver's while_running()."""
+        items, n, while_running = self._flight
+        self.policy.expect([ms.acc for _, ms, _ in items], n)
+        if while_running is not None:
+            while_running()
 
     def _timed(self, S: int, n: int, t_start: float, clean: bool) -> None:
         """A round of S sequences drafting n was verified (its ids on the host) t_start ago; if nothing was

@@ -462,12 +462,18 @@ class Speculator:
 
     def _step_graph(self, items, n: int, while_running=None):
         self._heads_in_step(items, n)
-        pos = [st.n_past for st, _, _ in items]
+        # the graphs' arguments in one pass over the items (not six comprehensions: before the draft launch)
+        states, mtp_states, t0s, toks, hs, pos = [], [], [], [], [], []
+        for st, ms, t0 in items:
+            states.append(st)
+            mtp_states.append(ms.state)
+            t0s.append(t0)
+            toks.append(ms.pending + [t0])
+            hs.append(ms.pending_h + [ms.h_last])
+            pos.append(st.n_past)
         if self.policy is not None:         # (the policy's part of while_running: _while_drafting)
             self._flight, while_running = (items, n, while_running), self._while_drafting
-        got = self.graphs.step([st for st, _, _ in items], [ms.state for _, ms, _ in items], [t0 for *_, t0 in items],
-                               [ms.pending + [t0] for _, ms, t0 in items],
-                               [ms.pending_h + [ms.h_last] for _, ms, _ in items], n, while_running)
+        got = self.graphs.step(states, mtp_states, t0s, toks, hs, n, while_running)
         self._flight = None
         if got is None:
             return None

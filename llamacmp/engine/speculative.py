@@ -43,7 +43,7 @@ import numpy as np
 
 from ..backends.base import SeqState, StepBatch
 from ..sampling import Sampler, SamplingParams
-from ..spec import AUTO, COARSE_TYPE, CoarseHead, coarse_head
+from ..spec import AUTO, COARSE_TYPE, KEPT_ROUNDS, PENDING_MAX, CoarseHead, coarse_head
 from .decode import draw_tokens, plan_row
 from .draft_policy import Acceptance, CostTable, DraftPolicy
 from .draft_vocab import AutoVocab, VocabWindow
@@ -51,12 +51,6 @@ from .draft_vocab import AutoVocab, VocabWindow
 log = logging.getLogger("llamacmp.engine")
 _ARGMAX = Sampler(SamplingParams(temp=0.0, seed=0))     # a neutral greedy chain: the backend's plain argmax
 DRAFT_TOP_K = 10                                        # llama.cpp's draft sampler (p_min is a top-10 probability)
-# Plain steps queued per sequence before the head runs over them (observe_plain): bounds their hidden-state rows
-# (16 KB each on the 9B, one per token: 160 MB a stream over 10K plainly decoded tokens) at ~4 MB.
-PENDING_MAX = 256
-# Rounds of kept hidden rows a sequence's ring holds (MtpSeq.kept) before it starts over: 8 x (n_max + 1) rows,
-# 0.5 MB a sequence on the 9B at n_max 3.
-KEPT_ROUNDS = 8
 
 
 def enabled_spec(run):

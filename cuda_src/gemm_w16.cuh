@@ -359,10 +359,16 @@ static_assert(w16_bytes_planned<W16Q8>() && w16_bytes_planned<W16Expanded<false,
 // so cmp_set_smem_cap runs the other cards' tiles; 0: not at all, where its code is older than compute_80 (the
 // stages come by cp.async; sm_70/75's register-staged copy would hold a whole stage in registers) or it does not
 // fit), the blocks resident on the device at once (its wave) and on one SM. The code's version is asked once per
-// device (code_at_least's cache), the limit every time (cmp_set_smem_cap), the wave once per size (wave_blocks).
+// device (code_at_least's cache), the limit at every call (cmp_set_smem_cap), the wave once per size (wave_blocks);
+// a matmul asks it once for all its launches.
 struct W16Shape {
     int tok, wave, per_sm;
 };
+template <class W, class D, int TOK>
+int w16_wave(int* wave) {
+    return wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK, false, TOK>, 4 * TOK, w16_bytes<W, TOK>(),
+                       wave);
+}
 template <class W, class D>
 int gemm_w16_shape(W16Shape* s) {
     static PerDevice code;
@@ -371,12 +377,8 @@ int gemm_w16_shape(W16Shape* s) {
     bool async = false;
     CMP_TRY(code_at_least(gemm_w16_kernel<W, D, W16_BK, false, 64>, 80, code, &async));
     *s = W16Shape{async ? smem::gemm_w16_plan(limit, W::MIN, W::PER16).config : 0, 0, 0};
-    if (s->tok == 64)
-        CMP_TRY(wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK, false, 64>, 4 * 64, w16_bytes<W, 64>(),
-                            &s->wave));
-    else if (s->tok == 128)
-        CMP_TRY(wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK, false, 128>, 4 * 128,
-                            w16_bytes<W, 128>(), &s->wave));
+    if (s->tok == 64) CMP_TRY((w16_wave<W, D, 64>(&s->wave)));
+    if (s->tok == 128) CMP_TRY((w16_wave<W, D, 128>(&s->wave)));
     DeviceFacts f{};
     CMP_TRY(device_facts(&f));
     s->per_sm = s->wave / std::max(f.sms, 1);
@@ -409,25 +411,20 @@ int launch_w16_tiles(const int8_t* xq, const float* xd, const float* xs, const i
     const dim3 grid(ceil_div(rows, smem::G2TILE), ceil_div(T, TOK));
     const int tiles = grid.x * grid.y;
     const int stages = ceil_div(n / QK, W16_BK);
-    int pieces = 1;
-    if (tiles <= SPLIT_MAX_TILES && !out_in_place(out)) {
-        const int forced = serial_pieces_forced();   // (tests: every count gives the same bits)
-        pieces = forced ? std::min(forced, stages)
-                        : chunks::serial_pieces(tiles, s.wave, stages, W16_MIN_STAGES,
-                                                chunks::SplitModel{s.per_sm, W16_SOLO_PCT, W16_SPLIT_COST_PCT});
-    }
+    const int pieces = out_in_place(out) ? 1
+                       : launch_pieces(tiles, SPLIT_MAX_TILES, s.wave, stages, W16_MIN_STAGES,
+                                       chunks::SplitModel{s.per_sm, W16_SOLO_PCT, W16_SPLIT_COST_PCT});
     auto kernel = pieces > 1 ? gemm_w16_kernel<W, D, W16_BK, true, TOK> : gemm_w16_kernel<W, D, W16_BK, false, TOK>;
     CMP_TRY(smem_opt_in("gemm_w16_kernel", kernel, bytes));
     kernel<<<dim3(grid.x, grid.y, pieces), 4 * TOK, bytes, stream()>>>(xq, xd, xs, wq, w, out, T, rows, n, pieces);
     return check_launch("gemm_w16_kernel");
 }
 
-// rows: of all the matrices (out.end[out.count - 1]). The caller has checked that it runs (gemm_w16_runs).
+// rows: of all the matrices (out.end[out.count - 1]); s: gemm_w16_shape's, asked once by the caller for all its
+// launches (s.tok != 0: it runs here).
 template <class W, class D>
 int launch_gemm_w16(const int8_t* xq, const float* xd, const float* xs, const int8_t* wq, const W& w,
-                    const GemmOut& out, int T, int n) {
-    W16Shape s{};
-    CMP_TRY((gemm_w16_shape<W, D>(&s)));
+                    const GemmOut& out, int T, int n, const W16Shape& s) {
     if (s.tok == 64) return launch_w16_tiles<W, D, 64>(xq, xd, xs, wq, w, out, T, n, s);
     if (s.tok == 128) return launch_w16_tiles<W, D, 128>(xq, xd, xs, wq, w, out, T, n, s);
     return fail(CMP_ERR_UNSUPPORTED, "gemm_w16_kernel does not run on this device (compute_80+ code, 60 KB)");

@@ -762,9 +762,11 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
     if (T <= QGEMV_MAX_T) return gemv_quant<Q, D>(xq, xd, count, body, head, y, res, rows, T, n);
     // All the matrices in one run of rows on the tensor cores, and on DP4A through Q8_0's DP4A GEMM (gemm_w16.cuh)
     // wherever it runs; else matrix by matrix.
-    bool w16 = false;
+    using W = W16Expanded<Q::MIN, Q::PER16>;
+    W16Shape w16s{};   // tok 0: gemm_w16_kernel does not run (or not on this route)
     if constexpr (D::OPS == 1)
-        if (!mma) CMP_TRY((gemm_w16_runs<W16Expanded<Q::MIN, Q::PER16>, D>(&w16)));
+        if (!mma) CMP_TRY((gemm_w16_shape<W, D>(&w16s)));
+    const bool w16 = w16s.tok != 0;
     int max_rows = 0, total = 0;
     for (int i = 0; i < count; ++i) max_rows = std::max(max_rows, rows[i]), total += rows[i];
     const GemmWork g = split_work<Q>(work, work_bytes, T, n, w16 || mma ? total : max_rows);
@@ -784,15 +786,12 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
         });
     }
     if constexpr (D::OPS == 1)
-        if (w16) {
-            using W = W16Expanded<Q::MIN, Q::PER16>;
-            W16Shape s{};
-            CMP_TRY((gemm_w16_shape<W, D>(&s)));
-            return gemm_quant_run<Q>(count, body, head, y, res, rows, T, n, g, s.tok, s.wave,
+        if (w16)
+            return gemm_quant_run<Q>(count, body, head, y, res, rows, T, n, g, w16s.tok, w16s.wave,
                                      [&](const GemmOut& out, int) {
-                                         return launch_gemm_w16<W, D>(xq, xd, g.xs, g.wq, W{g.ws, g.wm}, out, T, n);
+                                         return launch_gemm_w16<W, D>(xq, xd, g.xs, g.wq, W{g.ws, g.wm}, out, T, n,
+                                                                      w16s);
                                      });
-        }
     for (int i = 0; i < count; ++i)
         CMP_TRY((gemm_quant<Q, D>(xq, xd, static_cast<const uint8_t*>(body[i]), static_cast<const uint8_t*>(head[i]),
                                   y[i], res ? res[i] : nullptr, rows[i], T, n, g)));

@@ -100,15 +100,23 @@ ensure_cmake() {
     python3 -m pip install --quiet cmake
 }
 
+# -march=native on a CPU with AMX (Sapphire Rapids and later) also compiles ggml's AMX matmuls (ggml-cpu/amx/), an
+# extra buffer type that takes Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K/IQ4_XS weights: b8462's crashes in the first decode on
+# such a machine (llama-completion's warm-up, llama_logits), and the goldens come from the AVX2/AVX-512 vec_dot
+# paths anyway. GCC's explicit -mno-* flags win over -march=native whatever their order.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
 configure() {
-    local extra=(-DGGML_NATIVE=ON)
+    local extra=(-DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX")
     case "$MODE" in
         cuda) extra+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
               command -v ninja >/dev/null && extra+=(-G Ninja) ;;
         portable) extra=(-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF
                          "-DCMAKE_EXE_LINKER_FLAGS=-static-libgcc -static-libstdc++") ;;
     esac
-    [[ -f "$BUILD/CMakeCache.txt" ]] && return 0
+    # a build configured before NO_AMX is configured again (cmake keeps the rest of its cache)
+    [[ -f "$BUILD/CMakeCache.txt" ]] &&
+        { [[ "$MODE" == portable ]] || grep -q -- "-mno-amx-int8" "$BUILD/CMakeCache.txt"; } && return 0
     log "configuring $MODE build in $BUILD"
     cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
         -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF \

@@ -35,8 +35,10 @@ CASES = [
     {"name": "small-q8_0", "shape": "small", "dtype": "q8_0", "kv": "f16", "seed": 14},
 ]
 QUANT_FIXTURES = "compat/fixtures/quant"        # relative to the repository root
+# appended, never inserted: a case's prompt seed is its place here
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_S", "Q5_K_S", "Q6_K", "IQ4_NL", "IQ4_XS",
-               "Q4_K_M", "Q5_K_M", "UD-Q4_K_XL")
+               "Q4_K_M", "Q5_K_M", "UD-Q4_K_XL", "IQ2_XXS", "IQ2_XS", "IQ2_M", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+               "UD-Q2_K_XL")
 CASES += [{"name": f"q256-{t}", "file": f"{QUANT_FIXTURES}/q256-{t}.gguf", "dtype": t, "kv": "f16", "seed": 30 + i}
           for i, t in enumerate(QUANT_TYPES)]
 N_PROMPT, N_GREEDY, TOP = 40, 64, 20

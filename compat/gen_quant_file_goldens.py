@@ -153,14 +153,27 @@ def main() -> None:
     ap.add_argument("--bin", type=Path, default=DEFAULT_BIN)
     ap.add_argument("--skip-cli", action="store_true")
     ap.add_argument("--skip-ppl", action="store_true")
-    ap.add_argument("--types", nargs="+", default=["Q8_0", *DEMO_TYPES], help="demo-model types for perplexity")
+    ap.add_argument("--types", nargs="+", default=["Q8_0", *DEMO_TYPES],
+                    help="demo-model types for perplexity (the recorded rows of the others are kept)")
     args = ap.parse_args()
     if not args.skip_cli:
         rows = cli_goldens(args.bin)
         (GOLDENS / "cli_quant.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if not args.skip_ppl:
         golden = {**ppl_goldens(args.bin, args.types), "completion": demo_completion(args.bin)}
-        (GOLDENS / "perplexity_quant.json").write_text(json.dumps(golden, indent=1) + "\n")
+        path = GOLDENS / "perplexity_quant.json"
+        golden["rows"] = merged_rows(json.loads(path.read_text()), golden) if path.exists() else golden["rows"]
+        path.write_text(json.dumps(golden, indent=1) + "\n")
+
+
+def merged_rows(old: dict, new: dict) -> list[dict]:
+    """--types measures some types again: the recorded rows of the others stay (same text and arguments only), in
+    the order of ["Q8_0", *DEMO_TYPES]."""
+    if (old["text_sha256"], old["args"]) != (new["text_sha256"], new["args"]):
+        sys.exit("perplexity_quant.json was recorded on another text or with other arguments: measure every type")
+    rows = {r["type"]: r for r in old["rows"]} | {r["type"]: r for r in new["rows"]}
+    order = ["Q8_0", *DEMO_TYPES]
+    return sorted(rows.values(), key=lambda r: order.index(r["type"]) if r["type"] in order else len(order))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 
 Two checks need ggml's own numbers (tests/test_quant_goldens.py):
 - dequantization: random valid blocks of every type llamacmp loads (llamacmp.fixtures.quant_blocks, at three
-  scale magnitudes, the smallest with subnormal f16 scales), dequantized by ggml's `to_float`;
+  scale magnitudes, the smallest with subnormal f16 scales; the IQ1-3 grid types included), dequantized by
+  ggml's `to_float`;
 - activation quantization: random float rows (with exact .5 ties, a +max/-max tie and an all-zero block)
   quantized to Q8_0, Q8_1 and Q8_K by the CPU backend's `from_float` (the x86 SIMD versions where there is one),
   as its mul_mat does to the activations;
@@ -25,10 +26,12 @@ import numpy as np
 import oracles
 
 from llamacmp.fixtures.quant_blocks import random_blocks
-from llamacmp.gguf_file import QUANT_BLOCKS
+from llamacmp.gguf_file import GRID_TYPES, QUANT_BLOCKS
 
 
-WEIGHT_TYPES = [*QUANT_BLOCKS, "Q8_0"]
+# Each type's blocks are seeded by its place here: the grid types came later and are appended, so the earlier
+# types keep their seeds and their arrays stay byte-identical.
+WEIGHT_TYPES = [*(t for t in QUANT_BLOCKS if t not in GRID_TYPES), "Q8_0", *GRID_TYPES]
 ACTIVATION_TYPES = ["Q8_0", "Q8_1", "Q8_K"]
 AMPLITUDES = (1.0, 1e-5, 300.0)      # 1e-5: d fields in the f16 subnormal range
 ROWS, COLS = 2, 512

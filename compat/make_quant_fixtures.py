@@ -5,8 +5,10 @@
 Fixtures (committed, compat/fixtures/quant/): the fixture writer's `q256` shape (every matrix row 256 long, so the
 K-quants and IQ4_XS really apply instead of llama-quantize's fallbacks), tiny vocabulary, seed 21, written as F32 and
 quantized once per preset in PRESETS. MANIFEST.json records each file's command, bytes, sha256 and its tensors per
-type as our GGUFFile reads them; tests/test_quant_fixtures.py checks the files against it. IQ2_XXS needs an importance
-matrix (llama-quantize refuses it without one), so that file's imatrix comes from llama-imatrix on a fixed text.
+type as our GGUFFile reads them; tests/test_quant_fixtures.py checks the files against it. IQ3_XXS, IQ2_XXS, IQ2_XS,
+IQ2_S, IQ1_S and IQ1_M need an importance matrix (llama-quantize refuses them without one), so those files'
+imatrix comes from llama-imatrix on a fixed text.
+TQ1_0 (ternary) is a type llamacmp still refuses: that file is the refusal test's fixture.
 
 --demo: the bundled demo model (llamacmp/data/default.gguf, Q8_0) requantized (--allow-requantize) to DEMO_TYPES
 into $LLAMACMP_CACHE/quant-demo/, for compat/gen_quant_file_goldens.py's perplexity comparison (not committed: no F32/F16
@@ -54,6 +56,12 @@ class Preset:
 UD_OVERRIDES = ("--tensor-type", "ssm_alpha=f16", "--tensor-type", "ssm_beta=bf16", "--tensor-type", "attn_gate=q8_0",
                 "--tensor-type", "attn_k=q8_0", "--tensor-type", "attn_v=q8_0", "--tensor-type", "ssm_out=q5_k")
 
+# unsloth's UD-Q2_K_XL style (their Qwen3.5/3.6-27B files: IQ3_XXS, IQ2_S, IQ2_XXS, IQ1_S and IQ3_S bodies among
+# Q4_K, Q6_K and Q8_0 tensors): an IQ3_XXS base with the FFN and some attention matrices overridden
+UD_Q2_OVERRIDES = ("--tensor-type", "ffn_gate=iq2_s", "--tensor-type", "ffn_down=iq1_s", "--tensor-type",
+                   "ssm_out=iq2_xxs", "--tensor-type", "attn_output=iq3_s", "--tensor-type", "attn_k=q8_0",
+                   "--tensor-type", "attn_v=q8_0", "--tensor-type", "attn_gate=q4_k")
+
 PRESETS = [
     Preset("Q4_0", "Q4_0", "Q4_0"), Preset("Q4_1", "Q4_1", "Q4_1"), Preset("Q5_0", "Q5_0", "Q5_0"),
     Preset("Q5_1", "Q5_1", "Q5_1"), Preset("Q2_K", "Q2_K", "Q2_K"), Preset("Q3_K_M", "Q3_K_M", "Q3_K"),
@@ -61,9 +69,18 @@ PRESETS = [
     Preset("IQ4_NL", "IQ4_NL", "IQ4_NL"), Preset("IQ4_XS", "IQ4_XS", "IQ4_XS"),
     Preset("Q4_K_M", "Q4_K_M", "Q4_K"), Preset("Q5_K_M", "Q5_K_M", "Q5_K"),
     Preset("UD-Q4_K_XL", "Q4_K_M", "Q4_K", UD_OVERRIDES),
-    Preset("IQ2_XXS", "IQ2_XXS", "IQ2_XXS", imatrix=True, loads=False),
+    Preset("IQ2_XXS", "IQ2_XXS", "IQ2_XXS", imatrix=True),
+    # llama-quantize's IQ2_S file type is mostly IQ2_XS tensors; its IQ2_M is mostly IQ2_S
+    Preset("IQ2_XS", "IQ2_XS", "IQ2_XS", imatrix=True), Preset("IQ2_M", "IQ2_M", "IQ2_S", imatrix=True),
+    Preset("IQ3_XXS", "IQ3_XXS", "IQ3_XXS", imatrix=True), Preset("IQ3_S", "IQ3_S", "IQ3_S"),
+    Preset("IQ1_S", "IQ1_S", "IQ1_S", imatrix=True), Preset("IQ1_M", "IQ1_M", "IQ1_M", imatrix=True),
+    Preset("UD-Q2_K_XL", "IQ3_XXS", "IQ3_XXS", UD_Q2_OVERRIDES, imatrix=True),
+    Preset("TQ1_0", "TQ1_0", "TQ1_0", loads=False),
 ]
-DEMO_TYPES = ("Q4_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS")
+DEMO_TYPES = ("Q4_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_M", "IQ2_XS",
+              "IQ2_XXS", "IQ1_M", "IQ1_S")
+# file types whose tensors llama-quantize b8462 refuses to make without one (llama-quant.cpp tensor_requires_imatrix)
+DEMO_IMATRIX = ("IQ3_XXS", "IQ2_M", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S")
 
 
 def fixture_name(preset: Preset) -> str:
@@ -144,9 +161,10 @@ def make_fixtures(bin_dir: Path, out: Path, presets: list[Preset]) -> dict:
 
 def make_demo(bin_dir: Path) -> None:
     DEMO_OUT.mkdir(parents=True, exist_ok=True)
+    imatrix = make_imatrix(bin_dir, DEMO, DEMO_OUT)          # the demo model's own, on the same fixed text
     for t in DEMO_TYPES:
         dst = DEMO_OUT / f"default-{t}.gguf"
-        quantize(bin_dir, DEMO, dst, Preset(t, t, t), None, requantize=True)
+        quantize(bin_dir, DEMO, dst, Preset(t, t, t, imatrix=t in DEMO_IMATRIX), imatrix, requantize=True)
         print(f"{dst} {dst.stat().st_size / 1e6:.2f} MB  {census(dst)}", flush=True)
 
 

@@ -30,6 +30,7 @@ class Case:
 
 
 G = {"temperature": 0}               # greedy
+DRY = {"dry_multiplier": 100.0, "dry_allowed_length": 1}
 CHAT = [{"role": "user", "content": "Hi"}]
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",
@@ -50,6 +51,23 @@ CASES: list[Case] = [
     Case("completion_n_probs", "POST", "/completion", {"prompt": "Hello", "n_predict": 3, "n_probs": 2, **G}),
     Case("completion_stop", "POST", "/completion", {"prompt": "Hello", "n_predict": 8, "stop": ["\t"], **G}),
     Case("completion_token_prompt", "POST", "/completion", {"prompt": [9419, 11, 1879], "n_predict": 4, **G}),
+    # --- the samplers beyond the default chain, where greedy output still shows them: a logit bias makes token 11
+    # the choice unless DRY penalises it (it followed 9419 before, and then itself); a breaker or a short window
+    # stops that; XTC at probability 1 always drops the top choices; Mirostat, and a dynamic temperature over one
+    # candidate (top_k 1), leave greedy alone
+    *[Case(f"completion_{name}", "POST", "/completion",
+           {"prompt": [9419, 11, 1879, 9419], "n_predict": 8, "return_tokens": True, "logit_bias": [[11, 50]],
+            **G, **body})
+      for name, body in (("dry", DRY), ("dry_breaker", {**DRY, "dry_sequence_breakers": [","]}),
+                         ("dry_window", {**DRY, "dry_penalty_last_n": 2}))],
+    Case("completion_xtc", "POST", "/completion",
+         {"prompt": "Hello", "n_predict": 6, "return_tokens": True, "xtc_probability": 1.0, "xtc_threshold": 0.001,
+          **G}),
+    Case("completion_mirostat_greedy", "POST", "/completion",
+         {"prompt": "Hello", "n_predict": 6, "return_tokens": True, "mirostat": 2, "mirostat_tau": 4.0, **G}),
+    Case("completion_dynatemp_greedy", "POST", "/completion",
+         {"prompt": "Hello", "n_predict": 6, "return_tokens": True, "top_k": 1, "dynatemp_range": 0.5,
+          "dynatemp_exponent": 2.0, **G}),
     Case("completion_stream", "POST", "/completion", {"prompt": "Hello", "n_predict": 3, "stream": True, **G},
          stream=True),
     Case("completions_alias", "POST", "/completions", {"prompt": "Hello", "n_predict": 4, **G}),

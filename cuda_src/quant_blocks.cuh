@@ -31,7 +31,8 @@ namespace cmp {
 
 // ggml type ids (api.h CmpQuantType).
 enum QuantId { QID_Q4_0 = 2, QID_Q4_1 = 3, QID_Q5_0 = 6, QID_Q5_1 = 7, QID_Q2_K = 10, QID_Q3_K = 11, QID_Q4_K = 12,
-               QID_Q5_K = 13, QID_Q6_K = 14, QID_IQ4_NL = 20, QID_IQ4_XS = 23 };
+               QID_Q5_K = 13, QID_Q6_K = 14, QID_IQ2_XXS = 16, QID_IQ2_XS = 17, QID_IQ3_XXS = 18, QID_IQ1_S = 19,
+               QID_IQ4_NL = 20, QID_IQ3_S = 21, QID_IQ2_S = 22, QID_IQ4_XS = 23, QID_IQ1_M = 29 };
 
 struct SubBlock {
     int q[8];     // 32 codes, int8, value order
@@ -520,6 +521,12 @@ struct IQ4_XS {
     }
 };
 
+}  // namespace cmp
+
+#include "quant_blocks_iq.cuh"  // defines: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (the grid types)
+
+namespace cmp {
+
 // Calls f(Type{}) for the decoder of ggml type id `id`; unknown ids fail naming `what`.
 template <typename F>
 int dispatch_quant(int id, const char* what, F&& f) {
@@ -535,6 +542,13 @@ int dispatch_quant(int id, const char* what, F&& f) {
         case QID_Q6_K: return f(Q6_K{});
         case QID_IQ4_NL: return f(IQ4_NL{});
         case QID_IQ4_XS: return f(IQ4_XS{});
+        case QID_IQ2_XXS: return f(IQ2_XXS{});
+        case QID_IQ2_XS: return f(IQ2_XS{});
+        case QID_IQ2_S: return f(IQ2_S{});
+        case QID_IQ3_XXS: return f(IQ3_XXS{});
+        case QID_IQ3_S: return f(IQ3_S{});
+        case QID_IQ1_S: return f(IQ1_S{});
+        case QID_IQ1_M: return f(IQ1_M{});
         default: return fail(CMP_ERR_ARG, "%s: unknown quant type id %d", what, id);
     }
 }

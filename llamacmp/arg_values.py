@@ -120,6 +120,31 @@ def logit_bias(s: str) -> tuple[int, float]:
     raise ValueError("invalid input format")
 
 
+def kv_overrides(s: str) -> dict[str, int | float | bool | str]:
+    """--override-kv KEY=TYPE:VALUE[,...] (string_parse_kv_override): TYPE int, float, bool (true/false) or str
+    (at most 127 characters); the key at most 127. Numbers must be whole (llama.cpp's atol/atof read a prefix)."""
+    out: dict[str, int | float | bool | str] = {}
+    for item in (x for x in s.split(",") if x):
+        key, sep, typed = item.partition("=")
+        kind, colon, text = typed.partition(":")
+        try:
+            if not sep or not key or len(key) >= 128 or not colon:
+                raise ValueError
+            if kind == "int":
+                out[key] = int(text.strip())
+            elif kind == "float":
+                out[key] = float(text.strip())
+            elif kind == "bool" and text in ("true", "false"):
+                out[key] = text == "true"
+            elif kind == "str" and len(text) <= 127:
+                out[key] = text
+            else:
+                raise ValueError
+        except ValueError:
+            raise ArgError(f"error: Invalid type for KV override: {item}\n") from None
+    return out
+
+
 def json_object(s: str) -> dict:
     value = json.loads(s)
     if not isinstance(value, dict):

@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 from . import BUILD_NUMBER, __version__
 from .arg_values import (CACHE_TYPES, ArgError, Unsupported, choice, device_list, gpu_layers, json_object,
-                         logit_bias, on_off_auto, process_escapes, read_text, tensor_split, to_bool, to_count,
-                         to_float, to_int, to_port, to_seed)
+                         kv_overrides, logit_bias, on_off_auto, process_escapes, read_text, tensor_split, to_bool,
+                         to_count, to_float, to_int, to_port, to_seed)
 from .kv_quant import KV_TYPES
 from .split.bridges import BRIDGES as SPLIT_BRIDGES
 from .backends.routes import HW_ROUTES
@@ -96,13 +96,41 @@ def _set_verbose(p: Params, v: bool) -> None:
     p.verbosity = 99
 
 
-def _refuse_nonzero(flag: str) -> Callable[[str], float]:
-    def parse(s: str) -> float:
-        x = to_float(s)
-        if x != 0:
-            raise Unsupported(f"error: {flag} is not supported by llamacmp yet (only 0, the default)")
+def _dry_base(s: str) -> float:
+    """llama.cpp keeps the old base when given one below 1 (DRY needs base >= 1); llamacmp says so instead."""
+    x = to_float(s)
+    if not x >= 1.0:
+        raise ArgError(f"error: --dry-base must be at least 1.0, got {s}")
+    return x
+
+
+def _last_n(name: str) -> Callable[[str], int]:
+    def parse(s: str) -> int:
+        x = to_int(s)
+        if x < -1:
+            raise ArgError(f"error: invalid {name} = {x}\n")
         return x
     return parse
+
+
+def _mirostat(s: str) -> int:
+    """0, 1 or 2 (llama.cpp aborts on any other version when it builds the chain)."""
+    x = to_int(s)
+    if x not in (0, 1, 2):
+        raise ArgError(f"error: --mirostat takes 0, 1 or 2, got {x}")
+    return x
+
+
+def _breaker(s: str) -> str:
+    if s == "":
+        raise ArgError("error: --dry-sequence-breaker takes a non-empty string (\"none\" for no breakers)")
+    return s
+
+
+def _add_breaker(p: Params, v: str) -> None:
+    """The first --dry-sequence-breaker replaces the default breakers; `none` empties the list (llama.cpp)."""
+    kept = p.sampling.dry_sequence_breakers if "--dry-sequence-breaker" in p.user_set else ()
+    p.sampling.dry_sequence_breakers = () if v == "none" else (*kept, v)
 
 
 def _cache_type(flag: str) -> Callable[[str], str]:
@@ -184,7 +212,6 @@ ROUTER = ("llamacmp's router mode (no -m) loads no model yet: a request naming o
           "'model not found'; start one server per model with -m")
 FIT = ("llamacmp never adjusts unset options to fit: its memory plan checks -c, -ctk/-ctv, -np and -ub before "
        "loading and refuses with what to change (docs/CLI.md)")
-DRY_OFF = "DRY is off (--dry-multiplier takes only 0 in llamacmp), so this setting changes nothing"
 CLI_ONE_CONVERSATION = ("llamacmp-cli keeps one conversation's state; context checkpoints and the prompt cache are "
                         "llamacmp-server's")
 NO_VIDEO = "llamacmp takes no video input (--video is refused)"
@@ -546,17 +573,38 @@ OPTIONS: tuple[Option, ...] = (
     O("-l", "--logit-bias", value="TOKEN_ID(+/-)BIAS", parse=logit_bias, apply=_add_bias,
       help="modifies the likelihood of token appearing in the completion,\ni.e. `--logit-bias 15043+1` to "
       "increase likelihood of token ' Hello',\nor `--logit-bias 15043-1` to decrease likelihood of token ' Hello'"),
-    O("--dry-multiplier", value="N", parse=_refuse_nonzero("--dry-multiplier"), apply=lambda p, v: None,
+    O("--dry-multiplier", value="N", dest="sampling.dry_multiplier", parse=to_float,
       help="set DRY sampling multiplier (default: 0.00, 0.0 = disabled)"),
-    O("--xtc-probability", value="N", parse=_refuse_nonzero("--xtc-probability"), apply=lambda p, v: None,
-      gguf_key="xtc_probability", help="xtc probability (default: 0.00, 0.0 = disabled)"),
-    O("--top-nsigma", "--top-n-sigma", value="N", apply=lambda p, v: None,
-      parse=lambda s: to_float(s) if to_float(s) <= 0 else _refuse_nonzero("--top-nsigma")(s),
+    O("--dry-base", value="N", dest="sampling.dry_base", parse=_dry_base,
+      help="set DRY sampling base value (default: 1.75)"),
+    O("--dry-allowed-length", value="N", dest="sampling.dry_allowed_length", parse=to_int,
+      help="set allowed length for DRY sampling (default: 2)"),
+    O("--dry-penalty-last-n", value="N", dest="sampling.dry_penalty_last_n", parse=_last_n("dry-penalty-last-n"),
+      help="set DRY penalty for the last n tokens (default: -1, 0 = disable, -1 = context size)"),
+    O("--dry-sequence-breaker", value="STRING", parse=_breaker, apply=_add_breaker,
+      help="add sequence breaker for DRY sampling, clearing out default breakers ('\\n', ':', '\"', '*') in the "
+      "process; use \"none\" to not use any sequence breakers"),
+    O("--xtc-probability", value="N", dest="sampling.xtc_probability", parse=to_float, gguf_key="xtc_probability",
+      help="xtc probability (default: 0.00, 0.0 = disabled)"),
+    O("--xtc-threshold", value="N", dest="sampling.xtc_threshold", parse=to_float, gguf_key="xtc_threshold",
+      help="xtc threshold (default: 0.10, 1.0 = disabled)"),
+    O("--top-nsigma", "--top-n-sigma", value="N", dest="sampling.top_n_sigma", parse=to_float,
       help="top-n-sigma sampling (default: -1.00, -1.0 = disabled)"),
-    O("--dynatemp-range", value="N", parse=_refuse_nonzero("--dynatemp-range"), apply=lambda p, v: None,
+    O("--dynatemp-range", value="N", dest="sampling.dynatemp_range", parse=to_float,
       help="dynamic temperature range (default: 0.00, 0.0 = disabled)"),
-    O("--mirostat", value="N", parse=lambda s: _refuse_nonzero("--mirostat")(s), apply=lambda p, v: None,
-      gguf_key="mirostat", help="use Mirostat sampling (default: 0, 0 = disabled, 1 = Mirostat, 2 = Mirostat 2.0)"),
+    O("--dynatemp-exp", value="N", dest="sampling.dynatemp_exponent", parse=to_float,
+      help="dynamic temperature exponent (default: 1.00)"),
+    O("--mirostat", value="N", dest="sampling.mirostat", parse=_mirostat, gguf_key="mirostat",
+      help="use Mirostat sampling.\nTop K, Nucleus and Locally Typical samplers are ignored if used.\n"
+      "(default: 0, 0 = disabled, 1 = Mirostat, 2 = Mirostat 2.0)"),
+    O("--mirostat-lr", value="N", dest="sampling.mirostat_eta", parse=to_float, gguf_key="mirostat_eta",
+      help="Mirostat learning rate, parameter eta (default: 0.10)"),
+    O("--mirostat-ent", value="N", dest="sampling.mirostat_tau", parse=to_float, gguf_key="mirostat_tau",
+      help="Mirostat target entropy, parameter tau (default: 5.00)"),
+    O("--override-kv", value="KEY=TYPE:VALUE,...", parse=kv_overrides, apply=lambda p, v: p.kv_overrides.update(v),
+      help="advanced option to override model metadata by key. to specify multiple overrides, either use\n"
+      "comma-separated values.\ntypes: int, float, bool, str. example: --override-kv "
+      "tokenizer.ggml.add_bos_token=bool:false,tokenizer.ggml.add_eos_token=bool:false"),
     O("--grammar", value="GRAMMAR", dest="grammar", parse=str,
       help="BNF-like grammar to constrain generations (see samples in grammars/ dir) (default: '')"),
     O("--grammar-file", value="FNAME", dest="grammar", parse=read_text, help="file to read grammar from"),
@@ -753,15 +801,12 @@ OPTIONS: tuple[Option, ...] = (
     _noop("-bs", "--backend-sampling", why="llamacmp samples on the host from the logits; the tokens are the same"),
     _noop("--perf", neg=("--no-perf",), env="LLAMA_ARG_PERF", why="llamacmp always measures the timings"),
     _noop("-hft", "--hf-token", value="TOKEN", env="HF_TOKEN", why="llamacmp does not download, so needs no token"),
-    _noop("--dry-base", value="N", why=DRY_OFF), _noop("--dry-allowed-length", value="N", why=DRY_OFF),
-    _noop("--dry-penalty-last-n", value="N", why=DRY_OFF), _noop("--dry-sequence-breaker", value="STRING", why=DRY_OFF),
-    _noop("--dynatemp-exp", value="N", why="dynamic temperature is off (--dynatemp-range takes only 0)"),
-    _noop("--mirostat-lr", value="N", why="Mirostat is off (--mirostat takes only 0)"),
-    _noop("--mirostat-ent", value="N", why="Mirostat is off (--mirostat takes only 0)"),
-    _noop("--xtc-threshold", value="N", why="XTC is off (--xtc-probability takes only 0)"),
-    _default_only("--adaptive-target", default="-1", accept=lambda x: x < 0,
-                  why="the adaptive-p sampler is not supported by llamacmp (negative = disabled)"),
-    _noop("--adaptive-decay", value="N", why="the adaptive-p sampler is off (--adaptive-target < 0)"),
+    O("--adaptive-target", value="N", dest="sampling.adaptive_target", parse=to_float,
+      help="adaptive-p: select tokens near this probability (valid range 0.0 to 1.0; negative = disabled)\n"
+      "(default: -1.00; the sampler runs where --samplers names adaptive_p, as in llama.cpp)"),
+    O("--adaptive-decay", value="N", dest="sampling.adaptive_decay", parse=to_float,
+      help="adaptive-p: decay rate for target adaptation over time. lower values are more reactive, higher\n"
+      "values are more stable. (valid range 0.0 to 0.99) (default: 0.90)"),
     _default_only("--rope-freq-base", default="0", why="llamacmp uses the model's RoPE settings (0 = from model)"),
     _default_only("--rope-freq-scale", default="0", accept=lambda x: x in (0, 1),
                   why="llamacmp uses the model's RoPE settings (0 = from model)"),
@@ -893,7 +938,6 @@ OPTIONS: tuple[Option, ...] = (
     _noop("--video-timestamp-interval", value="N", tools=CS, why=NO_VIDEO),
     _noop("--video-ffmpeg-dir", value="PATH", tools=CS, why=NO_VIDEO),
     # refused: llama.cpp features llamacmp does not have
-    _unsup("--override-kv", value="KEY=TYPE:VALUE,...", why="GGUF metadata overrides are not supported by llamacmp"),
     _unsup("--control-vector", value="FNAME", why="control vectors are not supported by llamacmp"),
     _unsup("--control-vector-scaled", value="FNAME SCALE", why="control vectors are not supported by llamacmp"),
     _unsup("--control-vector-layer-range", value="START END", why="control vectors are not supported by llamacmp"),
@@ -1102,8 +1146,10 @@ def _check_chat_template(p: Params) -> None:
 # -- GGUF sampling defaults ----------------------------------------------------------------------------------------
 
 GGUF_SAMPLING = {"top_k": ("top_k", int), "top_p": ("top_p", float), "min_p": ("min_p", float),
+                 "xtc_probability": ("xtc_probability", float), "xtc_threshold": ("xtc_threshold", float),
                  "temp": ("temp", float), "penalty_last_n": ("penalty_last_n", int),
-                 "penalty_repeat": ("penalty_repeat", float)}
+                 "penalty_repeat": ("penalty_repeat", float), "mirostat": ("mirostat", int),
+                 "mirostat_tau": ("mirostat_tau", float), "mirostat_eta": ("mirostat_eta", float)}
 
 
 def apply_gguf_sampling(p: Params, metadata: dict) -> list[str]:

@@ -1,6 +1,7 @@
 """Open a GGUF and turn it into a ready model: validated config, weights on the backend, tokenizer."""
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -10,6 +11,8 @@ from .config import ConfigError, ModelConfig
 from .gguf_file import GGUFError, GGUFFile
 from .models import model_class
 from .weights import load_weights
+
+log = logging.getLogger("llamacmp.engine")
 
 _LAYER = re.compile(r"blk\.(\d+)\.")
 
@@ -92,9 +95,12 @@ class ModelFile:
         return str(self.gguf.path)
 
 
-def open_model(path: str | os.PathLike) -> ModelFile:
-    """Parse the header, refuse an unknown architecture or a bad config (GGUFError naming the file)."""
+def open_model(path: str | os.PathLike, overrides: dict | None = None) -> ModelFile:
+    """Parse the header, refuse an unknown architecture or a bad config (GGUFError naming the file).
+    overrides: --override-kv's key -> value, put in the metadata first (override_metadata)."""
     f = GGUFFile(path)
+    if overrides:
+        override_metadata(f, overrides)
     model_class(f.architecture)          # an unknown architecture is refused before the weights are read
     _check_layers(f)
     _check_tokenizer_keys(f)
@@ -106,10 +112,44 @@ def open_model(path: str | os.PathLike) -> ModelFile:
     return ModelFile(f, cfg)
 
 
+def override_metadata(f: GGUFFile, overrides: dict) -> None:
+    """--override-kv, as llama_model_loader applies it: a key the file has keeps its type (an override of another
+    type is an error naming both, as llama.cpp's validate_override); a key it lacks is added. A key nothing reads
+    changes nothing, as in llama.cpp."""
+    md = f.metadata
+    for key, value in overrides.items():
+        if key in md and _kind(md[key]) != _kind(value):
+            raise GGUFError(f"{f.path}: --override-kv {key}: the file's value is {_kind(md[key])}, the override "
+                            f"{_kind(value)}")
+        log.info("validate_override: Using metadata override (%5s) '%s' = %s", _kind(value), key, value)
+        md[key] = value
+
+
+def _kind(v) -> str:
+    """llama.cpp's override types: bool, int, float, str (other GGUF values, arrays: their Python type)."""
+    for kind, t in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if isinstance(v, t):
+            return kind
+    return type(v).__name__
+
+
+def check_weight_types(f: GGUFFile, backends: list[Backend]) -> None:
+    """Refuse a tensor whose type a backend does not run (Backend.weight_types), naming the file, the tensor and
+    its type: the tools call this before the memory plan, the loader again before any upload."""
+    for be in backends:
+        if be.weight_types is None:
+            continue
+        for name in f.names():
+            t = f.info(name).type_name
+            if t not in be.weight_types:
+                raise GGUFError(f"{f.path}: tensor '{name}' has type {t}, which the {be.name} backend does not run "
+                                f"yet: {t} runs on the numpy backend only so far (-ngl 0)")
+
+
 def load_model(source: str | os.PathLike | ModelFile, backend: Backend, mtp: bool = True) -> LoadedModel:
     """mtp: upload the file's MTP block, if it has one (False: left on disk, as llama.cpp does without
     --spec-type draft-mtp; the memory plan then does not count it either)."""
-    f, cfg, weights = _open(source)
+    f, cfg, weights = _open(source, [backend])
     if not mtp:
         weights.mtp = None
     return LoadedModel(str(f.path), f, cfg, model_class(f.architecture)(cfg, weights, backend), load_tokenizer(f),
@@ -122,7 +162,7 @@ def load_split_model(source: str | os.PathLike | ModelFile, backends: list[Backe
     model class, lm.backend its SplitBackend. ratios: -ts (None: equal); bridge: auto | host | peer; micro_batch:
     -ub (pipelined prefill)."""
     from .split.model import SplitModel
-    f, cfg, weights = _open(source)
+    f, cfg, weights = _open(source, backends)
     model = SplitModel(model_class(f.architecture), cfg, weights, backends, ratios, bridge, micro_batch)
     return LoadedModel(str(f.path), f, cfg, model, load_tokenizer(f), model.backend)
 
@@ -140,6 +180,7 @@ def load_placed(source: str | os.PathLike | ModelFile, backends: list[Backend], 
     return lm
 
 
-def _open(source: str | os.PathLike | ModelFile):
+def _open(source: str | os.PathLike | ModelFile, backends: list[Backend]):
     mf = source if isinstance(source, ModelFile) else open_model(source)
+    check_weight_types(mf.gguf, backends)
     return mf.gguf, mf.cfg, load_weights(mf.gguf, mf.cfg)

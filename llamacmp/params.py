@@ -66,6 +66,7 @@ class Params:
     tool: str
     # model and input
     model: str = ""
+    kv_overrides: dict = field(default_factory=dict)    # --override-kv: GGUF metadata key -> value (loader.py)
     hf_repo: str = ""                   # -hf user/repo[:quant]: -m from the local caches (hf_cache.py)
     hf_file: str = ""                   # -hff: that file of the repo
     prompt: str = ""

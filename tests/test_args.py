@@ -107,11 +107,10 @@ def test_scope_is_enforced():
 
 def test_known_but_unsupported_flags_are_refused_clearly():
     for argv in (["-mu", "http://x/m.gguf"], ["--lora", "a.gguf"], ["-md", "draft.gguf"],
-                 ["-ctk", "q5_1"], ["--mirostat", "2"], ["--dry-multiplier", "0.8"]):
+                 ["-ctk", "q5_1"]):
         with pytest.raises(Unsupported) as e:
             parse("completion", *argv)
         assert "not supported" in str(e.value)
-    assert parse("completion", "--mirostat", "0").sampling.temp == 0.8   # the default value is accepted
     p = parse("completion", "-ctk", "q8_0", "-ctv", "q4_0")              # formats kv_quant implements
     assert (p.cache_type_k, p.cache_type_v) == ("q8_0", "q4_0")
     with pytest.raises(ArgError, match="unknown value for --cache-type-k: 'q9'"):
@@ -194,6 +193,33 @@ def test_gguf_sampling_defaults_apply_unless_user_set():
     p = parse("completion", "--samplers", "temperature")
     apply_gguf_sampling(p, md)
     assert p.sampling.samplers == ("temperature",)
+    md = {"general.sampling.mirostat": 2, "general.sampling.mirostat_tau": 3.0, "general.sampling.xtc_probability": 0.3,
+          "general.sampling.xtc_threshold": 0.2}
+    p = parse("completion", "--mirostat-ent", "4")
+    apply_gguf_sampling(p, md)
+    assert (p.sampling.mirostat, p.sampling.mirostat_tau) == (2, 4.0)
+    assert (p.sampling.xtc_probability, p.sampling.xtc_threshold) == (pytest.approx(0.3), pytest.approx(0.2))
+
+
+def test_sampler_flags_set_their_fields():
+    s = parse("completion", "--dry-multiplier", "0.8", "--dry-base", "2", "--dry-allowed-length", "3",
+              "--dry-penalty-last-n", "64", "--dry-sequence-breaker", "a", "--dry-sequence-breaker", "b",
+              "--xtc-probability", "0.5", "--xtc-threshold", "0.2", "--top-nsigma", "1.5", "--dynatemp-range", "0.3",
+              "--dynatemp-exp", "2", "--mirostat", "1", "--mirostat-lr", "0.2", "--mirostat-ent", "4",
+              "--adaptive-target", "0.4", "--adaptive-decay", "0.5").sampling
+    assert (s.dry_multiplier, s.dry_base, s.dry_allowed_length, s.dry_penalty_last_n) == (0.8, 2.0, 3, 64)
+    assert s.dry_sequence_breakers == ("a", "b")
+    assert (s.xtc_probability, s.xtc_threshold, s.top_n_sigma) == (0.5, 0.2, 1.5)
+    assert (s.dynatemp_range, s.dynatemp_exponent) == (0.3, 2.0)
+    assert (s.mirostat, s.mirostat_eta, s.mirostat_tau) == (1, 0.2, 4.0)
+    assert (s.adaptive_target, s.adaptive_decay) == (0.4, 0.5)
+    assert parse("completion").sampling.dry_sequence_breakers == ("\n", ":", "\"", "*")
+    assert parse("completion", "--dry-sequence-breaker", "none").sampling.dry_sequence_breakers == ()
+    for argv, msg in ((["--dry-base", "0.5"], "dry-base"), (["--mirostat", "3"], "mirostat"),
+                      (["--dry-penalty-last-n", "-2"], "dry-penalty-last-n"),
+                      (["--dry-sequence-breaker", ""], "non-empty")):
+        with pytest.raises(ArgError, match=msg):
+            parse("completion", *argv)
 
 
 def test_every_option_has_a_llamacpp_style_name_and_help():

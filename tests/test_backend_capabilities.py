@@ -95,3 +95,44 @@ def test_memory_plan_follows_the_capability_and_names_the_kv_types(model):
     with pytest.raises(memplan.PlanError, match="-ctk"):
         memplan.prepare_device(PlannedNumpy(1 << 10), mf, plan_run(p, mf.cfg.n_ctx_train))
     assert memplan.prepare_device(NumpyBackend(), mf, plan_run(p, mf.cfg.n_ctx_train)) is None
+
+
+# -- weight types: a backend declares the GGUF types it has kernels for, the loader refuses the rest by name ----------
+
+def _grid_model(tmp_path, qtype: str):
+    """The q256 shape (every row 256 long) in Q8_0 with one IQ1-3 grid-type matrix."""
+    from llamacmp.fixtures.writer import SHAPES
+    return writer.write_model(tmp_path / f"one-{qtype}.gguf", SHAPES["q256"], "q8_0", tiny_vocab(), seed=5,
+                              types={"blk.0.ffn_up.weight": qtype})
+
+
+def test_cuda_backend_declares_every_loaded_type_but_the_grid_types():
+    from llamacmp.backends.cuda import CudaBackend
+    from llamacmp.gguf_file import GRID_TYPES, TYPE_NAMES
+    assert NumpyBackend.weight_types is None
+    assert CudaBackend.weight_types == set(TYPE_NAMES.values()) - set(GRID_TYPES)
+
+
+@pytest.mark.parametrize("qtype", ["IQ2_S", "IQ1_M"])
+def test_cuda_backend_refuses_a_grid_type_at_load_by_name(tmp_path, qtype):
+    """The refusal comes before anything touches the device: a CudaBackend that was never started (no GPU here)
+    is enough, as any upload would fail on it with another error."""
+    from llamacmp.backends.cuda import CudaBackend
+    from llamacmp.gguf_file import GGUFError
+    from llamacmp.loader import check_weight_types, load_model
+    path = _grid_model(tmp_path, qtype)
+    be = object.__new__(CudaBackend)
+    want = (rf"{path.name}: tensor 'blk.0.ffn_up.weight' has type {qtype}, which the cuda backend does not run "
+            rf"yet: {qtype} runs on the numpy backend only so far \(-ngl 0\)")
+    with pytest.raises(GGUFError, match=want):
+        load_model(path, be)
+    with pytest.raises(GGUFError, match=want):
+        check_weight_types(open_model(path).gguf, [NumpyBackend(), be])
+    check_weight_types(open_model(path).gguf, [NumpyBackend()])              # the numpy reference takes every type
+
+
+def test_cuda_backend_takes_a_file_without_grid_types(fixture_gguf):
+    from llamacmp.backends.cuda import CudaBackend
+    from llamacmp.loader import check_weight_types
+    path = fixture_gguf("tiny", "q8_0")
+    check_weight_types(open_model(path).gguf, [object.__new__(CudaBackend)])     # no error: nothing refused

@@ -147,3 +147,49 @@ def test_f32_chain_edges():
     assert (tok, n) == (0, 5)                           # the last candidate with any mass (-inf weighs 0)
     spec.temp = 0.0
     assert sample_row_f32(x, spec) == (2, 1)            # greedy: the lower id among the tied best
+
+
+class _NoBreakers:
+    """A vocabulary of empty token texts: DRY without sequence breakers."""
+    def __init__(self, n: int):
+        self.n_vocab = n
+
+    def token_to_piece(self, t: int, special: bool = True) -> bytes:
+        return b""
+
+    def encode(self, text: str, parse_special: bool = False, add_special: bool = False) -> list[int]:
+        return []
+
+
+@pytest.mark.parametrize("kw", [dict(temp=0.9, top_k=8), dict(temp=0.0), dict(temp=0.0, logit_bias={1: 3.0}),
+                                dict(temp=0.7, top_k=20, top_p=0.9, ignore_eos=True)])
+def test_dry_alone_draws_on_the_device_chain(kw):
+    """DRY with the penalties off joins the logit bias (Sampler.device_bias): no row crosses to the host, and the
+    stream is the host chain's; with a penalty on, or another extra sampler, the row goes to the host."""
+    from llamacmp.sampling import SamplerVocab
+    n = 64
+    vocab = SamplerVocab(_NoBreakers(n), 4096)
+    params = SamplingParams(seed=7, dry_multiplier=1.5, dry_allowed_length=1, **kw)
+    host, dev = Sampler(params, frozenset({0}), vocab=vocab), Sampler(params, frozenset({0}), vocab=vocab)
+    rng = np.random.default_rng(11)
+    be = NumpyBackend()
+    for t in [5, 6, 7, 5, 6, 7, 5, 6]:
+        host.accept(t)
+        dev.accept(t)
+    penalised = 0
+    for step in range(60):
+        x = _logits(rng, n)
+        x[5:9] += 4.0                                                # the repeated tokens would win without DRY
+        mark = rng_mark(dev.rng)
+        assert plan_row(dev, n, be.SAMPLE_MAX_K, be.SAMPLE_MAX_WINDOW).kind != "host"
+        rng_restore(dev.rng, mark)                                   # (a chain plan takes its number)
+        penalised += bool(dev._dry_penalties(list(dev.history)))
+        want = host.sample(x)
+        got = draw_tokens(be, x[None], [dev])[0]
+        assert got == want, f"step {step}: device chain {got}, host chain {want}"
+        host.accept(want)
+        dev.accept(got)
+    assert penalised > 30
+    for other in (dict(penalty_repeat=1.1), dict(top_n_sigma=1.0)):
+        s = Sampler(SamplingParams(dry_multiplier=1.5, **other), vocab=vocab)
+        assert plan_row(s, n, be.SAMPLE_MAX_K, be.SAMPLE_MAX_WINDOW).kind == "host"

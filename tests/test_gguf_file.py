@@ -6,7 +6,7 @@ import pytest
 
 from llamacmp.backends.numpy_ref import NumpyBackend
 from llamacmp.config import ModelConfig
-from llamacmp.gguf_file import GGUFError, GGUFFile, Q8Tensor
+from llamacmp.gguf_file import GRID_TYPES, QUANT_BLOCKS, GGUFError, GGUFFile, Q8Tensor
 from llamacmp.loader import load_model
 from llamacmp.models import UnsupportedModel
 
@@ -65,9 +65,33 @@ def _one_tensor_file(path, qtype, raw: np.ndarray):
 
 def test_unsupported_tensor_type_is_named(tmp_path):
     import gguf
-    path = _one_tensor_file(tmp_path / "iq2.gguf", gguf.GGMLQuantizationType.IQ2_XXS, np.zeros((4, 66), np.uint8))
-    with pytest.raises(GGUFError, match=r"iq2.gguf.*blk.0.ffn_up.weight.*IQ2_XXS.*supported: .*Q4_K.*IQ4_XS"):
+    path = _one_tensor_file(tmp_path / "tq1.gguf", gguf.GGMLQuantizationType.TQ1_0, np.zeros((4, 54), np.uint8))
+    with pytest.raises(GGUFError, match=r"tq1.gguf.*blk.0.ffn_up.weight.*TQ1_0.*supported: .*Q4_K.*IQ4_XS.*IQ1_M"):
         GGUFFile(path)
+
+
+@pytest.mark.parametrize("qtype,ne0", [("MXFP4", 32), ("TQ2_0", 256)])
+def test_other_refused_types_stay_refused(tmp_path, qtype, ne0):
+    import gguf
+    t = gguf.GGMLQuantizationType[qtype]
+    values, nbytes = gguf.GGML_QUANT_SIZES[t]
+    path = _one_tensor_file(tmp_path / "x.gguf", t, np.zeros((2, ne0 // values * nbytes), np.uint8))
+    with pytest.raises(GGUFError, match=rf"blk.0.ffn_up.weight.*has type {qtype}, which llamacmp does not load"):
+        GGUFFile(path)
+
+
+@pytest.mark.parametrize("qtype", GRID_TYPES)
+def test_grid_type_tensor_loads_as_blocks(tmp_path, qtype):
+    """The IQ1-3 types load memory-mapped like the other block types: [rows, blocks, bytes] over the file."""
+    import gguf
+    values, nbytes = QUANT_BLOCKS[qtype]
+    assert (values, nbytes) == gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    raw = np.arange(3 * 2 * nbytes, dtype=np.uint32).astype(np.uint8).reshape(3, 2 * nbytes)
+    f = GGUFFile(_one_tensor_file(tmp_path / "g.gguf", gguf.GGMLQuantizationType[qtype], raw))
+    t = f.tensor("blk.0.ffn_up.weight")
+    assert (t.type_name, t.shape, t.blocks.shape) == (qtype, (3, 512), (3, 2, nbytes))
+    assert not t.blocks.flags.owndata                     # a view of the mapped file, not a copy
+    assert np.array_equal(t.blocks.reshape(3, -1), raw)
 
 
 def test_k_quant_tensor_loads_as_blocks(tmp_path):

@@ -647,11 +647,10 @@ def test_argmax_unaligned_base(cuda_backend, N, shift):
 def _reference_pick(logits, params, history, u, eog_ids=frozenset()):
     """llamacmp/sampling.py's chain with the draw made at `u` (what Sampler.sample's rng.choice does with the
     uniform it draws): -> token id."""
-    from llamacmp.sampling import STEPS, Sampler
+    from llamacmp.sampling import Sampler
     s = Sampler(params, eog_ids)
-    c = s.candidates(logits)
-    for name in params.samplers:
-        STEPS[name](c, params, list(history))
+    s.history.extend(history)
+    c = s.chain(logits)
     if len(c.ids) == 1:
         return int(c.ids[0])
     cdf = np.cumsum(c.probs())

@@ -19,13 +19,13 @@ from cuda_helpers import SMEM_CAPS, poison, rel, up
 from test_quant_cuda import TOL, exact, inputs
 
 from llamacmp.fixtures.quant_blocks import random_blocks
-from llamacmp.gguf_file import QUANT_BLOCKS
+from llamacmp.gguf_file import GRID_TYPES, QUANT_BLOCKS
 
 pytestmark = pytest.mark.cuda
 
 MIN_TYPES = ["Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q2_K"]
-NO_MIN_TYPES = ["Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q3_K", "Q6_K"]
-PER16_TYPES = {"Q3_K", "Q6_K", "Q2_K"}   # a scale per 16-value half
+NO_MIN_TYPES = ["Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q3_K", "Q6_K", *GRID_TYPES]
+PER16_TYPES = {"Q3_K", "Q6_K", "Q2_K", "IQ2_XS", "IQ2_S", "IQ1_M"}   # a scale per 16-value half
 
 
 @pytest.fixture

@@ -166,8 +166,8 @@ def test_every_loaded_block_type_counts_its_stored_bytes(tmp_path):
         assert stored[f"blk.{i}.ffn_up.weight"] == memplan.exact(4 * 512 // values * nbytes)
     assert stored["output_norm.weight"] == 8 * 512 * 4
     assert memplan.weight_bytes(tensors) == sum(stored.values()) + memplan.STAGING_PIECE
-    with pytest.raises(ValueError, match="'x' has type IQ2_XXS"):
-        memplan.tensor_bytes(memplan.TensorDesc("x", "IQ2_XXS", (4, 256)))
+    with pytest.raises(ValueError, match="'x' has type TQ1_0"):
+        memplan.tensor_bytes(memplan.TensorDesc("x", "TQ1_0", (4, 256)))
 
 
 def test_type_mix_changes_the_weights_and_the_detail_names_it(nine_b):

@@ -548,11 +548,32 @@ def test_speculative_choice_has_the_target_distribution():
     assert chi2 < 18.5, (counts, chi2)        # 4 degrees of freedom: p = 0.001
 
 
-def test_sampled_distribution_equals_mtp_off(lm):
+def test_greedy_with_host_samplers_mtp_on_equals_off(lm):
+    """DRY and XTC (at probability 1, so greedy output shows it) sample each verify row on the host, one after the
+    other as the accepted tokens grow the history: the output is MTP off's."""
+    params = dict(temp=0.0, ignore_eos=True, dry_multiplier=2.0, dry_allowed_length=1, xtc_probability=1.0,
+                  xtc_threshold=0.02, top_k=8, min_p=0.0)
+    for seed, prompt in enumerate(PROMPTS[:2]):
+        toks = lm.tokenizer.encode(prompt)
+        plain = _client(lm)
+        plain.history = list(toks)
+        off = plain.generate(GenParams(SamplingParams(**params), n_predict=20)).tokens
+        greedy, _ = _greedy(lm, prompt, 20)
+        assert off != greedy                                 # the samplers change the output
+        c = _client(lm, 3, [toks + off], seed)
+        c.history = list(toks)
+        assert c.generate(GenParams(SamplingParams(**params), n_predict=20)).tokens == off
+        assert c.engine.spec.n_accepted > 0
+
+
+@pytest.mark.parametrize("extra", [{}, dict(xtc_probability=0.5, xtc_threshold=0.2),
+                                   dict(mirostat=2, mirostat_tau=1.0)], ids=["chain", "xtc", "mirostat"])
+def test_sampled_distribution_equals_mtp_off(lm, extra):
     """The first three sampled tokens (top-k 3, temp 1.5) with MTP on (oracle drafts, often right) vs off:
-    chi-square homogeneity test over the joint outcomes."""
+    chi-square homogeneity test over the joint outcomes. XTC and Mirostat toss coins inside the chain: their rows
+    are verified by the target's own draw."""
     prompt = lm.tokenizer.encode(PROMPTS[0])
-    params = dict(temp=1.5, top_k=3, top_p=1.0, min_p=0.0)
+    params = dict(temp=1.5, top_k=3, top_p=1.0, min_p=0.0, **extra)
     off, _ = _greedy(lm, PROMPTS[0], 6)
 
     def draws(spec: bool, n: int) -> Counter:

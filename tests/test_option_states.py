@@ -31,7 +31,7 @@ def test_noop_flags_are_said_once_each():
 
 @pytest.mark.parametrize("tool,argv", [
     ("server", ["--spec-draft-model", "d.gguf"]), ("cli", ["--spec-ngram-mod-n-max", "8"]), ("server", ["-md", "d.gguf"]),
-    ("server", ["--spec-type", "ngram-simple"]), ("completion", ["--override-kv", "a=int:1"]),
+    ("server", ["--spec-type", "ngram-simple"]), ("completion", ["--control-vector", "v.gguf"]),
     ("server", ["--models-preset", "p.ini"]), ("server", ["--models-dir", "/m"]), ("server", ["--reuse-port"]),
     ("perplexity", ["--hellaswag"]), ("server", ["--kv-unified-per-slot", "4096"]),
 ])

@@ -22,10 +22,25 @@ def test_random_blocks_dequantize_to_finite_values_of_the_asked_size(type_name):
     assert np.array_equal(same.blocks, t.blocks)
 
 
+def test_iq1_m_scale_is_packed_in_the_top_nibbles():
+    """IQ1_M's d has no field of its own (iq1m_scale_t): random_blocks writes it over the scales' top nibbles and
+    leaves their 12 low bits (the sub-scales) as drawn."""
+    from llamacmp.fixtures.quant_blocks import IQ1_M_SCALES, write_f16
+    blocks = np.random.default_rng(3).integers(0, 256, (2, 3, 56), dtype=np.uint8)
+    before = blocks.copy()
+    d = np.array([[0.5, -2.0, 1e-5], [3.0, 0.125, -0.75]])
+    write_f16(blocks, "IQ1_M", IQ1_M_SCALES, d)
+    sc = np.ascontiguousarray(blocks[..., 48:56]).view(np.uint16)
+    bits = (sc[..., 0] >> 12) | ((sc[..., 1] >> 8) & 0xF0) | ((sc[..., 2] >> 4) & 0xF00) | (sc[..., 3] & 0xF000)
+    assert np.array_equal(bits.astype(np.uint16).view(np.float16), d.astype(np.float16))
+    old = np.ascontiguousarray(before[..., 48:56]).view(np.uint16)
+    assert np.array_equal(sc & 0x0FFF, old & 0x0FFF) and np.array_equal(blocks[..., :48], before[..., :48])
+
+
 def test_random_blocks_refuses_bad_requests():
     rng = np.random.default_rng(0)
-    with pytest.raises(ValueError, match="IQ2_XXS"):
-        random_blocks("IQ2_XXS", 1, 256, rng)
+    with pytest.raises(ValueError, match="TQ1_0"):
+        random_blocks("TQ1_0", 1, 256, rng)
     with pytest.raises(ValueError, match="Q4_K needs cols a multiple of 256, got 96"):
         random_blocks("Q4_K", 1, 96, rng)
 

@@ -20,11 +20,14 @@ from cuda_helpers import INT8_DOTS, poison, rel, routed, up
 from llamacmp.backends.numpy_ref import quantize_q8_blocks
 from llamacmp.fixtures.quant_blocks import random_blocks
 from llamacmp.gguf_file import QUANT_BLOCKS, Q8Tensor
+from llamacmp.lib._native import CMP_QUANT_TYPES
 
 pytestmark = pytest.mark.cuda
 
 TOL = 2e-6
-TYPES = sorted(QUANT_BLOCKS)
+# the block types with CUDA decoders, the IQ1-3 grid types included: this file runs them on the backend directly (the
+# loader refuses the grid types on CUDA until these tests have passed on a GPU: CudaBackend.weight_types)
+TYPES = sorted(CMP_QUANT_TYPES)
 
 
 def exact(x: np.ndarray, w) -> np.ndarray:
@@ -120,7 +123,7 @@ def test_one_stage_gemm_gives_the_same_bits(cuda_backend, type_name):
 
 # A scale (and min) per 16 values (quant_blocks.cuh: PER16 true; gemm_w16.cuh's block_term16); the others have one
 # per 32 values (block_term).
-PER16_TYPES = ["Q2_K", "Q3_K", "Q6_K"]
+PER16_TYPES = ["Q2_K", "Q3_K", "Q6_K", "IQ2_XS", "IQ2_S", "IQ1_M"]
 PER32_TYPES = [t for t in TYPES if t not in PER16_TYPES]
 MIN_TYPES = ["Q2_K", "Q4_1", "Q4_K", "Q5_1", "Q5_K"]
 

@@ -1,6 +1,6 @@
 """The quantized fixtures that llama.cpp's llama-quantize made (compat/make_quant_fixtures.py): what they hold, the
 CLI's greedy text on them against llama-completion's (compat/goldens/cli_quant.jsonl), and the clear refusal of a
-type llamacmp does not load (IQ2_XXS). The logits goldens of the same files are checked in test_compat_logits.py."""
+type llamacmp does not load (TQ1_0). The logits goldens of the same files are checked in test_compat_logits.py."""
 from __future__ import annotations
 
 import base64
@@ -51,6 +51,18 @@ def test_ud_mix_has_every_override_type():
     assert {"F16", "BF16", "Q8_0", "Q5_K", "Q4_K", "Q6_K"} <= set(types), types
 
 
+def test_ud_q2_mix_has_the_grid_types_among_k_quants_and_q8_0():
+    """The UD-Q2_K_XL-style file: IQ3_XXS / IQ2_S / IQ1_S / IQ2_XXS / IQ3_S bodies among Q4_K and Q8_0 tensors, as
+    unsloth's Qwen3.5/3.6-27B UD-Q2_K_XL files mix them."""
+    types = MANIFEST[fixture_name(next(p for p in PRESETS if p.name == "UD-Q2_K_XL"))]["types"]
+    assert {"IQ3_XXS", "IQ2_S", "IQ1_S", "IQ2_XXS", "IQ3_S", "Q4_K", "Q8_0"} <= set(types), types
+
+
+def test_every_grid_type_has_a_fixture_where_it_is_the_main_type():
+    from llamacmp.gguf_file import GRID_TYPES
+    assert set(GRID_TYPES) <= {p.main for p in LOADED}
+
+
 @pytest.mark.compat
 @pytest.mark.parametrize("row", CLI_GOLDENS, ids=[Path(r["model"]).stem for r in CLI_GOLDENS])
 def test_completion_text_matches_llamacpp(row):
@@ -64,14 +76,15 @@ def test_cli_goldens_cover_every_loaded_fixture():
 
 
 def test_unsupported_type_is_refused_clearly():
-    """IQ2_XXS (made by llama-quantize with an importance matrix): one error line naming the file, a tensor, its
-    type and the supported list; a non-zero exit and no traceback."""
-    path = FIXTURES / fixture_name(next(p for p in PRESETS if not p.loads))
+    """TQ1_0 (ternary, made by llama-quantize): one error line naming the file, a tensor, its type and the supported
+    list; a non-zero exit and no traceback."""
+    [refused] = [p for p in PRESETS if not p.loads]
+    path = FIXTURES / fixture_name(refused)
     r = run("completion", "-m", str(path), "-p", "Hello", "-n", "4", "-no-cnv")
     err = r.stderr.decode()
     assert r.returncode != 0
     assert "Traceback" not in err
-    line = next(x for x in err.splitlines() if "IQ2_XXS" in x)
+    line = next(x for x in err.splitlines() if "TQ1_0" in x)
     assert path.name in line and re.search(r"tensor '[\w.]+'", line) and "supported:" in line
     assert all(t in line for t in TYPE_NAMES.values()), line
 

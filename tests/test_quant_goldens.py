@@ -1,7 +1,9 @@
 """gguf.quants' dequantization and the reference's activation quantizers, bit for bit against ggml's own
 (llama.cpp's CPU build, x86-64, of both oracles: compat/goldens/quant_blocks.npz for b8462 and
 compat/goldens/0c1e570/quant_blocks.npz, made by compat/gen_quant_goldens.py [--oracle 0c1e570]). The two equal each
-other but for vec_dot_Q6_K (0c1e570's float32 sums differ by up to 1.5e-5), within the matmul test's tolerance."""
+other but for vec_dot_Q6_K (0c1e570's float32 sums differ by up to 1.5e-5), within the matmul test's tolerance.
+A type one oracle's golden lacks must be named in compat/oracles.py NOT_RECORDED_CASES (it then skips with the
+reason there; none does today)."""
 from __future__ import annotations
 
 import functools
@@ -16,25 +18,37 @@ from llamacmp.gguf_file import QUANT_BLOCKS, Q8Tensor, QuantTensor
 
 
 @functools.lru_cache(maxsize=None)
-def _load(path) -> dict[str, np.ndarray]:
+def _load(label: str, path) -> dict:
     with np.load(path) as f:
-        return dict(f)
+        return {**f, "_label": label}
 
 
-@pytest.fixture(params=[pytest.param(p.values[1], id=p.id, marks=p.marks)
+@pytest.fixture(params=[pytest.param(p.values, id=p.id, marks=p.marks)
                         for p in oracle_goldens.per_oracle("quant_blocks.npz")])
-def GOLDEN(request) -> dict[str, np.ndarray]:
-    """One oracle's goldens (the params carry its path, and its skip with the reason where it has none)."""
-    return _load(request.param)
+def GOLDEN(request) -> dict:
+    """One oracle's goldens, and its label under "_label" (the params carry the oracle and its path, and its skip
+    with the reason where it has none)."""
+    oracle, path = request.param
+    return _load(oracle.label, path)
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, np.float32).view(np.uint32)      # -0.0 and NaN payloads count too
 
 
+def _typed(GOLDEN, type_name: str) -> dict[str, np.ndarray]:
+    """The golden, after checking it has this type: where it lacks it, compat/oracles.py must say why (skip with
+    that reason); a type missing without a reason fails."""
+    if f"blocks_{type_name}" not in GOLDEN:
+        why = oracle_goldens.oracles.missing_case(GOLDEN["_label"], "quant_blocks.npz", type_name)
+        assert why, f"{GOLDEN['_label']} quant_blocks.npz has no {type_name} and compat/oracles.py gives no reason"
+        pytest.skip(f"no {type_name} in {GOLDEN['_label']} quant_blocks.npz: {why}")
+    return GOLDEN
+
+
 @pytest.mark.parametrize("type_name", [*QUANT_BLOCKS, "Q8_0"])
 def test_gguf_quants_dequantizes_like_ggml(GOLDEN, type_name):
-    blocks = GOLDEN[f"blocks_{type_name}"]
+    blocks = _typed(GOLDEN, type_name)[f"blocks_{type_name}"]
     t = Q8Tensor(blocks) if type_name == "Q8_0" else QuantTensor(type_name, blocks)
     want = GOLDEN[f"dequant_{type_name}"]
     assert np.isfinite(want).all() and np.abs(want).max() > 0
@@ -83,7 +97,7 @@ def test_reference_matmul_matches_ggml_vec_dot(GOLDEN, type_name):
     accumulation (the activation quantization is the same, so nothing else may differ)."""
     from llamacmp.backends.numpy_ref import NumpyBackend
     be = NumpyBackend()
-    blocks = GOLDEN[f"blocks_{type_name}"][:2]
+    blocks = _typed(GOLDEN, type_name)[f"blocks_{type_name}"][:2]
     w = Q8Tensor(blocks) if type_name == "Q8_0" else QuantTensor(type_name, blocks)
     x = GOLDEN["activations"]
     got = be.matmuls(x, [be.upload_matrix(w)])[0].astype(np.float64)

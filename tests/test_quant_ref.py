@@ -12,7 +12,7 @@ from llamacmp.backends.quant_ref import (ACTIVATION_TYPE, Activations, RefQuant,
                                          quantize_q8_blocks, quantize_q8_k)
 from llamacmp.backends.base import StepBatch
 from llamacmp.fixtures.quant_blocks import QUANTIZABLE, quantize, random_blocks
-from llamacmp.gguf_file import QUANT_BLOCKS, GGUFFile
+from llamacmp.gguf_file import GRID_TYPES, QUANT_BLOCKS, GGUFFile
 from llamacmp.models.qwen35 import Qwen35Model
 from llamacmp.weights import load_weights
 from llamacmp.config import ModelConfig
@@ -117,7 +117,7 @@ def test_k_quant_weights_see_q8_k_not_q8_0_activations():
     assert np.abs(out - via_q8_0).max() > 1e-4 * np.abs(via_q8_0).max()
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "IQ4_NL", "Q5_1"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "IQ4_NL", "Q5_1", *GRID_TYPES])
 def test_embed_of_a_quantized_table_dequantizes_its_rows(type_name):
     t = random_blocks(type_name, 10, 256, np.random.default_rng(4))
     ids = np.array([3, 0, 3, 9], np.int32)

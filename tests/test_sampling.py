@@ -135,3 +135,31 @@ def test_sampler_name_parsing():
                                                   "min_p", "xtc", "temperature")
     with pytest.raises(ValueError):
         SamplingParams(samplers=("nope",))
+
+
+def test_top_k_and_penalties_equal_the_plain_loops_on_ties():
+    """keep_top (a partition, not a sort of the vocabulary) keeps a stable sort's first k in its order, ties at the
+    k-th value included; the vectorised penalties give the per-token loop's logits."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n = int(rng.integers(1, 400))
+        x = rng.integers(-4, 5, size=n).astype(np.float64)        # many ties
+        ids = rng.permutation(n)
+        k = int(rng.integers(1, n + 1))
+        c = Candidates(ids.copy(), x.copy())
+        c.keep_top(k)
+        order = np.argsort(-x, kind="stable")[:k]
+        assert np.array_equal(c.ids, ids[order]) and np.array_equal(c.logits, x[order])
+        window = list(rng.integers(0, n + 5, size=int(rng.integers(0, 30))))
+        p = only(penalty_repeat=1.3, penalty_freq=0.2, penalty_present=0.1, penalty_last_n=-1)
+        c = Candidates(ids.copy(), x.copy())
+        apply_penalties(c, p, window)
+        want = x.copy()
+        for tok in set(window):
+            (where,) = np.flatnonzero(ids == tok) if tok in ids else (None,)
+            if where is None:
+                continue
+            v = want[where]
+            v = v * 1.3 if v <= 0 else v / 1.3
+            want[where] = v - window.count(tok) * 0.2 - 0.1
+        assert np.allclose(c.logits, want, rtol=0, atol=0)

@@ -244,11 +244,15 @@ def test_exceed_context(http):
     assert e["message"].startswith(f"request ({e['n_prompt_tokens']} tokens) exceeds the available context size")
 
 
-def test_bad_json_and_refused_samplers(http):
+def test_bad_json_and_bad_sampler_values(http):
     r = http.post("/completion", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "error" in r.json()
-    r = http.post("/completion", json={"prompt": "x", "mirostat": 2})
-    assert r.status_code == 400 and "mirostat" in err(r)["message"]
+    for body, field in (({"mirostat": 3}, "mirostat"), ({"dry_penalty_last_n": -2}, "dry_penalty_last_n"),
+                        ({"dry_multiplier": 0.8, "dry_base": 0.5}, "dry_base"),
+                        ({"dry_sequence_breakers": []}, "dry_sequence_breakers"),
+                        ({"dry_sequence_breakers": ["\n", 3]}, "dry_sequence_breakers")):
+        r = http.post("/completion", json={"prompt": "x", "n_predict": 1, **body})
+        assert r.status_code == 400 and field in err(r)["message"], body
 
 
 def test_body_limit(http):

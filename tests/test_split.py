@@ -232,7 +232,7 @@ def test_a_failing_part_stops_the_pipeline_and_the_next_forward_works(split):
 
 def test_split_needs_two_backends_of_one_kind(one, path):
     from llamacmp.loader import _open
-    _f, cfg, weights = _open(path)
+    _f, cfg, weights = _open(path, [NumpyBackend()])
     with pytest.raises(ValueError, match="at least two"):
         SplitModel(Qwen35Model, cfg, weights, [NumpyBackend()])
     with pytest.raises(ValueError, match="3 split ratios for 2"):

@@ -117,6 +117,9 @@ class Backend(ABC):
     device: int | None = None       # the GPU this backend runs on; None: host memory (no device bridge, no offload)
     captures_graphs = False         # decode_graphs() gives CUDA-graph decode steps (and a layer split may use them)
     arena = None                    # the device arena its tensors come from (None: host memory)
+    # The GGUF tensor types its upload_matrix / embed / matmuls take (gguf_file.TYPE_NAMES values); None: every type
+    # gguf_file loads. The loader refuses a file with any other type by name before anything is planned or uploaded.
+    weight_types: frozenset[str] | None = None
 
     def activate(self) -> None:
         """Make the calling thread run this backend's work on the backend's device and stream (the engine thread
@@ -224,8 +227,9 @@ class Backend(ABC):
         for all ws, then integer dots scaled by d_w * d_x.
         QuantTensor weights: the reference (backends/quant_ref.py) quantizes x to the type's CPU vec_dot_type as
         llama.cpp b8462 does on x86-64 (Q8_0 for Q4_0/Q5_0/IQ4_NL, Q8_1 for Q4_1/Q5_1, Q8_K 256-blocks for the
-        K-quants and IQ4_XS), then dots exact in float64 of the dequantized operands. A fast backend may quantize
-        x differently (e.g. Q8_0 32-blocks for every type); it is tested against the reference within tolerance.
+        K-quants, IQ4_XS and the IQ1-3 grid types), then dots exact in float64 of the dequantized operands. A fast
+        backend may quantize x differently (e.g. Q8_0 32-blocks for every type); it is tested against the reference
+        within tolerance.
         F16 weights (upload_matrix of an np.float16 array; the mmproj's) see x rounded to f16 first, as ggml's
         CPU mul_mat converts src1 to the F16 vec_dot type, then f16 x f16 products summed in f32 or wider.
         F32 weights: plain dots of f32 x and w."""

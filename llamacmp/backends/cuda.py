@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from ..config import ModelConfig
-from ..gguf_file import Q8_0_BLOCK, Q8Tensor, QuantTensor
+from ..gguf_file import GRID_TYPES, Q8_0_BLOCK, Q8Tensor, QuantTensor
 from ..lib._native import (CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, CmpSamplerParams, Native, NativeError,
                            cuda_available)
 from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM2, CMP_MM_GEMV2
@@ -109,6 +109,9 @@ class DenseMatrix:
 class CudaBackend(Backend):
     name = "cuda"
     captures_graphs = True
+    # the types whose kernels have run on a GPU: not the IQ1-3 grid types yet (gguf_file.GRID_TYPES: their decoders
+    # are compiled, cuda_src/quant_blocks_iq.cuh, but untested), which run on the numpy backend only
+    weight_types = frozenset({"F32", "F16", "BF16", "Q8_0", *CMP_QUANT_TYPES}) - frozenset(GRID_TYPES)
 
     MAX_FUSED = 4   # matrices per cmp_matmul_q8_multi launch
     GEMV_MAX_ROWS = 8  # rows cmp_matmul_q8_multi runs on its GEMV path (matmul_q8.cu GEMV_MAX_T), each row alone
@@ -1147,12 +1150,13 @@ class CudaBackend(Backend):
         """The reference chain (llamacmp/sampling.py) on the device for logits row `row` [N]: logit bias (and
         ignore_eos), penalties over the last penalty_last_n of `history`, top-k, top-p, min-p, temperature, then the
         draw at `u` (what the host sampler's rng.random() gives). -> int32 [1] on the device.
-        Raises ValueError for what the kernel does not do (a non-default sampler order, typical-p, no top-k or
-        top_k > SAMPLE_MAX_K, a longer penalty window): those sample on the host."""
+        Raises ValueError for what the kernel does not do (a non-default sampler order, typical-p, the samplers of
+        SamplingParams.plain, no top-k or top_k > SAMPLE_MAX_K, a longer penalty window): those sample on the host."""
         from ..sampling import DEFAULT_SAMPLERS
         N = logits.shape[-1]
-        if tuple(params.samplers) != DEFAULT_SAMPLERS or params.typ_p < 1.0:
-            raise ValueError("device sampling runs the default sampler order without typical-p")
+        if tuple(params.samplers) != DEFAULT_SAMPLERS or params.typ_p < 1.0 or not params.plain:
+            raise ValueError("device sampling runs the default sampler order without typical-p, DRY, top-n-sigma, "
+                             "XTC, dynamic temperature or Mirostat")
         k = min(max(params.top_k, params.min_keep), N) if params.top_k > 0 else N
         if not 1 <= k <= self.SAMPLE_MAX_K:
             raise ValueError(f"device sampling keeps at most {self.SAMPLE_MAX_K} top-k candidates (got {k})")

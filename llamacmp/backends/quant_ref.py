@@ -2,7 +2,8 @@
 the matmul of a QuantTensor against them.
 
 ggml's CPU mul_mat first converts the activations to the weight type's `vec_dot_type` (ggml-cpu.c,
-type_traits_cpu, b8462): Q8_0 for Q8_0/Q4_0/Q5_0/IQ4_NL, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants and IQ4_XS.
+type_traits_cpu, b8462): Q8_0 for Q8_0/Q4_0/Q5_0/IQ4_NL, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, IQ4_XS and
+the grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M).
 On x86-64 those conversions are the AVX versions of quantize_row_q8_0/q8_1 (arch/x86/quants.c) and of the
 repacked gemm paths (arch/x86/repack.cpp, ggml_quantize_mat_q8_*_4x8), which round differently from the
 portable `_ref` functions: they multiply by 127/amax (not by 1/d) and round half to even (`_ref` Q8_0/Q8_1 use
@@ -14,6 +15,16 @@ them: a scale part (d * sub-scale * quant, exact in float32 for every type) dott
 activations, plus, for types with per-block minimums (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K), the minimums dotted with
 the activation sums of their sub-blocks. For Q8_1 that sum is the block's stored f16 `s` (= f16(d * sum q) with
 the unrounded d), as in ggml_vec_dot_q4_1_q8_1; for Q8_K it is d * bsums, exact.
+
+The grid types fit the scale part alone: a value is d (f16) * an odd sub-scale of at most 5 bits (IQ2/IQ3_XXS's
+(0.5 + s) / 4 or / 2, IQ3_S's 1 + 2s, IQ1's 2s + 1) * a grid integer of at most 6 bits * a sign: at most 22
+significant bits, exact in float32 as gguf.quants and ggml's to_float compute it, and ggml's vec_dot sums the
+same products in integers per block (ggml-cpu/quants.c, ggml_vec_dot_iq2_xxs_q8_K etc.). IQ1_S / IQ1_M add a
+delta of +-IQ1S_DELTA (0.125) to every grid value of a group of 8 (IQ1_S) or 16 (IQ1_M); ggml_vec_dot_iq1_s_q8_K
+and _iq1_m_ add it as `IQ1S_DELTA * sumi1` with sumi1 = sub-scale * (+-1) * the group's sum of q8 (bsums for
+IQ1_S), times d * y.d: exactly d * sub-scale * (grid + delta) dotted with the dequantized q8, i.e. the delta is
+part of the dequantized value (gguf.quants' dl * (grid + delta); (grid + delta) has at most 4 bits, so the value
+stays exact). No separate minimum term, then: these types dot their dequantized values alone.
 """
 from __future__ import annotations
 
@@ -27,7 +38,8 @@ Q8_K_VALUES = 256
 # type_traits_cpu[type].vec_dot_type in ggml-cpu.c (b8462).
 ACTIVATION_TYPE = {"Q8_0": "Q8_0", "Q4_0": "Q8_0", "Q5_0": "Q8_0", "IQ4_NL": "Q8_0", "Q4_1": "Q8_1",
                    "Q5_1": "Q8_1", "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
-                   "IQ4_XS": "Q8_K"}
+                   "IQ4_XS": "Q8_K", "IQ2_XXS": "Q8_K", "IQ2_XS": "Q8_K", "IQ3_XXS": "Q8_K", "IQ1_S": "Q8_K",
+                   "IQ3_S": "Q8_K", "IQ2_S": "Q8_K", "IQ1_M": "Q8_K"}
 
 # Types with per-block minimums: (byte offset of the f16 scale, of the f16 min, values per min). Dequantizing a
 # copy with the min field zeroed gives the scale part alone, with the scale zeroed the (negated) minimums alone.

@@ -17,7 +17,7 @@ from ..engine.speculative import enabled_spec
 from ..params import Params
 from ..run_plan import RunPlan, RunPlanError, check_options, plan_run
 from ..spec import synth_log_lines
-from ..sampling import Sampler
+from ..sampling import Sampler, SamplerVocab
 
 
 class CliError(Exception):
@@ -79,7 +79,7 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
     err = err or sys.stderr              # looked up now: log.setup may have wrapped it since import
     from ..backends.select import select_backends
     from ..gguf_file import GGUFError
-    from ..loader import load_placed, open_model
+    from ..loader import check_weight_types, load_placed, open_model
     check_engine_flags(p)
     path = resolve_model(p, err)
     quiet = p.log_disable or p.verbosity < 2
@@ -91,7 +91,8 @@ def load(p: Params, err: TextIO | None = None) -> Loaded:
         be.sparse = sparse_attn.config_from_params(p)
     t0 = time.perf_counter()
     try:
-        mf = open_model(path)            # the header, parsed once for the run plan, memory plan and loader
+        mf = open_model(path, p.kv_overrides)   # the header, parsed once for the run plan, memory plan and loader
+        check_weight_types(mf.gguf, backends)       # a type without kernels: refused before the memory plan
         run = plan_run(p, mf.cfg.n_ctx_train, mf)
         for line in synth_log_lines(run.spec):      # benchmarking only: said however quiet the run is
             err.write(line + "\n")
@@ -136,7 +137,8 @@ def make_grammar(p: Params, client: SlotClient, after_think: bool = False):
 
 
 def make_sampler(p: Params, lm) -> Sampler:
-    return Sampler(p.sampling, frozenset(lm.tokenizer.eog_ids))
+    vocab = SamplerVocab(lm.tokenizer, lm.cfg.n_ctx_train)        # (DRY's sequence breakers)
+    return Sampler(p.sampling, frozenset(lm.tokenizer.eog_ids), vocab=vocab)
 
 
 def perf_lines(t: Perf, sampler: Sampler | None, now_ms: float) -> str:

@@ -8,8 +8,9 @@ of sequences) through CUDA graphs on the CUDA backend (backends/cuda_graphs.py),
 with biases that only lower tokens, e.g. ignore_eos, unless the argmax is a lowered id), other
 rows llama.cpp's chain as llamacmp/sampling.py runs it, each with its own settings, drawn at the number the row's
 own seeded generator gives; only the ids cross to the host. Rows the device chain does not do sample on the host
-from a copy of their row alone: a non-default sampler order, typical-p, top-k off or above SAMPLE_MAX_K (at
-temp > 0), a penalty window above SAMPLE_MAX_WINDOW. Rows that need the host row anyway (a grammar's token
+from a copy of their row alone: a non-default sampler order, typical-p, top-n-sigma, XTC, dynamic temperature,
+Mirostat, adaptive-p, DRY beside penalties (Sampler.device_bias: DRY alone joins the bias), top-k off or above
+SAMPLE_MAX_K (at temp > 0), a penalty window above SAMPLE_MAX_WINDOW. Rows that need the host row anyway (a grammar's token
 mask, n_probs probabilities) are the caller's: it passes None for them and draws from `LogitsRow.host()`.
 """
 from __future__ import annotations
@@ -102,7 +103,9 @@ def plan_row(sampler: Sampler, n_vocab: int, max_k: int, max_window: int) -> _Pl
     window = _penalty_window(sampler)
     if len(window) > max_window:
         return _Plan("host")
-    bias = sampler.bias_by_id()
+    bias = sampler.device_bias()
+    if bias is None:
+        return _Plan("host")
     if p.temp <= 0.0:
         if not window and not bias:
             return _Plan("argmax")
@@ -111,7 +114,7 @@ def plan_row(sampler: Sampler, n_vocab: int, max_k: int, max_window: int) -> _Pl
             # the lowered ids, since every other logit stays <= its raw value (lower ids < it): one argmax launch
             # for all rows instead of a chain launch per row; the rare row whose argmax is lowered runs the chain.
             return _Plan("argmax", lowered=bias)
-        return _Plan("chain", greedy_spec(sampler, window))
+        return _Plan("chain", greedy_spec(sampler, window, bias))
     k = min(max(p.top_k, p.min_keep), n_vocab) if p.top_k > 0 else n_vocab
     if not 1 <= k <= max_k:
         return _Plan("host")
@@ -121,11 +124,11 @@ def plan_row(sampler: Sampler, n_vocab: int, max_k: int, max_window: int) -> _Pl
                                     p.penalty_present, np.asarray(window, np.int32), bias, u), state)
 
 
-def greedy_spec(sampler: Sampler, window: list[int]) -> RowSample:
+def greedy_spec(sampler: Sampler, window: list[int], bias: dict[int, float]) -> RowSample:
     """temp <= 0 through the chain: the best biased, penalised logit (top-k 1), no draw."""
     p = sampler.params
     return RowSample(0.0, 1, 1.0, 0.0, 0, p.penalty_repeat, p.penalty_freq, p.penalty_present,
-                     np.asarray(window, np.int32), sampler.bias_by_id(), 0.0)
+                     np.asarray(window, np.int32), bias, 0.0)
 
 
 def draw_tokens(be, logits, samplers: Sequence[Optional[Sampler]]) -> list[Optional[int]]:
@@ -140,8 +143,8 @@ def draw_tokens(be, logits, samplers: Sequence[Optional[Sampler]]) -> list[Optio
         tripped = [r for r, p in enumerate(plans) if p is not None and p.lowered is not None
                    and p.lowered.get(int(ids[r]), 0.0) < 0.0]
         if tripped:                     # the argmax landed on a lowered id: those rows run their chain
-            again, _ = be.sample_rows(logits, [greedy_spec(samplers[r], []) if r in tripped else None
-                                               for r in range(R)])
+            again, _ = be.sample_rows(logits, [greedy_spec(samplers[r], [], plans[r].lowered) if r in tripped
+                                               else None for r in range(R)])
             for r in tripped:
                 ids[r] = again[r]
     out: list[Optional[int]] = []

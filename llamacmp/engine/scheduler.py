@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..sampling import Sampler
+from ..sampling import Sampler, SamplerVocab
 from . import slot_log
 from .checkpoints import read_host_state, state_ops_for, write_host_state
 from .decode import Decoder, LogitsRow, draw_tokens
@@ -435,7 +435,8 @@ class Engine:
             self._reject(task)
             return
         point = self._resume(slot, task)
-        sampler = task.params.sampler or Sampler(task.params.sampling, self.tokenizer.eog_ids)
+        sampler = task.params.sampler or Sampler(task.params.sampling, self.tokenizer.eog_ids,
+                                                 vocab=SamplerVocab(self.tokenizer, self.lm.cfg.n_ctx_train))
         decoder = self.tokenizer.stream_decoder(special=task.params.special)
         grammar = self.grammars.matcher(task.params.grammar) if task.params.grammar is not None else None
         slot.begin(task, sampler, decoder, self._checkpoint_plan(task, slot.state.n_past), grammar)

@@ -694,8 +694,8 @@ def history_free_greedy(sampler: Sampler) -> bool:
     """Greedy with neutral penalties: every verify row's draw is fixed before any token is accepted, so all rows
     can be drawn at once on the backend (only ids cross)."""
     p = sampler.params
-    return p.temp <= 0.0 and (p.penalty_last_n == 0 or (p.penalty_repeat == 1.0 and p.penalty_freq == 0.0
-                                                          and p.penalty_present == 0.0))
+    return p.temp <= 0.0 and p.plain and (p.penalty_last_n == 0 or (p.penalty_repeat == 1.0 and p.penalty_freq == 0.0
+                                                                    and p.penalty_present == 0.0))
 
 
 def _plain_argmax(be, logits, v: Verified, sampler: Sampler) -> Optional[list[int]]:
@@ -737,8 +737,11 @@ def accept_tokens(be, logits, v: Verified, sampler: Sampler, take: Callable[[int
             tok = fixed[i]
         else:
             row = be.row_to_host(logits, v.row + i)
-            if d is None or sampler.params.temp <= 0.0 or n_synth is not None:
-                tok = sampler.sample(row)          # greedy with penalties, the bonus row, or after synthetic ones
+            if d is None or sampler.params.temp <= 0.0 or n_synth is not None or sampler.params.random_chain:
+                # greedy with penalties, the bonus row, after synthetic ones, or a chain that tosses coins (XTC,
+                # Mirostat: its distribution is not fixed by the row, so the target draws and the draft must equal
+                # the draw, which keeps the output distribution the chain's own)
+                tok = sampler.sample(row)
             else:
                 ids, p = sampler.post_sampling_probs(row)
                 tok = speculative_choice(ids, p, d, {d: 1.0}, sampler.rng)   # q: the draft's point mass

@@ -23,7 +23,8 @@ NONE, EOS, WORD, LIMIT = "none", "eos", "word", "limit"
 def fast_greedy(p: SamplingParams, logits: np.ndarray) -> Optional[int]:
     """The sampler chain's answer at temp <= 0 without running it (no penalties: the chain only ever drops
     tokens below the best one, so the draw is the argmax, lowest id among ties, of the biased logits)."""
-    if p.temp > 0 or p.penalty_repeat != 1.0 or p.penalty_freq != 0.0 or p.penalty_present != 0.0 or p.ignore_eos:
+    if p.temp > 0 or p.penalty_repeat != 1.0 or p.penalty_freq != 0.0 or p.penalty_present != 0.0 or p.ignore_eos \
+            or not p.plain:
         return None
     if not p.logit_bias:
         return int(np.argmax(logits))

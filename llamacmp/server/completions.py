@@ -93,12 +93,13 @@ def generation_settings(ctx: ServerContext, p: GenParams) -> dict:
             "speculative.n_max": sp.n_max if sp.enabled else 0, "speculative.n_min": sp.n_min if sp.enabled else 0,
             "chat_format": "Content-only",
             "reasoning_format": ctx.params.reasoning_format,
-            # llama.cpp reports these too (compat/goldens/server.jsonl); samplers we lack are refused unless at
-            # their defaults, so their defaults are the values in effect. dry_penalty_last_n -1 reads as n_ctx.
-            "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0,
-            "xtc_threshold": 0.1, "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
-            "dry_penalty_last_n": ctx.n_ctx_slot, "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0,
-            "mirostat_tau": 5.0, "mirostat_eta": 0.1, "max_tokens": p.n_predict, "n_discard": 0,
+            # dry_penalty_last_n -1 (the command line's default) reads as the slot's context, as a request's does
+            "dynatemp_range": s.dynatemp_range, "dynatemp_exponent": s.dynatemp_exponent,
+            "top_n_sigma": s.top_n_sigma, "xtc_probability": s.xtc_probability, "xtc_threshold": s.xtc_threshold,
+            "dry_multiplier": s.dry_multiplier, "dry_base": s.dry_base, "dry_allowed_length": s.dry_allowed_length,
+            "dry_penalty_last_n": ctx.n_ctx_slot if s.dry_penalty_last_n == -1 else s.dry_penalty_last_n,
+            "dry_sequence_breakers": list(s.dry_sequence_breakers), "mirostat": s.mirostat,
+            "mirostat_tau": s.mirostat_tau, "mirostat_eta": s.mirostat_eta, "max_tokens": p.n_predict, "n_discard": 0,
             "grammar": "", "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
             "reasoning_in_content": False, "generation_prompt": "",
             "speculative.p_min": sp.p_min if sp.enabled else 0.75, "speculative.type": sp.type, "speculative.ngram_size_n": 1024, "speculative.ngram_size_m": 1024,

@@ -104,7 +104,7 @@ class ServerContext:
         import sys
         from .. import memplan, progress, sparse_attn
         from ..log import LineLogger
-        from ..loader import load_placed, open_model
+        from ..loader import check_weight_types, load_placed, open_model
         from ..run_plan import plan_run
         from ..spec import synth_log_lines
         from . import startup_log
@@ -113,7 +113,8 @@ class ServerContext:
         backends = list(backend) if isinstance(backend, (list, tuple)) else [backend]
         for be in backends:
             be.sparse = sparse_attn.config_from_params(p)
-        mf = open_model(p.model)
+        mf = open_model(p.model, p.kv_overrides)
+        check_weight_types(mf.gguf, backends)       # a type without kernels: refused before the memory plan
         run = plan_run(p, mf.cfg.n_ctx_train, mf)
         for line in synth_log_lines(run.spec):
             log.warning("%s", line)
@@ -167,7 +168,7 @@ class Reloader:
         from .. import memplan
         from ..loader import load_placed, open_model
         p = self.params
-        mf = open_model(p.model)        # the file may have changed or gone: refused here with the load error
+        mf = open_model(p.model, p.kv_overrides)   # the file may have changed or gone: refused here with the load error
         # the plan again, and its reservation, when the arena gave its memory back; an arena that kept its chunks
         # (a tensor outlived the sleep, see CudaBackend.release_memory) has the model's blocks in its free lists
         if len(self.backends) == 1 and not getattr(self.backends[0].arena, "reserved", 0):

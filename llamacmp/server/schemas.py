@@ -7,10 +7,12 @@ convert between int and float, a bool is not a number, and null means "absent".
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .. import dry
 from ..engine.tasks import GenParams
 from ..sampling import SamplingParams, parse_sampler_letters, parse_sampler_names
 from .errors import bad_request
@@ -91,15 +93,9 @@ class ServerDefaults:
 # below this a temperature divides float32 logits into overflow (5e-324 gave "Probabilities contain NaN"); llama.cpp
 # reads the field as a float, where 5e-324 is 0: greedy
 TEMP_MIN = 1e-30
-_REFUSED = (("mirostat", 0), ("dry_multiplier", 0.0), ("xtc_probability", 0.0), ("dynatemp_range", 0.0))
-
-
 def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenParams:
     f = Fields(body, strict=True)       # 0c1e570's schema: every number and bool read here is typed (but id_slot)
     s = d.sampling
-    for key, default in _REFUSED:
-        if f.float(key, default) != default:
-            raise bad_request(f"'{key}' is not supported by llamacmp yet (only its default, {default})")
     penalty_last_n = f.int("repeat_last_n", s.penalty_last_n)
     sampling = replace(
         s, seed=f.int("seed", s.seed, -2**63, 2**64 - 1), temp=f.float("temperature", s.temp),
@@ -111,12 +107,17 @@ def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenPar
         penalty_freq=f.float("frequency_penalty", s.penalty_freq),
         penalty_present=f.float("presence_penalty", s.penalty_present),
         samplers=_samplers(f, s.samplers), ignore_eos=f.bool("ignore_eos", s.ignore_eos),
-        logit_bias={**s.logit_bias, **parse_logit_bias(f.raw("logit_bias"), tokenizer, n_vocab)})
+        logit_bias={**s.logit_bias, **parse_logit_bias(f.raw("logit_bias"), tokenizer, n_vocab)},
+        **_more_samplers(f, s, d.n_ctx))
+    if sampling.dry_on:      # the breakers' tokens, found here (cached) rather than in the engine's loop
+        dry.breakers(tokenizer, sampling.dry_sequence_breakers)
     # llama.cpp: n_predict, else max_completion_tokens (OpenAI's newer name), else max_tokens
     # (only the first of the three names given is read, type-checked included)
     given = next((k for k in ("n_predict", "max_completion_tokens", "max_tokens") if f.has(k)), "n_predict")
     n_predict = f.int(given, d.n_predict)
-    temp = sampling.temp if sampling.temp >= TEMP_MIN else 0.0    # the limit of a vanishing temperature: greedy
+    # the limit of a vanishing temperature: greedy; a negative one is 0 too (0c1e570 clamps it to its range, b8462
+    # kept it, which only matters with dynatemp_range)
+    temp = sampling.temp if sampling.temp >= TEMP_MIN else 0.0
     stop = [x for x in f.list("stop", list(d.stop)) if isinstance(x, str)] if f.has("stop") else list(d.stop)
     if len(stop) > MAX_STOPS or any(len(x) > MAX_STOP_CHARS for x in stop):
         raise bad_request(f"'stop' takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
@@ -127,6 +128,49 @@ def gen_params(body: dict, d: ServerDefaults, tokenizer, n_vocab: int) -> GenPar
         return_tokens=f.bool("return_tokens", False), timings_per_token=f.bool("timings_per_token", False),
         return_progress=f.bool("return_progress", False),
         special=d.special, t_max_predict_ms=f.int("t_max_predict_ms", 0), stream=f.bool("stream", False))
+
+
+def _more_samplers(f: Fields, s: SamplingParams, n_ctx: int) -> dict:
+    """DRY, top-n-sigma, XTC, dynamic temperature, Mirostat and adaptive-p (llamacmp/sampling.py), checked as
+    llama-server checks them; where it quietly replaces a bad value (dry_base < 1 by the default) the request is
+    refused."""
+    dry_last_n = f.int("dry_penalty_last_n", s.dry_penalty_last_n)
+    if dry_last_n < -1:
+        raise bad_request("Error: dry_penalty_last_n must be >= -1")
+    out = dict(
+        dry_multiplier=f.float("dry_multiplier", s.dry_multiplier), dry_base=f.float("dry_base", s.dry_base),
+        dry_allowed_length=f.int("dry_allowed_length", s.dry_allowed_length),
+        dry_penalty_last_n=n_ctx if dry_last_n == -1 else dry_last_n,
+        dry_sequence_breakers=_breakers(f.raw("dry_sequence_breakers"), s.dry_sequence_breakers),
+        top_n_sigma=f.float("top_n_sigma", s.top_n_sigma),
+        xtc_probability=f.float("xtc_probability", s.xtc_probability),
+        xtc_threshold=f.float("xtc_threshold", s.xtc_threshold),
+        dynatemp_range=f.float("dynatemp_range", s.dynatemp_range),
+        dynatemp_exponent=f.float("dynatemp_exponent", s.dynatemp_exponent),
+        mirostat=f.int("mirostat", s.mirostat), mirostat_tau=f.float("mirostat_tau", s.mirostat_tau),
+        mirostat_eta=f.float("mirostat_eta", s.mirostat_eta),
+        adaptive_target=f.float("adaptive_target", s.adaptive_target),
+        adaptive_decay=f.float("adaptive_decay", s.adaptive_decay))
+    if out["mirostat"] not in (0, 1, 2):
+        raise bad_request(f"'mirostat' takes 0, 1 or 2, got {out['mirostat']}")
+    if out["dry_multiplier"] != 0.0 and out["dry_base"] < 1.0:
+        raise bad_request(f"'dry_base' must be at least 1 when DRY is on, got {out['dry_base']}")
+    return out
+
+
+def _breakers(v: Any, default: tuple[str, ...]) -> tuple[str, ...]:
+    """A non-empty array of non-empty strings. SillyTavern (and koboldcpp, text-generation-webui) send the array
+    as a JSON string, which llama-server ignores (its default breakers instead); llamacmp reads it."""
+    if v is None:
+        return default
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except (ValueError, RecursionError):
+            v = None
+    if not isinstance(v, list) or not v or not all(isinstance(x, str) and x for x in v):
+        raise bad_request("Error: dry_sequence_breakers must be a non-empty array of strings")
+    return tuple(v)
 
 
 def _samplers(f: Fields, default: tuple[str, ...]) -> tuple[str, ...]:

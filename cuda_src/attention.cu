@@ -1168,13 +1168,9 @@ int launch_prefill_rows(const float* q, const void* kc, const void* vc, int kt, 
     // Serial pieces of the dense key range where the tiles fill the waves badly (the key tiles per row tile are
     // known on the device only: no bound from them here; a piece of none only carries the state through).
     const int tiles = grid.x * grid.y;
-    int pieces = 1;
-    if (!blocks && tiles <= PF_SPLIT_TILES) {
-        const int forced = serial_pieces_forced();   // (tests: every count gives the same bits)
-        int wave = 0;
-        if (!forced) CMP_TRY(wave_blocks("attn_prefill_kernel", kernel, BR * 4, bytes, &wave));
-        pieces = forced ? forced : chunks::serial_pieces(tiles, wave, chunks::SPLIT_MAX_PIECES, 1);
-    }
+    int wave = 0;
+    CMP_TRY(wave_blocks("attn_prefill_kernel", kernel, BR * 4, bytes, &wave));
+    const int pieces = blocks ? 1 : launch_pieces(tiles, PF_SPLIT_TILES, wave, SPLIT_NO_BOUND, 1);
     return launch("attn_prefill_kernel", kernel, dim3(grid.x, grid.y, pieces), dim3(BR * 4), bytes, q,
                   static_cast<const uint8_t*>(kc), static_cast<const uint8_t*>(vc), kt, vt, pos, out, L, Hq, Hk, G,
                   scale, blocks, counts, max_blocks, pieces);

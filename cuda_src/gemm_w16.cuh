@@ -1,10 +1,11 @@
-// The DP4A GEMM of int8 codes whose scale (and min) is one per 32 values on both sides: Q8_0 (matmul_q8.cu,
-// weights repacked: f16 scale per block) and the expanded block types that are not PER16 (matmul_quant.cuh: Q4_0, Q4_1,
-// Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, IQ4_XS; their expansion's f32 scale and min per 16 values hold each block's in both
-// halves). One kernel source for both jobs; each including translation unit instantiates its own (internal linkage).
-// block_term is the arithmetic per output and block that every DP4A GEMM of such weights adds, this one and
+// The DP4A GEMM of int8 codes in 32-value blocks with an activation scale per block: Q8_0 (matmul_q8.cu, weights
+// repacked: f16 scale per block) and every expanded block type (matmul_quant.cuh's workspace: an f32 scale and min
+// per 16 values): those with one scale (and min) per 32 values, held in both halves (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+// Q4_K, Q5_K, IQ4_XS), and the PER16 ones with one per 16 (Q6_K, Q3_K; Q2_K with mins). One kernel source for all;
+// each including translation unit instantiates its own (internal linkage). block_term (per 32) and block_term16
+// (PER16) are the arithmetic per output and block that every DP4A GEMM of such weights adds, this one and
 // gemm_quant_kernel (where this one does not run: DP2A / IMAD routes, code older than compute_80, sm_75's shared
-// memory), so the outputs have the same bits whichever runs.
+// memory with mins, sm_61's), so the outputs have the same bits whichever runs. The PER16 path is not yet run on a GPU.
 #pragma once
 #include <type_traits>
 
@@ -28,20 +29,39 @@ __device__ __forceinline__ float block_term(float acc, int d, float sw, float sx
     return MIN ? __fmaf_rn(-m, e, acc) : acc;
 }
 
+// The term of a PER16 block (a scale, and min, per 16 values: Q6_K, Q3_K, Q2_K expanded), the arithmetic
+// gemm_quant_kernel has always added for them: each half's exact dot d0, d1 (two chains of 16 codes) as float times
+// its half's scale s0, s1, summed, times the activation scale sx, added to acc; with mins less m0 e0 + m1 e1 (e0, e1:
+// the activation halves' code sums times its scale). Written as that kernel wrote it (the build's --use_fast_math
+// leaves nothing here to contract: each product feeds an fmaf's addend or a subtraction), so both kernels' outputs
+// have the same bits.
+template <bool MIN>
+__device__ __forceinline__ float block_term16(float acc, int d0, int d1, float s0, float s1, float sx, float m0,
+                                              float m1, float e0, float e1) {
+    acc = fmaf(fmaf(s0, chain_to_f32(d0), s1 * chain_to_f32(d1)), sx, acc);
+    return MIN ? acc - fmaf(m0, e0, m1 * e1) : acc;
+}
+
 // The weights' scales as gemm_w16_kernel reads them, by flat block index row * (n / 32) + block.
 struct W16Q8 {                 // Q8_0 repacked
-    static constexpr bool MIN = false;
+    static constexpr bool MIN = false, PER16 = false;
     const __half* d;           // [rows, n/32]
     __device__ __forceinline__ float scale(int i) const { return __half2float(d[i]); }
     __device__ __forceinline__ float min(int) const { return 0.f; }
 };
-template <bool M>
-struct W16Expanded {           // an expanded type without PER16 (matmul_quant.cuh's workspace)
-    static constexpr bool MIN = M;
-    const float* s;            // [rows, n/16]: both halves of a block hold its scale
-    const float* m;            // [rows, n/16] (MIN): its min, likewise
+// An expanded type (matmul_quant.cuh's workspace). Without PER16 both halves of a block hold its scale (and min),
+// read once (scale, min); PER16 reads both (scales, mins: the first half's in x).
+template <bool M, bool P16>
+struct W16Expanded {
+    static constexpr bool MIN = M, PER16 = P16;
+    const float* s;            // [rows, n/16]
+    const float* m;            // [rows, n/16] (MIN)
     __device__ __forceinline__ float scale(int i) const { return s[2 * i]; }
     __device__ __forceinline__ float min(int i) const { return MIN ? m[2 * i] : 0.f; }
+    __device__ __forceinline__ float2 scales(int i) const { return reinterpret_cast<const float2*>(s)[i]; }
+    __device__ __forceinline__ float2 mins(int i) const {
+        return MIN ? reinterpret_cast<const float2*>(m)[i] : make_float2(0.f, 0.f);
+    }
 };
 
 // A thread's outputs of its tile, as store_tile (common.cuh) visits them: f(o, i, j, t) for row r0 + RS i < rows and
@@ -83,27 +103,30 @@ __device__ __forceinline__ void unpark_rows(float (&acc)[I][J], int t0, int T, i
 // residual).
 
 // The tile: G2TILE = 128 weight rows x TOK tokens (64 or 128: smem::gemm_w16_plan), 4 TOK threads of 4 rows x 8
-// tokens each.
-template <bool MIN, int BK, int TOK>
-using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK, TOK>, smem::G2Stage<BK, TOK>>;
+// tokens each. Its stage by the weights' scales (smem_plan.h).
+template <bool MIN, bool PER16, int BK, int TOK>
+using W16Stage = std::conditional_t<
+    PER16, std::conditional_t<MIN, smem::G2Per16MinStage<BK, TOK>, smem::G2Per16Stage<BK, TOK>>,
+    std::conditional_t<MIN, smem::G2MinStage<BK, TOK>, smem::G2Stage<BK, TOK>>>;
 
-// 8 warps (256 threads of <= 128 registers), two blocks an SM, on tiles of 128 weight rows x 64 tokens (TOK = 64),
-// or 16 warps, one block an SM, on 128 x 128 (TOK = 128: where two 64-token blocks do not fit an SM, sm_86 / sm_89):
-// the DP4A route's kernel wherever stages of 4 blocks by cp.async run (gemm_w16_runs: compute_80+ code, 60 KB of
-// shared memory a block, 66 KB with mins; 80 / 88 KB at TOK = 128: smem_plan.h). Why this loop (issue 20 item 5; sm_90 SASS, nvcc 13.0, per stage of 4
-// blocks, 2048 IDP.4A per warp): the 8-warp gemm2_q8_kernel's loop (its 4-block stages, since deleted) is not
-// issue-bound (3075 instructions per 2048 IDP: IDP 2048, FMUL + FFMA 512, I2FP 256, LDS 149, 110 other; one
-// instruction per clock per scheduler against an IDP every 2 clocks leaves room for 4096). What bounds it by ptxas's
-// own schedule is the FMA port: it spaces an FMUL / FFMA after an IDP.4A like another IDP.4A (2 clocks), so one
-// warp's loop is 5008 clocks of static stalls for 4096 of dot issue: 82% of the DP4A rate at most, and the FP32 per
-// output and block (FMUL d_w * d_x, FFMA) is the numpy reference's arithmetic. The H200 reached 62% (77.6 TOPS at
-// pp512, 131 measured): with 254 registers only 2 warps share a scheduler, so every stall of one (an LDS result, the
-// stage barrier, its partner's lead: a warp that runs alone issues at its static 82%) leaves the FMA port to the
-// other alone. Here each thread owns 4 weight rows x 8 tokens (32 outputs, 128 registers: 4 warps per scheduler) and
-// the arithmetic per output is the same expression in the same block order, so both kernels give the same bits
-// (test_gemm2_stage_widths_give_the_same_bits compares it with the 2-block stages). Thread (tx, ty) = (tid % 32,
-// tid / 32) owns rows tx + 32i (i < 4) and tokens ty + (TOK / 8) j (j < 8): a warp's 16-byte reads of W cover 32 consecutive
-// rows (conflict-free: the row stride is an odd number of 16-byte units), its reads of X one token (a broadcast).
+// 8 warps (256 threads of <= 128 registers), two blocks an SM, on tiles of 128 weight rows x 64 tokens (TOK = 64), or
+// 16 warps, one block an SM, on 128 x 128 (TOK = 128: where two 64-token blocks do not fit an SM, sm_86 / sm_89): the
+// DP4A route's kernel wherever stages of 4 blocks by cp.async run (gemm_w16_runs: compute_80+ code, 60 KB of shared
+// memory a block, 66 KB with mins, PER16 64 / 76 KB; 80 / 88 KB at TOK = 128, PER16 84 KB: smem_plan.h). Why this loop
+// (issue 20 item 5; sm_90 SASS, nvcc 13.0, per stage of 4 blocks, 2048 IDP.4A per warp): the 8-warp gemm2_q8_kernel's
+// loop (its 4-block stages, since deleted) is not issue-bound (3075 instructions per 2048 IDP: IDP 2048, FMUL + FFMA
+// 512, I2FP 256, LDS 149, 110 other; one instruction per clock per scheduler against an IDP every 2 clocks leaves room
+// for 4096). What bounds it by ptxas's own schedule is the FMA port: it spaces an FMUL / FFMA after an IDP.4A like
+// another IDP.4A (2 clocks), so one warp's loop is 5008 clocks of static stalls for 4096 of dot issue: 82% of the DP4A
+// rate at most, and the FP32 per output and block (FMUL d_w * d_x, FFMA) is the numpy reference's arithmetic. The H200
+// reached 62% (77.6 TOPS at pp512, 131 measured): with 254 registers only 2 warps share a scheduler, so every stall of
+// one (an LDS result, the stage barrier, its partner's lead: a warp that runs alone issues at its static 82%) leaves
+// the FMA port to the other alone. Here each thread owns 4 weight rows x 8 tokens (32 outputs, 128 registers: 4 warps
+// per scheduler) and the arithmetic per output is the same expression in the same block order, so both kernels give the
+// same bits (test_gemm2_stage_widths_give_the_same_bits compares it with the 2-block stages). Thread (tx, ty) = (tid %
+// 32, tid / 32) owns rows tx + 32i (i < 4) and tokens ty + (TOK / 8) j (j < 8): a warp's 16-byte reads of W cover 32
+// consecutive rows (conflict-free: the row stride is an odd number of 16-byte units), its reads of X one token (a
+// broadcast).
 // Until branch next/w16x2 the kernel was TOK = 128 everywhere: the same per-thread work and arithmetic, so the same
 // bits. Its Q8_0 loop (sm_90, nvcc 13.0, one stage = 1024 IDP.4A per warp): 1635 instructions (IDP 1024, FMUL + FFMA 256,
 // I2FP 128, LDS 148: 96 of 16 bytes and 52 scalar, LDGSTS 4, LDL 3: the loader's row indices, 72 other), 2657 clocks
@@ -138,6 +161,14 @@ using W16Stage = std::conditional_t<MIN, smem::G2MinStage<BK, TOK>, smem::G2Stag
 // dp4a`, two rounds within 0.1%): 27B Q8_0 pp512 / pp4096 / pp16384 +3.7% / +3.7% / +3.2%, 27B Q4_K_M +3.9% / +3.8%
 // / +3.4%, 9B Q8_0 +0.7% / +0.5% / +0.5%, 9B Q4_K_M -1.5% / -1.5% / -1.3%. sm_86 / sm_89's 100 KB per SM would hold
 // one 64-token block (8 warps): TOK = 128 there.
+// PER16 (issue 20: in a Q4_K_M file half the layers' ffn_down and the GDN attn_qkv are Q6_K, ~21% of the 27B's GEMM
+// time on gemm_quant_kernel at ~65 TOPS): the same tile and loop with each block's two half scales (and mins) from the
+// stage, two dot chains of 16 codes and block_term16, gemm_quant_kernel's PER16 arithmetic, so both give the same bits.
+// Loop SASS (sm_90, nvcc 13.0, per stage = 1024 IDP.4A per warp, TOK = 64 unsplit): Q6_K / Q3_K 1918 instructions (IDP
+// 1024, FFMA 256, FMUL 128, I2FP 256, LDS 163), 125 registers, no spill; Q2_K 2420 (IDP 1024, FFMA 384, FMUL 256, FADD
+// 128, I2FP 256, LDS 260, LDL 3), 128 registers, 16 B spill. The FP32 work per output and block is gemm_quant_kernel's
+// (its loop: 1819 / 2267 instructions for the same 1024 IDP, at 2 warps per scheduler); what changes is 4 warps per
+// scheduler and the one launch for a call's matrices. Not yet measured on a GPU.
 // SPLIT: the kernel of split launches (pieces > 1); whole tiles run the kernel without the pieces' code, whose
 // registers and schedule are the unsplit loop's (with it the 9B's unsplit GEMMs lost ~1%: 124 registers instead of
 // 128, another schedule; H200, 2026-12-04).
@@ -154,7 +185,7 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
     constexpr int TILE = smem::G2TILE, THREADS = 4 * TOK, TS = THREADS / 32;
     static_assert(TILE == 4 * 32 && TOK == 8 * TS, "a thread owns rows tx + 32i (i < 4), tokens ty + TS j (j < 8)");
     static_assert(TOK * BK == THREADS && TILE % TOK == 0, "stages of 4 blocks: per thread one X scale, W's TILE / TOK");
-    using Stage = W16Stage<W::MIN, BK, TOK>;
+    using Stage = W16Stage<W::MIN, W::PER16, BK, TOK>;
     extern __shared__ __align__(16) unsigned char w16smem[];   // Stage[2]
     Stage* st = reinterpret_cast<Stage*>(w16smem);
     const int tid = threadIdx.x, tx = tid & 31, ty = tid >> 5;
@@ -192,7 +223,8 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
     for (int q = 0; q < NSW; ++q) wds[q] = min(row0 + sr + SSTEP * q, rows - 1) * nb + sk;
     const int xds = min(tok0 + sr, T - 1) * nb + sk;
 
-    struct Pending { float w[NSW], m[NSW], x, e; };   // this thread's scales of the next stage (m, e: with mins)
+    // This thread's scales of the next stage (m, e: with mins; w1, m1, e1: PER16's second halves).
+    struct Pending { float w[NSW], m[NSW], w1[NSW], m1[NSW], x, e, e1; };
     auto fetch = [&](int s, Stage& b, Pending& p) {   // s: the piece's stage (the tile's s_first + s)
         if constexpr (SPLIT) s += s_first;
         const bool ok = s * BK + (lc >> 1) < nb;             // the block this thread's chunks lie in exists
@@ -204,13 +236,23 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
         const bool oks = s * BK + sk < nb;
 #pragma unroll
         for (int q = 0; q < NSW; ++q) {
-            p.w[q] = oks ? w.scale(wds[q] + s * BK) : 0.f;
-            if constexpr (W::MIN) p.m[q] = oks ? w.min(wds[q] + s * BK) : 0.f;
+            if constexpr (W::PER16) {
+                const float2 z = make_float2(0.f, 0.f), sw = oks ? w.scales(wds[q] + s * BK) : z;
+                p.w[q] = sw.x, p.w1[q] = sw.y;
+                if constexpr (W::MIN) {
+                    const float2 mw = oks ? w.mins(wds[q] + s * BK) : z;
+                    p.m[q] = mw.x, p.m1[q] = mw.y;
+                }
+            } else {
+                p.w[q] = oks ? w.scale(wds[q] + s * BK) : 0.f;
+                if constexpr (W::MIN) p.m[q] = oks ? w.min(wds[q] + s * BK) : 0.f;
+            }
         }
         p.x = oks ? xd[xds + s * BK] : 0.f;
         if constexpr (W::MIN) {
             const float2 e = oks ? reinterpret_cast<const float2*>(xs)[xds + s * BK] : make_float2(0.f, 0.f);
-            p.e = e.x + e.y;   // exact (block_term)
+            if constexpr (W::PER16) p.e = e.x, p.e1 = e.y;
+            else p.e = e.x + e.y;   // exact (block_term)
         }
     };
     // The scales lie block-major here ([BK][TILE] in the stage's [TILE][BK] arrays, [BK][TOK] in its [TOK][BK]): a
@@ -220,11 +262,15 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
         cp_async_wait();
 #pragma unroll
         for (int q = 0; q < NSW; ++q) {
-            (&b.wd[0][0])[sk * TILE + sr + SSTEP * q] = p.w[q];
-            if constexpr (W::MIN) (&b.wm[0][0])[sk * TILE + sr + SSTEP * q] = p.m[q];
+            const int at = sk * TILE + sr + SSTEP * q;
+            (&b.wd[0][0])[at] = p.w[q];
+            if constexpr (W::MIN) (&b.wm[0][0])[at] = p.m[q];
+            if constexpr (W::PER16) (&b.wd1[0][0])[at] = p.w1[q];
+            if constexpr (W::PER16 && W::MIN) (&b.wm1[0][0])[at] = p.m1[q];
         }
         (&b.xd[0][0])[sk * TOK + sr] = p.x;
         if constexpr (W::MIN) (&b.xs[0][0])[sk * TOK + sr] = p.e;
+        if constexpr (W::PER16 && W::MIN) (&b.xs1[0][0])[sk * TOK + sr] = p.e1;
     };
 
     float acc[4][8];
@@ -249,26 +295,37 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
 #pragma unroll
         for (int kb = 0; kb < BK; ++kb) {
             int4 a[4][2];
-            float sw[4], mw[4];
+            float sw[4], mw[4], sw1[4], mw1[4];   // (sw1, mw1: PER16's second halves)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
+                const int at = kb * TILE + tx + 32 * i;
                 a[i][0] = *reinterpret_cast<const int4*>(&cur.w[tx + 32 * i][kb * 8]);
                 a[i][1] = *reinterpret_cast<const int4*>(&cur.w[tx + 32 * i][kb * 8 + 4]);
-                sw[i] = (&cur.wd[0][0])[kb * TILE + tx + 32 * i];
-                mw[i] = 0.f;
-                if constexpr (W::MIN) mw[i] = (&cur.wm[0][0])[kb * TILE + tx + 32 * i];
+                sw[i] = (&cur.wd[0][0])[at];
+                mw[i] = sw1[i] = mw1[i] = 0.f;
+                if constexpr (W::MIN) mw[i] = (&cur.wm[0][0])[at];
+                if constexpr (W::PER16) sw1[i] = (&cur.wd1[0][0])[at];
+                if constexpr (W::PER16 && W::MIN) mw1[i] = (&cur.wm1[0][0])[at];
             }
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const int4 b0 = *reinterpret_cast<const int4*>(&cur.x[ty + TS * j][kb * 8]);
                 const int4 b1 = *reinterpret_cast<const int4*>(&cur.x[ty + TS * j][kb * 8 + 4]);
-                const float sx = (&cur.xd[0][0])[kb * TOK + ty + TS * j];
-                float e = 0.f;
-                if constexpr (W::MIN) e = (&cur.xs[0][0])[kb * TOK + ty + TS * j];
+                const int at = kb * TOK + ty + TS * j;
+                const float sx = (&cur.xd[0][0])[at];
+                float e = 0.f, e1 = 0.f;
+                if constexpr (W::MIN) e = (&cur.xs[0][0])[at];
+                if constexpr (W::PER16 && W::MIN) e1 = (&cur.xs1[0][0])[at];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int d = dot16<D>(a[i][1], b1, dot16<D>(a[i][0], b0, dot_chain_init()));
-                    acc[i][j] = block_term<W::MIN>(acc[i][j], d, sw[i], sx, mw[i], e);
+                    if constexpr (W::PER16) {   // a chain per half (block_term16)
+                        const int d0 = dot16<D>(a[i][0], b0, dot_chain_init());
+                        const int d1 = dot16<D>(a[i][1], b1, dot_chain_init());
+                        acc[i][j] = block_term16<W::MIN>(acc[i][j], d0, d1, sw[i], sw1[i], sx, mw[i], mw1[i], e, e1);
+                    } else {
+                        const int d = dot16<D>(a[i][1], b1, dot16<D>(a[i][0], b0, dot_chain_init()));
+                        acc[i][j] = block_term<W::MIN>(acc[i][j], d, sw[i], sx, mw[i], e);
+                    }
                 }
             }
         }
@@ -286,22 +343,32 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
 
 // The launch: 4 TOK threads, two stages of W16_BK blocks (smem_plan.h's plans: their bytes are these).
 constexpr int W16_BK = 4;
-template <bool MIN, int TOK>
-constexpr size_t w16_bytes() { return 2 * sizeof(W16Stage<MIN, W16_BK, TOK>); }
-static_assert(w16_bytes<false, 64>() == smem::gemm_w16_bytes(64, false) &&
-                  w16_bytes<true, 64>() == smem::gemm_w16_bytes(64, true) &&
-                  w16_bytes<false, 128>() == smem::gemm_w16_bytes(128, false) &&
-                  w16_bytes<true, 128>() == smem::gemm_w16_bytes(128, true),
+template <class W, int TOK>
+constexpr size_t w16_bytes() { return 2 * sizeof(W16Stage<W::MIN, W::PER16, W16_BK, TOK>); }
+template <class W>
+constexpr bool w16_bytes_planned() {
+    return w16_bytes<W, 64>() == smem::gemm_w16_bytes(64, W::MIN, W::PER16) &&
+           w16_bytes<W, 128>() == smem::gemm_w16_bytes(128, W::MIN, W::PER16);
+}
+static_assert(w16_bytes_planned<W16Q8>() && w16_bytes_planned<W16Expanded<false, false>>() &&
+                  w16_bytes_planned<W16Expanded<true, false>>() && w16_bytes_planned<W16Expanded<false, true>>() &&
+                  w16_bytes_planned<W16Expanded<true, true>>(),
               "the launch takes what smem_plan.h plans");
 
 // How gemm_w16_kernel<W, D> runs on the current device: its tokens per tile (smem::gemm_w16_plan under smem_limit(),
 // so cmp_set_smem_cap runs the other cards' tiles; 0: not at all, where its code is older than compute_80 (the
 // stages come by cp.async; sm_70/75's register-staged copy would hold a whole stage in registers) or it does not
 // fit), the blocks resident on the device at once (its wave) and on one SM. The code's version is asked once per
-// device (code_at_least's cache), the limit every time (cmp_set_smem_cap), the wave once per size (wave_blocks).
+// device (code_at_least's cache), the limit at every call (cmp_set_smem_cap), the wave once per size (wave_blocks);
+// a matmul asks it once for all its launches.
 struct W16Shape {
     int tok, wave, per_sm;
 };
+template <class W, class D, int TOK>
+int w16_wave(int* wave) {
+    return wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK, false, TOK>, 4 * TOK, w16_bytes<W, TOK>(),
+                       wave);
+}
 template <class W, class D>
 int gemm_w16_shape(W16Shape* s) {
     static PerDevice code;
@@ -309,13 +376,9 @@ int gemm_w16_shape(W16Shape* s) {
     CMP_TRY(smem_limit(&limit));
     bool async = false;
     CMP_TRY(code_at_least(gemm_w16_kernel<W, D, W16_BK, false, 64>, 80, code, &async));
-    *s = W16Shape{async ? smem::gemm_w16_plan(limit, W::MIN).config : 0, 0, 0};
-    if (s->tok == 64)
-        CMP_TRY(wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK, false, 64>, 4 * 64, w16_bytes<W::MIN, 64>(),
-                            &s->wave));
-    else if (s->tok == 128)
-        CMP_TRY(wave_blocks("gemm_w16_kernel", gemm_w16_kernel<W, D, W16_BK, false, 128>, 4 * 128,
-                            w16_bytes<W::MIN, 128>(), &s->wave));
+    *s = W16Shape{async ? smem::gemm_w16_plan(limit, W::MIN, W::PER16).config : 0, 0, 0};
+    if (s->tok == 64) CMP_TRY((w16_wave<W, D, 64>(&s->wave)));
+    if (s->tok == 128) CMP_TRY((w16_wave<W, D, 128>(&s->wave)));
     DeviceFacts f{};
     CMP_TRY(device_facts(&f));
     s->per_sm = s->wave / std::max(f.sms, 1);
@@ -343,30 +406,25 @@ constexpr int W16_SOLO_PCT = 92, W16_SPLIT_COST_PCT = 5;
 template <class W, class D, int TOK>
 int launch_w16_tiles(const int8_t* xq, const float* xd, const float* xs, const int8_t* wq, const W& w,
                      const GemmOut& out, int T, int n, const W16Shape& s) {
-    constexpr size_t bytes = w16_bytes<W::MIN, TOK>();
+    constexpr size_t bytes = w16_bytes<W, TOK>();
     const int rows = out.end[out.count - 1];
     const dim3 grid(ceil_div(rows, smem::G2TILE), ceil_div(T, TOK));
     const int tiles = grid.x * grid.y;
     const int stages = ceil_div(n / QK, W16_BK);
-    int pieces = 1;
-    if (tiles <= SPLIT_MAX_TILES && !out_in_place(out)) {
-        const int forced = serial_pieces_forced();   // (tests: every count gives the same bits)
-        pieces = forced ? std::min(forced, stages)
-                        : chunks::serial_pieces(tiles, s.wave, stages, W16_MIN_STAGES,
-                                                chunks::SplitModel{s.per_sm, W16_SOLO_PCT, W16_SPLIT_COST_PCT});
-    }
+    const int pieces = out_in_place(out) ? 1
+                       : launch_pieces(tiles, SPLIT_MAX_TILES, s.wave, stages, W16_MIN_STAGES,
+                                       chunks::SplitModel{s.per_sm, W16_SOLO_PCT, W16_SPLIT_COST_PCT});
     auto kernel = pieces > 1 ? gemm_w16_kernel<W, D, W16_BK, true, TOK> : gemm_w16_kernel<W, D, W16_BK, false, TOK>;
     CMP_TRY(smem_opt_in("gemm_w16_kernel", kernel, bytes));
     kernel<<<dim3(grid.x, grid.y, pieces), 4 * TOK, bytes, stream()>>>(xq, xd, xs, wq, w, out, T, rows, n, pieces);
     return check_launch("gemm_w16_kernel");
 }
 
-// rows: of all the matrices (out.end[out.count - 1]). The caller has checked that it runs (gemm_w16_runs).
+// rows: of all the matrices (out.end[out.count - 1]); s: gemm_w16_shape's, asked once by the caller for all its
+// launches (s.tok != 0: it runs here).
 template <class W, class D>
 int launch_gemm_w16(const int8_t* xq, const float* xd, const float* xs, const int8_t* wq, const W& w,
-                    const GemmOut& out, int T, int n) {
-    W16Shape s{};
-    CMP_TRY((gemm_w16_shape<W, D>(&s)));
+                    const GemmOut& out, int T, int n, const W16Shape& s) {
     if (s.tok == 64) return launch_w16_tiles<W, D, 64>(xq, xd, xs, wq, w, out, T, n, s);
     if (s.tok == 128) return launch_w16_tiles<W, D, 128>(xq, xd, xs, wq, w, out, T, n, s);
     return fail(CMP_ERR_UNSUPPORTED, "gemm_w16_kernel does not run on this device (compute_80+ code, 60 KB)");

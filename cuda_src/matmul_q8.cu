@@ -400,11 +400,11 @@ constexpr int GEMM2_IH = 1;
 // X two tokens (broadcasts). Per Q8 block and output: 8 DP4A on the whole 32-byte block, one exact int->float, one
 // fma with d_w * d_x. Stages of GEMM2_BK = 2 blocks (45 KB, every card) are double-buffered: stage s+1 is fetched
 // (cp.async on sm_80+, into registers on sm_70/75) while stage s is multiplied; one barrier per stage. D: the int8
-// dot (common.cuh). Where stages of 4 blocks run on DP4A (gemm2_wide: compute_80+ code, 60 KB: smem::gemm_w16_plan)
-// gemm_w16_kernel takes them (gemm_w16.cuh: the same arithmetic, every output's blocks in increasing order, two
-// blocks of 8 warps an SM on 128 x 64 tiles), so both give the same bits. This kernel's own 4-block stages (the
-// figures below) ran on no route once gemm_w16_kernel took them over, and were deleted (git history:
-// gemm2_q8_kernel<D, BK>).
+// dot (common.cuh). Where stages of 4 blocks run on DP4A (gemm_w16_shape: compute_80+ code, 60 KB:
+// smem::gemm_w16_plan) gemm_w16_kernel takes them (gemm_w16.cuh: the same arithmetic, every output's blocks in
+// increasing order, two blocks of 8 warps an SM on 128 x 64 tiles), so both give the same bits. This kernel's own
+// 4-block stages (the figures below) ran on no route once gemm_w16_kernel took them over, and were deleted (git
+// history: gemm2_q8_kernel<D, BK>).
 // The loop's SASS (DotDp4a, one stage = 2 blocks = 1024 IDP.4A per thread; tools: cuobjdump -sass, the loop between
 // the backward branch and its target; 2026-12-02, issue 20 item 5):
 //   before: sm_90 (nvcc 13.0) 1707 instructions: IDP 1024, IADD3 140, FADD / FMUL / FFMA 128 each, LDS 84, ~75
@@ -575,8 +575,8 @@ gemm2_q8_kernel(const int8_t* __restrict__ xq,  // [T, n]
 
 // ==== launchers ===================================================================================================
 
-// The v2 GEMM's 8-warp kernel with 2-block stages: where gemm_w16_kernel (gemm_w16.cuh) does not run (gemm2_wide),
-// and on DP2A / IMAD always (their byte unpacking needs the registers that 4 blocks would take).
+// The v2 GEMM's 8-warp kernel with 2-block stages: where gemm_w16_kernel (gemm_w16.cuh) does not run
+// (gemm_w16_shape), and on DP2A / IMAD always (their byte unpacking needs the registers that 4 blocks would take).
 // Serial pieces where the tiles fill the waves badly (gemm_chunks.h serial_pieces; cmp_set_serial_pieces forces a
 // count): a piece keeps at least 8 stages (16 blocks, as gemm_w16's 4 of 4).
 template <class D>
@@ -585,25 +585,15 @@ int launch_gemm2(const int8_t* xq, const float* xd, const int8_t* wq, const void
     constexpr size_t bytes = 2 * sizeof(Gemm2Stage);
     const dim3 tiles2(ceil_div(rows, TILE2), ceil_div(T, TILE2));
     const int tiles = tiles2.x * tiles2.y, stages = ceil_div(n / QK, GEMM2_BK);
-    int pieces = 1;
-    if (tiles <= SPLIT_MAX_TILES && res != y) {
-        const int forced = serial_pieces_forced();
-        int wave = 0;
-        if (!forced) {
-            CMP_TRY(smem_opt_in("gemm2_q8_kernel", gemm2_q8_kernel<D, false>, bytes));
-            CMP_TRY(wave_blocks("gemm2_q8_kernel", gemm2_q8_kernel<D, false>, 256, bytes, &wave));
-        }
-        pieces = forced ? std::min(forced, stages) : chunks::serial_pieces(tiles, wave, stages, 8);
-    }
+    int wave = 0;
+    CMP_TRY(wave_blocks("gemm2_q8_kernel", gemm2_q8_kernel<D, false>, 256, bytes, &wave));
+    const int pieces = res == y ? 1 : launch_pieces(tiles, SPLIT_MAX_TILES, wave, stages, 8);
     auto kernel = pieces > 1 ? gemm2_q8_kernel<D, true> : gemm2_q8_kernel<D, false>;
     CMP_TRY(smem_opt_in("gemm2_q8_kernel", kernel, bytes));
     kernel<<<dim3(tiles2.x, tiles2.y, pieces), 256, bytes, stream()>>>(xq, xd, wq, static_cast<const __half*>(wd), res,
                                                                        y, T, rows, n, pieces);
     return check_launch("gemm2_q8_kernel");
 }
-
-// Whether the v2 GEMM takes stages of 4 blocks here (gemm_w16_runs: compute_80+ code, 60 KB of shared memory).
-int gemm2_wide(bool* yes) { return gemm_w16_runs<W16Q8, DotDp4a>(yes); }
 
 // The end of the run of matrices from i on that lie one after another in memory, codes and scales alike
 // (CudaBackend.upload_matrices): gemm_w16_kernel and the tensor-core GEMMs read such a run as one matrix in one
@@ -617,13 +607,13 @@ int adjacent_run(const int8_t* const* wq, const void* const* wd, const int* rows
     return j;
 }
 
-// gemm_w16_kernel on DP4A: each run of adjacent matrices in one launch (gemm_out.cuh).
+// gemm_w16_kernel on DP4A (at its shape here, s): each run of adjacent matrices in one launch (gemm_out.cuh).
 int launch_w16_runs(const int8_t* xq, const float* xd, int count, const int8_t* const* wq, const void* const* wd,
-                    float* const* y, const float* const* res, const int* rows, int T, int n) {
+                    float* const* y, const float* const* res, const int* rows, int T, int n, const W16Shape& s) {
     for (int i = 0, j; i < count; i = j) {
         j = adjacent_run(wq, wd, rows, i, count, n);
         CMP_TRY((launch_gemm_w16<W16Q8, DotDp4a>(xq, xd, nullptr, wq[i], W16Q8{static_cast<const __half*>(wd[i])},
-                                                 run_out(y, res, rows, i, j), T, n)));
+                                                 run_out(y, res, rows, i, j), T, n, s)));
     }
     return CMP_OK;
 }
@@ -720,9 +710,11 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
     }
     // The 128-token tile wastes most of its work below ~96 tokens; the 64x64 one fills the GPU better there.
     const bool big = (kernels & CMP_MM_GEMM2) && T >= GEMM2_MIN_T;
-    bool wide = false;
-    if (big) CMP_TRY(gemm2_wide(&wide));
-    if (wide && gemm_dot == CMP_DOT_DP4A) return launch_w16_runs(xq, xd, count, wq, wd, y, res, rows, T, n);
+    if (big && gemm_dot == CMP_DOT_DP4A) {
+        W16Shape w16{};
+        CMP_TRY((gemm_w16_shape<W16Q8, DotDp4a>(&w16)));
+        if (w16.tok) return launch_w16_runs(xq, xd, count, wq, wd, y, res, rows, T, n, w16);
+    }
     return dispatch_dot(gemm_dot, "cmp_matmul_q8_ex", [&](auto dot) {
         using D = decltype(dot);
         for (int i = 0; i < count; ++i) {
@@ -745,9 +737,9 @@ int matmul_q8_set(const int8_t* xq, const float* xd, int count, const int8_t* co
 using namespace cmp;
 
 extern "C" int cmp_gemm_w16_available(int* yes) {
-    bool wide = false;
-    CMP_TRY(gemm2_wide(&wide));
-    *yes = wide ? 1 : 0;
+    bool runs = false;
+    CMP_TRY((gemm_w16_runs<W16Q8, DotDp4a>(&runs)));
+    *yes = runs ? 1 : 0;
     return CMP_OK;
 }
 

@@ -16,12 +16,12 @@
 //    up to 4096 values go out as one round of loads per lane, longer rows as a rolling stream; at small T the code
 //    bias of Q4_0 / Q5_0 / Q3_K / Q6_K comes off the integer dots, not off each code (gemv_quant_kernel's BIAS).
 //  - GEMM (T > 16, prefill): per chunk of weight rows, an expansion kernel writes int8 codes + an f32 scale and min
-//    per 16 values into the caller's workspace, then one GEMM multiplies that form: for the types with one scale and
-//    min per 32 values (not PER16) on DP4A, wherever compute_80+ code and 60 KB (66 with mins) of shared memory run,
-//    Q8_0's DP4A GEMM (gemm_w16.cuh) with the min term per block; else gemm_quant_kernel (128x128 tiles, 8x8
-//    outputs per thread, double-buffered shared memory as matmul_q8.cu's v2 GEMM), which adds a per-32 type's
-//    blocks by the same block_term, so both give the same bits. The activation half sums times their scale come
-//    from a small kernel first.
+//    per 16 values into the caller's workspace, then one GEMM multiplies that form: on DP4A, wherever compute_80+
+//    code and its shared memory run (60 KB, 66 with mins; PER16 64, 76 with mins: smem_plan.h), Q8_0's DP4A GEMM
+//    (gemm_w16.cuh) with the min term per block, every type (PER16 too: Q6_K, Q3_K, Q2_K; not yet run on a GPU) and a
+//    call's matrices in one launch; else gemm_quant_kernel (128x128 tiles, 8x8 outputs per thread, double-buffered
+//    shared memory as matmul_q8.cu's v2 GEMM), which adds each block by the same block_term (per 32) or block_term16
+//    (PER16), so both give the same bits. The activation half sums times their scale come from a small kernel first.
 // No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =
 // IDP.2A, or IMAD), a template parameter of the kernels that take one, chosen per call by cmp_matmul_*'s kernels bits;
 // CMP_MM_MMA multiplies the (expanded) weights on the tensor cores instead (matmul_mma.cu).
@@ -462,8 +462,9 @@ __global__ void half_sums_kernel(const int8_t* __restrict__ xq,  // [T, n]
 
 // The expanded weights times the activations: thread (tx, ty) = (tid % 16, tid / 16) owns rows tx + 16i and tokens
 // ty + 16j (i, j < 8), rows in registers 4 at a time. Per sub-block and output: PER16, two 16-code DP4A dots with
-// their half scales, times the activation scale, less the mins times the activation half sums; else one 32-code dot
-// and block_term (gemm_w16.cuh: the arithmetic of gemm_w16_kernel, which runs these types on DP4A where it can).
+// their half scales, times the activation scale, less the mins times the activation half sums (block_term16); else
+// one 32-code dot and block_term (gemm_w16.cuh: the arithmetic of gemm_w16_kernel, which runs every type on DP4A
+// where it can).
 // Stages of QBK sub-blocks, double-buffered (codes by cp.async on sm_80+; scales through registers), one barrier per
 // stage; STAGES 1 where shared memory holds one stage only (smem::gemm_quant_plan: sm_61): the next stage waits in
 // registers while the current one is multiplied, then a second barrier before it overwrites it. The arithmetic is
@@ -607,8 +608,7 @@ gemm_quant_kernel(const int8_t* __restrict__ xq,  // [T, n]
                         const int d0 = dot16<D>(a[ii][0], b0, dot_chain_init());
                         const int d1 = dot16<D>(a[ii][1], b1, PER16 ? dot_chain_init() : d0);
                         if constexpr (PER16) {
-                            o = fmaf(fmaf(s0[ii], chain_to_f32(d0), s1[ii] * chain_to_f32(d1)), sx, o);
-                            if (MIN) o -= fmaf(m0[ii], e0, m1[ii] * e1);
+                            o = block_term16<MIN>(o, d0, d1, s0[ii], s1[ii], sx, m0[ii], m1[ii], e0, e1);
                         } else {
                             o = block_term<MIN>(o, d1, s0[ii], sx, m0[ii], e0);
                         }
@@ -760,11 +760,13 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
                  size_t work_bytes, bool mma, bool mma_f16) {
     CMP_REQUIRE(n % Q::BV == 0, "cmp_matmul_quant: n=%d is not a multiple of the type's %d-value blocks", n, Q::BV);
     if (T <= QGEMV_MAX_T) return gemv_quant<Q, D>(xq, xd, count, body, head, y, res, rows, T, n);
-    // All the matrices in one run of rows on the tensor cores, and with one scale (and min) per 32 values on DP4A
-    // through Q8_0's DP4A GEMM (gemm_w16.cuh) wherever it runs; else matrix by matrix.
-    bool w16 = false;
-    if constexpr (D::OPS == 1 && !Q::PER16)
-        if (!mma) CMP_TRY((gemm_w16_runs<W16Expanded<Q::MIN>, D>(&w16)));
+    // All the matrices in one run of rows on the tensor cores, and on DP4A through Q8_0's DP4A GEMM (gemm_w16.cuh)
+    // wherever it runs; else matrix by matrix.
+    using W = W16Expanded<Q::MIN, Q::PER16>;
+    W16Shape w16s{};   // tok 0: gemm_w16_kernel does not run (or not on this route)
+    if constexpr (D::OPS == 1)
+        if (!mma) CMP_TRY((gemm_w16_shape<W, D>(&w16s)));
+    const bool w16 = w16s.tok != 0;
     int max_rows = 0, total = 0;
     for (int i = 0; i < count; ++i) max_rows = std::max(max_rows, rows[i]), total += rows[i];
     const GemmWork g = split_work<Q>(work, work_bytes, T, n, w16 || mma ? total : max_rows);
@@ -783,16 +785,13 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
             return gemm_mma(form, Q::MIN, MmaOperands{xq, xd, g.xs, g.wq, g.ws, g.wm, out, T, R, n}, mma_f16);
         });
     }
-    if constexpr (D::OPS == 1 && !Q::PER16)
-        if (w16) {
-            using W = W16Expanded<Q::MIN>;
-            W16Shape s{};
-            CMP_TRY((gemm_w16_shape<W, D>(&s)));
-            return gemm_quant_run<Q>(count, body, head, y, res, rows, T, n, g, s.tok, s.wave,
+    if constexpr (D::OPS == 1)
+        if (w16)
+            return gemm_quant_run<Q>(count, body, head, y, res, rows, T, n, g, w16s.tok, w16s.wave,
                                      [&](const GemmOut& out, int) {
-                                         return launch_gemm_w16<W, D>(xq, xd, g.xs, g.wq, W{g.ws, g.wm}, out, T, n);
+                                         return launch_gemm_w16<W, D>(xq, xd, g.xs, g.wq, W{g.ws, g.wm}, out, T, n,
+                                                                      w16s);
                                      });
-        }
     for (int i = 0; i < count; ++i)
         CMP_TRY((gemm_quant<Q, D>(xq, xd, static_cast<const uint8_t*>(body[i]), static_cast<const uint8_t*>(head[i]),
                                   y[i], res ? res[i] : nullptr, rows[i], T, n, g)));

@@ -12,7 +12,10 @@
 // Used by gemm_w16.cuh (matmul_q8.cu, matmul_quant_*.cu), matmul_q8.cu's gemm2 and attention.cu's prefill.
 #pragma once
 
+#include <algorithm>
+
 #include "common.cuh"
+#include "gemm_chunks.h"
 
 namespace cmp {
 namespace {
@@ -61,6 +64,19 @@ __device__ __forceinline__ void split_finished(int tile, unsigned units) {
         split_ticket = 0;
         split_ended = 0;
     }
+}
+
+// The pieces of a launch of `tiles` whole tiles, `wave` of them resident at once (wave_blocks of the whole-tile
+// kernel), each tile's reduction `stages` long (a bound on a forced count too; a launcher whose ranges are known on
+// the device only passes none: SPLIT_NO_BOUND), a piece at least `min_stages` of them: cmp_set_serial_pieces' count
+// where a test forces one (every count gives the same bits), else gemm_chunks.h's plan under the kernel's model.
+// 1 where the tiles exceed `max_tiles`, the launcher's per-tile counters.
+constexpr int SPLIT_NO_BOUND = 1 << 30;
+inline int launch_pieces(int tiles, int max_tiles, int wave, int stages, int min_stages,
+                         const chunks::SplitModel& model = chunks::SplitModel{}) {
+    if (tiles > max_tiles) return 1;
+    const int forced = serial_pieces_forced();
+    return forced ? std::min(forced, stages) : chunks::serial_pieces(tiles, wave, stages, min_stages, model);
 }
 
 }  // namespace

@@ -73,8 +73,9 @@ constexpr Plan attention_plan(int Dh, size_t limit) {
 // their scales. gemm2_q8_kernel: 128 rows x 128 tokens, stages of 2 blocks (45 KB, every card). gemm2_q8_plan is
 // the table's record of its 4-block stages (80 KB, deleted from the kernel once gemm_w16_kernel took them over).
 // gemm_w16_kernel: 128 rows x TOK tokens, stages of 4 blocks, TOK per card (gemm_w16_plan): 64 (30 KB a stage: 60
-// KB, 66 KB with mins, 8 warps) where two such blocks share an SM (sm_80's 164 KB, sm_90's 228 KB), else 128 (80 KB,
-// 88 KB with mins, 16 warps: sm_86 / sm_89's 100 KB hold one 64-token block, 8 warps, where 16 fit); its launcher
+// KB, 66 KB with mins; PER16 64 KB, 76 KB with mins; 8 warps) where two such blocks share an SM (sm_80's 164 KB,
+// sm_90's 228 KB), else 128 (80 KB, 88 KB with mins, PER16 84 KB: 16 warps; sm_86 / sm_89's 100 KB hold one 64-token
+// block, 8 warps, where 16 fit); its launcher
 // takes it only where the kernel's code has cp.async (sm_80+: the register-staged copy of sm_70/75 holds a whole
 // stage in registers, and at 4 blocks sm_70 spills 72 B where 2 spill none; nvcc 12.4).
 constexpr int G2TILE = 128;   // weight rows per tile (both kernels), and gemm2_q8_kernel's tokens
@@ -97,20 +98,42 @@ struct G2MinStage : G2Stage<BK, TOK> {
     float wm[G2TILE][BK];
     float xs[TOK][BK];
 };
-// gemm_w16_kernel's stages of 4 blocks for TOK tokens, with mins or without.
-static_assert(sizeof(G2Stage<4, 64>) == 30720 && sizeof(G2MinStage<4, 64>) == 33792 &&
-                  sizeof(G2Stage<4, 64>) % 16 == 0 && sizeof(G2MinStage<4, 64>) % 16 == 0,
+// PER16 (a scale per 16 values: Q6_K, Q3_K expanded): wd holds each block's first half's scale, wd1 its second's.
+template <int BK, int TOK = G2TILE>
+struct G2Per16Stage : G2Stage<BK, TOK> {
+    float wd1[G2TILE][BK];
+};
+// PER16 with a min per 16 values (Q2_K expanded): the halves' mins and the activation halves' sums times their scale
+// (xs the first half's, xs1 the second's).
+template <int BK, int TOK = G2TILE>
+struct G2Per16MinStage : G2Per16Stage<BK, TOK> {
+    float wm[G2TILE][BK];
+    float wm1[G2TILE][BK];
+    float xs[TOK][BK];
+    float xs1[TOK][BK];
+};
+// gemm_w16_kernel's stages of 4 blocks for TOK tokens, by the weights' scales: per 32 values (Q8_0 and the expanded
+// types without PER16) without or with mins, PER16 without or with mins.
+template <int TOK>
+constexpr size_t w16_stage_bytes(bool min, bool per16) {
+    return per16 ? (min ? sizeof(G2Per16MinStage<4, TOK>) : sizeof(G2Per16Stage<4, TOK>))
+                 : (min ? sizeof(G2MinStage<4, TOK>) : sizeof(G2Stage<4, TOK>));
+}
+static_assert(w16_stage_bytes<64>(false, false) == 30720 && w16_stage_bytes<64>(true, false) == 33792 &&
+                  w16_stage_bytes<64>(false, true) == 32768 && w16_stage_bytes<64>(true, true) == 38912 &&
+                  w16_stage_bytes<64>(true, false) % 16 == 0 && w16_stage_bytes<64>(true, true) % 16 == 0 &&
+                  w16_stage_bytes<128>(true, true) % 16 == 0,
               "gemm_w16_kernel's 128x64 stages, 16-byte aligned one after another");
-constexpr size_t gemm_w16_bytes(int tok, bool min) {
-    return tok == 64 ? 2 * (min ? sizeof(G2MinStage<4, 64>) : sizeof(G2Stage<4, 64>))
-                     : 2 * (min ? sizeof(G2MinStage<4, 128>) : sizeof(G2Stage<4, 128>));
+constexpr size_t gemm_w16_bytes(int tok, bool min, bool per16) {
+    return 2 * (tok == 64 ? w16_stage_bytes<64>(min, per16) : w16_stage_bytes<128>(min, per16));
 }
 // Its tokens per tile (config; 0: it does not fit, and the launcher takes gemm2_q8_kernel for Q8_0,
 // gemm_quant_kernel for the expanded types: their stages are smaller): 64 where two blocks share an SM, whose shared
 // memory is the per-block limit plus the 1 KB the driver keeps per block (sm_80 / sm_86 / sm_89 / sm_90), else 128
-// where it fits, else 64 where one block fits.
-constexpr Plan gemm_w16_plan(size_t limit, bool min) {
-    const size_t b64 = gemm_w16_bytes(64, min), b128 = gemm_w16_bytes(128, min);
+// where it fits, else 64 where one block fits. PER16 with mins (Q2_K: 76 KB at 64 tokens, 100 KB at 128) is 64
+// everywhere: sm_86 / sm_89's 99 KB a block miss its 128-token tile by 1 KB, so there it runs one 8-warp block an SM.
+constexpr Plan gemm_w16_plan(size_t limit, bool min, bool per16) {
+    const size_t b64 = gemm_w16_bytes(64, min, per16), b128 = gemm_w16_bytes(128, min, per16);
     if (2 * (b64 + 1024) <= limit + 1024) return {64, b64};
     if (b128 <= limit) return {128, b128};
     return {b64 <= limit ? 64 : 0, b64};

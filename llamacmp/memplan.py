@@ -29,7 +29,7 @@ from typing import Sequence
 from . import kv_quant
 from .config import ModelConfig
 from .gguf_file import QUANT_BLOCKS
-from .spec import coarse_head
+from .spec import coarse_head, hidden_rows
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -201,6 +201,12 @@ def spec_steps_bytes(cfg: ModelConfig, n_max: int) -> int:
     return len(cfg.gdn_layers) * (conv + ssm)
 
 
+def spec_rows_bytes(cfg: ModelConfig, n_max: int) -> int:
+    """One slot's hidden-state rows that feed the MTP head (spec.hidden_rows: its queue, ring and h_last), each
+    row a block of its own at worst."""
+    return hidden_rows(n_max) * size_class(cfg.n_embd * 4)
+
+
 def coarse_head_bytes(rows: int, n_embd: int) -> int:
     """The MTP draft's CQ2 coarse head of `rows` rows (--spec-draft-coarse) as the CUDA backend stores it: code
     and scale planes apart (8 + 2 bytes per 32 values)."""
@@ -245,9 +251,11 @@ def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: i
         kv = p.item("KV cache")
         kv.detail += " (the MTP layer's included)"
         steps = spec_steps_bytes(cfg, spec_n_max) * n_slots
+        rows = spec_rows_bytes(cfg, spec_n_max) * n_slots
         scratch = p.item("scratch")
-        scratch.nbytes += steps
-        scratch.detail += f", MTP verification states {steps / MIB:.1f} MiB"
+        scratch.nbytes += steps + rows
+        scratch.detail += f", MTP verification states {steps / MIB:.1f} MiB, the MTP head's hidden rows " \
+                          f"{rows / MIB:.1f} MiB"
         logits, rows = p.item("logits"), n_slots * (spec_n_max + 1)    # a verification's every row
         if not all_logits and rows > n_slots:
             logits.nbytes = size_class(rows * cfg.n_vocab * 4)

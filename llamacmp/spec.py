@@ -30,6 +30,20 @@ MTP_TENSOR = "blk.{}.nextn.eh_proj.weight"      # llama.cpp's test for an MTP he
 
 AUTO = "auto"                                   # --spec-draft-vocab auto (the default)
 
+# The target's hidden-state rows (n_embd f32 each, 16 KB on the 9B) that one sequence's drafting keeps on the device
+# (engine/speculative.py; memplan counts them per slot): the plain steps queued before the head runs over them
+# (observe_plain: 160 MB a stream over 10K plainly decoded tokens unbounded, ~4 MB at 256), and the ring of the
+# commits' kept rows (MtpSeq.kept: KEPT_ROUNDS rounds of n_max + 1 rows before it starts over).
+PENDING_MAX = 256
+KEPT_ROUNDS = 8
+
+
+def hidden_rows(n_max: int) -> int:
+    """The most such rows one sequence holds: a full queue plus the round that fills it past the bound (a commit
+    queues up to n_max + 1), the ring, and h_last."""
+    return PENDING_MAX + (n_max + 1) + KEPT_ROUNDS * (n_max + 1) + 1
+
+
 # --spec-draft-coarse (llamacmp's own; models/qwen35.py set_draft_coarse, Backend.coarse_argmax): the MTP draft only
 # needs the argmax of its LM head, so a head of many rows is read through a CQ2 copy (backends/cq2_ref.py: 2-bit
 # codes, 0.3125 bytes a weight) whose COARSE_K best ids the exact head rescores. The verify keeps the exact head:

@@ -36,6 +36,27 @@ def test_expected_in_one_pass_is_expected_bit_for_bit():
         assert a.expected_upto(4) == [a.expected(n) for n in range(5)]
 
 
+def test_expect_weighs_each_end_of_a_running_round(monkeypatch):
+    """DraftPolicy.expect (while a round of one sequence runs): the tokens per n after each way it can end are
+    there for the next choice, the same bits as weighed then; of several sequences nothing is weighed ahead."""
+    acc, n = Acceptance(2.7, 4.1), 3
+    fresh = []
+    for k in range(n + 1):
+        b = Acceptance(acc.accepted, acc.tried)
+        b.update(n, k)
+        fresh.append((b, DraftPolicy(4)._tokens([b])))
+    p = DraftPolicy(4)
+    p.expect([acc], n)
+    calls = []
+    monkeypatch.setattr(Acceptance, "expected_upto", lambda self, m: calls.append(m) or [1.0] * (m + 1))
+    for b, want in fresh:
+        got = p._tokens([b])
+        assert got == want and all(type(x) is float for x in got)
+    assert calls == []
+    p.expect([acc, acc], n)
+    assert p._tokens([acc, acc]) == [2.0] * 5 and calls == [4, 4]      # (weighed when asked: the stub's)
+
+
 def test_cost_table_measures_and_estimates():
     c = CostTable()
     assert c.spec_cost(1, 3) is None and c.plain_cost(1) is None

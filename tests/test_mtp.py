@@ -388,6 +388,25 @@ def test_head_cache_equals_one_pass_over_the_accepted_tokens(lm):
     np.testing.assert_allclose(ms.state.v[0][:n].astype(np.float32), ref.v[0][:n].astype(np.float32), atol=2e-3)
 
 
+@pytest.mark.parametrize("graphs", [False, "eager-double"])
+def test_kept_rows_ring_starts_over_and_the_head_stays_one_pass(lm, graphs, monkeypatch):
+    """commit() writes each round's kept h rows into the sequence's ring right after the last ones
+    (Speculator._keep); at 2 rounds of room it starts over every few rounds: the output is MTP off's and the head's
+    KV rows still hold one pass over the sequence (each token with the h of the token before)."""
+    from llamacmp.engine import speculative
+    monkeypatch.setattr(speculative, "KEPT_ROUNDS", 2)
+    prompt = lm.tokenizer.encode(PROMPTS[0])
+    off, _ = _greedy(lm, PROMPTS[0], 40)
+    kept = []
+    keep = speculative.Speculator._keep
+    monkeypatch.setattr(speculative.Speculator, "_keep",
+                        lambda self, ms, h, row, j: kept.append(ms.kept_at + j) or keep(self, ms, h, row, j))
+    on, c = _greedy(lm, PROMPTS[0], 40, 3, [prompt + off], seed=5, graphs=graphs)
+    assert on == off
+    assert c.engine.slots[0].mtp.kept.shape[0] == 8 and sum(end > 8 for end in kept) > 2     # it started over
+    _assert_head_is_one_pass(lm, c, prompt)
+
+
 class ScriptedPolicy(DraftPolicy):
     """A draft policy whose rounds follow a script of lengths (0: plain), cycled: plain runs of several rounds
     (so the heads catch up over more rows than a draft graph takes), then each draft length."""
@@ -463,6 +482,33 @@ def plain_rounds_on_equals_off(lm, graphs):
 @pytest.mark.parametrize("graphs", [None, "eager-double"])
 def test_adaptive_scheduler_greedy_on_equals_off(lm, graphs):
     adaptive_scheduler_on_equals_off(lm, graphs)
+
+
+def test_graph_round_weighs_the_next_choice_while_it_runs(lm, monkeypatch):
+    """A graphed round of one slot hands DraftPolicy.expect its acceptance and length while it runs (before its
+    ids are read: Speculator._while_drafting), and the driver's while_running (the engine's flush) still runs
+    in each; greedy equals off."""
+    prompt = list(lm.tokenizer.encode(PROMPTS[0]))
+    off = _client(lm)
+    off.history = list(prompt)
+    want = off.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=24)).tokens
+    c = _client(lm, 3, graphs="eager-double", adaptive=True)
+    seen, expect = [], DraftPolicy.expect
+    monkeypatch.setattr(DraftPolicy, "expect", lambda self, accs, n: seen.append(n) or expect(self, accs, n))
+    g, inside, flushes, flush, step = c.engine.spec.graphs, [False], [], c.engine._flush, c.engine.spec.graphs.step
+
+    def stepping(*a):
+        inside[0] = True
+        try:
+            return step(*a)
+        finally:
+            inside[0] = False
+    g.step = stepping
+    c.engine._flush = lambda: flushes.append(inside[0] and len(seen)) or flush()
+    c.history = list(prompt)
+    assert c.generate(GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=24)).tokens == want
+    assert seen and len(seen) == g.n_verify
+    assert [f for f in flushes if f] == list(range(1, len(seen) + 1))    # each round's flush, after its weighing
 
 
 def adaptive_scheduler_on_equals_off(lm, graphs):

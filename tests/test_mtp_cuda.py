@@ -58,6 +58,42 @@ def test_concat_of_many_rows_is_one_table(cuda_backend, width):
         np.testing.assert_array_equal(got, np.concatenate(xs, axis=0))
 
 
+def test_copy_rows_is_a_copy_of_its_own(cuda_backend):
+    """Backend.copy_rows (a verify graph's kept h rows, a plain step's rows): the numpy slice's values, in a block
+    of its own that keeps them when the source is rewritten."""
+    be = cuda_backend
+    x = np.arange(5 * 8, dtype=np.float32).reshape(5, 8)
+    t = up(be, x)
+    c = be.copy_rows(t, 1, 3)
+    assert c.shape == (3, 8) and c.ptr != t.row_ptr(1)
+    be.copy_from_host(t, np.zeros_like(x))
+    np.testing.assert_array_equal(be.to_host(c), x[1:4])
+    np.testing.assert_array_equal(NumpyBackend().copy_rows(x, 1, 3), x[1:4])
+    with pytest.raises(ValueError, match="rows 4 .. 5 of a tensor of 5"):
+        be.copy_rows(t, 4, 2)
+
+
+def test_write_rows_into_a_tensor(cuda_backend):
+    """Backend.write_rows (commit's kept h rows into the sequence's ring): the rows land where numpy's slice
+    assignment puts them, the rest stays, and the view it returns reads them; out of range or another row shape is
+    refused."""
+    be = cuda_backend
+    ring, h = np.zeros((6, 8), np.float32), np.arange(4 * 8, dtype=np.float32).reshape(4, 8)
+    r, t = up(be, ring), up(be, h)
+    got = be.write_rows(r, 3, t, 1, 2)
+    want = ring.copy()
+    want[3:5] = h[1:3]
+    np.testing.assert_array_equal(be.to_host(r), want)
+    np.testing.assert_array_equal(be.to_host(got), h[1:3])
+    assert got.ptr == r.row_ptr(3)
+    np.testing.assert_array_equal(NumpyBackend().write_rows(ring, 3, h, 1, 2), h[1:3])
+    np.testing.assert_array_equal(ring, want)
+    with pytest.raises(ValueError, match="rows 5 .. 6 of a tensor of 6"):
+        be.write_rows(r, 5, t, 1, 2)
+    with pytest.raises(ValueError, match="write_rows"):
+        be.write_rows(r, 0, up(be, np.zeros((2, 4), np.float32)), 0, 2)
+
+
 def test_rows_are_views_that_keep_their_block(cuda_backend):
     """Backend.rows (the plain step's hidden rows, one per sequence, of one gathered copy): the numpy slice's values,
     the same memory, and the block stays allocated while a view lives after its tensor is dropped."""

@@ -75,7 +75,7 @@ def test_shape_model_plans_the_mtp_tensors():
 
 def test_memory_plan_counts_the_mtp_block_only_when_it_runs():
     """Without --spec-type draft-mtp the MTP block is neither uploaded nor planned; with it, its weights, its KV
-    layer and the verification states (n_max + 1 tokens per slot) are."""
+    layer, the verification states (n_max + 1 tokens per slot) and the hidden rows that feed the head are."""
     from llamacmp import memplan
     tensors, cfg = shape_model("9b", 248320, mtp=True)
     plain_tensors, _ = shape_model("9b", 248320)
@@ -87,7 +87,9 @@ def test_memory_plan_counts_the_mtp_block_only_when_it_runs():
     kv_layer = memplan.kv_bytes(cfg, 4096, "f16", "f16", 1) * 2
     assert on.item("KV cache").nbytes - off.item("KV cache").nbytes == kv_layer
     steps = memplan.spec_steps_bytes(cfg, 3) * 2
-    assert on.item("scratch").nbytes - off.item("scratch").nbytes == steps
+    rows = memplan.spec_rows_bytes(cfg, 3) * 2
+    assert on.item("scratch").nbytes - off.item("scratch").nbytes == steps + rows
+    assert rows >= 2 * (256 + 8 * 4) * 4096 * 4               # 2 slots x (the plain steps' queue + the ring) x 16 KB
     assert steps >= 2 * 24 * 3 * 32 * 128 * 128 * 4          # 2 slots x 24 GDN layers x 3 states of 2 MiB
     assert on.item("logits").nbytes >= 2 * 4 * 248320 * 4 > off.item("logits").nbytes   # 1 + 3 rows per slot
 

@@ -102,9 +102,10 @@ def test_gemm_row_chunks(gemm_backend, type_name, monkeypatch):
     assert rel(cuda_backend.to_host(got), exact(x, w)) < TOL
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "IQ4_XS", "Q2_K"])
 def test_one_stage_gemm_gives_the_same_bits(cuda_backend, type_name):
-    """The DP4A GEMM with one shared stage (sm_61's 48 KB) computes what the double-buffered one does, bit for bit."""
+    """The DP4A GEMM with one shared stage (gemm_quant_kernel under sm_61's 48 KB) computes what the device runs
+    (gemm_w16_kernel where its compute_80+ code runs, else gemm_quant_kernel's two stages), bit for bit."""
     from cuda_helpers import SMEM_CAPS
     rng = np.random.default_rng(21)
     n = cols_for(type_name, 4 if QUANT_BLOCKS[type_name][0] == 32 else 2)
@@ -120,19 +121,23 @@ def test_one_stage_gemm_gives_the_same_bits(cuda_backend, type_name):
     np.testing.assert_array_equal(out[SMEM_CAPS["sm61"]], out[0])
 
 
-# One scale (and min) per 32 values (quant_blocks.cuh: PER16 false): on DP4A gemm_w16.cuh's GEMM
-PER32_TYPES = [t for t in TYPES if t not in ("Q2_K", "Q3_K", "Q6_K", "IQ2_XS", "IQ2_S", "IQ1_M")]
+# A scale (and min) per 16 values (quant_blocks.cuh: PER16 true; gemm_w16.cuh's block_term16); the others have one
+# per 32 values (block_term).
+PER16_TYPES = ["Q2_K", "Q3_K", "Q6_K", "IQ2_XS", "IQ2_S", "IQ1_M"]
+PER32_TYPES = [t for t in TYPES if t not in PER16_TYPES]
+MIN_TYPES = ["Q2_K", "Q4_1", "Q4_K", "Q5_1", "Q5_K"]
 
 
-@pytest.mark.parametrize("type_name", PER32_TYPES)
-def test_per32_gemm_same_bits_on_every_kernel(cuda_backend, type_name):
-    """The per-32 types' GEMM (gemm_w16.cuh's block_term per output and block, in block order) gives the same bits on
-    each kernel that runs it: gemm_w16_kernel (DP4A, compute_80+ code: 128 x 64 tiles, 60 / 66 KB, uncapped and
-    without mins under sm_75's 64 KB; 128 x 128, 80 / 88 KB, under sm_70's 96 KB as on sm_86 / sm_89), gemm_quant_kernel's two stages (sm_75's 64 KB, the types with mins) and
-    one (sm_61's 48 KB), and the DP2A and IMAD routes' gemm_quant_kernel (the same integers); and matches the
-    reference. 259 rows (three row tiles, the last of 3 rows) in two chunks of 256 rows (the workspace: ldy = 259 in
-    the second), 200 tokens (a partial last token tile), a K tail (32-value types: 13 blocks, 3 stages of 4 and one
-    block), the residual added in the epilogue."""
+@pytest.mark.parametrize("type_name", TYPES)
+def test_gemm_same_bits_on_every_kernel(cuda_backend, type_name):
+    """Every expanded type's GEMM (gemm_w16.cuh's block_term, or block_term16 for PER16, per output and block, in
+    block order) gives the same bits on each kernel that runs it: gemm_w16_kernel (DP4A, compute_80+ code: 128 x 64
+    tiles uncapped; under sm_75's 64 KB without mins (60 KB; PER16 64 KB); 128 x 128 under sm_70's 96 KB as on sm_86
+    / sm_89 (80 / 88 KB; PER16 84 KB), 128 x 64 there for Q2_K (76 KB: its 100 KB tile fits neither)),
+    gemm_quant_kernel's two stages (sm_75's 64 KB, the types with mins) and one (sm_61's 48 KB), and the DP2A and
+    IMAD routes' gemm_quant_kernel (the same integers); and matches the reference. 259 rows (three row tiles, the last
+    of 3 rows) in two chunks of 256 rows (the workspace: ldy = 259 in the second), 200 tokens (a partial last token
+    tile), a K tail (32-value types: 13 blocks, 3 stages of 4 and one block), the residual added in the epilogue."""
     from cuda_helpers import SMEM_CAPS
     be, rng = cuda_backend, np.random.default_rng(31)
     n = cols_for(type_name, 13 if QUANT_BLOCKS[type_name][0] == 32 else 3)
@@ -160,10 +165,10 @@ def test_per32_gemm_same_bits_on_every_kernel(cuda_backend, type_name):
         np.testing.assert_array_equal(got, out["dp4a", "device"], err_msg=str(key))
 
 
-@pytest.mark.parametrize("type_name", PER32_TYPES + ["Q6_K"])
+@pytest.mark.parametrize("type_name", PER32_TYPES + ["Q6_K", "Q2_K"])
 def test_group_in_one_launch(gemm_backend, type_name):
-    """The GEMMs that store by row (gemm_out.cuh: the tensor-core ones for every type, the DP4A one where
-    gemm_w16_kernel runs for the per-32 types) take a call's matrices as one run: expanded back to back into the
+    """The GEMMs that store by row (gemm_out.cuh: the tensor-core ones and, where it runs, the DP4A gemm_w16_kernel)
+    take a call's matrices as one run: expanded back to back into the
     workspace and multiplied in one launch per chunk (gemm_quant_run); the others one matrix at a time. The same bits
     as one call per matrix, residuals added, against the exact math. Rows 100 + 130 + 33 in chunks of 128 rows: chunk
     boundaries inside the second and third matrix, a tile holding rows of two."""
@@ -183,8 +188,9 @@ def test_group_in_one_launch(gemm_backend, type_name):
         alone = [captured(be, lambda: be._q8_project(xq, xd, [w], [r]))[0][0] for w, r in zip(ws, dres)]
     finally:
         be.QUANT_WORK_BYTES = saved
-    one_run = be.routes.matmul_prefill == "mma" or (be.native.gemm_w16_available() and type_name in PER32_TYPES)
-    sums = int(type_name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K"))   # the half sums first (types with mins)
+    # (on the device's own shared memory every type's gemm_w16_kernel fits where Q8_0's does: 76 KB at most)
+    one_run = be.routes.matmul_prefill == "mma" or be.native.gemm_w16_available()
+    sums = int(type_name in MIN_TYPES)   # the half sums first
     # one run: chunks 100 + 28 | 102 + 26 | 7 rows, 5 expansions and 3 GEMMs; else 100 | 128 + 2 | 33, 4 and 4
     assert launches == sums + (5 + 3 if one_run else 4 + 4)
     for g, a, b, r in zip(group, alone, blocks, res):
@@ -192,11 +198,11 @@ def test_group_in_one_launch(gemm_backend, type_name):
         assert rel(g, exact(x, b) + r) < TOL
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_K"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_K", "Q6_K", "Q2_K"])
 def test_gemm_pieces_give_the_same_bits(cuda_backend, type_name):
-    """The expanded types on the DP4A GEMM (gemm_w16_kernel, without and with mins) in serial pieces of K
-    (cmp_set_serial_pieces forces 2..4 on every launch; 0: the plan) give the unsplit bits, residuals added, against the
-    exact math. 2048 values of K: 16 stages."""
+    """The expanded types on the DP4A GEMM (gemm_w16_kernel: per 32 and PER16, without and with mins) in serial pieces
+    of K (cmp_set_serial_pieces forces 2..4 on every launch; 0: the plan) give the unsplit bits, residuals added,
+    against the exact math. 2048 values of K: 16 stages."""
     from dataclasses import replace
     be, rng, T = cuda_backend, np.random.default_rng(43), 200
     if not be.native.gemm_w16_available():

@@ -37,7 +37,10 @@ AROUND = {
     "gemm_w16_kernel": "Q8_0 takes gemm2_q8_kernel's 2-block stages (45 KB), the expanded types without mins "
                        "gemm_quant_kernel (54 KB, 27 KB on sm_61)",
     "gemm_w16_kernel+min": "the expanded types with mins take gemm_quant_kernel (54 KB, 27 KB on sm_61)",
+    "gemm_w16_kernel+per16": "Q6_K and Q3_K take gemm_quant_kernel (54 KB, 27 KB on sm_61)",
+    "gemm_w16_kernel+per16+min": "Q2_K takes gemm_quant_kernel (54 KB, 27 KB on sm_61)",
 }
+W16_FORMS = ("gemm_w16_kernel", "gemm_w16_kernel+min", "gemm_w16_kernel+per16", "gemm_w16_kernel+per16+min")
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +92,8 @@ def test_large_cards_keep_todays_configuration(table):
         tok = 64 if card == "sm_90" else 128   # the launcher: none on sm_70's code
         assert pick(table, "gemm_w16_kernel", 0, CARDS[card])[0] == tok
         assert pick(table, "gemm_w16_kernel+min", 0, CARDS[card])[0] == tok
+        assert pick(table, "gemm_w16_kernel+per16", 0, CARDS[card])[0] == tok
+        assert pick(table, "gemm_w16_kernel+per16+min", 0, CARDS[card])[0] == 64   # its 100 KB tile fits none
         assert [pick(table, "attention_full_kernel", Dh, CARDS[card])[0] for Dh in (64, 72, 80, 128)] == [64] * 4
     for kernel in ("gdn_chunk_intra_kernel", "gdn_chunk_state_kernel"):   # 89280 / 80640 B: Qwen3.5's key dim
         assert pick(table, kernel, 128, CARDS["sm_70"])[0] == 1
@@ -101,8 +106,10 @@ def test_the_cuda_tests_caps_reach_every_configuration(table):
     assert {pick(table, "attn_prefill_kernel", 256, lim)[0] for lim in caps} == {16, 32, 64}
     assert {pick(table, "gemm_quant_kernel", 0, lim)[0] for lim in caps} == {1, 2}
     assert {pick(table, "gemm2_q8_kernel", 0, lim)[0] for lim in caps} == {2, 4}
-    assert {pick(table, "gemm_w16_kernel", 0, lim)[0] for lim in caps} == {0, 64, 128}
-    assert {pick(table, "gemm_w16_kernel+min", 0, lim)[0] for lim in caps} == {0, 64, 128}
+    for kernel in W16_FORMS[:3]:
+        assert {pick(table, kernel, 0, lim)[0] for lim in caps} == {0, 64, 128}, kernel
+    # PER16 with mins picks 128 tokens on no card (test_gemm_w16_takes_two_blocks_an_sm_where_they_fit)
+    assert {pick(table, "gemm_w16_kernel+per16+min", 0, lim)[0] for lim in caps} == {0, 64}
     assert {pick(table, "attention_kernel", 192, lim)[0] for lim in caps} == {8, 16}
     assert {pick(table, "attention_full_kernel", 72, lim)[0] for lim in caps} == {32, 64}
     for kernel in ("gdn_chunk_intra_kernel", "gdn_chunk_state_kernel"):   # the scan fallback too
@@ -111,26 +118,35 @@ def test_the_cuda_tests_caps_reach_every_configuration(table):
 
 def test_gemm_w16_takes_two_blocks_an_sm_where_they_fit(table):
     """gemm_w16_kernel: tiles of 128 rows x 64 tokens, 256 threads (<= 128 registers: 2 x 256 x 128 = the 64K
-    register file), two stages of 4 blocks: 30 KB each (W 128 x 36 ints, X 64 x 36, their scales), 33 KB with mins.
-    Two blocks share an SM where 2 x (bytes + 1 KB) fit its shared memory: the A100's and H200's. sm_86 / sm_89's
-    100 KB hold one (8 warps), so there the tile is 128 x 128 (512 threads, one block of 16 warps: 80 / 88 KB)."""
-    w16 = pick(table, "gemm_w16_kernel", 0, CARDS["sm_90"])
-    w16min = pick(table, "gemm_w16_kernel+min", 0, CARDS["sm_90"])
+    register file), two stages of 4 blocks: 30 KB each (W 128 x 36 ints, X 64 x 36, their scales), 33 KB with mins;
+    PER16 32 KB, 38 KB with mins. Two blocks share an SM where 2 x (bytes + 1 KB) fit its shared memory: the A100's
+    and H200's. sm_86 / sm_89's 100 KB hold one (8 warps), so there the tile is 128 x 128 (512 threads, one block of
+    16 warps: 80 / 88 KB, PER16 84 KB) but for PER16 with mins (100 KB: one 64-token block)."""
+    w16, w16min, per16, per16min = (pick(table, k, 0, CARDS["sm_90"]) for k in W16_FORMS)
     assert w16 == (64, 2 * (128 * 36 * 4 + 64 * 36 * 4 + 128 * 4 * 4 + 64 * 4 * 4)) == (64, 61440)
     assert w16min == (64, 61440 + 2 * (128 * 4 * 4 + 64 * 4 * 4)) == (64, 67584)
+    # PER16: W's second half scales; with mins both halves' mins and X's two half sums
+    assert per16 == (64, 61440 + 2 * 128 * 4 * 4) == (64, 65536)
+    assert per16min == (64, 65536 + 2 * (2 * 128 * 4 * 4 + 2 * 64 * 4 * 4)) == (64, 77824)
     assert pick(table, "gemm_w16_kernel", 0, CARDS["sm_86"]) == (128, 81920)
     assert pick(table, "gemm_w16_kernel+min", 0, CARDS["sm_86"]) == (128, 90112)
+    assert pick(table, "gemm_w16_kernel+per16", 0, CARDS["sm_86"]) == (128, 86016)
+    # 128 x 128 with mins would be 100 KB, 1 KB over sm_86 / sm_89's per-block limit: one 64-token block an SM there
+    assert pick(table, "gemm_w16_kernel+per16+min", 0, CARDS["sm_86"]) == (64, 77824)
     assert pick(table, "gemm_w16_kernel", 0, CARDS["sm_75"]) == (64, 61440)   # one block (the cap tests run)
-    assert pick(table, "gemm_w16_kernel", 0, CARDS["sm_61"])[0] == 0
+    assert pick(table, "gemm_w16_kernel+per16", 0, CARDS["sm_75"]) == (64, 65536)   # exactly sm_75's 64 KB
+    assert pick(table, "gemm_w16_kernel+per16+min", 0, CARDS["sm_75"])[0] == 0
+    assert all(pick(table, k, 0, CARDS["sm_61"])[0] == 0 for k in W16_FORMS)
     assert pick(table, "gemm2_q8_kernel", 0, CARDS["sm_90"]) == (4, 81920)
     assert pick(table, "gemm2_q8_kernel", 0, CARDS["sm_75"]) == (2, 45056)
     by_registers = 65536 // (256 * 128)   # __launch_bounds__(256, 2): the register file holds 2 (sm_90's 228 KB 3)
     for card, per_sm in SM_SHARED.items():
-        blocks = [min(per_sm // (b + BLOCK_RESERVED), by_registers) for _, b in (w16, w16min)]
-        assert blocks == ([1, 1] if card == "sm_86" else [2, 2]), (card, blocks)
+        forms = (w16, w16min, per16, per16min)
+        blocks = [min(per_sm // (b + BLOCK_RESERVED), by_registers) for _, b in forms]
+        assert blocks == ([1] * 4 if card == "sm_86" else [2] * 4), (card, blocks)
         # the plan's rule (per-SM shared memory = the per-block limit + 1 KB) agrees
         limit = per_sm - BLOCK_RESERVED
-        assert all(2 * (b + BLOCK_RESERVED) <= limit + BLOCK_RESERVED for _, b in (w16, w16min)) == (card != "sm_86")
+        assert all(2 * (b + BLOCK_RESERVED) <= limit + BLOCK_RESERVED for _, b in forms) == (card != "sm_86")
 
 
 def test_what_does_not_fit_is_known(table):

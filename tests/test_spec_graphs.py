@@ -3,8 +3,10 @@ which shapes are captured when, that prepare() captures exactly the shapes a ste
 and the least recently used graph goes first."""
 from __future__ import annotations
 
+import ctypes
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from llamacmp.backends import spec_graphs
@@ -155,7 +157,10 @@ class FakeBackend:
 
     def __init__(self, ids):
         self.uploads, self.copies, self.launches, self.ids, self.destroyed = {}, [], 0, ids, []
+        self.h2d = []                            # (address, the int32 values) of each upload by address
         self.native = SimpleNamespace(cmp_memcpy_d2d=lambda dst, src, n: self.copies.append((dst, src, n)),
+                                      cmp_memcpy_h2d=lambda dst, src, n: self.h2d.append(
+                                          (dst, [int(x) for x in np.frombuffer(ctypes.string_at(src, n), np.int32)])),
                                       cmp_memcpy2d_d2d=lambda *a: self.copies.append(a),
                                       cmp_graph_launch=self._launch, cmp_graph_destroy=self.destroyed.append)
 
@@ -166,7 +171,6 @@ class FakeBackend:
         self.uploads[t.name] = [int(x) for x in a]
 
     def ids_to_host(self, t):
-        import numpy as np
         return np.asarray(self.ids, np.int32)
 
 
@@ -199,11 +203,12 @@ def test_draft_replay_feeds_the_recorded_layout():
     g.be = FakeBackend([10, 20, 11, 21, 12, 22])                         # round r: [seq 0, seq 1]
     g.states = [SimpleNamespace(n_past=5, n_ctx=64), SimpleNamespace(n_past=9, n_ctx=64)]
     g.lengths, g.n, g.graph = lengths, n, recorded(g.be)
-    g.inputs, g.tok0 = FakeTensor("inputs", (3 + 3 + (n - 1) * B,)), FakeTensor("tok0", (3,))
+    g.inputs, g.tok0 = FakeTensor("inputs", (3 + 3 + (n - 1) * B,), 300), FakeTensor("tok0", (3,))
     g.h0, g.ids = FakeTensor("h0", (3, 8), 1000, 32), FakeTensor("ids", (n * B,))
+    g._stage_inputs()
     h = [FakeTensor("h_a", (1, 8), 5000, 32), FakeTensor("h_b", (1, 8), 6000, 32), FakeTensor("h_c", (1, 8), 7000, 32)]
     assert g.run([1, 2, 3], h) == [[10, 11, 12], [20, 21, 22]]
-    assert g.be.uploads == {"inputs": [1, 2, 3] + [5, 6, 9, 7, 10, 8, 11]}
+    assert g.be.h2d == [(300, [1, 2, 3] + [5, 6, 9, 7, 10, 8, 11])]
     assert g.be.copies == [(1000, 5000, 32), (1032, 6000, 32), (1064, 7000, 32)]
     assert [s.n_past for s in g.states] == [5 + 2 + 2, 9 + 1 + 2] and g.be.launches == 1
     g.be.copies.clear()
@@ -272,10 +277,11 @@ def test_verify_after_a_draft_takes_its_ids_on_the_device():
 
 def test_step_runs_the_draft_and_the_verify_graph_of_its_length(graphs, monkeypatch):
     """SpecGraphs.step: the draft graph launched, the verify of the same length after it, one read: the drafted ids
-    are the verify's tokens 1 .. n of each sequence (the draft's own buffer is not read); a shape of several
-    sequences asked for the first time is declined (None) before anything runs."""
-    import numpy as np
+    are the verify's tokens 1 .. n of each sequence (the draft's own buffer is not read); the verify graph is
+    looked up (here: captured) after the draft's launch, off the host's critical path; a shape of several sequences
+    asked for the first time is declined (None) before anything runs."""
     calls = []
+    monkeypatch.setattr(FakeVerify, "__init__", lambda self, *args: calls.append(("verify made",)))
     monkeypatch.setattr(FakeDraft, "launch", lambda self, tokens, h: calls.append(("draft", self.n, tuple(tokens))),
                         raising=False)
     monkeypatch.setattr(FakeDraft, "read", lambda self: calls.append(("read",)), raising=False)
@@ -288,6 +294,6 @@ def test_step_runs_the_draft_and_the_verify_graph_of_its_length(graphs, monkeypa
     st, ms = _states(1)[0], _states(1)[0]
     assert g.step([st], [ms], [7], [[5, 7]], [[None, None]], 2, lambda: calls.append(("meanwhile",))) == \
         ([[1, 2]], "l", "h", [0])
-    assert calls == [("draft", 2, (5, 7)), ("verify", 2, (7,)), ("meanwhile",), ("verify read",)]
+    assert calls == [("draft", 2, (5, 7)), ("verify made",), ("verify", 2, (7,)), ("meanwhile",), ("verify read",)]
     a, b = _states(2)
-    assert g.step([a, b], [a, b], [1, 2], [[1], [2]], [[None], [None]], 3) is None and len(calls) == 4
+    assert g.step([a, b], [a, b], [1, 2], [[1], [2]], [[None], [None]], 3) is None and len(calls) == 5

@@ -46,8 +46,10 @@ int main() {
         }
         row("gemm_quant_kernel", 0, limit, gemm_quant_plan(limit));
         row("gemm2_q8_kernel", 0, limit, gemm2_q8_plan(limit));
-        row("gemm_w16_kernel", 0, limit, gemm_w16_plan(limit, false));
-        row("gemm_w16_kernel+min", 0, limit, gemm_w16_plan(limit, true));
+        row("gemm_w16_kernel", 0, limit, gemm_w16_plan(limit, false, false));
+        row("gemm_w16_kernel+min", 0, limit, gemm_w16_plan(limit, true, false));
+        row("gemm_w16_kernel+per16", 0, limit, gemm_w16_plan(limit, false, true));
+        row("gemm_w16_kernel+per16+min", 0, limit, gemm_w16_plan(limit, true, true));
         gdn<16>(limit);
         gdn<32>(limit);
         gdn<64>(limit);

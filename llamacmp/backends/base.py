@@ -255,6 +255,16 @@ class Backend(ABC):
     def rows(self, x: Tensor, start: int, n: int) -> Tensor:
         """x [T, ...] -> rows start .. start + n - 1 [n, ...] without a copy (x's memory, kept alive by them)."""
 
+    @abstractmethod
+    def write_rows(self, dst: Tensor, at: int, src: Tensor, start: int, n: int) -> Tensor:
+        """Rows start .. start + n - 1 of src [T, ...] copied into rows at .. at + n - 1 of dst [R, ...] (the same
+        row shape) -> those rows of dst, a view (as rows())."""
+
+    def copy_rows(self, x: Tensor, start: int, n: int) -> Tensor:
+        """x [T, ...] -> rows start .. start + n - 1 [n, ...] in memory of their own: x may be rewritten after (a
+        graph's buffer, by its next replay)."""
+        return self.concat([self.rows(x, start, n)], axis=0)
+
     # -- attention -------------------------------------------------------------------------------------------
     @abstractmethod
     def attention_prep(self, qg: Tensor, k: Tensor, q_norm: Tensor, k_norm: Tensor, batch: StepBatch,

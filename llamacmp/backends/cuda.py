@@ -680,6 +680,19 @@ class CudaBackend(Backend):
     def rows(self, x, start, n):
         return x.rows(start, n)
 
+    def write_rows(self, dst, at, src, start, n):
+        out, rows = dst.rows(at, n), src.rows(start, n)          # (bounds-checked views: the copy's addresses)
+        if out.shape != rows.shape or out.dtype != rows.dtype:
+            raise ValueError(f"write_rows: rows {rows.shape} {rows.dtype} into {out.shape} {out.dtype}")
+        self.native.cmp_memcpy_d2d(out.ptr, rows.ptr, out.nbytes)
+        return out
+
+    def copy_rows(self, x, start, n):
+        src = x.rows(start, n)
+        out = self.empty(src.shape, x.dtype)
+        self.native.cmp_memcpy_d2d(out.ptr, src.ptr, out.nbytes)
+        return out
+
     def gather_rows(self, x, rows):
         rows_d = self._index_tensor(rows, "row indices")
         R = rows_d.shape[0]
@@ -1030,11 +1043,13 @@ class CudaBackend(Backend):
         xs = [x if isinstance(x, DeviceTensor) else self.from_host(np.asarray(x, np.float32)) for x in xs]
         if axis == 0:
             out = self.empty((sum(x.shape[0] for x in xs),) + xs[0].shape[1:])
-            starts = list(itertools.accumulate((x.shape[0] for x in xs[:-1]), initial=0))   # (np.cumsum: 2 us)
             if len(xs) < self.CONCAT_TABLE_MIN or self.capturing:
-                for x, row in zip(xs, starts):
-                    self.native.cmp_memcpy_d2d(out.row_ptr(int(row)), x.ptr, x.nbytes)
+                dst = out.ptr                   # (the rows follow one another: no row_ptr per piece)
+                for x in xs:
+                    self.native.cmp_memcpy_d2d(dst, x.ptr, x.nbytes)
+                    dst += x.nbytes
                 return out
+            starts = list(itertools.accumulate((x.shape[0] for x in xs[:-1]), initial=0))   # (np.cumsum: 2 us)
             # Many pieces (the MTP head's catch-up: one hidden row per plainly stepped token, 256 per sequence):
             # one cmp_copy_regions launch from a table uploaded with it, instead of a copy call per piece.
             table = copy_region_table((out.row_ptr(int(row)), x.ptr, x.nbytes) for x, row in zip(xs, starts))

@@ -122,13 +122,16 @@ class DeviceTensor:
                "call).",
         "shape": "Row-major shape.",
         "dtype": "A key of DTYPES.",
+        "nbytes": "The bytes of shape x dtype, kept (shape and dtype are fixed: an MTP round reads it a dozen times "
+                  "on the host's critical path, each a math.prod as a property).",
         "_arena": "The arena the block goes back to when this tensor is dropped; None for a view.",
         "_cls": "The block's size class (DeviceArena.alloc).",
         "_base": "Set on views only: the tensor whose block a view reads (held, so that the block stays).",
     }
 
     def __init__(self, arena: DeviceArena, shape: tuple[int, ...], dtype: str, what: str):
-        self.shape, self.dtype = tuple(int(s) for s in shape), dtype
+        self.shape, self.dtype = tuple(map(int, shape)), dtype
+        self.nbytes = math.prod(self.shape) * _ITEMSIZE[dtype]
         self._arena = None
         self._base = None
         self.ptr, self._cls = arena.alloc(max(self.nbytes, 1), what)
@@ -138,10 +141,6 @@ class DeviceTensor:
     def size(self) -> int:
         return math.prod(self.shape)
 
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * _ITEMSIZE[self.dtype]
-
     def row_ptr(self, row: int) -> int:
         """Address of row `row` along the first axis (like `ptr`, it does not keep the tensor alive)."""
         return self.ptr + row * (self.nbytes // self.shape[0])
@@ -149,21 +148,24 @@ class DeviceTensor:
     def view(self, shape: tuple[int, ...]) -> "DeviceTensor":
         """The same device bytes as `shape` (same element count, row-major), without a copy. The view holds this
         tensor (or the tensor this one views), so the block goes back to the arena only when both are dropped."""
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(map(int, shape))
         if math.prod(shape) != self.size:
             raise ValueError(f"view: {self.shape} has {self.size} elements, {shape} needs {math.prod(shape)}")
-        v = DeviceTensor.__new__(DeviceTensor)
-        v.ptr, v.shape, v.dtype, v._cls = self.ptr, shape, self.dtype, self._cls
-        v._arena = None                                   # a view gives nothing back itself
-        v._base = self if self._base is None else self._base
-        return v
+        return self._view(self.ptr, shape, self.nbytes)
 
     def rows(self, start: int, n: int) -> "DeviceTensor":
         """Rows start .. start + n - 1 along the first axis, a view (holding this tensor's block)."""
         if not (0 <= start and 0 < n and start + n <= self.shape[0]):
             raise ValueError(f"rows {start} .. {start + n - 1} of a tensor of {self.shape[0]}")
-        v = self.view(self.shape)
-        v.ptr, v.shape = self.row_ptr(start), (n,) + self.shape[1:]
+        row = self.nbytes // self.shape[0]
+        return self._view(self.ptr + start * row, (n,) + self.shape[1:], n * row)
+
+    def _view(self, ptr: int, shape: tuple[int, ...], nbytes: int) -> "DeviceTensor":
+        # (built field by field: the MTP round's queue takes three views a round on the host's critical path)
+        v = DeviceTensor.__new__(DeviceTensor)
+        v.ptr, v.shape, v.dtype, v.nbytes, v._cls = ptr, shape, self.dtype, nbytes, self._cls
+        v._arena = None                                   # a view gives nothing back itself
+        v._base = self if self._base is None else self._base
         return v
 
     def __del__(self):

@@ -302,6 +302,12 @@ class NumpyBackend(Backend):
     def rows(self, x, start, n):
         return x[start:start + n]
 
+    def write_rows(self, dst, at, src, start, n):
+        if not (0 <= at and 0 < n and at + n <= len(dst) and 0 <= start and start + n <= len(src)):
+            raise ValueError(f"write_rows: rows {start} .. {start + n - 1} of {len(src)} into {at} .. of {len(dst)}")
+        dst[at:at + n] = src[start:start + n]
+        return dst[at:at + n]
+
     # -- fused ops: the specification is the plain composition (a fast backend must give the same values, up to
     # its own rounding of the parts; the CUDA kernels reproduce the unfused kernels' fp32 results exactly) ------
     def rmsnorm_matmuls(self, x, w, eps, ws: Sequence):

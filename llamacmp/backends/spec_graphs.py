@@ -61,6 +61,7 @@ class CapturedDraft(_Captured):
         # critical path: between the verified ids and the draft launch the device is idle)
         self.inputs = be.from_host(np.zeros(2 * R0 + (n - 1) * B, np.int32), "i32", "draft graph ids and positions")
         self.tok0, self.pos = self.inputs.rows(0, R0), self.inputs.rows(R0, R0 + (n - 1) * B)
+        self._stage_inputs()
         self.h0 = be.empty((R0, D), "f32", "draft graph hidden input")
         self.ids = be.empty((n * B,), "i32", "draft graph ids")              # round r at rows r*B .. r*B + B-1
         self.last = be.from_host(last.astype(np.int32), "i32", "draft graph round-0 rows")
@@ -90,35 +91,53 @@ class CapturedDraft(_Captured):
         self.launch(tokens, h_parts)
         return self.read()
 
+    def _stage_inputs(self) -> None:
+        """The host side of a replay's inputs, laid out once (launch() is on the host's critical path: between the
+        verified ids and the draft launch the device is idle): a buffer the ids and positions are written into
+        and its address (ndarray.ctypes costs ~1.3 us a read), each position as (its sequence, rows past that
+        sequence's n_past), and the rows each sequence advances by."""
+        B = len(self.states)
+        self._staged = np.zeros(2 * sum(self.lengths) + (self.n - 1) * B, np.int32)
+        self._staged_at = self._staged.ctypes.data
+        self._pos_of = [(i, k) for i, L in enumerate(self.lengths) for k in range(L)] + \
+                       [(i, L - 1 + r) for r in range(1, self.n) for i, L in enumerate(self.lengths)]
+        self._advance = [L + self.n - 1 for L in self.lengths]
+
     def launch(self, tokens: Sequence[int], h_parts: Sequence) -> None:
         """run() without reading the ids back: they stay in self.ids (round r of sequence i at r * B + i) for a
         verify replay to take on the device (CapturedVerify.launch_after)."""
         be, R0 = self.be, self.tok0.shape[0]
-        if len(tokens) != R0 or sum(x.shape[0] for x in h_parts) != R0:
-            raise ValueError(f"draft graph of {R0} catch-up rows fed {len(tokens)} ids and "
-                             f"{sum(x.shape[0] for x in h_parts)} hidden rows")
-        for s, L in zip(self.states, self.lengths):
-            if s.n_past + L + self.n - 1 > s.n_ctx:
-                raise ValueError(f"draft needs {s.n_past + L + self.n - 1} positions, the context is {s.n_ctx}")
-        # the pairs' h rows live in separate tensors: gathered by d2d copies, one per run of adjacent rows (a
-        # round's kept rows are views of one copy: Speculator.commit)
-        row, run = 0, None                    # run: [first row, source address, bytes]
-        for x in h_parts:
-            if run is not None and run[1] + run[2] == x.ptr:
-                run[2] += x.nbytes
-            else:
-                if run is not None:
-                    be.native.cmp_memcpy_d2d(self.h0.row_ptr(run[0]), run[1], run[2])
-                run = [row, x.ptr, x.nbytes]
-            row += x.shape[0]
-        be.native.cmp_memcpy_d2d(self.h0.row_ptr(run[0]), run[1], run[2])
+        if len(tokens) != R0:
+            raise ValueError(f"draft graph of {R0} catch-up rows fed {len(tokens)} ids")
         p0 = [s.n_past for s in self.states]
-        pos = [p + i for p, L in zip(p0, self.lengths) for i in range(L)]
-        pos += [p + L - 1 + r for r in range(1, self.n) for p, L in zip(p0, self.lengths)]
-        be.copy_from_host(self.inputs, np.asarray(list(tokens) + pos, np.int32))
+        for s, p, k in zip(self.states, p0, self._advance):
+            if p + k > s.n_ctx:
+                raise ValueError(f"draft needs {p + k} positions, the context is {s.n_ctx}")
+        self._copy_h0(h_parts)
+        self._staged[:] = list(tokens) + [p0[i] + k for i, k in self._pos_of]
+        be.native.cmp_memcpy_h2d(self.inputs.ptr, self._staged_at, self._staged.nbytes)
         self.graph.launch()
-        for s, L in zip(self.states, self.lengths):
-            s.n_past += L + self.n - 1
+        for s, k in zip(self.states, self._advance):
+            s.n_past += k
+
+    def _copy_h0(self, h_parts: Sequence) -> None:
+        """The pairs' h rows into h0: they live in separate tensors, gathered by d2d copies, one per run of
+        adjacent rows (h_last and a round's kept rows are adjacent rows of the sequence's ring: Speculator._keep).
+        Nothing is copied unless they fill h0 exactly."""
+        runs, end = [], self.h0.ptr               # run: [destination, source address, bytes]
+        for x in h_parts:
+            nbytes = x.nbytes
+            if runs and runs[-1][1] + runs[-1][2] == x.ptr:
+                runs[-1][2] += nbytes
+            else:
+                runs.append([end, x.ptr, nbytes])
+            end += nbytes
+        if end != self.h0.ptr + self.h0.nbytes:
+            raise ValueError(f"draft graph of {self.h0.shape[0]} catch-up rows fed "
+                             f"{sum(x.shape[0] for x in h_parts)} hidden rows")
+        copy = self.be.native.cmp_memcpy_d2d
+        for dst, src, nbytes in runs:
+            copy(dst, src, nbytes)
 
     def read(self) -> list[list[int]]:
         """The last replay's n ids per sequence (waits for it)."""
@@ -280,8 +299,10 @@ class SpecGraphs:
         d = self._draft_graph(mtp_states, tokens, n)
         if d is None:
             return None
-        v = self._verify_graph(states, n)
         d.launch([t for ts in tokens for t in ts], [x for xs in h_parts for x in xs])
+        # the verify graph looked up (or captured: nothing runs) while the draft runs, not before its launch: from
+        # the last round's ids to this launch the device is idle
+        v = self._verify_graph(states, n)
         v.launch_after(t0s, d)
         if while_running is not None:
             while_running()
@@ -291,9 +312,16 @@ class SpecGraphs:
 
     def _draft_graph(self, states, tokens, n: int):
         """The draft graph of these MTP states, catch-up lengths and n; None when declined (see draft())."""
-        lengths = tuple(len(t) for t in tokens)
-        key = (self.head, n) + tuple(id(s) for s in states) + lengths
-        if key not in self._draft and len(states) > 1 and key not in self._asked:
+        lengths = tuple(map(len, tokens))
+        key = (self.head, n) + tuple(map(id, states)) + lengths
+        g = self._draft.get(key)
+        if g is not None:           # a replay, as _get's (the usual round: its lookup is on the host's critical path)
+            self._draft.move_to_end(key)
+            self.n_replayed += 1
+            if self._asked:         # (a shape asked once, then captured by prepare(), stops being asked here)
+                self._asked.pop(key, None)
+            return g
+        if len(states) > 1 and key not in self._asked:
             self._asked[key] = None
             while len(self._asked) > 64 * self.capacity:
                 self._asked.popitem(last=False)
@@ -309,7 +337,7 @@ class SpecGraphs:
         return self._verify_graph(states, self._length(len(tokens[0]) - 1 if tokens else None)).run(tokens)
 
     def _verify_graph(self, states, n: int):
-        key = (n,) + tuple(id(s) for s in states)
+        key = (n,) + tuple(map(id, states))
         return self._get(self._verify, key, lambda: CapturedVerify(self.be, self.model, states, n, self.n),
                          self.capacity * self.n)
 

@@ -41,6 +41,7 @@ only when the round would win were every draft accepted. S = 1 explores and prob
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Optional, Sequence
 
 DECAY = 0.9                # per round: the acceptance counts' memory (~10 rounds)
@@ -80,11 +81,8 @@ class Acceptance:
     def expected_upto(self, n: int) -> list[float]:
         """[E(0), .., E(n)] in one pass, each as expected() sums it (the same terms in the same order: the same
         bits)."""
-        a, total, out = self.rate, 0, []
-        for i in range(n + 1):
-            total += a ** i
-            out.append(total)
-        return out
+        a = self.rate
+        return list(accumulate([a ** i for i in range(n + 1)]))
 
 
 @dataclass
@@ -125,7 +123,10 @@ class CostTable:
 
     def has_spec(self, S: int) -> bool:
         """Whether a spec round of S sequences was measured (spec_cost(S, n) is None for every n otherwise)."""
-        return any(s == S for s, _ in self.spec)
+        for s, _ in self.spec:          # (a loop, not any() over a generator: asked before every round)
+            if s == S:
+                return True
+        return False
 
     def rows_floor(self, rows: int) -> float:
         """A lower bound on one forward of `rows` rows from the measured plain steps (0.0: none measured): the
@@ -164,8 +165,9 @@ class CostTable:
     def spec_cost(self, S: int, n: int) -> Optional[float]:
         """A round of S sequences drafting n: measured, else on the line through the two known points nearest n
         (this S's measured lengths, its plain step as n = 0); None when no spec round of S was measured."""
-        if (S, n) in self.spec:
-            return self.spec[(S, n)]
+        t = self.spec.get((S, n))
+        if t is not None:
+            return t
         pts = [(m, t) for (s, m), t in self.spec.items() if s == S]
         if not pts:
             return None
@@ -190,7 +192,7 @@ class DraftPolicy:
         self.drafted = 0                          # drafting rounds in a row
         self.n_spec = self.n_plain = self.n_probes = 0
         self.counts: dict[int, dict[str, int]] = {}   # per S: rounds by kind (count())
-        self._tokens_of: tuple = ((), {})         # (the sequences' acceptance counts, their tokens per n): _tokens
+        self._tokens_of: dict = {}                # the sequences' acceptance counts -> their tokens per n: _tokens
 
     def count(self, S: int, kind: str, k: int = 1) -> None:
         """Per number of sequences S: rounds 'drafted', 'plain', 'probes', 'explored' (drafted with nothing
@@ -199,7 +201,9 @@ class DraftPolicy:
         chunk, the policy not asked: Engine._step), 'captures' (rounds
         that captured a graph), 'eager' (drafting rounds run eagerly though graphs exist) and 'ahead' (rounds
         whose lengths were weighed while the plain step before them ran: Speculator.plan_ahead)."""
-        row = self.counts.setdefault(S, {})
+        row = self.counts.get(S)
+        if row is None:
+            row = self.counts[S] = {}
         row[kind] = row.get(kind, 0) + k
 
     def choose(self, accs: Sequence[Acceptance], others: int = 0, best: Optional[tuple] = None,
@@ -268,14 +272,32 @@ class DraftPolicy:
             out[n] = max(floors[n], known if known is not None else 0.0)
         return out
 
-    def _tokens(self, accs: Sequence[Acceptance]) -> dict:
-        """n -> the expected tokens of a round of these sequences drafting n, sum(E_i(n)); kept while their
-        acceptance counts stay (they change only when a round drafts: a run of plain rounds asks the same)."""
-        key = tuple((a.accepted, a.tried) for a in accs)
-        if key != self._tokens_of[0]:       # (after every drafting round: one pass per sequence, not one per n)
+    def _tokens(self, accs: Sequence[Acceptance]) -> list[float]:
+        """[n] -> the expected tokens of a round of these sequences drafting n (0 .. n_max), sum(E_i(n)); kept
+        while their acceptance counts stay (they change only when a round drafts: a run of plain rounds asks the
+        same)."""
+        key = tuple([(a.accepted, a.tried) for a in accs])
+        tokens = self._tokens_of.get(key)
+        if tokens is None:                  # (one pass per sequence, not one per n)
             per = [a.expected_upto(self.n_max) for a in accs]
-            self._tokens_of = (key, {n: sum(e[n] for e in per) for n in self.lengths})
-        return self._tokens_of[1]
+            tokens = list(map(sum, zip(*per)))         # (each n's sum over the sequences in order)
+            self._tokens_of = {key: tokens}
+        return tokens
+
+    def expect(self, accs: Sequence[Acceptance], n: int) -> None:
+        """A round of these sequences drafting n is on the device: _tokens for each way it can end (0 .. n drafts
+        accepted; the counts as Acceptance.update will leave them, the same bits), weighed now, while the device
+        works, so that the next choice finds them rather than computing them between the verified ids and the
+        next launch, where the device is idle. One sequence only (S sequences' outcomes are (n + 1)^S)."""
+        if len(accs) != 1:
+            return
+        (a,) = accs
+        out = {}
+        for k in range(n + 1):
+            b = Acceptance(a.accepted, a.tried)
+            b.update(n, k)
+            out[((b.accepted, b.tried),)] = b.expected_upto(self.n_max)
+        self._tokens_of = out
 
     def best(self, accs: Sequence[Acceptance], others: int = 0,
              left: Optional[int] = None) -> tuple[int, Optional[str]]:

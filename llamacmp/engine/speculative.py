@@ -43,7 +43,7 @@ import numpy as np
 
 from ..backends.base import SeqState, StepBatch
 from ..sampling import Sampler, SamplingParams
-from ..spec import AUTO, COARSE_TYPE, CoarseHead, coarse_head
+from ..spec import AUTO, COARSE_TYPE, KEPT_ROUNDS, PENDING_MAX, CoarseHead, coarse_head
 from .decode import draw_tokens, plan_row
 from .draft_policy import Acceptance, CostTable, DraftPolicy
 from .draft_vocab import AutoVocab, VocabWindow
@@ -51,9 +51,6 @@ from .draft_vocab import AutoVocab, VocabWindow
 log = logging.getLogger("llamacmp.engine")
 _ARGMAX = Sampler(SamplingParams(temp=0.0, seed=0))     # a neutral greedy chain: the backend's plain argmax
 DRAFT_TOP_K = 10                                        # llama.cpp's draft sampler (p_min is a top-10 probability)
-# Plain steps queued per sequence before the head runs over them (observe_plain): bounds their hidden-state rows
-# (16 KB each on the 9B, one per token: 160 MB a stream over 10K plainly decoded tokens) at ~4 MB.
-PENDING_MAX = 256
 
 
 def enabled_spec(run):
@@ -78,6 +75,8 @@ class MtpSeq:
     n_drafted: int = 0                                  # this sequence's totals (timings draft_n, draft_n_accepted)
     n_accepted: int = 0
     acc: Acceptance = field(default_factory=Acceptance)  # recent acceptance (draft_policy: when drafting pays)
+    kept: object = None                                 # [KEPT_ROUNDS * (n_max + 1), D]: commits' kept h rows (_keep)
+    kept_at: int = 0                                    # its next row
 
 
 @dataclass(slots=True)
@@ -120,6 +119,7 @@ class Speculator:
         self._round = None                            # (S, n, start, clean) of the draft awaiting its verify
         self._ahead = None                            # (key, DraftPolicy.best) of plan_ahead, for the next plan()
         self._unrecorded = None                       # [S, n, seconds] of a verified round, until its commits end
+        self._flight = None                           # (items, n, while_running) of _step_graph's round on the device
         self.vocab = None                             # auto's window of committed tokens (None: a fixed head)
         if auto is not None and auto.applies(model.mtp.head.shape[0]):
             self.vocab = VocabWindow(auto)
@@ -202,7 +202,8 @@ class Speculator:
             self.policy.costs.use_head(head)
 
     def new_seq(self, n_ctx: int, kv_type: str = "f16", v_type: str | None = None) -> MtpSeq:
-        return MtpSeq(self.model.mtp_state(n_ctx, kv_type, v_type), self._zeros())
+        ring = np.zeros((KEPT_ROUNDS * (self.n_max + 1), self.model.cfg.n_embd), np.float32)
+        return MtpSeq(self.model.mtp_state(n_ctx, kv_type, v_type), self._zeros(), kept=self.be.upload_vector(ring))
 
     def _zeros(self):
         return self.be.upload_vector(np.zeros((1, self.model.cfg.n_embd), np.float32))
@@ -232,7 +233,7 @@ class Speculator:
         t_start = time.perf_counter()
         self.model.mtp_fill(StepBatch.build([(ms.state, ms.pending)]), self.be.concat(ms.pending_h, axis=0))
         # the last row copied out: a view would hold the chunk's whole h until the next round replaces it
-        ms.pending, ms.pending_h, ms.h_last = [], [], self.be.concat([ms.h_last], axis=0)
+        ms.pending, ms.pending_h, ms.h_last = [], [], self.be.copy_rows(ms.h_last, 0, 1)
         self.prompt_head_s += time.perf_counter() - t_start
 
     def prompt_end(self, state: SeqState, ms: MtpSeq, alone: bool,
@@ -268,6 +269,23 @@ class Speculator:
             self.prompt_graphs_s += time.perf_counter() - t_start
             log.info("MTP graphs: %d captured for a request starting alone (%s head) in %.1f ms",
                      self._events() - made, self.draft_head, 1e3 * (time.perf_counter() - t_start))
+
+    def _keep(self, ms: MtpSeq, h, row: int, j: int):
+        """A verify's kept rows row .. row + j - 1 of h (a graph's buffer, rewritten by its next replay) copied for
+        the head's queue -> the copy, in one piece (a gather per part was an index upload and a launch each, three
+        a round, on the host's critical path: from the verified ids to the next draft launch the device is idle).
+        Written into the sequence's ring right after the rows the last commit kept, so that the next draft's h0
+        (h_last, then these) is one copy of adjacent rows and no tensor is made a round. That needs the rows it
+        writes to be read by nothing later: ring rows are held only by the queue and h_last, and a draft or a
+        catch-up empties the queue (their device copies, queued first, have read them), so with the queue empty
+        the one ring row still to be read is h_last, the last commit's last row when it is one; where the ring
+        starts over it holds at least twice a round's rows, so h_last is not under the new ones. A queue that is
+        not empty (a sequence of several that did not draft keeps it) gets a copy of its own."""
+        if ms.pending or 2 * j > ms.kept.shape[0]:
+            return self.be.copy_rows(h, row, j)
+        at = ms.kept_at if ms.kept_at + j <= ms.kept.shape[0] else 0
+        ms.kept_at = at + j
+        return self.be.write_rows(ms.kept, at, h, row, j)
 
     def _push(self, ms: MtpSeq, tokens: list[int], h) -> None:
         """tokens entered the target with hidden rows h [len(tokens), D]: pair each with the row before. The queue
@@ -332,7 +350,7 @@ class Speculator:
         # (every slot of the step may draft: the usual case) are one device-to-device copy, with no index upload.
         rows = [i for _, _, _, i in items]
         if rows[-1] - rows[0] == len(rows) - 1 and rows == list(range(rows[0], rows[0] + len(rows))):
-            kept = self.be.concat([self.be.rows(h, rows[0], len(rows))], axis=0)
+            kept = self.be.copy_rows(h, rows[0], len(rows))
         else:
             kept = self.be.gather_rows(h, np.asarray(rows, np.int32))
         for j, (st, ms, t, _) in enumerate(items):
@@ -403,7 +421,7 @@ class Speculator:
         return out
 
     def _step(self, items, n: int, while_running):
-        if self._graphed([st for st, _, _ in items], n) and self.p_min <= 0.0:
+        if self._graphed(items, n) and self.p_min <= 0.0:
             t_start, events, declined = time.perf_counter(), self._events(), self._declined()
             got = self._step_graph(items, n, while_running)
             if got is not None:
@@ -438,10 +456,19 @@ class Speculator:
 
     def _step_graph(self, items, n: int, while_running=None):
         self._heads_in_step(items, n)
-        pos = [st.n_past for st, _, _ in items]
-        got = self.graphs.step([st for st, _, _ in items], [ms.state for _, ms, _ in items], [t0 for *_, t0 in items],
-                               [ms.pending + [t0] for _, ms, t0 in items],
-                               [ms.pending_h + [ms.h_last] for _, ms, _ in items], n, while_running)
+        # the graphs' arguments in one pass over the items (not six comprehensions: before the draft launch)
+        states, mtp_states, t0s, toks, hs, pos = [], [], [], [], [], []
+        for st, ms, t0 in items:
+            states.append(st)
+            mtp_states.append(ms.state)
+            t0s.append(t0)
+            toks.append(ms.pending + [t0])
+            hs.append(ms.pending_h + [ms.h_last])
+            pos.append(st.n_past)
+        if self.policy is not None:         # (the policy's part of while_running: _while_drafting)
+            self._flight, while_running = (items, n, while_running), self._while_drafting
+        got = self.graphs.step(states, mtp_states, t0s, toks, hs, n, while_running)
+        self._flight = None
         if got is None:
             return None
         drafts, logits, h, ids = got
@@ -449,9 +476,17 @@ class Speculator:
             ms.pending, ms.pending_h = [], []
         self._count(drafts, items)
         T = n + 1
-        segs = [Verified(st, ms, t0, list(d), p, i * T, [int(x) for x in ids[i * T:i * T + len(d) + 1]])
+        segs = [Verified(st, ms, t0, list(d), p, i * T, ids[i * T:i * T + len(d) + 1].tolist())
                 for i, ((st, ms, t0), d, p) in enumerate(zip(items, drafts, pos))]
         return drafts, logits, h, segs
+
+    def _while_drafting(self) -> None:
+        """_step_graph's round is on the device: the policy weighs what the next choice needs for each way the
+        round can end (DraftPolicy.expect), off the host's critical path, then the driver's while_running()."""
+        items, n, while_running = self._flight
+        self.policy.expect([ms.acc for _, ms, _ in items], n)
+        if while_running is not None:
+            while_running()
 
     def _timed(self, S: int, n: int, t_start: float, clean: bool) -> None:
         """A round of S sequences drafting n was verified (its ids on the host) t_start ago; if nothing was
@@ -474,15 +509,18 @@ class Speculator:
         shape per draft length (catch-up lengths all 1) rather than one per combination of lengths: at 4 slots the
         combinations churned the graph cache, each new one an eager round and each second sighting a capture
         (MTP on at 0.855x of off, 4 streams at length 2.5, H200 2026-12-02)."""
+        keep, behind = n + 1 if len(items) == 1 else 0, False
         for st, ms, _ in items:
             if ms.state.n_past + len(ms.pending) != st.n_past:
                 self.reset(ms, st.n_past)
-        self._catch_up([ms for _, ms, _ in items], n + 1 if len(items) == 1 else 0)
+            behind = behind or len(ms.pending) > keep
+        if behind:              # (asked before every round: usually none is, and no list is built)
+            self._catch_up([ms for _, ms, _ in items], keep)
 
     def _draft(self, items, n: int, graphs: bool = True) -> list[list[int]]:
         be, out = self.be, [[] for _ in items]
         self._heads_in_step(items, n)
-        if graphs and self._graphed([st for st, _, _ in items], n) and self.p_min <= 0.0:
+        if graphs and self._graphed(items, n) and self.p_min <= 0.0:
             got = self._draft_graph(items, n)
             if got is not None:
                 return self._count(got, items)
@@ -515,12 +553,19 @@ class Speculator:
             if len(o) < self.n_min:
                 o.clear()
             ms.n_drafted += len(o)
-        self.n_drafted += sum(len(o) for o in out)
+            self.n_drafted += len(o)
         return out
 
-    def _graphed(self, states: Sequence[SeqState], n: int) -> bool:
-        """Whether these sequences' step has the captured graphs' shape: graphs, and room for t0 and n drafts."""
-        return self.graphs is not None and all(st.n_past + n + 1 <= st.n_ctx for st in states)
+    def _graphed(self, items: Sequence[tuple], n: int) -> bool:
+        """Whether the step of these items (each a tuple whose first field is a target state) has the captured
+        graphs' shape: graphs, and room for t0 and n drafts."""
+        if self.graphs is None:
+            return False
+        for it in items:               # (a loop over the items, no list of states: asked before every round)
+            st = it[0]
+            if st.n_past + n + 1 > st.n_ctx:
+                return False
+        return True
 
     def _draft_graph(self, items, n: int) -> Optional[list[list[int]]]:
         """draft() on the backend's captured rounds: each sequence's pending pairs and (t0, h_last) as round 0,
@@ -570,7 +615,7 @@ class Speculator:
         return out
 
     def _verify(self, seqs, n: int):
-        if self._graphed([st for st, _, _, _ in seqs], n) and all(len(d) <= n for _, _, _, d in seqs):
+        if self._graphed(seqs, n) and all(len(d) <= n for _, _, _, d in seqs):
             return self._verify_graph(seqs, n)
         batch = StepBatch.build([(st, [t0] + d) for st, _, t0, d in seqs], all_logits=True)
         batch.keep_steps = self.n_max + 1
@@ -589,7 +634,7 @@ class Speculator:
         pos = [st.n_past for st, _, _, _ in seqs]
         toks = [[t0] + d + [t0] * (n - len(d)) for _, _, t0, d in seqs]
         logits, h, ids = self.graphs.verify([st for st, _, _, _ in seqs], toks)
-        segs = [Verified(st, ms, t0, list(d), p, i * T, [int(x) for x in ids[i * T:i * T + len(d) + 1]])
+        segs = [Verified(st, ms, t0, list(d), p, i * T, ids[i * T:i * T + len(d) + 1].tolist())
                 for i, ((st, ms, t0, d), p) in enumerate(zip(seqs, pos))]
         return logits, h, segs
 
@@ -622,11 +667,9 @@ class Speculator:
         # positions from here on are rewritten from the pending pairs (the drafts' KV rows included); a sequence
         # that did not draft still holds its earlier pending pairs
         ms.state.n_past = v.pos - len(ms.pending)
-        # the kept rows in one copy (a verify graph's h is rewritten by its next replay) that the head's queue
-        # views: a gather per part was an index upload and a launch each, three a round, on the host's critical
-        # path (from the verified ids to the next draft launch the device is idle)
-        self._push(ms, [v.t0] + v.drafts[:j - 1], self.be.concat([self.be.rows(h, v.row, j)], axis=0))
-        self._observe([v.t0] + v.drafts[:j - 1])
+        kept = [v.t0] + v.drafts[:j - 1]
+        self._push(ms, kept, self._keep(ms, h, v.row, j))
+        self._observe(kept)
         self.n_accepted += j - 1
         ms.n_accepted += j - 1
         ms.acc.update(len(v.drafts), j - 1)

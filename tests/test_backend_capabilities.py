@@ -106,29 +106,39 @@ def _grid_model(tmp_path, qtype: str):
                               types={"blk.0.ffn_up.weight": qtype})
 
 
-def test_cuda_backend_declares_every_loaded_type_but_the_grid_types():
+def test_cuda_backend_declares_every_loaded_type():
     from llamacmp.backends.cuda import CudaBackend
-    from llamacmp.gguf_file import GRID_TYPES, TYPE_NAMES
+    from llamacmp.gguf_file import TYPE_NAMES
     assert NumpyBackend.weight_types is None
-    assert CudaBackend.weight_types == set(TYPE_NAMES.values()) - set(GRID_TYPES)
+    assert CudaBackend.weight_types == set(TYPE_NAMES.values())
+
+
+class _NoGridBackend(NumpyBackend):
+    """A backend that declares fewer types than the file holds: the loader's refusal, whichever backend it is."""
+    name = "nogrid"
+    weight_types = frozenset({"F32", "F16", "Q8_0"})
 
 
 @pytest.mark.parametrize("qtype", ["IQ2_S", "IQ1_M"])
-def test_cuda_backend_refuses_a_grid_type_at_load_by_name(tmp_path, qtype):
-    """The refusal comes before anything touches the device: a CudaBackend that was never started (no GPU here)
-    is enough, as any upload would fail on it with another error."""
-    from llamacmp.backends.cuda import CudaBackend
+def test_a_type_the_backend_does_not_declare_is_refused_at_load_by_name(tmp_path, qtype):
     from llamacmp.gguf_file import GGUFError
     from llamacmp.loader import check_weight_types, load_model
     path = _grid_model(tmp_path, qtype)
-    be = object.__new__(CudaBackend)
-    want = (rf"{path.name}: tensor 'blk.0.ffn_up.weight' has type {qtype}, which the cuda backend does not run "
+    want = (rf"{path.name}: tensor 'blk.0.ffn_up.weight' has type {qtype}, which the nogrid backend does not run "
             rf"yet: {qtype} runs on the numpy backend only so far \(-ngl 0\)")
     with pytest.raises(GGUFError, match=want):
-        load_model(path, be)
+        load_model(path, _NoGridBackend())
     with pytest.raises(GGUFError, match=want):
-        check_weight_types(open_model(path).gguf, [NumpyBackend(), be])
+        check_weight_types(open_model(path).gguf, [NumpyBackend(), _NoGridBackend()])
     check_weight_types(open_model(path).gguf, [NumpyBackend()])              # the numpy reference takes every type
+
+
+@pytest.mark.parametrize("qtype", ["IQ2_S", "IQ1_M"])
+def test_cuda_backend_takes_a_grid_type(tmp_path, qtype):
+    """No refusal before anything touches the device (a CudaBackend never started: no GPU here)."""
+    from llamacmp.backends.cuda import CudaBackend
+    from llamacmp.loader import check_weight_types
+    check_weight_types(open_model(_grid_model(tmp_path, qtype)).gguf, [object.__new__(CudaBackend)])
 
 
 def test_cuda_backend_takes_a_file_without_grid_types(fixture_gguf):

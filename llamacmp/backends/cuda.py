@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from ..config import ModelConfig
-from ..gguf_file import GRID_TYPES, Q8_0_BLOCK, Q8Tensor, QuantTensor
+from ..gguf_file import Q8_0_BLOCK, Q8Tensor, QuantTensor
 from ..lib._native import (CMP_ERR_UNSUPPORTED, CMP_F16, CMP_F32, CmpSamplerParams, Native, NativeError,
                            cuda_available)
 from ..lib._native import CMP_BINARY_SIGMOID_MUL, CMP_BINARY_SWIGLU, CMP_MM_GEMM2, CMP_MM_GEMV2
@@ -109,9 +109,8 @@ class DenseMatrix:
 class CudaBackend(Backend):
     name = "cuda"
     captures_graphs = True
-    # the types whose kernels have run on a GPU: not the IQ1-3 grid types yet (gguf_file.GRID_TYPES: their decoders
-    # are compiled, cuda_src/quant_blocks_iq.cuh, but untested), which run on the numpy backend only
-    weight_types = frozenset({"F32", "F16", "BF16", "Q8_0", *CMP_QUANT_TYPES}) - frozenset(GRID_TYPES)
+    # every type gguf_file loads (the IQ1-3 grid types' decoders: cuda_src/quant_blocks_iq.cuh)
+    weight_types = frozenset({"F32", "F16", "BF16", "Q8_0", *CMP_QUANT_TYPES})
 
     MAX_FUSED = 4   # matrices per cmp_matmul_q8_multi launch
     GEMV_MAX_ROWS = 8  # rows cmp_matmul_q8_multi runs on its GEMV path (matmul_q8.cu GEMV_MAX_T), each row alone

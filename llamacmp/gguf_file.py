@@ -21,9 +21,8 @@ Q8_0_BYTES = 34
 TYPE_NAMES = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 10: "Q2_K",
               11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 20: "IQ4_NL", 23: "IQ4_XS", 16: "IQ2_XXS",
               17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 21: "IQ3_S", 22: "IQ2_S", 29: "IQ1_M"}
-# The grid-codebook types (ggml-common.h: 8 values from a grid of small integers per index, with signs): the numpy
-# reference runs them; the CUDA backend refuses them at load until its decoders of them have run on a GPU
-# (CudaBackend.weight_types).
+# The grid-codebook types (ggml-common.h: 8 values from a grid of small integers per index, with signs; CUDA decoders
+# in cuda_src/quant_blocks_iq.cuh).
 GRID_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ3_S", "IQ2_S", "IQ1_M")
 # Block-quantized types other than Q8_0 (which keeps its own Q8Tensor): (values, bytes) per block.
 QUANT_BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q2_K": (256, 84),

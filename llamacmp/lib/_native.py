@@ -247,9 +247,7 @@ CMP_MM_GEMV_DOT_SHIFT, CMP_MM_GEMM_DOT_SHIFT = 8, 10   # api.h CmpMatmulDotField
 CMP_DOTS = {"dp4a": 0, "dp2a": 1, "imad": 2}   # api.h CmpDot by route name (backends/routes.py)
 # api.h CmpProbeUnit by the probe table's unit names (backends/probe.py)
 CMP_PROBE_UNITS = {"dp4a": 0, "dp2a": 1, "imad": 2, "ffma": 3, "hfma2": 4, "imma": 5, "hmma": 6}
-# api.h CmpQuantType: the block types other than Q8_0 with decoders, by GGUF type name (the ggml type ids). The IQ1-3
-# grid types' decoders have not run on a GPU yet: the loader refuses those types on the CUDA backend
-# (CudaBackend.weight_types), so only tests/test_quant_cuda.py and test_matmul_mma_cuda.py reach them
+# api.h CmpQuantType: the block types other than Q8_0 with decoders, by GGUF type name (the ggml type ids)
 CMP_QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13,
                    "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18, "IQ1_S": 19,
                    "IQ3_S": 21, "IQ2_S": 22, "IQ1_M": 29}

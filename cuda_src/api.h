@@ -155,8 +155,6 @@ int cmp_matmul_q8_ex(const int8_t* xq, const float* xd, int count, const int8_t*
 // per-row planes: a body [rows, n/BV * body_bytes] (the quants, rearranged so that each 32-value sub-block is one
 // contiguous run of each plane) and a head [rows, n/BV * head_bytes] (scales); body + head bytes = the file's:
 // cuda_src/quant_blocks.cuh.
-// The IQ1-3 grid types (16-19, 21, 22, 29) have decoders that have not run on a GPU yet: llamacmp's loader refuses
-// them on the CUDA backend until they have.
 enum CmpQuantType { CMP_Q4_0 = 2, CMP_Q4_1 = 3, CMP_Q5_0 = 6, CMP_Q5_1 = 7, CMP_Q2_K = 10, CMP_Q3_K = 11,
                     CMP_Q4_K = 12, CMP_Q5_K = 13, CMP_Q6_K = 14, CMP_IQ2_XXS = 16, CMP_IQ2_XS = 17, CMP_IQ3_XXS = 18,
                     CMP_IQ1_S = 19, CMP_IQ4_NL = 20, CMP_IQ3_S = 21, CMP_IQ2_S = 22, CMP_IQ4_XS = 23, CMP_IQ1_M = 29 };

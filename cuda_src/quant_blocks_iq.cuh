@@ -15,10 +15,9 @@
 // Unlike the other types, decode reads memory besides the raw registers: the grid entries (global, read-only
 // through __ldg; the tables are 1-16 KB, so they stay in L1 / L2).
 //
-// These decoders have not run on a GPU yet: the loader refuses the grid types on the CUDA backend
-// (CudaBackend.weight_types) until tests/test_quant_cuda.py has passed on one. On the CPU, tools/quant_decode_host.cpp
-// runs their repack, load and decode from this source (intrinsics emulated) and tests/test_quant_decode_host.py holds
-// them to gguf.quants bit for bit.
+// Tested on the GPU by tests/test_quant_cuda.py, test_matmul_mma_cuda.py and test_quant_fixtures_cuda.py (first run
+// on an H200 2026-12-05); on the CPU, tools/quant_decode_host.cpp runs their repack, load and decode from this source
+// (intrinsics emulated) and tests/test_quant_decode_host.py holds them to gguf.quants bit for bit.
 #pragma once
 #include "iq_grids.cuh"
 

@@ -25,8 +25,7 @@ from llamacmp.lib._native import CMP_QUANT_TYPES
 pytestmark = pytest.mark.cuda
 
 TOL = 2e-6
-# the block types with CUDA decoders, the IQ1-3 grid types included: this file runs them on the backend directly (the
-# loader refuses the grid types on CUDA until these tests have passed on a GPU: CudaBackend.weight_types)
+# the block types with CUDA decoders, the IQ1-3 grid types included
 TYPES = sorted(CMP_QUANT_TYPES)
 
 

@@ -1,7 +1,7 @@
 """cuda_src/quant_blocks.cuh's decoders (repack, load, decode) run on the CPU by tools/quant_decode_host.cpp, from the
 same source, against gguf.quants' dequantization, bit for bit: the layout, bit order and scale arithmetic of the IQ1-3
-grid types' decoders (quant_blocks_iq.cuh), which no GPU has run yet, checked without one. The types whose decoders
-the GPU suite already runs (and that use no inline PTX) are run too, as a check of the harness itself. The kernels
+grid types' decoders (quant_blocks_iq.cuh) checked where no GPU is (CI). The other types' decoders (those that use no
+inline PTX) are run too, as a check of the harness itself. The kernels
 around the decoders are tests/test_quant_cuda.py's (GPU)."""
 from __future__ import annotations
 

@@ -16,8 +16,11 @@ round, the start of the measured N streams is printed from the server's log (its
 request at its first token: when the engine got it, when a slot took it, its prompt chunks, the host time of the MTP
 head's part of them and of graphs captured at the prompt's end, the first token), in ms after the first of the N
 reached the engine.
-With --rounds K the settings run K times in turn (off, on, ..., off, on, ...), so that a drift of the machine lands on
-every setting alike; the table gives each setting's median and the range of its rounds, and on / off per round.
+With --rounds K the settings run K times, every other round in reverse order (off, on, on, off, off, on, ...: ABBA),
+so that a drift of the machine (clocks, temperature, a neighbour) lands on every setting alike and a steady drift
+cancels over two rounds; with a fixed order "on" always ran after "off", and a machine slowing down over a call
+counted against it (back-to-back runs of one setting differed by 3-7% on the H200, 2026-12-05). The table gives each
+setting's median and the range of its rounds, on / off per round, and their geometric mean over the rounds.
     python3 benchmarks/mtp_streams.py --model M.gguf --spec-synth-len 1,2.5 [--streams 1,4] [-n 128] [--rounds K]
         [--timeline] [--out F.md]
 """
@@ -55,6 +58,17 @@ def rounds_text(before: dict, after: dict) -> str:
 
 
 PARTS = ("start", "steady", "tail")
+
+
+def round_order(settings: list, k: int) -> list:
+    """The settings of round k (0-based): as given in even rounds, reversed in odd ones (ABBA)."""
+    return list(settings) if k % 2 == 0 else list(reversed(settings))
+
+
+def geomean(xs) -> float:
+    """The geometric mean of positive ratios (a ratio and its inverse weigh alike)."""
+    xs = list(xs)
+    return statistics.geometric_mean(xs) if xs else float("nan")
 
 
 def measure_streams(url: str, texts, n: int, args) -> tuple[float, float, str, dict]:
@@ -139,6 +153,27 @@ def run_setting(args, label: str, flags: list[str], streams: list[int], texts, e
     return out + (timeline,)
 
 
+def rate_table(runs: dict, streams: list[int]) -> list[str]:
+    """Per setting and stream count: t/s (median, range), on / off per round and their geometric mean, the same for
+    the steady rate (N > 1), the mean accepted length. Round k of a setting pairs with round k of "off" (the same
+    round of the ABBA order)."""
+    lines = ["| setting | streams | t/s (median, range of rounds) | on / off per round | on / off (geomean) | "
+             "steady t/s (median) | steady on / off per round | steady (geomean) | mean len |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, rounds in runs.items():
+        for n in streams:
+            tps, steady = [r[0][n] for r in rounds], [r[3][n] for r in rounds]
+            ratios = [r[0][n] / off[0][n] for r, off in zip(rounds, runs["off"])]
+            s_ratios = [r[3][n] / off[3][n] for r, off in zip(rounds, runs["off"])] if n > 1 else []
+            spread = f" ({min(tps):.1f}-{max(tps):.1f})" if len(tps) > 1 else ""
+            lines.append(f"| {label} | {n} | {statistics.median(tps):.1f}{spread} | "
+                         f"{' / '.join(f'{x:.3f}' for x in ratios)} | {geomean(ratios):.3f} | "
+                         f"{statistics.median(steady):.1f} | {' / '.join(f'{x:.3f}' for x in s_ratios) or '-'} | "
+                         f"{f'{geomean(s_ratios):.3f}' if s_ratios else '-'} | "
+                         f"{statistics.median(r[1] for r in rounds):.2f} |")
+    return lines
+
+
 def split_table(runs: dict, streams: list[int]) -> list[str]:
     """Where the wall time of N streams went, per setting: each part's median ms (and tokens) over the rounds, and
     its on - off in ms per round."""
@@ -180,28 +215,18 @@ def main() -> None:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
     texts = sv.prompts(max(streams), sv.vocab_size(args.model))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(sv.ROOT), os.environ.get("PYTHONPATH")])))
-    runs: dict[str, list] = {}    # label -> per round ({streams: t/s}, mean len, {streams: rounds text})
+    settings = spec_settings(args)
+    runs: dict[str, list] = {label: [] for label, _ in settings}   # label -> per round (run_setting's tuple)
     for k in range(args.rounds):
-        for label, flags in spec_settings(args):
-            runs.setdefault(label, []).append(run_setting(args, label, flags, streams, texts, env))
+        for label, flags in round_order(settings, k):
+            runs[label].append(run_setting(args, label, flags, streams, texts, env))
             tps = runs[label][-1][0]
             steady = runs[label][-1][3]
             split = runs[label][-1][4]
             print(f"round {k + 1} {label}: " + ", ".join(f"{n} stream(s) {t:.1f} t/s" + (
                 f" (steady {steady[n]:.1f}; {split_text(split[n])})" if n > 1 else "") for n, t in tps.items()),
                 flush=True)
-    lines = ["| setting | streams | t/s (median, range of rounds) | on / off per round | steady t/s (median) | "
-             "steady on / off per round | mean len |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for label, rounds in runs.items():
-        for n in streams:
-            tps, steady = [r[0][n] for r in rounds], [r[3][n] for r in rounds]
-            ratios = " / ".join(f"{r[0][n] / off[0][n]:.3f}" for r, off in zip(rounds, runs["off"]))
-            s_ratios = " / ".join(f"{r[3][n] / off[3][n]:.3f}" for r, off in zip(rounds, runs["off"])) \
-                if n > 1 else "-"
-            spread = f" ({min(tps):.1f}-{max(tps):.1f})" if len(tps) > 1 else ""
-            lines.append(f"| {label} | {n} | {statistics.median(tps):.1f}{spread} | {ratios} | "
-                         f"{statistics.median(steady):.1f} | {s_ratios} | "
-                         f"{statistics.median(r[1] for r in rounds):.2f} |")
+    lines = rate_table(runs, streams)
     lines += split_table(runs, [n for n in streams if n > 1])
     lines += timeline_table({(label, k + 1): r[5] for label, rounds in runs.items()
                              for k, r in enumerate(rounds) if r[5]})

@@ -214,6 +214,26 @@ def test_mtp_streams_reads_the_policy_round_counters(monkeypatch):
     assert mtp_streams.rounds_text({(4, "plain"): 20}, got) == "S=1: drafted 3; S=4: plain 100, probes 2"
 
 
+def test_mtp_streams_rounds_run_abba_and_pair_with_offs_same_round():
+    """--rounds K runs the settings in ABBA order (a steady drift of the machine cancels over two rounds instead of
+    always landing on the setting that runs second), and each round's on / off pairs the two runs of that round;
+    the summary is their geometric mean."""
+    import mtp_streams
+    settings = [("off", []), ("mtp L1", ["x"]), ("mtp L2.5", ["y"])]
+    order = [[label for label, _ in mtp_streams.round_order(settings, k)] for k in range(4)]
+    assert order == [["off", "mtp L1", "mtp L2.5"], ["mtp L2.5", "mtp L1", "off"]] * 2
+
+    def run(tps, steady):
+        return ({1: 100.0, 4: tps}, 1.0, None, {1: 100.0, 4: steady}, None)
+    runs = {"off": [run(400.0, 400.0), run(380.0, 390.0)], "mtp L1": [run(392.0, 396.0), run(391.4, 393.9)]}
+    rows = {(r.split("|")[1].strip(), r.split("|")[2].strip()): [c.strip() for c in r.split("|")[3:-1]]
+            for r in mtp_streams.rate_table(runs, [1, 4])[2:]}
+    on4 = rows[("mtp L1", "4")]
+    assert on4[1] == "0.980 / 1.030" and on4[2] == f"{(0.98 * 1.03) ** 0.5:.3f}"
+    assert on4[4] == "0.990 / 1.010" and on4[5] == f"{(0.99 * 1.01) ** 0.5:.3f}"
+    assert rows[("off", "4")][2] == "1.000" and rows[("mtp L1", "1")][4:6] == ["-", "-"]
+
+
 def test_streams_wall_time_split_into_start_steady_tail(monkeypatch):
     """server_vs_llamacpp.measure splits the wall time of N streams at every stream's first token and the first
     stream's last (the parts and their tokens add up to the wall figures); mtp_streams.py tables each part."""

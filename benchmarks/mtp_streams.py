@@ -65,12 +65,6 @@ def round_order(settings: list, k: int) -> list:
     return list(settings) if k % 2 == 0 else list(reversed(settings))
 
 
-def geomean(xs) -> float:
-    """The geometric mean of positive ratios (a ratio and its inverse weigh alike)."""
-    xs = list(xs)
-    return statistics.geometric_mean(xs) if xs else float("nan")
-
-
 def measure_streams(url: str, texts, n: int, args) -> tuple[float, float, str, dict]:
     """t/s of n streams (1: the decode rate), their steady t/s (1 stream: the decode rate again), the policy's
     rounds during that measurement and where the wall time went ({part: (seconds, tokens)}; {} for 1 stream)."""
@@ -153,6 +147,12 @@ def run_setting(args, label: str, flags: list[str], streams: list[int], texts, e
     return out + (timeline,)
 
 
+def ratio_cells(ratios: list[float]) -> str:
+    """Two table cells: the on / off ratios per round, and their geometric mean (a ratio and its inverse weigh
+    alike)."""
+    return " / ".join(f"{x:.3f}" for x in ratios) + f" | {statistics.geometric_mean(ratios):.3f}"
+
+
 def rate_table(runs: dict, streams: list[int]) -> list[str]:
     """Per setting and stream count: t/s (median, range), on / off per round and their geometric mean, the same for
     the steady rate (N > 1), the mean accepted length. Round k of a setting pairs with round k of "off" (the same
@@ -163,13 +163,11 @@ def rate_table(runs: dict, streams: list[int]) -> list[str]:
     for label, rounds in runs.items():
         for n in streams:
             tps, steady = [r[0][n] for r in rounds], [r[3][n] for r in rounds]
-            ratios = [r[0][n] / off[0][n] for r, off in zip(rounds, runs["off"])]
-            s_ratios = [r[3][n] / off[3][n] for r, off in zip(rounds, runs["off"])] if n > 1 else []
             spread = f" ({min(tps):.1f}-{max(tps):.1f})" if len(tps) > 1 else ""
-            lines.append(f"| {label} | {n} | {statistics.median(tps):.1f}{spread} | "
-                         f"{' / '.join(f'{x:.3f}' for x in ratios)} | {geomean(ratios):.3f} | "
-                         f"{statistics.median(steady):.1f} | {' / '.join(f'{x:.3f}' for x in s_ratios) or '-'} | "
-                         f"{f'{geomean(s_ratios):.3f}' if s_ratios else '-'} | "
+            cells = [ratio_cells([r[0][n] / off[0][n] for r, off in zip(rounds, runs["off"])]),
+                     ratio_cells([r[3][n] / off[3][n] for r, off in zip(rounds, runs["off"])]) if n > 1 else "- | -"]
+            lines.append(f"| {label} | {n} | {statistics.median(tps):.1f}{spread} | {cells[0]} | "
+                         f"{statistics.median(steady):.1f} | {cells[1]} | "
                          f"{statistics.median(r[1] for r in rounds):.2f} |")
     return lines
 

@@ -197,6 +197,32 @@ struct GemvLane<Q, true, std::void_t<typename Q::Lane>> : Q::Lane {
     __device__ __forceinline__ typename Q::Raw load(int, int, int k) const { return Q::Lane::load(k); }
 };
 
+// The grid types' tables in shared memory for the GEMV (quant_blocks_iq.cuh's GridSmem): every block stages its
+// copy (all threads, 4-byte words: the generated tables are only 4- or 8-byte aligned) before its first decode, so
+// a table costs its bytes of L2 traffic per block of 2 QGEMV_WARPS rows. Tables up to CMP_GEMV_GRID_SMEM bytes are
+// staged (IQ3_XXS 1 KB, IQ2_XXS / IQ3_S 2 KB, IQ2_XS 4 KB, IQ2_S 8 KB), the IQ1 types' 16 KB table (more than a
+// block's share of the weights) is read through L1. (CMP_GEMV_GRID_SMEM is the gridsmem plan's knob: 0 is main's
+// kernel, 16384 stages every table; the measured winner becomes this constant.)
+#ifndef CMP_GEMV_GRID_SMEM
+#define CMP_GEMV_GRID_SMEM 8192
+#endif
+template <class Q, class = void>
+struct GemvGrid { static constexpr int BYTES = 0; };
+template <class Q>
+struct GemvGrid<Q, std::void_t<decltype(Q::GRID_BYTES)>> {
+    static constexpr int BYTES = Q::GRID_BYTES <= CMP_GEMV_GRID_SMEM ? Q::GRID_BYTES : 0;
+};
+
+// Q's grid table into `copy` by all the block's threads, then the block's barrier (each thread reaches it once).
+template <class Q>
+__device__ __forceinline__ void stage_grid(unsigned* copy) {
+    constexpr int WORDS = GemvGrid<Q>::BYTES / 4;
+    const unsigned* table = static_cast<const unsigned*>(Q::grid_table());
+#pragma unroll
+    for (int i = threadIdx.y * 32 + threadIdx.x; i < WORDS; i += QGEMV_WARPS * 32) copy[i] = __ldg(table + i);
+    __syncthreads();
+}
+
 // The GEMV's shape at NT tokens: rows per warp R, sub-blocks in flight per lane and row U, whether a slot is refilled
 // as soon as it is decoded (roll) or all U after the round, and the launch bound's blocks per SM (MINB).
 //  - T = 1 (decode): two rows per warp as T >= 2. Why, from sm_90 SASS (static counts, nvcc 13.0) and the H200's
@@ -278,8 +304,14 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     // before them (rows located one by one, a warp's rows possibly in two matrices): with them ptxas spilled there.
     constexpr bool T1 = NT == 1;
     static_assert(!T1 || R == 2, "T = 1's epilogue sums two rows");
+    // A grid type's table, staged (GemvGrid) by every warp, those without rows too, before its first decode.
+    constexpr int GRID = GemvGrid<Q>::BYTES;
+    __shared__ __align__(16) unsigned grid_copy[GRID ? GRID / 4 : 1];   // (8-byte entries: LDS.64)
     const int warp = blockIdx.x * QGEMV_WARPS + threadIdx.y, first = warp * R;
-    if (T1 ? warp >= set.groups : first >= set.total) return;
+    if (T1 ? warp >= set.groups : first >= set.total) {
+        if constexpr (GRID != 0) stage_grid<Q>(grid_copy);
+        return;
+    }
     const int lane = threadIdx.x, nb = n / Q::BV, nsub = n / 32, j = lane % NSUB;
     using Lane = GemvLane<Q, T1>;
     Lane src[R];   // at the lane's current round
@@ -309,6 +341,7 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
     };
     float acc[R][NT];
     auto start = [&] {   // after the first loads
+        if constexpr (GRID != 0) stage_grid<Q>(grid_copy);
         pdl_allow_consumers();
         pdl_wait_producers();
 #pragma unroll
@@ -334,6 +367,7 @@ gemv_quant_kernel(const int8_t* __restrict__ xq,  // [NT, n]
             for (int r = 0; r < R; ++r) {
                 SubBlock sb;
                 if constexpr (BIAS != 0) Q::decode_biased(raw[r][u], j, sb);
+                else if constexpr (GRID != 0) Q::decode(raw[r][u], j, sb, GridSmem{grid_copy});
                 else Q::decode(raw[r][u], j, sb);
                 w0[r] = make_int4(sb.q[0], sb.q[1], sb.q[2], sb.q[3]);
                 w1[r] = make_int4(sb.q[4], sb.q[5], sb.q[6], sb.q[7]);

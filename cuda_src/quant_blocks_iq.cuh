@@ -12,8 +12,9 @@
 // IQ1_S / IQ1_M add a delta of +-1/8 to every grid value (in {-1, 0, 1}) of a group (ggml's IQ1S_DELTA): codes are
 // 8 g +- 1 (|code| <= 9) and the scale d (2s + 1) / 8, so scale * code = d (2s + 1) (g +- 1/8) exactly, as ggml's
 // dequantize_row_iq1_s / _m and the numpy reference compute it.
-// Unlike the other types, decode reads memory besides the raw registers: the grid entries (global, read-only
-// through __ldg; the tables are 1-16 KB, so they stay in L1 / L2).
+// Unlike the other types, decode reads memory besides the raw registers: the grid entries. Its last argument says
+// where from (GridLdg: the global table through __ldg, the default; GridSmem: a shared-memory copy that
+// gemv_quant_kernel stages per block, GEMV_GRID_SMEM). Each type names its table (grid_table(), GRID_BYTES).
 //
 // Tested on the GPU by tests/test_quant_cuda.py, test_matmul_mma_cuda.py and test_quant_fixtures_cuda.py (first run
 // on an H200 2026-12-05); on the CPU, tools/quant_decode_host.cpp runs their repack, load and decode from this source
@@ -25,11 +26,26 @@ namespace cmp {
 
 // ---- grid helpers --------------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint2 grid8(const uint64_t* table, unsigned idx) {
-    const uint64_t g = __ldg(table + idx);
+// Entry idx of a grid table, read from the global table (GridLdg) or from a copy of it in shared memory (GridSmem:
+// a warp's 32 lookups at random indices cost a wavefront per distinct cache line from L1, ~2-3 per instruction from
+// shared memory's banks; the GEMV's lookups are what holds the grid types' decode GEMV at 17-36% of the copy rate).
+struct GridLdg {
+    template <class T>
+    __device__ __forceinline__ T operator()(const T* table, unsigned idx) const { return __ldg(table + idx); }
+};
+struct GridSmem {
+    const void* copy;   // the staged table (the same entries as the global one decode names)
+    template <class T>
+    __device__ __forceinline__ T operator()(const T*, unsigned idx) const { return static_cast<const T*>(copy)[idx]; }
+};
+
+template <class G>
+__device__ __forceinline__ uint2 grid8(G grid, const uint64_t* table, unsigned idx) {
+    const uint64_t g = grid(table, idx);
     return make_uint2((unsigned)g, (unsigned)(g >> 32));
 }
-__device__ __forceinline__ unsigned grid4(const uint32_t* table, unsigned idx) { return __ldg(table + idx); }
+template <class G>
+__device__ __forceinline__ unsigned grid4(G grid, const uint32_t* table, unsigned idx) { return grid(table, idx); }
 
 // Bit k of h (k < 4) -> 0xFF in byte k (a byte mask of the minus signs of 4 values).
 __device__ __forceinline__ unsigned sign_bytes(unsigned h) { return (((h & 15u) * 0x00204081u) & 0x01010101u) * 0xFFu; }
@@ -67,6 +83,8 @@ __device__ __forceinline__ void no_mins(SubBlock& o) { o.m[0] = o.m[1] = 0.f; }
 struct IQ2_XXS {
     static constexpr int ID = QID_IQ2_XXS, BV = 256, BYTES = 66, HEAD = 2, BODY = 64, BIAS = 0;
     static constexpr bool PER16 = false, MIN = false;
+    static constexpr int GRID_BYTES = sizeof(kIq2xxsGrid);
+    static __device__ __forceinline__ const void* grid_table() { return kIq2xxsGrid; }
     struct Raw { uint2 w; float d; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
         copy_bytes(head + 2 * b, src, 2);
@@ -75,10 +93,11 @@ struct IQ2_XXS {
     static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int, int c) {
         return {ld8(body + 8 * c), ldh(head + 2 * (c >> 3))};
     }
-    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o) {
+    template <class G = GridLdg>
+    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o, G grid = {}) {
 #pragma unroll
         for (int l = 0; l < 4; ++l)
-            put_group8(o.q, l, grid8(kIq2xxsGrid, (r.w.x >> (8 * l)) & 0xFFu), ksigns((r.w.y >> (7 * l)) & 127u));
+            put_group8(o.q, l, grid8(grid, kIq2xxsGrid, (r.w.x >> (8 * l)) & 0xFFu), ksigns((r.w.y >> (7 * l)) & 127u));
         o.s[0] = o.s[1] = r.d * (float)(2 * (int)(r.w.y >> 28) + 1) * 0.125f;
         no_mins(o);
     }
@@ -90,6 +109,8 @@ struct IQ2_XXS {
 struct IQ2_XS {
     static constexpr int ID = QID_IQ2_XS, BV = 256, BYTES = 74, HEAD = 10, BODY = 64, BIAS = 0;
     static constexpr bool PER16 = true, MIN = false;
+    static constexpr int GRID_BYTES = sizeof(kIq2xsGrid);
+    static __device__ __forceinline__ const void* grid_table() { return kIq2xsGrid; }
     struct Raw { uint2 w; unsigned sc; float d; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int nb, int b) {
         copy_bytes(body + 64 * b, src + 2, 64);
@@ -99,11 +120,12 @@ struct IQ2_XS {
     static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int nb, int c) {
         return {ld8(body + 8 * c), ld1(head + c), ldh(head + 8 * nb + 2 * (c >> 3))};
     }
-    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o) {
+    template <class G = GridLdg>
+    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o, G grid = {}) {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const unsigned q = ((l < 2 ? r.w.x : r.w.y) >> (16 * (l & 1))) & 0xFFFFu;
-            put_group8(o.q, l, grid8(kIq2xsGrid, q & 511u), ksigns(q >> 9));
+            put_group8(o.q, l, grid8(grid, kIq2xsGrid, q & 511u), ksigns(q >> 9));
         }
         o.s[0] = r.d * (float)(2 * (int)(r.sc & 15u) + 1) * 0.125f;
         o.s[1] = r.d * (float)(2 * (int)(r.sc >> 4) + 1) * 0.125f;
@@ -117,6 +139,8 @@ struct IQ2_XS {
 struct IQ2_S {
     static constexpr int ID = QID_IQ2_S, BV = 256, BYTES = 82, HEAD = 18, BODY = 64, BIAS = 0;
     static constexpr bool PER16 = true, MIN = false;
+    static constexpr int GRID_BYTES = sizeof(kIq2sGrid);
+    static __device__ __forceinline__ const void* grid_table() { return kIq2sGrid; }
     struct Raw { uint2 w; unsigned qh, sc; float d; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int nb, int b) {
         for (int j = 0; j < 8; ++j) {
@@ -130,11 +154,12 @@ struct IQ2_S {
     static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int nb, int c) {
         return {ld8(body + 8 * c), ld1(head + c), ld1(head + 8 * nb + c), ldh(head + 16 * nb + 2 * (c >> 3))};
     }
-    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o) {
+    template <class G = GridLdg>
+    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o, G grid = {}) {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const unsigned idx = ((r.w.x >> (8 * l)) & 0xFFu) | ((r.qh >> (2 * l)) & 3u) << 8;
-            put_group8(o.q, l, grid8(kIq2sGrid, idx), (r.w.y >> (8 * l)) & 0xFFu);
+            put_group8(o.q, l, grid8(grid, kIq2sGrid, idx), (r.w.y >> (8 * l)) & 0xFFu);
         }
         o.s[0] = r.d * (float)(2 * (int)(r.sc & 15u) + 1) * 0.125f;
         o.s[1] = r.d * (float)(2 * (int)(r.sc >> 4) + 1) * 0.125f;
@@ -148,6 +173,8 @@ struct IQ2_S {
 struct IQ3_XXS {
     static constexpr int ID = QID_IQ3_XXS, BV = 256, BYTES = 98, HEAD = 2, BODY = 96, BIAS = 0;
     static constexpr bool PER16 = false, MIN = false;
+    static constexpr int GRID_BYTES = sizeof(kIq3xxsGrid);
+    static __device__ __forceinline__ const void* grid_table() { return kIq3xxsGrid; }
     struct Raw { unsigned w[3]; float d; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int, int b) {
         for (int j = 0; j < 8; ++j) {
@@ -163,12 +190,13 @@ struct IQ3_XXS {
         r.d = ldh(head + 2 * (c >> 3));
         return r;
     }
-    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o) {
+    template <class G = GridLdg>
+    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o, G grid = {}) {
         const unsigned aux = r.w[2];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {     // int i = values 4i .. 4i + 3 = half (i & 1) of group i / 2
             const unsigned s = ksigns((aux >> (7 * (i >> 1))) & 127u) >> (4 * (i & 1));
-            o.q[i] = signed4(grid4(kIq3xxsGrid, (r.w[i >> 2] >> (8 * (i & 3))) & 0xFFu), sign_bytes(s));
+            o.q[i] = signed4(grid4(grid, kIq3xxsGrid, (r.w[i >> 2] >> (8 * (i & 3))) & 0xFFu), sign_bytes(s));
         }
         o.s[0] = o.s[1] = r.d * (float)(2 * (int)(aux >> 28) + 1) * 0.25f;
         no_mins(o);
@@ -181,6 +209,8 @@ struct IQ3_XXS {
 struct IQ3_S {
     static constexpr int ID = QID_IQ3_S, BV = 256, BYTES = 110, HEAD = 14, BODY = 96, BIAS = 0;
     static constexpr bool PER16 = false, MIN = false;
+    static constexpr int GRID_BYTES = sizeof(kIq3sGrid);
+    static __device__ __forceinline__ const void* grid_table() { return kIq3sGrid; }
     struct Raw { unsigned w[3]; unsigned qh, sc; float d; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int nb, int b) {
         for (int j = 0; j < 8; ++j) {
@@ -200,12 +230,13 @@ struct IQ3_S {
         r.d = ldh(head + 12 * nb + 2 * (c >> 3));
         return r;
     }
-    static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o) {
+    template <class G = GridLdg>
+    static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o, G grid = {}) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const unsigned idx = ((r.w[i >> 2] >> (8 * (i & 3))) & 0xFFu) | ((r.qh >> i) & 1u) << 8;
             const unsigned s = (r.w[2] >> (8 * (i >> 1) + 4 * (i & 1))) & 15u;
-            o.q[i] = signed4(grid4(kIq3sGrid, idx), sign_bytes(s));
+            o.q[i] = signed4(grid4(grid, kIq3sGrid, idx), sign_bytes(s));
         }
         o.s[0] = o.s[1] = r.d * (float)(1 + 2 * (int)((r.sc >> (4 * (j & 1))) & 15u));
         no_mins(o);
@@ -218,6 +249,8 @@ struct IQ3_S {
 struct IQ1_S {
     static constexpr int ID = QID_IQ1_S, BV = 256, BYTES = 50, HEAD = 2, BODY = 48, BIAS = 0;
     static constexpr bool PER16 = false, MIN = false;
+    static constexpr int GRID_BYTES = sizeof(kIq1sGrid);
+    static __device__ __forceinline__ const void* grid_table() { return kIq1sGrid; }
     struct Raw { unsigned qs, qh; float d; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int nb, int b) {
         copy_bytes(body + 32 * b, src + 2, 32);
@@ -227,12 +260,13 @@ struct IQ1_S {
     static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int nb, int c) {
         return {(unsigned)ld4(body + 4 * c), ld2(body + 32 * nb + 2 * c), ldh(head + 2 * (c >> 3))};
     }
-    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o) {
+    template <class G = GridLdg>
+    static __device__ __forceinline__ void decode(const Raw& r, int, SubBlock& o, G grid = {}) {
         const int delta = r.qh & 0x8000u ? -1 : 1;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const unsigned idx = ((r.qs >> (8 * l)) & 0xFFu) | ((r.qh >> (3 * l)) & 7u) << 8;
-            put_group8_iq1(o.q, l, grid8(kIq1sGrid, idx), delta);
+            put_group8_iq1(o.q, l, grid8(grid, kIq1sGrid, idx), delta);
         }
         o.s[0] = o.s[1] = r.d * (float)(2 * (int)((r.qh >> 12) & 7u) + 1) * 0.125f;
         no_mins(o);
@@ -246,6 +280,8 @@ struct IQ1_S {
 struct IQ1_M {
     static constexpr int ID = QID_IQ1_M, BV = 256, BYTES = 56, HEAD = 8, BODY = 48, BIAS = 0;
     static constexpr bool PER16 = true, MIN = false;
+    static constexpr int GRID_BYTES = sizeof(kIq1sGrid);
+    static __device__ __forceinline__ const void* grid_table() { return kIq1sGrid; }
     struct Raw { unsigned qs, qh; uint2 sc; };
     static __device__ void repack(const uint8_t* src, uint8_t* body, uint8_t* head, int nb, int b) {
         copy_bytes(body + 32 * b, src, 32);
@@ -255,12 +291,13 @@ struct IQ1_M {
     static __device__ __forceinline__ Raw load(const uint8_t* body, const uint8_t* head, int nb, int c) {
         return {(unsigned)ld4(body + 4 * c), ld2(body + 32 * nb + 2 * c), ld8(head + 8 * (c >> 3))};
     }
-    static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o) {
+    template <class G = GridLdg>
+    static __device__ __forceinline__ void decode(const Raw& r, int j, SubBlock& o, G grid = {}) {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const unsigned h = (r.qh >> (4 * l)) & 15u;        // byte l / 2 of qh, nibble l & 1
             const unsigned idx = ((r.qs >> (8 * l)) & 0xFFu) | (h & 7u) << 8;
-            put_group8_iq1(o.q, l, grid8(kIq1sGrid, idx), h & 8u ? -1 : 1);
+            put_group8_iq1(o.q, l, grid8(grid, kIq1sGrid, idx), h & 8u ? -1 : 1);
         }
         const unsigned s0 = r.sc.x & 0xFFFFu, s1 = r.sc.x >> 16, s2 = r.sc.y & 0xFFFFu, s3 = r.sc.y >> 16;
         const unsigned bits = (s0 >> 12) | ((s1 >> 8) & 0x00F0u) | ((s2 >> 4) & 0x0F00u) | (s3 & 0xF000u);

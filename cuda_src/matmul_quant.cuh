@@ -199,19 +199,15 @@ struct GemvLane<Q, true, std::void_t<typename Q::Lane>> : Q::Lane {
 
 // The grid types' tables in shared memory for the GEMV (quant_blocks_iq.cuh's GridSmem): every block stages its
 // copy (all threads, 4-byte words: the generated tables are only 4- or 8-byte aligned) before its first decode, so
-// a table costs its bytes of L2 traffic per block of 2 QGEMV_WARPS rows. Tables up to CMP_GEMV_GRID_SMEM bytes are
-// staged (IQ3_XXS 1 KB, IQ2_XXS / IQ3_S 2 KB, IQ2_XS 4 KB, IQ2_S 8 KB), the IQ1 types' 16 KB table (more than a
-// block's share of the weights) is read through L1. (CMP_GEMV_GRID_SMEM is the gridsmem plan's knob: 0 is main's
-// kernel, 16384 stages every table; the measured winner becomes this constant.)
-#ifndef CMP_GEMV_GRID_SMEM
-#define CMP_GEMV_GRID_SMEM 8192
-#endif
+// a table costs its bytes of L2 traffic per block of 2 QGEMV_WARPS rows (IQ3_XXS 1 KB, IQ2_XXS / IQ3_S 2 KB, IQ2_XS
+// 4 KB, IQ2_S 8 KB, IQ1_S / IQ1_M 16 KB). Why: through L1 a warp's 32 random 8-byte lookups cost one wavefront per
+// distinct 128-byte line, in shared memory a few bank conflicts. Measured (H100, bench_gemv T = 1, 2, 4 over 4096 x
+// 12288, 12288 x 4096, 4096 x 4096; 2026-12-05, A B C A): 0.83-0.94x main's time for IQ1_S / IQ1_M, 0.87x IQ2_S,
+// 0.90x IQ2_XS / IQ3_S, 0.91-1.02x IQ2_XXS / IQ3_XXS; staging all but the IQ1 tables left those at 1.00x.
 template <class Q, class = void>
 struct GemvGrid { static constexpr int BYTES = 0; };
 template <class Q>
-struct GemvGrid<Q, std::void_t<decltype(Q::GRID_BYTES)>> {
-    static constexpr int BYTES = Q::GRID_BYTES <= CMP_GEMV_GRID_SMEM ? Q::GRID_BYTES : 0;
-};
+struct GemvGrid<Q, std::void_t<decltype(Q::GRID_BYTES)>> { static constexpr int BYTES = Q::GRID_BYTES; };
 
 // Q's grid table into `copy` by all the block's threads, then the block's barrier (each thread reaches it once).
 template <class Q>

@@ -14,7 +14,7 @@
 // dequantize_row_iq1_s / _m and the numpy reference compute it.
 // Unlike the other types, decode reads memory besides the raw registers: the grid entries. Its last argument says
 // where from (GridLdg: the global table through __ldg, the default; GridSmem: a shared-memory copy that
-// gemv_quant_kernel stages per block, GEMV_GRID_SMEM). Each type names its table (grid_table(), GRID_BYTES).
+// gemv_quant_kernel stages per block: matmul_quant.cuh GemvGrid). Each type names its table (grid_table(), GRID_BYTES).
 //
 // Tested on the GPU by tests/test_quant_cuda.py, test_matmul_mma_cuda.py and test_quant_fixtures_cuda.py (first run
 // on an H200 2026-12-05); on the CPU, tools/quant_decode_host.cpp runs their repack, load and decode from this source

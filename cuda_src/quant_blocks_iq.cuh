@@ -28,7 +28,7 @@ namespace cmp {
 
 // Entry idx of a grid table, read from the global table (GridLdg) or from a copy of it in shared memory (GridSmem:
 // a warp's 32 lookups at random indices cost a wavefront per distinct cache line from L1, ~2-3 per instruction from
-// shared memory's banks; the GEMV's lookups are what holds the grid types' decode GEMV at 17-36% of the copy rate).
+// shared memory's banks; the lookups held the grid types' decode GEMV at 17-36% of the copy rate through L1).
 struct GridLdg {
     template <class T>
     __device__ __forceinline__ T operator()(const T* table, unsigned idx) const { return __ldg(table + idx); }

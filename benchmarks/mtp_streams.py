@@ -10,7 +10,10 @@ llamacmp:spec_rounds_total counters over that measurement, warm-ups included): d
 explored / skipped / short / prompt, and the drafting rounds' graph captures and eager rounds. Then, for N streams,
 where the wall time goes: the start (from the requests to every stream's first token), the steady part and the
 tail (after the first stream's last token), in ms with the tokens delivered in each, and each part's on - off per
-round (a loss at the start or in the tail shows there, not in the steady rate).
+round (a loss at the start or in the tail shows there, not in the steady rate). Last, the plain decode steps of
+N rows that ran back to back, per step: the host's parts (between steps, the launch, its work beside the forward)
+and the wait for the device (the server's llamacmp:plain_step_seconds_total), so that a steady loss with MTP on is
+placed on the host or the device.
 With --timeline the servers run with -v (their per-token debug lines cost every setting alike) and, per setting and
 round, the start of the measured N streams is printed from the server's log (its 'start timeline' line of each
 request at its first token: when the engine got it, when a slot took it, its prompt chunks, the host time of the MTP
@@ -57,7 +60,33 @@ def rounds_text(before: dict, after: dict) -> str:
                      for S in sorted({S for S, _ in diff})) or "-"
 
 
+def plain_steps(url: str) -> dict[int, dict[str, float]]:
+    """The server's llamacmp:plain_step_seconds_total / plain_steps_total lines (engine/perf.py StepClock) ->
+    {S: {"steps": n, part: seconds}}."""
+    import httpx
+    out: dict[int, dict[str, float]] = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        for name in ("llamacmp:plain_step_seconds_total{", "llamacmp:plain_steps_total{"):
+            if line.startswith(name):
+                labels, value = line[len(name):].rsplit("} ", 1)
+                kv = dict(part.split("=", 1) for part in labels.split(","))
+                key = kv["part"].strip('"') if "part" in kv else "steps"
+                out.setdefault(int(kv["seqs"].strip('"')), {})[key] = float(value)
+    return out
+
+
+def step_parts(before: dict, after: dict, S: int) -> dict[str, float]:
+    """The plain steps of S rows between two plain_steps() readings -> {"steps": n, part: ms per step} ({} when
+    none ran)."""
+    a, b = after.get(S, {}), before.get(S, {})
+    n = a.get("steps", 0) - b.get("steps", 0)
+    if n <= 0:
+        return {}
+    return {"steps": n, **{part: 1e3 * (a[part] - b.get(part, 0.0)) / n for part in STEP_PARTS}}
+
+
 PARTS = ("start", "steady", "tail")
+STEP_PARTS = ("between", "launch", "overlap", "wait")     # llamacmp/engine/perf.py's (the server's labels)
 
 
 def round_order(settings: list, k: int) -> list:
@@ -65,10 +94,11 @@ def round_order(settings: list, k: int) -> list:
     return list(settings) if k % 2 == 0 else list(reversed(settings))
 
 
-def measure_streams(url: str, texts, n: int, args) -> tuple[float, float, str, dict]:
+def measure_streams(url: str, texts, n: int, args) -> tuple[float, float, str, dict, dict]:
     """t/s of n streams (1: the decode rate), their steady t/s (1 stream: the decode rate again), the policy's
-    rounds during that measurement and where the wall time went ({part: (seconds, tokens)}; {} for 1 stream)."""
-    before = spec_rounds(url)
+    rounds during that measurement, where the wall time went ({part: (seconds, tokens)}; {} for 1 stream) and the
+    plain steps of n rows meanwhile (step_parts)."""
+    before, steps = spec_rounds(url), plain_steps(url)
     split = {}
     if n == 1:
         tps = steady = single_stream_tps(url, texts[0], args.n, args.r, None)
@@ -76,7 +106,7 @@ def measure_streams(url: str, texts, n: int, args) -> tuple[float, float, str, d
         got = sv.measure(url, texts[:n], args.n)
         tps, steady = got["wall_tps"], got["steady_tps"]
         split = {part: (got[f"{part}_s"], got[f"{part}_n"]) for part in PARTS}
-    return tps, steady, rounds_text(before, spec_rounds(url)), split
+    return tps, steady, rounds_text(before, spec_rounds(url)), split, step_parts(steps, plain_steps(url), n)
 
 
 def split_text(split: dict) -> str:
@@ -132,7 +162,7 @@ def timeline_table(timelines: dict) -> list[str]:
 def run_setting(args, label: str, flags: list[str], streams: list[int], texts, env) -> tuple:
     """One fresh server of the setting -> ({streams: t/s}, mean accepted length, {streams: policy rounds text},
     {streams: steady t/s}, {streams: where the wall time went}, the measured N streams' start_timelines()
-    (--timeline; [] without))."""
+    (--timeline; [] without), {streams: its plain steps' parts (step_parts)})."""
     port = sv.free_port()
     log = Path(f"/tmp/mtp-streams-{label.replace(' ', '_')}.log")
     np_ = max(streams)
@@ -144,7 +174,7 @@ def run_setting(args, label: str, flags: list[str], streams: list[int], texts, e
                {n: g[1] for n, g in got.items()}, {n: g[3] for n, g in got.items()})
     # (the last N requests are the measured N streams: the warm-up's and the single stream's came before)
     timeline = start_timelines(log.read_text(errors="replace"), np_ if np_ > 1 else 0) if args.timeline else []
-    return out + (timeline,)
+    return out + (timeline, {n: g[4] for n, g in got.items()})
 
 
 def ratio_cells(ratios: list[float]) -> str:
@@ -192,6 +222,30 @@ def split_table(runs: dict, streams: list[int]) -> list[str]:
     return lines
 
 
+def step_table(runs: dict, streams: list[int]) -> list[str]:
+    """Where the plain steps of N rows spent their time, per setting: each part's ms per step (median over the
+    rounds) and its on - off per round; a part that grows with MTP on is the host's work where it is not 'wait'."""
+    lines = ["", "Plain decode steps of N rows run back to back (the server's llamacmp:plain_step_seconds_total): ms "
+             "per step from the previous step's tokens drawn: between (-> the step's start), launch (-> the forward "
+             "launched), overlap (-> the host's work beside it done), wait (-> its tokens drawn); medians over the "
+             "rounds, then on - off per round:", "",
+             "| setting | streams | steps | " + " | ".join(STEP_PARTS) + " | total | "
+             + " | ".join(f"{part} on - off" for part in STEP_PARTS) + " |",
+             "|---|---:|---:|" + "---:|" * (2 * len(STEP_PARTS) + 1)]
+    for label, rounds in runs.items():
+        for n in streams:
+            got = [r[6][n] for r in rounds]
+            if not all(got):
+                continue
+            med = {part: statistics.median(g[part] for g in got) for part in ("steps",) + STEP_PARTS}
+            diffs = [" / ".join(f"{r[6][n][part] - off[6][n][part]:+.3f}" for r, off in zip(rounds, runs["off"])
+                                if r[6][n] and off[6][n]) if label != "off" else "-" for part in STEP_PARTS]
+            lines.append(f"| {label} | {n} | {med['steps']:.0f} | "
+                         + " | ".join(f"{med[part]:.3f}" for part in STEP_PARTS)
+                         + f" | {sum(med[part] for part in STEP_PARTS):.3f} | " + " | ".join(diffs) + " |")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True)
@@ -226,6 +280,7 @@ def main() -> None:
                 flush=True)
     lines = rate_table(runs, streams)
     lines += split_table(runs, [n for n in streams if n > 1])
+    lines += step_table(runs, streams)
     lines += timeline_table({(label, k + 1): r[5] for label, rounds in runs.items()
                              for k, r in enumerate(rounds) if r[5]})
     lines += ["", "Draft policy rounds per number of sequences in a round (llamacmp:spec_rounds_total):"]

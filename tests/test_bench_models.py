@@ -214,6 +214,31 @@ def test_mtp_streams_reads_the_policy_round_counters(monkeypatch):
     assert mtp_streams.rounds_text({(4, "plain"): 20}, got) == "S=1: drafted 3; S=4: plain 100, probes 2"
 
 
+def test_mtp_streams_reads_the_plain_step_parts(monkeypatch):
+    """benchmarks/mtp_streams.py reads the server's llamacmp:plain_step_seconds_total lines (server/misc.py writes
+    them), gives the ms per step of each part over one measurement and tables on - off per round."""
+    import types
+    import httpx
+    import mtp_streams
+    from llamacmp.server.misc import plain_step_lines
+    row = {"steps": 100, "between": 0.01, "launch": 0.02, "overlap": 0.03, "wait": 0.5}
+    text = "\n".join(["llamacpp:n_decode_total 5"] + plain_step_lines({4: row}))
+    monkeypatch.setattr(httpx, "get", lambda url, timeout: types.SimpleNamespace(text=text))
+    got = mtp_streams.plain_steps("http://x")
+    assert got == {4: {"steps": 100, "between": 0.01, "launch": 0.02, "overlap": 0.03, "wait": 0.5}}
+    before = {4: {"steps": 50, "between": 0.005, "launch": 0.01, "overlap": 0.01, "wait": 0.25}}
+    parts = mtp_streams.step_parts(before, got, 4)
+    assert parts["steps"] == 50 and parts["overlap"] == pytest.approx(0.4) and parts["wait"] == pytest.approx(5.0)
+    assert mtp_streams.step_parts(got, got, 4) == {} and mtp_streams.step_parts({}, got, 1) == {}
+
+    def run(wait):
+        return (None,) * 6 + ({4: {"steps": 100, "between": 0.1, "launch": 0.2, "overlap": 0.3, "wait": wait}},)
+    rows = mtp_streams.step_table({"off": [run(5.0), run(5.2)], "mtp L1": [run(5.1), run(5.4)]}, [4])
+    on = [c.strip() for c in rows[-1].split("|")[1:-1]]
+    assert on[:3] == ["mtp L1", "4", "100"] and on[6:8] == ["5.250", "5.850"]
+    assert on[8:] == ["+0.000 / +0.000"] * 3 + ["+0.100 / +0.200"]
+
+
 def test_mtp_streams_rounds_run_abba_and_pair_with_offs_same_round():
     """--rounds K runs the settings in ABBA order (a steady drift of the machine cancels over two rounds instead of
     always landing on the setting that runs second), and each round's on / off pairs the two runs of that round;

@@ -1029,6 +1029,44 @@ def test_plain_step_timing_covers_the_draw(lm, monkeypatch):
     assert engine.spec.policy.costs.plain[1] >= 0.05
 
 
+def test_step_clock_times_runs_of_plain_steps_by_part():
+    """engine/perf.py StepClock: a plain step adds its parts only after a plain step of the same rows with
+    nothing between; 'between' starts at that step's tokens drawn."""
+    from llamacmp.engine.perf import StepClock
+    clock = StepClock()
+    clock.step(4, 0.0, 1.0, 2.0, 5.0)               # the first of a run: its predecessor is unknown
+    clock.step(4, 5.5, 6.0, 6.5, 10.0)
+    clock.step(3, 10.0, 10.1, 10.2, 11.0)           # another number of rows: a new run
+    clock.broken()                                  # a prompt chunk or a drafting round
+    clock.step(3, 12.0, 12.5, 13.0, 14.0)
+    clock.step(3, 14.25, 14.5, 15.0, 16.0)
+    assert clock.snapshot() == {3: {"steps": 1, "between": 0.25, "launch": 0.25, "overlap": 0.5, "wait": 1.0},
+                                4: {"steps": 1, "between": 0.5, "launch": 0.5, "overlap": 0.5, "wait": 3.5}}
+
+
+@pytest.mark.parametrize("mtp", [False, True])
+def test_plain_step_clock_reaches_the_metrics(lm, mtp):
+    """The server's plain decode steps, MTP off as on, are timed by part once they run back to back (not the
+    first after the prompt's chunk) and /metrics prints them (llamacmp:plain_step_seconds_total)."""
+    from llamacmp.engine.scheduler import Engine, EngineConfig
+    from llamacmp.engine.tasks import GenParams
+    from llamacmp.server.misc import plain_step_lines
+    spec = SpecConfig(type="draft-mtp", n_max=3) if mtp else None
+    engine = Engine(lm, EngineConfig(n_slots=1, n_ctx_slot=128, spec=spec))
+    if mtp:
+        engine.spec.policy = ScriptedPolicy(3, script=(0,))     # every round a plain step: what the clock times
+    params = GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=12, cache_prompt=False)
+    assert _serve(engine, [(lm.tokenizer.encode(PROMPTS[0]), params)]) == [12]
+    rows = engine._query("metrics")["plain_steps"]
+    assert list(rows) == [1] and rows[1]["steps"] == 10        # 11 plain steps after the prompt's token
+    assert all(rows[1][part] > 0 for part in ("launch", "overlap", "wait")) and rows[1]["between"] >= 0
+    lines = plain_step_lines(rows)
+    assert lines[1] == "# TYPE llamacmp:plain_step_seconds_total counter"
+    assert f'llamacmp:plain_step_seconds_total{{seqs="1",part="wait"}} {rows[1]["wait"]:.6f}' in lines
+    assert 'llamacmp:plain_steps_total{seqs="1"} 10' in lines
+    assert plain_step_lines({}) == []
+
+
 def test_round_counts_reach_the_metrics(lm):
     """Speculator.round_counts: per number of sequences, the policy's decisions and the drafting rounds that ran
     eagerly (a shape of several sequences seen for the first time); the server's metrics snapshot carries them

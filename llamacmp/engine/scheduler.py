@@ -26,7 +26,7 @@ from . import slot_log
 from .checkpoints import read_host_state, state_ops_for, write_host_state
 from .decode import Decoder, LogitsRow, draw_tokens
 from .grammar import GrammarCompiler
-from .perf import Perf, now_ms
+from .perf import Perf, StepClock, now_ms
 from .prompt_cache import HostCache, ResumePoint, SlotCache, restore_from_host, rewind
 from .slot import GENERATE, PREFILL, Slot
 from ..spec import synth_acceptor
@@ -89,6 +89,7 @@ class Engine:
         self.metrics = EngineMetrics()
         self._metrics_mark: dict = {}     # the WINDOW counters at the last /metrics scrape
         self.perf = Perf()                # llama.cpp's perf counters, over every slot (the CLIs print them)
+        self.clock = StepClock()          # where the plain decode steps' time goes (llamacmp-only metrics)
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: list[CompletionTask] = []
         self._cancelled: set[int] = set()
@@ -574,6 +575,7 @@ class Engine:
         chunks, each slot's in its own forward, up to n_batch tokens in all. Decode rows never share a forward
         with prompt rows, and prompt chunks never with another slot's: a slot's arithmetic does not depend on
         what the others are doing (a mixed batch would take the tiled GEMM, which sums in another order)."""
+        t_start = time.perf_counter()
         gen = [s for s in self.slots if s.phase == GENERATE]
         spec = [s for s in gen if self._speculates(s)]
         # beside a prompt chunk nothing drafts: the step waits for the chunk anyway, and drafting there would add
@@ -584,6 +586,8 @@ class Engine:
             self.spec.beside_prompt([s.mtp for s in spec])
         left = min(s.tokens_left() for s in spec) if spec else 0
         n = self.spec.plan([s.mtp for s in spec], len(gen) - len(spec), left) if spec and not beside_prompt else 0
+        if n or beside_prompt or not gen:
+            self.clock.broken()
         if n:
             self._speculate(spec, n)
             drafting = set(map(id, spec))       # (by identity: a Slot's == compares every field)
@@ -591,6 +595,7 @@ class Engine:
         if gen:
             t0, events = time.perf_counter(), self.decoder.events
             logits, h = self.decoder.decode_hidden([s.state for s in gen], [s.next_token for s in gen])
+            t_launched = time.perf_counter()
             self._book_forward(len(gen), t0)
             self._flush()                # the previous results go out while the device runs this step
             timing = None
@@ -600,6 +605,8 @@ class Engine:
                     timing = None
                 elif spec and not n:     # the next round's lengths, weighed while the device runs this step
                     self.spec.plan_ahead([s.mtp for s in spec], len(gen) - len(spec), left - 1)
+            if not (n or beside_prompt):
+                timing = self._clocked(len(gen), t_start, t_launched, timing)
             self._after_forward(gen, [[s.next_token] for s in gen], logits, t0, timing)
         budget = self.cfg.n_batch - len(gen)
         ran = bool(gen)
@@ -629,6 +636,18 @@ class Engine:
             self._prompt_queued |= s.phase == PREFILL
             budget -= len(chunk)
             ran = True
+            self.clock.broken()
+
+    def _clocked(self, S: int, t_start: float, t_launched: float, timing):
+        """The drawn hook of a plain step of S rows with nothing else in it: the policy's timing (None: none),
+        then the step clock's record (perf.StepClock), its host work beside the forward ending now."""
+        t_overlapped = time.perf_counter()
+
+        def drawn() -> None:
+            if timing is not None:
+                timing()
+            self.clock.step(S, t_start, t_launched, t_overlapped, time.perf_counter())
+        return drawn
 
     def _speculates(self, slot: Slot) -> bool:
         """Whether this generating slot takes a draft-and-verify step: MTP on, and nothing that needs each row's
@@ -866,6 +885,7 @@ class Engine:
             return {**now, **window,
                     "spec_rounds": self.spec.round_counts() if self.spec is not None else {},
                     "spec_vocab": self.spec.vocab_state() if self.spec is not None else {},
+                    "plain_steps": self.clock.snapshot(),
                     "requests_processing": sum(s.busy for s in self.slots),
                     "requests_deferred": len(self._waiting),
                     "host_cache_bytes": self.host_cache.nbytes, "host_cache_entries": len(self.host_cache.entries)}

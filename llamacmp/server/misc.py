@@ -6,6 +6,7 @@ import time
 
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from ..engine.perf import STEP_PARTS
 from ..engine.tasks import ErrorResult
 from ..gguf_file import file_type_name
 from ..vision.prompt import MEDIA_MARKER
@@ -211,6 +212,21 @@ def spec_round_lines(counts: dict) -> list[str]:
             + [f'{name}{{seqs="{S}",kind="{kind}"}} {n}' for S, row in counts.items() for kind, n in row.items()])
 
 
+def plain_step_lines(rows: dict) -> list[str]:
+    """llamacmp-only: where the plain decode steps' wall time went, per number of rows S and part
+    (engine/perf.py StepClock: between, launch, overlap, wait), and how many steps that covers; nothing before a
+    run of two plain steps of the same rows."""
+    if not rows:
+        return []
+    secs, steps = "llamacmp:plain_step_seconds_total", "llamacmp:plain_steps_total"
+    return ([f"# HELP {secs} llamacmp: plain decode steps' wall time by rows and part (from the previous step's "
+             "tokens to this step's)", f"# TYPE {secs} counter"]
+            + [f'{secs}{{seqs="{S}",part="{part}"}} {row[part]:.6f}' for S, row in rows.items()
+               for part in STEP_PARTS]
+            + [f"# HELP {steps} llamacmp: plain decode steps timed in {secs}", f"# TYPE {steps} counter"]
+            + [f'{steps}{{seqs="{S}"}} {row["steps"]}' for S, row in rows.items()])
+
+
 def spec_vocab_lines(state: dict) -> list[str]:
     """llamacmp-only: the MTP draft's LM head rows now (--spec-draft-vocab; auto moves them), auto's switches and
     the rows it reads through its CQ2 coarse copy (--spec-draft-coarse) (Speculator.vocab_state); nothing without
@@ -238,5 +254,6 @@ async def metrics(ctx: ServerContext) -> Response:
                   f"llamacpp:{name} {value(m)}"]
     lines += spec_round_lines(m.get("spec_rounds") or {})
     lines += spec_vocab_lines(m.get("spec_vocab") or {})
+    lines += plain_step_lines(m.get("plain_steps") or {})
     return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4",
                              headers={"Process-Start-Time-Unix": str(ctx.created)})

@@ -47,19 +47,21 @@ __device__ __forceinline__ uint2 grid8(G grid, const uint64_t* table, unsigned i
 template <class G>
 __device__ __forceinline__ unsigned grid4(G grid, const uint32_t* table, unsigned idx) { return grid(table, idx); }
 
-// Bit k of h (k < 4) -> 0xFF in byte k (a byte mask of the minus signs of 4 values).
-__device__ __forceinline__ unsigned sign_bytes(unsigned h) { return (((h & 15u) * 0x00204081u) & 0x01010101u) * 0xFFu; }
+// Bit k of h (k < 4) -> 1 in byte k (the minus signs of 4 values).
+__device__ __forceinline__ unsigned sign_bits(unsigned h) { return ((h & 15u) * 0x00204081u) & 0x01010101u; }
 
-// The 4 unsigned bytes of w with those of byte mask m negated ((w ^ m) - m per byte; |values| < 128).
-__device__ __forceinline__ int signed4(unsigned w, unsigned m) { return (int)__vsub4(w ^ m, m); }
+// The 4 unsigned bytes of w with those whose sign bit (sign_bits) is set negated: ~w + 1 = (w ^ 0xFF) + 1 per byte,
+// in one 32-bit add because no byte carries: the sign-coded grids' values are 1 .. 62, so a negated byte is 256 - w
+// in 194 .. 255. (__vsub4((w ^ m), m) is 4 instructions on sm_90, this 3 with the mask's multiply.)
+__device__ __forceinline__ int signed4(unsigned w, unsigned b) { return (int)((w ^ (b * 0xFFu)) + b); }
 
 // ggml's ksigns_iq2xs: 7 sign bits and an 8th that makes the number of set bits even.
 __device__ __forceinline__ unsigned ksigns(unsigned s7) { return s7 | (__popc(s7) & 1u) << 7; }
 
 // Group l (values 8l .. 8l + 7) of an 8-value grid entry g with sign byte s into q[2l], q[2l + 1].
 __device__ __forceinline__ void put_group8(int (&q)[8], int l, uint2 g, unsigned s) {
-    q[2 * l] = signed4(g.x, sign_bytes(s));
-    q[2 * l + 1] = signed4(g.y, sign_bytes(s >> 4));
+    q[2 * l] = signed4(g.x, sign_bits(s));
+    q[2 * l + 1] = signed4(g.y, sign_bits(s >> 4));
 }
 
 // An IQ1 group: int8 grid values g in {-1, 0, 1} -> 8 g + delta (delta = +-1) per byte. (w << 3) keeps each byte's
@@ -196,7 +198,7 @@ struct IQ3_XXS {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {     // int i = values 4i .. 4i + 3 = half (i & 1) of group i / 2
             const unsigned s = ksigns((aux >> (7 * (i >> 1))) & 127u) >> (4 * (i & 1));
-            o.q[i] = signed4(grid4(grid, kIq3xxsGrid, (r.w[i >> 2] >> (8 * (i & 3))) & 0xFFu), sign_bytes(s));
+            o.q[i] = signed4(grid4(grid, kIq3xxsGrid, (r.w[i >> 2] >> (8 * (i & 3))) & 0xFFu), sign_bits(s));
         }
         o.s[0] = o.s[1] = r.d * (float)(2 * (int)(aux >> 28) + 1) * 0.25f;
         no_mins(o);
@@ -236,7 +238,7 @@ struct IQ3_S {
         for (int i = 0; i < 8; ++i) {
             const unsigned idx = ((r.w[i >> 2] >> (8 * (i & 3))) & 0xFFu) | ((r.qh >> i) & 1u) << 8;
             const unsigned s = (r.w[2] >> (8 * (i >> 1) + 4 * (i & 1))) & 15u;
-            o.q[i] = signed4(grid4(grid, kIq3sGrid, idx), sign_bytes(s));
+            o.q[i] = signed4(grid4(grid, kIq3sGrid, idx), sign_bits(s));
         }
         o.s[0] = o.s[1] = r.d * (float)(1 + 2 * (int)((r.sc >> (4 * (j & 1))) & 15u));
         no_mins(o);

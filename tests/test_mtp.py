@@ -1067,18 +1067,24 @@ def test_plain_step_clock_reaches_the_metrics(lm, mtp):
     assert plain_step_lines({}) == []
 
 
-def test_round_counts_reach_the_metrics(lm):
+def test_round_counts_reach_the_metrics(lm, caplog):
     """Speculator.round_counts: per number of sequences, the policy's decisions and the drafting rounds that ran
     eagerly (a shape of several sequences seen for the first time); the server's metrics snapshot carries them
-    and /metrics prints them as llamacmp:spec_rounds_total{seqs,kind}."""
+    and /metrics prints them as llamacmp:spec_rounds_total{seqs,kind}. At -v each round's time is logged with
+    its kind (replayed, eager, captured)."""
+    import logging
     from llamacmp.engine.tasks import GenParams
     from llamacmp.server.misc import spec_round_lines
     prompts = [lm.tokenizer.encode(p) for p in PROMPTS[:3]]
     reqs = [(p, GenParams(SamplingParams(temp=0, ignore_eos=True), n_predict=20)) for p in prompts]
     pol = ScriptedPolicy(3)
-    _, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, graphs="eager-double", policy=pol)
+    with caplog.at_level(logging.DEBUG, logger="llamacmp.engine"):
+        _, engine = _engine_run(lm, SpecConfig(type="draft-mtp", n_max=3), reqs, graphs="eager-double", policy=pol)
     counts = engine.spec.round_counts()
     assert sum(row.get("eager", 0) for row in counts.values()) == engine.spec.graphs.n_declined > 0
+    rounds = [r.getMessage() for r in caplog.records if r.getMessage().startswith("MTP round of ")]
+    assert rounds and all(m.rsplit(", ", 1)[1] in ("replayed", "eager", "captured") for m in rounds)
+    assert sum(m.endswith("eager") for m in rounds) == engine.spec.n_eager == engine.spec.graphs.n_declined
     assert all(S > 1 for S, row in counts.items() if "eager" in row)      # (one sequence's shapes never decline)
     assert engine._query("metrics")["spec_rounds"] == counts
     counts[3]["drafted"] = 5

@@ -114,6 +114,7 @@ class Speculator:
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         self.n_drafted = self.n_accepted = 0          # totals, for the draft_n / draft_n_accepted timings
         self.prompt_head_s = self.prompt_graphs_s = 0.0   # host time of prompts' head work and lone captures (log)
+        self.n_eager = 0                              # drafting rounds run eagerly though graphs exist
         self.graphs = model.be.spec_graphs(model, n_max, seqs=n_seqs) if graphs else None
         self.policy = DraftPolicy(n_max, n_min, costs) if adaptive else None
         self._round = None                            # (S, n, start, clean) of the draft awaiting its verify
@@ -414,10 +415,15 @@ class Speculator:
         timing either way, as a plain step's flush is part of the plain step's."""
         n = self.n_max if n is None else n
         self._use_head()
-        events = self._events()
+        t_start, events, eager = time.perf_counter(), self._events(), self.n_eager
         out = self._step(items, n, while_running)
-        if self._events() != events:
+        captured = self._events() != events
+        if captured:
             self._tally(len(items), "captures")
+        # (-v: what a new shape costs against a replay, the price of exploring and probing at several streams)
+        log.debug("MTP round of %d sequences drafting %d: %.2f ms, %s", len(items), n,
+                  1e3 * (time.perf_counter() - t_start),
+                  "captured" if captured else "eager" if self.n_eager != eager else "replayed")
         return out
 
     def _step(self, items, n: int, while_running):
@@ -432,16 +438,21 @@ class Speculator:
             eager = self._declined() != declined
             drafts = self.draft(items, n, graphs=not eager)
             if eager:
-                self._tally(len(items), "eager")
+                self._eager(len(items))
         else:
             if self.graphs is not None:
-                self._tally(len(items), "eager")
+                self._eager(len(items))
             drafts = self.draft(items, n)
         if while_running is not None:       # (inside the round's timing: verify() records it at its end)
             out = self.verify([(st, ms, t0, d) for (st, ms, t0), d in zip(items, drafts)], n, while_running)
         else:
             out = self.verify([(st, ms, t0, d) for (st, ms, t0), d in zip(items, drafts)], n)
         return (drafts,) + out
+
+    def _eager(self, S: int) -> None:
+        """A drafting round of S sequences ran eagerly though graphs exist (kind 'eager')."""
+        self.n_eager += 1
+        self._tally(S, "eager")
 
     def _tally(self, S: int, kind: str) -> None:
         if self.policy is not None:

@@ -215,8 +215,8 @@ __device__ __forceinline__ void stage_grid(unsigned* copy) {
     constexpr int WORDS = GemvGrid<Q>::BYTES / 4;
     const unsigned* table = static_cast<const unsigned*>(Q::grid_table());
     // nvcc unrolls this loop (a trip count known per block size); clang cannot, the start being the thread's index,
-    // and warned at every instantiation (306 lines in CI's sm_61 / sm_70 build). A loop with a constant trip count
-    // would silence both but guards every word: the tested sm_90 code stays as it is.
+    // and warned at every instantiation in CI's sm_61 / sm_70 build. A loop with a constant trip count would
+    // silence both but guards every word: the tested sm_90 code stays as it is.
 #if defined(__NVCC__)
 #pragma unroll
 #endif

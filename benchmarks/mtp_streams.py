@@ -39,18 +39,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import server_vs_llamacpp as sv  # noqa: E402
 from side_by_side import draft_mean_len, single_stream_tps, spec_settings  # noqa: E402
+from llamacmp.engine.perf import STEP_PARTS  # noqa: E402  (the server's part labels; sv put the tree on the path)
+
+
+def labelled(url: str, name: str) -> list[tuple[dict, float]]:
+    """The server's /metrics samples of one labelled llamacmp-only metric -> [({label: value}, sample)]."""
+    import httpx
+    head = name + "{"
+    out = []
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(head):
+            labels, value = line[len(head):].rsplit("} ", 1)
+            out.append(({k: v.strip('"') for k, v in (part.split("=", 1) for part in labels.split(","))},
+                        float(value)))
+    return out
 
 
 def spec_rounds(url: str) -> dict[tuple[int, str], int]:
     """The server's llamacmp:spec_rounds_total counters -> {(S, kind): rounds} ({} with MTP off)."""
-    import httpx
-    out = {}
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("llamacmp:spec_rounds_total{"):
-            labels, value = line[len("llamacmp:spec_rounds_total{"):].rsplit("} ", 1)
-            kv = dict(part.split("=", 1) for part in labels.split(","))
-            out[(int(kv["seqs"].strip('"')), kv["kind"].strip('"'))] = int(float(value))
-    return out
+    return {(int(kv["seqs"]), kv["kind"]): int(v) for kv, v in labelled(url, "llamacmp:spec_rounds_total")}
 
 
 def rounds_text(before: dict, after: dict) -> str:
@@ -63,15 +70,11 @@ def rounds_text(before: dict, after: dict) -> str:
 def plain_steps(url: str) -> dict[int, dict[str, float]]:
     """The server's llamacmp:plain_step_seconds_total / plain_steps_total lines (engine/perf.py StepClock) ->
     {S: {"steps": n, part: seconds}}."""
-    import httpx
     out: dict[int, dict[str, float]] = {}
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        for name in ("llamacmp:plain_step_seconds_total{", "llamacmp:plain_steps_total{"):
-            if line.startswith(name):
-                labels, value = line[len(name):].rsplit("} ", 1)
-                kv = dict(part.split("=", 1) for part in labels.split(","))
-                key = kv["part"].strip('"') if "part" in kv else "steps"
-                out.setdefault(int(kv["seqs"].strip('"')), {})[key] = float(value)
+    for kv, v in labelled(url, "llamacmp:plain_step_seconds_total"):
+        out.setdefault(int(kv["seqs"]), {})[kv["part"]] = v
+    for kv, v in labelled(url, "llamacmp:plain_steps_total"):
+        out.setdefault(int(kv["seqs"]), {})["steps"] = v
     return out
 
 
@@ -86,7 +89,6 @@ def step_parts(before: dict, after: dict, S: int) -> dict[str, float]:
 
 
 PARTS = ("start", "steady", "tail")
-STEP_PARTS = ("between", "launch", "overlap", "wait")     # llamacmp/engine/perf.py's (the server's labels)
 
 
 def round_order(settings: list, k: int) -> list:

@@ -586,7 +586,8 @@ class Engine:
             self.spec.beside_prompt([s.mtp for s in spec])
         left = min(s.tokens_left() for s in spec) if spec else 0
         n = self.spec.plan([s.mtp for s in spec], len(gen) - len(spec), left) if spec and not beside_prompt else 0
-        if n or beside_prompt or not gen:
+        clocked = bool(gen) and not (n or beside_prompt)    # a plain step of every generating slot
+        if not clocked:
             self.clock.broken()
         if n:
             self._speculate(spec, n)
@@ -605,7 +606,7 @@ class Engine:
                     timing = None
                 elif spec and not n:     # the next round's lengths, weighed while the device runs this step
                     self.spec.plan_ahead([s.mtp for s in spec], len(gen) - len(spec), left - 1)
-            if not (n or beside_prompt):
+            if clocked:
                 timing = self._clocked(len(gen), t_start, t_launched, timing)
             self._after_forward(gen, [[s.next_token] for s in gen], logits, t0, timing)
         budget = self.cfg.n_batch - len(gen)

@@ -887,27 +887,30 @@ def _fixed_costs(monkeypatch):
 
 
 def test_scheduler_drafts_when_the_bench_does(lm, mtp_path, monkeypatch):
-    """Acceptance 0 (--spec-synth-len 1): the scheduler's rounds for one request are the bench loop's, round for
-    round: one draft from the prior, then plain steps with probes every 8, 16, 32 rounds. A second request on the
-    same slot starts from the prior again, as each bench repetition does."""
+    """Acceptance 0 (--spec-synth-len 1): the scheduler's rounds are the bench loop's, round for round. A first
+    request drafts once from the prior, then steps plainly with probes every 8, 16, 32 rounds, as the bench's
+    warm-up repetition (4 rounds) does; a second request starts from the acceptance pooled over the verifies before it (the
+    first request's rate) and does not draft its first round, as the bench's timed repetition after its warm-up
+    does (the bench's repetitions each have a policy of their own: its probes start over at every 8)."""
     import io
     from llamacmp.cli import bench
     seen, N = _fixed_costs(monkeypatch), 64
     rc = bench.main(["-m", str(mtp_path), "-p", "0", "-n", str(N), "-r", "1", "-ngl", "0", "--spec-type",
                      "draft-mtp", "--spec-synth-len", "1"], out=io.StringIO(), err=io.StringIO())
     assert rc == 0
-    timed = seen[-1][0]                                  # (the warm-up repetition has a policy of its own)
-    bench_rounds = [n for p, n, _ in seen if p is timed]
+    policies = list(dict.fromkeys(p for p, _, _ in seen))          # (the warm-up repetition, then the timed one)
+    warm, timed = ([n for p, n, _ in seen if p is q] for q in (policies[0], policies[-1]))
     seen.clear()
     spec = SpecConfig(type="draft-mtp", n_max=3, synth_len=1.0)
     prompt = lm.tokenizer.encode(PROMPTS[0])
     params = GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=N + 1)   # (the first from the prompt)
     engine = Engine(lm, EngineConfig(n_slots=1, n_ctx_slot=128, spec=spec))
     server_rounds = _serve(engine, [(prompt, params)] * 2)
-    first = [n for _, n, _ in seen[:N]]
-    assert first == bench_rounds
+    first, second = [n for _, n, _ in seen[:N]], [n for _, n, _ in seen[N:]]
+    assert len(policies) == 2 and first[:len(warm)] == warm
     assert [i for i, n in enumerate(first) if n] == [0, 8, 24, 56]     # the prior's draft, then probes
-    assert seen[N][2] == [0.5] and seen[N - 1][2][0] < 0.2             # request 2 starts at the prior
+    assert seen[N][2] == [seen[N - 1][2][0]] and seen[N][2][0] < 0.2    # request 2 starts at request 1's rate
+    assert second[0] == timed[0] == 0 and [i for i, n in enumerate(timed) if n] == [7, 23, 55]
     assert server_rounds == [N + 1, N + 1]
 
 

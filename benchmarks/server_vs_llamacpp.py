@@ -163,10 +163,16 @@ def malformed_utf8_ids(model: str) -> list[int]:
     return bad
 
 
+WARM_TOKENS = 64
+
+
 def measure(url: str, texts: list, n_predict: int, extra: dict | None = None) -> dict:
-    # Warm-up with all N streams at once (short): the servers' one-time work for a batch of N (llamacmp captures
-    # the CUDA graph of those N slots, llama.cpp its graphs for that batch) happens here, not in the measured run.
-    concurrent(url, [t[:8] for t in texts], 8, extra)
+    # Warm-up with all N streams at once (short prompts): the servers' one-time work for a batch of N (llamacmp
+    # captures the CUDA graph of those N slots, llama.cpp its graphs for that batch; with MTP, llamacmp's draft
+    # policy explores drafting at N: an eager round and graph captures per new shape) happens here, not in the
+    # measured run. WARM_TOKENS: 8 tokens ended before the policy explored (too few left to repay it: 'short'),
+    # so every 4-stream run at acceptance 0 paid it inside its measurement (2026-12-05, H100: 3 rounds, ~27 ms).
+    concurrent(url, [t[:8] for t in texts], WARM_TOKENS, extra)
     results, t0 = concurrent(url, texts, n_predict, extra)
     per_stream = [r[1][-1][1] if r[1] else 0 for r in results]
     n_tok = sum(per_stream)

@@ -90,14 +90,20 @@ class Server:
         self.log.close()
 
 
+# Both servers without the host-RAM prompt cache: the requests send cache_prompt false, and a slot that held the
+# warm-up's request (72 tokens) was copied into that cache when a measured request took it, in the measured start
+# (2026-12-05, H100, 9B: ~170 ms a slot, one slot after the other, MTP on and off alike).
+NO_RAM_CACHE = ["--cache-ram", "0"]
+
+
 def llamacmp_argv(model: str, port: int, np_: int, ctx: int, extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "llamacmp.server.app", "-m", model, "--host", "127.0.0.1", "--port", str(port),
-            "-np", str(np_), "-c", str(ctx), "-ngl", "99", *extra]
+            "-np", str(np_), "-c", str(ctx), "-ngl", "99", *NO_RAM_CACHE, *extra]
 
 
 def llama_server_argv(binary: str, model: str, port: int, np_: int, ctx: int, extra: list[str]) -> list[str]:
     return [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", str(np_), "-c", str(ctx),
-            "-ngl", "99", "--no-webui", *extra]
+            "-ngl", "99", "--no-webui", *NO_RAM_CACHE, *extra]
 
 
 def stream_completion(url: str, prompt, n_predict: int, timeout: float = 600,

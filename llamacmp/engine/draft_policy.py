@@ -8,8 +8,12 @@ S sequences costs plain(S) and yields S tokens. The round takes the n with the m
 sequences draft the same n or none draft (one verify forward of S*(n+1) rows, one graph per list and n).
 
 The costs are wall-clock seconds the engine measured itself (CostTable: an EMA per S and n, from every round that
-did not capture a graph; eager rounds count, being what a shape of catch-up lengths seen once costs), so the choice
-follows the card, the model and the context length rather than constants. A length not measured yet is estimated on the line through the measured ones and the
+replayed its graphs, or ran where there are none), so the choice follows the card, the model and the context length
+rather than constants. A round that captured a graph, or ran eagerly because its shape of several sequences was
+new (the graphs decline a shape's first sighting, capture its second: backends/spec_graphs.py), is a one-off and
+not timed: a length whose only timing was its eager round looked dearer than its replays for as long as the policy
+did not run it again (2026-12-05, H100, 4 streams at L3.5: n = 3 eager 11.9 ms against 9.6 replayed, rounds kept at
+n = 2). A length not measured yet is estimated on the line through the measured ones and the
 plain step as n = 0 (draft rounds and verify rows both grow linearly with n); with nothing measured for S yet, the
 round explores: it drafts n_max until a spec round is measured, then steps plainly until a plain step is.
 

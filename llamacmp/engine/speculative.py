@@ -440,8 +440,9 @@ class Speculator:
             # again from draft() would capture it at once: every new shape of several slots a capture)
             eager = self._declined() != declined
             drafts = self.draft(items, n, graphs=not eager)
-            if eager:
+            if eager:       # a one-off, as a capture: not timed (the policy's table holds what rounds replay)
                 self._eager(len(items))
+                self._round = None
         else:
             if self.graphs is not None:
                 self._eager(len(items))

@@ -90,14 +90,20 @@ class Server:
         self.log.close()
 
 
+# Both servers without the host-RAM prompt cache: the requests send cache_prompt false, and a slot that held the
+# warm-up's request (72 tokens) was copied into that cache when a measured request took it, in the measured start
+# (2026-12-05, H100, 9B: ~170 ms a slot, one slot after the other, MTP on and off alike).
+NO_RAM_CACHE = ["--cache-ram", "0"]
+
+
 def llamacmp_argv(model: str, port: int, np_: int, ctx: int, extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "llamacmp.server.app", "-m", model, "--host", "127.0.0.1", "--port", str(port),
-            "-np", str(np_), "-c", str(ctx), "-ngl", "99", *extra]
+            "-np", str(np_), "-c", str(ctx), "-ngl", "99", *NO_RAM_CACHE, *extra]
 
 
 def llama_server_argv(binary: str, model: str, port: int, np_: int, ctx: int, extra: list[str]) -> list[str]:
     return [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", str(np_), "-c", str(ctx),
-            "-ngl", "99", "--no-webui", *extra]
+            "-ngl", "99", "--no-webui", *NO_RAM_CACHE, *extra]
 
 
 def stream_completion(url: str, prompt, n_predict: int, timeout: float = 600,
@@ -163,10 +169,16 @@ def malformed_utf8_ids(model: str) -> list[int]:
     return bad
 
 
+WARM_TOKENS = 64
+
+
 def measure(url: str, texts: list, n_predict: int, extra: dict | None = None) -> dict:
-    # Warm-up with all N streams at once (short): the servers' one-time work for a batch of N (llamacmp captures
-    # the CUDA graph of those N slots, llama.cpp its graphs for that batch) happens here, not in the measured run.
-    concurrent(url, [t[:8] for t in texts], 8, extra)
+    # Warm-up with all N streams at once (short prompts): the servers' one-time work for a batch of N (llamacmp
+    # captures the CUDA graph of those N slots, llama.cpp its graphs for that batch; with MTP, llamacmp's draft
+    # policy explores drafting at N: an eager round and graph captures per new shape) happens here, not in the
+    # measured run. WARM_TOKENS: 8 tokens ended before the policy explored (too few left to repay it: 'short'),
+    # so every 4-stream run at acceptance 0 paid it inside its measurement (2026-12-05, H100: 3 rounds, ~27 ms).
+    concurrent(url, [t[:8] for t in texts], WARM_TOKENS, extra)
     results, t0 = concurrent(url, texts, n_predict, extra)
     per_stream = [r[1][-1][1] if r[1] else 0 for r in results]
     n_tok = sum(per_stream)

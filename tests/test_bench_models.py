@@ -269,7 +269,7 @@ def test_streams_wall_time_split_into_start_steady_tail(monkeypatch):
                         lambda url, texts, n, extra: calls.append(n) or ([(i, m, 200) for i, m in enumerate(marks)],
                                                                          0.5))
     got = server_vs_llamacpp.measure("http://x", ["a", "b"], 10)
-    assert calls == [8, 10]                                         # the warm-up, then the measured run
+    assert calls == [server_vs_llamacpp.WARM_TOKENS, 10]            # the warm-up, then the measured run
     assert (got["start_s"], got["steady_s"], got["tail_s"]) == (1.0, 1.5, 1.0)
     assert (got["start_n"], got["steady_n"], got["tail_n"]) == (2, 11, 6)
     assert got["start_s"] + got["steady_s"] + got["tail_s"] == got["wall_s"] and got["tokens"] == 19

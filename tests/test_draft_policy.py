@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llamacmp.engine.draft_policy import PROBE_MAX, PROBE_MIN, Acceptance, CostTable, DraftPolicy
+from llamacmp.engine.draft_policy import PRIOR, PROBE_MAX, PROBE_MIN, Acceptance, CostTable, DraftPolicy
 
 # seconds per round, shaped like the 9B Q8_0 on the H200 (plain 3.2 ms; a draft round ~0.19 steps; verify at
 # T = n + 1 rows per sequence ~1.1 / 1.2 / 1.3 steps)
@@ -25,6 +25,19 @@ def test_acceptance_counts_the_tried_positions():
     assert a.tried == pytest.approx(4.8)
     assert Acceptance(1.0, 2.0).expected(3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
     assert Acceptance(0.0, 5.0).expected(3) == 1.0
+
+
+def test_a_new_sequence_starts_from_the_pooled_rate():
+    """Acceptance.prior: the pooled rate at the prior's weight, so a request after rejected drafts starts low and
+    its own first verify outweighs it; before anything is pooled, the fixed prior."""
+    assert (Acceptance().prior().accepted, Acceptance().prior().tried) == PRIOR
+    pooled = Acceptance()
+    for _ in range(20):
+        pooled.update(3, 0)
+    a = pooled.prior()
+    assert a.tried == PRIOR[1] and a.rate == pytest.approx(pooled.rate) and a.rate < 0.05
+    a.update(3, 3)
+    assert a.rate > 0.5
 
 
 def test_expected_in_one_pass_is_expected_bit_for_bit():

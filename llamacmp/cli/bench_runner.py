@@ -39,6 +39,7 @@ class Runner:
     path: str = ""
     mtp_head: bool = False              # the file has an MTP head (spec.has_mtp_head): --spec-type draft-mtp runs
     costs: dict = field(default_factory=dict)   # spec rows: the draft policy's CostTable per setting and depth
+    pooled: dict = field(default_factory=dict)  # and the verifies pooled over the repetitions (a request's prior)
 
     def _ids(self, n: int) -> list[int]:
         return [int(i) for i in self.rng.integers(0, self.cfg.n_vocab, n)]
@@ -64,11 +65,14 @@ class Runner:
         if not self.mtp_head:
             raise BenchError(f"error: {inst.name}: --spec-type draft-mtp: the model file '{self.path}' has no MTP "
                              "layers")
-        from ..engine.draft_policy import CostTable
+        from ..engine.draft_policy import Acceptance, CostTable
         from ..engine.speculative import Speculator
-        costs = self.costs.setdefault((inst.spec, inst.n_depth, inst.type_k, inst.type_v), CostTable())
-        sp = Speculator.from_spec(self.model, inst.spec, self.path, costs)
-        return sp, sp.new_seq(n_ctx, inst.type_k, inst.type_v)
+        key = (inst.spec, inst.n_depth, inst.type_k, inst.type_v)
+        sp = Speculator.from_spec(self.model, inst.spec, self.path, self.costs.setdefault(key, CostTable()),
+                                  pooled=self.pooled.setdefault(key, Acceptance()))
+        ms = sp.new_seq(n_ctx, inst.type_k, inst.type_v)
+        sp.start(ms)                # (a repetition starts as a server's request does)
+        return sp, ms
 
     def _spec_decoder(self, st, inst: Instance, mtp, draft: DraftStats | None):
         """-> step(n): n greedy tokens by draft (MTP head) and verify (one forward of the main model) or a plain

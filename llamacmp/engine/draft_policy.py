@@ -8,8 +8,12 @@ S sequences costs plain(S) and yields S tokens. The round takes the n with the m
 sequences draft the same n or none draft (one verify forward of S*(n+1) rows, one graph per list and n).
 
 The costs are wall-clock seconds the engine measured itself (CostTable: an EMA per S and n, from every round that
-did not capture a graph; eager rounds count, being what a shape of catch-up lengths seen once costs), so the choice
-follows the card, the model and the context length rather than constants. A length not measured yet is estimated on the line through the measured ones and the
+replayed its graphs, or ran where there are none), so the choice follows the card, the model and the context length
+rather than constants. A round that captured a graph, or ran eagerly because its shape of several sequences was
+new (the graphs decline a shape's first sighting, capture its second: backends/spec_graphs.py), is a one-off and
+not timed: a length whose only timing was its eager round looked dearer than its replays for as long as the policy
+did not run it again (2026-12-05, H100, 4 streams at L3.5: n = 3 eager 11.9 ms against 9.6 replayed, rounds kept at
+n = 2). A length not measured yet is estimated on the line through the measured ones and the
 plain step as n = 0 (draft rounds and verify rows both grow linearly with n); with nothing measured for S yet, the
 round explores: it drafts n_max until a spec round is measured, then steps plainly until a plain step is.
 
@@ -45,7 +49,8 @@ from itertools import accumulate
 from typing import Optional, Sequence
 
 DECAY = 0.9                # per round: the acceptance counts' memory (~10 rounds)
-PRIOR = (1.0, 2.0)         # (accepted, tried) before anything is seen: a = 0.5, so a new sequence drafts
+PRIOR = (1.0, 2.0)         # (accepted, tried) before anything is seen: a = 0.5, so a new sequence drafts; once
+                           # verifies were seen, a new sequence takes their pooled rate at this weight (prior())
 EMA_DOWN, EMA_UP = 0.8, 0.1   # weight of a new timing below / above the table's: the noise of a wall-clock timing
                               # is mostly added time (another process, a collection), so a slow one moves it less
 PROBE_MIN, PROBE_MAX = 8, 64
@@ -72,6 +77,14 @@ class Acceptance:
             return
         self.accepted = DECAY * self.accepted + n_accepted
         self.tried = DECAY * self.tried + min(n_accepted + 1, n_drafted)
+
+    def prior(self) -> "Acceptance":
+        """A new sequence's counts from these (pooled over the sequences verified before it): their rate at PRIOR's
+        weight. The model's drafts on this server's recent text say more about the next request than a fixed
+        a = 0.5 does: with them all rejected, each new request no longer drafts its first rounds and, among several
+        streams, explores shapes that cannot win (2026-12-05, H100, 4 streams at acceptance 0: 3 explored rounds,
+        2 eager and 4 captures a run); the new text's own verifies outweigh it within a round or two."""
+        return Acceptance(PRIOR[1] * self.rate, PRIOR[1])
 
     def expected(self, n: int) -> float:
         """E(n): tokens a round drafting n yields for this sequence, the target's own token included."""

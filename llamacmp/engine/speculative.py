@@ -97,10 +97,11 @@ class Speculator:
 
     def __init__(self, model, n_max: int = 3, n_min: int = 0, p_min: float = 0.0, graphs: bool = True,
                  adaptive: bool = True, costs: Optional[CostTable] = None, auto: Optional[AutoVocab] = None,
-                 n_seqs: int = 1, coarse: Optional[CoarseHead] = None):
+                 n_seqs: int = 1, coarse: Optional[CoarseHead] = None, pooled: Optional[Acceptance] = None):
         """graphs: replay captured draft / verify graphs where the backend has them (False: always eager).
         adaptive: choose each round's draft length (0: plain) from measured costs (draft_policy), else always
-        n_max; costs: a cost table to start from (a benchmark's repetitions share one). auto: --spec-draft-vocab
+        n_max; costs: a cost table to start from, pooled: the verifies pooled so far (start(); a benchmark's
+        repetitions share both, as a server's requests do). auto: --spec-draft-vocab
         auto's constants: the head drafts from their prefix or the whole vocabulary as the committed tokens say
         (engine/draft_vocab.py; None: the head the model has, set_draft_vocab). n_seqs: the sequences that draft
         (the server's slots): the graphs keep every one's shapes. coarse: --spec-draft-coarse's head (a draft head
@@ -113,6 +114,7 @@ class Speculator:
         self.model, self.be = model, model.be
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         self.n_drafted = self.n_accepted = 0          # totals, for the draft_n / draft_n_accepted timings
+        self.pooled = pooled if pooled is not None else Acceptance()   # every sequence's verifies (start)
         self.prompt_head_s = self.prompt_graphs_s = 0.0   # host time of prompts' head work and lone captures (log)
         self.n_eager = 0                              # drafting rounds run eagerly though graphs exist
         self.graphs = model.be.spec_graphs(model, n_max, seqs=n_seqs) if graphs else None
@@ -131,7 +133,7 @@ class Speculator:
 
     @classmethod
     def from_spec(cls, model, spec, path: str = "the model", costs: Optional[CostTable] = None,
-                  n_seqs: int = 1) -> "Speculator":
+                  n_seqs: int = 1, pooled: Optional[Acceptance] = None) -> "Speculator":
         """From a spec.SpecConfig (type draft-mtp); a file without MTP layers is refused naming it and the flag."""
         if model.mtp is None and model.cfg.n_nextn:
             raise SpecUnsupported(f"--spec-type {spec.type}: the MTP head of '{path}' is not loaded (a layer split "
@@ -145,7 +147,8 @@ class Speculator:
         except ValueError as e:
             raise SpecUnsupported(str(e)) from None
         coarse = coarse_head(spec, model.mtp.head.shape[0], model.cfg.n_embd, model.mtp.head_type)
-        return cls(model, spec.n_max, spec.n_min, spec.p_min, costs=costs, auto=auto, n_seqs=n_seqs, coarse=coarse)
+        return cls(model, spec.n_max, spec.n_min, spec.p_min, costs=costs, auto=auto, n_seqs=n_seqs, coarse=coarse,
+                   pooled=pooled)
 
     def set_coarse(self, coarse: Optional[CoarseHead]) -> None:
         """Make the model's draft use `coarse` (None: the exact head), before any draft graph is captured. A copy
@@ -437,8 +440,9 @@ class Speculator:
             # again from draft() would capture it at once: every new shape of several slots a capture)
             eager = self._declined() != declined
             drafts = self.draft(items, n, graphs=not eager)
-            if eager:
+            if eager:       # a one-off, as a capture: not timed (the policy's table holds what rounds replay)
                 self._eager(len(items))
+                self._round = None
         else:
             if self.graphs is not None:
                 self._eager(len(items))
@@ -661,10 +665,11 @@ class Speculator:
             self.graphs.prepare([st for st, _ in seqs], [ms.state for _, ms in seqs], lengths, catch_ups, stop)
 
     def start(self, ms: MtpSeq) -> None:
-        """A request starts on this sequence (a server slot). Its acceptance starts from the prior, as a new
-        sequence's does (the slot's last request says little about this text; each llamacmp-bench repetition
-        starts so too). Nothing runs: the head's part of the prompt and the lone graphs wait for prompt_end()."""
-        ms.acc = Acceptance()
+        """A request starts on this sequence (a server slot). Its acceptance starts from the rate pooled over
+        every sequence's recent verifies at the prior's weight (Acceptance.prior: not the slot's last request,
+        which says little about this text), PRIOR before any. Nothing runs: the head's part of the prompt and the
+        lone graphs wait for prompt_end()."""
+        ms.acc = self.pooled.prior()
 
     def commit(self, v: Verified, h, j: int) -> None:
         """Keep the first j (1 <= j <= 1 + len(drafts)) verified tokens: t0 and the drafts before the j-th emitted
@@ -684,6 +689,7 @@ class Speculator:
         self.n_accepted += j - 1
         ms.n_accepted += j - 1
         ms.acc.update(len(v.drafts), j - 1)
+        self.pooled.update(len(v.drafts), j - 1)
         if self._unrecorded is not None:             # part of the round's cost (_timed)
             self._unrecorded[2] += time.perf_counter() - t_start
 

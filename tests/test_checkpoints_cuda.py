@@ -62,6 +62,62 @@ def test_host_copy_moves_between_states(lm):
     np.testing.assert_allclose(_feed(lm, b, prompt[25:]), _feed(lm, c, prompt[25:]), rtol=0, atol=1e-6)
 
 
+
+def _owner(a: np.ndarray) -> np.ndarray:
+    while a.base is not None:
+        a = a.base
+    return a
+
+
+def _saved(lm, ops):
+    """A state of 32 tokens with a device checkpoint at 25, and its host copy."""
+    a = lm.backend.new_state(lm.cfg, 128, "f16")
+    _feed(lm, a, list(range(40, 65)))
+    ck = ops.snapshot(a, None)
+    _feed(lm, a, list(range(65, 72)))
+    return a, ck, ops.save_host(a, list(range(40, 72)), None, [ck])
+
+
+def _assert_host_copy_exact(be, a, ck, host):
+    want = be.state_to_host(a)
+    for got, w in zip(host.k + host.v, want["k"] + want["v"]):
+        assert got.dtype == np.float16 and got.shape == w.shape
+        np.testing.assert_array_equal(got.astype(np.float32), w)
+    for got, w in zip(host.conv + host.ssm, want["conv"] + want["ssm"]):
+        np.testing.assert_array_equal(got, w)
+    (hc,) = host.checkpoints
+    for got, t in zip(hc.conv + hc.ssm, ck.conv + ck.ssm):
+        np.testing.assert_array_equal(got, be.to_host(t))
+
+
+def test_host_copy_is_the_device_bytes_in_one_buffer_per_group(lm):
+    """save_host copies in one batch through the backend's pinned staging block: each array equals the device's
+    bytes read alone; the state's arrays share one host buffer and the checkpoint's another (a checkpoint a slot
+    keeps holds only its own); a second save reuses the staging block; a checkpoint already on the host is kept."""
+    be, ops = lm.backend, state_ops_for(lm.backend)
+    a, ck, host = _saved(lm, ops)
+    _assert_host_copy_exact(be, a, ck, host)
+    own = {id(_owner(x)) for x in host.k + host.v + host.conv + host.ssm}
+    ckpt = {id(_owner(x)) for x in host.checkpoints[0].conv + host.checkpoints[0].ssm}
+    assert len(own) == 1 and len(ckpt) == 1 and own != ckpt
+    staging = be.host_staging.ptr
+    assert staging
+    b = be.new_state(lm.cfg, 128, "f16")
+    ops.load_host(b, host, None)
+    again = ops.save_host(b, host.tokens, None, host.checkpoints)
+    assert be.host_staging.ptr == staging
+    assert all(x is y for x, y in zip(again.checkpoints[0].ssm, host.checkpoints[0].ssm))
+    for x, y in zip(again.k + again.conv + again.ssm, host.k + host.conv + host.ssm):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_host_copy_without_pinned_memory_is_the_same(lm, monkeypatch):
+    """Where pinned memory is short (no staging block) the copies go to the host buffers directly: same bytes."""
+    ops = state_ops_for(lm.backend)
+    monkeypatch.setattr(ops, "_staging", lambda nbytes: 0)
+    a, ck, host = _saved(lm, ops)
+    _assert_host_copy_exact(lm.backend, a, ck, host)
+
 def _run(engine, prompt, n=16):
     q: queue.Queue = queue.Queue()
     engine.submit(CompletionTask(list(prompt), GenParams(SamplingParams(temp=0), n_predict=n), q.put))

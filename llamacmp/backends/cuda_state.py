@@ -87,16 +87,17 @@ class CudaStateOps:
         state.n_past = n
 
 
-
 class HostCopies:
     """Device tensors to host memory without the engine's thread waiting on the host: the copies go asynchronously,
     in stream order, into a pinned staging block; a worker thread waits for them (an event), then copies the block
     into fresh host buffers, one per group, whose views are the arrays (a group's arrays live and die together: a
     checkpoint a slot keeps holds only its own buffer). Why: a copy per tensor, each waited for, into its own fresh
-    pageable array took 40-170 ms for a 9B slot of 72 tokens on an H100 (150 MB: 160 copies, the host's first touch
-    of every page behind each), every other slot's decode stalled meanwhile; the copies into pinned memory take ~3
-    ms of the GPU's time. Two staging blocks, so that two saves in a row do not wait for each other; a third waits
-    for the first's worker. Without pinned memory to spare, the copies go to the buffers directly, waited for."""
+    pageable array held the engine's thread 137-139 ms for a 9B slot of 72 tokens on an H100 (153 MiB with its two
+    checkpoints, 160 copies, the host's first touch of every page behind each), every other slot's decode stalled
+    meanwhile; now 4.5-5 ms (benchmarks/host_cache.py, RESULTS.md 2026-12-05 "twenty-eighth session"), the worker
+    filling the arrays in ~50-60 ms more. Two staging blocks, so that two saves in a row do not wait for each
+    other; a third waits for the first's worker. Without pinned memory to spare, the copies go to the buffers
+    directly, waited for."""
     BLOCKS = 2
 
     def __init__(self, native):
@@ -175,6 +176,7 @@ def _layout(groups: list[list[Part]]) -> tuple[list, int]:
         layout.append((size, gsize, offsets))
         size += gsize
     return layout, size
+
 
 def _rows(t: DeviceTensor, rows: Optional[int]) -> tuple:
     return t.shape if rows is None else (rows,) + tuple(t.shape[1:])

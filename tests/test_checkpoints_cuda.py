@@ -62,6 +62,65 @@ def test_host_copy_moves_between_states(lm):
     np.testing.assert_allclose(_feed(lm, b, prompt[25:]), _feed(lm, c, prompt[25:]), rtol=0, atol=1e-6)
 
 
+
+def _owner(a: np.ndarray) -> np.ndarray:
+    while a.base is not None:
+        a = a.base
+    return a
+
+
+def _saved(lm, ops):
+    """A state of 32 tokens with a device checkpoint at 25, and its host copy."""
+    a = lm.backend.new_state(lm.cfg, 128, "f16")
+    _feed(lm, a, list(range(40, 65)))
+    ck = ops.snapshot(a, None)
+    _feed(lm, a, list(range(65, 72)))
+    return a, ck, ops.save_host(a, list(range(40, 72)), None, [ck])
+
+
+def _assert_host_copy_exact(be, a, ck, host):
+    want = be.state_to_host(a)
+    host.ready()
+    for got, w in zip(host.k + host.v, want["k"] + want["v"]):
+        assert got.dtype == np.float16 and got.shape == w.shape
+        np.testing.assert_array_equal(got.astype(np.float32), w)
+    for got, w in zip(host.conv + host.ssm, want["conv"] + want["ssm"]):
+        np.testing.assert_array_equal(got, w)
+    (hc,) = host.checkpoints
+    for got, t in zip(hc.conv + hc.ssm, ck.conv + ck.ssm):
+        np.testing.assert_array_equal(got, be.to_host(t))
+
+
+def test_host_copy_is_the_device_bytes_in_one_buffer_per_group(lm):
+    """save_host's copies go in one batch through a pinned staging block and reach the arrays on a worker thread
+    (HostState.ready()): each array then equals the device's bytes read alone; the state's arrays share one host
+    buffer and the checkpoint's another (a checkpoint a slot keeps holds only its own); later saves reuse the two
+    staging blocks; a checkpoint already on the host is kept as it is."""
+    be, ops = lm.backend, state_ops_for(lm.backend)
+    a, ck, host = _saved(lm, ops)
+    _assert_host_copy_exact(be, a, ck, host)
+    own = {id(_owner(x)) for x in host.k + host.v + host.conv + host.ssm}
+    ckpt = {id(_owner(x)) for x in host.checkpoints[0].conv + host.checkpoints[0].ssm}
+    assert len(own) == 1 and len(ckpt) == 1 and own != ckpt
+    b = be.new_state(lm.cfg, 128, "f16")
+    ops.load_host(b, host, None)
+    staging = set()
+    for _ in range(3):
+        again = ops.save_host(b, host.tokens, None, host.checkpoints).ready()
+        staging |= {blk.ptr for blk in be.host_copies.blocks if blk.ptr}
+        assert all(x is y for x, y in zip(again.checkpoints[0].ssm, host.checkpoints[0].ssm))
+        for x, y in zip(again.k + again.conv + again.ssm, host.k + host.conv + host.ssm):
+            np.testing.assert_array_equal(x, y)
+    assert 1 <= len(staging) <= be.host_copies.BLOCKS
+
+
+def test_host_copy_without_pinned_memory_is_the_same(lm, monkeypatch):
+    """Where pinned memory is short (no staging block) the copies go to the host buffers directly: same bytes."""
+    monkeypatch.setattr(lm.backend.host_copies, "_staging", lambda k, nbytes: 0)
+    a, ck, host = _saved(lm, state_ops_for(lm.backend))
+    assert host.filled is None
+    _assert_host_copy_exact(lm.backend, a, ck, host)
+
 def _run(engine, prompt, n=16):
     q: queue.Queue = queue.Queue()
     engine.submit(CompletionTask(list(prompt), GenParams(SamplingParams(temp=0), n_predict=n), q.put))

@@ -37,7 +37,7 @@ from .base import Backend, Segment, SeqState, StepBatch
 from .cq2_ref import CQ2_VALUES
 from .cuda_graphs import DecodeGraphs
 from .cuda_memory import DTYPES, MIB, DeviceArena, DeviceTensor
-from .cuda_state import CudaStateOps
+from .cuda_state import CudaStateOps, HostCopies
 from .spec_graphs import SpecGraphs
 
 __all__ = ["CudaBackend", "DenseMatrix", "Q8Matrix", "QuantMatrix", "cuda_available"]
@@ -151,6 +151,7 @@ class CudaBackend(Backend):
         free, _total = self.native.mem_info()
         self.arena = DeviceArena(self.native, arena_bytes if arena_bytes is not None else max(free - 512 * MIB, 0))
         self._state_arena = self.arena  # (a graph's capture swaps self.arena; per-token states outlive graphs)
+        self.host_copies = HostCopies(self.native)      # the host-RAM prompt cache's copies (cuda_state.py)
         # set by cuda_graphs.RecordedGraph while it records a decode step (and by DecodeGraphs' eager steps):
         # attention splits sized for the whole context, Q8 projections in launches of at most GEMV_MAX_ROWS rows
         # (both: a row's result independent of the batch)
@@ -308,6 +309,7 @@ class CudaBackend(Backend):
         """The arena's chunks go back to the driver (cudaFree) only when no block is in use: a tensor still alive
         (an -mm projector's weights) would otherwise point into freed memory; then the chunks stay and one line
         says how much."""
+        self.host_copies.close()
         if self.arena.in_use:
             logging.getLogger("llamacmp.engine").warning(
                 "sleeping: %.0f MiB of device memory are still in use, the arena keeps its %.0f MiB",
@@ -464,7 +466,7 @@ class CudaBackend(Backend):
         out = np.empty((n,) + t.shape[1:], DTYPES[t.dtype])
         if out.nbytes:
             self.native.cmp_memcpy_d2h(out.ctypes.data, t.ptr, out.nbytes)
-        return out.astype(np.float32)
+        return out.astype(np.float32, copy=False)
 
     def to_host(self, x) -> np.ndarray:
         if isinstance(x, DenseMatrix):

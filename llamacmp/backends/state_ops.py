@@ -12,6 +12,7 @@ move from one slot to another.
 """
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
@@ -41,6 +42,15 @@ class HostState:
     ssm: list[np.ndarray]
     logits: Optional[np.ndarray]
     checkpoints: list[Checkpoint] = field(default_factory=list)
+    filled: Optional[Future] = field(default=None, compare=False, repr=False)   # the arrays' contents still on
+    #                                                                             their way (CUDA's HostCopies)
+
+    def ready(self) -> "HostState":
+        """Wait until the arrays (the checkpoints' too) hold their contents; read them only after."""
+        if self.filled is not None:
+            self.filled.result()
+            self.filled = None
+        return self
 
     @property
     def nbytes(self) -> int:

@@ -24,6 +24,7 @@ def state_ops_for(backend: Backend) -> StateOps:
 def write_host_state(path: str, host: HostState) -> int:
     """One .npz per slot (no pickles); checkpoints are not kept: a restored slot resumes from its end state."""
     arrays = {"tokens": np.asarray(host.tokens, np.int32)}
+    host.ready()
     for name in ("k", "v", "conv", "ssm"):
         for i, a in enumerate(getattr(host, name)):
             arrays[f"{name}{i}"] = a

@@ -143,8 +143,9 @@ class SplitStateOps:
         state.n_past = 0
 
     def save_host(self, state: SplitState, tokens, logits, checkpoints):
+        # (.ready(): the merged HostState has no job of its own, so each part's copies finish here)
         hs = [part.call(self.ops[p].save_host, state.view(p), tokens, None,
-                        [self._ckpt_part(c, p) for c in checkpoints]) for p, part in enumerate(self.sb.parts)]
+                        [self._ckpt_part(c, p) for c in checkpoints]).ready() for p, part in enumerate(self.sb.parts)]
         ckpts = []
         for i, c0 in enumerate(hs[0].checkpoints):
             conv = [a for h in hs for a in h.checkpoints[i].conv]
@@ -157,6 +158,7 @@ class SplitStateOps:
                          None if logits is None else np.array(logits, np.float32), ckpts)
 
     def load_host(self, state: SplitState, host, ckpt) -> None:
+        host.ready()
         for p, part in enumerate(self.sb.parts):
             a, g = self.sb.kv_slices[p], self.sb.gdn_slices[p]
             hp = HostState(host.tokens, host.k[a], host.v[a], host.conv[g], host.ssm[g], None)

@@ -92,7 +92,8 @@ class Server:
 
 # Both servers without the host-RAM prompt cache: the requests send cache_prompt false, and a slot that held the
 # warm-up's request (72 tokens) was copied into that cache when a measured request took it, in the measured start
-# (2026-12-05, H100, 9B: ~170 ms a slot, one slot after the other, MTP on and off alike).
+# (2026-12-05, H100, 9B: ~170 ms a slot, one slot after the other, MTP on and off alike; since HostCopies ~5 ms on
+# the engine thread, but the 3rd and later saves of a burst wait for its worker: RESULTS.md "twenty-eighth session").
 NO_RAM_CACHE = ["--cache-ram", "0"]
 
 

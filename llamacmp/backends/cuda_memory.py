@@ -109,8 +109,8 @@ class DeviceArena:
 
 class PinnedBlock:
     """One pinned (page-locked) host block, grown on demand and kept: the staging of batched copies from the device
-    (cuda_state.HostCopies: the host-RAM prompt cache's saves). Copies into it run at the bus's rate without the host's first touch of fresh
-    pages behind each one; its contents are the caller's until the next at_least()."""
+    (cuda_state.HostCopies: the host-RAM prompt cache's saves). Copies into it run at the bus's rate without the
+    host's first touch of fresh pages behind each one; its contents are the caller's until the next at_least()."""
 
     def __init__(self, native: Native):
         self.native, self.ptr, self.size = native, 0, 0

@@ -95,9 +95,9 @@ class HostCopies:
     pageable array held the engine's thread 137-139 ms for a 9B slot of 72 tokens on an H100 (153 MiB with its two
     checkpoints, 160 copies, the host's first touch of every page behind each), every other slot's decode stalled
     meanwhile; now 4.5-5 ms (benchmarks/host_cache.py, RESULTS.md 2026-12-05 "twenty-eighth session"), the worker
-    filling the arrays in ~50-60 ms more. Two staging blocks, so that two saves in a row do not wait for each
-    other; a third waits for the first's worker. Without pinned memory to spare, the copies go to the buffers
-    directly, waited for."""
+    filling the arrays in ~50-60 ms more (the host's first touch of their pages). Two staging blocks, each with
+    its own worker, so that two saves in a row do not wait for each other and their fills run at once; a third
+    waits for the first's fill. Without pinned memory to spare, the copies go to the buffers directly, waited for."""
     BLOCKS = 2
 
     def __init__(self, native):
@@ -130,7 +130,7 @@ class HostCopies:
             self.events[k] = self.native.event_create()
         self.native.cmp_event_record(self.events[k])
         if self.worker is None:
-            self.worker = ThreadPoolExecutor(1, thread_name_prefix="llamacmp-host-copies")
+            self.worker = ThreadPoolExecutor(self.BLOCKS, thread_name_prefix="llamacmp-host-copies")
         self.jobs[k] = self.worker.submit(self._fill, self.events[k], staging, bufs, layout)
         return arrays, self.jobs[k]
 

@@ -5,7 +5,7 @@
 // each including translation unit instantiates its own (internal linkage). block_term (per 32) and block_term16
 // (PER16) are the arithmetic per output and block that every DP4A GEMM of such weights adds, this one and
 // gemm_quant_kernel (where this one does not run: DP2A / IMAD routes, code older than compute_80, sm_75's shared
-// memory with mins, sm_61's), so the outputs have the same bits whichever runs. The PER16 path is not yet run on a GPU.
+// memory with mins, sm_61's), so the outputs have the same bits whichever runs.
 #pragma once
 #include <type_traits>
 
@@ -168,7 +168,7 @@ using W16Stage = std::conditional_t<
 // 1024, FFMA 256, FMUL 128, I2FP 256, LDS 163), 125 registers, no spill; Q2_K 2420 (IDP 1024, FFMA 384, FMUL 256, FADD
 // 128, I2FP 256, LDS 260, LDL 3), 128 registers, 16 B spill. The FP32 work per output and block is gemm_quant_kernel's
 // (its loop: 1819 / 2267 instructions for the same 1024 IDP, at 2 warps per scheduler); what changes is 4 warps per
-// scheduler and the one launch for a call's matrices. Not yet measured on a GPU.
+// scheduler and the one launch for a call's matrices: the 27B Q4_K_M's DP4A prefill +4-5% (H200, 2026-12-05).
 // SPLIT: the kernel of split launches (pieces > 1); whole tiles run the kernel without the pieces' code, whose
 // registers and schedule are the unsplit loop's (with it the 9B's unsplit GEMMs lost ~1%: 124 registers instead of
 // 128, another schedule; H200, 2026-12-04).
@@ -186,6 +186,7 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
     static_assert(TILE == 4 * 32 && TOK == 8 * TS, "a thread owns rows tx + 32i (i < 4), tokens ty + TS j (j < 8)");
     static_assert(TOK * BK == THREADS && TILE % TOK == 0, "stages of 4 blocks: per thread one X scale, W's TILE / TOK");
     using Stage = W16Stage<W::MIN, W::PER16, BK, TOK>;
+    constexpr bool PAIRED = W::MIN && !W::PER16;   // G2MinStage: scales and mins (sums) in pairs
     extern __shared__ __align__(16) unsigned char w16smem[];   // Stage[2]
     Stage* st = reinterpret_cast<Stage*>(w16smem);
     const int tid = threadIdx.x, tx = tid & 31, ty = tid >> 5;
@@ -260,17 +261,24 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
     // blocks' scales in registers through the stage (with them, 48 registers: the kernel spilled 68 bytes).
     auto publish = [&](Stage& b, const Pending& p) {
         cp_async_wait();
+        if constexpr (PAIRED) {
 #pragma unroll
-        for (int q = 0; q < NSW; ++q) {
-            const int at = sk * TILE + sr + SSTEP * q;
-            (&b.wd[0][0])[at] = p.w[q];
-            if constexpr (W::MIN) (&b.wm[0][0])[at] = p.m[q];
-            if constexpr (W::PER16) (&b.wd1[0][0])[at] = p.w1[q];
-            if constexpr (W::PER16 && W::MIN) (&b.wm1[0][0])[at] = p.m1[q];
+            for (int q = 0; q < NSW; ++q)
+                reinterpret_cast<float2*>(&b.wp[0][0][0])[sk * TILE + sr + SSTEP * q] = make_float2(p.w[q], p.m[q]);
+            reinterpret_cast<float2*>(&b.xp[0][0][0])[sk * TOK + sr] = make_float2(p.x, p.e);
+        } else {
+#pragma unroll
+            for (int q = 0; q < NSW; ++q) {
+                const int at = sk * TILE + sr + SSTEP * q;
+                (&b.wd[0][0])[at] = p.w[q];
+                if constexpr (W::MIN) (&b.wm[0][0])[at] = p.m[q];
+                if constexpr (W::PER16) (&b.wd1[0][0])[at] = p.w1[q];
+                if constexpr (W::PER16 && W::MIN) (&b.wm1[0][0])[at] = p.m1[q];
+            }
+            (&b.xd[0][0])[sk * TOK + sr] = p.x;
+            if constexpr (W::MIN) (&b.xs[0][0])[sk * TOK + sr] = p.e;
+            if constexpr (W::PER16 && W::MIN) (&b.xs1[0][0])[sk * TOK + sr] = p.e1;
         }
-        (&b.xd[0][0])[sk * TOK + sr] = p.x;
-        if constexpr (W::MIN) (&b.xs[0][0])[sk * TOK + sr] = p.e;
-        if constexpr (W::PER16 && W::MIN) (&b.xs1[0][0])[sk * TOK + sr] = p.e1;
     };
 
     float acc[4][8];
@@ -301,21 +309,31 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const int at = kb * TILE + tx + 32 * i;
                 a[i][0] = *reinterpret_cast<const int4*>(&cur.w[tx + 32 * i][kb * 8]);
                 a[i][1] = *reinterpret_cast<const int4*>(&cur.w[tx + 32 * i][kb * 8 + 4]);
-                sw[i] = (&cur.wd[0][0])[at];
                 mw[i] = sw1[i] = mw1[i] = 0.f;
-                if constexpr (W::MIN) mw[i] = (&cur.wm[0][0])[at];
-                if constexpr (W::PER16) sw1[i] = (&cur.wd1[0][0])[at];
-                if constexpr (W::PER16 && W::MIN) mw1[i] = (&cur.wm1[0][0])[at];
+                if constexpr (PAIRED) {
+                    const float2 sm = reinterpret_cast<const float2*>(&cur.wp[0][0][0])[at];
+                    sw[i] = sm.x, mw[i] = sm.y;
+                } else {
+                    sw[i] = (&cur.wd[0][0])[at];
+                    if constexpr (W::MIN) mw[i] = (&cur.wm[0][0])[at];
+                    if constexpr (W::PER16) sw1[i] = (&cur.wd1[0][0])[at];
+                    if constexpr (W::PER16 && W::MIN) mw1[i] = (&cur.wm1[0][0])[at];
+                }
             }
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const int4 b0 = *reinterpret_cast<const int4*>(&cur.x[ty + TS * j][kb * 8]);
                 const int4 b1 = *reinterpret_cast<const int4*>(&cur.x[ty + TS * j][kb * 8 + 4]);
                 const int at = kb * TOK + ty + TS * j;
-                const float sx = (&cur.xd[0][0])[at];
-                float e = 0.f, e1 = 0.f;
-                if constexpr (W::MIN) e = (&cur.xs[0][0])[at];
-                if constexpr (W::PER16 && W::MIN) e1 = (&cur.xs1[0][0])[at];
+                float sx, e = 0.f, e1 = 0.f;
+                if constexpr (PAIRED) {
+                    const float2 se = reinterpret_cast<const float2*>(&cur.xp[0][0][0])[at];
+                    sx = se.x, e = se.y;
+                } else {
+                    sx = (&cur.xd[0][0])[at];
+                    if constexpr (W::MIN) e = (&cur.xs[0][0])[at];
+                    if constexpr (W::PER16 && W::MIN) e1 = (&cur.xs1[0][0])[at];
+                }
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     if constexpr (W::PER16) {   // a chain per half (block_term16)

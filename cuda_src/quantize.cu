@@ -25,17 +25,50 @@ __device__ __forceinline__ void quantize_block(float v, int8_t* __restrict__ q, 
     if (lane == 0) d[blk] = __half2float(__float2half_rn(__fdiv_rn(amax, 127.f)));
 }
 
-// One warp per 32-value block.
+// The same quantization with a block held 8 values per lane by 4 adjacent lanes (part = lane % 4: values 8 part ..
+// 8 part + 7), for the producers that stream whole rows: a warp covers 8 blocks (1 KB of f32 per input) instead of one
+// (128 B), so each load moves 16 bytes a lane and 8x the bytes are in flight. The amax is the same value whichever
+// lanes fold it (a max is exact; NaN folds as in warp_max, the lane's first value seeding it), and inv, q and d are
+// quantize_block's expressions, so q and d are its bits. Every lane of the warp calls block8_amax (its shuffles);
+// store_block8 writes the 8 codes as one 8-byte store.
+constexpr int Q8_PER_LANE = 8, Q8_LANES = QK / Q8_PER_LANE;
+__device__ __forceinline__ float block8_amax(const float (&v)[Q8_PER_LANE]) {
+    float amax = fabsf(v[0]);
+#pragma unroll
+    for (int j = 1; j < Q8_PER_LANE; ++j) amax = fmaxf(amax, fabsf(v[j]));
+#pragma unroll
+    for (int o = 1; o < Q8_LANES; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    return amax;
+}
+__device__ __forceinline__ void store_block8(const float (&v)[Q8_PER_LANE], float amax, int8_t* __restrict__ q,
+                                             float* __restrict__ d, size_t blk, int part) {
+    const float inv = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+    uint32_t w[2] = {0u, 0u};
+#pragma unroll
+    for (int j = 0; j < Q8_PER_LANE; ++j)
+        w[j / 4] |= (uint32_t)(uint8_t)(int8_t)__float2int_rn(__fmul_rn(v[j], inv)) << (8 * (j % 4));
+    *reinterpret_cast<uint2*>(q + blk * QK + part * Q8_PER_LANE) = make_uint2(w[0], w[1]);
+    if (part == 0) d[blk] = __half2float(__float2half_rn(__fdiv_rn(amax, 127.f)));
+}
+
+// 8 consecutive floats from a 16-byte aligned address (the caller's rows are whole 32-value blocks).
+__device__ __forceinline__ void load8(const float* __restrict__ p, float (&v)[Q8_PER_LANE]) {
+    const float4 lo = reinterpret_cast<const float4*>(p)[0], hi = reinterpret_cast<const float4*>(p)[1];
+    v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+}
+
+// 4 lanes per 32-value block (store_block8); lanes past the last block hold zeros for the shuffles and store nothing.
 __global__ void quantize_q8_kernel(const float* __restrict__ x,  // [nblk * 32]
                                    int8_t* __restrict__ q,        // [nblk * 32]
                                    float* __restrict__ d,         // [nblk]
                                    size_t nblk) {
     pdl_allow_consumers();  // first: the GEMV after it streams its weights meanwhile (it waits for q, d)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
-    const size_t blk = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (blk >= nblk) return;
-    const int lane = threadIdx.x & 31;
-    quantize_block(x[blk * QK + lane], q, d, blk, lane);
+    const size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x, blk = g / Q8_LANES;
+    float v[Q8_PER_LANE] = {};
+    if (blk < nblk) load8(x + g * Q8_PER_LANE, v);
+    const float amax = block8_amax(v);
+    if (blk < nblk) store_block8(v, amax, q, d, blk, (int)(g % Q8_LANES));
 }
 
 // RMSNorm then quantize, block per row. The scale comes from row_rms_scale's expression as in elementwise.cu's
@@ -86,7 +119,8 @@ __global__ void rmsnorm_q8_kernel(const float* __restrict__ x,  // [T, D]
     }
 }
 
-// silu(a) * b (op 0, as SwigluOp) or a * sigmoid(b) (op 1, as SigmoidMulOp), then quantize; warp per block.
+// silu(a) * b (op 0, as SwigluOp) or a * sigmoid(b) (op 1, as SigmoidMulOp), then quantize; 4 lanes per block as
+// quantize_q8_kernel (a warp per block, a float per lane, kept 8x fewer bytes in flight: RESULTS.md, 2026-12-05).
 template <int OP>
 __global__ void binary_q8_kernel(const float* __restrict__ a,  // [nblk * 32]
                                  const float* __restrict__ b,  // [nblk * 32]
@@ -95,12 +129,17 @@ __global__ void binary_q8_kernel(const float* __restrict__ a,  // [nblk * 32]
                                  size_t nblk) {
     pdl_allow_consumers();  // first: the GEMV after it streams its weights meanwhile (it waits for q, d)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
-    const size_t blk = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (blk >= nblk) return;
-    const int lane = threadIdx.x & 31;
-    const size_t i = blk * QK + lane;
-    const float v = OP == 0 ? siluf_(a[i]) * b[i] : a[i] * sigmoidf_(b[i]);
-    quantize_block(v, q, d, blk, lane);
+    const size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x, blk = g / Q8_LANES;
+    float v[Q8_PER_LANE] = {};
+    if (blk < nblk) {
+        float va[Q8_PER_LANE], vb[Q8_PER_LANE];
+        load8(a + g * Q8_PER_LANE, va);
+        load8(b + g * Q8_PER_LANE, vb);
+#pragma unroll
+        for (int j = 0; j < Q8_PER_LANE; ++j) v[j] = OP == 0 ? siluf_(va[j]) * vb[j] : va[j] * sigmoidf_(vb[j]);
+    }
+    const float amax = block8_amax(v);
+    if (blk < nblk) store_block8(v, amax, q, d, blk, (int)(g % Q8_LANES));
 }
 
 // Gated RMSNorm then quantize: block per (t, head), blockDim.x = Dv (a multiple of 32), the expressions of
@@ -142,13 +181,18 @@ __global__ void q8_repack_kernel(const uint8_t* __restrict__ blocks,  // [nblk, 
 
 using namespace cmp;
 
+// The 4-lane producers read f32 in 16 bytes and write codes in 8 (any row of whole blocks in an arena qualifies).
+static bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 // ==== launchers ===================================================================================================
 
 extern "C" int cmp_quantize_q8(const float* x, int8_t* q, float* d, int T, int n) {
     CMP_REQUIRE(T >= 0 && n > 0 && n % QK == 0, "cmp_quantize_q8: n=%d must be a positive multiple of 32", n);
     const size_t nblk = (size_t)T * (n / QK);
     if (nblk == 0) return CMP_OK;
-    return launch("quantize_q8_kernel", quantize_q8_kernel, dim3(ceil_div(nblk, 8)), dim3(256), 0, x, q, d, nblk);
+    CMP_REQUIRE(aligned(x, 16) && aligned(q, 8), "cmp_quantize_q8: x (q) must be 16 (8)-byte aligned");
+    return launch("quantize_q8_kernel", quantize_q8_kernel, dim3(ceil_div(nblk * Q8_LANES, 256)), dim3(256), 0, x, q,
+                  d, nblk);
 }
 
 extern "C" int cmp_rmsnorm_q8(const float* x, const float* w, int8_t* q, float* d, int T, int D, float eps) {
@@ -163,8 +207,10 @@ extern "C" int cmp_binary_q8(const float* a, const float* b, int op, int8_t* q, 
     CMP_REQUIRE(op == 0 || op == 1, "cmp_binary_q8: op %d (0 = swiglu, 1 = sigmoid_mul)", op);
     const size_t nblk = (size_t)T * (n / QK);
     if (nblk == 0) return CMP_OK;
-    return launch("binary_q8_kernel", op == 0 ? binary_q8_kernel<0> : binary_q8_kernel<1>, dim3(ceil_div(nblk, 8)),
-                  dim3(256), 0, a, b, q, d, nblk);
+    CMP_REQUIRE(aligned(a, 16) && aligned(b, 16) && aligned(q, 8),
+                "cmp_binary_q8: a, b (q) must be 16 (8)-byte aligned");
+    return launch("binary_q8_kernel", op == 0 ? binary_q8_kernel<0> : binary_q8_kernel<1>,
+                  dim3(ceil_div(nblk * Q8_LANES, 256)), dim3(256), 0, a, b, q, d, nblk);
 }
 
 extern "C" int cmp_gated_rmsnorm_q8(const float* o, const float* z, const float* w, int8_t* q, float* d, int T, int V,

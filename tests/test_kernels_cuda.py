@@ -1126,6 +1126,20 @@ def test_binary_q8_equals_op_then_quantize(cuda_backend, op, T, n):
     assert all(np.array_equal(g, r) for g, r in zip(_q8_to_host(be, q, d), (q_ref, d_ref)))
 
 
+def test_q8_producers_refuse_misaligned_inputs(cuda_backend):
+    """quantize_q8 and binary_q8 read 16 bytes a lane (store_block8): a pointer inside a block is refused, and the
+    message names the argument; an aligned call on the same buffers runs."""
+    be = cuda_backend
+    x = up(be, np.ones((1, 64), np.float32))
+    q, d = be._q8_buffers(1, 32)
+    with pytest.raises(NativeError, match="cmp_quantize_q8: x"):
+        be.native.cmp_quantize_q8(x.ptr + 4, q.ptr, d.ptr, 1, 32)
+    with pytest.raises(NativeError, match="cmp_binary_q8: a, b"):
+        be.native.cmp_binary_q8(x.ptr, x.ptr + 8, 0, q.ptr, d.ptr, 1, 32)
+    be.native.cmp_binary_q8(x.ptr, x.ptr + 128, 0, q.ptr, d.ptr, 1, 32)
+    assert abs(be.to_host(d)[0] - 1 / (1 + np.exp(-1.0)) / 127) < 2.0 ** -10 / 127   # silu(1) * 1's scale
+
+
 @pytest.mark.parametrize("T,V,Dv", [(1, 1, 32), (7, 32, 128), (33, 3, 64)])
 def test_gated_rmsnorm_q8_equals_unfused(cuda_backend, T, V, Dv):
     be = cuda_backend

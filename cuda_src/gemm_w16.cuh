@@ -157,7 +157,9 @@ using W16Stage = std::conditional_t<
 // nvcc 13.0, per stage = 1024 IDP.4A per warp): Q8_0 and the types without mins 1664 instructions (IDP 1024, FMUL +
 // FFMA 256, I2FP 128, LDS 148, LDGSTS 6, LDG 3, STS 3, LDL 6, 90 other), 128 registers, 24 B spill (sm_80: 24 B);
 // with mins 1844 (IDP 1024, FFMA 256, FMUL 128, I2FP 128, LDS 195, LDGSTS 6, LDG 6, STS 6, 95 other), 121
-// registers, no spill. Measured (H200, 2026-12-04 19:45, same call, against TOK = 128, `llamacmp-bench --hw-route
+// registers, no spill (pairing each block's scale and min, and scale and sum, as one 8-byte load: 195 -> 147 LDS
+// a stage, but 6 spill loads; +0.0-1.0% on the Q4_K / Q5_K / Q4_1 GEMMs, none end to end on the 27B Q4_K_M: H100,
+// 2026-12-05, not kept). Measured (H200, 2026-12-04 19:45, same call, against TOK = 128, `llamacmp-bench --hw-route
 // dp4a`, two rounds within 0.1%): 27B Q8_0 pp512 / pp4096 / pp16384 +3.7% / +3.7% / +3.2%, 27B Q4_K_M +3.9% / +3.8%
 // / +3.4%, 9B Q8_0 +0.7% / +0.5% / +0.5%, 9B Q4_K_M -1.5% / -1.5% / -1.3%. sm_86 / sm_89's 100 KB per SM would hold
 // one 64-token block (8 warps): TOK = 128 there.
@@ -186,7 +188,6 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
     static_assert(TILE == 4 * 32 && TOK == 8 * TS, "a thread owns rows tx + 32i (i < 4), tokens ty + TS j (j < 8)");
     static_assert(TOK * BK == THREADS && TILE % TOK == 0, "stages of 4 blocks: per thread one X scale, W's TILE / TOK");
     using Stage = W16Stage<W::MIN, W::PER16, BK, TOK>;
-    constexpr bool PAIRED = W::MIN && !W::PER16;   // G2MinStage: scales and mins (sums) in pairs
     extern __shared__ __align__(16) unsigned char w16smem[];   // Stage[2]
     Stage* st = reinterpret_cast<Stage*>(w16smem);
     const int tid = threadIdx.x, tx = tid & 31, ty = tid >> 5;
@@ -261,24 +262,17 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
     // blocks' scales in registers through the stage (with them, 48 registers: the kernel spilled 68 bytes).
     auto publish = [&](Stage& b, const Pending& p) {
         cp_async_wait();
-        if constexpr (PAIRED) {
 #pragma unroll
-            for (int q = 0; q < NSW; ++q)
-                reinterpret_cast<float2*>(&b.wp[0][0][0])[sk * TILE + sr + SSTEP * q] = make_float2(p.w[q], p.m[q]);
-            reinterpret_cast<float2*>(&b.xp[0][0][0])[sk * TOK + sr] = make_float2(p.x, p.e);
-        } else {
-#pragma unroll
-            for (int q = 0; q < NSW; ++q) {
-                const int at = sk * TILE + sr + SSTEP * q;
-                (&b.wd[0][0])[at] = p.w[q];
-                if constexpr (W::MIN) (&b.wm[0][0])[at] = p.m[q];
-                if constexpr (W::PER16) (&b.wd1[0][0])[at] = p.w1[q];
-                if constexpr (W::PER16 && W::MIN) (&b.wm1[0][0])[at] = p.m1[q];
-            }
-            (&b.xd[0][0])[sk * TOK + sr] = p.x;
-            if constexpr (W::MIN) (&b.xs[0][0])[sk * TOK + sr] = p.e;
-            if constexpr (W::PER16 && W::MIN) (&b.xs1[0][0])[sk * TOK + sr] = p.e1;
+        for (int q = 0; q < NSW; ++q) {
+            const int at = sk * TILE + sr + SSTEP * q;
+            (&b.wd[0][0])[at] = p.w[q];
+            if constexpr (W::MIN) (&b.wm[0][0])[at] = p.m[q];
+            if constexpr (W::PER16) (&b.wd1[0][0])[at] = p.w1[q];
+            if constexpr (W::PER16 && W::MIN) (&b.wm1[0][0])[at] = p.m1[q];
         }
+        (&b.xd[0][0])[sk * TOK + sr] = p.x;
+        if constexpr (W::MIN) (&b.xs[0][0])[sk * TOK + sr] = p.e;
+        if constexpr (W::PER16 && W::MIN) (&b.xs1[0][0])[sk * TOK + sr] = p.e1;
     };
 
     float acc[4][8];
@@ -309,31 +303,21 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const int at = kb * TILE + tx + 32 * i;
                 a[i][0] = *reinterpret_cast<const int4*>(&cur.w[tx + 32 * i][kb * 8]);
                 a[i][1] = *reinterpret_cast<const int4*>(&cur.w[tx + 32 * i][kb * 8 + 4]);
+                sw[i] = (&cur.wd[0][0])[at];
                 mw[i] = sw1[i] = mw1[i] = 0.f;
-                if constexpr (PAIRED) {
-                    const float2 sm = reinterpret_cast<const float2*>(&cur.wp[0][0][0])[at];
-                    sw[i] = sm.x, mw[i] = sm.y;
-                } else {
-                    sw[i] = (&cur.wd[0][0])[at];
-                    if constexpr (W::MIN) mw[i] = (&cur.wm[0][0])[at];
-                    if constexpr (W::PER16) sw1[i] = (&cur.wd1[0][0])[at];
-                    if constexpr (W::PER16 && W::MIN) mw1[i] = (&cur.wm1[0][0])[at];
-                }
+                if constexpr (W::MIN) mw[i] = (&cur.wm[0][0])[at];
+                if constexpr (W::PER16) sw1[i] = (&cur.wd1[0][0])[at];
+                if constexpr (W::PER16 && W::MIN) mw1[i] = (&cur.wm1[0][0])[at];
             }
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const int4 b0 = *reinterpret_cast<const int4*>(&cur.x[ty + TS * j][kb * 8]);
                 const int4 b1 = *reinterpret_cast<const int4*>(&cur.x[ty + TS * j][kb * 8 + 4]);
                 const int at = kb * TOK + ty + TS * j;
-                float sx, e = 0.f, e1 = 0.f;
-                if constexpr (PAIRED) {
-                    const float2 se = reinterpret_cast<const float2*>(&cur.xp[0][0][0])[at];
-                    sx = se.x, e = se.y;
-                } else {
-                    sx = (&cur.xd[0][0])[at];
-                    if constexpr (W::MIN) e = (&cur.xs[0][0])[at];
-                    if constexpr (W::PER16 && W::MIN) e1 = (&cur.xs1[0][0])[at];
-                }
+                const float sx = (&cur.xd[0][0])[at];
+                float e = 0.f, e1 = 0.f;
+                if constexpr (W::MIN) e = (&cur.xs[0][0])[at];
+                if constexpr (W::PER16 && W::MIN) e1 = (&cur.xs1[0][0])[at];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     if constexpr (W::PER16) {   // a chain per half (block_term16)

@@ -92,16 +92,11 @@ constexpr Plan gemm2_q8_plan(size_t limit) {
     return 2 * sizeof(G2Stage<4>) <= limit ? Plan{4, 2 * sizeof(G2Stage<4>)} : Plan{2, 2 * sizeof(G2Stage<2>)};
 }
 // The same stages with each block's weight min and activation sum (gemm_w16_kernel with mins, gemm_w16.cuh: Q4_1,
-// Q5_1, Q4_K, Q5_K expanded), block-major and paired: a row's {scale, min} and a token's {scale, sum} side by side,
-// one 8-byte load each in the loop (as separate arrays they took two: 195 LDS a stage against Q8_0's 148). The same
-// bytes as G2Stage's arrays plus a min and a sum per block.
+// Q5_1, Q4_K, Q5_K expanded).
 template <int BK, int TOK = G2TILE>
-struct G2MinStage {
-    static constexpr int KP = BK * 8 + 4;
-    int w[G2TILE][KP];
-    int x[TOK][KP];
-    float wp[BK][G2TILE][2];   // {scale, min} per block and row
-    float xp[BK][TOK][2];      // {scale, sum} per block and token
+struct G2MinStage : G2Stage<BK, TOK> {
+    float wm[G2TILE][BK];
+    float xs[TOK][BK];
 };
 // PER16 (a scale per 16 values: Q6_K, Q3_K expanded): wd holds each block's first half's scale, wd1 its second's.
 template <int BK, int TOK = G2TILE>

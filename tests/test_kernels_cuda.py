@@ -1140,7 +1140,7 @@ def test_q8_producers_refuse_misaligned_inputs(cuda_backend):
     assert abs(be.to_host(d)[0] - 1 / (1 + np.exp(-1.0)) / 127) < 2.0 ** -10 / 127   # silu(1) * 1's scale
 
 
-@pytest.mark.parametrize("T,V,Dv", [(1, 1, 32), (7, 32, 128), (33, 3, 64)])
+@pytest.mark.parametrize("T,V,Dv", [(1, 1, 32), (7, 32, 128), (33, 3, 64), (5, 2, 96), (3, 5, 256)])
 def test_gated_rmsnorm_q8_equals_unfused(cuda_backend, T, V, Dv):
     be = cuda_backend
     rng = np.random.default_rng(T * V + Dv)
@@ -1151,6 +1151,16 @@ def test_gated_rmsnorm_q8_equals_unfused(cuda_backend, T, V, Dv):
     q, d = be._q8_buffers(T, V * Dv)
     be.native.cmp_gated_rmsnorm_q8(od.ptr, zd.ptr, wd_.ptr, q.ptr, d.ptr, T, V, Dv, 1e-6)
     assert all(np.array_equal(g, r) for g, r in zip(_q8_to_host(be, q, d), (q_ref, d_ref)))
+
+
+def test_gated_rmsnorm_q8_refuses_heads_past_its_registers(cuda_backend):
+    """A lane holds 8 values of a head (gated_rmsnorm_q8_kernel): wider heads are refused by the kernel, naming the
+    limit, and the backend runs them unfused (gated_rmsnorm_matmul_add's fallback)."""
+    be = cuda_backend
+    o = up(be, np.ones((1, 288), np.float32))
+    q, d = be._q8_buffers(1, 288)
+    with pytest.raises(NativeError, match="<= 256"):
+        be.native.cmp_gated_rmsnorm_q8(o.ptr, o.ptr, o.ptr, q.ptr, d.ptr, 1, 1, 288, 1e-6)
 
 
 @pytest.mark.parametrize("T", [1, 5, 16, 40, 130])

@@ -6,6 +6,7 @@ come from memory, not cache. Prints a table; `--json PATH` also writes the rows.
     python3 benchmarks/bench_kernels.py --gemm-routes dp4a mma [--json out.json]   (prefill GEMM per route only)
     python3 benchmarks/bench_kernels.py --conv-only [--json out.json]                (GDN conv1d + SiLU only)
     python3 benchmarks/bench_kernels.py --gemm-pieces [--json out.json]   (DP4A GEMM: serial pieces vs whole tiles)
+    python3 benchmarks/bench_kernels.py --producers [--json out.json]     (the prefill Q8 producers, GB/s vs copy)
 
 The matmul table times each shape with the v1 kernels and the v2 ones (cmp_matmul_q8_ex) side by side; the
 producer table times the unfused op + quantize against the fused Q8 producers.
@@ -113,6 +114,38 @@ def bench_fused(be: CudaBackend, rows_out: list) -> None:
             rows_out.append({"what": f"fused {name}", "T": T, "unfused ms": t_u, "fused ms": t_f})
 
 
+# The Q8 producers of a prefill layer on the 27B widths (hidden 5120, FFN 17408, attention gate 24 x 256, GDN
+# output 48 x 128): (name, f32 inputs read, values per row).
+PRODUCERS_27B = [("rmsnorm_q8 D=5120", 1, 5120), ("swiglu_q8 F=17408", 2, 17408), ("sigmoid_mul_q8 n=6144", 2, 6144),
+                 ("gated_rmsnorm_q8 48x128", 2, 6144), ("quantize_q8 n=5120", 1, 5120)]
+
+
+def bench_producers(be: CudaBackend, rows_out: list) -> None:
+    """The fused Q8 producers at prefill sizes: us a call and GB/s (f32 read + codes and scales written) against the
+    device-to-device copy rate (read + write)."""
+    bw = copy_bandwidth(be)
+    print(f"device: {be.native.device_name()}   copy {bw:.0f} GB/s (read + write)")
+    print(f"{'producer':<26} {'T':>5} {'us':>9} {'GB/s':>7} {'%copy':>6}")
+    rng = np.random.default_rng(5)
+    nat = be.native
+    for T in (512, 4096):
+        for name, reads, n in PRODUCERS_27B:
+            a, b = (be.from_host(rng.standard_normal((T, n)).astype(np.float32), "f32") for _ in range(2))
+            w = be.from_host(np.ones(128 if name.startswith("gated") else n, np.float32), "f32")
+            q, d = be.empty((T, n), "i8"), be.empty((T, n // 32), "f32")
+            call = {"rmsnorm_q8": lambda i: nat.cmp_rmsnorm_q8(a.ptr, w.ptr, q.ptr, d.ptr, T, n, 1e-6),
+                    "swiglu_q8": lambda i: nat.cmp_binary_q8(a.ptr, b.ptr, 0, q.ptr, d.ptr, T, n),
+                    "sigmoid_mul_q8": lambda i: nat.cmp_binary_q8(a.ptr, b.ptr, 1, q.ptr, d.ptr, T, n),
+                    "gated_rmsnorm_q8": lambda i: nat.cmp_gated_rmsnorm_q8(a.ptr, b.ptr, w.ptr, q.ptr, d.ptr, T,
+                                                                           n // 128, 128, 1e-6),
+                    "quantize_q8": lambda i: nat.cmp_quantize_q8(a.ptr, q.ptr, d.ptr, T, n)}[name.split()[0]]
+            ms = timed(be, call, 20)
+            gbs = T * n * (4 * reads + 1 + 4 / 32) / ms / 1e6
+            print(f"{name:<26} {T:>5} {ms * 1e3:>9.1f} {gbs:>7.0f} {100 * gbs / bw:>5.0f}%", flush=True)
+            rows_out.append({"what": f"producer {name}", "T": T, "ms": ms, "GB/s": gbs, "copy GB/s": bw})
+            del a, b, w, q, d
+
+
 def bench_attention(be: CudaBackend, n_kv: int, L: int, kv_type: str = "f16") -> float:
     cfg = ModelConfig(n_layer=4, n_embd=4096, n_ff=12288, n_head=16, n_head_kv=4, head_dim=256, n_vocab=1000,
                       n_ctx_train=262144, rms_eps=1e-6, rope_base=1e7, n_rot=64, rope_sections=(0, 0, 0, 0),
@@ -178,8 +211,16 @@ def main(argv=None) -> None:
     ap.add_argument("--gemm-pieces", action="store_true",
                     help="only: the DP4A GEMM on the 9B and 27B shapes at T = 512 and 4096, each launch's serial "
                          "pieces of K (its plan) against whole tiles (cmp_set_serial_pieces(1))")
+    ap.add_argument("--producers", action="store_true",
+                    help="only: the fused Q8 producers (rmsnorm, SwiGLU, sigmoid gate, gated rmsnorm, quantize) at "
+                         "T = 512 and 4096 on the 27B widths, GB/s against the copy rate")
     args = ap.parse_args(argv)
     be = CudaBackend()
+    if args.producers:
+        rows_out = []
+        bench_producers(be, rows_out)
+        _write_json(args.json, rows_out)
+        return
     if args.gemm_pieces:
         rows_out = []
         bench_gemm_pieces(be, rows_out)

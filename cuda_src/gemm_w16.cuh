@@ -5,7 +5,7 @@
 // each including translation unit instantiates its own (internal linkage). block_term (per 32) and block_term16
 // (PER16) are the arithmetic per output and block that every DP4A GEMM of such weights adds, this one and
 // gemm_quant_kernel (where this one does not run: DP2A / IMAD routes, code older than compute_80, sm_75's shared
-// memory with mins, sm_61's), so the outputs have the same bits whichever runs. The PER16 path is not yet run on a GPU.
+// memory with mins, sm_61's), so the outputs have the same bits whichever runs.
 #pragma once
 #include <type_traits>
 
@@ -157,7 +157,9 @@ using W16Stage = std::conditional_t<
 // nvcc 13.0, per stage = 1024 IDP.4A per warp): Q8_0 and the types without mins 1664 instructions (IDP 1024, FMUL +
 // FFMA 256, I2FP 128, LDS 148, LDGSTS 6, LDG 3, STS 3, LDL 6, 90 other), 128 registers, 24 B spill (sm_80: 24 B);
 // with mins 1844 (IDP 1024, FFMA 256, FMUL 128, I2FP 128, LDS 195, LDGSTS 6, LDG 6, STS 6, 95 other), 121
-// registers, no spill. Measured (H200, 2026-12-04 19:45, same call, against TOK = 128, `llamacmp-bench --hw-route
+// registers, no spill (pairing each block's scale and min, and scale and sum, as one 8-byte load: 195 -> 147 LDS
+// a stage, but 6 spill loads; +0.0-1.0% on the Q4_K / Q5_K / Q4_1 GEMMs, none end to end on the 27B Q4_K_M: H100,
+// 2026-12-05, not kept). Measured (H200, 2026-12-04 19:45, same call, against TOK = 128, `llamacmp-bench --hw-route
 // dp4a`, two rounds within 0.1%): 27B Q8_0 pp512 / pp4096 / pp16384 +3.7% / +3.7% / +3.2%, 27B Q4_K_M +3.9% / +3.8%
 // / +3.4%, 9B Q8_0 +0.7% / +0.5% / +0.5%, 9B Q4_K_M -1.5% / -1.5% / -1.3%. sm_86 / sm_89's 100 KB per SM would hold
 // one 64-token block (8 warps): TOK = 128 there.
@@ -168,7 +170,7 @@ using W16Stage = std::conditional_t<
 // 1024, FFMA 256, FMUL 128, I2FP 256, LDS 163), 125 registers, no spill; Q2_K 2420 (IDP 1024, FFMA 384, FMUL 256, FADD
 // 128, I2FP 256, LDS 260, LDL 3), 128 registers, 16 B spill. The FP32 work per output and block is gemm_quant_kernel's
 // (its loop: 1819 / 2267 instructions for the same 1024 IDP, at 2 warps per scheduler); what changes is 4 warps per
-// scheduler and the one launch for a call's matrices. Not yet measured on a GPU.
+// scheduler and the one launch for a call's matrices: the 27B Q4_K_M's DP4A prefill +4-5% (H200, 2026-12-05).
 // SPLIT: the kernel of split launches (pieces > 1); whole tiles run the kernel without the pieces' code, whose
 // registers and schedule are the unsplit loop's (with it the 9B's unsplit GEMMs lost ~1%: 124 registers instead of
 // 128, another schedule; H200, 2026-12-04).

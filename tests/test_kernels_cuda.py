@@ -1126,7 +1126,21 @@ def test_binary_q8_equals_op_then_quantize(cuda_backend, op, T, n):
     assert all(np.array_equal(g, r) for g, r in zip(_q8_to_host(be, q, d), (q_ref, d_ref)))
 
 
-@pytest.mark.parametrize("T,V,Dv", [(1, 1, 32), (7, 32, 128), (33, 3, 64)])
+def test_q8_producers_refuse_misaligned_inputs(cuda_backend):
+    """quantize_q8 and binary_q8 read 16 bytes a lane (store_block8): a pointer inside a block is refused, and the
+    message names the argument; an aligned call on the same buffers runs."""
+    be = cuda_backend
+    x = up(be, np.ones((1, 64), np.float32))
+    q, d = be._q8_buffers(1, 32)
+    with pytest.raises(NativeError, match="cmp_quantize_q8: x"):
+        be.native.cmp_quantize_q8(x.ptr + 4, q.ptr, d.ptr, 1, 32)
+    with pytest.raises(NativeError, match="cmp_binary_q8: a, b"):
+        be.native.cmp_binary_q8(x.ptr, x.ptr + 8, 0, q.ptr, d.ptr, 1, 32)
+    be.native.cmp_binary_q8(x.ptr, x.ptr + 128, 0, q.ptr, d.ptr, 1, 32)
+    assert abs(be.to_host(d)[0] - 1 / (1 + np.exp(-1.0)) / 127) < 2.0 ** -10 / 127   # silu(1) * 1's scale
+
+
+@pytest.mark.parametrize("T,V,Dv", [(1, 1, 32), (7, 32, 128), (33, 3, 64), (5, 2, 96), (3, 5, 256)])
 def test_gated_rmsnorm_q8_equals_unfused(cuda_backend, T, V, Dv):
     be = cuda_backend
     rng = np.random.default_rng(T * V + Dv)
@@ -1137,6 +1151,16 @@ def test_gated_rmsnorm_q8_equals_unfused(cuda_backend, T, V, Dv):
     q, d = be._q8_buffers(T, V * Dv)
     be.native.cmp_gated_rmsnorm_q8(od.ptr, zd.ptr, wd_.ptr, q.ptr, d.ptr, T, V, Dv, 1e-6)
     assert all(np.array_equal(g, r) for g, r in zip(_q8_to_host(be, q, d), (q_ref, d_ref)))
+
+
+def test_gated_rmsnorm_q8_refuses_heads_past_its_registers(cuda_backend):
+    """A lane holds 8 values of a head (gated_rmsnorm_q8_kernel): wider heads are refused by the kernel, naming the
+    limit, and the backend runs them unfused (gated_rmsnorm_matmul_add's fallback)."""
+    be = cuda_backend
+    o = up(be, np.ones((1, 288), np.float32))
+    q, d = be._q8_buffers(1, 288)
+    with pytest.raises(NativeError, match="<= 256"):
+        be.native.cmp_gated_rmsnorm_q8(o.ptr, o.ptr, o.ptr, q.ptr, d.ptr, 1, 1, 288, 1e-6)
 
 
 @pytest.mark.parametrize("T", [1, 5, 16, 40, 130])

@@ -43,6 +43,8 @@ from .spec_graphs import SpecGraphs
 __all__ = ["CudaBackend", "DenseMatrix", "Q8Matrix", "QuantMatrix", "cuda_available"]
 
 _KV_CODES = {"f32": CMP_F32, "f16": CMP_F16}
+# cmp_gated_rmsnorm_q8 holds a head in one warp, 8 values a lane (quantize.cu GRMSQ_MAXK): wider heads run unfused
+GATED_Q8_MAX_DV = 256
 
 
 def _persistent(method):
@@ -615,7 +617,8 @@ class CudaBackend(Backend):
 
     def gated_rmsnorm_matmul_add(self, o, z, norm_w, eps, head_dim, w, residual):
         T, n = o.shape
-        if not (self._fusable([w], n) and head_dim % Q8_0_BLOCK == 0 and head_dim <= 1024) or z.shape != o.shape:
+        fits = head_dim % Q8_0_BLOCK == 0 and head_dim <= GATED_Q8_MAX_DV
+        if not (self._fusable([w], n) and fits) or z.shape != o.shape:
             return super().gated_rmsnorm_matmul_add(o, z, norm_w, eps, head_dim, w, residual)
         q, d = self._q8_buffers(T, n)
         self.native.cmp_gated_rmsnorm_q8(o.ptr, z.ptr, norm_w.ptr, q.ptr, d.ptr, T, n // head_dim, head_dim, eps)

@@ -75,20 +75,23 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x,  // [nblk * 32]
 // rmsnorm_kernel (launched alike, the same block size) and the normalized value is its expression, so q and d equal
 // rmsnorm + quantize bit for bit; warp w quantizes the 32-blocks w, w + nwarp, ...
 // Rows of up to RMSQ_MAXV values per thread (D <= 8192 at 1024 threads: every Qwen3.5 width) keep their x in
-// registers from the one load on (w is read at the quantization: holding it too took 40 registers, so one 1024-thread
-// block an SM, with each row's load, sum and quantization in turn: ~27% of the copy rate at prefill sizes, H100,
-// 2026-12-05; the launch bound keeps two): thread t's values are t, t + blockDim, ... in row_rms_scale's order, and value j
+// registers from the one load on: thread t's values are t, t + blockDim, ... in row_rms_scale's order, and value j
 // of lane l of warp w is element (j * nwarp + w) * 32 + l, i.e. block j * nwarp + w in the loop's order, so the
 // sums, blocks and roundings are the same. Its 4 (D = 4096) block quantizations are independent, so their warp
 // reductions and divisions overlap instead of each waiting for a reload. (Decode, H200, 9B Q4_K_M: 65 of these per
 // token took 4.78 us each without PDL, 12% of the kernel time, 2026-12-02; one block per row at T = 1 is latency.)
+// HOLD_W (a few rows: decode, verify) loads w with x, before the sum, so no load waits after it; at 40 registers
+// that is one 1024-thread block an SM, which prefill's thousands of rows ran at ~27% of the copy rate (each row's
+// load, sum and quantization in turn; H100, 2026-12-05). Without it w is read at the quantization and the launch
+// bound keeps two blocks an SM (32 registers, no spill): 44%.
 constexpr int RMSQ_MAXV = 8;
 
-__global__ void __launch_bounds__(1024, 2) rmsnorm_q8_kernel(const float* __restrict__ x,  // [T, D]
-                                                             const float* __restrict__ w,  // [D]
-                                                             int8_t* __restrict__ q,       // [T, D]
-                                                             float* __restrict__ d,        // [T, D/32]
-                                                             int D, float eps) {
+template <bool HOLD_W>
+__global__ void __launch_bounds__(1024, HOLD_W ? 1 : 2) rmsnorm_q8_kernel(const float* __restrict__ x,  // [T, D]
+                                                                         const float* __restrict__ w,  // [D]
+                                                                         int8_t* __restrict__ q,       // [T, D]
+                                                                         float* __restrict__ d,  // [T, D/32]
+                                                                         int D, float eps) {
     pdl_allow_consumers();  // first: the GEMV after it streams its weights meanwhile (it waits for q, d)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     __shared__ float scratch[32];
@@ -102,11 +105,12 @@ __global__ void __launch_bounds__(1024, 2) rmsnorm_q8_kernel(const float* __rest
         }
         return;
     }
-    float xv[RMSQ_MAXV], ss = 0.f;
+    float xv[RMSQ_MAXV], wv[RMSQ_MAXV], ss = 0.f;   // (wv unused without HOLD_W)
 #pragma unroll
     for (int j = 0; j < RMSQ_MAXV; ++j) {
         const int i = threadIdx.x + j * blockDim.x;
         xv[j] = i < D ? xr[i] : 0.f;
+        if constexpr (HOLD_W) wv[j] = i < D ? w[i] : 0.f;
     }
 #pragma unroll
     for (int j = 0; j < RMSQ_MAXV; ++j)
@@ -116,7 +120,10 @@ __global__ void __launch_bounds__(1024, 2) rmsnorm_q8_kernel(const float* __rest
 #pragma unroll
     for (int j = 0; j < RMSQ_MAXV; ++j) {
         const int i = threadIdx.x + j * blockDim.x;
-        if (i < D) quantize_block(xv[j] * r * w[i], q, d, (size_t)blockIdx.x * nb + (i >> 5), lane);
+        if (i < D) {
+            const float wi = HOLD_W ? wv[j] : w[i];
+            quantize_block(xv[j] * r * wi, q, d, (size_t)blockIdx.x * nb + (i >> 5), lane);
+        }
     }
 }
 
@@ -143,20 +150,38 @@ __global__ void binary_q8_kernel(const float* __restrict__ a,  // [nblk * 32]
     if (blk < nblk) store_block8(v, amax, q, d, blk, (int)(g % Q8_LANES));
 }
 
-// Gated RMSNorm then quantize: a warp per (t, head), lane l holding the head's values l + 32k (k < Dv / 32), the
-// expressions of elementwise.cu's gated_rmsnorm_kernel. That kernel's block_sum (a block of Dv threads, thread d
-// holding value d) is reproduced in the one warp: its warp k's butterfly is this warp's over the values k, and its
-// second butterfly runs over lanes holding those partials (lane k the k-th, the others 0), as here; so r has its bits,
-// and each 32-value block k is quantized by the warp as there. Heads are independent warps (no barrier, no shared
-// memory) and a lane loads 2 Dv / 32 values before any sum: the block of Dv threads, one value each and two barriers,
-// ran at ~31% of the copy rate at prefill sizes (H100, 2026-12-05).
+// Gated RMSNorm then quantize, the expressions of elementwise.cu's gated_rmsnorm_kernel, in two layouts with its bits.
+// A few rows (decode, verify): its layout, a block per (t, head) of Dv threads, thread d holding value d, warp w
+// quantizing the head's 32-block w; the head's latency is one block_sum and one block quantization.
+__global__ void gated_rmsnorm_q8_block_kernel(const float* __restrict__ o,  // [heads, Dv]
+                                              const float* __restrict__ z,  // [heads, Dv]
+                                              const float* __restrict__ w,  // [Dv]
+                                              int8_t* __restrict__ q,       // [heads, Dv]
+                                              float* __restrict__ d,        // [heads, Dv/32]
+                                              int Dv, float eps) {
+    pdl_allow_consumers();  // first: the GEMV after it streams its weights meanwhile (it waits for q, d)
+    pdl_wait_producers();   // launch(): may start while the kernel before it drains
+    __shared__ float scratch[32];
+    const size_t base = (size_t)blockIdx.x * Dv;
+    const int dd = threadIdx.x;
+    const float v = o[base + dd];
+    const float r = rsqrtf(block_sum(v * v, scratch) / Dv + eps);
+    quantize_block(v * r * w[dd] * siluf_(z[base + dd]), q, d, (base >> 5) + (dd >> 5), dd & 31);
+}
+
+// Prefill: a warp per (t, head), lane l holding the head's values l + 32k (k < Dv / 32). The block kernel's
+// block_sum is reproduced in the one warp: its warp k's butterfly is this warp's over the values k, and its second
+// butterfly runs over lanes holding those partials (lane k the k-th, the others 0), as here; so r has its bits, and
+// each 32-value block k is quantized by the warp as there. Heads are independent warps (no barrier, no shared memory)
+// and a lane loads 2 Dv / 32 values before any sum: the block kernel, one value a thread and two barriers, ran at
+// ~31% of the copy rate at prefill sizes, this one 71% (H100, 2026-12-05).
 constexpr int GRMSQ_MAXK = 8;   // values per lane and input: head dims up to 256 (wider ones run unfused)
-__global__ void gated_rmsnorm_q8_kernel(const float* __restrict__ o,  // [heads, Dv]
-                                        const float* __restrict__ z,  // [heads, Dv]
-                                        const float* __restrict__ w,  // [Dv]
-                                        int8_t* __restrict__ q,       // [heads, Dv]
-                                        float* __restrict__ d,        // [heads, Dv/32]
-                                        size_t heads, int Dv, float eps) {
+__global__ void gated_rmsnorm_q8_warp_kernel(const float* __restrict__ o,  // [heads, Dv]
+                                             const float* __restrict__ z,  // [heads, Dv]
+                                             const float* __restrict__ w,  // [Dv]
+                                             int8_t* __restrict__ q,       // [heads, Dv]
+                                             float* __restrict__ d,        // [heads, Dv/32]
+                                             size_t heads, int Dv, float eps) {
     pdl_allow_consumers();  // first: the GEMV after it streams its weights meanwhile (it waits for q, d)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     const size_t head = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -200,6 +225,10 @@ __global__ void q8_repack_kernel(const uint8_t* __restrict__ blocks,  // [nblk, 
 
 using namespace cmp;
 
+// Rows up to the GEMV's (decode, verify) take the producers' latency layouts (rmsnorm_q8's HOLD_W, the gated
+// RMSNorm's block per head), more take the ones that keep the copy rate: the same bits either way.
+constexpr int FEW_ROWS = 16;
+
 // The 4-lane producers read f32 in 16 bytes and write codes in 8 (any row of whole blocks in an arena qualifies).
 static bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -218,7 +247,8 @@ extern "C" int cmp_rmsnorm_q8(const float* x, const float* w, int8_t* q, float* 
     CMP_REQUIRE(T >= 0 && D > 0 && D % QK == 0, "cmp_rmsnorm_q8: bad shape T=%d D=%d (D a multiple of 32)", T, D);
     if (T == 0) return CMP_OK;
     // = rmsnorm_kernel's block
-    return launch("rmsnorm_q8_kernel", rmsnorm_q8_kernel, dim3(T), dim3(std::min(1024, D)), 0, x, w, q, d, D, eps);
+    return launch("rmsnorm_q8_kernel", T <= FEW_ROWS ? rmsnorm_q8_kernel<true> : rmsnorm_q8_kernel<false>, dim3(T),
+                  dim3(std::min(1024, D)), 0, x, w, q, d, D, eps);
 }
 
 extern "C" int cmp_binary_q8(const float* a, const float* b, int op, int8_t* q, float* d, int T, int n) {
@@ -238,8 +268,11 @@ extern "C" int cmp_gated_rmsnorm_q8(const float* o, const float* z, const float*
                 "cmp_gated_rmsnorm_q8: bad shape T=%d V=%d Dv=%d (Dv a multiple of 32, <= 256)", T, V, Dv);
     if (T == 0) return CMP_OK;
     const size_t heads = (size_t)T * V;
-    return launch("gated_rmsnorm_q8_kernel", gated_rmsnorm_q8_kernel, dim3(ceil_div(heads, 4)), dim3(128), 0, o, z, w,
-                  q, d, heads, Dv, eps);
+    if (T <= FEW_ROWS)
+        return launch("gated_rmsnorm_q8_block_kernel", gated_rmsnorm_q8_block_kernel, dim3(heads), dim3(Dv), 0, o, z,
+                      w, q, d, Dv, eps);
+    return launch("gated_rmsnorm_q8_warp_kernel", gated_rmsnorm_q8_warp_kernel, dim3(ceil_div(heads, 4)), dim3(128), 0,
+                  o, z, w, q, d, heads, Dv, eps);
 }
 
 extern "C" int cmp_q8_repack(const uint8_t* blocks, int8_t* qs, void* d, int rows, int n) {

@@ -1158,8 +1158,8 @@ def test_gated_rmsnorm_q8_equals_unfused(cuda_backend, T, V, Dv):
 
 
 def test_gated_rmsnorm_q8_refuses_heads_past_its_registers(cuda_backend):
-    """A lane holds 8 values of a head (gated_rmsnorm_q8_kernel): wider heads are refused by the kernel, naming the
-    limit, and the backend runs them unfused (gated_rmsnorm_matmul_add's fallback)."""
+    """A lane holds 8 values of a head in the prefill layout (gated_rmsnorm_q8_warp_kernel; the one limit for both
+    layouts): wider heads are refused, naming the limit, and the backend runs them unfused (its fallback)."""
     be = cuda_backend
     o = up(be, np.ones((1, 288), np.float32))
     q, d = be._q8_buffers(1, 288)

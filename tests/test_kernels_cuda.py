@@ -1159,12 +1159,33 @@ def test_gated_rmsnorm_q8_equals_unfused(cuda_backend, T, V, Dv):
 
 def test_gated_rmsnorm_q8_refuses_heads_past_its_registers(cuda_backend):
     """A lane holds 8 values of a head in the prefill layout (gated_rmsnorm_q8_warp_kernel; the one limit for both
-    layouts): wider heads are refused, naming the limit, and the backend runs them unfused (its fallback)."""
+    layouts): wider heads are refused, naming the limit (the backend runs them unfused: the test below)."""
     be = cuda_backend
     o = up(be, np.ones((1, 288), np.float32))
     q, d = be._q8_buffers(1, 288)
     with pytest.raises(NativeError, match="<= 256"):
         be.native.cmp_gated_rmsnorm_q8(o.ptr, o.ptr, o.ptr, q.ptr, d.ptr, 1, 1, 288, 1e-6)
+
+
+def test_gated_rmsnorm_matmul_add_runs_wide_heads_unfused(cuda_backend):
+    """Heads wider than the fused kernel takes (GATED_Q8_MAX_DV) go through the unfused ops: the same bits as the
+    backend with fusion off, and numpy_ref's result within the Q8 tolerance."""
+    be = cuda_backend
+    rng = np.random.default_rng(288)
+    T, V, Dv, D = 20, 2, 288, 64
+    o, z = rng.standard_normal((2, T, V * Dv)).astype(np.float32)
+    gn = rng.uniform(0.5, 1.5, Dv).astype(np.float32)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    w_o = random_q8(rng, D, V * Dv)
+    ref = REF.gated_rmsnorm_matmul_add(o, z, gn, 1e-6, Dv, REF.upload_matrix(w_o), x)
+    w = be.upload_matrix(w_o)
+    got = be.to_host(be.gated_rmsnorm_matmul_add(up(be, o), up(be, z), up(be, gn), 1e-6, Dv, w, up(be, x)))
+    be.fuse_ops = False
+    try:
+        unfused = be.to_host(be.gated_rmsnorm_matmul_add(up(be, o), up(be, z), up(be, gn), 1e-6, Dv, w, up(be, x)))
+    finally:
+        be.fuse_ops = True
+    assert np.array_equal(got, unfused) and rel(got, ref) < Q8_TOL
 
 
 @pytest.mark.parametrize("T", [1, 5, 16, 40, 130])

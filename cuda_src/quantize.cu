@@ -82,16 +82,18 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x,  // [nblk * 32]
 // sums, blocks and roundings are the same. Its 4 (D = 4096) block quantizations are independent, so their warp
 // reductions and divisions overlap instead of each waiting for a reload. (Decode, H200, 9B Q4_K_M: 65 of these per
 // token took 4.78 us each without PDL, 12% of the kernel time, 2026-12-02; one block per row at T = 1 is latency.)
-// Its layout is the latency one (decode, verify, rows under 1024 values): w loaded with x before the sum; at 40
-// registers one 1024-thread block an SM, which prefill's thousands of rows ran at ~27% of the copy rate (each row's
-// load, sum and quantization in turn; H100, 2026-12-05). Prefill rows take rmsnorm_q8_rows_kernel below.
+// HOLD_W (a few rows: decode, verify) loads w with x, before the sum, so no load waits after it; at 40 registers
+// that is one 1024-thread block an SM, which prefill's thousands of rows ran at ~27% of the copy rate (each row's
+// load, sum and quantization in turn; H100, 2026-12-05). Without it w is read at the quantization and the launch
+// bound keeps two blocks an SM (32 registers, no spill): 44%.
 constexpr int RMSQ_MAXV = 8;
 
-__global__ void rmsnorm_q8_kernel(const float* __restrict__ x,  // [T, D]
-                                  const float* __restrict__ w,  // [D]
-                                  int8_t* __restrict__ q,       // [T, D]
-                                  float* __restrict__ d,        // [T, D/32]
-                                  int D, float eps) {
+template <bool HOLD_W>
+__global__ void __launch_bounds__(1024, HOLD_W ? 1 : 2) rmsnorm_q8_kernel(const float* __restrict__ x,  // [T, D]
+                                                                         const float* __restrict__ w,  // [D]
+                                                                         int8_t* __restrict__ q,       // [T, D]
+                                                                         float* __restrict__ d,  // [T, D/32]
+                                                                         int D, float eps) {
     pdl_allow_consumers();  // first: the GEMV after it streams its weights meanwhile (it waits for q, d)
     pdl_wait_producers();   // launch(): may start while the kernel before it drains
     __shared__ float scratch[32];
@@ -105,12 +107,12 @@ __global__ void rmsnorm_q8_kernel(const float* __restrict__ x,  // [T, D]
         }
         return;
     }
-    float xv[RMSQ_MAXV], wv[RMSQ_MAXV], ss = 0.f;
+    float xv[RMSQ_MAXV], wv[RMSQ_MAXV], ss = 0.f;   // (wv unused without HOLD_W)
 #pragma unroll
     for (int j = 0; j < RMSQ_MAXV; ++j) {
         const int i = threadIdx.x + j * blockDim.x;
         xv[j] = i < D ? xr[i] : 0.f;
-        wv[j] = i < D ? w[i] : 0.f;
+        if constexpr (HOLD_W) wv[j] = i < D ? w[i] : 0.f;
     }
 #pragma unroll
     for (int j = 0; j < RMSQ_MAXV; ++j)
@@ -120,55 +122,9 @@ __global__ void rmsnorm_q8_kernel(const float* __restrict__ x,  // [T, D]
 #pragma unroll
     for (int j = 0; j < RMSQ_MAXV; ++j) {
         const int i = threadIdx.x + j * blockDim.x;
-        if (i < D) quantize_block(xv[j] * r * wv[j], q, d, (size_t)blockIdx.x * nb + (i >> 5), lane);
-    }
-}
-
-// The same rows of 1024 .. 8192 values for prefill: 256 threads a row, each standing for 4 of rmsnorm_q8_kernel's
-// 1024 (virtual thread v = 32 (warp + 8 k) + lane, k < 4, holding values v, v + 1024, ... as that thread does), so
-// a block holds its row with a quarter of the threads and an SM several rows' loads at once. The sums are that
-// kernel's: each virtual thread's in j order, each virtual warp's butterfly (warp_sum over the lanes of one k), then
-// block_sum's second stage over the 32 partials (every lane one); each 32-value block is quantized by the warp
-// holding it, as there. w is read at the quantization (L2-resident).
-// NV: values per virtual thread, ceil(D / 1024) (registers: 4 NV of them hold x).
-constexpr int RMSV_K = 4, RMSV_THREADS = 1024 / RMSV_K;
-template <int NV>
-__global__ void __launch_bounds__(RMSV_THREADS, 4) rmsnorm_q8_rows_kernel(const float* __restrict__ x,  // [T, D]
-                                                                       const float* __restrict__ w,  // [D]
-                                                                       int8_t* __restrict__ q,       // [T, D]
-                                                                       float* __restrict__ d,        // [T, D/32]
-                                                                       int D, float eps) {
-    pdl_allow_consumers();
-    pdl_wait_producers();
-    __shared__ float part[32];
-    const float* xr = x + (size_t)blockIdx.x * D;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nb = D / QK;
-    float xv[RMSV_K][NV], ss[RMSV_K];
-#pragma unroll
-    for (int k = 0; k < RMSV_K; ++k) {
-        const int v = 32 * (warp + 8 * k) + lane;
-        ss[k] = 0.f;
-#pragma unroll
-        for (int j = 0; j < NV; ++j) xv[k][j] = v + 1024 * j < D ? xr[v + 1024 * j] : 0.f;
-    }
-#pragma unroll
-    for (int k = 0; k < RMSV_K; ++k) {
-        const int v = 32 * (warp + 8 * k) + lane;
-#pragma unroll
-        for (int j = 0; j < NV; ++j)
-            if (v + 1024 * j < D) ss[k] += xv[k][j] * xv[k][j];
-        const float p = warp_sum(ss[k]);
-        if (lane == 0) part[warp + 8 * k] = p;
-    }
-    __syncthreads();
-    const float r = rsqrtf(warp_sum(part[lane]) / D + eps);
-#pragma unroll
-    for (int k = 0; k < RMSV_K; ++k) {
-        const int v = 32 * (warp + 8 * k) + lane;
-#pragma unroll
-        for (int j = 0; j < NV; ++j) {
-            const int i = v + 1024 * j;
-            if (i < D) quantize_block(xv[k][j] * r * w[i], q, d, (size_t)blockIdx.x * nb + (i >> 5), lane);
+        if (i < D) {
+            const float wi = HOLD_W ? wv[j] : w[i];
+            quantize_block(xv[j] * r * wi, q, d, (size_t)blockIdx.x * nb + (i >> 5), lane);
         }
     }
 }
@@ -271,6 +227,9 @@ __global__ void q8_repack_kernel(const uint8_t* __restrict__ blocks,  // [nblk, 
 
 using namespace cmp;
 
+// Rows up to DECODE_ROWS (decode, verify: common.cuh) take the producers' latency layouts (rmsnorm_q8's HOLD_W, the
+// gated RMSNorm's block per head), more take the ones that keep the copy rate: the same bits either way.
+
 // The 4-lane producers read f32 in 16 bytes and write codes in 8 (any row of whole blocks in an arena qualifies).
 static bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -288,18 +247,9 @@ extern "C" int cmp_quantize_q8(const float* x, int8_t* q, float* d, int T, int n
 extern "C" int cmp_rmsnorm_q8(const float* x, const float* w, int8_t* q, float* d, int T, int D, float eps) {
     CMP_REQUIRE(T >= 0 && D > 0 && D % QK == 0, "cmp_rmsnorm_q8: bad shape T=%d D=%d (D a multiple of 32)", T, D);
     if (T == 0) return CMP_OK;
-    // Rows up to DECODE_ROWS (decode, verify) take the latency layouts (rmsnorm_q8_kernel, the gated RMSNorm's block
-    // per head), more take the ones that keep the copy rate: the same bits either way (rmsnorm_kernel's sums).
-    if (T > DECODE_ROWS && D >= 1024 && D <= RMSQ_MAXV * 1024) {
-        using Kernel = void (*)(const float*, const float*, int8_t*, float*, int, float);
-        constexpr Kernel rows[RMSQ_MAXV] = {rmsnorm_q8_rows_kernel<1>, rmsnorm_q8_rows_kernel<2>,
-                                            rmsnorm_q8_rows_kernel<3>, rmsnorm_q8_rows_kernel<4>,
-                                            rmsnorm_q8_rows_kernel<5>, rmsnorm_q8_rows_kernel<6>,
-                                            rmsnorm_q8_rows_kernel<7>, rmsnorm_q8_rows_kernel<8>};
-        return launch("rmsnorm_q8_rows_kernel", rows[(D + 1023) / 1024 - 1], dim3(T), dim3(RMSV_THREADS), 0, x, w, q,
-                      d, D, eps);
-    }
-    return launch("rmsnorm_q8_kernel", rmsnorm_q8_kernel, dim3(T), dim3(std::min(1024, D)), 0, x, w, q, d, D, eps);
+    // = rmsnorm_kernel's block
+    return launch("rmsnorm_q8_kernel", T <= DECODE_ROWS ? rmsnorm_q8_kernel<true> : rmsnorm_q8_kernel<false>,
+                  dim3(T), dim3(std::min(1024, D)), 0, x, w, q, d, D, eps);
 }
 
 extern "C" int cmp_binary_q8(const float* a, const float* b, int op, int8_t* q, float* d, int T, int n) {

@@ -1094,8 +1094,8 @@ def _q8_to_host(be, q, d):
     return _i8_rows(be, q, 0, q.shape[0]), be.to_host(d)
 
 
-# T <= 16 (quantize.cu DECODE_ROWS): rmsnorm_q8_kernel; more, 1024 <= D <= 8192: rmsnorm_q8_rows_kernel<NV>, NV =
-# ceil(D / 1024) (every NV here, whole and partial last rounds); rows under 1024 or over 8192 values: the first again
+# T <= 16 (DECODE_ROWS, common.cuh): w held with x (decode, verify); more: w read at the quantization; each at
+# every values-per-thread count (1 .. 8, whole and partial last rounds) and past 8192 values (the reload path)
 @pytest.mark.parametrize("T,D", [(1, 32), (3, 96), (7, 4096), (2, 2080), (1, 5120), (2, 8224), (17, 1056),
                                  (33, 1024), (19, 2080), (24, 3072), (18, 4096), (40, 5120), (17, 6144), (20, 7200),
                                  (17, 8192), (20, 992), (20, 8224)])

@@ -15,6 +15,9 @@
 namespace cmp {
 
 constexpr int QK = 32;  // values per Q8 block (weights Q8_0 and activations alike)
+// Rows of activations a decode-sized call holds at most (decode batches, verify): the batch-invariant GEMV takes up
+// to this many (matmul_q8.cu), and the Q8 producers keep their latency layouts up to it (quantize.cu).
+constexpr int DECODE_ROWS = 16;
 
 // ---- errors -----------------------------------------------------------------------------------------------------
 // Set the per-thread message and return the code, so that a launcher can `return fail(...)`.

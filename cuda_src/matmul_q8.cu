@@ -36,7 +36,7 @@ constexpr int GEMV_WARPS = 4;     // rows per block of the GEMV
 #endif
 constexpr int GEMV_UNROLL = CMP_GEMV_UNROLL;  // v1: 16-byte weight loads in flight per lane before any arithmetic
 constexpr int GEMV_MAX_T = 8;    // v1 GEMV up to 8 rows of activations, then the GEMM
-constexpr int GEMV2_MAX_T = 16;   // the batch-invariant GEMV (CMP_MM_GEMV2) up to 16 (decode batches)
+constexpr int GEMV2_MAX_T = DECODE_ROWS;   // the batch-invariant GEMV (CMP_MM_GEMV2) up to 16 (decode batches)
 constexpr int GEMM2_MIN_T = 96;   // v2 GEMM (128-token tile) from this many tokens; the 64x64 tile below
 constexpr int GEMV_MAX_MATS = 4;
 constexpr int TILE = 64;          // GEMM tile: 64 weight rows x 64 tokens, 256 threads, 4x4 outputs each

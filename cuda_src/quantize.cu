@@ -17,19 +17,22 @@ namespace {
 // numpy_ref.quantize_q8_blocks bit for bit: inv = 127/amax in IEEE round-to-nearest (fast-math would make it
 // approximate and move ties), q = round-half-even(x*inv), and the scale d = amax/127 is rounded to f16 as llama.cpp
 // stores it (kept in an f32 array here: same value, aligned loads).
+__device__ __forceinline__ float q8_inv(float amax) { return amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f; }
+__device__ __forceinline__ int8_t q8_code(float v, float inv) { return (int8_t)__float2int_rn(__fmul_rn(v, inv)); }
+__device__ __forceinline__ float q8_scale(float amax) { return __half2float(__float2half_rn(__fdiv_rn(amax, 127.f))); }
+
 __device__ __forceinline__ void quantize_block(float v, int8_t* __restrict__ q, float* __restrict__ d, size_t blk,
                                                int lane) {
     const float amax = warp_max(fabsf(v));
-    const float inv = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
-    q[blk * QK + lane] = (int8_t)__float2int_rn(__fmul_rn(v, inv));
-    if (lane == 0) d[blk] = __half2float(__float2half_rn(__fdiv_rn(amax, 127.f)));
+    q[blk * QK + lane] = q8_code(v, q8_inv(amax));
+    if (lane == 0) d[blk] = q8_scale(amax);
 }
 
 // The same quantization with a block held 8 values per lane by 4 adjacent lanes (part = lane % 4: values 8 part ..
 // 8 part + 7), for the producers that stream whole rows: a warp covers 8 blocks (1 KB of f32 per input) instead of one
 // (128 B), so each load moves 16 bytes a lane and 8x the bytes are in flight. The amax is the same value whichever
-// lanes fold it (a max is exact; NaN folds as in warp_max, the lane's first value seeding it), and inv, q and d are
-// quantize_block's expressions, so q and d are its bits. Every lane of the warp calls block8_amax (its shuffles);
+// lanes fold it (a max is exact; NaN folds as in warp_max, the lane's first value seeding it), and inv, q and d come
+// from quantize_block's helpers, so q and d are its bits. Every lane of the warp calls block8_amax (its shuffles);
 // store_block8 writes the 8 codes as one 8-byte store.
 constexpr int Q8_PER_LANE = 8, Q8_LANES = QK / Q8_PER_LANE;
 __device__ __forceinline__ float block8_amax(const float (&v)[Q8_PER_LANE]) {
@@ -42,13 +45,12 @@ __device__ __forceinline__ float block8_amax(const float (&v)[Q8_PER_LANE]) {
 }
 __device__ __forceinline__ void store_block8(const float (&v)[Q8_PER_LANE], float amax, int8_t* __restrict__ q,
                                              float* __restrict__ d, size_t blk, int part) {
-    const float inv = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+    const float inv = q8_inv(amax);
     uint32_t w[2] = {0u, 0u};
 #pragma unroll
-    for (int j = 0; j < Q8_PER_LANE; ++j)
-        w[j / 4] |= (uint32_t)(uint8_t)(int8_t)__float2int_rn(__fmul_rn(v[j], inv)) << (8 * (j % 4));
+    for (int j = 0; j < Q8_PER_LANE; ++j) w[j / 4] |= (uint32_t)(uint8_t)q8_code(v[j], inv) << (8 * (j % 4));
     *reinterpret_cast<uint2*>(q + blk * QK + part * Q8_PER_LANE) = make_uint2(w[0], w[1]);
-    if (part == 0) d[blk] = __half2float(__float2half_rn(__fdiv_rn(amax, 127.f)));
+    if (part == 0) d[blk] = q8_scale(amax);
 }
 
 // 8 consecutive floats from a 16-byte aligned address (the caller's rows are whole 32-value blocks).
@@ -225,9 +227,8 @@ __global__ void q8_repack_kernel(const uint8_t* __restrict__ blocks,  // [nblk, 
 
 using namespace cmp;
 
-// Rows up to the GEMV's (decode, verify) take the producers' latency layouts (rmsnorm_q8's HOLD_W, the gated
-// RMSNorm's block per head), more take the ones that keep the copy rate: the same bits either way.
-constexpr int FEW_ROWS = 16;
+// Rows up to DECODE_ROWS (decode, verify: common.cuh) take the producers' latency layouts (rmsnorm_q8's HOLD_W, the
+// gated RMSNorm's block per head), more take the ones that keep the copy rate: the same bits either way.
 
 // The 4-lane producers read f32 in 16 bytes and write codes in 8 (any row of whole blocks in an arena qualifies).
 static bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -247,8 +248,8 @@ extern "C" int cmp_rmsnorm_q8(const float* x, const float* w, int8_t* q, float* 
     CMP_REQUIRE(T >= 0 && D > 0 && D % QK == 0, "cmp_rmsnorm_q8: bad shape T=%d D=%d (D a multiple of 32)", T, D);
     if (T == 0) return CMP_OK;
     // = rmsnorm_kernel's block
-    return launch("rmsnorm_q8_kernel", T <= FEW_ROWS ? rmsnorm_q8_kernel<true> : rmsnorm_q8_kernel<false>, dim3(T),
-                  dim3(std::min(1024, D)), 0, x, w, q, d, D, eps);
+    return launch("rmsnorm_q8_kernel", T <= DECODE_ROWS ? rmsnorm_q8_kernel<true> : rmsnorm_q8_kernel<false>,
+                  dim3(T), dim3(std::min(1024, D)), 0, x, w, q, d, D, eps);
 }
 
 extern "C" int cmp_binary_q8(const float* a, const float* b, int op, int8_t* q, float* d, int T, int n) {
@@ -268,7 +269,7 @@ extern "C" int cmp_gated_rmsnorm_q8(const float* o, const float* z, const float*
                 "cmp_gated_rmsnorm_q8: bad shape T=%d V=%d Dv=%d (Dv a multiple of 32, <= 256)", T, V, Dv);
     if (T == 0) return CMP_OK;
     const size_t heads = (size_t)T * V;
-    if (T <= FEW_ROWS)
+    if (T <= DECODE_ROWS)
         return launch("gated_rmsnorm_q8_block_kernel", gated_rmsnorm_q8_block_kernel, dim3(heads), dim3(Dv), 0, o, z,
                       w, q, d, Dv, eps);
     return launch("gated_rmsnorm_q8_warp_kernel", gated_rmsnorm_q8_warp_kernel, dim3(ceil_div(heads, 4)), dim3(128), 0,

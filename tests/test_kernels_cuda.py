@@ -1094,9 +1094,11 @@ def _q8_to_host(be, q, d):
     return _i8_rows(be, q, 0, q.shape[0]), be.to_host(d)
 
 
-# T <= 16: w held with x (decode, verify); more: w read at the quantization (quantize.cu FEW_ROWS)
-@pytest.mark.parametrize("T,D", [(1, 32), (3, 96), (7, 4096), (17, 1056), (2, 2080), (1, 5120), (2, 8224),
-                                 (40, 5120), (20, 8224)])
+# T <= 16 (DECODE_ROWS, common.cuh): w held with x (decode, verify); more: w read at the quantization; each at
+# every values-per-thread count (1 .. 8, whole and partial last rounds) and past 8192 values (the reload path)
+@pytest.mark.parametrize("T,D", [(1, 32), (3, 96), (7, 4096), (2, 2080), (1, 5120), (2, 8224), (17, 1056),
+                                 (33, 1024), (19, 2080), (24, 3072), (18, 4096), (40, 5120), (17, 6144), (20, 7200),
+                                 (17, 8192), (20, 992), (20, 8224)])
 def test_rmsnorm_q8_equals_rmsnorm_then_quantize(cuda_backend, T, D):
     be = cuda_backend
     rng = np.random.default_rng(D + T)
@@ -1142,7 +1144,7 @@ def test_q8_producers_refuse_misaligned_inputs(cuda_backend):
     assert abs(be.to_host(d)[0] - 1 / (1 + np.exp(-1.0)) / 127) < 2.0 ** -10 / 127   # silu(1) * 1's scale
 
 
-# T <= 16: the block-per-head layout (decode, verify); more: a warp per head (quantize.cu FEW_ROWS)
+# T <= 16: the block-per-head layout (decode, verify); more: a warp per head (quantize.cu DECODE_ROWS)
 @pytest.mark.parametrize("T,V,Dv", [(1, 1, 32), (7, 32, 128), (3, 5, 256), (33, 3, 64), (20, 2, 96), (17, 5, 256),
                                     (40, 48, 128)])
 def test_gated_rmsnorm_q8_equals_unfused(cuda_backend, T, V, Dv):

@@ -1,7 +1,8 @@
 """Which kernels two builds of libcmpkern.so compiled differently, without a GPU: a refactor of cuda_src whose SASS is
 unchanged needs no new measurement (what the other library measured stands), and a change shows which kernels it
 touched. Functions are compared instruction for instruction, with the instruction addresses and the anonymous
-namespaces' per-build hashes left out of the text (_GLOBAL__N__<hash>_ differs between any two builds).
+namespaces' hashes left out of the text (_GLOBAL__N__[<hash>_]<len>_<file>_cu_<hash>: the hashes differ between
+builds and between versions of the file).
 
     python3 tools/sass_diff.py A.so B.so          -> functions only in A, only in B, and in both but different
 
@@ -19,13 +20,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from sass_tools import cuobjdump_candidates, run_cuobjdump, sass_functions  # noqa: E402
 
-ANON = re.compile(r"_GLOBAL__N__[0-9a-f]+_")
+ANON = re.compile(r"_GLOBAL__N__(?:[0-9a-f]{8}_)?(\d+_\w+?_cu)_[0-9a-f]{8}")
 ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")
 
 
 def normalized(sass: str) -> dict[str, str]:
     """cuobjdump -sass text -> function name (anonymous namespaces unnamed) -> digest of its instructions."""
-    return {ANON.sub("_GLOBAL__N__", name): hashlib.sha1(ADDRESS.sub("", ANON.sub("", body)).encode()).hexdigest()
+    def plain(text: str) -> str:
+        return ANON.sub(r"_GLOBAL__N__\1_", text)
+    return {plain(name): hashlib.sha1(ADDRESS.sub("", plain(body)).encode()).hexdigest()
             for name, body in sass_functions(sass).items()}
 
 

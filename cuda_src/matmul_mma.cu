@@ -29,6 +29,7 @@
 // LDS.128, and the scale loads no longer branch on whether an item is a row's or a token's (all forms: the Q8_0
 // loop's 25 fewer). Registers 128 (the launch bound's cap) in every form; spills at BK = 4 24 -> 4 bytes (Q4_K).
 #include "matmul_mma.cuh"
+#include "quant_blocks.cuh"
 
 namespace cmp {
 namespace {
@@ -153,16 +154,49 @@ struct ScaleItem {
     float a, b, c, d;
 };
 
-template <int SC, bool MIN, int BK, int STAGES>
-__global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands op) {
+// The kernel's weight source where it is not a quant type: codes and scales as expanded (MmaOperands.wq, ws, wm).
+struct Expanded {
+    struct Raw {};
+};
+
+// The direct form's weight source (Q a quant type of quant_blocks.cuh): one row of the run's repacked planes. A
+// thread's weight row is the same in every stage, so its matrix and planes are found once.
+template <class Q>
+struct PlaneRow {
+    const uint8_t *body, *head;
+    int nb;
+    // Launch row `row` (< R): its matrix by compile-time indices into the parameters (as row_out; a dynamic index
+    // would copy them to local memory), then that matrix's row.
+    static __device__ __forceinline__ PlaneRow at(const MmaPlanes& p, const GemmOut& out, int row, int n) {
+        const uint8_t *body = p.body[0], *head = p.head[0];
+        int first = 0;
+#pragma unroll
+        for (int s = 1; s < GEMM_MAX_OUTS; ++s)
+            if (s < out.count && row >= out.end[s - 1]) body = p.body[s], head = p.head[s], first = out.end[s - 1];
+        const int nb = n / Q::BV;
+        const size_t r = (size_t)(row - first) * nb;
+        return {body + r * Q::BODY, head + r * Q::HEAD, nb};
+    }
+    // the row's 32-value block c as loaded (the registers that decode unpacks)
+    __device__ __forceinline__ typename Q::Raw load(int c) const { return Q::load(body, head, nb, c); }
+};
+
+// Q: Expanded (the weights' codes and scales from op), or the quant type whose planes it reads (gemm_mma_planes;
+// SC and MIN then its form, planes its matrices' planes).
+template <int SC, bool MIN, int BK, int STAGES, class Q>
+__global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands op, const MmaPlanes planes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
     using Stage = MmaStage<SC, MIN, BK>;
+    using Raw = typename Q::Raw;
     constexpr bool PACKED = SC == MMA_PER32 && MIN;
+    constexpr bool DIRECT = !std::is_same_v<Q, Expanded>;
     constexpr int KS = row_bytes(BK);
     constexpr int ROW_CHUNKS = BK * 2;                          // 16-byte chunks of one staged row
     constexpr int CODE_PER_THREAD = MT * ROW_CHUNKS / THREADS;  // chunks of each operand a thread copies per stage
     constexpr int SCALE_PER_THREAD = 2 * MT * BK / THREADS;     // (row, block) of W, then (token, block) of x
     static_assert(MT * ROW_CHUNKS % THREADS == 0 && 2 * MT * BK % THREADS == 0, "whole loads per thread");
+    // Direct: the weight items are thread tid's item 0 (tid < MT * BK: every thread at BK = 4, half at BK = 2).
+    static_assert(!DIRECT || (MT * BK <= THREADS && (MT * BK) % 32 == 0), "direct: one weight item per thread");
     extern __shared__ __align__(16) unsigned char mma_smem[];
     Stage* st = reinterpret_cast<Stage*>(mma_smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -179,7 +213,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
 #pragma unroll
     for (int j = 0; j < CODE_PER_THREAD; ++j) {
         const int r = cr + j * (THREADS / ROW_CHUNKS);
-        wsrc[j] = op.wq + (size_t)min(row0 + r, op.R - 1) * op.n + q * 16;
+        if constexpr (!DIRECT) wsrc[j] = op.wq + (size_t)min(row0 + r, op.R - 1) * op.n + q * 16;
         xsrc[j] = op.xq + (size_t)min(tok0 + r, max(op.T - 1, 0)) * op.n + q * 16;
     }
     auto fetch_codes = [&](int s, Stage& b) {
@@ -188,7 +222,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
 #pragma unroll
         for (int j = 0; j < CODE_PER_THREAD; ++j) {
             const int r = cr + j * (THREADS / ROW_CHUNKS);
-            copy16(reinterpret_cast<int*>(&b.w[r][q * 16]), ok ? wsrc[j] + col : op.wq, ok);
+            if constexpr (!DIRECT) copy16(reinterpret_cast<int*>(&b.w[r][q * 16]), ok ? wsrc[j] + col : op.wq, ok);
             copy16(reinterpret_cast<int*>(&b.x[r][q * 16]), ok ? xsrc[j] + col : op.xq, ok);
         }
     };
@@ -258,14 +292,42 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
             }
         }
     };
-    using Scales = ScaleItem[SCALE_PER_THREAD];
-    auto load_scales = [&](int s, Scales& v) {
-#pragma unroll
-        for (int j = 0; j < SCALE_PER_THREAD; ++j) v[j] = load_item(s, tid + j * THREADS, is_w(j));
+    // Direct: this thread's weight item (row wrow, block wk of each stage), its planes found once (rows past R read
+    // the last row). Its block is loaded as the type's Raw where an expanded item's scales would be, and decoded
+    // after the stage's math by expand_kernel's decode: its codes go where fetch_codes would have copied the
+    // expanded ones, its scale and min through store_item as load_item would have read them (the same bits).
+    const bool has_w = MT * BK == THREADS || tid < MT * BK;
+    const int wrow = tid / BK, wk = tid % BK;
+    PlaneRow<Q> wplane{};
+    if constexpr (DIRECT) wplane = PlaneRow<Q>::at(planes, op.out, min(row0 + wrow, op.R - 1), op.n);
+    auto store_weight = [&](Stage& b, int s, const Raw& raw) {
+        if constexpr (DIRECT) {
+            // no K tail: n is a multiple of Q::BV (gemm_mma_planes), so a row's blocks fill whole stages
+            static_assert((Q::BV / 32) % BK == 0, "direct: a type's blocks fill whole stages");
+            SubBlock sb;
+            Q::decode(raw, (s * BK + wk) % (Q::BV / 32), sb);
+            int4* dst = reinterpret_cast<int4*>(&b.w[wrow][wk * 32]);
+            dst[0] = make_int4(sb.q[0], sb.q[1], sb.q[2], sb.q[3]);
+            dst[1] = make_int4(sb.q[4], sb.q[5], sb.q[6], sb.q[7]);
+            store_item(b, tid, true, ScaleItem{sb.s[0], sb.s[1], sb.m[0], sb.m[1]});
+        }
     };
-    auto store_scales = [&](Stage& b, const Scales& v) {
+
+    // A stage's register-borne items: its scale items (direct: the tokens' only) and the direct weight item's Raw.
+    using Scales = ScaleItem[SCALE_PER_THREAD];
+    auto load_scales = [&](int s, Scales& v, Raw& raw) {
+        if constexpr (DIRECT)
+            if (has_w) raw = wplane.load(s * BK + wk);
 #pragma unroll
-        for (int j = 0; j < SCALE_PER_THREAD; ++j) store_item(b, tid + j * THREADS, is_w(j), v[j]);
+        for (int j = 0; j < SCALE_PER_THREAD; ++j)
+            if (!DIRECT || !is_w(j)) v[j] = load_item(s, tid + j * THREADS, is_w(j));
+    };
+    auto store_scales = [&](Stage& b, int s, const Scales& v, const Raw& raw) {
+        if constexpr (DIRECT)
+            if (has_w) store_weight(b, s, raw);
+#pragma unroll
+        for (int j = 0; j < SCALE_PER_THREAD; ++j)
+            if (!DIRECT || !is_w(j)) store_item(b, tid + j * THREADS, is_w(j), v[j]);
     };
 
     float acc[MI][NI][4];  // [row tile mi][token tile ni][fragment element]
@@ -371,14 +433,16 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
     };
 
     // The ring: stage s lives in slot s % STAGES. A slot is refilled at the top of the iteration after the one that
-    // read it (the barrier in between), its codes by cp.async and its scales stored after this iteration's math.
+    // read it (the barrier in between), its codes by cp.async and its scales (direct: and its weight codes) stored
+    // after this iteration's math; either way before the barrier that opens the slot's own iteration.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nk) {
             fetch_codes(s, st[s]);
             Scales v;
-            load_scales(s, v);
-            store_scales(st[s], v);
+            Raw raw;
+            load_scales(s, v, raw);
+            store_scales(st[s], s, v, raw);
         }
         cp_async_commit();
     }
@@ -388,13 +452,14 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
         __syncthreads();
         const int f = kt + STAGES - 1, fslot = slot == 0 ? STAGES - 1 : slot - 1;  // f % STAGES
         Scales v;
+        Raw raw;
         if (f < nk) {
             fetch_codes(f, st[fslot]);
-            load_scales(f, v);
+            load_scales(f, v, raw);
         }
         cp_async_commit();
         compute(st[slot], smem0 + slot * (unsigned)sizeof(Stage));
-        if (f < nk) store_scales(st[fslot], v);
+        if (f < nk) store_scales(st[fslot], f, v, raw);
         slot = slot == STAGES - 1 ? 0 : slot + 1;
     }
 
@@ -417,12 +482,12 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
 #endif  // __CUDA_ARCH__ >= 750
 }
 
-template <int SC, bool MIN, int BK, int STAGES>
-int launch_stages(const MmaOperands& op) {
+template <int SC, bool MIN, int BK, int STAGES, class Q>
+int launch_stages(const MmaOperands& op, const MmaPlanes& planes) {
     constexpr int smem = STAGES * (int)sizeof(MmaStage<SC, MIN, BK>);
-    constexpr auto kernel = gemm_mma_kernel<SC, MIN, BK, STAGES>;
+    constexpr auto kernel = gemm_mma_kernel<SC, MIN, BK, STAGES, Q>;
     CMP_TRY(smem_opt_in("gemm_mma_kernel", kernel, smem));
-    kernel<<<dim3(ceil_div(op.R, MT), ceil_div(op.T, NT)), THREADS, smem, stream()>>>(op);
+    kernel<<<dim3(ceil_div(op.R, MT), ceil_div(op.T, NT)), THREADS, smem, stream()>>>(op, planes);
     return check_launch("gemm_mma_kernel");
 }
 
@@ -441,11 +506,23 @@ int with_form(F&& f) {
     return f(integral_constant<int, 2>{}, integral_constant<int, 2>{});   // below 2 stages: smem_opt_in says so
 }
 
-template <int SC, bool MIN>
-int launch_form(const MmaOperands& op) {
+template <int SC, bool MIN, class Q = Expanded>
+int launch_form(const MmaOperands& op, const MmaPlanes& planes = {}) {
     return with_form<SC, MIN>([&](auto bk, auto st) {
-        return launch_stages<SC, MIN, decltype(bk)::value, decltype(st)::value>(op);
+        return launch_stages<SC, MIN, decltype(bk)::value, decltype(st)::value, Q>(op, planes);
     });
+}
+
+// f(Q{}) for the types whose planes the kernel reads (the K-quants of the large models' prefill; each costs its
+// four forms' instantiations per arch), other() for the rest.
+template <class F, class G>
+int with_planes_type(int type, F&& f, G&& other) {
+    switch (type) {
+        case QID_Q4_K: return f(Q4_K{});
+        case QID_Q5_K: return f(Q5_K{});
+        case QID_Q6_K: return f(Q6_K{});
+        default: return other();
+    }
 }
 
 template <int SC, bool MIN>
@@ -453,7 +530,7 @@ int form_wave(int* blocks) {
     return with_form<SC, MIN>([&](auto bk, auto st) {
         constexpr int BK = decltype(bk)::value, STAGES = decltype(st)::value;
         constexpr int smem = STAGES * (int)sizeof(MmaStage<SC, MIN, BK>);
-        return wave_blocks("gemm_mma_kernel", gemm_mma_kernel<SC, MIN, BK, STAGES>, THREADS, smem, blocks);
+        return wave_blocks("gemm_mma_kernel", gemm_mma_kernel<SC, MIN, BK, STAGES, Expanded>, THREADS, smem, blocks);
     });
 }
 
@@ -462,7 +539,9 @@ PerDevice g_mma_code;   // mma_int8_available
 }  // namespace
 
 // A compute_70 build (or its PTX JIT-compiled on a newer GPU) has the int8 kernels empty.
-int mma_int8_available(bool* yes) { return code_at_least(gemm_mma_kernel<MMA_Q8, false, 2, 2>, 75, g_mma_code, yes); }
+int mma_int8_available(bool* yes) {
+    return code_at_least(gemm_mma_kernel<MMA_Q8, false, 2, 2, Expanded>, 75, g_mma_code, yes);
+}
 
 int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op, bool f16) {
     CMP_REQUIRE(op.T >= 0 && op.R > 0 && op.n > 0 && op.n % 32 == 0, "gemm_mma: bad shape T=%d R=%d n=%d", op.T, op.R,
@@ -474,6 +553,30 @@ int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op, bool f16) {
     return dispatch_scales(scales, mins, "gemm_mma", [&](auto sc, auto min) {
         return launch_form<decltype(sc)::value, decltype(min)::value>(op);
     });
+}
+
+int mma_planes_available(int type, bool f16, bool* yes) {
+    bool ok = false;
+    CMP_TRY(mma_int8_available(&ok));
+    *yes = ok && !f16 && with_planes_type(type, [](auto) { return 1; }, [] { return 0; });
+    return CMP_OK;
+}
+
+int gemm_mma_planes(int type, const MmaOperands& op, const MmaPlanes& planes) {
+    CMP_REQUIRE(op.T >= 0 && op.R > 0 && op.n > 0 && op.out.count >= 1 && op.out.end[op.out.count - 1] == op.R,
+                "gemm_mma_planes: bad shape T=%d R=%d n=%d", op.T, op.R, op.n);
+    bool ok = false;
+    CMP_TRY(mma_planes_available(type, false, &ok));
+    CMP_REQUIRE(ok, "gemm_mma_planes: type %d has no direct kernel on this device", type);
+    if (op.T == 0) return CMP_OK;
+    return with_planes_type(
+        type,
+        [&](auto q) -> int {
+            using Q = decltype(q);
+            CMP_REQUIRE(op.n % Q::BV == 0, "gemm_mma_planes: n=%d is not a multiple of %d", op.n, Q::BV);
+            return launch_form<Q::PER16 ? MMA_PER16 : MMA_PER32, Q::MIN, Q>(op, planes);
+        },
+        [] { return (int)CMP_OK; });
 }
 
 int gemm_mma_wave(MmaScales scales, bool mins, bool f16, int* blocks) {

@@ -1,5 +1,6 @@
 // The tensor-core (int8 mma.sync) GEMM of the prefill projections (issue 20's "mma" route), called by matmul_q8.cu
-// for Q8_0 weights and by matmul_quant.cu for the weights it expands to int8 codes; the kernels are in matmul_mma.cu.
+// for Q8_0 weights and by matmul_quant.cuh for the block-quantized types: the K-quants it reads as repacked
+// (gemm_mma_planes), the others expanded to int8 codes first; the kernels are in matmul_mma.cu.
 #pragma once
 #include <type_traits>
 
@@ -23,6 +24,13 @@ struct MmaOperands {
     int T, R, n;
 };
 
+// The repacked planes of a run's matrices (quant_blocks.cuh layout), for gemm_mma_planes: matrix s's rows are the
+// launch rows [out.end[s - 1], out.end[s]) of the MmaOperands' GemmOut.
+struct MmaPlanes {
+    const uint8_t* body[GEMM_MAX_OUTS];   // [rows_s, nb * Q::BODY]
+    const uint8_t* head[GEMM_MAX_OUTS];   // [rows_s, nb * Q::HEAD]
+};
+
 // The scale form and mins as compile-time values for a launcher templated on them: f(sc, min) with sc a
 // std::integral_constant<int, form> and min a std::bool_constant (MMA_Q8 has no mins: always false). The one switch
 // of both GEMMs (gemm_mma, gemm_hmma); `what` names the caller in the error for an unknown form.
@@ -43,6 +51,17 @@ int dispatch_scales(MmaScales scales, bool mins, const char* what, F&& f) {
 // compute_75+ code, else (Volta) or with f16 set the f16 HMMA GEMM of matmul_hmma.cu. Fails naming the reason where
 // the device runs code without mma.sync (older than compute_70).
 int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op, bool f16);
+
+// Whether gemm_mma_planes takes weights of ggml type `type` on this device with f16 as gemm_mma's: the int8 kernel
+// runs (compute_75+ code, f16 not asked for) and decodes that type itself (Q4_K, Q5_K, Q6_K); else the caller
+// expands them and calls gemm_mma.
+int mma_planes_available(int type, bool f16, bool* yes);
+
+// gemm_mma over weights of a type mma_planes_available accepts, read from their repacked planes: op.wq, ws, wm are
+// unused (null), op.R is the run's rows (all matrices), op.xs the activation half sums where the type has mins.
+// Each (row, 32-value block) is decoded in the kernel's stage loads by the type's own decode (expand_kernel's), so
+// the results are gemm_mma's over the expanded weights, bit for bit.
+int gemm_mma_planes(int type, const MmaOperands& op, const MmaPlanes& planes);
 
 // gemm_mma's wave for these operands' form (wave_blocks): the blocks its kernel keeps resident at once.
 int gemm_mma_wave(MmaScales scales, bool mins, bool f16, int* blocks);

@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
             // no K tail: n is a multiple of Q::BV (gemm_mma_planes), so a row's blocks fill whole stages
             static_assert((Q::BV / 32) % BK == 0, "direct: a type's blocks fill whole stages");
             SubBlock sb;
-            Q::decode(raw, (s * BK + wk) % (Q::BV / 32), sb);
+            Q::decode(raw, (unsigned)(s * BK + wk) % (Q::BV / 32), sb);   // unsigned: a mask
             int4* dst = reinterpret_cast<int4*>(&b.w[wrow][wk * 32]);
             dst[0] = make_int4(sb.q[0], sb.q[1], sb.q[2], sb.q[3]);
             dst[1] = make_int4(sb.q[4], sb.q[5], sb.q[6], sb.q[7]);

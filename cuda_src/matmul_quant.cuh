@@ -495,6 +495,13 @@ __global__ void half_sums_kernel(const int8_t* __restrict__ xq,  // [T, n]
     xs[h] = xd[h >> 1] * (float)sum16<D>(__ldg(reinterpret_cast<const int4*>(xq + 16 * h)));
 }
 
+template <class D>
+int half_sums(const int8_t* xq, const float* xd, float* xs, int T, int n) {
+    const size_t halves = (size_t)T * (n / 16);
+    half_sums_kernel<D><<<ceil_div(halves, 256), 256, 0, stream()>>>(xq, xd, xs, halves);
+    return check_launch("half_sums_kernel");
+}
+
 // The expanded weights times the activations: thread (tx, ty) = (tid % 16, tid / 16) owns rows tx + 16i and tokens
 // ty + 16j (i, j < 8), rows in registers 4 at a time. Per sub-block and output: PER16, two 16-code DP4A dots with
 // their half scales, times the activation scale, less the mins times the activation half sums (block_term16); else
@@ -771,6 +778,29 @@ int gemm_quant_run(int count, const void* const* body, const void* const* head, 
     return CMP_OK;
 }
 
+// The tensor-core GEMM over a type it decodes itself (gemm_mma_planes: Q4_K, Q5_K, Q6_K on the int8 kernel): only
+// the activation half sums (types with mins) in the workspace, then all `count` matrices as one run of rows in one
+// launch, as matmul_q8.cu's Q8_0 run; no expansion and no chunks (the workspace's expanded part goes unused).
+template <class Q, class D>
+int gemm_mma_direct(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
+                    float* const* y, const float* const* res, const int* rows, int T, int n, void* work,
+                    size_t work_bytes) {
+    static_assert(QMAX_MATS <= GEMM_MAX_OUTS, "a call's matrices are one launch's outputs");
+    CMP_REQUIRE(work_bytes >= half_sums_bytes<Q>(T, n),
+                "cmp_matmul_quant: a workspace of %zu bytes is too small for T=%d n=%d (need %zu)", work_bytes, T, n,
+                half_sums_bytes<Q>(T, n));
+    float* xs = Q::MIN ? static_cast<float*>(work) : nullptr;
+    if (Q::MIN) CMP_TRY(half_sums<D>(xq, xd, xs, T, n));
+    MmaPlanes planes{};
+    for (int i = 0; i < count; ++i) {
+        planes.body[i] = static_cast<const uint8_t*>(body[i]);
+        planes.head[i] = static_cast<const uint8_t*>(head[i]);
+    }
+    const GemmOut out = run_out(y, res, rows, 0, count);
+    return gemm_mma_planes(Q::ID, MmaOperands{xq, xd, xs, nullptr, nullptr, nullptr, out, T, out.end[count - 1], n},
+                           planes);
+}
+
 // The GEMV (1 <= T <= QGEMV_MAX_T) of `count` matrices as one launch.
 template <class Q, class D>
 int gemv_quant(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
@@ -795,6 +825,9 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
                  size_t work_bytes, bool mma, bool mma_f16) {
     CMP_REQUIRE(n % Q::BV == 0, "cmp_matmul_quant: n=%d is not a multiple of the type's %d-value blocks", n, Q::BV);
     if (T <= QGEMV_MAX_T) return gemv_quant<Q, D>(xq, xd, count, body, head, y, res, rows, T, n);
+    bool direct = false;
+    if (mma) CMP_TRY(mma_planes_available(Q::ID, mma_f16, &direct));
+    if (direct) return gemm_mma_direct<Q, D>(xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes);
     // All the matrices in one run of rows on the tensor cores, and on DP4A through Q8_0's DP4A GEMM (gemm_w16.cuh)
     // wherever it runs; else matrix by matrix.
     using W = W16Expanded<Q::MIN, Q::PER16>;
@@ -807,11 +840,7 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
     const GemmWork g = split_work<Q>(work, work_bytes, T, n, w16 || mma ? total : max_rows);
     CMP_REQUIRE(g.chunk > 0, "cmp_matmul_quant: a workspace of %zu bytes is too small for T=%d n=%d (need %zu)",
                 work_bytes, T, n, half_sums_bytes<Q>(T, n) + 3 * 256 + QTILE * expanded_row_bytes<Q>(n));
-    if (Q::MIN) {
-        const size_t halves = (size_t)T * (n / 16);
-        half_sums_kernel<D><<<ceil_div(halves, 256), 256, 0, stream()>>>(xq, xd, g.xs, halves);
-        CMP_TRY(check_launch("half_sums_kernel"));
-    }
+    if (Q::MIN) CMP_TRY(half_sums<D>(xq, xd, g.xs, T, n));
     int wave = 0;
     if (mma) {
         constexpr MmaScales form = Q::PER16 ? MMA_PER16 : MMA_PER32;

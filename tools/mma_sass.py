@@ -20,6 +20,7 @@ from sass_tools import cuobjdump_candidates, run_cuobjdump  # noqa: E402
 
 INSTR = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 NAME = re.compile(r"gemm_mma_kernelILi(\d)ELb(\d)ELi(\d)ELi(\d)E")
+SOURCE = re.compile(r"(Q\d_K|Expanded)")   # the weight source: expanded, or the quant type read directly
 FORMS = {"0": "Q8", "1": "PER32", "2": "PER16"}
 
 
@@ -74,14 +75,17 @@ def main() -> None:
     if tool is None:
         raise SystemExit("mma_sass: no cuobjdump (pip install nvidia-cuda-cuobjdump, or put one on PATH)")
     sass = run_cuobjdump(tool, "-sass", target).stdout
-    print(f"{'kernel <SC, MIN, BK, STAGES>':32} {'IMMA':>5} {'FP':>5} {'LDSM':>5} {'LDS':>5} {'other':>6} {'all':>6}"
+    print(f"{'kernel <SC, MIN, BK, STAGES, Q>':41} {'IMMA':>5} {'FP':>5} {'LDSM':>5} {'LDS':>5} {'other':>6} {'all':>6}"
           f"  per IMMA: FP  all")
-    for name, body in sorted(functions(sass).items(), key=lambda kv: NAME.search(kv[0]).groups()):
+    def source(name: str) -> str:
+        m = SOURCE.search(name)
+        return m.group(1) if m else ""
+    for name, body in sorted(functions(sass).items(), key=lambda kv: (NAME.search(kv[0]).groups(), source(kv[0]))):
         sc, mn, bk, stages = NAME.search(name).groups()
         c = classify(main_loop(body))
         imma = max(c["IMMA"], 1)
-        label = f"{FORMS[sc]:5} MIN={mn} BK={bk} STAGES={stages}"
-        print(f"{label:32} {c['IMMA']:5} {c['FP']:5} {c['LDSM']:5} {c['LDS']:5} {c['other']:6} {c['all']:6}"
+        label = f"{FORMS[sc]:5} MIN={mn} BK={bk} STAGES={stages} {source(name)}"
+        print(f"{label:41} {c['IMMA']:5} {c['FP']:5} {c['LDSM']:5} {c['LDS']:5} {c['other']:6} {c['all']:6}"
               f"  {c['FP'] / imma:11.1f} {c['all'] / imma:4.1f}")
 
 

@@ -7,7 +7,9 @@ for many stages (and a K tail where the stage's blocks do not divide the row), s
 one call, under each shared-memory size that picks another ring (sm_75's 64 KB: two stages of 2 blocks; sm_70's
 96 KB: four of 2; the device's: four of 4), against the exact math at test_quant_cuda's tolerance (2e-6). The forms
 without mins keep the DP4A GEMM's arithmetic bit for bit (scaled_dot takes the magic bias off inside the scale's
-FMA: the same rounding), so their results equal the DP4A route's.
+FMA: the same rounding), so their results equal the DP4A route's. The int8 kernel reads Q4_K, Q5_K and Q6_K from
+their repacked planes (no expansion pass: matmul_mma.cu's direct form), decoding each block as expand_kernel does, so
+these tests cover that form for those types.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from cuda_helpers import SMEM_CAPS, poison, rel, up
+from cuda_helpers import SMEM_CAPS, captured, poison, rel, up
 from test_quant_cuda import TOL, exact, inputs
 
 from llamacmp.fixtures.quant_blocks import random_blocks
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.cuda
 MIN_TYPES = ["Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q2_K"]
 NO_MIN_TYPES = ["Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q3_K", "Q6_K", *GRID_TYPES]
 PER16_TYPES = {"Q3_K", "Q6_K", "Q2_K", "IQ2_XS", "IQ2_S", "IQ1_M"}   # a scale per 16-value half
+DIRECT_TYPES = ["Q4_K", "Q5_K", "Q6_K"]   # read from their planes by the int8 kernel (matmul_mma.cu gemm_mma_planes)
 
 
 @pytest.fixture
@@ -107,3 +110,42 @@ def test_forms_without_mins_equal_the_dp4a_route(mma_backend, type_name, gemm):
         assert rel(mma, dp4a) < 1e-6   # fp32 rounding of the per-half terms: ~1e-7 over a row's blocks
     else:
         np.testing.assert_array_equal(mma, dp4a)
+
+
+@pytest.mark.parametrize("cap", ["sm75", "device"])
+@pytest.mark.parametrize("T", [17, 128, 513])
+@pytest.mark.parametrize("type_name", DIRECT_TYPES)
+def test_direct_types_in_one_launch(mma_backend, type_name, T, cap):
+    """The types the int8 kernel decodes in its stage loads: four matrices of odd row counts (1, 127, 66, 129: the
+    first three meet inside the first 128-row tile, the third and fourth inside the second) with residuals in one
+    launch (after the half sums where the type has mins), each matrix's bits those of the matrix alone, against the
+    exact math; without mins (Q6_K) the DP4A route's bits. sm75's cap: stages of 2 blocks (half the threads hold a
+    weight item); the device's: 4 blocks (every thread one)."""
+    be = mma_backend
+    if not be.native.mma_int8_available():
+        pytest.skip("the direct form is the int8 kernel's (compute_75+ code)")
+    rng = np.random.default_rng(T * 3 + len(type_name))
+    n = long_n(type_name)
+    ws = [random_blocks(type_name, r, n, rng) for r in (1, 127, 66, 129)]
+    x = inputs(T + 5, T, n)
+    res = [rng.standard_normal((T, w.shape[0])).astype(np.float32) for w in ws]
+    saved = be.routes
+    be.native.cmp_set_smem_cap(SMEM_CAPS[cap])
+    try:
+        poison(be, *[(T, w.shape[0]) for w in ws])
+        mats = [be.upload_matrix(w) for w in ws]
+        xq, xd = be.quantize(up(be, x))
+        dres = [up(be, r) for r in res]
+        group, launches = captured(be, lambda: be._q8_project(xq, xd, mats, dres))
+        alone = [captured(be, lambda: be._q8_project(xq, xd, [m], [r]))[0][0] for m, r in zip(mats, dres)]
+        be.routes = replace(saved, matmul_prefill="dp4a")
+        dp4a = [be.to_host(g) for g in be._q8_project(xq, xd, mats, dres)]
+    finally:
+        be.routes = saved
+        be.native.cmp_set_smem_cap(0)
+    assert launches == 1 + (type_name != "Q6_K")   # the half sums first where the type has mins
+    for g, a, d, w, r in zip(group, alone, dp4a, ws, res):
+        np.testing.assert_array_equal(g, a)
+        assert rel(g, exact(x, w) + r) < TOL
+        if type_name == "Q6_K":
+            np.testing.assert_array_equal(g, d)

@@ -24,7 +24,9 @@
 //    (PER16), so both give the same bits. The activation half sums times their scale come from a small kernel first.
 // No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =
 // IDP.2A, or IMAD), a template parameter of the kernels that take one, chosen per call by cmp_matmul_*'s kernels bits;
-// CMP_MM_MMA multiplies the (expanded) weights on the tensor cores instead (matmul_mma.cu).
+// CMP_MM_MMA multiplies the expanded weights on the tensor cores instead (matmul_mma.cu), but for the types whose
+// planes its int8 kernel decodes itself (Q4_K, Q5_K, Q6_K: gemm_mma_direct, no expansion, no chunks; Volta's f16
+// GEMM still takes them expanded).
 // The kernels keep internal linkage (each route's TU has its own); only the declarations below cross TUs.
 #pragma once
 #include <algorithm>

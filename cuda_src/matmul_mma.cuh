@@ -53,7 +53,7 @@ int dispatch_scales(MmaScales scales, bool mins, const char* what, F&& f) {
 int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op, bool f16);
 
 // Whether gemm_mma_planes takes weights of ggml type `type` on this device with f16 as gemm_mma's: the int8 kernel
-// runs (compute_75+ code, f16 not asked for) and decodes that type itself (Q4_K, Q5_K, Q6_K); else the caller
+// runs (compute_75+ code, f16 not asked for) and decodes that type itself (Q2_K, Q4_K, Q5_K, Q6_K); else the caller
 // expands them and calls gemm_mma.
 int mma_planes_available(int type, bool f16, bool* yes);
 

@@ -25,7 +25,7 @@
 // No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =
 // IDP.2A, or IMAD), a template parameter of the kernels that take one, chosen per call by cmp_matmul_*'s kernels bits;
 // CMP_MM_MMA multiplies the expanded weights on the tensor cores instead (matmul_mma.cu), but for the types whose
-// planes its int8 kernel decodes itself (Q4_K, Q5_K, Q6_K: gemm_mma_direct, no expansion, no chunks; Volta's f16
+// planes its int8 kernel decodes itself (Q2_K, Q4_K, Q5_K, Q6_K: gemm_mma_direct, no expansion, no chunks; Volta's f16
 // GEMM still takes them expanded).
 // The kernels keep internal linkage (each route's TU has its own); only the declarations below cross TUs.
 #pragma once
@@ -780,7 +780,7 @@ int gemm_quant_run(int count, const void* const* body, const void* const* head, 
     return CMP_OK;
 }
 
-// The tensor-core GEMM over a type it decodes itself (gemm_mma_planes: Q4_K, Q5_K, Q6_K on the int8 kernel): only
+// The tensor-core GEMM over a type it decodes itself (gemm_mma_planes: Q2_K, Q4_K, Q5_K, Q6_K on the int8 kernel): only
 // the activation half sums (types with mins) in the workspace, then all `count` matrices as one run of rows in one
 // launch, as matmul_q8.cu's Q8_0 run; no expansion and no chunks (the workspace's expanded part goes unused).
 template <class Q, class D>

@@ -7,9 +7,9 @@ for many stages (and a K tail where the stage's blocks do not divide the row), s
 one call, under each shared-memory size that picks another ring (sm_75's 64 KB: two stages of 2 blocks; sm_70's
 96 KB: four of 2; the device's: four of 4), against the exact math at test_quant_cuda's tolerance (2e-6). The forms
 without mins keep the DP4A GEMM's arithmetic bit for bit (scaled_dot takes the magic bias off inside the scale's
-FMA: the same rounding), so their results equal the DP4A route's. The int8 kernel reads Q4_K, Q5_K and Q6_K from
-their repacked planes (no expansion pass: matmul_mma.cu's direct form), decoding each block as expand_kernel does, so
-these tests cover that form for those types.
+FMA: the same rounding), so their results equal the DP4A route's. The int8 kernel reads Q2_K, Q4_K, Q5_K and Q6_K
+from their repacked planes (no expansion pass: matmul_mma.cu's direct form), decoding each block as expand_kernel
+does, so these tests cover that form for those types.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.cuda
 MIN_TYPES = ["Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q2_K"]
 NO_MIN_TYPES = ["Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q3_K", "Q6_K", *GRID_TYPES]
 PER16_TYPES = {"Q3_K", "Q6_K", "Q2_K", "IQ2_XS", "IQ2_S", "IQ1_M"}   # a scale per 16-value half
-DIRECT_TYPES = ["Q4_K", "Q5_K", "Q6_K"]   # read from their planes by the int8 kernel (matmul_mma.cu gemm_mma_planes)
+DIRECT_TYPES = ["Q2_K", "Q4_K", "Q5_K", "Q6_K"]   # read from their planes by the int8 kernel (gemm_mma_planes)
 
 
 @pytest.fixture
@@ -143,9 +143,9 @@ def test_direct_types_in_one_launch(mma_backend, type_name, T, cap):
     finally:
         be.routes = saved
         be.native.cmp_set_smem_cap(0)
-    assert launches == 1 + (type_name != "Q6_K")   # the half sums first where the type has mins
+    assert launches == 1 + (type_name in MIN_TYPES)   # the half sums first where the type has mins
     for g, a, d, w, r in zip(group, alone, dp4a, ws, res):
         np.testing.assert_array_equal(g, a)
         assert rel(g, exact(x, w) + r) < TOL
-        if type_name == "Q6_K":
+        if type_name not in MIN_TYPES:
             np.testing.assert_array_equal(g, d)

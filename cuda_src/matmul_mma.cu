@@ -25,7 +25,8 @@
 // expanded -> direct): Q4_K 619 -> 632, Q5_K 619 -> 654, Q6_K 779 -> 855, Q2_K 1112 -> 1141 (the decode; the Raw
 // is held across the math in registers, 8 for Q4_K), and Q4_K, Q5_K, Q6_K reload 5-7 loop-invariant words from the
 // stack per stage (20-32 bytes spilled, where their expanded forms spill none). Q3_K (779 -> 882) and IQ4_XS
-// (594 -> 671) would pay more than their expansion saves, so they stay expanded; the 32-value types have K tails.
+// (594 -> 671) stay expanded: +13% a stage likely costs more than the pass (unmeasured); the 32-value types would
+// need a K tail.
 // The main loop's SASS per 4-block stage (sm_90, nvcc 13.0, gemm_mma_kernel<SC, MIN, 4, 4>: tools/mma_sass.py),
 // IMMA / FP32 (FFMA, FMUL, FADD) / LDS / all, before -> after issue 18's min rework (2026-12-02):
 //   Q8_0                         32 / 384 / 35 /  600 -> 32 / 384 / 35 /  575  (18.8 -> 18.0 per IMMA)
@@ -576,11 +577,12 @@ int mma_planes_available(int type, bool f16, bool* yes) {
 }
 
 int gemm_mma_planes(int type, const MmaOperands& op, const MmaPlanes& planes) {
-    CMP_REQUIRE(op.T >= 0 && op.R > 0 && op.n > 0 && op.out.count >= 1 && op.out.end[op.out.count - 1] == op.R,
-                "gemm_mma_planes: bad shape T=%d R=%d n=%d", op.T, op.R, op.n);
-    bool ok = false;
-    CMP_TRY(mma_planes_available(type, false, &ok));
-    CMP_REQUIRE(ok, "gemm_mma_planes: type %d has no direct kernel on this device", type);
+    CMP_REQUIRE(op.T >= 0 && op.R > 0 && op.n > 0 && op.out.count >= 1 && op.out.count <= GEMM_MAX_OUTS &&
+                    op.out.end[op.out.count - 1] == op.R,
+                "gemm_mma_planes: bad shape T=%d R=%d n=%d (%d matrices)", op.T, op.R, op.n, op.out.count);
+    bool int8 = false;
+    CMP_TRY(mma_int8_available(&int8));
+    CMP_REQUIRE(int8, "gemm_mma_planes: this device's code has no int8 mma kernel (compute_75+)");
     if (op.T == 0) return CMP_OK;
     return with_planes_type(
         type,
@@ -589,7 +591,7 @@ int gemm_mma_planes(int type, const MmaOperands& op, const MmaPlanes& planes) {
             CMP_REQUIRE(op.n % Q::BV == 0, "gemm_mma_planes: n=%d is not a multiple of %d", op.n, Q::BV);
             return launch_form<Q::PER16 ? MMA_PER16 : MMA_PER32, Q::MIN, Q>(op, planes);
         },
-        [] { return (int)CMP_OK; });
+        [&] { return fail(CMP_ERR_ARG, "gemm_mma_planes: type %d is multiplied expanded, not read directly", type); });
 }
 
 int gemm_mma_wave(MmaScales scales, bool mins, bool f16, int* blocks) {

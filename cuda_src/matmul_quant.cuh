@@ -25,8 +25,8 @@
 // No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =
 // IDP.2A, or IMAD), a template parameter of the kernels that take one, chosen per call by cmp_matmul_*'s kernels bits;
 // CMP_MM_MMA multiplies the expanded weights on the tensor cores instead (matmul_mma.cu), but for the types whose
-// planes its int8 kernel decodes itself (Q2_K, Q4_K, Q5_K, Q6_K: gemm_mma_direct, no expansion, no chunks; Volta's f16
-// GEMM still takes them expanded).
+// planes its int8 kernel decodes itself (Q2_K, Q4_K, Q5_K, Q6_K: gemm_mma_direct, no expansion, no chunks; Volta's
+// f16 GEMM still takes them expanded).
 // The kernels keep internal linkage (each route's TU has its own); only the declarations below cross TUs.
 #pragma once
 #include <algorithm>
@@ -497,6 +497,7 @@ __global__ void half_sums_kernel(const int8_t* __restrict__ xq,  // [T, n]
     xs[h] = xd[h >> 1] * (float)sum16<D>(__ldg(reinterpret_cast<const int4*>(xq + 16 * h)));
 }
 
+// half_sums_kernel over the T x n/16 halves (xs [T, n/16]).
 template <class D>
 int half_sums(const int8_t* xq, const float* xd, float* xs, int T, int n) {
     const size_t halves = (size_t)T * (n / 16);
@@ -780,9 +781,9 @@ int gemm_quant_run(int count, const void* const* body, const void* const* head, 
     return CMP_OK;
 }
 
-// The tensor-core GEMM over a type it decodes itself (gemm_mma_planes: Q2_K, Q4_K, Q5_K, Q6_K on the int8 kernel): only
-// the activation half sums (types with mins) in the workspace, then all `count` matrices as one run of rows in one
-// launch, as matmul_q8.cu's Q8_0 run; no expansion and no chunks (the workspace's expanded part goes unused).
+// The tensor-core GEMM over a type it decodes itself (gemm_mma_planes: Q2_K, Q4_K, Q5_K, Q6_K on the int8 kernel):
+// only the activation half sums (types with mins) in the workspace, then all `count` matrices as one run of rows in
+// one launch, as matmul_q8.cu's Q8_0 run; no expansion and no chunks (the workspace's expanded part goes unused).
 template <class Q, class D>
 int gemm_mma_direct(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
                     float* const* y, const float* const* res, const int* rows, int T, int n, void* work,

@@ -117,7 +117,7 @@ def test_forms_without_mins_equal_the_dp4a_route(mma_backend, type_name, gemm):
 @pytest.mark.parametrize("type_name", DIRECT_TYPES)
 def test_direct_types_in_one_launch(mma_backend, type_name, T, cap):
     """The types the int8 kernel decodes in its stage loads: four matrices of odd row counts (1, 127, 66, 129: the
-    first three meet inside the first 128-row tile, the third and fourth inside the second) with residuals in one
+    first two fill the first 128-row tile, the third and fourth meet inside the second) with residuals in one
     launch (after the half sums where the type has mins), each matrix's bits those of the matrix alone, against the
     exact math; without mins (Q6_K) the DP4A route's bits. sm75's cap: stages of 2 blocks (half the threads hold a
     weight item); the device's: 4 blocks (every thread one)."""

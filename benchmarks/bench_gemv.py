@@ -24,7 +24,8 @@ the matrices 4096 x 12288, 12288 x 4096 and 4096 x 4096 (rows x n) of random val
 (`--ts 1,2,4,8,16` picks others; chain column as above; GB/s = the type's bytes on the device per second) and the
 prefill GEMM at T = 512 and 4096
 (TOPS = 2 T rows n / time, eager calls timed by events; quantized types include their per-call weight expansion).
-`--dot dp2a|imad` runs that table on another route's int8 dot (issue 20; llamacmp/backends/routes.py), GEMV and GEMM.
+`--dot dp2a|imad` runs that table on another route's int8 dot (issue 20; llamacmp/backends/routes.py), GEMV and GEMM;
+`--gemm-mma` runs its GEMM on the int8 tensor cores (the mma route's; Q2_K, Q4_K, Q5_K read from their planes).
 `--gemm-all` times the GEMM on all three matrices; `--smem-cap BYTES` runs the table under cmp_set_smem_cap (another
 card's shared memory per block), e.g. 98304 (sm_70's 96 KB) for the DP4A GEMM's 128 x 128 tiles on an H200, the tile
 sm_86 / sm_89 get (smem_plan.h gemm_w16_plan), against its own 128 x 64.
@@ -40,7 +41,7 @@ import numpy as np
 
 from llamacmp.backends.cuda import CudaBackend
 from llamacmp.gguf_file import GRID_TYPES
-from llamacmp.lib._native import CMP_MM_GEMM2, CMP_MM_GEMV2
+from llamacmp.lib._native import CMP_MM_GEMM2, CMP_MM_GEMV2, CMP_MM_MMA
 from llamacmp.lib._native import CMP_DOTS, CMP_MM_GEMM_DOT_SHIFT, CMP_MM_GEMV_DOT_SHIFT, CMP_MM_GEMV_PDL
 from llamacmp.lib._native import CMP_QUANT_TYPES
 
@@ -168,8 +169,10 @@ class QuantPool:
 
 
 def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, gemm: bool = True,
-                dot: str = "dp4a", ts: tuple[int, ...] = (1, 4, 16), gemm_all: bool = False) -> list[dict]:
-    dots = CMP_DOTS[dot] << CMP_MM_GEMV_DOT_SHIFT | CMP_DOTS[dot] << CMP_MM_GEMM_DOT_SHIFT
+                dot: str = "dp4a", ts: tuple[int, ...] = (1, 4, 16), gemm_all: bool = False,
+                gemm_mma: bool = False) -> list[dict]:
+    dots = (CMP_DOTS[dot] << CMP_MM_GEMV_DOT_SHIFT | CMP_DOTS[dot] << CMP_MM_GEMM_DOT_SHIFT
+            | (CMP_MM_MMA if gemm_mma else 0))
     out = []
     print(f"{'type':<7} {'rows x n':>12} {'MB':>6} {'T':>5} {'us':>9} {'GB/s':>7} {'%copy':>6} {'TOPS':>7}")
     for type_name in types:
@@ -200,7 +203,7 @@ def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, gemm: b
                 gbs, tops = pool.wbytes / us / 1e3, 2.0 * T * rows * n / us / 1e6
                 print(f"{type_name:<7} {f'{rows}x{n}':>12} {pool.wbytes / 1e6:>6.1f} {T:>5} {us:>9.1f} {gbs:>7.0f} "
                       f"{100 * gbs / bw:>5.0f}% {tops:>7.1f}", flush=True)
-                out.append({"type": type_name, "dot": dot, "rows": rows, "n": n, "T": T, "us": us, "GB/s": gbs,
+                out.append({"type": type_name, "dot": dot, "gemm": "mma" if gemm_mma else dot, "rows": rows, "n": n, "T": T, "us": us, "GB/s": gbs,
                             "TOPS": tops,
                             "MB": pool.wbytes / 1e6})
             del pool
@@ -221,11 +224,13 @@ def main(argv=None) -> None:
     ap.add_argument("--ts", default="1,4,16", help="with --quant: comma-separated GEMV token counts (1..16)")
     ap.add_argument("--gemm-all", action="store_true",
                     help="with --quant: the GEMM on every matrix, not 12288 x 4096 only")
+    ap.add_argument("--gemm-mma", action="store_true",
+                    help="with --quant: the prefill GEMM on the int8 tensor cores (CMP_MM_MMA, the mma route's)")
     ap.add_argument("--smem-cap", type=int, default=0,
                     help="with --quant: shared memory per block in bytes (cmp_set_smem_cap; 0: the device's own)")
     args = ap.parse_args(argv)
-    if (args.gemm_all or args.smem_cap) and not args.quant:
-        ap.error("--gemm-all / --smem-cap: with --quant only")
+    if (args.gemm_all or args.smem_cap or args.gemm_mma) and not args.quant:
+        ap.error("--gemm-all / --smem-cap / --gemm-mma: with --quant only")
     if args.smem_cap < 0:
         ap.error(f"--smem-cap: bytes of shared memory per block, 0 or more (got {args.smem_cap})")
     if args.dot != "dp4a" and not args.quant:
@@ -243,10 +248,11 @@ def main(argv=None) -> None:
         ts = tuple(int(t) for t in args.ts.split(","))
         if not all(1 <= t <= 16 for t in ts):
             ap.error(f"--ts: GEMV token counts are 1..16 (got {args.ts})")
-        print(f"int8 dot route: {args.dot}" + (f", shared memory capped at {args.smem_cap} B" if args.smem_cap else ""))
+        print(f"int8 dot route: {args.dot}" + (", GEMM on the int8 tensor cores" if args.gemm_mma else "")
+              + (f", shared memory capped at {args.smem_cap} B" if args.smem_cap else ""))
         be.native.cmp_set_smem_cap(args.smem_cap)
         try:
-            rows = bench_quant(be, types, bw, args.reps, not args.no_gemm, args.dot, ts, args.gemm_all)
+            rows = bench_quant(be, types, bw, args.reps, not args.no_gemm, args.dot, ts, args.gemm_all, args.gemm_mma)
         finally:
             be.native.cmp_set_smem_cap(0)
         out += [dict(r, smem_cap=args.smem_cap) for r in rows]

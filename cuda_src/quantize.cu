@@ -227,13 +227,12 @@ __global__ void q8_repack_kernel(const uint8_t* __restrict__ blocks,  // [nblk, 
 
 using namespace cmp;
 
-// Rows up to DECODE_ROWS (decode, verify: common.cuh) take the producers' latency layouts (rmsnorm_q8's HOLD_W, the
-// gated RMSNorm's block per head), more take the ones that keep the copy rate: the same bits either way.
-
 // The 4-lane producers read f32 in 16 bytes and write codes in 8 (any row of whole blocks in an arena qualifies).
 static bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // ==== launchers ===================================================================================================
+// Rows up to DECODE_ROWS (decode, verify: common.cuh) take the producers' latency layouts (rmsnorm_q8's HOLD_W, the
+// gated RMSNorm's block per head), more take the ones that keep the copy rate: the same bits either way.
 
 extern "C" int cmp_quantize_q8(const float* x, int8_t* q, float* d, int T, int n) {
     CMP_REQUIRE(T >= 0 && n > 0 && n % QK == 0, "cmp_quantize_q8: n=%d must be a positive multiple of 32", n);

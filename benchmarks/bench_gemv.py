@@ -25,7 +25,8 @@ the matrices 4096 x 12288, 12288 x 4096 and 4096 x 4096 (rows x n) of random val
 prefill GEMM at T = 512 and 4096
 (TOPS = 2 T rows n / time, eager calls timed by events; quantized types include their per-call weight expansion).
 `--dot dp2a|imad` runs that table on another route's int8 dot (issue 20; llamacmp/backends/routes.py), GEMV and GEMM;
-`--gemm-mma` runs its GEMM on the int8 tensor cores (the mma route's; Q2_K, Q4_K, Q5_K read from their planes).
+`--gemm-mma` runs its GEMM on the int8 tensor cores (the mma route's; Q2_K, Q4_K, Q5_K read from their planes),
+`--gemm-ts 512,1024,4096` at other token counts.
 `--gemm-all` times the GEMM on all three matrices; `--smem-cap BYTES` runs the table under cmp_set_smem_cap (another
 card's shared memory per block), e.g. 98304 (sm_70's 96 KB) for the DP4A GEMM's 128 x 128 tiles on an H200, the tile
 sm_86 / sm_89 get (smem_plan.h gemm_w16_plan), against its own 128 x 64.
@@ -170,7 +171,7 @@ class QuantPool:
 
 def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, gemm: bool = True,
                 dot: str = "dp4a", ts: tuple[int, ...] = (1, 4, 16), gemm_all: bool = False,
-                gemm_mma: bool = False) -> list[dict]:
+                gemm_mma: bool = False, gemm_ts: tuple[int, ...] = (512, 4096)) -> list[dict]:
     dots = (CMP_DOTS[dot] << CMP_MM_GEMV_DOT_SHIFT | CMP_DOTS[dot] << CMP_MM_GEMM_DOT_SHIFT
             | (CMP_MM_MMA if gemm_mma else 0))
     out = []
@@ -178,7 +179,7 @@ def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, gemm: b
     for type_name in types:
         for rows, n in QUANT_SHAPES:
             pool = QuantPool(be, type_name, rows, n)
-            for T in (*ts, 512, 4096):
+            for T in (*ts, *gemm_ts):
                 if T > 16 and (((rows, n) != (12288, 4096) and not gemm_all) or not gemm):
                     continue
                 rng = np.random.default_rng(T)
@@ -222,6 +223,7 @@ def main(argv=None) -> None:
     ap.add_argument("--no-gemm", action="store_true", help="with --quant: GEMV only")
     ap.add_argument("--dot", choices=list(CMP_DOTS), default="dp4a", help="with --quant: the int8 dot route")
     ap.add_argument("--ts", default="1,4,16", help="with --quant: comma-separated GEMV token counts (1..16)")
+    ap.add_argument("--gemm-ts", default="512,4096", help="with --quant: comma-separated GEMM token counts (> 16)")
     ap.add_argument("--gemm-all", action="store_true",
                     help="with --quant: the GEMM on every matrix, not 12288 x 4096 only")
     ap.add_argument("--gemm-mma", action="store_true",
@@ -248,11 +250,15 @@ def main(argv=None) -> None:
         ts = tuple(int(t) for t in args.ts.split(","))
         if not all(1 <= t <= 16 for t in ts):
             ap.error(f"--ts: GEMV token counts are 1..16 (got {args.ts})")
+        gemm_ts = tuple(int(t) for t in args.gemm_ts.split(","))
+        if not all(t > 16 for t in gemm_ts):
+            ap.error(f"--gemm-ts: GEMM token counts are above 16 (got {args.gemm_ts})")
         print(f"int8 dot route: {args.dot}" + (", GEMM on the int8 tensor cores" if args.gemm_mma else "")
               + (f", shared memory capped at {args.smem_cap} B" if args.smem_cap else ""))
         be.native.cmp_set_smem_cap(args.smem_cap)
         try:
-            rows = bench_quant(be, types, bw, args.reps, not args.no_gemm, args.dot, ts, args.gemm_all, args.gemm_mma)
+            rows = bench_quant(be, types, bw, args.reps, not args.no_gemm, args.dot, ts, args.gemm_all, args.gemm_mma,
+                               gemm_ts)
         finally:
             be.native.cmp_set_smem_cap(0)
         out += [dict(r, smem_cap=args.smem_cap) for r in rows]

@@ -15,18 +15,21 @@
 // compute_70 and older builds have no kernel body here: gemm_mma hands their calls to Volta's f16 HMMA GEMM
 // (matmul_hmma.cu), which refuses code below compute_70.
 // The weights come expanded (matmul_quant.cu's expand_kernel writes int8 codes and f32 scales / mins per chunk of
-// rows into a workspace first), or for Q2_K, Q4_K, Q5_K and Q6_K straight from their repacked planes (gemm_mma_planes,
+// rows into a workspace first), or for Q2_K, Q4_K and Q5_K straight from their repacked planes (gemm_mma_planes,
 // the "direct" form): a stage's 128 rows x BK blocks are one (row, block) item a thread (BK = 4; at BK = 2 the first
 // half of the threads), its block loaded as the type's Raw (Q::load) where an expanded row's scale item would be
 // loaded, before the stage's math, and decoded after it by expand_kernel's Q::decode into the codes and scale / min
 // that cp.async and the scale item would have brought: the same tiles, so the same bits, without the expansion pass
 // (1.25-1.5 bytes per value written and read back each ubatch: ~4.4% of a 27B Q4_K_M pp512 on an H100) or its
 // chunked launches. Its price is in the loop (sm_90, nvcc 13.0, BK = 4, 4 stages: all instructions per stage,
-// expanded -> direct): Q4_K 619 -> 632, Q5_K 619 -> 654, Q6_K 779 -> 855, Q2_K 1112 -> 1141 (the decode; the Raw
-// is held across the math in registers, 8 for Q4_K), and Q4_K, Q5_K, Q6_K reload 5-7 loop-invariant words from the
-// stack per stage (20-32 bytes spilled, where their expanded forms spill none). Q3_K (779 -> 882) and IQ4_XS
-// (594 -> 671) stay expanded: +13% a stage likely costs more than the pass (unmeasured); the 32-value types would
-// need a K tail.
+// expanded -> direct): Q4_K 619 -> 632, Q5_K 619 -> 654, Q2_K 1112 -> 1141 (the decode; the Raw is held across the
+// math in registers, 8 for Q4_K), and Q4_K, Q5_K reload 5-6 loop-invariant words from the stack per stage (20-24
+// bytes spilled, where their expanded forms spill none). The pass is a fixed cost per matrix, the decode one per
+// token tile: measured (H100, 2026-12-06, bench_gemv.py --quant --gemm-mma on the three 9B matrices, direct against
+// expanded at T = 512 / 4096) Q4_K +14-16% / +0-2%, Q2_K +8-11% / +0-2%, Q5_K +8-12% / -5-7%, so each type reads its
+// planes up to planes_max_tokens. Q6_K (779 -> 855, 32 bytes spilled) lost at both: -6-8% / -16-18% (the 9B Q6_K
+// file's pp512 -7%), and stays expanded, as do Q3_K (779 -> 882) and IQ4_XS (594 -> 671) by its measure; the 32-value
+// types would need a K tail.
 // The main loop's SASS per 4-block stage (sm_90, nvcc 13.0, gemm_mma_kernel<SC, MIN, 4, 4>: tools/mma_sass.py),
 // IMMA / FP32 (FFMA, FMUL, FADD) / LDS / all, before -> after issue 18's min rework (2026-12-02):
 //   Q8_0                         32 / 384 / 35 /  600 -> 32 / 384 / 35 /  575  (18.8 -> 18.0 per IMMA)
@@ -534,7 +537,6 @@ int with_planes_type(int type, F&& f, G&& other) {
         case QID_Q2_K: return f(Q2_K{});
         case QID_Q4_K: return f(Q4_K{});
         case QID_Q5_K: return f(Q5_K{});
-        case QID_Q6_K: return f(Q6_K{});
         default: return other();
     }
 }
@@ -569,10 +571,15 @@ int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op, bool f16) {
     });
 }
 
-int mma_planes_available(int type, bool f16, bool* yes) {
+// The most tokens of a call at which reading a type's planes beats expanding them (the header's measure: lines of
+// time against T through its two points cross at ~4600-8500 tokens for Q4_K and Q2_K, ~1000-1450 for Q5_K).
+static int planes_max_tokens(int type) { return type == QID_Q5_K ? 1024 : 4096; }
+
+int mma_planes_available(int type, bool f16, int T, bool* yes) {
     bool ok = false;
     CMP_TRY(mma_int8_available(&ok));
-    *yes = ok && !f16 && with_planes_type(type, [](auto) { return 1; }, [] { return 0; });
+    const bool decodes = with_planes_type(type, [](auto) { return 1; }, [] { return 0; });
+    *yes = ok && !f16 && decodes && T <= planes_max_tokens(type);
     return CMP_OK;
 }
 

@@ -52,10 +52,11 @@ int dispatch_scales(MmaScales scales, bool mins, const char* what, F&& f) {
 // the device runs code without mma.sync (older than compute_70).
 int gemm_mma(MmaScales scales, bool mins, const MmaOperands& op, bool f16);
 
-// Whether gemm_mma_planes takes weights of ggml type `type` on this device with f16 as gemm_mma's: the int8 kernel
-// runs (compute_75+ code, f16 not asked for) and decodes that type itself (Q2_K, Q4_K, Q5_K, Q6_K); else the caller
-// expands them and calls gemm_mma.
-int mma_planes_available(int type, bool f16, bool* yes);
+// Whether a call of T tokens over weights of ggml type `type` on this device, with f16 as gemm_mma's, goes to
+// gemm_mma_planes: the int8 kernel runs (compute_75+ code, f16 not asked for), decodes that type itself (Q2_K, Q4_K,
+// Q5_K) and is faster so at T (matmul_mma.cu: up to 4096 tokens, Q5_K 1024); else the caller expands them and calls
+// gemm_mma.
+int mma_planes_available(int type, bool f16, int T, bool* yes);
 
 // gemm_mma over weights of a type mma_planes_available accepts, read from their repacked planes: op.wq, ws, wm are
 // unused (null), op.R is the run's rows (all matrices), op.xs the activation half sums where the type has mins.

@@ -25,8 +25,8 @@
 // No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =
 // IDP.2A, or IMAD), a template parameter of the kernels that take one, chosen per call by cmp_matmul_*'s kernels bits;
 // CMP_MM_MMA multiplies the expanded weights on the tensor cores instead (matmul_mma.cu), but for the types whose
-// planes its int8 kernel decodes itself (Q2_K, Q4_K, Q5_K, Q6_K: gemm_mma_direct, no expansion, no chunks; Volta's
-// f16 GEMM still takes them expanded).
+// planes its int8 kernel decodes itself (Q2_K, Q4_K, Q5_K up to a number of tokens: gemm_mma_direct, no expansion, no
+// chunks; Volta's f16 GEMM still takes them expanded).
 // The kernels keep internal linkage (each route's TU has its own); only the declarations below cross TUs.
 #pragma once
 #include <algorithm>
@@ -781,7 +781,7 @@ int gemm_quant_run(int count, const void* const* body, const void* const* head, 
     return CMP_OK;
 }
 
-// The tensor-core GEMM over a type it decodes itself (gemm_mma_planes: Q2_K, Q4_K, Q5_K, Q6_K on the int8 kernel):
+// The tensor-core GEMM over a type it decodes itself (gemm_mma_planes: Q2_K, Q4_K, Q5_K on the int8 kernel):
 // only the activation half sums (types with mins) in the workspace, then all `count` matrices as one run of rows in
 // one launch, as matmul_q8.cu's Q8_0 run; no expansion and no chunks (the workspace's expanded part goes unused).
 template <class Q, class D>
@@ -829,7 +829,7 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
     CMP_REQUIRE(n % Q::BV == 0, "cmp_matmul_quant: n=%d is not a multiple of the type's %d-value blocks", n, Q::BV);
     if (T <= QGEMV_MAX_T) return gemv_quant<Q, D>(xq, xd, count, body, head, y, res, rows, T, n);
     bool direct = false;
-    if (mma) CMP_TRY(mma_planes_available(Q::ID, mma_f16, &direct));
+    if (mma) CMP_TRY(mma_planes_available(Q::ID, mma_f16, T, &direct));
     if (direct) return gemm_mma_direct<Q, D>(xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes);
     // All the matrices in one run of rows on the tensor cores, and on DP4A through Q8_0's DP4A GEMM (gemm_w16.cuh)
     // wherever it runs; else matrix by matrix.

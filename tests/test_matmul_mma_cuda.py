@@ -7,9 +7,9 @@ for many stages (and a K tail where the stage's blocks do not divide the row), s
 one call, under each shared-memory size that picks another ring (sm_75's 64 KB: two stages of 2 blocks; sm_70's
 96 KB: four of 2; the device's: four of 4), against the exact math at test_quant_cuda's tolerance (2e-6). The forms
 without mins keep the DP4A GEMM's arithmetic bit for bit (scaled_dot takes the magic bias off inside the scale's
-FMA: the same rounding), so their results equal the DP4A route's. The int8 kernel reads Q2_K, Q4_K, Q5_K and Q6_K
-from their repacked planes (no expansion pass: matmul_mma.cu's direct form), decoding each block as expand_kernel
-does, so these tests cover that form for those types.
+FMA: the same rounding), so their results equal the DP4A route's. The int8 kernel reads Q2_K, Q4_K and Q5_K from
+their repacked planes (no expansion pass: matmul_mma.cu's direct form) up to a number of tokens a call (4096, Q5_K
+1024), decoding each block as expand_kernel does, so these tests cover that form for those types.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ pytestmark = pytest.mark.cuda
 MIN_TYPES = ["Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q2_K"]
 NO_MIN_TYPES = ["Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q3_K", "Q6_K", *GRID_TYPES]
 PER16_TYPES = {"Q3_K", "Q6_K", "Q2_K", "IQ2_XS", "IQ2_S", "IQ1_M"}   # a scale per 16-value half
-DIRECT_TYPES = ["Q2_K", "Q4_K", "Q5_K", "Q6_K"]   # read from their planes by the int8 kernel (gemm_mma_planes)
+# read from their planes by the int8 kernel (gemm_mma_planes) up to these tokens a call (matmul_mma.cu planes_max_tokens)
+DIRECT_TYPES = {"Q2_K": 4096, "Q4_K": 4096, "Q5_K": 1024}
 
 
 @pytest.fixture
@@ -114,13 +115,13 @@ def test_forms_without_mins_equal_the_dp4a_route(mma_backend, type_name, gemm):
 
 @pytest.mark.parametrize("cap", ["sm75", "device"])
 @pytest.mark.parametrize("T", [17, 128, 513])
-@pytest.mark.parametrize("type_name", DIRECT_TYPES)
+@pytest.mark.parametrize("type_name", list(DIRECT_TYPES))
 def test_direct_types_in_one_launch(mma_backend, type_name, T, cap):
     """The types the int8 kernel decodes in its stage loads: four matrices of odd row counts (1, 127, 66, 129: the
     first two fill the first 128-row tile, the third and fourth meet inside the second) with residuals in one
-    launch (after the half sums where the type has mins), each matrix's bits those of the matrix alone, against the
-    exact math; without mins (Q6_K) the DP4A route's bits. sm75's cap: stages of 2 blocks (half the threads hold a
-    weight item); the device's: 4 blocks (every thread one)."""
+    launch after the half sums (all of them have mins), each matrix's bits those of the matrix alone, against the
+    exact math. sm75's cap: stages of 2 blocks (half the threads hold a weight item); the device's: 4 blocks (every
+    thread one)."""
     be = mma_backend
     if not be.native.mma_int8_available():
         pytest.skip("the direct form is the int8 kernel's (compute_75+ code)")
@@ -138,14 +139,32 @@ def test_direct_types_in_one_launch(mma_backend, type_name, T, cap):
         dres = [up(be, r) for r in res]
         group, launches = captured(be, lambda: be._q8_project(xq, xd, mats, dres))
         alone = [captured(be, lambda: be._q8_project(xq, xd, [m], [r]))[0][0] for m, r in zip(mats, dres)]
-        be.routes = replace(saved, matmul_prefill="dp4a")
-        dp4a = [be.to_host(g) for g in be._q8_project(xq, xd, mats, dres)]
     finally:
-        be.routes = saved
         be.native.cmp_set_smem_cap(0)
-    assert launches == 1 + (type_name in MIN_TYPES)   # the half sums first where the type has mins
-    for g, a, d, w, r in zip(group, alone, dp4a, ws, res):
+    assert launches == 2   # the half sums, then the GEMM
+    for g, a, w, r in zip(group, alone, ws, res):
         np.testing.assert_array_equal(g, a)
         assert rel(g, exact(x, w) + r) < TOL
-        if type_name not in MIN_TYPES:
-            np.testing.assert_array_equal(g, d)
+
+
+@pytest.mark.parametrize("type_name", list(DIRECT_TYPES))
+def test_direct_types_up_to_their_tokens(mma_backend, type_name):
+    """Past its tokens a call (where the expansion pass costs less than decoding in every token tile), a direct
+    type is expanded first, as the others: more launches than the half sums and the GEMM, the same bits (one
+    decode) on the tokens both calls share."""
+    be, rng, limit = mma_backend, np.random.default_rng(len(type_name)), DIRECT_TYPES[type_name]
+    if not be.native.mma_int8_available():
+        pytest.skip("the direct form is the int8 kernel's (compute_75+ code)")
+    n = long_n(type_name)
+    w = random_blocks(type_name, 129, n, rng)
+    x = inputs(limit + 9, limit + 1, n)
+    mat = be.upload_matrix(w)
+    ys, counts = [], []
+    for T in (limit, limit + 1):
+        xq, xd = be.quantize(up(be, x[:T]))
+        (y,), launches = captured(be, lambda: be._q8_project(xq, xd, [mat]))
+        ys.append(y)
+        counts.append(launches)
+    assert counts[0] == 2 and counts[1] > 2, counts
+    np.testing.assert_array_equal(ys[0], ys[1][:limit])
+    assert rel(ys[1], exact(x[:limit + 1], w)) < TOL

@@ -67,14 +67,14 @@ def test_sass_has_no_tensor_core_instructions(tool_and_lib):
 
 
 def test_mma_kernels_use_int8_tensor_cores(tool_and_lib):
-    """Every instantiation of the mma route's GEMM (5 expanded weight forms and the 4 types it reads directly, Q2_K,
-    Q4_K, Q5_K and Q6_K, x 4 ring shapes) multiplies with IMMA and has no DP4A; in a library with SASS for sm_70 and
+    """Every instantiation of the mma route's GEMM (5 expanded weight forms and the 3 types it reads directly, Q2_K,
+    Q4_K and Q5_K, x 4 ring shapes) multiplies with IMMA and has no DP4A; in a library with SASS for sm_70 and
     older only (tools/build_sm70.sh) the kernels are empty (the route is refused there at run time), so they hold no
     tensor-core instruction either."""
     tool, lib = tool_and_lib
     sass = _dump(tool, "-sass", lib)
     mma = {n: b for n, b in _sass_functions(tool, lib).items() if MMA_KERNEL in n}
-    assert len(mma) >= 36, f"{len(mma)} {MMA_KERNEL} instantiations in the SASS"
+    assert len(mma) >= 32, f"{len(mma)} {MMA_KERNEL} instantiations in the SASS"
     archs = {int(a) for a in re.findall(r"code for sm_(\d+)", sass)}
     assert archs, "cuobjdump -sass named no architecture"
     if max(archs) < 75:

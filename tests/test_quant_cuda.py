@@ -171,7 +171,7 @@ def test_group_in_one_launch(gemm_backend, type_name):
     workspace and multiplied in one launch per chunk (gemm_quant_run); the others one matrix at a time. The same bits
     as one call per matrix, residuals added, against the exact math. Rows 100 + 130 + 33 in chunks of 128 rows: chunk
     boundaries inside the second and third matrix, a tile holding rows of two. The int8 tensor-core GEMM reads Q2_K,
-    Q4_K, Q5_K and Q6_K from their planes (matmul_mma.cu gemm_mma_planes): there the run is one launch, no expansion."""
+    Q4_K and Q5_K from their planes (matmul_mma.cu gemm_mma_planes): there the run is one launch, no expansion."""
     from cuda_helpers import captured
     be, rng, T = gemm_backend, np.random.default_rng(41), 200
     n = cols_for(type_name, 5 if QUANT_BLOCKS[type_name][0] == 32 else 1)
@@ -192,7 +192,7 @@ def test_group_in_one_launch(gemm_backend, type_name):
     one_run = be.routes.matmul_prefill == "mma" or be.native.gemm_w16_available()
     sums = int(type_name in MIN_TYPES)   # the half sums first
     direct = (be.routes.matmul_prefill == "mma" and be.mma_gemm != "hmma" and be.native.mma_int8_available()
-              and type_name in ("Q2_K", "Q4_K", "Q5_K", "Q6_K"))
+              and type_name in ("Q2_K", "Q4_K", "Q5_K"))
     # direct: one launch; one run: chunks 100 + 28 | 102 + 26 | 7 rows, 5 expansions and 3 GEMMs; else 100 |
     # 128 + 2 | 33, 4 and 4
     assert launches == sums + (1 if direct else 5 + 3 if one_run else 4 + 4)

@@ -96,7 +96,8 @@ def preset_types(shape_name: str, preset: str, mtp: bool = False) -> dict[str, s
 
 def fits(tensors, cfg, n_ctx: int, kv: tuple[str, str], n_cards: int, cap: int, n_ubatch: int) -> bool:
     parts = [None] if n_cards == 1 else memplan.split_parts(tensors, cfg, [1.0] * n_cards)
-    return all(memplan.plan(tensors, cfg, n_ctx, 1, kv[0], kv[1], n_ubatch, part=p).total <= cap for p in parts)
+    return all(memplan.plan(tensors, cfg, n_ctx, 1, kv[0], kv[1], n_ubatch, cap=cap, part=p).total <= cap
+               for p in parts)
 
 
 def largest_ctx(tensors, cfg, kv, n_cards: int, cap: int, n_ubatch: int) -> int:

@@ -14,7 +14,9 @@ Items (one start-up log line each):
                distinct activation of an attention layer, a GDN layer and the MLP at once), size-class rounded
   logits       the output rows of one step ([n_ubatch, n_vocab] when every row's logits are wanted, perplexity)
   scratch      attention split-K partials for decode, the decode graph's working set (its own arena, outside the
-               cap's arena: cuda_graphs.py), and with sparse prefill the probe statistics and block lists of a chunk
+               cap's arena: cuda_graphs.py), the block-quantized GEMM's workspace (a layer's largest run of expanded
+               weights in one pass; where that does not fit, 80 MiB in passes), and with sparse prefill the probe
+               statistics and block lists of a chunk
 Weights, caches and state are long-lived: the arena takes their total in one piece (DeviceArena.reserve) and
 packs them exactly; the short-lived rest uses its size classes (up to 1/8 rounding), which the plan counts.
 The CUDA context itself (driver, kernels' code, cuda graph objects: a few hundred MiB) lives outside the arena;
@@ -62,6 +64,7 @@ class MemoryPlan:
     cap_from_flag: bool = True   # the cap is --device-mem-cap (False: what the GPU has free)
     coarse_rows: int = 0         # rows of the MTP draft's CQ2 coarse head counted in the weights (0: none)
     coarse_dropped: bool = False     # the run asked for one, it did not fit: drafting keeps the exact head
+    quant_work: int = 0          # the block-quantized GEMM's workspace in the scratch (CudaBackend.QUANT_WORK_BYTES)
     notes: list[str] = field(default_factory=list)   # lines after the items' (what the plan left out, and why)
 
     @property
@@ -92,10 +95,18 @@ from .backends.arena_sizes import exact, size_class  # noqa: E402,F401
 # -- items --------------------------------------------------------------------------------------------------------
 
 STAGING_PIECE = 64 * MIB     # CudaBackend.STAGING_BYTES: block-quantized uploads go through one staging block
-# CudaBackend.QUANT_WORK_BYTES: a block-quantized prefill GEMM's expanded weights. 80 MiB holds the 9B's ffn_down
-# (4096 x 12288, 1.5 B a value with mins: 75.5 MB) in one launch, and ffn_gate / ffn_up's 12288 rows in two of whole
-# waves (cuda_src/gemm_chunks.h); the 64 MiB before cost ~20% of a DP4A Q4_K_M pp512 in part-empty waves.
+# CudaBackend.QUANT_WORK_BYTES: a block-quantized prefill GEMM's expanded weights, a run larger than it in passes of
+# whole waves (cuda_src/gemm_chunks.h). The plan sizes it for a layer's largest run in one pass (quant_work_bytes:
+# the 27B's ffn_gate + ffn_up, 2 x 17408 x 5120 at 1.5 B a value, 267 MB; in 80 MiB passes its DP4A Q4_K_M prefill
+# was 6.7-7.0% slower, H100 2026-12-06), and where that does not fit takes this piece: it holds the 9B's ffn_down
+# (4096 x 12288: 75.5 MB) in one launch and ffn_gate / ffn_up's 12288 rows in two of whole waves (the 64 MiB before
+# it cost ~20% of a DP4A Q4_K_M pp512 in part-empty waves).
 QUANT_WORK_PIECE = 80 * MIB
+# The matrices qwen35.py multiplies with one input (rmsnorm_matmuls): those of one block type are expanded into the
+# workspace as one run (CudaBackend._launch_groups, up to its MAX_FUSED = 4 a launch).
+FUSED_RUNS = (("attn_q", "attn_k", "attn_v"), ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"),
+              ("ffn_gate", "ffn_up"))
+QUANT_GEMM_TILE = 128        # cuda_src/smem_plan.h QTILE: a run's rows are expanded in whole tiles
 
 
 def tensor_bytes(t: TensorDesc) -> int:
@@ -123,6 +134,26 @@ def weight_bytes(tensors: Sequence[TensorDesc]) -> int:
     go through."""
     staging = STAGING_PIECE if any(is_block_quantized(t) for t in tensors) else 0
     return sum(tensor_bytes(t) for t in tensors) + staging
+
+
+def quant_work_bytes(tensors: Sequence[TensorDesc], n_ubatch: int) -> int:
+    """The block-quantized GEMM workspace that expands the layers' largest run (FUSED_RUNS of one type, or a matrix
+    alone) in one pass at n_ubatch rows: cmp_quant_work_bytes' arithmetic as for a type with mins (n + n/16 x 8
+    bytes a row, the activation half sums), an upper bound for the others. The head (output.weight, with every
+    row's logits) goes in passes of it."""
+    runs: dict[tuple[str, str, str], tuple[int, int]] = {}      # (layer, run, type) -> (rows, n)
+    for t in tensors:
+        if not (t.name.startswith("blk.") and t.type_name in QUANT_BLOCKS):   # (Q8_0's GEMM reads it as stored)
+            continue
+        layer, _, leaf = t.name.removesuffix(".weight").rpartition(".")
+        run = next((",".join(r) for r in FUSED_RUNS if leaf in r), leaf)
+        rows, n = runs.get((layer, run, t.type_name), (0, t.shape[1]))
+        runs[layer, run, t.type_name] = (rows + t.shape[0], n)
+    tile = QUANT_GEMM_TILE
+
+    def need(rows: int, n: int) -> int:
+        return exact(n_ubatch * (n // 16) * 4) + 3 * 256 + -(-rows // tile) * tile * (n + n // 16 * 8)
+    return max((need(rows, n) for rows, n in runs.values()), default=0)
 
 
 def type_counts(tensors: Sequence[TensorDesc]) -> str:
@@ -230,7 +261,23 @@ def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: i
     """n_ctx: context per slot; sparse: the sparse_attn.SparseConfig in use (adds its per-chunk scratch);
     part: one device's share of a layer split (None: the whole model); spec_n_max: --spec-draft-n-max with
     --spec-type draft-mtp (0: off, and the file's MTP block is not uploaded); coarse_rows: with it, the rows of the
-    draft's CQ2 coarse head (spec.coarse_head; 0: none), counted in the weights."""
+    draft's CQ2 coarse head (spec.coarse_head; 0: none), counted in the weights. The block-quantized GEMM's
+    workspace holds the largest run (quant_work_bytes) where that fits the cap, else QUANT_WORK_PIECE (a note says
+    so)."""
+    args = (tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap, part, spec_n_max,
+            coarse_rows)
+    p = _plan_with(*args, quant_work=None)
+    if cap is not None and p.total > cap and p.quant_work > QUANT_WORK_PIECE:
+        whole, p = p.quant_work, _plan_with(*args, quant_work=QUANT_WORK_PIECE)
+        if p.total <= cap:   # (else the refusal names the items, this one at its smallest)
+            p.notes.append(f"the block-quantized GEMM workspace for a layer's largest run in one pass "
+                           f"({whole / MIB:.0f} MiB) does not fit: {QUANT_WORK_PIECE // MIB} MiB, that run in passes")
+    return p
+
+
+def _plan_with(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap, part, spec_n_max,
+               coarse_rows, quant_work: int | None) -> MemoryPlan:
+    """plan() with the GEMM workspace at quant_work bytes (None: quant_work_bytes' largest run)."""
     if not spec_n_max:
         tensors = [t for t in tensors if not is_mtp_tensor(t.name, cfg)]
     if part is not None:
@@ -238,9 +285,9 @@ def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: i
         attn = sum(1 for il in cfg.attn_layers if il in part.layers)
         gdn = sum(1 for il in cfg.gdn_layers if il in part.layers)
         return _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap, attn, gdn,
-                     part.head)
+                     part.head, quant_work)
     p = _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap,
-              len(cfg.attn_layers) + bool(spec_n_max), len(cfg.gdn_layers), True)
+              len(cfg.attn_layers) + bool(spec_n_max), len(cfg.gdn_layers), True, quant_work)
     if spec_n_max:
         if coarse_rows:
             w = p.item("weights")
@@ -281,7 +328,7 @@ def split_parts(tensors: Sequence[TensorDesc], cfg: ModelConfig, ratios: Sequenc
 
 
 def _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap, n_attn, n_gdn,
-          head) -> MemoryPlan:
+          head, quant_work) -> MemoryPlan:
     p = MemoryPlan(cap=cap)
     wb = weight_bytes(tensors)
     staging = f" + the {STAGING_PIECE // MIB} MiB upload staging block" if any(map(is_block_quantized, tensors)) else ""
@@ -303,9 +350,10 @@ def _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sp
     graph = -(-(activation_bytes(cfg, n_slots) + size_class(n_slots * cfg.n_vocab * 4)) // (16 * MIB)) * 16 * MIB
     scratch = splitk + graph
     detail = f"decode split-K {splitk / MIB:.1f} MiB, decode graph {graph / MIB:.1f} MiB"
-    if n_ubatch > 16 and any(map(is_block_quantized, tensors)):   # the GEMV (<= 16 rows) needs no workspace
-        scratch += QUANT_WORK_PIECE
-        detail += f", block-quantized GEMM workspace {QUANT_WORK_PIECE // MIB} MiB"
+    if n_ubatch > 16 and any(t.type_name in QUANT_BLOCKS for t in tensors):   # the GEMV (<= 16 rows): none
+        p.quant_work = quant_work_bytes(tensors, n_ubatch) if quant_work is None else quant_work
+        scratch += size_class(p.quant_work)
+        detail += f", block-quantized GEMM workspace {p.quant_work / MIB:.1f} MiB"
     if sparse is not None:
         nkb = -(-n_ctx // sparse.block)
         nqb = -(-n_ubatch // sparse.block)
@@ -436,6 +484,8 @@ def prepare_device(backend, mf, run, device_mem_cap: int = 0, log=None) -> Memor
         log.write("".join(line + "\n" for line in p.lines()))
     check(p)
     backend.reserve_persistent(p.persistent, "the weights, KV cache and recurrent state (memory plan)")
+    if p.quant_work:
+        backend.plan_quant_work(p.quant_work)
     return p
 
 

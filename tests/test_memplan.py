@@ -193,3 +193,66 @@ def test_split_parts_share_the_model(nine_b):
         assert sum(h.item(item).nbytes for h in halves) == whole.item(item).nbytes
     assert halves[0].item("logits").nbytes == 0 and halves[1].item("logits").nbytes == whole.item("logits").nbytes
     assert abs(halves[0].total - halves[1].total) < 0.1 * whole.total         # equal ratios: about equal parts
+
+
+def q4k(shape: str, **overrides):
+    """A shape with every Q8_0 matrix Q4_K (the vectors F32), then the named tensors' types overridden."""
+    tensors, cfg = shape_model(shape, 248320)
+    mix = {t.name: "Q4_K" for t in tensors if t.type_name == "Q8_0"} | overrides
+    return shape_model(shape, 248320, types=mix)[0], cfg
+
+
+def test_gemm_workspace_holds_the_largest_run(nine_b):
+    """The block-quantized GEMM's workspace: the largest run of one type a layer expands in one pass, at the plan's
+    micro-batch. The 27B's ffn_gate + ffn_up (2 x 17408 rows of 5120) with mins: 5120 + 5120/16 x 8 bytes a row and
+    the activation half sums. Where gate and up differ in type, they are two runs, and the largest is then ffn_down
+    (5120 rows of 17408) before the GDN's qkv + gate + beta + alpha (16480 rows of 5120). Q8_0 files have none."""
+    tensors, cfg = q4k("27b")
+    rows_gate_up, row, halves = 2 * 17408, 5120 + 5120 // 16 * 8, 512 * (5120 // 16) * 4
+    assert memplan.quant_work_bytes(tensors, 512) == halves + 768 + rows_gate_up * row
+    assert memplan.quant_work_bytes(tensors, 4096) == 8 * halves + 768 + rows_gate_up * row
+    p = memplan.plan(tensors, cfg, 4096)
+    assert p.quant_work == memplan.quant_work_bytes(tensors, 512)
+    assert f"GEMM workspace {p.quant_work / MIB:.1f} MiB" in p.item("scratch").detail
+    up_q5k = {f"blk.{il}.ffn_up.weight": "Q5_K" for il in range(cfg.n_layer)}
+    split, _ = q4k("27b", **up_q5k)
+    down_halves, down_row = 512 * (17408 // 16) * 4, 17408 + 17408 // 16 * 8
+    assert memplan.quant_work_bytes(split, 512) == down_halves + 768 + 5120 * down_row
+    assert memplan.plan(*nine_b, 4096).quant_work == 0
+    assert memplan.plan(tensors, cfg, 4096, n_ubatch=16).quant_work == 0      # the GEMV's rows need none
+
+
+def test_gemm_workspace_falls_back_where_the_run_does_not_fit():
+    """Under a cap that the largest run's workspace passes, the plan takes QUANT_WORK_PIECE (the run in passes) and
+    says so, rather than refusing the run."""
+    tensors, cfg = q4k("27b")
+    whole = memplan.plan(tensors, cfg, 4096)
+    fitted = memplan.plan(tensors, cfg, 4096, cap=whole.total - 1)
+    assert fitted.quant_work == memplan.QUANT_WORK_PIECE and fitted.total <= whole.total - 1
+    assert any("GEMM workspace" in n and "does not fit" in n for n in fitted.notes)
+    memplan.check(fitted)
+    assert memplan.plan(tensors, cfg, 4096, cap=whole.total).quant_work == whole.quant_work and \
+        not memplan.plan(tensors, cfg, 4096, cap=whole.total).notes
+
+
+def test_prepare_device_sizes_the_backend_s_gemm_workspace(cuda_backend, tmp_path):
+    """prepare_device hands the plan's workspace to the backend: its block-quantized GEMM then runs the largest
+    run in one pass (CudaBackend.QUANT_WORK_BYTES, 80 MiB before)."""
+    from llamacmp.backends.cuda import CudaBackend
+    from llamacmp.fixtures.qwen_vocab import tiny_vocab
+    from llamacmp.fixtures.writer import SHAPES, write_model
+    from llamacmp.loader import open_model
+    from llamacmp.run_plan import plan_run
+    vocab = tiny_vocab()
+    tensors, _ = shape_model("small", len(vocab.tokens))
+    path = write_model(tmp_path / "q4k.gguf", SHAPES["small"], "q8_0", vocab,
+                       types={t.name: "Q4_K" for t in tensors if t.type_name == "Q8_0"})
+    params = parse_args("completion", ["-c", "1024", "-ub", "256"]).params
+    be = CudaBackend(arena_bytes=2 * GIB)
+    try:
+        mf = open_model(path)
+        p = memplan.prepare_device(be, mf, plan_run(params, mf.cfg.n_ctx_train))
+        assert p.quant_work == memplan.quant_work_bytes(memplan.tensors_of(mf.gguf), 256) > 0
+        assert be.QUANT_WORK_BYTES == p.quant_work != CudaBackend.QUANT_WORK_BYTES
+    finally:
+        be.arena.close()

@@ -173,6 +173,11 @@ class Backend(ABC):
         """Take the long-lived part of the memory plan in one piece (only asked when device_memory() is not None)."""
         raise NotImplementedError(f"backend '{self.name}' does not plan device memory")
 
+    def plan_quant_work(self, nbytes: int) -> None:
+        """The block-quantized prefill GEMM's workspace the memory plan made room for: runs of expanded weights
+        larger than this go in passes (only asked when device_memory() is not None)."""
+        raise NotImplementedError(f"backend '{self.name}' does not plan device memory")
+
     def release_memory(self) -> None:
         """Give back the device memory that no tensor holds any more (the server's sleep, after it dropped the model
         and the slots). Host backends: nothing to do, the dropped arrays are freed by Python."""

@@ -307,6 +307,9 @@ class CudaBackend(Backend):
     def reserve_persistent(self, nbytes: int, what: str) -> None:
         self.arena.reserve(nbytes, what)
 
+    def plan_quant_work(self, nbytes: int) -> None:
+        self.QUANT_WORK_BYTES = nbytes
+
     def release_memory(self) -> None:
         """The arena's chunks go back to the driver (cudaFree) only when no block is in use: a tensor still alive
         (an -mm projector's weights) would otherwise point into freed memory; then the chunks stay and one line
@@ -564,7 +567,9 @@ class CudaBackend(Backend):
         group = self.MAX_FUSED if self.fuse_projections else 1
         return [idx[g0:g0 + group] for idx in kinds.values() for g0 in range(0, len(idx), group)]
 
-    QUANT_WORK_BYTES = QUANT_WORK_PIECE   # workspace of one cmp_matmul_quant GEMM call at most (more rows: in chunks)
+    # workspace of one cmp_matmul_quant GEMM call at most (more rows: in chunks); the memory plan's where it made one
+    # (plan_quant_work: a layer's largest run in one pass, where that fits)
+    QUANT_WORK_BYTES = QUANT_WORK_PIECE
 
     def _quant_launch(self, xq, xd, ws: Sequence["QuantMatrix"], outs: Sequence[DeviceTensor], res, t0: int,
                       tn: int) -> None:

@@ -9,7 +9,7 @@ from typing import TextIO
 
 import numpy as np
 
-from .. import spec
+from .. import memplan, spec
 from ..gguf_file import file_type_name
 from ..engine.tasks import DraftStats
 from ..spec import synth_acceptor
@@ -38,6 +38,7 @@ class Runner:
     rng: np.random.Generator
     path: str = ""
     mtp_head: bool = False              # the file has an MTP head (spec.has_mtp_head): --spec-type draft-mtp runs
+    tensors: list = field(default_factory=list)   # memplan.TensorDesc of the file's tensors
     costs: dict = field(default_factory=dict)   # spec rows: the draft policy's CostTable per setting and depth
     pooled: dict = field(default_factory=dict)  # and the verifies pooled over the repetitions (a request's prior)
 
@@ -47,6 +48,16 @@ class Runner:
     def _sync(self) -> None:
         if self.is_cuda:
             self.be.synchronize()
+
+    def _size_gemm_workspace(self, n_ubatch: int) -> None:
+        """The block-quantized GEMM's workspace as the memory plan sizes it for the CLI and server (a layer's largest
+        run of expanded weights in one pass, memplan.quant_work_bytes) where the device has that room beyond the
+        80 MiB piece; the bench plans no memory (as llama-bench)."""
+        work = memplan.quant_work_bytes(self.tensors, n_ubatch)
+        if work > memplan.QUANT_WORK_PIECE and work - memplan.QUANT_WORK_PIECE > self.be.device_memory()[0]:
+            work = memplan.QUANT_WORK_PIECE
+        if work:
+            self.be.plan_quant_work(work)
 
     def _prefill(self, st, n: int, chunk: int, mtp=None) -> None:
         """n random tokens in chunks; mtp: (Speculator, its sequence), whose head then sees them too."""
@@ -154,6 +165,8 @@ class Runner:
         are not timed). warmup: a short prompt or one decode step instead, untimed (llama-bench's warm-up; with
         --spec-type one full draft-and-verify step). draft, use: the spec rows' counters."""
         chunk = max(1, min(inst.n_batch, inst.n_ubatch))
+        if self.is_cuda:
+            self._size_gemm_workspace(chunk)
         # + n_max: room for a full verify at the last step, so the spec rows replay graphs to the end
         n_ctx = inst.n_depth + inst.n_prompt + inst.n_gen + 1 + (inst.spec.n_max if inst.spec.enabled else 0)
         st = self.be.new_state(self.cfg, n_ctx, inst.type_k, inst.type_v)
@@ -220,4 +233,5 @@ def load_runner(path: str, be, is_cuda: bool) -> Runner:
     size = sum(f.nbytes(n) for n in f.names())          # as stored, as llama-bench's model size
     model = model_class(f.architecture)(cfg, load_weights(f, cfg), be)
     mtp_head = spec.has_mtp_head(f.names(), int(f.metadata.get(f"{f.architecture}.block_count", 0)))
-    return Runner(be, cfg, model, model_info(f, n_params, size), is_cuda, np.random.default_rng(0), path, mtp_head)
+    return Runner(be, cfg, model, model_info(f, n_params, size), is_cuda, np.random.default_rng(0), path, mtp_head,
+                  memplan.tensors_of(f))

@@ -26,8 +26,8 @@
 // math in registers, 8 for Q4_K), and Q4_K, Q5_K reload 5-6 loop-invariant words from the stack per stage (20-24
 // bytes spilled, where their expanded forms spill none). The pass is a fixed cost per matrix, the decode one per
 // token tile: measured (H100, 2026-12-06, bench_gemv.py --quant --gemm-mma on the three 9B matrices, direct against
-// expanded at T = 512 / 4096) Q4_K +14-16% / +0-2%, Q2_K +8-11% / +0-2%, Q5_K +8-12% / -5-7%, so each type reads its
-// planes up to planes_max_tokens. Q6_K (779 -> 855, 32 bytes spilled) lost at both: -6-8% / -16-18% (the 9B Q6_K
+// expanded at T = 512 / 4096) Q4_K +15-20% / +0-2%, Q2_K +7-12% / +0-2%, Q5_K +8-13% / -5-7%, so each type reads its
+// planes up to planes_max_tokens. Q6_K (779 -> 855, 32 bytes spilled) lost at both: -6-9% / -15-18% (the 9B Q6_K
 // file's pp512 -7%), and stays expanded, as do Q3_K (779 -> 882) and IQ4_XS (594 -> 671) by its measure; the 32-value
 // types would need a K tail.
 // The main loop's SASS per 4-block stage (sm_90, nvcc 13.0, gemm_mma_kernel<SC, MIN, 4, 4>: tools/mma_sass.py),

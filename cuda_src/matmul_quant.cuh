@@ -794,7 +794,7 @@ int gemm_mma_direct(const int8_t* xq, const float* xd, int count, const void* co
                 half_sums_bytes<Q>(T, n));
     float* xs = Q::MIN ? static_cast<float*>(work) : nullptr;
     if (Q::MIN) CMP_TRY(half_sums<D>(xq, xd, xs, T, n));
-    MmaPlanes planes{};
+    GemmPlanes planes{};
     for (int i = 0; i < count; ++i) {
         planes.body[i] = static_cast<const uint8_t*>(body[i]);
         planes.head[i] = static_cast<const uint8_t*>(head[i]);

@@ -196,15 +196,16 @@ using W16Stage = std::conditional_t<
 // warp, unsplit; tools/w16_sass.py), expanded -> direct at TOK = 64 / 128: Q4_K 1844 -> 1892 / 1818 -> 1846, Q5_K
 // 1844 -> 1939 / 1818 -> 1873, Q2_K 2420 -> 2506 / 2397 -> 2435, Q6_K 1918 -> 2070 / 1909 -> 1983 instructions (sm_80,
 // sm_86 within 5). What it adds is integer unpacking (LOP3, SHF, PRMT, IADD3: +35, +83, +66, +140 at TOK = 64) on the
-// ALU pipe, 4 I2F a stage, 4 FMUL (8 for Q2_K) on the FMA pipe, and 4-12 reloads of loop-invariant row addresses
-// from the stack: the Raw lives through the math (8 registers an item for Q4_K), so at TOK = 64 the kernel spills
+// ALU pipe, 4 I2F and 4 FMUL a stage (Q2_K 8 each; the FMUL on the FMA pipe), and up to 12 reloads (LDL) of
+// loop-invariant row addresses: the Raw lives through the math (8 registers an item for Q4_K), so at TOK = 64 it spills
 // (sm_90 unsplit: Q4_K 40 bytes, Q5_K 28, Q2_K 48, Q6_K none; sm_80: 36, 28, 48, 32; TOK = 128 on sm_86 / sm_89:
 // none, Q2_K 8; all at the 128-register bound). Why it may come almost free here, unlike the tensor-core loop: this
 // one is bound by the FMA pipe, (IDP + FP32) x 2 clocks = 2818 a stage for Q4_K / Q5_K (2816 Q6_K, 3584 Q2_K)
-// against 1844 issue slots, and the direct forms add 8 clocks there (+0.3%) while their 1892-2506 slots stay below
-// it; the mma loop is issue-bound, where Q6_K's +9.8% lost 6-18%. NOT MEASURED yet (2026-12-06). No token limit: the
-// pass's share falls with T while the decode's stays a stage's, but by this count that is ~0.3%, and the direct form
-// needs no expanded workspace at any T (where a 16 GB card's 80 MiB passes cost ~7%); bench_gemv.py --gemm-ts says.
+// against 1844 issue slots, and the direct forms add 8 clocks there (Q2_K 16: +0.3%) while their 1892-2506 slots
+// stay below it; the mma loop is issue-bound, where Q6_K's +9.8% lost 6-18%. NOT MEASURED yet (2026-12-06). No token
+// limit: the pass's share falls with T while the decode's stays a stage's, but by this count that is ~0.3%, and the
+// direct form needs no expanded workspace at any T (where a 16 GB card's 80 MiB passes cost ~7%); bench_gemv.py
+// --gemm-ts says.
 // SPLIT: the kernel of split launches (pieces > 1); whole tiles run the kernel without the pieces' code, whose
 // registers and schedule are the unsplit loop's (with it the 9B's unsplit GEMMs lost ~1%: 124 registers instead of
 // 128, another schedule; H200, 2026-12-04).

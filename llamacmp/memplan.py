@@ -98,7 +98,7 @@ STAGING_PIECE = 64 * MIB     # CudaBackend.STAGING_BYTES: block-quantized upload
 # CudaBackend.QUANT_WORK_BYTES: a block-quantized prefill GEMM's expanded weights, a run larger than it in passes of
 # whole waves (cuda_src/gemm_chunks.h). The plan sizes it for a layer's largest run in one pass (quant_work_bytes:
 # the 27B's ffn_gate + ffn_up, 2 x 17408 x 5120 at 1.5 B a value, 267 MB; in 80 MiB passes its DP4A Q4_K_M prefill
-# was 6.7-7.0% slower, H100 2026-12-06), and where that does not fit takes this piece: it holds the 9B's ffn_down
+# was 6.5-6.8% slower, H100 2026-12-06), and where that does not fit takes this piece: it holds the 9B's ffn_down
 # (4096 x 12288: 75.5 MB) in one launch and ffn_gate / ffn_up's 12288 rows in two of whole waves (the 64 MiB before
 # it cost ~20% of a DP4A Q4_K_M pp512 in part-empty waves).
 QUANT_WORK_PIECE = 80 * MIB

@@ -139,21 +139,26 @@ def weight_bytes(tensors: Sequence[TensorDesc]) -> int:
 def quant_work_bytes(tensors: Sequence[TensorDesc], n_ubatch: int) -> int:
     """The block-quantized GEMM workspace that expands the layers' largest run (FUSED_RUNS of one type, or a matrix
     alone) in one pass at n_ubatch rows: cmp_quant_work_bytes' arithmetic as for a type with mins (n + n/16 x 8
-    bytes a row, the activation half sums), an upper bound for the others. The head (output.weight, with every
-    row's logits) goes in passes of it."""
+    bytes a row, the activation half sums), an upper bound for the others. The head (output.weight, or a tied
+    token_embd.weight: 248320 rows, with every row's logits) counts up to QUANT_WORK_PIECE and goes in passes, as it
+    always did."""
     runs: dict[tuple[str, str, str], tuple[int, int]] = {}      # (layer, run, type) -> (rows, n)
+    head = 0
+    tile = QUANT_GEMM_TILE
+
+    def need(rows: int, n: int) -> int:
+        return exact(n_ubatch * (n // 16) * 4) + 3 * 256 + -(-rows // tile) * tile * (n + n // 16 * 8)
     for t in tensors:
-        if not (t.name.startswith("blk.") and t.type_name in QUANT_BLOCKS):   # (Q8_0's GEMM reads it as stored)
+        if t.type_name not in QUANT_BLOCKS:   # (Q8_0's GEMM reads it as stored)
+            continue
+        if not t.name.startswith("blk."):
+            head = max(head, min(need(*t.shape), QUANT_WORK_PIECE))
             continue
         layer, _, leaf = t.name.removesuffix(".weight").rpartition(".")
         run = next((",".join(r) for r in FUSED_RUNS if leaf in r), leaf)
         rows, n = runs.get((layer, run, t.type_name), (0, t.shape[1]))
         runs[layer, run, t.type_name] = (rows + t.shape[0], n)
-    tile = QUANT_GEMM_TILE
-
-    def need(rows: int, n: int) -> int:
-        return exact(n_ubatch * (n // 16) * 4) + 3 * 256 + -(-rows // tile) * tile * (n + n // 16 * 8)
-    return max((need(rows, n) for rows, n in runs.values()), default=0)
+    return max([head] + [need(rows, n) for rows, n in runs.values()])
 
 
 def type_counts(tensors: Sequence[TensorDesc]) -> str:

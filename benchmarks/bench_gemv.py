@@ -205,9 +205,8 @@ def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, gemm: b
                 gbs, tops = pool.wbytes / us / 1e3, 2.0 * T * rows * n / us / 1e6
                 print(f"{type_name:<7} {f'{rows}x{n}':>12} {pool.wbytes / 1e6:>6.1f} {T:>5} {us:>9.1f} {gbs:>7.0f} "
                       f"{100 * gbs / bw:>5.0f}% {tops:>7.1f}", flush=True)
-                out.append({"type": type_name, "dot": dot, "gemm": "mma" if gemm_mma else dot, "rows": rows, "n": n, "T": T, "us": us, "GB/s": gbs,
-                            "TOPS": tops,
-                            "MB": pool.wbytes / 1e6})
+                out.append({"type": type_name, "dot": dot, "gemm": "mma" if gemm_mma else dot, "rows": rows, "n": n,
+                            "T": T, "us": us, "GB/s": gbs, "TOPS": tops, "MB": pool.wbytes / 1e6})
             del pool
     return out
 

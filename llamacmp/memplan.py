@@ -98,7 +98,7 @@ STAGING_PIECE = 64 * MIB     # CudaBackend.STAGING_BYTES: block-quantized upload
 # CudaBackend.QUANT_WORK_BYTES: a block-quantized prefill GEMM's expanded weights, a run larger than it in passes of
 # whole waves (cuda_src/gemm_chunks.h). The plan sizes it for a layer's largest run in one pass (quant_work_bytes:
 # the 27B's ffn_gate + ffn_up, 2 x 17408 x 5120 at 1.5 B a value, 267 MB; in 80 MiB passes its DP4A Q4_K_M prefill
-# was 6.7-7.0% slower, H100 2026-12-06), and where that does not fit takes this piece: it holds the 9B's ffn_down
+# was 6.5-6.8% slower, H100 2026-12-06), and where that does not fit takes this piece: it holds the 9B's ffn_down
 # (4096 x 12288: 75.5 MB) in one launch and ffn_gate / ffn_up's 12288 rows in two of whole waves (the 64 MiB before
 # it cost ~20% of a DP4A Q4_K_M pp512 in part-empty waves).
 QUANT_WORK_PIECE = 80 * MIB
@@ -139,21 +139,26 @@ def weight_bytes(tensors: Sequence[TensorDesc]) -> int:
 def quant_work_bytes(tensors: Sequence[TensorDesc], n_ubatch: int) -> int:
     """The block-quantized GEMM workspace that expands the layers' largest run (FUSED_RUNS of one type, or a matrix
     alone) in one pass at n_ubatch rows: cmp_quant_work_bytes' arithmetic as for a type with mins (n + n/16 x 8
-    bytes a row, the activation half sums), an upper bound for the others. The head (output.weight, with every
-    row's logits) goes in passes of it."""
+    bytes a row, the activation half sums), an upper bound for the others. The head (output.weight, or a tied
+    token_embd.weight: 248320 rows, with every row's logits) counts up to QUANT_WORK_PIECE and goes in passes, as it
+    always did."""
     runs: dict[tuple[str, str, str], tuple[int, int]] = {}      # (layer, run, type) -> (rows, n)
+    head = 0
+    tile = QUANT_GEMM_TILE
+
+    def need(rows: int, n: int) -> int:
+        return exact(n_ubatch * (n // 16) * 4) + 3 * 256 + -(-rows // tile) * tile * (n + n // 16 * 8)
     for t in tensors:
-        if not (t.name.startswith("blk.") and t.type_name in QUANT_BLOCKS):   # (Q8_0's GEMM reads it as stored)
+        if t.type_name not in QUANT_BLOCKS:   # (Q8_0's GEMM reads it as stored)
+            continue
+        if not t.name.startswith("blk."):
+            head = max(head, min(need(*t.shape), QUANT_WORK_PIECE))
             continue
         layer, _, leaf = t.name.removesuffix(".weight").rpartition(".")
         run = next((",".join(r) for r in FUSED_RUNS if leaf in r), leaf)
         rows, n = runs.get((layer, run, t.type_name), (0, t.shape[1]))
         runs[layer, run, t.type_name] = (rows + t.shape[0], n)
-    tile = QUANT_GEMM_TILE
-
-    def need(rows: int, n: int) -> int:
-        return exact(n_ubatch * (n // 16) * 4) + 3 * 256 + -(-rows // tile) * tile * (n + n // 16 * 8)
-    return max((need(rows, n) for rows, n in runs.values()), default=0)
+    return max([head] + [need(rows, n) for rows, n in runs.values()])
 
 
 def type_counts(tensors: Sequence[TensorDesc]) -> str:

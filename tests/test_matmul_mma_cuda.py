@@ -28,7 +28,7 @@ pytestmark = pytest.mark.cuda
 MIN_TYPES = ["Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q2_K"]
 NO_MIN_TYPES = ["Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q3_K", "Q6_K", *GRID_TYPES]
 PER16_TYPES = {"Q3_K", "Q6_K", "Q2_K", "IQ2_XS", "IQ2_S", "IQ1_M"}   # a scale per 16-value half
-# read from their planes by the int8 kernel (gemm_mma_planes) up to these tokens a call (matmul_mma.cu planes_max_tokens)
+# read from their planes by the int8 kernel (gemm_mma_planes) up to these tokens a call (planes_max_tokens)
 DIRECT_TYPES = {"Q2_K": 4096, "Q4_K": 4096, "Q5_K": 1024}
 
 

@@ -206,7 +206,9 @@ def test_gemm_workspace_holds_the_largest_run(nine_b):
     """The block-quantized GEMM's workspace: the largest run of one type a layer expands in one pass, at the plan's
     micro-batch. The 27B's ffn_gate + ffn_up (2 x 17408 rows of 5120) with mins: 5120 + 5120/16 x 8 bytes a row and
     the activation half sums. Where gate and up differ in type, they are two runs, and the largest is then ffn_down
-    (5120 rows of 17408) before the GDN's qkv + gate + beta + alpha (16480 rows of 5120). Q8_0 files have none."""
+    (5120 rows of 17408) before the GDN's qkv + gate + beta + alpha (16480 rows of 5120). Q8_0 files have none; a
+    block-quantized head alone counts up to the 80 MiB piece (it went in such passes before, with every row's
+    logits)."""
     tensors, cfg = q4k("27b")
     rows_gate_up, row, halves = 2 * 17408, 5120 + 5120 // 16 * 8, 512 * (5120 // 16) * 4
     assert memplan.quant_work_bytes(tensors, 512) == halves + 768 + rows_gate_up * row
@@ -219,6 +221,9 @@ def test_gemm_workspace_holds_the_largest_run(nine_b):
     down_halves, down_row = 512 * (17408 // 16) * 4, 17408 + 17408 // 16 * 8
     assert memplan.quant_work_bytes(split, 512) == down_halves + 768 + 5120 * down_row
     assert memplan.plan(*nine_b, 4096).quant_work == 0
+    head_q6k, _ = shape_model("9b", 248320, types={"output.weight": "Q6_K"})
+    assert memplan.quant_work_bytes(head_q6k, 512) == memplan.QUANT_WORK_PIECE   # 248320 rows: over the piece
+    assert memplan.plan(head_q6k, nine_b[1], 4096, all_logits=True).quant_work == memplan.QUANT_WORK_PIECE
     assert memplan.plan(tensors, cfg, 4096, n_ubatch=16).quant_work == 0      # the GEMV's rows need none
 
 

@@ -1,8 +1,8 @@
 // The DP4A GEMM of int8 codes in 32-value blocks with an activation scale per block: Q8_0 (matmul_q8.cu, weights
 // repacked: f16 scale per block) and every expanded block type (matmul_quant.cuh's workspace: an f32 scale and min
 // per 16 values): those with one scale (and min) per 32 values, held in both halves (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
-// Q4_K, Q5_K, IQ4_XS), and the PER16 ones with one per 16 (Q6_K, Q3_K; Q2_K with mins); Q2_K, Q4_K, Q5_K and Q6_K
-// it reads unexpanded, from their repacked planes (the direct form: gemm_w16_kernel's header). One kernel source for
+// Q4_K, Q5_K, IQ4_XS), and the PER16 ones with one per 16 (Q6_K, Q3_K; Q2_K with mins); Q2_K, Q4_K and Q5_K
+// it reads unexpanded up to a number of tokens a call, from their repacked planes (the direct form: gemm_w16_kernel's header). One kernel source for
 // all; each including translation unit instantiates its own (internal linkage). block_term (per 32) and block_term16
 // (PER16) are the arithmetic per output and block that every DP4A GEMM of such weights adds, this one and
 // gemm_quant_kernel (where this one does not run: DP2A / IMAD routes, code older than compute_80, sm_75's shared
@@ -186,7 +186,7 @@ using W16Stage = std::conditional_t<
 // 128, I2FP 256, LDS 260, LDL 3), 128 registers, 16 B spill. The FP32 work per output and block is gemm_quant_kernel's
 // (its loop: 1819 / 2267 instructions for the same 1024 IDP, at 2 warps per scheduler); what changes is 4 warps per
 // scheduler and the one launch for a call's matrices: the 27B Q4_K_M's DP4A prefill +4-5% (H200, 2026-12-05).
-// The direct form (W::DIRECT: W16Planes, matmul_quant.cuh; Q2_K, Q4_K, Q5_K, Q6_K): no expansion pass and no
+// The direct form (W::DIRECT: W16Planes, matmul_quant.cuh; Q2_K, Q4_K, Q5_K up to w16_planes_max_tokens): no expansion pass and no
 // workspace but the half sums, the weights read from the run's repacked planes, as matmul_mma.cu's direct form. A
 // stage's 128 rows x 4 blocks are the scale loads' (row, block) items (two a thread at TOK = 64, one at 128), each
 // row found once in its matrix's planes (PlaneRow); an item's block is loaded as the type's Raw (Q::load) where an
@@ -202,10 +202,11 @@ using W16Stage = std::conditional_t<
 // none, Q2_K 8; all at the 128-register bound). Why it may come almost free here, unlike the tensor-core loop: this
 // one is bound by the FMA pipe, (IDP + FP32) x 2 clocks = 2818 a stage for Q4_K / Q5_K (2816 Q6_K, 3584 Q2_K)
 // against 1844 issue slots, and the direct forms add 8 clocks there (Q2_K 16: +0.3%) while their 1892-2506 slots
-// stay below it; the mma loop is issue-bound, where Q6_K's +9.8% lost 6-18%. NOT MEASURED yet (2026-12-06). No token
-// limit: the pass's share falls with T while the decode's stays a stage's, but by this count that is ~0.3%, and the
-// direct form needs no expanded workspace at any T (where a 16 GB card's 80 MiB passes cost ~7%); bench_gemv.py
-// --gemm-ts says.
+// stay below it; the mma loop is issue-bound, where Q6_K's +9.8% lost 6-18%. Measured (H100, 2026-12-06) the count
+// was too kind: against the expanded form in one pass, direct won at T = 512 (Q4_K 5-7%, Q2_K 2%, Q5_K 1-4%) and
+// lost past it as the pass's share fell (at 4096 Q2_K 4-5%, Q5_K 3-4%; Q4_K even), Q6_K 3-9% at every T: so the
+// token limits of matmul_quant.cuh w16_planes_max_tokens and Q6_K expanded. 27B Q4_K_M pp512 / pp4096 +2.9% /
+// +2.8%, and +10.6% / +10.3% against the 80 MiB passes of a 16 GB card (RESULTS.md, thirty-third session).
 // SPLIT: the kernel of split launches (pieces > 1); whole tiles run the kernel without the pieces' code, whose
 // registers and schedule are the unsplit loop's (with it the 9B's unsplit GEMMs lost ~1%: 124 registers instead of
 // 128, another schedule; H200, 2026-12-04).

@@ -840,21 +840,20 @@ struct W16Planes {
     }
 };
 
-// The types the DP4A GEMM reads from their planes wherever gemm_w16_kernel runs (gemm_w16_direct); the others it
-// multiplies expanded. The K-quants of the Q*_K_M files, Q6_K too: by gemm_w16_kernel's SASS (its header) the decode
-// adds ~0.3% to the FMA pipe that bounds the loop, Q6_K's +7.9% instructions a stage included (no spill on sm_90).
-// NOT YET MEASURED: a type whose bench_gemv.py --gemm-ts row loses against the expanded form leaves this list (Q6_K,
-// the heaviest decode, first), as on the mma route (matmul_mma.cu with_planes_type).
+// The most tokens of a call at which the DP4A GEMM reads a type's planes (gemm_w16_direct), wherever
+// gemm_w16_kernel runs; 0: always expanded. Measured against the expanded form in one pass (H100, 2026-12-06,
+// bench_gemv.py --quant --gemm-all --gemm-ts on the 9B's three matrices, direct time against expanded at T = 512 /
+// 1024 / 4096): Q4_K -5-7% / -2% / +-1%, Q2_K -2% / +1-3% / +4-5%, Q5_K -1-4% / -1 to +3% / +3-4%, Q6_K +3-5% /
+// +5-8% / +7-9% (its decode, the heaviest, +7.9% instructions a stage). The expansion pass is a cost per matrix,
+// the decode one per token tile, as on the mma route (matmul_mma.cu planes_max_tokens).
 template <class Q>
-constexpr bool w16_reads_planes() {
-    return Q::ID == QID_Q2_K || Q::ID == QID_Q4_K || Q::ID == QID_Q5_K || Q::ID == QID_Q6_K;
+constexpr int w16_planes_max_tokens() {
+    return Q::ID == QID_Q4_K ? 4096 : Q::ID == QID_Q2_K || Q::ID == QID_Q5_K ? 512 : 0;
 }
 
 // The DP4A GEMM over a type it reads from its planes (W16Planes), where gemm_w16_kernel runs (s: the direct
 // kernel's shape): only the activation half sums in the workspace, then all `count` matrices as one run of rows in
-// one launch (in serial pieces of K as the expanded form's launches); no expansion pass, no chunks. No token limit
-// (the mma route's direct form has one): the decode's cost per stage is a share of the loop's at every T, not
-// measured yet.
+// one launch (in serial pieces of K as the expanded form's launches); no expansion pass, no chunks.
 template <class Q, class D>
 int gemm_w16_direct(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
                     float* const* y, const float* const* res, const int* rows, int T, int n, void* work,
@@ -892,9 +891,9 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
     bool direct = false;
     if (mma) CMP_TRY(mma_planes_available(Q::ID, mma_f16, T, &direct));
     if (direct) return gemm_mma_direct<Q, D>(xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes);
-    if constexpr (D::OPS == 1 && w16_reads_planes<Q>()) {
+    if constexpr (D::OPS == 1 && w16_planes_max_tokens<Q>() > 0) {
         W16Shape s{};   // tok 0: gemm_w16_kernel does not run here (then the expanded form's gemm_quant_kernel)
-        if (!mma) CMP_TRY((gemm_w16_shape<W16Planes<Q>, D>(&s)));
+        if (!mma && T <= w16_planes_max_tokens<Q>()) CMP_TRY((gemm_w16_shape<W16Planes<Q>, D>(&s)));
         if (s.tok) return gemm_w16_direct<Q, D>(xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes, s);
     }
     // All the matrices in one run of rows on the tensor cores, and on DP4A through Q8_0's DP4A GEMM (gemm_w16.cuh)

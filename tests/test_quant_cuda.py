@@ -126,9 +126,9 @@ PER16_TYPES = ["Q2_K", "Q3_K", "Q6_K", "IQ2_XS", "IQ2_S", "IQ1_M"]
 PER32_TYPES = [t for t in TYPES if t not in PER16_TYPES]
 MIN_TYPES = ["Q2_K", "Q4_1", "Q4_K", "Q5_1", "Q5_K"]
 # Read from their planes, no expansion pass (each block decoded in the GEMM's stage loads by expand_kernel's decode):
-# by the DP4A GEMM wherever gemm_w16_kernel runs (matmul_quant.cuh w16_reads_planes), by the int8 tensor-core one up
-# to a number of tokens (matmul_mma.cu; test_matmul_mma_cuda.DIRECT_TYPES).
-W16_DIRECT_TYPES = ["Q2_K", "Q4_K", "Q5_K", "Q6_K"]
+# by the DP4A GEMM where gemm_w16_kernel runs, up to a number of tokens a call (matmul_quant.cuh
+# w16_planes_max_tokens), by the int8 tensor-core one up to its own (matmul_mma.cu; test_matmul_mma_cuda.DIRECT_TYPES).
+W16_DIRECT_TYPES = {"Q2_K": 512, "Q4_K": 4096, "Q5_K": 512}
 MMA_DIRECT_TYPES = ["Q2_K", "Q4_K", "Q5_K"]
 
 
@@ -211,8 +211,8 @@ def test_group_in_one_launch(gemm_backend, type_name):
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_K", "Q6_K", "Q2_K"])
 def test_gemm_pieces_give_the_same_bits(cuda_backend, type_name):
-    """The block types on the DP4A GEMM (gemm_w16_kernel: per 32 and PER16, without and with mins; Q4_0 expanded, the
-    others read from their planes) in serial pieces of K (cmp_set_serial_pieces forces 2..4 on every launch; 0: the
+    """The block types on the DP4A GEMM (gemm_w16_kernel: per 32 and PER16, without and with mins; Q4_0 and Q6_K expanded,
+    Q4_K and Q2_K read from their planes) in serial pieces of K (cmp_set_serial_pieces forces 2..4 on every launch; 0: the
     plan) give the unsplit bits, residuals added, against the exact math. 2048 values of K: 16 stages."""
     from dataclasses import replace
     be, rng, T = cuda_backend, np.random.default_rng(43), 200
@@ -240,7 +240,7 @@ def test_gemm_pieces_give_the_same_bits(cuda_backend, type_name):
 
 @pytest.mark.parametrize("pieces", [0, 3])
 @pytest.mark.parametrize("cap", ["sm70", "device"])
-@pytest.mark.parametrize("T", [17, 128, 513])
+@pytest.mark.parametrize("T", [17, 128, 512])
 @pytest.mark.parametrize("type_name", W16_DIRECT_TYPES)
 def test_w16_direct_types_in_one_launch(cuda_backend, type_name, T, cap, pieces):
     """The types the DP4A GEMM reads from their planes (gemm_w16.cuh's W16Planes: each block decoded in the stage
@@ -283,6 +283,32 @@ def test_w16_direct_types_in_one_launch(cuda_backend, type_name, T, cap, pieces)
         np.testing.assert_array_equal(g, a)
         np.testing.assert_array_equal(g, e)
         assert rel(g, exact(x, w) + r) < TOL
+
+
+@pytest.mark.parametrize("type_name", W16_DIRECT_TYPES)
+def test_w16_direct_types_up_to_their_tokens(cuda_backend, type_name):
+    """Past its tokens a call (where the expansion pass costs less than decoding in every token tile), a type the DP4A
+    GEMM reads from its planes is expanded first, as the others: more launches than the half sums and the GEMM, the
+    same bits (one decode) on the tokens both calls share."""
+    from cuda_helpers import captured, on_dp4a
+    be, rng, limit = cuda_backend, np.random.default_rng(len(type_name) + 7), W16_DIRECT_TYPES[type_name]
+    if not be.native.gemm_w16_available():
+        pytest.skip("gemm_w16_kernel needs compute capability 8.0+ code for this device (cp.async stages)")
+    n = cols_for(type_name, 5)
+    w = random_blocks(type_name, 129, n, rng)
+    x = inputs(limit + 3, limit + 1, n)
+    ys, counts = [], []
+    with on_dp4a(be):
+        mat = be.upload_matrix(w)
+        for T in (limit, limit + 1):
+            xq, xd = be.quantize(up(be, x[:T]))
+            (y,), launches = captured(be, lambda: be._q8_project(xq, xd, [mat]))
+            ys.append(y)
+            counts.append(launches)
+    sums = int(type_name in MIN_TYPES)
+    assert counts[0] == sums + 1 and counts[1] > sums + 1, counts
+    np.testing.assert_array_equal(ys[0], ys[1][:limit])
+    assert rel(ys[1], exact(x[:limit + 1], w)) < TOL
 
 
 @pytest.mark.parametrize("long_n", [0, 4096, 4352, 12288, 12544])

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
-from mma_sass import INSTR, opcode  # noqa: E402
+from sass_loop import functions, main_loop, opcode  # noqa: E402
 from sass_tools import cuobjdump_candidates, run_cuobjdump  # noqa: E402
 
 NAME = re.compile(r"gemm_w16_kernelI(.*)NS_\d+Dot(\w+?)ELi(\d+)ELb(\d)ELi(\d+)E")
@@ -29,32 +29,8 @@ INT = {"LOP3", "SHF", "PRMT", "IADD3", "IMAD", "LEA", "SEL", "ISETP", "IABS", "I
 COLS = ("IDP", "FMA", "I2F", "LDS", "STS", "LDG", "LOCAL", "INT", "other", "all")
 
 
-def functions(sass: str) -> dict[str, list[tuple[int, str]]]:
-    """mangled name -> [(address, instruction)] of every gemm_w16_kernel in the dump (the first arch's copy)."""
-    out, cur = {}, None
-    for line in sass.splitlines():
-        if "Function :" in line:
-            name = line.split("Function :", 1)[1].strip()
-            cur = out.setdefault(name, []) if "gemm_w16_kernel" in name and name not in out else None
-            continue
-        m = INSTR.match(line)
-        if m and cur is not None:
-            cur.append((int(m.group(1), 16), m.group(2)))
-    return out
 
 
-def main_loop(body: list[tuple[int, str]]) -> list[str]:
-    """The instructions of the largest backward-branch range that holds an IDP."""
-    best: list[str] = []
-    for i, (addr, ins) in enumerate(body):
-        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", ins)
-        if not m or int(m.group(1), 16) >= addr:
-            continue
-        target = int(m.group(1), 16)
-        loop = [s for a, s in body[: i + 1] if a >= target]
-        if any(opcode(s) == "IDP" for s in loop) and len(loop) > len(best):
-            best = loop
-    return best
 
 
 def classify(loop: list[str]) -> Counter:
@@ -88,12 +64,12 @@ def main() -> None:
         raise SystemExit("w16_sass: no cuobjdump (pip install nvidia-cuda-cuobjdump, or put one on PATH)")
     sass = run_cuobjdump(tool, "-sass", target).stdout
     rows = []
-    for name, body in functions(sass).items():
+    for name, body in functions(sass, "gemm_w16_kernel").items():
         m = NAME.search(name)
         if not m:
             continue
         w, dot, _bk, split, tok = m.groups()
-        rows.append(((source(w), int(tok), int(split), dot), classify(main_loop(body))))
+        rows.append(((source(w), int(tok), int(split), dot), classify(main_loop(body, "IDP"))))
     print(f"{'source':30} {'dot':5} {'TOK':>3} {'S':>1} " + " ".join(f"{c:>5}" for c in COLS))
     for (src, tok, split, dot), c in sorted(rows):
         print(f"{src:30} {dot:5} {tok:3} {split:1} " + " ".join(f"{c[k]:5}" for k in COLS))

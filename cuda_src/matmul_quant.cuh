@@ -18,9 +18,9 @@
 //  - GEMM (T > 16, prefill): per chunk of weight rows, an expansion kernel writes int8 codes + an f32 scale and min
 //    per 16 values into the caller's workspace, then one GEMM multiplies that form: on DP4A, wherever compute_80+
 //    code and its shared memory run (60 KB, 66 with mins; PER16 64, 76 with mins: smem_plan.h), Q8_0's DP4A GEMM
-//    (gemm_w16.cuh) with the min term per block, every type (PER16 too: Q6_K, Q3_K, Q2_K; not yet run on a GPU) and a
-//    call's matrices in one launch (Q2_K, Q4_K, Q5_K, Q6_K there not expanded: it decodes their planes in its stage
-//    loads, gemm_w16_direct); else gemm_quant_kernel (128x128 tiles, 8x8 outputs per thread, double-buffered
+//    (gemm_w16.cuh) with the min term per block, every type (PER16 too: Q6_K, Q3_K, Q2_K) and a call's matrices in
+//    one launch (Q2_K, Q4_K, Q5_K there not expanded up to their tokens a call: it decodes their planes in its
+//    stage loads, gemm_w16_direct); else gemm_quant_kernel (128x128 tiles, 8x8 outputs per thread, double-buffered
 //    shared memory as matmul_q8.cu's v2 GEMM), which adds each block by the same block_term (per 32) or block_term16
 //    (PER16), so both give the same bits. The activation half sums times their scale come from a small kernel first.
 // No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =

@@ -23,7 +23,8 @@ The block types other than Q8_0 (cmp_matmul_quant, issue 18) and Q8_0 (the defau
 the matrices 4096 x 12288, 12288 x 4096 and 4096 x 4096 (rows x n) of random valid blocks: the GEMV at T = 1, 4, 16
 (`--ts 1,2,4,8,16` picks others; chain column as above; GB/s = the type's bytes on the device per second) and the
 prefill GEMM at T = 512 and 4096
-(TOPS = 2 T rows n / time, eager calls timed by events; quantized types include their per-call weight expansion).
+(TOPS = 2 T rows n / time, eager calls timed by events; quantized types include their per-call weight expansion, but
+for those the GEMM reads from their planes: on DP4A's gemm_w16_kernel Q4_K up to 4096 tokens, Q2_K / Q5_K 512).
 `--dot dp2a|imad` runs that table on another route's int8 dot (issue 20; llamacmp/backends/routes.py), GEMV and GEMM;
 `--gemm-mma` runs its GEMM on the int8 tensor cores (the mma route's; Q2_K, Q4_K, Q5_K read from their planes),
 `--gemm-ts 512,1024,4096` at other token counts.

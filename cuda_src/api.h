@@ -167,8 +167,9 @@ int cmp_quant_repack(int type, const uint8_t* blocks, void* body, void* head, in
 // NULL: no residual). T <= 16: one GEMV launch whose per-row result does not depend on T (batch invariant). T > 16:
 // int8-dot GEMM over weights expanded into `work` (work_bytes of device memory; cmp_quant_work_bytes gives what one
 // pass over `rows` rows needs, less works in row chunks down to 128 rows); with CMP_MM_MMA on the int8 tensor-core
-// kernel, Q2_K, Q4_K and Q5_K are read as repacked up to 4096 tokens (Q5_K 1024) and `work` holds only the activation
-// half sums (T * n/16 floats), all `count` matrices in one launch.
+// kernel, Q2_K, Q4_K and Q5_K are read as repacked up to 4096 tokens (Q5_K 1024), and on the DP4A route's
+// gemm_w16_kernel (compute_80+ code) Q4_K up to 4096 tokens, Q2_K and Q5_K 512: there `work` holds only the activation half sums
+// (T * n/16 floats, types with mins), all `count` matrices in one launch.
 // `kernels`: only the dot fields of CmpMatmulKernels (the route of the GEMV and of the GEMM; 0 = DP4A), CMP_MM_MMA
 // and CMP_MM_MMA_F16.
 int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int count, const void* const* body,

@@ -6,7 +6,8 @@
 // rows; only the store tells them apart: launch rows [end[s - 1], end[s]) are matrix s's, written to y[s] (and res[s]
 // added) with its own row stride ldy[s]. A tile may hold rows of two matrices (beta's and alpha's). Every output is
 // still one block's sum in the block order, so the bits do not depend on which matrices share a launch.
-// The DP4A GEMM (gemm_w16.cuh) and the tensor-core GEMMs (matmul_mma.cu, matmul_hmma.cu) store through this.
+// The DP4A GEMM (gemm_w16.cuh) and the tensor-core GEMMs (matmul_mma.cu, matmul_hmma.cu) store through this; their
+// direct forms read the block types' rows through GemmPlanes / PlaneRow (below).
 #pragma once
 
 #include "common.cuh"
@@ -68,5 +69,35 @@ __device__ __forceinline__ RowOut row_out(const GemmOut& out, int r) {
         if (s < out.count && r >= out.end[s - 1]) o = RowOut{out.y[s], out.res[s], out.ldy[s], r - out.end[s - 1]};
     return o;
 }
+
+// Where the rows come from in the GEMMs' direct forms (matmul_mma.cu's gemm_mma_planes, gemm_w16.cuh's W16Planes):
+// the repacked planes (quant_blocks.cuh layout) of a run's matrices; matrix s's rows are the launch rows
+// [out.end[s - 1], out.end[s]) of the launch's GemmOut.
+struct GemmPlanes {
+    const uint8_t* body[GEMM_MAX_OUTS];   // [rows_s, nb * Q::BODY]
+    const uint8_t* head[GEMM_MAX_OUTS];   // [rows_s, nb * Q::HEAD]
+};
+
+// One row of a run's planes (Q a quant type of quant_blocks.cuh). A thread's weight row is the same in every stage,
+// so its matrix and planes are found once.
+template <class Q>
+struct PlaneRow {
+    const uint8_t *body, *head;
+    int nb;
+    // Launch row `row` (< R): its matrix by compile-time indices into the parameters (as row_out; a dynamic index
+    // would copy them to local memory), then that matrix's row.
+    static __device__ __forceinline__ PlaneRow at(const GemmPlanes& p, const GemmOut& out, int row, int n) {
+        const uint8_t *body = p.body[0], *head = p.head[0];
+        int first = 0;
+#pragma unroll
+        for (int s = 1; s < GEMM_MAX_OUTS; ++s)
+            if (s < out.count && row >= out.end[s - 1]) body = p.body[s], head = p.head[s], first = out.end[s - 1];
+        const int nb = n / Q::BV;
+        const size_t r = (size_t)(row - first) * nb;
+        return {body + r * Q::BODY, head + r * Q::HEAD, nb};
+    }
+    // the row's 32-value block c as loaded (the registers that decode unpacks)
+    __device__ __forceinline__ typename Q::Raw load(int c) const { return Q::load(body, head, nb, c); }
+};
 
 }  // namespace cmp

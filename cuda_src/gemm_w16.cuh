@@ -1,8 +1,9 @@
 // The DP4A GEMM of int8 codes in 32-value blocks with an activation scale per block: Q8_0 (matmul_q8.cu, weights
 // repacked: f16 scale per block) and every expanded block type (matmul_quant.cuh's workspace: an f32 scale and min
 // per 16 values): those with one scale (and min) per 32 values, held in both halves (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
-// Q4_K, Q5_K, IQ4_XS), and the PER16 ones with one per 16 (Q6_K, Q3_K; Q2_K with mins). One kernel source for all;
-// each including translation unit instantiates its own (internal linkage). block_term (per 32) and block_term16
+// Q4_K, Q5_K, IQ4_XS), and the PER16 ones with one per 16 (Q6_K, Q3_K; Q2_K with mins); Q2_K, Q4_K and Q5_K
+// it reads unexpanded up to a number of tokens a call, from their repacked planes (the direct form: gemm_w16_kernel's header). One kernel source for
+// all; each including translation unit instantiates its own (internal linkage). block_term (per 32) and block_term16
 // (PER16) are the arithmetic per output and block that every DP4A GEMM of such weights adds, this one and
 // gemm_quant_kernel (where this one does not run: DP2A / IMAD routes, code older than compute_80, sm_75's shared
 // memory with mins, sm_61's), so the outputs have the same bits whichever runs.
@@ -42,9 +43,10 @@ __device__ __forceinline__ float block_term16(float acc, int d0, int d1, float s
     return MIN ? acc - fmaf(m0, e0, m1 * e1) : acc;
 }
 
-// The weights' scales as gemm_w16_kernel reads them, by flat block index row * (n / 32) + block.
+// The weights' scales as gemm_w16_kernel reads them, by flat block index row * (n / 32) + block, beside their codes
+// (its wq); DIRECT: the other kind of source, a type's planes (W16Planes, matmul_quant.cuh).
 struct W16Q8 {                 // Q8_0 repacked
-    static constexpr bool MIN = false, PER16 = false;
+    static constexpr bool MIN = false, PER16 = false, DIRECT = false;
     const __half* d;           // [rows, n/32]
     __device__ __forceinline__ float scale(int i) const { return __half2float(d[i]); }
     __device__ __forceinline__ float min(int) const { return 0.f; }
@@ -53,7 +55,7 @@ struct W16Q8 {                 // Q8_0 repacked
 // read once (scale, min); PER16 reads both (scales, mins: the first half's in x).
 template <bool M, bool P16>
 struct W16Expanded {
-    static constexpr bool MIN = M, PER16 = P16;
+    static constexpr bool MIN = M, PER16 = P16, DIRECT = false;
     const float* s;            // [rows, n/16]
     const float* m;            // [rows, n/16] (MIN)
     __device__ __forceinline__ float scale(int i) const { return s[2 * i]; }
@@ -62,6 +64,19 @@ struct W16Expanded {
     __device__ __forceinline__ float2 mins(int i) const {
         return MIN ? reinterpret_cast<const float2*>(m)[i] : make_float2(0.f, 0.f);
     }
+};
+
+// A direct source's per-thread items (W::DIRECT): a weight row's planes, found once (Row), and a block as loaded
+// (Raw); empty for the sources whose codes come staged in wq.
+template <class W, bool = W::DIRECT>
+struct W16Items {
+    struct Row {};
+    struct Raw {};
+};
+template <class W>
+struct W16Items<W, true> {
+    using Row = typename W::Row;
+    using Raw = typename W::Raw;
 };
 
 // A thread's outputs of its tile, as store_tile (common.cuh) visits them: f(o, i, j, t) for row r0 + RS i < rows and
@@ -171,6 +186,27 @@ using W16Stage = std::conditional_t<
 // 128, I2FP 256, LDS 260, LDL 3), 128 registers, 16 B spill. The FP32 work per output and block is gemm_quant_kernel's
 // (its loop: 1819 / 2267 instructions for the same 1024 IDP, at 2 warps per scheduler); what changes is 4 warps per
 // scheduler and the one launch for a call's matrices: the 27B Q4_K_M's DP4A prefill +4-5% (H200, 2026-12-05).
+// The direct form (W::DIRECT: W16Planes, matmul_quant.cuh; Q2_K, Q4_K, Q5_K up to w16_planes_max_tokens): no expansion pass and no
+// workspace but the half sums, the weights read from the run's repacked planes, as matmul_mma.cu's direct form. A
+// stage's 128 rows x 4 blocks are the scale loads' (row, block) items (two a thread at TOK = 64, one at 128), each
+// row found once in its matrix's planes (PlaneRow); an item's block is loaded as the type's Raw (Q::load) where an
+// expanded row's scale and min are, before the stage's math, and decoded after it by expand_kernel's own Q::decode
+// into the codes cp.async would have copied and the scales / mins the loads would have brought: the same stage, so
+// the same bits, published by the same barrier. Its price in the loop (sm_90, nvcc 13.0, per stage = 1024 IDP.4A a
+// warp, unsplit; tools/w16_sass.py), expanded -> direct at TOK = 64 / 128: Q4_K 1844 -> 1892 / 1818 -> 1846, Q5_K
+// 1844 -> 1939 / 1818 -> 1873, Q2_K 2420 -> 2506 / 2397 -> 2435, Q6_K 1918 -> 2070 / 1909 -> 1983 instructions (sm_80,
+// sm_86 within 5). What it adds is integer unpacking (LOP3, SHF, PRMT, IADD3: +35, +83, +66, +140 at TOK = 64) on the
+// ALU pipe, 4 I2F and 4 FMUL a stage (Q2_K 8 each; the FMUL on the FMA pipe), and up to 12 reloads (LDL) of
+// loop-invariant row addresses: the Raw lives through the math (8 registers an item for Q4_K), so at TOK = 64 it spills
+// (sm_90 unsplit: Q4_K 40 bytes, Q5_K 28, Q2_K 48, Q6_K none; sm_80: 36, 28, 48, 32; TOK = 128 on sm_86 / sm_89:
+// none, Q2_K 8; all at the 128-register bound). Why it may come almost free here, unlike the tensor-core loop: this
+// one is bound by the FMA pipe, (IDP + FP32) x 2 clocks = 2818 a stage for Q4_K / Q5_K (2816 Q6_K, 3584 Q2_K)
+// against 1844 issue slots, and the direct forms add 8 clocks there (Q2_K 16: +0.3%) while their 1892-2506 slots
+// stay below it; the mma loop is issue-bound, where Q6_K's +9.8% lost 6-18%. Measured (H100, 2026-12-06) the count
+// was too kind: against the expanded form in one pass, direct won at T = 512 (Q4_K 5-7%, Q2_K 2%, Q5_K 1-4%) and
+// lost past it as the pass's share fell (at 4096 Q2_K 4-5%, Q5_K 3-4%; Q4_K even), Q6_K 3-9% at every T: so the
+// token limits of matmul_quant.cuh w16_planes_max_tokens and Q6_K expanded. 27B Q4_K_M pp512 / pp4096 +2.9% /
+// +2.8%, and +10.6% / +10.3% against the 80 MiB passes of a 16 GB card (RESULTS.md, thirty-third session).
 // SPLIT: the kernel of split launches (pieces > 1); whole tiles run the kernel without the pieces' code, whose
 // registers and schedule are the unsplit loop's (with it the 9B's unsplit GEMMs lost ~1%: 124 registers instead of
 // 128, another schedule; H200, 2026-12-04).
@@ -179,8 +215,8 @@ __global__ void __launch_bounds__(4 * TOK, TOK == 64 ? 2 : 1)
 gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 const float* __restrict__ xd,   // [T, n/32]
                 const float* __restrict__ xs,   // [T, n/16] activation half sums times their scale (W::MIN)
-                const int8_t* __restrict__ wq,  // [rows, n]: the launch's matrices one after another
-                const W w,                      // the weights' scales (and mins)
+                const int8_t* __restrict__ wq,  // [rows, n]: the launch's matrices one after another (W::DIRECT: null)
+                const W w,                      // the weights' scales (and mins), or (W::DIRECT) their planes
                 const GemmOut out,              // where each matrix's rows go
                 int T, int rows, int n,
                 int pieces) {                   // serial pieces of K per tile (SPLIT; else 1)
@@ -224,21 +260,33 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
 #pragma unroll
     for (int q = 0; q < NSW; ++q) wds[q] = min(row0 + sr + SSTEP * q, rows - 1) * nb + sk;
     const int xds = min(tok0 + sr, T - 1) * nb + sk;
+    // W::DIRECT (a type's planes, W16Planes): the weight items are the scale loads' (rows sr + SSTEP q, block sk of
+    // each stage), each row's planes found once (rows past `rows` read the last one, as wds).
+    typename W16Items<W>::Row wpl[NSW];
+    if constexpr (W::DIRECT) {
+#pragma unroll
+        for (int q = 0; q < NSW; ++q) wpl[q] = w.row(out, min(row0 + sr + SSTEP * q, rows - 1), n);
+    }
 
-    // This thread's scales of the next stage (m, e: with mins; w1, m1, e1: PER16's second halves).
-    struct Pending { float w[NSW], m[NSW], w1[NSW], m1[NSW], x, e, e1; };
+    // This thread's scales of the next stage (m, e: with mins; w1, m1, e1: PER16's second halves; raw: W::DIRECT's
+    // blocks as loaded, whose scales decode puts in w, m, w1, m1).
+    struct Pending { float w[NSW], m[NSW], w1[NSW], m1[NSW], x, e, e1; typename W16Items<W>::Raw raw[NSW]; };
     auto fetch = [&](int s, Stage& b, Pending& p) {   // s: the piece's stage (the tile's s_first + s)
         if constexpr (SPLIT) s += s_first;
         const bool ok = s * BK + (lc >> 1) < nb;             // the block this thread's chunks lie in exists
         const int off = (ok ? s * BK * QK : 0) + lc * 16;    // (else an in-bounds address, zeros written)
+        if constexpr (!W::DIRECT) {
 #pragma unroll
-        for (int q = 0; q < NPW; ++q) copy16(&b.w[lr + RSTEP * q][lc * 4], wq + (size_t)wrow[q] * n + off, ok);
+            for (int q = 0; q < NPW; ++q) copy16(&b.w[lr + RSTEP * q][lc * 4], wq + (size_t)wrow[q] * n + off, ok);
+        }
 #pragma unroll
         for (int q = 0; q < NPX; ++q) copy16(&b.x[lr + RSTEP * q][lc * 4], xq + (size_t)xrow[q] * n + off, ok);
         const bool oks = s * BK + sk < nb;
 #pragma unroll
         for (int q = 0; q < NSW; ++q) {
-            if constexpr (W::PER16) {
+            if constexpr (W::DIRECT) {
+                p.raw[q] = wpl[q].load(s * BK + sk);   // (no K tail: a type's blocks fill whole stages, W16Planes)
+            } else if constexpr (W::PER16) {
                 const float2 z = make_float2(0.f, 0.f), sw = oks ? w.scales(wds[q] + s * BK) : z;
                 p.w[q] = sw.x, p.w1[q] = sw.y;
                 if constexpr (W::MIN) {
@@ -257,11 +305,29 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
             else p.e = e.x + e.y;   // exact (block_term)
         }
     };
+    // W::DIRECT: this thread's blocks of stage s (the piece's) decoded by expand_kernel's own decode (W16Planes) into
+    // the stage's codes where fetch's cp.async puts an expanded row's, their scales and mins into p where fetch loads
+    // an expanded row's: the same stage as the expanded form's, so the same bits. After the stage's math, before the
+    // barrier that ends it (publish): b is the stage no warp reads until that barrier has passed.
+    auto decode = [&](int s, Stage& b, Pending& p) {
+        if constexpr (W::DIRECT) {
+            if constexpr (SPLIT) s += s_first;
+#pragma unroll
+            for (int q = 0; q < NSW; ++q) {
+                const auto sb = W::decode(p.raw[q], s * BK + sk);
+                int4* dst = reinterpret_cast<int4*>(&b.w[sr + SSTEP * q][sk * 8]);
+                dst[0] = make_int4(sb.q[0], sb.q[1], sb.q[2], sb.q[3]);
+                dst[1] = make_int4(sb.q[4], sb.q[5], sb.q[6], sb.q[7]);
+                p.w[q] = sb.s[0], p.m[q] = sb.m[0], p.w1[q] = sb.s[1], p.m1[q] = sb.m[1];
+            }
+        }
+    };
     // The scales lie block-major here ([BK][TILE] in the stage's [TILE][BK] arrays, [BK][TOK] in its [TOK][BK]): a
     // thread's reads of its rows' (tokens') scales for one block are then scalar loads, so no 16-byte load keeps 4
     // blocks' scales in registers through the stage (with them, 48 registers: the kernel spilled 68 bytes).
-    auto publish = [&](Stage& b, const Pending& p) {
+    auto publish = [&](int s, Stage& b, Pending& p) {
         cp_async_wait();
+        if constexpr (W::DIRECT) decode(s, b, p);
 #pragma unroll
         for (int q = 0; q < NSW; ++q) {
             const int at = sk * TILE + sr + SSTEP * q;
@@ -287,13 +353,14 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
         split_wait(tile, piece);
         unpark_rows<TS, 32>(acc, tok0 + ty, T, row0 + tx, rows, out);
     }
-    publish(st[0], p);
+    publish(0, st[0], p);
     __syncthreads();
     for (int s = 0; s < nstage; ++s) {
         Stage& cur = st[s & 1];
         Stage& nxt = st[(s & 1) ^ 1];
         const bool more = s + 1 < nstage;
-        if (more) fetch(s + 1, nxt, p);  // nxt was last read before the previous barrier
+        if (more) fetch(s + 1, nxt, p);  // nxt was last read before the previous barrier (W::DIRECT: its blocks'
+                                         // Raw, decoded into nxt by publish)
 #pragma unroll
         for (int kb = 0; kb < BK; ++kb) {
             int4 a[4][2];
@@ -331,7 +398,7 @@ gemm_w16_kernel(const int8_t* __restrict__ xq,  // [T, n]
                 }
             }
         }
-        if (more) publish(nxt, p);
+        if (more) publish(s + 1, nxt, p);
         __syncthreads();
     }
     if (SPLIT && piece + 1 < pieces) {

@@ -175,32 +175,10 @@ struct Expanded {
     struct Raw {};
 };
 
-// The direct form's weight source (Q a quant type of quant_blocks.cuh): one row of the run's repacked planes. A
-// thread's weight row is the same in every stage, so its matrix and planes are found once.
-template <class Q>
-struct PlaneRow {
-    const uint8_t *body, *head;
-    int nb;
-    // Launch row `row` (< R): its matrix by compile-time indices into the parameters (as row_out; a dynamic index
-    // would copy them to local memory), then that matrix's row.
-    static __device__ __forceinline__ PlaneRow at(const MmaPlanes& p, const GemmOut& out, int row, int n) {
-        const uint8_t *body = p.body[0], *head = p.head[0];
-        int first = 0;
-#pragma unroll
-        for (int s = 1; s < GEMM_MAX_OUTS; ++s)
-            if (s < out.count && row >= out.end[s - 1]) body = p.body[s], head = p.head[s], first = out.end[s - 1];
-        const int nb = n / Q::BV;
-        const size_t r = (size_t)(row - first) * nb;
-        return {body + r * Q::BODY, head + r * Q::HEAD, nb};
-    }
-    // the row's 32-value block c as loaded (the registers that decode unpacks)
-    __device__ __forceinline__ typename Q::Raw load(int c) const { return Q::load(body, head, nb, c); }
-};
-
 // Q: Expanded (the weights' codes and scales from op), or the quant type whose planes it reads (gemm_mma_planes;
 // SC and MIN then its form, planes its matrices' planes).
 template <int SC, bool MIN, int BK, int STAGES, class Q>
-__global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands op, const MmaPlanes planes) {
+__global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands op, const GemmPlanes planes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
     using Stage = MmaStage<SC, MIN, BK>;
     using Raw = typename Q::Raw;
@@ -499,7 +477,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemm_mma_kernel(const MmaOperands 
 }
 
 template <int SC, bool MIN, int BK, int STAGES, class Q>
-int launch_stages(const MmaOperands& op, const MmaPlanes& planes) {
+int launch_stages(const MmaOperands& op, const GemmPlanes& planes) {
     constexpr int smem = STAGES * (int)sizeof(MmaStage<SC, MIN, BK>);
     constexpr auto kernel = gemm_mma_kernel<SC, MIN, BK, STAGES, Q>;
     CMP_TRY(smem_opt_in("gemm_mma_kernel", kernel, smem));
@@ -523,7 +501,7 @@ int with_form(F&& f) {
 }
 
 template <int SC, bool MIN, class Q = Expanded>
-int launch_form(const MmaOperands& op, const MmaPlanes& planes = {}) {
+int launch_form(const MmaOperands& op, const GemmPlanes& planes = {}) {
     return with_form<SC, MIN>([&](auto bk, auto st) {
         return launch_stages<SC, MIN, decltype(bk)::value, decltype(st)::value, Q>(op, planes);
     });
@@ -583,7 +561,7 @@ int mma_planes_available(int type, bool f16, int T, bool* yes) {
     return CMP_OK;
 }
 
-int gemm_mma_planes(int type, const MmaOperands& op, const MmaPlanes& planes) {
+int gemm_mma_planes(int type, const MmaOperands& op, const GemmPlanes& planes) {
     CMP_REQUIRE(op.T >= 0 && op.R > 0 && op.n > 0 && op.out.count >= 1 && op.out.count <= GEMM_MAX_OUTS &&
                     op.out.end[op.out.count - 1] == op.R,
                 "gemm_mma_planes: bad shape T=%d R=%d n=%d (%d matrices)", op.T, op.R, op.n, op.out.count);

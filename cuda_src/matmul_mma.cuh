@@ -24,13 +24,6 @@ struct MmaOperands {
     int T, R, n;
 };
 
-// The repacked planes of a run's matrices (quant_blocks.cuh layout), for gemm_mma_planes: matrix s's rows are the
-// launch rows [out.end[s - 1], out.end[s]) of the MmaOperands' GemmOut.
-struct MmaPlanes {
-    const uint8_t* body[GEMM_MAX_OUTS];   // [rows_s, nb * Q::BODY]
-    const uint8_t* head[GEMM_MAX_OUTS];   // [rows_s, nb * Q::HEAD]
-};
-
 // The scale form and mins as compile-time values for a launcher templated on them: f(sc, min) with sc a
 // std::integral_constant<int, form> and min a std::bool_constant (MMA_Q8 has no mins: always false). The one switch
 // of both GEMMs (gemm_mma, gemm_hmma); `what` names the caller in the error for an unknown form.
@@ -62,7 +55,7 @@ int mma_planes_available(int type, bool f16, int T, bool* yes);
 // unused (null), op.R is the run's rows (all matrices), op.xs the activation half sums where the type has mins.
 // Each (row, 32-value block) is decoded in the kernel's stage loads by the type's own decode (expand_kernel's), so
 // the results are gemm_mma's over the expanded weights, bit for bit.
-int gemm_mma_planes(int type, const MmaOperands& op, const MmaPlanes& planes);
+int gemm_mma_planes(int type, const MmaOperands& op, const GemmPlanes& planes);
 
 // gemm_mma's wave for these operands' form (wave_blocks): the blocks its kernel keeps resident at once.
 int gemm_mma_wave(MmaScales scales, bool mins, bool f16, int* blocks);

@@ -18,8 +18,9 @@
 //  - GEMM (T > 16, prefill): per chunk of weight rows, an expansion kernel writes int8 codes + an f32 scale and min
 //    per 16 values into the caller's workspace, then one GEMM multiplies that form: on DP4A, wherever compute_80+
 //    code and its shared memory run (60 KB, 66 with mins; PER16 64, 76 with mins: smem_plan.h), Q8_0's DP4A GEMM
-//    (gemm_w16.cuh) with the min term per block, every type (PER16 too: Q6_K, Q3_K, Q2_K; not yet run on a GPU) and a
-//    call's matrices in one launch; else gemm_quant_kernel (128x128 tiles, 8x8 outputs per thread, double-buffered
+//    (gemm_w16.cuh) with the min term per block, every type (PER16 too: Q6_K, Q3_K, Q2_K) and a call's matrices in
+//    one launch (Q2_K, Q4_K, Q5_K there not expanded up to their tokens a call: it decodes their planes in its
+//    stage loads, gemm_w16_direct); else gemm_quant_kernel (128x128 tiles, 8x8 outputs per thread, double-buffered
 //    shared memory as matmul_q8.cu's v2 GEMM), which adds each block by the same block_term (per 32) or block_term16
 //    (PER16), so both give the same bits. The activation half sums times their scale come from a small kernel first.
 // No tensor-core instruction anywhere. The int8 dot is the route's (common.cuh: DP4A = IDP.4A in SASS, DP2A =
@@ -781,6 +782,29 @@ int gemm_quant_run(int count, const void* const* body, const void* const* head, 
     return CMP_OK;
 }
 
+// The GEMMs' direct forms (a type's planes decoded in the stage loads: gemm_mma_direct, gemm_w16_direct) need of
+// the workspace only the activation half sums (types with mins), computed here into its start: xs, else null.
+template <class Q, class D>
+int direct_half_sums(const int8_t* xq, const float* xd, int T, int n, void* work, size_t work_bytes, float** xs) {
+    CMP_REQUIRE(work_bytes >= half_sums_bytes<Q>(T, n),
+                "cmp_matmul_quant: a workspace of %zu bytes is too small for T=%d n=%d (need %zu)", work_bytes, T, n,
+                half_sums_bytes<Q>(T, n));
+    *xs = Q::MIN ? static_cast<float*>(work) : nullptr;
+    if (Q::MIN) CMP_TRY(half_sums<D>(xq, xd, *xs, T, n));
+    return CMP_OK;
+}
+
+// A call's `count` matrices' planes (body[i], head[i]) as one run's (gemm_out.cuh).
+inline GemmPlanes run_planes(const void* const* body, const void* const* head, int count) {
+    static_assert(QMAX_MATS <= GEMM_MAX_OUTS, "a call's matrices are one launch's outputs");
+    GemmPlanes planes{};
+    for (int i = 0; i < count; ++i) {
+        planes.body[i] = static_cast<const uint8_t*>(body[i]);
+        planes.head[i] = static_cast<const uint8_t*>(head[i]);
+    }
+    return planes;
+}
+
 // The tensor-core GEMM over a type it decodes itself (gemm_mma_planes: Q2_K, Q4_K, Q5_K on the int8 kernel):
 // only the activation half sums (types with mins) in the workspace, then all `count` matrices as one run of rows in
 // one launch, as matmul_q8.cu's Q8_0 run; no expansion and no chunks (the workspace's expanded part goes unused).
@@ -788,20 +812,56 @@ template <class Q, class D>
 int gemm_mma_direct(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
                     float* const* y, const float* const* res, const int* rows, int T, int n, void* work,
                     size_t work_bytes) {
-    static_assert(QMAX_MATS <= GEMM_MAX_OUTS, "a call's matrices are one launch's outputs");
-    CMP_REQUIRE(work_bytes >= half_sums_bytes<Q>(T, n),
-                "cmp_matmul_quant: a workspace of %zu bytes is too small for T=%d n=%d (need %zu)", work_bytes, T, n,
-                half_sums_bytes<Q>(T, n));
-    float* xs = Q::MIN ? static_cast<float*>(work) : nullptr;
-    if (Q::MIN) CMP_TRY(half_sums<D>(xq, xd, xs, T, n));
-    MmaPlanes planes{};
-    for (int i = 0; i < count; ++i) {
-        planes.body[i] = static_cast<const uint8_t*>(body[i]);
-        planes.head[i] = static_cast<const uint8_t*>(head[i]);
-    }
+    float* xs = nullptr;
+    CMP_TRY((direct_half_sums<Q, D>(xq, xd, T, n, work, work_bytes, &xs)));
     const GemmOut out = run_out(y, res, rows, 0, count);
     return gemm_mma_planes(Q::ID, MmaOperands{xq, xd, xs, nullptr, nullptr, nullptr, out, T, out.end[count - 1], n},
-                           planes);
+                           run_planes(body, head, count));
+}
+
+// The DP4A GEMM's direct weight source (gemm_w16.cuh, W::DIRECT): a run's matrices of type Q as repacked; each
+// (row, 32-value block) item of a stage loaded as Q::Raw (Q::load, through PlaneRow) and decoded by Q::decode,
+// expand_kernel's own, so the stage holds the codes, scales and mins that the expansion would have written.
+template <class Type>
+struct W16Planes {
+    using Q = Type;
+    static constexpr bool MIN = Q::MIN, PER16 = Q::PER16, DIRECT = true;
+    static_assert((Q::BV / 32) % W16_BK == 0, "a type's blocks fill whole stages: no K tail");
+    using Row = PlaneRow<Q>;
+    using Raw = typename Q::Raw;
+    GemmPlanes planes;
+    // launch row r's planes
+    __device__ __forceinline__ Row row(const GemmOut& out, int r, int n) const { return Row::at(planes, out, r, n); }
+    // block c of a row (c counts the row's 32-value blocks) as expand_kernel decodes it
+    static __device__ __forceinline__ SubBlock decode(const Raw& raw, int c) {
+        SubBlock sb;
+        Q::decode(raw, (unsigned)c % (Q::BV / 32), sb);   // unsigned: a mask
+        return sb;
+    }
+};
+
+// The most tokens of a call at which the DP4A GEMM reads a type's planes (gemm_w16_direct), wherever
+// gemm_w16_kernel runs; 0: always expanded. Measured against the expanded form in one pass (H100, 2026-12-06,
+// bench_gemv.py --quant --gemm-all --gemm-ts on the 9B's three matrices, direct time against expanded at T = 512 /
+// 1024 / 4096): Q4_K -5-7% / -2% / +-1%, Q2_K -2% / +1-3% / +4-5%, Q5_K -1-4% / -1 to +3% / +3-4%, Q6_K +3-5% /
+// +5-8% / +7-9% (its decode, the heaviest, +7.9% instructions a stage). The expansion pass is a cost per matrix,
+// the decode one per token tile, as on the mma route (matmul_mma.cu planes_max_tokens).
+template <class Q>
+constexpr int w16_planes_max_tokens() {
+    return Q::ID == QID_Q4_K ? 4096 : Q::ID == QID_Q2_K || Q::ID == QID_Q5_K ? 512 : 0;
+}
+
+// The DP4A GEMM over a type it reads from its planes (W16Planes), where gemm_w16_kernel runs (s: the direct
+// kernel's shape): only the activation half sums in the workspace, then all `count` matrices as one run of rows in
+// one launch (in serial pieces of K as the expanded form's launches); no expansion pass, no chunks.
+template <class Q, class D>
+int gemm_w16_direct(const int8_t* xq, const float* xd, int count, const void* const* body, const void* const* head,
+                    float* const* y, const float* const* res, const int* rows, int T, int n, void* work,
+                    size_t work_bytes, const W16Shape& s) {
+    float* xs = nullptr;
+    CMP_TRY((direct_half_sums<Q, D>(xq, xd, T, n, work, work_bytes, &xs)));
+    return launch_gemm_w16<W16Planes<Q>, D>(xq, xd, xs, nullptr, W16Planes<Q>{run_planes(body, head, count)},
+                                            run_out(y, res, rows, 0, count), T, n, s);
 }
 
 // The GEMV (1 <= T <= QGEMV_MAX_T) of `count` matrices as one launch.
@@ -831,6 +891,11 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
     bool direct = false;
     if (mma) CMP_TRY(mma_planes_available(Q::ID, mma_f16, T, &direct));
     if (direct) return gemm_mma_direct<Q, D>(xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes);
+    if constexpr (D::OPS == 1 && w16_planes_max_tokens<Q>() > 0) {
+        W16Shape s{};   // tok 0: gemm_w16_kernel does not run here (then the expanded form's gemm_quant_kernel)
+        if (!mma && T <= w16_planes_max_tokens<Q>()) CMP_TRY((gemm_w16_shape<W16Planes<Q>, D>(&s)));
+        if (s.tok) return gemm_w16_direct<Q, D>(xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes, s);
+    }
     // All the matrices in one run of rows on the tensor cores, and on DP4A through Q8_0's DP4A GEMM (gemm_w16.cuh)
     // wherever it runs; else matrix by matrix.
     using W = W16Expanded<Q::MIN, Q::PER16>;

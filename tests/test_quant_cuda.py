@@ -90,7 +90,7 @@ def test_residual_multi(gemm_backend, type_name, T):
 @pytest.mark.parametrize("type_name", TYPES)
 def test_gemm_row_chunks(gemm_backend, type_name, monkeypatch):
     """A workspace smaller than the matrix: the GEMM expands and multiplies 128 rows at a time (300 rows: three
-    chunks, the last partial)."""
+    chunks, the last partial); the forms that read a type's planes need only the half sums of it, no chunks."""
     cuda_backend = gemm_backend
     monkeypatch.setattr(cuda_backend, "QUANT_WORK_BYTES", 1)
     rng = np.random.default_rng(5)
@@ -125,6 +125,11 @@ def test_one_stage_gemm_gives_the_same_bits(cuda_backend, type_name):
 PER16_TYPES = ["Q2_K", "Q3_K", "Q6_K", "IQ2_XS", "IQ2_S", "IQ1_M"]
 PER32_TYPES = [t for t in TYPES if t not in PER16_TYPES]
 MIN_TYPES = ["Q2_K", "Q4_1", "Q4_K", "Q5_1", "Q5_K"]
+# Read from their planes, no expansion pass (each block decoded in the GEMM's stage loads by expand_kernel's decode):
+# by the DP4A GEMM where gemm_w16_kernel runs, up to a number of tokens a call (matmul_quant.cuh
+# w16_planes_max_tokens), by the int8 tensor-core one up to its own (matmul_mma.cu; test_matmul_mma_cuda.DIRECT_TYPES).
+W16_DIRECT_TYPES = {"Q2_K": 512, "Q4_K": 4096, "Q5_K": 512}
+MMA_DIRECT_TYPES = ["Q2_K", "Q4_K", "Q5_K"]
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -134,7 +139,8 @@ def test_gemm_same_bits_on_every_kernel(cuda_backend, type_name):
     tiles uncapped; under sm_75's 64 KB without mins (60 KB; PER16 64 KB); 128 x 128 under sm_70's 96 KB as on sm_86
     / sm_89 (80 / 88 KB; PER16 84 KB), 128 x 64 there for Q2_K (76 KB: its 100 KB tile fits neither)),
     gemm_quant_kernel's two stages (sm_75's 64 KB, the types with mins) and one (sm_61's 48 KB), and the DP2A and
-    IMAD routes' gemm_quant_kernel (the same integers); and matches the reference. 259 rows (three row tiles, the last
+    IMAD routes' gemm_quant_kernel (the same integers); and matches the reference. Where gemm_w16_kernel runs, the
+    W16_DIRECT_TYPES come from their planes: the same bits as the expanded form's. 259 rows (three row tiles, the last
     of 3 rows) in two chunks of 256 rows (the workspace: ldy = 259 in the second), 200 tokens (a partial last token
     tile), a K tail (32-value types: 13 blocks, 3 stages of 4 and one block), the residual added in the epilogue."""
     from cuda_helpers import SMEM_CAPS
@@ -171,7 +177,8 @@ def test_group_in_one_launch(gemm_backend, type_name):
     workspace and multiplied in one launch per chunk (gemm_quant_run); the others one matrix at a time. The same bits
     as one call per matrix, residuals added, against the exact math. Rows 100 + 130 + 33 in chunks of 128 rows: chunk
     boundaries inside the second and third matrix, a tile holding rows of two. The int8 tensor-core GEMM reads Q2_K,
-    Q4_K and Q5_K from their planes (matmul_mma.cu gemm_mma_planes): there the run is one launch, no expansion."""
+    Q4_K and Q5_K from their planes (matmul_mma.cu gemm_mma_planes), the DP4A one the W16_DIRECT_TYPES wherever it
+    runs (gemm_w16.cuh's W16Planes): there the run is one launch, no expansion."""
     from cuda_helpers import captured
     be, rng, T = gemm_backend, np.random.default_rng(41), 200
     n = cols_for(type_name, 5 if QUANT_BLOCKS[type_name][0] == 32 else 1)
@@ -191,8 +198,9 @@ def test_group_in_one_launch(gemm_backend, type_name):
     # (on the device's own shared memory every type's gemm_w16_kernel fits where Q8_0's does: 76 KB at most)
     one_run = be.routes.matmul_prefill == "mma" or be.native.gemm_w16_available()
     sums = int(type_name in MIN_TYPES)   # the half sums first
-    direct = (be.routes.matmul_prefill == "mma" and be.mma_gemm != "hmma" and be.native.mma_int8_available()
-              and type_name in ("Q2_K", "Q4_K", "Q5_K"))
+    mma = be.routes.matmul_prefill == "mma"
+    direct = (mma and be.mma_gemm != "hmma" and be.native.mma_int8_available() and type_name in MMA_DIRECT_TYPES
+              or not mma and be.native.gemm_w16_available() and type_name in W16_DIRECT_TYPES)
     # direct: one launch; one run: chunks 100 + 28 | 102 + 26 | 7 rows, 5 expansions and 3 GEMMs; else 100 |
     # 128 + 2 | 33, 4 and 4
     assert launches == sums + (1 if direct else 5 + 3 if one_run else 4 + 4)
@@ -203,9 +211,9 @@ def test_group_in_one_launch(gemm_backend, type_name):
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_K", "Q6_K", "Q2_K"])
 def test_gemm_pieces_give_the_same_bits(cuda_backend, type_name):
-    """The expanded types on the DP4A GEMM (gemm_w16_kernel: per 32 and PER16, without and with mins) in serial pieces
-    of K (cmp_set_serial_pieces forces 2..4 on every launch; 0: the plan) give the unsplit bits, residuals added,
-    against the exact math. 2048 values of K: 16 stages."""
+    """The block types on the DP4A GEMM (gemm_w16_kernel: per 32 and PER16, without and with mins; Q4_0 and Q6_K expanded,
+    Q4_K and Q2_K read from their planes) in serial pieces of K (cmp_set_serial_pieces forces 2..4 on every launch; 0: the
+    plan) give the unsplit bits, residuals added, against the exact math. 2048 values of K: 16 stages."""
     from dataclasses import replace
     be, rng, T = cuda_backend, np.random.default_rng(43), 200
     if not be.native.gemm_w16_available():
@@ -228,6 +236,79 @@ def test_gemm_pieces_give_the_same_bits(cuda_backend, type_name):
     assert rel(out[1], exact(x, blocks) + res) < TOL
     for pieces, got in out.items():
         np.testing.assert_array_equal(got, out[1], err_msg=f"{pieces} pieces")
+
+
+@pytest.mark.parametrize("pieces", [0, 3])
+@pytest.mark.parametrize("cap", ["sm70", "device"])
+@pytest.mark.parametrize("T", [17, 128, 512])
+@pytest.mark.parametrize("type_name", W16_DIRECT_TYPES)
+def test_w16_direct_types_in_one_launch(cuda_backend, type_name, T, cap, pieces):
+    """The types the DP4A GEMM reads from their planes (gemm_w16.cuh's W16Planes: each block decoded in the stage
+    loads by expand_kernel's decode): four matrices of odd row counts (1, 127, 66, 129: the first two fill the first
+    128-row tile, the third and fourth meet inside the second) with residuals in one launch after the half sums (the
+    types with mins), each matrix's bits those of the matrix alone and those of the expanded weights on the DP2A
+    route (gemm_quant_kernel: the same integers and block terms), against the exact math. The device's shared
+    memory: 128 x 64 tiles, every thread two (row, block) items a stage; sm70's cap (96 KB, as sm_86 / sm_89): 128 x
+    128, one item a thread (Q2_K 128 x 64); pieces 3: each tile's K (10 stages) in three serial pieces."""
+    from dataclasses import replace
+
+    from cuda_helpers import SMEM_CAPS, captured
+    be = cuda_backend
+    if not be.native.gemm_w16_available():
+        pytest.skip("gemm_w16_kernel needs compute capability 8.0+ code for this device (cp.async stages)")
+    rng = np.random.default_rng(T * 5 + len(type_name) + pieces)
+    n = cols_for(type_name, 5)
+    ws = [random_blocks(type_name, r, n, rng) for r in (1, 127, 66, 129)]
+    x = inputs(T + 11, T, n)
+    res = [rng.standard_normal((T, w.shape[0])).astype(np.float32) for w in ws]
+    saved = be.routes
+    be.routes = replace(saved, matmul_prefill="dp4a")
+    be.native.cmp_set_smem_cap(SMEM_CAPS[cap])
+    be.native.cmp_set_serial_pieces(pieces)
+    try:
+        mats = [be.upload_matrix(w) for w in ws]
+        xq, xd = be.quantize(up(be, x))
+        dres = [up(be, r) for r in res]
+        poison(be, *[(T, w.shape[0]) for w in ws])   # (after the residuals: blocks of the outputs' sizes)
+        group, launches = captured(be, lambda: be._q8_project(xq, xd, mats, dres))
+        alone = [captured(be, lambda: be._q8_project(xq, xd, [m], [r]))[0][0] for m, r in zip(mats, dres)]
+        with routed(be, "dp2a"):
+            expanded = [be.to_host(y) for y in be._q8_project(xq, xd, mats, dres)]
+    finally:
+        be.native.cmp_set_serial_pieces(0)
+        be.native.cmp_set_smem_cap(0)
+        be.routes = saved
+    assert launches == int(type_name in MIN_TYPES) + 1   # the half sums, then the GEMM
+    for g, a, e, w, r in zip(group, alone, expanded, ws, res):
+        np.testing.assert_array_equal(g, a)
+        np.testing.assert_array_equal(g, e)
+        assert rel(g, exact(x, w) + r) < TOL
+
+
+@pytest.mark.parametrize("type_name", W16_DIRECT_TYPES)
+def test_w16_direct_types_up_to_their_tokens(cuda_backend, type_name):
+    """Past its tokens a call (where the expansion pass costs less than decoding in every token tile), a type the DP4A
+    GEMM reads from its planes is expanded first, as the others: more launches than the half sums and the GEMM, the
+    same bits (one decode) on the tokens both calls share."""
+    from cuda_helpers import captured, on_dp4a
+    be, rng, limit = cuda_backend, np.random.default_rng(len(type_name) + 7), W16_DIRECT_TYPES[type_name]
+    if not be.native.gemm_w16_available():
+        pytest.skip("gemm_w16_kernel needs compute capability 8.0+ code for this device (cp.async stages)")
+    n = cols_for(type_name, 5)
+    w = random_blocks(type_name, 129, n, rng)
+    x = inputs(limit + 3, limit + 1, n)
+    ys, counts = [], []
+    with on_dp4a(be):
+        mat = be.upload_matrix(w)
+        for T in (limit, limit + 1):
+            xq, xd = be.quantize(up(be, x[:T]))
+            (y,), launches = captured(be, lambda: be._q8_project(xq, xd, [mat]))
+            ys.append(y)
+            counts.append(launches)
+    sums = int(type_name in MIN_TYPES)
+    assert counts[0] == sums + 1 and counts[1] > sums + 1, counts
+    np.testing.assert_array_equal(ys[0], ys[1][:limit])
+    assert rel(ys[1], exact(x[:limit + 1], w)) < TOL
 
 
 @pytest.mark.parametrize("long_n", [0, 4096, 4352, 12288, 12544])

@@ -16,46 +16,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from sass_loop import functions, main_loop, opcode  # noqa: E402
 from sass_tools import cuobjdump_candidates, run_cuobjdump  # noqa: E402
 
-INSTR = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 NAME = re.compile(r"gemm_mma_kernelILi(\d)ELb(\d)ELi(\d)ELi(\d)E")
 SOURCE = re.compile(r"(Q\d_K|Expanded)")   # the weight source: expanded, or the quant type read directly
 FORMS = {"0": "Q8", "1": "PER32", "2": "PER16"}
 
 
-def functions(sass: str) -> dict[str, list[tuple[int, str]]]:
-    """mangled name -> [(address, instruction)] of every gemm_mma_kernel in the dump."""
-    out, cur = {}, None
-    for line in sass.splitlines():
-        if "Function :" in line:
-            name = line.split("Function :", 1)[1].strip()
-            cur = out.setdefault(name, []) if "gemm_mma_kernel" in name else None
-            continue
-        m = INSTR.match(line)
-        if m and cur is not None:
-            cur.append((int(m.group(1), 16), m.group(2)))
-    return out
 
 
-def opcode(ins: str) -> str:
-    """The opcode of an instruction, predicate dropped (`@!P0 BRA 0x...` -> BRA)."""
-    parts = ins.split()
-    return (parts[1] if parts[0].startswith("@") else parts[0]).split(".")[0]
 
 
-def main_loop(body: list[tuple[int, str]]) -> list[str]:
-    """The instructions of the largest backward-branch range that holds an IMMA."""
-    best: list[str] = []
-    for i, (addr, ins) in enumerate(body):
-        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", ins)
-        if not m or int(m.group(1), 16) >= addr:
-            continue
-        target = int(m.group(1), 16)
-        loop = [s for a, s in body[: i + 1] if a >= target]
-        if any(opcode(s) == "IMMA" for s in loop) and len(loop) > len(best):
-            best = loop
-    return best
 
 
 def classify(loop: list[str]) -> Counter:
@@ -80,9 +52,9 @@ def main() -> None:
     def source(name: str) -> str:
         m = SOURCE.search(name)
         return m.group(1) if m else ""
-    for name, body in sorted(functions(sass).items(), key=lambda kv: (NAME.search(kv[0]).groups(), source(kv[0]))):
+    for name, body in sorted(functions(sass, "gemm_mma_kernel").items(), key=lambda kv: (NAME.search(kv[0]).groups(), source(kv[0]))):
         sc, mn, bk, stages = NAME.search(name).groups()
-        c = classify(main_loop(body))
+        c = classify(main_loop(body, "IMMA"))
         imma = max(c["IMMA"], 1)
         label = f"{FORMS[sc]:5} MIN={mn} BK={bk} STAGES={stages} {source(name)}"
         print(f"{label:41} {c['IMMA']:5} {c['FP']:5} {c['LDSM']:5} {c['LDS']:5} {c['other']:6} {c['all']:6}"

@@ -189,7 +189,7 @@ def bench_quant(be: CudaBackend, types: list[str], bw: float, reps: int, gemm: b
                 y = be.empty((T, rows))
                 work = None
                 if T > 16 and type_name != "Q8_0":
-                    work = be.empty((min(be.native.quant_work_bytes(CMP_QUANT_TYPES[type_name], T, n, rows),
+                    work = be.empty((min(be.native.quant_work_bytes(CMP_QUANT_TYPES[type_name], T, n, rows, dots),
                                          be.QUANT_WORK_BYTES),), "u8")
                 if T <= 16:
                     k = min(reps, max(4, int(3e9 // pool.wbytes)))

@@ -168,15 +168,16 @@ int cmp_quant_repack(int type, const uint8_t* blocks, void* body, void* head, in
 // int8-dot GEMM over weights expanded into `work` (work_bytes of device memory; cmp_quant_work_bytes gives what one
 // pass over `rows` rows needs, less works in row chunks down to 128 rows); with CMP_MM_MMA on the int8 tensor-core
 // kernel, Q2_K, Q4_K and Q5_K are read as repacked up to 4096 tokens (Q5_K 1024), and on the DP4A route's
-// gemm_w16_kernel (compute_80+ code) Q4_K up to 4096 tokens, Q2_K and Q5_K 512: there `work` holds only the activation half sums
-// (T * n/16 floats, types with mins), all `count` matrices in one launch.
+// gemm_w16_kernel (compute_80+ code) Q4_K up to 4096 tokens, Q2_K and Q5_K 512: there `work` holds only the
+// activation half sums (T * n/16 floats, types with mins), all `count` matrices in one launch.
 // `kernels`: only the dot fields of CmpMatmulKernels (the route of the GEMV and of the GEMM; 0 = DP4A), CMP_MM_MMA
 // and CMP_MM_MMA_F16.
 int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int count, const void* const* body,
                      const void* const* head, float* const* y, const float* const* res, const int* rows, int T, int n,
                      void* work, size_t work_bytes, int kernels);
-// Workspace bytes cmp_matmul_quant needs to take a matrix of `rows` rows in one pass (0 for T <= 16).
-int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* bytes);
+// Workspace bytes cmp_matmul_quant needs to take a matrix (or a run of matrices) of `rows` rows in one pass with
+// these kernel bits: 0 for T <= 16, only the half sums where it reads the type's planes.
+int cmp_quant_work_bytes(int type, int T, int n, int rows, int kernels, size_t* bytes);
 // out [T, D] = dequantized rows table[ids[t]] (table: body, head as above; ids [T] int32 on the device); the values
 // of gguf.quants.dequantize exactly.
 int cmp_embed_quant(int type, const int32_t* ids, const void* body, const void* head, float* out, int T, int D);

@@ -109,15 +109,23 @@ extern "C" int cmp_quant_repack(int type, const uint8_t* blocks, void* body, voi
     });
 }
 
-extern "C" int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* bytes) {
-    return dispatch_quant(type, "cmp_quant_work_bytes", [&](auto q) -> int {
-        using Q = decltype(q);
-        CMP_REQUIRE(T >= 0 && n > 0 && rows > 0, "cmp_quant_work_bytes: bad shape T=%d n=%d rows=%d", T, n, rows);
-        *bytes = T <= QGEMV_MAX_T ? 0
-                                  : half_sums_bytes<Q>(T, n) + 3 * 256 +
-                                        (size_t)(rows + QTILE - 1) / QTILE * QTILE * expanded_row_bytes<Q>(n);
-        return CMP_OK;
-    });
+// The kernel bits cmp_matmul_quant and cmp_quant_work_bytes take, and the int8 dot of a call of T tokens.
+static int quant_route_dot(int kernels, int T, const char* what, int* dot) {
+    constexpr int known = 3 << CMP_MM_GEMV_DOT_SHIFT | 3 << CMP_MM_GEMM_DOT_SHIFT | CMP_MM_MMA | CMP_MM_MMA_F16;
+    CMP_REQUIRE((kernels & ~known) == 0,
+                "%s: kernel bits 0x%x (only the dot routes of CmpMatmulDotField, CMP_MM_MMA and CMP_MM_MMA_F16)", what,
+                kernels);
+    *dot = kernels >> (T <= QGEMV_MAX_T ? CMP_MM_GEMV_DOT_SHIFT : CMP_MM_GEMM_DOT_SHIFT) & 3;
+    return CMP_OK;
+}
+
+extern "C" int cmp_quant_work_bytes(int type, int T, int n, int rows, int kernels, size_t* bytes) {
+    CMP_REQUIRE(T >= 0 && n > 0 && rows > 0, "cmp_quant_work_bytes: bad shape T=%d n=%d rows=%d", T, n, rows);
+    int dot = 0;
+    CMP_TRY(quant_route_dot(kernels, T, "cmp_quant_work_bytes", &dot));
+    const QuantMatmul m{type, nullptr, nullptr, 1, nullptr, nullptr, nullptr, nullptr, &rows, T, n, nullptr, 0,
+                        (kernels & CMP_MM_MMA) != 0, (kernels & CMP_MM_MMA_F16) != 0};
+    return dispatch_dot(dot, "cmp_quant_work_bytes", [&](auto d) { return matmul_quant_work_dot(d, m, bytes); });
 }
 
 extern "C" int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int count, const void* const* body,
@@ -126,11 +134,8 @@ extern "C" int cmp_matmul_quant(int type, const int8_t* xq, const float* xd, int
     CMP_REQUIRE(count >= 1 && count <= QMAX_MATS, "cmp_matmul_quant: %d matrices (1..%d)", count, QMAX_MATS);
     CMP_REQUIRE(T >= 0 && n > 0 && n % 32 == 0, "cmp_matmul_quant: bad shape T=%d n=%d", T, n);
     for (int i = 0; i < count; ++i) CMP_REQUIRE(rows[i] > 0, "cmp_matmul_quant: matrix %d has %d rows", i, rows[i]);
-    constexpr int known = 3 << CMP_MM_GEMV_DOT_SHIFT | 3 << CMP_MM_GEMM_DOT_SHIFT | CMP_MM_MMA | CMP_MM_MMA_F16;
-    CMP_REQUIRE((kernels & ~known) == 0,
-                "cmp_matmul_quant: kernel bits 0x%x (only the dot routes of CmpMatmulDotField, CMP_MM_MMA and "
-                "CMP_MM_MMA_F16)", kernels);
-    const int dot = kernels >> (T <= QGEMV_MAX_T ? CMP_MM_GEMV_DOT_SHIFT : CMP_MM_GEMM_DOT_SHIFT) & 3;
+    int dot = 0;
+    CMP_TRY(quant_route_dot(kernels, T, "cmp_matmul_quant", &dot));
     // The type is checked here first (an unknown one fails even at T = 0); the route's translation unit dispatches
     // on it again to its instantiation.
     return dispatch_quant(type, "cmp_matmul_quant", [&](auto) -> int {

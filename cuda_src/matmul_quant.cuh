@@ -58,10 +58,14 @@ struct QuantMatmul {
     bool mma_f16;              // CMP_MM_MMA_F16: there on Volta's f16 HMMA GEMM
 };
 
-// The call on one dot route, each defined in its own translation unit (the file named).
+// The call on one dot route, and its workspace (cmp_quant_work_bytes: count 1, rows[0] the run's rows), each defined
+// in its own translation unit (the file named).
 int matmul_quant_dot(DotDp4a, const QuantMatmul& m);  // matmul_quant_dp4a.cu
 int matmul_quant_dot(DotDp2a, const QuantMatmul& m);  // matmul_quant_dp2a.cu
 int matmul_quant_dot(DotImad, const QuantMatmul& m);  // matmul_quant_imad.cu
+int matmul_quant_work_dot(DotDp4a, const QuantMatmul& m, size_t* bytes);
+int matmul_quant_work_dot(DotDp2a, const QuantMatmul& m, size_t* bytes);
+int matmul_quant_work_dot(DotImad, const QuantMatmul& m, size_t* bytes);
 
 
 // Rows [0, R) of a chunk of type `type`'s weights (body, head: the chunk's first row) expanded into the GEMM's form:
@@ -851,6 +855,23 @@ constexpr int w16_planes_max_tokens() {
     return Q::ID == QID_Q4_K ? 4096 : Q::ID == QID_Q2_K || Q::ID == QID_Q5_K ? 512 : 0;
 }
 
+// Which form a GEMM call (T > 16) of type Q takes on route D: the tensor-core GEMM's direct form (mma), the DP4A
+// GEMM's (w16.tok != 0: its shape), or neither (the weights expanded into the workspace first).
+struct DirectForm {
+    bool mma = false;
+    W16Shape w16{};
+    bool any() const { return mma || w16.tok != 0; }
+};
+
+template <class Q, class D>
+int direct_form(int T, bool mma, bool mma_f16, DirectForm* f) {
+    *f = DirectForm{};
+    if (mma) return mma_planes_available(Q::ID, mma_f16, T, &f->mma);
+    if constexpr (D::OPS == 1 && w16_planes_max_tokens<Q>() > 0)
+        if (T <= w16_planes_max_tokens<Q>()) return gemm_w16_shape<W16Planes<Q>, D>(&f->w16);
+    return CMP_OK;
+}
+
 // The DP4A GEMM over a type it reads from its planes (W16Planes), where gemm_w16_kernel runs (s: the direct
 // kernel's shape): only the activation half sums in the workspace, then all `count` matrices as one run of rows in
 // one launch (in serial pieces of K as the expanded form's launches); no expansion pass, no chunks.
@@ -888,14 +909,12 @@ int matmul_quant(const int8_t* xq, const float* xd, int count, const void* const
                  size_t work_bytes, bool mma, bool mma_f16) {
     CMP_REQUIRE(n % Q::BV == 0, "cmp_matmul_quant: n=%d is not a multiple of the type's %d-value blocks", n, Q::BV);
     if (T <= QGEMV_MAX_T) return gemv_quant<Q, D>(xq, xd, count, body, head, y, res, rows, T, n);
-    bool direct = false;
-    if (mma) CMP_TRY(mma_planes_available(Q::ID, mma_f16, T, &direct));
-    if (direct) return gemm_mma_direct<Q, D>(xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes);
-    if constexpr (D::OPS == 1 && w16_planes_max_tokens<Q>() > 0) {
-        W16Shape s{};   // tok 0: gemm_w16_kernel does not run here (then the expanded form's gemm_quant_kernel)
-        if (!mma && T <= w16_planes_max_tokens<Q>()) CMP_TRY((gemm_w16_shape<W16Planes<Q>, D>(&s)));
-        if (s.tok) return gemm_w16_direct<Q, D>(xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes, s);
-    }
+    DirectForm form;
+    CMP_TRY((direct_form<Q, D>(T, mma, mma_f16, &form)));
+    if (form.mma) return gemm_mma_direct<Q, D>(xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes);
+    if constexpr (D::OPS == 1 && w16_planes_max_tokens<Q>() > 0)
+        if (form.w16.tok)
+            return gemm_w16_direct<Q, D>(xq, xd, count, body, head, y, res, rows, T, n, work, work_bytes, form.w16);
     // All the matrices in one run of rows on the tensor cores, and on DP4A through Q8_0's DP4A GEMM (gemm_w16.cuh)
     // wherever it runs; else matrix by matrix.
     using W = W16Expanded<Q::MIN, Q::PER16>;
@@ -937,6 +956,23 @@ int matmul_quant_route(const QuantMatmul& m) {
     return dispatch_quant(m.type, "cmp_matmul_quant", [&](auto q) {
         return matmul_quant<decltype(q), D>(m.xq, m.xd, m.count, m.body, m.head, m.y, m.res, m.rows, m.T, m.n, m.work,
                                             m.work_bytes, m.mma, m.mma_f16);
+    });
+}
+
+// The body of matmul_quant_work_dot on route D: the workspace matmul_quant needs to take m.rows[0] rows of m.type in
+// one pass at m.T tokens (the pointers unused): none for the GEMV, the half sums alone where the GEMM reads the
+// type's planes (direct_form), else the half sums, the expanded rows and their alignment.
+template <class D>
+int matmul_quant_work_route(const QuantMatmul& m, size_t* bytes) {
+    return dispatch_quant(m.type, "cmp_quant_work_bytes", [&](auto q) -> int {
+        using Q = decltype(q);
+        *bytes = 0;
+        if (m.T <= QGEMV_MAX_T) return CMP_OK;
+        DirectForm form;
+        CMP_TRY((direct_form<Q, D>(m.T, m.mma, m.mma_f16, &form)));
+        const size_t tiles = ((size_t)m.rows[0] + QTILE - 1) / QTILE;
+        *bytes = half_sums_bytes<Q>(m.T, m.n) + (form.any() ? 0 : 3 * 256 + tiles * QTILE * expanded_row_bytes<Q>(m.n));
+        return CMP_OK;
     });
 }
 

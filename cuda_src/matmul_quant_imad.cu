@@ -5,5 +5,8 @@
 namespace cmp {
 
 int matmul_quant_dot(DotImad, const QuantMatmul& m) { return matmul_quant_route<DotImad>(m); }
+int matmul_quant_work_dot(DotImad, const QuantMatmul& m, size_t* bytes) {
+    return matmul_quant_work_route<DotImad>(m, bytes);
+}
 
 }  // namespace cmp

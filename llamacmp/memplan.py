@@ -96,8 +96,9 @@ from .backends.arena_sizes import exact, size_class  # noqa: E402,F401
 
 STAGING_PIECE = 64 * MIB     # CudaBackend.STAGING_BYTES: block-quantized uploads go through one staging block
 # CudaBackend.QUANT_WORK_BYTES: a block-quantized prefill GEMM's expanded weights, a run larger than it in passes of
-# whole waves (cuda_src/gemm_chunks.h). The plan sizes it for a layer's largest run in one pass (quant_work_bytes:
-# the 27B's ffn_gate + ffn_up, 2 x 17408 x 5120 at 1.5 B a value, 267 MB; in 80 MiB passes its DP4A Q4_K_M prefill
+# whole waves (cuda_src/gemm_chunks.h). The plan sizes it for a layer's largest run in one pass (quant_work_bytes,
+# by the backend's measure: a route that reads a type's planes takes none of its rows; every type expanded, the
+# 27B's ffn_gate + ffn_up, 2 x 17408 x 5120 at 1.5 B a value, 267 MB; in 80 MiB passes its DP4A Q4_K_M prefill
 # was 6.5-6.8% slower, H100 2026-12-06), and where that does not fit takes this piece: it holds the 9B's ffn_down
 # (4096 x 12288: 75.5 MB) in one launch and ffn_gate / ffn_up's 12288 rows in two of whole waves (the 64 MiB before
 # it cost ~20% of a DP4A Q4_K_M pp512 in part-empty waves).
@@ -136,29 +137,33 @@ def weight_bytes(tensors: Sequence[TensorDesc]) -> int:
     return sum(tensor_bytes(t) for t in tensors) + staging
 
 
-def quant_work_bytes(tensors: Sequence[TensorDesc], n_ubatch: int) -> int:
-    """The block-quantized GEMM workspace that expands the layers' largest run (FUSED_RUNS of one type, or a matrix
-    alone) in one pass at n_ubatch rows: cmp_quant_work_bytes' arithmetic as for a type with mins (n + n/16 x 8
-    bytes a row, the activation half sums), an upper bound for the others. The head (output.weight, or a tied
+def expanded_work_bytes(type_name: str, T: int, n: int, rows: int) -> int:
+    """The workspace that expands `rows` rows of n values in one pass at T tokens: cmp_quant_work_bytes' arithmetic
+    with every type expanded, as for a type with mins (n + n/16 x 8 bytes a row, the activation half sums): an upper
+    bound for every type and route, the plan's measure where no backend is at hand (Backend.gemm_work_bytes)."""
+    tile = QUANT_GEMM_TILE
+    return exact(T * (n // 16) * 4) + 3 * 256 + -(-rows // tile) * tile * (n + n // 16 * 8)
+
+
+def quant_work_bytes(tensors: Sequence[TensorDesc], n_ubatch: int, work_bytes=expanded_work_bytes) -> int:
+    """The block-quantized GEMM workspace that takes the layers' largest run (FUSED_RUNS of one type, or a matrix
+    alone) in one pass at n_ubatch rows, by work_bytes(type_name, T, n, rows): the backend's (a route that reads a
+    type's planes needs only the half sums of it), else expanded_work_bytes. The head (output.weight, or a tied
     token_embd.weight: 248320 rows, with every row's logits) counts up to QUANT_WORK_PIECE and goes in passes, as it
     always did."""
     runs: dict[tuple[str, str, str], tuple[int, int]] = {}      # (layer, run, type) -> (rows, n)
     head = 0
-    tile = QUANT_GEMM_TILE
-
-    def need(rows: int, n: int) -> int:
-        return exact(n_ubatch * (n // 16) * 4) + 3 * 256 + -(-rows // tile) * tile * (n + n // 16 * 8)
     for t in tensors:
         if t.type_name not in QUANT_BLOCKS:   # (Q8_0's GEMM reads it as stored)
             continue
         if not t.name.startswith("blk."):
-            head = max(head, min(need(*t.shape), QUANT_WORK_PIECE))
+            head = max(head, min(work_bytes(t.type_name, n_ubatch, t.shape[1], t.shape[0]), QUANT_WORK_PIECE))
             continue
         layer, _, leaf = t.name.removesuffix(".weight").rpartition(".")
         run = next((",".join(r) for r in FUSED_RUNS if leaf in r), leaf)
         rows, n = runs.get((layer, run, t.type_name), (0, t.shape[1]))
         runs[layer, run, t.type_name] = (rows + t.shape[0], n)
-    return max([head] + [need(rows, n) for rows, n in runs.values()])
+    return max([head] + [work_bytes(ty, n_ubatch, n, rows) for (_, _, ty), (rows, n) in runs.items()])
 
 
 def type_counts(tensors: Sequence[TensorDesc]) -> str:
@@ -262,15 +267,16 @@ def mtp_head_type(tensors: Sequence[TensorDesc], cfg: ModelConfig) -> str:
 
 def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: int = 1, k_type: str = "f16",
          v_type: str = "f16", n_ubatch: int = 512, all_logits: bool = False, sparse=None,
-         cap: int | None = None, part: Part | None = None, spec_n_max: int = 0, coarse_rows: int = 0) -> MemoryPlan:
+         cap: int | None = None, part: Part | None = None, spec_n_max: int = 0, coarse_rows: int = 0,
+         work_bytes=expanded_work_bytes) -> MemoryPlan:
     """n_ctx: context per slot; sparse: the sparse_attn.SparseConfig in use (adds its per-chunk scratch);
     part: one device's share of a layer split (None: the whole model); spec_n_max: --spec-draft-n-max with
     --spec-type draft-mtp (0: off, and the file's MTP block is not uploaded); coarse_rows: with it, the rows of the
     draft's CQ2 coarse head (spec.coarse_head; 0: none), counted in the weights. The block-quantized GEMM's
-    workspace holds the largest run (quant_work_bytes) where that fits the cap, else QUANT_WORK_PIECE (a note says
-    so)."""
+    workspace holds the largest run (quant_work_bytes, by work_bytes: the backend's Backend.gemm_work_bytes, or
+    every type expanded) where that fits the cap, else QUANT_WORK_PIECE (a note says so)."""
     args = (tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap, part, spec_n_max,
-            coarse_rows)
+            coarse_rows, work_bytes)
     p = _plan_with(*args, quant_work=None)
     if cap is not None and p.total > cap and p.quant_work > QUANT_WORK_PIECE:
         whole, p = p.quant_work, _plan_with(*args, quant_work=QUANT_WORK_PIECE)
@@ -281,7 +287,7 @@ def plan(tensors: Sequence[TensorDesc], cfg: ModelConfig, n_ctx: int, n_slots: i
 
 
 def _plan_with(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap, part, spec_n_max,
-               coarse_rows, quant_work: int | None) -> MemoryPlan:
+               coarse_rows, work_bytes, quant_work: int | None) -> MemoryPlan:
     """plan() with the GEMM workspace at quant_work bytes (None: quant_work_bytes' largest run)."""
     if not spec_n_max:
         tensors = [t for t in tensors if not is_mtp_tensor(t.name, cfg)]
@@ -290,9 +296,9 @@ def _plan_with(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logit
         attn = sum(1 for il in cfg.attn_layers if il in part.layers)
         gdn = sum(1 for il in cfg.gdn_layers if il in part.layers)
         return _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap, attn, gdn,
-                     part.head, quant_work)
+                     part.head, quant_work, work_bytes)
     p = _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap,
-              len(cfg.attn_layers) + bool(spec_n_max), len(cfg.gdn_layers), True, quant_work)
+              len(cfg.attn_layers) + bool(spec_n_max), len(cfg.gdn_layers), True, quant_work, work_bytes)
     if spec_n_max:
         if coarse_rows:
             w = p.item("weights")
@@ -333,7 +339,7 @@ def split_parts(tensors: Sequence[TensorDesc], cfg: ModelConfig, ratios: Sequenc
 
 
 def _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sparse, cap, n_attn, n_gdn,
-          head, quant_work) -> MemoryPlan:
+          head, quant_work, work_bytes) -> MemoryPlan:
     p = MemoryPlan(cap=cap)
     wb = weight_bytes(tensors)
     staging = f" + the {STAGING_PIECE // MIB} MiB upload staging block" if any(map(is_block_quantized, tensors)) else ""
@@ -356,7 +362,7 @@ def _plan(tensors, cfg, n_ctx, n_slots, k_type, v_type, n_ubatch, all_logits, sp
     scratch = splitk + graph
     detail = f"decode split-K {splitk / MIB:.1f} MiB, decode graph {graph / MIB:.1f} MiB"
     if n_ubatch > 16 and any(t.type_name in QUANT_BLOCKS for t in tensors):   # the GEMV (<= 16 rows): none
-        p.quant_work = quant_work_bytes(tensors, n_ubatch) if quant_work is None else quant_work
+        p.quant_work = quant_work_bytes(tensors, n_ubatch, work_bytes) if quant_work is None else quant_work
         scratch += size_class(p.quant_work)
         detail += f", block-quantized GEMM workspace {p.quant_work / MIB:.1f} MiB"
     if sparse is not None:
@@ -474,7 +480,8 @@ def prepare_device(backend, mf, run, device_mem_cap: int = 0, log=None) -> Memor
 
     def planned(rows: int) -> MemoryPlan:
         return plan(tensors, cfg, run.n_ctx, run.n_slots, run.k_type, run.v_type, run.micro_batch, run.all_logits,
-                    backend.sparse, cap, spec_n_max=spec.n_max if on else 0, coarse_rows=rows)
+                    backend.sparse, cap, spec_n_max=spec.n_max if on else 0, coarse_rows=rows,
+                    work_bytes=backend.gemm_work_bytes)
     p = planned(coarse)
     if coarse and p.total > cap:
         # the draft keeps its exact head rather than the run its context: plan without the copy

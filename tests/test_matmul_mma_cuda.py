@@ -151,7 +151,8 @@ def test_direct_types_in_one_launch(mma_backend, type_name, T, cap):
 def test_direct_types_up_to_their_tokens(mma_backend, type_name):
     """Past its tokens a call (where the expansion pass costs less than decoding in every token tile), a direct
     type is expanded first, as the others: more launches than the half sums and the GEMM, the same bits (one
-    decode) on the tokens both calls share."""
+    decode) on the tokens both calls share; the workspace the backend asks for (the memory plan's measure) is the
+    half sums alone up to the limit, the expanded rows past it."""
     be, rng, limit = mma_backend, np.random.default_rng(len(type_name)), DIRECT_TYPES[type_name]
     if not be.native.mma_int8_available():
         pytest.skip("the direct form is the int8 kernel's (compute_75+ code)")
@@ -167,4 +168,7 @@ def test_direct_types_up_to_their_tokens(mma_backend, type_name):
         counts.append(launches)
     assert counts[0] == 2 and counts[1] > 2, counts
     np.testing.assert_array_equal(ys[0], ys[1][:limit])
+    halves = -(-limit * (n // 16) * 4 // 256) * 256          # (every direct type has mins)
+    work = [be.gemm_work_bytes(type_name, T, n, 129) for T in (limit, limit + 1)]
+    assert work[0] == halves and work[1] > halves + 129 * n, work
     assert rel(ys[1], exact(x[:limit + 1], w)) < TOL

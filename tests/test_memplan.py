@@ -227,6 +227,21 @@ def test_gemm_workspace_holds_the_largest_run(nine_b):
     assert memplan.plan(tensors, cfg, 4096, n_ubatch=16).quant_work == 0      # the GEMV's rows need none
 
 
+def test_gemm_workspace_by_the_backend_s_measure():
+    """The plan sizes the workspace by the backend's measure (Backend.gemm_work_bytes): a route that reads Q4_K from
+    its planes (as the DP4A and mma GEMMs of compute_80+ code do at 512 tokens; test_quant_cuda checks the CUDA
+    backend's answer) needs only the half sums for the 27B's Q4_K runs, so the largest is a Q4_K_M file's Q6_K
+    ffn_down (5120 rows of 17408), not ffn_gate + ffn_up."""
+    def reads_q4k(type_name: str, T: int, n: int, rows: int) -> int:
+        halves = -(-T * (n // 16) * 4 // 256) * 256
+        return halves if type_name == "Q4_K" else memplan.expanded_work_bytes(type_name, T, n, rows)
+    tensors, cfg = q4k("27b", **{f"blk.{il}.ffn_down.weight": "Q6_K" for il in range(0, 64, 2)})
+    down = memplan.expanded_work_bytes("Q6_K", 512, 17408, 5120)
+    assert memplan.quant_work_bytes(tensors, 512, reads_q4k) == down
+    assert memplan.plan(tensors, cfg, 4096, work_bytes=reads_q4k).quant_work == down
+    assert memplan.plan(tensors, cfg, 4096).quant_work > down     # every type expanded: gate + up
+
+
 def test_gemm_workspace_falls_back_where_the_run_does_not_fit():
     """Under a cap that the largest run's workspace passes, the plan takes QUANT_WORK_PIECE (the run in passes) and
     says so, rather than refusing the run."""
@@ -241,8 +256,8 @@ def test_gemm_workspace_falls_back_where_the_run_does_not_fit():
 
 
 def test_prepare_device_sizes_the_backend_s_gemm_workspace(cuda_backend, tmp_path):
-    """prepare_device hands the plan's workspace to the backend: its block-quantized GEMM then runs the largest
-    run in one pass (CudaBackend.QUANT_WORK_BYTES, 80 MiB before)."""
+    """prepare_device hands the plan's workspace, by the backend's measure, to the backend: its block-quantized GEMM
+    then runs the largest run in one pass (CudaBackend.QUANT_WORK_BYTES, 80 MiB before)."""
     from llamacmp.backends.cuda import CudaBackend
     from llamacmp.fixtures.qwen_vocab import tiny_vocab
     from llamacmp.fixtures.writer import SHAPES, write_model
@@ -257,7 +272,11 @@ def test_prepare_device_sizes_the_backend_s_gemm_workspace(cuda_backend, tmp_pat
     try:
         mf = open_model(path)
         p = memplan.prepare_device(be, mf, plan_run(params, mf.cfg.n_ctx_train))
-        assert p.quant_work == memplan.quant_work_bytes(memplan.tensors_of(mf.gguf), 256) > 0
+        tensors = memplan.tensors_of(mf.gguf)
+        assert p.quant_work == memplan.quant_work_bytes(tensors, 256, be.gemm_work_bytes) > 0
         assert be.QUANT_WORK_BYTES == p.quant_work != CudaBackend.QUANT_WORK_BYTES
+        # where the route reads Q4_K from its planes (compute_80+ code), only the half sums: less than expanded
+        reads_planes = be.gemm_work_bytes("Q4_K", 256, 1024, 1024) < memplan.expanded_work_bytes("Q4_K", 256, 1024, 128)
+        assert (p.quant_work < memplan.quant_work_bytes(tensors, 256)) == reads_planes
     finally:
         be.arena.close()

@@ -20,7 +20,7 @@ from cuda_helpers import INT8_DOTS, poison, rel, routed, up
 from llamacmp.backends.numpy_ref import quantize_q8_blocks
 from llamacmp.fixtures.quant_blocks import random_blocks
 from llamacmp.gguf_file import QUANT_BLOCKS, Q8Tensor
-from llamacmp.lib._native import CMP_QUANT_TYPES
+from llamacmp.lib._native import CMP_DOTS, CMP_MM_GEMM_DOT_SHIFT, CMP_QUANT_TYPES
 
 pytestmark = pytest.mark.cuda
 
@@ -130,6 +130,8 @@ MIN_TYPES = ["Q2_K", "Q4_1", "Q4_K", "Q5_1", "Q5_K"]
 # w16_planes_max_tokens), by the int8 tensor-core one up to its own (matmul_mma.cu; test_matmul_mma_cuda.DIRECT_TYPES).
 W16_DIRECT_TYPES = {"Q2_K": 512, "Q4_K": 4096, "Q5_K": 512}
 MMA_DIRECT_TYPES = ["Q2_K", "Q4_K", "Q5_K"]
+# kernel bits whose GEMM expands every type (the DP2A route reads no planes): cmp_quant_work_bytes' expanded form
+EXPANDED = CMP_DOTS["dp2a"] << CMP_MM_GEMM_DOT_SHIFT
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -152,7 +154,7 @@ def test_gemm_same_bits_on_every_kernel(cuda_backend, type_name):
     w = be.upload_matrix(blocks)
     xq, xd = be.quantize(up(be, x))
     saved = be.QUANT_WORK_BYTES
-    be.QUANT_WORK_BYTES = be.native.quant_work_bytes(w.type_id, 200, n, 256)   # chunks of 256 rows
+    be.QUANT_WORK_BYTES = be.native.quant_work_bytes(w.type_id, 200, n, 256, EXPANDED)   # chunks of 256 rows
     out = {}
     try:
         for dot in INT8_DOTS:
@@ -189,7 +191,7 @@ def test_group_in_one_launch(gemm_backend, type_name):
     xq, xd = be.quantize(up(be, x))
     dres = [up(be, r) for r in res]
     saved = be.QUANT_WORK_BYTES
-    be.QUANT_WORK_BYTES = be.native.quant_work_bytes(ws[0].type_id, T, n, 128)   # chunks of 128 rows
+    be.QUANT_WORK_BYTES = be.native.quant_work_bytes(ws[0].type_id, T, n, 128, EXPANDED)   # chunks of 128 rows
     try:
         group, launches = captured(be, lambda: be._q8_project(xq, xd, ws, dres))
         alone = [captured(be, lambda: be._q8_project(xq, xd, [w], [r]))[0][0] for w, r in zip(ws, dres)]
@@ -289,7 +291,8 @@ def test_w16_direct_types_in_one_launch(cuda_backend, type_name, T, cap, pieces)
 def test_w16_direct_types_up_to_their_tokens(cuda_backend, type_name):
     """Past its tokens a call (where the expansion pass costs less than decoding in every token tile), a type the DP4A
     GEMM reads from its planes is expanded first, as the others: more launches than the half sums and the GEMM, the
-    same bits (one decode) on the tokens both calls share."""
+    same bits (one decode) on the tokens both calls share; and the workspace the backend asks for (the memory
+    plan's measure, cmp_quant_work_bytes) is the half sums alone up to the limit, the expanded rows past it."""
     from cuda_helpers import captured, on_dp4a
     be, rng, limit = cuda_backend, np.random.default_rng(len(type_name) + 7), W16_DIRECT_TYPES[type_name]
     if not be.native.gemm_w16_available():
@@ -305,7 +308,10 @@ def test_w16_direct_types_up_to_their_tokens(cuda_backend, type_name):
             (y,), launches = captured(be, lambda: be._q8_project(xq, xd, [mat]))
             ys.append(y)
             counts.append(launches)
+        work = [be.gemm_work_bytes(type_name, T, n, 129) for T in (limit, limit + 1)]
     sums = int(type_name in MIN_TYPES)
+    halves = -(-limit * (n // 16) * 4 // 256) * 256          # (every direct type has mins)
+    assert work[0] == halves and work[1] > halves + 129 * n, work
     assert counts[0] == sums + 1 and counts[1] > sums + 1, counts
     np.testing.assert_array_equal(ys[0], ys[1][:limit])
     assert rel(ys[1], exact(x[:limit + 1], w)) < TOL

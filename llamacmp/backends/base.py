@@ -178,6 +178,11 @@ class Backend(ABC):
         larger than this go in passes (only asked when device_memory() is not None)."""
         raise NotImplementedError(f"backend '{self.name}' does not plan device memory")
 
+    def gemm_work_bytes(self, type_name: str, T: int, n: int, rows: int) -> int:
+        """The workspace that backend's block-quantized GEMM takes a run of `rows` rows (n values each) of this type
+        in at T tokens, on its routes: the memory plan's measure (only asked when device_memory() is not None)."""
+        raise NotImplementedError(f"backend '{self.name}' does not plan device memory")
+
     def release_memory(self) -> None:
         """Give back the device memory that no tensor holds any more (the server's sleep, after it dropped the model
         and the slots). Host backends: nothing to do, the dropped arrays are freed by Python."""

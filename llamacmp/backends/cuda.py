@@ -310,6 +310,9 @@ class CudaBackend(Backend):
     def plan_quant_work(self, nbytes: int) -> None:
         self.QUANT_WORK_BYTES = nbytes
 
+    def gemm_work_bytes(self, type_name: str, T: int, n: int, rows: int) -> int:
+        return self.native.quant_work_bytes(CMP_QUANT_TYPES[type_name], T, n, rows, self._route_bits())
+
     def release_memory(self) -> None:
         """The arena's chunks go back to the driver (cudaFree) only when no block is in use: a tensor still alive
         (an -mm projector's weights) would otherwise point into freed memory; then the chunks stay and one line
@@ -574,19 +577,20 @@ class CudaBackend(Backend):
     def _quant_launch(self, xq, xd, ws: Sequence["QuantMatrix"], outs: Sequence[DeviceTensor], res, t0: int,
                       tn: int) -> None:
         """cmp_matmul_quant over rows [t0, t0 + tn) of the Q8 activations for matrices of one block type; above the
-        GEMV's 16 rows a workspace for the expanded weights (QUANT_WORK_BYTES, or what 128 rows need if more)."""
-        n, k, tid = xq.shape[1], len(ws), ws[0].type_id
+        GEMV's 16 rows a workspace for the expanded weights (QUANT_WORK_BYTES, or what 128 rows need if more; the
+        half sums alone where the GEMM reads the type's planes)."""
+        n, k, tid, bits = xq.shape[1], len(ws), ws[0].type_id, self._route_bits()
         work, work_bytes = 0, 0
         if tn > self.GEMV2_MAX_ROWS:
             rows = sum(w.shape[0] for w in ws)   # the GEMMs expand them all into one run (gemm_quant_run)
-            work_bytes = max(min(self.native.quant_work_bytes(tid, tn, n, rows), self.QUANT_WORK_BYTES),
-                             self.native.quant_work_bytes(tid, tn, n, 1))
+            work_bytes = max(min(self.native.quant_work_bytes(tid, tn, n, rows, bits), self.QUANT_WORK_BYTES),
+                             self.native.quant_work_bytes(tid, tn, n, 1, bits))
             work_t = self.empty((work_bytes,), "u8", f"the {ws[0].type_name} GEMM workspace")
             work = work_t.ptr
         self.native.cmp_matmul_quant(
             tid, xq.row_ptr(t0), xd.row_ptr(t0), k, (ctypes.c_void_p * k)(*(w.body.ptr for w in ws)),
             (ctypes.c_void_p * k)(*(w.head_ptr for w in ws)), (ctypes.c_void_p * k)(*(o.row_ptr(t0) for o in outs)),
-            res, (ctypes.c_int * k)(*(w.shape[0] for w in ws)), tn, n, work, work_bytes, self._route_bits())
+            res, (ctypes.c_int * k)(*(w.shape[0] for w in ws)), tn, n, work, work_bytes, bits)
 
     def _q8_buffers(self, T: int, n: int) -> tuple[DeviceTensor, DeviceTensor]:
         return self.empty((T, n), "i8"), self.empty((T, n // Q8_0_BLOCK), "f32")

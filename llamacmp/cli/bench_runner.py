@@ -53,7 +53,7 @@ class Runner:
         """The block-quantized GEMM's workspace as the memory plan sizes it for the CLI and server (a layer's largest
         run of expanded weights in one pass, memplan.quant_work_bytes) where the device has that room beyond the
         80 MiB piece; the bench plans no memory (as llama-bench)."""
-        work = memplan.quant_work_bytes(self.tensors, n_ubatch)
+        work = memplan.quant_work_bytes(self.tensors, n_ubatch, self.be.gemm_work_bytes)
         if work > memplan.QUANT_WORK_PIECE and work - memplan.QUANT_WORK_PIECE > self.be.device_memory()[0]:
             work = memplan.QUANT_WORK_PIECE
         if work:

@@ -92,8 +92,8 @@ SIGNATURES: dict[str, tuple[tuple, str]] = {
     "cmp_attn_prefill_mma": ((_p, _p, _p, _p, _p, _i, _i, _i, _i, _f),
                              "int cmp_attn_prefill_mma(const float* q, const void* kc, const void* vc, "
                              "const int32_t* pos, float* out, int L, int Hq, int Hk, int Dh, float scale)"),
-    "cmp_quant_work_bytes": ((_i, _i, _i, _i, _p),
-                             "int cmp_quant_work_bytes(int type, int T, int n, int rows, size_t* bytes)"),
+    "cmp_quant_work_bytes": ((_i, _i, _i, _i, _i, _p),
+                             "int cmp_quant_work_bytes(int type, int T, int n, int rows, int kernels, size_t* bytes)"),
     "cmp_embed_quant": ((_i, _p, _p, _p, _p, _i, _i),
                         "int cmp_embed_quant(int type, const int32_t* ids, const void* body, const void* head, "
                         "float* out, int T, int D)"),
@@ -332,10 +332,11 @@ class Native:
         self.cmp_quant_layout(type_id, *(ctypes.byref(x) for x in v))
         return tuple(x.value for x in v)
 
-    def quant_work_bytes(self, type_id: int, T: int, n: int, rows: int) -> int:
-        """Workspace bytes cmp_matmul_quant needs for one pass over `rows` rows at T tokens (0 for the GEMV)."""
+    def quant_work_bytes(self, type_id: int, T: int, n: int, rows: int, kernels: int) -> int:
+        """Workspace bytes cmp_matmul_quant needs for one pass over `rows` rows at T tokens with these kernel bits (0
+        for the GEMV; the half sums alone where the GEMM reads the type's planes)."""
         b = ctypes.c_size_t(0)
-        self.cmp_quant_work_bytes(type_id, T, n, rows, ctypes.byref(b))
+        self.cmp_quant_work_bytes(type_id, T, n, rows, kernels, ctypes.byref(b))
         return b.value
 
     def gdn_chunked_work_bytes(self, L: int, V: int, Dk: int) -> int:

@@ -2,8 +2,9 @@
 // repacked: f16 scale per block) and every expanded block type (matmul_quant.cuh's workspace: an f32 scale and min
 // per 16 values): those with one scale (and min) per 32 values, held in both halves (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
 // Q4_K, Q5_K, IQ4_XS), and the PER16 ones with one per 16 (Q6_K, Q3_K; Q2_K with mins); Q2_K, Q4_K and Q5_K
-// it reads unexpanded up to a number of tokens a call, from their repacked planes (the direct form: gemm_w16_kernel's header). One kernel source for
-// all; each including translation unit instantiates its own (internal linkage). block_term (per 32) and block_term16
+// it reads unexpanded up to a number of tokens a call, from their repacked planes (the direct form:
+// gemm_w16_kernel's header). One kernel source for all; each including translation unit instantiates its own
+// (internal linkage). block_term (per 32) and block_term16
 // (PER16) are the arithmetic per output and block that every DP4A GEMM of such weights adds, this one and
 // gemm_quant_kernel (where this one does not run: DP2A / IMAD routes, code older than compute_80, sm_75's shared
 // memory with mins, sm_61's), so the outputs have the same bits whichever runs.
@@ -186,8 +187,8 @@ using W16Stage = std::conditional_t<
 // 128, I2FP 256, LDS 260, LDL 3), 128 registers, 16 B spill. The FP32 work per output and block is gemm_quant_kernel's
 // (its loop: 1819 / 2267 instructions for the same 1024 IDP, at 2 warps per scheduler); what changes is 4 warps per
 // scheduler and the one launch for a call's matrices: the 27B Q4_K_M's DP4A prefill +4-5% (H200, 2026-12-05).
-// The direct form (W::DIRECT: W16Planes, matmul_quant.cuh; Q2_K, Q4_K, Q5_K up to w16_planes_max_tokens): no expansion pass and no
-// workspace but the half sums, the weights read from the run's repacked planes, as matmul_mma.cu's direct form. A
+// The direct form (W::DIRECT: W16Planes, matmul_quant.cuh; Q2_K, Q4_K, Q5_K up to w16_planes_max_tokens): no
+// expansion pass and no workspace but the half sums, the weights read from the run's repacked planes, as matmul_mma.cu's direct form. A
 // stage's 128 rows x 4 blocks are the scale loads' (row, block) items (two a thread at TOK = 64, one at 128), each
 // row found once in its matrix's planes (PlaneRow); an item's block is loaded as the type's Raw (Q::load) where an
 // expanded row's scale and min are, before the stage's math, and decoded after it by expand_kernel's own Q::decode

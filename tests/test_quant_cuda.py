@@ -213,9 +213,10 @@ def test_group_in_one_launch(gemm_backend, type_name):
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_K", "Q6_K", "Q2_K"])
 def test_gemm_pieces_give_the_same_bits(cuda_backend, type_name):
-    """The block types on the DP4A GEMM (gemm_w16_kernel: per 32 and PER16, without and with mins; Q4_0 and Q6_K expanded,
-    Q4_K and Q2_K read from their planes) in serial pieces of K (cmp_set_serial_pieces forces 2..4 on every launch; 0: the
-    plan) give the unsplit bits, residuals added, against the exact math. 2048 values of K: 16 stages."""
+    """The block types on the DP4A GEMM (gemm_w16_kernel: per 32 and PER16, without and with mins; Q4_0 and Q6_K
+    expanded, Q4_K and Q2_K read from their planes) in serial pieces of K (cmp_set_serial_pieces forces 2..4 on
+    every launch; 0: the plan) give the unsplit bits, residuals added, against the exact math. 2048 values of K: 16
+    stages."""
     from dataclasses import replace
     be, rng, T = cuda_backend, np.random.default_rng(43), 200
     if not be.native.gemm_w16_available():

@@ -52,7 +52,8 @@ def main() -> None:
     def source(name: str) -> str:
         m = SOURCE.search(name)
         return m.group(1) if m else ""
-    for name, body in sorted(functions(sass, "gemm_mma_kernel").items(), key=lambda kv: (NAME.search(kv[0]).groups(), source(kv[0]))):
+    kernels = functions(sass, "gemm_mma_kernel")
+    for name, body in sorted(kernels.items(), key=lambda kv: (NAME.search(kv[0]).groups(), source(kv[0]))):
         sc, mn, bk, stages = NAME.search(name).groups()
         c = classify(main_loop(body, "IMMA"))
         imma = max(c["IMMA"], 1)

@@ -187,27 +187,27 @@ using W16Stage = std::conditional_t<
 // 128, I2FP 256, LDS 260, LDL 3), 128 registers, 16 B spill. The FP32 work per output and block is gemm_quant_kernel's
 // (its loop: 1819 / 2267 instructions for the same 1024 IDP, at 2 warps per scheduler); what changes is 4 warps per
 // scheduler and the one launch for a call's matrices: the 27B Q4_K_M's DP4A prefill +4-5% (H200, 2026-12-05).
-// The direct form (W::DIRECT: W16Planes, matmul_quant.cuh; Q2_K, Q4_K, Q5_K up to w16_planes_max_tokens): no
-// expansion pass and no workspace but the half sums, the weights read from the run's repacked planes, as matmul_mma.cu's direct form. A
-// stage's 128 rows x 4 blocks are the scale loads' (row, block) items (two a thread at TOK = 64, one at 128), each
-// row found once in its matrix's planes (PlaneRow); an item's block is loaded as the type's Raw (Q::load) where an
-// expanded row's scale and min are, before the stage's math, and decoded after it by expand_kernel's own Q::decode
-// into the codes cp.async would have copied and the scales / mins the loads would have brought: the same stage, so
-// the same bits, published by the same barrier. Its price in the loop (sm_90, nvcc 13.0, per stage = 1024 IDP.4A a
-// warp, unsplit; tools/w16_sass.py), expanded -> direct at TOK = 64 / 128: Q4_K 1844 -> 1892 / 1818 -> 1846, Q5_K
-// 1844 -> 1939 / 1818 -> 1873, Q2_K 2420 -> 2506 / 2397 -> 2435, Q6_K 1918 -> 2070 / 1909 -> 1983 instructions (sm_80,
-// sm_86 within 5). What it adds is integer unpacking (LOP3, SHF, PRMT, IADD3: +35, +83, +66, +140 at TOK = 64) on the
-// ALU pipe, 4 I2F and 4 FMUL a stage (Q2_K 8 each; the FMUL on the FMA pipe), and up to 12 reloads (LDL) of
-// loop-invariant row addresses: the Raw lives through the math (8 registers an item for Q4_K), so at TOK = 64 it spills
-// (sm_90 unsplit: Q4_K 40 bytes, Q5_K 28, Q2_K 48, Q6_K none; sm_80: 36, 28, 48, 32; TOK = 128 on sm_86 / sm_89:
-// none, Q2_K 8; all at the 128-register bound). Why it may come almost free here, unlike the tensor-core loop: this
-// one is bound by the FMA pipe, (IDP + FP32) x 2 clocks = 2818 a stage for Q4_K / Q5_K (2816 Q6_K, 3584 Q2_K)
-// against 1844 issue slots, and the direct forms add 8 clocks there (Q2_K 16: +0.3%) while their 1892-2506 slots
-// stay below it; the mma loop is issue-bound, where Q6_K's +9.8% lost 6-18%. Measured (H100, 2026-12-06) the count
-// was too kind: against the expanded form in one pass, direct won at T = 512 (Q4_K 5-7%, Q2_K 2%, Q5_K 1-4%) and
-// lost past it as the pass's share fell (at 4096 Q2_K 4-5%, Q5_K 3-4%; Q4_K even), Q6_K 3-9% at every T: so the
-// token limits of matmul_quant.cuh w16_planes_max_tokens and Q6_K expanded. 27B Q4_K_M pp512 / pp4096 +2.9% /
-// +2.8%, and +10.6% / +10.3% against the 80 MiB passes of a 16 GB card (RESULTS.md, thirty-third session).
+// The direct form (W::DIRECT: W16Planes, matmul_quant.cuh; Q2_K, Q4_K, Q5_K up to w16_planes_max_tokens): no expansion
+// pass and no workspace but the half sums, the weights read from the run's repacked planes, as matmul_mma.cu's direct
+// form. A stage's 128 rows x 4 blocks are the scale loads' (row, block) items (two a thread at TOK = 64, one at 128),
+// each row found once in its matrix's planes (PlaneRow); an item's block is loaded as the type's Raw (Q::load) where an
+// expanded row's scale and min are, before the stage's math, and decoded after it by expand_kernel's own Q::decode into
+// the codes cp.async would have copied and the scales / mins the loads would have brought: the same stage, so the same
+// bits, published by the same barrier. Its price in the loop (sm_90, nvcc 13.0, per stage = 1024 IDP.4A a warp,
+// unsplit; tools/w16_sass.py), expanded -> direct at TOK = 64 / 128: Q4_K 1844 -> 1892 / 1818 -> 1846, Q5_K 1844 ->
+// 1939 / 1818 -> 1873, Q2_K 2420 -> 2506 / 2397 -> 2435, Q6_K 1918 -> 2070 / 1909 -> 1983 instructions (sm_80, sm_86
+// within 5). What it adds is integer unpacking (LOP3, SHF, PRMT, IADD3: +35, +83, +66, +140 at TOK = 64) on the ALU
+// pipe, 4 I2F and 4 FMUL a stage (Q2_K 8 each; the FMUL on the FMA pipe), and up to 12 reloads (LDL) of loop-invariant
+// row addresses: the Raw lives through the math (8 registers an item for Q4_K), so at TOK = 64 it spills (sm_90
+// unsplit: Q4_K 40 bytes, Q5_K 28, Q2_K 48, Q6_K none; sm_80: 36, 28, 48, 32; TOK = 128 on sm_86 / sm_89: none, Q2_K 8;
+// all at the 128-register bound). Why it may come almost free here, unlike the tensor-core loop: this one is bound by
+// the FMA pipe, (IDP + FP32) x 2 clocks = 2818 a stage for Q4_K / Q5_K (2816 Q6_K, 3584 Q2_K) against 1844 issue slots,
+// and the direct forms add 8 clocks there (Q2_K 16: +0.3%) while their 1892-2506 slots stay below it; the mma loop is
+// issue-bound, where Q6_K's +9.8% lost 6-18%. Measured (H100, 2026-12-06) the count was too kind: against the expanded
+// form in one pass, direct won at T = 512 (Q4_K 5-7%, Q2_K 2%, Q5_K 1-4%) and lost past it as the pass's share fell (at
+// 4096 Q2_K 4-5%, Q5_K 3-4%; Q4_K even), Q6_K 3-9% at every T: so the token limits of matmul_quant.cuh
+// w16_planes_max_tokens and Q6_K expanded. With them the 27B Q4_K_M's DP4A pp512 / pp4096 +4.1% / +3.9%, and +9.3% /
+// +8.9% where a 16 GB card's workspace takes 80 MiB passes (RESULTS.md, thirty-third session, s33b).
 // SPLIT: the kernel of split launches (pieces > 1); whole tiles run the kernel without the pieces' code, whose
 // registers and schedule are the unsplit loop's (with it the 9B's unsplit GEMMs lost ~1%: 124 registers instead of
 // 128, another schedule; H200, 2026-12-04).

@@ -20,6 +20,7 @@ import pytest
 from cuda_helpers import SMEM_CAPS, captured, poison, rel, up
 from test_quant_cuda import TOL, exact, inputs
 
+from llamacmp.backends.arena_sizes import exact as arena_exact
 from llamacmp.fixtures.quant_blocks import random_blocks
 from llamacmp.gguf_file import GRID_TYPES, QUANT_BLOCKS
 
@@ -168,7 +169,7 @@ def test_direct_types_up_to_their_tokens(mma_backend, type_name):
         counts.append(launches)
     assert counts[0] == 2 and counts[1] > 2, counts
     np.testing.assert_array_equal(ys[0], ys[1][:limit])
-    halves = -(-limit * (n // 16) * 4 // 256) * 256          # (every direct type has mins)
+    halves = arena_exact(limit * (n // 16) * 4)            # the half sums (every direct type has mins)
     work = [be.gemm_work_bytes(type_name, T, n, 129) for T in (limit, limit + 1)]
     assert work[0] == halves and work[1] > halves + 129 * n, work
     assert rel(ys[1], exact(x[:limit + 1], w)) < TOL

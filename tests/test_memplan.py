@@ -233,7 +233,7 @@ def test_gemm_workspace_by_the_backend_s_measure():
     backend's answer) needs only the half sums for the 27B's Q4_K runs, so the largest is a Q4_K_M file's Q6_K
     ffn_down (5120 rows of 17408), not ffn_gate + ffn_up."""
     def reads_q4k(type_name: str, T: int, n: int, rows: int) -> int:
-        halves = -(-T * (n // 16) * 4 // 256) * 256
+        halves = memplan.exact(T * (n // 16) * 4)
         return halves if type_name == "Q4_K" else memplan.expanded_work_bytes(type_name, T, n, rows)
     tensors, cfg = q4k("27b", **{f"blk.{il}.ffn_down.weight": "Q6_K" for il in range(0, 64, 2)})
     down = memplan.expanded_work_bytes("Q6_K", 512, 17408, 5120)
@@ -276,7 +276,7 @@ def test_prepare_device_sizes_the_backend_s_gemm_workspace(cuda_backend, tmp_pat
         assert p.quant_work == memplan.quant_work_bytes(tensors, 256, be.gemm_work_bytes) > 0
         assert be.QUANT_WORK_BYTES == p.quant_work != CudaBackend.QUANT_WORK_BYTES
         # where the route reads Q4_K from its planes (compute_80+ code), only the half sums: less than expanded
-        reads_planes = be.gemm_work_bytes("Q4_K", 256, 1024, 1024) < memplan.expanded_work_bytes("Q4_K", 256, 1024, 128)
+        reads_planes = be.gemm_work_bytes("Q4_K", 256, 1024, 1024) < memplan.expanded_work_bytes("Q4_K", 256, 1024, 1)
         assert (p.quant_work < memplan.quant_work_bytes(tensors, 256)) == reads_planes
     finally:
         be.arena.close()

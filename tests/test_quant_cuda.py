@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from cuda_helpers import INT8_DOTS, poison, rel, routed, up
 
+from llamacmp.backends.arena_sizes import exact as arena_exact   # (exact: the tests' exact math)
 from llamacmp.backends.numpy_ref import quantize_q8_blocks
 from llamacmp.fixtures.quant_blocks import random_blocks
 from llamacmp.gguf_file import QUANT_BLOCKS, Q8Tensor
@@ -311,7 +312,7 @@ def test_w16_direct_types_up_to_their_tokens(cuda_backend, type_name):
             counts.append(launches)
         work = [be.gemm_work_bytes(type_name, T, n, 129) for T in (limit, limit + 1)]
     sums = int(type_name in MIN_TYPES)
-    halves = -(-limit * (n // 16) * 4 // 256) * 256          # (every direct type has mins)
+    halves = arena_exact(limit * (n // 16) * 4)            # the half sums (every direct type has mins)
     assert work[0] == halves and work[1] > halves + 129 * n, work
     assert counts[0] == sums + 1 and counts[1] > sums + 1, counts
     np.testing.assert_array_equal(ys[0], ys[1][:limit])

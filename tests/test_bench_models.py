@@ -214,6 +214,22 @@ def test_mtp_streams_reads_the_policy_round_counters(monkeypatch):
     assert mtp_streams.rounds_text({(4, "plain"): 20}, got) == "S=1: drafted 3; S=4: plain 100, probes 2"
 
 
+def test_mtp_streams_interval_of_the_rounds():
+    """benchmarks/mtp_streams.py's on / off geometric mean over ABBA rounds comes with a 95% Student's t interval on
+    the logs: two rounds at e^+0.01 and e^-0.01 give mean 1.0 and +-12.706 standard errors; one round no interval."""
+    import math
+    import mtp_streams
+    low, mean, high = mtp_streams.ratio_interval([math.exp(0.01), math.exp(-0.01)])
+    half = 12.706 * math.sqrt(2 * 0.01 ** 2) / math.sqrt(2)
+    assert mean == pytest.approx(1.0)
+    assert (low, high) == pytest.approx((math.exp(-half), math.exp(half)))
+    assert mtp_streams.ratio_interval([0.98]) == pytest.approx((0.98,) * 3)
+    assert mtp_streams.t975(10) == pytest.approx(2.228, rel=2e-3)        # (the expansion past the table)
+    assert mtp_streams.t975(60) == pytest.approx(2.000, rel=2e-3)
+    assert mtp_streams.ratio_cells([0.98]) == "0.980 | 0.980"
+    assert mtp_streams.ratio_cells([1.0, 1.0]) == "1.000 / 1.000 | 1.000 [1.000, 1.000]"
+
+
 def test_mtp_streams_reads_the_plain_step_parts(monkeypatch):
     """benchmarks/mtp_streams.py reads the server's llamacmp:plain_step_seconds_total lines (server/misc.py writes
     them), gives the ms per step of each part over one measurement and tables on - off per round."""
@@ -242,7 +258,7 @@ def test_mtp_streams_reads_the_plain_step_parts(monkeypatch):
 def test_mtp_streams_rounds_run_abba_and_pair_with_offs_same_round():
     """--rounds K runs the settings in ABBA order (a steady drift of the machine cancels over two rounds instead of
     always landing on the setting that runs second), and each round's on / off pairs the two runs of that round;
-    the summary is their geometric mean."""
+    the summary is their geometric mean (with its interval over the rounds)."""
     import mtp_streams
     settings = [("off", []), ("mtp L1", ["x"]), ("mtp L2.5", ["y"])]
     order = [[label for label, _ in mtp_streams.round_order(settings, k)] for k in range(4)]
@@ -254,9 +270,9 @@ def test_mtp_streams_rounds_run_abba_and_pair_with_offs_same_round():
     rows = {(r.split("|")[1].strip(), r.split("|")[2].strip()): [c.strip() for c in r.split("|")[3:-1]]
             for r in mtp_streams.rate_table(runs, [1, 4])[2:]}
     on4 = rows[("mtp L1", "4")]
-    assert on4[1] == "0.980 / 1.030" and on4[2] == f"{(0.98 * 1.03) ** 0.5:.3f}"
-    assert on4[4] == "0.990 / 1.010" and on4[5] == f"{(0.99 * 1.01) ** 0.5:.3f}"
-    assert rows[("off", "4")][2] == "1.000" and rows[("mtp L1", "1")][4:6] == ["-", "-"]
+    assert on4[1] == "0.980 / 1.030" and on4[2].startswith(f"{(0.98 * 1.03) ** 0.5:.3f} [")
+    assert on4[4] == "0.990 / 1.010" and on4[5].startswith(f"{(0.99 * 1.01) ** 0.5:.3f} [")
+    assert rows[("off", "4")][2] == "1.000 [1.000, 1.000]" and rows[("mtp L1", "1")][4:6] == ["-", "-"]
 
 
 def test_streams_wall_time_split_into_start_steady_tail(monkeypatch):

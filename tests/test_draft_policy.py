@@ -305,17 +305,30 @@ TAIL = [(4, 128), (3, 12), (2, 12), (1, 12)]
 
 
 def test_streams_finishing_do_not_explore_what_cannot_repay():
-    """Streams finishing one by one where drafting pays (cheap rows): the tokens left at S = 3 and 2 cannot repay a
-    new shape's eager round and captures, so those S step plainly ('short'), where without the bound they explored
-    (and lost: the run's rate is higher with it). S = 4 with its long run left, and S = 1, explore as before."""
+    """Streams finishing one by one where drafting pays (cheap rows): the tokens left at S = 3, 2 and 1 cannot
+    repay a new shape's eager round and captures, so those S step plainly ('short'), where without the bound they
+    explored (and lost: the run's rate is higher with it). S = 4, with its long run left, explores as before."""
     cheap = lambda R: PLAIN * (1 + 0.02 * (R - 1))        # noqa: E731
     rate_blind, blind = _ramp(0.8, cheap, TAIL)
     rate, pol = _ramp(0.8, cheap, TAIL, left=True)
-    for S in (3, 2):
+    for S in (3, 2, 1):
         assert blind.counts[S]["explored"] >= 1
         assert pol.counts[S]["short"] >= 1 and "explored" not in pol.counts[S] and "drafted" not in pol.counts[S]
-    assert pol.counts[4]["explored"] >= 1 and pol.counts[4]["drafted"] > 100 and pol.counts[1]["explored"] == 1
+    assert pol.counts[4]["explored"] >= 1 and pol.counts[4]["drafted"] > 100
     assert rate > rate_blind
+
+
+def test_a_lone_sequence_explores_only_what_it_can_repay():
+    """One sequence with nothing measured for S = 1: it explores (drafts n_max) when the tokens it has left could
+    repay the exploration even with free drafts (more than EXPLORE_STEPS), or when nothing bounds them; with
+    EXPLORE_STEPS or fewer left it steps plainly ('short'), however well its drafts are accepted."""
+    from llamacmp.engine.draft_policy import EXPLORE_STEPS
+    pol, good = DraftPolicy(3), Acceptance(9.5, 10.0)
+    assert pol.best([good]) == pol.best([good], left=EXPLORE_STEPS + 1) == (3, "explored")
+    assert pol.best([good], left=EXPLORE_STEPS) == pol.best([good], left=1) == (0, "short")
+    pol.costs.add_spec(1, 3, PLAIN)                     # once measured, the tables decide as before
+    pol.costs.add_plain(1, PLAIN)
+    assert pol.best([good], left=1)[0] == 3
 
 
 def test_a_long_run_left_still_explores():

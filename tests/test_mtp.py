@@ -952,7 +952,8 @@ def test_request_start_captures_the_slots_graphs(lm):
             return super().draft(states, tokens, h_parts, n)
     engine = Engine(lm, EngineConfig(n_slots=2, n_ctx_slot=128, spec=SpecConfig(type="draft-mtp", n_max=3)))
     engine.spec.graphs = g = Watched(lm.model, 3)
-    params = GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=12)
+    # (more tokens than EXPLORE_STEPS: a fresh engine's lone sequence with fewer left steps plainly, 'short')
+    params = GenParams(SamplingParams(temp=0.0, ignore_eos=True), n_predict=16)
     _serve(engine, [(lm.tokenizer.encode(PROMPTS[0]), params)])
     slot = next(s for s in engine.slots if s.cache.tokens)
     assert g.prepared == [([slot.state], [slot.mtp.state], (1, 2, 3), None)]     # every catch-up length

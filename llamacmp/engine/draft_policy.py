@@ -40,7 +40,11 @@ No length passing: the round steps plainly. Nor does one whose best case cannot 
 end when the first of them does (its n_predict, its context), so near the end of a run, streams finishing one by
 one, each smaller S would pay an eager round and captures for a few rounds' gain at best. Probes at S > 1 run only
 where a spec round of S was measured (else exploring already decides each round from the current acceptance) and
-only when the round would win were every draft accepted. S = 1 explores and probes as before.
+only when the round would win were every draft accepted. S = 1 explores and probes as before, but for the same
+bound on what is left, with free drafts as the best case (more than EXPLORE_STEPS tokens): the last stream of
+several, its graphs not captured at its prompt's end (Speculator.prompt_end: not alone then), explored with its
+last few tokens, an eager round and captures in the tail of 4-stream runs on a fresh server (2026-12-06, H100,
+acceptance length 1.5: the tail +30-48 ms over MTP off in half the rounds).
 """
 from __future__ import annotations
 
@@ -252,14 +256,14 @@ class DraftPolicy:
         return n
 
     def _may_win(self, S: int, n: int, others: int) -> bool:
-        """Whether a probe of S sequences drafting n may run: S = 1 always; S > 1 only once a spec round of S was
-        measured (before that, exploring decides from the current acceptance each round: a probe of a shape
-        never run would pay an eager round and captures to learn what the bound already says), and only if the
-        round could beat a plain step were every draft accepted."""
-        if S == 1:
-            return True
+        """Whether a probe of S sequences drafting n may run: only once a spec round of S was measured (before
+        that, exploring decides each round: a probe of a shape never run would pay an eager round and captures
+        to learn what exploring's bound already said: 'skipped' or 'short'); S = 1 then always, S > 1 only if
+        the round could beat a plain step were every draft accepted."""
         if not self.costs.has_spec(S):
             return False
+        if S == 1:
+            return True
         plain, apart = self.costs.plain_cost(S + others), self.costs.plain_cost(others) if others else 0.0
         if plain is None or apart is None:
             return True
@@ -322,6 +326,8 @@ class DraftPolicy:
         if not c.has_spec(S):
             if S > 1:
                 return self._explore(accs, others, left)
+            if left is not None and not repays(left, 0.0):
+                return 0, "short"                 # not even free drafts would repay the captures in what is left
             return self.n_max, "explored"         # explore: measure a spec round of S sequences first
         plain, apart = c.plain_cost(S + others), c.plain_cost(others) if others else 0.0
         if plain is None or apart is None:

@@ -92,12 +92,11 @@ class Acceptance:
 
     def expected(self, n: int) -> float:
         """E(n): tokens a round drafting n yields for this sequence, the target's own token included."""
-        a = self.rate
-        return sum(a ** i for i in range(n + 1))
+        return self.expected_upto(n)[n]
 
     def expected_upto(self, n: int) -> list[float]:
-        """[E(0), .., E(n)] in one pass, each as expected() sums it (the same terms in the same order: the same
-        bits)."""
+        """[E(0), .., E(n)] in one pass. Running sums, which expected() takes its value from: sum() is not a plain
+        running sum from Python 3.12 on (compensated), so a sum() here gave other bits than these there."""
         a = self.rate
         return list(accumulate([a ** i for i in range(n + 1)]))
 

@@ -41,9 +41,10 @@ def test_a_new_sequence_starts_from_the_pooled_rate():
 
 
 def test_expected_in_one_pass_is_the_running_sum_bit_for_bit():
-    """The policy weighs every length from expected_upto (one pass a sequence) and expect() from expected(): both
-    must be the plain running sums of a^i, in order, on every Python (sum() compensates from 3.12 on: expected()
-    summed with it failed this on the device's Python, 2026-12-06)."""
+    """The policy weighs every length from expected_upto (one pass a sequence), the reference policy
+    (test_draft_policy_reference.py) from expected(): both must be the plain running sums of a^i, in order, on every
+    Python (sum() compensates from 3.12 on: expected() summed with it failed this on the device's Python,
+    2026-12-06)."""
     rng = np.random.default_rng(0)
     for accepted, tried in zip(rng.uniform(0, 10, 2000), rng.uniform(0.01, 10, 2000)):
         a = Acceptance(float(accepted), float(tried))

@@ -193,10 +193,12 @@ extern "C" int cmp_gather_rows(const float* x, const int32_t* rows, float* out, 
     return launch("gather_rows_kernel", gather_rows_kernel, dim3(R), dim3(EW_THREADS), 0, x, rows, out, D);
 }
 
+// Hq = 0: the k heads alone (qg, q_norm, q_out and gate_out are not read: the MTP head's catch-up writes its KV
+// cache only, Qwen35Model.mtp_fill), the same bits as with the q heads.
 extern "C" int cmp_attention_prep(const float* qg, const float* k, const float* q_norm, const float* k_norm,
                                   const int32_t* pos, float* q_out, float* k_out, float* gate_out, int T, int Hq,
                                   int Hk, int Dh, int n_rot, float rope_base, float eps) {
-    CMP_REQUIRE(T >= 0 && Hq > 0 && Hk > 0 && Dh > 0 && Dh <= 1024 && n_rot >= 0 && n_rot <= Dh && n_rot % 2 == 0,
+    CMP_REQUIRE(T >= 0 && Hq >= 0 && Hk > 0 && Dh > 0 && Dh <= 1024 && n_rot >= 0 && n_rot <= Dh && n_rot % 2 == 0,
                 "cmp_attention_prep: bad shape T=%d Hq=%d Hk=%d Dh=%d n_rot=%d", T, Hq, Hk, Dh, n_rot);
     if (T == 0) return CMP_OK;
     return launch("attention_prep_kernel", attention_prep_kernel, dim3(T, Hq + Hk), dim3(round32(Dh)), 0, qg, k,

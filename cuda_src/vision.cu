@@ -335,7 +335,8 @@ extern "C" int cmp_attention_prep_mrope(const float* qg, const float* k, const f
                                         const int32_t* pos, float* q_out, float* k_out, float* gate_out, int T, int Hq,
                                         int Hk, int Dh, int n_rot, int s0, int s1, int s2, int s3, float rope_base,
                                         float eps) {
-    CMP_REQUIRE(T >= 0 && Hq > 0 && Hk > 0 && Dh > 0 && Dh <= 1024 && n_rot >= 0 && n_rot <= Dh && n_rot % 2 == 0,
+    // Hq = 0: the k heads alone, as cmp_attention_prep
+    CMP_REQUIRE(T >= 0 && Hq >= 0 && Hk > 0 && Dh > 0 && Dh <= 1024 && n_rot >= 0 && n_rot <= Dh && n_rot % 2 == 0,
                 "cmp_attention_prep_mrope: bad shape T=%d Hq=%d Hk=%d Dh=%d n_rot=%d", T, Hq, Hk, Dh, n_rot);
     CMP_REQUIRE(s0 >= 0 && s1 >= 0 && s2 >= 0 && s3 >= 0 && s0 + s1 + s2 + s3 > 0,
                 "cmp_attention_prep_mrope: sections (%d, %d, %d, %d) must be >= 0 with a positive sum", s0, s1, s2,

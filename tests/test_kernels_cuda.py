@@ -237,6 +237,26 @@ def test_attention_prep(cuda_backend, Dh, n_rot, Hq, Hk):
         assert rel(cuda_backend.to_host(g), r) < FP32_TOL
 
 
+@pytest.mark.parametrize("Dh,n_rot,Hq,Hk", [(32, 8, 4, 2), (256, 64, 16, 4), (128, 128, 6, 2)])
+def test_key_prep(cuda_backend, Dh, n_rot, Hq, Hk):
+    """The k heads alone (the kernel with Hq = 0): the reference's within FP32_TOL, and attention_prep's k to the
+    bit (mtp_fill's cache rows are mtp_forward's)."""
+    rng = np.random.default_rng(Dh + Hk)
+    cfg = cfg_for(Hq=Hq, Hk=Hk, Dh=Dh, n_rot=n_rot)
+    T = 13
+    qg = up(cuda_backend, rng.standard_normal((T, Hq * 2 * Dh)).astype(np.float32))
+    k = rng.standard_normal((T, Hk * Dh)).astype(np.float32)
+    qn, kn = rng.standard_normal(Dh).astype(np.float32), rng.standard_normal(Dh).astype(np.float32)
+    batch = StepBatch(np.zeros(T, np.int32), rng.integers(0, 40000, T).astype(np.int32), [], np.zeros(1, np.int32))
+    ref = REF.key_prep(k, kn, batch, cfg)
+    poison(cuda_backend, (T, Hk, Dh))
+    got = cuda_backend.to_host(cuda_backend.key_prep(up(cuda_backend, k), up(cuda_backend, kn), batch, cfg))
+    assert got.shape == (T, Hk, Dh) and rel(got, ref) < FP32_TOL
+    _, k_full, _ = cuda_backend.attention_prep(qg, up(cuda_backend, k), up(cuda_backend, qn), up(cuda_backend, kn),
+                                               batch, cfg)
+    assert np.array_equal(got, cuda_backend.to_host(k_full))
+
+
 @pytest.mark.parametrize("kv_type", ["f32", "f16"])
 @pytest.mark.parametrize("Dh,Hq,Hk", [(32, 4, 2), (64, 3, 1), (256, 16, 4)])
 @pytest.mark.parametrize("lengths,n_past", [([1], [0]), ([1], [1023]), ([17], [0]), ([65, 1, 7], [3, 600, 31]),

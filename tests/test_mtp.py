@@ -118,21 +118,40 @@ def test_mtp_fill_writes_what_mtp_forward_writes(lm, k_type, v_type):
 
 def test_catch_ups_write_the_head_cache_without_the_block(lm, monkeypatch):
     """The head's catch-ups of queued pairs (_catch_up of several sequences, _head_over_queue of a prompt) only
-    write its KV rows (Backend.kv_write through mtp_fill): no attention over the context, no MLP."""
+    write its KV rows (Backend.kv_write through mtp_fill): no attention over the context, no MLP, and of the
+    attention's inputs k alone (key_prep: no q, no gate)."""
     sp = Speculator(lm.model, 3)
     seqs = [sp.new_seq(64) for _ in PROMPTS[:3]]
     for ms, p in zip(seqs, PROMPTS):
         sp.prefill(lm.backend.new_state(lm.cfg, 64), ms, lm.tokenizer.encode(p), defer=True)
     calls = Counter()
-    for obj, name in ((lm.backend, "attention"), (lm.backend, "kv_write"), (lm.model, "_mlp")):
+    for obj, name in ((lm.backend, "attention"), (lm.backend, "kv_write"), (lm.model, "_mlp"),
+                      (lm.backend, "attention_prep"), (lm.backend, "key_prep")):
         fn = getattr(obj, name)
         monkeypatch.setattr(obj, name, lambda *a, fn=fn, name=name, **k: calls.update([name]) or fn(*a, **k))
     queued = [len(ms.pending) for ms in seqs]
     sp._catch_up(seqs[:2], 0)
-    assert calls == {"kv_write": 1}
+    assert calls == {"kv_write": 1, "key_prep": 1}
     sp._head_over_queue(seqs[2])
-    assert calls == {"kv_write": 2}
+    assert calls == {"kv_write": 2, "key_prep": 2}
     assert [(ms.state.n_past, len(ms.pending)) for ms in seqs] == [(n, 0) for n in queued]
+
+
+def test_key_prep_is_attention_preps_k(lm):
+    """The reference's key_prep is attention_prep's k to the bit, at text and at image (IMROPE) positions."""
+    be, cfg = lm.backend, lm.cfg
+    rng = np.random.default_rng(5)
+    T, Dh = 7, cfg.head_dim
+    qg = rng.standard_normal((T, cfg.n_head * 2 * Dh)).astype(np.float32)
+    k = rng.standard_normal((T, cfg.n_head_kv * Dh)).astype(np.float32)
+    qn, kn = rng.standard_normal(Dh).astype(np.float32), rng.standard_normal(Dh).astype(np.float32)
+    states = [be.new_state(cfg, 64)]
+    for rope_pos in (None, rng.integers(0, 50, (T, 4)).astype(np.int32)):
+        batch = StepBatch.build([(states[0], list(range(T)))])
+        batch.rope_pos = rope_pos
+        got = be.key_prep(k, kn, batch, cfg)
+        assert got.shape == (T, cfg.n_head_kv, Dh) and got.dtype == np.float32
+        assert np.array_equal(got, be.attention_prep(qg, k, qn, kn, batch, cfg)[1])
 
 
 # -- rewind of the recurrent state ------------------------------------------------------------------------------

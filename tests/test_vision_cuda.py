@@ -205,6 +205,27 @@ def test_attention_prep_image_positions(cuda_backend, T, Hq, Hk, Dh, n_rot, sect
         assert rel(cuda_backend.to_host(g), r) < FP32_TOL
 
 
+def test_key_prep_image_positions(cuda_backend):
+    """key_prep at image positions (the IMROPE kernel with Hq = 0): the reference's, and attention_prep's k to the
+    bit."""
+    T, Hq, Hk, Dh, n_rot = 37, 4, 2, 256, 64
+    cfg = _cfg(Hq, Hk, Dh, n_rot, (11, 11, 10, 0))
+    rng = np.random.default_rng(37)
+    qg = rng.standard_normal((T, Hq * 2 * Dh)).astype(np.float32)
+    k = rng.standard_normal((T, Hk * Dh)).astype(np.float32)
+    qn, kn = rng.standard_normal(Dh).astype(np.float32), rng.standard_normal(Dh).astype(np.float32)
+    pos = np.arange(100, 100 + T, dtype=np.int32)
+    rope_pos = np.stack([pos, 100 + rng.integers(0, 40, T), 100 + rng.integers(0, 40, T), rng.integers(0, 3, T)],
+                        axis=1).astype(np.int32)
+    ref = REF.key_prep(k, kn, _batch(pos, rope_pos), cfg)
+    got = cuda_backend.to_host(cuda_backend.key_prep(up(cuda_backend, k), up(cuda_backend, kn), _batch(pos, rope_pos),
+                                                     cfg))
+    assert rel(got, ref) < FP32_TOL
+    _, k_full, _ = cuda_backend.attention_prep(up(cuda_backend, qg), up(cuda_backend, k), up(cuda_backend, qn),
+                                               up(cuda_backend, kn), _batch(pos, rope_pos), cfg)
+    assert np.array_equal(got, cuda_backend.to_host(k_full))
+
+
 def test_attention_prep_equal_positions_is_text_rope(cuda_backend):
     """Four equal position ids per token give exactly the text path's rotation (the two CUDA kernels agree)."""
     T, Hq, Hk, Dh = 19, 4, 2, 256

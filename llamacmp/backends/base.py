@@ -290,6 +290,11 @@ class Backend(ABC):
         (no per-section restart). With all four equal this is exactly the NeoX rotation at that position."""
 
     @abstractmethod
+    def key_prep(self, k: Tensor, k_norm: Tensor, batch: StepBatch, cfg: ModelConfig) -> Tensor:
+        """k [T, Hk*Dh] -> attention_prep's k [T, Hk, Dh] alone, the same bits: the MTP head's catch-up writes
+        its KV cache only (Qwen35Model.mtp_fill), so it neither projects q and its gate nor prepares them."""
+
+    @abstractmethod
     def attention(self, q: Tensor, k: Tensor, v: Tensor, batch: StepBatch, layer: int, cfg: ModelConfig) -> Tensor:
         """q [T, Hq, Dh], k [T, Hk, Dh], v [T, Hk*Dh] -> [T, Hq*Dh].
         Writes k, v into each segment's cache at its positions (kv_write), then causal softmax(q k^T / sqrt(Dh)) v

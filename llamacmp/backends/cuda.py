@@ -715,20 +715,29 @@ class CudaBackend(Backend):
 
     # -- attention -------------------------------------------------------------------------------------------
     def attention_prep(self, qg, k, q_norm, k_norm, batch, cfg):
-        T, Hq, Hk, Dh = qg.shape[0], cfg.n_head, cfg.n_head_kv, cfg.head_dim
-        q_out, k_out, gate = self.empty((T, Hq, Dh)), self.empty((T, Hk, Dh)), self.empty((T, Hq * Dh))
+        T, Hq, Dh = qg.shape[0], cfg.n_head, cfg.head_dim
+        q_out, gate = self.empty((T, Hq, Dh)), self.empty((T, Hq * Dh))
+        k_out = self._prep(qg.ptr, q_norm.ptr, q_out.ptr, gate.ptr, Hq, k, k_norm, batch, cfg)
+        return q_out, k_out, gate
+
+    def key_prep(self, k, k_norm, batch, cfg):
+        return self._prep(0, 0, 0, 0, 0, k, k_norm, batch, cfg)     # (the kernels take Hq = 0: k heads alone)
+
+    def _prep(self, qg: int, q_norm: int, q_out: int, gate: int, Hq: int, k, k_norm, batch, cfg):
+        """attention_prep's kernel over Hq q heads at the pointers given (0 of them: none) and the k heads -> k."""
+        T, Hk, Dh = k.shape[0], cfg.n_head_kv, cfg.head_dim
+        k_out = self.empty((T, Hk, Dh))
         if batch.rope_pos is not None:      # IMROPE at per-token (t, h, w, e) positions (image batches)
             pos4 = batch.device.get("cuda_rope_pos")
             if pos4 is None:
                 pos4 = batch.device["cuda_rope_pos"] = self._rope_pos(batch.rope_pos, T, "image rotary positions")
             s = (tuple(cfg.rope_sections) + (0, 0, 0, 0))[:4]
-            self.native.cmp_attention_prep_mrope(qg.ptr, k.ptr, q_norm.ptr, k_norm.ptr, pos4.ptr, q_out.ptr,
-                                                 k_out.ptr, gate.ptr, T, Hq, Hk, Dh, cfg.n_rot, *s, cfg.rope_base,
-                                                 cfg.rms_eps)
-            return q_out, k_out, gate
-        self.native.cmp_attention_prep(qg.ptr, k.ptr, q_norm.ptr, k_norm.ptr, self._positions(batch).ptr, q_out.ptr,
-                                       k_out.ptr, gate.ptr, T, Hq, Hk, Dh, cfg.n_rot, cfg.rope_base, cfg.rms_eps)
-        return q_out, k_out, gate
+            self.native.cmp_attention_prep_mrope(qg, k.ptr, q_norm, k_norm.ptr, pos4.ptr, q_out, k_out.ptr, gate, T,
+                                                 Hq, Hk, Dh, cfg.n_rot, *s, cfg.rope_base, cfg.rms_eps)
+        else:
+            self.native.cmp_attention_prep(qg, k.ptr, q_norm, k_norm.ptr, self._positions(batch).ptr, q_out,
+                                           k_out.ptr, gate, T, Hq, Hk, Dh, cfg.n_rot, cfg.rope_base, cfg.rms_eps)
+        return k_out
 
     DECODE_MAX_L = 8               # segments of at most this many tokens take the split-K decode kernel
     # Head dims of the v2 kernels (cmp_attn_prefill / cmp_attn_decode, every KV type). The round-1 kernel

@@ -14,7 +14,7 @@ import numpy as np
 from .. import kv_quant
 from ..config import ModelConfig
 from ..gguf_file import Q8_0_BLOCK, Q8Tensor, QuantTensor
-from .base import Backend, RowSample, SeqState
+from .base import Backend, RowSample, SeqState, StepBatch
 from .cq2_ref import CQ2_VALUES, RefCQ2, cq2_gemv, quantize_cq2
 from .quant_ref import Activations, RefQuant, quant_matmul, quantize_q8_blocks
 
@@ -90,6 +90,14 @@ def rope_imrope(x: np.ndarray, pos4: np.ndarray, n_rot: int, base: float, sectio
     p = pos4.astype(np.float64)[:, axis]                                        # [T, half]
     theta = p * base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
     return _rotate_neox_pairs(x, theta, n_rot)
+
+
+def _rotate(x: np.ndarray, batch: StepBatch, cfg: ModelConfig) -> np.ndarray:
+    """x [T, H, Dh] (q or k heads, normed) rotated as attention_prep does: NeoX at batch.positions, IMROPE at
+    batch.rope_pos when set."""
+    if batch.rope_pos is None:
+        return rope_neox(x, batch.positions, cfg.n_rot, cfg.rope_base)
+    return rope_imrope(x, batch.rope_pos, cfg.n_rot, cfg.rope_base, cfg.rope_sections)
 
 
 def rope_vision_angles(pos: np.ndarray, head_dim: int, sections, theta: float) -> np.ndarray:
@@ -329,16 +337,13 @@ class NumpyBackend(Backend):
     def attention_prep(self, qg, k, q_norm, k_norm, batch, cfg):
         T, Hq, Dh = len(qg), cfg.n_head, cfg.head_dim
         qg = qg.reshape(T, Hq, 2, Dh)
-        q = rms_normalize(qg[:, :, 0], cfg.rms_eps) * q_norm
-        kk = rms_normalize(k.reshape(T, cfg.n_head_kv, Dh), cfg.rms_eps) * k_norm
-        if batch.rope_pos is None:
-            q = rope_neox(q, batch.positions, cfg.n_rot, cfg.rope_base)
-            kk = rope_neox(kk, batch.positions, cfg.n_rot, cfg.rope_base)
-        else:
-            q = rope_imrope(q, batch.rope_pos, cfg.n_rot, cfg.rope_base, cfg.rope_sections)
-            kk = rope_imrope(kk, batch.rope_pos, cfg.n_rot, cfg.rope_base, cfg.rope_sections)
+        q = _rotate(rms_normalize(qg[:, :, 0], cfg.rms_eps) * q_norm, batch, cfg)
         gate = qg[:, :, 1].reshape(T, Hq * Dh)
-        return q.astype(np.float32), kk.astype(np.float32), np.ascontiguousarray(gate)
+        return q.astype(np.float32), self.key_prep(k, k_norm, batch, cfg), np.ascontiguousarray(gate)
+
+    def key_prep(self, k, k_norm, batch, cfg):
+        kk = rms_normalize(k.reshape(len(k), cfg.n_head_kv, cfg.head_dim), cfg.rms_eps) * k_norm
+        return _rotate(kk, batch, cfg).astype(np.float32)
 
     def attention(self, q, k, v, batch, layer, cfg):
         T, Hq, Dh = q.shape

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llamacmp.engine.draft_policy import PRIOR, PROBE_MAX, PROBE_MIN, Acceptance, CostTable, DraftPolicy
+from llamacmp.engine.draft_policy import (DRAFT_MARGIN, PRIOR, PROBE_MAX, PROBE_MIN, Acceptance, CostTable,
+                                          DraftPolicy)
 
 # seconds per round, shaped like the 9B Q8_0 on the H200 (plain 3.2 ms; a draft round ~0.19 steps; verify at
 # T = n + 1 rows per sequence ~1.1 / 1.2 / 1.3 steps)
@@ -374,6 +375,21 @@ def test_probes_of_several_sequences_wait_for_a_measured_round():
     pol.costs.spec[(4, 1)] = 10 * PLAIN                             # 8 tokens in 10 plain steps: never wins
     before = pol.n_probes
     assert [pol.choose([acc] * 4) for _ in range(200)] == [0] * 200 and pol.n_probes == before
+
+
+@pytest.mark.parametrize("gain", [1.03, 1.08])
+def test_several_sequences_draft_only_past_the_margin(gain):
+    """Measured costs where a round drafting 1 gives `gain` times a plain step's rate (acceptance 0.5, so 1.5 tokens
+    a sequence): one sequence drafts at any gain; four only past DRAFT_MARGIN (a near tie puts them out of step)."""
+    assert 1.03 < DRAFT_MARGIN < 1.08
+    acc = Acceptance(5.0, 10.0)
+    for S in (1, 4):
+        pol = DraftPolicy(1)
+        pol.costs.add_plain(S, 1.0)
+        pol.costs.add_spec(S, 1, 1.5 / gain)
+        want = 1 if S == 1 or gain > DRAFT_MARGIN else 0
+        assert pol.best([acc] * S) == (want, None)
+        assert pol.choose([acc] * S) == want
 
 
 def test_counts_per_number_of_sequences():

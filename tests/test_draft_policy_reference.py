@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llamacmp.engine.draft_policy import (EXPLORE_MARGIN, PROBE_MAX, PROBE_MIN, Acceptance, CostTable,
-                                          DraftPolicy)
+from llamacmp.engine.draft_policy import (DRAFT_MARGIN, EXPLORE_MARGIN, PROBE_MAX, PROBE_MIN, Acceptance,
+                                          CostTable, DraftPolicy)
 
 
 # -- the reference: the policy as first written ------------------------------------------------------------------
@@ -101,7 +101,7 @@ class ReferencePolicy(DraftPolicy):
         plain, apart = c.plain_cost(S + others), c.plain_cost(others) if others else 0.0
         if plain is None or apart is None:
             return 0 if plain is None else self.n_max
-        best, rate = 0, (S + others) / plain
+        best, rate = 0, (S + others) / plain * (DRAFT_MARGIN if S > 1 else 1.0)
         for n in self.lengths:
             cost = ref_spec_cost(c, S, n) if S == 1 else self._ref_floor(S, n)
             r = (sum(a.expected(n) for a in accs) + others) / (cost + apart)

@@ -45,6 +45,16 @@ bound on what is left, with free drafts as the best case (more than EXPLORE_STEP
 several, its graphs not captured at its prompt's end (Speculator.prompt_end: not alone then), explored with its
 last few tokens, an eager round and captures in the tail of 4-stream runs on a fresh server (2026-12-06, H100,
 acceptance length 1.5: the tail +30-48 ms over MTP off in half the rounds).
+
+Near ties at S > 1. Once measured, S > 1 sequences draft only where the expected rate beats a plain step's by
+DRAFT_MARGIN, not by any amount as one sequence does. Each sequence of a drafting round accepts its own number of
+drafts, so rounds of several put the streams out of step: where they end together (a batch of requests of one
+length) the last of them then run alone, at a smaller S, where a token costs more. And a near tie is inside what
+the tables know: the EMA leans to the fast timings (EMA_DOWN), and a drafting round's timings spread wider than a
+plain step's, so its low tail lies further under its mean. At acceptance length 1.5 with 4 streams (2026-12-06,
+H100) the rounds a near tie drafted after each probe (1-23 a run beside 10-15 probes) cost ~1% of the steady rate
+(0.989 of MTP off, 1.001 at length 1 where nothing drafts), and the tail +13-51 ms in every round (10 tokens after
+the first stream's last, MTP off 6).
 """
 from __future__ import annotations
 
@@ -61,6 +71,8 @@ PROBE_MIN, PROBE_MAX = 8, 64
 EXPLORE_STEPS = 12         # what exploring a new shape of S > 1 sequences costs (an eager round and two graph
                            # captures), in plain steps of those sequences: ~a dozen on the H200
 EXPLORE_MARGIN = 1.25      # S > 1: explore only where the best case beats a plain step by this much (its cost)
+DRAFT_MARGIN = 1.05        # S > 1: draft only where the expected rate beats a plain step's by this much (module
+                           # docstring: a near tie puts the streams out of step for nothing)
 
 
 @dataclass(slots=True)
@@ -331,7 +343,7 @@ class DraftPolicy:
         plain, apart = c.plain_cost(S + others), c.plain_cost(others) if others else 0.0
         if plain is None or apart is None:
             return (0 if plain is None else self.n_max), None   # then a plain step of them (and of the others alone)
-        best, rate, tokens = 0, (S + others) / plain, self._tokens(accs)
+        best, rate, tokens = 0, (S + others) / plain * (DRAFT_MARGIN if S > 1 else 1.0), self._tokens(accs)
         floors = self._floors(S, self.lengths) if S > 1 else None
         for n in self.lengths:
             cost = c.spec_cost(S, n) if S == 1 else floors[n]

@@ -137,21 +137,32 @@ def test_catch_ups_write_the_head_cache_without_the_block(lm, monkeypatch):
     assert [(ms.state.n_past, len(ms.pending)) for ms in seqs] == [(n, 0) for n in queued]
 
 
-def test_key_prep_is_attention_preps_k(lm):
-    """The reference's key_prep is attention_prep's k to the bit, at text and at image (IMROPE) positions."""
+def test_key_prep_is_the_normed_rotated_key(lm):
+    """The reference's key_prep (attention_prep's k: it takes it from key_prep) against the formula written out
+    here: each k head RMS-normed times k_norm, then its NeoX pairs (i, i + n_rot/2) rotated by p * base^(-2i/n_rot),
+    the dims past n_rot as they are; with four equal image position ids (IMROPE) exactly the text rotation."""
     be, cfg = lm.backend, lm.cfg
     rng = np.random.default_rng(5)
-    T, Dh = 7, cfg.head_dim
-    qg = rng.standard_normal((T, cfg.n_head * 2 * Dh)).astype(np.float32)
-    k = rng.standard_normal((T, cfg.n_head_kv * Dh)).astype(np.float32)
-    qn, kn = rng.standard_normal(Dh).astype(np.float32), rng.standard_normal(Dh).astype(np.float32)
-    states = [be.new_state(cfg, 64)]
-    for rope_pos in (None, rng.integers(0, 50, (T, 4)).astype(np.int32)):
-        batch = StepBatch.build([(states[0], list(range(T)))])
-        batch.rope_pos = rope_pos
-        got = be.key_prep(k, kn, batch, cfg)
-        assert got.shape == (T, cfg.n_head_kv, Dh) and got.dtype == np.float32
-        assert np.array_equal(got, be.attention_prep(qg, k, qn, kn, batch, cfg)[1])
+    T, Hk, Dh, half = 7, cfg.n_head_kv, cfg.head_dim, cfg.n_rot // 2
+    k = rng.standard_normal((T, Hk * Dh)).astype(np.float32)
+    kn = rng.standard_normal(Dh).astype(np.float32)
+    pos = np.arange(40, 40 + T, dtype=np.int32)
+    x = k.reshape(T, Hk, Dh).astype(np.float64)
+    x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + cfg.rms_eps) * kn
+    want = x.copy()
+    for t in range(T):
+        for i in range(half):
+            th = pos[t] * cfg.rope_base ** (-2.0 * i / cfg.n_rot)
+            a, b = x[t, :, i], x[t, :, i + half]
+            c, s = math.cos(th), math.sin(th)
+            want[t, :, i], want[t, :, i + half] = a * c - b * s, a * s + b * c
+    batch = StepBatch.build([(be.new_state(cfg, 64), list(range(T)))])
+    batch.positions = pos
+    text = be.key_prep(k, kn, batch, cfg)
+    assert text.shape == (T, Hk, Dh) and text.dtype == np.float32
+    assert np.allclose(text, want, rtol=1e-5, atol=1e-5) and not np.allclose(text, x, atol=1e-3)   # (rotated)
+    batch.rope_pos = np.repeat(pos[:, None], 4, axis=1)
+    assert np.array_equal(be.key_prep(k, kn, batch, cfg), text)
 
 
 # -- rewind of the recurrent state ------------------------------------------------------------------------------
